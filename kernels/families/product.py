@@ -1,0 +1,168 @@
+"""The product family: a record's columns split into groups, one conjugate family each.
+
+Log terms add across groups (DESIGN.md, "Likelihood families"). A product is described by
+
+``spec`` : int64 ndarray of shape (G, 9)
+    One row per group: family code, first column, number of columns, then (offset, length) of the
+    group's slice of the statistics row, the prior array and the cache row.
+``prior`` : float64 ndarray of shape (P,)
+    All groups' prior arrays, concatenated.
+
+and a cluster is one row of ``stats`` (K, S) and one row of ``cache`` (K, C). ``stats[k, 0]`` is
+the cluster's size n (the first statistic of group 0).
+"""
+
+from numba import njit
+
+from kernels.families import (
+    beta_binomial,
+    categorical,
+    exponential_gamma,
+    gaussian_nw,
+    geometric_beta,
+    normal_gamma,
+    poisson_gamma,
+)
+
+GAUSSIAN_NW = 0
+NORMAL_GAMMA = 1
+CATEGORICAL = 2
+POISSON_GAMMA = 3
+BETA_BINOMIAL = 4
+EXPONENTIAL_GAMMA = 5
+GEOMETRIC_BETA = 6
+
+# columns of a spec row
+CODE, COL0, NCOL, STAT0, NSTAT, PRIOR0, NPRIOR, CACHE0, NCACHE = range(9)
+
+
+@njit(cache=True, nogil=True)
+def _views(g, x, s, c, spec, prior):
+    r = spec[g]
+    return (
+        x[r[COL0] : r[COL0] + r[NCOL]],
+        s[r[STAT0] : r[STAT0] + r[NSTAT]],
+        c[r[CACHE0] : r[CACHE0] + r[NCACHE]],
+        prior[r[PRIOR0] : r[PRIOR0] + r[NPRIOR]],
+    )
+
+
+@njit(cache=True, nogil=True)
+def add_stats(x, s, spec, w):
+    """s += w * g(x) for every group. x: (D,) record, s: (S,) statistics row."""
+    for g in range(spec.shape[0]):
+        r = spec[g]
+        xg = x[r[COL0] : r[COL0] + r[NCOL]]
+        sg = s[r[STAT0] : r[STAT0] + r[NSTAT]]
+        code = r[CODE]
+        if code == GAUSSIAN_NW:
+            gaussian_nw.add_stats(xg, sg, w)
+        elif code == NORMAL_GAMMA:
+            normal_gamma.add_stats(xg, sg, w)
+        elif code == CATEGORICAL:
+            categorical.add_stats(xg, sg, w)
+        elif code == POISSON_GAMMA:
+            poisson_gamma.add_stats(xg, sg, w)
+        elif code == BETA_BINOMIAL:
+            beta_binomial.add_stats(xg, sg, w)
+        elif code == EXPONENTIAL_GAMMA:
+            exponential_gamma.add_stats(xg, sg, w)
+        else:
+            geometric_beta.add_stats(xg, sg, w)
+
+
+@njit(cache=True, nogil=True)
+def refresh(s, c, spec, prior):
+    """Recompute the cache row c (C,) from the statistics row s (S,)."""
+    for g in range(spec.shape[0]):
+        r = spec[g]
+        sg = s[r[STAT0] : r[STAT0] + r[NSTAT]]
+        cg = c[r[CACHE0] : r[CACHE0] + r[NCACHE]]
+        pg = prior[r[PRIOR0] : r[PRIOR0] + r[NPRIOR]]
+        code = r[CODE]
+        if code == GAUSSIAN_NW:
+            gaussian_nw.refresh(sg, cg, pg)
+        elif code == NORMAL_GAMMA:
+            normal_gamma.refresh(sg, cg, pg)
+        elif code == CATEGORICAL:
+            categorical.refresh(sg, cg, pg)
+        elif code == POISSON_GAMMA:
+            poisson_gamma.refresh(sg, cg, pg)
+        elif code == BETA_BINOMIAL:
+            beta_binomial.refresh(sg, cg, pg)
+        elif code == EXPONENTIAL_GAMMA:
+            exponential_gamma.refresh(sg, cg, pg)
+        else:
+            geometric_beta.refresh(sg, cg, pg)
+
+
+@njit(cache=True, nogil=True)
+def update(x, s, c, spec, prior, w):
+    """Add (w = +1) or remove (w = -1) record x (D,) from a cluster: statistics and cache."""
+    for g in range(spec.shape[0]):
+        xg, sg, cg, pg = _views(g, x, s, c, spec, prior)
+        code = spec[g, CODE]
+        if code == GAUSSIAN_NW:
+            gaussian_nw.update(xg, sg, cg, pg, w)
+        elif code == NORMAL_GAMMA:
+            normal_gamma.update(xg, sg, cg, pg, w)
+        elif code == CATEGORICAL:
+            categorical.update(xg, sg, cg, pg, w)
+        elif code == POISSON_GAMMA:
+            poisson_gamma.update(xg, sg, cg, pg, w)
+        elif code == BETA_BINOMIAL:
+            beta_binomial.update(xg, sg, cg, pg, w)
+        elif code == EXPONENTIAL_GAMMA:
+            exponential_gamma.update(xg, sg, cg, pg, w)
+        else:
+            geometric_beta.update(xg, sg, cg, pg, w)
+
+
+@njit(cache=True, nogil=True)
+def log_predictive(x, s, c, spec, prior):
+    """log p(x | X_k) of record x (D,) under the cluster with statistics s and cache c."""
+    out = 0.0
+    for g in range(spec.shape[0]):
+        xg, sg, cg, pg = _views(g, x, s, c, spec, prior)
+        code = spec[g, CODE]
+        if code == GAUSSIAN_NW:
+            out += gaussian_nw.log_predictive(xg, sg, cg, pg)
+        elif code == NORMAL_GAMMA:
+            out += normal_gamma.log_predictive(xg, sg, cg, pg)
+        elif code == CATEGORICAL:
+            out += categorical.log_predictive(xg, sg, cg, pg)
+        elif code == POISSON_GAMMA:
+            out += poisson_gamma.log_predictive(xg, sg, cg, pg)
+        elif code == BETA_BINOMIAL:
+            out += beta_binomial.log_predictive(xg, sg, cg, pg)
+        elif code == EXPONENTIAL_GAMMA:
+            out += exponential_gamma.log_predictive(xg, sg, cg, pg)
+        else:
+            out += geometric_beta.log_predictive(xg, sg, cg, pg)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def log_marginal(s, spec, prior):
+    """log p(X_k) of the records summarised by the statistics row s (S,)."""
+    out = 0.0
+    for g in range(spec.shape[0]):
+        r = spec[g]
+        sg = s[r[STAT0] : r[STAT0] + r[NSTAT]]
+        pg = prior[r[PRIOR0] : r[PRIOR0] + r[NPRIOR]]
+        code = r[CODE]
+        if code == GAUSSIAN_NW:
+            out += gaussian_nw.log_marginal(sg, pg)
+        elif code == NORMAL_GAMMA:
+            out += normal_gamma.log_marginal(sg, pg)
+        elif code == CATEGORICAL:
+            out += categorical.log_marginal(sg, pg)
+        elif code == POISSON_GAMMA:
+            out += poisson_gamma.log_marginal(sg, pg)
+        elif code == BETA_BINOMIAL:
+            out += beta_binomial.log_marginal(sg, pg)
+        elif code == EXPONENTIAL_GAMMA:
+            out += exponential_gamma.log_marginal(sg, pg)
+        else:
+            out += geometric_beta.log_marginal(sg, pg)
+    return out

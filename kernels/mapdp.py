@@ -1,0 +1,315 @@
+"""MAP-DP (seed 000, Algorithm 1), the collapsed Gibbs sampler it derives from (seed 000 eq. 2.7,
+Neal's Algorithm 3, seed 003 Algorithm 3) and out-of-sample prediction (eqs. 3.4-3.5).
+
+Clusters live in *slots*: rows of ``stats`` (K_cap, S), ``cache`` (K_cap, C) and ``nk`` (K_cap,).
+A slot with ``nk == 0`` is free. ``z[i] == -1`` means record i is in no cluster yet, so the same
+sweep serves Algorithm 1's one-cluster start, a sequential first pass, and a Dask chunk whose
+records arrive in a copy of the global statistics.
+"""
+
+import math
+
+import numpy as np
+from numba import njit
+
+from kernels.families import product
+from kernels.rng import sample_log_weights
+
+
+@njit(cache=True, nogil=True)
+def _grow(stats, cache, nk, lognk):
+    cap = stats.shape[0]
+    new_cap = max(2 * cap, 8)
+    s2 = np.zeros((new_cap, stats.shape[1]))
+    c2 = np.zeros((new_cap, cache.shape[1]))
+    n2 = np.zeros(new_cap)
+    l2 = np.full(new_cap, -np.inf)
+    s2[:cap] = stats
+    c2[:cap] = cache
+    n2[:cap] = nk
+    l2[:cap] = lognk
+    return s2, c2, n2, l2
+
+
+@njit(cache=True, nogil=True)
+def _costs(x, k0, stats, cache, lognk, n_slots, spec, prior, empty_s, empty_c, log_alpha,
+           scratch_s, scratch_c, nk0_minus, costs):
+    """Fill costs[k] = q_{i,k} - log N_{k,-i} (eqs. 3.1-3.2, argument of Algorithm 1's argmin).
+
+    costs[k] for slots k < n_slots (inf for a free slot or for k0 emptied by removing x),
+    costs[n_slots] for a new cluster, with N_{K+1,-i} = N0 = exp(log_alpha). ``scratch_s`` and
+    ``scratch_c`` hold slot k0 with x removed.
+    """
+    for k in range(n_slots):
+        if k == k0:
+            if nk0_minus > 0.0:
+                costs[k] = -product.log_predictive(x, scratch_s, scratch_c, spec, prior) - math.log(
+                    nk0_minus
+                )
+            else:
+                costs[k] = np.inf
+        elif lognk[k] == -np.inf:
+            costs[k] = np.inf
+        else:
+            costs[k] = -product.log_predictive(x, stats[k], cache[k], spec, prior) - lognk[k]
+    costs[n_slots] = -product.log_predictive(x, empty_s, empty_c, spec, prior) - log_alpha
+
+
+@njit(cache=True, nogil=True)
+def _move(x, i, k0, knew, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c,
+          scratch_s, scratch_c):
+    """Commit record i's move from slot k0 (-1: none) to slot knew (n_slots: a new cluster)."""
+    if k0 >= 0:
+        stats[k0, :] = scratch_s
+        cache[k0, :] = scratch_c
+        nk[k0] -= 1.0
+        lognk[k0] = math.log(nk[k0]) if nk[k0] > 0.0 else -np.inf
+    if knew == n_slots:
+        # reuse the lowest free slot; grow only when none is free
+        free = -1
+        for k in range(n_slots):
+            if nk[k] == 0.0:
+                free = k
+                break
+        if free < 0:
+            if n_slots == stats.shape[0]:
+                stats, cache, nk, lognk = _grow(stats, cache, nk, lognk)
+            free = n_slots
+            n_slots += 1
+        stats[free, :] = 0.0
+        cache[free, :] = empty_c
+        knew = free
+    product.update(x, stats[knew], cache[knew], spec, prior, 1.0)
+    nk[knew] += 1.0
+    lognk[knew] = math.log(nk[knew])
+    z[i] = knew
+    return stats, cache, nk, lognk, n_slots
+
+
+@njit(cache=True, nogil=True)
+def sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha):
+    """One MAP-DP iteration over the records in ``order`` (seed 000, Algorithm 1, inner loop).
+
+    Each record is removed from its cluster, then assigned to
+    argmin_k [q_{i,k} - log N_{k,-i}] over the existing clusters and a new one (eqs. 3.1-3.2);
+    statistics and caches are updated incrementally, so a sweep costs O(N K d^2) for the
+    Normal-Wishart family. Ties keep the lowest slot; a record alone in its cluster that would
+    open a new one stays where it is.
+
+    Parameters
+    ----------
+    X : ndarray of shape (N, D), float64
+    order : ndarray of shape (M,), int64
+        Indices of the records to visit, in visiting order.
+    z : ndarray of shape (N,), int64
+        Slot of each record, -1 if in none; updated in place.
+    stats : ndarray of shape (K_cap, S)
+    cache : ndarray of shape (K_cap, C)
+    nk : ndarray of shape (K_cap,)
+        Cluster sizes; 0 marks a free slot.
+    n_slots : int
+        Slots in use are 0 .. n_slots - 1.
+    spec, prior : product family description (``kernels.families.product``).
+    empty_c : ndarray of shape (C,)
+        Cache of the empty statistics (the prior predictive).
+    log_alpha : float
+        log N0, the DP concentration.
+
+    Returns
+    -------
+    stats, cache, nk : ndarrays
+        Possibly reallocated when more slots were needed.
+    n_slots : int
+    n_changed : int
+        Number of records whose cluster changed.
+    """
+    S = stats.shape[1]
+    empty_s = np.zeros(S)
+    scratch_s = np.empty(S)
+    scratch_c = np.empty(cache.shape[1])
+    lognk = np.full(stats.shape[0], -np.inf)
+    for k in range(n_slots):
+        if nk[k] > 0.0:
+            lognk[k] = math.log(nk[k])
+    costs = np.empty(stats.shape[0] + order.shape[0] + 1)
+    n_changed = 0
+    for t in range(order.shape[0]):
+        i = order[t]
+        x = X[i]
+        k0 = z[i]
+        nk0_minus = 0.0
+        if k0 >= 0:
+            scratch_s[:] = stats[k0]
+            scratch_c[:] = cache[k0]
+            product.update(x, scratch_s, scratch_c, spec, prior, -1.0)
+            nk0_minus = nk[k0] - 1.0
+        _costs(x, k0, stats, cache, lognk, n_slots, spec, prior, empty_s, empty_c, log_alpha,
+               scratch_s, scratch_c, nk0_minus, costs)
+        best = 0
+        for k in range(1, n_slots + 1):
+            if costs[k] < costs[best]:
+                best = k
+        if best == k0 or (best == n_slots and k0 >= 0 and nk0_minus == 0.0):
+            continue
+        stats, cache, nk, lognk, n_slots = _move(
+            x, i, k0, best, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c,
+            scratch_s, scratch_c,
+        )
+        n_changed += 1
+    return stats, cache, nk, n_slots, n_changed
+
+
+@njit(cache=True, nogil=True)
+def gibbs_sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, state):
+    """One collapsed Gibbs scan (seed 000 eq. 2.7; Neal's Algorithm 3): z_i drawn with
+    p(z_i = k | x_i, z_-i) proportional to N_{k,-i} p(x_i | X_{k,-i}), or N0 p(x_i) for a new
+    cluster. Same arguments and returns as ``sweep``, plus ``state`` (uint64 (1,) RNG state).
+    """
+    S = stats.shape[1]
+    empty_s = np.zeros(S)
+    scratch_s = np.empty(S)
+    scratch_c = np.empty(cache.shape[1])
+    lognk = np.full(stats.shape[0], -np.inf)
+    for k in range(n_slots):
+        if nk[k] > 0.0:
+            lognk[k] = math.log(nk[k])
+    costs = np.empty(stats.shape[0] + order.shape[0] + 1)
+    n_changed = 0
+    for t in range(order.shape[0]):
+        i = order[t]
+        x = X[i]
+        k0 = z[i]
+        nk0_minus = 0.0
+        if k0 >= 0:
+            scratch_s[:] = stats[k0]
+            scratch_c[:] = cache[k0]
+            product.update(x, scratch_s, scratch_c, spec, prior, -1.0)
+            nk0_minus = nk[k0] - 1.0
+        _costs(x, k0, stats, cache, lognk, n_slots, spec, prior, empty_s, empty_c, log_alpha,
+               scratch_s, scratch_c, nk0_minus, costs)
+        for k in range(n_slots + 1):
+            costs[k] = -costs[k]
+        best = sample_log_weights(state, costs, n_slots + 1)
+        if best == k0 or (best == n_slots and k0 >= 0 and nk0_minus == 0.0):
+            continue
+        stats, cache, nk, lognk, n_slots = _move(
+            x, i, k0, best, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c,
+            scratch_s, scratch_c,
+        )
+        n_changed += 1
+    return stats, cache, nk, n_slots, n_changed
+
+
+@njit(cache=True, nogil=True)
+def log_crp(nk, n_slots, alpha):
+    """log p(z_1..z_N) of the CRP, eq. 2.3: log Gamma(N0) - log Gamma(N + N0) + K log N0
+    + sum_k log Gamma(N_k), over the non-empty slots."""
+    n = 0.0
+    K = 0
+    out = 0.0
+    for k in range(n_slots):
+        if nk[k] > 0.0:
+            n += nk[k]
+            K += 1
+            out += math.lgamma(nk[k])
+    return out + math.lgamma(alpha) - math.lgamma(n + alpha) + K * math.log(alpha)
+
+
+@njit(cache=True, nogil=True)
+def objective(stats, nk, n_slots, spec, prior, alpha):
+    """E = -log p(X, z | N0), eq. 3.3, from the statistics alone:
+    -sum_k log p(X_k) - log p(z_1..z_N) (eq. 2.3). Algorithm 1's E_new is this up to the constant
+    log Gamma(N + N0) - log Gamma(N0), kept here so that learned concentrations compare."""
+    out = 0.0
+    for k in range(n_slots):
+        if nk[k] > 0.0:
+            out -= product.log_marginal(stats[k], spec, prior)
+    return out - log_crp(nk, n_slots, alpha)
+
+
+@njit(cache=True, nogil=True)
+def compact(z, stats, cache, nk, n_slots):
+    """Drop empty slots: clusters renumbered 0..K-1 in slot order; z relabelled in place.
+
+    Returns
+    -------
+    stats, cache, nk : ndarrays of K rows
+    """
+    remap = np.full(max(n_slots, 1), -1, dtype=np.int64)
+    K = 0
+    for k in range(n_slots):
+        if nk[k] > 0.0:
+            remap[k] = K
+            K += 1
+    s2 = np.empty((K, stats.shape[1]))
+    c2 = np.empty((K, cache.shape[1]))
+    n2 = np.empty(K)
+    for k in range(n_slots):
+        j = remap[k]
+        if j >= 0:
+            s2[j] = stats[k]
+            c2[j] = cache[k]
+            n2[j] = nk[k]
+    for i in range(z.shape[0]):
+        if z[i] >= 0:
+            z[i] = remap[z[i]]
+    return s2, c2, n2
+
+
+@njit(cache=True, nogil=True)
+def build_stats(X, z, K, spec, S):
+    """Statistics (K, S) of the records of each cluster: sum of g(x_i) over i with z_i = k.
+    Records with z_i < 0 are skipped."""
+    stats = np.zeros((K, S))
+    for i in range(X.shape[0]):
+        k = z[i]
+        if k >= 0:
+            product.add_stats(X[i], stats[k], spec, 1.0)
+    return stats
+
+
+@njit(cache=True, nogil=True)
+def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
+    """Out-of-sample prediction (seed 000, Section 3.2) for each row of X (N, D).
+
+    Returns
+    -------
+    labels : ndarray of shape (N,), int64
+        MAP assignment of eq. 3.5 over the K clusters and a new one; -1 for a new cluster.
+    log_density : ndarray of shape (N,)
+        log of the mixture predictive density of eq. 3.4, with weights N_k / (N0 + N) and
+        N0 / (N0 + N).
+    """
+    K = stats.shape[0]
+    n_train = 0.0
+    for k in range(K):
+        n_train += nk[k]
+    log_norm = math.log(alpha + n_train)
+    logw = np.empty(K + 1)
+    for k in range(K):
+        logw[k] = math.log(nk[k]) - log_norm if nk[k] > 0.0 else -np.inf
+    logw[K] = math.log(alpha) - log_norm
+    empty_s = np.zeros(stats.shape[1])
+    N = X.shape[0]
+    labels = np.empty(N, dtype=np.int64)
+    logdens = np.empty(N)
+    terms = np.empty(K + 1)
+    for i in range(N):
+        x = X[i]
+        for k in range(K):
+            if logw[k] == -np.inf:
+                terms[k] = -np.inf
+            else:
+                terms[k] = logw[k] + product.log_predictive(x, stats[k], cache[k], spec, prior)
+        terms[K] = logw[K] + product.log_predictive(x, empty_s, empty_c, spec, prior)
+        best = 0
+        for k in range(1, K + 1):
+            if terms[k] > terms[best]:
+                best = k
+        labels[i] = best if best < K else -1
+        m = terms[best]
+        acc = 0.0
+        for k in range(K + 1):
+            acc += math.exp(terms[k] - m)
+        logdens[i] = m + math.log(acc)
+    return labels, logdens

@@ -1,0 +1,51 @@
+"""Special functions the families need, as numba scalars."""
+
+import math
+
+from numba import njit
+
+LOG_PI = math.log(math.pi)
+
+
+@njit(cache=True, nogil=True)
+def lmvgamma(a, d):
+    """Log of the multivariate gamma function Gamma_d(a).
+
+    Parameters
+    ----------
+    a : float
+        Argument, a > (d - 1) / 2.
+    d : int
+        Dimension.
+
+    Returns
+    -------
+    float
+        log Gamma_d(a) = d (d - 1) / 4 log(pi) + sum_{j=1..d} log Gamma(a + (1 - j) / 2).
+    """
+    out = 0.25 * d * (d - 1) * LOG_PI
+    for j in range(d):
+        out += math.lgamma(a - 0.5 * j)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def lbeta(a, b):
+    """log B(a, b) = log Gamma(a) + log Gamma(b) - log Gamma(a + b)."""
+    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+
+
+@njit(cache=True, nogil=True)
+def digamma(x):
+    """Digamma function psi(x) for x > 0 (recurrence to x >= 6, then the asymptotic series)."""
+    out = 0.0
+    while x < 6.0:
+        out -= 1.0 / x
+        x += 1.0
+    f = 1.0 / (x * x)
+    out += (
+        math.log(x)
+        - 0.5 / x
+        - f * (1.0 / 12 - f * (1.0 / 120 - f * (1.0 / 252 - f * (1.0 / 240 - f / 132))))
+    )
+    return out
