@@ -121,6 +121,9 @@ def update(x, s, c, spec, prior, w):
 @njit(cache=True, nogil=True)
 def log_predictive(x, s, c, spec, prior):
     """log p(x | X_k) of record x (D,) under the cluster with statistics s and cache c."""
+    if spec.shape[0] == 1 and spec[0, CODE] == GAUSSIAN_NW:
+        # the hot path of a sweep: one full-covariance group spans the whole row, so no views
+        return gaussian_nw.log_predictive(x, s, c, prior)
     out = 0.0
     for g in range(spec.shape[0]):
         xg, sg, cg, pg = _views(g, x, s, c, spec, prior)
@@ -139,6 +142,56 @@ def log_predictive(x, s, c, spec, prior):
             out += exponential_gamma.log_predictive(xg, sg, cg, pg)
         else:
             out += geometric_beta.log_predictive(xg, sg, cg, pg)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def log_predictive_loo(x, s, c, spec, prior, scratch_s, scratch_c):
+    """log p(x | X_k without x) for a member x of the cluster (s, c), leaving s and c unchanged.
+
+    The Normal-Wishart group uses its closed form (``gaussian_nw.log_predictive_loo``); other
+    groups, whose statistics are O(d), remove x from a copy in ``scratch_s`` / ``scratch_c``
+    (work arrays at least as long as a statistics / cache row).
+    """
+    if spec.shape[0] == 1 and spec[0, CODE] == GAUSSIAN_NW:
+        v = gaussian_nw.log_predictive_loo(x, s, c, prior)
+        if v == v:
+            return v
+    out = 0.0
+    for g in range(spec.shape[0]):
+        xg, sg, cg, pg = _views(g, x, s, c, spec, prior)
+        code = spec[g, CODE]
+        if code == GAUSSIAN_NW:
+            v = gaussian_nw.log_predictive_loo(xg, sg, cg, pg)
+            if v == v:
+                out += v
+                continue
+        r = spec[g]
+        ss = scratch_s[r[STAT0] : r[STAT0] + r[NSTAT]]
+        cc = scratch_c[r[CACHE0] : r[CACHE0] + r[NCACHE]]
+        ss[:] = sg
+        cc[:] = cg
+        if code == GAUSSIAN_NW:
+            gaussian_nw.update(xg, ss, cc, pg, -1.0)
+            out += gaussian_nw.log_predictive(xg, ss, cc, pg)
+        elif code == NORMAL_GAMMA:
+            normal_gamma.update(xg, ss, cc, pg, -1.0)
+            out += normal_gamma.log_predictive(xg, ss, cc, pg)
+        elif code == CATEGORICAL:
+            categorical.update(xg, ss, cc, pg, -1.0)
+            out += categorical.log_predictive(xg, ss, cc, pg)
+        elif code == POISSON_GAMMA:
+            poisson_gamma.update(xg, ss, cc, pg, -1.0)
+            out += poisson_gamma.log_predictive(xg, ss, cc, pg)
+        elif code == BETA_BINOMIAL:
+            beta_binomial.update(xg, ss, cc, pg, -1.0)
+            out += beta_binomial.log_predictive(xg, ss, cc, pg)
+        elif code == EXPONENTIAL_GAMMA:
+            exponential_gamma.update(xg, ss, cc, pg, -1.0)
+            out += exponential_gamma.log_predictive(xg, ss, cc, pg)
+        else:
+            geometric_beta.update(xg, ss, cc, pg, -1.0)
+            out += geometric_beta.log_predictive(xg, ss, cc, pg)
     return out
 
 

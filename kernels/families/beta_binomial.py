@@ -1,0 +1,118 @@
+"""Independent binomial columns with Beta priors (seed 000, Appendix B, "Binomial" row).
+
+Per column j with a known number of trials N_j (Bernoulli: N_j = 1): theta ~ Beta(a, b),
+x | theta ~ Binomial(N_j, theta) on {0..N_j}. After n records with sum x = u:
+a_n = a + u, b_n = b + n N_j - u.
+
+    predictive (beta-binomial):
+        log p(x | X) = log C(N, x) + log B(a_n + x, b_n + N - x) - log B(a_n, b_n)
+    marginal:
+        log p(X) = sum_j [sum_i log C(N_j, x_ij) + log B(a_n, b_n) - log B(a, b)]
+
+so the marginal is the exact probability of the counts. ``add_stats`` sees neither the prior nor
+N_j (the contract passes it only ``x``), so sum_i log C(N_j, x_ij) cannot be accumulated
+directly; the statistics carry instead each column's histogram of the counts over 0..H-1,
+H = max_j N_j + 1, which is additive and gives
+sum_i log C(N_j, x_ij) = sum_v hist_j[v] log C(N_j, v) with the log C table held in the prior.
+For Bernoulli columns (H = 2) that is two numbers a column.
+
+Layouts for d columns, H = max_j N_j + 1
+----------------------------------------
+stats ``s`` (1 + d + d H): n, sum x (d), hist (d * H, row j = the counts of x_j = 0..H-1).
+prior ``p`` (3 d + d H): N (d), a (d), b (d), log C(N_j, v) (d * H, row major; 0 for v > N_j).
+cache ``c`` (2 d + 1): a_n (d), b_n (d), and the summed constant
+sum_j [lgamma(a_n + b_n) - lgamma(a_n + b_n + N_j) - lgamma(a_n) - lgamma(b_n)],
+so that log p(x | X) = const + sum_j [log C(N_j, x_j) + lgamma(a_n + x_j)
++ lgamma(b_n + N_j - x_j)].
+
+d and H follow from the lengths: d = (len(p) - len(s) + 1) / 2, H = (len(s) - 1 - d) / d.
+"""
+
+import math
+
+import numpy as np
+from numba import njit
+
+from kernels.special import lbeta
+
+
+@njit(cache=True, nogil=True)
+def _dims(s, p):
+    d = (p.shape[0] - s.shape[0] + 1) // 2
+    return d, (s.shape[0] - 1 - d) // d
+
+
+@njit(cache=True, nogil=True)
+def add_stats(x, s, w):
+    """s += w * (1, x, one_hot(x_j) per column). Raises for a count outside 0..H-1 or not an
+    integer (the public ``Binomial.check_values`` reports the row)."""
+    d = x.shape[0]
+    H = (s.shape[0] - 1 - d) // d
+    s[0] += w
+    for j in range(d):
+        xj = x[j]
+        if not (xj >= 0.0 and xj < H) or xj != math.floor(xj):
+            raise ValueError("binomial count must be an integer in 0..n_trials")
+        s[1 + j] += w * xj
+        s[1 + d + j * H + int(xj)] += w
+
+
+@njit(cache=True, nogil=True)
+def refresh(s, c, p):
+    """Posterior (a_n, b_n) per column and the summed beta-binomial constant."""
+    d, _H = _dims(s, p)
+    n = s[0]
+    const = 0.0
+    for j in range(d):
+        N = p[j]
+        an = p[d + j] + s[1 + j]
+        bn = p[2 * d + j] + n * N - s[1 + j]
+        c[j] = an
+        c[d + j] = bn
+        const += math.lgamma(an + bn) - math.lgamma(an + bn + N) - math.lgamma(an) - math.lgamma(bn)
+    c[2 * d] = const
+
+
+@njit(cache=True, nogil=True)
+def update(x, s, c, p, w):
+    """add_stats then refresh: O(d)."""
+    add_stats(x, s, w)
+    refresh(s, c, p)
+
+
+@njit(cache=True, nogil=True)
+def log_predictive(x, s, c, p):
+    """Beta-binomial log probability of the counts x (-inf outside 0..N_j or non-integer)."""
+    d, H = _dims(s, p)
+    out = c[2 * d]
+    for j in range(d):
+        N = p[j]
+        xj = x[j]
+        if not (xj >= 0.0 and xj <= N) or xj != math.floor(xj):
+            return -np.inf
+        out += p[3 * d + j * H + int(xj)] + math.lgamma(c[j] + xj) + math.lgamma(c[d + j] + N - xj)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def log_marginal(s, p):
+    """Beta-binomial log marginal likelihood of the counts."""
+    n = s[0]
+    if n == 0.0:
+        return 0.0
+    d, H = _dims(s, p)
+    out = 0.0
+    for j in range(d):
+        N = p[j]
+        a = p[d + j]
+        b = p[2 * d + j]
+        an = a + s[1 + j]
+        bn = b + n * N - s[1 + j]
+        out += lbeta(an, bn) - lbeta(a, b)
+        row_s = 1 + d + j * H
+        row_p = 3 * d + j * H
+        for v in range(H):
+            hv = s[row_s + v]
+            if hv != 0.0:
+                out += hv * p[row_p + v]
+    return out

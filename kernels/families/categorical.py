@@ -1,0 +1,85 @@
+"""One categorical column with a Dirichlet prior (seed 000, Appendix B, "Categorical" row).
+
+x[0] is the category code 0..C-1 stored as a float; theta ~ Dirichlet(alpha_1..alpha_C). With
+counts n_c of the n records and A = sum_c alpha_c:
+
+    predictive (Dirichlet-multinomial, one draw): p(x = c | X) = (alpha_c + n_c) / (A + n)
+    marginal: log p(X) = lgamma(A) - lgamma(A + n) + sum_c [lgamma(alpha_c + n_c) - lgamma(alpha_c)]
+
+(the probability of the sequence of codes, without the multinomial coefficient).
+
+Layouts for C categories
+------------------------
+stats ``s`` (1 + C): n, counts n_c (C).
+prior ``p`` (C + 2): alpha (C), A = sum alpha, lgamma(A) - sum_c lgamma(alpha_c).
+cache ``c`` (C + 1): log(alpha_c + n_c) (C), log(A + n). ``update`` touches two entries: O(1).
+
+A code outside 0..C-1 has probability 0 (``log_predictive`` returns -inf) and cannot be added to
+statistics (``add_stats`` raises); the public ``Categorical.check_values`` reports such rows.
+"""
+
+import math
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def _code(x, C):
+    v = x[0]
+    if not (v >= 0.0 and v < C):
+        return -1
+    return int(v)
+
+
+@njit(cache=True, nogil=True)
+def add_stats(x, s, w):
+    """s += w * (1, one_hot(x))."""
+    C = s.shape[0] - 1
+    k = _code(x, C)
+    if k < 0:
+        raise ValueError("categorical code outside 0..C-1")
+    s[0] += w
+    s[1 + k] += w
+
+
+@njit(cache=True, nogil=True)
+def refresh(s, c, p):
+    """c = log(alpha + counts), log(A + n)."""
+    C = s.shape[0] - 1
+    for k in range(C):
+        c[k] = math.log(p[k] + s[1 + k])
+    c[C] = math.log(p[C] + s[0])
+
+
+@njit(cache=True, nogil=True)
+def update(x, s, c, p, w):
+    """Add / remove one record: only the record's category and the total change. O(1)."""
+    C = s.shape[0] - 1
+    add_stats(x, s, w)
+    k = _code(x, C)
+    c[k] = math.log(p[k] + s[1 + k])
+    c[C] = math.log(p[C] + s[0])
+
+
+@njit(cache=True, nogil=True)
+def log_predictive(x, s, c, p):
+    """log (alpha_x + n_x) / (A + n)."""
+    C = s.shape[0] - 1
+    k = _code(x, C)
+    if k < 0:
+        return -np.inf
+    return c[k] - c[C]
+
+
+@njit(cache=True, nogil=True)
+def log_marginal(s, p):
+    """Dirichlet-multinomial log probability of the sequence of codes."""
+    n = s[0]
+    if n == 0.0:
+        return 0.0
+    C = s.shape[0] - 1
+    out = p[C + 1] - math.lgamma(p[C] + n)
+    for k in range(C):
+        out += math.lgamma(p[k] + s[1 + k])
+    return out

@@ -1,0 +1,82 @@
+"""Independent exponential columns with Gamma priors (seed 000, Appendix B, "Exponential" row).
+
+Per column j: lambda ~ Gamma(a, rate b), x | lambda ~ Exponential(rate lambda) on x >= 0. After n
+records with sum x = u: a_n = a + n, b_n = b + u.
+
+    predictive (Lomax, shape a_n, scale b_n):
+        p(x | X) = a_n b_n^a_n / (b_n + x)^(a_n + 1)
+    marginal:
+        log p(X) = sum_j [a log b - lgamma(a) + lgamma(a_n) - a_n log b_n]
+
+Layouts for d columns
+---------------------
+stats ``s`` (1 + d): n, sum x (d).
+prior ``p`` (2 d): a (d), b (d).
+cache ``c`` (2 d + 1): b_n (d), a_n + 1 (d), sum_j [log a_n + a_n log b_n].
+"""
+
+import math
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def add_stats(x, s, w):
+    """s += w * (1, x)."""
+    d = x.shape[0]
+    s[0] += w
+    for j in range(d):
+        s[1 + j] += w * x[j]
+
+
+@njit(cache=True, nogil=True)
+def refresh(s, c, p):
+    """Posterior scale b_n, exponent a_n + 1 and the summed Lomax constant."""
+    d = p.shape[0] // 2
+    n = s[0]
+    const = 0.0
+    for j in range(d):
+        an = p[j] + n
+        bn = p[d + j] + s[1 + j]
+        c[j] = bn
+        c[d + j] = an + 1.0
+        const += math.log(an) + an * math.log(bn)
+    c[2 * d] = const
+
+
+@njit(cache=True, nogil=True)
+def update(x, s, c, p, w):
+    """add_stats then refresh: O(d)."""
+    add_stats(x, s, w)
+    refresh(s, c, p)
+
+
+@njit(cache=True, nogil=True)
+def log_predictive(x, s, c, p):
+    """Lomax log density of x (-inf for x < 0)."""
+    d = x.shape[0]
+    out = c[2 * d]
+    for j in range(d):
+        xj = x[j]
+        if xj < 0.0:
+            return -np.inf
+        out -= c[d + j] * math.log(c[j] + xj)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def log_marginal(s, p):
+    """Gamma-exponential log marginal likelihood."""
+    n = s[0]
+    if n == 0.0:
+        return 0.0
+    d = p.shape[0] // 2
+    out = 0.0
+    for j in range(d):
+        a = p[j]
+        b = p[d + j]
+        an = a + n
+        bn = b + s[1 + j]
+        out += a * math.log(b) - math.lgamma(a) + math.lgamma(an) - an * math.log(bn)
+    return out

@@ -1,0 +1,85 @@
+"""Independent geometric columns with Beta priors (seed 000, Appendix B, "Geometric" row).
+
+Per column j: theta ~ Beta(a, b), x | theta ~ Geometric(theta) on {0, 1, 2, ...} (failures before
+the first success), p(x | theta) = theta (1 - theta)^x. After n records with sum x = u:
+a_n = a + n, b_n = b + u.
+
+    predictive ("ratio of beta functions"):
+        p(x | X) = B(a_n + 1, b_n + x) / B(a_n, b_n)
+                 = a_n Gamma(b_n + x) Gamma(a_n + b_n) / (Gamma(b_n) Gamma(a_n + b_n + x + 1))
+    marginal:
+        log p(X) = sum_j [log B(a_n, b_n) - log B(a, b)]
+
+Layouts for d columns
+---------------------
+stats ``s`` (1 + d): n, sum x (d).
+prior ``p`` (2 d): a (d), b (d).
+cache ``c`` (2 d + 1): b_n (d), a_n + b_n + 1 (d),
+sum_j [log a_n + lgamma(a_n + b_n) - lgamma(b_n)].
+"""
+
+import math
+
+import numpy as np
+from numba import njit
+
+from kernels.special import lbeta
+
+
+@njit(cache=True, nogil=True)
+def add_stats(x, s, w):
+    """s += w * (1, x)."""
+    d = x.shape[0]
+    s[0] += w
+    for j in range(d):
+        s[1 + j] += w * x[j]
+
+
+@njit(cache=True, nogil=True)
+def refresh(s, c, p):
+    """Posterior b_n, a_n + b_n + 1 and the summed constant."""
+    d = p.shape[0] // 2
+    n = s[0]
+    const = 0.0
+    for j in range(d):
+        an = p[j] + n
+        bn = p[d + j] + s[1 + j]
+        c[j] = bn
+        c[d + j] = an + bn + 1.0
+        const += math.log(an) + math.lgamma(an + bn) - math.lgamma(bn)
+    c[2 * d] = const
+
+
+@njit(cache=True, nogil=True)
+def update(x, s, c, p, w):
+    """add_stats then refresh: O(d)."""
+    add_stats(x, s, w)
+    refresh(s, c, p)
+
+
+@njit(cache=True, nogil=True)
+def log_predictive(x, s, c, p):
+    """log B(a_n + 1, b_n + x) - log B(a_n, b_n) summed over columns (-inf for x < 0)."""
+    d = x.shape[0]
+    out = c[2 * d]
+    for j in range(d):
+        xj = x[j]
+        if xj < 0.0:
+            return -np.inf
+        out += math.lgamma(c[j] + xj) - math.lgamma(c[d + j] + xj)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def log_marginal(s, p):
+    """Beta-geometric log marginal likelihood."""
+    n = s[0]
+    if n == 0.0:
+        return 0.0
+    d = p.shape[0] // 2
+    out = 0.0
+    for j in range(d):
+        a = p[j]
+        b = p[d + j]
+        out += lbeta(a + n, b + s[1 + j]) - lbeta(a, b)
+    return out

@@ -1,0 +1,129 @@
+"""Diagonal Gaussian with an independent Normal-Gamma prior per column (seed 000, Appendix B).
+
+Appendix B lists the Normal-Wishart for a full covariance (``gaussian_nw.py``); this is its
+diagonal special case with a Gamma prior on each column's precision, so the columns are
+independent and the predictive is a product of univariate Student-t densities instead of one
+multivariate Student-t. Formulas are Murphy (2007), "Conjugate Bayesian analysis of the Gaussian
+distribution", section 3 (the Normal-Gamma NG(mu, tau | m0, c0, a0, b0), its posterior,
+marginal likelihood and posterior predictive): per column j,
+
+    tau ~ Gamma(a0, rate b0),   mu | tau ~ N(m0, 1 / (c0 tau)),   x | mu, tau ~ N(mu, 1 / tau).
+
+Posterior after n records with sum x = u and sum x^2 = v:
+
+    c_n = c0 + n,  m_n = (c0 m0 + u) / c_n,  a_n = a0 + n / 2,
+    b_n = b0 + 1/2 [sum (x - m0)^2 - (u - n m0)^2 / c_n]
+        = b0 + 1/2 [S + c0 n / (c0 + n) (xbar - m0)^2]          (S: scatter about xbar)
+
+Predictive: Student-t with 2 a_n degrees of freedom, location m_n and
+scale^2 = b_n (c_n + 1) / (a_n c_n). Marginal likelihood:
+
+    log p(X) = sum_j [lgamma(a_n) - lgamma(a0) + a0 log b0 - a_n log b_n
+                      + 1/2 (log c0 - log c_n)] - n d / 2 log(2 pi)
+
+Layouts for d columns
+---------------------
+stats ``s`` (1 + 2 d): n, sum x (d), sum x^2 (d).
+prior ``p`` (4 d): m0 (d), c0 (d), a0 (d), b0 (d).
+cache ``c`` (3 d + 1): m_n (d), q = c_n / (2 b_n (c_n + 1)) (d), a_n + 1/2 (d), and the summed
+Student-t normalising constant sum_j [lgamma(a_n + 1/2) - lgamma(a_n)
+- 1/2 log(2 pi b_n (c_n + 1) / c_n)], so that
+
+    log p(x | X) = const - sum_j (a_n + 1/2) log(1 + q_j (x_j - m_j)^2).
+"""
+
+import math
+
+from numba import njit
+
+LOG_2PI = math.log(2.0 * math.pi)
+
+
+@njit(cache=True, nogil=True)
+def add_stats(x, s, w):
+    """s += w * (1, x, x^2)."""
+    d = x.shape[0]
+    s[0] += w
+    for j in range(d):
+        s[1 + j] += w * x[j]
+        s[1 + d + j] += w * x[j] * x[j]
+
+
+@njit(cache=True, nogil=True)
+def posterior(s, p, j):
+    """(m_n, c_n, a_n, b_n) of column j (module docstring)."""
+    d = p.shape[0] // 4
+    n = s[0]
+    m0 = p[j]
+    c0 = p[d + j]
+    a0 = p[2 * d + j]
+    b0 = p[3 * d + j]
+    u = s[1 + j]
+    v = s[1 + d + j]
+    cn = c0 + n
+    mn = (c0 * m0 + u) / cn
+    dev = u - n * m0
+    bn = b0 + 0.5 * ((v - 2.0 * m0 * u + n * m0 * m0) - dev * dev / cn)
+    # b_n >= b0 exactly (Cauchy-Schwarz); rounding in the raw moments must not undercut it
+    if bn < b0:
+        bn = b0
+    return mn, cn, a0 + 0.5 * n, bn
+
+
+@njit(cache=True, nogil=True)
+def refresh(s, c, p):
+    """Per-column Student-t location, precision factor and exponent; summed constant."""
+    d = p.shape[0] // 4
+    const = 0.0
+    for j in range(d):
+        mn, cn, an, bn = posterior(s, p, j)
+        c[j] = mn
+        c[d + j] = cn / (2.0 * bn * (cn + 1.0))
+        c[2 * d + j] = an + 0.5
+        const += (
+            math.lgamma(an + 0.5)
+            - math.lgamma(an)
+            - 0.5 * (LOG_2PI + math.log(bn) + math.log1p(1.0 / cn))
+        )
+    c[3 * d] = const
+
+
+@njit(cache=True, nogil=True)
+def update(x, s, c, p, w):
+    """add_stats then refresh: O(d)."""
+    add_stats(x, s, w)
+    refresh(s, c, p)
+
+
+@njit(cache=True, nogil=True)
+def log_predictive(x, s, c, p):
+    """log p(x | X): product of Student-t densities. O(d)."""
+    d = x.shape[0]
+    out = c[3 * d]
+    for j in range(d):
+        r = x[j] - c[j]
+        out -= c[2 * d + j] * math.log1p(c[d + j] * r * r)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def log_marginal(s, p):
+    """log p(X) with every column's (mu, tau) integrated out (module docstring)."""
+    n = s[0]
+    if n == 0.0:
+        return 0.0
+    d = p.shape[0] // 4
+    out = -0.5 * n * d * LOG_2PI
+    for j in range(d):
+        c0 = p[d + j]
+        a0 = p[2 * d + j]
+        b0 = p[3 * d + j]
+        _mn, cn, an, bn = posterior(s, p, j)
+        out += (
+            math.lgamma(an)
+            - math.lgamma(a0)
+            + a0 * math.log(b0)
+            - an * math.log(bn)
+            + 0.5 * (math.log(c0) - math.log(cn))
+        )
+    return out
