@@ -32,20 +32,36 @@ def _grow(stats, cache, nk, lognk):
 
 
 @njit(cache=True, nogil=True)
-def _costs(x, k0, stats, cache, lognk, n_slots, spec, prior, empty_s, empty_c, log_alpha,
-           scratch_s, scratch_c, nk0_minus, costs):
+def _costs(
+    x,
+    k0,
+    stats,
+    cache,
+    lognk,
+    n_slots,
+    spec,
+    prior,
+    empty_s,
+    empty_c,
+    log_alpha,
+    scratch_s,
+    scratch_c,
+    costs,
+):
     """Fill costs[k] = q_{i,k} - log N_{k,-i} (eqs. 3.1-3.2, argument of Algorithm 1's argmin).
 
-    costs[k] for slots k < n_slots (inf for a free slot or for k0 emptied by removing x),
-    costs[n_slots] for a new cluster, with N_{K+1,-i} = N0 = exp(log_alpha). ``scratch_s`` and
-    ``scratch_c`` hold slot k0 with x removed.
+    costs[k] for slots k < n_slots (inf for a free slot, or for k0 when x is its only member),
+    costs[n_slots] for a new cluster, with N_{K+1,-i} = N0 = exp(log_alpha). The record's own
+    cluster k0 is scored without x by the leave-one-out predictive, so nothing is downdated
+    unless the record moves.
     """
     for k in range(n_slots):
         if k == k0:
-            if nk0_minus > 0.0:
-                costs[k] = -product.log_predictive(x, scratch_s, scratch_c, spec, prior) - math.log(
-                    nk0_minus
-                )
+            n_minus = math.exp(lognk[k]) - 1.0
+            if n_minus > 0.5:
+                costs[k] = -product.log_predictive_loo(
+                    x, stats[k], cache[k], spec, prior, scratch_s, scratch_c
+                ) - math.log(n_minus)
             else:
                 costs[k] = np.inf
         elif lognk[k] == -np.inf:
@@ -56,12 +72,10 @@ def _costs(x, k0, stats, cache, lognk, n_slots, spec, prior, empty_s, empty_c, l
 
 
 @njit(cache=True, nogil=True)
-def _move(x, i, k0, knew, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c,
-          scratch_s, scratch_c):
+def _move(x, i, k0, knew, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c):
     """Commit record i's move from slot k0 (-1: none) to slot knew (n_slots: a new cluster)."""
     if k0 >= 0:
-        stats[k0, :] = scratch_s
-        cache[k0, :] = scratch_c
+        product.update(x, stats[k0], cache[k0], spec, prior, -1.0)
         nk[k0] -= 1.0
         lognk[k0] = math.log(nk[k0]) if nk[k0] > 0.0 else -np.inf
     if knew == n_slots:
@@ -87,10 +101,62 @@ def _move(x, i, k0, knew, z, stats, cache, nk, lognk, n_slots, spec, prior, empt
 
 
 @njit(cache=True, nogil=True)
+def _scan(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, gibbs, state):
+    """The loop shared by ``sweep`` (argmin) and ``gibbs_sweep`` (a draw)."""
+    S = stats.shape[1]
+    empty_s = np.zeros(S)
+    scratch_s = np.empty(S)
+    scratch_c = np.empty(cache.shape[1])
+    lognk = np.full(stats.shape[0], -np.inf)
+    for k in range(n_slots):
+        if nk[k] > 0.0:
+            lognk[k] = math.log(nk[k])
+    costs = np.empty(stats.shape[0] + order.shape[0] + 1)
+    n_changed = 0
+    for t in range(order.shape[0]):
+        i = order[t]
+        x = X[i]
+        k0 = z[i]
+        _costs(
+            x,
+            k0,
+            stats,
+            cache,
+            lognk,
+            n_slots,
+            spec,
+            prior,
+            empty_s,
+            empty_c,
+            log_alpha,
+            scratch_s,
+            scratch_c,
+            costs,
+        )
+        if gibbs:
+            for k in range(n_slots + 1):
+                costs[k] = -costs[k]
+            best = sample_log_weights(state, costs, n_slots + 1)
+        else:
+            best = 0
+            for k in range(1, n_slots + 1):
+                if costs[k] < costs[best]:
+                    best = k
+        alone = k0 >= 0 and nk[k0] == 1.0
+        if best == k0 or (best == n_slots and alone):
+            continue
+        stats, cache, nk, lognk, n_slots = _move(
+            x, i, k0, best, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c
+        )
+        n_changed += 1
+    return stats, cache, nk, n_slots, n_changed
+
+
+@njit(cache=True, nogil=True)
 def sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha):
     """One MAP-DP iteration over the records in ``order`` (seed 000, Algorithm 1, inner loop).
 
-    Each record is removed from its cluster, then assigned to
+    Each record is taken out of its cluster and assigned to
     argmin_k [q_{i,k} - log N_{k,-i}] over the existing clusters and a new one (eqs. 3.1-3.2);
     statistics and caches are updated incrementally, so a sweep costs O(N K d^2) for the
     Normal-Wishart family. Ties keep the lowest slot; a record alone in its cluster that would
@@ -123,81 +189,22 @@ def sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alph
     n_changed : int
         Number of records whose cluster changed.
     """
-    S = stats.shape[1]
-    empty_s = np.zeros(S)
-    scratch_s = np.empty(S)
-    scratch_c = np.empty(cache.shape[1])
-    lognk = np.full(stats.shape[0], -np.inf)
-    for k in range(n_slots):
-        if nk[k] > 0.0:
-            lognk[k] = math.log(nk[k])
-    costs = np.empty(stats.shape[0] + order.shape[0] + 1)
-    n_changed = 0
-    for t in range(order.shape[0]):
-        i = order[t]
-        x = X[i]
-        k0 = z[i]
-        nk0_minus = 0.0
-        if k0 >= 0:
-            scratch_s[:] = stats[k0]
-            scratch_c[:] = cache[k0]
-            product.update(x, scratch_s, scratch_c, spec, prior, -1.0)
-            nk0_minus = nk[k0] - 1.0
-        _costs(x, k0, stats, cache, lognk, n_slots, spec, prior, empty_s, empty_c, log_alpha,
-               scratch_s, scratch_c, nk0_minus, costs)
-        best = 0
-        for k in range(1, n_slots + 1):
-            if costs[k] < costs[best]:
-                best = k
-        if best == k0 or (best == n_slots and k0 >= 0 and nk0_minus == 0.0):
-            continue
-        stats, cache, nk, lognk, n_slots = _move(
-            x, i, k0, best, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c,
-            scratch_s, scratch_c,
-        )
-        n_changed += 1
-    return stats, cache, nk, n_slots, n_changed
+    state = np.zeros(1, dtype=np.uint64)
+    return _scan(
+        X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, False, state
+    )
 
 
 @njit(cache=True, nogil=True)
 def gibbs_sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, state):
-    """One collapsed Gibbs scan (seed 000 eq. 2.7; Neal's Algorithm 3): z_i drawn with
-    p(z_i = k | x_i, z_-i) proportional to N_{k,-i} p(x_i | X_{k,-i}), or N0 p(x_i) for a new
-    cluster. Same arguments and returns as ``sweep``, plus ``state`` (uint64 (1,) RNG state).
+    """One collapsed Gibbs scan (seed 000 eq. 2.7; Neal's Algorithm 3; seed 003 Algorithm 3):
+    z_i is drawn with p(z_i = k | x_i, z_-i) proportional to N_{k,-i} p(x_i | X_{k,-i}), or
+    N0 p(x_i) for a new cluster. Same arguments and returns as ``sweep``, plus ``state``
+    (uint64 array of shape (1,), the RNG state, advanced in place).
     """
-    S = stats.shape[1]
-    empty_s = np.zeros(S)
-    scratch_s = np.empty(S)
-    scratch_c = np.empty(cache.shape[1])
-    lognk = np.full(stats.shape[0], -np.inf)
-    for k in range(n_slots):
-        if nk[k] > 0.0:
-            lognk[k] = math.log(nk[k])
-    costs = np.empty(stats.shape[0] + order.shape[0] + 1)
-    n_changed = 0
-    for t in range(order.shape[0]):
-        i = order[t]
-        x = X[i]
-        k0 = z[i]
-        nk0_minus = 0.0
-        if k0 >= 0:
-            scratch_s[:] = stats[k0]
-            scratch_c[:] = cache[k0]
-            product.update(x, scratch_s, scratch_c, spec, prior, -1.0)
-            nk0_minus = nk[k0] - 1.0
-        _costs(x, k0, stats, cache, lognk, n_slots, spec, prior, empty_s, empty_c, log_alpha,
-               scratch_s, scratch_c, nk0_minus, costs)
-        for k in range(n_slots + 1):
-            costs[k] = -costs[k]
-        best = sample_log_weights(state, costs, n_slots + 1)
-        if best == k0 or (best == n_slots and k0 >= 0 and nk0_minus == 0.0):
-            continue
-        stats, cache, nk, lognk, n_slots = _move(
-            x, i, k0, best, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c,
-            scratch_s, scratch_c,
-        )
-        n_changed += 1
-    return stats, cache, nk, n_slots, n_changed
+    return _scan(
+        X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, True, state
+    )
 
 
 @njit(cache=True, nogil=True)

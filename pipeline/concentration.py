@@ -10,9 +10,7 @@ from scipy.special import digamma, gammaln, polygamma
 def log_posterior(alpha: float, n: int, k: int, a: float, b: float) -> float:
     """log p(N0 | N, K) up to a constant, eq. A.1:
     log Gamma(N0) - log Gamma(N0 + N) + (K + a - 1) log N0 - b N0."""
-    return float(
-        gammaln(alpha) - gammaln(alpha + n) + (k + a - 1.0) * math.log(alpha) - b * alpha
-    )
+    return float(gammaln(alpha) - gammaln(alpha + n) + (k + a - 1.0) * math.log(alpha) - b * alpha)
 
 
 def map_concentration(

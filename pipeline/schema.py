@@ -44,7 +44,7 @@ COUNT_KINDS = {"poisson", "bernoulli", "binomial", "geometric"}
 
 
 def _is_sparse(X: Any) -> bool:
-    return hasattr(X, "tocsr") or hasattr(X, "sparse") and hasattr(X.sparse, "to_dense")
+    return hasattr(X, "tocsr") or (hasattr(X, "sparse") and hasattr(X.sparse, "to_dense"))
 
 
 def as_frame(X: Any, feature_names: Sequence[str] | None = None) -> tuple[pd.DataFrame, bool]:
@@ -62,6 +62,8 @@ def as_frame(X: Any, feature_names: Sequence[str] | None = None) -> tuple[pd.Dat
     if isinstance(X, pd.Series):
         raise ValueError("X must be 2-D (n_samples, n_features); got a Series")
     arr = np.asarray(X)
+    if np.iscomplexobj(arr):
+        raise ValueError("Complex data not supported: X has a complex dtype")
     if arr.dtype == object:
         # numbers held in an object array are numbers (scikit-learn's convention): anything that is
         # not is reported by float() with the TypeError scikit-learn's checks expect
@@ -69,10 +71,12 @@ def as_frame(X: Any, feature_names: Sequence[str] | None = None) -> tuple[pd.Dat
     if arr.ndim != 2:
         raise ValueError(
             f"X must be 2-D (n_samples, n_features); got an array of shape {arr.shape}. "
-            "Reshape a single feature with X.reshape(-1, 1) or a single sample with "
-            "X.reshape(1, -1)."
+            "Reshape your data with X.reshape(-1, 1) for a single feature or X.reshape(1, -1) "
+            "for a single sample."
         )
-    names = list(feature_names) if feature_names is not None else [f"x{j}" for j in range(arr.shape[1])]
+    names = (
+        list(feature_names) if feature_names is not None else [f"x{j}" for j in range(arr.shape[1])]
+    )
     return pd.DataFrame(arr, columns=names), False
 
 
@@ -131,7 +135,10 @@ class Schema:
     def infer(cls, df: pd.DataFrame, family: Any, from_frame: bool) -> Schema:
         """Kinds per column from ``family`` ("auto", a kind name, or a {column: kind} mapping)."""
         if df.shape[1] == 0:
-            raise ValueError("X has no columns")
+            raise ValueError(
+                f"X has no columns: 0 feature(s) (shape=({df.shape[0]}, 0)) while a minimum of 1 "
+                "is required."
+            )
         cols = list(df.columns)
         if isinstance(family, str):
             if family == "auto":

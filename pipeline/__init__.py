@@ -1,0 +1,39 @@
+"""dpmm-pipeline: Bayesian nonparametric clustering at scale.
+
+The public API, loaded lazily so that ``import pipeline`` stays light:
+
+* ``MAPDP`` - MAP-DP (Raykov et al. 2016, Algorithm 1), scikit-learn style;
+* ``BHC`` - Bayesian hierarchical clustering with its lower bounds (Xu et al. 2009);
+* ``TreeGuidedMCMC`` - tree-guided MCMC for DP and NGGP mixtures (Lee and Choi 2015);
+* ``DPMeans``, ``CollapsedGibbs`` - reference methods;
+* ``exact_log_marginal`` - the DPM marginal likelihood by enumeration of partitions;
+* ``families`` - the likelihood families (``GaussianNW``, ``NormalGamma``, ``Categorical``, ...).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "MAPDP": "pipeline.mapdp",
+    "BHC": "pipeline.bhc",
+    "TreeGuidedMCMC": "pipeline.tgmcmc",
+    "DPMeans": "pipeline.baselines",
+    "CollapsedGibbs": "pipeline.baselines",
+    "exact_log_marginal": "pipeline.exact",
+    "families": "pipeline.families",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module = importlib.import_module(_LAZY[name])
+        value = module if name == "families" else getattr(module, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
