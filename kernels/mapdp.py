@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numba import njit
 
-from kernels.families import product
+from kernels.families import gaussian_nw, product
 from kernels.rng import sample_log_weights
 
 
@@ -55,6 +55,13 @@ def _costs(
     cluster k0 is scored without x by the leave-one-out predictive, so nothing is downdated
     unless the record moves.
     """
+    if spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW:
+        # hot path: one full-covariance group, cache rows read in place
+        for k in range(n_slots):
+            if k != k0 and lognk[k] != -np.inf:
+                costs[k] = -gaussian_nw.log_predictive_row(x, cache, k) - lognk[k]
+            elif k != k0:
+                costs[k] = np.inf
     for k in range(n_slots):
         if k == k0:
             n_minus = math.exp(lognk[k]) - 1.0
@@ -66,7 +73,7 @@ def _costs(
                 costs[k] = np.inf
         elif lognk[k] == -np.inf:
             costs[k] = np.inf
-        else:
+        elif not (spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW):
             costs[k] = -product.log_predictive(x, stats[k], cache[k], spec, prior) - lognk[k]
     costs[n_slots] = -product.log_predictive(x, empty_s, empty_c, spec, prior) - log_alpha
 
@@ -320,3 +327,114 @@ def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
             acc += math.exp(terms[k] - m)
         logdens[i] = m + math.log(acc)
     return labels, logdens
+
+
+@njit(cache=True, nogil=True)
+def merge_gap(sa, sb, spec, prior, log_alpha):
+    """Decrease of the objective E (eq. 3.3) when clusters a and b merge; > 0 favours merging.
+
+    log p(X_a u X_b) - log p(X_a) - log p(X_b) from the families plus the CRP change of eq. 2.3:
+    log Gamma(n_a + n_b) - log Gamma(n_a) - log Gamma(n_b) - log N0. Statistics only.
+    """
+    s = sa + sb
+    na = sa[0]
+    nb = sb[0]
+    return (
+        product.log_marginal(s, spec, prior)
+        - product.log_marginal(sa, spec, prior)
+        - product.log_marginal(sb, spec, prior)
+        + math.lgamma(na + nb)
+        - math.lgamma(na)
+        - math.lgamma(nb)
+        - log_alpha
+    )
+
+
+@njit(cache=True, nogil=True)
+def greedy_merge(stats, nk, spec, prior, log_alpha):
+    """Merge the pair with the largest positive ``merge_gap`` until none is positive.
+
+    Parameters
+    ----------
+    stats : ndarray of shape (K, S)
+    nk : ndarray of shape (K,)
+
+    Returns
+    -------
+    target : ndarray of shape (K,), int64
+        Cluster each input cluster ends in (renumbered 0..K'-1 in order of first appearance).
+    stats : ndarray of shape (K', S)
+    n_merges : int
+    """
+    K = stats.shape[0]
+    parent = np.arange(K)
+    alive = np.ones(K, dtype=np.bool_)
+    work = stats.copy()
+    lm = np.empty(K)
+    for k in range(K):
+        lm[k] = product.log_marginal(work[k], spec, prior)
+    gap = np.full((K, K), -np.inf)
+    for a in range(K):
+        for b in range(a + 1, K):
+            s = work[a] + work[b]
+            gap[a, b] = (
+                product.log_marginal(s, spec, prior)
+                - lm[a]
+                - lm[b]
+                + math.lgamma(work[a, 0] + work[b, 0])
+                - math.lgamma(work[a, 0])
+                - math.lgamma(work[b, 0])
+                - log_alpha
+            )
+    n_merges = 0
+    while True:
+        best = 0.0
+        ba = -1
+        bb = -1
+        for a in range(K):
+            if not alive[a]:
+                continue
+            for b in range(a + 1, K):
+                if alive[b] and gap[a, b] > best:
+                    best = gap[a, b]
+                    ba = a
+                    bb = b
+        if ba < 0:
+            break
+        work[ba] += work[bb]
+        alive[bb] = False
+        parent[bb] = ba
+        n_merges += 1
+        lm[ba] = product.log_marginal(work[ba], spec, prior)
+        for c in range(K):
+            if alive[c] and c != ba:
+                a = min(ba, c)
+                b = max(ba, c)
+                s = work[a] + work[b]
+                gap[a, b] = (
+                    product.log_marginal(s, spec, prior)
+                    - lm[a]
+                    - lm[b]
+                    + math.lgamma(work[a, 0] + work[b, 0])
+                    - math.lgamma(work[a, 0])
+                    - math.lgamma(work[b, 0])
+                    - log_alpha
+                )
+    for k in range(K):
+        r = k
+        while parent[r] != r:
+            r = parent[r]
+        parent[k] = r
+    remap = np.full(K, -1, dtype=np.int64)
+    K2 = 0
+    for k in range(K):
+        if alive[k]:
+            remap[k] = K2
+            K2 += 1
+    target = np.empty(K, dtype=np.int64)
+    out = np.empty((K2, stats.shape[1]))
+    for k in range(K):
+        target[k] = remap[parent[k]]
+        if alive[k]:
+            out[remap[k]] = work[k]
+    return target, out, n_merges

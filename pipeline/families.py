@@ -153,17 +153,27 @@ class GaussianNW(Family):
         return 2 * self.n_cols**2 + 2 * self.n_cols + 4
 
     @classmethod
-    def empirical_bayes(cls, X: FloatArray) -> GaussianNW:
-        """m0 = the data mean, c0 = 1 / n... see ``default_prior_notes``."""
+    def empirical_bayes(cls, X: FloatArray, shrink: float = 10.0) -> GaussianNW:
+        """The default prior from the data (seed 000, Appendix A, option 1, with one stated belief).
+
+        m0 = the data mean; a0 = d + 2 (the weakest Wishart with a finite mean covariance);
+        E[precision] = a0 B0 = (cov / shrink)^{-1}, i.e. a cluster is expected to carry
+        1 / ``shrink`` of the data's (co)variance; c0 = 1 / (shrink - 1) so that the spread of
+        cluster means, E[Sigma] / c0, accounts for the rest (total = within + between).
+        ``shrink = 10`` is a prior belief, not a type-II maximum-likelihood value: maximising the
+        marginal likelihood over the whole data treated as one cluster gives shrink = 1, which
+        makes one cluster absorb everything.
+        """
         X = np.asarray(X, dtype=np.float64)
         n, d = X.shape
+        if not shrink > 1:
+            raise ValueError(f"GaussianNW.empirical_bayes: shrink must be > 1, got {shrink}")
         m0 = X.mean(axis=0)
         cov = np.cov(X, rowvar=False).reshape(d, d) if n > 1 else np.eye(d)
-        cov = 0.5 * (cov + cov.T) + 1e-9 * np.trace(cov) / d * np.eye(d)
+        cov = 0.5 * (cov + cov.T) + 1e-9 * max(np.trace(cov) / d, 1e-300) * np.eye(d)
         a0 = d + 2.0
-        c0 = 10.0 / max(n, 1)
-        # E[precision] = a0 B0 = cov^{-1}: the prior expects clusters as spread as the data
-        B0 = np.linalg.inv(cov) / a0
+        c0 = 1.0 / (shrink - 1.0)
+        B0 = np.linalg.inv(cov / shrink) / a0
         return cls(m0=m0, c0=c0, B0=0.5 * (B0 + B0.T), a0=a0)
 
     def posterior_summary(self, s: FloatArray, names: Sequence[str]) -> dict[str, Any]:

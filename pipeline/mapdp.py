@@ -55,6 +55,95 @@ class MapdpResult:
     seconds: float = 0.0
 
 
+def try_split(
+    Xa: FloatArray, members: IntArray, family: ProductFamily, log_alpha: float, max_sweeps: int = 10
+) -> tuple[float, IntArray, FloatArray] | None:
+    """A split move for one cluster: two halves along its principal axis, refined by MAP-DP
+    sweeps restricted to the two halves (no new cluster), scored by the exact objective.
+
+    Returns
+    -------
+    (gain, side, stats2) or None
+        ``gain`` is the decrease of E (eq. 3.3) if the cluster is replaced by the two halves
+        (= -merge_gap of the halves), ``side`` (n_members,) in {0, 1}, ``stats2`` (2, S).
+        None when the cluster is too small or a half empties.
+    """
+    n = members.shape[0]
+    if n < 4:
+        return None
+    Xs = np.ascontiguousarray(Xa[members])
+    Xc = Xs - Xs.mean(axis=0)
+    cov = Xc.T @ Xc / n
+    if not np.all(np.isfinite(cov)):
+        return None
+    axis = np.linalg.eigh(cov)[1][:, -1]
+    side = (Xc @ axis > 0).astype(np.int64)
+    if side.min() == side.max():
+        return None
+    stats2 = family.stats_of(Xs, side, 2)
+    cache2 = family.cache_of(stats2)
+    nk2 = stats2[:, 0].copy()
+    order = np.arange(n, dtype=np.int64)
+    empty_c = family.empty_cache()
+    n_slots = 2
+    for _ in range(max_sweeps):
+        # log N0 = -inf: a new cluster is never an option inside the restricted sweep
+        stats2, cache2, nk2, n_slots, changed = kmapdp.sweep(
+            Xs,
+            order,
+            side,
+            stats2,
+            cache2,
+            nk2,
+            n_slots,
+            family.spec,
+            family.prior,
+            empty_c,
+            -math.inf,
+        )
+        if changed == 0:
+            break
+    if n_slots != 2 or nk2[0] == 0 or nk2[1] == 0:
+        return None
+    gain = -float(kmapdp.merge_gap(stats2[0], stats2[1], family.spec, family.prior, log_alpha))
+    return gain, side, stats2[:2].copy()
+
+
+def split_merge(
+    Xa: FloatArray, z: IntArray, stats: FloatArray, family: ProductFamily, alpha: float
+) -> tuple[FloatArray, bool]:
+    """One round of split moves (``try_split`` on every cluster) then greedy merges
+    (``kernels.mapdp.greedy_merge``); a move is taken only if it lowers E (eq. 3.3).
+
+    ICM sweeps cannot split a cluster that holds two groups, nor merge two clusters, one
+    record at a time; these moves can, and keep the objective monotone. ``z`` is relabelled in
+    place; returns the new statistics (K', S) and whether anything changed.
+    """
+    log_alpha = math.log(alpha)
+    K = stats.shape[0]
+    rows = [stats[k] for k in range(K)]
+    changed = False
+    order = np.argsort(z, kind="stable")
+    bounds = np.searchsorted(z[order], np.arange(K + 1))
+    for k in range(K):
+        members = order[bounds[k] : bounds[k + 1]]
+        res = try_split(Xa, members, family, log_alpha)
+        if res is not None and res[0] > 1e-9:
+            _gain, side, stats2 = res
+            rows[k] = stats2[0]
+            rows.append(stats2[1])
+            z[members[side == 1]] = len(rows) - 1
+            changed = True
+    new_stats = np.vstack(rows)
+    target, merged, n_merges = kmapdp.greedy_merge(
+        new_stats, new_stats[:, 0].copy(), family.spec, family.prior, log_alpha
+    )
+    if n_merges:
+        z[:] = target[z]
+        changed = True
+    return merged, changed
+
+
 def run_mapdp(
     Xa: FloatArray,
     family: ProductFamily,
@@ -66,12 +155,15 @@ def run_mapdp(
     tol: float,
     init: str,
     callback: Callable[[int, float, int], None] | None = None,
+    max_moves: int = 10,
 ) -> MapdpResult:
     """Algorithm 1 of seed 000 on arranged records ``Xa`` (N, D), visiting them in ``order``.
 
     Each iteration is one ``kernels.mapdp.sweep``; with ``learn_alpha`` the concentration is then
     set to the mode of eq. A.1 given N and K. The objective is -log p(X, z | N0) (eq. 3.3), plus
-    -log p(N0) when N0 is learned, so that both steps can only lower it.
+    -log p(N0) when N0 is learned, so that both steps can only lower it. When the sweeps have
+    converged, up to ``max_moves`` rounds of split and merge moves (``split_merge``) are tried;
+    if one is taken, sweeping resumes. Every step lowers the objective or leaves it.
     """
     t0 = time.perf_counter()
     N = Xa.shape[0]
@@ -100,6 +192,7 @@ def run_mapdp(
     history: list[float] = []
     e_old = math.inf
     converged = False
+    moves = 0
     it = 0
     for it in range(1, max_iter + 1):
         stats, cache, nk, n_slots, n_changed = kmapdp.sweep(
@@ -110,12 +203,30 @@ def run_mapdp(
         if learn_alpha:
             alpha = map_concentration(N, n_slots, a, b, start=alpha)
         e_new = energy(stats, nk, n_slots, alpha)
+        if n_changed == 0 or e_old - e_new < tol:
+            if moves < max_moves:
+                moves += 1
+                stats, moved = split_merge(Xa, z, stats, family, alpha)
+                if moved:
+                    n_slots = stats.shape[0]
+                    nk = stats[:, 0].copy()
+                    cache = family.cache_of(stats)
+                    if learn_alpha:
+                        alpha = map_concentration(N, n_slots, a, b, start=alpha)
+                    e_new = energy(stats, nk, n_slots, alpha)
+                    history.append(e_new)
+                    if callback is not None:
+                        callback(it, e_new, n_slots)
+                    e_old = e_new
+                    continue
+            history.append(e_new)
+            if callback is not None:
+                callback(it, e_new, n_slots)
+            converged = True
+            break
         history.append(e_new)
         if callback is not None:
             callback(it, e_new, n_slots)
-        if n_changed == 0 or e_old - e_new < tol:
-            converged = True
-            break
         e_old = e_new
     return MapdpResult(
         labels=z,
@@ -153,11 +264,14 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
     tol : float, default=1e-6
         A run stops when an iteration lowers the objective by less than ``tol`` (or moves no
         record).
-    init : {"one-cluster", "sequential"}, default="one-cluster"
-        "one-cluster" starts with every record in one cluster, as Algorithm 1; "sequential"
-        starts with none and assigns records in visiting order.
-    alpha_prior : (float, float), default=(1.0, 1.0)
-        Shape and rate of the Gamma prior on N0 when ``alpha="learn"``.
+    init : {"sequential", "one-cluster"}, default="sequential"
+        "sequential" starts with no cluster and assigns records in visiting order (the first
+        iteration is then a sequential MAP pass); "one-cluster" starts with every record in one
+        cluster, as Algorithm 1 writes it. Iterated conditional modes rarely leaves that start:
+        a single record never gains by leaving a cluster that holds all the data.
+    alpha_prior : (float, float), default=(2.0, 1.0)
+        Shape and rate of the Gamma prior on N0 when ``alpha="learn"``. A shape above 1 keeps
+        the mode of eq. A.1 away from 0 when K = 1, which would otherwise be absorbing.
     random_state : int, SeedSequence, Generator or None
         Seeds the permutations; a fixed value makes ``fit`` reproducible.
     verbose : int, default=0
@@ -193,8 +307,8 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         n_restarts: int = 3,
         max_iter: int = 100,
         tol: float = 1e-6,
-        init: str = "one-cluster",
-        alpha_prior: tuple[float, float] = (1.0, 1.0),
+        init: str = "sequential",
+        alpha_prior: tuple[float, float] = (2.0, 1.0),
         random_state: Any = None,
         verbose: int = 0,
     ):

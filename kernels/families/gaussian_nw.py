@@ -318,3 +318,26 @@ def log_predictive_loo(x, s, c, p):
         - 0.5 * c[t + 2]
         + 0.5 * (nu + d - 1.0) * math.log(one_minus)
     )
+
+
+@njit(cache=True, nogil=True)
+def log_predictive_row(x, C, k):
+    """``log_predictive`` for row k of a cache matrix C (K, C_len), reading it in place.
+
+    The same Student-t as ``log_predictive``; taking the matrix and a row index instead of a row
+    view saves building an array view per (record, cluster) pair in the sweep's inner loop.
+    """
+    d = x.shape[0]
+    u0 = d * d + d
+    b0 = u0 + d * d
+    q = 0.0
+    for i in range(d):
+        acc = -C[k, b0 + i]
+        row = u0 + i * d
+        for j in range(i + 1):
+            acc += C[k, row + j] * x[j]
+        q += acc * acc
+    t = 2 * d * d + 2 * d
+    ck = C[k, t]
+    nu = C[k, t + 1] - d + 1.0
+    return C[k, t + 3] - 0.5 * (nu + d) * math.log1p(q * ck / (ck + 1.0))
