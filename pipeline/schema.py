@@ -8,10 +8,14 @@ of binomial columns. It encodes the same columns at predict time and refuses any
 -----------------------------------
 * bool, or integers taking only the values 0 and 1: ``bernoulli`` (Beta prior);
 * pandas ``category``, strings or other non-numeric objects: ``categorical`` (Dirichlet prior);
+* integers taking at most ``MAX_LEVELS`` (10) distinct values: ``categorical`` over the values
+  seen. Such a column is a code or a score on a short scale; a Gaussian on a lattice of a few
+  values rewards clusters that collapse onto one level (the density grows without bound as the
+  variance shrinks);
 * other integers: ``gaussian``, the same as floats. Integer-valued measurements (ages, counts of
-  hundreds, scores on a 1-10 scale) are rarely Poisson within a cluster, and a Poisson family
-  forced on over-dispersed data splits it into many clusters; ask for ``poisson`` (or
-  ``geometric``, ``binomial``) explicitly for true counts;
+  hundreds) are rarely Poisson within a cluster, and a Poisson family forced on over-dispersed
+  data splits it into many clusters; ask for ``poisson`` (or ``geometric``, ``binomial``)
+  explicitly for true counts;
 * floats: ``gaussian`` (all such columns share one full-covariance Normal-Wishart group).
 
 Any column can be overridden: ``family={"visits": "poisson"}`` keeps ``auto`` for the rest.
@@ -40,6 +44,7 @@ KINDS = (
     "geometric",
 )
 NUMERIC_KINDS = {"gaussian", "diag-gaussian", "exponential"}
+MAX_LEVELS = 10
 COUNT_KINDS = {"poisson", "bernoulli", "binomial", "geometric"}
 
 
@@ -118,6 +123,8 @@ def auto_kind(s: pd.Series) -> str:
         vals = s.to_numpy()
         if vals.size and np.isin(vals, (0, 1)).all():
             return "bernoulli"
+        if np.unique(vals).size <= MAX_LEVELS:
+            return "categorical"
     return "gaussian"
 
 
