@@ -1,0 +1,49 @@
+"""Shared helpers of the benchmarks: where results go, and a table printer."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from sklearn.datasets import load_wine
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+
+
+def out_dir() -> Path:
+    p = Path(os.environ.get("BENCH_OUT", "bench-results"))
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def save(name: str, payload: Any) -> Path:
+    path = out_dir() / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2, default=float))
+    return path
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def uci_sets() -> dict[str, tuple[pd.DataFrame, pd.Series]]:
+    """Table 2 of seed 000: wine (scikit-learn's copy, numerically the UCI file), iris and
+    breast cancer (../shared/data)."""
+    out = {}
+    w = load_wine(as_frame=True)
+    out["wine"] = (w.data, w.target)
+    for name, f in [("iris", "iris.csv"), ("breast cancer", "breast_cancer_wisconsin.csv")]:
+        df = pd.read_csv(DATA / f)
+        out[name] = (df.drop(columns="label"), df["label"])
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    return pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.4g}")
