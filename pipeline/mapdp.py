@@ -26,7 +26,7 @@ IntArray = NDArray[np.int64]
 
 def seed_state(seq: np.random.SeedSequence) -> NDArray[np.uint64]:
     """A kernel RNG state (uint64 array of shape (1,)) from a SeedSequence."""
-    return seq.generate_state(1, dtype=np.uint64)
+    return np.asarray(seq.generate_state(1, dtype=np.uint64), dtype=np.uint64)
 
 
 def as_seed_sequence(random_state: Any) -> np.random.SeedSequence:

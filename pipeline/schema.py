@@ -243,6 +243,7 @@ class Schema:
             col = X[:, j]
             if np.all(col == col[0]):
                 shown = self.categories[c][int(col[0])] if c in self.categories else col[0]
+                shown = shown.item() if isinstance(shown, np.generic) else shown
                 raise ValueError(
                     f"column '{c}' is constant (every row is {shown!r}): it cannot inform the "
                     "clustering and its empirical-Bayes prior is degenerate; drop the column"

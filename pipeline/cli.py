@@ -1,0 +1,565 @@
+"""The ``dpmm`` command line.
+
+``dpmm cluster INPUT --out DIR``  fit MAP-DP to a CSV / Parquet / NumPy table, write DIR/
+``dpmm demo --out DIR``           the same on a generated, labelled data set
+
+Exit status: 0 on success; 2 on bad input or usage, with exactly one line
+``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
+
+Adding a subcommand: write ``cmd_<name>(args) -> int``, register it in ``build_parser`` with
+``set_defaults(func=cmd_<name>)``, and wrap the steps that read or validate user input in
+``with bad_input(...)`` so that their ``ValueError`` / ``TypeError`` / ``OSError`` become the one
+line and status 2. ``add_fit_options`` holds the options shared with ``cluster``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import math
+import re
+import secrets
+import sys
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import numpy as np
+import pandas as pd
+
+from pipeline import io as pio
+
+PROG = "dpmm"
+
+
+class InputError(Exception):
+    """Bad input or usage: ``main`` prints the message as one line and returns 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one ``InputError`` line instead of usage + message."""
+
+    def error(self, message: str) -> NoReturn:
+        raise InputError(f"{message} (see '{self.prog} --help')")
+
+
+def _one_line(msg: str) -> str:
+    return " ".join(msg.split())
+
+
+@contextlib.contextmanager
+def bad_input(prefix: str | None = None, rows_of: str | Path | None = None) -> Iterator[None]:
+    """Turn ``ValueError`` / ``TypeError`` / ``OSError`` raised in the block into ``InputError``.
+
+    Parameters
+    ----------
+    prefix : str, optional
+        Put in front of the message (``"<prefix>: <message>"``) unless already there.
+    rows_of : path, optional
+        The input file: a 0-based ``row N`` in the message is rewritten to where that record
+        is in the file (``pipeline.io.describe_row``).
+    """
+    try:
+        yield
+    except InputError:
+        raise
+    except (ValueError, TypeError, OSError) as err:
+        msg = str(err) or type(err).__name__
+        if rows_of is not None:
+            msg = _locate_rows(msg, rows_of)
+        if prefix and not msg.startswith(prefix):
+            msg = f"{prefix}: {msg}"
+        raise InputError(_one_line(msg)) from err
+
+
+def _locate_rows(msg: str, path: str | Path) -> str:
+    m = re.search(r"\brow (\d+)\b(?! \()", msg)
+    if m is None:
+        return msg
+    return msg[: m.start()] + pio.describe_row(path, int(m.group(1))) + msg[m.end() :]
+
+
+# -- option parsing ----------------------------------------------------------------------------
+def _alpha(text: str) -> float | str:
+    if text == "learn":
+        return text
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"expected a positive number or 'learn', got {text!r}")
+    return v
+
+
+def _column_list(text: str) -> list[str]:
+    cols = [c.strip() for c in text.split(",") if c.strip()]
+    if not cols:
+        raise argparse.ArgumentTypeError(f"expected comma-separated column names, got {text!r}")
+    return cols
+
+
+def _family(text: str) -> str | dict[str, str]:
+    """The --family value: "auto", a family name, or COL=KIND,COL=KIND (kinds checked later)."""
+    text = text.strip()
+    if "=" not in text:
+        if not text or "," in text:
+            raise argparse.ArgumentTypeError(
+                f"expected a family name or COL=KIND,COL=KIND, got {text!r}"
+            )
+        return text
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        col, sep, kind = part.partition("=")
+        if not sep or not col.strip() or not kind.strip():
+            raise argparse.ArgumentTypeError(
+                f"expected COL=KIND,COL=KIND, got {text!r} (bad part {part!r})"
+            )
+        out[col.strip()] = kind.strip()
+    return out
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def add_fit_options(p: argparse.ArgumentParser) -> None:
+    """The MAP-DP options of ``cluster`` (for subcommands that fit the same way)."""
+    g = p.add_argument_group("model")
+    g.add_argument(
+        "--family",
+        type=_family,
+        default="auto",
+        metavar="SPEC",
+        help="likelihood family: auto (default), one name for every column (gaussian, "
+        "diag-gaussian, categorical, poisson, bernoulli, binomial, exponential, geometric), or "
+        "COL=KIND,COL=KIND with auto for the other columns",
+    )
+    g.add_argument(
+        "--alpha",
+        type=_alpha,
+        default="learn",
+        metavar="FLOAT|learn",
+        help="DP concentration N0; 'learn' (default) sets it to its MAP value",
+    )
+    g.add_argument(
+        "--restarts", type=_positive_int, default=3, metavar="N", help="restarts (default 3)"
+    )
+    g.add_argument(
+        "--max-iter",
+        type=_positive_int,
+        default=100,
+        metavar="N",
+        help="maximum iterations per restart (default 100)",
+    )
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        metavar="N",
+        help="random seed (default: a fresh one, recorded in run.json)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``dpmm`` parser; each subcommand sets ``func(args) -> int``."""
+    parser = _Parser(
+        prog=PROG,
+        description="Bayesian nonparametric clustering (MAP-DP for Dirichlet process mixtures).",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "cluster",
+        help="cluster the records of a table",
+        description="Fit MAP-DP to the records of INPUT and write labels.parquet, "
+        "clusters.parquet and run.json into DIR (replaced only when everything succeeded).",
+    )
+    p.add_argument("input", metavar="INPUT", help=".csv, .csv.gz, .tsv, .parquet, .pq or .npy")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument(
+        "--columns",
+        type=_column_list,
+        metavar="A,B,C",
+        help="feature columns to use (default: all but the label column)",
+    )
+    p.add_argument(
+        "--label-column",
+        metavar="COL",
+        help="true labels: not used for fitting; NMI and ARI against them are reported",
+    )
+    p.add_argument(
+        "--drop-constant",
+        action="store_true",
+        help="drop columns holding one value (reporting them) instead of failing",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
+    add_fit_options(p)
+    p.set_defaults(func=cmd_cluster)
+
+    d = sub.add_parser(
+        "demo",
+        help="generate a labelled demo data set and cluster it",
+        description="Write a seeded Gaussian-mixture data set with a true label column to "
+        "DIR/input.csv and run 'dpmm cluster' on it with --label-column.",
+    )
+    d.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    d.add_argument(
+        "--rows", type=_positive_int, default=5000, metavar="N", help="records (default 5000)"
+    )
+    d.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
+    d.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
+    d.set_defaults(func=cmd_demo)
+    return parser
+
+
+# -- the cluster pipeline ----------------------------------------------------------------------
+@dataclass
+class ClusterOptions:
+    """What ``run_cluster`` needs; the fields mirror the ``cluster`` options."""
+
+    columns: list[str] | None = None
+    label_column: str | None = None
+    family: str | dict[str, str] = "auto"
+    alpha: float | str = "learn"
+    restarts: int = 3
+    max_iter: int = 100
+    seed: int | None = None
+    drop_constant: bool = False
+    quiet: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ClusterOptions:
+        return cls(
+            columns=getattr(args, "columns", None),
+            label_column=getattr(args, "label_column", None),
+            family=getattr(args, "family", "auto"),
+            alpha=getattr(args, "alpha", "learn"),
+            restarts=getattr(args, "restarts", 3),
+            max_iter=getattr(args, "max_iter", 100),
+            seed=getattr(args, "seed", None),
+            drop_constant=getattr(args, "drop_constant", False),
+            quiet=getattr(args, "quiet", False),
+        )
+
+
+@dataclass
+class ClusterResult:
+    """What ``run_cluster`` found and wrote."""
+
+    run: dict[str, Any]
+    files: list[Path] = field(default_factory=list)
+
+
+def _version(dist: str = "dpmm-pipeline") -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def versions() -> dict[str, str]:
+    import numba
+    import sklearn
+
+    return {
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "pandas": pd.__version__,
+        "scikit-learn": sklearn.__version__,
+        "dpmm-pipeline": _version(),
+    }
+
+
+def _say(opts: ClusterOptions, msg: str) -> None:
+    if not opts.quiet:
+        print(msg, flush=True)
+
+
+def _stray_text(
+    df: pd.DataFrame, family: str | dict[str, str], name: str, path: Path
+) -> str | None:
+    """A column read as text because a few of its values are not numbers, as an error message.
+
+    With ``family="auto"`` such a column would silently become categorical; a column whose
+    values are mostly numbers is a numeric column with typos.
+    """
+    for c in df.columns:
+        if isinstance(family, dict) and c in family:
+            continue
+        if isinstance(family, str) and family != "auto":
+            continue
+        s = df[c]
+        if pd.api.types.is_numeric_dtype(s.dtype) or pd.api.types.is_bool_dtype(s.dtype):
+            continue
+        if isinstance(s.dtype, pd.CategoricalDtype):
+            continue
+        present = s.notna().to_numpy()
+        conv = pd.to_numeric(s, errors="coerce").notna().to_numpy()
+        n_num, n_present = int(conv.sum()), int(present.sum())
+        if n_num == 0 or n_num < 0.5 * n_present:
+            continue
+        i = int(np.flatnonzero(present & ~conv)[0])
+        return (
+            f"{name}: column '{c}': {pio.describe_row(path, i)} has {s.iloc[i]!r}, which is "
+            f"not a number ({n_num} of the {n_present} values are numbers; pass "
+            f"--family {c}=categorical to treat the column as categories)"
+        )
+    return None
+
+
+def _constant_columns(df: pd.DataFrame) -> dict[str, Any]:
+    out = {}
+    for c in df.columns:
+        s = df[c]
+        if s.notna().all() and s.nunique() == 1:
+            v = s.iloc[0]
+            out[c] = v.item() if isinstance(v, np.generic) else v
+    return out
+
+
+def run_cluster(
+    input_path: str | Path,
+    out_dir: str | Path,
+    opts: ClusterOptions,
+    shown_input: str | Path | None = None,
+    shown_out: str | Path | None = None,
+) -> ClusterResult:
+    """Read ``input_path``, fit MAP-DP, write labels / clusters / run.json into ``out_dir``.
+
+    ``out_dir`` should be a staging directory (``pipeline.io.staged_dir``). ``shown_input`` /
+    ``shown_out`` are the paths named in messages and run.json (default: the real ones).
+    Problems with the input raise ``InputError``.
+    """
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    from pipeline.mapdp import MAPDP
+
+    path = Path(input_path)
+    name = str(shown_input if shown_input is not None else input_path)
+    timings: dict[str, float] = {}
+
+    # -- read --------------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    label = opts.label_column
+    columns = opts.columns
+    if columns is not None and label is not None:
+        if label in columns:
+            raise InputError(f"--label-column {label!r} is also one of --columns")
+        columns = [*columns, label]
+    _say(opts, f"reading {name}")
+    with bad_input(prefix=name):
+        df = pio.read_table(path, columns=columns)
+    y = None
+    if label is not None:
+        if label not in df.columns:
+            raise InputError(f"{name}: no column {label!r}; columns are {list(df.columns)}")
+        y_s = df.pop(label)
+        if y_s.isna().any():
+            i = int(np.flatnonzero(y_s.isna().to_numpy())[0])
+            raise InputError(
+                f"{name}: label column '{label}': {pio.describe_row(path, i)} is missing"
+            )
+        y = y_s.to_numpy()
+        if df.shape[1] == 0:
+            raise InputError(f"{name}: no feature columns besides the label column '{label}'")
+    timings["read"] = time.perf_counter() - t0
+    _say(opts, f"read {df.shape[0]} rows x {df.shape[1]} columns in {timings['read']:.2f} s")
+
+    # -- validate ----------------------------------------------------------------------------
+    family = opts.family
+    dropped: dict[str, Any] = {}
+    if opts.drop_constant:
+        dropped = _constant_columns(df)
+        if dropped:
+            if len(dropped) == df.shape[1]:
+                raise InputError(f"{name}: every column is constant: {dropped}")
+            df = df.drop(columns=list(dropped))
+            if isinstance(family, dict):
+                family = {c: k for c, k in family.items() if c not in dropped}
+            shown = ", ".join(f"{c} (every row is {v!r})" for c, v in dropped.items())
+            _say(opts, f"dropped constant column(s): {shown}")
+    stray = _stray_text(df, family, name, path)
+    if stray is not None:
+        raise InputError(stray)
+
+    # -- fit ---------------------------------------------------------------------------------
+    seed = opts.seed if opts.seed is not None else secrets.randbits(32)
+    model = MAPDP(
+        alpha=opts.alpha,
+        family=family,
+        n_restarts=opts.restarts,
+        max_iter=opts.max_iter,
+        random_state=seed,
+        verbose=0 if opts.quiet else 1,
+    )
+    _say(opts, f"fitting MAP-DP ({opts.restarts} restarts, seed {seed})")
+    t0 = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with bad_input(prefix=name, rows_of=path):
+                model.fit(df)
+        except InputError as err:
+            msg = str(err)
+            if "is constant" in msg and not opts.drop_constant:
+                sep = " " if msg.endswith("drop the column") else "; "
+                raise InputError(f"{msg}{sep}or pass --drop-constant") from err.__cause__
+            raise
+        timings["fit"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        log_density = model.score_samples(df)
+        timings["score"] = time.perf_counter() - t0
+    warned = [f"{w.category.__name__}: {w.message}" for w in caught]
+    for w in warned:
+        print(f"{PROG}: warning: {w}", file=sys.stderr)
+
+    metrics: dict[str, Any] = {
+        "n_clusters": int(model.n_clusters_),
+        "objective": float(model.objective_),
+        "alpha": float(model.alpha_),
+        "n_iter": int(model.n_iter_),
+        "mean_log_density": float(np.mean(log_density)),
+    }
+    if y is not None:
+        metrics["nmi"] = float(normalized_mutual_info_score(y, model.labels_))
+        metrics["ari"] = float(adjusted_rand_score(y, model.labels_))
+
+    # -- write -------------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    labels = pd.DataFrame(
+        {
+            "row": np.arange(df.shape[0], dtype=np.int64),
+            "label": np.asarray(model.labels_, dtype=np.int64),
+            "log_density": np.asarray(log_density, dtype=np.float64),
+        }
+    )
+    files = pio.write_outputs(
+        out_dir, tables={"labels": labels, "clusters": model.cluster_summary()}
+    )
+    timings["write"] = time.perf_counter() - t0
+    run: dict[str, Any] = {
+        "command": "cluster",
+        "input": name,
+        "out": str(shown_out if shown_out is not None else out_dir),
+        "parameters": {
+            "columns": opts.columns,
+            "label_column": label,
+            "family": opts.family,
+            "alpha": opts.alpha,
+            "restarts": opts.restarts,
+            "max_iter": opts.max_iter,
+            "seed": seed,
+            "drop_constant": opts.drop_constant,
+        },
+        "data": {
+            "n_rows": int(df.shape[0]),
+            "n_columns": int(df.shape[1]),
+            "columns": list(df.columns),
+            "families": dict(model.schema_.kinds),
+            "dropped_constant_columns": dropped,
+        },
+        "versions": versions(),
+        "objective_history": [float(v) for v in model.objective_history_],
+        "restart_objectives": [float(v) for v in model.restart_objectives_],
+        "timings_seconds": timings,
+        "metrics": metrics,
+        "warnings": warned,
+    }
+    files += pio.write_outputs(out_dir, json_files={"run": run})
+    return ClusterResult(run=run, files=files)
+
+
+def _check_out(out: Path, inputs: Sequence[Path] = ()) -> None:
+    """Refuse an output directory that replacing would lose something in."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    for inp in inputs:
+        with contextlib.suppress(OSError):
+            if inp.resolve().is_relative_to(out.resolve()):
+                raise InputError(
+                    f"--out {out}: contains the input {inp}, which replacing it would delete"
+                )
+    if out.is_dir() and any(out.iterdir()) and not (out / "run.json").exists():
+        raise InputError(
+            f"--out {out}: exists and is not a dpmm output directory (no run.json); "
+            "choose a new or empty directory"
+        )
+
+
+def _summary(res: ClusterResult, out: Path) -> None:
+    m = res.run["metrics"]
+    lines = [
+        f"{m['n_clusters']} clusters, objective {m['objective']:.6g}, alpha {m['alpha']:.4g}, "
+        f"mean log density {m['mean_log_density']:.4g}"
+    ]
+    if "nmi" in m:
+        lines.append(
+            f"NMI {m['nmi']:.4f}, ARI {m['ari']:.4f} against column "
+            f"'{res.run['parameters']['label_column']}'"
+        )
+    names = ", ".join(f.name for f in res.files)
+    lines.append(f"results in {out}/: {names}")
+    print("\n".join(lines), flush=True)
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    """``dpmm cluster``."""
+    out = Path(args.out)
+    inp = Path(args.input)
+    _check_out(out, [inp])
+    opts = ClusterOptions.from_args(args)
+    with contextlib.ExitStack() as stack:
+        with bad_input(prefix=f"--out {out}"):
+            tmp = stack.enter_context(pio.staged_dir(out))
+        res = run_cluster(inp, tmp, opts, shown_out=out)
+    _summary(res, out)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``dpmm demo``: generate DIR/input.csv, then the ``cluster`` path with its label column."""
+    from pipeline.demo import LABEL_COLUMN, make_demo
+
+    out = Path(args.out)
+    _check_out(out)
+    opts = ClusterOptions(label_column=LABEL_COLUMN, seed=args.seed, quiet=args.quiet)
+    with contextlib.ExitStack() as stack:
+        with bad_input(prefix=f"--out {out}"):
+            tmp = stack.enter_context(pio.staged_dir(out))
+        df = make_demo(n_rows=args.rows, random_state=args.seed)
+        df.to_csv(tmp / "input.csv", index=False)
+        _say(opts, f"wrote demo data ({df.shape[0]} rows, 6 clusters) to {out / 'input.csv'}")
+        res = run_cluster(
+            tmp / "input.csv", tmp, opts, shown_input=out / "input.csv", shown_out=out
+        )
+    res.files.insert(0, out / "input.csv")
+    _summary(res, out)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``dpmm``; returns the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return int(args.func(args))
+    except InputError as err:
+        print(f"{PROG}: error: {_one_line(str(err))}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,398 @@
+"""Reading input tables and writing a run's output directory.
+
+``read_table`` turns a CSV / TSV (optionally gzip-compressed), Parquet (a file or a directory of
+files) or NumPy ``.npy`` file into a DataFrame. Every problem with the file is a ``ValueError``
+whose message starts with the file name and says what is wrong, e.g.
+``"data.csv: line 7 has 5 fields, expected 4"``; a missing file is ``InputFileNotFoundError``,
+both a ``FileNotFoundError`` and a ``ValueError``.
+
+Row numbers in ``pipeline.schema`` messages are 0-based data-row positions; ``describe_row``
+turns one into something a person can find in the file (for CSV, the physical line number).
+
+``staged_dir`` and ``write_outputs`` write a run's results into a temporary sibling directory
+that is renamed into place only when everything has been written: a failure leaves no partial
+output directory, and an existing one is replaced only on success.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import gzip
+import json
+import math
+import os
+import re
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import pandas as pd
+
+CSV_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".tsv.gz")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+NPY_SUFFIXES = (".npy",)
+SUPPORTED_SUFFIXES = CSV_SUFFIXES + PARQUET_SUFFIXES + NPY_SUFFIXES
+
+_NPY_MAGIC = b"\x93NUMPY"
+_PARQUET_MAGIC = b"PAR1"
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+class InputFileNotFoundError(FileNotFoundError, ValueError):
+    """The input path does not exist (a ``FileNotFoundError`` that is also a ``ValueError``)."""
+
+
+# -- formats -----------------------------------------------------------------------------------
+def file_format(path: str | os.PathLike[str]) -> str:
+    """The format of a file from its name ("csv", "parquet", "npy"); ValueError if unsupported."""
+    name = Path(path).name.lower()
+    if name.endswith(CSV_SUFFIXES):
+        return "csv"
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    if name.endswith(NPY_SUFFIXES):
+        return "npy"
+    raise ValueError(
+        f"{path}: unsupported file type; supported are " + ", ".join(SUPPORTED_SUFFIXES)
+    )
+
+
+def _is_tsv(path: Path) -> bool:
+    return path.name.lower().endswith((".tsv", ".tsv.gz"))
+
+
+def _is_gz(path: Path) -> bool:
+    return path.name.lower().endswith(".gz")
+
+
+def _head(path: Path, n: int = 8) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(n)
+
+
+def _open_text(path: Path) -> IO[str]:
+    if _is_gz(path):
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+    return open(path, encoding="utf-8-sig", newline="")
+
+
+def _check_columns(name: str, available: Sequence[str], columns: Sequence[str] | None) -> None:
+    if columns is None:
+        return
+    for c in columns:
+        if c not in available:
+            raise ValueError(f"{name}: no column {c!r}; columns are {list(available)}")
+
+
+def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """The records of a CSV / TSV / Parquet / NumPy file as a DataFrame.
+
+    Parameters
+    ----------
+    path : str or path-like
+        ``.csv``, ``.csv.gz``, ``.tsv``, ``.tsv.gz`` (first line is the header),
+        ``.parquet`` / ``.pq`` (a file, or a directory of Parquet files read as one table) or
+        ``.npy`` (a 2-D numeric array, columns named ``x0, x1, ...``; or a structured array,
+        columns named by its fields).
+    columns : sequence of str, optional
+        Keep only these columns, in this order.
+
+    Returns
+    -------
+    DataFrame of shape (n_rows, n_columns), with a default RangeIndex (row i is the i-th data
+    record of the file).
+
+    Raises
+    ------
+    InputFileNotFoundError
+        The path does not exist.
+    ValueError
+        Anything else wrong with the file: the message starts with the path and names the
+        problem (empty file, header only, wrong field count with its line, not really a Parquet
+        / NumPy file, a requested column that is not there, ...).
+    """
+    p = Path(path)
+    name = str(path)
+    kind = file_format(p)
+    if not p.exists():
+        raise InputFileNotFoundError(f"{name}: no such file")
+    if columns is not None:
+        columns = list(columns)
+        dupes = sorted({c for c in columns if columns.count(c) > 1})
+        if dupes:
+            raise ValueError(f"{name}: columns requested more than once: {dupes}")
+    if kind == "parquet":
+        df = _read_parquet(p, name, columns)
+    else:
+        if p.is_dir():
+            raise ValueError(f"{name}: is a directory, not a {kind.upper()} file")
+        if p.stat().st_size == 0:
+            raise ValueError(f"{name}: the file is empty")
+        df = _read_csv(p, name, columns) if kind == "csv" else _read_npy(p, name, columns)
+    if df.shape[0] == 0:
+        what = "header only" if kind == "csv" else f"{df.shape[1]} columns, 0 rows"
+        raise ValueError(f"{name}: no data rows ({what})")
+    return df.reset_index(drop=True)
+
+
+def _read_csv(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataFrame:
+    head = _head(p)
+    if not _is_gz(p):
+        if head.startswith(_PARQUET_MAGIC):
+            raise ValueError(f"{name}: not a CSV file (it is a Parquet file; name it .parquet)")
+        if head.startswith(_NPY_MAGIC):
+            raise ValueError(f"{name}: not a CSV file (it is a NumPy file; name it .npy)")
+        if head.startswith(_GZIP_MAGIC):
+            raise ValueError(f"{name}: not a CSV file (it is gzip-compressed; name it .csv.gz)")
+    elif not head.startswith(_GZIP_MAGIC):
+        raise ValueError(f"{name}: not a gzip file (bad magic bytes)")
+    sep = "\t" if _is_tsv(p) else ","
+    try:
+        df = pd.read_csv(p, sep=sep, encoding="utf-8-sig", low_memory=False)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{name}: the file is empty (no header line)") from None
+    except pd.errors.ParserError as err:
+        bad = _first_bad_record(p, sep)
+        if bad is not None:
+            line, got, want = bad
+            raise ValueError(f"{name}: line {line} has {got} fields, expected {want}") from None
+        msg = re.sub(r"^Error tokenizing data\. C error: ", "", str(err).strip())
+        raise ValueError(f"{name}: not a valid CSV file ({msg})") from None
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{name}: not a UTF-8 text file (byte 0x{err.object[err.start]:02x} cannot be decoded)"
+        ) from None
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        raise ValueError(f"{name}: cannot be read ({err})") from None
+    # pandas fills short records with missing values without complaint: look for them only
+    # when there are missing values (the scan reads the file once more)
+    if df.isna().to_numpy().any():
+        bad = _first_bad_record(p, sep)
+        if bad is not None:
+            line, got, want = bad
+            raise ValueError(f"{name}: line {line} has {got} fields, expected {want}")
+    df.columns = [str(c) for c in df.columns]
+    _check_columns(name, list(df.columns), columns)
+    return df[list(columns)] if columns is not None else df
+
+
+def _is_blank(rec: list[str]) -> bool:
+    # pandas' skip_blank_lines drops empty and whitespace-only lines
+    return not rec or (len(rec) == 1 and not rec[0].strip())
+
+
+def _records(p: Path, sep: str) -> Iterator[tuple[int, list[str]]]:
+    """(first physical line, fields) of each non-blank record of a CSV file, header included."""
+    with _open_text(p) as f:
+        reader = csv.reader(f, delimiter=sep)
+        prev = 0
+        for rec in reader:
+            start = prev + 1
+            prev = reader.line_num
+            if not _is_blank(rec):
+                yield start, rec
+
+
+def _first_bad_record(p: Path, sep: str) -> tuple[int, int, int] | None:
+    """(line, fields, expected fields) of the first record whose field count differs."""
+    want = None
+    try:
+        for line, rec in _records(p, sep):
+            if want is None:
+                want = len(rec)
+            elif len(rec) != want:
+                return line, len(rec), want
+    except (csv.Error, UnicodeDecodeError):
+        return None
+    return None
+
+
+def csv_line_of_row(path: str | os.PathLike[str], row: int) -> int | None:
+    """The physical line (1-based) where data row ``row`` (0-based) of a CSV file starts."""
+    p = Path(path)
+    sep = "\t" if _is_tsv(p) else ","
+    try:
+        for i, (line, _rec) in enumerate(_records(p, sep)):
+            if i == row + 1:  # record 0 is the header
+                return line
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return None
+    return None
+
+
+def describe_row(path: str | os.PathLike[str], row: int) -> str:
+    """Data row ``row`` (0-based) as a person finds it in the file.
+
+    ``"row 12 (line 14)"`` for a CSV file with a header and no blank lines, ``"row 12"``
+    (0-based record position) otherwise.
+    """
+    try:
+        kind = file_format(path)
+    except ValueError:
+        kind = ""
+    if kind == "csv":
+        line = csv_line_of_row(path, row)
+        if line is not None:
+            return f"row {row} (line {line})"
+    return f"row {row} (0-based)"
+
+
+def _read_parquet(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataFrame:
+    import pyarrow as pa
+    import pyarrow.dataset as pds
+
+    if p.is_dir():
+        files = [
+            f for f in sorted(p.rglob("*")) if f.is_file() and not f.name.startswith(("_", "."))
+        ]
+        if not files:
+            raise ValueError(f"{name}: directory holds no Parquet files")
+        for f in files:
+            _check_parquet_file(f, f"{name}/{f.relative_to(p)}")
+    else:
+        _check_parquet_file(p, name)
+    try:
+        dataset = pds.dataset(str(p), format="parquet")
+        _check_columns(name, dataset.schema.names, columns)
+        table = dataset.to_table(columns=list(columns) if columns is not None else None)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as err:
+        raise ValueError(f"{name}: cannot be read as Parquet ({err})") from None
+    df = table.to_pandas()
+    df.columns = [str(c) for c in df.columns]
+    return df
+
+
+def _check_parquet_file(f: Path, name: str) -> None:
+    size = f.stat().st_size
+    if size == 0:
+        raise ValueError(f"{name}: the file is empty")
+    with open(f, "rb") as fh:
+        head = fh.read(4)
+        fh.seek(max(size - 4, 0))
+        tail = fh.read(4)
+    if size < 12 or head != _PARQUET_MAGIC or tail != _PARQUET_MAGIC:
+        raise ValueError(f"{name}: not a Parquet file (bad magic bytes)")
+
+
+def _read_npy(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataFrame:
+    if not _head(p, len(_NPY_MAGIC)).startswith(_NPY_MAGIC):
+        raise ValueError(f"{name}: not a NumPy .npy file (bad magic bytes)")
+    try:
+        arr = np.load(p, allow_pickle=False)
+    except ValueError as err:
+        if "pickled" in str(err):
+            raise ValueError(
+                f"{name}: holds Python objects (pickled); only numeric arrays are read"
+            ) from None
+        raise ValueError(f"{name}: not a valid NumPy .npy file ({err})") from None
+    except (OSError, EOFError) as err:
+        raise ValueError(f"{name}: not a valid NumPy .npy file ({err})") from None
+    if arr.dtype.names is not None:
+        if arr.ndim != 1:
+            raise ValueError(f"{name}: expected a 1-D structured array, got shape {arr.shape}")
+        df = pd.DataFrame({f: arr[f] for f in arr.dtype.names})
+    else:
+        if arr.ndim != 2:
+            raise ValueError(
+                f"{name}: expected a 2-D array (n_rows, n_columns), got shape {arr.shape}"
+            )
+        if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_) or np.iscomplexobj(
+            arr
+        ):
+            raise ValueError(f"{name}: expected a real numeric array, got dtype {arr.dtype}")
+        df = pd.DataFrame(arr, columns=[f"x{j}" for j in range(arr.shape[1])])
+    _check_columns(name, list(df.columns), columns)
+    return df[list(columns)] if columns is not None else df
+
+
+# -- output ------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def staged_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary sibling of ``out`` to write into; renamed to ``out`` if the block succeeds.
+
+    The temporary directory is ``<out>.tmp-<pid>`` next to ``out`` (same file system, so the
+    rename is atomic). On any exception it is removed and ``out`` is left as it was; on success
+    an existing ``out`` is replaced.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out}: exists and is not a directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+        _commit(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _commit(tmp: Path, out: Path) -> None:
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    # rename() cannot replace a non-empty directory: move the old one aside first
+    old = out.with_name(f"{out.name}.old-{os.getpid()}")
+    if old.exists():
+        shutil.rmtree(old)
+    os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        v = float(obj)
+        return v if math.isfinite(v) else None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def write_json(path: str | os.PathLike[str], obj: Mapping[str, Any]) -> None:
+    """``obj`` as indented JSON; numpy scalars / arrays become numbers / lists, NaN and inf null."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(_jsonable(obj), f, indent=2, allow_nan=False)
+        f.write("\n")
+
+
+def write_outputs(
+    directory: str | os.PathLike[str],
+    tables: Mapping[str, pd.DataFrame] | None = None,
+    json_files: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[Path]:
+    """Write ``tables`` as ``<directory>/<name>.parquet`` and ``json_files`` as ``<name>.json``.
+
+    ``directory`` is normally the path yielded by ``staged_dir``. Returns the files written.
+    """
+    d = Path(directory)
+    written = []
+    for stem, df in (tables or {}).items():
+        f = d / f"{stem}.parquet"
+        df.to_parquet(f, index=False)
+        written.append(f)
+    for stem, obj in (json_files or {}).items():
+        f = d / f"{stem}.json"
+        write_json(f, obj)
+        written.append(f)
+    return written

@@ -1,0 +1,284 @@
+"""End-to-end tests of the ``dpmm`` command line and of ``pipeline.io``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline import io as pio
+from pipeline.cli import build_parser, main
+
+CENTERS = np.array([[0.0, 0.0], [30.0, 30.0], [-30.0, 30.0]])
+
+
+def blobs(n: int = 300, seed: int = 0) -> pd.DataFrame:
+    """Three far-apart round clusters in 2-D with a ``truth`` column."""
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(3), n // 3)
+    X = CENTERS[y] + rng.normal(size=(y.size, 2))
+    perm = rng.permutation(y.size)
+    return pd.DataFrame({"a": X[perm, 0], "b": X[perm, 1], "truth": y[perm]})
+
+
+def run(args: list[str]) -> int:
+    return main([str(a) for a in args])
+
+
+def outputs(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    labels = pd.read_parquet(out / "labels.parquet")
+    clusters = pd.read_parquet(out / "clusters.parquet")
+    info = json.loads((out / "run.json").read_text())
+    return labels, clusters, info
+
+
+def no_leftovers(out: Path) -> bool:
+    return not list(out.parent.glob(f"{out.name}.tmp-*")) + list(
+        out.parent.glob(f"{out.name}.old-*")
+    )
+
+
+@pytest.fixture
+def csv_path(tmp_path: Path) -> Path:
+    p = tmp_path / "data.csv"
+    blobs().to_csv(p, index=False)
+    return p
+
+
+# -- cluster -----------------------------------------------------------------------------------
+def test_cluster_csv_with_label_column(csv_path: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    rc = run(["cluster", csv_path, "--out", out, "--label-column", "truth", "--seed", 0])
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert "iteration" in captured.out  # progress
+    assert "NMI" in captured.out and str(out) in captured.out  # summary
+    labels, clusters, info = outputs(out)
+    assert list(labels.columns) == ["row", "label", "log_density"]
+    assert len(labels) == 300
+    np.testing.assert_array_equal(labels["row"], np.arange(300))
+    assert np.isfinite(labels["log_density"]).all()
+    assert len(clusters) == info["metrics"]["n_clusters"] == labels["label"].nunique()
+    assert {"cluster", "size", "weight"} <= set(clusters.columns)
+    assert clusters["size"].sum() == 300
+    m = info["metrics"]
+    assert m["nmi"] > 0.9 and m["ari"] > 0.9
+    assert m["mean_log_density"] == pytest.approx(labels["log_density"].mean())
+    assert info["data"]["columns"] == ["a", "b"]  # the label column is not a feature
+    assert info["parameters"]["seed"] == 0
+    assert set(info["versions"]) >= {"python", "numpy", "numba", "dpmm-pipeline"}
+    assert set(info["timings_seconds"]) >= {"read", "fit", "write"}
+    hist = info["objective_history"]
+    assert hist and hist[-1] == pytest.approx(m["objective"])
+    assert len(info["restart_objectives"]) == 3
+    assert no_leftovers(out)
+
+
+@pytest.mark.parametrize("form", ["parquet-file", "parquet-dir", "npy", "tsv", "csv.gz"])
+def test_other_formats(form: str, tmp_path: Path, capsys) -> None:
+    df = blobs()
+    if form == "parquet-file":
+        p = tmp_path / "data.parquet"
+        df.to_parquet(p)
+    elif form == "parquet-dir":
+        p = tmp_path / "data.parquet"
+        p.mkdir()
+        df.iloc[:150].to_parquet(p / "part-0.parquet")
+        df.iloc[150:].to_parquet(p / "part-1.parquet")
+    elif form == "npy":
+        p = tmp_path / "data.npy"
+        np.save(p, df.to_numpy(dtype=np.float64))
+    elif form == "tsv":
+        p = tmp_path / "data.tsv"
+        df.to_csv(p, sep="\t", index=False)
+    else:
+        p = tmp_path / "data.csv.gz"
+        df.to_csv(p, index=False)
+    label = "x2" if form == "npy" else "truth"
+    read = pio.read_table(p)
+    assert read.shape == (300, 3)
+    np.testing.assert_allclose(read.to_numpy(dtype=float), df.to_numpy(dtype=float))
+    out = tmp_path / "out"
+    rc = run(["cluster", p, "--out", out, "--label-column", label, "--seed", 1, "--quiet"])
+    assert rc == 0
+    assert "iteration" not in capsys.readouterr().out
+    labels, _clusters, info = outputs(out)
+    assert len(labels) == 300
+    assert info["metrics"]["nmi"] > 0.9
+
+
+def test_columns_family_and_no_labels(tmp_path: Path) -> None:
+    df = blobs()
+    rng = np.random.default_rng(2)
+    df["visits"] = rng.poisson(np.where(df["truth"] == 0, 2.0, 15.0))
+    df["note"] = "x"
+    p = tmp_path / "data.csv"
+    df.to_csv(p, index=False)
+    out = tmp_path / "out"
+    rc = run(
+        [
+            "cluster",
+            p,
+            "--out",
+            out,
+            "--columns",
+            "a,b,visits",
+            "--family",
+            "visits=poisson",
+            "--alpha",
+            "2.5",
+            "--restarts",
+            "1",
+            "--quiet",
+        ]
+    )
+    assert rc == 0
+    labels, clusters, info = outputs(out)
+    assert info["data"]["families"] == {"a": "gaussian", "b": "gaussian", "visits": "poisson"}
+    assert "nmi" not in info["metrics"]
+    assert info["metrics"]["alpha"] == 2.5
+    assert len(info["restart_objectives"]) == 1
+    assert "visits:rate" in clusters.columns
+    assert len(labels) == 300
+
+
+def test_drop_constant(tmp_path: Path, capsys) -> None:
+    df = blobs()
+    df["flat"] = 7.0
+    p = tmp_path / "data.csv"
+    df.to_csv(p, index=False)
+    out = tmp_path / "out"
+    assert run(["cluster", p, "--out", out, "--label-column", "truth", "--drop-constant"]) == 0
+    assert "dropped constant column(s): flat" in capsys.readouterr().out
+    _l, _c, info = outputs(out)
+    assert info["data"]["dropped_constant_columns"] == {"flat": 7.0}
+    assert info["data"]["columns"] == ["a", "b"]
+
+
+def test_demo(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "demo"
+    assert run(["demo", "--out", out, "--rows", 1200, "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "NMI" in text and str(out) in text
+    data = pd.read_csv(out / "input.csv")
+    assert data.shape == (1200, 5)
+    assert data["true_label"].nunique() == 6
+    labels, _clusters, info = outputs(out)
+    assert len(labels) == 1200
+    assert info["input"] == str(out / "input.csv")
+    assert info["parameters"]["label_column"] == "true_label"
+    assert info["metrics"]["nmi"] > 0.9
+    assert no_leftovers(out)
+
+
+def test_rerun_replaces_only_on_success(csv_path: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "out"
+    assert run(["cluster", csv_path, "--out", out, "--seed", 1, "--quiet"]) == 0
+    assert outputs(out)[2]["parameters"]["seed"] == 1
+    (out / "stale.txt").write_text("from an earlier run")
+    assert run(["cluster", csv_path, "--out", out, "--seed", 2, "--quiet"]) == 0
+    assert outputs(out)[2]["parameters"]["seed"] == 2
+    assert not (out / "stale.txt").exists()  # replaced, not merged
+    before = (out / "run.json").read_bytes()
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n3,nan\n")
+    capsys.readouterr()
+    assert run(["cluster", bad, "--out", out, "--quiet"]) == 2
+    assert (out / "run.json").read_bytes() == before  # a failed run leaves the old results
+    assert no_leftovers(out)
+
+
+def test_refuses_to_replace_a_foreign_directory(csv_path: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "thesis.tex").write_text("precious")
+    assert run(["cluster", csv_path, "--out", out, "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a dpmm output directory" in err
+    assert (out / "thesis.tex").read_text() == "precious"
+    # nor one that holds the input
+    assert run(["cluster", csv_path, "--out", tmp_path, "--quiet"]) == 2
+    assert csv_path.exists()
+
+
+def test_usage_errors_are_one_line(capsys) -> None:
+    assert main([]) == 2
+    assert main(["cluster", "x.csv"]) == 2  # --out missing
+    assert main(["cluster", "x.csv", "--out", "o", "--restarts", "0"]) == 2
+    assert main(["cluster", "x.csv", "--out", "o", "--family", "a=poisson,b"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 4
+    assert all(line.startswith("dpmm: error: ") for line in err)
+    assert "--out" in err[1] and "--restarts" in err[2] and "--family" in err[3]
+    with pytest.raises(SystemExit) as exc:
+        main(["cluster", "--help"])
+    assert exc.value.code == 0
+
+
+def test_parser_has_subcommands() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["cluster", "in.csv", "--out", "o", "--family", "a=poisson"])
+    assert args.family == {"a": "poisson"} and args.alpha == "learn" and callable(args.func)
+
+
+def test_real_subprocess(csv_path: Path, tmp_path: Path) -> None:
+    exe = Path(sys.executable).with_name("dpmm")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "pipeline.cli"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [*cmd, "cluster", str(csv_path), "--out", str(out), "--label-column", "truth"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "NMI" in proc.stdout
+    labels, _clusters, info = outputs(out)
+    assert len(labels) == 300 and info["metrics"]["nmi"] > 0.9
+    bad = tmp_path / "bad.parquet"
+    bad.write_text("a,b\n1,2\n")
+    proc = subprocess.run(
+        [*cmd, "cluster", str(bad), "--out", str(tmp_path / "out2")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [f"dpmm: error: {bad}: not a Parquet file (bad magic bytes)"]
+    assert not (tmp_path / "out2").exists()
+
+
+# -- pipeline.io -------------------------------------------------------------------------------
+def test_read_table_columns_and_rows(tmp_path: Path) -> None:
+    p = tmp_path / "d.csv"
+    p.write_text('a,b,c\n1,2,3\n\n4,5,6\n"7",8,9\n')
+    df = pio.read_table(p, columns=["c", "a"])
+    assert list(df.columns) == ["c", "a"] and df.shape == (3, 2)
+    assert pio.describe_row(p, 0) == "row 0 (line 2)"
+    assert pio.describe_row(p, 1) == "row 1 (line 4)"  # the blank line is skipped
+    assert pio.describe_row(tmp_path / "d.parquet", 1) == "row 1 (0-based)"
+    st = np.zeros(3, dtype=[("u", "f8"), ("v", "i4")])
+    np.save(tmp_path / "s.npy", st)
+    assert list(pio.read_table(tmp_path / "s.npy").columns) == ["u", "v"]
+
+
+def test_staged_dir_failure_leaves_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "res"
+    with pytest.raises(RuntimeError), pio.staged_dir(out) as tmp:
+        (tmp / "x.txt").write_text("half")
+        raise RuntimeError("boom")
+    assert not out.exists() and no_leftovers(out)
+    with pio.staged_dir(out) as tmp:
+        pio.write_outputs(tmp, {"t": pd.DataFrame({"a": [1]})}, {"run": {"v": np.float64(1)}})
+    assert sorted(f.name for f in out.iterdir()) == ["run.json", "t.parquet"]
+    assert json.loads((out / "run.json").read_text()) == {"v": 1.0}
