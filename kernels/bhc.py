@@ -1,0 +1,823 @@
+"""Bayesian hierarchical clustering over leaf summaries (seed 001, Sections 3-5).
+
+A *leaf* is a statistics row: one record, or a whole group of records summarised by the additive
+sufficient statistics of ``kernels.families``. A leaf summarising n records enters the recursion
+with d_i = alpha Gamma(n) and pi_i = 1, i.e. p(D_i | T_i) = p(D_i | H_1); for n = 1 this is the
+paper's d_i = alpha. Every quantity below is then the paper's quantity restricted to partitions
+that keep each leaf whole.
+
+Node numbering
+--------------
+Leaves are nodes 0 .. M-1 (in input order); the internal node made by the t-th merge is M + t, so
+the root is 2M - 2 and a parent always has a larger id than its children. Per-node arrays have
+length 2M - 1; a leaf has ``left == right == -1``, ``log_r == log_pi == 0``.
+
+The merge score
+---------------
+For two active nodes i, j merged into k, eqs. 7-8 give
+
+    log r_k / (1 - r_k) = [log alpha + log Gamma(n_k) + log p(D_k | H_1)]
+                          - [log d_i + log p(D_i | T_i)] - [log d_j + log p(D_j | T_j)]
+
+since pi_k = alpha Gamma(n_k) / d_k and 1 - pi_k = d_i d_j / d_k. r_k is monotone in this
+log-odds, so BHC's "merge the pair with the highest r_k" maximises it; it depends on i and j only,
+never changes while both are active, and needs no subtraction of probabilities. Writing
+u_i = log d_i + log p(D_i | T_i) (the log of the sum, over the tree-consistent partitions of D_i,
+of prod_blocks alpha Gamma(n_b) p(D_b | H_1)), the recursion is u_k = logaddexp(log alpha
++ log Gamma(n_k) + log p(D_k | H_1), u_i + u_j).
+
+Bayes K-means' merge stage (Section 5) uses the same score with u_i = log alpha + log Gamma(n_i)
++ log p(D_i | H_1): then it is the change in log p(D, partition) (eq. 5's summand) when blocks i
+and j are merged.
+
+Candidate pairs
+---------------
+Each active node keeps a short list of its best partners (``n_top`` of them, sorted) and an upper
+bound ``ub`` on the score of every active node not in the list. A list entry whose node has been
+merged away is dropped lazily. When a merge creates node k, k is scored against every active node
+(O(M) log marginals) and offered to each of their lists; a list that runs out of live entries is
+rebuilt by one O(M) scan. The first lists come from the upper triangle of scores, computed one
+block of rows at a time (at most ``_ROW_BUFFER`` floats). Total: about M^2 log marginals (M^2 / 2
+for the first lists, M^2 / 2 over the merges, plus the rebuilds), O(M n_top) memory. Passes over
+at least ``min_parallel`` pairs run on numba's threads (``parallel=True`` functions); the result
+does not depend on it.
+
+The functions here are ``@njit(cache=True, nogil=True)`` like the rest of ``kernels``; the ones
+named ``*_parallel`` and the two predictive kernels add ``parallel=True``.
+"""
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from kernels.families import product
+
+MODE_BHC = 0
+MODE_MERGE = 1
+
+_ROW_BUFFER = 8_000_000  # float64 entries of the row-block buffer used to build the first lists
+_N_CHUNKS = 64  # work items of a parallel scan (each with its own scratch row)
+# Fewer pair scores than this in one pass are computed in the calling thread: a parallel region
+# per merge costs a barrier, which on a busy machine waits for a descheduled thread.
+MIN_PARALLEL = 4096
+
+
+@njit(cache=True, nogil=True)
+def _logaddexp(a, b):
+    if a == -np.inf:
+        return b
+    if b == -np.inf:
+        return a
+    if a > b:
+        return a + math.log1p(math.exp(b - a))
+    return b + math.log1p(math.exp(a - b))
+
+
+@njit(cache=True, nogil=True)
+def _pair_score(si, sj, nij, ui, uj, scratch, spec, prior, log_alpha):
+    """log alpha + log Gamma(n_i + n_j) + log p(D_i u D_j | H_1) - u_i - u_j."""
+    for t in range(scratch.shape[0]):
+        scratch[t] = si[t] + sj[t]
+    lm = product.log_marginal(scratch, spec, prior)
+    return log_alpha + math.lgamma(nij) + lm - ui - uj
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _scores_vs_parallel(c, act, n_act, node_stats, n, u, spec, prior, log_alpha, out):
+    S = node_stats.shape[1]
+    n_chunks = min(n_act, _N_CHUNKS)
+    for ch in prange(n_chunks):
+        lo = ch * n_act // n_chunks
+        hi = (ch + 1) * n_act // n_chunks
+        scratch = np.empty(S)
+        for t in range(lo, hi):
+            j = act[t]
+            if j == c:
+                out[t] = -np.inf
+            else:
+                out[t] = _pair_score(
+                    node_stats[c],
+                    node_stats[j],
+                    n[c] + n[j],
+                    u[c],
+                    u[j],
+                    scratch,
+                    spec,
+                    prior,
+                    log_alpha,
+                )
+
+
+@njit(cache=True, nogil=True)
+def _scores_vs(c, act, n_act, node_stats, n, u, spec, prior, log_alpha, out, min_parallel):
+    """out[t] = score(c, act[t]) for t < n_act; -inf where act[t] == c.
+
+    In parallel when there are at least ``min_parallel`` pairs, else in the calling thread.
+    """
+    if n_act >= min_parallel:
+        _scores_vs_parallel(c, act, n_act, node_stats, n, u, spec, prior, log_alpha, out)
+        return
+    scratch = np.empty(node_stats.shape[1])
+    for t in range(n_act):
+        j = act[t]
+        if j == c:
+            out[t] = -np.inf
+        else:
+            out[t] = _pair_score(
+                node_stats[c],
+                node_stats[j],
+                n[c] + n[j],
+                u[c],
+                u[j],
+                scratch,
+                spec,
+                prior,
+                log_alpha,
+            )
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _row_block_scores_parallel(i0, i1, M, node_stats, n, u, spec, prior, log_alpha, buf):
+    S = node_stats.shape[1]
+    for ii in prange(i1 - i0):
+        i = i0 + ii
+        scratch = np.empty(S)
+        for j in range(i + 1, M):
+            buf[ii, j] = _pair_score(
+                node_stats[i],
+                node_stats[j],
+                n[i] + n[j],
+                u[i],
+                u[j],
+                scratch,
+                spec,
+                prior,
+                log_alpha,
+            )
+
+
+@njit(cache=True, nogil=True)
+def _row_block_scores(i0, i1, M, node_stats, n, u, spec, prior, log_alpha, buf, min_parallel):
+    """buf[i - i0, j] = score(i, j) for i0 <= i < i1 and i < j < M (the upper triangle).
+
+    In parallel over rows when the block holds at least ``min_parallel`` pairs.
+    """
+    n_pairs = 0
+    for i in range(i0, i1):
+        n_pairs += M - 1 - i
+    if n_pairs >= min_parallel:
+        _row_block_scores_parallel(i0, i1, M, node_stats, n, u, spec, prior, log_alpha, buf)
+        return
+    scratch = np.empty(node_stats.shape[1])
+    for i in range(i0, i1):
+        for j in range(i + 1, M):
+            buf[i - i0, j] = _pair_score(
+                node_stats[i],
+                node_stats[j],
+                n[i] + n[j],
+                u[i],
+                u[j],
+                scratch,
+                spec,
+                prior,
+                log_alpha,
+            )
+
+
+@njit(cache=True, nogil=True)
+def _offer(i, j, s, top_id, top_sc, top_len, ub, active):
+    """Offer partner j with score s to node i's candidate list.
+
+    Invariant kept: every live list entry scores >= ub[i] >= the score of every active node that
+    is not in the list, so the list's first live entry is i's best active partner.
+    """
+    if s < ub[i]:
+        return
+    K = top_id.shape[1]
+    L = top_len[i]
+    if L == K:
+        w = 0
+        for t in range(L):
+            if active[top_id[i, t]]:
+                top_id[i, w] = top_id[i, t]
+                top_sc[i, w] = top_sc[i, t]
+                w += 1
+        L = w
+        if L == K:
+            if s <= top_sc[i, K - 1]:
+                ub[i] = max(ub[i], s)
+                top_len[i] = L
+                return
+            ub[i] = max(ub[i], top_sc[i, K - 1])
+            L = K - 1
+    t = L
+    while t > 0 and top_sc[i, t - 1] < s:
+        top_id[i, t] = top_id[i, t - 1]
+        top_sc[i, t] = top_sc[i, t - 1]
+        t -= 1
+    top_id[i, t] = j
+    top_sc[i, t] = s
+    top_len[i] = L + 1
+
+
+@njit(cache=True, nogil=True)
+def _drop_stale_head(i, top_id, top_sc, top_len, active):
+    """Remove merged-away entries from the front of i's list; return its new length."""
+    L = top_len[i]
+    t = 0
+    while t < L and not active[top_id[i, t]]:
+        t += 1
+    if t > 0:
+        for w in range(L - t):
+            top_id[i, w] = top_id[i, w + t]
+            top_sc[i, w] = top_sc[i, w + t]
+        L -= t
+        top_len[i] = L
+    return L
+
+
+@njit(cache=True, nogil=True)
+def _agglomerate(stats, log_alpha, spec, prior, mode, n_top, min_parallel):
+    """Greedy agglomeration of M leaves by the score of the module docstring.
+
+    Parameters
+    ----------
+    stats : ndarray of shape (M, S)
+        Leaf statistics rows; ``stats[:, 0]`` are the leaf sizes n_i > 0.
+    log_alpha : float
+    spec, prior : product family description (``kernels.families.product``).
+    mode : int
+        ``MODE_BHC``: merge until one node is left (eqs. 7-8). ``MODE_MERGE``: Bayes K-means'
+        greedy merge, stop when no merge increases log p(D, partition).
+    n_top : int
+        Length of each node's candidate list.
+
+    Returns
+    -------
+    left, right : ndarray of shape (2M - 1,), int64
+    n, log_ph1, log_d, u : ndarray of shape (2M - 1,)
+        Records, log p(D_k | H_1), log d_k and u_k per node (eqs. 7-8 for ``MODE_BHC``).
+    node_stats : ndarray of shape (2M - 1, S)
+    n_nodes : int
+        Nodes made: M + number of merges.
+    """
+    M, S = stats.shape
+    cap = 2 * M - 1
+    node_stats = np.zeros((cap, S))
+    n = np.zeros(cap)
+    log_ph1 = np.zeros(cap)
+    log_d = np.zeros(cap)
+    u = np.zeros(cap)
+    left = np.full(cap, -1, dtype=np.int64)
+    right = np.full(cap, -1, dtype=np.int64)
+    for i in range(M):
+        node_stats[i] = stats[i]
+        n[i] = stats[i, 0]
+        log_ph1[i] = product.log_marginal(stats[i], spec, prior)
+        log_d[i] = log_alpha + math.lgamma(n[i])
+        u[i] = log_d[i] + log_ph1[i]
+
+    K = max(1, min(n_top, M))
+    top_id = np.zeros((cap, K), dtype=np.int64)
+    top_sc = np.zeros((cap, K))
+    top_len = np.zeros(cap, dtype=np.int64)
+    ub = np.full(cap, -np.inf)
+    active = np.zeros(cap, dtype=np.bool_)
+    act = np.empty(cap, dtype=np.int64)
+    pos = np.full(cap, -1, dtype=np.int64)
+    for i in range(M):
+        active[i] = True
+        act[i] = i
+        pos[i] = i
+    n_act = M
+
+    # first candidate lists: the upper triangle of scores, one block of rows at a time
+    B = max(1, min(M, _ROW_BUFFER // max(M, 1)))
+    buf = np.empty((B, M))
+    for i0 in range(0, M, B):
+        i1 = min(M, i0 + B)
+        _row_block_scores(i0, i1, M, node_stats, n, u, spec, prior, log_alpha, buf, min_parallel)
+        for i in range(i0, i1):
+            for j in range(i + 1, M):
+                s = buf[i - i0, j]
+                _offer(i, j, s, top_id, top_sc, top_len, ub, active)
+                _offer(j, i, s, top_id, top_sc, top_len, ub, active)
+
+    scores = np.empty(cap)
+    next_id = M
+    while n_act > 1:
+        best = -np.inf
+        bi = -1
+        for t in range(n_act):
+            i = act[t]
+            L = _drop_stale_head(i, top_id, top_sc, top_len, active)
+            if L == 0:
+                # every listed partner has been merged away: rebuild i's list
+                ub[i] = -np.inf
+                _scores_vs(
+                    i, act, n_act, node_stats, n, u, spec, prior, log_alpha, scores, min_parallel
+                )
+                for q in range(n_act):
+                    if act[q] != i:
+                        _offer(i, act[q], scores[q], top_id, top_sc, top_len, ub, active)
+            if top_len[i] > 0 and (bi < 0 or top_sc[i, 0] > best):
+                best = top_sc[i, 0]
+                bi = i
+        if mode == MODE_MERGE and not best > 0.0:
+            break
+        bj = top_id[bi, 0]
+        a = min(bi, bj)
+        b = max(bi, bj)
+        k = next_id
+        next_id += 1
+        left[k] = a
+        right[k] = b
+        for t in range(S):
+            node_stats[k, t] = node_stats[a, t] + node_stats[b, t]
+        n[k] = n[a] + n[b]
+        log_ph1[k] = product.log_marginal(node_stats[k], spec, prior)
+        one = log_alpha + math.lgamma(n[k])
+        log_d[k] = _logaddexp(one, log_d[a] + log_d[b])
+        if mode == MODE_BHC:
+            u[k] = _logaddexp(one + log_ph1[k], u[a] + u[b])
+        else:
+            u[k] = one + log_ph1[k]
+        for x in (a, b):
+            active[x] = False
+            p = pos[x]
+            last = act[n_act - 1]
+            act[p] = last
+            pos[last] = p
+            n_act -= 1
+            pos[x] = -1
+        _scores_vs(k, act, n_act, node_stats, n, u, spec, prior, log_alpha, scores, min_parallel)
+        active[k] = True
+        for q in range(n_act):
+            j = act[q]
+            _offer(k, j, scores[q], top_id, top_sc, top_len, ub, active)
+            _offer(j, k, scores[q], top_id, top_sc, top_len, ub, active)
+        act[n_act] = k
+        pos[k] = n_act
+        n_act += 1
+    return left, right, n, log_ph1, log_d, u, node_stats, next_id
+
+
+@njit(cache=True, nogil=True)
+def bhc(stats, spec, prior, log_alpha, n_top=16, min_parallel=MIN_PARALLEL):
+    """Greedy BHC over leaf summaries (seed 001, Section 3, eqs. 7-8, all in log space).
+
+    Merges, at every step, the pair of active nodes with the highest r_k (eq. 8), with
+    d_k = alpha Gamma(n_k) + d_left d_right, pi_k = alpha Gamma(n_k) / d_k and
+    p(D_k | T_k) = pi_k p(D_k | H_1) + (1 - pi_k) p(D_left | T_left) p(D_right | T_right)
+    (eq. 7). Leaves enter with d_i = alpha Gamma(n_i), pi_i = 1. O(M^2) log marginals.
+
+    Parameters
+    ----------
+    stats : ndarray of shape (M, S), float64
+        Leaf statistics rows, ``stats[:, 0] > 0`` the leaf sizes.
+    spec, prior : product family description (``kernels.families.product``).
+    log_alpha : float
+        log of the DP concentration alpha.
+    n_top : int
+        Candidate-list length per node (memory O(M n_top)); the tree does not depend on it.
+    min_parallel : int
+        Passes over at least this many pairs use numba's threads (a huge value: never).
+
+    Returns
+    -------
+    left, right : ndarray of shape (2M - 1,), int64
+        Children of each node (-1 for leaves), ``left < right``.
+    n : ndarray of shape (2M - 1,)
+        Records under each node.
+    log_r, log_d, log_pi, log_p, log_ph1 : ndarray of shape (2M - 1,)
+        log r_k (eq. 8), log d_k, log pi_k, log p(D_k | T_k) (eq. 7), log p(D_k | H_1) (eq. 6).
+    node_stats : ndarray of shape (2M - 1, S)
+        Statistics of every node (the sum of its leaves' rows).
+    """
+    left, right, n, log_ph1, log_d, u, node_stats, _ = _agglomerate(
+        stats, log_alpha, spec, prior, MODE_BHC, n_top, min_parallel
+    )
+    cap = n.shape[0]
+    log_r = np.zeros(cap)
+    log_pi = np.zeros(cap)
+    log_p = np.empty(cap)
+    for k in range(cap):
+        log_p[k] = u[k] - log_d[k]
+        if left[k] >= 0:
+            one = log_alpha + math.lgamma(n[k])
+            log_pi[k] = one - log_d[k]
+            log_r[k] = one + log_ph1[k] - u[k]
+    return left, right, n, log_r, log_d, log_pi, log_p, log_ph1, node_stats
+
+
+@njit(cache=True, nogil=True)
+def log_lower_bound(log_d_k, log_p_k, n_k, log_alpha):
+    """log of the BHC lower bound, eq. 9: d_k Gamma(alpha) / Gamma(n_k + alpha) p(D_k | T_k).
+
+    With summary leaves it bounds the DPM marginal likelihood (eq. 5) restricted to partitions
+    that keep each leaf whole (which is itself a lower bound on eq. 5).
+    """
+    alpha = math.exp(log_alpha)
+    return log_d_k + log_p_k + math.lgamma(alpha) - math.lgamma(n_k + alpha)
+
+
+@njit(cache=True, nogil=True)
+def cut(left, right, log_r, n_leaves):
+    """The partition of the leaves read off the tree at r_k = 0.5 (seed 001, Section 3).
+
+    Top-down from the root: a node with r_k > 0.5 (or a leaf) is one cluster holding all the
+    leaves below it; otherwise both children are visited.
+
+    Returns
+    -------
+    labels : ndarray of shape (M,), int64
+        Cluster of each leaf, numbered 0.. in order of first appearance over the leaves.
+    cluster_nodes : ndarray of shape (K,), int64
+        The node of each cluster, in label order.
+    """
+    M = n_leaves
+    root = 2 * M - 2
+    node_of = np.empty(M, dtype=np.int64)
+    log_half = math.log(0.5)
+    stack = np.empty(2 * M, dtype=np.int64)
+    owner = np.empty(2 * M, dtype=np.int64)
+    top = 0
+    stack[0] = root
+    owner[0] = -1
+    top = 1
+    while top > 0:
+        top -= 1
+        k = stack[top]
+        o = owner[top]
+        if o < 0 and (left[k] < 0 or log_r[k] > log_half):
+            o = k
+        if left[k] < 0:
+            node_of[k] = o
+        else:
+            stack[top] = left[k]
+            owner[top] = o
+            stack[top + 1] = right[k]
+            owner[top + 1] = o
+            top += 2
+    labels = np.empty(M, dtype=np.int64)
+    label_of = np.full(2 * M - 1, -1, dtype=np.int64)
+    nodes = np.empty(M, dtype=np.int64)
+    K = 0
+    for i in range(M):
+        c = node_of[i]
+        if label_of[c] < 0:
+            label_of[c] = K
+            nodes[K] = c
+            K += 1
+        labels[i] = label_of[c]
+    return labels, nodes[:K].copy()
+
+
+@njit(cache=True, nogil=True)
+def log_block_posterior(left, right, log_d, log_p, log_r):
+    """log omega_k = log r_k + sum over the strict ancestors i of k of log(1 - r_i).
+
+    omega_k is the posterior probability, under the tree's mixture over tree-consistent partitions
+    (eq. 7 read as a mixture: all of D_k in one cluster with probability r_k, else the children's
+    mixtures independently), that D_k is one block. It is the weight of Heller & Ghahramani
+    (2005, Section 4). log(1 - r_k) = log d_l + log d_r - log d_k + log p_l + log p_r - log p_k,
+    exact also where r_k is within rounding of 1.
+
+    Returns
+    -------
+    log_omega : ndarray of shape (2M - 1,)
+    """
+    cap = left.shape[0]
+    log_q = np.zeros(cap)
+    log_omega = np.empty(cap)
+    for k in range(cap - 1, -1, -1):
+        log_omega[k] = log_q[k] + log_r[k]
+        a = left[k]
+        if a >= 0:
+            b = right[k]
+            log_1mr = log_d[a] + log_d[b] - log_d[k] + log_p[a] + log_p[b] - log_p[k]
+            log_q[a] = log_q[k] + log_1mr
+            log_q[b] = log_q[k] + log_1mr
+    return log_omega
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def log_predictive_density(X, node_stats, log_w, spec, prior, log_w_new):
+    """log p(x | D, T) for each row of X: the BHC predictive density.
+
+    Seed 001 defers the predictive distribution to Heller & Ghahramani (2005, Section 4), whose
+    weights are omega_k (``log_block_posterior``). Here each tree-consistent partition predicts
+    with the DPM's own predictive (the CRP's n_b / (N + alpha) for an existing block, alpha /
+    (N + alpha) for a new one), averaged over the tree's posterior on partitions:
+
+        p(x | D, T) = sum_k omega_k n_k / (N + alpha) p(x | D_k) + alpha / (N + alpha) p(x)
+
+    which integrates to one because sum_k omega_k n_k = N. The caller passes
+    ``log_w[k] = log omega_k + log n_k - log(N + alpha)`` and ``log_w_new``; nodes with
+    ``log_w = -inf`` are skipped.
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, D)
+        Records, columns in the product family's group order.
+    node_stats : ndarray of shape (K, S)
+    log_w : ndarray of shape (K,)
+    spec, prior : product family description.
+    log_w_new : float
+
+    Returns
+    -------
+    ndarray of shape (n,)
+    """
+    K, S = node_stats.shape
+    C = 0
+    for g in range(spec.shape[0]):
+        C += spec[g, product.NCACHE]
+    live = np.zeros(K + 1, dtype=np.int64)
+    n_live = 0
+    for k in range(K):
+        if log_w[k] > -np.inf:
+            live[n_live] = k
+            n_live += 1
+    stats = np.zeros((n_live + 1, S))
+    w = np.empty(n_live + 1)
+    for q in range(n_live):
+        stats[q] = node_stats[live[q]]
+        w[q] = log_w[live[q]]
+    w[n_live] = log_w_new
+    cache = np.zeros((n_live + 1, C))
+    for q in range(n_live + 1):
+        product.refresh(stats[q], cache[q], spec, prior)
+    out = np.empty(X.shape[0])
+    for i in prange(X.shape[0]):
+        m = -np.inf
+        acc = 0.0
+        for q in range(n_live + 1):
+            t = w[q] + product.log_predictive(X[i], stats[q], cache[q], spec, prior)
+            if t > m:
+                acc = acc * math.exp(m - t) + 1.0 if m > -np.inf else 1.0
+                m = t
+            elif t > -np.inf:
+                acc += math.exp(t - m)
+        out[i] = m + math.log(acc)
+    return out
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def log_predictive_matrix(X, stats, spec, prior):
+    """log p(x_i | D_k) for each record x_i (rows of X, group order) and statistics row k.
+
+    Returns
+    -------
+    ndarray of shape (n, K)
+    """
+    K = stats.shape[0]
+    C = 0
+    for g in range(spec.shape[0]):
+        C += spec[g, product.NCACHE]
+    cache = np.zeros((K, C))
+    for k in range(K):
+        product.refresh(stats[k], cache[k], spec, prior)
+    out = np.empty((X.shape[0], K))
+    for i in prange(X.shape[0]):
+        for k in range(K):
+            out[i, k] = product.log_predictive(X[i], stats[k], cache[k], spec, prior)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def alternative_tree_increments(
+    left, right, n, log_d, log_p, node_stats, spec, prior, log_alpha, relocate
+):
+    """log delta_LB(i) (eq. 12) of the two alternative trees at each node (Section 4, Figs. 3-4).
+
+    At an internal node k with children a, b, the child whose branches are relocated is a if a
+    is internal, else b (Fig. 1(b)'s T_{k_l}); call it s, with children s_l, s_r, and o the
+    other child of k. The alternative subtrees are (eqs. 10-11)
+
+        T_k(1) = (j(1) = s_r u o, s_l),  p(D_k | T_k(1)) = p(D_j(1) | H_1) p(D_s_l | T_s_l),
+                 d_k(1) = alpha Gamma(n_j(1)) d_s_l
+        T_k(2) = (j(2) = s_l u o, s_r),  likewise,
+
+    and the messages are propagated to the root R by Fig. 3 (only the split hypothesis at every
+    ancestor: both the probability and d are multiplied by the sibling's), so that
+    delta_LB(i) = d_R(i) Gamma(alpha) / Gamma(n_R + alpha) p(D_R | T_R(i)). The product of the
+    siblings' d p along the path is accumulated top-down once, so the cost is O(M) plus two log
+    marginals per relocated node. Nodes with two leaves below, or not flagged in ``relocate``,
+    get -inf.
+
+    Parameters
+    ----------
+    left, right, n, log_d, log_p : ndarray of shape (2M - 1,)
+        The BHC tree (``bhc``).
+    node_stats : ndarray of shape (2M - 1, S)
+    spec, prior : product family description.
+    log_alpha : float
+    relocate : ndarray of shape (2M - 1,), bool
+        Nodes at which to relocate (Fig. 4 iterates from a starting node l to the root R).
+
+    Returns
+    -------
+    log_delta : ndarray of shape (2M - 1, 2)
+    """
+    cap = left.shape[0]
+    root = cap - 1
+    alpha = math.exp(log_alpha)
+    const = math.lgamma(alpha) - math.lgamma(n[root] + alpha)
+    log_out = np.zeros(cap)
+    for k in range(cap - 1, -1, -1):
+        a = left[k]
+        if a >= 0:
+            b = right[k]
+            log_out[a] = log_out[k] + log_d[b] + log_p[b]
+            log_out[b] = log_out[k] + log_d[a] + log_p[a]
+    log_delta = np.full((cap, 2), -np.inf)
+    scratch = np.empty(node_stats.shape[1])
+    for k in range(cap):
+        if not relocate[k] or left[k] < 0:
+            continue
+        a = left[k]
+        b = right[k]
+        if left[a] >= 0:
+            s, o = a, b
+        elif left[b] >= 0:
+            s, o = b, a
+        else:
+            continue
+        for v in range(2):
+            moved = right[s] if v == 0 else left[s]
+            kept = left[s] if v == 0 else right[s]
+            for t in range(scratch.shape[0]):
+                scratch[t] = node_stats[moved, t] + node_stats[o, t]
+            lm = product.log_marginal(scratch, spec, prior)
+            log_dj = log_alpha + math.lgamma(n[moved] + n[o])
+            log_delta[k, v] = log_out[k] + log_dj + lm + log_d[kept] + log_p[kept] + const
+    return log_delta
+
+
+@njit(cache=True, nogil=True)
+def _best_cluster(i, c0, stats, cl, cl_lm, cnt, K, spec, prior, log_alpha, scratch):
+    """Best cluster for leaf i (not in any cluster's statistics now): -1 means a new one.
+
+    The gain of joining c is log Gamma(n_c + n_i) - log Gamma(n_c) + log p(D_c u D_i)
+    - log p(D_c); of a new cluster, log alpha + log Gamma(n_i) + log p(D_i). ``c0`` (the leaf's
+    previous cluster, if still non-empty) is evaluated first and kept on ties.
+    """
+    S = stats.shape[1]
+    ni = stats[i, 0]
+    best = -1
+    best_gain = log_alpha + math.lgamma(ni) + product.log_marginal(stats[i], spec, prior)
+    for q in range(K + 1):
+        c = c0 if q == 0 else q - 1
+        if c < 0 or cnt[c] == 0 or (q > 0 and c == c0):
+            continue
+        for t in range(S):
+            scratch[t] = cl[c, t] + stats[i, t]
+        nc = cl[c, 0]
+        g = math.lgamma(nc + ni) - math.lgamma(nc) + product.log_marginal(scratch, spec, prior)
+        g -= cl_lm[c]
+        if g > best_gain or (q == 0 and g >= best_gain):
+            best_gain = g
+            best = c
+    return best
+
+
+@njit(cache=True, nogil=True)
+def bayes_kmeans(
+    stats, spec, prior, log_alpha, order, k_init, max_sweeps=0, n_top=16, min_parallel=MIN_PARALLEL
+):
+    """Bayes K-means (seed 001, Section 5) over leaf summaries.
+
+    The first ``k_init`` leaves of ``order`` open one cluster each; every further leaf i (in
+    ``order``) joins the cluster c, or a new cluster, that gives the highest marginal likelihood
+    of the resulting configuration (eq. 5's summand). Against the configuration without i this is
+    log Gamma(n_c + n_i) - log Gamma(n_c) + log p(D_c u D_i) - log p(D_c) for cluster c and
+    log alpha + log Gamma(n_i) + log p(D_i) for a new one (for a record, n_i = 1: log n_c
+    + log p(x_i | D_c)). Optionally (``max_sweeps`` > 0; the paper describes the single pass)
+    leaves are then reassigned by the same rule, K-means style, until none moves. Finally
+    clusters are merged greedily while a merge increases the marginal likelihood. Cost
+    O(M K) log marginals per pass, O(K^2) for the merges.
+
+    Parameters
+    ----------
+    stats : ndarray of shape (M, S)
+    spec, prior : product family description.
+    log_alpha : float
+    order : ndarray of shape (M,), int64
+        A permutation of the leaves (random in the paper).
+    k_init : int
+        Clusters opened from the first leaves of ``order`` (sqrt(M) in the paper).
+    max_sweeps : int
+        Reassignment sweeps after the first pass (stops early when no leaf moves).
+    n_top : int
+        Candidate-list length of the merge stage.
+    min_parallel : int
+        As for ``bhc``, for the merge stage.
+
+    Returns
+    -------
+    z : ndarray of shape (M,), int64
+        Cluster of each leaf, 0..K-1 in order of first appearance over the leaves.
+    cluster_stats : ndarray of shape (K, S)
+    """
+    M, S = stats.shape
+    cap = max(8, 2 * k_init)
+    cl = np.zeros((cap, S))
+    cl_lm = np.zeros(cap)
+    cnt = np.zeros(cap, dtype=np.int64)
+    z = np.full(M, -1, dtype=np.int64)
+    K = 0
+    scratch = np.empty(S)
+    for sweep in range(max_sweeps + 1):
+        if sweep > 0:
+            # rebuild the sums from the assignment, so that removals leave no rounding behind
+            cl[:K] = 0.0
+            for i in range(M):
+                for t in range(S):
+                    cl[z[i], t] += stats[i, t]
+            for c in range(K):
+                if cnt[c] > 0:
+                    cl_lm[c] = product.log_marginal(cl[c], spec, prior)
+        moved = 0
+        for t in range(M):
+            i = order[t]
+            c0 = z[i]
+            if c0 >= 0:
+                cnt[c0] -= 1
+                if cnt[c0] == 0:
+                    cl[c0] = 0.0
+                    cl_lm[c0] = 0.0
+                else:
+                    for q in range(S):
+                        cl[c0, q] -= stats[i, q]
+                    cl_lm[c0] = product.log_marginal(cl[c0], spec, prior)
+            if sweep == 0 and t < k_init:
+                best = -1
+            else:
+                best = _best_cluster(
+                    i, c0, stats, cl, cl_lm, cnt, K, spec, prior, log_alpha, scratch
+                )
+            if best < 0:
+                if c0 >= 0 and cnt[c0] == 0:
+                    best = c0
+                else:
+                    best = -1
+                    for c in range(K):
+                        if cnt[c] == 0:
+                            best = c
+                            break
+                    if best < 0:
+                        if K == cap:
+                            cap *= 2
+                            cl2 = np.zeros((cap, S))
+                            cl2[:K] = cl[:K]
+                            lm2 = np.zeros(cap)
+                            lm2[:K] = cl_lm[:K]
+                            cnt2 = np.zeros(cap, dtype=np.int64)
+                            cnt2[:K] = cnt[:K]
+                            cl, cl_lm, cnt = cl2, lm2, cnt2
+                        best = K
+                        K += 1
+            for q in range(S):
+                cl[best, q] += stats[i, q]
+            cnt[best] += 1
+            cl_lm[best] = product.log_marginal(cl[best], spec, prior)
+            if best != c0:
+                moved += 1
+            z[i] = best
+        if sweep > 0 and moved == 0:
+            break
+    # drop empty slots
+    slot = np.full(K, -1, dtype=np.int64)
+    K2 = 0
+    for c in range(K):
+        if cnt[c] > 0:
+            slot[c] = K2
+            K2 += 1
+    live = np.zeros((K2, S))
+    for c in range(K):
+        if slot[c] >= 0:
+            live[slot[c]] = cl[c]
+    for i in range(M):
+        z[i] = slot[z[i]]
+    left, right, _, _, _, _, node_stats, n_nodes = _agglomerate(
+        live, log_alpha, spec, prior, MODE_MERGE, n_top, min_parallel
+    )
+    # each leaf's final cluster is its last ancestor among the merges
+    top = np.arange(n_nodes)
+    for k in range(n_nodes - 1, K2 - 1, -1):
+        top[left[k]] = top[k]
+        top[right[k]] = top[k]
+    label_of = np.full(n_nodes, -1, dtype=np.int64)
+    out_stats = np.empty((K2, S))
+    out_z = np.empty(M, dtype=np.int64)
+    n_out = 0
+    for i in range(M):
+        r = top[z[i]]
+        if label_of[r] < 0:
+            label_of[r] = n_out
+            out_stats[n_out] = node_stats[r]
+            n_out += 1
+        out_z[i] = label_of[r]
+    return out_z, out_stats[:n_out].copy()

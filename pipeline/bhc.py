@@ -1,0 +1,542 @@
+"""Bayesian hierarchical clustering of records or of cluster summaries (seed 001).
+
+``BHC`` is stage 2 of the pipeline (DESIGN.md): its leaves are either single records or
+summaries, i.e. additive sufficient-statistics rows of groups of records. A leaf summarising n
+records enters the BHC recursion with d = alpha Gamma(n) and pi = 1, so that the tree's
+p(D | T), the lower bound of eq. 9 and the alternative-tree bound of Theorem 1 are about the DPM
+restricted to partitions that keep every summary whole. Only ``fit(X)`` reads records, and it
+first turns each record into a one-record summary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.special import gammaln, logsumexp
+
+from kernels import bhc as kbhc
+from pipeline.families import Family, GaussianNW, ProductFamily
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+_METHODS = ("bhc", "bayes-kmeans")
+
+
+@dataclass(repr=False)
+class BHCTree:
+    """A BHC tree as a flat table, one row per node (hdbscan's shape).
+
+    Leaves are nodes 0 .. M-1 in input order; the node made by the t-th merge is M + t, so the
+    root is 2M - 2 and every parent has a larger id than its children.
+
+    Attributes
+    ----------
+    node, parent, left, right : ndarray of shape (2M - 1,), int64
+        -1 where there is none (the root's parent, a leaf's children).
+    n : ndarray of shape (2M - 1,)
+        Number of records under the node.
+    n_leaves_below : ndarray of shape (2M - 1,), int64
+    log_r : ndarray of shape (2M - 1,)
+        log r_k = log p(H_1^k | D_k) (eq. 8); 0 at leaves.
+    log_d, log_pi : ndarray of shape (2M - 1,)
+        log d_k and log pi_k (Section 3); a leaf of n records has d = alpha Gamma(n), pi = 1.
+    log_p : ndarray of shape (2M - 1,)
+        log p(D_k | T_k) (eq. 7).
+    log_ph1 : ndarray of shape (2M - 1,)
+        log p(D_k | H_1^k) (eq. 6), the log marginal of the node's statistics.
+    log_omega : ndarray of shape (2M - 1,)
+        log of the posterior probability that D_k is one block of the partition
+        (r_k times prod over the strict ancestors i of (1 - r_i)).
+    stats : ndarray of shape (2M - 1, S)
+        Statistics row of every node (not a column of ``to_pandas``).
+    """
+
+    node: IntArray
+    parent: IntArray
+    left: IntArray
+    right: IntArray
+    n: FloatArray
+    n_leaves_below: IntArray
+    log_r: FloatArray
+    log_d: FloatArray
+    log_pi: FloatArray
+    log_p: FloatArray
+    log_ph1: FloatArray
+    log_omega: FloatArray
+    stats: FloatArray
+
+    @property
+    def n_leaves(self) -> int:
+        return (self.node.shape[0] + 1) // 2
+
+    @property
+    def root(self) -> int:
+        return int(self.node.shape[0] - 1)
+
+    def __len__(self) -> int:
+        return int(self.node.shape[0])
+
+    def __repr__(self) -> str:
+        return f"BHCTree(n_leaves={self.n_leaves}, n_records={float(self.n[-1]):g})"
+
+    def to_pandas(self) -> pd.DataFrame:
+        """The table as a DataFrame indexed by nothing, one row per node (``stats`` left out)."""
+        import pandas as pd
+
+        cols = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stats"}
+        return pd.DataFrame(cols)
+
+    def linkage(self, heights: Literal["cumulative", "order"] = "cumulative") -> FloatArray:
+        """The tree as a SciPy linkage matrix, for ``scipy.cluster.hierarchy.dendrogram``.
+
+        Row t describes internal node M + t (the t-th merge): its two children, a height, and
+        the number of leaves below it.
+
+        Parameters
+        ----------
+        heights : {'cumulative', 'order'}
+            'cumulative': height_k = max(height of the children) + (-log r_k), leaves at 0, so a
+            parent is never below its children (cutting the dendrogram is then not the r_k < 0.5
+            cut, which ``BHC.labels_`` gives). 'order': height = t + 1, the merge order, which
+            also makes the rows non-decreasing (``scipy.cluster.hierarchy.is_monotonic``).
+
+        Returns
+        -------
+        ndarray of shape (M - 1, 4)
+        """
+        M = self.n_leaves
+        Z = np.zeros((M - 1, 4))
+        h = np.zeros(len(self))
+        for t in range(M - 1):
+            k = M + t
+            a, b = int(self.left[k]), int(self.right[k])
+            if heights == "cumulative":
+                h[k] = max(h[a], h[b]) + max(-float(self.log_r[k]), 0.0)
+            elif heights == "order":
+                h[k] = t + 1.0
+            else:
+                raise ValueError(f"heights must be 'cumulative' or 'order', got {heights!r}")
+            Z[t] = (a, b, h[k], self.n_leaves_below[k])
+        return Z
+
+
+def _as_product(family: Family | ProductFamily) -> ProductFamily:
+    if isinstance(family, ProductFamily):
+        return family
+    if isinstance(family, Family):
+        return family.as_product()
+    raise ValueError(
+        f"family must be 'gaussian', a Family or a ProductFamily; got {type(family).__name__}"
+    )
+
+
+def _check_records(X: ArrayLike, n_cols: int | None = None, what: str = "X") -> FloatArray:
+    try:
+        arr = np.asarray(X, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{what} must be a numeric array: {err}") from err
+    if arr.ndim == 1 and n_cols == 1:
+        arr = arr[:, None]
+    if arr.ndim != 2:
+        raise ValueError(f"{what} must be 2-D of shape (n_samples, n_features); got {arr.shape}")
+    if arr.shape[0] < 1:
+        raise ValueError(f"{what} has no rows")
+    if n_cols is not None and arr.shape[1] != n_cols:
+        raise ValueError(
+            f"{what} has {arr.shape[1]} columns but the model was fitted on {n_cols} columns"
+        )
+    if not np.all(np.isfinite(arr)):
+        bad = np.argwhere(~np.isfinite(arr))[0]
+        raise ValueError(f"{what} contains NaN or infinity (first at row {bad[0]}, col {bad[1]})")
+    return arr
+
+
+def _seed_sequence(random_state: Any) -> np.random.SeedSequence:
+    if isinstance(random_state, np.random.SeedSequence):
+        return random_state
+    if isinstance(random_state, np.random.Generator):
+        return np.random.SeedSequence(int(random_state.integers(2**63)))
+    return np.random.SeedSequence(random_state)
+
+
+class BHC:
+    """Bayesian hierarchical clustering and its DPM bounds (Xu, Heller & Ghahramani 2009).
+
+    Parameters
+    ----------
+    alpha : float, default 1.0
+        DP concentration.
+    family : 'gaussian', Family or ProductFamily, default 'gaussian'
+        Likelihood family with its prior. 'gaussian' is ``GaussianNW.empirical_bayes(X)`` at
+        ``fit(X)``; ``fit_summaries`` needs an instance.
+    method : {'bhc', 'bayes-kmeans'}, default 'bhc'
+        'bhc': the greedy BHC of Section 3 on the leaves. 'bayes-kmeans': Bayes K-means BHC
+        (Section 5): Bayes K-means groups the leaves, then BHC runs on the groups, O(M k + k^2).
+    random_state : None, int, SeedSequence or Generator
+        Visiting order and initial clusters of Bayes K-means (unused by 'bhc').
+    alt_start : int or None, default None
+        Starting node l of the alternative-tree algorithm (Fig. 4): relocations at nodes l,
+        l + 1, ..., root (merge order). None: the lowest internal node (every internal node).
+    k_init : int or None, default None
+        Clusters Bayes K-means opens from its first leaves; None: ceil(sqrt(M)).
+    kmeans_sweeps : int, default 0
+        Bayes K-means reassignment sweeps after its first pass, K-means style, stopping when no
+        leaf moves. 0 is the single pass Section 5 describes (O(M k)), which can leave records
+        of different clusters together when a cluster opened by one record draws in records of
+        a cluster not opened yet; sweeps cost O(M k) each and usually raise log p(D | T).
+    n_top : int, default 16
+        Candidate partners cached per node during agglomeration (memory O(M n_top)); does not
+        change the result.
+    parallel : bool, default False
+        Score candidate pairs on numba's threads (``NUMBA_NUM_THREADS``) in passes of at least
+        ``kernels.bhc.MIN_PARALLEL`` pairs. Off by default: each merge is one short pass, and a
+        thread-parallel pass per merge was slower (wall and CPU) than one thread on a shared
+        2-core machine. Same result either way.
+
+    Attributes
+    ----------
+    labels_ : ndarray of shape (n_leaves,), int64
+        Cluster of each leaf given to ``fit`` / ``fit_summaries``: the tree cut at r_k = 0.5.
+    tree_ : BHCTree
+        Leaves of the tree are the input leaves ('bhc') or the Bayes K-means clusters.
+    log_evidence_ : float
+        log p(D | T) at the root (eq. 7).
+    lower_bound_ : float
+        log of the BHC lower bound of eq. 9 on the DPM marginal likelihood.
+    alt_lower_bound_ : float
+        log of Theorem 1's bound (eq. 9 plus the alternative trees' increments, eq. 12).
+    alt_increments_ : ndarray of shape (2M - 1, 2)
+        log delta_LB of the two alternative trees at each node (-inf where none).
+    n_clusters_ : int
+    cluster_nodes_ : ndarray of shape (n_clusters_,), int64
+        Tree node of each cluster of ``labels_``.
+    leaf_groups_ : ndarray of shape (n_leaves,), int64
+        Tree leaf holding each input leaf (Bayes K-means cluster; the identity for 'bhc').
+    family_ : ProductFamily
+    n_leaves_in_ : int
+    n_features_in_ : int
+    """
+
+    def __init__(
+        self,
+        alpha: float = 1.0,
+        family: str | Family | ProductFamily = "gaussian",
+        method: str = "bhc",
+        random_state: Any = None,
+        alt_start: int | None = None,
+        k_init: int | None = None,
+        kmeans_sweeps: int = 0,
+        n_top: int = 16,
+        parallel: bool = False,
+    ) -> None:
+        self.alpha = alpha
+        self.family = family
+        self.method = method
+        self.random_state = random_state
+        self.alt_start = alt_start
+        self.k_init = k_init
+        self.kmeans_sweeps = kmeans_sweeps
+        self.n_top = n_top
+        self.parallel = parallel
+
+    # -- fitting ----------------------------------------------------------------------------
+    def fit(self, X: ArrayLike, y: Any = None) -> BHC:
+        """Fit on records: every row of X becomes a one-record leaf.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : ignored
+
+        Returns
+        -------
+        self
+        """
+        Xr = _check_records(X)
+        if isinstance(self.family, str):
+            if self.family != "gaussian":
+                raise ValueError(f"unknown family {self.family!r}; use 'gaussian' or a Family")
+            fam = GaussianNW.empirical_bayes(Xr).as_product()
+        else:
+            fam = _as_product(self.family)
+        if Xr.shape[1] != fam.n_cols:
+            raise ValueError(f"X has {Xr.shape[1]} columns but the family models {fam.n_cols}")
+        Xa = fam.arrange(Xr)
+        m = Xa.shape[0]
+        stats = fam.stats_of(Xa, np.arange(m, dtype=np.int64), m)
+        return self._fit_stats(stats, fam)
+
+    def fit_summaries(self, stats: ArrayLike, family: Family | ProductFamily | None = None) -> BHC:
+        """Fit on leaf summaries: rows of additive sufficient statistics of ``family``.
+
+        Parameters
+        ----------
+        stats : array-like of shape (n_leaves, S)
+            ``stats[:, 0]`` is the number of records each leaf summarises (> 0).
+        family : Family or ProductFamily, optional
+            The family (with its prior) the rows belong to; default ``self.family``.
+
+        Returns
+        -------
+        self
+        """
+        fam_in = self.family if family is None else family
+        if isinstance(fam_in, str):
+            raise ValueError(
+                "fit_summaries needs a Family or ProductFamily instance (the prior cannot be "
+                "fitted to summaries by name)"
+            )
+        fam = _as_product(fam_in)
+        try:
+            S = np.asarray(stats, dtype=np.float64)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"stats must be a numeric array: {err}") from err
+        if S.ndim != 2 or S.shape[1] != fam.n_stats or S.shape[0] < 1:
+            raise ValueError(
+                f"stats must have shape (n_leaves, {fam.n_stats}) for {fam!r}; got {S.shape}"
+            )
+        if not np.all(np.isfinite(S)):
+            raise ValueError("stats contains NaN or infinity")
+        if np.any(S[:, 0] <= 0):
+            raise ValueError("every leaf must summarise n > 0 records (stats[:, 0] > 0)")
+        return self._fit_stats(np.ascontiguousarray(S), fam)
+
+    def fit_predict(self, X: ArrayLike, y: Any = None) -> IntArray:
+        return self.fit(X).labels_
+
+    def _check_params(self) -> float:
+        alpha = float(self.alpha)
+        if not (alpha > 0 and math.isfinite(alpha)):
+            raise ValueError(f"alpha must be a positive finite number, got {self.alpha}")
+        if self.method not in _METHODS:
+            raise ValueError(f"method must be one of {_METHODS}, got {self.method!r}")
+        if int(self.kmeans_sweeps) < 0:
+            raise ValueError(f"kmeans_sweeps must be >= 0, got {self.kmeans_sweeps}")
+        if int(self.n_top) < 1:
+            raise ValueError(f"n_top must be >= 1, got {self.n_top}")
+        return alpha
+
+    def _min_parallel(self) -> int:
+        return int(kbhc.MIN_PARALLEL) if self.parallel else 2**62
+
+    def _fit_stats(self, stats: FloatArray, fam: ProductFamily) -> BHC:
+        alpha = self._check_params()
+        log_alpha = math.log(alpha)
+        m = stats.shape[0]
+        if self.method == "bayes-kmeans":
+            rng = np.random.default_rng(_seed_sequence(self.random_state))
+            order = rng.permutation(m).astype(np.int64)
+            k_init = math.ceil(math.sqrt(m)) if self.k_init is None else int(self.k_init)
+            if not 1 <= k_init <= m:
+                raise ValueError(f"k_init must be in [1, {m}], got {k_init}")
+            groups, leaves = kbhc.bayes_kmeans(
+                stats,
+                fam.spec,
+                fam.prior,
+                log_alpha,
+                order,
+                k_init,
+                int(self.kmeans_sweeps),
+                int(self.n_top),
+                self._min_parallel(),
+            )
+        else:
+            groups = np.arange(m, dtype=np.int64)
+            leaves = stats
+        self.family_ = fam
+        self.n_leaves_in_ = m
+        self.n_features_in_ = fam.n_cols
+        self.leaf_groups_ = groups
+        self.tree_ = _build_tree(leaves, fam, log_alpha, int(self.n_top), self._min_parallel())
+        tree = self.tree_
+        root = tree.root
+        labels, nodes = kbhc.cut(tree.left, tree.right, tree.log_r, tree.n_leaves)
+        self.labels_ = labels[groups]
+        self.cluster_nodes_ = nodes
+        self.n_clusters_ = int(nodes.shape[0])
+        self.log_evidence_ = float(tree.log_p[root])
+        self.lower_bound_ = float(
+            kbhc.log_lower_bound(tree.log_d[root], tree.log_p[root], tree.n[root], log_alpha)
+        )
+        self.alt_lower_bound_, self.alt_increments_ = self.alternative_bound(self.alt_start)
+        return self
+
+    # -- bounds -----------------------------------------------------------------------------
+    def alternative_bound(
+        self, start: int | None = None, path_only: bool = False
+    ) -> tuple[float, FloatArray]:
+        """Theorem 1's lower bound from relocations starting at node ``start`` (Section 4).
+
+        Parameters
+        ----------
+        start : int or None
+            Starting node l (an internal node id, M <= l <= 2M - 2); None: the lowest internal
+            node M.
+        path_only : bool
+            False: relocate at l, l + 1, ..., root in merge order, as Fig. 4 iterates (with
+            l = M every internal node, which gives the n - 2 alternatives of a balanced tree
+            counted in Section 4 and the exact marginal for three leaves, Section 6.2). True:
+            only on the path from l to the root, as the text of Section 4 reads. Both are valid
+            bounds: the alternative trees at distinct nodes share no partition. The root is
+            included in both (Fig. 4's loop reads ``while i < R``, but without the root three
+            leaves would not give the exact marginal that Section 6.2 reports).
+
+        Returns
+        -------
+        log_bound : float
+            log of eq. 9 plus the sum of the increments delta_LB (eq. 12).
+        log_delta : ndarray of shape (2M - 1, 2)
+            log delta_LB of each node's two alternative trees (-inf where none).
+        """
+        tree = self.tree_
+        M = tree.n_leaves
+        root = tree.root
+        relocate = np.zeros(len(tree), dtype=np.bool_)
+        if M >= 3:
+            l = M if start is None else int(start)
+            if not M <= l <= root:
+                raise ValueError(f"start must be an internal node id in [{M}, {root}], got {l}")
+            if path_only:
+                k = l
+                while k >= 0:
+                    relocate[k] = True
+                    k = int(tree.parent[k])
+            else:
+                relocate[l:] = True
+        log_delta = kbhc.alternative_tree_increments(
+            tree.left,
+            tree.right,
+            tree.n,
+            tree.log_d,
+            tree.log_p,
+            tree.stats,
+            self.family_.spec,
+            self.family_.prior,
+            math.log(float(self.alpha)),
+            relocate,
+        )
+        terms = np.concatenate([[self.lower_bound_], log_delta[np.isfinite(log_delta)]])
+        return float(logsumexp(terms)), log_delta
+
+    # -- prediction -------------------------------------------------------------------------
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "tree_"):
+            raise ValueError("this BHC instance is not fitted yet; call fit or fit_summaries")
+
+    def score_samples(self, X: ArrayLike) -> FloatArray:
+        """log p(x | D, T): the predictive density of new records under the tree.
+
+        The DPM predictive of each tree-consistent partition (n_b / (N + alpha) p(x | D_b) per
+        block, alpha / (N + alpha) p(x) for a new block) averaged over the tree's posterior on
+        partitions, whose block probabilities are Heller & Ghahramani's (2005, Section 4)
+        omega_k: sum_k omega_k n_k / (N + alpha) p(x | D_k) + alpha / (N + alpha) p(x). It
+        integrates to one. Seed 001 uses but does not state it.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
+        self._check_fitted()
+        fam = self.family_
+        Xa = fam.arrange(_check_records(X, fam.n_cols))
+        tree = self.tree_
+        log_norm = math.log(float(tree.n[-1]) + float(self.alpha))
+        log_w = tree.log_omega + np.log(tree.n) - log_norm
+        log_w_new = math.log(float(self.alpha)) - log_norm
+        return kbhc.log_predictive_density(Xa, tree.stats, log_w, fam.spec, fam.prior, log_w_new)
+
+    def score(self, X: ArrayLike, y: Any = None) -> float:
+        """Mean log predictive density of the rows of X."""
+        return float(np.mean(self.score_samples(X)))
+
+    def predict(self, X: ArrayLike) -> IntArray:
+        """The cluster of ``labels_`` each new record most probably joins.
+
+        argmax_c log n_c + log p(x | D_c) over the clusters of the r_k = 0.5 cut (the CRP weight
+        times the cluster's posterior predictive; a new cluster is not offered).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,), int64
+        """
+        self._check_fitted()
+        fam = self.family_
+        Xa = fam.arrange(_check_records(X, fam.n_cols))
+        stats = np.ascontiguousarray(self.tree_.stats[self.cluster_nodes_])
+        lp = kbhc.log_predictive_matrix(Xa, stats, fam.spec, fam.prior)
+        return np.argmax(lp + np.log(stats[:, 0])[None, :], axis=1).astype(np.int64)
+
+
+def _build_tree(
+    leaves: FloatArray, fam: ProductFamily, log_alpha: float, n_top: int, min_parallel: int
+) -> BHCTree:
+    left, right, n, log_r, log_d, log_pi, log_p, log_ph1, node_stats = kbhc.bhc(
+        leaves, fam.spec, fam.prior, log_alpha, n_top, min_parallel
+    )
+    cap = left.shape[0]
+    M = (cap + 1) // 2
+    parent = np.full(cap, -1, dtype=np.int64)
+    below = np.ones(cap, dtype=np.int64)
+    for k in range(M, cap):
+        parent[left[k]] = k
+        parent[right[k]] = k
+        below[k] = below[left[k]] + below[right[k]]
+    log_omega = kbhc.log_block_posterior(left, right, log_d, log_p, log_r)
+    return BHCTree(
+        node=np.arange(cap, dtype=np.int64),
+        parent=parent,
+        left=left,
+        right=right,
+        n=n,
+        n_leaves_below=below,
+        log_r=log_r,
+        log_d=log_d,
+        log_pi=log_pi,
+        log_p=log_p,
+        log_ph1=log_ph1,
+        log_omega=log_omega,
+        stats=node_stats,
+    )
+
+
+def dpm_log_joint(stats: ArrayLike, family: Family | ProductFamily, alpha: float) -> float:
+    """log of eq. 5's summand for one partition: log p(v | alpha) + sum_l log p(D_l^v).
+
+    Parameters
+    ----------
+    stats : array-like of shape (K, S)
+        One statistics row per block.
+    family : Family or ProductFamily
+    alpha : float
+
+    Returns
+    -------
+    float
+    """
+    fam = _as_product(family)
+    S = np.atleast_2d(np.asarray(stats, dtype=np.float64))
+    n = S[:, 0]
+    lm = sum(fam.log_marginal_stats(s) for s in S)
+    return float(
+        S.shape[0] * math.log(alpha)
+        + gammaln(n).sum()
+        + gammaln(alpha)
+        - gammaln(n.sum() + alpha)
+        + lm
+    )
