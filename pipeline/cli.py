@@ -221,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
     d.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
     d.set_defaults(func=cmd_demo)
+
+    from pipeline.run_cli import add_run_parser
+
+    add_run_parser(sub)
     return parser
 
 

@@ -392,6 +392,13 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         -------
         self
         """
+        import dask
+
+        if dask.is_dask_collection(X):
+            # the distributed code path: one Dask task per chunk per pass (pipeline.distributed)
+            from pipeline.distributed import fit_estimator
+
+            return fit_estimator(self, X)
         alpha0, learn = self._check_params()
         Xa = self._encode_fit(X)
         N = Xa.shape[0]

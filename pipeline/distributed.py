@@ -1,0 +1,1183 @@
+"""Stage 1 on Dask: passes with merged global statistics, reconciliation, write-out.
+
+One pass is one Dask task per chunk of the store (``pipeline.store``). A task reads its chunk, the
+labels the previous pass wrote for it and a copy of the global statistics, sweeps its training
+records (MAP-DP, seed 000 Algorithm 1, ``kernels.mapdp.sweep``; or Bayes K-means, seed 001
+Section 5, ``kernels.bayes_kmeans.assign``), writes the chunk's new labels to the other label
+buffer itself and returns only statistic deltas and the statistics of the clusters it opened.
+
+The driver (``reduce_pass``) adds the deltas in chunk order, merges every new cluster into
+another one, new or existing, while a merge lowers the objective (eq. 3.3, from the families' log
+marginals; Bayes K-means tests every pair, as its Section 5 merge step), drops empty clusters and
+records how the labels written in this pass map to the new cluster numbers (``PassState.remap``):
+labels are relabelled lazily, by the next task that reads them. The objective comes from the
+statistics alone; the run stops when it decreases by less than ``tol``, or after ``max_passes``.
+
+Determinism: the visiting order of chunk c in pass p is drawn from the SeedSequence child
+(restart, p, c) of ``random_state``; a task reads one buffer and writes the other; deltas are
+added in chunk order. So the labels do not depend on the number of workers, and a task that is
+run again (a worker died, a retry) gives the same result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from numpy.typing import NDArray
+
+from kernels import bayes_kmeans as kbk
+from kernels import mapdp as kmapdp
+from kernels.rng import shuffle
+from pipeline.concentration import log_gamma_prior, map_concentration
+from pipeline.families import FloatArray, ProductFamily
+from pipeline.mapdp import as_seed_sequence, seed_state
+from pipeline.store import (
+    DEFAULT_CHUNK_ROWS,
+    PLOT_SALT,
+    PRIOR_SAMPLE,
+    Store,
+    StoreInfo,
+    holdout_mask_of,
+    ingest,
+    iter_chunks,
+    row_uniform,
+)
+
+IntArray = NDArray[np.int64]
+ENGINES = ("mapdp", "kmeans")
+INITS = ("auto", "sequential", "one-cluster", "seeds")
+FAULT_ENV = "DPMM_FAULT_AFTER_PASS"
+MAX_SEEDS = 100
+PLOT_POINTS = 4000
+
+
+class InjectedFault(RuntimeError):
+    """Raised after the pass named by ``$DPMM_FAULT_AFTER_PASS`` (crash-and-resume tests)."""
+
+
+# -- parameters and state -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FitParams:
+    """Parameters of stage 1.
+
+    engine : "mapdp" or "kmeans" (Bayes K-means).
+    alpha : DP concentration N0, or "learn" (MAP under Gamma(alpha_prior), eq. A.1, after every
+        pass).
+    init : "sequential" (no cluster: the first pass opens them), "one-cluster" (Algorithm 1's
+        start), "seeds" (``n_seeds`` random training records as singleton clusters, seed 001
+        Section 5); "auto" is "sequential" for MAP-DP and "seeds" for Bayes K-means.
+    n_seeds : seeds of the "seeds" start; default min(ceil(sqrt(N)), 100).
+    max_passes, tol : stop after max_passes passes or when a pass lowers the objective by less
+        than tol.
+    seed : entropy of the SeedSequence all (restart, pass, chunk) seeds derive from.
+    merge_all : MAP-DP also tests merges between clusters that were not opened in the pass
+        (always so for Bayes K-means).
+    """
+
+    engine: str = "mapdp"
+    alpha: float | str = "learn"
+    alpha_prior: tuple[float, float] = (1.0, 1.0)
+    init: str = "auto"
+    n_seeds: int | None = None
+    max_passes: int = 50
+    tol: float = 1e-6
+    seed: int = 0
+    restart: int = 0
+    merge_all: bool = False
+
+    def checked(self) -> FitParams:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
+        if isinstance(self.alpha, str):
+            if self.alpha != "learn":
+                raise ValueError(f"alpha must be a positive float or 'learn', got {self.alpha!r}")
+        elif not (float(self.alpha) > 0 and math.isfinite(float(self.alpha))):
+            raise ValueError(f"alpha must be a positive finite float, got {self.alpha!r}")
+        if int(self.max_passes) < 1:
+            raise ValueError(f"max_passes must be >= 1, got {self.max_passes}")
+        if not self.tol >= 0:
+            raise ValueError(f"tol must be >= 0, got {self.tol}")
+        a, b = self.alpha_prior
+        if not (a > 0 and b > 0):
+            raise ValueError(f"alpha_prior must be two positive numbers, got {self.alpha_prior}")
+        return self
+
+    @property
+    def learn_alpha(self) -> bool:
+        return isinstance(self.alpha, str)
+
+    @property
+    def start(self) -> str:
+        if self.init != "auto":
+            return self.init
+        return "seeds" if self.engine == "kmeans" else "sequential"
+
+
+def seed_entropy(random_state: Any) -> int:
+    """One integer of entropy from ``random_state`` (None draws a fresh one)."""
+    seq = as_seed_sequence(random_state)
+    return int(seq.generate_state(2, dtype=np.uint64).view(np.uint64)[0])
+
+
+@dataclass
+class PassState:
+    """The driver's state after ``pass_no`` passes: all a resumed run needs.
+
+    ``remap``, ``k_written`` and ``offsets`` decode the labels the last pass wrote
+    (``decode_labels``); ``init_rows`` / ``init_labels`` / ``init_label`` give the start of
+    pass 1 (the labels no pass wrote).
+    """
+
+    pass_no: int
+    stats: FloatArray
+    alpha: float
+    remap: IntArray
+    k_written: int
+    offsets: IntArray
+    history: list[dict[str, Any]] = field(default_factory=list)
+    converged: bool = False
+    init_rows: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    init_labels: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    init_label: int = -1
+
+    @property
+    def n_clusters(self) -> int:
+        return int(self.stats.shape[0])
+
+    @property
+    def nk(self) -> FloatArray:
+        return np.ascontiguousarray(self.stats[:, 0])
+
+    @property
+    def objective(self) -> float:
+        return float(self.history[-1]["objective"]) if self.history else math.inf
+
+    @property
+    def buffer(self) -> str:
+        """The label buffer the last pass wrote (z0 before any pass: only -1)."""
+        return f"z{self.pass_no % 2}"
+
+
+def decode_labels(raw: IntArray, remap: IntArray, k_written: int, offset: int) -> IntArray:
+    """Labels as a pass wrote them for a chunk (0..K-1 for the clusters the pass started with,
+    K.. for those the chunk opened) as the current cluster numbers; -1 stays -1."""
+    out = np.full(raw.shape[0], -1, dtype=np.int64)
+    m = raw >= 0
+    lab = raw[m]
+    idx = np.where(lab < k_written, lab, lab + offset)
+    out[m] = remap[idx]
+    return out
+
+
+# -- the chunk task ----------------------------------------------------------------------------
+
+
+@dataclass
+class PassInput:
+    """What every chunk task of one pass receives (scattered once per pass)."""
+
+    p: int
+    engine: str
+    stats: FloatArray
+    alpha: float
+    remap: IntArray
+    k_written: int
+    offsets: IntArray
+    family: ProductFamily
+    seed: int
+    restart: int
+    init_rows: IntArray
+    init_labels: IntArray
+    init_label: int
+
+
+@dataclass
+class ChunkResult:
+    c: int
+    delta: FloatArray
+    new_stats: FloatArray
+    n_changed: int
+    n_train: int
+    seconds: float
+
+
+def chunk_seed(seed: int, restart: int, p: int, c: int) -> np.random.SeedSequence:
+    """The SeedSequence child (restart, pass, chunk) of the run's entropy."""
+    return np.random.SeedSequence(seed, spawn_key=(restart, p, c))
+
+
+def sweep_chunk_task(store: str, c: int, a: int, b: int, msg: PassInput) -> ChunkResult:
+    """One chunk of one pass (module docstring). Idempotent: reads buffer z[(p-1) % 2], writes
+    buffer z[p % 2], and its random order depends only on (seed, restart, p, c)."""
+    t0 = time.perf_counter()
+    fam = msg.family
+    X = np.ascontiguousarray(zarr.open_array(f"{store}/X", mode="r")[a:b])
+    hold = np.asarray(zarr.open_array(f"{store}/holdout", mode="r")[a:b])
+    raw = np.asarray(zarr.open_array(f"{store}/z{(msg.p - 1) % 2}", mode="r")[a:b])
+    K = msg.stats.shape[0]
+    if msg.p == 1:
+        z = np.full(b - a, -1, dtype=np.int64)
+        if msg.init_label >= 0:
+            z[~hold] = msg.init_label
+        sel = (msg.init_rows >= a) & (msg.init_rows < b)
+        z[msg.init_rows[sel] - a] = msg.init_labels[sel]
+    else:
+        z = decode_labels(raw, msg.remap, msg.k_written, int(msg.offsets[c]))
+    order = np.flatnonzero(~hold).astype(np.int64)
+    shuffle(seed_state(chunk_seed(msg.seed, msg.restart, msg.p, c)), order)
+    z_old = z.copy()
+    spec, prior = fam.spec, fam.prior
+    empty_c = fam.empty_cache()
+    log_alpha = math.log(msg.alpha)
+    if msg.engine == "mapdp":
+        cap = K + 8
+        stats = np.zeros((cap, fam.n_stats))
+        stats[:K] = msg.stats
+        cache = np.zeros((cap, fam.n_cache))
+        cache[:K] = fam.cache_of(msg.stats)
+        nk = np.zeros(cap)
+        nk[:K] = msg.stats[:, 0]
+        stats, cache, nk, n_slots, n_changed = kmapdp.sweep(
+            X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha
+        )
+        # number the slots opened here K, K + 1, ... in slot order
+        slot_map = np.arange(max(n_slots, K), dtype=np.int64)
+        new_slots = [s for s in range(K, n_slots) if nk[s] > 0]
+        for j, s in enumerate(new_slots):
+            slot_map[s] = K + j
+        z = np.where(z >= K, slot_map[np.maximum(z, 0)], z)
+        M = len(new_slots)
+    else:
+        cache_k = fam.cache_of(msg.stats)
+        nk_k = np.ascontiguousarray(msg.stats[:, 0])
+        new_stats, n_changed = kbk.assign(
+            X, order, z, msg.stats, cache_k, nk_k, K, spec, prior, empty_c, log_alpha
+        )
+        M = new_stats.shape[0]
+    delta, new_stats = kbk.label_deltas(X, order, z_old, z, K, M, spec, fam.n_stats)
+    z[hold] = -1
+    zarr.open_array(f"{store}/z{msg.p % 2}", mode="r+")[a:b] = z
+    return ChunkResult(
+        c, delta, new_stats, int(n_changed), int(order.shape[0]), time.perf_counter() - t0
+    )
+
+
+# -- the driver ----------------------------------------------------------------------------------
+
+
+def objective(stats: FloatArray, alpha: float, family: ProductFamily, params: FitParams) -> float:
+    """-log p(X, z | N0) (seed 000, eq. 3.3) from the statistics, minus log p(N0) when learned."""
+    nk = np.ascontiguousarray(stats[:, 0])
+    e = float(kmapdp.objective(stats, nk, stats.shape[0], family.spec, family.prior, alpha))
+    if params.learn_alpha:
+        e -= log_gamma_prior(alpha, *params.alpha_prior)
+    return e
+
+
+def reconcile(
+    stats: FloatArray, candidates: IntArray, family: ProductFamily, log_alpha: float
+) -> tuple[FloatArray, IntArray, int]:
+    """Greedy merges: each candidate j in turn merges into the cluster k that lowers the
+    objective most (``kernels.bayes_kmeans.merge_costs``), if any does; repeated until no merge
+    happens. Returns the merged statistics (merged rows zeroed), the cluster each row ended in,
+    and the number of merges."""
+    stats = stats.copy()
+    spec, prior = family.spec, family.prior
+    logm = kbk.log_marginals(stats, spec, prior)
+    alive = stats[:, 0] > 0
+    parent = np.arange(stats.shape[0], dtype=np.int64)
+    merges = 0
+    changed = True
+    while changed:
+        changed = False
+        for j in candidates:
+            if not alive[j]:
+                continue
+            costs = kbk.merge_costs(stats, logm, alive, int(j), spec, prior, log_alpha)
+            k = int(np.argmin(costs))
+            if costs[k] < 0.0:
+                stats[k] += stats[j]
+                stats[j] = 0.0
+                alive[j] = False
+                parent[j] = k
+                logm[k] = family.log_marginal_stats(stats[k])
+                merges += 1
+                changed = True
+    # follow chains j -> k -> ... to the surviving cluster
+    for j in range(parent.shape[0]):
+        r = j
+        while parent[r] != r:
+            r = parent[r]
+        parent[j] = r
+    return stats, parent, merges
+
+
+def reduce_pass(
+    state: PassState,
+    results: list[ChunkResult],
+    family: ProductFamily,
+    params: FitParams,
+    n_train: int,
+) -> tuple[PassState, dict[str, Any]]:
+    """The driver's half of a pass (module docstring): new state and the pass's record."""
+    results = sorted(results, key=lambda r: r.c)
+    K = state.n_clusters
+    stats = state.stats.copy()
+    for r in results:
+        stats += r.delta
+    offsets = np.zeros(len(results), dtype=np.int64)
+    blocks = [stats]
+    m = 0
+    for r in results:
+        offsets[r.c] = m
+        blocks.append(r.new_stats)
+        m += r.new_stats.shape[0]
+    everything = np.vstack(blocks)
+    alpha = state.alpha
+    n_changed = sum(r.n_changed for r in results)
+    if params.engine == "kmeans" or params.merge_all:
+        # Section 5's merge step: every pair, greedily, after the assignment step
+        candidates = np.arange(everything.shape[0], dtype=np.int64)
+    else:
+        candidates = np.arange(K, everything.shape[0], dtype=np.int64)
+    merged, parent, merges = reconcile(everything, candidates, family, math.log(alpha))
+    keep = merged[:, 0] > 0.5
+    new_id = np.full(merged.shape[0], -1, dtype=np.int64)
+    new_id[keep] = np.arange(int(keep.sum()))
+    remap = new_id[parent]
+    stats = np.ascontiguousarray(merged[keep])
+    if params.learn_alpha:
+        alpha = map_concentration(n_train, stats.shape[0], *params.alpha_prior, start=alpha)
+    e = objective(stats, alpha, family, params)
+    record = {
+        "pass": state.pass_no + 1,
+        "objective": e,
+        "n_clusters": int(stats.shape[0]),
+        "n_new": int(m),
+        "merges": int(merges),
+        "n_changed": int(n_changed),
+        "alpha": float(alpha),
+        "task_seconds": float(sum(r.seconds for r in results)),
+    }
+    decrease = state.objective - e
+    converged = (n_changed == 0 or decrease < params.tol) and merges == 0
+    new = PassState(
+        pass_no=state.pass_no + 1,
+        stats=stats,
+        alpha=float(alpha),
+        remap=remap,
+        k_written=K,
+        offsets=offsets,
+        history=[*state.history, record],
+        converged=bool(converged),
+    )
+    return new, record
+
+
+def initial_state(client: Any, store: Store, info: StoreInfo, params: FitParams) -> PassState:
+    """The state before pass 1 (``FitParams.start``)."""
+    fam = info.family
+    alpha = 1.0 if params.learn_alpha else float(params.alpha)
+    empty = np.zeros(0, dtype=np.int64)
+    start = params.start
+    if start == "sequential":
+        stats = np.zeros((0, fam.n_stats))
+        return PassState(0, stats, alpha, empty, 0, empty, init_rows=empty, init_labels=empty)
+    if start == "one-cluster":
+        futs = [
+            client.submit(_train_stats_task, str(store.path), a, b, fam, pure=False)
+            for _c, a, b in iter_chunks(info)
+        ]
+        parts = client.gather(futs)
+        stats = np.sum(parts, axis=0).reshape(1, -1)
+        return PassState(0, stats, alpha, np.zeros(1, dtype=np.int64), 1, empty, init_label=0)
+    # seeds: random training records as singleton clusters
+    n_seeds = params.n_seeds or min(math.ceil(math.sqrt(max(info.n_train, 1))), MAX_SEEDS)
+    n_seeds = max(1, min(int(n_seeds), info.n_train))
+    rng = np.random.default_rng(chunk_seed(params.seed, params.restart, 0, 0))
+    cand = rng.permutation(info.n_rows).astype(np.int64)
+    cand = cand[~holdout_mask_of(cand, info.holdout)]
+    seed_rows = np.sort(cand[:n_seeds])
+    Xs = np.asarray(store.array("X").get_orthogonal_selection((seed_rows, slice(None))))
+    labels = np.arange(seed_rows.shape[0], dtype=np.int64)
+    stats = fam.stats_of(np.ascontiguousarray(Xs), labels, seed_rows.shape[0])
+    return PassState(
+        0,
+        stats,
+        alpha,
+        np.arange(seed_rows.shape[0], dtype=np.int64),
+        seed_rows.shape[0],
+        empty,
+        init_rows=seed_rows,
+        init_labels=labels,
+    )
+
+
+def _train_stats_task(store: str, a: int, b: int, fam: ProductFamily) -> FloatArray:
+    X = np.ascontiguousarray(zarr.open_array(f"{store}/X", mode="r")[a:b])
+    hold = np.asarray(zarr.open_array(f"{store}/holdout", mode="r")[a:b])
+    return fam.stats_of(np.ascontiguousarray(X[~hold]))[0]
+
+
+def run_pass(
+    client: Any,
+    store: Store,
+    info: StoreInfo,
+    params: FitParams,
+    state: PassState,
+    progress: bool = False,
+) -> PassState:
+    """One pass: a task per chunk, then ``reduce_pass``; checkpoints the new state."""
+    from distributed import as_completed
+
+    t0 = time.perf_counter()
+    p = state.pass_no + 1
+    msg = PassInput(
+        p=p,
+        engine=params.engine,
+        stats=state.stats,
+        alpha=state.alpha,
+        remap=state.remap,
+        k_written=state.k_written,
+        offsets=state.offsets,
+        family=info.family,
+        seed=params.seed,
+        restart=params.restart,
+        init_rows=state.init_rows,
+        init_labels=state.init_labels,
+        init_label=state.init_label,
+    )
+    msg_f = client.scatter(msg, broadcast=True, hash=False)
+    futs = [
+        client.submit(sweep_chunk_task, str(store.path), c, a, b, msg_f, pure=False)
+        for c, a, b in iter_chunks(info)
+    ]
+    bar = _bar(progress, info.n_train, f"pass {p}")
+    results = []
+    for fut in as_completed(futs):
+        r = fut.result()
+        results.append(r)
+        if bar is not None:
+            bar.update(r.n_train)
+    if bar is not None:
+        bar.close()
+    del msg_f
+    new, record = reduce_pass(state, results, info.family, params, info.n_train)
+    seconds = time.perf_counter() - t0
+    record["seconds"] = seconds
+    record["records_per_second"] = info.n_train / seconds if seconds > 0 else math.inf
+    save_checkpoint(store, new, params)
+    if progress:
+        print(
+            f"pass {p}: objective {record['objective']:.6g}, {record['n_clusters']} clusters, "
+            f"{record['n_changed']} moved, {record['merges']} merges, "
+            f"{record['records_per_second']:,.0f} records/s",
+            file=sys.stderr,
+        )
+    return new
+
+
+def _bar(progress: bool, total: int, desc: str) -> Any:
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="rec", unit_scale=True, leave=False, file=sys.stderr)
+
+
+def save_checkpoint(store: Store, state: PassState, params: FitParams) -> None:
+    """The state after a completed pass, replaced atomically (``checkpoint.pkl``)."""
+    store.save("checkpoint.pkl", {"params": params, "state": state})
+    import json
+
+    store.save_text(
+        "checkpoint.json",
+        json.dumps(
+            {
+                "pass": state.pass_no,
+                "objective": state.objective,
+                "n_clusters": state.n_clusters,
+                "converged": state.converged,
+            }
+        ),
+    )
+
+
+def load_checkpoint(store: Store, params: FitParams) -> PassState | None:
+    """The last completed pass's state if the store has one from the same parameters."""
+    if not store.exists("checkpoint.pkl"):
+        return None
+    ck = store.load("checkpoint.pkl")
+    saved: FitParams = ck["params"]
+    if replace(saved, max_passes=params.max_passes, tol=params.tol) != params:
+        return None
+    state: PassState = ck["state"]
+    return state
+
+
+def run_passes(
+    client: Any,
+    store: Store,
+    info: StoreInfo,
+    params: FitParams,
+    progress: bool = False,
+    resume: bool = True,
+    on_pass: Callable[[PassState], None] | None = None,
+) -> PassState:
+    """Passes until convergence or ``max_passes``, resuming from the store's checkpoint."""
+    params = params.checked()
+    state = load_checkpoint(store, params) if resume else None
+    if state is None:
+        state = initial_state(client, store, info, params)
+    elif progress:
+        print(f"resuming after pass {state.pass_no}", file=sys.stderr)
+    while not state.converged and state.pass_no < params.max_passes:
+        state = run_pass(client, store, info, params, state, progress)
+        check_fault(state)
+        if on_pass is not None:
+            on_pass(state)
+    return state
+
+
+def check_fault(state: PassState) -> None:
+    """Raise ``InjectedFault`` after the pass named by ``$DPMM_FAULT_AFTER_PASS`` (tests)."""
+    fault = os.environ.get(FAULT_ENV)
+    if fault and int(fault) == state.pass_no:
+        raise InjectedFault(f"fault injected after pass {state.pass_no} (${FAULT_ENV})")
+
+
+# -- stage 2 hook ----------------------------------------------------------------------------
+
+Stage2 = Callable[[FloatArray, ProductFamily], IntArray]
+
+
+def identity_stage2(stats: FloatArray, family: ProductFamily) -> IntArray:
+    """The default stage 2: every stage-1 cluster is a final cluster.
+
+    A stage 2 (BHC over the cluster summaries) takes the stage-1 statistics (K, S) and the
+    family and returns, for each stage-1 cluster, its final cluster 0..K2-1.
+    """
+    return np.arange(stats.shape[0], dtype=np.int64)
+
+
+def merge_by(stats: FloatArray, mapping: IntArray) -> FloatArray:
+    """Statistics of the final clusters: rows of ``stats`` added by ``mapping``."""
+    K2 = int(mapping.max()) + 1 if mapping.size else 0
+    out = np.zeros((K2, stats.shape[1]))
+    np.add.at(out, mapping, stats)
+    return out
+
+
+# -- write-out ---------------------------------------------------------------------------------
+
+
+@dataclass
+class WriteInput:
+    buffer: str
+    remap: IntArray
+    k_written: int
+    offsets: IntArray
+    mapping: IntArray
+    stats: FloatArray  # final clusters
+    alpha: float
+    family: ProductFamily
+    plot_rate: float
+
+
+@dataclass
+class WriteResult:
+    c: int
+    heldout_sum: float
+    heldout_n: int
+    train_sum: float
+    train_n: int
+    new_cluster: int
+    plot_X: FloatArray
+    plot_labels: IntArray
+
+
+def write_chunk_task(
+    store: str, labels: str, c: int, a: int, b: int, msg: WriteInput
+) -> WriteResult:
+    """Final label and log predictive density (eq. 3.4) of every row of a chunk, written to
+    ``labels``; held-out rows get the MAP label of eq. 3.5 (-1: a new cluster)."""
+    fam = msg.family
+    X = np.ascontiguousarray(zarr.open_array(f"{store}/X", mode="r")[a:b])
+    hold = np.asarray(zarr.open_array(f"{store}/holdout", mode="r")[a:b])
+    raw = np.asarray(zarr.open_array(f"{store}/{msg.buffer}", mode="r")[a:b])
+    z1 = decode_labels(raw, msg.remap, msg.k_written, int(msg.offsets[c]))
+    final = np.where(z1 >= 0, msg.mapping[np.maximum(z1, 0)], -1)
+    nk = np.ascontiguousarray(msg.stats[:, 0])
+    pred, logdens = kmapdp.predict(
+        X,
+        msg.stats,
+        fam.cache_of(msg.stats),
+        nk,
+        fam.spec,
+        fam.prior,
+        fam.empty_cache(),
+        msg.alpha,
+    )
+    label = np.where(hold, pred, final)
+    zarr.open_array(f"{labels}/label", mode="r+")[a:b] = label
+    zarr.open_array(f"{labels}/log_density", mode="r+")[a:b] = logdens
+    zarr.open_array(f"{labels}/holdout", mode="r+")[a:b] = hold
+    pick = row_uniform(np.arange(a, b), PLOT_SALT) < msg.plot_rate
+    return WriteResult(
+        c,
+        float(logdens[hold].sum()),
+        int(hold.sum()),
+        float(logdens[~hold].sum()),
+        int((~hold).sum()),
+        int((label[hold] < 0).sum()),
+        X[pick],
+        label[pick],
+    )
+
+
+@dataclass
+class WriteSummary:
+    heldout_mean_log_density: float | None
+    train_mean_log_density: float
+    n_heldout: int
+    heldout_new_cluster: int
+    plot_X: FloatArray
+    plot_labels: IntArray
+    seconds: float
+
+
+def write_out(
+    client: Any,
+    store: Store,
+    info: StoreInfo,
+    state: PassState,
+    mapping: IntArray,
+    labels_path: str | os.PathLike[str],
+    progress: bool = False,
+) -> WriteSummary:
+    """One task per chunk writes ``labels_path`` (zarr group: label, log_density, holdout)."""
+    from distributed import as_completed
+
+    t0 = time.perf_counter()
+    labels_path = str(labels_path)
+    zarr.open_group(labels_path, mode="w")
+    for name, dtype, fill in (("label", "int64", -1), ("log_density", "float64", np.nan)):
+        zarr.create_array(
+            f"{labels_path}/{name}",
+            shape=(info.n_rows,),
+            chunks=(info.chunk_rows,),
+            dtype=dtype,
+            fill_value=fill,
+            overwrite=True,
+        )
+    zarr.create_array(
+        f"{labels_path}/holdout",
+        shape=(info.n_rows,),
+        chunks=(info.chunk_rows,),
+        dtype="bool",
+        fill_value=False,
+        overwrite=True,
+    )
+    final_stats = merge_by(state.stats, mapping)
+    msg = WriteInput(
+        buffer=state.buffer,
+        remap=state.remap,
+        k_written=state.k_written,
+        offsets=state.offsets,
+        mapping=mapping,
+        stats=final_stats,
+        alpha=state.alpha,
+        family=info.family,
+        plot_rate=min(1.0, PLOT_POINTS / max(info.n_rows, 1)),
+    )
+    msg_f = client.scatter(msg, broadcast=True, hash=False)
+    futs = [
+        client.submit(write_chunk_task, str(store.path), labels_path, c, a, b, msg_f, pure=False)
+        for c, a, b in iter_chunks(info)
+    ]
+    bar = _bar(progress, info.n_rows, "write-out")
+    results: list[WriteResult] = []
+    for fut in as_completed(futs):
+        r = fut.result()
+        results.append(r)
+        if bar is not None:
+            bar.update(info.chunk_bounds(r.c)[1] - info.chunk_bounds(r.c)[0])
+    if bar is not None:
+        bar.close()
+    results.sort(key=lambda r: r.c)
+    n_hold = sum(r.heldout_n for r in results)
+    n_train = sum(r.train_n for r in results)
+    return WriteSummary(
+        heldout_mean_log_density=(sum(r.heldout_sum for r in results) / n_hold) if n_hold else None,
+        train_mean_log_density=sum(r.train_sum for r in results) / max(n_train, 1),
+        n_heldout=n_hold,
+        heldout_new_cluster=sum(r.new_cluster for r in results),
+        plot_X=np.concatenate([r.plot_X for r in results]),
+        plot_labels=np.concatenate([r.plot_labels for r in results]),
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def read_labels(client: Any, store: Store, info: StoreInfo, state: PassState) -> IntArray:
+    """Current label of every row (-1 for held-out rows), in memory: for the estimator API."""
+    raw = np.asarray(store.array(state.buffer)[:])
+    out = np.empty(info.n_rows, dtype=np.int64)
+    for c, a, b in iter_chunks(info):
+        off = int(state.offsets[c]) if state.offsets.size else 0
+        out[a:b] = decode_labels(raw[a:b], state.remap, state.k_written, off)
+    return out
+
+
+# -- the Dask client ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def dask_client(
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    processes: bool = True,
+    dashboard_address: str | None = ":8787",
+    quiet: bool = False,
+) -> Iterator[Any]:
+    """A ``distributed.Client``: to ``scheduler`` when given, else to a new ``LocalCluster`` of
+    ``n_workers`` single-threaded workers (default: one per core). Prints the dashboard."""
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    # the scheduler's and nannies' INFO lines would bury the progress bars
+    logging.getLogger("distributed").setLevel(logging.WARNING)
+    if scheduler:
+        client = Client(scheduler)
+        cluster = None
+    else:
+        n = int(n_workers or os.cpu_count() or 1)
+        cluster = LocalCluster(
+            n_workers=n,
+            threads_per_worker=1,
+            processes=processes,
+            dashboard_address=dashboard_address,
+            memory_limit=0,
+        )
+        client = Client(cluster)
+    try:
+        if not quiet:
+            link = client.dashboard_link if dashboard_address or scheduler else None
+            print(f"Dask dashboard: {link or 'disabled'}", file=sys.stderr)
+        yield client
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+# -- the in-memory API ---------------------------------------------------------------------------
+
+
+@dataclass
+class DistributedResult:
+    """A stage-1 run on Dask, in the shape of ``pipeline.mapdp.MapdpResult`` plus what ingest
+    learned."""
+
+    labels: IntArray
+    stats: FloatArray
+    nk: FloatArray
+    alpha: float
+    objective: float
+    history: list[float]
+    n_iter: int
+    converged: bool
+    seconds: float
+    passes: list[dict[str, Any]]
+    info: StoreInfo
+    restart_objectives: list[float] = field(default_factory=list)
+
+
+def fit_distributed(
+    X: Any,
+    family: Any = "auto",
+    alpha: float | str = "learn",
+    *,
+    engine: str = "mapdp",
+    init: str = "auto",
+    n_seeds: int | None = None,
+    alpha_prior: tuple[float, float] = (1.0, 1.0),
+    max_passes: int = 100,
+    tol: float = 1e-6,
+    n_restarts: int = 1,
+    random_state: Any = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    prior_sample: int = PRIOR_SAMPLE,
+    client: Any = None,
+    store_path: str | os.PathLike[str] | None = None,
+    progress: bool = False,
+) -> DistributedResult:
+    """Stage 1 of the pipeline on records that may not fit in one process.
+
+    Parameters
+    ----------
+    X : dask array / DataFrame, numpy array, pandas DataFrame, or a path (``pipeline.store``)
+    family : as ``MAPDP(family=...)``
+    alpha : float or "learn"
+    engine : "mapdp" or "kmeans"
+    init, n_seeds, alpha_prior, max_passes, tol : see ``FitParams``
+    n_restarts : int
+        Runs from different seeds over the same store; the lowest objective wins.
+    random_state : int, SeedSequence, Generator or None
+    chunk_rows : int
+        Rows per chunk, one task each. The labels depend on the chunking, not on the workers.
+    client : distributed.Client, optional
+        Default: a LocalCluster of one single-threaded worker process per core.
+    store_path : path, optional
+        Where to write the store; default a temporary directory, removed afterwards.
+
+    Returns
+    -------
+    DistributedResult
+    """
+    t0 = time.perf_counter()
+    params = FitParams(
+        engine=engine,
+        alpha=alpha,
+        alpha_prior=tuple(alpha_prior),  # type: ignore[arg-type]
+        init=init,
+        n_seeds=n_seeds,
+        max_passes=int(max_passes),
+        tol=float(tol),
+        seed=seed_entropy(random_state),
+    ).checked()
+    if int(n_restarts) < 1:
+        raise ValueError(f"n_restarts must be >= 1, got {n_restarts}")
+    with contextlib.ExitStack() as stack:
+        if client is None:
+            client = stack.enter_context(dask_client(dashboard_address=None, quiet=True))
+        if store_path is None:
+            store_path = stack.enter_context(tempfile.TemporaryDirectory(prefix="dpmm-")) + "/s"
+        store = Store(store_path)
+        info = ingest(
+            X,
+            store,
+            client=client,
+            family=family,
+            chunk_rows=chunk_rows,
+            prior_sample=prior_sample,
+        )
+        best: tuple[PassState, IntArray] | None = None
+        objectives = []
+        for r in range(int(n_restarts)):
+            with contextlib.suppress(FileNotFoundError):
+                (store.path / "checkpoint.pkl").unlink()
+            st = run_passes(client, store, info, replace(params, restart=r), progress=progress)
+            objectives.append(st.objective)
+            if best is None or st.objective < best[0].objective:
+                best = (st, read_labels(client, store, info, st))
+        assert best is not None
+        state, labels = best
+    return DistributedResult(
+        labels=labels,
+        stats=state.stats,
+        nk=state.nk,
+        alpha=state.alpha,
+        objective=state.objective,
+        history=[h["objective"] for h in state.history],
+        n_iter=state.pass_no,
+        converged=state.converged,
+        seconds=time.perf_counter() - t0,
+        passes=state.history,
+        info=info,
+        restart_objectives=objectives,
+    )
+
+
+def fit_estimator(est: Any, X: Any, client: Any = None) -> Any:
+    """``MAPDP.fit`` for a dask collection: the distributed stage 1 with the estimator's
+    parameters, setting the same fitted attributes."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    res = fit_distributed(
+        X,
+        family=est.family,
+        alpha=est.alpha,
+        engine="mapdp",
+        init=est.init,
+        alpha_prior=tuple(est.alpha_prior),
+        max_passes=est.max_iter,
+        tol=est.tol,
+        n_restarts=est.n_restarts,
+        random_state=est.random_state,
+        client=client,
+    )
+    if not res.converged:
+        warnings.warn(
+            f"MAP-DP did not converge in max_iter={est.max_iter} passes; increase max_iter or tol",
+            ConvergenceWarning,
+            stacklevel=3,
+        )
+    info = res.info
+    est.schema_ = info.schema
+    est.family_ = info.family
+    est.n_features_in_ = info.n_cols
+    if info.schema.from_frame:
+        est.feature_names_in_ = np.asarray(info.schema.columns, dtype=object)
+    elif hasattr(est, "feature_names_in_"):
+        del est.feature_names_in_
+    est.labels_ = res.labels
+    est.cluster_stats_ = res.stats
+    est.cluster_sizes_ = res.nk.astype(np.int64)
+    est.n_clusters_ = int(res.stats.shape[0])
+    est.n_iter_ = res.n_iter
+    est.objective_ = res.objective
+    est.objective_history_ = res.history
+    est.restart_objectives_ = res.restart_objectives
+    est.alpha_ = res.alpha
+    est._cache = info.family.cache_of(res.stats)
+    est._empty_cache = info.family.empty_cache()
+    return est
+
+
+def temp_sibling(path: Path) -> Path:
+    """The name a run writes ``path`` under until it is complete."""
+    return path.parent / f".{path.name}.partial"
+
+
+# -- a whole run, step by step (the Prefect flow ``flows.cluster`` calls these as tasks) -------
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything ``dpmm run`` is given, except where it runs (scheduler, workers)."""
+
+    out: str
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    holdout: float = 0.0
+    family: Any = "auto"
+    prior_sample: int = PRIOR_SAMPLE
+    params: FitParams = FitParams()
+    overwrite: bool = False
+    report: bool = True
+
+
+def _input_fingerprint(source: Any) -> Any:
+    """What identifies the input for resuming: path, sizes and modification times of the files;
+    None for an in-memory object (such a run never resumes)."""
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    p = Path(source).resolve()
+    if not p.exists():
+        return str(p)
+    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    return [str(p)] + [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
+def fingerprint(source: Any, cfg: RunConfig) -> str | None:
+    """A run's identity: the same command on the same input resumes, anything else restarts."""
+    fp = _input_fingerprint(source)
+    if fp is None:
+        return None
+    import json
+
+    params = replace(cfg.params, max_passes=0, tol=0.0)
+    return json.dumps(
+        {
+            "input": fp,
+            "chunk_rows": cfg.chunk_rows,
+            "holdout": cfg.holdout,
+            "family": repr(cfg.family),
+            "prior_sample": cfg.prior_sample,
+            "params": repr(params),
+        },
+        sort_keys=True,
+    )
+
+
+def prepare_output(source: Any, cfg: RunConfig) -> tuple[Path, bool]:
+    """The temporary sibling the run writes into, and whether it resumes an earlier attempt of
+    the same command (same input files and parameters). A different earlier attempt is
+    removed; an existing ``out`` is refused unless ``overwrite``."""
+    import shutil
+
+    out = Path(cfg.out)
+    if out.exists() and not cfg.overwrite:
+        raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
+    partial = temp_sibling(out)
+    fp = fingerprint(source, cfg)
+    marker = partial / "fingerprint.json"
+    if partial.exists():
+        if fp is not None and marker.exists() and marker.read_text() == fp:
+            return partial, True
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    if fp is not None:
+        marker.write_text(fp)
+    return partial, False
+
+
+def discard_output(partial: Path) -> None:
+    """Remove a partial output (after bad input: nothing to resume)."""
+    import shutil
+
+    shutil.rmtree(partial, ignore_errors=True)
+
+
+def step_ingest(
+    client: Any, source: Any, cfg: RunConfig, partial: Path, progress: bool = False
+) -> StoreInfo:
+    """Ingest into ``partial/store.zarr``, or reuse a completed ingest of a resumed run."""
+    store = Store(partial / "store.zarr")
+    if store.exists("info.pkl"):
+        return store.info
+
+    def tell(what: str, done: int, total: int) -> None:
+        if progress and done == total:
+            print(f"ingest: {total} {what} tasks done", file=sys.stderr)
+
+    return ingest(
+        source,
+        store,
+        client=client,
+        family=cfg.family,
+        chunk_rows=cfg.chunk_rows,
+        holdout=cfg.holdout,
+        prior_sample=cfg.prior_sample,
+        progress=tell,
+    )
+
+
+def step_start(client: Any, partial: Path, info: StoreInfo, params: FitParams) -> PassState:
+    """The checkpointed state of a resumed run, or the state before pass 1."""
+    store = Store(partial / "store.zarr")
+    state = load_checkpoint(store, params)
+    if state is None:
+        state = initial_state(client, store, info, params)
+    return state
+
+
+def finish(
+    source: Any,
+    cfg: RunConfig,
+    partial: Path,
+    info: StoreInfo,
+    state: PassState,
+    mapping: IntArray,
+    written: WriteSummary,
+    timing: dict[str, float],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``clusters.parquet``, ``run.json`` and the report, then rename ``partial`` to ``out``."""
+    import shutil
+
+    from pipeline import report as rep
+
+    final = merge_by(state.stats, mapping)
+    clusters = rep.cluster_table(final, state.alpha, info.family, info.schema)
+    clusters.to_parquet(partial / "clusters.parquet", index=False)
+    total = sum(timing.values())
+    pass_seconds = sum(h.get("seconds", 0.0) for h in state.history)
+    metrics = {
+        "n_clusters": int(final.shape[0]),
+        "n_clusters_stage1": state.n_clusters,
+        "passes": state.pass_no,
+        "converged": state.converged,
+        "objective": state.objective,
+        "alpha": state.alpha,
+        "heldout_mean_log_density": written.heldout_mean_log_density,
+        "train_mean_log_density": written.train_mean_log_density,
+        "n_heldout": written.n_heldout,
+        "heldout_new_cluster": written.heldout_new_cluster,
+        "records_per_second": info.n_rows / total if total > 0 else None,
+        "sweep_records_per_second": info.n_train * state.pass_no / pass_seconds
+        if pass_seconds > 0
+        else None,
+    }
+    run = {
+        "input": info.source,
+        "out": str(Path(cfg.out)),
+        "n_rows": info.n_rows,
+        "n_cols": info.n_cols,
+        "n_train": info.n_train,
+        "columns": info.schema.columns,
+        "kinds": info.schema.kinds,
+        "family": repr(info.family),
+        "parameters": {
+            "chunk_rows": cfg.chunk_rows,
+            "n_chunks": info.n_chunks,
+            "holdout": cfg.holdout,
+            "engine": cfg.params.engine,
+            "alpha": cfg.params.alpha,
+            "alpha_prior": cfg.params.alpha_prior,
+            "init": cfg.params.start,
+            "n_seeds": cfg.params.n_seeds,
+            "max_passes": cfg.params.max_passes,
+            "tol": cfg.params.tol,
+            "seed": cfg.params.seed,
+            "prior_sample": cfg.prior_sample,
+        },
+        "notes": info.notes,
+        "versions": versions(),
+        "passes": state.history,
+        "timing": {**timing, "total": total},
+        "metrics": metrics,
+        **(extra or {}),
+    }
+    pictures: list[str] = []
+    if cfg.report:
+        pictures = rep.figures(
+            partial,
+            state.history,
+            final[:, 0],
+            written.plot_X,
+            written.plot_labels,
+            info.moments.mean,
+            info.moments.cov,
+        )
+        rep.write_report(partial, run, clusters, pictures)
+    rep.write_json(partial / "run.json", run)
+    with contextlib.suppress(FileNotFoundError):
+        (partial / "fingerprint.json").unlink()
+    out = Path(cfg.out)
+    if out.exists():
+        if not cfg.overwrite:
+            raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
+        shutil.rmtree(out)
+    os.replace(partial, out)
+    return run
+
+
+def versions() -> dict[str, str]:
+    """Versions of what a run depends on, for ``run.json``."""
+    import importlib.metadata as md
+    import platform
+
+    out = {"python": platform.python_version()}
+    for dist in (
+        "dpmm-pipeline",
+        "numpy",
+        "numba",
+        "pandas",
+        "dask",
+        "distributed",
+        "zarr",
+        "prefect",
+        "scikit-learn",
+    ):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out

@@ -1,0 +1,192 @@
+"""``dpmm run``: the whole pipeline (Prefect flow ``flows.cluster``) from the command line.
+
+    dpmm run INPUT --out OUT [--chunk-rows N] [--holdout F] [--engine mapdp|kmeans]
+             [--family SPEC] [--alpha FLOAT|learn] [--max-passes N] [--tol F] [--seed N]
+             [--scheduler ADDRESS] [--workers N] [--overwrite] [--no-report] [--quiet]
+
+INPUT is a CSV file, a Parquet file or directory, a ``.npy`` file or a zarr array. Bad input
+exits with status 2 and a one-line message naming the file and the row; nothing is left at OUT.
+Running the same command again after a crash resumes from the last completed pass.
+
+Wiring (``pipeline/cli.py``)::
+
+    from pipeline.run_cli import add_run_parser
+    add_run_parser(sub)          # in build_parser(), next to the other subcommands
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from typing import Any
+
+from pipeline.distributed import DEFAULT_CHUNK_ROWS, ENGINES, InjectedFault
+
+
+def _alpha(text: str) -> float | str:
+    if text == "learn":
+        return text
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"expected a positive number or 'learn', got {text!r}")
+    return v
+
+
+def _family(text: str) -> str | dict[str, str]:
+    text = text.strip()
+    if "=" not in text:
+        return text
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        col, sep, kind = part.partition("=")
+        if not sep or not col.strip() or not kind.strip():
+            raise argparse.ArgumentTypeError(f"expected COL=KIND,COL=KIND, got {text!r}")
+        out[col.strip()] = kind.strip()
+    return out
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _fraction(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (0.0 <= v < 1.0):
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
+    return v
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (v >= 0.0):
+        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}")
+    return v
+
+
+def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``run`` to an ``argparse`` subparsers object; it sets ``func=cmd_run``."""
+    p = subparsers.add_parser(
+        "run",
+        help="cluster a large input with Dask (ingest, passes, write-out) under Prefect",
+        description="Cluster the records of INPUT with distributed MAP-DP or Bayes K-means and "
+        "write OUT/labels.zarr, OUT/clusters.parquet, OUT/run.json and a report.",
+    )
+    p.add_argument("input", metavar="INPUT", help="CSV, Parquet file or directory, .npy, zarr")
+    p.add_argument("--out", required=True, metavar="OUT", help="output directory")
+    p.add_argument(
+        "--chunk-rows",
+        type=_positive_int,
+        default=DEFAULT_CHUNK_ROWS,
+        metavar="N",
+        help=f"rows per chunk, one Dask task each (default {DEFAULT_CHUNK_ROWS:,})",
+    )
+    p.add_argument(
+        "--holdout",
+        type=_fraction,
+        default=0.0,
+        metavar="F",
+        help="fraction of rows held out of the fit and scored (default 0)",
+    )
+    p.add_argument("--engine", choices=ENGINES, default="mapdp", help="stage-1 sweep")
+    p.add_argument(
+        "--family",
+        type=_family,
+        default="auto",
+        metavar="SPEC",
+        help="auto (default), one family for every column, or COL=KIND,COL=KIND",
+    )
+    p.add_argument("--alpha", type=_alpha, default="learn", metavar="FLOAT|learn")
+    p.add_argument(
+        "--init",
+        choices=("auto", "sequential", "one-cluster", "seeds"),
+        default="auto",
+        help="start of pass 1 (auto: sequential for mapdp, seeds for kmeans)",
+    )
+    p.add_argument("--max-passes", type=_positive_int, default=50, metavar="N")
+    p.add_argument(
+        "--tol",
+        type=_nonneg_float,
+        default=1e-6,
+        metavar="F",
+        help="stop when a pass lowers the objective by less than F (default 1e-6)",
+    )
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="join this Dask scheduler instead of starting a LocalCluster",
+    )
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="LocalCluster worker processes (default: one per core)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.add_argument("--no-report", action="store_true", help="skip the report pictures")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=cmd_run)
+    return p
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run the ``cluster`` flow; exit status 2 with one line on bad input."""
+    from flows.cluster import cluster  # the CLI starts the flow: the one upward import
+
+    try:
+        cluster(
+            input=args.input,
+            out=args.out,
+            chunk_rows=args.chunk_rows,
+            holdout=args.holdout,
+            engine=args.engine,
+            family=args.family,
+            alpha=args.alpha,
+            init=args.init,
+            max_passes=args.max_passes,
+            tol=args.tol,
+            random_state=args.seed,
+            scheduler=args.scheduler,
+            n_workers=args.workers,
+            overwrite=args.overwrite,
+            report=not args.no_report,
+            progress=not args.quiet,
+        )
+    except InjectedFault as err:
+        print(f"dpmm run: {err}", file=sys.stderr)
+        return 1
+    except ValueError as err:
+        print(f"dpmm run: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipeline.run_cli run INPUT --out OUT`` until ``dpmm run`` is wired."""
+    parser = argparse.ArgumentParser(prog="dpmm")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_run_parser(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""The distributed stage 1 (``pipeline.distributed``) and ingest (``pipeline.store``) on a real
+``distributed.LocalCluster`` and real zarr stores: determinism across worker counts, agreement
+with the in-memory MAP-DP, every input format, bad input, held-out scoring, a killed worker."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import dask.array as da
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+import zarr
+from distributed import Client, LocalCluster
+from sklearn.metrics import normalized_mutual_info_score
+
+from pipeline import distributed as dist
+from pipeline.mapdp import MAPDP
+from pipeline.store import InputError, Store, ingest
+
+
+def blobs(n: int, seed: int = 0, d: int = 3, k: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """k well-separated Gaussian clusters in d dimensions."""
+    rng = np.random.default_rng(seed)
+    means = rng.normal(0.0, 8.0, size=(k, d))
+    y = rng.integers(0, k, size=n)
+    X = means[y] + rng.normal(size=(n, d)) @ np.diag(rng.uniform(0.5, 1.5, size=d))
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def client():
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as c,
+    ):
+        yield c
+
+
+def _fit(X, client, **kw):
+    kw.setdefault("chunk_rows", 400)
+    kw.setdefault("random_state", 7)
+    return dist.fit_distributed(X, client=client, **kw)
+
+
+def test_same_labels_with_1_2_4_workers():
+    X, _ = blobs(2400, seed=1)
+    labels = []
+    for n in (1, 2, 4):
+        with (
+            LocalCluster(
+                n_workers=n, threads_per_worker=1, processes=False, dashboard_address=None
+            ) as cluster,
+            Client(cluster) as c,
+        ):
+            labels.append(_fit(X, c, engine="mapdp").labels)
+    assert np.array_equal(labels[0], labels[1])
+    assert np.array_equal(labels[0], labels[2])
+
+
+def test_dask_array_matches_in_memory_mapdp(client):
+    X, y = blobs(3000, seed=2)
+    mem = MAPDP(n_restarts=1, init="sequential", random_state=0).fit(X)
+    est = MAPDP(n_restarts=1, init="sequential", random_state=0)
+    dist.fit_estimator(est, da.from_array(X, chunks=(500, 3)), client=client)
+    assert abs(est.objective_ - mem.objective_) <= 0.01 * abs(mem.objective_)
+    assert normalized_mutual_info_score(mem.labels_, est.labels_) >= 0.98
+    assert normalized_mutual_info_score(y, est.labels_) >= 0.95
+    assert est.labels_.shape == (3000,)
+    assert est.cluster_sizes_.sum() == 3000
+    # the fitted estimator predicts as an in-memory one
+    assert est.predict(X[:50]).shape == (50,)
+    hist = np.asarray(est.objective_history_)
+    assert hist[-1] <= hist[0]
+
+
+def test_bayes_kmeans_engine(client):
+    X, y = blobs(3000, seed=3, k=5)
+    res = _fit(X, client, engine="kmeans")
+    assert res.converged
+    assert normalized_mutual_info_score(y, res.labels) >= 0.95
+    assert res.stats[:, 0].sum() == 3000
+
+
+def test_statistics_are_those_of_the_labels(client):
+    X, _ = blobs(1500, seed=4)
+    res = _fit(X, client)
+    fam = res.info.family
+    direct = fam.stats_of(fam.arrange(X), res.labels, res.stats.shape[0])
+    np.testing.assert_allclose(res.stats, direct, rtol=1e-9, atol=1e-6)
+
+
+def test_every_input_format_gives_the_same_store(client, tmp_path: Path):
+    X, _ = blobs(1000, seed=5)
+    cols = ["a", "b", "c"]
+    df = pd.DataFrame(X, columns=cols)
+    (tmp_path / "pq").mkdir()
+    df.to_csv(tmp_path / "x.csv", index=False)
+    df.to_parquet(tmp_path / "x.parquet", row_group_size=300)
+    df.iloc[:600].to_parquet(tmp_path / "pq" / "part0.parquet")
+    df.iloc[600:].to_parquet(tmp_path / "pq" / "part1.parquet")
+    np.save(tmp_path / "x.npy", X)
+    zarr.create_array(str(tmp_path / "x.zarr"), data=X, chunks=(250, 3))
+    sources = {
+        "csv": str(tmp_path / "x.csv"),
+        "parquet": str(tmp_path / "x.parquet"),
+        "parquet-dir": str(tmp_path / "pq"),
+        "npy": str(tmp_path / "x.npy"),
+        "zarr": str(tmp_path / "x.zarr"),
+        "pandas": df,
+        "numpy": X,
+        "dask-frame": dd.from_pandas(df, npartitions=3),
+        "dask-array": da.from_array(X, chunks=(333, 3)),
+    }
+    ref = None
+    for name, src in sources.items():
+        store = Store(tmp_path / f"store-{name}")
+        info = ingest(src, store, client=client, chunk_rows=256, holdout=0.25)
+        got = np.asarray(store.array("X")[:])
+        hold = np.asarray(store.array("holdout")[:])
+        assert info.n_rows == 1000 and info.n_chunks == 4, name
+        assert store.array("X").chunks == (256, 3)
+        assert store.array("z0").chunks == (256,)
+        if ref is None:
+            ref = (got, hold, info.n_train)
+        np.testing.assert_allclose(got, ref[0], rtol=1e-12, err_msg=name)
+        assert np.array_equal(hold, ref[1]), name
+        assert info.n_train == ref[2] == int((~hold).sum())
+        assert info.moments.n == info.n_train
+    assert 150 < int(ref[1].sum()) < 350  # about a quarter held out
+
+
+@pytest.mark.parametrize(
+    ("body", "expect"),
+    [
+        # with family="gaussian" every column must be a number ("auto" would make it categorical)
+        ("a,b\n1,2\n3,4\n5,nan\n7,8\n", "x.csv: column 'b': row 2 is NaN"),
+        ("a,b\n1,2\n3,4\n5,inf\n7,8\n", "x.csv: column 'b': row 2 is inf"),
+        ("a,b\n1,2\n3,x\n5,6\n", "x.csv: column 'b': row 1 has 'x', which is not a number"),
+        ("a,b\n1,2\n1,4\n1,6\n", "column 'a' is constant"),
+        ("", "x.csv: the file is empty"),
+        ("a,b\n", "x.csv: X has no rows"),
+        ("a,b\n1,2\n3,4,5\n5,6\n", "x.csv: rows from 0 cannot be read"),
+    ],
+)
+def test_bad_csv(client, tmp_path: Path, body: str, expect: str):
+    path = tmp_path / "x.csv"
+    path.write_text(body)
+    with pytest.raises(ValueError) as err:
+        ingest(str(path), Store(tmp_path / "s"), client=client, chunk_rows=2, family="gaussian")
+    msg = str(err.value)
+    assert expect in msg
+    assert "\n" not in msg
+    assert str(path) in msg
+
+
+def test_bad_row_in_a_later_chunk_names_the_file_row(client, tmp_path: Path, monkeypatch):
+    from pipeline import store as store_mod
+
+    monkeypatch.setattr(store_mod, "CSV_BLOCK_BYTES", 64)  # many CSV pieces
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame(rng.normal(size=(60, 2)), columns=["a", "b"])
+    df.loc[47, "a"] = np.nan
+    df.to_csv(tmp_path / "x.csv", index=False)
+    with pytest.raises(InputError, match=r"x.csv: column 'a': row 47 is NaN"):
+        ingest(str(tmp_path / "x.csv"), Store(tmp_path / "s"), client=client, chunk_rows=7)
+
+
+def test_bad_counts_and_corrupt_files(client, tmp_path: Path):
+    df = pd.DataFrame({"n": [1, 2, 3, -1, 2], "x": [0.1, 0.5, 0.3, 0.2, 0.9]})
+    df.to_parquet(tmp_path / "c.parquet")
+    with pytest.raises(ValueError, match=r"c.parquet: column 'n': row 3 has -1.0"):
+        ingest(
+            str(tmp_path / "c.parquet"),
+            Store(tmp_path / "s1"),
+            client=client,
+            family={"n": "poisson"},
+        )
+    df["n"] = [1, 2, 2.5, 1, 2]
+    with pytest.raises(ValueError, match=r"column 'n': row 2 has 2.5"):
+        ingest(df, Store(tmp_path / "s2"), client=client, family={"n": "poisson"}, chunk_rows=2)
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(ValueError, match=r"bad.parquet: not a readable Parquet file"):
+        ingest(str(tmp_path / "bad.parquet"), Store(tmp_path / "s3"), client=client)
+    X, _ = blobs(300)
+    arr = zarr.create_array(str(tmp_path / "x.zarr"), data=X, chunks=(100, 3))
+    assert arr.shape == (300, 3)
+    chunk = next(p for p in (tmp_path / "x.zarr").rglob("*") if p.is_file() and "c" in p.parts)
+    chunk.write_bytes(b"garbage")
+    with pytest.raises(ValueError, match=r"x.zarr: rows from \d+ cannot be read"):
+        ingest(str(tmp_path / "x.zarr"), Store(tmp_path / "s4"), client=client, chunk_rows=100)
+
+
+def test_write_out_scores_heldout_rows(client, tmp_path: Path):
+    X, y = blobs(2000, seed=6)
+    store = Store(tmp_path / "store")
+    info = ingest(X, store, client=client, chunk_rows=300, holdout=0.2)
+    params = dist.FitParams(seed=3).checked()
+    state = dist.run_passes(client, store, info, params)
+    assert state.stats[:, 0].sum() == info.n_train  # held-out rows were not fitted
+    mapping = dist.identity_stage2(state.stats, info.family)
+    summary = dist.write_out(client, store, info, state, mapping, tmp_path / "labels.zarr")
+    label = zarr.open_array(str(tmp_path / "labels.zarr/label"))[:]
+    logd = zarr.open_array(str(tmp_path / "labels.zarr/log_density"))[:]
+    hold = zarr.open_array(str(tmp_path / "labels.zarr/holdout"))[:]
+    assert label.shape == (2000,) and np.isfinite(logd).all()
+    assert summary.n_heldout == int(hold.sum()) == info.n_rows - info.n_train
+    assert summary.heldout_mean_log_density == pytest.approx(logd[hold].mean())
+    assert normalized_mutual_info_score(y[hold], label[hold]) > 0.9
+    assert normalized_mutual_info_score(y, label) > 0.95
+
+
+def test_checkpoint_resume_gives_the_same_labels(client, tmp_path: Path, monkeypatch):
+    X, _ = blobs(2000, seed=8)
+    params = dist.FitParams(seed=11).checked()
+    runs = []
+    for name, fault in (("a", None), ("b", "2")):
+        store = Store(tmp_path / name)
+        info = ingest(X, store, client=client, chunk_rows=250)
+        if fault:
+            monkeypatch.setenv(dist.FAULT_ENV, fault)
+            with pytest.raises(dist.InjectedFault):
+                dist.run_passes(client, store, info, params)
+            monkeypatch.delenv(dist.FAULT_ENV)
+            assert dist.load_checkpoint(store, params).pass_no == 2
+        state = dist.run_passes(client, store, info, params)
+        runs.append((state, dist.read_labels(client, store, info, state)))
+    assert runs[0][0].pass_no == runs[1][0].pass_no
+    assert np.array_equal(runs[0][1], runs[1][1])
+    np.testing.assert_array_equal(runs[0][0].stats, runs[1][0].stats)
+
+
+def test_killed_worker_gives_the_same_labels(tmp_path: Path):
+    """A worker process is killed in the middle of a pass: the run completes with the labels
+    of an undisturbed run (tasks are idempotent, deltas are summed in chunk order)."""
+    X, _ = blobs(12000, seed=9, d=4, k=6)
+    params = dist.FitParams(seed=5, max_passes=6).checked()
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as c,
+    ):
+        store = Store(tmp_path / "store")
+        info = ingest(X, store, client=c, chunk_rows=500)
+        quiet = dist.run_passes(c, store, info, params, resume=False)
+        want = dist.read_labels(c, store, info, quiet)
+
+        killed: list[int] = []
+
+        def kill_during_pass_2(state: dist.PassState) -> None:
+            if state.pass_no != 1:
+                return
+            pids = sorted(c.run(os.getpid).values())
+
+            def killer() -> None:
+                # wait until pass 2 has written its first chunk, then kill a worker
+                chunks = store.path / "z0" / "c"
+                deadline = time.time() + 30
+                while not any(chunks.glob("*")) and time.time() < deadline:
+                    time.sleep(0.002)
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+
+            for f in (store.path / "z0").rglob("*"):
+                if f.is_file() and "c" in f.relative_to(store.path / "z0").parts:
+                    f.unlink()
+            threading.Thread(target=killer, daemon=True).start()
+
+        (store.path / "checkpoint.pkl").unlink()
+        state = dist.run_passes(c, store, info, params, resume=False, on_pass=kill_during_pass_2)
+        got = dist.read_labels(c, store, info, state)
+        assert killed
+        assert os.getpid() not in killed
+        assert np.array_equal(got, want)
+        assert state.pass_no == quiet.pass_no

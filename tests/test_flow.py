@@ -1,0 +1,121 @@
+"""The Prefect ``cluster`` flow and ``dpmm run`` end to end, under ``prefect_test_harness``:
+outputs, resume after a crash, bad input (exit status 2, nothing left behind)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import zarr
+from prefect.testing.utilities import prefect_test_harness
+from sklearn.metrics import normalized_mutual_info_score
+
+from flows.cluster import cluster
+from pipeline import distributed as dist
+from pipeline.run_cli import add_run_parser, main
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_harness():
+    with prefect_test_harness():
+        yield
+
+
+def write_blobs(path: Path, n: int = 1500, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    means = 10.0 * np.vstack([np.zeros(3), np.eye(3)])
+    y = rng.integers(0, 4, size=n)
+    X = means[y] + rng.normal(size=(n, 3))
+    pd.DataFrame(X, columns=["a", "b", "c"]).to_csv(path, index=False)
+    return y
+
+
+LOCAL = {"processes": False, "n_workers": 2, "dashboard_address": None, "progress": False}
+
+
+def test_flow_writes_every_output(tmp_path: Path):
+    y = write_blobs(tmp_path / "in.csv")
+    out = tmp_path / "out"
+    run = cluster(
+        str(tmp_path / "in.csv"), str(out), chunk_rows=200, holdout=0.2, random_state=1, **LOCAL
+    )
+    assert not dist.temp_sibling(out).exists()
+    for name in ("labels.zarr", "clusters.parquet", "run.json", "report.html", "report.md"):
+        assert (out / name).exists(), name
+    for pic in ("objective.png", "sizes.png", "projection.png"):
+        assert (out / pic).stat().st_size > 1000
+    label = zarr.open_array(str(out / "labels.zarr/label"))[:]
+    logd = zarr.open_array(str(out / "labels.zarr/log_density"))[:]
+    hold = zarr.open_array(str(out / "labels.zarr/holdout"))[:]
+    assert label.shape == (1500,) and np.isfinite(logd).all()
+    assert normalized_mutual_info_score(y, label) > 0.95
+    saved = json.loads((out / "run.json").read_text())
+    assert saved["metrics"]["n_clusters"] == run["metrics"]["n_clusters"]
+    assert saved["metrics"]["heldout_mean_log_density"] == pytest.approx(logd[hold].mean())
+    assert saved["n_train"] == 1500 - int(hold.sum())
+    assert len(saved["passes"]) == saved["metrics"]["passes"]
+    assert all({"objective", "seconds", "records_per_second"} <= set(p) for p in saved["passes"])
+    assert {"ingest", "passes", "write_out", "total"} <= set(saved["timing"])
+    assert saved["versions"]["prefect"]
+    clusters = pd.read_parquet(out / "clusters.parquet")
+    assert clusters["size"].sum() == saved["n_train"]
+
+
+def test_rerun_after_a_crash_resumes_with_the_same_labels(tmp_path: Path, monkeypatch):
+    write_blobs(tmp_path / "in.csv", n=2000, seed=3)
+    args = {"chunk_rows": 250, "random_state": 4, "report": False, **LOCAL}
+    cluster(str(tmp_path / "in.csv"), str(tmp_path / "ref"), **args)
+    out = tmp_path / "out"
+    monkeypatch.setenv(dist.FAULT_ENV, "2")
+    with pytest.raises(dist.InjectedFault):
+        cluster(str(tmp_path / "in.csv"), str(out), **args)
+    monkeypatch.delenv(dist.FAULT_ENV)
+    assert not out.exists()
+    ck = json.loads((dist.temp_sibling(out) / "store.zarr" / "checkpoint.json").read_text())
+    assert ck["pass"] == 2
+    run = cluster(str(tmp_path / "in.csv"), str(out), **args)
+    assert run["resumed"]
+    ref = json.loads((tmp_path / "ref" / "run.json").read_text())
+    assert run["metrics"]["passes"] == ref["metrics"]["passes"]
+    a = zarr.open_array(str(out / "labels.zarr/label"))[:]
+    b = zarr.open_array(str(tmp_path / "ref" / "labels.zarr/label"))[:]
+    assert np.array_equal(a, b)
+
+
+def test_cli_bad_input_exits_2_and_leaves_nothing(tmp_path: Path, capsys):
+    path = tmp_path / "bad.csv"
+    path.write_text("a,b\n1,2\n3,4\n5,\n7,8\n")
+    out = tmp_path / "out"
+    code = main(["run", str(path), "--out", str(out), "--workers", "1", "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert any(
+        line.startswith("dpmm run: error:")
+        and str(path) in line
+        and "column 'b': row 2 is NaN" in line
+        for line in err
+    ), err
+    assert not out.exists() and not dist.temp_sibling(out).exists()
+
+
+def test_cli_refuses_an_existing_out(tmp_path: Path, capsys):
+    write_blobs(tmp_path / "in.csv", n=50)
+    (tmp_path / "out").mkdir()
+    code = main(["run", str(tmp_path / "in.csv"), "--out", str(tmp_path / "out"), "--quiet"])
+    assert code == 2
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_run_parser_options():
+    parser = argparse.ArgumentParser()
+    add_run_parser(parser.add_subparsers())
+    argv = "run x.csv --out o --chunk-rows 500 --holdout 0.1 --engine kmeans --alpha 2.5"
+    args = parser.parse_args([*argv.split(), "--family", "a=poisson,b=gaussian"])
+    assert (args.chunk_rows, args.holdout, args.engine, args.alpha) == (500, 0.1, "kmeans", 2.5)
+    assert args.family == {"a": "poisson", "b": "gaussian"}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["run", "x.csv", "--out", "o", "--holdout", "1.5"])
