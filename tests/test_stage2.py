@@ -1,0 +1,54 @@
+"""Stage 2 on summaries: BHC (+ tgMCMC) maps over-segmented stage-1 clusters to final ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy.cluster.hierarchy import is_valid_linkage
+from sklearn.metrics import adjusted_rand_score
+
+from pipeline.families import GaussianNW
+from pipeline.stage2 import run_stage2
+
+
+def _summaries():
+    """Three separated blobs, each cut into four pieces along x: 12 summaries."""
+    rng = np.random.default_rng(0)
+    centers = np.array([[0.0, 0.0], [12.0, 0.0], [0.0, 12.0]])
+    X = np.vstack([c + rng.normal(size=(200, 2)) for c in centers])
+    blob = np.repeat(np.arange(3), 200)
+    piece = np.concatenate([np.argsort(np.argsort(X[blob == b, 0])) * 4 // 200 for b in range(3)])
+    summary = blob * 4 + piece
+    fam = GaussianNW.empirical_bayes(X).as_product()
+    stats = fam.stats_of(fam.arrange(X), summary.astype(np.int64), 12)
+    return stats, fam, np.repeat(np.arange(3), 4)
+
+
+def test_bhc_maps_pieces_back_to_blobs(tmp_path) -> None:
+    stats, fam, truth = _summaries()
+    res = run_stage2(stats, fam, 1.0, tmp_path)
+    assert adjusted_rand_score(truth, res.mapping) == 1.0
+    assert res.info["n_clusters"] == 3
+    assert res.info["lower_bound"] <= res.info["log_evidence"] + 1e-9
+    tree = pd.read_parquet(tmp_path / "tree.parquet")
+    assert len(tree) == 2 * 12 - 1
+    assert is_valid_linkage(np.load(tmp_path / "linkage.npy"))
+    assert (tmp_path / "dendrogram.png").stat().st_size > 1000
+
+
+def test_tgmcmc_after_bhc_writes_posterior(tmp_path) -> None:
+    stats, fam, truth = _summaries()
+    res = run_stage2(stats, fam, 1.0, tmp_path, mcmc_iter=60, random_state=0)
+    assert adjusted_rand_score(truth, res.mapping) == 1.0
+    post = pd.read_parquet(tmp_path / "posterior_k.parquet")
+    assert abs(post["probability"].sum() - 1.0) < 1e-12
+    co = np.load(tmp_path / "coclustering.npy")
+    assert co.shape == (12, 12)
+    np.testing.assert_allclose(np.diag(co), 1.0)
+    assert set(res.info["acceptance_rate"])
+
+
+def test_none_is_identity(tmp_path) -> None:
+    stats, fam, _ = _summaries()
+    res = run_stage2(stats, fam, 1.0, tmp_path, method="none")
+    np.testing.assert_array_equal(res.mapping, np.arange(12))
