@@ -1,0 +1,399 @@
+"""Reference samplers over the same leaves and partition priors as tree-guided MCMC.
+
+* Marginal (collapsed) Gibbs sampler (seed 004, Section 2.2; seed 003, Algorithm 3; Neal's
+  Algorithm 3): leaf i joins cluster c with probability proportional to
+  kappa(|c| + n_i, u) / kappa(|c|, u) p(X_i | X_c), or a new cluster with probability
+  proportional to kappa(n_i, u) p(X_i) (eq. 6; a leaf summarising n_i records moves as a block).
+* Split-merge sampler (seed 004, Section 2.2: Jain and Neal's restricted Gibbs split-merge,
+  conjugate case): two leaves i, j drawn at random; if they share a cluster a split is proposed by
+  a restricted Gibbs scan from a launch state, otherwise the merge of their clusters, whose reverse
+  probability is that of the restricted scan returning the original split.
+* For the NGGP, u is resampled once per iteration (``kernels.priors.sample_u``).
+
+Clusters live in slots 0..L-1: ``cst`` (L, S) statistics, ``clm`` (L,) log marginals, ``cnl``
+(L,) number of leaves (0 = free slot); ``z`` (L,) is the slot of each leaf.
+"""
+
+import math
+
+import numpy as np
+from numba import njit
+
+from kernels.families import product
+from kernels.priors import DP, KIND, log_kappa, log_prior_constant, sample_u
+from kernels.rng import randint, sample_log_weights, shuffle, uniform
+
+
+@njit(cache=True, nogil=True)
+def init_slots(leaf_st, z0, spec, prior):
+    """Slots for the initial labels z0 (L,), values 0..K-1.
+
+    Returns
+    -------
+    z : int64 ndarray of shape (L,)
+    cst : ndarray of shape (L, S)
+    clm : ndarray of shape (L,)
+    cnl : int64 ndarray of shape (L,)
+    """
+    L, S = leaf_st.shape
+    z = z0.copy()
+    cst = np.zeros((L, S))
+    clm = np.zeros(L)
+    cnl = np.zeros(L, dtype=np.int64)
+    for i in range(L):
+        cst[z[i]] += leaf_st[i]
+        cnl[z[i]] += 1
+    for k in range(L):
+        if cnl[k] > 0:
+            clm[k] = product.log_marginal(cst[k], spec, prior)
+    return z, cst, clm, cnl
+
+
+@njit(cache=True, nogil=True)
+def refresh_statistics(z, cst, clm, cnl, leaf_st, spec, prior):
+    """Recompute the statistics and log marginals of the occupied slots from their leaves."""
+    for k in range(cnl.shape[0]):
+        if cnl[k] > 0:
+            cst[k, :] = 0.0
+    for i in range(z.shape[0]):
+        cst[z[i]] += leaf_st[i]
+    for k in range(cnl.shape[0]):
+        if cnl[k] > 0:
+            clm[k] = product.log_marginal(cst[k], spec, prior)
+
+
+@njit(cache=True, nogil=True)
+def log_joint(cst, clm, cnl, u, pp):
+    """log p(X, Pi, u) (the CRP with u integrated out for the DP)."""
+    n = 0.0
+    out = 0.0
+    for k in range(cnl.shape[0]):
+        if cnl[k] > 0:
+            n += cst[k, 0]
+            out += log_kappa(cst[k, 0], u, pp) + clm[k]
+    return out + log_prior_constant(n, u, pp)
+
+
+@njit(cache=True, nogil=True)
+def n_clusters(cnl):
+    K = 0
+    for k in range(cnl.shape[0]):
+        if cnl[k] > 0:
+            K += 1
+    return K
+
+
+@njit(cache=True, nogil=True)
+def gibbs_sweep(order, z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, state):
+    """One collapsed Gibbs scan over the leaves in ``order`` (eq. 6 with kappa). O(L K) log
+    marginal evaluations."""
+    L = leaf_st.shape[0]
+    S = leaf_st.shape[1]
+    act = np.empty(L, dtype=np.int64)
+    nact = 0
+    for k in range(L):
+        if cnl[k] > 0:
+            act[nact] = k
+            nact += 1
+    lw = np.empty(L + 1)
+    lmj = np.empty(L + 1)
+    scratch = np.empty(S)
+    for t in range(order.shape[0]):
+        i = order[t]
+        s0 = z[i]
+        ni = leaf_st[i, 0]
+        alone = cnl[s0] == 1
+        pos0 = -1
+        for a in range(nact):
+            k = act[a]
+            if k == s0:
+                pos0 = a
+                if alone:
+                    lw[a] = log_kappa(ni, u, pp) + leaf_lm[i]
+                else:
+                    scratch[:] = cst[k]
+                    scratch -= leaf_st[i]
+                    lmj[a] = product.log_marginal(scratch, spec, prior)
+                    lw[a] = (
+                        log_kappa(cst[k, 0], u, pp)
+                        + clm[k]
+                        - log_kappa(cst[k, 0] - ni, u, pp)
+                        - lmj[a]
+                    )
+                continue
+            scratch[:] = cst[k]
+            scratch += leaf_st[i]
+            lmj[a] = product.log_marginal(scratch, spec, prior)
+            lw[a] = log_kappa(cst[k, 0] + ni, u, pp) - log_kappa(cst[k, 0], u, pp) + lmj[a] - clm[k]
+        lw[nact] = -np.inf if alone else log_kappa(ni, u, pp) + leaf_lm[i]
+        choice = sample_log_weights(state, lw, nact + 1)
+        if choice == pos0:
+            continue
+        if choice == nact:
+            target = -1
+            for k in range(L):
+                if cnl[k] == 0:
+                    target = k
+                    break
+            cst[target, :] = leaf_st[i]
+            clm[target] = leaf_lm[i]
+            act[nact] = target
+            nact += 1
+        else:
+            target = act[choice]
+            cst[target] += leaf_st[i]
+            clm[target] = lmj[choice]
+        cnl[target] += 1
+        z[i] = target
+        # remove i from s0
+        if alone:
+            cnl[s0] = 0
+            cst[s0, :] = 0.0
+            clm[s0] = 0.0
+            act[pos0] = act[nact - 1]
+            nact -= 1
+        else:
+            cst[s0] -= leaf_st[i]
+            clm[s0] = lmj[pos0]
+            cnl[s0] -= 1
+
+
+@njit(cache=True, nogil=True)
+def _restricted_scan(
+    Sidx, m, side, stA, stB, lmAB, leaf_st, u, pp, spec, prior, state, forced, target
+):
+    """One restricted Gibbs scan of leaves Sidx[:m] between components A (side 0) and B (side 1).
+
+    ``stA``/``stB`` and ``lmAB`` = (log p(X_A), log p(X_B)) are kept current. With ``forced`` each
+    leaf goes to ``target[leaf]`` and only the log probability is accumulated.
+    Returns the log probability of the assignments made.
+    """
+    S = leaf_st.shape[1]
+    tmp = np.empty(S)
+    log_q = 0.0
+    for a in range(m):
+        k = Sidx[a]
+        nk = leaf_st[k, 0]
+        # remove k from its side
+        if side[k] == 0:
+            lm_with_A = lmAB[0]
+            stA -= leaf_st[k]
+            lm_wo_A = product.log_marginal(stA, spec, prior)
+            lm_wo_B = lmAB[1]
+            tmp[:] = stB
+            tmp += leaf_st[k]
+            lm_with_B = product.log_marginal(tmp, spec, prior)
+        else:
+            lm_with_B = lmAB[1]
+            stB -= leaf_st[k]
+            lm_wo_B = product.log_marginal(stB, spec, prior)
+            lm_wo_A = lmAB[0]
+            tmp[:] = stA
+            tmp += leaf_st[k]
+            lm_with_A = product.log_marginal(tmp, spec, prior)
+        nA = stA[0]
+        nB = stB[0]
+        wA = log_kappa(nA + nk, u, pp) - log_kappa(nA, u, pp) + lm_with_A - lm_wo_A
+        wB = log_kappa(nB + nk, u, pp) - log_kappa(nB, u, pp) + lm_with_B - lm_wo_B
+        mx = max(wA, wB)
+        lse = mx + math.log(math.exp(wA - mx) + math.exp(wB - mx))
+        if forced:
+            new_side = target[k]
+        else:
+            new_side = 0 if math.log(1.0 - uniform(state)) < wA - lse else 1
+        if new_side == 0:
+            log_q += wA - lse
+            stA += leaf_st[k]
+            lmAB[0] = lm_with_A
+            lmAB[1] = lm_wo_B
+        else:
+            log_q += wB - lse
+            stB += leaf_st[k]
+            lmAB[0] = lm_wo_A
+            lmAB[1] = lm_with_B
+        side[k] = new_side
+    return log_q
+
+
+@njit(cache=True, nogil=True)
+def split_merge_move(z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, state, n_launch, acc):
+    """One Jain-Neal split-merge move with ``n_launch`` intermediate restricted Gibbs scans.
+
+    acc : ndarray of shape (3, 4), rows (split, merge), columns (proposed, accepted,
+    sum of min(log r, 0), unused); updated.
+    """
+    L, _S = leaf_st.shape
+    if L < 2:
+        return
+    i = randint(state, L)
+    j = randint(state, L - 1)
+    if j >= i:
+        j += 1
+    si = z[i]
+    sj = z[j]
+    Sidx = np.empty(L, dtype=np.int64)
+    m = 0
+    for k in range(L):
+        if k != i and k != j and (z[k] == si or z[k] == sj):
+            Sidx[m] = k
+            m += 1
+    side = np.zeros(L, dtype=np.int64)
+    stA = leaf_st[i].copy()
+    stB = leaf_st[j].copy()
+    for a in range(m):
+        k = Sidx[a]
+        if uniform(state) < 0.5:
+            side[k] = 0
+            stA += leaf_st[k]
+        else:
+            side[k] = 1
+            stB += leaf_st[k]
+    lmAB = np.empty(2)
+    lmAB[0] = product.log_marginal(stA, spec, prior)
+    lmAB[1] = product.log_marginal(stB, spec, prior)
+    for _ in range(n_launch):
+        _restricted_scan(
+            Sidx, m, side, stA, stB, lmAB, leaf_st, u, pp, spec, prior, state, False, side
+        )
+    if si == sj:
+        log_q = _restricted_scan(
+            Sidx, m, side, stA, stB, lmAB, leaf_st, u, pp, spec, prior, state, False, side
+        )
+        log_pi = (
+            log_kappa(stA[0], u, pp)
+            + lmAB[0]
+            + log_kappa(stB[0], u, pp)
+            + lmAB[1]
+            - log_kappa(cst[si, 0], u, pp)
+            - clm[si]
+        )
+        log_r = log_pi - log_q
+        acc[0, 0] += 1.0
+        acc[0, 2] += min(log_r, 0.0)
+        if math.log(1.0 - uniform(state)) < log_r:
+            acc[0, 1] += 1.0
+            new = -1
+            for k in range(L):
+                if cnl[k] == 0:
+                    new = k
+                    break
+            cst[new, :] = stA
+            clm[new] = lmAB[0]
+            cst[si, :] = stB
+            clm[si] = lmAB[1]
+            z[i] = new
+            cnl[new] = 1
+            cnl[si] = 1
+            for a in range(m):
+                k = Sidx[a]
+                if side[k] == 0:
+                    z[k] = new
+                    cnl[new] += 1
+                else:
+                    cnl[si] += 1
+    else:
+        target = np.zeros(L, dtype=np.int64)
+        for a in range(m):
+            k = Sidx[a]
+            target[k] = 0 if z[k] == si else 1
+        log_q_rev = _restricted_scan(
+            Sidx, m, side, stA, stB, lmAB, leaf_st, u, pp, spec, prior, state, True, target
+        )
+        stM = cst[si] + cst[sj]
+        lm_m = product.log_marginal(stM, spec, prior)
+        log_pi = (
+            log_kappa(stM[0], u, pp)
+            + lm_m
+            - log_kappa(cst[si, 0], u, pp)
+            - clm[si]
+            - log_kappa(cst[sj, 0], u, pp)
+            - clm[sj]
+        )
+        log_r = log_pi + log_q_rev
+        acc[1, 0] += 1.0
+        acc[1, 2] += min(log_r, 0.0)
+        if math.log(1.0 - uniform(state)) < log_r:
+            acc[1, 1] += 1.0
+            cst[si, :] = stM
+            clm[si] = lm_m
+            cnl[si] += cnl[sj]
+            cnl[sj] = 0
+            cst[sj, :] = 0.0
+            clm[sj] = 0.0
+            for k in range(L):
+                if z[k] == sj:
+                    z[k] = si
+
+
+@njit(cache=True, nogil=True)
+def canonical_labels(z, out):
+    """Relabel slots so that clusters are numbered in order of their first leaf."""
+    L = z.shape[0]
+    remap = np.full(L, -1, dtype=np.int64)
+    nxt = 0
+    for i in range(L):
+        if remap[z[i]] < 0:
+            remap[z[i]] = nxt
+            nxt += 1
+        out[i] = remap[z[i]]
+
+
+@njit(cache=True, nogil=True)
+def run(
+    z,
+    cst,
+    clm,
+    cnl,
+    leaf_st,
+    leaf_lm,
+    state,
+    fu,
+    pp,
+    spec,
+    prior,
+    n_iter,
+    n_sm,
+    n_launch,
+    do_gibbs,
+    n_u_steps,
+    record_from,
+    thin,
+    out_z,
+    out_lj,
+    out_K,
+    out_u,
+    acc,
+):
+    """Run ``n_iter`` iterations of the reference sampler: ``n_sm`` split-merge moves (0 for the
+    plain Gibbs sampler), one Gibbs scan in a random order if ``do_gibbs``, one update of u.
+
+    Arguments as ``kernels.tgmcmc.run``; ``fu`` = (u,), ``acc`` rows (split, merge, unused).
+    Returns log p(X, Pi, u) at the end.
+    """
+    L = leaf_st.shape[0]
+    order = np.arange(L)
+    n_tot = 0.0
+    for i in range(L):
+        n_tot += leaf_st[i, 0]
+    for t in range(n_iter):
+        u = fu[0]
+        for _ in range(n_sm):
+            split_merge_move(
+                z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, state, n_launch, acc
+            )
+        if do_gibbs:
+            shuffle(state, order)
+            gibbs_sweep(order, z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, state)
+        refresh_statistics(z, cst, clm, cnl, leaf_st, spec, prior)
+        if pp[KIND] != DP:
+            u = sample_u(state, u, n_tot, float(n_clusters(cnl)), pp, n_u_steps)
+            fu[0] = u
+        if t < out_lj.shape[0]:
+            out_lj[t] = log_joint(cst, clm, cnl, u, pp)
+            out_K[t] = n_clusters(cnl)
+            out_u[t] = u
+        if t >= record_from and (t - record_from) % thin == 0:
+            row = (t - record_from) // thin
+            if row < out_z.shape[0]:
+                canonical_labels(z, out_z[row])
+    return log_joint(cst, clm, cnl, fu[0], pp)
