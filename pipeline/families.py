@@ -198,7 +198,9 @@ class GaussianNW(Family):
         return out
 
     def check_values(self, X: FloatArray, names: Sequence[str]) -> None:
-        pass
+        X = _as_data(X, self.n_cols)
+        names = _check_names(names, self.n_cols)
+        _raise_first_bad(X, ~np.isfinite(X), names, "Gaussian values must be finite")
 
 
 class ProductFamily:
