@@ -52,6 +52,7 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.families import product
+from kernels.priors import logaddexp
 
 MODE_BHC = 0
 MODE_MERGE = 1
@@ -64,23 +65,20 @@ MIN_PARALLEL = 4096
 
 
 @njit(cache=True, nogil=True)
-def _logaddexp(a, b):
-    if a == -np.inf:
-        return b
-    if b == -np.inf:
-        return a
-    if a > b:
-        return a + math.log1p(math.exp(b - a))
-    return b + math.log1p(math.exp(a - b))
-
-
-@njit(cache=True, nogil=True)
 def _pair_score(si, sj, nij, ui, uj, scratch, spec, prior, log_alpha):
     """log alpha + log Gamma(n_i + n_j) + log p(D_i u D_j | H_1) - u_i - u_j."""
     for t in range(scratch.shape[0]):
         scratch[t] = si[t] + sj[t]
     lm = product.log_marginal(scratch, spec, prior)
     return log_alpha + math.lgamma(nij) + lm - ui - uj
+
+
+@njit(cache=True, nogil=True)
+def _node_pair_score(i, j, node_stats, n, u, scratch, spec, prior, log_alpha):
+    """``_pair_score`` of nodes i and j, read from the node arrays."""
+    return _pair_score(
+        node_stats[i], node_stats[j], n[i] + n[j], u[i], u[j], scratch, spec, prior, log_alpha
+    )
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -96,17 +94,7 @@ def _scores_vs_parallel(c, act, n_act, node_stats, n, u, spec, prior, log_alpha,
             if j == c:
                 out[t] = -np.inf
             else:
-                out[t] = _pair_score(
-                    node_stats[c],
-                    node_stats[j],
-                    n[c] + n[j],
-                    u[c],
-                    u[j],
-                    scratch,
-                    spec,
-                    prior,
-                    log_alpha,
-                )
+                out[t] = _node_pair_score(c, j, node_stats, n, u, scratch, spec, prior, log_alpha)
 
 
 @njit(cache=True, nogil=True)
@@ -124,17 +112,7 @@ def _scores_vs(c, act, n_act, node_stats, n, u, spec, prior, log_alpha, out, min
         if j == c:
             out[t] = -np.inf
         else:
-            out[t] = _pair_score(
-                node_stats[c],
-                node_stats[j],
-                n[c] + n[j],
-                u[c],
-                u[j],
-                scratch,
-                spec,
-                prior,
-                log_alpha,
-            )
+            out[t] = _node_pair_score(c, j, node_stats, n, u, scratch, spec, prior, log_alpha)
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -144,17 +122,7 @@ def _row_block_scores_parallel(i0, i1, M, node_stats, n, u, spec, prior, log_alp
         i = i0 + ii
         scratch = np.empty(S)
         for j in range(i + 1, M):
-            buf[ii, j] = _pair_score(
-                node_stats[i],
-                node_stats[j],
-                n[i] + n[j],
-                u[i],
-                u[j],
-                scratch,
-                spec,
-                prior,
-                log_alpha,
-            )
+            buf[ii, j] = _node_pair_score(i, j, node_stats, n, u, scratch, spec, prior, log_alpha)
 
 
 @njit(cache=True, nogil=True)
@@ -172,16 +140,8 @@ def _row_block_scores(i0, i1, M, node_stats, n, u, spec, prior, log_alpha, buf, 
     scratch = np.empty(node_stats.shape[1])
     for i in range(i0, i1):
         for j in range(i + 1, M):
-            buf[i - i0, j] = _pair_score(
-                node_stats[i],
-                node_stats[j],
-                n[i] + n[j],
-                u[i],
-                u[j],
-                scratch,
-                spec,
-                prior,
-                log_alpha,
+            buf[i - i0, j] = _node_pair_score(
+                i, j, node_stats, n, u, scratch, spec, prior, log_alpha
             )
 
 
@@ -338,9 +298,9 @@ def _agglomerate(stats, log_alpha, spec, prior, mode, n_top, min_parallel):
         n[k] = n[a] + n[b]
         log_ph1[k] = product.log_marginal(node_stats[k], spec, prior)
         one = log_alpha + math.lgamma(n[k])
-        log_d[k] = _logaddexp(one, log_d[a] + log_d[b])
+        log_d[k] = logaddexp(one, log_d[a] + log_d[b])
         if mode == MODE_BHC:
-            u[k] = _logaddexp(one + log_ph1[k], u[a] + u[b])
+            u[k] = logaddexp(one + log_ph1[k], u[a] + u[b])
         else:
             u[k] = one + log_ph1[k]
         for x in (a, b):

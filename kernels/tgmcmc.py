@@ -100,6 +100,7 @@ from kernels.ibhc import (
 )
 from kernels.priors import DP, KIND, log1pexp, log_kappa, log_prior_constant, logaddexp, sample_u
 from kernels.rng import randint, sample_log_weights, shuffle, uniform
+from kernels.samplers import init_slots
 
 # move types (rows of the acceptance table)
 SPLIT, MERGE, LOCAL = 0, 1, 2
@@ -281,21 +282,14 @@ def init_chain(leaf_st, leaf_lm, z0, spec, prior):
     """
     L, S = leaf_st.shape
     F = new_forest(10 * L + 16, S)
-    z = z0.copy()
-    cst = np.zeros((L, S))
-    clm = np.zeros(L)
-    cnl = np.zeros(L, dtype=np.int64)
+    z, cst, clm, cnl = init_slots(leaf_st, z0, spec, prior)
     troot = np.full(L, -1, dtype=np.int64)
     act = np.zeros(L, dtype=np.int64)
     pos = np.zeros(L, dtype=np.int64)
     lnode = np.full(L, -1, dtype=np.int64)
     kc = np.zeros(1, dtype=np.int64)
-    for i in range(L):
-        cst[z[i]] += leaf_st[i]
-        cnl[z[i]] += 1
     for s in range(L):
         if cnl[s] > 0:
-            clm[s] = product.log_marginal(cst[s], spec, prior)
             act[kc[0]] = s
             pos[s] = kc[0]
             kc[0] += 1

@@ -19,7 +19,8 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.special import gammaln, logsumexp
 
 from kernels import bhc as kbhc
-from pipeline.families import Family, GaussianNW, ProductFamily
+from pipeline.families import Family, GaussianNW, ProductFamily, as_product
+from pipeline.mapdp import as_seed_sequence
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -128,16 +129,6 @@ class BHCTree:
         return Z
 
 
-def _as_product(family: Family | ProductFamily) -> ProductFamily:
-    if isinstance(family, ProductFamily):
-        return family
-    if isinstance(family, Family):
-        return family.as_product()
-    raise ValueError(
-        f"family must be 'gaussian', a Family or a ProductFamily; got {type(family).__name__}"
-    )
-
-
 def _check_records(X: ArrayLike, n_cols: int | None = None, what: str = "X") -> FloatArray:
     try:
         arr = np.asarray(X, dtype=np.float64)
@@ -157,14 +148,6 @@ def _check_records(X: ArrayLike, n_cols: int | None = None, what: str = "X") -> 
         bad = np.argwhere(~np.isfinite(arr))[0]
         raise ValueError(f"{what} contains NaN or infinity (first at row {bad[0]}, col {bad[1]})")
     return arr
-
-
-def _seed_sequence(random_state: Any) -> np.random.SeedSequence:
-    if isinstance(random_state, np.random.SeedSequence):
-        return random_state
-    if isinstance(random_state, np.random.Generator):
-        return np.random.SeedSequence(int(random_state.integers(2**63)))
-    return np.random.SeedSequence(random_state)
 
 
 class BHC:
@@ -266,7 +249,7 @@ class BHC:
                 raise ValueError(f"unknown family {self.family!r}; use 'gaussian' or a Family")
             fam = GaussianNW.empirical_bayes(Xr).as_product()
         else:
-            fam = _as_product(self.family)
+            fam = as_product(self.family)
         if Xr.shape[1] != fam.n_cols:
             raise ValueError(f"X has {Xr.shape[1]} columns but the family models {fam.n_cols}")
         Xa = fam.arrange(Xr)
@@ -294,7 +277,7 @@ class BHC:
                 "fit_summaries needs a Family or ProductFamily instance (the prior cannot be "
                 "fitted to summaries by name)"
             )
-        fam = _as_product(fam_in)
+        fam = as_product(fam_in)
         try:
             S = np.asarray(stats, dtype=np.float64)
         except (TypeError, ValueError) as err:
@@ -332,7 +315,7 @@ class BHC:
         log_alpha = math.log(alpha)
         m = stats.shape[0]
         if self.method == "bayes-kmeans":
-            rng = np.random.default_rng(_seed_sequence(self.random_state))
+            rng = np.random.default_rng(as_seed_sequence(self.random_state))
             order = rng.permutation(m).astype(np.int64)
             k_init = math.ceil(math.sqrt(m)) if self.k_init is None else int(self.k_init)
             if not 1 <= k_init <= m:
@@ -529,7 +512,7 @@ def dpm_log_joint(stats: ArrayLike, family: Family | ProductFamily, alpha: float
     -------
     float
     """
-    fam = _as_product(family)
+    fam = as_product(family)
     S = np.atleast_2d(np.asarray(stats, dtype=np.float64))
     n = S[:, 0]
     lm = sum(fam.log_marginal_stats(s) for s in S)

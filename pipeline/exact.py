@@ -13,19 +13,9 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import gammaln, logsumexp
 
-from pipeline.families import Family, GaussianNW, ProductFamily
+from pipeline.families import Family, GaussianNW, ProductFamily, as_product
 
 MAX_LEAVES = 12
-
-
-def _as_product(family: Family | ProductFamily) -> ProductFamily:
-    if isinstance(family, ProductFamily):
-        return family
-    if isinstance(family, Family):
-        return family.as_product()
-    raise ValueError(
-        f"family must be 'gaussian', a Family or a ProductFamily; got {type(family).__name__}"
-    )
 
 
 def restricted_growth_strings(m: int) -> NDArray[np.int8]:
@@ -72,7 +62,7 @@ def _leaf_stats(
                 raise ValueError(f"unknown family {family!r}; use 'gaussian' or a Family")
             fam = GaussianNW.empirical_bayes(Xr).as_product()
         else:
-            fam = _as_product(family)
+            fam = as_product(family)
         if Xr.shape[1] != fam.n_cols:
             raise ValueError(f"X has {Xr.shape[1]} columns, the family models {fam.n_cols}")
         Xa = fam.arrange(Xr)
@@ -80,7 +70,7 @@ def _leaf_stats(
         return fam.stats_of(Xa, np.arange(m, dtype=np.int64), m), fam
     if isinstance(family, str):
         raise ValueError("leaf summaries need a Family or ProductFamily instance with its prior")
-    fam = _as_product(family)
+    fam = as_product(family)
     S = np.asarray(stats, dtype=np.float64)
     if S.ndim != 2 or S.shape[1] != fam.n_stats:
         raise ValueError(

@@ -592,7 +592,57 @@ class Categorical(Family):
 
 
 @dataclass(repr=False)
-class Poisson(Family):
+class _RateFamily(Family):
+    """Shared layout of the per-column (a, b) families: Poisson, Exponential and Geometric.
+
+    Each holds two positive prior vectors ``a`` and ``b`` of length d (the kernel's prior layout
+    is a (d), b (d)), a cache of 2 d + 1 numbers, and one support rule for its values. Subclasses
+    set ``code``, ``name``, ``_support`` (the message for a value outside the support) and, where
+    the support is not the non-negative integers, ``_bad``.
+    """
+
+    a: ArrayLike
+    b: ArrayLike
+    n_cols: int = 0
+    _support: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        owner = type(self).__name__
+        d, v = _vectors(owner, self.n_cols, a=self.a, b=self.b)
+        _require_positive(owner, a=v["a"], b=v["b"])
+        self.a, self.b = v["a"], v["b"]
+        self.n_cols = d
+
+    def prior_array(self) -> FloatArray:
+        return np.concatenate([np.asarray(self.a), np.asarray(self.b)]).astype(np.float64)
+
+    def stat_size(self) -> int:
+        return 1 + self.n_cols
+
+    def cache_size(self) -> int:
+        return 2 * self.n_cols + 1
+
+    @staticmethod
+    def _bad(X: FloatArray) -> NDArray[np.bool_]:
+        """True where a value is outside the support (default: not a non-negative integer)."""
+        return _not_count(X)
+
+    @classmethod
+    def _rows(cls, X: FloatArray) -> FloatArray:
+        """X as data for ``empirical_bayes``; raises for no rows."""
+        X = _as_data(X)
+        if X.shape[0] == 0:
+            raise ValueError(f"{cls.__name__}.empirical_bayes needs at least one row")
+        return X
+
+    def check_values(self, X: FloatArray, names: Sequence[str]) -> None:
+        X = _as_data(X, self.n_cols)
+        names = _check_names(names, self.n_cols)
+        _raise_first_bad(X, self._bad(X), names, self._support)
+
+
+@dataclass(repr=False)
+class Poisson(_RateFamily):
     """Independent Poisson count columns, a Gamma(a, rate b) prior on each rate.
 
     The predictive is negative binomial with a_n = a + sum x successes and success probability
@@ -611,40 +661,19 @@ class Poisson(Family):
     rate a / b = the mean count), floored at 1 / (n + 1) for an all-zero column.
     """
 
-    a: ArrayLike
-    b: ArrayLike
-    n_cols: int = 0
     code: ClassVar[int] = product.POISSON_GAMMA
     name: ClassVar[str] = "poisson"
-
-    def __post_init__(self) -> None:
-        d, v = _vectors(type(self).__name__, self.n_cols, a=self.a, b=self.b)
-        _require_positive(type(self).__name__, a=v["a"], b=v["b"])
-        self.a, self.b = v["a"], v["b"]
-        self.n_cols = d
-
-    def prior_array(self) -> FloatArray:
-        return np.concatenate([np.asarray(self.a), np.asarray(self.b)]).astype(np.float64)
+    _support: ClassVar[str] = "Poisson counts must be non-negative integers"
 
     def stat_size(self) -> int:
         return 1 + 2 * self.n_cols
 
-    def cache_size(self) -> int:
-        return 2 * self.n_cols + 1
-
     @classmethod
     def empirical_bayes(cls, X: FloatArray) -> Poisson:
-        X = _as_data(X)
+        X = cls._rows(X)
         n = X.shape[0]
-        if n == 0:
-            raise ValueError("Poisson.empirical_bayes needs at least one row")
         _cnt, mean = _good_column_means(X, _not_count(X))
         return cls(a=np.maximum(mean, 1.0 / (n + 1.0)), b=np.ones(X.shape[1]))
-
-    def check_values(self, X: FloatArray, names: Sequence[str]) -> None:
-        X = _as_data(X, self.n_cols)
-        names = _check_names(names, self.n_cols)
-        _raise_first_bad(X, _not_count(X), names, "Poisson counts must be non-negative integers")
 
     def posterior_summary(self, s: FloatArray, names: Sequence[str]) -> dict[str, Any]:
         """Posterior mean rate (a + sum x) / (b + n) per column, keys ``"name:rate"``."""
@@ -797,7 +826,7 @@ class Bernoulli(Binomial):
 
 
 @dataclass(repr=False)
-class Exponential(Family):
+class Exponential(_RateFamily):
     """Independent exponential columns (x >= 0), a Gamma(a, rate b) prior on each rate.
 
     The predictive is Lomax with shape a_n = a + n and scale b_n = b + sum x; kernel
@@ -816,26 +845,9 @@ class Exponential(Family):
     rate a / b = 1 / mean), b = 1 for an all-zero column.
     """
 
-    a: ArrayLike
-    b: ArrayLike
-    n_cols: int = 0
     code: ClassVar[int] = product.EXPONENTIAL_GAMMA
     name: ClassVar[str] = "exponential"
-
-    def __post_init__(self) -> None:
-        d, v = _vectors("Exponential", self.n_cols, a=self.a, b=self.b)
-        _require_positive("Exponential", a=v["a"], b=v["b"])
-        self.a, self.b = v["a"], v["b"]
-        self.n_cols = d
-
-    def prior_array(self) -> FloatArray:
-        return np.concatenate([np.asarray(self.a), np.asarray(self.b)]).astype(np.float64)
-
-    def stat_size(self) -> int:
-        return 1 + self.n_cols
-
-    def cache_size(self) -> int:
-        return 2 * self.n_cols + 1
+    _support: ClassVar[str] = "exponential values must be finite and >= 0"
 
     @staticmethod
     def _bad(X: FloatArray) -> NDArray[np.bool_]:
@@ -844,16 +856,9 @@ class Exponential(Family):
 
     @classmethod
     def empirical_bayes(cls, X: FloatArray) -> Exponential:
-        X = _as_data(X)
-        if X.shape[0] == 0:
-            raise ValueError("Exponential.empirical_bayes needs at least one row")
+        X = cls._rows(X)
         _cnt, mean = _good_column_means(X, cls._bad(X))
         return cls(a=np.ones(X.shape[1]), b=np.where(mean > 0, mean, 1.0))
-
-    def check_values(self, X: FloatArray, names: Sequence[str]) -> None:
-        X = _as_data(X, self.n_cols)
-        names = _check_names(names, self.n_cols)
-        _raise_first_bad(X, self._bad(X), names, "exponential values must be finite and >= 0")
 
     def posterior_summary(self, s: FloatArray, names: Sequence[str]) -> dict[str, Any]:
         """Posterior mean rate (a + n) / (b + sum x) per column, keys ``"name:rate"``."""
@@ -865,7 +870,7 @@ class Exponential(Family):
 
 
 @dataclass(repr=False)
-class Geometric(Family):
+class Geometric(_RateFamily):
     """Independent geometric columns on {0, 1, 2, ...} (failures before the first success),
     p(x | theta) = theta (1 - theta)^x, with a Beta(a, b) prior on theta.
 
@@ -886,40 +891,16 @@ class Geometric(Family):
     floored at 1 / (n + 1) for an all-zero column.
     """
 
-    a: ArrayLike
-    b: ArrayLike
-    n_cols: int = 0
     code: ClassVar[int] = product.GEOMETRIC_BETA
     name: ClassVar[str] = "geometric"
-
-    def __post_init__(self) -> None:
-        d, v = _vectors("Geometric", self.n_cols, a=self.a, b=self.b)
-        _require_positive("Geometric", a=v["a"], b=v["b"])
-        self.a, self.b = v["a"], v["b"]
-        self.n_cols = d
-
-    def prior_array(self) -> FloatArray:
-        return np.concatenate([np.asarray(self.a), np.asarray(self.b)]).astype(np.float64)
-
-    def stat_size(self) -> int:
-        return 1 + self.n_cols
-
-    def cache_size(self) -> int:
-        return 2 * self.n_cols + 1
+    _support: ClassVar[str] = "geometric counts must be non-negative integers"
 
     @classmethod
     def empirical_bayes(cls, X: FloatArray) -> Geometric:
-        X = _as_data(X)
+        X = cls._rows(X)
         n = X.shape[0]
-        if n == 0:
-            raise ValueError("Geometric.empirical_bayes needs at least one row")
         _cnt, mean = _good_column_means(X, _not_count(X))
         return cls(a=np.ones(X.shape[1]), b=np.maximum(mean, 1.0 / (n + 1.0)))
-
-    def check_values(self, X: FloatArray, names: Sequence[str]) -> None:
-        X = _as_data(X, self.n_cols)
-        names = _check_names(names, self.n_cols)
-        _raise_first_bad(X, _not_count(X), names, "geometric counts must be non-negative integers")
 
     def posterior_summary(self, s: FloatArray, names: Sequence[str]) -> dict[str, Any]:
         """Posterior mean success probability (a + n) / (a + b + n + sum x), keys ``"name:p"``."""
@@ -929,6 +910,20 @@ class Geometric(Family):
         an = np.asarray(self.a) + s[0]
         bn = np.asarray(self.b) + s[1 : 1 + d]
         return {f"{nm}:p": float(an[j] / (an[j] + bn[j])) for j, nm in enumerate(names)}
+
+
+def as_product(family: Family | ProductFamily) -> ProductFamily:
+    """``family`` as a ``ProductFamily`` (a single ``Family`` becomes a one-group product).
+
+    Raises ``ValueError`` for anything else.
+    """
+    if isinstance(family, ProductFamily):
+        return family
+    if isinstance(family, Family):
+        return family.as_product()
+    raise ValueError(
+        f"family must be 'gaussian', a Family or a ProductFamily; got {type(family).__name__}"
+    )
 
 
 FAMILIES: dict[str, type[Family]] = {

@@ -33,7 +33,8 @@ from kernels import ibhc as ibhc_kernels
 from kernels import priors as prior_kernels
 from kernels import samplers as sampler_kernels
 from kernels import tgmcmc as tg_kernels
-from pipeline.families import Family, GaussianNW, ProductFamily
+from pipeline.families import Family, GaussianNW, ProductFamily, as_product
+from pipeline.mapdp import as_seed_sequence, seed_state
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -59,16 +60,6 @@ def prior_array(prior: str, alpha: float, sigma: float) -> FloatArray:
             raise ValueError(f"sigma must lie in (0, 1) for the NGGP; got {sigma}")
         return np.array([prior_kernels.NGGP, float(alpha), float(sigma)])
     return np.array([prior_kernels.DP, float(alpha), 0.0])
-
-
-def as_product(family: Family | ProductFamily) -> ProductFamily:
-    if isinstance(family, ProductFamily):
-        return family
-    if isinstance(family, Family):
-        return family.as_product()
-    raise ValueError(
-        f"family must be 'gaussian', a Family or a ProductFamily; got {type(family).__name__}"
-    )
 
 
 def leaf_log_marginals(stats: FloatArray, family: ProductFamily) -> FloatArray:
@@ -146,15 +137,12 @@ def coclustering(samples: IntArray) -> FloatArray:
 
 
 def _seed_sequence(random_state: Any) -> np.random.SeedSequence:
-    if isinstance(random_state, np.random.SeedSequence):
-        return random_state
-    if random_state is None or isinstance(random_state, int | np.integer):
-        return np.random.SeedSequence(None if random_state is None else int(random_state))
+    """``as_seed_sequence`` restricted to None, an int or a SeedSequence."""
+    if random_state is None or isinstance(random_state, np.random.SeedSequence):
+        return as_seed_sequence(random_state)
+    if isinstance(random_state, int | np.integer):
+        return as_seed_sequence(int(random_state))
     raise ValueError(f"random_state must be None, an int or a SeedSequence; got {random_state!r}")
-
-
-def _kernel_state(seq: np.random.SeedSequence) -> NDArray[np.uint64]:
-    return np.asarray(seq.generate_state(1, dtype=np.uint64), dtype=np.uint64)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -294,7 +282,7 @@ def run_ibhc(
         raise ValueError(f"u must be > 0; got {u}")
     seq = _seed_sequence(random_state)
     rng = np.random.default_rng(seq.spawn(1)[0])
-    state = _kernel_state(seq.spawn(1)[0])
+    state = seed_state(seq.spawn(1)[0])
     best: IBHCResult | None = None
     for _ in range(n_restarts):
         order = rng.permutation(L).astype(np.int64)
@@ -733,7 +721,7 @@ class TreeGuidedMCMC:
         s_init, s_rank, s_chain = seq.spawn(3)
         n_tot = float(st[:, 0].sum())
         z0, u0 = self._initial_labels(st, prod, s_init)
-        state = _kernel_state(s_chain)
+        state = seed_state(s_chain)
         if pp[0] == prior_kernels.NGGP:
             u0 = float(prior_kernels.sample_u(state, u0, n_tot, float(z0.max() + 1), pp, 20))
         rank = np.random.default_rng(s_rank).permutation(L).astype(np.int64)

@@ -33,7 +33,7 @@ import math
 import numpy as np
 from numba import njit
 
-from kernels.special import lbeta
+from kernels.families._common import beta_log_evidence
 
 
 @njit(cache=True, nogil=True)
@@ -108,7 +108,7 @@ def log_marginal(s, p):
         b = p[2 * d + j]
         an = a + s[1 + j]
         bn = b + n * N - s[1 + j]
-        out += lbeta(an, bn) - lbeta(a, b)
+        out += beta_log_evidence(a, b, an, bn)
         row_s = 1 + d + j * H
         row_p = 3 * d + j * H
         for v in range(H):

@@ -20,25 +20,24 @@ import math
 import numpy as np
 from numba import njit
 
+from kernels.families._common import (
+    add_count_sum,
+    any_negative,
+    count_sum_posterior,
+    gamma_log_evidence,
+)
 
-@njit(cache=True, nogil=True)
-def add_stats(x, s, w):
-    """s += w * (1, x)."""
-    d = x.shape[0]
-    s[0] += w
-    for j in range(d):
-        s[1 + j] += w * x[j]
+add_stats = add_count_sum
+"""s += w * (1, x)."""
 
 
 @njit(cache=True, nogil=True)
 def refresh(s, c, p):
     """Posterior scale b_n, exponent a_n + 1 and the summed Lomax constant."""
     d = p.shape[0] // 2
-    n = s[0]
     const = 0.0
     for j in range(d):
-        an = p[j] + n
-        bn = p[d + j] + s[1 + j]
+        an, bn = count_sum_posterior(s, p, j)
         c[j] = bn
         c[d + j] = an + 1.0
         const += math.log(an) + an * math.log(bn)
@@ -55,13 +54,12 @@ def update(x, s, c, p, w):
 @njit(cache=True, nogil=True)
 def log_predictive(x, s, c, p):
     """Lomax log density of x (-inf for x < 0)."""
+    if any_negative(x):
+        return -np.inf
     d = x.shape[0]
     out = c[2 * d]
     for j in range(d):
-        xj = x[j]
-        if xj < 0.0:
-            return -np.inf
-        out -= c[d + j] * math.log(c[j] + xj)
+        out -= c[d + j] * math.log(c[j] + x[j])
     return out
 
 
@@ -74,9 +72,6 @@ def log_marginal(s, p):
     d = p.shape[0] // 2
     out = 0.0
     for j in range(d):
-        a = p[j]
-        b = p[d + j]
-        an = a + n
-        bn = b + s[1 + j]
-        out += a * math.log(b) - math.lgamma(a) + math.lgamma(an) - an * math.log(bn)
+        an, bn = count_sum_posterior(s, p, j)
+        out += gamma_log_evidence(p[j], p[d + j], an, bn)
     return out

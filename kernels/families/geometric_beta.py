@@ -23,27 +23,24 @@ import math
 import numpy as np
 from numba import njit
 
-from kernels.special import lbeta
+from kernels.families._common import (
+    add_count_sum,
+    any_negative,
+    beta_log_evidence,
+    count_sum_posterior,
+)
 
-
-@njit(cache=True, nogil=True)
-def add_stats(x, s, w):
-    """s += w * (1, x)."""
-    d = x.shape[0]
-    s[0] += w
-    for j in range(d):
-        s[1 + j] += w * x[j]
+add_stats = add_count_sum
+"""s += w * (1, x)."""
 
 
 @njit(cache=True, nogil=True)
 def refresh(s, c, p):
     """Posterior b_n, a_n + b_n + 1 and the summed constant."""
     d = p.shape[0] // 2
-    n = s[0]
     const = 0.0
     for j in range(d):
-        an = p[j] + n
-        bn = p[d + j] + s[1 + j]
+        an, bn = count_sum_posterior(s, p, j)
         c[j] = bn
         c[d + j] = an + bn + 1.0
         const += math.log(an) + math.lgamma(an + bn) - math.lgamma(bn)
@@ -60,13 +57,12 @@ def update(x, s, c, p, w):
 @njit(cache=True, nogil=True)
 def log_predictive(x, s, c, p):
     """log B(a_n + 1, b_n + x) - log B(a_n, b_n) summed over columns (-inf for x < 0)."""
+    if any_negative(x):
+        return -np.inf
     d = x.shape[0]
     out = c[2 * d]
     for j in range(d):
-        xj = x[j]
-        if xj < 0.0:
-            return -np.inf
-        out += math.lgamma(c[j] + xj) - math.lgamma(c[d + j] + xj)
+        out += math.lgamma(c[j] + x[j]) - math.lgamma(c[d + j] + x[j])
     return out
 
 
@@ -79,7 +75,6 @@ def log_marginal(s, p):
     d = p.shape[0] // 2
     out = 0.0
     for j in range(d):
-        a = p[j]
-        b = p[d + j]
-        out += lbeta(a + n, b + s[1 + j]) - lbeta(a, b)
+        an, bn = count_sum_posterior(s, p, j)
+        out += beta_log_evidence(p[j], p[d + j], an, bn)
     return out

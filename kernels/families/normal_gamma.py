@@ -36,16 +36,17 @@ import math
 
 from numba import njit
 
+from kernels.families._common import add_count_sum
+
 LOG_2PI = math.log(2.0 * math.pi)
 
 
 @njit(cache=True, nogil=True)
 def add_stats(x, s, w):
     """s += w * (1, x, x^2)."""
+    add_count_sum(x, s, w)
     d = x.shape[0]
-    s[0] += w
     for j in range(d):
-        s[1 + j] += w * x[j]
         s[1 + d + j] += w * x[j] * x[j]
 
 

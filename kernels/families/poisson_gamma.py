@@ -24,14 +24,15 @@ import math
 import numpy as np
 from numba import njit
 
+from kernels.families._common import add_count_sum, any_negative, gamma_log_evidence
+
 
 @njit(cache=True, nogil=True)
 def add_stats(x, s, w):
     """s += w * (1, x, log x!)."""
+    add_count_sum(x, s, w)
     d = x.shape[0]
-    s[0] += w
     for j in range(d):
-        s[1 + j] += w * x[j]
         s[1 + d + j] += w * math.lgamma(x[j] + 1.0)
 
 
@@ -61,12 +62,12 @@ def update(x, s, c, p, w):
 @njit(cache=True, nogil=True)
 def log_predictive(x, s, c, p):
     """Negative binomial log probability of the counts x (-inf for a negative count)."""
+    if any_negative(x):
+        return -np.inf
     d = x.shape[0]
     out = c[2 * d]
     for j in range(d):
         xj = x[j]
-        if xj < 0.0:
-            return -np.inf
         out += math.lgamma(c[j] + xj) - math.lgamma(xj + 1.0) - xj * c[d + j]
     return out
 
@@ -84,5 +85,5 @@ def log_marginal(s, p):
         b = p[d + j]
         an = a + s[1 + j]
         bn = b + n
-        out += a * math.log(b) - math.lgamma(a) + math.lgamma(an) - an * math.log(bn) - s[1 + d + j]
+        out += gamma_log_evidence(a, b, an, bn) - s[1 + d + j]
     return out

@@ -37,38 +37,118 @@ CODE, COL0, NCOL, STAT0, NSTAT, PRIOR0, NPRIOR, CACHE0, NCACHE = range(9)
 
 
 @njit(cache=True, nogil=True)
+def _span(a, r, start, length):
+    """The slice of a given by the (offset, length) columns ``start`` / ``length`` of spec row r."""
+    return a[r[start] : r[start] + r[length]]
+
+
+@njit(cache=True, nogil=True)
 def _views(g, x, s, c, spec, prior):
     r = spec[g]
     return (
-        x[r[COL0] : r[COL0] + r[NCOL]],
-        s[r[STAT0] : r[STAT0] + r[NSTAT]],
-        c[r[CACHE0] : r[CACHE0] + r[NCACHE]],
-        prior[r[PRIOR0] : r[PRIOR0] + r[NPRIOR]],
+        _span(x, r, COL0, NCOL),
+        _span(s, r, STAT0, NSTAT),
+        _span(c, r, CACHE0, NCACHE),
+        _span(prior, r, PRIOR0, NPRIOR),
     )
 
 
+# -- one group: dispatch on its family code (numba needs the explicit chains) ---------------------
+@njit(cache=True, nogil=True)
+def _group_add_stats(code, xg, sg, w):
+    if code == GAUSSIAN_NW:
+        gaussian_nw.add_stats(xg, sg, w)
+    elif code == NORMAL_GAMMA:
+        normal_gamma.add_stats(xg, sg, w)
+    elif code == CATEGORICAL:
+        categorical.add_stats(xg, sg, w)
+    elif code == POISSON_GAMMA:
+        poisson_gamma.add_stats(xg, sg, w)
+    elif code == BETA_BINOMIAL:
+        beta_binomial.add_stats(xg, sg, w)
+    elif code == EXPONENTIAL_GAMMA:
+        exponential_gamma.add_stats(xg, sg, w)
+    else:
+        geometric_beta.add_stats(xg, sg, w)
+
+
+@njit(cache=True, nogil=True)
+def _group_refresh(code, sg, cg, pg):
+    if code == GAUSSIAN_NW:
+        gaussian_nw.refresh(sg, cg, pg)
+    elif code == NORMAL_GAMMA:
+        normal_gamma.refresh(sg, cg, pg)
+    elif code == CATEGORICAL:
+        categorical.refresh(sg, cg, pg)
+    elif code == POISSON_GAMMA:
+        poisson_gamma.refresh(sg, cg, pg)
+    elif code == BETA_BINOMIAL:
+        beta_binomial.refresh(sg, cg, pg)
+    elif code == EXPONENTIAL_GAMMA:
+        exponential_gamma.refresh(sg, cg, pg)
+    else:
+        geometric_beta.refresh(sg, cg, pg)
+
+
+@njit(cache=True, nogil=True)
+def _group_update(code, xg, sg, cg, pg, w):
+    if code == GAUSSIAN_NW:
+        gaussian_nw.update(xg, sg, cg, pg, w)
+    elif code == NORMAL_GAMMA:
+        normal_gamma.update(xg, sg, cg, pg, w)
+    elif code == CATEGORICAL:
+        categorical.update(xg, sg, cg, pg, w)
+    elif code == POISSON_GAMMA:
+        poisson_gamma.update(xg, sg, cg, pg, w)
+    elif code == BETA_BINOMIAL:
+        beta_binomial.update(xg, sg, cg, pg, w)
+    elif code == EXPONENTIAL_GAMMA:
+        exponential_gamma.update(xg, sg, cg, pg, w)
+    else:
+        geometric_beta.update(xg, sg, cg, pg, w)
+
+
+@njit(cache=True, nogil=True)
+def _group_log_predictive(code, xg, sg, cg, pg):
+    if code == GAUSSIAN_NW:
+        return gaussian_nw.log_predictive(xg, sg, cg, pg)
+    elif code == NORMAL_GAMMA:
+        return normal_gamma.log_predictive(xg, sg, cg, pg)
+    elif code == CATEGORICAL:
+        return categorical.log_predictive(xg, sg, cg, pg)
+    elif code == POISSON_GAMMA:
+        return poisson_gamma.log_predictive(xg, sg, cg, pg)
+    elif code == BETA_BINOMIAL:
+        return beta_binomial.log_predictive(xg, sg, cg, pg)
+    elif code == EXPONENTIAL_GAMMA:
+        return exponential_gamma.log_predictive(xg, sg, cg, pg)
+    return geometric_beta.log_predictive(xg, sg, cg, pg)
+
+
+@njit(cache=True, nogil=True)
+def _group_log_marginal(code, sg, pg):
+    if code == GAUSSIAN_NW:
+        return gaussian_nw.log_marginal(sg, pg)
+    elif code == NORMAL_GAMMA:
+        return normal_gamma.log_marginal(sg, pg)
+    elif code == CATEGORICAL:
+        return categorical.log_marginal(sg, pg)
+    elif code == POISSON_GAMMA:
+        return poisson_gamma.log_marginal(sg, pg)
+    elif code == BETA_BINOMIAL:
+        return beta_binomial.log_marginal(sg, pg)
+    elif code == EXPONENTIAL_GAMMA:
+        return exponential_gamma.log_marginal(sg, pg)
+    return geometric_beta.log_marginal(sg, pg)
+
+
+# -- a whole record / cluster row -----------------------------------------------------------------
 @njit(cache=True, nogil=True)
 def add_stats(x, s, spec, w):
     """s += w * g(x) for every group. x: (D,) record, s: (S,) statistics row."""
     for g in range(spec.shape[0]):
         r = spec[g]
-        xg = x[r[COL0] : r[COL0] + r[NCOL]]
-        sg = s[r[STAT0] : r[STAT0] + r[NSTAT]]
-        code = r[CODE]
-        if code == GAUSSIAN_NW:
-            gaussian_nw.add_stats(xg, sg, w)
-        elif code == NORMAL_GAMMA:
-            normal_gamma.add_stats(xg, sg, w)
-        elif code == CATEGORICAL:
-            categorical.add_stats(xg, sg, w)
-        elif code == POISSON_GAMMA:
-            poisson_gamma.add_stats(xg, sg, w)
-        elif code == BETA_BINOMIAL:
-            beta_binomial.add_stats(xg, sg, w)
-        elif code == EXPONENTIAL_GAMMA:
-            exponential_gamma.add_stats(xg, sg, w)
-        else:
-            geometric_beta.add_stats(xg, sg, w)
+        _group_add_stats(r[CODE], _span(x, r, COL0, NCOL), _span(s, r, STAT0, NSTAT), w)
 
 
 @njit(cache=True, nogil=True)
@@ -76,24 +156,12 @@ def refresh(s, c, spec, prior):
     """Recompute the cache row c (C,) from the statistics row s (S,)."""
     for g in range(spec.shape[0]):
         r = spec[g]
-        sg = s[r[STAT0] : r[STAT0] + r[NSTAT]]
-        cg = c[r[CACHE0] : r[CACHE0] + r[NCACHE]]
-        pg = prior[r[PRIOR0] : r[PRIOR0] + r[NPRIOR]]
-        code = r[CODE]
-        if code == GAUSSIAN_NW:
-            gaussian_nw.refresh(sg, cg, pg)
-        elif code == NORMAL_GAMMA:
-            normal_gamma.refresh(sg, cg, pg)
-        elif code == CATEGORICAL:
-            categorical.refresh(sg, cg, pg)
-        elif code == POISSON_GAMMA:
-            poisson_gamma.refresh(sg, cg, pg)
-        elif code == BETA_BINOMIAL:
-            beta_binomial.refresh(sg, cg, pg)
-        elif code == EXPONENTIAL_GAMMA:
-            exponential_gamma.refresh(sg, cg, pg)
-        else:
-            geometric_beta.refresh(sg, cg, pg)
+        _group_refresh(
+            r[CODE],
+            _span(s, r, STAT0, NSTAT),
+            _span(c, r, CACHE0, NCACHE),
+            _span(prior, r, PRIOR0, NPRIOR),
+        )
 
 
 @njit(cache=True, nogil=True)
@@ -101,21 +169,7 @@ def update(x, s, c, spec, prior, w):
     """Add (w = +1) or remove (w = -1) record x (D,) from a cluster: statistics and cache."""
     for g in range(spec.shape[0]):
         xg, sg, cg, pg = _views(g, x, s, c, spec, prior)
-        code = spec[g, CODE]
-        if code == GAUSSIAN_NW:
-            gaussian_nw.update(xg, sg, cg, pg, w)
-        elif code == NORMAL_GAMMA:
-            normal_gamma.update(xg, sg, cg, pg, w)
-        elif code == CATEGORICAL:
-            categorical.update(xg, sg, cg, pg, w)
-        elif code == POISSON_GAMMA:
-            poisson_gamma.update(xg, sg, cg, pg, w)
-        elif code == BETA_BINOMIAL:
-            beta_binomial.update(xg, sg, cg, pg, w)
-        elif code == EXPONENTIAL_GAMMA:
-            exponential_gamma.update(xg, sg, cg, pg, w)
-        else:
-            geometric_beta.update(xg, sg, cg, pg, w)
+        _group_update(spec[g, CODE], xg, sg, cg, pg, w)
 
 
 @njit(cache=True, nogil=True)
@@ -127,21 +181,7 @@ def log_predictive(x, s, c, spec, prior):
     out = 0.0
     for g in range(spec.shape[0]):
         xg, sg, cg, pg = _views(g, x, s, c, spec, prior)
-        code = spec[g, CODE]
-        if code == GAUSSIAN_NW:
-            out += gaussian_nw.log_predictive(xg, sg, cg, pg)
-        elif code == NORMAL_GAMMA:
-            out += normal_gamma.log_predictive(xg, sg, cg, pg)
-        elif code == CATEGORICAL:
-            out += categorical.log_predictive(xg, sg, cg, pg)
-        elif code == POISSON_GAMMA:
-            out += poisson_gamma.log_predictive(xg, sg, cg, pg)
-        elif code == BETA_BINOMIAL:
-            out += beta_binomial.log_predictive(xg, sg, cg, pg)
-        elif code == EXPONENTIAL_GAMMA:
-            out += exponential_gamma.log_predictive(xg, sg, cg, pg)
-        else:
-            out += geometric_beta.log_predictive(xg, sg, cg, pg)
+        out += _group_log_predictive(spec[g, CODE], xg, sg, cg, pg)
     return out
 
 
@@ -167,31 +207,12 @@ def log_predictive_loo(x, s, c, spec, prior, scratch_s, scratch_c):
                 out += v
                 continue
         r = spec[g]
-        ss = scratch_s[r[STAT0] : r[STAT0] + r[NSTAT]]
-        cc = scratch_c[r[CACHE0] : r[CACHE0] + r[NCACHE]]
+        ss = _span(scratch_s, r, STAT0, NSTAT)
+        cc = _span(scratch_c, r, CACHE0, NCACHE)
         ss[:] = sg
         cc[:] = cg
-        if code == GAUSSIAN_NW:
-            gaussian_nw.update(xg, ss, cc, pg, -1.0)
-            out += gaussian_nw.log_predictive(xg, ss, cc, pg)
-        elif code == NORMAL_GAMMA:
-            normal_gamma.update(xg, ss, cc, pg, -1.0)
-            out += normal_gamma.log_predictive(xg, ss, cc, pg)
-        elif code == CATEGORICAL:
-            categorical.update(xg, ss, cc, pg, -1.0)
-            out += categorical.log_predictive(xg, ss, cc, pg)
-        elif code == POISSON_GAMMA:
-            poisson_gamma.update(xg, ss, cc, pg, -1.0)
-            out += poisson_gamma.log_predictive(xg, ss, cc, pg)
-        elif code == BETA_BINOMIAL:
-            beta_binomial.update(xg, ss, cc, pg, -1.0)
-            out += beta_binomial.log_predictive(xg, ss, cc, pg)
-        elif code == EXPONENTIAL_GAMMA:
-            exponential_gamma.update(xg, ss, cc, pg, -1.0)
-            out += exponential_gamma.log_predictive(xg, ss, cc, pg)
-        else:
-            geometric_beta.update(xg, ss, cc, pg, -1.0)
-            out += geometric_beta.log_predictive(xg, ss, cc, pg)
+        _group_update(code, xg, ss, cc, pg, -1.0)
+        out += _group_log_predictive(code, xg, ss, cc, pg)
     return out
 
 
@@ -201,21 +222,7 @@ def log_marginal(s, spec, prior):
     out = 0.0
     for g in range(spec.shape[0]):
         r = spec[g]
-        sg = s[r[STAT0] : r[STAT0] + r[NSTAT]]
-        pg = prior[r[PRIOR0] : r[PRIOR0] + r[NPRIOR]]
-        code = r[CODE]
-        if code == GAUSSIAN_NW:
-            out += gaussian_nw.log_marginal(sg, pg)
-        elif code == NORMAL_GAMMA:
-            out += normal_gamma.log_marginal(sg, pg)
-        elif code == CATEGORICAL:
-            out += categorical.log_marginal(sg, pg)
-        elif code == POISSON_GAMMA:
-            out += poisson_gamma.log_marginal(sg, pg)
-        elif code == BETA_BINOMIAL:
-            out += beta_binomial.log_marginal(sg, pg)
-        elif code == EXPONENTIAL_GAMMA:
-            out += exponential_gamma.log_marginal(sg, pg)
-        else:
-            out += geometric_beta.log_marginal(sg, pg)
+        out += _group_log_marginal(
+            r[CODE], _span(s, r, STAT0, NSTAT), _span(prior, r, PRIOR0, NPRIOR)
+        )
     return out

@@ -1,0 +1,51 @@
+"""Numba helpers shared by the per-column conjugate families (seed 000, Appendix B).
+
+The Poisson, exponential, geometric, binomial and diagonal-Gaussian kernels each model d
+independent columns whose statistics start with n and sum x (d); the pieces they have in common
+live here so that every family module only states its own formulas.
+"""
+
+import math
+
+from numba import njit
+
+from kernels.special import lbeta
+
+
+@njit(cache=True, nogil=True)
+def add_count_sum(x, s, w):
+    """s[0] += w and s[1 + j] += w x_j: the count and per-column sums every family starts with."""
+    d = x.shape[0]
+    s[0] += w
+    for j in range(d):
+        s[1 + j] += w * x[j]
+
+
+@njit(cache=True, nogil=True)
+def any_negative(x):
+    """True when some x_j < 0 (outside the support of the count and exponential families)."""
+    for j in range(x.shape[0]):
+        if x[j] < 0.0:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def count_sum_posterior(s, p, j):
+    """(a + n, b + sum x_j) of column j for a prior layout a (d), b (d)."""
+    d = p.shape[0] // 2
+    return p[j] + s[0], p[d + j] + s[1 + j]
+
+
+@njit(cache=True, nogil=True)
+def gamma_log_evidence(a, b, an, bn):
+    """a log b - lgamma(a) + lgamma(a_n) - a_n log b_n: the Gamma prior-to-posterior normaliser
+    ratio of one column (the Gamma-Poisson and Gamma-exponential marginals)."""
+    return a * math.log(b) - math.lgamma(a) + math.lgamma(an) - an * math.log(bn)
+
+
+@njit(cache=True, nogil=True)
+def beta_log_evidence(a, b, an, bn):
+    """log B(a_n, b_n) - log B(a, b): the Beta prior-to-posterior normaliser ratio of one column
+    (the beta-geometric and beta-binomial marginals)."""
+    return lbeta(an, bn) - lbeta(a, b)
