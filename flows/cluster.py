@@ -6,8 +6,12 @@ that do I/O retry (bad input, a ``ValueError``, does not: it is reported as it i
 pass the driver's state is checkpointed in the output store, so running the same command again
 after a crash resumes from the last completed pass and gives the same labels.
 
-Stage 2 plugs in by name: ``STAGE2[name](stats, family) -> mapping`` maps each stage-1 cluster
-to its final cluster (``"none"``: the identity, ``pipeline.distributed.identity_stage2``).
+With ``summaries=M`` stage 1 ends with one more distributed pass that splits its clusters into
+about M summaries (``pipeline.distributed.split_summaries``). Stage 2 maps the summaries (or the
+stage-1 clusters) to final clusters: ``"none"`` is the identity
+(``pipeline.distributed.identity_stage2``), ``"bhc"`` is ``pipeline.stage2.run_stage2`` (BHC over
+the summaries, optionally tree-guided MCMC), which writes its tree files into the partial output
+directory, so the final rename keeps the output atomic.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pipeline import distributed as dist
 from pipeline.families import ProductFamily
 from pipeline.store import Store, StoreInfo
 
-STAGE2: dict[str, dist.Stage2] = {"none": dist.identity_stage2}
+STAGE2 = ("none", "bhc")
 
 
 def _retry_unless_bad_input(task: Any, task_run: Any, state: Any) -> bool:
@@ -88,13 +92,46 @@ def pass_task(
     return dist.run_pass(client, Store(partial / "store.zarr"), info, params, state, progress)
 
 
+@task(
+    name="summaries",
+    retries=RETRIES,
+    retry_delay_seconds=1,
+    retry_condition_fn=_retry_unless_bad_input,
+    cache_policy=NO_CACHE,
+)
+def summaries_task(
+    client: Any, partial: Path, info: StoreInfo, state: dist.PassState, M: int, progress: bool
+) -> dist.Summaries:
+    store = Store(partial / "store.zarr")
+    return dist.split_summaries(client, store, info, state, M, progress)
+
+
 @task(name="stage2", cache_policy=NO_CACHE)
-def stage2_task(stats: np.ndarray, family: ProductFamily, name: str) -> np.ndarray:
-    """Stage 2 over the cluster summaries (K, S): the final cluster of each stage-1 cluster."""
-    mapping = np.asarray(STAGE2[name](stats, family), dtype=np.int64)
+def stage2_task(
+    stats: np.ndarray,
+    family: ProductFamily,
+    name: str,
+    alpha: float,
+    out_dir: Path,
+    mcmc: int,
+    seed: int,
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """Stage 2 over the summaries (K, S): the final cluster of each, and what run.json records."""
+    info: dict[str, Any] = {"method": name}
+    if name == "none":
+        mapping = dist.identity_stage2(stats, family)
+    else:
+        from pipeline.stage2 import run_stage2
+
+        res = run_stage2(
+            stats, family, alpha, out_dir, method=name, mcmc_iter=mcmc, random_state=seed
+        )
+        mapping = np.asarray(res.mapping, dtype=np.int64)
+        info.update(res.info)
+    mapping = np.asarray(mapping, dtype=np.int64)
     if mapping.shape != (stats.shape[0],) or (mapping.size and mapping.min() < 0):
         raise RuntimeError(f"stage 2 {name!r} returned a bad mapping of shape {mapping.shape}")
-    return mapping
+    return mapping, info
 
 
 @task(
@@ -149,9 +186,14 @@ def cluster(
     init: str = "auto",
     n_seeds: int | None = None,
     max_passes: int = 50,
-    tol: float = 1e-6,
+    tol: float = 1e-5,
+    min_change: float = 1e-3,
+    init_sample: int = dist.INIT_SAMPLE,
     random_state: int | None = 0,
-    stage2: str = "none",
+    label_column: str | None = None,
+    summaries: int = 0,
+    stage2: str | None = None,
+    mcmc: int = 0,
     scheduler: str | None = None,
     n_workers: int | None = None,
     processes: bool = True,
@@ -162,17 +204,28 @@ def cluster(
 ) -> dict[str, Any]:
     """Cluster the records of ``input`` into ``out`` (``dpmm run``; parameters as there).
 
+    ``summaries`` (M > 0) splits the stage-1 clusters into about M summaries for stage 2;
+    ``stage2`` defaults to "bhc" with summaries and "none" without; ``mcmc`` iterations of
+    tree-guided MCMC follow BHC. ``label_column`` is left out of the fit; NMI and ARI against it
+    are reported.
+
     Returns the content of ``out/run.json``.
     """
+    if stage2 is None:
+        stage2 = "bhc" if summaries > 0 else "none"
     if stage2 not in STAGE2:
-        raise ValueError(f"stage2 must be one of {sorted(STAGE2)}, got {stage2!r}")
+        raise ValueError(f"stage2 must be one of {STAGE2}, got {stage2!r}")
+    if int(summaries) < 0 or int(mcmc) < 0:
+        raise ValueError(f"summaries and mcmc must be >= 0, got {summaries} and {mcmc}")
     params = dist.FitParams(
         engine=engine,
         alpha=alpha,
         init=init,
         n_seeds=n_seeds,
+        init_sample=init_sample,
         max_passes=max_passes,
         tol=tol,
+        min_change=min_change,
         seed=dist.seed_entropy(random_state),
     ).checked()
     cfg = dist.RunConfig(
@@ -183,6 +236,10 @@ def cluster(
         params=params,
         overwrite=overwrite,
         report=report,
+        label_column=label_column,
+        summaries=int(summaries),
+        stage2=stage2,
+        mcmc=int(mcmc),
     )
     t0 = time.perf_counter()
     partial, resumed = dist.prepare_output(input, cfg)
@@ -204,14 +261,28 @@ def cluster(
             state = pass_task(client, partial, info, params, state, state.pass_no + 1, progress)
             dist.check_fault(state)
         timing["passes"] = time.perf_counter() - t
+        extra: dict[str, Any] = {
+            "resumed": resumed,
+            "stage2": stage2,
+            "n_clusters_stage1": state.n_clusters,
+        }
+        if summaries > 0:
+            t = time.perf_counter()
+            split = summaries_task(client, partial, info, state, int(summaries), progress)
+            state = split.state
+            extra["summaries"] = split.record
+            timing["summaries"] = time.perf_counter() - t
         t = time.perf_counter()
-        mapping = stage2_task(state.stats, info.family, stage2)
+        mapping, s2info = stage2_task(
+            state.stats, info.family, stage2, state.alpha, partial, int(mcmc), params.seed
+        )
         timing["stage2"] = time.perf_counter() - t
+        extra["stage2_info"] = {**s2info, "seconds": timing["stage2"]}
         t = time.perf_counter()
         written = write_task(client, partial, info, state, mapping, progress)
         timing["write_out"] = time.perf_counter() - t
         t = time.perf_counter()
-        extra = {"resumed": resumed, "stage2": stage2, "dashboard": client.dashboard_link}
+        extra["dashboard"] = client.dashboard_link
         run = finish_task(input, cfg, partial, info, state, mapping, written, timing, extra)
     if progress:
         m = run["metrics"]
@@ -220,6 +291,11 @@ def cluster(
             f"done: {info.n_rows:,} records, {m['n_clusters']} clusters, {m['passes']} passes, "
             f"objective {m['objective']:.6g}, "
             + (f"held-out mean log density {held:.4g}, " if held is not None else "")
+            + (
+                f"NMI {m['nmi']:.4f}, ARI {m['ari']:.4f} against '{label_column}', "
+                if "nmi" in m
+                else ""
+            )
             + f"{run['timing']['total']:.1f} s ({m['records_per_second']:,.0f} records/s) "
             f"-> {out}",
             file=sys.stderr,

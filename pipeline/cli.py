@@ -1,7 +1,8 @@
 """The ``dpmm`` command line.
 
 ``dpmm cluster INPUT --out DIR``  fit MAP-DP to a CSV / Parquet / NumPy table, write DIR/
-``dpmm demo --out DIR``           the same on a generated, labelled data set
+``dpmm demo --out DIR``           ``dpmm run`` on a generated, labelled data set
+``dpmm run INPUT --out DIR``      the distributed pipeline (``pipeline.run_cli``)
 
 Exit status: 0 on success; 2 on bad input or usage, with exactly one line
 ``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
@@ -210,15 +211,41 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser(
         "demo",
-        help="generate a labelled demo data set and cluster it",
-        description="Write a seeded Gaussian-mixture data set with a true label column to "
-        "DIR/input.csv and run 'dpmm cluster' on it with --label-column.",
+        help="generate a labelled data set and run the pipeline on it",
+        description="Write a seeded 20-cluster Gaussian mixture (10 columns and a true label "
+        "column) to DIR/input.parquet and run the distributed pipeline on it ('dpmm run': "
+        "Prefect flow, Dask workers, --summaries 200 with BHC stage 2, 10%% held out); results "
+        "in DIR/result/. With --in-memory: a small data set in DIR/input.csv through "
+        "'dpmm cluster' instead.",
     )
     d.add_argument("--out", required=True, metavar="DIR", help="output directory")
     d.add_argument(
-        "--rows", type=_positive_int, default=5000, metavar="N", help="records (default 5000)"
+        "--rows",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="records (default 200000; 5000 with --in-memory)",
     )
     d.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
+    d.add_argument(
+        "--summaries",
+        type=int,
+        default=200,
+        metavar="M",
+        help="summaries for stage 2 (default 200; 0 turns stage 2 off)",
+    )
+    d.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="Dask worker processes (default: one per core)",
+    )
+    d.add_argument(
+        "--in-memory",
+        action="store_true",
+        help="the old demo: 'dpmm cluster' in one process on DIR/input.csv",
+    )
     d.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
     d.set_defaults(func=cmd_demo)
 
@@ -534,7 +561,80 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """``dpmm demo``: generate DIR/input.csv, then the ``cluster`` path with its label column."""
+    """``dpmm demo``: generate DIR/input.parquet (20-cluster mixture with a ``true_label``
+    column) and run the ``cluster`` flow on it into DIR/result with the label column,
+    ``--summaries`` and 10% held out; ``--in-memory``: the ``cluster`` path on DIR/input.csv."""
+    if args.in_memory:
+        return _demo_in_memory(args)
+    from pipeline.demo import LABEL_COLUMN
+    from pipeline.synthetic import sample_mixture
+
+    out = Path(args.out)
+    result = out / "result"
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / "input.parquet").exists():
+        raise InputError(
+            f"--out {out}: exists and is not a dpmm demo directory (no input.parquet); "
+            "choose a new or empty directory"
+        )
+    n = int(args.rows or 200_000)
+    k = 20
+    X, y = sample_mixture(n, d=10, k=k, seed=args.seed)
+    df = pd.DataFrame(X, columns=[f"x{j}" for j in range(X.shape[1])])
+    df[LABEL_COLUMN] = y
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / ".input.parquet.partial"
+    df.to_parquet(tmp, index=False, row_group_size=50_000)
+    tmp.replace(out / "input.parquet")
+    if not args.quiet:
+        print(
+            f"wrote demo data ({n:,} rows x {X.shape[1]} columns, {k} clusters, label column "
+            f"'{LABEL_COLUMN}') to {out / 'input.parquet'}",
+            file=sys.stderr,
+            flush=True,
+        )
+    from flows.cluster import cluster  # the CLI starts the flow: the one upward import
+    from pipeline.distributed import InjectedFault
+
+    try:
+        run = cluster(
+            input=str(out / "input.parquet"),
+            out=str(result),
+            chunk_rows=50_000,
+            holdout=0.1,
+            random_state=args.seed,
+            label_column=LABEL_COLUMN,
+            summaries=max(int(args.summaries), 0),
+            n_workers=args.workers,
+            dashboard_address=None,
+            overwrite=True,
+            progress=not args.quiet,
+        )
+    except InjectedFault as err:
+        print(f"{PROG} demo: {err}", file=sys.stderr)
+        return 1
+    m = run["metrics"]
+    s2 = run.get("stage2_info", {})
+    lines = [
+        f"{m['n_clusters']} clusters found (true: {k}; stage 1: {m['n_clusters_stage1']}"
+        + (f", {m['n_summaries']} summaries -> {s2.get('method')}" if m.get("n_summaries") else "")
+        + f"), {m['passes']} passes, objective {m['objective']:.6g}",
+        f"NMI {m['nmi']:.4f}, ARI {m['ari']:.4f} against column '{LABEL_COLUMN}'",
+        f"held-out mean log density {m['heldout_mean_log_density']:.4f} "
+        f"({m['n_heldout']:,} records held out)",
+        f"{run['timing']['total']:.1f} s; results in {result}/ (labels.zarr, clusters.parquet, "
+        "run.json, report.html"
+        + (", tree.parquet, dendrogram.png" if s2.get("n_clusters") else "")
+        + ")",
+    ]
+    print("\n".join(lines), flush=True)
+    return 0
+
+
+def _demo_in_memory(args: argparse.Namespace) -> int:
+    """``dpmm demo --in-memory``: DIR/input.csv, then the ``cluster`` path with its label
+    column."""
     from pipeline.demo import LABEL_COLUMN, make_demo
 
     out = Path(args.out)
@@ -543,7 +643,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as stack:
         with bad_input(prefix=f"--out {out}"):
             tmp = stack.enter_context(pio.staged_dir(out))
-        df = make_demo(n_rows=args.rows, random_state=args.seed)
+        df = make_demo(n_rows=int(args.rows or 5000), random_state=args.seed)
         df.to_csv(tmp / "input.csv", index=False)
         _say(opts, f"wrote demo data ({df.shape[0]} rows, 6 clusters) to {out / 'input.csv'}")
         res = run_cluster(

@@ -6,12 +6,30 @@ records (MAP-DP, seed 000 Algorithm 1, ``kernels.mapdp.sweep``; or Bayes K-means
 Section 5, ``kernels.bayes_kmeans.assign``), writes the chunk's new labels to the other label
 buffer itself and returns only statistic deltas and the statistics of the clusters it opened.
 
+Start (``initial_state``, ``FitParams.start``): by default the in-memory MAP-DP of
+``pipeline.mapdp.run_mapdp`` - sweeps plus split and merge moves, learned concentration - is fitted
+to a hash sample of ``init_sample`` training rows (a subset of the prior's sample that ingest
+already drew), so pass 1 starts from about the right clusters and global statistics and the
+distributed passes only refine them. The sample's rows keep their labels in pass 1; every other
+training row is assigned in pass 1.
+
 The driver (``reduce_pass``) adds the deltas in chunk order, merges every new cluster into
 another one, new or existing, while a merge lowers the objective (eq. 3.3, from the families' log
-marginals; Bayes K-means tests every pair, as its Section 5 merge step), drops empty clusters and
-records how the labels written in this pass map to the new cluster numbers (``PassState.remap``):
-labels are relabelled lazily, by the next task that reads them. The objective comes from the
-statistics alone; the run stops when it decreases by less than ``tol``, or after ``max_passes``.
+marginals; Bayes K-means tests every pair, as its Section 5 merge step), then runs merge moves
+over all clusters (``kernels.mapdp.greedy_merge``: the pair whose merge lowers the objective most,
+until none does), drops empty clusters and records how the labels written in this pass map to
+the new cluster numbers (``PassState.remap``): labels are relabelled lazily, by the next task that
+reads them. The objective comes from the statistics alone.
+
+Stop rule (``stop_reason``): after a pass, the run stops when the objective decreased by at most
+``tol * |objective|`` (relative) or when at most ``min_change * N_train`` records changed cluster
+(moved by the sweeps, or relabelled by a merge of existing clusters), or after ``max_passes``.
+
+Summaries (``split_summaries``): with ``--summaries M`` one more distributed pass after stage 1
+splits cluster k into m_k = max(1, round(M n_k / N)) slabs between normal quantiles of the
+projection on its principal axis (from its statistics), writes the sub-cluster labels and
+returns their statistics; stage 2 (``pipeline.stage2``) maps them to final clusters, and the
+write-out applies the mapping.
 
 Determinism: the visiting order of chunk c in pass p is drawn from the SeedSequence child
 (restart, p, c) of ``random_state``; a task reads one buffer and writes the other; deltas are
@@ -42,7 +60,7 @@ from kernels import mapdp as kmapdp
 from kernels.rng import shuffle
 from pipeline.concentration import log_gamma_prior, map_concentration
 from pipeline.families import FloatArray, ProductFamily
-from pipeline.mapdp import as_seed_sequence, seed_state
+from pipeline.mapdp import as_seed_sequence, run_mapdp, seed_state
 from pipeline.store import (
     DEFAULT_CHUNK_ROWS,
     PLOT_SALT,
@@ -57,7 +75,9 @@ from pipeline.store import (
 
 IntArray = NDArray[np.int64]
 ENGINES = ("mapdp", "kmeans")
-INITS = ("auto", "sequential", "one-cluster", "seeds")
+INITS = ("auto", "sample", "sequential", "one-cluster", "seeds")
+INIT_SAMPLE = 50_000
+INIT_SALT = 0x5EED_0004
 FAULT_ENV = "DPMM_FAULT_AFTER_PASS"
 MAX_SEEDS = 100
 PLOT_POINTS = 4000
@@ -77,15 +97,19 @@ class FitParams:
     engine : "mapdp" or "kmeans" (Bayes K-means).
     alpha : DP concentration N0, or "learn" (MAP under Gamma(alpha_prior), eq. A.1, after every
         pass).
-    init : "sequential" (no cluster: the first pass opens them), "one-cluster" (Algorithm 1's
-        start), "seeds" (``n_seeds`` random training records as singleton clusters, seed 001
-        Section 5); "auto" is "sequential" for MAP-DP and "seeds" for Bayes K-means.
+    init : "sample" (in-memory MAP-DP with split / merge moves on a hash sample of
+        ``init_sample`` training rows, module docstring), "sequential" (no cluster: the first
+        pass opens them), "one-cluster" (Algorithm 1's start), "seeds" (``n_seeds`` random
+        training records as singleton clusters, seed 001 Section 5); "auto" is "sample".
     n_seeds : seeds of the "seeds" start; default min(ceil(sqrt(N)), 100).
-    max_passes, tol : stop after max_passes passes or when a pass lowers the objective by less
-        than tol.
+    init_sample : rows of the "sample" start (at most the prior's sample of ingest).
+    max_passes, tol, min_change : stop after ``max_passes`` passes, or when a pass lowers the
+        objective by at most ``tol * |objective|`` (relative), or when at most
+        ``min_change * N_train`` records changed cluster in the pass.
     seed : entropy of the SeedSequence all (restart, pass, chunk) seeds derive from.
     merge_all : MAP-DP also tests merges between clusters that were not opened in the pass
-        (always so for Bayes K-means).
+        (always so for Bayes K-means). Merge moves over all clusters by the exact objective
+        (``kernels.mapdp.greedy_merge``) run after every pass regardless.
     """
 
     engine: str = "mapdp"
@@ -93,8 +117,10 @@ class FitParams:
     alpha_prior: tuple[float, float] = (1.0, 1.0)
     init: str = "auto"
     n_seeds: int | None = None
+    init_sample: int = INIT_SAMPLE
     max_passes: int = 50
-    tol: float = 1e-6
+    tol: float = 1e-5
+    min_change: float = 1e-3
     seed: int = 0
     restart: int = 0
     merge_all: bool = False
@@ -113,6 +139,10 @@ class FitParams:
             raise ValueError(f"max_passes must be >= 1, got {self.max_passes}")
         if not self.tol >= 0:
             raise ValueError(f"tol must be >= 0, got {self.tol}")
+        if not 0 <= self.min_change < 1:
+            raise ValueError(f"min_change must be in [0, 1), got {self.min_change}")
+        if int(self.init_sample) < 1:
+            raise ValueError(f"init_sample must be >= 1, got {self.init_sample}")
         a, b = self.alpha_prior
         if not (a > 0 and b > 0):
             raise ValueError(f"alpha_prior must be two positive numbers, got {self.alpha_prior}")
@@ -124,9 +154,7 @@ class FitParams:
 
     @property
     def start(self) -> str:
-        if self.init != "auto":
-            return self.init
-        return "seeds" if self.engine == "kmeans" else "sequential"
+        return "sample" if self.init == "auto" else self.init
 
 
 def seed_entropy(random_state: Any) -> int:
@@ -155,6 +183,7 @@ class PassState:
     init_rows: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     init_labels: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     init_label: int = -1
+    init_record: dict[str, Any] | None = None
 
     @property
     def n_clusters(self) -> int:
@@ -328,6 +357,32 @@ def reconcile(
     return stats, parent, merges
 
 
+def merged_records(sizes: FloatArray, target: IntArray) -> int:
+    """Records whose cluster number changes when clusters of ``sizes`` merge by ``target``:
+    all but the largest contributor of each merged cluster."""
+    if sizes.size == 0:
+        return 0
+    best = np.zeros(int(target.max()) + 1)
+    np.maximum.at(best, target, sizes)
+    return round(float(sizes.sum() - best.sum()))
+
+
+def stop_reason(
+    e_old: float, e_new: float, changed: int, n_train: int, params: FitParams
+) -> str | None:
+    """Why the run stops after a pass (None: it goes on; ``max_passes`` is the caller's).
+
+    "objective": the pass lowered the objective by at most ``tol * |e_new|`` (relative; a pass
+    that raised it stops too); "changes": at most ``min_change * n_train`` records changed
+    cluster (sweep moves plus records relabelled by merges of existing clusters).
+    """
+    if changed <= params.min_change * n_train:
+        return "changes"
+    if math.isfinite(e_old) and e_old - e_new <= params.tol * abs(e_new):
+        return "objective"
+    return None
+
+
 def reduce_pass(
     state: PassState,
     results: list[ChunkResult],
@@ -356,27 +411,39 @@ def reduce_pass(
         candidates = np.arange(everything.shape[0], dtype=np.int64)
     else:
         candidates = np.arange(K, everything.shape[0], dtype=np.int64)
-    merged, parent, merges = reconcile(everything, candidates, family, math.log(alpha))
+    log_alpha = math.log(alpha)
+    merged, parent, merges = reconcile(everything, candidates, family, log_alpha)
     keep = merged[:, 0] > 0.5
     new_id = np.full(merged.shape[0], -1, dtype=np.int64)
     new_id[keep] = np.arange(int(keep.sum()))
-    remap = new_id[parent]
     stats = np.ascontiguousarray(merged[keep])
+    # merge moves over all clusters, by the exact decrease of the objective
+    target, stats, global_merges = kmapdp.greedy_merge(
+        stats, np.ascontiguousarray(stats[:, 0]), family.spec, family.prior, log_alpha
+    )
+    stats = np.ascontiguousarray(stats)
+    idx = new_id[parent]
+    remap = np.where(idx >= 0, target[np.maximum(idx, 0)], -1).astype(np.int64)
+    relabelled = merged_records(merged[keep][:, 0], target)
     if params.learn_alpha:
         alpha = map_concentration(n_train, stats.shape[0], *params.alpha_prior, start=alpha)
     e = objective(stats, alpha, family, params)
-    record = {
+    changed = int(n_changed) + relabelled
+    record: dict[str, Any] = {
         "pass": state.pass_no + 1,
         "objective": e,
         "n_clusters": int(stats.shape[0]),
         "n_new": int(m),
         "merges": int(merges),
+        "global_merges": int(global_merges),
         "n_changed": int(n_changed),
+        "changed_fraction": changed / max(n_train, 1),
         "alpha": float(alpha),
         "task_seconds": float(sum(r.seconds for r in results)),
     }
-    decrease = state.objective - e
-    converged = (n_changed == 0 or decrease < params.tol) and merges == 0
+    reason = stop_reason(state.objective, e, changed, n_train, params)
+    record["stop"] = reason
+    converged = reason is not None
     new = PassState(
         pass_no=state.pass_no + 1,
         stats=stats,
@@ -386,6 +453,7 @@ def reduce_pass(
         offsets=offsets,
         history=[*state.history, record],
         converged=bool(converged),
+        init_record=state.init_record,
     )
     return new, record
 
@@ -396,6 +464,8 @@ def initial_state(client: Any, store: Store, info: StoreInfo, params: FitParams)
     alpha = 1.0 if params.learn_alpha else float(params.alpha)
     empty = np.zeros(0, dtype=np.int64)
     start = params.start
+    if start == "sample":
+        return sample_state(client, info, params)
     if start == "sequential":
         stats = np.zeros((0, fam.n_stats))
         return PassState(0, stats, alpha, empty, 0, empty, init_rows=empty, init_labels=empty)
@@ -426,6 +496,72 @@ def initial_state(client: Any, store: Store, info: StoreInfo, params: FitParams)
         empty,
         init_rows=seed_rows,
         init_labels=labels,
+    )
+
+
+def init_sample_rows(info: StoreInfo, n: int) -> IntArray:
+    """Positions in ``info.sample`` of the "sample" start: the ``n`` prior-sample rows with the
+    smallest hash ``row_uniform(row, INIT_SALT)``, in row order (all of them when fewer)."""
+    rows = np.asarray(info.sample_rows, dtype=np.int64)
+    if rows.shape[0] <= n:
+        return np.arange(rows.shape[0], dtype=np.int64)
+    pick = np.argsort(row_uniform(rows, INIT_SALT), kind="stable")[:n]
+    return np.sort(pick).astype(np.int64)
+
+
+def _sample_fit_task(
+    Xs: FloatArray, fam: ProductFamily, order: IntArray, alpha: float, params: FitParams
+) -> tuple[IntArray, FloatArray, float, int, float]:
+    res = run_mapdp(
+        Xs,
+        fam,
+        order,
+        alpha,
+        params.learn_alpha,
+        params.alpha_prior,
+        100,
+        1e-6,
+        "sequential",
+    )
+    return res.labels, res.stats, float(res.alpha), res.n_iter, res.objective
+
+
+def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
+    """The "sample" start (module docstring): in-memory MAP-DP (``pipeline.mapdp.run_mapdp``,
+    with split and merge moves) on a hash sample of training rows, run as one Dask task; its
+    rows keep their labels in pass 1 and its statistics are pass 1's global statistics."""
+    t0 = time.perf_counter()
+    fam = info.family
+    alpha = 1.0 if params.learn_alpha else float(params.alpha)
+    pos = init_sample_rows(info, int(params.init_sample))
+    rows = np.asarray(info.sample_rows, dtype=np.int64)[pos]
+    Xs = fam.arrange(np.asarray(info.sample)[pos])
+    rng = np.random.default_rng(chunk_seed(params.seed, params.restart, 0, 0))
+    order = rng.permutation(rows.shape[0]).astype(np.int64)
+    Xs_f = client.scatter(Xs, hash=False)  # not embedded in the task graph
+    fut = client.submit(_sample_fit_task, Xs_f, fam, order, alpha, params, pure=False)
+    labels, stats, alpha, n_iter, e = fut.result()
+    K = int(stats.shape[0])
+    record = {
+        "pass": 0,
+        "init": "sample",
+        "sample_rows": int(rows.shape[0]),
+        "sample_iterations": int(n_iter),
+        "sample_objective": float(e),
+        "n_clusters": K,
+        "alpha": float(alpha),
+        "seconds": time.perf_counter() - t0,
+    }
+    return PassState(
+        0,
+        np.ascontiguousarray(stats),
+        float(alpha),
+        np.arange(K, dtype=np.int64),
+        K,
+        np.zeros(0, dtype=np.int64),
+        init_rows=rows,
+        init_labels=np.asarray(labels, dtype=np.int64),
+        init_record=record,
     )
 
 
@@ -525,7 +661,10 @@ def load_checkpoint(store: Store, params: FitParams) -> PassState | None:
         return None
     ck = store.load("checkpoint.pkl")
     saved: FitParams = ck["params"]
-    if replace(saved, max_passes=params.max_passes, tol=params.tol) != params:
+    same = replace(
+        saved, max_passes=params.max_passes, tol=params.tol, min_change=params.min_change
+    )
+    if same != params:
         return None
     state: PassState = ck["state"]
     return state
@@ -560,6 +699,212 @@ def check_fault(state: PassState) -> None:
     fault = os.environ.get(FAULT_ENV)
     if fault and int(fault) == state.pass_no:
         raise InjectedFault(f"fault injected after pass {state.pass_no} (${FAULT_ENV})")
+
+
+# -- summaries: stage 1 split into about M sub-clusters ----------------------------------------
+
+
+def summary_counts(nk: FloatArray, M: int) -> IntArray:
+    """Sub-clusters of each stage-1 cluster: m_k = max(1, round(M n_k / N))."""
+    n = float(nk.sum())
+    return np.maximum(1, np.rint(M * nk / max(n, 1.0))).astype(np.int64)
+
+
+def gaussian_moments(stats: FloatArray, family: ProductFamily) -> tuple[FloatArray, FloatArray]:
+    """Mean (K, D) and covariance (K, D, D) of each cluster's records from its statistics, when
+    every group of the family is a full-covariance Gaussian (block-diagonal across groups)."""
+    from kernels.families import product as kp
+
+    K, D = stats.shape[0], family.n_cols
+    mean = np.zeros((K, D))
+    cov = np.zeros((K, D, D))
+    n = np.maximum(stats[:, 0], 1.0)
+    for r in family.spec:
+        c0, nc, s0 = int(r[kp.COL0]), int(r[kp.NCOL]), int(r[kp.STAT0])
+        m = stats[:, s0 + 1 : s0 + 1 + nc] / n[:, None]
+        xx = stats[:, s0 + 1 + nc : s0 + 1 + nc + nc * nc].reshape(K, nc, nc) / n[:, None, None]
+        mean[:, c0 : c0 + nc] = m
+        cov[:, c0 : c0 + nc, c0 : c0 + nc] = xx - m[:, :, None] * m[:, None, :]
+    return mean, cov
+
+
+def _moments_task(store: str, c: int, a: int, b: int, msg: SplitInput) -> tuple[Any, ...]:
+    X = np.ascontiguousarray(zarr.open_array(f"{store}/X", mode="r")[a:b])
+    raw = np.asarray(zarr.open_array(f"{store}/{msg.buffer}", mode="r")[a:b])
+    z = decode_labels(raw, msg.remap, msg.k_written, int(msg.offsets[c]))
+    m = z >= 0
+    K, D = msg.n_parent, X.shape[1]
+    n = np.bincount(z[m], minlength=K).astype(np.float64)
+    s1 = np.zeros((K, D))
+    np.add.at(s1, z[m], X[m])
+    s2 = np.zeros((K, D, D))
+    order = np.argsort(z[m], kind="stable")
+    Xm, zm = X[m][order], z[m][order]
+    bounds = np.searchsorted(zm, np.arange(K + 1))
+    for k in range(K):
+        Xk = Xm[bounds[k] : bounds[k + 1]]
+        s2[k] = Xk.T @ Xk
+    return n, s1, s2
+
+
+def data_moments(
+    client: Any, store: Store, info: StoreInfo, state: PassState
+) -> tuple[FloatArray, FloatArray]:
+    """Mean and covariance of each cluster's (arranged) records by one pass over the chunks:
+    for families whose statistics do not hold them."""
+    msg = _split_input(state, info, np.zeros((0, 0)), np.zeros((0, 0)), np.zeros((0, 0)))
+    msg_f = client.scatter(msg, broadcast=True, hash=False)
+    futs = [
+        client.submit(_moments_task, str(store.path), c, a, b, msg_f, pure=False)
+        for c, a, b in iter_chunks(info)
+    ]
+    parts = client.gather(futs)
+    n = np.maximum(sum(p[0] for p in parts), 1.0)
+    mean = sum(p[1] for p in parts) / n[:, None]
+    xx = sum(p[2] for p in parts) / n[:, None, None]
+    return mean, xx - mean[:, :, None] * mean[:, None, :]
+
+
+@dataclass
+class SplitInput:
+    """What every chunk task of the summaries pass receives."""
+
+    buffer: str
+    out_buffer: str
+    remap: IntArray
+    k_written: int
+    offsets: IntArray
+    n_parent: int
+    family: ProductFamily
+    mean: FloatArray  # (K, D)
+    axis: FloatArray  # (K, D) unit principal axis
+    cuts: FloatArray  # (K, max m_k - 1), +inf padded
+    base: IntArray  # (K,) first sub-cluster of each cluster
+    n_sub: int
+
+
+def _split_input(
+    state: PassState, info: StoreInfo, mean: FloatArray, axis: FloatArray, cuts: FloatArray
+) -> SplitInput:
+    K = state.n_clusters
+    m = 1 + np.sum(np.isfinite(cuts), axis=1) if cuts.size else np.ones(K, dtype=np.int64)
+    base = np.concatenate([[0], np.cumsum(m)[:-1]]).astype(np.int64) if K else np.zeros(0)
+    return SplitInput(
+        buffer=state.buffer,
+        out_buffer=f"z{(state.pass_no + 1) % 2}",
+        remap=state.remap,
+        k_written=state.k_written,
+        offsets=state.offsets,
+        n_parent=K,
+        family=info.family,
+        mean=mean,
+        axis=axis,
+        cuts=cuts,
+        base=np.asarray(base, dtype=np.int64),
+        n_sub=int(np.sum(m)) if K else 0,
+    )
+
+
+def _split_chunk_task(store: str, c: int, a: int, b: int, msg: SplitInput) -> tuple[int, Any]:
+    """Sub-cluster of every training row of a chunk (quantile slab of the projection on its
+    cluster's principal axis), written to ``out_buffer``; returns the sub-clusters' statistics."""
+    X = np.ascontiguousarray(zarr.open_array(f"{store}/X", mode="r")[a:b])
+    raw = np.asarray(zarr.open_array(f"{store}/{msg.buffer}", mode="r")[a:b])
+    z = decode_labels(raw, msg.remap, msg.k_written, int(msg.offsets[c]))
+    m = z >= 0
+    sub = np.full(z.shape[0], -1, dtype=np.int64)
+    zk = z[m]
+    t = np.einsum("nd,nd->n", X[m] - msg.mean[zk], msg.axis[zk])
+    j = (msg.cuts[zk] < t[:, None]).sum(axis=1) if msg.cuts.shape[1] else np.zeros(zk.shape[0])
+    sub[m] = msg.base[zk] + j.astype(np.int64)
+    stats = msg.family.stats_of(X, sub, msg.n_sub)
+    zarr.open_array(f"{store}/{msg.out_buffer}", mode="r+")[a:b] = sub
+    return c, stats
+
+
+@dataclass
+class Summaries:
+    """The summaries pass: the state whose clusters are the sub-clusters, and the stage-1
+    cluster each came from."""
+
+    state: PassState
+    parent: IntArray
+    record: dict[str, Any]
+
+
+def split_summaries(
+    client: Any,
+    store: Store,
+    info: StoreInfo,
+    state: PassState,
+    M: int,
+    progress: bool = False,
+) -> Summaries:
+    """One distributed pass after stage 1: cluster k becomes m_k = max(1, round(M n_k / N))
+    sub-clusters, slabs between the quantiles j / m_k (j = 1..m_k - 1) of the projection of its
+    records on its principal axis under a normal approximation (mean, covariance from the
+    statistics, or from one moments pass for non-Gaussian families). Every chunk computes the
+    cut points alike, so nothing is communicated but the sub-clusters' statistics. Empty
+    sub-clusters are dropped. Labels go to the other buffer; the returned state decodes them."""
+    from scipy.special import ndtri
+
+    t0 = time.perf_counter()
+    from kernels.families import product as kp
+
+    K = state.n_clusters
+    counts = summary_counts(state.nk, int(M))
+    if np.all(info.family.spec[:, kp.CODE] == kp.GAUSSIAN_NW):
+        mean, cov = gaussian_moments(state.stats, info.family)
+    else:
+        mean, cov = data_moments(client, store, info, state)
+    D = mean.shape[1]
+    axis = np.zeros((K, D))
+    width = max(int(counts.max()) - 1, 0) if K else 0
+    cuts = np.full((K, width), np.inf)
+    for k in range(K):
+        w, v = np.linalg.eigh((cov[k] + cov[k].T) / 2.0)
+        axis[k] = v[:, -1]
+        mk = int(counts[k])
+        if mk > 1:
+            q = ndtri(np.arange(1, mk) / mk)
+            cuts[k, : mk - 1] = math.sqrt(max(float(w[-1]), 0.0)) * q
+    msg = _split_input(state, info, mean, axis, cuts)
+    msg_f = client.scatter(msg, broadcast=True, hash=False)
+    futs = [
+        client.submit(_split_chunk_task, str(store.path), c, a, b, msg_f, pure=False)
+        for c, a, b in iter_chunks(info)
+    ]
+    parts = sorted(client.gather(futs), key=lambda r: r[0])
+    sub_stats = np.sum([p[1] for p in parts], axis=0).reshape(msg.n_sub, -1)
+    keep = sub_stats[:, 0] > 0.5
+    new_id = np.full(msg.n_sub, -1, dtype=np.int64)
+    new_id[keep] = np.arange(int(keep.sum()))
+    parent_all = np.repeat(np.arange(K, dtype=np.int64), counts)
+    seconds = time.perf_counter() - t0
+    record = {
+        "pass": state.pass_no + 1,
+        "summaries": int(keep.sum()),
+        "requested": int(M),
+        "n_clusters": int(keep.sum()),
+        "seconds": seconds,
+    }
+    new = PassState(
+        pass_no=state.pass_no + 1,
+        stats=np.ascontiguousarray(sub_stats[keep]),
+        alpha=state.alpha,
+        remap=new_id,
+        k_written=msg.n_sub,
+        offsets=np.zeros(info.n_chunks, dtype=np.int64),
+        history=list(state.history),
+        converged=state.converged,
+        init_record=state.init_record,
+    )
+    if progress:
+        print(
+            f"summaries: {record['summaries']} sub-clusters of {K} clusters, {seconds:.1f} s",
+            file=sys.stderr,
+        )
+    return Summaries(new, parent_all[keep], record)
 
 
 # -- stage 2 hook ----------------------------------------------------------------------------
@@ -598,6 +943,7 @@ class WriteInput:
     alpha: float
     family: ProductFamily
     plot_rate: float
+    labels: bool = False
 
 
 @dataclass
@@ -610,6 +956,7 @@ class WriteResult:
     new_cluster: int
     plot_X: FloatArray
     plot_labels: IntArray
+    pairs: IntArray | None = None  # (3, P): true label code, final label, count
 
 
 def write_chunk_task(
@@ -639,6 +986,11 @@ def write_chunk_task(
     zarr.open_array(f"{labels}/log_density", mode="r+")[a:b] = logdens
     zarr.open_array(f"{labels}/holdout", mode="r+")[a:b] = hold
     pick = row_uniform(np.arange(a, b), PLOT_SALT) < msg.plot_rate
+    pairs = None
+    if msg.labels:
+        y = np.asarray(zarr.open_array(f"{store}/y", mode="r")[a:b], dtype=np.int64)
+        both, counts = np.unique(np.vstack([y, label]), axis=1, return_counts=True)
+        pairs = np.vstack([both, counts.astype(np.int64)])
     return WriteResult(
         c,
         float(logdens[hold].sum()),
@@ -648,7 +1000,45 @@ def write_chunk_task(
         int((label[hold] < 0).sum()),
         X[pick],
         label[pick],
+        pairs,
     )
+
+
+def label_scores(pairs: IntArray) -> dict[str, float]:
+    """NMI (arithmetic normalisation, as ``sklearn.metrics.normalized_mutual_info_score``) and
+    ARI (``adjusted_rand_score``) from the contingency table of (true code, label, count)
+    triples (3, P): additive over chunks, so no labels travel to the driver."""
+    import scipy.sparse as sp
+    from sklearn.metrics import mutual_info_score
+
+    _, ti = np.unique(pairs[0], return_inverse=True)
+    _, pi = np.unique(pairs[1], return_inverse=True)
+    C = sp.coo_matrix((pairs[2].astype(np.float64), (ti, pi))).tocsr()
+    C.sum_duplicates()
+    n = float(C.sum())
+    a = np.asarray(C.sum(axis=1)).ravel()
+    b = np.asarray(C.sum(axis=0)).ravel()
+
+    def entropy(c: FloatArray) -> float:
+        p = c[c > 0] / n
+        return float(-(p * np.log(p)).sum())
+
+    ht, hp = entropy(a), entropy(b)
+    if a.size == b.size == 1 or (ht == 0.0 and hp == 0.0):
+        nmi = 1.0
+    else:
+        mi = float(mutual_info_score(None, None, contingency=C))
+        nmi = mi / max((ht + hp) / 2.0, np.finfo(np.float64).eps)
+
+    def comb2(v: FloatArray) -> float:
+        return float((v * (v - 1.0)).sum() / 2.0)
+
+    sum_ij = comb2(C.data)
+    sa, sb = comb2(a), comb2(b)
+    expected = sa * sb / (n * (n - 1.0) / 2.0) if n > 1 else 0.0
+    top = (sa + sb) / 2.0
+    ari = 1.0 if top == expected else (sum_ij - expected) / (top - expected)
+    return {"nmi": float(nmi), "ari": float(ari)}
 
 
 @dataclass
@@ -660,6 +1050,7 @@ class WriteSummary:
     plot_X: FloatArray
     plot_labels: IntArray
     seconds: float
+    scores: dict[str, float] | None = None
 
 
 def write_out(
@@ -705,6 +1096,7 @@ def write_out(
         alpha=state.alpha,
         family=info.family,
         plot_rate=min(1.0, PLOT_POINTS / max(info.n_rows, 1)),
+        labels=info.label_column is not None,
     )
     msg_f = client.scatter(msg, broadcast=True, hash=False)
     futs = [
@@ -723,6 +1115,9 @@ def write_out(
     results.sort(key=lambda r: r.c)
     n_hold = sum(r.heldout_n for r in results)
     n_train = sum(r.train_n for r in results)
+    scores = None
+    if info.label_column is not None:
+        scores = label_scores(np.hstack([r.pairs for r in results if r.pairs is not None]))
     return WriteSummary(
         heldout_mean_log_density=(sum(r.heldout_sum for r in results) / n_hold) if n_hold else None,
         train_mean_log_density=sum(r.train_sum for r in results) / max(n_train, 1),
@@ -731,6 +1126,7 @@ def write_out(
         plot_X=np.concatenate([r.plot_X for r in results]),
         plot_labels=np.concatenate([r.plot_labels for r in results]),
         seconds=time.perf_counter() - t0,
+        scores=scores,
     )
 
 
@@ -819,7 +1215,9 @@ def fit_distributed(
     n_seeds: int | None = None,
     alpha_prior: tuple[float, float] = (1.0, 1.0),
     max_passes: int = 100,
-    tol: float = 1e-6,
+    tol: float = 1e-5,
+    min_change: float = 1e-3,
+    init_sample: int = INIT_SAMPLE,
     n_restarts: int = 1,
     random_state: Any = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
@@ -836,7 +1234,7 @@ def fit_distributed(
     family : as ``MAPDP(family=...)``
     alpha : float or "learn"
     engine : "mapdp" or "kmeans"
-    init, n_seeds, alpha_prior, max_passes, tol : see ``FitParams``
+    init, n_seeds, alpha_prior, max_passes, tol, min_change, init_sample : see ``FitParams``
     n_restarts : int
         Runs from different seeds over the same store; the lowest objective wins.
     random_state : int, SeedSequence, Generator or None
@@ -860,6 +1258,8 @@ def fit_distributed(
         n_seeds=n_seeds,
         max_passes=int(max_passes),
         tol=float(tol),
+        min_change=float(min_change),
+        init_sample=int(init_sample),
         seed=seed_entropy(random_state),
     ).checked()
     if int(n_restarts) < 1:
@@ -910,12 +1310,14 @@ def fit_estimator(est: Any, X: Any, client: Any = None) -> Any:
     parameters, setting the same fitted attributes."""
     from sklearn.exceptions import ConvergenceWarning
 
+    # the estimator's default "sequential" start is the in-memory one; on Dask, stage 1 starts
+    # from in-memory MAP-DP on a sample ("sample"), which then only needs a few passes
     res = fit_distributed(
         X,
         family=est.family,
         alpha=est.alpha,
         engine="mapdp",
-        init=est.init,
+        init="sample" if est.init == "sequential" else est.init,
         alpha_prior=tuple(est.alpha_prior),
         max_passes=est.max_iter,
         tol=est.tol,
@@ -971,6 +1373,10 @@ class RunConfig:
     params: FitParams = FitParams()
     overwrite: bool = False
     report: bool = True
+    label_column: str | None = None
+    summaries: int = 0
+    stage2: str = "none"
+    mcmc: int = 0
 
 
 def _input_fingerprint(source: Any) -> Any:
@@ -992,7 +1398,7 @@ def fingerprint(source: Any, cfg: RunConfig) -> str | None:
         return None
     import json
 
-    params = replace(cfg.params, max_passes=0, tol=0.0)
+    params = replace(cfg.params, max_passes=0, tol=0.0, min_change=0.0)
     return json.dumps(
         {
             "input": fp,
@@ -1001,6 +1407,7 @@ def fingerprint(source: Any, cfg: RunConfig) -> str | None:
             "family": repr(cfg.family),
             "prior_sample": cfg.prior_sample,
             "params": repr(params),
+            "label_column": cfg.label_column,
         },
         sort_keys=True,
     )
@@ -1056,6 +1463,7 @@ def step_ingest(
         holdout=cfg.holdout,
         prior_sample=cfg.prior_sample,
         progress=tell,
+        label_column=cfg.label_column,
     )
 
 
@@ -1089,10 +1497,13 @@ def finish(
     clusters.to_parquet(partial / "clusters.parquet", index=False)
     total = sum(timing.values())
     pass_seconds = sum(h.get("seconds", 0.0) for h in state.history)
+    n_passes = len(state.history)
+    extra = dict(extra or {})
     metrics = {
         "n_clusters": int(final.shape[0]),
-        "n_clusters_stage1": state.n_clusters,
-        "passes": state.pass_no,
+        "n_clusters_stage1": int(extra.pop("n_clusters_stage1", state.n_clusters)),
+        "n_summaries": int(state.n_clusters) if cfg.summaries > 0 else None,
+        "passes": n_passes,
         "converged": state.converged,
         "objective": state.objective,
         "alpha": state.alpha,
@@ -1101,10 +1512,13 @@ def finish(
         "n_heldout": written.n_heldout,
         "heldout_new_cluster": written.heldout_new_cluster,
         "records_per_second": info.n_rows / total if total > 0 else None,
-        "sweep_records_per_second": info.n_train * state.pass_no / pass_seconds
+        "sweep_records_per_second": info.n_train * n_passes / pass_seconds
         if pass_seconds > 0
         else None,
+        "stop": state.history[-1].get("stop") if state.history else None,
     }
+    if written.scores is not None:
+        metrics.update(written.scores)
     run = {
         "input": info.source,
         "out": str(Path(cfg.out)),
@@ -1125,15 +1539,22 @@ def finish(
             "n_seeds": cfg.params.n_seeds,
             "max_passes": cfg.params.max_passes,
             "tol": cfg.params.tol,
+            "min_change": cfg.params.min_change,
+            "init_sample": cfg.params.init_sample,
             "seed": cfg.params.seed,
             "prior_sample": cfg.prior_sample,
+            "label_column": cfg.label_column,
+            "summaries": cfg.summaries,
+            "stage2": cfg.stage2,
+            "mcmc": cfg.mcmc,
         },
         "notes": info.notes,
         "versions": versions(),
+        "init": state.init_record,
         "passes": state.history,
         "timing": {**timing, "total": total},
         "metrics": metrics,
-        **(extra or {}),
+        **extra,
     }
     pictures: list[str] = []
     if cfg.report:

@@ -1,8 +1,10 @@
 """``dpmm run``: the whole pipeline (Prefect flow ``flows.cluster``) from the command line.
 
     dpmm run INPUT --out OUT [--chunk-rows N] [--holdout F] [--engine mapdp|kmeans]
-             [--family SPEC] [--alpha FLOAT|learn] [--max-passes N] [--tol F] [--seed N]
-             [--scheduler ADDRESS] [--workers N] [--overwrite] [--no-report] [--quiet]
+             [--family SPEC] [--alpha FLOAT|learn] [--max-passes N] [--tol F]
+             [--min-change F] [--seed N] [--label-column COL] [--summaries M]
+             [--stage2 none|bhc] [--mcmc ITER] [--scheduler ADDRESS] [--workers N]
+             [--overwrite] [--no-report] [--quiet]
 
 INPUT is a CSV file, a Parquet file or directory, a ``.npy`` file or a zarr array. Bad input
 exits with status 2 and a one-line message naming the file and the row; nothing is left at OUT.
@@ -21,7 +23,7 @@ import math
 import sys
 from typing import Any
 
-from pipeline.distributed import DEFAULT_CHUNK_ROWS, ENGINES, InjectedFault
+from pipeline.distributed import DEFAULT_CHUNK_ROWS, ENGINES, INITS, InjectedFault
 
 
 def _alpha(text: str) -> float | str:
@@ -56,6 +58,16 @@ def _positive_int(text: str) -> int:
         v = 0
     if v < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return v
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
     return v
 
 
@@ -114,17 +126,53 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=_alpha, default="learn", metavar="FLOAT|learn")
     p.add_argument(
         "--init",
-        choices=("auto", "sequential", "one-cluster", "seeds"),
+        choices=INITS,
         default="auto",
-        help="start of pass 1 (auto: sequential for mapdp, seeds for kmeans)",
+        help="start of pass 1 (auto = sample: in-memory MAP-DP with split/merge moves on a "
+        "hash sample of 50,000 training rows)",
     )
     p.add_argument("--max-passes", type=_positive_int, default=50, metavar="N")
     p.add_argument(
         "--tol",
         type=_nonneg_float,
-        default=1e-6,
+        default=1e-5,
         metavar="F",
-        help="stop when a pass lowers the objective by less than F (default 1e-6)",
+        help="stop when a pass lowers the objective by at most F * |objective| (relative; "
+        "default 1e-5)",
+    )
+    p.add_argument(
+        "--min-change",
+        type=_fraction,
+        default=1e-3,
+        metavar="F",
+        help="stop when at most this fraction of the training records changed cluster in a "
+        "pass (default 1e-3)",
+    )
+    p.add_argument(
+        "--label-column",
+        default=None,
+        metavar="COL",
+        help="true labels: left out of the fit; NMI and ARI against them are reported",
+    )
+    p.add_argument(
+        "--summaries",
+        type=_nonneg_int,
+        default=0,
+        metavar="M",
+        help="split the stage-1 clusters into about M summaries for stage 2 (default 0: off)",
+    )
+    p.add_argument(
+        "--stage2",
+        choices=("none", "bhc"),
+        default=None,
+        help="stage 2 over the summaries (default: bhc with --summaries, else none)",
+    )
+    p.add_argument(
+        "--mcmc",
+        type=_nonneg_int,
+        default=0,
+        metavar="ITER",
+        help="tree-guided MCMC iterations after BHC in stage 2 (default 0)",
     )
     p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
     p.add_argument(
@@ -163,7 +211,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             init=args.init,
             max_passes=args.max_passes,
             tol=args.tol,
+            min_change=args.min_change,
             random_state=args.seed,
+            label_column=args.label_column,
+            summaries=args.summaries,
+            stage2=args.stage2,
+            mcmc=args.mcmc,
             scheduler=args.scheduler,
             n_workers=args.workers,
             overwrite=args.overwrite,

@@ -151,6 +151,7 @@ class StoreInfo:
     sample_rows: IntArray
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    label_column: str | None = None
 
     @property
     def n_chunks(self) -> int:
@@ -176,7 +177,9 @@ class Store:
     def array(self, name: str, mode: str = "r") -> Any:
         return zarr.open_array(str(self.path / name), mode=mode)
 
-    def create_arrays(self, n_rows: int, n_cols: int, chunk_rows: int) -> None:
+    def create_arrays(
+        self, n_rows: int, n_cols: int, chunk_rows: int, labels: bool = False
+    ) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         zarr.open_group(str(self.path), mode="a")
         zarr.create_array(
@@ -195,7 +198,7 @@ class Store:
             fill_value=False,
             overwrite=True,
         )
-        for name in ("z0", "z1"):
+        for name in ("z0", "z1", *(("y",) if labels else ())):
             zarr.create_array(
                 str(self.path / name),
                 shape=(n_rows,),
@@ -483,6 +486,24 @@ def _aligned(label: str, n: int, chunk_rows: int, kind: str, path: str, from_fra
 # -- the ingest tasks ------------------------------------------------------------------------
 
 
+def label_codes(values: Any) -> IntArray:
+    """int64 codes of true labels that agree across chunks: an integral finite number is its
+    value, anything else (strings, NaN, fractions) a 64-bit hash of its text."""
+    ser = pd.Series(values)
+    out = np.empty(ser.shape[0], dtype=np.int64)
+    if pd.api.types.is_numeric_dtype(ser.dtype) and not pd.api.types.is_bool_dtype(ser.dtype):
+        v = ser.to_numpy(dtype=np.float64, na_value=np.nan)
+        whole = np.isfinite(v) & (v == np.round(v)) & (np.abs(v) < 2**62)
+        out[whole] = v[whole].astype(np.int64)
+        rest = ~whole
+        if rest.any():
+            text = np.asarray([str(x) for x in v[rest]], dtype=object)
+            out[rest] = pd.util.hash_array(text).view(np.int64)
+        return out
+    text = np.asarray([str(x) for x in ser.to_numpy(dtype=object)], dtype=object)
+    return np.asarray(pd.util.hash_array(text).view(np.int64), dtype=np.int64)
+
+
 @dataclass
 class Encoder:
     """What every ingest task needs to validate and encode its rows (sent to the workers)."""
@@ -490,6 +511,16 @@ class Encoder:
     schema: Schema
     checker: ProductFamily  # families fitted to the first piece: only their support checks
     from_frame: bool
+    label_column: str | None = None
+
+    def take_labels(self, df: pd.DataFrame, label: str) -> IntArray | None:
+        """Remove the label column from ``df`` (in place) and return its codes
+        (``label_codes``); None without a label column."""
+        if self.label_column is None:
+            return None
+        if self.label_column not in df.columns:
+            raise InputError(f"{label}: no label column {self.label_column!r}")
+        return label_codes(df.pop(self.label_column))
 
     def encode(self, df: pd.DataFrame, label: str, row0: int | None) -> FloatArray:
         """Encoded rows (n, D) in the store's column order, or an ``InputError`` naming the
@@ -525,9 +556,13 @@ class PieceResult:
     sample_rows: IntArray | None = None
 
 
-def _write_chunk(store: str, a: int, Xa: FloatArray, hold: BoolArray) -> None:
+def _write_chunk(
+    store: str, a: int, Xa: FloatArray, hold: BoolArray, y: IntArray | None = None
+) -> None:
     zarr.open_array(f"{store}/X", mode="r+")[a : a + Xa.shape[0]] = Xa
     zarr.open_array(f"{store}/holdout", mode="r+")[a : a + Xa.shape[0]] = hold
+    if y is not None:
+        zarr.open_array(f"{store}/y", mode="r+")[a : a + Xa.shape[0]] = y
 
 
 def ingest_aligned_task(
@@ -536,6 +571,7 @@ def ingest_aligned_task(
     """Read, validate, encode and write one output chunk; its moments and sample rows."""
     try:
         df, _ = read_piece(piece, enc.schema.columns, data)
+        y = enc.take_labels(df, piece.label)
         Xa = enc.encode(df, piece.label, piece.row0)
     except InputError as err:
         return PieceResult(piece.index, 0, error=str(err))
@@ -543,7 +579,7 @@ def ingest_aligned_task(
     hold, mom, sample, rows = _chunk_summary(
         Xa, a, holdout, sample_rate, np.argsort(enc.checker.column_order)
     )
-    _write_chunk(store, a, Xa, hold)
+    _write_chunk(store, a, Xa, hold, y)
     return PieceResult(piece.index, Xa.shape[0], None, mom, sample, rows)
 
 
@@ -553,6 +589,7 @@ def stage_piece_task(store: str, piece: Piece, enc: Encoder, data: Any = None) -
         df, _ = read_piece(piece, enc.schema.columns, data)
         if df.shape[0] == 0:
             return PieceResult(piece.index, 0)
+        y = enc.take_labels(df, piece.label)
         Xa = enc.encode(df, piece.label, piece.row0)
     except InputError as err:
         return PieceResult(piece.index, -1, error=str(err))
@@ -563,6 +600,8 @@ def stage_piece_task(store: str, piece: Piece, enc: Encoder, data: Any = None) -
         compressors=None,
         overwrite=True,
     )
+    if y is not None:
+        zarr.create_array(f"{store}/staging/y{piece.index}", data=y, chunks=y.shape, overwrite=True)
     return PieceResult(piece.index, Xa.shape[0])
 
 
@@ -574,14 +613,23 @@ def gather_chunk_task(
     holdout: float,
     sample_rate: float,
     unarrange: IntArray,
+    labels: bool = False,
 ) -> PieceResult:
     """Copy staged rows [a, b) into X (spans: (piece, start, stop) within each staged piece)."""
     parts = [
         np.asarray(zarr.open_array(f"{store}/staging/{p}", mode="r")[s:e]) for p, s, e in spans
     ]
     Xa = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    y = None
+    if labels:
+        y = np.concatenate(
+            [
+                np.asarray(zarr.open_array(f"{store}/staging/y{p}", mode="r")[s:e])
+                for p, s, e in spans
+            ]
+        )
     hold, mom, sample, rows = _chunk_summary(Xa, a, holdout, sample_rate, unarrange)
-    _write_chunk(store, a, Xa, hold)
+    _write_chunk(store, a, Xa, hold, y)
     return PieceResult(a, b - a, None, mom, sample, rows)
 
 
@@ -643,6 +691,7 @@ def ingest(
     holdout: float = 0.0,
     prior_sample: int = PRIOR_SAMPLE,
     progress: Callable[[str, int, int], None] | None = None,
+    label_column: str | None = None,
 ) -> StoreInfo:
     """Validate, encode and write ``source`` into ``store`` with Dask tasks; fit the prior.
 
@@ -662,6 +711,9 @@ def ingest(
     prior_sample : int
         The empirical-Bayes prior (``Schema.build_family``) is fitted to about this many
         training rows, drawn by a hash of the row index; all of them when there are fewer.
+    label_column : str, optional
+        A column of true labels (frames, CSV, Parquet): left out of the fit and stored as codes
+        (``label_codes``) in ``y`` for the NMI / ARI of the write-out.
 
     Returns
     -------
@@ -677,9 +729,21 @@ def ingest(
     first, from_frame = read_piece(src.pieces[0], None)
     if first.shape[0] == 0:
         raise InputError(f"{src.pieces[0].label}: {NO_ROWS}")
+    if label_column is not None:
+        if not from_frame:
+            raise InputError(
+                f"{src.pieces[0].label}: --label-column {label_column!r} needs an input with "
+                "column names (CSV, Parquet, a DataFrame)"
+            )
+        if label_column not in first.columns:
+            raise InputError(
+                f"{src.pieces[0].label}: no column {label_column!r} for the labels; columns: "
+                + ", ".join(map(str, first.columns))
+            )
+        first = first.drop(columns=[label_column])
     schema, checker, fixed = _infer(first, from_frame, family, src.pieces[0].label)
     del first
-    enc = Encoder(schema, checker, from_frame)
+    enc = Encoder(schema, checker, from_frame, label_column)
     unarrange = np.argsort(checker.column_order)
     D = len(schema.columns)
     if store.path.exists():
@@ -693,7 +757,7 @@ def ingest(
         n_rows = sum(int(p.n or 0) for p in src.pieces)
         if n_rows == 0:
             raise InputError(f"{src.description}: {NO_ROWS}")
-        store.create_arrays(n_rows, D, chunk_rows)
+        store.create_arrays(n_rows, D, chunk_rows, labels=label_column is not None)
         rate = min(1.0, prior_sample / max(n_rows * (1.0 - holdout), 1.0))
         enc_f = client.scatter(enc, broadcast=True, hash=False)
         futs = [
@@ -730,7 +794,7 @@ def ingest(
         n_rows = int(sum(counts))
         if n_rows == 0:
             raise InputError(f"{src.description}: {NO_ROWS}")
-        store.create_arrays(n_rows, D, chunk_rows)
+        store.create_arrays(n_rows, D, chunk_rows, labels=label_column is not None)
         rate = min(1.0, prior_sample / max(n_rows * (1.0 - holdout), 1.0))
         ends = np.cumsum(counts)
         starts = ends - np.asarray(counts)
@@ -752,6 +816,7 @@ def ingest(
                     holdout,
                     rate,
                     unarrange,
+                    label_column is not None,
                     pure=False,
                 )
             )
@@ -793,6 +858,7 @@ def ingest(
         sample_rows=sample_rows,
         seconds=time.perf_counter() - t0,
         notes=notes,
+        label_column=label_column,
     )
     store.save("info.pkl", info)
     return info

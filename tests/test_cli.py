@@ -164,7 +164,7 @@ def test_drop_constant(tmp_path: Path, capsys) -> None:
 
 def test_demo(tmp_path: Path, capsys) -> None:
     out = tmp_path / "demo"
-    assert run(["demo", "--out", out, "--rows", 1200, "--quiet"]) == 0
+    assert run(["demo", "--in-memory", "--out", out, "--rows", 1200, "--quiet"]) == 0
     text = capsys.readouterr().out
     assert "NMI" in text and str(out) in text
     data = pd.read_csv(out / "input.csv")

@@ -219,7 +219,7 @@ def test_write_out_scores_heldout_rows(client, tmp_path: Path):
 
 def test_checkpoint_resume_gives_the_same_labels(client, tmp_path: Path, monkeypatch):
     X, _ = blobs(2000, seed=8)
-    params = dist.FitParams(seed=11).checked()
+    params = dist.FitParams(seed=11, init="sequential").checked()
     runs = []
     for name, fault in (("a", None), ("b", "2")):
         store = Store(tmp_path / name)
@@ -241,7 +241,7 @@ def test_killed_worker_gives_the_same_labels(tmp_path: Path):
     """A worker process is killed in the middle of a pass: the run completes with the labels
     of an undisturbed run (tasks are idempotent, deltas are summed in chunk order)."""
     X, _ = blobs(12000, seed=9, d=4, k=6)
-    params = dist.FitParams(seed=5, max_passes=6).checked()
+    params = dist.FitParams(seed=5, max_passes=6, init="sequential").checked()
     with (
         LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
@@ -281,3 +281,161 @@ def test_killed_worker_gives_the_same_labels(tmp_path: Path):
         assert os.getpid() not in killed
         assert np.array_equal(got, want)
         assert state.pass_no == quiet.pass_no
+
+
+# -- the sample start, merge moves, stop rule, summaries, label scores -------------------------
+
+
+def test_sample_start_converges_in_few_passes(client):
+    """Stage 1 starts from in-memory MAP-DP on a hash sample smaller than the data: pass 0 has
+    the right clusters already and the passes only refine them."""
+    X, y = blobs(8000, seed=12, k=5)
+    res = _fit(X, client, chunk_rows=1000, init="sample", random_state=3, max_passes=10)
+    res_small = dist.fit_distributed(
+        X, client=client, chunk_rows=1000, random_state=3, max_passes=10, prior_sample=1500
+    )
+    for r in (res, res_small):
+        assert r.converged and r.n_iter <= 3
+        assert normalized_mutual_info_score(y, r.labels) > 0.99
+        assert r.stats.shape[0] == 5
+    assert res_small.passes[-1]["stop"] in ("changes", "objective")
+
+
+def test_init_sample_rows_are_a_deterministic_hash_subset(client, tmp_path: Path):
+    X, _ = blobs(3000, seed=13)
+    info = ingest(X, Store(tmp_path / "s"), client=client, chunk_rows=500, holdout=0.1)
+    pos = dist.init_sample_rows(info, 1000)
+    assert pos.shape == (1000,) and np.all(np.diff(pos) > 0)
+    assert np.array_equal(pos, dist.init_sample_rows(info, 1000))
+    assert dist.init_sample_rows(info, 10**6).shape[0] == info.sample_rows.shape[0]
+    state = dist.sample_state(client, info, dist.FitParams(seed=1, init_sample=1000).checked())
+    assert state.init_rows.shape == (1000,)
+    assert state.stats[:, 0].sum() == 1000
+    assert state.init_record["init"] == "sample"
+
+
+def _split_state(X: np.ndarray, fam, labels: np.ndarray, K: int) -> dist.PassState:
+    stats = fam.stats_of(fam.arrange(X), labels, K)
+    hist = [{"objective": 1e9}]
+    empty = np.zeros(0, dtype=np.int64)
+    return dist.PassState(1, stats, 1.0, np.arange(K), K, empty, history=hist)
+
+
+def test_merge_moves_join_a_split_cluster(client):
+    """A cluster cut in two (not opened in this pass) is merged back by the global merge moves
+    after the pass, and the labels of both halves map to the merged cluster."""
+    X, _y = blobs(1200, seed=14, k=3)
+    res = _fit(X, client, chunk_rows=600)
+    fam = res.info.family
+    labels = res.labels.copy()
+    k0 = int(labels[0])
+    half = (labels == k0) & (np.arange(labels.size) % 2 == 0)
+    labels[half] = res.stats.shape[0]
+    K = res.stats.shape[0] + 1
+    state = _split_state(X, fam, labels, K)
+    S = fam.n_stats
+    results = [dist.ChunkResult(0, np.zeros((K, S)), np.zeros((0, S)), 0, 1200, 0.0)]
+    params = dist.FitParams(alpha=1.0).checked()
+    new, record = dist.reduce_pass(state, results, fam, params, 1200)
+    assert record["global_merges"] == 1
+    assert new.n_clusters == K - 1
+    assert new.remap[k0] == new.remap[K - 1]
+    assert record["objective"] < 1e9
+    np.testing.assert_allclose(np.sort(new.stats[:, 0]), np.sort(res.stats[:, 0]))
+    # a merge relabels the smaller half: that counts as changed records
+    assert record["changed_fraction"] == pytest.approx(min(half.sum(), (labels == k0).sum()) / 1200)
+
+
+def test_stop_rule_is_relative_objective_or_changed_fraction():
+    p = dist.FitParams(tol=1e-5, min_change=1e-3).checked()
+    n = 100_000
+    # pass 1 never stops on the objective (no previous value)
+    assert dist.stop_reason(np.inf, -5e6, n, n, p) is None
+    # decrease 40 <= 1e-5 * 5e6 = 50: stop; decrease 60: go on (with many records moving)
+    assert dist.stop_reason(5e6 + 40, 5e6, 5000, n, p) == "objective"
+    assert dist.stop_reason(5e6 + 60, 5e6, 5000, n, p) is None
+    assert dist.stop_reason(-5e6 + 40, -5e6, 5000, n, p) == "objective"
+    # an increase stops too
+    assert dist.stop_reason(5e6, 5e6 + 1, 5000, n, p) == "objective"
+    # at most 0.1% of the records changed: stop, whatever the objective did
+    assert dist.stop_reason(5e6 + 1e6, 5e6, 100, n, p) == "changes"
+    assert dist.stop_reason(5e6 + 1e6, 5e6, 101, n, p) is None
+    with pytest.raises(ValueError, match="min_change"):
+        dist.FitParams(min_change=1.0).checked()
+
+
+def test_summaries_split_every_cluster_by_size(client, tmp_path: Path):
+    X, _y = blobs(6000, seed=15, k=4)
+    store = Store(tmp_path / "store")
+    info = ingest(X, store, client=client, chunk_rows=700, holdout=0.1)
+    state = dist.run_passes(client, store, info, dist.FitParams(seed=2).checked())
+    z1 = dist.read_labels(client, store, info, state)
+    split = dist.split_summaries(client, store, info, state, 40)
+    sub = split.state
+    want = dist.summary_counts(state.nk, 40)
+    assert sub.n_clusters == int(want.sum()) == split.record["summaries"]
+    assert abs(sub.n_clusters - 40) <= state.n_clusters
+    z2 = dist.read_labels(client, store, info, sub)
+    train = z1 >= 0
+    assert np.array_equal(z2 >= 0, train)
+    # every sub-cluster lies inside its stage-1 cluster, and the statistics are its records'
+    assert np.array_equal(split.parent[z2[train]], z1[train])
+    fam = info.family
+    direct = fam.stats_of(fam.arrange(X[train]), z2[train], sub.n_clusters)
+    np.testing.assert_allclose(sub.stats, direct, rtol=1e-9, atol=1e-6)
+    np.testing.assert_array_equal(np.bincount(split.parent), want)
+    # slabs of about equal size within a cluster
+    k = int(np.argmax(state.nk))
+    sizes = sub.stats[split.parent == k, 0]
+    assert sizes.min() > 0.5 * sizes.mean()
+    # stage 2 = identity: the write-out labels are the summaries
+    mapping = dist.identity_stage2(sub.stats, fam)
+    dist.write_out(client, store, info, sub, mapping, tmp_path / "labels.zarr")
+    label = zarr.open_array(str(tmp_path / "labels.zarr/label"))[:]
+    assert np.array_equal(label[train], z2[train])
+
+
+def test_summaries_of_a_non_gaussian_family_use_a_moments_pass(client, tmp_path: Path):
+    rng = np.random.default_rng(16)
+    lam = np.array([2.0, 20.0])[rng.integers(0, 2, size=3000)]
+    df = pd.DataFrame({"a": rng.poisson(lam), "b": rng.normal(size=3000) + lam})
+    store = Store(tmp_path / "store")
+    info = ingest(df, store, client=client, chunk_rows=700, family={"a": "poisson"})
+    state = dist.run_passes(client, store, info, dist.FitParams(seed=2).checked())
+    split = dist.split_summaries(client, store, info, state, 10)
+    assert split.state.n_clusters >= 8
+    assert split.state.stats[:, 0].sum() == 3000
+
+
+def test_label_scores_match_sklearn():
+    from sklearn.metrics import adjusted_rand_score
+
+    rng = np.random.default_rng(17)
+    y = rng.integers(0, 5, size=3000)
+    z = np.where(rng.random(3000) < 0.8, y, rng.integers(-1, 7, size=3000))
+    parts = []
+    for a in range(0, 3000, 700):  # chunks' contingency triples, added
+        both, counts = np.unique(
+            np.vstack([y[a : a + 700], z[a : a + 700]]), axis=1, return_counts=True
+        )
+        parts.append(np.vstack([both, counts]))
+    got = dist.label_scores(np.hstack(parts))
+    assert got["nmi"] == pytest.approx(normalized_mutual_info_score(y, z), abs=1e-12)
+    assert got["ari"] == pytest.approx(adjusted_rand_score(y, z), abs=1e-12)
+    same = np.vstack([[3, 3], [0, 0], [5, 7]])
+    assert dist.label_scores(same) == {"nmi": 1.0, "ari": 1.0}
+
+
+def test_label_column_is_left_out_and_stored(client, tmp_path: Path):
+    X, y = blobs(1000, seed=18)
+    df = pd.DataFrame(X, columns=["a", "b", "c"])
+    df["truth"] = np.where(y == 0, "zero", y.astype(str))  # strings: hashed codes
+    store = Store(tmp_path / "s")
+    info = ingest(df, store, client=client, chunk_rows=300, label_column="truth")
+    assert info.schema.columns == ["a", "b", "c"] and info.label_column == "truth"
+    codes = np.asarray(store.array("y")[:])
+    assert normalized_mutual_info_score(y, codes) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no column 'nope'"):
+        ingest(df, Store(tmp_path / "s2"), client=client, label_column="nope")
+    with pytest.raises(ValueError, match="column names"):
+        ingest(X, Store(tmp_path / "s3"), client=client, label_column="a")

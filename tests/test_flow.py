@@ -25,12 +25,15 @@ def prefect_harness():
         yield
 
 
-def write_blobs(path: Path, n: int = 1500, seed: int = 0) -> np.ndarray:
+def write_blobs(path: Path, n: int = 1500, seed: int = 0, label: str | None = None) -> np.ndarray:
     rng = np.random.default_rng(seed)
     means = 10.0 * np.vstack([np.zeros(3), np.eye(3)])
     y = rng.integers(0, 4, size=n)
     X = means[y] + rng.normal(size=(n, 3))
-    pd.DataFrame(X, columns=["a", "b", "c"]).to_csv(path, index=False)
+    df = pd.DataFrame(X, columns=["a", "b", "c"])
+    if label:
+        df[label] = y
+    df.to_csv(path, index=False)
     return y
 
 
@@ -67,7 +70,7 @@ def test_flow_writes_every_output(tmp_path: Path):
 
 def test_rerun_after_a_crash_resumes_with_the_same_labels(tmp_path: Path, monkeypatch):
     write_blobs(tmp_path / "in.csv", n=2000, seed=3)
-    args = {"chunk_rows": 250, "random_state": 4, "report": False, **LOCAL}
+    args = {"chunk_rows": 250, "random_state": 4, "report": False, "init": "sequential", **LOCAL}
     cluster(str(tmp_path / "in.csv"), str(tmp_path / "ref"), **args)
     out = tmp_path / "out"
     monkeypatch.setenv(dist.FAULT_ENV, "2")
@@ -119,3 +122,83 @@ def test_run_parser_options():
     assert args.family == {"a": "poisson", "b": "gaussian"}
     with pytest.raises(SystemExit):
         parser.parse_args(["run", "x.csv", "--out", "o", "--holdout", "1.5"])
+    args = parser.parse_args(["run", "x.csv", "--out", "o"])
+    assert (args.summaries, args.stage2, args.mcmc, args.label_column) == (0, None, 0, None)
+    assert (args.tol, args.min_change, args.init) == (1e-5, 1e-3, "auto")
+    more = "--summaries 300 --stage2 none --mcmc 50 --label-column y --min-change 0.01"
+    args = parser.parse_args(["run", "x.csv", "--out", "o", *more.split()])
+    assert (args.summaries, args.stage2, args.mcmc, args.label_column) == (300, "none", 50, "y")
+    assert args.min_change == 0.01
+    for bad in ("--summaries -1", "--stage2 gibbs", "--mcmc x"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["run", "x.csv", "--out", "o", *bad.split()])
+
+
+def test_label_column_summaries_and_stage2(tmp_path: Path, capsys):
+    """``dpmm run --label-column truth --summaries 40``: the label column is not fitted, NMI and
+    ARI are reported, stage 1 is split into about 40 summaries and BHC maps them back."""
+    from sklearn.metrics import adjusted_rand_score
+
+    y = write_blobs(tmp_path / "in.csv", n=3000, seed=5, label="truth")
+    out = tmp_path / "out"
+    argv = ["run", str(tmp_path / "in.csv"), "--out", str(out), "--chunk-rows", "500"]
+    argv += ["--label-column", "truth", "--summaries", "40", "--workers", "2", "--no-report"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "NMI 1.0000" in err
+    run = json.loads((out / "run.json").read_text())
+    assert run["columns"] == ["a", "b", "c"]
+    assert run["parameters"]["label_column"] == "truth"
+    assert run["parameters"]["stage2"] == "bhc"
+    m = run["metrics"]
+    assert m["n_clusters_stage1"] == 4 and 36 <= m["n_summaries"] <= 44
+    assert m["n_clusters"] == 4
+    label = zarr.open_array(str(out / "labels.zarr/label"))[:]
+    assert m["nmi"] == pytest.approx(normalized_mutual_info_score(y, label), abs=1e-9)
+    assert m["ari"] == pytest.approx(adjusted_rand_score(y, label), abs=1e-9)
+    assert m["nmi"] > 0.99
+    assert run["stage2_info"]["method"] == "bhc" and run["stage2_info"]["seconds"] >= 0
+    assert {"summaries", "stage2"} <= set(run["timing"])
+    for name in ("tree.parquet", "linkage.npy", "dendrogram.png"):
+        assert (out / name).exists(), name
+    clusters = pd.read_parquet(out / "clusters.parquet")
+    assert len(clusters) == 4 and clusters["size"].sum() == 3000
+
+
+def test_summaries_with_identity_stage2(tmp_path: Path):
+    y = write_blobs(tmp_path / "in.csv", n=2000, seed=6)
+    out = tmp_path / "out"
+    run = cluster(
+        str(tmp_path / "in.csv"),
+        str(out),
+        chunk_rows=400,
+        summaries=12,
+        stage2="none",
+        report=False,
+        **LOCAL,
+    )
+    m = run["metrics"]
+    assert m["n_clusters"] == m["n_summaries"] and 10 <= m["n_summaries"] <= 14
+    label = zarr.open_array(str(out / "labels.zarr/label"))[:]
+    assert len(np.unique(label)) == m["n_summaries"]
+    # every summary lies inside one true cluster
+    tab = pd.crosstab(label, y)
+    assert ((tab > 0).sum(axis=1) == 1).all()
+    assert not (out / "tree.parquet").exists()
+
+
+def test_demo_runs_the_flow(tmp_path: Path, capsys):
+    from pipeline.cli import main as dpmm
+
+    out = tmp_path / "demo"
+    argv = ["demo", "--out", str(out), "--rows", "20000", "--summaries", "50", "--quiet"]
+    assert dpmm([*argv, "--workers", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "NMI" in text and "held-out mean log density" in text and str(out) in text
+    data = pd.read_parquet(out / "input.parquet")
+    assert data.shape == (20000, 11) and data["true_label"].nunique() == 20
+    run = json.loads((out / "result" / "run.json").read_text())
+    assert run["metrics"]["nmi"] > 0.95
+    assert run["parameters"]["holdout"] == 0.1 and run["parameters"]["summaries"] == 50
+    # again into the same directory: replaced
+    assert dpmm([*argv, "--workers", "2"]) == 0

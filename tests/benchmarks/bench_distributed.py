@@ -8,6 +8,8 @@
   ``KMeans(n_init=1)`` on all records; and the speed-up from 1 to 2 workers.
 * 10,000,000 x 10 records end to end with the peak memory of all processes together (RSS of
   the process tree, sampled in a thread).
+* 1,000,000 x 10 records with ``summaries=1000``: stage 1, the summaries pass and BHC over the
+  1,000 summaries (stage 2), with the NMI of the final labels.
 
 The data are generated chunk by chunk into a ``.npy`` memmap, never as one array in memory.
 ``BENCH_DATA`` (default: a temporary directory) keeps them between runs.
@@ -164,12 +166,14 @@ def test_1m_end_to_end(data_dir: Path, prefect_server: float) -> None:
                 "seconds": wall,
                 "seconds + prefect start": wall + prefect_server,
                 "passes": m["passes"],
+                "stop": m.get("stop"),
                 "clusters": m["n_clusters"],
                 "NMI": _nmi(data_dir / f"out-{engine}-{workers}", ypath),
                 "held-out log dens": m["heldout_mean_log_density"],
                 "peak GB": peak / 1e9,
                 "cluster start": run["timing"]["cluster_start"],
                 "ingest": run["timing"]["ingest"],
+                "sample init": (run.get("init") or {}).get("seconds"),
                 "passes s": run["timing"]["passes"],
                 "write-out": run["timing"]["write_out"],
             }
@@ -235,3 +239,35 @@ def test_10m_memory(data_dir: Path, prefect_server: float) -> None:
     )
     save("distributed_10m", {"seconds": wall, "peak_bytes": peak, "nmi": nmi, "run": run})
     assert peak < 3e9
+
+
+def test_1m_summaries_stage2(data_dir: Path, prefect_server: float) -> None:
+    src = mixture_npy(data_dir / "mix1m.npy", 1_000_000)
+    out = data_dir / "out-summaries"
+    run, wall, peak = _run(
+        src, out, engine="mapdp", holdout=0.01, dashboard_address=None, summaries=1000
+    )
+    nmi = _nmi(out, data_dir / "mix1m_y.npy")
+    m = run["metrics"]
+    s2 = run["stage2_info"]
+    print()
+    print(
+        f"1M x 10, --summaries 1000: {wall:.1f} s (+{prefect_server:.1f} s Prefect start), "
+        f"{m['n_summaries']} summaries -> {m['n_clusters']} clusters (stage 1: "
+        f"{m['n_clusters_stage1']}), NMI {nmi:.4f}, summaries pass "
+        f"{run['timing']['summaries']:.2f} s, stage 2 {run['timing']['stage2']:.2f} s, "
+        f"peak {peak / 1e9:.2f} GB"
+    )
+    save(
+        "distributed_summaries_1m",
+        {
+            "seconds": wall,
+            "prefect_start": prefect_server,
+            "nmi": nmi,
+            "n_summaries": m["n_summaries"],
+            "n_clusters": m["n_clusters"],
+            "timing": run["timing"],
+            "stage2_info": s2,
+            "peak_bytes": peak,
+        },
+    )
