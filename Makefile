@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # numba's cache=True checks only a function's own file, not the kernels it calls: key the cache on
 # the kernels' sources so that an edit anywhere in kernels/ recompiles everything
+# no network here: Prefect's telemetry would only print errors
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba-cache/$(shell cat $$(find kernels -name '*.py' | sort) | sha1sum | cut -c1-16)
 
 .PHONY: install run test bench lint typecheck format clean

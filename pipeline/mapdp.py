@@ -203,7 +203,7 @@ def run_mapdp(
         if learn_alpha:
             alpha = map_concentration(N, n_slots, a, b, start=alpha)
         e_new = energy(stats, nk, n_slots, alpha)
-        if n_changed == 0 or e_old - e_new < tol:
+        if n_changed == 0 or e_old - e_new < tol * abs(e_new):
             if moves < max_moves:
                 moves += 1
                 stats, moved = split_merge(Xa, z, stats, family, alpha)
@@ -262,8 +262,8 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
     max_iter : int, default=100
         Maximum iterations (sweeps) per run.
     tol : float, default=1e-6
-        A run stops when an iteration lowers the objective by less than ``tol`` (or moves no
-        record).
+        A run stops when an iteration lowers the objective by less than ``tol * |objective|``
+        (relative, as the distributed passes) or moves no record.
     init : {"sequential", "one-cluster"}, default="sequential"
         "sequential" starts with no cluster and assigns records in visiting order (the first
         iteration is then a sequential MAP pass); "one-cluster" starts with every record in one

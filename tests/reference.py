@@ -118,7 +118,7 @@ def mapdp_reference(X, order, alpha, prior, max_iter=100, tol=1e-6, init="one-cl
             [len(s) for s in slots], alpha
         )
         history.append(e)
-        if changed == 0 or e_old - e < tol:
+        if changed == 0 or e_old - e < tol * abs(e):
             break
         e_old = e
     return z, history
