@@ -114,7 +114,7 @@ class FitParams:
 
     engine: str = "mapdp"
     alpha: float | str = "learn"
-    alpha_prior: tuple[float, float] = (1.0, 1.0)
+    alpha_prior: tuple[float, float] = (2.0, 1.0)
     init: str = "auto"
     n_seeds: int | None = None
     init_sample: int = INIT_SAMPLE
@@ -1213,7 +1213,7 @@ def fit_distributed(
     engine: str = "mapdp",
     init: str = "auto",
     n_seeds: int | None = None,
-    alpha_prior: tuple[float, float] = (1.0, 1.0),
+    alpha_prior: tuple[float, float] = (2.0, 1.0),
     max_passes: int = 100,
     tol: float = 1e-5,
     min_change: float = 1e-3,
