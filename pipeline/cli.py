@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
-import math
 import re
 import secrets
 import sys
@@ -33,6 +32,9 @@ import numpy as np
 import pandas as pd
 
 from pipeline import io as pio
+from pipeline.cli_types import alpha as _alpha
+from pipeline.cli_types import family as _family
+from pipeline.cli_types import positive_int as _positive_int
 
 PROG = "dpmm"
 
@@ -85,16 +87,6 @@ def _locate_rows(msg: str, path: str | Path) -> str:
 
 
 # -- option parsing ----------------------------------------------------------------------------
-def _alpha(text: str) -> float | str:
-    if text == "learn":
-        return text
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not (v > 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"expected a positive number or 'learn', got {text!r}")
-    return v
 
 
 def _column_list(text: str) -> list[str]:
@@ -102,36 +94,6 @@ def _column_list(text: str) -> list[str]:
     if not cols:
         raise argparse.ArgumentTypeError(f"expected comma-separated column names, got {text!r}")
     return cols
-
-
-def _family(text: str) -> str | dict[str, str]:
-    """The --family value: "auto", a family name, or COL=KIND,COL=KIND (kinds checked later)."""
-    text = text.strip()
-    if "=" not in text:
-        if not text or "," in text:
-            raise argparse.ArgumentTypeError(
-                f"expected a family name or COL=KIND,COL=KIND, got {text!r}"
-            )
-        return text
-    out: dict[str, str] = {}
-    for part in text.split(","):
-        col, sep, kind = part.partition("=")
-        if not sep or not col.strip() or not kind.strip():
-            raise argparse.ArgumentTypeError(
-                f"expected COL=KIND,COL=KIND, got {text!r} (bad part {part!r})"
-            )
-        out[col.strip()] = kind.strip()
-    return out
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
 
 
 def add_fit_options(p: argparse.ArgumentParser) -> None:

@@ -19,76 +19,16 @@ Wiring (``pipeline/cli.py``)::
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from typing import Any
 
+from pipeline.cli_types import alpha as _alpha
+from pipeline.cli_types import family as _family
+from pipeline.cli_types import fraction as _fraction
+from pipeline.cli_types import nonneg_float as _nonneg_float
+from pipeline.cli_types import nonneg_int as _nonneg_int
+from pipeline.cli_types import positive_int as _positive_int
 from pipeline.distributed import DEFAULT_CHUNK_ROWS, ENGINES, INITS, InjectedFault
-
-
-def _alpha(text: str) -> float | str:
-    if text == "learn":
-        return text
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not (v > 0 and math.isfinite(v)):
-        raise argparse.ArgumentTypeError(f"expected a positive number or 'learn', got {text!r}")
-    return v
-
-
-def _family(text: str) -> str | dict[str, str]:
-    text = text.strip()
-    if "=" not in text:
-        return text
-    out: dict[str, str] = {}
-    for part in text.split(","):
-        col, sep, kind = part.partition("=")
-        if not sep or not col.strip() or not kind.strip():
-            raise argparse.ArgumentTypeError(f"expected COL=KIND,COL=KIND, got {text!r}")
-        out[col.strip()] = kind.strip()
-    return out
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return v
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return v
-
-
-def _fraction(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not (0.0 <= v < 1.0):
-        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
-    return v
-
-
-def _nonneg_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        v = math.nan
-    if not (v >= 0.0):
-        raise argparse.ArgumentTypeError(f"expected a non-negative number, got {text!r}")
-    return v
 
 
 def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
