@@ -54,8 +54,10 @@ def _dendrogram(linkage: NDArray[np.float64], path: Path, n_leaves: int) -> None
     if n_leaves > 60:
         kw.update(truncate_mode="lastp", p=60)
     dendrogram(linkage, ax=ax, color_threshold=0, above_threshold_color="#444", **kw)
-    ax.set_title(f"BHC tree over {n_leaves} cluster summaries")
-    ax.set_ylabel("cumulative -log r_k")
+    # -log r spans from ~0 inside clusters to millions at the top merges: a symlog axis shows both
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_title(f"BHC tree over {n_leaves} cluster summaries (cut at r_k < 0.5)")
+    ax.set_ylabel("cumulative -log r_k (symlog)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
