@@ -116,7 +116,11 @@ def add_fit_options(p: argparse.ArgumentParser) -> None:
         help="DP concentration N0; 'learn' (default) sets it to its MAP value",
     )
     g.add_argument(
-        "--restarts", type=_positive_int, default=3, metavar="N", help="restarts (default 3)"
+        "--restarts",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="restarts (default: 3 up to 20,000 records, else 1)",
     )
     g.add_argument(
         "--max-iter",
@@ -226,7 +230,7 @@ class ClusterOptions:
     label_column: str | None = None
     family: str | dict[str, str] = "auto"
     alpha: float | str = "learn"
-    restarts: int = 3
+    restarts: int | str = "auto"
     max_iter: int = 100
     seed: int | None = None
     drop_constant: bool = False
@@ -239,7 +243,7 @@ class ClusterOptions:
             label_column=getattr(args, "label_column", None),
             family=getattr(args, "family", "auto"),
             alpha=getattr(args, "alpha", "learn"),
-            restarts=getattr(args, "restarts", 3),
+            restarts=getattr(args, "restarts", None) or "auto",
             max_iter=getattr(args, "max_iter", 100),
             seed=getattr(args, "seed", None),
             drop_constant=getattr(args, "drop_constant", False),

@@ -1321,7 +1321,8 @@ def fit_estimator(est: Any, X: Any, client: Any = None) -> Any:
         alpha_prior=tuple(est.alpha_prior),
         max_passes=est.max_iter,
         tol=est.tol,
-        n_restarts=est.n_restarts,
+        # the distributed fit starts from one sample fit; restarts there are explicit only
+        n_restarts=1 if est.n_restarts == "auto" else int(est.n_restarts),
         random_state=est.random_state,
         client=client,
     )

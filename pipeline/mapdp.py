@@ -23,6 +23,8 @@ from pipeline.schema import Schema, as_frame
 
 IntArray = NDArray[np.int64]
 
+AUTO_RESTARTS_MAX_N = 20_000
+
 
 def seed_state(seq: np.random.SeedSequence) -> NDArray[np.uint64]:
     """A kernel RNG state (uint64 array of shape (1,)) from a SeedSequence."""
@@ -257,8 +259,11 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         Likelihood family per column (``pipeline.schema`` documents the "auto" rules). A
         ``Family``/``ProductFamily`` instance fixes the prior instead of the empirical-Bayes
         default and applies to numeric arrays.
-    n_restarts : int, default=3
-        Runs over random permutations of the records; the lowest objective wins.
+    n_restarts : int or "auto", default="auto"
+        Runs over random permutations of the records; the lowest objective wins. "auto" is 3
+        up to ``AUTO_RESTARTS_MAX_N`` (20,000) records and 1 above: on large data the split and
+        merge moves already took every restart we measured to the same optimum, and each
+        restart costs a full fit.
     max_iter : int, default=100
         Maximum iterations (sweeps) per run.
     tol : float, default=1e-6
@@ -304,7 +309,7 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         self,
         alpha: float | str = "learn",
         family: Any = "auto",
-        n_restarts: int = 3,
+        n_restarts: int | str = "auto",
         max_iter: int = 100,
         tol: float = 1e-6,
         init: str = "sequential",
@@ -332,8 +337,10 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
             alpha, learn = float(self.alpha), False
             if not (alpha > 0 and math.isfinite(alpha)):
                 raise ValueError(f"alpha must be a positive finite float, got {self.alpha!r}")
-        if int(self.n_restarts) < 1:
-            raise ValueError(f"n_restarts must be >= 1, got {self.n_restarts}")
+        if self.n_restarts != "auto" and (
+            isinstance(self.n_restarts, str) or int(self.n_restarts) < 1
+        ):
+            raise ValueError(f"n_restarts must be 'auto' or >= 1, got {self.n_restarts!r}")
         if int(self.max_iter) < 1:
             raise ValueError(f"max_iter must be >= 1, got {self.max_iter}")
         if not self.tol >= 0:
@@ -405,7 +412,12 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         seq = as_seed_sequence(self.random_state)
         best: MapdpResult | None = None
         objectives = []
-        for r, child in enumerate(seq.spawn(int(self.n_restarts))):
+        n_restarts = (
+            (3 if N <= AUTO_RESTARTS_MAX_N else 1)
+            if self.n_restarts == "auto"
+            else int(self.n_restarts)
+        )
+        for r, child in enumerate(seq.spawn(n_restarts)):
             order = np.random.default_rng(child).permutation(N).astype(np.int64)
             cb = None
             if self.verbose:
