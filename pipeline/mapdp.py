@@ -58,7 +58,12 @@ class MapdpResult:
 
 
 def try_split(
-    Xa: FloatArray, members: IntArray, family: ProductFamily, log_alpha: float, max_sweeps: int = 10
+    Xa: FloatArray,
+    members: IntArray,
+    family: ProductFamily,
+    log_alpha: float,
+    empty_c: FloatArray,
+    max_sweeps: int = 10,
 ) -> tuple[float, IntArray, FloatArray] | None:
     """A split move for one cluster: two halves along its principal axis, refined by MAP-DP
     sweeps restricted to the two halves (no new cluster), scored by the exact objective.
@@ -86,7 +91,6 @@ def try_split(
     cache2 = family.cache_of(stats2)
     nk2 = stats2[:, 0].copy()
     order = np.arange(n, dtype=np.int64)
-    empty_c = family.empty_cache()
     n_slots = 2
     for _ in range(max_sweeps):
         # log N0 = -inf: a new cluster is never an option inside the restricted sweep
@@ -122,6 +126,7 @@ def split_merge(
     place; returns the new statistics (K', S) and whether anything changed.
     """
     log_alpha = math.log(alpha)
+    empty_c = family.empty_cache()
     K = stats.shape[0]
     rows = [stats[k] for k in range(K)]
     changed = False
@@ -129,7 +134,7 @@ def split_merge(
     bounds = np.searchsorted(z[order], np.arange(K + 1))
     for k in range(K):
         members = order[bounds[k] : bounds[k + 1]]
-        res = try_split(Xa, members, family, log_alpha)
+        res = try_split(Xa, members, family, log_alpha, empty_c)
         if res is not None and res[0] > 1e-9:
             _gain, side, stats2 = res
             rows[k] = stats2[0]
@@ -205,30 +210,24 @@ def run_mapdp(
         if learn_alpha:
             alpha = map_concentration(N, n_slots, a, b, start=alpha)
         e_new = energy(stats, nk, n_slots, alpha)
-        if n_changed == 0 or e_old - e_new < tol * abs(e_new):
-            if moves < max_moves:
-                moves += 1
-                stats, moved = split_merge(Xa, z, stats, family, alpha)
-                if moved:
-                    n_slots = stats.shape[0]
-                    nk = stats[:, 0].copy()
-                    cache = family.cache_of(stats)
-                    if learn_alpha:
-                        alpha = map_concentration(N, n_slots, a, b, start=alpha)
-                    e_new = energy(stats, nk, n_slots, alpha)
-                    history.append(e_new)
-                    if callback is not None:
-                        callback(it, e_new, n_slots)
-                    e_old = e_new
-                    continue
-            history.append(e_new)
-            if callback is not None:
-                callback(it, e_new, n_slots)
-            converged = True
-            break
+        stalled = n_changed == 0 or e_old - e_new < tol * abs(e_new)
+        if stalled and moves < max_moves:
+            moves += 1
+            stats, moved = split_merge(Xa, z, stats, family, alpha)
+            if moved:
+                n_slots = stats.shape[0]
+                nk = stats[:, 0].copy()
+                cache = family.cache_of(stats)
+                if learn_alpha:
+                    alpha = map_concentration(N, n_slots, a, b, start=alpha)
+                e_new = energy(stats, nk, n_slots, alpha)
+                stalled = False
         history.append(e_new)
         if callback is not None:
             callback(it, e_new, n_slots)
+        if stalled:
+            converged = True
+            break
         e_old = e_new
     return MapdpResult(
         labels=z,
