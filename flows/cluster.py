@@ -89,7 +89,15 @@ def pass_task(
     p: int,
     progress: bool,
 ) -> dist.PassState:
-    return dist.run_pass(client, Store(partial / "store.zarr"), info, params, state, progress)
+    return dist.run_pass(
+        client,
+        Store(partial / "store.zarr"),
+        info,
+        params,
+        state,
+        progress,
+        labels_out=partial / "labels.zarr",
+    )
 
 
 @task(
@@ -301,3 +309,30 @@ def cluster(
             file=sys.stderr,
         )
     return run
+
+
+def run_cluster_flow(**kwargs: Any) -> dict[str, Any]:
+    """Run the ``cluster`` flow as ``dpmm run`` does (keyword arguments as ``cluster``).
+
+    Without a Prefect API configured (``PREFECT_API_URL`` unset) the flow reports to the
+    temporary server Prefect starts inside this process. Flow-run heartbeats exist to let a
+    long-lived server notice a crashed run; this server lives and dies with the run, and the
+    heartbeat thread, which sleeps in one-second steps, holds up the end of every flow run by up
+    to a second. So heartbeats are switched off in that case only.
+    """
+    from contextlib import nullcontext
+
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        get_current_settings,
+        temporary_settings,
+    )
+
+    local = get_current_settings().api.url is None
+    ctx = (
+        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+        if local
+        else nullcontext()
+    )
+    with ctx:
+        return cluster(**kwargs)

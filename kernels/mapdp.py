@@ -47,19 +47,23 @@ def _costs(
     scratch_s,
     scratch_c,
     costs,
+    lp,
 ):
     """Fill costs[k] = q_{i,k} - log N_{k,-i} (eqs. 3.1-3.2, argument of Algorithm 1's argmin).
 
     costs[k] for slots k < n_slots (inf for a free slot, or for k0 when x is its only member),
     costs[n_slots] for a new cluster, with N_{K+1,-i} = N0 = exp(log_alpha). The record's own
     cluster k0 is scored without x by the leave-one-out predictive, so nothing is downdated
-    unless the record moves.
+    unless the record moves. lp[k] receives log p(x | X_k) for the other non-empty slots and
+    lp[n_slots] the prior predictive log p(x): the terms of eq. 3.4.
     """
     if spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW:
         # hot path: one full-covariance group, cache rows read in place
         for k in range(n_slots):
             if k != k0 and lognk[k] != -np.inf:
-                costs[k] = -gaussian_nw.log_predictive_row(x, cache, k) - lognk[k]
+                lpk = gaussian_nw.log_predictive_row(x, cache, k)
+                lp[k] = lpk
+                costs[k] = -lpk - lognk[k]
             elif k != k0:
                 costs[k] = np.inf
     for k in range(n_slots):
@@ -74,8 +78,41 @@ def _costs(
         elif lognk[k] == -np.inf:
             costs[k] = np.inf
         elif not (spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW):
-            costs[k] = -product.log_predictive(x, stats[k], cache[k], spec, prior) - lognk[k]
-    costs[n_slots] = -product.log_predictive(x, empty_s, empty_c, spec, prior) - log_alpha
+            lpk = product.log_predictive(x, stats[k], cache[k], spec, prior)
+            lp[k] = lpk
+            costs[k] = -lpk - lognk[k]
+    lp0 = product.log_predictive(x, empty_s, empty_c, spec, prior)
+    lp[n_slots] = lp0
+    costs[n_slots] = -lp0 - log_alpha
+
+
+@njit(cache=True, nogil=True)
+def log_norm_of(nk, alpha):
+    """log(N0 + N), the normaliser of eq. 3.4's weights, with N the sum of the sizes nk."""
+    n_train = 0.0
+    for k in range(nk.shape[0]):
+        n_train += nk[k]
+    return math.log(alpha + n_train)
+
+
+@njit(cache=True, nogil=True)
+def _log_mixture(lp, lognk, K, log_norm, log_alpha, terms):
+    """Eqs. 3.4-3.5 from the terms lp[k] = log p(x | X_k) (k < K) and lp[K] = log p(x):
+    returns (the index of the largest term, K for a new cluster; the log mixture density
+    log sum_k N_k / (N0 + N) p(x | X_k) + N0 / (N0 + N) p(x)). Free slots (lognk -inf) count
+    for nothing."""
+    for k in range(K):
+        terms[k] = (lognk[k] - log_norm) + lp[k] if lognk[k] != -np.inf else -np.inf
+    terms[K] = (log_alpha - log_norm) + lp[K]
+    best = 0
+    for k in range(1, K + 1):
+        if terms[k] > terms[best]:
+            best = k
+    m = terms[best]
+    acc = 0.0
+    for k in range(K + 1):
+        acc += math.exp(terms[k] - m)
+    return best, m + math.log(acc)
 
 
 @njit(cache=True, nogil=True)
@@ -108,8 +145,30 @@ def _move(x, i, k0, knew, z, stats, cache, nk, lognk, n_slots, spec, prior, empt
 
 
 @njit(cache=True, nogil=True)
-def _scan(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, gibbs, state):
-    """The loop shared by ``sweep`` (argmin) and ``gibbs_sweep`` (a draw)."""
+def _scan(
+    X,
+    order,
+    z,
+    stats,
+    cache,
+    nk,
+    n_slots,
+    spec,
+    prior,
+    empty_c,
+    log_alpha,
+    gibbs,
+    state,
+    logdens,
+    log_norm,
+):
+    """The loop shared by ``sweep`` (argmin), ``sweep_scored`` and ``gibbs_sweep`` (a draw).
+
+    With logdens of shape (N,), each record visited before the first move also gets its log
+    mixture density (eq. 3.4) under the statistics of that moment, which until then are the
+    ones the scan started from (log_norm: their ``log_norm_of``); logdens.shape[0] == 0 turns
+    this off.
+    """
     S = stats.shape[1]
     empty_s = np.zeros(S)
     scratch_s = np.empty(S)
@@ -119,6 +178,9 @@ def _scan(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alph
         if nk[k] > 0.0:
             lognk[k] = math.log(nk[k])
     costs = np.empty(stats.shape[0] + order.shape[0] + 1)
+    lp = np.empty(costs.shape[0])
+    terms = np.empty(costs.shape[0])
+    scoring = logdens.shape[0] > 0
     n_changed = 0
     for t in range(order.shape[0]):
         i = order[t]
@@ -139,6 +201,7 @@ def _scan(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alph
             scratch_s,
             scratch_c,
             costs,
+            lp,
         )
         if gibbs:
             for k in range(n_slots + 1):
@@ -151,6 +214,10 @@ def _scan(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alph
                     best = k
         alone = k0 >= 0 and nk[k0] == 1.0
         if best == k0 or (best == n_slots and alone):
+            if scoring and n_changed == 0:
+                # x stays in k0: eq. 3.4 wants p(x | X_k0) with x among X_k0
+                lp[k0] = product.log_predictive(x, stats[k0], cache[k0], spec, prior)
+                logdens[i] = _log_mixture(lp, lognk, n_slots, log_norm, log_alpha, terms)[1]
             continue
         stats, cache, nk, lognk, n_slots = _move(
             x, i, k0, best, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c
@@ -197,8 +264,64 @@ def sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alph
         Number of records whose cluster changed.
     """
     state = np.zeros(1, dtype=np.uint64)
+    no_scores = np.empty(0)
     return _scan(
-        X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, False, state
+        X,
+        order,
+        z,
+        stats,
+        cache,
+        nk,
+        n_slots,
+        spec,
+        prior,
+        empty_c,
+        log_alpha,
+        False,
+        state,
+        no_scores,
+        0.0,
+    )
+
+
+@njit(cache=True, nogil=True)
+def sweep_scored(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, alpha, logdens):
+    """``sweep`` (with log_alpha = log(alpha)) that also scores the records it leaves in place.
+
+    While no record has moved, each visited record i gets logdens[i] = log of its mixture
+    predictive density, eq. 3.4, under the statistics the sweep started from, computed exactly
+    as ``predict`` computes it for those statistics (same terms, same order). If the sweep
+    returns n_changed == 0, logdens holds the eq. 3.4 density of every visited record under
+    statistics the sweep left unchanged, so a confirming pass doubles as the write-out.
+
+    Parameters
+    ----------
+    alpha : float
+        N0 (``sweep`` takes its log).
+    logdens : ndarray of shape (N,), float64
+        Filled in place for the records visited before the first move; others untouched.
+
+    Returns
+    -------
+    As ``sweep``.
+    """
+    state = np.zeros(1, dtype=np.uint64)
+    return _scan(
+        X,
+        order,
+        z,
+        stats,
+        cache,
+        nk,
+        n_slots,
+        spec,
+        prior,
+        empty_c,
+        math.log(alpha),
+        False,
+        state,
+        logdens,
+        log_norm_of(nk[:n_slots], alpha),
     )
 
 
@@ -209,8 +332,23 @@ def gibbs_sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, lo
     N0 p(x_i) for a new cluster. Same arguments and returns as ``sweep``, plus ``state``
     (uint64 array of shape (1,), the RNG state, advanced in place).
     """
+    no_scores = np.empty(0)
     return _scan(
-        X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, True, state
+        X,
+        order,
+        z,
+        stats,
+        cache,
+        nk,
+        n_slots,
+        spec,
+        prior,
+        empty_c,
+        log_alpha,
+        True,
+        state,
+        no_scores,
+        0.0,
     )
 
 
@@ -295,37 +433,25 @@ def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
         N0 / (N0 + N).
     """
     K = stats.shape[0]
-    n_train = 0.0
+    log_norm = log_norm_of(nk, alpha)
+    log_alpha = math.log(alpha)
+    lognk = np.empty(K)
     for k in range(K):
-        n_train += nk[k]
-    log_norm = math.log(alpha + n_train)
-    logw = np.empty(K + 1)
-    for k in range(K):
-        logw[k] = math.log(nk[k]) - log_norm if nk[k] > 0.0 else -np.inf
-    logw[K] = math.log(alpha) - log_norm
+        lognk[k] = math.log(nk[k]) if nk[k] > 0.0 else -np.inf
     empty_s = np.zeros(stats.shape[1])
     N = X.shape[0]
     labels = np.empty(N, dtype=np.int64)
     logdens = np.empty(N)
+    lp = np.empty(K + 1)
     terms = np.empty(K + 1)
     for i in range(N):
         x = X[i]
         for k in range(K):
-            if logw[k] == -np.inf:
-                terms[k] = -np.inf
-            else:
-                terms[k] = logw[k] + product.log_predictive(x, stats[k], cache[k], spec, prior)
-        terms[K] = logw[K] + product.log_predictive(x, empty_s, empty_c, spec, prior)
-        best = 0
-        for k in range(1, K + 1):
-            if terms[k] > terms[best]:
-                best = k
+            if lognk[k] != -np.inf:
+                lp[k] = product.log_predictive(x, stats[k], cache[k], spec, prior)
+        lp[K] = product.log_predictive(x, empty_s, empty_c, spec, prior)
+        best, logdens[i] = _log_mixture(lp, lognk, K, log_norm, log_alpha, terms)
         labels[i] = best if best < K else -1
-        m = terms[best]
-        acc = 0.0
-        for k in range(K + 1):
-            acc += math.exp(terms[k] - m)
-        logdens[i] = m + math.log(acc)
     return labels, logdens
 
 

@@ -12,7 +12,8 @@ from sklearn.base import BaseEstimator, ClusterMixin
 
 from kernels import dpmeans as kdpmeans
 from kernels import mapdp as kmapdp
-from pipeline.mapdp import MAPDP, as_seed_sequence, seed_state
+from pipeline.mapdp import MAPDP
+from pipeline.mapdp_core import as_seed_sequence, seed_state
 
 
 class DPMeans(ClusterMixin, BaseEstimator):

@@ -20,7 +20,7 @@ from scipy.special import gammaln, logsumexp
 
 from kernels import bhc as kbhc
 from pipeline.families import Family, GaussianNW, ProductFamily, as_product
-from pipeline.mapdp import as_seed_sequence
+from pipeline.mapdp_core import as_seed_sequence
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -560,11 +560,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-    from flows.cluster import cluster  # the CLI starts the flow: the one upward import
+    from flows.cluster import run_cluster_flow  # the CLI starts the flow: the one upward import
     from pipeline.distributed import InjectedFault
 
     try:
-        run = cluster(
+        run = run_cluster_flow(
             input=str(out / "input.parquet"),
             out=str(result),
             chunk_rows=50_000,

@@ -7,8 +7,8 @@ Section 5, ``kernels.bayes_kmeans.assign``), writes the chunk's new labels to th
 buffer itself and returns only statistic deltas and the statistics of the clusters it opened.
 
 Start (``initial_state``, ``FitParams.start``): by default the in-memory MAP-DP of
-``pipeline.mapdp.run_mapdp`` - sweeps plus split and merge moves, learned concentration - is fitted
-to a hash sample of ``init_sample`` training rows (a subset of the prior's sample that ingest
+``pipeline.mapdp_core.run_mapdp`` - sweeps plus split and merge moves, learned concentration - is
+fitted to a hash sample of ``init_sample`` training rows (a subset of the prior's sample that ingest
 already drew), so pass 1 starts from about the right clusters and global statistics and the
 distributed passes only refine them. The sample's rows keep their labels in pass 1; every other
 training row is assigned in pass 1.
@@ -44,6 +44,7 @@ import math
 import os
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -60,11 +61,12 @@ from kernels import mapdp as kmapdp
 from kernels.rng import shuffle
 from pipeline.concentration import log_gamma_prior, map_concentration
 from pipeline.families import FloatArray, ProductFamily
-from pipeline.mapdp import as_seed_sequence, run_mapdp, seed_state
+from pipeline.mapdp_core import as_seed_sequence, run_mapdp, seed_state
 from pipeline.store import (
     DEFAULT_CHUNK_ROWS,
     PLOT_SALT,
     PRIOR_SAMPLE,
+    BoolArray,
     Store,
     StoreInfo,
     holdout_mask_of,
@@ -76,7 +78,7 @@ from pipeline.store import (
 IntArray = NDArray[np.int64]
 ENGINES = ("mapdp", "kmeans")
 INITS = ("auto", "sample", "sequential", "one-cluster", "seeds")
-INIT_SAMPLE = 50_000
+INIT_SAMPLE = 20_000
 INIT_SALT = 0x5EED_0004
 FAULT_ENV = "DPMM_FAULT_AFTER_PASS"
 MAX_SEEDS = 100
@@ -184,6 +186,14 @@ class PassState:
     init_labels: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     init_label: int = -1
     init_record: dict[str, Any] | None = None
+    # the learned alpha is the mode of eq. A.1 for (n_train, alpha_k clusters); -1: for
+    # something else (fixed, or fitted to the start's sample)
+    alpha_k: int = -1
+    # when the pass moved no record and left statistics and alpha bit for bit as they were,
+    # its chunk tasks have already written every row's final label and eq. 3.4 density into
+    # ``scored_into`` (``sweep_chunk_task``): their write-out results, by chunk
+    scored: list[WriteResult] | None = None
+    scored_into: str | None = None
 
     @property
     def n_clusters(self) -> int:
@@ -234,6 +244,11 @@ class PassInput:
     init_rows: IntArray
     init_labels: IntArray
     init_label: int
+    # write-out fused into the pass (MAP-DP engine): the labels group to write into, the
+    # share of rows kept for the projection picture, and whether the store has true labels
+    scores_into: str | None = None
+    plot_rate: float = 0.0
+    has_y: bool = False
 
 
 @dataclass
@@ -244,6 +259,7 @@ class ChunkResult:
     n_changed: int
     n_train: int
     seconds: float
+    written: WriteResult | None = None
 
 
 def chunk_seed(seed: int, restart: int, p: int, c: int) -> np.random.SeedSequence:
@@ -274,6 +290,7 @@ def sweep_chunk_task(store: str, c: int, a: int, b: int, msg: PassInput) -> Chun
     spec, prior = fam.spec, fam.prior
     empty_c = fam.empty_cache()
     log_alpha = math.log(msg.alpha)
+    written = None
     if msg.engine == "mapdp":
         cap = K + 8
         stats = np.zeros((cap, fam.n_stats))
@@ -282,9 +299,23 @@ def sweep_chunk_task(store: str, c: int, a: int, b: int, msg: PassInput) -> Chun
         cache[:K] = fam.cache_of(msg.stats)
         nk = np.zeros(cap)
         nk[:K] = msg.stats[:, 0]
-        stats, cache, nk, n_slots, n_changed = kmapdp.sweep(
-            X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha
+        logdens = np.full(b - a, np.nan) if msg.scores_into else np.empty(0)
+        stats, cache, nk, n_slots, n_changed = kmapdp.sweep_scored(
+            X, order, z, stats, cache, nk, K, spec, prior, empty_c, msg.alpha, logdens
         )
+        if msg.scores_into and n_changed == 0:
+            # nothing moved: every training row was scored against msg.stats; score the
+            # held-out rows against them too and write the chunk out (``write_chunk_task``)
+            label = z.copy()
+            if hold.any():
+                pred, ld = kmapdp.predict(
+                    X[hold], msg.stats, cache[:K], nk[:K], spec, prior, empty_c, msg.alpha
+                )
+                label[hold] = pred
+                logdens[hold] = ld
+            written = emit_chunk(
+                store, msg.scores_into, c, a, X, hold, label, logdens, msg.plot_rate, msg.has_y
+            )
         # number the slots opened here K, K + 1, ... in slot order
         slot_map = np.arange(max(n_slots, K), dtype=np.int64)
         new_slots = [s for s in range(K, n_slots) if nk[s] > 0]
@@ -303,7 +334,13 @@ def sweep_chunk_task(store: str, c: int, a: int, b: int, msg: PassInput) -> Chun
     z[hold] = -1
     zarr.open_array(f"{store}/z{msg.p % 2}", mode="r+")[a:b] = z
     return ChunkResult(
-        c, delta, new_stats, int(n_changed), int(order.shape[0]), time.perf_counter() - t0
+        c,
+        delta,
+        new_stats,
+        int(n_changed),
+        int(order.shape[0]),
+        time.perf_counter() - t0,
+        written,
     )
 
 
@@ -389,8 +426,12 @@ def reduce_pass(
     family: ProductFamily,
     params: FitParams,
     n_train: int,
+    scored_into: str | None = None,
 ) -> tuple[PassState, dict[str, Any]]:
-    """The driver's half of a pass (module docstring): new state and the pass's record."""
+    """The driver's half of a pass (module docstring): new state and the pass's record.
+
+    ``scored_into``: the labels group the chunk tasks wrote their scores into, if asked to.
+    """
     results = sorted(results, key=lambda r: r.c)
     K = state.n_clusters
     stats = state.stats.copy()
@@ -425,7 +466,10 @@ def reduce_pass(
     idx = new_id[parent]
     remap = np.where(idx >= 0, target[np.maximum(idx, 0)], -1).astype(np.int64)
     relabelled = merged_records(merged[keep][:, 0], target)
-    if params.learn_alpha:
+    if params.learn_alpha and state.alpha_k != stats.shape[0]:
+        # eq. A.1 depends on the data only through N and K: with both unchanged the current
+        # alpha is already its mode, and keeping it exactly is what lets a pass that moved
+        # nothing leave the model bit for bit as it was
         alpha = map_concentration(n_train, stats.shape[0], *params.alpha_prior, start=alpha)
     e = objective(stats, alpha, family, params)
     changed = int(n_changed) + relabelled
@@ -444,6 +488,15 @@ def reduce_pass(
     reason = stop_reason(state.objective, e, changed, n_train, params)
     record["stop"] = reason
     converged = reason is not None
+    scored = None
+    unchanged = (
+        stats.shape == state.stats.shape
+        and bool(np.array_equal(stats, state.stats))
+        and alpha == state.alpha
+        and bool(np.array_equal(remap, np.arange(K)))
+    )
+    if unchanged and results and all(r.written is not None for r in results):
+        scored = [r.written for r in results if r.written is not None]
     new = PassState(
         pass_no=state.pass_no + 1,
         stats=stats,
@@ -454,6 +507,9 @@ def reduce_pass(
         history=[*state.history, record],
         converged=bool(converged),
         init_record=state.init_record,
+        alpha_k=int(stats.shape[0]) if params.learn_alpha else -1,
+        scored=scored,
+        scored_into=scored_into if scored is not None else None,
     )
     return new, record
 
@@ -527,7 +583,7 @@ def _sample_fit_task(
 
 
 def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
-    """The "sample" start (module docstring): in-memory MAP-DP (``pipeline.mapdp.run_mapdp``,
+    """The "sample" start (module docstring): in-memory MAP-DP (``pipeline.mapdp_core.run_mapdp``,
     with split and merge moves) on a hash sample of training rows, run as one Dask task; its
     rows keep their labels in pass 1 and its statistics are pass 1's global statistics."""
     t0 = time.perf_counter()
@@ -540,7 +596,16 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
     order = rng.permutation(rows.shape[0]).astype(np.int64)
     Xs_f = client.scatter(Xs, hash=False)  # not embedded in the task graph
     fut = client.submit(_sample_fit_task, Xs_f, fam, order, alpha, params, pure=False)
+    # the fit keeps one worker busy: the other workers and the driver load what the passes
+    # will need meanwhile (a worker's first chunk task otherwise pays about half a second)
+    few = np.ascontiguousarray(Xs[: min(4, Xs.shape[0])])
+    warm = [
+        client.submit(warm_up, few, fam, workers=[w], pure=False)
+        for w in client.scheduler_info()["workers"]
+    ]
+    threading.Thread(target=warm_up, args=(few, fam, True), daemon=True).start()
     labels, stats, alpha, n_iter, e = fut.result()
+    del warm  # whatever they did not finish, the first pass does
     K = int(stats.shape[0])
     record = {
         "pass": 0,
@@ -562,7 +627,50 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
         init_rows=rows,
         init_labels=np.asarray(labels, dtype=np.int64),
         init_record=record,
+        # a sample of every training row fitted alpha for (n_train, K) already
+        alpha_k=K if params.learn_alpha and rows.shape[0] == info.n_train else -1,
     )
+
+
+def warm_up(X: FloatArray, family: ProductFamily, driver: bool = False) -> None:
+    """Load, on a few records X (n, D), the numba kernels a chunk task calls (or, with
+    ``driver``, those of ``reduce_pass`` plus the report's matplotlib), so that the first real
+    call does not pay for loading them. Results are thrown away."""
+    spec, prior, empty_c = family.spec, family.prior, family.empty_cache()
+    n = X.shape[0]
+    z = np.zeros(n, dtype=np.int64)
+    stats = family.stats_of(X, z, 1)
+    nk = np.ascontiguousarray(stats[:, 0])
+    if driver:
+        logm = kbk.log_marginals(stats, spec, prior)
+        kbk.merge_costs(stats, logm, np.ones(1, dtype=np.bool_), 0, spec, prior, 0.0)
+        kmapdp.greedy_merge(stats, nk, spec, prior, 0.0)
+        kmapdp.objective(stats, nk, 1, spec, prior, 1.0)
+        map_concentration(max(n, 2), 1)
+        from pipeline import report
+
+        report.load_matplotlib()
+        return
+    order = np.arange(n, dtype=np.int64)
+    shuffle(seed_state(np.random.SeedSequence(0)), order)
+    cache = family.cache_of(stats)
+    kmapdp.sweep_scored(
+        X,
+        order,
+        z.copy(),
+        stats.copy(),
+        cache.copy(),
+        nk.copy(),
+        1,
+        spec,
+        prior,
+        empty_c,
+        1.0,
+        np.empty(n),
+    )
+    kbk.assign(X, order, z.copy(), stats, cache, nk, 1, spec, prior, empty_c, 0.0)
+    kbk.label_deltas(X, order, z, z, 1, 0, spec, family.n_stats)
+    kmapdp.predict(X, stats, cache, nk, spec, prior, empty_c, 1.0)
 
 
 def _train_stats_task(store: str, a: int, b: int, fam: ProductFamily) -> FloatArray:
@@ -578,12 +686,22 @@ def run_pass(
     params: FitParams,
     state: PassState,
     progress: bool = False,
+    labels_out: str | os.PathLike[str] | None = None,
 ) -> PassState:
-    """One pass: a task per chunk, then ``reduce_pass``; checkpoints the new state."""
+    """One pass: a task per chunk, then ``reduce_pass``; checkpoints the new state.
+
+    With ``labels_out`` (the write-out's labels group) and the MAP-DP engine, every chunk task
+    that moves no record also writes its rows' labels and eq. 3.4 densities there; when the
+    whole pass moved nothing, ``write_out`` has nothing left to do.
+    """
     from distributed import as_completed
 
     t0 = time.perf_counter()
     p = state.pass_no + 1
+    scores_into = None
+    if labels_out is not None and params.engine == "mapdp":
+        scores_into = str(labels_out)
+        create_labels(scores_into, info, overwrite=False)
     msg = PassInput(
         p=p,
         engine=params.engine,
@@ -598,6 +716,9 @@ def run_pass(
         init_rows=state.init_rows,
         init_labels=state.init_labels,
         init_label=state.init_label,
+        scores_into=scores_into,
+        plot_rate=plot_rate(info),
+        has_y=info.label_column is not None,
     )
     msg_f = client.scatter(msg, broadcast=True, hash=False)
     futs = [
@@ -614,7 +735,7 @@ def run_pass(
     if bar is not None:
         bar.close()
     del msg_f
-    new, record = reduce_pass(state, results, info.family, params, info.n_train)
+    new, record = reduce_pass(state, results, info.family, params, info.n_train, scores_into)
     seconds = time.perf_counter() - t0
     record["seconds"] = seconds
     record["records_per_second"] = info.n_train / seconds if seconds > 0 else math.inf
@@ -678,8 +799,10 @@ def run_passes(
     progress: bool = False,
     resume: bool = True,
     on_pass: Callable[[PassState], None] | None = None,
+    labels_out: str | os.PathLike[str] | None = None,
 ) -> PassState:
-    """Passes until convergence or ``max_passes``, resuming from the store's checkpoint."""
+    """Passes until convergence or ``max_passes``, resuming from the store's checkpoint
+    (``labels_out``: as ``run_pass``)."""
     params = params.checked()
     state = load_checkpoint(store, params) if resume else None
     if state is None:
@@ -687,7 +810,7 @@ def run_passes(
     elif progress:
         print(f"resuming after pass {state.pass_no}", file=sys.stderr)
     while not state.converged and state.pass_no < params.max_passes:
-        state = run_pass(client, store, info, params, state, progress)
+        state = run_pass(client, store, info, params, state, progress, labels_out)
         check_fault(state)
         if on_pass is not None:
             on_pass(state)
@@ -982,12 +1105,31 @@ def write_chunk_task(
         msg.alpha,
     )
     label = np.where(hold, pred, final)
+    return emit_chunk(store, labels, c, a, X, hold, label, logdens, msg.plot_rate, msg.labels)
+
+
+def emit_chunk(
+    store: str,
+    labels: str,
+    c: int,
+    a: int,
+    X: FloatArray,
+    hold: BoolArray,
+    label: IntArray,
+    logdens: FloatArray,
+    plot_rate: float,
+    has_y: bool,
+) -> WriteResult:
+    """Write chunk c's final labels (N,), eq. 3.4 log densities (N,) and held-out flags (N,)
+    at rows a.. of the ``labels`` group; its write-out summary (sums, picture sample and the
+    contingency triples against the true labels ``y`` when ``has_y``)."""
+    b = a + X.shape[0]
     zarr.open_array(f"{labels}/label", mode="r+")[a:b] = label
     zarr.open_array(f"{labels}/log_density", mode="r+")[a:b] = logdens
     zarr.open_array(f"{labels}/holdout", mode="r+")[a:b] = hold
-    pick = row_uniform(np.arange(a, b), PLOT_SALT) < msg.plot_rate
+    pick = row_uniform(np.arange(a, b), PLOT_SALT) < plot_rate
     pairs = None
-    if msg.labels:
+    if has_y:
         y = np.asarray(zarr.open_array(f"{store}/y", mode="r")[a:b], dtype=np.int64)
         both, counts = np.unique(np.vstack([y, label]), axis=1, return_counts=True)
         pairs = np.vstack([both, counts.astype(np.int64)])
@@ -1051,6 +1193,7 @@ class WriteSummary:
     plot_labels: IntArray
     seconds: float
     scores: dict[str, float] | None = None
+    by_pass: int | None = None  # the pass that wrote everything (no write-out tasks ran)
 
 
 def write_out(
@@ -1067,24 +1210,16 @@ def write_out(
 
     t0 = time.perf_counter()
     labels_path = str(labels_path)
-    zarr.open_group(labels_path, mode="w")
-    for name, dtype, fill in (("label", "int64", -1), ("log_density", "float64", np.nan)):
-        zarr.create_array(
-            f"{labels_path}/{name}",
-            shape=(info.n_rows,),
-            chunks=(info.chunk_rows,),
-            dtype=dtype,
-            fill_value=fill,
-            overwrite=True,
-        )
-    zarr.create_array(
-        f"{labels_path}/holdout",
-        shape=(info.n_rows,),
-        chunks=(info.chunk_rows,),
-        dtype="bool",
-        fill_value=False,
-        overwrite=True,
-    )
+    identity = bool(np.array_equal(mapping, np.arange(state.n_clusters)))
+    if state.scored is not None and state.scored_into == labels_path and identity:
+        # the last pass moved nothing and wrote every chunk already (``run_pass``)
+        if progress:
+            print(
+                f"write-out: done by pass {state.pass_no}, which moved no record",
+                file=sys.stderr,
+            )
+        return summarize_written(list(state.scored), info, time.perf_counter() - t0, state.pass_no)
+    create_labels(labels_path, info, overwrite=True)
     final_stats = merge_by(state.stats, mapping)
     msg = WriteInput(
         buffer=state.buffer,
@@ -1095,7 +1230,7 @@ def write_out(
         stats=final_stats,
         alpha=state.alpha,
         family=info.family,
-        plot_rate=min(1.0, PLOT_POINTS / max(info.n_rows, 1)),
+        plot_rate=plot_rate(info),
         labels=info.label_column is not None,
     )
     msg_f = client.scatter(msg, broadcast=True, hash=False)
@@ -1112,7 +1247,14 @@ def write_out(
             bar.update(info.chunk_bounds(r.c)[1] - info.chunk_bounds(r.c)[0])
     if bar is not None:
         bar.close()
-    results.sort(key=lambda r: r.c)
+    return summarize_written(results, info, time.perf_counter() - t0)
+
+
+def summarize_written(
+    results: list[WriteResult], info: StoreInfo, seconds: float, by_pass: int | None = None
+) -> WriteSummary:
+    """The ``WriteSummary`` of the chunks' write-out results (any order)."""
+    results = sorted(results, key=lambda r: r.c)
     n_hold = sum(r.heldout_n for r in results)
     n_train = sum(r.train_n for r in results)
     scores = None
@@ -1125,9 +1267,39 @@ def write_out(
         heldout_new_cluster=sum(r.new_cluster for r in results),
         plot_X=np.concatenate([r.plot_X for r in results]),
         plot_labels=np.concatenate([r.plot_labels for r in results]),
-        seconds=time.perf_counter() - t0,
+        seconds=seconds,
         scores=scores,
+        by_pass=by_pass,
     )
+
+
+def plot_rate(info: StoreInfo) -> float:
+    """Share of rows (by a hash of the row index) kept for the report's projection."""
+    return min(1.0, PLOT_POINTS / max(info.n_rows, 1))
+
+
+def create_labels(labels_path: str, info: StoreInfo, overwrite: bool) -> None:
+    """The write-out's zarr group: label (-1), log_density (NaN) and holdout, chunked as the
+    store; an existing group is kept unless ``overwrite``."""
+    if not overwrite and all(
+        (Path(labels_path) / name / "zarr.json").exists()
+        for name in ("label", "log_density", "holdout")
+    ):
+        return
+    zarr.open_group(labels_path, mode="w")
+    for name, dtype, fill in (
+        ("label", "int64", -1),
+        ("log_density", "float64", np.nan),
+        ("holdout", "bool", False),
+    ):
+        zarr.create_array(
+            f"{labels_path}/{name}",
+            shape=(info.n_rows,),
+            chunks=(info.chunk_rows,),
+            dtype=dtype,
+            fill_value=fill,
+            overwrite=True,
+        )
 
 
 def read_labels(client: Any, store: Store, info: StoreInfo, state: PassState) -> IntArray:
@@ -1188,7 +1360,7 @@ def dask_client(
 
 @dataclass
 class DistributedResult:
-    """A stage-1 run on Dask, in the shape of ``pipeline.mapdp.MapdpResult`` plus what ingest
+    """A stage-1 run on Dask, in the shape of ``pipeline.mapdp_core.MapdpResult`` plus what ingest
     learned."""
 
     labels: IntArray
@@ -1517,6 +1689,8 @@ def finish(
         if pass_seconds > 0
         else None,
         "stop": state.history[-1].get("stop") if state.history else None,
+        # the pass that also wrote the output, when it moved no record (no write-out tasks)
+        "written_by_pass": written.by_pass,
     }
     if written.scores is not None:
         metrics.update(written.scores)

@@ -69,7 +69,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices=INITS,
         default="auto",
         help="start of pass 1 (auto = sample: in-memory MAP-DP with split/merge moves on a "
-        "hash sample of 50,000 training rows)",
+        "hash sample of 20,000 training rows)",
     )
     p.add_argument("--max-passes", type=_positive_int, default=50, metavar="N")
     p.add_argument(
@@ -137,10 +137,10 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the ``cluster`` flow; exit status 2 with one line on bad input."""
-    from flows.cluster import cluster  # the CLI starts the flow: the one upward import
+    from flows.cluster import run_cluster_flow  # the CLI starts the flow: the one upward import
 
     try:
-        cluster(
+        run_cluster_flow(
             input=args.input,
             out=args.out,
             chunk_rows=args.chunk_rows,

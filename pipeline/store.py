@@ -36,6 +36,7 @@ import os
 import pickle
 import re
 import shutil
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ from pipeline.families import Family, FloatArray, ProductFamily
 from pipeline.schema import Schema, as_frame
 
 DEFAULT_CHUNK_ROWS = 100_000
-PRIOR_SAMPLE = 200_000
+PRIOR_SAMPLE = 50_000
 CSV_BLOCK_BYTES = 32 * 2**20
 HOLDOUT_SALT = 0x5EED_0001
 SAMPLE_SALT = 0x5EED_0002
@@ -388,11 +389,10 @@ def open_source(obj: Any, chunk_rows: int) -> Source:
     ``obj`` is a path (CSV; Parquet file or directory; ``.npy``; a zarr array) or, from Python,
     a numpy array, pandas DataFrame, dask array or dask DataFrame.
     """
-    try:
-        import dask.array as da
-        import dask.dataframe as dd
-    except ImportError:  # pragma: no cover - dask is a dependency
-        da = dd = None  # type: ignore[assignment]
+    # a dask collection can only come from an imported dask; importing dask.array and
+    # dask.dataframe just to test for one costs the driver most of a second
+    da = sys.modules.get("dask.array")
+    dd = sys.modules.get("dask.dataframe")
     if isinstance(obj, (str, os.PathLike)):
         path = Path(obj)
         if not path.exists():

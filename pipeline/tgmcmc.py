@@ -34,7 +34,7 @@ from kernels import priors as prior_kernels
 from kernels import samplers as sampler_kernels
 from kernels import tgmcmc as tg_kernels
 from pipeline.families import Family, GaussianNW, ProductFamily, as_product
-from pipeline.mapdp import as_seed_sequence, seed_state
+from pipeline.mapdp_core import as_seed_sequence, seed_state
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import dask.array as da
@@ -215,6 +216,43 @@ def test_write_out_scores_heldout_rows(client, tmp_path: Path):
     assert summary.heldout_mean_log_density == pytest.approx(logd[hold].mean())
     assert normalized_mutual_info_score(y[hold], label[hold]) > 0.9
     assert normalized_mutual_info_score(y, label) > 0.95
+
+
+@pytest.mark.parametrize("init", ["auto", "sequential"])
+def test_a_pass_that_moves_nothing_does_the_write_out(client, tmp_path: Path, init: str):
+    """The fused write-out (``run_pass(labels_out=...)``) writes exactly what the write-out
+    tasks write: same labels, bit-identical eq. 3.4 densities, same summary. ("auto": the
+    sample start covers every row and pass 1 confirms it; "sequential": several passes.)"""
+    X, _ = blobs(2000, seed=6)
+    store = Store(tmp_path / "store")
+    info = ingest(X, store, client=client, chunk_rows=300, holdout=0.2)
+    # stop only after a pass that moved nothing
+    params = dist.FitParams(seed=3, tol=0.0, min_change=0.0, init=init).checked()
+    fused_path = tmp_path / "fused.zarr"
+    state = dist.run_passes(client, store, info, params, labels_out=fused_path)
+    assert state.history[-1]["n_changed"] == 0
+    assert state.pass_no >= (2 if init == "sequential" else 1)
+    assert state.scored is not None and len(state.scored) == info.n_chunks
+    identity = dist.identity_stage2(state.stats, info.family)
+    fused = dist.write_out(client, store, info, state, identity, fused_path)
+    full = dist.write_out(
+        client, store, info, replace(state, scored=None), identity, tmp_path / "full.zarr"
+    )
+    assert fused.by_pass == state.pass_no and full.by_pass is None
+    for name in ("label", "log_density", "holdout"):
+        a = zarr.open_array(str(fused_path / name))[:]
+        b = zarr.open_array(str(tmp_path / "full.zarr" / name))[:]
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    assert fused.heldout_mean_log_density == full.heldout_mean_log_density
+    assert fused.train_mean_log_density == full.train_mean_log_density
+    assert fused.n_heldout == full.n_heldout == info.n_rows - info.n_train
+    np.testing.assert_array_equal(fused.plot_X, full.plot_X)
+    np.testing.assert_array_equal(fused.plot_labels, full.plot_labels)
+    # a stage 2 that merges clusters changes the statistics: the tasks run again
+    merged = np.zeros(state.n_clusters, dtype=np.int64)
+    again = dist.write_out(client, store, info, state, merged, fused_path)
+    assert again.by_pass is None
+    assert set(np.unique(zarr.open_array(str(fused_path / "label"))[:])) <= {-1, 0}
 
 
 def test_checkpoint_resume_gives_the_same_labels(client, tmp_path: Path, monkeypatch):

@@ -99,7 +99,7 @@ def test_gibbs_matches_exact_posterior() -> None:
     counts: dict[tuple[int, ...], int] = {}
     # one long chain: fit runs scans; keep each state by refitting from the sampler's internals
     from kernels import mapdp as kmapdp
-    from pipeline.mapdp import as_seed_sequence, seed_state
+    from pipeline.mapdp_core import as_seed_sequence, seed_state
 
     g.fit(X)
     prod = g.family_

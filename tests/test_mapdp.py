@@ -14,7 +14,8 @@ from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 from pipeline.baselines import DPMeans
 from pipeline.concentration import log_posterior, map_concentration
 from pipeline.families import GaussianNW
-from pipeline.mapdp import MAPDP, run_mapdp
+from pipeline.mapdp import MAPDP
+from pipeline.mapdp_core import run_mapdp
 from tests.reference import mapdp_reference, nw_log_predictive
 
 

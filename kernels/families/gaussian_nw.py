@@ -135,7 +135,12 @@ def _invert_factor(c, d):
         c[b0 + i] = acc
 
 
-@njit(cache=True, nogil=True)
+# reassociation lets LLVM vectorise the dot products of the quadratic form (about twice as fast
+# for d = 10); results move by rounding only. No other fast-math flag: NaN and inf stay IEEE.
+QUAD_FLAGS = {"reassoc", "contract"}
+
+
+@njit(cache=True, nogil=True, fastmath=QUAD_FLAGS)
 def _mahalanobis(x, c, d):
     """|L^{-1} (x - m_k)|^2 = sum_i (sum_{j <= i} U_ij x_j - b_i)^2."""
     u0 = d * d + d
@@ -320,7 +325,7 @@ def log_predictive_loo(x, s, c, p):
     )
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=QUAD_FLAGS)
 def log_predictive_row(x, C, k):
     """``log_predictive`` for row k of a cache matrix C (K, C_len), reading it in place.
 

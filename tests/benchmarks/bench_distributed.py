@@ -126,11 +126,11 @@ def prefect_server():
 
 
 def _run(src: Path, out: Path, **kw: Any) -> tuple[dict[str, Any], float, int]:
-    from flows.cluster import cluster
+    from flows.cluster import run_cluster_flow  # as ``dpmm run`` runs the flow
 
     with PeakRSS() as mem:
         t0 = time.perf_counter()
-        run = cluster(str(src), str(out), overwrite=True, progress=False, **kw)
+        run = run_cluster_flow(input=str(src), out=str(out), overwrite=True, progress=False, **kw)
         wall = time.perf_counter() - t0
     return run, wall, mem.peak
 
