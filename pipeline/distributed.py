@@ -1342,6 +1342,8 @@ def dask_client(
             processes=processes,
             dashboard_address=dashboard_address,
             memory_limit=0,
+            # worker processes import the pipeline and load its kernels while starting
+            preload=["pipeline.worker_setup"] if processes else None,
         )
         client = Client(cluster)
     try:
