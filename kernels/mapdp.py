@@ -111,7 +111,11 @@ def _log_mixture(lp, lognk, K, log_norm, log_alpha, terms):
     m = terms[best]
     acc = 0.0
     for k in range(K + 1):
-        acc += math.exp(terms[k] - m)
+        # exp(-40) is below half an ulp of the sum (>= 1): such terms cannot change it
+        # (written so that a NaN still propagates)
+        e = terms[k] - m
+        if not e <= -40.0:
+            acc += math.exp(e)
     return best, m + math.log(acc)
 
 
