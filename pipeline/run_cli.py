@@ -28,7 +28,7 @@ from pipeline.cli_types import fraction as _fraction
 from pipeline.cli_types import nonneg_float as _nonneg_float
 from pipeline.cli_types import nonneg_int as _nonneg_int
 from pipeline.cli_types import positive_int as _positive_int
-from pipeline.distributed import DEFAULT_CHUNK_ROWS, ENGINES, INITS, InjectedFault
+from pipeline.distributed import DEFAULT_CHUNK_ROWS, ENGINES, INIT_SAMPLE, INITS, InjectedFault
 
 
 def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -69,7 +69,15 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices=INITS,
         default="auto",
         help="start of pass 1 (auto = sample: in-memory MAP-DP with split/merge moves on a "
-        "hash sample of 20,000 training rows)",
+        "hash sample of --init-sample training rows)",
+    )
+    p.add_argument(
+        "--init-sample",
+        type=_positive_int,
+        default=INIT_SAMPLE,
+        metavar="N",
+        help=f"rows of the sample start (default {INIT_SAMPLE:,}; more finds smaller clusters "
+        "before pass 1, at the cost of a longer start)",
     )
     p.add_argument("--max-passes", type=_positive_int, default=50, metavar="N")
     p.add_argument(
@@ -149,6 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             family=args.family,
             alpha=args.alpha,
             init=args.init,
+            init_sample=args.init_sample,
             max_passes=args.max_passes,
             tol=args.tol,
             min_change=args.min_change,

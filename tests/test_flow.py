@@ -125,11 +125,12 @@ def test_run_parser_options():
     args = parser.parse_args(["run", "x.csv", "--out", "o"])
     assert (args.summaries, args.stage2, args.mcmc, args.label_column) == (0, None, 0, None)
     assert (args.tol, args.min_change, args.init) == (1e-5, 1e-3, "auto")
+    assert args.init_sample == dist.INIT_SAMPLE
     more = "--summaries 300 --stage2 none --mcmc 50 --label-column y --min-change 0.01"
-    args = parser.parse_args(["run", "x.csv", "--out", "o", *more.split()])
+    args = parser.parse_args(["run", "x.csv", "--out", "o", *more.split(), "--init-sample", "9"])
     assert (args.summaries, args.stage2, args.mcmc, args.label_column) == (300, "none", 50, "y")
-    assert args.min_change == 0.01
-    for bad in ("--summaries -1", "--stage2 gibbs", "--mcmc x"):
+    assert (args.min_change, args.init_sample) == (0.01, 9)
+    for bad in ("--summaries -1", "--stage2 gibbs", "--mcmc x", "--init-sample 0"):
         with pytest.raises(SystemExit):
             parser.parse_args(["run", "x.csv", "--out", "o", *bad.split()])
 
