@@ -19,7 +19,7 @@ from numpy.typing import ArrayLike, NDArray
 from scipy.special import gammaln, logsumexp
 
 from kernels import bhc as kbhc
-from pipeline.families import Family, GaussianNW, ProductFamily, as_product
+from pipeline.families import Family, GaussianNW, ProductFamily, as_product, check_summaries
 from pipeline.mapdp_core import as_seed_sequence
 
 if TYPE_CHECKING:
@@ -278,19 +278,7 @@ class BHC:
                 "fitted to summaries by name)"
             )
         fam = as_product(fam_in)
-        try:
-            S = np.asarray(stats, dtype=np.float64)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"stats must be a numeric array: {err}") from err
-        if S.ndim != 2 or S.shape[1] != fam.n_stats or S.shape[0] < 1:
-            raise ValueError(
-                f"stats must have shape (n_leaves, {fam.n_stats}) for {fam!r}; got {S.shape}"
-            )
-        if not np.all(np.isfinite(S)):
-            raise ValueError("stats contains NaN or infinity")
-        if np.any(S[:, 0] <= 0):
-            raise ValueError("every leaf must summarise n > 0 records (stats[:, 0] > 0)")
-        return self._fit_stats(np.ascontiguousarray(S), fam)
+        return self._fit_stats(check_summaries(stats, fam), fam)
 
     def fit_predict(self, X: ArrayLike, y: Any = None) -> IntArray:
         return self.fit(X).labels_

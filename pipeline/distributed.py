@@ -596,16 +596,11 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
     order = rng.permutation(rows.shape[0]).astype(np.int64)
     Xs_f = client.scatter(Xs, hash=False)  # not embedded in the task graph
     fut = client.submit(_sample_fit_task, Xs_f, fam, order, alpha, params, pure=False)
-    # the fit keeps one worker busy: the other workers and the driver load what the passes
-    # will need meanwhile (a worker's first chunk task otherwise pays about half a second)
+    # the fit keeps one worker busy and the driver idle: the driver loads what it will need
+    # meanwhile (workers did so when they started: ``pipeline.worker_setup``)
     few = np.ascontiguousarray(Xs[: min(4, Xs.shape[0])])
-    warm = [
-        client.submit(warm_up, few, fam, workers=[w], pure=False)
-        for w in client.scheduler_info()["workers"]
-    ]
-    threading.Thread(target=warm_up, args=(few, fam, True), daemon=True).start()
+    threading.Thread(target=warm_driver, args=(few, fam), daemon=True).start()
     labels, stats, alpha, n_iter, e = fut.result()
-    del warm  # whatever they did not finish, the first pass does
     K = int(stats.shape[0])
     record = {
         "pass": 0,
@@ -632,45 +627,21 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
     )
 
 
-def warm_up(X: FloatArray, family: ProductFamily, driver: bool = False) -> None:
-    """Load, on a few records X (n, D), the numba kernels a chunk task calls (or, with
-    ``driver``, those of ``reduce_pass`` plus the report's matplotlib), so that the first real
-    call does not pay for loading them. Results are thrown away."""
-    spec, prior, empty_c = family.spec, family.prior, family.empty_cache()
+def warm_driver(X: FloatArray, family: ProductFamily) -> None:
+    """Load, on a few records X (n, D), the numba kernels ``reduce_pass`` calls and the report's
+    matplotlib, so that their first real call does not pay for loading them."""
+    spec, prior = family.spec, family.prior
     n = X.shape[0]
-    z = np.zeros(n, dtype=np.int64)
-    stats = family.stats_of(X, z, 1)
+    stats = family.stats_of(X, np.zeros(n, dtype=np.int64), 1)
     nk = np.ascontiguousarray(stats[:, 0])
-    if driver:
-        logm = kbk.log_marginals(stats, spec, prior)
-        kbk.merge_costs(stats, logm, np.ones(1, dtype=np.bool_), 0, spec, prior, 0.0)
-        kmapdp.greedy_merge(stats, nk, spec, prior, 0.0)
-        kmapdp.objective(stats, nk, 1, spec, prior, 1.0)
-        map_concentration(max(n, 2), 1)
-        from pipeline import report
+    logm = kbk.log_marginals(stats, spec, prior)
+    kbk.merge_costs(stats, logm, np.ones(1, dtype=np.bool_), 0, spec, prior, 0.0)
+    kmapdp.greedy_merge(stats, nk, spec, prior, 0.0)
+    kmapdp.objective(stats, nk, 1, spec, prior, 1.0)
+    map_concentration(max(n, 2), 1)
+    from pipeline import report
 
-        report.load_matplotlib()
-        return
-    order = np.arange(n, dtype=np.int64)
-    shuffle(seed_state(np.random.SeedSequence(0)), order)
-    cache = family.cache_of(stats)
-    kmapdp.sweep_scored(
-        X,
-        order,
-        z.copy(),
-        stats.copy(),
-        cache.copy(),
-        nk.copy(),
-        1,
-        spec,
-        prior,
-        empty_c,
-        1.0,
-        np.empty(n),
-    )
-    kbk.assign(X, order, z.copy(), stats, cache, nk, 1, spec, prior, empty_c, 0.0)
-    kbk.label_deltas(X, order, z, z, 1, 0, spec, family.n_stats)
-    kmapdp.predict(X, stats, cache, nk, spec, prior, empty_c, 1.0)
+    report.load_matplotlib()
 
 
 def _train_stats_task(store: str, a: int, b: int, fam: ProductFamily) -> FloatArray:

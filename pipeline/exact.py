@@ -13,7 +13,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import gammaln, logsumexp
 
-from pipeline.families import Family, GaussianNW, ProductFamily, as_product
+from pipeline.families import Family, GaussianNW, ProductFamily, as_product, check_summaries
 
 MAX_LEAVES = 12
 
@@ -71,16 +71,8 @@ def _leaf_stats(
     if isinstance(family, str):
         raise ValueError("leaf summaries need a Family or ProductFamily instance with its prior")
     fam = as_product(family)
-    S = np.asarray(stats, dtype=np.float64)
-    if S.ndim != 2 or S.shape[1] != fam.n_stats:
-        raise ValueError(
-            f"stats must have shape (n_leaves, {fam.n_stats}) for {fam!r}; got {S.shape}"
-        )
-    if not np.all(np.isfinite(S)):
-        raise ValueError("stats contains NaN or infinity")
-    if np.any(S[:, 0] <= 0):
-        raise ValueError("every leaf must summarise n > 0 records (stats[:, 0] > 0)")
-    return np.ascontiguousarray(S), fam
+    assert stats is not None  # exactly one of X and stats, checked above
+    return check_summaries(stats, fam), fam
 
 
 def exact_log_marginal(

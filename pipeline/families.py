@@ -912,6 +912,27 @@ class Geometric(_RateFamily):
         return {f"{nm}:p": float(an[j] / (an[j] + bn[j])) for j, nm in enumerate(names)}
 
 
+def check_summaries(stats: ArrayLike, family: ProductFamily) -> FloatArray:
+    """Leaf statistics (L, S) as a C-contiguous float array, checked: the family's width, at
+    least one leaf, finite, every leaf summarising at least one record."""
+    try:
+        arr = np.ascontiguousarray(np.asarray(stats, dtype=np.float64))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"stats must be a numeric array: {err}") from err
+    if arr.ndim != 2 or arr.shape[1] != family.n_stats:
+        raise ValueError(
+            f"stats must have shape (n_leaves, {family.n_stats}) for {family!r}; "
+            f"got {np.shape(stats)}"
+        )
+    if arr.shape[0] < 1:
+        raise ValueError("stats must hold at least one leaf")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError("stats contains NaN or infinity")
+    if not np.all(arr[:, 0] > 0):
+        raise ValueError("every leaf must summarise n > 0 records (stats[:, 0] > 0)")
+    return arr
+
+
 def as_product(family: Family | ProductFamily) -> ProductFamily:
     """``family`` as a ``ProductFamily`` (a single ``Family`` becomes a one-group product).
 

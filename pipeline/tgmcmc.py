@@ -33,7 +33,7 @@ from kernels import ibhc as ibhc_kernels
 from kernels import priors as prior_kernels
 from kernels import samplers as sampler_kernels
 from kernels import tgmcmc as tg_kernels
-from pipeline.families import Family, GaussianNW, ProductFamily, as_product
+from pipeline.families import Family, GaussianNW, ProductFamily, as_product, check_summaries
 from pipeline.mapdp_core import as_seed_sequence, seed_state
 
 FloatArray = NDArray[np.float64]
@@ -65,23 +65,6 @@ def prior_array(prior: str, alpha: float, sigma: float) -> FloatArray:
 def leaf_log_marginals(stats: FloatArray, family: ProductFamily) -> FloatArray:
     """log p(X_i) of every leaf (L,) from its statistics row."""
     return np.array([family.log_marginal_stats(s) for s in stats], dtype=np.float64)
-
-
-def check_summaries(stats: ArrayLike, family: ProductFamily) -> FloatArray:
-    """Validate leaf statistics (L, S): finite, the family's width, positive counts."""
-    arr = np.ascontiguousarray(np.asarray(stats, dtype=np.float64))
-    if arr.ndim != 2 or arr.shape[1] != family.n_stats:
-        raise ValueError(
-            f"stats must have shape (n_leaves, {family.n_stats}) for {family!r}; "
-            f"got {np.shape(stats)}"
-        )
-    if arr.shape[0] < 1:
-        raise ValueError("stats must hold at least one leaf")
-    if not np.all(np.isfinite(arr)):
-        raise ValueError("stats must be finite")
-    if not np.all(arr[:, 0] > 0):
-        raise ValueError("every leaf must summarise at least one record (stats[:, 0] > 0)")
-    return arr
 
 
 def effective_sample_size(x: ArrayLike) -> float:

@@ -255,6 +255,14 @@ def test_a_pass_that_moves_nothing_does_the_write_out(client, tmp_path: Path, in
     assert set(np.unique(zarr.open_array(str(fused_path / "label"))[:])) <= {-1, 0}
 
 
+def test_worker_warm_up_runs():
+    """The LocalCluster's worker preload swallows its errors (a failed warm-up only costs
+    speed), so it is run here where an error shows."""
+    from pipeline.worker_setup import warm_kernels
+
+    warm_kernels()
+
+
 def test_checkpoint_resume_gives_the_same_labels(client, tmp_path: Path, monkeypatch):
     X, _ = blobs(2000, seed=8)
     params = dist.FitParams(seed=11, init="sequential").checked()
