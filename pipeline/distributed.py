@@ -60,6 +60,8 @@ from kernels import bayes_kmeans as kbk
 from kernels import mapdp as kmapdp
 from kernels.rng import shuffle
 from pipeline.concentration import log_gamma_prior, map_concentration
+from pipeline.config import INIT_SAMPLE, INITS, MAX_SEEDS, FitParams  # noqa: F401
+from pipeline.engines import ENGINES  # noqa: F401
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.mapdp_core import as_seed_sequence, run_mapdp, seed_state
 from pipeline.store import (
@@ -76,12 +78,8 @@ from pipeline.store import (
 )
 
 IntArray = NDArray[np.int64]
-ENGINES = ("mapdp", "kmeans")
-INITS = ("auto", "sample", "sequential", "one-cluster", "seeds")
-INIT_SAMPLE = 20_000
 INIT_SALT = 0x5EED_0004
 FAULT_ENV = "DPMM_FAULT_AFTER_PASS"
-MAX_SEEDS = 100
 PLOT_POINTS = 4000
 
 
@@ -90,73 +88,6 @@ class InjectedFault(RuntimeError):
 
 
 # -- parameters and state -----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class FitParams:
-    """Parameters of stage 1.
-
-    engine : "mapdp" or "kmeans" (Bayes K-means).
-    alpha : DP concentration N0, or "learn" (MAP under Gamma(alpha_prior), eq. A.1, after every
-        pass).
-    init : "sample" (in-memory MAP-DP with split / merge moves on a hash sample of
-        ``init_sample`` training rows, module docstring), "sequential" (no cluster: the first
-        pass opens them), "one-cluster" (Algorithm 1's start), "seeds" (``n_seeds`` random
-        training records as singleton clusters, seed 001 Section 5); "auto" is "sample".
-    n_seeds : seeds of the "seeds" start; default min(ceil(sqrt(N)), 100).
-    init_sample : rows of the "sample" start (at most the prior's sample of ingest).
-    max_passes, tol, min_change : stop after ``max_passes`` passes, or when a pass lowers the
-        objective by at most ``tol * |objective|`` (relative), or when at most
-        ``min_change * N_train`` records changed cluster in the pass.
-    seed : entropy of the SeedSequence all (restart, pass, chunk) seeds derive from.
-    merge_all : MAP-DP also tests merges between clusters that were not opened in the pass
-        (always so for Bayes K-means). Merge moves over all clusters by the exact objective
-        (``kernels.mapdp.greedy_merge``) run after every pass regardless.
-    """
-
-    engine: str = "mapdp"
-    alpha: float | str = "learn"
-    alpha_prior: tuple[float, float] = (2.0, 1.0)
-    init: str = "auto"
-    n_seeds: int | None = None
-    init_sample: int = INIT_SAMPLE
-    max_passes: int = 50
-    tol: float = 1e-5
-    min_change: float = 1e-3
-    seed: int = 0
-    restart: int = 0
-    merge_all: bool = False
-
-    def checked(self) -> FitParams:
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
-        if self.init not in INITS:
-            raise ValueError(f"init must be one of {INITS}, got {self.init!r}")
-        if isinstance(self.alpha, str):
-            if self.alpha != "learn":
-                raise ValueError(f"alpha must be a positive float or 'learn', got {self.alpha!r}")
-        elif not (float(self.alpha) > 0 and math.isfinite(float(self.alpha))):
-            raise ValueError(f"alpha must be a positive finite float, got {self.alpha!r}")
-        if int(self.max_passes) < 1:
-            raise ValueError(f"max_passes must be >= 1, got {self.max_passes}")
-        if not self.tol >= 0:
-            raise ValueError(f"tol must be >= 0, got {self.tol}")
-        if not 0 <= self.min_change < 1:
-            raise ValueError(f"min_change must be in [0, 1), got {self.min_change}")
-        if int(self.init_sample) < 1:
-            raise ValueError(f"init_sample must be >= 1, got {self.init_sample}")
-        a, b = self.alpha_prior
-        if not (a > 0 and b > 0):
-            raise ValueError(f"alpha_prior must be two positive numbers, got {self.alpha_prior}")
-        return self
-
-    @property
-    def learn_alpha(self) -> bool:
-        return isinstance(self.alpha, str)
-
-    @property
-    def start(self) -> str:
-        return "sample" if self.init == "auto" else self.init
 
 
 def seed_entropy(random_state: Any) -> int:
@@ -1516,7 +1447,7 @@ class RunConfig:
     holdout: float = 0.0
     family: Any = "auto"
     prior_sample: int = PRIOR_SAMPLE
-    params: FitParams = FitParams()
+    params: FitParams = field(default_factory=FitParams)
     overwrite: bool = False
     report: bool = True
     label_column: str | None = None

@@ -48,11 +48,10 @@ import pandas as pd
 import zarr
 from numpy.typing import NDArray
 
+from pipeline.config import DEFAULT_CHUNK_ROWS, PRIOR_SAMPLE
 from pipeline.families import Family, FloatArray, ProductFamily
 from pipeline.schema import Schema, as_frame
 
-DEFAULT_CHUNK_ROWS = 100_000
-PRIOR_SAMPLE = 50_000
 CSV_BLOCK_BYTES = 32 * 2**20
 HOLDOUT_SALT = 0x5EED_0001
 SAMPLE_SALT = 0x5EED_0002
