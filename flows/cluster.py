@@ -1,15 +1,16 @@
 """The ``cluster`` flow: ingest -> stage-1 passes -> stage 2 -> write-out -> summaries.
 
-Every step is a Prefect task around a ``pipeline.distributed`` function; the Dask work runs on
+Every step is a Prefect task around a ``pipeline.dist`` function; the passes are the one pass
+loop (``pipeline.dist.loop.run_passes``) with each pass run as a Prefect task; the Dask work runs on
 the client the flow opens (a ``LocalCluster`` of one process per core, or ``scheduler``). Tasks
 that do I/O retry (bad input, a ``ValueError``, does not: it is reported as it is). After each
 pass the driver's state is checkpointed in the output store, so running the same command again
 after a crash resumes from the last completed pass and gives the same labels.
 
 With ``summaries=M`` stage 1 ends with one more distributed pass that splits its clusters into
-about M summaries (``pipeline.distributed.split_summaries``). Stage 2 maps the summaries (or the
-stage-1 clusters) to final clusters: ``"none"`` is the identity
-(``pipeline.distributed.identity_stage2``), ``"bhc"`` is ``pipeline.stage2.run_stage2`` (BHC over
+about M summaries (``pipeline.dist.summaries.split_summaries``). Stage 2 maps the summaries (or
+the stage-1 clusters) to final clusters: ``"none"`` is the identity
+(``pipeline.dist.summaries.identity_stage2``), ``"bhc"`` is ``pipeline.stage2.run_stage2`` (BHC over
 the summaries, optionally tree-guided MCMC), which writes its tree files into the partial output
 directory, so the final rename keeps the output atomic.
 """
@@ -25,9 +26,17 @@ import numpy as np
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from pipeline import distributed as dist
+from pipeline.config import DEFAULT_CHUNK_ROWS, INIT_SAMPLE, MAX_PASSES, MIN_CHANGE, TOL, FitParams
+from pipeline.dist import loop
+from pipeline.dist import run as dist
+from pipeline.dist.client import dask_client
+from pipeline.dist.summaries import Summaries, identity_stage2, split_summaries
+from pipeline.dist.writeout import WriteSummary, write_out
+from pipeline.engines import get_engine
+from pipeline.engines.base import LoopState, RunContext
 from pipeline.families import ProductFamily
-from pipeline.store import Store, StoreInfo
+from pipeline.mapdp_core import seed_entropy
+from pipeline.store import StoreInfo
 
 STAGE2 = ("none", "bhc")
 
@@ -66,10 +75,8 @@ def ingest_task(
     retry_condition_fn=_retry_unless_bad_input,
     cache_policy=NO_CACHE,
 )
-def start_task(
-    client: Any, partial: Path, info: StoreInfo, params: dist.FitParams
-) -> dist.PassState:
-    return dist.step_start(client, partial, info, params)
+def start_task(client: Any, ctx: RunContext) -> LoopState:
+    return loop.start(client, ctx)
 
 
 @task(
@@ -81,23 +88,9 @@ def start_task(
     cache_policy=NO_CACHE,
 )
 def pass_task(
-    client: Any,
-    partial: Path,
-    info: StoreInfo,
-    params: dist.FitParams,
-    state: dist.PassState,
-    p: int,
-    progress: bool,
-) -> dist.PassState:
-    return dist.run_pass(
-        client,
-        Store(partial / "store.zarr"),
-        info,
-        params,
-        state,
-        progress,
-        labels_out=partial / "labels.zarr",
-    )
+    client: Any, ctx: RunContext, state: LoopState, p: int, labels_out: Path
+) -> LoopState:
+    return loop.run_pass(client, ctx, state, labels_out)
 
 
 @task(
@@ -107,11 +100,8 @@ def pass_task(
     retry_condition_fn=_retry_unless_bad_input,
     cache_policy=NO_CACHE,
 )
-def summaries_task(
-    client: Any, partial: Path, info: StoreInfo, state: dist.PassState, M: int, progress: bool
-) -> dist.Summaries:
-    store = Store(partial / "store.zarr")
-    return dist.split_summaries(client, store, info, state, M, progress)
+def summaries_task(client: Any, ctx: RunContext, state: Any, M: int) -> Summaries:
+    return split_summaries(client, ctx, state, M)
 
 
 @task(name="stage2", cache_policy=NO_CACHE)
@@ -127,7 +117,7 @@ def stage2_task(
     """Stage 2 over the summaries (K, S): the final cluster of each, and what run.json records."""
     info: dict[str, Any] = {"method": name}
     if name == "none":
-        mapping = dist.identity_stage2(stats, family)
+        mapping = identity_stage2(stats, family)
     else:
         from pipeline.stage2 import run_stage2
 
@@ -150,15 +140,9 @@ def stage2_task(
     cache_policy=NO_CACHE,
 )
 def write_task(
-    client: Any,
-    partial: Path,
-    info: StoreInfo,
-    state: dist.PassState,
-    mapping: np.ndarray,
-    progress: bool,
-) -> dist.WriteSummary:
-    store = Store(partial / "store.zarr")
-    return dist.write_out(client, store, info, state, mapping, partial / "labels.zarr", progress)
+    client: Any, ctx: RunContext, state: LoopState, mapping: np.ndarray, labels: Path
+) -> WriteSummary:
+    return write_out(client, ctx, get_engine(ctx.params.engine), state, mapping, labels)
 
 
 @task(
@@ -173,9 +157,9 @@ def finish_task(
     cfg: dist.RunConfig,
     partial: Path,
     info: StoreInfo,
-    state: dist.PassState,
+    state: Any,
     mapping: np.ndarray,
-    written: dist.WriteSummary,
+    written: WriteSummary,
     timing: dict[str, float],
     extra: dict[str, Any],
 ) -> dict[str, Any]:
@@ -186,17 +170,17 @@ def finish_task(
 def cluster(
     input: Any,
     out: str,
-    chunk_rows: int = dist.DEFAULT_CHUNK_ROWS,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
     holdout: float = 0.0,
     engine: str = "mapdp",
     family: Any = "auto",
     alpha: float | str = "learn",
     init: str = "auto",
     n_seeds: int | None = None,
-    max_passes: int = 50,
-    tol: float = 1e-5,
-    min_change: float = 1e-3,
-    init_sample: int = dist.INIT_SAMPLE,
+    max_passes: int = MAX_PASSES,
+    tol: float = TOL,
+    min_change: float = MIN_CHANGE,
+    init_sample: int = INIT_SAMPLE,
     random_state: int | None = 0,
     label_column: str | None = None,
     summaries: int = 0,
@@ -225,7 +209,7 @@ def cluster(
         raise ValueError(f"stage2 must be one of {STAGE2}, got {stage2!r}")
     if int(summaries) < 0 or int(mcmc) < 0:
         raise ValueError(f"summaries and mcmc must be >= 0, got {summaries} and {mcmc}")
-    params = dist.FitParams(
+    params = FitParams(
         engine=engine,
         alpha=alpha,
         init=init,
@@ -234,7 +218,7 @@ def cluster(
         max_passes=max_passes,
         tol=tol,
         min_change=min_change,
-        seed=dist.seed_entropy(random_state),
+        seed=seed_entropy(random_state),
     ).checked()
     cfg = dist.RunConfig(
         out=str(out),
@@ -254,7 +238,7 @@ def cluster(
     if resumed and progress:
         print(f"resuming the run in {partial}", file=sys.stderr)
     timing: dict[str, float] = {}
-    with dist.dask_client(scheduler, n_workers, processes, dashboard_address) as client:
+    with dask_client(scheduler, n_workers, processes, dashboard_address) as client:
         timing["cluster_start"] = time.perf_counter() - t0
         t = time.perf_counter()
         try:
@@ -264,30 +248,40 @@ def cluster(
             raise
         timing["ingest"] = time.perf_counter() - t
         t = time.perf_counter()
-        state = start_task(client, partial, info, params)
-        while not state.converged and state.pass_no < params.max_passes:
-            state = pass_task(client, partial, info, params, state, state.pass_no + 1, progress)
-            dist.check_fault(state)
+        ctx = dist.run_context(partial, info, params, progress)
+        labels = partial / "labels.zarr"
+        state = loop.run_passes(
+            client,
+            ctx,
+            state=start_task(client, ctx),
+            step=lambda s: pass_task(client, ctx, s, s.pass_no + 1, labels),
+        )
         timing["passes"] = time.perf_counter() - t
         extra: dict[str, Any] = {
             "resumed": resumed,
             "stage2": stage2,
-            "n_clusters_stage1": state.n_clusters,
+            "n_clusters_stage1": state.n_clusters,  # type: ignore[attr-defined]
         }
         if summaries > 0:
             t = time.perf_counter()
-            split = summaries_task(client, partial, info, state, int(summaries), progress)
+            split = summaries_task(client, ctx, state, int(summaries))
             state = split.state
             extra["summaries"] = split.record
             timing["summaries"] = time.perf_counter() - t
         t = time.perf_counter()
         mapping, s2info = stage2_task(
-            state.stats, info.family, stage2, state.alpha, partial, int(mcmc), params.seed
+            state.stats,  # type: ignore[attr-defined]
+            info.family,
+            stage2,
+            state.alpha,  # type: ignore[attr-defined]
+            partial,
+            int(mcmc),
+            params.seed,
         )
         timing["stage2"] = time.perf_counter() - t
         extra["stage2_info"] = {**s2info, "seconds": timing["stage2"]}
         t = time.perf_counter()
-        written = write_task(client, partial, info, state, mapping, progress)
+        written = write_task(client, ctx, state, mapping, labels)
         timing["write_out"] = time.perf_counter() - t
         t = time.perf_counter()
         extra["dashboard"] = client.dashboard_link

@@ -561,7 +561,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             flush=True,
         )
     from flows.cluster import run_cluster_flow  # the CLI starts the flow: the one upward import
-    from pipeline.distributed import InjectedFault
+    from pipeline.dist.loop import InjectedFault
 
     try:
         run = run_cluster_flow(

@@ -238,3 +238,9 @@ def run_mapdp(
         converged=converged,
         seconds=time.perf_counter() - t0,
     )
+
+
+def seed_entropy(random_state: Any) -> int:
+    """One integer of entropy from ``random_state`` (None draws a fresh one)."""
+    seq = as_seed_sequence(random_state)
+    return int(seq.generate_state(2, dtype=np.uint64).view(np.uint64)[0])

@@ -28,7 +28,9 @@ from pipeline.cli_types import fraction as _fraction
 from pipeline.cli_types import nonneg_float as _nonneg_float
 from pipeline.cli_types import nonneg_int as _nonneg_int
 from pipeline.cli_types import positive_int as _positive_int
-from pipeline.distributed import DEFAULT_CHUNK_ROWS, ENGINES, INIT_SAMPLE, INITS, InjectedFault
+from pipeline.config import DEFAULT_CHUNK_ROWS, INIT_SAMPLE, INITS
+from pipeline.dist.loop import InjectedFault
+from pipeline.engines import ENGINES
 
 
 def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -21,6 +21,21 @@ from distributed import Client, LocalCluster
 from sklearn.metrics import normalized_mutual_info_score
 
 from pipeline import distributed as dist
+from pipeline.config import FitParams
+from pipeline.dist import loop
+from pipeline.dist.summaries import identity_stage2, split_summaries, summary_counts
+from pipeline.dist.writeout import label_scores
+from pipeline.dist.writeout import write_out as _write_out
+from pipeline.engines import get_engine
+from pipeline.engines.base import stop_reason
+from pipeline.engines.mixture import (
+    ChunkResult,
+    PassState,
+    init_sample_rows,
+    read_labels,
+    reduce_pass,
+    sample_state,
+)
 from pipeline.mapdp import MAPDP
 from pipeline.store import InputError, Store, ingest
 
@@ -43,6 +58,15 @@ def client():
         Client(cluster) as c,
     ):
         yield c
+
+
+def ctx_of(store: Store, info, params: FitParams):
+    """A fit's context: the dataset store and a state store beside it."""
+    return loop.context(store, store.path.with_name(store.path.name + "-state"), info, params)
+
+
+def write_out(client, ctx, state, mapping, labels):
+    return _write_out(client, ctx, get_engine(ctx.params.engine), state, mapping, labels)
 
 
 def _fit(X, client, **kw):
@@ -203,11 +227,12 @@ def test_write_out_scores_heldout_rows(client, tmp_path: Path):
     X, y = blobs(2000, seed=6)
     store = Store(tmp_path / "store")
     info = ingest(X, store, client=client, chunk_rows=300, holdout=0.2)
-    params = dist.FitParams(seed=3).checked()
-    state = dist.run_passes(client, store, info, params)
+    params = FitParams(seed=3).checked()
+    ctx = ctx_of(store, info, params)
+    state = loop.run_passes(client, ctx)
     assert state.stats[:, 0].sum() == info.n_train  # held-out rows were not fitted
-    mapping = dist.identity_stage2(state.stats, info.family)
-    summary = dist.write_out(client, store, info, state, mapping, tmp_path / "labels.zarr")
+    mapping = identity_stage2(state.stats, info.family)
+    summary = write_out(client, ctx, state, mapping, tmp_path / "labels.zarr")
     label = zarr.open_array(str(tmp_path / "labels.zarr/label"))[:]
     logd = zarr.open_array(str(tmp_path / "labels.zarr/log_density"))[:]
     hold = zarr.open_array(str(tmp_path / "labels.zarr/holdout"))[:]
@@ -227,17 +252,16 @@ def test_a_pass_that_moves_nothing_does_the_write_out(client, tmp_path: Path, in
     store = Store(tmp_path / "store")
     info = ingest(X, store, client=client, chunk_rows=300, holdout=0.2)
     # stop only after a pass that moved nothing
-    params = dist.FitParams(seed=3, tol=0.0, min_change=0.0, init=init).checked()
+    params = FitParams(seed=3, tol=0.0, min_change=0.0, init=init).checked()
     fused_path = tmp_path / "fused.zarr"
-    state = dist.run_passes(client, store, info, params, labels_out=fused_path)
+    ctx = ctx_of(store, info, params)
+    state = loop.run_passes(client, ctx, labels_out=fused_path)
     assert state.history[-1]["n_changed"] == 0
     assert state.pass_no >= (2 if init == "sequential" else 1)
     assert state.scored is not None and len(state.scored) == info.n_chunks
-    identity = dist.identity_stage2(state.stats, info.family)
-    fused = dist.write_out(client, store, info, state, identity, fused_path)
-    full = dist.write_out(
-        client, store, info, replace(state, scored=None), identity, tmp_path / "full.zarr"
-    )
+    identity = identity_stage2(state.stats, info.family)
+    fused = write_out(client, ctx, state, identity, fused_path)
+    full = write_out(client, ctx, replace(state, scored=None), identity, tmp_path / "full.zarr")
     assert fused.by_pass == state.pass_no and full.by_pass is None
     for name in ("label", "log_density", "holdout"):
         a = zarr.open_array(str(fused_path / name))[:]
@@ -250,7 +274,7 @@ def test_a_pass_that_moves_nothing_does_the_write_out(client, tmp_path: Path, in
     np.testing.assert_array_equal(fused.plot_labels, full.plot_labels)
     # a stage 2 that merges clusters changes the statistics: the tasks run again
     merged = np.zeros(state.n_clusters, dtype=np.int64)
-    again = dist.write_out(client, store, info, state, merged, fused_path)
+    again = write_out(client, ctx, state, merged, fused_path)
     assert again.by_pass is None
     assert set(np.unique(zarr.open_array(str(fused_path / "label"))[:])) <= {-1, 0}
 
@@ -265,19 +289,20 @@ def test_worker_warm_up_runs():
 
 def test_checkpoint_resume_gives_the_same_labels(client, tmp_path: Path, monkeypatch):
     X, _ = blobs(2000, seed=8)
-    params = dist.FitParams(seed=11, init="sequential").checked()
+    params = FitParams(seed=11, init="sequential").checked()
     runs = []
     for name, fault in (("a", None), ("b", "2")):
         store = Store(tmp_path / name)
         info = ingest(X, store, client=client, chunk_rows=250)
         if fault:
-            monkeypatch.setenv(dist.FAULT_ENV, fault)
-            with pytest.raises(dist.InjectedFault):
-                dist.run_passes(client, store, info, params)
-            monkeypatch.delenv(dist.FAULT_ENV)
-            assert dist.load_checkpoint(store, params).pass_no == 2
-        state = dist.run_passes(client, store, info, params)
-        runs.append((state, dist.read_labels(client, store, info, state)))
+            monkeypatch.setenv(loop.FAULT_ENV, fault)
+            with pytest.raises(loop.InjectedFault):
+                loop.run_passes(client, ctx_of(store, info, params))
+            monkeypatch.delenv(loop.FAULT_ENV)
+            assert loop.load_checkpoint(ctx_of(store, info, params)).pass_no == 2
+        ctx = ctx_of(store, info, params)
+        state = loop.run_passes(client, ctx)
+        runs.append((state, read_labels(ctx, state)))
     assert runs[0][0].pass_no == runs[1][0].pass_no
     assert np.array_equal(runs[0][1], runs[1][1])
     np.testing.assert_array_equal(runs[0][0].stats, runs[1][0].stats)
@@ -287,7 +312,7 @@ def test_killed_worker_gives_the_same_labels(tmp_path: Path):
     """A worker process is killed in the middle of a pass: the run completes with the labels
     of an undisturbed run (tasks are idempotent, deltas are summed in chunk order)."""
     X, _ = blobs(12000, seed=9, d=4, k=6)
-    params = dist.FitParams(seed=5, max_passes=6, init="sequential").checked()
+    params = FitParams(seed=5, max_passes=6, init="sequential").checked()
     with (
         LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
@@ -296,33 +321,34 @@ def test_killed_worker_gives_the_same_labels(tmp_path: Path):
     ):
         store = Store(tmp_path / "store")
         info = ingest(X, store, client=c, chunk_rows=500)
-        quiet = dist.run_passes(c, store, info, params, resume=False)
-        want = dist.read_labels(c, store, info, quiet)
+        ctx = ctx_of(store, info, params)
+        quiet = loop.run_passes(c, ctx, resume=False)
+        want = read_labels(ctx, quiet)
 
         killed: list[int] = []
 
-        def kill_during_pass_2(state: dist.PassState) -> None:
+        def kill_during_pass_2(state: PassState) -> None:
             if state.pass_no != 1:
                 return
             pids = sorted(c.run(os.getpid).values())
 
             def killer() -> None:
                 # wait until pass 2 has written its first chunk, then kill a worker
-                chunks = store.path / "z0" / "c"
+                chunks = ctx.state.path / "z0" / "c"
                 deadline = time.time() + 30
                 while not any(chunks.glob("*")) and time.time() < deadline:
                     time.sleep(0.002)
                 os.kill(pids[0], signal.SIGKILL)
                 killed.append(pids[0])
 
-            for f in (store.path / "z0").rglob("*"):
-                if f.is_file() and "c" in f.relative_to(store.path / "z0").parts:
+            for f in (ctx.state.path / "z0").rglob("*"):
+                if f.is_file() and "c" in f.relative_to(ctx.state.path / "z0").parts:
                     f.unlink()
             threading.Thread(target=killer, daemon=True).start()
 
-        (store.path / "checkpoint.pkl").unlink()
-        state = dist.run_passes(c, store, info, params, resume=False, on_pass=kill_during_pass_2)
-        got = dist.read_labels(c, store, info, state)
+        loop.clear_checkpoint(ctx)
+        state = loop.run_passes(c, ctx, resume=False, on_pass=kill_during_pass_2)
+        got = read_labels(ctx, state)
         assert killed
         assert os.getpid() not in killed
         assert np.array_equal(got, want)
@@ -350,21 +376,21 @@ def test_sample_start_converges_in_few_passes(client):
 def test_init_sample_rows_are_a_deterministic_hash_subset(client, tmp_path: Path):
     X, _ = blobs(3000, seed=13)
     info = ingest(X, Store(tmp_path / "s"), client=client, chunk_rows=500, holdout=0.1)
-    pos = dist.init_sample_rows(info, 1000)
+    pos = init_sample_rows(info, 1000)
     assert pos.shape == (1000,) and np.all(np.diff(pos) > 0)
-    assert np.array_equal(pos, dist.init_sample_rows(info, 1000))
-    assert dist.init_sample_rows(info, 10**6).shape[0] == info.sample_rows.shape[0]
-    state = dist.sample_state(client, info, dist.FitParams(seed=1, init_sample=1000).checked())
+    assert np.array_equal(pos, init_sample_rows(info, 1000))
+    assert init_sample_rows(info, 10**6).shape[0] == info.sample_rows.shape[0]
+    state = sample_state(client, info, FitParams(seed=1, init_sample=1000).checked())
     assert state.init_rows.shape == (1000,)
     assert state.stats[:, 0].sum() == 1000
     assert state.init_record["init"] == "sample"
 
 
-def _split_state(X: np.ndarray, fam, labels: np.ndarray, K: int) -> dist.PassState:
+def _split_state(X: np.ndarray, fam, labels: np.ndarray, K: int) -> PassState:
     stats = fam.stats_of(fam.arrange(X), labels, K)
     hist = [{"objective": 1e9}]
     empty = np.zeros(0, dtype=np.int64)
-    return dist.PassState(1, stats, 1.0, np.arange(K), K, empty, history=hist)
+    return PassState(1, stats, 1.0, np.arange(K), K, empty, history=hist)
 
 
 def test_merge_moves_join_a_split_cluster(client):
@@ -380,9 +406,9 @@ def test_merge_moves_join_a_split_cluster(client):
     K = res.stats.shape[0] + 1
     state = _split_state(X, fam, labels, K)
     S = fam.n_stats
-    results = [dist.ChunkResult(0, np.zeros((K, S)), np.zeros((0, S)), 0, 1200, 0.0)]
-    params = dist.FitParams(alpha=1.0).checked()
-    new, record = dist.reduce_pass(state, results, fam, params, 1200)
+    results = [ChunkResult(0, np.zeros((K, S)), np.zeros((0, S)), 0, 1200, 0.0)]
+    params = FitParams(alpha=1.0).checked()
+    new, record = reduce_pass(state, results, fam, params, 1200)
     assert record["global_merges"] == 1
     assert new.n_clusters == K - 1
     assert new.remap[k0] == new.remap[K - 1]
@@ -393,35 +419,36 @@ def test_merge_moves_join_a_split_cluster(client):
 
 
 def test_stop_rule_is_relative_objective_or_changed_fraction():
-    p = dist.FitParams(tol=1e-5, min_change=1e-3).checked()
+    p = FitParams(tol=1e-5, min_change=1e-3).checked()
     n = 100_000
     # pass 1 never stops on the objective (no previous value)
-    assert dist.stop_reason(np.inf, -5e6, n, n, p) is None
+    assert stop_reason(np.inf, -5e6, n, n, p) is None
     # decrease 40 <= 1e-5 * 5e6 = 50: stop; decrease 60: go on (with many records moving)
-    assert dist.stop_reason(5e6 + 40, 5e6, 5000, n, p) == "objective"
-    assert dist.stop_reason(5e6 + 60, 5e6, 5000, n, p) is None
-    assert dist.stop_reason(-5e6 + 40, -5e6, 5000, n, p) == "objective"
+    assert stop_reason(5e6 + 40, 5e6, 5000, n, p) == "objective"
+    assert stop_reason(5e6 + 60, 5e6, 5000, n, p) is None
+    assert stop_reason(-5e6 + 40, -5e6, 5000, n, p) == "objective"
     # an increase stops too
-    assert dist.stop_reason(5e6, 5e6 + 1, 5000, n, p) == "objective"
+    assert stop_reason(5e6, 5e6 + 1, 5000, n, p) == "objective"
     # at most 0.1% of the records changed: stop, whatever the objective did
-    assert dist.stop_reason(5e6 + 1e6, 5e6, 100, n, p) == "changes"
-    assert dist.stop_reason(5e6 + 1e6, 5e6, 101, n, p) is None
+    assert stop_reason(5e6 + 1e6, 5e6, 100, n, p) == "changes"
+    assert stop_reason(5e6 + 1e6, 5e6, 101, n, p) is None
     with pytest.raises(ValueError, match="min_change"):
-        dist.FitParams(min_change=1.0).checked()
+        FitParams(min_change=1.0).checked()
 
 
 def test_summaries_split_every_cluster_by_size(client, tmp_path: Path):
     X, _y = blobs(6000, seed=15, k=4)
     store = Store(tmp_path / "store")
     info = ingest(X, store, client=client, chunk_rows=700, holdout=0.1)
-    state = dist.run_passes(client, store, info, dist.FitParams(seed=2).checked())
-    z1 = dist.read_labels(client, store, info, state)
-    split = dist.split_summaries(client, store, info, state, 40)
+    ctx = ctx_of(store, info, FitParams(seed=2).checked())
+    state = loop.run_passes(client, ctx)
+    z1 = read_labels(ctx, state)
+    split = split_summaries(client, ctx, state, 40)
     sub = split.state
-    want = dist.summary_counts(state.nk, 40)
+    want = summary_counts(state.nk, 40)
     assert sub.n_clusters == int(want.sum()) == split.record["summaries"]
     assert abs(sub.n_clusters - 40) <= state.n_clusters
-    z2 = dist.read_labels(client, store, info, sub)
+    z2 = read_labels(ctx, sub)
     train = z1 >= 0
     assert np.array_equal(z2 >= 0, train)
     # every sub-cluster lies inside its stage-1 cluster, and the statistics are its records'
@@ -435,8 +462,8 @@ def test_summaries_split_every_cluster_by_size(client, tmp_path: Path):
     sizes = sub.stats[split.parent == k, 0]
     assert sizes.min() > 0.5 * sizes.mean()
     # stage 2 = identity: the write-out labels are the summaries
-    mapping = dist.identity_stage2(sub.stats, fam)
-    dist.write_out(client, store, info, sub, mapping, tmp_path / "labels.zarr")
+    mapping = identity_stage2(sub.stats, fam)
+    write_out(client, ctx, sub, mapping, tmp_path / "labels.zarr")
     label = zarr.open_array(str(tmp_path / "labels.zarr/label"))[:]
     assert np.array_equal(label[train], z2[train])
 
@@ -447,8 +474,9 @@ def test_summaries_of_a_non_gaussian_family_use_a_moments_pass(client, tmp_path:
     df = pd.DataFrame({"a": rng.poisson(lam), "b": rng.normal(size=3000) + lam})
     store = Store(tmp_path / "store")
     info = ingest(df, store, client=client, chunk_rows=700, family={"a": "poisson"})
-    state = dist.run_passes(client, store, info, dist.FitParams(seed=2).checked())
-    split = dist.split_summaries(client, store, info, state, 10)
+    ctx = ctx_of(store, info, FitParams(seed=2).checked())
+    state = loop.run_passes(client, ctx)
+    split = split_summaries(client, ctx, state, 10)
     assert split.state.n_clusters >= 8
     assert split.state.stats[:, 0].sum() == 3000
 
@@ -465,11 +493,11 @@ def test_label_scores_match_sklearn():
             np.vstack([y[a : a + 700], z[a : a + 700]]), axis=1, return_counts=True
         )
         parts.append(np.vstack([both, counts]))
-    got = dist.label_scores(np.hstack(parts))
+    got = label_scores(np.hstack(parts))
     assert got["nmi"] == pytest.approx(normalized_mutual_info_score(y, z), abs=1e-12)
     assert got["ari"] == pytest.approx(adjusted_rand_score(y, z), abs=1e-12)
     same = np.vstack([[3, 3], [0, 0], [5, 7]])
-    assert dist.label_scores(same) == {"nmi": 1.0, "ari": 1.0}
+    assert label_scores(same) == {"nmi": 1.0, "ari": 1.0}
 
 
 def test_label_column_is_left_out_and_stored(client, tmp_path: Path):

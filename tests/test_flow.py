@@ -15,8 +15,11 @@ from prefect.testing.utilities import prefect_test_harness
 from sklearn.metrics import normalized_mutual_info_score
 
 from flows.cluster import cluster
-from pipeline import distributed as dist
+from pipeline.config import INIT_SAMPLE
+from pipeline.dist import loop
+from pipeline.dist.run import temp_sibling
 from pipeline.run_cli import add_run_parser, main
+from pipeline.store import Store
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -46,7 +49,7 @@ def test_flow_writes_every_output(tmp_path: Path):
     run = cluster(
         str(tmp_path / "in.csv"), str(out), chunk_rows=200, holdout=0.2, random_state=1, **LOCAL
     )
-    assert not dist.temp_sibling(out).exists()
+    assert not temp_sibling(out).exists()
     for name in ("labels.zarr", "clusters.parquet", "run.json", "report.html", "report.md"):
         assert (out / name).exists(), name
     for pic in ("objective.png", "sizes.png", "projection.png"):
@@ -73,13 +76,13 @@ def test_rerun_after_a_crash_resumes_with_the_same_labels(tmp_path: Path, monkey
     args = {"chunk_rows": 250, "random_state": 4, "report": False, "init": "sequential", **LOCAL}
     cluster(str(tmp_path / "in.csv"), str(tmp_path / "ref"), **args)
     out = tmp_path / "out"
-    monkeypatch.setenv(dist.FAULT_ENV, "2")
-    with pytest.raises(dist.InjectedFault):
+    monkeypatch.setenv(loop.FAULT_ENV, "2")
+    with pytest.raises(loop.InjectedFault):
         cluster(str(tmp_path / "in.csv"), str(out), **args)
-    monkeypatch.delenv(dist.FAULT_ENV)
+    monkeypatch.delenv(loop.FAULT_ENV)
     assert not out.exists()
-    ck = json.loads((dist.temp_sibling(out) / "store.zarr" / "checkpoint.json").read_text())
-    assert ck["pass"] == 2
+    ck = Store(temp_sibling(out) / "state.zarr").load(loop.CHECKPOINT)
+    assert ck["state"].pass_no == 2
     run = cluster(str(tmp_path / "in.csv"), str(out), **args)
     assert run["resumed"]
     ref = json.loads((tmp_path / "ref" / "run.json").read_text())
@@ -102,7 +105,7 @@ def test_cli_bad_input_exits_2_and_leaves_nothing(tmp_path: Path, capsys):
         and "column 'b': row 2 is NaN" in line
         for line in err
     ), err
-    assert not out.exists() and not dist.temp_sibling(out).exists()
+    assert not out.exists() and not temp_sibling(out).exists()
 
 
 def test_cli_refuses_an_existing_out(tmp_path: Path, capsys):
@@ -125,7 +128,7 @@ def test_run_parser_options():
     args = parser.parse_args(["run", "x.csv", "--out", "o"])
     assert (args.summaries, args.stage2, args.mcmc, args.label_column) == (0, None, 0, None)
     assert (args.tol, args.min_change, args.init) == (1e-5, 1e-3, "auto")
-    assert args.init_sample == dist.INIT_SAMPLE
+    assert args.init_sample == INIT_SAMPLE
     more = "--summaries 300 --stage2 none --mcmc 50 --label-column y --min-change 0.01"
     args = parser.parse_args(["run", "x.csv", "--out", "o", *more.split(), "--init-sample", "9"])
     assert (args.summaries, args.stage2, args.mcmc, args.label_column) == (300, "none", 50, "y")

@@ -1,0 +1,274 @@
+"""A whole run (``dpmm run``), step by step: the Prefect flow ``flows.cluster`` calls these as
+tasks. The run writes into a temporary sibling of OUT (``temp_sibling``) that is renamed when
+complete; running the same command again after a crash resumes from the last checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pipeline.config import DEFAULT_CHUNK_ROWS, PRIOR_SAMPLE, FitParams
+from pipeline.dist.loop import context
+from pipeline.dist.writeout import WriteSummary
+from pipeline.engines.base import RunContext
+from pipeline.engines.mixture import PassState, merge_by
+from pipeline.store import Store, StoreInfo, ingest
+
+IntArray = NDArray[np.int64]
+
+
+def temp_sibling(path: Path) -> Path:
+    """The name a run writes ``path`` under until it is complete."""
+    return path.parent / f".{path.name}.partial"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything ``dpmm run`` is given, except where it runs (scheduler, workers)."""
+
+    out: str
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    holdout: float = 0.0
+    family: Any = "auto"
+    prior_sample: int = PRIOR_SAMPLE
+    params: FitParams = field(default_factory=FitParams)
+    overwrite: bool = False
+    report: bool = True
+    label_column: str | None = None
+    summaries: int = 0
+    stage2: str = "none"
+    mcmc: int = 0
+
+
+def _input_fingerprint(source: Any) -> Any:
+    """What identifies the input for resuming: path, sizes and modification times of the files;
+    None for an in-memory object (such a run never resumes)."""
+    if not isinstance(source, (str, os.PathLike)):
+        return None
+    p = Path(source).resolve()
+    if not p.exists():
+        return str(p)
+    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+    return [str(p)] + [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+
+
+def fingerprint(source: Any, cfg: RunConfig) -> str | None:
+    """A run's identity: the same command on the same input resumes, anything else restarts."""
+    fp = _input_fingerprint(source)
+    if fp is None:
+        return None
+    import json
+
+    params = replace(cfg.params, max_passes=0, tol=0.0, min_change=0.0)
+    return json.dumps(
+        {
+            "input": fp,
+            "chunk_rows": cfg.chunk_rows,
+            "holdout": cfg.holdout,
+            "family": repr(cfg.family),
+            "prior_sample": cfg.prior_sample,
+            "params": repr(params),
+            "label_column": cfg.label_column,
+        },
+        sort_keys=True,
+    )
+
+
+def prepare_output(source: Any, cfg: RunConfig) -> tuple[Path, bool]:
+    """The temporary sibling the run writes into, and whether it resumes an earlier attempt of
+    the same command (same input files and parameters). A different earlier attempt is
+    removed; an existing ``out`` is refused unless ``overwrite``."""
+    import shutil
+
+    out = Path(cfg.out)
+    if out.exists() and not cfg.overwrite:
+        raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
+    partial = temp_sibling(out)
+    fp = fingerprint(source, cfg)
+    marker = partial / "fingerprint.json"
+    if partial.exists():
+        if fp is not None and marker.exists() and marker.read_text() == fp:
+            return partial, True
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    if fp is not None:
+        marker.write_text(fp)
+    return partial, False
+
+
+def discard_output(partial: Path) -> None:
+    """Remove a partial output (after bad input: nothing to resume)."""
+    import shutil
+
+    shutil.rmtree(partial, ignore_errors=True)
+
+
+def step_ingest(
+    client: Any, source: Any, cfg: RunConfig, partial: Path, progress: bool = False
+) -> StoreInfo:
+    """Ingest into ``partial/store.zarr``, or reuse a completed ingest of a resumed run."""
+    store = Store(partial / "store.zarr")
+    if store.exists("info.pkl") or store.exists("info"):
+        return store.info
+
+    def tell(what: str, done: int, total: int) -> None:
+        if progress and done == total:
+            print(f"ingest: {total} {what} tasks done", file=sys.stderr)
+
+    return ingest(
+        source,
+        store,
+        client=client,
+        family=cfg.family,
+        chunk_rows=cfg.chunk_rows,
+        holdout=cfg.holdout,
+        prior_sample=cfg.prior_sample,
+        progress=tell,
+        label_column=cfg.label_column,
+    )
+
+
+def run_context(partial: Path, info: StoreInfo, params: FitParams, progress: bool) -> RunContext:
+    """The run's ``RunContext``: its dataset store and its state store under ``partial``."""
+    return context(
+        Store(partial / "store.zarr"), partial / "state.zarr", info, params, progress
+    )
+
+
+def finish(
+    source: Any,
+    cfg: RunConfig,
+    partial: Path,
+    info: StoreInfo,
+    state: PassState,
+    mapping: IntArray,
+    written: WriteSummary,
+    timing: dict[str, float],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``clusters.parquet``, ``run.json`` and the report, then rename ``partial`` to ``out``."""
+    import shutil
+
+    from pipeline import report as rep
+
+    final = merge_by(state.stats, mapping)
+    clusters = rep.cluster_table(final, state.alpha, info.family, info.schema)
+    clusters.to_parquet(partial / "clusters.parquet", index=False)
+    total = sum(timing.values())
+    pass_seconds = sum(h.get("seconds", 0.0) for h in state.history)
+    n_passes = len(state.history)
+    extra = dict(extra or {})
+    metrics = {
+        "n_clusters": int(final.shape[0]),
+        "n_clusters_stage1": int(extra.pop("n_clusters_stage1", state.n_clusters)),
+        "n_summaries": int(state.n_clusters) if cfg.summaries > 0 else None,
+        "passes": n_passes,
+        "converged": state.converged,
+        "objective": state.objective,
+        "alpha": state.alpha,
+        "heldout_mean_log_density": written.heldout_mean_log_density,
+        "train_mean_log_density": written.train_mean_log_density,
+        "n_heldout": written.n_heldout,
+        "heldout_new_cluster": written.heldout_new_cluster,
+        "records_per_second": info.n_rows / total if total > 0 else None,
+        "sweep_records_per_second": info.n_train * n_passes / pass_seconds
+        if pass_seconds > 0
+        else None,
+        "stop": state.history[-1].get("stop") if state.history else None,
+        # the pass that also wrote the output, when it moved no record (no write-out tasks)
+        "written_by_pass": written.by_pass,
+    }
+    if written.scores is not None:
+        metrics.update(written.scores)
+    run = {
+        "input": info.source,
+        "out": str(Path(cfg.out)),
+        "n_rows": info.n_rows,
+        "n_cols": info.n_cols,
+        "n_train": info.n_train,
+        "columns": info.schema.columns,
+        "kinds": info.schema.kinds,
+        "family": repr(info.family),
+        "parameters": {
+            "chunk_rows": cfg.chunk_rows,
+            "n_chunks": info.n_chunks,
+            "holdout": cfg.holdout,
+            "engine": cfg.params.engine,
+            "alpha": cfg.params.alpha,
+            "alpha_prior": cfg.params.alpha_prior,
+            "init": cfg.params.start,
+            "n_seeds": cfg.params.n_seeds,
+            "max_passes": cfg.params.max_passes,
+            "tol": cfg.params.tol,
+            "min_change": cfg.params.min_change,
+            "init_sample": cfg.params.init_sample,
+            "seed": cfg.params.seed,
+            "prior_sample": cfg.prior_sample,
+            "label_column": cfg.label_column,
+            "summaries": cfg.summaries,
+            "stage2": cfg.stage2,
+            "mcmc": cfg.mcmc,
+        },
+        "notes": info.notes,
+        "versions": versions(),
+        "init": state.init_record,
+        "passes": state.history,
+        "timing": {**timing, "total": total},
+        "metrics": metrics,
+        **extra,
+    }
+    pictures: list[str] = []
+    if cfg.report:
+        pictures = rep.figures(
+            partial,
+            state.history,
+            final[:, 0],
+            written.plot_X,
+            written.plot_labels,
+            info.moments.mean,
+            info.moments.cov,
+        )
+        rep.write_report(partial, run, clusters, pictures)
+    rep.write_json(partial / "run.json", run)
+    with contextlib.suppress(FileNotFoundError):
+        (partial / "fingerprint.json").unlink()
+    out = Path(cfg.out)
+    if out.exists():
+        if not cfg.overwrite:
+            raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
+        shutil.rmtree(out)
+    os.replace(partial, out)
+    return run
+
+
+
+
+def versions() -> dict[str, str]:
+    """Versions of what a run depends on, for ``run.json``."""
+    import importlib.metadata as md
+    import platform
+
+    out = {"python": platform.python_version()}
+    for dist in (
+        "dpmm-pipeline",
+        "numpy",
+        "numba",
+        "pandas",
+        "dask",
+        "distributed",
+        "zarr",
+        "prefect",
+        "scikit-learn",
+    ):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out

@@ -1,0 +1,181 @@
+"""The engine protocol: what the pass loop (``pipeline.dist.loop``) asks of a model.
+
+A pass is one task per chunk of the dataset store, then a reduce on the driver::
+
+    state = engine.init_state(ctx, client)                    # sample fit, or a given start
+    repeat:
+        msg = engine.pass_input(state, ctx, p, scores_into)   # scattered once per pass
+        results = [engine.chunk_step(chunk, msg) for chunk]   # on the workers
+        state, record = engine.reduce(state, results, ctx)    # sum deltas, global update
+    until record["stop"] or max_passes
+
+``chunk_step`` reads its chunk (``Chunk``: the records, the held-out mask, its per-record state
+as the previous pass wrote it), writes the per-record state of this pass itself (double-buffered:
+pass p reads buffer (p - 1) % 2 and writes buffer p % 2, so a re-executed task is idempotent)
+and returns only additive deltas. ``reduce`` adds them in chunk order and computes the objective
+from the statistics alone. The loop never looks inside the engine's state beyond ``LoopState``.
+
+An engine declares its per-record arrays (``record_arrays``): an int label, and any float arrays
+per record (a subject's random effect, say); the loop creates, double-buffers and checkpoints
+them like the labels. A new model is a new engine module plus its kernels and one line in
+``pipeline.engines.ENGINE_MODULES``; the loop is not edited.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import numpy as np
+import zarr
+
+if TYPE_CHECKING:
+    from pipeline.config import FitParams
+    from pipeline.families import FloatArray
+    from pipeline.store import Store, StoreInfo
+
+
+@dataclass(frozen=True)
+class RecordArray:
+    """A per-record array of an engine's state: ``name`` (buffers ``name0``, ``name1``), its
+    dtype, the value before any pass wrote it, and its width (0: one value per record)."""
+
+    name: str
+    dtype: str
+    fill: Any
+    width: int = 0
+
+
+class LoopState(Protocol):
+    """What the pass loop reads of an engine's state."""
+
+    pass_no: int
+    converged: bool
+    history: list[dict[str, Any]]
+
+    @property
+    def objective(self) -> float: ...
+
+
+@dataclass
+class RunContext:
+    """Where a fit runs: the dataset store (read-only, shared by fits), the run's state store
+    (per-record state and checkpoints), what ingest learned and the parameters."""
+
+    data: Store
+    state: Store
+    info: StoreInfo
+    params: FitParams
+    progress: bool = False
+    # engine-specific settings beyond FitParams (none for the mixture engines)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Chunk:
+    """One chunk's view for a worker task: rows a..b of the stores, chunk number c, pass p."""
+
+    data: str
+    state: str
+    c: int
+    a: int
+    b: int
+    p: int
+
+    def read(self, name: str) -> np.ndarray:
+        """Rows a..b of an array of the dataset store (``X``, ``holdout``, ``fold``, ``y``)."""
+        return np.asarray(zarr.open_array(os.path.join(self.data, name), mode="r")[self.a : self.b])
+
+    @property
+    def X(self) -> FloatArray:
+        return np.ascontiguousarray(self.read("X"))
+
+    @property
+    def holdout(self) -> np.ndarray:
+        return self.read("holdout")
+
+    def previous(self, name: str) -> np.ndarray:
+        """The per-record array ``name`` as pass p - 1 wrote it."""
+        path = os.path.join(self.state, f"{name}{(self.p - 1) % 2}")
+        return np.asarray(zarr.open_array(path, mode="r")[self.a : self.b])
+
+    def write(self, name: str, values: np.ndarray) -> None:
+        """Write this pass's per-record array ``name`` (the other buffer)."""
+        path = os.path.join(self.state, f"{name}{self.p % 2}")
+        zarr.open_array(path, mode="r+")[self.a : self.b] = values
+
+
+class Engine(ABC):
+    """One model of the pass loop (module docstring). Engines are stateless singletons; their
+    methods run on the driver except ``chunk_step`` and ``score_chunk``, which run in workers."""
+
+    name: ClassVar[str]
+    record_arrays: ClassVar[tuple[RecordArray, ...]] = ()
+    # its chunk tasks may write the final output in a pass that changes nothing
+    fused_write_out: ClassVar[bool] = False
+
+    @abstractmethod
+    def init_state(self, ctx: RunContext, client: Any) -> LoopState:
+        """The state before pass 1 (``FitParams.start``: a sample fit, a given start...)."""
+
+    @abstractmethod
+    def pass_input(self, state: LoopState, ctx: RunContext, p: int, scores_into: str | None) -> Any:
+        """What every chunk task of pass ``p`` receives (scattered once). ``scores_into``: a
+        write-out group the tasks may fill when their pass changes nothing."""
+
+    @abstractmethod
+    def chunk_step(self, chunk: Chunk, msg: Any) -> Any:
+        """Worker side of a pass: sweep the chunk, write its per-record state, return deltas
+        (an object with ``c``, ``n_changed``, ``n_train``, ``seconds``)."""
+
+    @abstractmethod
+    def reduce(
+        self, state: LoopState, results: list[Any], ctx: RunContext, scores_into: str | None
+    ) -> tuple[LoopState, dict[str, Any]]:
+        """Driver side: add the deltas (in chunk order), global updates, the objective from
+        statistics, the stop rule; the new state and the pass's record (with ``"stop"``)."""
+
+    @abstractmethod
+    def write_input(self, state: LoopState, mapping: np.ndarray, ctx: RunContext) -> Any:
+        """What every write-out task receives: the final model (``mapping``: stage 2's final
+        cluster of each stage-1 cluster)."""
+
+    @abstractmethod
+    def score_chunk(self, chunk: Chunk, labels: str, msg: Any) -> Any:
+        """Worker side of the write-out: each row's final label and log predictive density
+        written to the ``labels`` group; returns the chunk's ``WriteResult``."""
+
+    def written_by_pass(self, state: LoopState, labels: str, mapping: np.ndarray) -> Any:
+        """The write-out results when the last pass already wrote ``labels`` exactly as the
+        write-out would (None: the write-out tasks run)."""
+        return None
+
+    def warm_up(self) -> None:  # noqa: B027
+        """Load the kernels a worker will call (a worker preload runs this for every engine)."""
+
+    def close_state(self, state: LoopState) -> None:  # noqa: B027
+        """Called when the loop ends (nothing to release by default)."""
+
+    def state_types(self) -> tuple[type, ...]:
+        """The classes its checkpoints hold (registered with ``pipeline.persist``)."""
+        return ()
+
+
+def stop_reason(
+    e_old: float, e_new: float, changed: int, n_train: int, params: FitParams
+) -> str | None:
+    """Why the run stops after a pass (None: it goes on; ``max_passes`` is the loop's).
+
+    "objective": the pass lowered the objective by at most ``tol * |e_new|`` (relative; a pass
+    that raised it stops too); "changes": at most ``min_change * n_train`` records changed
+    (sweep moves plus records relabelled by merges of existing clusters).
+    """
+    import math
+
+    if changed <= params.min_change * n_train:
+        return "changes"
+    if math.isfinite(e_old) and e_old - e_new <= params.tol * abs(e_new):
+        return "objective"
+    return None
