@@ -126,9 +126,9 @@ class FitParams:
     merge_all: bool = False
 
     def checked(self) -> FitParams:
-        from pipeline.engines import ENGINES
+        from pipeline.engines import ENGINE_MODULES
 
-        check_choice(self.engine, tuple(ENGINES), "engine")
+        check_choice(self.engine, tuple(ENGINE_MODULES), "engine")
         check_choice(self.init, INITS, "init")
         check_alpha(self.alpha)
         check_int(self.max_passes, "max_passes")

@@ -22,7 +22,7 @@ from pipeline import config
 from pipeline.config import FitParams
 from pipeline.dist.client import dask_client
 from pipeline.dist.loop import clear_checkpoint, context, run_passes
-from pipeline.engines.mixture import PassState, read_labels
+from pipeline.engines.mixture_state import PassState, read_labels
 from pipeline.families import FloatArray
 from pipeline.mapdp_core import seed_entropy
 from pipeline.store import Store, StoreInfo, ingest

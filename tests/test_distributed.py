@@ -28,14 +28,9 @@ from pipeline.dist.writeout import label_scores
 from pipeline.dist.writeout import write_out as _write_out
 from pipeline.engines import get_engine
 from pipeline.engines.base import stop_reason
-from pipeline.engines.mixture import (
-    ChunkResult,
-    PassState,
-    init_sample_rows,
-    read_labels,
-    reduce_pass,
-    sample_state,
-)
+from pipeline.engines.mixture import ChunkResult, reduce_pass
+from pipeline.engines.mixture_start import init_sample_rows, sample_state
+from pipeline.engines.mixture_state import PassState, read_labels
 from pipeline.mapdp import MAPDP
 from pipeline.store import InputError, Store, ingest
 

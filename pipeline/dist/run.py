@@ -18,7 +18,7 @@ from pipeline.config import DEFAULT_CHUNK_ROWS, PRIOR_SAMPLE, FitParams
 from pipeline.dist.loop import context
 from pipeline.dist.writeout import WriteSummary
 from pipeline.engines.base import RunContext
-from pipeline.engines.mixture import PassState, merge_by
+from pipeline.engines.mixture_state import PassState, merge_by
 from pipeline.store import Store, StoreInfo, ingest
 
 IntArray = NDArray[np.int64]

@@ -17,7 +17,7 @@ import numpy as np
 import zarr
 
 from pipeline.engines.base import Chunk, RunContext
-from pipeline.engines.mixture import IntArray, PassState, current_labels
+from pipeline.engines.mixture_state import IntArray, PassState, current_labels
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.store import iter_chunks
 

@@ -1,12 +1,8 @@
 """What the two mixture engines (MAP-DP, Bayes K-means) share: cluster labels with lazy
 relabelling, the driver's reduce with reconciliation and merges, the starts, the write-out.
 
-Start (``initial_state``, ``FitParams.start``): by default the in-memory MAP-DP of
-``pipeline.mapdp_core.run_mapdp`` - sweeps plus split and merge moves, learned concentration - is
-fitted to a hash sample of ``init_sample`` training rows (a subset of the prior's sample that ingest
-already drew), so pass 1 starts from about the right clusters and global statistics and the
-distributed passes only refine them. The sample's rows keep their labels in pass 1; every other
-training row is assigned in pass 1.
+The state and the labels are in ``pipeline.engines.mixture_state``, the starts in
+``pipeline.engines.mixture_start``.
 
 A chunk task sweeps its training records against a copy of the global statistics, writes the
 chunk's new labels to the other label buffer itself and returns only statistic deltas and the
@@ -29,10 +25,9 @@ run again (a worker died, a retry) gives the same result.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from abc import abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -42,88 +37,20 @@ from kernels import bayes_kmeans as kbk
 from kernels import mapdp as kmapdp
 from kernels.rng import shuffle
 from pipeline.concentration import log_gamma_prior, map_concentration
-from pipeline.config import MAX_SEEDS, FitParams
+from pipeline.config import FitParams
 from pipeline.dist.writeout import WriteResult, emit_chunk
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext, stop_reason
+from pipeline.engines.mixture_start import initial_state
+from pipeline.engines.mixture_state import (
+    IntArray,
+    PassState,
+    chunk_seed,
+    current_labels,
+    merge_by,
+)
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.mapdp_core import run_mapdp, seed_state
-from pipeline.store import StoreInfo, holdout_mask_of, iter_chunks, row_uniform
-
-IntArray = NDArray[np.int64]
-INIT_SALT = 0x5EED_0004
-
-
-@dataclass
-class PassState:
-    """The driver's state after ``pass_no`` passes: all a resumed run needs.
-
-    ``remap``, ``k_written`` and ``offsets`` decode the labels the last pass wrote
-    (``decode_labels``); ``init_rows`` / ``init_labels`` / ``init_label`` give the start of
-    pass 1 (the labels no pass wrote).
-    """
-
-    pass_no: int
-    stats: FloatArray
-    alpha: float
-    remap: IntArray
-    k_written: int
-    offsets: IntArray
-    history: list[dict[str, Any]] = field(default_factory=list)
-    converged: bool = False
-    init_rows: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    init_labels: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    init_label: int = -1
-    init_record: dict[str, Any] | None = None
-    # the learned alpha is the mode of eq. A.1 for (n_train, alpha_k clusters); -1: for
-    # something else (fixed, or fitted to the start's sample)
-    alpha_k: int = -1
-    # when the pass moved no record and left statistics and alpha bit for bit as they were,
-    # its chunk tasks have already written every row's final label and eq. 3.4 density into
-    # ``scored_into``: their write-out results, by chunk
-    scored: list[WriteResult] | None = None
-    scored_into: str | None = None
-
-    @property
-    def n_clusters(self) -> int:
-        return int(self.stats.shape[0])
-
-    @property
-    def nk(self) -> FloatArray:
-        return np.ascontiguousarray(self.stats[:, 0])
-
-    @property
-    def objective(self) -> float:
-        return float(self.history[-1]["objective"]) if self.history else math.inf
-
-    @property
-    def buffer(self) -> str:
-        """The label buffer the last pass wrote (z0 before any pass: only -1)."""
-        return f"z{self.pass_no % 2}"
-
-
-def decode_labels(raw: IntArray, remap: IntArray, k_written: int, offset: int) -> IntArray:
-    """Labels as a pass wrote them for a chunk (0..K-1 for the clusters the pass started with,
-    K.. for those the chunk opened) as the current cluster numbers; -1 stays -1."""
-    out = np.full(raw.shape[0], -1, dtype=np.int64)
-    m = raw >= 0
-    lab = raw[m]
-    idx = np.where(lab < k_written, lab, lab + offset)
-    out[m] = remap[idx]
-    return out
-
-
-def current_labels(chunk: Chunk, state: Any, buffer: str | None = None) -> IntArray:
-    """The chunk's labels as the current cluster numbers: ``buffer`` (default: the one the
-    previous pass wrote) decoded by ``state``'s ``remap``, ``k_written`` and ``offsets``."""
-    import os
-
-    import zarr
-
-    name = buffer or f"z{(chunk.p - 1) % 2}"
-    raw = np.asarray(zarr.open_array(os.path.join(chunk.state, name), mode="r")[chunk.a : chunk.b])
-    off = int(state.offsets[chunk.c]) if state.offsets.size else 0
-    return decode_labels(raw, state.remap, state.k_written, off)
-
+from pipeline.store import StoreInfo
 
 # -- the chunk task ----------------------------------------------------------------------------
 
@@ -160,11 +87,6 @@ class ChunkResult:
     n_train: int
     seconds: float
     written: WriteResult | None = None
-
-
-def chunk_seed(seed: int, restart: int, p: int, c: int) -> np.random.SeedSequence:
-    """The SeedSequence child (restart, pass, chunk) of the run's entropy."""
-    return np.random.SeedSequence(seed, spawn_key=(restart, p, c))
 
 
 @dataclass
@@ -334,143 +256,6 @@ def reduce_pass(
     return new, record
 
 
-def initial_state(client: Any, ctx: RunContext) -> PassState:
-    """The state before pass 1 (``FitParams.start``)."""
-    info, params = ctx.info, ctx.params
-    fam = info.family
-    alpha = 1.0 if params.learn_alpha else float(params.alpha)
-    empty = np.zeros(0, dtype=np.int64)
-    start = params.start
-    if start == "sample":
-        return sample_state(client, info, params)
-    if start == "sequential":
-        stats = np.zeros((0, fam.n_stats))
-        return PassState(0, stats, alpha, empty, 0, empty, init_rows=empty, init_labels=empty)
-    if start == "one-cluster":
-        futs = [
-            client.submit(_train_stats_task, str(ctx.data.path), a, b, fam, pure=False)
-            for _c, a, b in iter_chunks(info)
-        ]
-        parts = client.gather(futs)
-        stats = np.sum(parts, axis=0).reshape(1, -1)
-        return PassState(0, stats, alpha, np.zeros(1, dtype=np.int64), 1, empty, init_label=0)
-    # seeds: random training records as singleton clusters
-    n_seeds = params.n_seeds or min(math.ceil(math.sqrt(max(info.n_train, 1))), MAX_SEEDS)
-    n_seeds = max(1, min(int(n_seeds), info.n_train))
-    rng = np.random.default_rng(chunk_seed(params.seed, params.restart, 0, 0))
-    cand = rng.permutation(info.n_rows).astype(np.int64)
-    cand = cand[~holdout_mask_of(cand, info.holdout)]
-    seed_rows = np.sort(cand[:n_seeds])
-    Xs = np.asarray(ctx.data.array("X").get_orthogonal_selection((seed_rows, slice(None))))
-    labels = np.arange(seed_rows.shape[0], dtype=np.int64)
-    stats = fam.stats_of(np.ascontiguousarray(Xs), labels, seed_rows.shape[0])
-    return PassState(
-        0,
-        stats,
-        alpha,
-        np.arange(seed_rows.shape[0], dtype=np.int64),
-        seed_rows.shape[0],
-        empty,
-        init_rows=seed_rows,
-        init_labels=labels,
-    )
-
-
-def init_sample_rows(info: StoreInfo, n: int) -> IntArray:
-    """Positions in ``info.sample`` of the "sample" start: the ``n`` prior-sample rows with the
-    smallest hash ``row_uniform(row, INIT_SALT)``, in row order (all of them when fewer)."""
-    rows = np.asarray(info.sample_rows, dtype=np.int64)
-    if rows.shape[0] <= n:
-        return np.arange(rows.shape[0], dtype=np.int64)
-    pick = np.argsort(row_uniform(rows, INIT_SALT), kind="stable")[:n]
-    return np.sort(pick).astype(np.int64)
-
-
-def _sample_fit_task(
-    Xs: FloatArray, fam: ProductFamily, order: IntArray, alpha: float, params: FitParams
-) -> tuple[IntArray, FloatArray, float, int, float]:
-    res = run_mapdp(
-        Xs,
-        fam,
-        order,
-        alpha,
-        params.learn_alpha,
-        params.alpha_prior,
-        100,
-        1e-6,
-        "sequential",
-    )
-    return res.labels, res.stats, float(res.alpha), res.n_iter, res.objective
-
-
-def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
-    """The "sample" start (module docstring): in-memory MAP-DP (``pipeline.mapdp_core.run_mapdp``,
-    with split and merge moves) on a hash sample of training rows, run as one Dask task; its
-    rows keep their labels in pass 1 and its statistics are pass 1's global statistics."""
-    t0 = time.perf_counter()
-    fam = info.family
-    alpha = 1.0 if params.learn_alpha else float(params.alpha)
-    pos = init_sample_rows(info, int(params.init_sample))
-    rows = np.asarray(info.sample_rows, dtype=np.int64)[pos]
-    Xs = fam.arrange(np.asarray(info.sample)[pos])
-    rng = np.random.default_rng(chunk_seed(params.seed, params.restart, 0, 0))
-    order = rng.permutation(rows.shape[0]).astype(np.int64)
-    Xs_f = client.scatter(Xs, hash=False)  # not embedded in the task graph
-    fut = client.submit(_sample_fit_task, Xs_f, fam, order, alpha, params, pure=False)
-    # the fit keeps one worker busy and the driver idle: the driver loads what it will need
-    # meanwhile (workers did so when they started: ``pipeline.worker_setup``)
-    few = np.ascontiguousarray(Xs[: min(4, Xs.shape[0])])
-    threading.Thread(target=warm_driver, args=(few, fam), daemon=True).start()
-    labels, stats, alpha, n_iter, e = fut.result()
-    K = int(stats.shape[0])
-    record = {
-        "pass": 0,
-        "init": "sample",
-        "sample_rows": int(rows.shape[0]),
-        "sample_iterations": int(n_iter),
-        "sample_objective": float(e),
-        "n_clusters": K,
-        "alpha": float(alpha),
-        "seconds": time.perf_counter() - t0,
-    }
-    return PassState(
-        0,
-        np.ascontiguousarray(stats),
-        float(alpha),
-        np.arange(K, dtype=np.int64),
-        K,
-        np.zeros(0, dtype=np.int64),
-        init_rows=rows,
-        init_labels=np.asarray(labels, dtype=np.int64),
-        init_record=record,
-        # a sample of every training row fitted alpha for (n_train, K) already
-        alpha_k=K if params.learn_alpha and rows.shape[0] == info.n_train else -1,
-    )
-
-
-def warm_driver(X: FloatArray, family: ProductFamily) -> None:
-    """Load, on a few records X (n, D), the numba kernels ``reduce_pass`` calls and the report's
-    matplotlib, so that their first real call does not pay for loading them."""
-    spec, prior = family.spec, family.prior
-    n = X.shape[0]
-    stats = family.stats_of(X, np.zeros(n, dtype=np.int64), 1)
-    nk = np.ascontiguousarray(stats[:, 0])
-    logm = kbk.log_marginals(stats, spec, prior)
-    kbk.merge_costs(stats, logm, np.ones(1, dtype=np.bool_), 0, spec, prior, 0.0)
-    kmapdp.greedy_merge(stats, nk, spec, prior, 0.0)
-    kmapdp.objective(stats, nk, 1, spec, prior, 1.0)
-    map_concentration(max(n, 2), 1)
-    from pipeline import report
-
-    report.load_matplotlib()
-
-
-def _train_stats_task(data: str, a: int, b: int, fam: ProductFamily) -> FloatArray:
-    chunk = Chunk(data, "", 0, a, b, 0)
-    X, hold = chunk.X, chunk.holdout
-    return fam.stats_of(np.ascontiguousarray(X[~hold]))[0]
-
-
 @dataclass
 class WriteInput:
     """What every write-out task receives: the labels' decoding, the final clusters."""
@@ -484,14 +269,6 @@ class WriteInput:
     family: ProductFamily
     plot_rate: float
     labels: bool = False
-
-
-def merge_by(stats: FloatArray, mapping: IntArray) -> FloatArray:
-    """Statistics of the final clusters: rows of ``stats`` added by ``mapping``."""
-    K2 = int(mapping.max()) + 1 if mapping.size else 0
-    out = np.zeros((K2, stats.shape[1]))
-    np.add.at(out, mapping, stats)
-    return out
 
 
 # -- the engine ----------------------------------------------------------------------------------
@@ -671,14 +448,3 @@ def plot_rate(info: StoreInfo) -> float:
     from pipeline.dist.writeout import PLOT_POINTS
 
     return min(1.0, PLOT_POINTS / max(info.n_rows, 1))
-
-
-def read_labels(ctx: RunContext, state: PassState) -> IntArray:
-    """Current label of every row (-1 for held-out rows), in memory: for the estimator API."""
-    info = ctx.info
-    raw = np.asarray(ctx.state.array(state.buffer)[:])
-    out = np.full(raw.shape[0], -1, dtype=np.int64)
-    for c, a, b in iter_chunks(info):
-        off = int(state.offsets[c]) if state.offsets.size else 0
-        out[a:b] = decode_labels(raw[a:b], state.remap, state.k_written, off)
-    return out

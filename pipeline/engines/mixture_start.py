@@ -1,0 +1,167 @@
+"""The starts of the mixture engines (``FitParams.start``): in-memory MAP-DP on a hash sample
+(the default), no cluster, one cluster, or random seed records.
+
+The "sample" start fits ``pipeline.mapdp_core.run_mapdp`` - sweeps plus split and merge moves,
+learned concentration - to a hash sample of ``init_sample`` training rows (a subset of the
+prior's sample that ingest already drew), so pass 1 starts from about the right clusters and
+global statistics and the distributed passes only refine them. The sample's rows keep their
+labels in pass 1; every other training row is assigned in pass 1.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from kernels import bayes_kmeans as kbk
+from kernels import mapdp as kmapdp
+from pipeline.concentration import map_concentration
+from pipeline.config import MAX_SEEDS, FitParams
+from pipeline.engines.base import Chunk, RunContext
+from pipeline.engines.mixture_state import IntArray, PassState, chunk_seed
+from pipeline.families import FloatArray, ProductFamily
+from pipeline.mapdp_core import run_mapdp
+from pipeline.store import StoreInfo, holdout_mask_of, iter_chunks, row_uniform
+
+INIT_SALT = 0x5EED_0004
+
+
+def initial_state(client: Any, ctx: RunContext) -> PassState:
+    """The state before pass 1 (``FitParams.start``)."""
+    info, params = ctx.info, ctx.params
+    fam = info.family
+    alpha = 1.0 if params.learn_alpha else float(params.alpha)
+    empty = np.zeros(0, dtype=np.int64)
+    start = params.start
+    if start == "sample":
+        return sample_state(client, info, params)
+    if start == "sequential":
+        stats = np.zeros((0, fam.n_stats))
+        return PassState(0, stats, alpha, empty, 0, empty, init_rows=empty, init_labels=empty)
+    if start == "one-cluster":
+        futs = [
+            client.submit(_train_stats_task, str(ctx.data.path), a, b, fam, pure=False)
+            for _c, a, b in iter_chunks(info)
+        ]
+        parts = client.gather(futs)
+        stats = np.sum(parts, axis=0).reshape(1, -1)
+        return PassState(0, stats, alpha, np.zeros(1, dtype=np.int64), 1, empty, init_label=0)
+    # seeds: random training records as singleton clusters
+    n_seeds = params.n_seeds or min(math.ceil(math.sqrt(max(info.n_train, 1))), MAX_SEEDS)
+    n_seeds = max(1, min(int(n_seeds), info.n_train))
+    rng = np.random.default_rng(chunk_seed(params.seed, params.restart, 0, 0))
+    cand = rng.permutation(info.n_rows).astype(np.int64)
+    cand = cand[~holdout_mask_of(cand, info.holdout)]
+    seed_rows = np.sort(cand[:n_seeds])
+    Xs = np.asarray(ctx.data.array("X").get_orthogonal_selection((seed_rows, slice(None))))
+    labels = np.arange(seed_rows.shape[0], dtype=np.int64)
+    stats = fam.stats_of(np.ascontiguousarray(Xs), labels, seed_rows.shape[0])
+    return PassState(
+        0,
+        stats,
+        alpha,
+        np.arange(seed_rows.shape[0], dtype=np.int64),
+        seed_rows.shape[0],
+        empty,
+        init_rows=seed_rows,
+        init_labels=labels,
+    )
+
+
+def init_sample_rows(info: StoreInfo, n: int) -> IntArray:
+    """Positions in ``info.sample`` of the "sample" start: the ``n`` prior-sample rows with the
+    smallest hash ``row_uniform(row, INIT_SALT)``, in row order (all of them when fewer)."""
+    rows = np.asarray(info.sample_rows, dtype=np.int64)
+    if rows.shape[0] <= n:
+        return np.arange(rows.shape[0], dtype=np.int64)
+    pick = np.argsort(row_uniform(rows, INIT_SALT), kind="stable")[:n]
+    return np.sort(pick).astype(np.int64)
+
+
+def _sample_fit_task(
+    Xs: FloatArray, fam: ProductFamily, order: IntArray, alpha: float, params: FitParams
+) -> tuple[IntArray, FloatArray, float, int, float]:
+    res = run_mapdp(
+        Xs,
+        fam,
+        order,
+        alpha,
+        params.learn_alpha,
+        params.alpha_prior,
+        100,
+        1e-6,
+        "sequential",
+    )
+    return res.labels, res.stats, float(res.alpha), res.n_iter, res.objective
+
+
+def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
+    """The "sample" start (module docstring): in-memory MAP-DP (``pipeline.mapdp_core.run_mapdp``,
+    with split and merge moves) on a hash sample of training rows, run as one Dask task; its
+    rows keep their labels in pass 1 and its statistics are pass 1's global statistics."""
+    t0 = time.perf_counter()
+    fam = info.family
+    alpha = 1.0 if params.learn_alpha else float(params.alpha)
+    pos = init_sample_rows(info, int(params.init_sample))
+    rows = np.asarray(info.sample_rows, dtype=np.int64)[pos]
+    Xs = fam.arrange(np.asarray(info.sample)[pos])
+    rng = np.random.default_rng(chunk_seed(params.seed, params.restart, 0, 0))
+    order = rng.permutation(rows.shape[0]).astype(np.int64)
+    Xs_f = client.scatter(Xs, hash=False)  # not embedded in the task graph
+    fut = client.submit(_sample_fit_task, Xs_f, fam, order, alpha, params, pure=False)
+    # the fit keeps one worker busy and the driver idle: the driver loads what it will need
+    # meanwhile (workers did so when they started: ``pipeline.worker_setup``)
+    few = np.ascontiguousarray(Xs[: min(4, Xs.shape[0])])
+    threading.Thread(target=warm_driver, args=(few, fam), daemon=True).start()
+    labels, stats, alpha, n_iter, e = fut.result()
+    K = int(stats.shape[0])
+    record = {
+        "pass": 0,
+        "init": "sample",
+        "sample_rows": int(rows.shape[0]),
+        "sample_iterations": int(n_iter),
+        "sample_objective": float(e),
+        "n_clusters": K,
+        "alpha": float(alpha),
+        "seconds": time.perf_counter() - t0,
+    }
+    return PassState(
+        0,
+        np.ascontiguousarray(stats),
+        float(alpha),
+        np.arange(K, dtype=np.int64),
+        K,
+        np.zeros(0, dtype=np.int64),
+        init_rows=rows,
+        init_labels=np.asarray(labels, dtype=np.int64),
+        init_record=record,
+        # a sample of every training row fitted alpha for (n_train, K) already
+        alpha_k=K if params.learn_alpha and rows.shape[0] == info.n_train else -1,
+    )
+
+
+def warm_driver(X: FloatArray, family: ProductFamily) -> None:
+    """Load, on a few records X (n, D), the numba kernels ``reduce_pass`` calls and the report's
+    matplotlib, so that their first real call does not pay for loading them."""
+    spec, prior = family.spec, family.prior
+    n = X.shape[0]
+    stats = family.stats_of(X, np.zeros(n, dtype=np.int64), 1)
+    nk = np.ascontiguousarray(stats[:, 0])
+    logm = kbk.log_marginals(stats, spec, prior)
+    kbk.merge_costs(stats, logm, np.ones(1, dtype=np.bool_), 0, spec, prior, 0.0)
+    kmapdp.greedy_merge(stats, nk, spec, prior, 0.0)
+    kmapdp.objective(stats, nk, 1, spec, prior, 1.0)
+    map_concentration(max(n, 2), 1)
+    from pipeline import report
+
+    report.load_matplotlib()
+
+
+def _train_stats_task(data: str, a: int, b: int, fam: ProductFamily) -> FloatArray:
+    chunk = Chunk(data, "", 0, a, b, 0)
+    X, hold = chunk.X, chunk.holdout
+    return fam.stats_of(np.ascontiguousarray(X[~hold]))[0]

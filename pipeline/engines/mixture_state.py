@@ -1,0 +1,113 @@
+"""The state the mixture engines (MAP-DP, Bayes K-means) share: the driver's ``PassState`` and
+each record's cluster label, written by the pass that assigned it and relabelled lazily (the next
+reader decodes it through ``remap``, ``k_written`` and ``offsets``)."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zarr
+from numpy.typing import NDArray
+
+from pipeline.dist.writeout import WriteResult
+from pipeline.engines.base import Chunk, RunContext
+from pipeline.families import FloatArray
+from pipeline.store import iter_chunks
+
+IntArray = NDArray[np.int64]
+
+
+@dataclass
+class PassState:
+    """The driver's state after ``pass_no`` passes: all a resumed run needs.
+
+    ``remap``, ``k_written`` and ``offsets`` decode the labels the last pass wrote
+    (``decode_labels``); ``init_rows`` / ``init_labels`` / ``init_label`` give the start of
+    pass 1 (the labels no pass wrote).
+    """
+
+    pass_no: int
+    stats: FloatArray
+    alpha: float
+    remap: IntArray
+    k_written: int
+    offsets: IntArray
+    history: list[dict[str, Any]] = field(default_factory=list)
+    converged: bool = False
+    init_rows: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    init_labels: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    init_label: int = -1
+    init_record: dict[str, Any] | None = None
+    # the learned alpha is the mode of eq. A.1 for (n_train, alpha_k clusters); -1: for
+    # something else (fixed, or fitted to the start's sample)
+    alpha_k: int = -1
+    # when the pass moved no record and left statistics and alpha bit for bit as they were,
+    # its chunk tasks have already written every row's final label and eq. 3.4 density into
+    # ``scored_into``: their write-out results, by chunk
+    scored: list[WriteResult] | None = None
+    scored_into: str | None = None
+
+    @property
+    def n_clusters(self) -> int:
+        return int(self.stats.shape[0])
+
+    @property
+    def nk(self) -> FloatArray:
+        return np.ascontiguousarray(self.stats[:, 0])
+
+    @property
+    def objective(self) -> float:
+        return float(self.history[-1]["objective"]) if self.history else math.inf
+
+    @property
+    def buffer(self) -> str:
+        """The label buffer the last pass wrote (z0 before any pass: only -1)."""
+        return f"z{self.pass_no % 2}"
+
+
+def decode_labels(raw: IntArray, remap: IntArray, k_written: int, offset: int) -> IntArray:
+    """Labels as a pass wrote them for a chunk (0..K-1 for the clusters the pass started with,
+    K.. for those the chunk opened) as the current cluster numbers; -1 stays -1."""
+    out = np.full(raw.shape[0], -1, dtype=np.int64)
+    m = raw >= 0
+    lab = raw[m]
+    idx = np.where(lab < k_written, lab, lab + offset)
+    out[m] = remap[idx]
+    return out
+
+
+def current_labels(chunk: Chunk, state: Any, buffer: str | None = None) -> IntArray:
+    """The chunk's labels as the current cluster numbers: ``buffer`` (default: the one the
+    previous pass wrote) decoded by ``state``'s ``remap``, ``k_written`` and ``offsets``."""
+    name = buffer or f"z{(chunk.p - 1) % 2}"
+    raw = np.asarray(zarr.open_array(os.path.join(chunk.state, name), mode="r")[chunk.a : chunk.b])
+    off = int(state.offsets[chunk.c]) if state.offsets.size else 0
+    return decode_labels(raw, state.remap, state.k_written, off)
+
+
+def chunk_seed(seed: int, restart: int, p: int, c: int) -> np.random.SeedSequence:
+    """The SeedSequence child (restart, pass, chunk) of the run's entropy."""
+    return np.random.SeedSequence(seed, spawn_key=(restart, p, c))
+
+
+def merge_by(stats: FloatArray, mapping: IntArray) -> FloatArray:
+    """Statistics of the final clusters: rows of ``stats`` added by ``mapping``."""
+    K2 = int(mapping.max()) + 1 if mapping.size else 0
+    out = np.zeros((K2, stats.shape[1]))
+    np.add.at(out, mapping, stats)
+    return out
+
+
+def read_labels(ctx: RunContext, state: PassState) -> IntArray:
+    """Current label of every row (-1 for held-out rows), in memory: for the estimator API."""
+    info = ctx.info
+    raw = np.asarray(ctx.state.array(state.buffer)[:])
+    out = np.full(raw.shape[0], -1, dtype=np.int64)
+    for c, a, b in iter_chunks(info):
+        off = int(state.offsets[c]) if state.offsets.size else 0
+        out[a:b] = decode_labels(raw[a:b], state.remap, state.k_written, off)
+    return out
