@@ -58,18 +58,6 @@ def assert_same_arrays(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> No
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
-@pytest.fixture(scope="module")
-def client():
-    """Two single-threaded workers in this process (import it into the test module)."""
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
-        ) as cluster,
-        Client(cluster) as c,
-    ):
-        yield c
-
-
 class EngineContract:
     """Subclass with ``engine`` (a registered name) and optionally ``init`` and ``alpha``."""
 

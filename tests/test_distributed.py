@@ -44,17 +44,6 @@ def blobs(n: int, seed: int = 0, d: int = 3, k: int = 4) -> tuple[np.ndarray, np
     return X, y
 
 
-@pytest.fixture(scope="module")
-def client():
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
-        ) as cluster,
-        Client(cluster) as c,
-    ):
-        yield c
-
-
 def ctx_of(store: Store, info, params: FitParams):
     """A fit's context: the dataset store and a state store beside it."""
     return loop.context(store, store.path.with_name(store.path.name + "-state"), info, params)

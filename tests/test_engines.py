@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.engines import ENGINE_MODULES, ENGINES, get_engine
-from tests.engine_contract import EngineContract, client  # noqa: F401 (a fixture)
+from tests.engine_contract import EngineContract
 
 
 class TestMapdpEngine(EngineContract):

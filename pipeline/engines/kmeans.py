@@ -19,7 +19,7 @@ class KmeansEngine(MixtureEngine):
     all_pairs: ClassVar[bool] = True
 
     def sweep(
-        self, chunk: Chunk, msg: PassInput, X: Any, hold: Any, order: IntArray, z: IntArray
+        self, chunk: Chunk | None, msg: PassInput, X: Any, hold: Any, order: IntArray, z: IntArray
     ) -> Sweep:
         fam = msg.family
         K = msg.stats.shape[0]
@@ -37,28 +37,6 @@ class KmeansEngine(MixtureEngine):
             math.log(msg.alpha),
         )
         return Sweep(z, int(new_stats.shape[0]), int(n_changed))
-
-    def warm_up(self) -> None:
-        from pipeline.worker_setup import toy_family
-
-        super().warm_up()
-        X, family = toy_family()
-        n = X.shape[0]
-        z = np.zeros(n, dtype=np.int64)
-        stats = family.stats_of(X, z, 1)
-        kbk.assign(
-            X,
-            np.arange(n, dtype=np.int64),
-            z,
-            stats,
-            family.cache_of(stats),
-            stats[:, 0].copy(),
-            1,
-            family.spec,
-            family.prior,
-            family.empty_cache(),
-            0.0,
-        )
 
 
 ENGINE = KmeansEngine()

@@ -16,7 +16,7 @@ import numpy as np
 from kernels import mapdp as kmapdp
 from pipeline.dist.writeout import emit_chunk
 from pipeline.engines.base import Chunk
-from pipeline.engines.mixture import IntArray, MixtureEngine, PassInput, Sweep
+from pipeline.engines.mixture import IntArray, MixtureEngine, PassInput, Sweep, predict
 
 
 class MapdpEngine(MixtureEngine):
@@ -24,7 +24,7 @@ class MapdpEngine(MixtureEngine):
     fused_write_out: ClassVar[bool] = True
 
     def sweep(
-        self, chunk: Chunk, msg: PassInput, X: Any, hold: Any, order: IntArray, z: IntArray
+        self, chunk: Chunk | None, msg: PassInput, X: Any, hold: Any, order: IntArray, z: IntArray
     ) -> Sweep:
         fam = msg.family
         spec, prior, empty_c = fam.spec, fam.prior, fam.empty_cache()
@@ -46,11 +46,10 @@ class MapdpEngine(MixtureEngine):
             # held-out rows against them too and write the chunk out
             label = z.copy()
             if hold.any():
-                pred, ld = kmapdp.predict(
-                    X[hold], msg.stats, cache[:K], nk[:K], spec, prior, empty_c, msg.alpha
-                )
+                pred, ld = predict(X[hold], msg.stats, msg.alpha, fam)
                 label[hold] = pred
                 logdens[hold] = ld
+            assert chunk is not None  # the warm-up asks for no scores
             written = emit_chunk(
                 chunk.data,
                 msg.scores_into,
@@ -70,29 +69,6 @@ class MapdpEngine(MixtureEngine):
             slot_map[s] = K + j
         z[:] = np.where(z >= K, slot_map[np.maximum(z, 0)], z)
         return Sweep(z, len(new_slots), int(n_changed), written)
-
-    def warm_up(self) -> None:
-        from pipeline.worker_setup import toy_family
-
-        super().warm_up()
-        X, family = toy_family()
-        n = X.shape[0]
-        z = np.zeros(n, dtype=np.int64)
-        stats = family.stats_of(X, z, 1)
-        kmapdp.sweep_scored(
-            X,
-            np.arange(n, dtype=np.int64),
-            z.copy(),
-            stats.copy(),
-            family.cache_of(stats),
-            stats[:, 0].copy(),
-            1,
-            family.spec,
-            family.prior,
-            family.empty_cache(),
-            1.0,
-            np.empty(n),
-        )
 
 
 ENGINE = MapdpEngine()

@@ -342,7 +342,7 @@ class MixtureEngine(Engine):
     @abstractmethod
     def sweep(
         self,
-        chunk: Chunk,
+        chunk: Chunk | None,
         msg: PassInput,
         X: FloatArray,
         hold: NDArray[np.bool_],
@@ -350,7 +350,8 @@ class MixtureEngine(Engine):
         z: IntArray,
     ) -> Sweep:
         """Assign the training records ``order`` of X (n, D), labels z (n,) updated in place
-        and returned with the clusters the chunk opened numbered K, K + 1, ..."""
+        and returned with the clusters the chunk opened numbered K, K + 1, ... (``chunk`` is
+        None only in the warm-up, which writes nothing)."""
 
     def reduce(
         self, state: Any, results: list[Any], ctx: RunContext, scores_into: str | None
@@ -386,16 +387,7 @@ class MixtureEngine(Engine):
         X, hold = chunk.X, chunk.holdout
         z1 = current_labels(chunk, msg)
         final = np.where(z1 >= 0, msg.mapping[np.maximum(z1, 0)], -1)
-        pred, logdens = kmapdp.predict(
-            X,
-            msg.stats,
-            fam.cache_of(msg.stats),
-            np.ascontiguousarray(msg.stats[:, 0]),
-            fam.spec,
-            fam.prior,
-            fam.empty_cache(),
-            msg.alpha,
-        )
+        pred, logdens = predict(X, msg.stats, msg.alpha, fam)
         label = np.where(hold, pred, final)
         return emit_chunk(
             chunk.data,
@@ -417,6 +409,8 @@ class MixtureEngine(Engine):
         return None
 
     def warm_up(self) -> None:
+        """Load the sweep, the write-out's eq. 3.4 and the sample start's kernels on toy
+        records (the kernels compile per argument type, not per family)."""
         from pipeline.worker_setup import toy_family
 
         X, family = toy_family()
@@ -425,22 +419,34 @@ class MixtureEngine(Engine):
         shuffle(seed_state(np.random.SeedSequence(0)), order)
         z = np.zeros(n, dtype=np.int64)
         stats = family.stats_of(X, z, 1)
-        kbk.label_deltas(X, order, z, z, 1, 0, family.spec, family.n_stats)
-        cache = family.cache_of(stats)
-        kmapdp.predict(
-            X,
-            stats,
-            cache,
-            stats[:, 0].copy(),
-            family.spec,
-            family.prior,
-            family.empty_cache(),
-            1.0,
+        msg = PassInput(
+            2, stats, 1.0, np.zeros(1, dtype=np.int64), 1, z[:1], family, 0, 0, z[:0], z[:0], -1
         )
+        swept = self.sweep(None, msg, X, np.zeros(n, dtype=np.bool_), order, z.copy())
+        kbk.label_deltas(X, order, z, swept.z, 1, swept.n_new, family.spec, family.n_stats)
+        predict(X, stats, 1.0, family)
         run_mapdp(X, family, order, 1.0, True, (2.0, 1.0), 5, 1e-6, "sequential")
 
     def state_types(self) -> tuple[type, ...]:
         return (PassState, WriteResult)
+
+
+def predict(
+    X: FloatArray, stats: FloatArray, alpha: float, family: ProductFamily
+) -> tuple[IntArray, FloatArray]:
+    """eq. 3.5 MAP cluster (-1: a new one) and eq. 3.4 log predictive density of each record
+    of X (n, D) under clusters ``stats`` (K, S) and concentration ``alpha``."""
+    pred, logdens = kmapdp.predict(
+        X,
+        stats,
+        family.cache_of(stats),
+        np.ascontiguousarray(stats[:, 0]),
+        family.spec,
+        family.prior,
+        family.empty_cache(),
+        alpha,
+    )
+    return pred, logdens
 
 
 def plot_rate(info: StoreInfo) -> float:
