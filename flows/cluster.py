@@ -250,7 +250,8 @@ def cluster(
         t = time.perf_counter()
         ctx = dist.run_context(partial, info, params, progress)
         labels = partial / "labels.zarr"
-        state = loop.run_passes(
+        # the cluster flow runs the mixture engines, whose state has clusters
+        state: Any = loop.run_passes(
             client,
             ctx,
             state=start_task(client, ctx),
@@ -260,7 +261,7 @@ def cluster(
         extra: dict[str, Any] = {
             "resumed": resumed,
             "stage2": stage2,
-            "n_clusters_stage1": state.n_clusters,  # type: ignore[attr-defined]
+            "n_clusters_stage1": state.n_clusters,
         }
         if summaries > 0:
             t = time.perf_counter()
@@ -270,13 +271,7 @@ def cluster(
             timing["summaries"] = time.perf_counter() - t
         t = time.perf_counter()
         mapping, s2info = stage2_task(
-            state.stats,  # type: ignore[attr-defined]
-            info.family,
-            stage2,
-            state.alpha,  # type: ignore[attr-defined]
-            partial,
-            int(mcmc),
-            params.seed,
+            state.stats, info.family, stage2, state.alpha, partial, int(mcmc), params.seed
         )
         timing["stage2"] = time.perf_counter() - t
         extra["stage2_info"] = {**s2info, "seconds": timing["stage2"]}
