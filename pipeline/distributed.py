@@ -64,6 +64,7 @@ from pipeline.config import INIT_SAMPLE, INITS, MAX_SEEDS, FitParams  # noqa: F4
 from pipeline.engines import ENGINES  # noqa: F401
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.mapdp_core import as_seed_sequence, run_mapdp, seed_state
+from pipeline.persist import register
 from pipeline.store import (
     DEFAULT_CHUNK_ROWS,
     PLOT_SALT,
@@ -96,6 +97,7 @@ def seed_entropy(random_state: Any) -> int:
     return int(seq.generate_state(2, dtype=np.uint64).view(np.uint64)[0])
 
 
+@register
 @dataclass
 class PassState:
     """The driver's state after ``pass_no`` passes: all a resumed run needs.
@@ -661,8 +663,8 @@ def _bar(progress: bool, total: int, desc: str) -> Any:
 
 
 def save_checkpoint(store: Store, state: PassState, params: FitParams) -> None:
-    """The state after a completed pass, replaced atomically (``checkpoint.pkl``)."""
-    store.save("checkpoint.pkl", {"params": params, "state": state})
+    """The state after a completed pass, replaced atomically (the record ``checkpoint_state``)."""
+    store.save("checkpoint_state", {"params": params, "state": state})
     import json
 
     store.save_text(
@@ -680,9 +682,9 @@ def save_checkpoint(store: Store, state: PassState, params: FitParams) -> None:
 
 def load_checkpoint(store: Store, params: FitParams) -> PassState | None:
     """The last completed pass's state if the store has one from the same parameters."""
-    if not store.exists("checkpoint.pkl"):
+    if not store.exists("checkpoint_state"):
         return None
-    ck = store.load("checkpoint.pkl")
+    ck = store.load("checkpoint_state", dict)
     saved: FitParams = ck["params"]
     same = replace(
         saved, max_passes=params.max_passes, tol=params.tol, min_change=params.min_change
@@ -971,6 +973,7 @@ class WriteInput:
     labels: bool = False
 
 
+@register
 @dataclass
 class WriteResult:
     c: int
@@ -1357,8 +1360,7 @@ def fit_distributed(
         best: tuple[PassState, IntArray] | None = None
         objectives = []
         for r in range(int(n_restarts)):
-            with contextlib.suppress(FileNotFoundError):
-                (store.path / "checkpoint.pkl").unlink()
+            store.remove("checkpoint_state")
             st = run_passes(client, store, info, replace(params, restart=r), progress=progress)
             objectives.append(st.objective)
             if best is None or st.objective < best[0].objective:
@@ -1524,7 +1526,7 @@ def step_ingest(
 ) -> StoreInfo:
     """Ingest into ``partial/store.zarr``, or reuse a completed ingest of a resumed run."""
     store = Store(partial / "store.zarr")
-    if store.exists("info.pkl"):
+    if store.exists("info"):
         return store.info
 
     def tell(what: str, done: int, total: int) -> None:

@@ -320,7 +320,7 @@ def test_killed_worker_gives_the_same_labels(tmp_path: Path):
                     f.unlink()
             threading.Thread(target=killer, daemon=True).start()
 
-        (store.path / "checkpoint.pkl").unlink()
+        store.remove("checkpoint_state")
         state = dist.run_passes(c, store, info, params, resume=False, on_pass=kill_during_pass_2)
         got = dist.read_labels(c, store, info, state)
         assert killed
