@@ -110,11 +110,6 @@ def register(cls: C) -> C:
     return cls
 
 
-def registered(name: str) -> type | None:
-    """The class on the allowlist under ``name`` (``type_name``), or None."""
-    return _REGISTRY.get(name)
-
-
 def _paths(directory: str | os.PathLike[str], name: str) -> tuple[Path, Path]:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(

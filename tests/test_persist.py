@@ -233,6 +233,46 @@ def test_fit_params_and_moments_round_trip(tmp_path: Path):
     assert np.all(got["empty"].lo == np.inf)
 
 
+def test_a_checkpoint_round_trips(tmp_path: Path):
+    """The pass loop's checkpoint: ``PassState`` with its history, start record and scored
+    write-out results, next to the ``FitParams`` it was computed with."""
+    from pipeline.distributed import PassState, WriteResult, load_checkpoint, save_checkpoint
+
+    rng = np.random.default_rng(5)
+    written = WriteResult(
+        c=0,
+        heldout_sum=-12.5,
+        heldout_n=3,
+        train_sum=-100.25,
+        train_n=40,
+        new_cluster=0,
+        plot_X=rng.normal(size=(5, 2)),
+        plot_labels=np.arange(5, dtype=np.int64),
+        pairs=np.ones((3, 2), dtype=np.int64),
+    )
+    state = PassState(
+        pass_no=3,
+        stats=rng.normal(size=(4, 7)),
+        alpha=np.float64(1.25).item(),
+        remap=np.array([0, 1, -1, 2], dtype=np.int64),
+        k_written=4,
+        offsets=np.array([0, 4, 9], dtype=np.int64),
+        history=[{"pass": 1, "objective": np.float64(-3.5), "stop": None, "alpha": math.nan}],
+        converged=True,
+        init_record={"pass": 0, "init": "sample", "seconds": 0.5},
+        alpha_k=4,
+        scored=[written, dataclasses.replace(written, c=1, pairs=None)],
+        scored_into="labels.zarr",
+    )
+    params = FitParams(seed=9, init="sample")
+    store = Store(tmp_path)
+    save_checkpoint(store, state, params)
+    got = load_checkpoint(store, params)
+    assert got is not None
+    assert_same(state, got, "state")
+    assert load_checkpoint(store, dataclasses.replace(params, seed=10)) is None
+
+
 # -- damaged and crafted files -------------------------------------------------------------------
 
 
@@ -392,7 +432,7 @@ def test_unknown_and_missing_fields(record: Path):
 
 
 def test_a_result_of_another_type(record: Path):
-    with pytest.raises(PersistError, match="not a pipeline.store.StoreInfo") as info:
+    with pytest.raises(PersistError, match=r"not a pipeline\.store\.StoreInfo") as info:
         persist.load(record, "rec", StoreInfo)
     assert str(record / "rec.json") in str(info.value)
 
