@@ -273,7 +273,10 @@ def save(directory: str | os.PathLike[str], name: str, obj: Any) -> None:
     if not Path(directory).is_dir():
         raise PersistError(f"{json_path}: cannot write: {directory} is not a directory")
     w = _Writer(json_path)
-    root = w.node(obj, name)
+    try:
+        root = w.node(obj, name)
+    except RecursionError as err:
+        raise PersistError(f"{json_path}: cannot store {name}: it is nested too deeply") from err
     buf = io.BytesIO()
     np.savez(buf, **w.arrays)
     data = buf.getvalue()
@@ -291,6 +294,8 @@ def save(directory: str | os.PathLike[str], name: str, obj: Any) -> None:
         text = json.dumps(doc, indent=1, allow_nan=False)
     except ValueError as err:  # an int beyond the digits int -> str may convert
         raise PersistError(f"{json_path}: cannot store {name}: {err}") from err
+    except RecursionError as err:
+        raise PersistError(f"{json_path}: cannot store {name}: it is nested too deeply") from err
     write_atomic(npz_path, data)
     write_atomic(json_path, text.encode())
 

@@ -517,6 +517,23 @@ def test_a_list_that_contains_itself(tmp_path: Path):
         persist.save(tmp_path, "rec", a)
 
 
+def test_too_deep_a_nesting_is_refused_both_ways(tmp_path: Path):
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    with pytest.raises(PersistError, match="nested too deeply"):
+        persist.save(tmp_path, "rec", deep)
+    persist.save(tmp_path, "rec", [])
+    doc = json.loads((tmp_path / "rec.json").read_text())
+    doc["root"] = "ROOT"
+    root = '{"type": "list", "items": [' * 5000 + "1" + "]}" * 5000
+    # the JSON parser may refuse the depth first; either way it is the file's problem
+    (tmp_path / "rec.json").write_text(json.dumps(doc).replace('"ROOT"', root))
+    with pytest.raises(PersistError, match=r"too deeply|not valid JSON") as info:
+        persist.load(tmp_path, "rec")
+    assert str(tmp_path / "rec.json") in str(info.value)
+
+
 @pytest.mark.parametrize("name", ["info.pkl", "../x", "", ".hidden", "a/b"])
 def test_record_names_have_no_extension_or_path(tmp_path: Path, name: str):
     with pytest.raises(ValueError, match="record name"):
