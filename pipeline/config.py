@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.persist import register
+
 DEFAULT_CHUNK_ROWS = 100_000
 PRIOR_SAMPLE = 50_000
 INIT_SAMPLE = 20_000
@@ -91,6 +93,7 @@ def check_choice(value: Any, choices: tuple[str, ...], what: str) -> str:
     return str(value)
 
 
+@register
 @dataclass(frozen=True)
 class FitParams:
     """Parameters of stage 1 (the pass loop), whatever the engine.

@@ -20,6 +20,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from kernels.families import product
 from kernels.mapdp import build_stats
+from pipeline.persist import register
 
 FloatArray = NDArray[np.float64]
 
@@ -92,6 +93,7 @@ class Family(ABC):
         return f"{type(self).__name__}(n_cols={self.n_cols})"
 
 
+@register
 @dataclass(repr=False)
 class GaussianNW(Family):
     """Multivariate Gaussian, unknown mean and full covariance, Normal-Wishart prior.
@@ -203,6 +205,7 @@ class GaussianNW(Family):
         _raise_first_bad(X, ~np.isfinite(X), names, "Gaussian values must be finite")
 
 
+@register
 class ProductFamily:
     """A product of families over disjoint column groups: log terms add.
 
@@ -302,6 +305,26 @@ class ProductFamily:
         c = self.cache_of(s[None, :])[0]
         return float(product.log_predictive(xa, s, c, self.spec, self.prior))
 
+    # -- on disk (``pipeline.persist``) --------------------------------------------------------
+    def to_state(self) -> dict[str, Any]:
+        """The constructor's argument: ``{"groups": [(family, column indices), ...]}``."""
+        return {"groups": [(fam, list(cols)) for fam, cols in self.groups]}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> ProductFamily:
+        """The product family of ``to_state``'s groups, rebuilt (and checked) by ``__init__``."""
+        groups = state.get("groups")
+        if not isinstance(groups, list) or not all(
+            isinstance(g, tuple)
+            and len(g) == 2
+            and isinstance(g[0], Family)
+            and isinstance(g[1], list)
+            and all(type(c) is int for c in g[1])
+            for g in groups
+        ):
+            raise ValueError("groups must be a list of (Family, list of column indices) pairs")
+        return cls(groups)
+
     def signature(self) -> tuple[Any, ...]:
         """What two statistics arrays must share to be added (bnpy's container check)."""
         return (self.spec.tobytes(), self.prior.tobytes())
@@ -395,6 +418,7 @@ def _not_count(X: FloatArray) -> NDArray[np.bool_]:
         return ~(np.isfinite(X) & (X >= 0) & (np.floor(X) == X))
 
 
+@register
 @dataclass(repr=False)
 class NormalGamma(Family):
     """Gaussian with a diagonal covariance: an independent Normal-Gamma prior on each column.
@@ -495,6 +519,7 @@ class NormalGamma(Family):
         return out
 
 
+@register
 @dataclass(repr=False)
 class Categorical(Family):
     """One categorical column with codes 0..C-1 and a Dirichlet(alpha) prior.
@@ -641,6 +666,7 @@ class _RateFamily(Family):
         _raise_first_bad(X, self._bad(X), names, self._support)
 
 
+@register
 @dataclass(repr=False)
 class Poisson(_RateFamily):
     """Independent Poisson count columns, a Gamma(a, rate b) prior on each rate.
@@ -684,6 +710,7 @@ class Poisson(_RateFamily):
         return {f"{nm}:rate": float(rate[j]) for j, nm in enumerate(names)}
 
 
+@register
 @dataclass(repr=False)
 class Binomial(Family):
     """Independent binomial count columns with known numbers of trials, Beta(a, b) priors.
@@ -801,6 +828,7 @@ class Binomial(Family):
         return {f"{nm}:p": float(an[j] / (an[j] + bn[j])) for j, nm in enumerate(names)}
 
 
+@register
 @dataclass(repr=False)
 class Bernoulli(Binomial):
     """Independent 0/1 columns with Beta(a, b) priors: ``Binomial`` with one trial.
@@ -825,6 +853,7 @@ class Bernoulli(Binomial):
         return cls(a=a, b=b)
 
 
+@register
 @dataclass(repr=False)
 class Exponential(_RateFamily):
     """Independent exponential columns (x >= 0), a Gamma(a, rate b) prior on each rate.
@@ -869,6 +898,7 @@ class Exponential(_RateFamily):
         return {f"{nm}:rate": float(rate[j]) for j, nm in enumerate(names)}
 
 
+@register
 @dataclass(repr=False)
 class Geometric(_RateFamily):
     """Independent geometric columns on {0, 1, 2, ...} (failures before the first success),

@@ -32,6 +32,7 @@ import pandas as pd
 
 from pipeline import families as fam_mod
 from pipeline.families import Family, FloatArray, ProductFamily
+from pipeline.persist import register
 
 KINDS = (
     "gaussian",
@@ -128,6 +129,7 @@ def auto_kind(s: pd.Series) -> str:
     return "gaussian"
 
 
+@register
 @dataclass
 class Schema:
     """Feature names, per-column family kinds and encodings fixed at fit time."""

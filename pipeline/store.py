@@ -11,12 +11,13 @@ Layout of ``OUT/store.zarr`` (a zarr v3 group; rows chunked by ``chunk_rows``)
 ``z0``, ``z1`` (N,) int64
     Double-buffered labels: pass p reads the buffer pass p - 1 wrote and writes the other one,
     so a re-executed chunk task reads the same input and writes the same output.
-``info.pkl``
+``info.json`` + ``info.npz``
     What ingest learned (``StoreInfo``: schema, family, sizes, data moments, the prior's sample),
-    written last: its presence means ingest completed.
-``checkpoint.pkl`` / ``checkpoint.json``
-    The driver's state after the last completed pass (``pipeline.distributed.PassState``),
-    replaced atomically after every pass.
+    a ``pipeline.persist`` record (JSON plus arrays, never a pickle) written last: its presence
+    means ingest completed.
+``checkpoint_state.json`` + ``.npz`` / ``checkpoint.json``
+    The driver's state after the last completed pass (``pipeline.distributed.PassState``, a
+    ``pipeline.persist`` record) and a summary of it, replaced atomically after every pass.
 
 Ingest runs as Dask tasks, one per piece of the input: a piece is read, validated with the rules
 and messages of ``pipeline.schema`` / the families (prefixed with the file and the row in that
@@ -33,7 +34,6 @@ import io
 import itertools
 import math
 import os
-import pickle
 import re
 import shutil
 import sys
@@ -41,13 +41,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import pandas as pd
 import zarr
 from numpy.typing import NDArray
 
+from pipeline import persist
 from pipeline.config import DEFAULT_CHUNK_ROWS, PRIOR_SAMPLE
 from pipeline.families import Family, FloatArray, ProductFamily
 from pipeline.schema import Schema, as_frame
@@ -60,6 +61,7 @@ NO_ROWS = "X has no rows (0 samples); at least 1 is required"
 
 BoolArray = NDArray[np.bool_]
 IntArray = NDArray[np.int64]
+_T = TypeVar("_T")
 
 
 # -- hashing of row indices ------------------------------------------------------------------
@@ -93,6 +95,7 @@ def holdout_mask_of(rows: IntArray, fraction: float) -> BoolArray:
 # -- moments -------------------------------------------------------------------------------
 
 
+@persist.register
 @dataclass
 class Moments:
     """Additive data moments of encoded rows (columns in the store's order): the sum of two
@@ -134,6 +137,7 @@ class Moments:
 # -- what ingest learned --------------------------------------------------------------------
 
 
+@persist.register
 @dataclass
 class StoreInfo:
     """Everything later steps need to know about the ingested records."""
@@ -210,31 +214,36 @@ class Store:
 
     # small files, replaced atomically -------------------------------------------------------
     def _write_atomic(self, name: str, data: bytes) -> None:
-        tmp = self.path / f".{name}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path / name)
+        persist.write_atomic(self.path / name, data)
 
     def save(self, name: str, obj: Any) -> None:
-        self._write_atomic(name, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        """Write ``obj`` as the record ``name`` (``name.json`` + ``name.npz``, ``persist.save``)."""
+        persist.save(self.path, name, obj)
 
-    def load(self, name: str) -> Any:
-        with open(self.path / name, "rb") as fh:
-            return pickle.load(fh)
+    @overload
+    def load(self, name: str, expect: None = None) -> Any: ...
+
+    @overload
+    def load(self, name: str, expect: type[_T]) -> _T: ...
+
+    def load(self, name: str, expect: type[Any] | None = None) -> Any:
+        """The record ``name`` read back (``persist.load``; ``PersistError`` naming the file)."""
+        return persist.load(self.path, name, expect)
 
     def exists(self, name: str) -> bool:
-        return (self.path / name).exists()
+        """Whether the record ``name`` was completely written."""
+        return persist.exists(self.path, name)
+
+    def remove(self, name: str) -> None:
+        """Delete the record ``name`` if present."""
+        persist.remove(self.path, name)
 
     def save_text(self, name: str, text: str) -> None:
         self._write_atomic(name, text.encode())
 
     @property
     def info(self) -> StoreInfo:
-        info = self.load("info.pkl")
-        assert isinstance(info, StoreInfo)
-        return info
+        return self.load("info", StoreInfo)
 
 
 # -- input sources ---------------------------------------------------------------------------
@@ -716,7 +725,7 @@ def ingest(
 
     Returns
     -------
-    StoreInfo, also saved as ``store/info.pkl``.
+    StoreInfo, also saved as the record ``info`` of the store (``Store.info``).
     """
     t0 = time.perf_counter()
     if not (0.0 <= holdout < 1.0):
@@ -859,7 +868,7 @@ def ingest(
         notes=notes,
         label_column=label_column,
     )
-    store.save("info.pkl", info)
+    store.save("info", info)
     return info
 
 

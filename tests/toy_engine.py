@@ -18,10 +18,12 @@ import numpy as np
 
 from pipeline.dist.writeout import emit_chunk
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext, stop_reason
+from pipeline.persist import register
 
 WIDTH = 3
 
 
+@register
 @dataclass
 class ToyState:
     pass_no: int

@@ -1,8 +1,8 @@
 """The pass loop: drives any engine (``pipeline.engines``) over the chunks of a dataset store.
 
 One pass is one Dask task per chunk (``chunk_task`` -> ``Engine.chunk_step``), then the engine's
-reduce on the driver; the loop checkpoints the state after every pass (``checkpoint``, JSON plus
-arrays in the run's state store), stops on the engine's stop rule or after ``max_passes``, and
+reduce on the driver; the loop checkpoints the state after every pass (the record
+``checkpoint``: JSON plus arrays, ``pipeline.persist``, in the run's state store), stops on the engine's stop rule or after ``max_passes``, and
 resumes from the checkpoint of the same parameters. It knows nothing of clusters: what a chunk
 task sweeps and what a reduce adds is the engine's.
 
@@ -106,7 +106,7 @@ def load_checkpoint(ctx: RunContext) -> LoopState | None:
     (the stop rule's parameters may differ: a resume may ask for more passes)."""
     if not ctx.state.exists(CHECKPOINT):
         return None
-    ck = ctx.state.load(CHECKPOINT)
+    ck = ctx.state.load(CHECKPOINT, dict)
     saved: FitParams = ck["params"]
     params = ctx.params
     same = replace(
@@ -120,8 +120,7 @@ def load_checkpoint(ctx: RunContext) -> LoopState | None:
 
 def clear_checkpoint(ctx: RunContext) -> None:
     """Forget the checkpoint (a restart from another seed over the same state store)."""
-    for f in ctx.state.path.glob(f"{CHECKPOINT}*"):
-        f.unlink()
+    ctx.state.remove(CHECKPOINT)
 
 
 # -- passes ---------------------------------------------------------------------------------

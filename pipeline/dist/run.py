@@ -115,7 +115,7 @@ def step_ingest(
 ) -> StoreInfo:
     """Ingest into ``partial/store.zarr``, or reuse a completed ingest of a resumed run."""
     store = Store(partial / "store.zarr")
-    if store.exists("info.pkl") or store.exists("info"):
+    if store.exists("info"):
         return store.info
 
     def tell(what: str, done: int, total: int) -> None:

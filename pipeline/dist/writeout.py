@@ -17,6 +17,7 @@ import zarr
 from numpy.typing import NDArray
 
 from pipeline.families import FloatArray
+from pipeline.persist import register
 from pipeline.store import PLOT_SALT, BoolArray, StoreInfo, iter_chunks, row_uniform
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ IntArray = NDArray[np.int64]
 PLOT_POINTS = 4000
 
 
+@register
 @dataclass
 class WriteResult:
     c: int

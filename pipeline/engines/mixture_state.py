@@ -16,11 +16,13 @@ from numpy.typing import NDArray
 from pipeline.dist.writeout import WriteResult
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.families import FloatArray
+from pipeline.persist import register
 from pipeline.store import iter_chunks
 
 IntArray = NDArray[np.int64]
 
 
+@register
 @dataclass
 class PassState:
     """The driver's state after ``pass_no`` passes: all a resumed run needs.
