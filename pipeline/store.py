@@ -712,9 +712,10 @@ class Encoder:
         if col not in df.columns:
             raise InputError(f"{label}: no group column {col!r}")
         values = df.pop(col)
-        missing = values.isna().to_numpy()
-        if values.dtype == object:
-            missing |= np.asarray([isinstance(v, str) and not v.strip() for v in values])
+        missing = np.asarray(values.isna(), dtype=bool)
+        if not pd.api.types.is_numeric_dtype(values.dtype):
+            blank = np.asarray([isinstance(v, str) and not v.strip() for v in values], dtype=bool)
+            missing = missing | blank
         if missing.any():
             i = int(np.argmax(missing))
             err = ValueError(
