@@ -5,10 +5,11 @@ hashes the input's fingerprint (its resolved path and each of its files' size an
 every ingest option. A second fit of the same input with the same options reuses the store
 without running a task; a changed file or option gets another key, hence a new ingest.
 
-An ingest writes into a hidden sibling ``.<key>.partial-<pid>`` that is renamed into place only
-when complete, so a crashed or concurrent ingest never leaves a half store where a reader looks,
-and bad input leaves nothing behind. A partial whose process is gone is removed by the next
-``open_dataset`` of that key.
+An ingest writes into a hidden sibling ``.<key>.partial-<pid>-<tag>`` that is renamed into
+place only when complete, so a crashed or concurrent ingest never leaves a half store where a
+reader looks, and bad input leaves nothing behind. A partial whose process is gone is removed by
+the next ``open_dataset`` of that key. Of concurrent ingests of one key, the first to finish
+wins; the others discard their copy and open the winner's.
 
 In-memory inputs (numpy, pandas, dask) have no fingerprint: they are ingested into ``path`` (or
 into a new temporary directory that the caller owns) every time.
@@ -23,6 +24,7 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -110,9 +112,14 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+# partials being written by this process (its threads may ingest concurrently)
+_ACTIVE: set[str] = set()
+
+
 def remove_stale_partials(final: Path) -> list[Path]:
-    """Remove the partial siblings of ``final`` whose ingest process is gone (or is this one:
-    a leftover of an earlier call that reused our pid). Returns what was removed."""
+    """Remove the partial siblings ``.<name>.partial-<pid>[-<tag>]`` of ``final`` whose ingest
+    is gone: another process that no longer runs, or this one when no thread of it writes there
+    (a leftover of a process that had our pid). Returns what was removed."""
     removed: list[Path] = []
     prefix = f".{final.name}{PARTIAL}"
     if not final.parent.is_dir():
@@ -121,10 +128,11 @@ def remove_stale_partials(final: Path) -> list[Path]:
         if not p.name.startswith(prefix):
             continue
         try:
-            pid = int(p.name[len(prefix) :])
+            pid = int(p.name[len(prefix) :].split("-")[0])
         except ValueError:
             continue
-        if pid == os.getpid() or not _pid_alive(pid):
+        mine = pid == os.getpid()
+        if (mine and str(p) not in _ACTIVE) or (not mine and not _pid_alive(pid)):
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return removed
@@ -148,7 +156,8 @@ def _ingest_into(
     ingest's, of the same key); on any failure remove the partial and re-raise."""
     final.parent.mkdir(parents=True, exist_ok=True)
     remove_stale_partials(final)
-    partial = final.parent / f".{final.name}{PARTIAL}{os.getpid()}"
+    partial = final.parent / f".{final.name}{PARTIAL}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    _ACTIVE.add(str(partial))
     try:
         ingest(source, Store(partial), format_extra={"key": key}, **ingest_kw)
         if replace and final.exists():
@@ -163,6 +172,8 @@ def _ingest_into(
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
+    finally:
+        _ACTIVE.discard(str(partial))
     return _open_complete(final)
 
 

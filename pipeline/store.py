@@ -484,12 +484,17 @@ IN_MEMORY = ("frame", "array", "delayed")
 
 
 def read_piece(
-    piece: Piece, columns: Sequence[str] | None, data: Any = None
+    piece: Piece,
+    columns: Sequence[str] | None,
+    data: Any = None,
+    text_columns: Sequence[str] = (),
 ) -> tuple[pd.DataFrame, bool]:
     """The piece's rows as a DataFrame and whether they came with column names.
 
     ``data`` is the piece's in-memory rows for the kinds in ``IN_MEMORY`` (a worker receives
     them as a scattered or computed future); by default they are taken from the piece itself.
+    ``text_columns`` of a CSV file are read as text: a group key "007" stays "007" in every
+    block, whatever the other values of its block look like.
     """
     kind = piece.kind
     try:
@@ -509,7 +514,8 @@ def read_piece(
                 body = fh.read(b - a)
             if not header.strip():
                 raise InputError(f"{piece.label}: the file is empty (no header line)")
-            df = pd.read_csv(io.BytesIO(header + body))
+            dtype = {c: str for c in text_columns} if text_columns else None
+            df = pd.read_csv(io.BytesIO(header + body), dtype=dtype)
             return df, True
         if kind == "parquet":
             import pyarrow.parquet as pq
@@ -844,7 +850,8 @@ def stage_piece_task(store: str, piece: Piece, enc: Encoder, data: Any = None) -
     labels into ``staging/y<index>``); a grouped ingest's piece also returns its group column
     (``Encoder.take_groups``)."""
     try:
-        df, _ = read_piece(piece, enc.schema.columns, data)
+        groups_as_text = () if enc.group_column is None else (enc.group_column,)
+        df, _ = read_piece(piece, enc.schema.columns, data, groups_as_text)
         if df.shape[0] == 0:
             return PieceResult(piece.index, 0, group_values=[], group_index=np.zeros(0, np.int64))
         y = enc.take_labels(df, piece.label)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -250,6 +251,18 @@ def test_numeric_group_keys_are_kept_as_numbers(client, tmp_path: Path):
     assert info.schema.columns == ["a"]
 
 
+def test_csv_group_keys_are_text_in_every_block(client, tmp_path: Path, small_csv_blocks):
+    # digits-only blocks would parse as numbers, and "007" as 7: keys are read as text
+    keys = ["007", "7", "12"] * 60 + ["S1"] * 3
+    df = pd.DataFrame({"a": np.linspace(0.0, 1.0, len(keys)), "g": keys})
+    df.to_csv(tmp_path / "x.csv", index=False)
+    store = Store(tmp_path / "s")
+    info = ingest(str(tmp_path / "x.csv"), store, client=client, chunk_rows=70, group_column="g")
+    assert info.group_ids == ["007", "7", "12", "S1"]
+    assert info.chunk_counts == [60, 60, 63]
+    assert sorted(p.name for p in (store.path / "X" / "c").iterdir()) == ["0", "1", "2"]
+
+
 def test_a_group_larger_than_a_chunk_is_refused(client, tmp_path: Path):
     df = pd.DataFrame({"a": np.arange(30.0), "subject": ["S1"] * 5 + ["S17"] * 25})
     df.to_csv(tmp_path / "x.csv", index=False)
@@ -468,13 +481,36 @@ def test_a_stale_partial_is_removed(client, tmp_path: Path):
     # a crashed ingest's partial: a pid that no process has (beyond the kernel's pid_max)
     stale = root / f".{key}.partial-{2**22 + 1}"
     (stale / "X").mkdir(parents=True)
-    live = root / f".{key}.partial-1"  # pid 1 is alive: a concurrent ingest, kept
+    # a live process's partial (our parent stands for a concurrent ingest) is kept
+    live = root / f".{key}.partial-{os.getppid()}-0a1b2c3d"
     live.mkdir()
+    # a leftover of a process that had our pid, which no thread of ours writes: removed
+    ours = root / f".{key}.partial-{os.getpid()}-deadbeef"
+    ours.mkdir()
     store, _, reused = ds.open_dataset(str(src), client=client, root=root, chunk_rows=200)
     assert not reused and store.path == root / key
-    assert not stale.exists()
+    assert not stale.exists() and not ours.exists()
     assert live.exists()
     assert sorted(p.name for p in root.iterdir()) == sorted([key, live.name])
+
+
+def test_concurrent_opens_of_one_key_give_one_store(client, tmp_path: Path):
+    src = tmp_path / "x.csv"
+    write_csv(src, n=2000)
+    root = tmp_path / "root"
+    with ThreadPoolExecutor(3) as pool:
+        outs = list(
+            pool.map(
+                lambda _: ds.open_dataset(str(src), client=client, root=root, chunk_rows=300),
+                range(3),
+            )
+        )
+    paths = {store.path for store, _, _ in outs}
+    assert len(paths) == 1
+    assert [p.name for p in root.iterdir()] == [next(iter(paths)).name]
+    assert all(info.n_rows == 2000 for _, info, _ in outs)
+    _, info, reused = ds.open_dataset(str(src), client=client, root=root, chunk_rows=300)
+    assert reused and info.n_rows == 2000
 
 
 def test_in_memory_inputs(client, tmp_path: Path):
