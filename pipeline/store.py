@@ -717,19 +717,18 @@ class Encoder:
         col = self.group_column
         if col not in df.columns:
             raise InputError(f"{label}: no group column {col!r}")
-        values = df.pop(col)
-        missing = np.asarray(values.isna(), dtype=bool)
-        if not pd.api.types.is_numeric_dtype(values.dtype):
-            blank = np.asarray([isinstance(v, str) and not v.strip() for v in values], dtype=bool)
-            missing = missing | blank
-        if missing.any():
+        codes, uniques = pd.factorize(df.pop(col), sort=False)
+        values = [_json_scalar(v) for v in uniques.tolist()]
+        # NaN / None get code -1; a blank text is tested once per distinct value, not per row
+        blank = np.asarray([isinstance(v, str) and not v.strip() for v in values], dtype=bool)
+        missing = (codes < 0) | (blank[codes] if blank.any() else False)
+        if np.any(missing):
             i = int(np.argmax(missing))
             err = ValueError(
                 f"column {col!r}: row {i} has no group value (a group key cannot be missing)"
             )
             raise _located(label, row0, err) from None
-        codes, uniques = pd.factorize(values, sort=False)
-        return [_json_scalar(v) for v in uniques], codes.astype(np.int64)
+        return values, codes.astype(np.int64)
 
     def encode(self, df: pd.DataFrame, label: str, row0: int | None) -> FloatArray:
         """Encoded rows (n, D) in the store's column order, or an ``InputError`` naming the
@@ -1387,6 +1386,22 @@ def _gather(
     for done, fut in enumerate(as_completed(futs), start=1):
         out.append(fut.result())
         tell(what, done, len(futs))
+    return out
+
+
+def input_positions(store: Store, info: StoreInfo) -> IntArray:
+    """Where each input row is stored: (n_rows,) stored positions, in input order.
+
+    ``arange(n_rows)`` for an ungrouped store; from the ``row`` array for a grouped one, so
+    that ``per_row[input_positions(store, info)]`` puts a per-row array of the store (labels,
+    densities; ``n_stored`` long) back in the input's order.
+    """
+    if not info.grouped:
+        return np.arange(info.n_rows, dtype=np.int64)
+    row = np.asarray(store.array("row")[:], dtype=np.int64)
+    pos = np.flatnonzero(row >= 0)
+    out = np.empty(info.n_rows, dtype=np.int64)
+    out[row[pos]] = pos
     return out
 
 

@@ -25,6 +25,7 @@ from pipeline.store import (
     holdout_mask,
     holdout_mask_of,
     ingest,
+    input_positions,
     iter_chunks,
     row_uniform,
 )
@@ -106,6 +107,7 @@ def test_folds_do_not_depend_on_the_chunking_or_the_format(client, tmp_path: Pat
         assert info.n_folds == N_FOLDS
         assert info.n_stored == info.n_rows == 1000
         assert not store.exists("group") and not store.exists("row")
+        np.testing.assert_array_equal(input_positions(store, info), np.arange(1000))
         fold = np.asarray(store.array("fold")[:])
         hold = np.asarray(store.array("holdout")[:])
         # today's held-out rows, unchanged; with holdout = 1/F they are fold 0
@@ -183,6 +185,9 @@ def check_grouped_store(store: Store, df: pd.DataFrame, holdout: float, n_folds:
     assert np.all(np.diff(r)[same] > 0)
     # X rows are the input's rows (columns in the store's order: all gaussian, as given)
     np.testing.assert_array_equal(X[valid], df[["x", "w"]].to_numpy()[r])
+    at = input_positions(store, info)
+    np.testing.assert_array_equal(X[at], df[["x", "w"]].to_numpy())
+    np.testing.assert_array_equal(row[at], np.arange(n))
     np.testing.assert_array_equal(y[valid], df["truth"].to_numpy()[r])
     # fold and holdout are the group's, drawn from its code
     np.testing.assert_array_equal(fold[valid], fold_of(g, n_folds))
