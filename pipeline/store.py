@@ -1061,7 +1061,8 @@ def ingest(
         A column of group keys (frames, CSV, Parquet; a subject, a sequence): not a feature;
         all rows of a group land in one chunk and share their fold and held-out flag (module
         docstring). A group of more than ``chunk_rows`` rows, or a row without a group value,
-        is an ``InputError``.
+        is an ``InputError``. The keys of a CSV file are read as text; those of frames and
+        Parquet keep their type.
     format_extra : dict, optional
         More entries for ``format.json`` (``pipeline.dataset`` records its key there).
 

@@ -9,6 +9,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
@@ -224,10 +225,11 @@ def test_grouped_ingest_of_a_shuffled_csv(client, tmp_path: Path, small_csv_bloc
     assert not (store.path / "staging").exists()
 
 
-def test_grouped_ingest_of_a_dataframe_and_parquet(client, tmp_path: Path):
+def test_grouped_ingest_of_frames_and_parquet(client, tmp_path: Path):
     df = grouped_frame(n_groups=30, max_size=12, seed=4)
     df.to_parquet(tmp_path / "x.parquet", row_group_size=50)
-    for i, src in enumerate([df, str(tmp_path / "x.parquet")]):
+    sources = [df, str(tmp_path / "x.parquet"), dd.from_pandas(df, npartitions=3)]
+    for i, src in enumerate(sources):
         store = Store(tmp_path / f"s{i}")
         ingest(
             src,
@@ -386,6 +388,20 @@ def test_a_second_open_reuses_the_store(client, tmp_path: Path):
     assert not reused4 and store4.path not in (store.path, store3.path)
     assert marker.exists()
     assert len(list(root.iterdir())) == 3
+
+
+def test_an_explicit_path_is_reused_while_its_key_matches(client, tmp_path: Path):
+    src = tmp_path / "x.csv"
+    write_csv(src)
+    target = tmp_path / "mine"
+    store, _, reused = ds.open_dataset(str(src), client=client, chunk_rows=100, path=target)
+    assert not reused and store.path == target
+    _, _, reused = ds.open_dataset(str(src), client=client, chunk_rows=100, path=target)
+    assert reused
+    store, info, reused = ds.open_dataset(str(src), client=client, chunk_rows=300, path=target)
+    assert not reused and store.path == target and info.chunk_rows == 300
+    assert store.read_format()["chunk_rows"] == 300
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "x.csv"]
 
 
 def test_the_key_covers_the_input_and_every_option(tmp_path: Path):
