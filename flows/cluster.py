@@ -26,7 +26,15 @@ import numpy as np
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from pipeline.config import DEFAULT_CHUNK_ROWS, INIT_SAMPLE, MAX_PASSES, MIN_CHANGE, TOL, FitParams
+from pipeline.config import (
+    DEFAULT_CHUNK_ROWS,
+    INIT_SAMPLE,
+    MAX_PASSES,
+    MIN_CHANGE,
+    N_FOLDS,
+    TOL,
+    FitParams,
+)
 from pipeline.dist import loop
 from pipeline.dist import run as dist
 from pipeline.dist.client import dask_client
@@ -36,7 +44,7 @@ from pipeline.engines import get_engine
 from pipeline.engines.base import LoopState, RunContext
 from pipeline.families import ProductFamily
 from pipeline.mapdp_core import seed_entropy
-from pipeline.store import StoreInfo
+from pipeline.store import Store, StoreInfo
 
 STAGE2 = ("none", "bhc")
 
@@ -64,7 +72,7 @@ RETRIES = 2
 )
 def ingest_task(
     client: Any, source: Any, cfg: dist.RunConfig, partial: Path, progress: bool
-) -> StoreInfo:
+) -> tuple[Store, StoreInfo, bool]:
     return dist.step_ingest(client, source, cfg, partial, progress)
 
 
@@ -183,6 +191,9 @@ def cluster(
     init_sample: int = INIT_SAMPLE,
     random_state: int | None = 0,
     label_column: str | None = None,
+    n_folds: int = N_FOLDS,
+    group_column: str | None = None,
+    data_dir: str | None = None,
     summaries: int = 0,
     stage2: str | None = None,
     mcmc: int = 0,
@@ -199,7 +210,10 @@ def cluster(
     ``summaries`` (M > 0) splits the stage-1 clusters into about M summaries for stage 2;
     ``stage2`` defaults to "bhc" with summaries and "none" without; ``mcmc`` iterations of
     tree-guided MCMC follow BHC. ``label_column`` is left out of the fit; NMI and ARI against it
-    are reported.
+    are reported. The input is ingested once into a dataset store under ``data_dir`` (default
+    ``$DPMM_DATA_DIR`` or ``~/.cache/dpmm/datasets``) that later runs of the same input and
+    ingest options reuse; ``n_folds`` fold ids are drawn per row, or per group of
+    ``group_column`` (whose rows then share a chunk).
 
     Returns the content of ``out/run.json``.
     """
@@ -229,6 +243,9 @@ def cluster(
         overwrite=overwrite,
         report=report,
         label_column=label_column,
+        n_folds=int(n_folds),
+        group_column=group_column,
+        data_dir=data_dir,
         summaries=int(summaries),
         stage2=stage2,
         mcmc=int(mcmc),
@@ -242,13 +259,13 @@ def cluster(
         timing["cluster_start"] = time.perf_counter() - t0
         t = time.perf_counter()
         try:
-            info = ingest_task(client, input, cfg, partial, progress)
+            data, info, reused = ingest_task(client, input, cfg, partial, progress)
         except ValueError:
             dist.discard_output(partial)
             raise
         timing["ingest"] = time.perf_counter() - t
         t = time.perf_counter()
-        ctx = dist.run_context(partial, info, params, progress)
+        ctx = dist.run_context(partial, data, info, params, progress)
         labels = partial / "labels.zarr"
         # the cluster flow runs the mixture engines, whose state has clusters
         state: Any = loop.run_passes(
@@ -260,6 +277,7 @@ def cluster(
         timing["passes"] = time.perf_counter() - t
         extra: dict[str, Any] = {
             "resumed": resumed,
+            "dataset": {"path": str(data.path), "reused": reused},
             "stage2": stage2,
             "n_clusters_stage1": state.n_clusters,
         }

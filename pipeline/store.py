@@ -1,23 +1,42 @@
-"""The run's zarr store: ingest of the records, their labels and the checkpoints.
+"""The dataset store: ingest of the records, their folds, groups and labels, and the checkpoints.
 
-Layout of ``OUT/store.zarr`` (a zarr v3 group; rows chunked by ``chunk_rows``)
+Layout of a store (a zarr v3 group; rows chunked by ``chunk_rows`` = R)
 -------------------------------------------------------------------------
-``X`` (N, D) float64
+``format.json``
+    ``{"format": "dpmm-dataset", "version": FORMAT_VERSION, ...}`` and the ingest options,
+    written first: ``Store.open_checked`` refuses a store of another version.
+``X`` (n_stored, D) float64
     The encoded records, columns in the family's group order (``ProductFamily.arrange``), so a
     chunk is handed to the kernels as it is read.
-``holdout`` (N,) bool
-    Held-out rows: ``row_uniform(i, HOLDOUT_SALT) < holdout`` (a hash of the row index, so the
-    split does not depend on the chunking, the workers or the run).
-``z0``, ``z1`` (N,) int64
-    Double-buffered labels: pass p reads the buffer pass p - 1 wrote and writes the other one,
-    so a re-executed chunk task reads the same input and writes the same output.
+``fold`` (n_stored,) int16
+    The row's cross-validation fold in 0..F-1 (``fold_of``), from the same hash as ``holdout``.
+``holdout`` (n_stored,) bool
+    Held-out rows: ``u < holdout`` with ``u = row_uniform(key, HOLDOUT_SALT)``, where the key is
+    the row index (or the row's group code, below): the split depends on neither the chunking,
+    the workers nor the run. With ``holdout = 1/F`` the held-out rows are those of fold 0.
+``group``, ``row`` (n_stored,) int64, grouped stores only
+    The row's group code 0..G-1 (groups numbered by first appearance) and its row index in the
+    input; -1 on padding.
+``y`` (n_stored,) int64, with a label column only
+    The true labels' codes (``label_codes``).
 ``info.json`` + ``info.npz``
-    What ingest learned (``StoreInfo``: schema, family, sizes, data moments, the prior's sample),
-    a ``pipeline.persist`` record (JSON plus arrays, never a pickle) written last: its presence
-    means ingest completed.
-``checkpoint_state.json`` + ``.npz`` / ``checkpoint.json``
-    The driver's state after the last completed pass (``pipeline.distributed.PassState``, a
-    ``pipeline.persist`` record) and a summary of it, replaced atomically after every pass.
+    What ingest learned (``StoreInfo``: schema, family, sizes, data moments, the prior's sample,
+    the chunk plan of a grouped store), a ``pipeline.persist`` record (JSON plus arrays, never a
+    pickle) written last: its presence means ingest completed.
+
+A fit's per-record state (labels, random effects...) and its checkpoints live in the fit's own
+state store (``pipeline.dist.loop``), so that many fits share one dataset store.
+
+Chunks and groups
+-----------------
+Chunk c of a store occupies the stored rows ``[c*R, c*R + n_c)`` (``StoreInfo.chunk_bounds``);
+zarr chunks are task chunks, so parallel writers never share a zarr chunk. Without a group
+column every chunk but the last is full and stored row i is input row i (``n_stored`` =
+``n_rows``). With ``group_column``, all rows of a group land in one chunk, in input order;
+groups are packed greedily in their order of first appearance, so ``n_c <= R``, and the stored
+rows ``[c*R + n_c, (c+1)*R)`` are padding that no reader touches (``iter_chunks`` yields the
+valid bounds only). Fold and held-out flag are drawn per group (the key of the hash is the
+group's code), so all rows of a group share them.
 
 Ingest runs as Dask tasks, one per piece of the input: a piece is read, validated with the rules
 and messages of ``pipeline.schema`` / the families (prefixed with the file and the row in that
@@ -25,13 +44,16 @@ file), encoded and written by the task; the driver only adds the pieces' row cou
 additive moments (count, sum, sum of outer products, minimum and maximum over the training rows)
 and never holds the whole input. Sources of known length (``.npy``, zarr, numpy / pandas /
 dask arrays) are read one output chunk per task; CSV, Parquet and dask DataFrames, whose pieces
-have unknown lengths, are first written to a staging area, then gathered into chunks.
+have unknown lengths, are first written to a staging area, then gathered into chunks. A grouped
+ingest always stages; the driver then reads only the group column's codes (one int64 per row)
+to plan the chunks, and one task per output chunk gathers its rows from the staging area.
 """
 
 from __future__ import annotations
 
 import io
 import itertools
+import json
 import math
 import os
 import re
@@ -49,7 +71,7 @@ import zarr
 from numpy.typing import NDArray
 
 from pipeline import persist
-from pipeline.config import DEFAULT_CHUNK_ROWS, PRIOR_SAMPLE
+from pipeline.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE
 from pipeline.families import Family, FloatArray, ProductFamily
 from pipeline.schema import Schema, as_frame
 
@@ -58,10 +80,19 @@ HOLDOUT_SALT = 0x5EED_0001
 SAMPLE_SALT = 0x5EED_0002
 PLOT_SALT = 0x5EED_0003
 NO_ROWS = "X has no rows (0 samples); at least 1 is required"
+FORMAT_NAME = "dpmm-dataset"
+FORMAT_VERSION = 1
+FORMAT_FILE = "format.json"
+INFO_FILE = "info"
+# rows per zarr chunk of a grouped ingest's staging area: a gathering task reads only the
+# blocks that hold its rows, and input sorted by group touches few of them
+STAGE_BLOCK_ROWS = 8192
+MAX_FOLDS = 2**15 - 1  # fold ids are int16
 
 BoolArray = NDArray[np.bool_]
 IntArray = NDArray[np.int64]
 _T = TypeVar("_T")
+FoldArray = NDArray[np.int16]
 
 
 # -- hashing of row indices ------------------------------------------------------------------
@@ -86,10 +117,47 @@ def holdout_mask(start: int, stop: int, fraction: float) -> BoolArray:
 
 
 def holdout_mask_of(rows: IntArray, fraction: float) -> BoolArray:
-    """Held-out flags of the given row indices."""
+    """Held-out flags of the given row indices (or group codes of a grouped store)."""
     if fraction <= 0.0:
         return np.zeros(np.shape(rows), dtype=bool)
     return row_uniform(rows, HOLDOUT_SALT) < fraction
+
+
+def folds_of_uniform(u: FloatArray, n_folds: int) -> FoldArray:
+    """Fold ids 0..n_folds-1 of hash uniforms ``u`` in [0, 1): the interval [j/F, (j+1)/F) that
+    holds u, i.e. ``min(floor(u * F), F - 1)``.
+
+    The interval is found by comparing u with the floats ``j / F`` rather than by rounding
+    ``u * F``: then fold 0 is exactly ``u < 1 / F``, the held-out test of ``holdout = 1 / F``,
+    bit for bit.
+    """
+    edges = np.arange(1, int(n_folds), dtype=np.float64) / float(n_folds)
+    return np.searchsorted(edges, np.asarray(u, dtype=np.float64), side="right").astype(np.int16)
+
+
+def fold_of(rows_or_group_codes: IntArray, n_folds: int = N_FOLDS) -> FoldArray:
+    """Fold ids (int16, 0..n_folds-1) of row indices, or of group codes in a grouped store.
+
+    Parameters
+    ----------
+    rows_or_group_codes : (n,) int array
+        The hash keys: row indices of an ungrouped store, group codes 0..G-1 of a grouped one.
+    n_folds : int
+        F >= 1.
+
+    Returns
+    -------
+    (n,) int16 array, ``min(floor(u * F), F - 1)`` with ``u = row_uniform(key, HOLDOUT_SALT)``,
+    so that the rows with ``holdout_mask_of(key, 1 / F)`` are those of fold 0.
+    """
+    n_folds = _check_folds(n_folds)
+    return folds_of_uniform(row_uniform(rows_or_group_codes, HOLDOUT_SALT), n_folds)
+
+
+def _check_folds(n_folds: Any) -> int:
+    if isinstance(n_folds, bool) or int(n_folds) != n_folds or not 1 <= int(n_folds) <= MAX_FOLDS:
+        raise ValueError(f"n_folds must be an integer in [1, {MAX_FOLDS}], got {n_folds!r}")
+    return int(n_folds)
 
 
 # -- moments -------------------------------------------------------------------------------
@@ -140,7 +208,12 @@ class Moments:
 @persist.register
 @dataclass
 class StoreInfo:
-    """Everything later steps need to know about the ingested records."""
+    """Everything later steps need to know about the ingested records.
+
+    ``n_rows`` is the number of real rows; every per-row array of the store has ``n_stored``
+    rows (more than ``n_rows`` in a grouped store, whose chunks end in padding: module
+    docstring). ``sample_rows`` are stored positions.
+    """
 
     source: str
     n_rows: int
@@ -156,13 +229,40 @@ class StoreInfo:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     label_column: str | None = None
+    n_folds: int = N_FOLDS
+    group_column: str | None = None
+    # the groups' values in the input, indexed by group code (JSON scalars: str, int, float)
+    group_ids: list[Any] | None = None
+    # real rows of each chunk of a grouped store (None: every chunk full but the last)
+    chunk_counts: list[int] | None = None
+
+    @property
+    def grouped(self) -> bool:
+        return self.group_column is not None
+
+    @property
+    def n_groups(self) -> int:
+        """Number of groups (0 without a group column)."""
+        return len(self.group_ids) if self.group_ids is not None else 0
 
     @property
     def n_chunks(self) -> int:
+        if self.chunk_counts is not None:
+            return len(self.chunk_counts)
         return max(1, -(-self.n_rows // self.chunk_rows))
 
+    @property
+    def n_stored(self) -> int:
+        """Length of every per-row array of the store (real rows and padding)."""
+        if self.chunk_counts is not None:
+            return (len(self.chunk_counts) - 1) * self.chunk_rows + int(self.chunk_counts[-1])
+        return self.n_rows
+
     def chunk_bounds(self, c: int) -> tuple[int, int]:
+        """Stored rows [a, b) of the real rows of chunk c."""
         a = c * self.chunk_rows
+        if self.chunk_counts is not None:
+            return a, a + int(self.chunk_counts[c])
         return a, min(a + self.chunk_rows, self.n_rows)
 
     @property
@@ -172,18 +272,75 @@ class StoreInfo:
 
 
 class Store:
-    """A run's zarr store (module docstring)."""
+    """A dataset store (module docstring)."""
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
+
+    @classmethod
+    def open_checked(cls, path: str | os.PathLike[str]) -> Store:
+        """The store at ``path`` after checking its ``format.json``.
+
+        Raises
+        ------
+        ValueError
+            No store there, or one of another format version (the message names the path and
+            both versions).
+        """
+        store = cls(path)
+        store.check_format()
+        return store
+
+    # the format -----------------------------------------------------------------------------
+    def write_format(self, **extra: Any) -> None:
+        """Write ``format.json`` (the format name and version, and ``extra``)."""
+        meta = {"format": FORMAT_NAME, "version": FORMAT_VERSION, **extra}
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._write_atomic(FORMAT_FILE, (json.dumps(meta, indent=1, default=str) + "\n").encode())
+
+    def read_format(self) -> dict[str, Any]:
+        """The contents of ``format.json``, or a ValueError naming the path."""
+        f = self.path / FORMAT_FILE
+        if not self.path.exists():
+            raise ValueError(f"{self.path}: no dataset store here (no such directory)")
+        try:
+            meta = json.loads(f.read_text())
+        except FileNotFoundError:
+            raise ValueError(
+                f"{self.path}: not a dataset store of format version {FORMAT_VERSION} "
+                f"(no {FORMAT_FILE}: written by an older dpmm, or not a store)"
+            ) from None
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{f}: unreadable ({' '.join(str(err).split())})") from err
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+            raise ValueError(f"{f}: not a {FORMAT_NAME} store")
+        return meta
+
+    def check_format(self) -> dict[str, Any]:
+        """``read_format``, and a ValueError unless the version is ``FORMAT_VERSION``."""
+        meta = self.read_format()
+        if meta.get("version") != FORMAT_VERSION:
+            raise ValueError(
+                f"{self.path}: dataset store format version {meta.get('version')!r}, but this "
+                f"dpmm reads version {FORMAT_VERSION}; ingest the data again"
+            )
+        return meta
 
     # arrays ---------------------------------------------------------------------------------
     def array(self, name: str, mode: str = "r") -> Any:
         return zarr.open_array(str(self.path / name), mode=mode)
 
     def create_arrays(
-        self, n_rows: int, n_cols: int, chunk_rows: int, labels: bool = False
+        self,
+        n_rows: int,
+        n_cols: int,
+        chunk_rows: int,
+        labels: bool = False,
+        grouped: bool = False,
     ) -> None:
+        """Create the per-row arrays, ``n_rows`` (= ``StoreInfo.n_stored``) rows chunked by
+        ``chunk_rows``: X, fold, holdout, and y (``labels``), group and row
+        (``grouped``)."""
         self.path.mkdir(parents=True, exist_ok=True)
         zarr.open_group(str(self.path), mode="a")
         zarr.create_array(
@@ -202,7 +359,16 @@ class Store:
             fill_value=False,
             overwrite=True,
         )
-        for name in ("z0", "z1", *(("y",) if labels else ())):
+        zarr.create_array(
+            str(self.path / "fold"),
+            shape=(n_rows,),
+            chunks=(chunk_rows,),
+            dtype="int16",
+            fill_value=-1,
+            overwrite=True,
+        )
+        names = (*(("y",) if labels else ()), *(("group", "row") if grouped else ()))
+        for name in names:
             zarr.create_array(
                 str(self.path / name),
                 shape=(n_rows,),
@@ -243,7 +409,7 @@ class Store:
 
     @property
     def info(self) -> StoreInfo:
-        return self.load("info", StoreInfo)
+        return self.load(INFO_FILE, StoreInfo)
 
 
 # -- input sources ---------------------------------------------------------------------------
@@ -324,12 +490,17 @@ IN_MEMORY = ("frame", "array", "delayed")
 
 
 def read_piece(
-    piece: Piece, columns: Sequence[str] | None, data: Any = None
+    piece: Piece,
+    columns: Sequence[str] | None,
+    data: Any = None,
+    text_columns: Sequence[str] = (),
 ) -> tuple[pd.DataFrame, bool]:
     """The piece's rows as a DataFrame and whether they came with column names.
 
     ``data`` is the piece's in-memory rows for the kinds in ``IN_MEMORY`` (a worker receives
     them as a scattered or computed future); by default they are taken from the piece itself.
+    ``text_columns`` of a CSV file are read as text: a group key "007" stays "007" in every
+    block, whatever the other values of its block look like.
     """
     kind = piece.kind
     try:
@@ -349,7 +520,8 @@ def read_piece(
                 body = fh.read(b - a)
             if not header.strip():
                 raise InputError(f"{piece.label}: the file is empty (no header line)")
-            df = pd.read_csv(io.BytesIO(header + body))
+            dtype = {c: str for c in text_columns} if text_columns else None
+            df = pd.read_csv(io.BytesIO(header + body), dtype=dtype)
             return df, True
         if kind == "parquet":
             import pyarrow.parquet as pq
@@ -512,6 +684,15 @@ def label_codes(values: Any) -> IntArray:
     return np.asarray(pd.util.hash_array(text).view(np.int64), dtype=np.int64)
 
 
+def _json_scalar(v: Any) -> Any:
+    """A group value as a JSON scalar: numbers and strings as they are, anything else as text."""
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, (str, int, float)) and not isinstance(v, bool):
+        return v
+    return str(v)
+
+
 @dataclass
 class Encoder:
     """What every ingest task needs to validate and encode its rows (sent to the workers)."""
@@ -520,6 +701,7 @@ class Encoder:
     checker: ProductFamily  # families fitted to the first piece: only their support checks
     from_frame: bool
     label_column: str | None = None
+    group_column: str | None = None
 
     def take_labels(self, df: pd.DataFrame, label: str) -> IntArray | None:
         """Remove the label column from ``df`` (in place) and return its codes
@@ -529,6 +711,30 @@ class Encoder:
         if self.label_column not in df.columns:
             raise InputError(f"{label}: no label column {self.label_column!r}")
         return label_codes(df.pop(self.label_column))
+
+    def take_groups(
+        self, df: pd.DataFrame, label: str, row0: int | None
+    ) -> tuple[list[Any], IntArray] | None:
+        """Remove the group column from ``df`` (in place); its distinct values in order of
+        first appearance (JSON scalars) and each row's index into them. None without a group
+        column; an ``InputError`` naming the column and the row for a missing value."""
+        if self.group_column is None:
+            return None
+        col = self.group_column
+        if col not in df.columns:
+            raise InputError(f"{label}: no group column {col!r}")
+        codes, uniques = pd.factorize(df.pop(col), sort=False)
+        values = [_json_scalar(v) for v in uniques.tolist()]
+        # NaN / None get code -1; a blank text is tested once per distinct value, not per row
+        blank = np.asarray([isinstance(v, str) and not v.strip() for v in values], dtype=bool)
+        missing = (codes < 0) | (blank[codes] if blank.any() else False)
+        if np.any(missing):
+            i = int(np.argmax(missing))
+            err = ValueError(
+                f"column {col!r}: row {i} has no group value (a group key cannot be missing)"
+            )
+            raise _located(label, row0, err) from None
+        return values, codes.astype(np.int64)
 
     def encode(self, df: pd.DataFrame, label: str, row0: int | None) -> FloatArray:
         """Encoded rows (n, D) in the store's column order, or an ``InputError`` naming the
@@ -542,16 +748,44 @@ class Encoder:
         return self.checker.arrange(Xe)
 
 
+@dataclass
+class ChunkSummary:
+    """What ingest writes and returns for one chunk besides X (``_chunk_summary``)."""
+
+    hold: BoolArray
+    fold: FoldArray
+    moments: Moments
+    sample: FloatArray
+    sample_rows: IntArray
+
+
 def _chunk_summary(
-    Xa: FloatArray, a: int, holdout: float, sample_rate: float, unarrange: IntArray
-) -> tuple[BoolArray, Moments, FloatArray, IntArray]:
-    """Held-out flags, training moments and prior-sample rows of chunk rows a.. (arranged)."""
-    n = Xa.shape[0]
-    hold = holdout_mask(a, a + n, holdout)
+    Xa: FloatArray,
+    keys: IntArray,
+    rows: IntArray,
+    positions: IntArray,
+    holdout: float,
+    n_folds: int,
+    sample_rate: float,
+    unarrange: IntArray,
+) -> ChunkSummary:
+    """Held-out flags, folds, training moments and prior-sample rows of a chunk (arranged).
+
+    ``keys`` are the hash keys of fold and held-out flag (row indices, or group codes), ``rows``
+    the input row indices (the key of the prior sample's hash) and ``positions`` the stored
+    rows reported as ``sample_rows``.
+    """
+    u = row_uniform(keys, HOLDOUT_SALT)
+    hold = u < holdout if holdout > 0.0 else np.zeros(Xa.shape[0], dtype=bool)
     train = Xa[~hold]
-    rows = np.arange(a, a + n)[~hold]
-    pick = row_uniform(rows, SAMPLE_SALT) < sample_rate
-    return hold, Moments.of(train), train[pick][:, unarrange], rows[pick]
+    pick = row_uniform(rows[~hold], SAMPLE_SALT) < sample_rate
+    return ChunkSummary(
+        hold,
+        folds_of_uniform(u, n_folds),
+        Moments.of(train),
+        train[pick][:, unarrange],
+        positions[~hold][pick],
+    )
 
 
 @dataclass
@@ -562,19 +796,44 @@ class PieceResult:
     moments: Moments | None = None
     sample: FloatArray | None = None
     sample_rows: IntArray | None = None
+    # a grouped ingest's staged piece: the group values in order of first appearance and each
+    # row's index into them
+    group_values: list[Any] | None = None
+    group_index: IntArray | None = None
+
+
+def _result(index: int, n: int, summ: ChunkSummary) -> PieceResult:
+    return PieceResult(index, n, None, summ.moments, summ.sample, summ.sample_rows)
 
 
 def _write_chunk(
-    store: str, a: int, Xa: FloatArray, hold: BoolArray, y: IntArray | None = None
+    store: str,
+    a: int,
+    Xa: FloatArray,
+    summ: ChunkSummary,
+    y: IntArray | None = None,
+    groups: tuple[IntArray, IntArray] | None = None,
 ) -> None:
-    zarr.open_array(f"{store}/X", mode="r+")[a : a + Xa.shape[0]] = Xa
-    zarr.open_array(f"{store}/holdout", mode="r+")[a : a + Xa.shape[0]] = hold
+    """Write a chunk's rows at stored rows a.. (``groups``: the group codes and input rows)."""
+    b = a + Xa.shape[0]
+    zarr.open_array(f"{store}/X", mode="r+")[a:b] = Xa
+    zarr.open_array(f"{store}/holdout", mode="r+")[a:b] = summ.hold
+    zarr.open_array(f"{store}/fold", mode="r+")[a:b] = summ.fold
     if y is not None:
-        zarr.open_array(f"{store}/y", mode="r+")[a : a + Xa.shape[0]] = y
+        zarr.open_array(f"{store}/y", mode="r+")[a:b] = y
+    if groups is not None:
+        zarr.open_array(f"{store}/group", mode="r+")[a:b] = groups[0]
+        zarr.open_array(f"{store}/row", mode="r+")[a:b] = groups[1]
 
 
 def ingest_aligned_task(
-    store: str, piece: Piece, enc: Encoder, holdout: float, sample_rate: float, data: Any = None
+    store: str,
+    piece: Piece,
+    enc: Encoder,
+    holdout: float,
+    sample_rate: float,
+    data: Any = None,
+    n_folds: int = N_FOLDS,
 ) -> PieceResult:
     """Read, validate, encode and write one output chunk; its moments and sample rows."""
     try:
@@ -584,33 +843,44 @@ def ingest_aligned_task(
     except InputError as err:
         return PieceResult(piece.index, 0, error=str(err))
     a = int(piece.row0 or 0)
-    hold, mom, sample, rows = _chunk_summary(
-        Xa, a, holdout, sample_rate, np.argsort(enc.checker.column_order)
-    )
-    _write_chunk(store, a, Xa, hold, y)
-    return PieceResult(piece.index, Xa.shape[0], None, mom, sample, rows)
+    rows = np.arange(a, a + Xa.shape[0])
+    unarrange = np.argsort(enc.checker.column_order)
+    summ = _chunk_summary(Xa, rows, rows, rows, holdout, n_folds, sample_rate, unarrange)
+    _write_chunk(store, a, Xa, summ, y)
+    return _result(piece.index, Xa.shape[0], summ)
 
 
 def stage_piece_task(store: str, piece: Piece, enc: Encoder, data: Any = None) -> PieceResult:
-    """Read, validate and encode a piece of unknown length into ``staging/<index>``."""
+    """Read, validate and encode a piece of unknown length into ``staging/<index>`` (and its
+    labels into ``staging/y<index>``); a grouped ingest's piece also returns its group column
+    (``Encoder.take_groups``)."""
     try:
-        df, _ = read_piece(piece, enc.schema.columns, data)
+        groups_as_text = () if enc.group_column is None else (enc.group_column,)
+        df, _ = read_piece(piece, enc.schema.columns, data, groups_as_text)
         if df.shape[0] == 0:
-            return PieceResult(piece.index, 0)
+            return PieceResult(piece.index, 0, group_values=[], group_index=np.zeros(0, np.int64))
         y = enc.take_labels(df, piece.label)
+        groups = enc.take_groups(df, piece.label, piece.row0)
         Xa = enc.encode(df, piece.label, piece.row0)
     except InputError as err:
         return PieceResult(piece.index, -1, error=str(err))
+    n = Xa.shape[0]
+    # a grouped chunk gathers scattered rows: small blocks let it read only those it needs
+    block = n if groups is None else max(1, min(n, STAGE_BLOCK_ROWS))
     zarr.create_array(
         f"{store}/staging/{piece.index}",
         data=Xa,
-        chunks=Xa.shape,
+        chunks=(block, Xa.shape[1]),
         compressors=None,
         overwrite=True,
     )
     if y is not None:
-        zarr.create_array(f"{store}/staging/y{piece.index}", data=y, chunks=y.shape, overwrite=True)
-    return PieceResult(piece.index, Xa.shape[0])
+        zarr.create_array(
+            f"{store}/staging/y{piece.index}", data=y, chunks=(block,), overwrite=True
+        )
+    if groups is None:
+        return PieceResult(piece.index, n)
+    return PieceResult(piece.index, n, group_values=groups[0], group_index=groups[1])
 
 
 def gather_chunk_task(
@@ -622,6 +892,7 @@ def gather_chunk_task(
     sample_rate: float,
     unarrange: IntArray,
     labels: bool = False,
+    n_folds: int = N_FOLDS,
 ) -> PieceResult:
     """Copy staged rows [a, b) into X (spans: (piece, start, stop) within each staged piece)."""
     parts = [
@@ -636,9 +907,60 @@ def gather_chunk_task(
                 for p, s, e in spans
             ]
         )
-    hold, mom, sample, rows = _chunk_summary(Xa, a, holdout, sample_rate, unarrange)
-    _write_chunk(store, a, Xa, hold, y)
-    return PieceResult(a, b - a, None, mom, sample, rows)
+    rows = np.arange(a, b)
+    summ = _chunk_summary(Xa, rows, rows, rows, holdout, n_folds, sample_rate, unarrange)
+    _write_chunk(store, a, Xa, summ, y)
+    return _result(a, b - a, summ)
+
+
+def _gather_rows(arr: Any, local: IntArray) -> Any:
+    """Rows ``local`` (any order, no repeats) of a zarr array, in that order."""
+    order = np.argsort(local, kind="stable")
+    sel = (local[order],) + (slice(None),) * (arr.ndim - 1)
+    got = np.asarray(arr.get_orthogonal_selection(sel))
+    out = np.empty_like(got)
+    out[order] = got
+    return out
+
+
+def gather_group_chunk_task(
+    store: str,
+    c: int,
+    a: int,
+    rows: IntArray,
+    codes: IntArray,
+    piece_starts: IntArray,
+    holdout: float,
+    n_folds: int,
+    sample_rate: float,
+    unarrange: IntArray,
+    labels: bool = False,
+) -> PieceResult:
+    """Gather a grouped store's chunk c from the staging area and write it at stored rows a...
+
+    Parameters
+    ----------
+    rows : (n_c,) int64
+        The chunk's input row indices in stored order (its groups in order, each group's rows
+        in input order).
+    codes : (n_c,) int64
+        Their group codes: the key of fold and held-out flag.
+    piece_starts : (n_pieces,) int64
+        The first input row of each staged piece.
+    """
+    piece = np.searchsorted(piece_starts, rows, side="right") - 1
+    Xa = np.empty((rows.shape[0], unarrange.shape[0]), dtype=np.float64)
+    y = np.empty(rows.shape[0], dtype=np.int64) if labels else None
+    for p in np.unique(piece):
+        at = np.flatnonzero(piece == p)
+        local = rows[at] - piece_starts[p]
+        Xa[at] = _gather_rows(zarr.open_array(f"{store}/staging/{p}", mode="r"), local)
+        if y is not None:
+            y[at] = _gather_rows(zarr.open_array(f"{store}/staging/y{p}", mode="r"), local)
+    positions = np.arange(a, a + rows.shape[0])
+    summ = _chunk_summary(Xa, codes, rows, positions, holdout, n_folds, sample_rate, unarrange)
+    _write_chunk(store, a, Xa, summ, y, (codes, rows))
+    return _result(c, rows.shape[0], summ)
 
 
 # -- the driver of ingest ----------------------------------------------------------------------
@@ -689,6 +1011,20 @@ def _check_global(schema: Schema, family: ProductFamily, mom: Moments, label: st
         raise InputError(f"{label}: {' '.join(str(err).split())}") from err
 
 
+def _named_column(first: pd.DataFrame, from_frame: bool, label: str, col: str, what: str) -> None:
+    """An ``InputError`` unless the input has column names and a column ``col``."""
+    flag = "--label-column" if what == "labels" else "--group-column"
+    if not from_frame:
+        raise InputError(
+            f"{label}: {flag} {col!r} needs an input with column names (CSV, Parquet, a DataFrame)"
+        )
+    if col not in first.columns:
+        raise InputError(
+            f"{label}: no column {col!r} for the {what}; columns: "
+            + ", ".join(map(str, first.columns))
+        )
+
+
 def ingest(
     source: Any,
     store: Store,
@@ -700,6 +1036,9 @@ def ingest(
     prior_sample: int = PRIOR_SAMPLE,
     progress: Callable[[str, int, int], None] | None = None,
     label_column: str | None = None,
+    n_folds: int = N_FOLDS,
+    group_column: str | None = None,
+    format_extra: dict[str, Any] | None = None,
 ) -> StoreInfo:
     """Validate, encode and write ``source`` into ``store`` with Dask tasks; fit the prior.
 
@@ -715,13 +1054,23 @@ def ingest(
     chunk_rows : int
         Rows per chunk of the store (one task per chunk and pass later).
     holdout : float in [0, 1)
-        Fraction of rows held out (hash of the row index).
+        Fraction of rows held out (hash of the row index, or of the group code).
     prior_sample : int
         The empirical-Bayes prior (``Schema.build_family``) is fitted to about this many
         training rows, drawn by a hash of the row index; all of them when there are fewer.
     label_column : str, optional
         A column of true labels (frames, CSV, Parquet): left out of the fit and stored as codes
         (``label_codes``) in ``y`` for the NMI / ARI of the write-out.
+    n_folds : int
+        Number F of cross-validation folds of the ``fold`` array (``fold_of``).
+    group_column : str, optional
+        A column of group keys (frames, CSV, Parquet; a subject, a sequence): not a feature;
+        all rows of a group land in one chunk and share their fold and held-out flag (module
+        docstring). A group of more than ``chunk_rows`` rows, or a row without a group value,
+        is an ``InputError``. The keys of a CSV file are read as text; those of frames and
+        Parquet keep their type.
+    format_extra : dict, optional
+        More entries for ``format.json`` (``pipeline.dataset`` records its key there).
 
     Returns
     -------
@@ -733,39 +1082,48 @@ def ingest(
     if int(chunk_rows) < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     chunk_rows = int(chunk_rows)
+    n_folds = _check_folds(n_folds)
+    if group_column is not None and group_column == label_column:
+        raise ValueError(f"the group column and the label column are both {group_column!r}")
     src = open_source(source, chunk_rows)
     first, from_frame = read_piece(src.pieces[0], None)
     if first.shape[0] == 0:
         raise InputError(f"{src.pieces[0].label}: {NO_ROWS}")
-    if label_column is not None:
-        if not from_frame:
-            raise InputError(
-                f"{src.pieces[0].label}: --label-column {label_column!r} needs an input with "
-                "column names (CSV, Parquet, a DataFrame)"
-            )
-        if label_column not in first.columns:
-            raise InputError(
-                f"{src.pieces[0].label}: no column {label_column!r} for the labels; columns: "
-                + ", ".join(map(str, first.columns))
-            )
-        first = first.drop(columns=[label_column])
+    for col, what in ((label_column, "labels"), (group_column, "groups")):
+        if col is not None:
+            _named_column(first, from_frame, src.pieces[0].label, col, what)
+            first = first.drop(columns=[col])
     schema, checker, fixed = _infer(first, from_frame, family, src.pieces[0].label)
     del first
-    enc = Encoder(schema, checker, from_frame, label_column)
+    enc = Encoder(schema, checker, from_frame, label_column, group_column)
     unarrange = np.argsort(checker.column_order)
     D = len(schema.columns)
+    labels = label_column is not None
     if store.path.exists():
         shutil.rmtree(store.path)
+    store.write_format(
+        source=src.description,
+        family=repr(family),
+        chunk_rows=chunk_rows,
+        holdout=float(holdout),
+        n_folds=n_folds,
+        prior_sample=int(prior_sample),
+        label_column=label_column,
+        group_column=group_column,
+        **(format_extra or {}),
+    )
 
     def tell(what: str, done: int, total: int) -> None:
         if progress is not None:
             progress(what, done, total)
 
-    if src.aligned:
+    group_ids: list[Any] | None = None
+    chunk_counts: list[int] | None = None
+    if src.aligned and group_column is None:
         n_rows = sum(int(p.n or 0) for p in src.pieces)
         if n_rows == 0:
             raise InputError(f"{src.description}: {NO_ROWS}")
-        store.create_arrays(n_rows, D, chunk_rows, labels=label_column is not None)
+        store.create_arrays(n_rows, D, chunk_rows, labels=labels)
         rate = min(1.0, prior_sample / max(n_rows * (1.0 - holdout), 1.0))
         enc_f = client.scatter(enc, broadcast=True, hash=False)
         futs = [
@@ -777,6 +1135,7 @@ def ingest(
                 holdout,
                 rate,
                 _piece_data(client, p),
+                n_folds,
                 pure=False,
             )
             for p in src.pieces
@@ -796,38 +1155,74 @@ def ingest(
             )
             for p in src.pieces
         ]
-        staged = _gather(client, futs, "read", tell)
+        staged = sorted(_gather(client, futs, "read", tell), key=lambda r: r.index)
         _first_staged_error(src, staged)
-        counts = [r.n for r in sorted(staged, key=lambda r: r.index)]
+        counts = [r.n for r in staged]
         n_rows = int(sum(counts))
         if n_rows == 0:
             raise InputError(f"{src.description}: {NO_ROWS}")
-        store.create_arrays(n_rows, D, chunk_rows, labels=label_column is not None)
-        rate = min(1.0, prior_sample / max(n_rows * (1.0 - holdout), 1.0))
         ends = np.cumsum(counts)
         starts = ends - np.asarray(counts)
-        futs = []
-        for a in range(0, n_rows, chunk_rows):
-            b = min(a + chunk_rows, n_rows)
-            spans = [
-                (i, int(max(a, s) - s), int(min(b, e) - s))
-                for i, (s, e) in enumerate(zip(starts, ends))
-                if e > a and s < b
-            ]
-            futs.append(
-                client.submit(
-                    gather_chunk_task,
-                    str(store.path),
-                    a,
-                    b,
-                    spans,
-                    holdout,
-                    rate,
-                    unarrange,
-                    label_column is not None,
-                    pure=False,
+        if group_column is None:
+            store.create_arrays(n_rows, D, chunk_rows, labels=labels)
+            rate = min(1.0, prior_sample / max(n_rows * (1.0 - holdout), 1.0))
+            futs = []
+            for a in range(0, n_rows, chunk_rows):
+                b = min(a + chunk_rows, n_rows)
+                spans = [
+                    (i, int(max(a, s) - s), int(min(b, e) - s))
+                    for i, (s, e) in enumerate(zip(starts, ends))
+                    if e > a and s < b
+                ]
+                futs.append(
+                    client.submit(
+                        gather_chunk_task,
+                        str(store.path),
+                        a,
+                        b,
+                        spans,
+                        holdout,
+                        rate,
+                        unarrange,
+                        labels,
+                        n_folds,
+                        pure=False,
+                    )
                 )
-            )
+        else:
+            group_ids, codes = _global_group_codes(staged)
+            plan = _group_plan(codes, len(group_ids), chunk_rows)
+            _check_group_sizes(plan, group_ids, group_column, chunk_rows, src.description)
+            chunk_counts = [int(n) for n in plan.chunk_counts]
+            n_stored = (len(chunk_counts) - 1) * chunk_rows + chunk_counts[-1]
+            store.create_arrays(n_stored, D, chunk_rows, labels=labels, grouped=True)
+            # the hold-out is drawn per group: the training rows are known only from the
+            # groups' sizes and flags
+            hold_g = holdout_mask_of(np.arange(len(group_ids)), holdout)
+            n_train = int(plan.sizes[~hold_g].sum())
+            rate = min(1.0, prior_sample / max(n_train, 1.0))
+            piece_starts = np.asarray(starts, dtype=np.int64)
+            futs = []
+            for c, (lo, n_c) in enumerate(zip(plan.chunk_offsets, plan.chunk_counts)):
+                rows_c = plan.order[lo : lo + n_c]
+                futs.append(
+                    client.submit(
+                        gather_group_chunk_task,
+                        str(store.path),
+                        c,
+                        c * chunk_rows,
+                        rows_c,
+                        codes[rows_c],
+                        piece_starts,
+                        holdout,
+                        n_folds,
+                        rate,
+                        unarrange,
+                        labels,
+                        pure=False,
+                    )
+                )
+            del codes, plan
         results = _gather(client, futs, "chunk", tell)
         shutil.rmtree(store.path / "staging", ignore_errors=True)
     results = sorted(results, key=lambda r: r.index)
@@ -867,9 +1262,90 @@ def ingest(
         seconds=time.perf_counter() - t0,
         notes=notes,
         label_column=label_column,
+        n_folds=n_folds,
+        group_column=group_column,
+        group_ids=group_ids,
+        chunk_counts=chunk_counts,
     )
-    store.save("info", info)
+    store.save(INFO_FILE, info)
     return info
+
+
+# -- the chunk plan of a grouped ingest ----------------------------------------------------------
+
+
+def _global_group_codes(staged: Sequence[PieceResult]) -> tuple[list[Any], IntArray]:
+    """The groups' values by first appearance over the pieces in order, and every input row's
+    group code (N,)."""
+    values = [r.group_values or [] for r in staged]
+    # a CSV block of digits-only keys parses as numbers, another block of the same column as
+    # text: then every key is compared as text, so that 17 and "17" are one group
+    kinds = {isinstance(v, str) for vs in values for v in vs}
+    as_text = len(kinds) > 1
+    index: dict[Any, int] = {}
+    ids: list[Any] = []
+    parts = []
+    for vs, r in zip(values, staged):
+        lut = np.empty(len(vs), dtype=np.int64)
+        for j, v in enumerate(vs):
+            k = str(v) if as_text else v
+            code = index.get(k)
+            if code is None:
+                code = index[k] = len(ids)
+                ids.append(k)
+            lut[j] = code
+        if r.group_index is not None:
+            parts.append(lut[r.group_index])
+    codes = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return ids, codes
+
+
+@dataclass
+class GroupPlan:
+    """Where a grouped ingest puts its rows.
+
+    sizes : (G,) rows of each group.
+    order : (N,) input rows in stored order without the padding (groups by code, each group's
+        rows in input order).
+    chunk_counts, chunk_offsets : (C,) real rows of each chunk, and where its rows start in
+        ``order``.
+    """
+
+    sizes: IntArray
+    order: IntArray
+    chunk_counts: IntArray
+    chunk_offsets: IntArray
+
+
+def _group_plan(codes: IntArray, n_groups: int, chunk_rows: int) -> GroupPlan:
+    """Pack the groups, in code order, greedily into chunks of at most ``chunk_rows`` rows (a
+    group larger than that gets a chunk of its own: ``_check_group_sizes`` refuses it)."""
+    sizes = np.bincount(codes, minlength=n_groups).astype(np.int64)
+    counts: list[int] = []
+    cur = 0
+    for s in sizes.tolist():
+        if cur and cur + s > chunk_rows:
+            counts.append(cur)
+            cur = 0
+        cur += s
+    counts.append(cur)
+    chunk_counts = np.asarray(counts, dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(chunk_counts)[:-1]]).astype(np.int64)
+    order = np.argsort(codes, kind="stable").astype(np.int64)
+    return GroupPlan(sizes, order, chunk_counts, offsets)
+
+
+def _check_group_sizes(
+    plan: GroupPlan, ids: list[Any], column: str, chunk_rows: int, label: str
+) -> None:
+    big = np.flatnonzero(plan.sizes > chunk_rows)
+    if big.size:
+        g = int(big[0])
+        more = f" (and {big.size - 1} more groups)" if big.size > 1 else ""
+        raise InputError(
+            f"{label}: group {ids[g]!r} of column {column!r} has {int(plan.sizes[g]):,} rows, "
+            f"more than --chunk-rows {chunk_rows:,}{more}: a group's rows must fit in one chunk"
+        )
 
 
 def _bare(piece: Piece) -> Piece:
@@ -920,8 +1396,24 @@ def _gather(
     return out
 
 
+def input_positions(store: Store, info: StoreInfo) -> IntArray:
+    """Where each input row is stored: (n_rows,) stored positions, in input order.
+
+    ``arange(n_rows)`` for an ungrouped store; from the ``row`` array for a grouped one, so
+    that ``per_row[input_positions(store, info)]`` puts a per-row array of the store (labels,
+    densities; ``n_stored`` long) back in the input's order.
+    """
+    if not info.grouped:
+        return np.arange(info.n_rows, dtype=np.int64)
+    row = np.asarray(store.array("row")[:], dtype=np.int64)
+    pos = np.flatnonzero(row >= 0)
+    out = np.empty(info.n_rows, dtype=np.int64)
+    out[row[pos]] = pos
+    return out
+
+
 def iter_chunks(info: StoreInfo) -> Iterator[tuple[int, int, int]]:
-    """(chunk index, first row, end row) of every chunk."""
+    """(chunk index, first stored row, end stored row) of the real rows of every chunk."""
     for c in range(info.n_chunks):
         a, b = info.chunk_bounds(c)
         yield c, a, b

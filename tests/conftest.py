@@ -16,3 +16,20 @@ def client():
         Client(cluster) as c,
     ):
         yield c
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _dataset_root(tmp_path_factory):
+    """Shared dataset stores of the tests' runs go to a temporary root, not the user's cache
+    (subprocesses inherit it through the environment)."""
+    import os
+
+    from pipeline.dataset import DATA_DIR_ENV
+
+    old = os.environ.get(DATA_DIR_ENV)
+    os.environ[DATA_DIR_ENV] = str(tmp_path_factory.mktemp("datasets"))
+    yield
+    if old is None:
+        os.environ.pop(DATA_DIR_ENV, None)
+    else:
+        os.environ[DATA_DIR_ENV] = old

@@ -136,7 +136,7 @@ def test_every_input_format_gives_the_same_store(client, tmp_path: Path):
         hold = np.asarray(store.array("holdout")[:])
         assert info.n_rows == 1000 and info.n_chunks == 4, name
         assert store.array("X").chunks == (256, 3)
-        assert store.array("z0").chunks == (256,)
+        assert store.array("fold").chunks == (256,)
         if ref is None:
             ref = (got, hold, info.n_train)
         np.testing.assert_allclose(got, ref[0], rtol=1e-12, err_msg=name)

@@ -206,3 +206,56 @@ def test_demo_runs_the_flow(tmp_path: Path, capsys):
     assert run["parameters"]["holdout"] == 0.1 and run["parameters"]["summaries"] == 50
     # again into the same directory: replaced
     assert dpmm([*argv, "--workers", "2"]) == 0
+
+
+def test_a_second_run_of_the_same_input_reuses_its_dataset_store(tmp_path: Path):
+    """Ingest once, fit many: the dataset store lives outside any run's output (under
+    ``data_dir``), keyed on the input's fingerprint and the ingest options."""
+    write_blobs(tmp_path / "in.csv", n=800, seed=5)
+    args = {"chunk_rows": 200, "holdout": 0.1, "report": False, "data_dir": str(tmp_path / "d")}
+    first = cluster(str(tmp_path / "in.csv"), str(tmp_path / "o1"), **args, **LOCAL)
+    second = cluster(
+        str(tmp_path / "in.csv"), str(tmp_path / "o2"), engine="kmeans", **args, **LOCAL
+    )
+    assert not first["dataset"]["reused"] and second["dataset"]["reused"]
+    assert first["dataset"]["path"] == second["dataset"]["path"]
+    assert Path(first["dataset"]["path"]).parent == tmp_path / "d"
+    assert not (tmp_path / "o1" / "store.zarr").exists()
+    # another ingest option is another store
+    third = cluster(
+        str(tmp_path / "in.csv"), str(tmp_path / "o3"), **{**args, "holdout": 0.2}, **LOCAL
+    )
+    assert not third["dataset"]["reused"] and third["dataset"]["path"] != first["dataset"]["path"]
+
+
+def test_a_group_column_keeps_each_group_in_one_chunk(tmp_path: Path):
+    """``group_column``: the rows of a group share a chunk and a fold; labels.zarr holds the
+    store's row order with each row's index in the input."""
+    rng = np.random.default_rng(6)
+    y = write_blobs(tmp_path / "in.csv", n=900, seed=6)
+    df = pd.read_csv(tmp_path / "in.csv")
+    df["subject"] = rng.integers(0, 60, size=900).astype(str)
+    df.to_csv(tmp_path / "in.csv", index=False)
+    out = tmp_path / "out"
+    run = cluster(
+        str(tmp_path / "in.csv"),
+        str(out),
+        chunk_rows=200,
+        holdout=0.2,
+        group_column="subject",
+        report=False,
+        **LOCAL,
+    )
+    assert run["n_rows"] == 900 and run["columns"] == ["a", "b", "c"]
+    row = zarr.open_array(str(out / "labels.zarr/row"))[:]
+    label = zarr.open_array(str(out / "labels.zarr/label"))[:]
+    hold = zarr.open_array(str(out / "labels.zarr/holdout"))[:]
+    real = row >= 0
+    assert np.array_equal(np.sort(row[real]), np.arange(900))
+    by_input = np.empty(900, dtype=np.int64)
+    by_input[row[real]] = label[real]
+    assert normalized_mutual_info_score(y, by_input) > 0.95
+    held = np.zeros(900, dtype=bool)
+    held[row[real]] = hold[real]
+    for s in df["subject"].unique():
+        assert len(set(held[df["subject"].to_numpy() == s])) == 1  # one fold per subject

@@ -132,6 +132,7 @@ def test_store_info_round_trips_after_a_real_ingest(client, tmp_path: Path):
     kinds = set(info.schema.kinds.values())
     assert {"gaussian", "categorical", "bernoulli", "poisson"} <= kinds
     assert sorted(p.name for p in store.path.iterdir() if p.is_file()) == [
+        "format.json",
         "info.json",
         "info.npz",
         "zarr.json",

@@ -61,7 +61,7 @@ def create_record_arrays(ctx: RunContext, engine: Engine) -> None:
     path = ctx.state.path
     path.mkdir(parents=True, exist_ok=True)
     zarr.open_group(str(path), mode="a")
-    n = int(getattr(info, "n_stored", info.n_rows))
+    n = info.n_stored
     for rec in engine.record_arrays:
         for k in (0, 1):
             name = f"{rec.name}{k}"

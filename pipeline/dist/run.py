@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from pipeline.config import DEFAULT_CHUNK_ROWS, PRIOR_SAMPLE, FitParams
+from pipeline import dataset
+from pipeline.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE, FitParams
 from pipeline.dist.loop import context
 from pipeline.dist.writeout import WriteSummary
 from pipeline.engines.base import RunContext
 from pipeline.engines.mixture_state import PassState, merge_by
-from pipeline.store import Store, StoreInfo, ingest
+from pipeline.store import Store, StoreInfo
 
 IntArray = NDArray[np.int64]
 
@@ -42,40 +43,40 @@ class RunConfig:
     overwrite: bool = False
     report: bool = True
     label_column: str | None = None
+    n_folds: int = N_FOLDS
+    group_column: str | None = None
+    # where shared dataset stores live (None: ``pipeline.dataset.default_root``)
+    data_dir: str | None = None
     summaries: int = 0
     stage2: str = "none"
     mcmc: int = 0
 
-
-def _input_fingerprint(source: Any) -> Any:
-    """What identifies the input for resuming: path, sizes and modification times of the files;
-    None for an in-memory object (such a run never resumes)."""
-    if not isinstance(source, (str, os.PathLike)):
-        return None
-    p = Path(source).resolve()
-    if not p.exists():
-        return str(p)
-    files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
-    return [str(p)] + [[str(f), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
+    def ingest_options(self) -> dict[str, Any]:
+        """The options that decide what ingest writes (``pipeline.dataset.ingest_options``)."""
+        return {
+            "family": self.family,
+            "chunk_rows": self.chunk_rows,
+            "holdout": self.holdout,
+            "n_folds": self.n_folds,
+            "prior_sample": self.prior_sample,
+            "label_column": self.label_column,
+            "group_column": self.group_column,
+        }
 
 
 def fingerprint(source: Any, cfg: RunConfig) -> str | None:
-    """A run's identity: the same command on the same input resumes, anything else restarts."""
-    fp = _input_fingerprint(source)
-    if fp is None:
+    """A run's identity: the same command on the same input resumes, anything else restarts;
+    None for an in-memory input (such a run never resumes)."""
+    if not dataset.is_path_source(source):
         return None
     import json
 
     params = replace(cfg.params, max_passes=0, tol=0.0, min_change=0.0)
     return json.dumps(
         {
-            "input": fp,
-            "chunk_rows": cfg.chunk_rows,
-            "holdout": cfg.holdout,
-            "family": repr(cfg.family),
-            "prior_sample": cfg.prior_sample,
+            "input": dataset.fingerprint(source),
+            "options": dataset.ingest_options(**cfg.ingest_options()),
             "params": repr(params),
-            "label_column": cfg.label_column,
         },
         sort_keys=True,
     )
@@ -112,34 +113,35 @@ def discard_output(partial: Path) -> None:
 
 def step_ingest(
     client: Any, source: Any, cfg: RunConfig, partial: Path, progress: bool = False
-) -> StoreInfo:
-    """Ingest into ``partial/store.zarr``, or reuse a completed ingest of a resumed run."""
-    store = Store(partial / "store.zarr")
-    if store.exists("info"):
-        return store.info
+) -> tuple[Store, StoreInfo, bool]:
+    """The dataset store of the input (``pipeline.dataset.open_dataset``): a file's store is
+    shared by every run of the same input and ingest options (reused: True); an in-memory
+    input is ingested into ``partial/store.zarr``."""
 
     def tell(what: str, done: int, total: int) -> None:
         if progress and done == total:
             print(f"ingest: {total} {what} tasks done", file=sys.stderr)
 
-    return ingest(
+    path = None if dataset.is_path_source(source) else partial / "store.zarr"
+    store, info, reused = dataset.open_dataset(
         source,
-        store,
         client=client,
-        family=cfg.family,
-        chunk_rows=cfg.chunk_rows,
-        holdout=cfg.holdout,
-        prior_sample=cfg.prior_sample,
+        root=cfg.data_dir,
         progress=tell,
-        label_column=cfg.label_column,
+        path=path,
+        **cfg.ingest_options(),
     )
+    if reused and progress:
+        print(f"ingest: reusing the dataset store {store.path}", file=sys.stderr)
+    return store, info, reused
 
 
-def run_context(partial: Path, info: StoreInfo, params: FitParams, progress: bool) -> RunContext:
-    """The run's ``RunContext``: its dataset store and its state store under ``partial``."""
-    return context(
-        Store(partial / "store.zarr"), partial / "state.zarr", info, params, progress
-    )
+def run_context(
+    partial: Path, data: Store, info: StoreInfo, params: FitParams, progress: bool
+) -> RunContext:
+    """The run's ``RunContext``: the dataset store and the run's state store under
+    ``partial``."""
+    return context(data, partial / "state.zarr", info, params, progress)
 
 
 def finish(

@@ -60,6 +60,9 @@ def emit_chunk(
     zarr.open_array(f"{labels}/label", mode="r+")[a:b] = label
     zarr.open_array(f"{labels}/log_density", mode="r+")[a:b] = logdens
     zarr.open_array(f"{labels}/holdout", mode="r+")[a:b] = hold
+    if os.path.exists(f"{labels}/row"):
+        rows = zarr.open_array(f"{store}/row", mode="r")[a:b]
+        zarr.open_array(f"{labels}/row", mode="r+")[a:b] = rows
     pick = row_uniform(np.arange(a, b), PLOT_SALT) < plot_rate
     pairs = None
     if has_y:
@@ -211,21 +214,25 @@ def summarize_written(
 
 def create_labels(labels_path: str, info: StoreInfo, overwrite: bool) -> None:
     """The write-out's zarr group: label (-1), log_density (NaN) and holdout, chunked as the
-    store; an existing group is kept unless ``overwrite``."""
+    store, in the store's row order; for a grouped store also ``row``, each stored row's index
+    in the input (-1 on padding). An existing group is kept unless ``overwrite``."""
     if not overwrite and all(
         (Path(labels_path) / name / "zarr.json").exists()
         for name in ("label", "log_density", "holdout")
     ):
         return
     zarr.open_group(labels_path, mode="w")
-    for name, dtype, fill in (
+    arrays: list[tuple[str, str, Any]] = [
         ("label", "int64", -1),
         ("log_density", "float64", np.nan),
         ("holdout", "bool", False),
-    ):
+    ]
+    if info.grouped:
+        arrays.append(("row", "int64", -1))
+    for name, dtype, fill in arrays:
         zarr.create_array(
             f"{labels_path}/{name}",
-            shape=(info.n_rows,),
+            shape=(info.n_stored,),
             chunks=(info.chunk_rows,),
             dtype=dtype,
             fill_value=fill,

@@ -25,7 +25,7 @@ from pipeline.engines.base import Chunk, RunContext
 from pipeline.engines.mixture_state import IntArray, PassState, chunk_seed
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.mapdp_core import run_mapdp
-from pipeline.store import StoreInfo, holdout_mask_of, iter_chunks, row_uniform
+from pipeline.store import StoreInfo, iter_chunks, row_uniform
 
 INIT_SALT = 0x5EED_0004
 
@@ -54,8 +54,12 @@ def initial_state(client: Any, ctx: RunContext) -> PassState:
     n_seeds = params.n_seeds or min(math.ceil(math.sqrt(max(info.n_train, 1))), MAX_SEEDS)
     n_seeds = max(1, min(int(n_seeds), info.n_train))
     rng = np.random.default_rng(chunk_seed(params.seed, params.restart, 0, 0))
-    cand = rng.permutation(info.n_rows).astype(np.int64)
-    cand = cand[~holdout_mask_of(cand, info.holdout)]
+    # stored positions of training rows (padding of a grouped store is neither)
+    cand = rng.permutation(info.n_stored).astype(np.int64)
+    train = ~np.asarray(ctx.data.array("holdout")[:], dtype=bool)
+    if info.grouped:
+        train &= np.asarray(ctx.data.array("row")[:]) >= 0
+    cand = cand[train[cand]]
     seed_rows = np.sort(cand[:n_seeds])
     Xs = np.asarray(ctx.data.array("X").get_orthogonal_selection((seed_rows, slice(None))))
     labels = np.arange(seed_rows.shape[0], dtype=np.int64)
