@@ -240,9 +240,7 @@ class Store:
 # -- input sources ---------------------------------------------------------------------------
 
 
-class InputError(ValueError):
-    """Bad input: the message names the file and the row."""
-
+from pipeline.errors import InputError  # noqa: E402  (re-exported: the ingest raises it)
 
 _ROW = re.compile(r"\brow (\d+)\b")
 

@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from flows.cli import build_parser, main
 from pipeline import io as pio
-from pipeline.cli import build_parser, main
 
 CENTERS = np.array([[0.0, 0.0], [30.0, 30.0], [-30.0, 30.0]])
 
@@ -39,9 +39,7 @@ def outputs(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
 
 
 def no_leftovers(out: Path) -> bool:
-    return not list(out.parent.glob(f"{out.name}.tmp-*")) + list(
-        out.parent.glob(f"{out.name}.old-*")
-    )
+    return not pio.temp_sibling(out).exists() and not (out.parent / f".{out.name}.old").exists()
 
 
 @pytest.fixture
@@ -230,7 +228,7 @@ def test_parser_has_subcommands() -> None:
 
 def test_real_subprocess(csv_path: Path, tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("dpmm")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "pipeline.cli"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "flows.cli"]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     out = tmp_path / "out"
     proc = subprocess.run(

@@ -4,31 +4,41 @@
              [--family SPEC] [--alpha FLOAT|learn] [--max-passes N] [--tol F]
              [--min-change F] [--seed N] [--label-column COL] [--summaries M]
              [--stage2 none|bhc] [--mcmc ITER] [--scheduler ADDRESS] [--workers N]
-             [--overwrite] [--no-report] [--quiet]
+             [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
 
 INPUT is a CSV file, a Parquet file or directory, a ``.npy`` file or a zarr array. Bad input
-exits with status 2 and a one-line message naming the file and the row; nothing is left at OUT.
-Running the same command again after a crash resumes from the last completed pass.
+exits with status 2 and one line on stderr naming the file and the row (``dpmm: error: ...``);
+nothing is left at OUT nor at its temporary sibling. Running the same command again after a
+crash resumes from the last completed pass. Defaults come from ``pipeline.config``, engine names
+from ``pipeline.engines.ENGINES``.
 
-Wiring (``pipeline/cli.py``)::
-
-    from pipeline.run_cli import add_run_parser
-    add_run_parser(sub)          # in build_parser(), next to the other subcommands
+Prefect's and Dask's log lines (with the traceback of a failed task) go to a temporary log file
+(``flows.cli.logs``), deleted when the run succeeds or refuses its input and named on stderr when
+it fails otherwise; ``--log-file PATH`` keeps them in PATH, ``--verbose`` shows them on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
-from pipeline.cli_types import alpha as _alpha
-from pipeline.cli_types import family as _family
-from pipeline.cli_types import fraction as _fraction
-from pipeline.cli_types import nonneg_float as _nonneg_float
-from pipeline.cli_types import nonneg_int as _nonneg_int
-from pipeline.cli_types import positive_int as _positive_int
-from pipeline.distributed import DEFAULT_CHUNK_ROWS, ENGINES, INIT_SAMPLE, INITS, InjectedFault
+from flows.cli.types import alpha as _alpha
+from flows.cli.types import family as _family
+from flows.cli.types import fraction as _fraction
+from flows.cli.types import nonneg_float as _nonneg_float
+from flows.cli.types import nonneg_int as _nonneg_int
+from flows.cli.types import positive_int as _positive_int
+from pipeline import io as pio
+from pipeline.config import DEFAULT_CHUNK_ROWS, INIT_SAMPLE, INITS, MAX_PASSES, MIN_CHANGE, TOL
+from pipeline.engines import ENGINES
+from pipeline.errors import InputError
+
+PROG = "dpmm"
 
 
 def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -79,22 +89,28 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"rows of the sample start (default {INIT_SAMPLE:,}; more finds smaller clusters "
         "before pass 1, at the cost of a longer start)",
     )
-    p.add_argument("--max-passes", type=_positive_int, default=50, metavar="N")
+    p.add_argument(
+        "--max-passes",
+        type=_positive_int,
+        default=MAX_PASSES,
+        metavar="N",
+        help=f"stop after N passes (default {MAX_PASSES})",
+    )
     p.add_argument(
         "--tol",
         type=_nonneg_float,
-        default=1e-5,
+        default=TOL,
         metavar="F",
         help="stop when a pass lowers the objective by at most F * |objective| (relative; "
-        "default 1e-5)",
+        f"default {TOL:g})",
     )
     p.add_argument(
         "--min-change",
         type=_fraction,
-        default=1e-3,
+        default=MIN_CHANGE,
         metavar="F",
         help="stop when at most this fraction of the training records changed cluster in a "
-        "pass (default 1e-3)",
+        f"pass (default {MIN_CHANGE:g})",
     )
     p.add_argument(
         "--label-column",
@@ -138,57 +154,133 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     p.add_argument("--no-report", action="store_true", help="skip the report pictures")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", action="store_true", help="no progress lines, no dashboard line")
+    add_log_options(p)
     p.set_defaults(func=cmd_run)
     return p
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    """Run the ``cluster`` flow; exit status 2 with one line on bad input."""
+def add_log_options(p: argparse.ArgumentParser) -> None:
+    """``--verbose`` and ``--log-file``, for the subcommands that run a flow."""
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Prefect's and Dask's log lines (and a failed task's traceback) on stderr",
+    )
+    p.add_argument(
+        "--log-file",
+        default=None,
+        metavar="PATH",
+        help="keep Prefect's and Dask's log lines in PATH (default: a temporary file, deleted "
+        "unless the run fails for another reason than its input)",
+    )
+
+
+def start_flow(
+    args: argparse.Namespace, kwargs: dict[str, Any], rows_of: str | None = None
+) -> dict[str, Any]:
+    """Run ``flows.cluster.run_cluster_flow(**kwargs)`` with the log lines sent where ``args``
+    says (``--verbose``, ``--log-file``, ``--quiet``).
+
+    Parameters
+    ----------
+    args : Namespace
+        The parsed options; ``verbose``, ``log_file``, ``quiet`` and ``program`` (``main`` sets
+        it when this process is the ``dpmm`` program) are read when present.
+    kwargs : dict
+        The flow's keyword arguments.
+    rows_of : str, optional
+        The input file: a 0-based ``row N`` in a refusal is shown as ``pipeline.io.locate_rows``
+        finds it in the file (the line of a CSV record).
+
+    Returns
+    -------
+    dict, the content of OUT/run.json.
+
+    Raises
+    ------
+    InputError
+        The flow refused its input or parameters (a ``ValueError``), as one line.
+    """
     from flows.cluster import run_cluster_flow  # the CLI starts the flow: the one upward import
 
+    verbose = bool(getattr(args, "verbose", False))
+    quiet = bool(getattr(args, "quiet", False))
+    log_file = getattr(args, "log_file", None)
+    keep = log_file is not None
+    log: Path | None = None
+    if not verbose:
+        if log_file is not None:
+            log = Path(log_file)
+        else:
+            fd, name = tempfile.mkstemp(prefix="dpmm-run-", suffix=".log")
+            os.close(fd)
+            log = Path(name)
     try:
-        run_cluster_flow(
-            input=args.input,
-            out=args.out,
-            chunk_rows=args.chunk_rows,
-            holdout=args.holdout,
-            engine=args.engine,
-            family=args.family,
-            alpha=args.alpha,
-            init=args.init,
-            init_sample=args.init_sample,
-            max_passes=args.max_passes,
-            tol=args.tol,
-            min_change=args.min_change,
-            random_state=args.seed,
-            label_column=args.label_column,
-            summaries=args.summaries,
-            stage2=args.stage2,
-            mcmc=args.mcmc,
-            scheduler=args.scheduler,
-            n_workers=args.workers,
-            overwrite=args.overwrite,
-            report=not args.no_report,
-            progress=not args.quiet,
-        )
-    except InjectedFault as err:
-        print(f"dpmm run: {err}", file=sys.stderr)
-        return 1
+        with contextlib.ExitStack() as stack:
+            if log is not None:
+                stack.enter_context(_logs_to(log, not getattr(args, "program", False)))
+                if quiet:
+                    # the flow prints its dashboard and resume lines itself: with --quiet they
+                    # belong in the log with the rest
+                    fh = stack.enter_context(open(log, "a", encoding="utf-8"))
+                    stack.enter_context(contextlib.redirect_stderr(fh))
+            return run_cluster_flow(**kwargs)
     except ValueError as err:
-        print(f"dpmm run: error: {' '.join(str(err).split())}", file=sys.stderr)
-        return 2
+        msg = " ".join(str(err).split()) or type(err).__name__
+        if rows_of is not None:
+            msg = pio.locate_rows(msg, rows_of)
+        raise InputError(msg) from err
+    except BaseException:
+        if log is not None and not keep:
+            keep = True
+            print(f"{PROG}: the log of the run is in {log}", file=sys.stderr, flush=True)
+        raise
+    finally:
+        if log is not None and not keep:
+            log.unlink(missing_ok=True)
+
+
+def _logs_to(path: Path, restore: bool) -> contextlib.AbstractContextManager[Path]:
+    from flows.cli.logs import logs_to
+
+    return logs_to(path, restore)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run the ``cluster`` flow; exit status 2 with one line on bad input (``InputError``)."""
+    from pipeline.distributed import InjectedFault
+
+    # what can be seen of the file itself is refused before a Dask cluster and Prefect start
+    pio.check_file(args.input)
+    kwargs = dict(
+        input=args.input,
+        out=args.out,
+        chunk_rows=args.chunk_rows,
+        holdout=args.holdout,
+        engine=args.engine,
+        family=args.family,
+        alpha=args.alpha,
+        init=args.init,
+        init_sample=args.init_sample,
+        max_passes=args.max_passes,
+        tol=args.tol,
+        min_change=args.min_change,
+        random_state=args.seed,
+        label_column=args.label_column,
+        summaries=args.summaries,
+        stage2=args.stage2,
+        mcmc=args.mcmc,
+        scheduler=args.scheduler,
+        n_workers=args.workers,
+        overwrite=args.overwrite,
+        report=not args.no_report,
+        progress=not args.quiet,
+    )
+    rows_of = args.input if os.path.isfile(args.input) else None
+    try:
+        start_flow(args, kwargs, rows_of=rows_of)
+    except InjectedFault as err:
+        print(f"{PROG} run: {err}", file=sys.stderr)
+        return 1
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pipeline.run_cli run INPUT --out OUT`` until ``dpmm run`` is wired."""
-    parser = argparse.ArgumentParser(prog="dpmm")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_run_parser(sub)
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,38 +1,47 @@
-"""argparse value types shared by the ``dpmm`` subcommands: each turns text into a checked value
-or raises ``ArgumentTypeError`` with the text, which argparse reports as a one-line usage error."""
+"""argparse value types shared by the ``dpmm`` subcommands: each turns text into a value checked
+by ``pipeline.config`` (one message per parameter, written once) or raises
+``ArgumentTypeError`` with the text, which argparse reports as a one-line usage error."""
 
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
+from typing import Any
+
+from pipeline import config
 
 
-def _checked(cast: Callable[[str], float], ok: Callable[[float], bool], what: str) -> Callable:
+def _checked(cast: Callable[[str], Any], check: Callable[[Any], Any], what: str) -> Callable:
     def parse(text: str):  # type: ignore[no-untyped-def]
         try:
-            v = cast(text)
-        except ValueError:
-            v = math.nan
-        if not ok(v):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return v
+            return check(cast(text))
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
 
     return parse
 
 
-positive_int = _checked(int, lambda v: v >= 1, "a positive integer")
-nonneg_int = _checked(int, lambda v: v >= 0, "a non-negative integer")
-fraction = _checked(float, lambda v: 0.0 <= v < 1.0, "a fraction in [0, 1)")
-nonneg_float = _checked(float, lambda v: v >= 0.0, "a non-negative number")
-_positive_float = _checked(
-    float, lambda v: v > 0 and math.isfinite(v), "a positive number or 'learn'"
-)
+positive_int = _checked(int, lambda v: config.check_int(v, "N", 1), "a positive integer")
+nonneg_int = _checked(int, lambda v: config.check_int(v, "N", 0), "a non-negative integer")
+fraction = _checked(float, lambda v: config.check_fraction(v, "F"), "a fraction in [0, 1)")
+nonneg_float = _checked(float, config.check_tol, "a non-negative number")
 
 
 def alpha(text: str) -> float | str:
-    """A positive concentration, or 'learn'."""
-    return text if text == "learn" else float(_positive_float(text))
+    """A positive finite concentration, or 'learn' (``pipeline.config.check_alpha``)."""
+    value: float | str = text
+    if text != "learn":
+        try:
+            value = float(text)
+        except ValueError:
+            pass
+    try:
+        config.check_alpha(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number or 'learn', got {text!r}"
+        ) from None
+    return value
 
 
 def family(text: str) -> str | dict[str, str]:
