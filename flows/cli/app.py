@@ -1,4 +1,4 @@
-"""The ``dpmm`` command line: parsing, messages and exit status; no math.
+"""The ``dpmm`` command line: parsing, messages and exit status; the work is ``pipeline``'s.
 
 ``dpmm cluster INPUT --out DIR``  fit MAP-DP in this process to a CSV / Parquet / NumPy table
 ``dpmm demo --out DIR``           ``dpmm run`` on a generated, labelled data set
