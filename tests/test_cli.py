@@ -280,3 +280,35 @@ def test_staged_dir_failure_leaves_nothing(tmp_path: Path) -> None:
         pio.write_outputs(tmp, {"t": pd.DataFrame({"a": [1]})}, {"run": {"v": np.float64(1)}})
     assert sorted(f.name for f in out.iterdir()) == ["run.json", "t.parquet"]
     assert json.loads((out / "run.json").read_text()) == {"v": 1.0}
+
+
+def test_logs_to_moves_terminal_handlers_and_puts_them_back(tmp_path: Path) -> None:
+    import logging
+
+    import prefect  # noqa: F401  (configures its handlers on import)
+
+    from flows.cli.logs import logs_to
+
+    def terminal() -> dict[str, list[logging.Handler]]:
+        loggers = [("", logging.getLogger())] + [
+            (n, lg) for n, lg in logging.Logger.manager.loggerDict.items()
+        ]
+        return {
+            n: [
+                h
+                for h in lg.handlers
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+            ]
+            for n, lg in loggers
+            if isinstance(lg, logging.Logger)
+        }
+
+    before = {n: hs for n, hs in terminal().items() if hs}
+    assert before  # Prefect's console handler, at least
+    log = tmp_path / "run.log"
+    with logs_to(log):
+        assert not any(terminal().values())
+        logging.getLogger("prefect.task_runs").error("Task run failed with exception")
+    assert "Task run failed with exception" in log.read_text()
+    # back in place for a library user in the same process
+    assert {n: hs for n, hs in terminal().items() if hs} == before
