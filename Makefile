@@ -26,6 +26,7 @@ test: $(STAMP)
 	$(BIN)/ruff check pipeline kernels flows tests
 	$(BIN)/ruff format --check pipeline kernels flows tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache --no-logo
 	$(BIN)/pytest -q
 
 bench: $(STAMP)
@@ -34,6 +35,7 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check pipeline kernels flows tests
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache --no-logo
 
 format: $(STAMP)
 	$(BIN)/ruff format pipeline kernels flows tests

@@ -1,17 +1,19 @@
 """Reading input tables and writing a run's output directory.
 
 ``read_table`` turns a CSV / TSV (optionally gzip-compressed), Parquet (a file or a directory of
-files) or NumPy ``.npy`` file into a DataFrame. Every problem with the file is a ``ValueError``
-whose message starts with the file name and says what is wrong, e.g.
-``"data.csv: line 7 has 5 fields, expected 4"``; a missing file is ``InputFileNotFoundError``,
-both a ``FileNotFoundError`` and a ``ValueError``.
+files) or NumPy ``.npy`` file into a DataFrame. Every problem with the file is a
+``pipeline.errors.InputError`` (a ``ValueError``) whose message starts with the file name and
+says what is wrong, e.g. ``"data.csv: line 7 has 5 fields, expected 4"``; a missing file is
+``InputFileNotFoundError``, both a ``FileNotFoundError`` and an ``InputError``.
 
 Row numbers in ``pipeline.schema`` messages are 0-based data-row positions; ``describe_row``
 turns one into something a person can find in the file (for CSV, the physical line number).
 
 ``staged_dir`` and ``write_outputs`` write a run's results into a temporary sibling directory
-that is renamed into place only when everything has been written: a failure leaves no partial
-output directory, and an existing one is replaced only on success.
+(``temp_sibling``: ``.<name>.partial`` next to it, the name the distributed run uses too) that is
+renamed into place only when everything has been written: a failure leaves no partial output
+directory, and an existing one is replaced only on success. ``versions`` is what run.json
+records of the software.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from typing import IO, Any
 import numpy as np
 import pandas as pd
 
+from pipeline.errors import InputError
+
 CSV_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".tsv.gz")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 NPY_SUFFIXES = (".npy",)
@@ -41,13 +45,13 @@ _PARQUET_MAGIC = b"PAR1"
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-class InputFileNotFoundError(FileNotFoundError, ValueError):
-    """The input path does not exist (a ``FileNotFoundError`` that is also a ``ValueError``)."""
+class InputFileNotFoundError(FileNotFoundError, InputError):
+    """The input path does not exist (a ``FileNotFoundError`` that is also an ``InputError``)."""
 
 
 # -- formats -----------------------------------------------------------------------------------
 def file_format(path: str | os.PathLike[str]) -> str:
-    """The format of a file from its name ("csv", "parquet", "npy"); ValueError if unsupported."""
+    """The format of a file from its name ("csv", "parquet", "npy"); InputError if unsupported."""
     name = Path(path).name.lower()
     if name.endswith(CSV_SUFFIXES):
         return "csv"
@@ -55,7 +59,7 @@ def file_format(path: str | os.PathLike[str]) -> str:
         return "parquet"
     if name.endswith(NPY_SUFFIXES):
         return "npy"
-    raise ValueError(
+    raise InputError(
         f"{path}: unsupported file type; supported are " + ", ".join(SUPPORTED_SUFFIXES)
     )
 
@@ -84,7 +88,7 @@ def _check_columns(name: str, available: Sequence[str], columns: Sequence[str] |
         return
     for c in columns:
         if c not in available:
-            raise ValueError(f"{name}: no column {c!r}; columns are {list(available)}")
+            raise InputError(f"{name}: no column {c!r}; columns are {list(available)}")
 
 
 def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> pd.DataFrame:
@@ -109,7 +113,7 @@ def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = Non
     ------
     InputFileNotFoundError
         The path does not exist.
-    ValueError
+    InputError
         Anything else wrong with the file: the message starts with the path and names the
         problem (empty file, header only, wrong field count with its line, not really a Parquet
         / NumPy file, a requested column that is not there, ...).
@@ -123,57 +127,84 @@ def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = Non
         columns = list(columns)
         dupes = sorted({c for c in columns if columns.count(c) > 1})
         if dupes:
-            raise ValueError(f"{name}: columns requested more than once: {dupes}")
+            raise InputError(f"{name}: columns requested more than once: {dupes}")
     if kind == "parquet":
         df = _read_parquet(p, name, columns)
     else:
         if p.is_dir():
-            raise ValueError(f"{name}: is a directory, not a {kind.upper()} file")
+            raise InputError(f"{name}: is a directory, not a {kind.upper()} file")
         if p.stat().st_size == 0:
-            raise ValueError(f"{name}: the file is empty")
+            raise InputError(f"{name}: the file is empty")
         df = _read_csv(p, name, columns) if kind == "csv" else _read_npy(p, name, columns)
     if df.shape[0] == 0:
         what = "header only" if kind == "csv" else f"{df.shape[1]} columns, 0 rows"
-        raise ValueError(f"{name}: no data rows ({what})")
+        raise InputError(f"{name}: no data rows ({what})")
     return df.reset_index(drop=True)
+
+
+def check_file(path: str | os.PathLike[str]) -> None:
+    """What can be checked of an input without reading its records: that it exists, is not
+    empty, and that a ``.parquet`` / ``.npy`` file is one (``check_npy``: not an array of Python
+    objects). A directory (Parquet files, a zarr array) and other names pass.
+
+    Raises
+    ------
+    InputFileNotFoundError
+        The path does not exist.
+    InputError
+        Naming the file and what is wrong with it.
+    """
+    p = Path(path)
+    name = str(path)
+    if not p.exists():
+        raise InputFileNotFoundError(f"{name}: no such file or directory")
+    if p.is_dir():
+        return
+    if p.stat().st_size == 0:
+        raise InputError(f"{name}: the file is empty")
+    low = p.name.lower()
+    if low.endswith(PARQUET_SUFFIXES):
+        _check_parquet_file(p, name)
+    elif low.endswith(NPY_SUFFIXES):
+        check_npy(p)
 
 
 def _read_csv(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataFrame:
     head = _head(p)
     if not _is_gz(p):
         if head.startswith(_PARQUET_MAGIC):
-            raise ValueError(f"{name}: not a CSV file (it is a Parquet file; name it .parquet)")
+            raise InputError(f"{name}: not a CSV file (it is a Parquet file; name it .parquet)")
         if head.startswith(_NPY_MAGIC):
-            raise ValueError(f"{name}: not a CSV file (it is a NumPy file; name it .npy)")
+            raise InputError(f"{name}: not a CSV file (it is a NumPy file; name it .npy)")
         if head.startswith(_GZIP_MAGIC):
-            raise ValueError(f"{name}: not a CSV file (it is gzip-compressed; name it .csv.gz)")
+            raise InputError(f"{name}: not a CSV file (it is gzip-compressed; name it .csv.gz)")
     elif not head.startswith(_GZIP_MAGIC):
-        raise ValueError(f"{name}: not a gzip file (bad magic bytes)")
+        raise InputError(f"{name}: not a gzip file (bad magic bytes)")
     sep = "\t" if _is_tsv(p) else ","
     try:
         df = pd.read_csv(p, sep=sep, encoding="utf-8-sig", low_memory=False)
     except pd.errors.EmptyDataError:
-        raise ValueError(f"{name}: the file is empty (no header line)") from None
+        raise InputError(f"{name}: the file is empty (no header line)") from None
     except pd.errors.ParserError as err:
         bad = _first_bad_record(p, sep)
         if bad is not None:
             line, got, want = bad
-            raise ValueError(f"{name}: line {line} has {got} fields, expected {want}") from None
+            raise InputError(f"{name}: line {line} has {got} fields, expected {want}") from None
         msg = re.sub(r"^Error tokenizing data\. C error: ", "", str(err).strip())
-        raise ValueError(f"{name}: not a valid CSV file ({msg})") from None
+        raise InputError(f"{name}: not a valid CSV file ({msg})") from None
     except UnicodeDecodeError as err:
-        raise ValueError(
+        raise InputError(
             f"{name}: not a UTF-8 text file (byte 0x{err.object[err.start]:02x} cannot be decoded)"
         ) from None
     except (OSError, EOFError, gzip.BadGzipFile) as err:
-        raise ValueError(f"{name}: cannot be read ({err})") from None
+        raise InputError(f"{name}: cannot be read ({err})") from None
     # pandas fills short records with missing values without complaint: look for them only
     # when there are missing values (the scan reads the file once more)
     if df.isna().to_numpy().any():
         bad = _first_bad_record(p, sep)
         if bad is not None:
             line, got, want = bad
-            raise ValueError(f"{name}: line {line} has {got} fields, expected {want}")
+            raise InputError(f"{name}: line {line} has {got} fields, expected {want}")
     df.columns = [str(c) for c in df.columns]
     _check_columns(name, list(df.columns), columns)
     return df[list(columns)] if columns is not None else df
@@ -240,6 +271,20 @@ def describe_row(path: str | os.PathLike[str], row: int) -> str:
     return f"row {row} (0-based)"
 
 
+_ROW = re.compile(r"\brow (\d+)\b(?! \()")
+
+
+def locate_rows(msg: str, path: str | os.PathLike[str]) -> str:
+    """``msg`` with its first 0-based ``row N`` rewritten by ``describe_row`` for ``path``.
+
+    A ``row N`` already followed by a parenthesis has been located and is left alone.
+    """
+    m = _ROW.search(msg)
+    if m is None:
+        return msg
+    return msg[: m.start()] + describe_row(path, int(m.group(1))) + msg[m.end() :]
+
+
 def _read_parquet(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataFrame:
     import pyarrow as pa
     import pyarrow.dataset as pds
@@ -249,7 +294,7 @@ def _read_parquet(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataF
             f for f in sorted(p.rglob("*")) if f.is_file() and not f.name.startswith(("_", "."))
         ]
         if not files:
-            raise ValueError(f"{name}: directory holds no Parquet files")
+            raise InputError(f"{name}: directory holds no Parquet files")
         for f in files:
             _check_parquet_file(f, f"{name}/{f.relative_to(p)}")
     else:
@@ -259,7 +304,7 @@ def _read_parquet(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataF
         _check_columns(name, dataset.schema.names, columns)
         table = dataset.to_table(columns=list(columns) if columns is not None else None)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as err:
-        raise ValueError(f"{name}: cannot be read as Parquet ({err})") from None
+        raise InputError(f"{name}: cannot be read as Parquet ({err})") from None
     df = table.to_pandas()
     df.columns = [str(c) for c in df.columns]
     return df
@@ -268,60 +313,99 @@ def _read_parquet(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataF
 def _check_parquet_file(f: Path, name: str) -> None:
     size = f.stat().st_size
     if size == 0:
-        raise ValueError(f"{name}: the file is empty")
+        raise InputError(f"{name}: the file is empty")
     with open(f, "rb") as fh:
         head = fh.read(4)
         fh.seek(max(size - 4, 0))
         tail = fh.read(4)
     if size < 12 or head != _PARQUET_MAGIC or tail != _PARQUET_MAGIC:
-        raise ValueError(f"{name}: not a Parquet file (bad magic bytes)")
+        raise InputError(f"{name}: not a Parquet file (bad magic bytes)")
+
+
+def check_npy(path: str | os.PathLike[str]) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of a ``.npy`` file from its header, without reading the data.
+
+    Raises
+    ------
+    InputError
+        Naming the file: not a ``.npy`` file (magic bytes, header), or an array of Python
+        objects (which only unpickling could read, and this package never unpickles).
+    """
+    p = Path(path)
+    name = str(path)
+    try:
+        with open(p, "rb") as f:
+            if not f.read(len(_NPY_MAGIC)).startswith(_NPY_MAGIC):
+                raise InputError(f"{name}: not a NumPy .npy file (bad magic bytes)")
+            f.seek(0)
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, _fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                shape, _fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    except InputError:
+        raise
+    except (ValueError, OSError, EOFError) as err:
+        raise InputError(f"{name}: not a valid NumPy .npy file ({err})") from None
+    if dtype.hasobject:
+        raise InputError(
+            f"{name}: holds Python objects (dtype {dtype}); only numeric arrays are read "
+            "(save the array with a numeric dtype, e.g. arr.astype(float))"
+        )
+    return tuple(int(v) for v in shape), dtype
 
 
 def _read_npy(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataFrame:
-    if not _head(p, len(_NPY_MAGIC)).startswith(_NPY_MAGIC):
-        raise ValueError(f"{name}: not a NumPy .npy file (bad magic bytes)")
+    check_npy(p)
     try:
         arr = np.load(p, allow_pickle=False)
     except ValueError as err:
         if "pickled" in str(err):
-            raise ValueError(
+            raise InputError(
                 f"{name}: holds Python objects (pickled); only numeric arrays are read"
             ) from None
-        raise ValueError(f"{name}: not a valid NumPy .npy file ({err})") from None
+        raise InputError(f"{name}: not a valid NumPy .npy file ({err})") from None
     except (OSError, EOFError) as err:
-        raise ValueError(f"{name}: not a valid NumPy .npy file ({err})") from None
+        raise InputError(f"{name}: not a valid NumPy .npy file ({err})") from None
     if arr.dtype.names is not None:
         if arr.ndim != 1:
-            raise ValueError(f"{name}: expected a 1-D structured array, got shape {arr.shape}")
+            raise InputError(f"{name}: expected a 1-D structured array, got shape {arr.shape}")
         df = pd.DataFrame({f: arr[f] for f in arr.dtype.names})
     else:
         if arr.ndim != 2:
-            raise ValueError(
+            raise InputError(
                 f"{name}: expected a 2-D array (n_rows, n_columns), got shape {arr.shape}"
             )
         if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_) or np.iscomplexobj(
             arr
         ):
-            raise ValueError(f"{name}: expected a real numeric array, got dtype {arr.dtype}")
+            raise InputError(f"{name}: expected a real numeric array, got dtype {arr.dtype}")
         df = pd.DataFrame(arr, columns=[f"x{j}" for j in range(arr.shape[1])])
     _check_columns(name, list(df.columns), columns)
     return df[list(columns)] if columns is not None else df
 
 
 # -- output ------------------------------------------------------------------------------------
+def temp_sibling(path: str | os.PathLike[str]) -> Path:
+    """The name an output ``path`` is written under until it is complete: ``.<name>.partial``
+    in the same directory (same file system, so the final rename is atomic; hidden, so that a
+    half-written output is not mistaken for a result)."""
+    p = Path(path)
+    return p.parent / f".{p.name}.partial"
+
+
 @contextlib.contextmanager
 def staged_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary sibling of ``out`` to write into; renamed to ``out`` if the block succeeds.
 
-    The temporary directory is ``<out>.tmp-<pid>`` next to ``out`` (same file system, so the
-    rename is atomic). On any exception it is removed and ``out`` is left as it was; on success
-    an existing ``out`` is replaced.
+    The temporary directory is ``temp_sibling(out)``. On any exception it is removed and
+    ``out`` is left as it was; on success an existing ``out`` is replaced.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ValueError(f"{out}: exists and is not a directory")
+        raise InputError(f"{out}: exists and is not a directory")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    tmp = temp_sibling(out)
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
@@ -338,7 +422,7 @@ def _commit(tmp: Path, out: Path) -> None:
         os.replace(tmp, out)
         return
     # rename() cannot replace a non-empty directory: move the old one aside first
-    old = out.with_name(f"{out.name}.old-{os.getpid()}")
+    old = out.parent / f".{out.name}.old"
     if old.exists():
         shutil.rmtree(old)
     os.replace(out, old)
@@ -396,3 +480,28 @@ def write_outputs(
         write_json(f, obj)
         written.append(f)
     return written
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and of what a run depends on, for run.json ("not installed" for a
+    distribution that is absent)."""
+    import importlib.metadata as md
+    import platform
+
+    out = {"python": platform.python_version()}
+    for dist in (
+        "dpmm-pipeline",
+        "numpy",
+        "numba",
+        "pandas",
+        "scikit-learn",
+        "dask",
+        "distributed",
+        "zarr",
+        "prefect",
+    ):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out

@@ -18,6 +18,13 @@ of binomial columns. It encodes the same columns at predict time and refuses any
   explicitly for true counts;
 * floats: ``gaussian`` (all such columns share one full-covariance Normal-Wishart group).
 
+Two kinds of text column are refused by ``auto`` rather than guessed (``check_auto_text``): one
+whose values are numbers but for a few (at least ``NUMERIC_SHARE``, 90%: a numeric column with a
+typo, which would otherwise become a categorical column of as many levels as distinct numbers),
+and one whose distinct values are nearly as many as its rows (more than ``ID_SHARE`` of them and
+more than ``ID_LEVELS``: an identifier, one cluster per record). Naming the column's family
+(``family={"id": "categorical"}``) accepts either.
+
 Any column can be overridden: ``family={"visits": "poisson"}`` keeps ``auto`` for the rest.
 """
 
@@ -31,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline import families as fam_mod
+from pipeline.errors import InputError
 from pipeline.families import Family, FloatArray, ProductFamily
 from pipeline.persist import register
 
@@ -46,6 +54,12 @@ KINDS = (
 )
 NUMERIC_KINDS = {"gaussian", "diag-gaussian", "exponential"}
 MAX_LEVELS = 10
+# ``check_auto_text``: a text column with at least this share of numbers is a numeric column with
+# typos; one with more than this share of distinct values and more than this many levels is an
+# identifier
+NUMERIC_SHARE = 0.9
+ID_SHARE = 0.5
+ID_LEVELS = 50
 COUNT_KINDS = {"poisson", "bernoulli", "binomial", "geometric"}
 
 
@@ -129,6 +143,68 @@ def auto_kind(s: pd.Series) -> str:
     return "gaussian"
 
 
+def _is_text(s: pd.Series) -> bool:
+    """Strings or other objects: what ``auto_kind`` makes categorical without being told."""
+    dt = s.dtype
+    return not (
+        pd.api.types.is_numeric_dtype(dt)
+        or pd.api.types.is_bool_dtype(dt)
+        or isinstance(dt, pd.CategoricalDtype)
+    )
+
+
+def check_auto_text(s: pd.Series, name: str) -> None:
+    """Refuse a text column that ``family="auto"`` would wrongly make categorical.
+
+    Parameters
+    ----------
+    s : Series of shape (n_rows,)
+        The column as read (a numeric, bool or ``category`` column passes unchecked).
+    name : str
+        The column's name, for the message.
+
+    Raises
+    ------
+    InputError
+        When at least ``NUMERIC_SHARE`` of the values present are numbers (the message names the
+        first 0-based row that is not), or when more than ``ID_SHARE`` of the rows and more than
+        ``ID_LEVELS`` values are distinct (an identifier).
+    """
+    if not _is_text(s):
+        return
+    present = s.notna().to_numpy()
+    n_present = int(present.sum())
+    if n_present == 0:
+        return
+    is_num = pd.to_numeric(s, errors="coerce").notna().to_numpy()
+    n_num = int(is_num.sum())
+    if n_num < n_present and n_num >= NUMERIC_SHARE * n_present:
+        i = _first_bad_row(present & ~is_num)
+        raise InputError(
+            f"column '{name}': row {i} is {s.iloc[i]!r}, not a number ({n_num:,} of "
+            f"{n_present:,} values are numbers)"
+        )
+    n_levels = int(s.nunique(dropna=True))
+    n = int(s.shape[0])
+    if n_levels > ID_LEVELS and n_levels > ID_SHARE * n:
+        raise InputError(
+            f"column '{name}': {n_levels:,} distinct values in {n:,} rows; an identifier? drop "
+            "it or name its family"
+        )
+
+
+def constant_columns(df: pd.DataFrame) -> dict[str, Any]:
+    """The columns of ``df`` holding one value in every row (no missing value), with that value
+    (a numpy scalar as the Python one, for run.json)."""
+    out = {}
+    for c in df.columns:
+        s = df[c]
+        if s.notna().all() and s.nunique() == 1:
+            v = s.iloc[0]
+            out[str(c)] = v.item() if isinstance(v, np.generic) else v
+    return out
+
+
 @register
 @dataclass
 class Schema:
@@ -151,6 +227,8 @@ class Schema:
         cols = list(df.columns)
         if isinstance(family, str):
             if family == "auto":
+                for c in cols:
+                    check_auto_text(df[c], c)
                 kinds = {c: auto_kind(df[c]) for c in cols}
             elif family in KINDS:
                 kinds = dict.fromkeys(cols, family)
@@ -160,6 +238,10 @@ class Schema:
             unknown = [c for c in family if str(c) not in cols]
             if unknown:
                 raise ValueError(f"family names columns not in the data: {unknown}")
+            named = {str(c) for c in family}
+            for c in cols:
+                if c not in named:
+                    check_auto_text(df[c], c)
             kinds = {c: auto_kind(df[c]) for c in cols}
             for c, k in family.items():
                 if k not in KINDS:

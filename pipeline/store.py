@@ -1,4 +1,4 @@
-"""The dataset store: ingest of the records, their folds, groups and labels, and the checkpoints.
+"""The dataset store: ingest of the records, their folds, groups and true labels.
 
 Layout of a store (a zarr v3 group; rows chunked by ``chunk_rows`` = R)
 -------------------------------------------------------------------------
@@ -415,9 +415,7 @@ class Store:
 # -- input sources ---------------------------------------------------------------------------
 
 
-class InputError(ValueError):
-    """Bad input: the message names the file and the row."""
-
+from pipeline.errors import InputError  # noqa: E402  (re-exported: the ingest raises it)
 
 _ROW = re.compile(r"\brow (\d+)\b")
 

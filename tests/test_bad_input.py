@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from flows.cli import main
 from pipeline import io as pio
-from pipeline.cli import main
 from pipeline.mapdp import MAPDP
 
 
@@ -77,6 +77,31 @@ TEXT = with_value("b", 11, "abc")
 NEG = with_value("visits", 3, -2.0)
 FRAC = with_value("visits", 4, 1.5)
 CONST = good_frame().assign(b=3.0)
+
+
+def typo_frame(n: int = 2000, row: int = 77) -> pd.DataFrame:
+    """A numeric column ``x`` with one typo: 'oops' in ``row``."""
+    rng = np.random.default_rng(1)
+    df = pd.DataFrame({"x": rng.normal(size=n).round(4), "y": rng.normal(size=n)})
+    df = df.astype({"x": object})
+    df.loc[row, "x"] = "oops"
+    return df
+
+
+def id_frame(n: int = 2000) -> pd.DataFrame:
+    """A numeric column and an identifier column ``id`` (one value per row)."""
+    rng = np.random.default_rng(2)
+    return pd.DataFrame({"id": [f"user-{i:05d}" for i in range(n)], "y": rng.normal(size=n)})
+
+
+def npy_objects(d: Path) -> Path:
+    p = d / "x.npy"
+    np.save(p, np.array([[1, "a"], [2, "b"]], dtype=object), allow_pickle=True)
+    return p
+
+
+TYPO = typo_frame()
+IDS = id_frame()
 
 CASES = [
     # row 5 of the data is line 7 of the CSV (header on line 1)
@@ -197,6 +222,23 @@ CASES = [
         library=read("data.xlsx"),
     ),
     Case(
+        "numeric-typo",
+        csv_of(TYPO),
+        [
+            "column 'x'",
+            "row 77 (line 79) is 'oops', not a number",
+            "(1,999 of 2,000 values are numbers)",
+        ],
+        library=fit(TYPO),
+    ),
+    Case(
+        "identifier",
+        csv_of(IDS),
+        ["column 'id'", "2,000 distinct values in 2,000 rows; an identifier?", "its family"],
+        library=fit(IDS),
+    ),
+    Case("npy-objects", npy_objects, ["x.npy", "Python objects"], library=read("x.npy")),
+    Case(
         "npy-1d",
         lambda d: (np.save(d / "x.npy", np.arange(5.0)), d / "x.npy")[1],
         ["x.npy", "2-D"],
@@ -266,3 +308,75 @@ def test_drop_constant_everything(tmp_path: Path, capsys: pytest.CaptureFixture[
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "every column is constant" in err[0] and "flat.csv" in err[0]
     assert not out.exists()
+
+
+def test_auto_refusals_in_schema() -> None:
+    """``Schema.infer`` refuses both columns under "auto" (0-based rows); naming the family
+    accepts them; a column of a few levels, or with fewer than 90% numbers, is categorical."""
+    from pipeline.errors import InputError
+    from pipeline.schema import Schema
+
+    with pytest.raises(InputError, match=r"^column 'x': row 77 is 'oops', not a number \(1,999 "):
+        Schema.infer(TYPO, "auto", True)
+    with pytest.raises(InputError, match=r"^column 'id': 2,000 distinct values in 2,000 rows"):
+        Schema.infer(IDS, {"y": "gaussian"}, True)
+    assert Schema.infer(TYPO, {"x": "categorical"}, True).kinds == {
+        "x": "categorical",
+        "y": "gaussian",
+    }
+    assert Schema.infer(IDS, {"id": "categorical"}, True).kinds["id"] == "categorical"
+    few = pd.DataFrame({"c": ["a", "b", "c"] * 40, "n": ["1", "2", "x", "y"] * 30})
+    assert Schema.infer(few, "auto", True).kinds == {"c": "categorical", "n": "categorical"}
+    # 50 levels in 60 rows is still a short scale, 51 is an identifier
+    ok = pd.DataFrame({"k": [f"k{i % 50}" for i in range(60)]})
+    assert Schema.infer(ok, "auto", True).kinds == {"k": "categorical"}
+    with pytest.raises(InputError, match="51 distinct values in 60 rows"):
+        Schema.infer(pd.DataFrame({"k": [f"k{i % 51}" for i in range(60)]}), "auto", True)
+
+
+def test_cli_family_override_accepts_an_identifier(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    p = tmp_path / "ids.csv"
+    id_frame(60).to_csv(p, index=False)
+    out = tmp_path / "out"
+    assert main(["cluster", str(p), "--out", str(out), "--quiet"]) == 2
+    assert "an identifier?" in capsys.readouterr().err
+    args = ["--family", "id=categorical", "--restarts", "1", "--seed", "0", "--quiet"]
+    assert main(["cluster", str(p), "--out", str(out), *args]) == 0
+    run = json.loads((out / "run.json").read_text())
+    assert run["data"]["families"] == {"id": "categorical", "y": "gaussian"}
+
+
+@pytest.mark.parametrize(
+    "write, words",
+    [
+        (npy_objects, ["x.npy", "holds Python objects (dtype object)"]),
+        (raw("data.parquet", b"a,b\n1,2\n"), ["data.parquet", "not a Parquet file"]),
+        (raw("data.csv", b""), ["data.csv", "the file is empty"]),
+        (lambda d: d / "nowhere.csv", ["nowhere.csv", "no such file or directory"]),
+    ],
+    ids=["npy-objects", "not-parquet", "empty", "missing"],
+)
+def test_run_refuses_a_bad_file_before_starting(
+    write: Callable[[Path], Path],
+    words: list[str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``dpmm run`` checks the file itself (``pipeline.io.check_file``) before Dask and Prefect
+    start: one line, status 2, nothing written."""
+    src = tmp_path / "src"
+    src.mkdir()
+    path = write(src)
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"dpmm: error: {path}: "), lines
+    for w in words:
+        assert w in lines[0]
+    assert captured.out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

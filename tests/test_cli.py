@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from flows.cli import build_parser, main
 from pipeline import io as pio
-from pipeline.cli import build_parser, main
 
 CENTERS = np.array([[0.0, 0.0], [30.0, 30.0], [-30.0, 30.0]])
 
@@ -39,9 +39,7 @@ def outputs(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
 
 
 def no_leftovers(out: Path) -> bool:
-    return not list(out.parent.glob(f"{out.name}.tmp-*")) + list(
-        out.parent.glob(f"{out.name}.old-*")
-    )
+    return not pio.temp_sibling(out).exists() and not (out.parent / f".{out.name}.old").exists()
 
 
 @pytest.fixture
@@ -230,7 +228,7 @@ def test_parser_has_subcommands() -> None:
 
 def test_real_subprocess(csv_path: Path, tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("dpmm")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "pipeline.cli"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "flows.cli"]
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     out = tmp_path / "out"
     proc = subprocess.run(
@@ -282,3 +280,36 @@ def test_staged_dir_failure_leaves_nothing(tmp_path: Path) -> None:
         pio.write_outputs(tmp, {"t": pd.DataFrame({"a": [1]})}, {"run": {"v": np.float64(1)}})
     assert sorted(f.name for f in out.iterdir()) == ["run.json", "t.parquet"]
     assert json.loads((out / "run.json").read_text()) == {"v": 1.0}
+
+
+def test_logs_to_moves_terminal_handlers_and_puts_them_back(tmp_path: Path) -> None:
+    import logging
+
+    import prefect  # noqa: F401  (configures its handlers on import)
+
+    from flows.cli.logs import logs_to
+
+    def terminal() -> dict[str, list[logging.Handler]]:
+        loggers = [("", logging.getLogger())] + [
+            (n, lg) for n, lg in logging.Logger.manager.loggerDict.items()
+        ]
+        return {
+            n: [
+                h
+                for h in lg.handlers
+                if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+            ]
+            for n, lg in loggers
+            if isinstance(lg, logging.Logger)
+        }
+
+    before = {n: hs for n, hs in terminal().items() if hs}
+    assert before  # Prefect's console handler, at least
+    log = tmp_path / "run.log"
+    with logs_to(log):
+        assert not any(terminal().values())
+        # a logger without Prefect's API handler, which warns outside a flow run
+        logging.getLogger("prefect.dpmm-test").error("Task run failed with exception")
+    assert "Task run failed with exception" in log.read_text()
+    # back in place for a library user in the same process
+    assert {n: hs for n, hs in terminal().items() if hs} == before

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +17,12 @@ import zarr
 from prefect.testing.utilities import prefect_test_harness
 from sklearn.metrics import normalized_mutual_info_score
 
+from flows.cli import main
+from flows.cli.run import add_run_parser
 from flows.cluster import cluster
 from pipeline.config import INIT_SAMPLE
 from pipeline.dist import loop
-from pipeline.dist.run import temp_sibling
-from pipeline.run_cli import add_run_parser, main
+from pipeline.io import temp_sibling
 from pipeline.store import Store
 
 
@@ -92,19 +96,59 @@ def test_rerun_after_a_crash_resumes_with_the_same_labels(tmp_path: Path, monkey
     assert np.array_equal(a, b)
 
 
-def test_cli_bad_input_exits_2_and_leaves_nothing(tmp_path: Path, capsys):
+BAD_CSV = "a,b\n1,2\n3,4\n5,\n7,8\n"
+BAD_LINE = "column 'b': row 2 (line 4) is NaN (missing value)"
+
+
+def test_cli_bad_input_exits_2_and_leaves_nothing(tmp_path: Path, capfd):
     path = tmp_path / "bad.csv"
-    path.write_text("a,b\n1,2\n3,4\n5,\n7,8\n")
+    path.write_text(BAD_CSV)
     out = tmp_path / "out"
     code = main(["run", str(path), "--out", str(out), "--workers", "1", "--quiet"])
-    err = capsys.readouterr().err.strip().splitlines()
+    captured = capfd.readouterr()
     assert code == 2
-    assert any(
-        line.startswith("dpmm run: error:")
-        and str(path) in line
-        and "column 'b': row 2 is NaN" in line
-        for line in err
-    ), err
+    # the failed task's traceback and Prefect's lines went to the log file, not to stderr
+    assert captured.err.splitlines() == [f"dpmm: error: {path}: {BAD_LINE}"]
+    assert captured.out == ""
+    assert not out.exists() and not temp_sibling(out).exists()
+    # without --quiet, progress lines (the dashboard) may come first, and nothing else
+    log_file = tmp_path / "run.log"
+    argv = ["run", str(path), "--out", str(out), "--workers", "1", "--log-file", str(log_file)]
+    code = main(argv)
+    lines = capfd.readouterr().err.splitlines()
+    assert code == 2
+    assert lines[-1] == f"dpmm: error: {path}: {BAD_LINE}"
+    assert all(line.startswith(("Dask dashboard:", "ingest:")) for line in lines[:-1]), lines
+    log = log_file.read_text()
+    assert "Traceback" in log and "Finished in state Failed" in log, log
+    assert not out.exists() and not temp_sibling(out).exists()
+
+
+def test_dpmm_run_program_on_bad_input_prints_one_line(tmp_path: Path):
+    """A real ``dpmm run`` process, as a new user runs it: status 2 and the one line on stderr;
+    no traceback, no Prefect log line (not even the temporary server's at exit)."""
+    path = tmp_path / "bad.csv"
+    path.write_text(BAD_CSV)
+    out = tmp_path / "out"
+    exe = Path(sys.executable).with_name("dpmm")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "flows.cli"]
+    env = {
+        **os.environ,
+        # its own Prefect database; a loaded machine may start the temporary server slowly
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "600",
+    }
+    proc = subprocess.run(
+        [*cmd, "run", str(path), "--out", str(out), "--workers", "1", "--quiet"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=800,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [f"dpmm: error: {path}: {BAD_LINE}"]
+    assert proc.stdout == ""
     assert not out.exists() and not temp_sibling(out).exists()
 
 
@@ -192,7 +236,7 @@ def test_summaries_with_identity_stage2(tmp_path: Path):
 
 
 def test_demo_runs_the_flow(tmp_path: Path, capsys):
-    from pipeline.cli import main as dpmm
+    from flows.cli import main as dpmm
 
     out = tmp_path / "demo"
     argv = ["demo", "--out", str(out), "--rows", "20000", "--summaries", "50", "--quiet"]

@@ -20,14 +20,10 @@ from pipeline.dist.loop import context
 from pipeline.dist.writeout import WriteSummary
 from pipeline.engines.base import RunContext
 from pipeline.engines.mixture_state import PassState, merge_by
+from pipeline.io import temp_sibling, versions
 from pipeline.store import Store, StoreInfo
 
 IntArray = NDArray[np.int64]
-
-
-def temp_sibling(path: Path) -> Path:
-    """The name a run writes ``path`` under until it is complete."""
-    return path.parent / f".{path.name}.partial"
 
 
 @dataclass(frozen=True)
@@ -248,29 +244,3 @@ def finish(
         shutil.rmtree(out)
     os.replace(partial, out)
     return run
-
-
-
-
-def versions() -> dict[str, str]:
-    """Versions of what a run depends on, for ``run.json``."""
-    import importlib.metadata as md
-    import platform
-
-    out = {"python": platform.python_version()}
-    for dist in (
-        "dpmm-pipeline",
-        "numpy",
-        "numba",
-        "pandas",
-        "dask",
-        "distributed",
-        "zarr",
-        "prefect",
-        "scikit-learn",
-    ):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out

@@ -1,8 +1,9 @@
-"""The ``dpmm`` command line.
+"""The ``dpmm`` command line: parsing, messages and exit status; the work is ``pipeline``'s.
 
-``dpmm cluster INPUT --out DIR``  fit MAP-DP to a CSV / Parquet / NumPy table, write DIR/
+``dpmm cluster INPUT --out DIR``  fit MAP-DP in this process to a CSV / Parquet / NumPy table
 ``dpmm demo --out DIR``           ``dpmm run`` on a generated, labelled data set
-``dpmm run INPUT --out DIR``      the distributed pipeline (``pipeline.run_cli``)
+``dpmm run INPUT --out DIR``      the distributed pipeline: the Prefect flow ``flows.cluster``
+                                  (``flows.cli.run``)
 
 Exit status: 0 on success; 2 on bad input or usage, with exactly one line
 ``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
@@ -10,15 +11,15 @@ Exit status: 0 on success; 2 on bad input or usage, with exactly one line
 Adding a subcommand: write ``cmd_<name>(args) -> int``, register it in ``build_parser`` with
 ``set_defaults(func=cmd_<name>)``, and wrap the steps that read or validate user input in
 ``with bad_input(...)`` so that their ``ValueError`` / ``TypeError`` / ``OSError`` become the one
-line and status 2. ``add_fit_options`` holds the options shared with ``cluster``.
+line and status 2 (``pipeline.errors.InputError`` always does). ``add_fit_options`` holds the
+options shared with ``cluster``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
-import re
+import os
 import secrets
 import sys
 import time
@@ -31,16 +32,14 @@ from typing import Any, NoReturn
 import numpy as np
 import pandas as pd
 
+from flows.cli.run import add_log_options, add_run_parser
+from flows.cli.types import alpha as _alpha
+from flows.cli.types import family as _family
+from flows.cli.types import positive_int as _positive_int
 from pipeline import io as pio
-from pipeline.cli_types import alpha as _alpha
-from pipeline.cli_types import family as _family
-from pipeline.cli_types import positive_int as _positive_int
+from pipeline.errors import InputError
 
 PROG = "dpmm"
-
-
-class InputError(Exception):
-    """Bad input or usage: ``main`` prints the message as one line and returns 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -64,26 +63,17 @@ def bad_input(prefix: str | None = None, rows_of: str | Path | None = None) -> I
         Put in front of the message (``"<prefix>: <message>"``) unless already there.
     rows_of : path, optional
         The input file: a 0-based ``row N`` in the message is rewritten to where that record
-        is in the file (``pipeline.io.describe_row``).
+        is in the file (``pipeline.io.locate_rows``).
     """
     try:
         yield
-    except InputError:
-        raise
     except (ValueError, TypeError, OSError) as err:
         msg = str(err) or type(err).__name__
         if rows_of is not None:
-            msg = _locate_rows(msg, rows_of)
+            msg = pio.locate_rows(msg, rows_of)
         if prefix and not msg.startswith(prefix):
             msg = f"{prefix}: {msg}"
         raise InputError(_one_line(msg)) from err
-
-
-def _locate_rows(msg: str, path: str | Path) -> str:
-    m = re.search(r"\brow (\d+)\b(?! \()", msg)
-    if m is None:
-        return msg
-    return msg[: m.start()] + pio.describe_row(path, int(m.group(1))) + msg[m.end() :]
 
 
 # -- option parsing ----------------------------------------------------------------------------
@@ -213,9 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the old demo: 'dpmm cluster' in one process on DIR/input.csv",
     )
     d.add_argument("--quiet", action="store_true", help="no progress lines, only the summary")
+    add_log_options(d)
     d.set_defaults(func=cmd_demo)
-
-    from pipeline.run_cli import add_run_parser
 
     add_run_parser(sub)
     return parser
@@ -259,72 +248,13 @@ class ClusterResult:
     files: list[Path] = field(default_factory=list)
 
 
-def _version(dist: str = "dpmm-pipeline") -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def versions() -> dict[str, str]:
-    import numba
-    import sklearn
-
-    return {
-        "python": sys.version.split()[0],
-        "numpy": np.__version__,
-        "numba": numba.__version__,
-        "pandas": pd.__version__,
-        "scikit-learn": sklearn.__version__,
-        "dpmm-pipeline": _version(),
-    }
+def _version() -> str:
+    return pio.versions()["dpmm-pipeline"]
 
 
 def _say(opts: ClusterOptions, msg: str) -> None:
     if not opts.quiet:
         print(msg, flush=True)
-
-
-def _stray_text(
-    df: pd.DataFrame, family: str | dict[str, str], name: str, path: Path
-) -> str | None:
-    """A column read as text because a few of its values are not numbers, as an error message.
-
-    With ``family="auto"`` such a column would silently become categorical; a column whose
-    values are mostly numbers is a numeric column with typos.
-    """
-    for c in df.columns:
-        if isinstance(family, dict) and c in family:
-            continue
-        if isinstance(family, str) and family != "auto":
-            continue
-        s = df[c]
-        if pd.api.types.is_numeric_dtype(s.dtype) or pd.api.types.is_bool_dtype(s.dtype):
-            continue
-        if isinstance(s.dtype, pd.CategoricalDtype):
-            continue
-        present = s.notna().to_numpy()
-        conv = pd.to_numeric(s, errors="coerce").notna().to_numpy()
-        n_num, n_present = int(conv.sum()), int(present.sum())
-        if n_num == 0 or n_num < 0.5 * n_present:
-            continue
-        i = int(np.flatnonzero(present & ~conv)[0])
-        return (
-            f"{name}: column '{c}': {pio.describe_row(path, i)} has {s.iloc[i]!r}, which is "
-            f"not a number ({n_num} of the {n_present} values are numbers; pass "
-            f"--family {c}=categorical to treat the column as categories)"
-        )
-    return None
-
-
-def _constant_columns(df: pd.DataFrame) -> dict[str, Any]:
-    out = {}
-    for c in df.columns:
-        s = df[c]
-        if s.notna().all() and s.nunique() == 1:
-            v = s.iloc[0]
-            out[c] = v.item() if isinstance(v, np.generic) else v
-    return out
 
 
 def run_cluster(
@@ -343,6 +273,7 @@ def run_cluster(
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
     from pipeline.mapdp import MAPDP
+    from pipeline.schema import constant_columns
 
     path = Path(input_path)
     name = str(shown_input if shown_input is not None else input_path)
@@ -379,7 +310,7 @@ def run_cluster(
     family = opts.family
     dropped: dict[str, Any] = {}
     if opts.drop_constant:
-        dropped = _constant_columns(df)
+        dropped = constant_columns(df)
         if dropped:
             if len(dropped) == df.shape[1]:
                 raise InputError(f"{name}: every column is constant: {dropped}")
@@ -388,9 +319,6 @@ def run_cluster(
                 family = {c: k for c, k in family.items() if c not in dropped}
             shown = ", ".join(f"{c} (every row is {v!r})" for c, v in dropped.items())
             _say(opts, f"dropped constant column(s): {shown}")
-    stray = _stray_text(df, family, name, path)
-    if stray is not None:
-        raise InputError(stray)
 
     # -- fit ---------------------------------------------------------------------------------
     seed = opts.seed if opts.seed is not None else secrets.randbits(32)
@@ -468,7 +396,7 @@ def run_cluster(
             "families": dict(model.schema_.kinds),
             "dropped_constant_columns": dropped,
         },
-        "versions": versions(),
+        "versions": pio.versions(),
         "objective_history": [float(v) for v in model.objective_history_],
         "restart_objectives": [float(v) for v in model.restart_objectives_],
         "timings_seconds": timings,
@@ -560,23 +488,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-    from flows.cluster import run_cluster_flow  # the CLI starts the flow: the one upward import
+    from flows.cli.run import start_flow
     from pipeline.dist.loop import InjectedFault
 
+    kwargs = dict(
+        input=str(out / "input.parquet"),
+        out=str(result),
+        chunk_rows=50_000,
+        holdout=0.1,
+        random_state=args.seed,
+        label_column=LABEL_COLUMN,
+        summaries=max(int(args.summaries), 0),
+        n_workers=args.workers,
+        dashboard_address=None,
+        overwrite=True,
+        progress=not args.quiet,
+    )
     try:
-        run = run_cluster_flow(
-            input=str(out / "input.parquet"),
-            out=str(result),
-            chunk_rows=50_000,
-            holdout=0.1,
-            random_state=args.seed,
-            label_column=LABEL_COLUMN,
-            summaries=max(int(args.summaries), 0),
-            n_workers=args.workers,
-            dashboard_address=None,
-            overwrite=True,
-            progress=not args.quiet,
-        )
+        run = start_flow(args, kwargs)
     except InjectedFault as err:
         print(f"{PROG} demo: {err}", file=sys.stderr)
         return 1
@@ -621,15 +550,16 @@ def _demo_in_memory(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``dpmm``; returns the exit status."""
+    """Run ``dpmm`` with ``argv`` (default: this program's arguments); returns the exit status."""
+    # Prefect's temporary server sends usage telemetry unless told not to; on a machine without
+    # network its failures land on stderr. A user who wants it sets the variable.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        # no argv: this process is the dpmm program, whose logging ``flows.cli.logs`` may keep
+        args.program = argv is None
         return int(args.func(args))
     except InputError as err:
         print(f"{PROG}: error: {_one_line(str(err))}", file=sys.stderr, flush=True)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,319 @@
+"""``dpmm run``: the whole pipeline (Prefect flow ``flows.cluster``) from the command line.
+
+    dpmm run INPUT --out OUT [--chunk-rows N] [--holdout F] [--engine mapdp|kmeans]
+             [--family SPEC] [--alpha FLOAT|learn] [--max-passes N] [--tol F]
+             [--min-change F] [--seed N] [--label-column COL] [--summaries M]
+             [--stage2 none|bhc] [--mcmc ITER] [--scheduler ADDRESS] [--workers N]
+             [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
+
+INPUT is a CSV file, a Parquet file or directory, a ``.npy`` file or a zarr array. Bad input
+exits with status 2 and one line on stderr naming the file and the row (``dpmm: error: ...``);
+nothing is left at OUT nor at its temporary sibling. Running the same command again after a
+crash resumes from the last completed pass. Defaults come from ``pipeline.config``, engine names
+from ``pipeline.engines.ENGINES``.
+
+Prefect's and Dask's log lines (with the traceback of a failed task) go to a temporary log file
+(``flows.cli.logs``), deleted when the run succeeds or refuses its input and named on stderr when
+it fails otherwise; ``--log-file PATH`` keeps them in PATH, ``--verbose`` shows them on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from flows.cli.types import alpha as _alpha
+from flows.cli.types import family as _family
+from flows.cli.types import fraction as _fraction
+from flows.cli.types import nonneg_float as _nonneg_float
+from flows.cli.types import nonneg_int as _nonneg_int
+from flows.cli.types import positive_int as _positive_int
+from pipeline import io as pio
+from pipeline.config import (
+    DEFAULT_CHUNK_ROWS,
+    INIT_SAMPLE,
+    INITS,
+    MAX_PASSES,
+    MIN_CHANGE,
+    N_FOLDS,
+    TOL,
+)
+from pipeline.dataset import DATA_DIR_ENV
+from pipeline.engines import ENGINES
+from pipeline.errors import InputError
+
+PROG = "dpmm"
+
+
+def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``run`` to an ``argparse`` subparsers object; it sets ``func=cmd_run``."""
+    p = subparsers.add_parser(
+        "run",
+        help="cluster a large input with Dask (ingest, passes, write-out) under Prefect",
+        description="Cluster the records of INPUT with distributed MAP-DP or Bayes K-means and "
+        "write OUT/labels.zarr, OUT/clusters.parquet, OUT/run.json and a report.",
+    )
+    p.add_argument("input", metavar="INPUT", help="CSV, Parquet file or directory, .npy, zarr")
+    p.add_argument("--out", required=True, metavar="OUT", help="output directory")
+    p.add_argument(
+        "--chunk-rows",
+        type=_positive_int,
+        default=DEFAULT_CHUNK_ROWS,
+        metavar="N",
+        help=f"rows per chunk, one Dask task each (default {DEFAULT_CHUNK_ROWS:,})",
+    )
+    p.add_argument(
+        "--holdout",
+        type=_fraction,
+        default=0.0,
+        metavar="F",
+        help="fraction of rows held out of the fit and scored (default 0)",
+    )
+    p.add_argument("--engine", choices=ENGINES, default="mapdp", help="stage-1 sweep")
+    p.add_argument(
+        "--family",
+        type=_family,
+        default="auto",
+        metavar="SPEC",
+        help="auto (default), one family for every column, or COL=KIND,COL=KIND",
+    )
+    p.add_argument("--alpha", type=_alpha, default="learn", metavar="FLOAT|learn")
+    p.add_argument(
+        "--init",
+        choices=INITS,
+        default="auto",
+        help="start of pass 1 (auto = sample: in-memory MAP-DP with split/merge moves on a "
+        "hash sample of --init-sample training rows)",
+    )
+    p.add_argument(
+        "--init-sample",
+        type=_positive_int,
+        default=INIT_SAMPLE,
+        metavar="N",
+        help=f"rows of the sample start (default {INIT_SAMPLE:,}; more finds smaller clusters "
+        "before pass 1, at the cost of a longer start)",
+    )
+    p.add_argument(
+        "--max-passes",
+        type=_positive_int,
+        default=MAX_PASSES,
+        metavar="N",
+        help=f"stop after N passes (default {MAX_PASSES})",
+    )
+    p.add_argument(
+        "--tol",
+        type=_nonneg_float,
+        default=TOL,
+        metavar="F",
+        help="stop when a pass lowers the objective by at most F * |objective| (relative; "
+        f"default {TOL:g})",
+    )
+    p.add_argument(
+        "--min-change",
+        type=_fraction,
+        default=MIN_CHANGE,
+        metavar="F",
+        help="stop when at most this fraction of the training records changed cluster in a "
+        f"pass (default {MIN_CHANGE:g})",
+    )
+    p.add_argument(
+        "--label-column",
+        default=None,
+        metavar="COL",
+        help="true labels: left out of the fit; NMI and ARI against them are reported",
+    )
+    p.add_argument(
+        "--group-column",
+        default=None,
+        metavar="COL",
+        help="group key (a subject, a sequence): left out of the fit; all rows of a group share "
+        "a chunk and a fold",
+    )
+    p.add_argument(
+        "--folds",
+        type=_positive_int,
+        default=N_FOLDS,
+        metavar="F",
+        help=f"fold ids drawn per row (or per group) into the dataset store (default {N_FOLDS})",
+    )
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="where dataset stores are kept and reused by later runs of the same input "
+        f"(default ${DATA_DIR_ENV} or ~/.cache/dpmm/datasets)",
+    )
+    p.add_argument(
+        "--summaries",
+        type=_nonneg_int,
+        default=0,
+        metavar="M",
+        help="split the stage-1 clusters into about M summaries for stage 2 (default 0: off)",
+    )
+    p.add_argument(
+        "--stage2",
+        choices=("none", "bhc"),
+        default=None,
+        help="stage 2 over the summaries (default: bhc with --summaries, else none)",
+    )
+    p.add_argument(
+        "--mcmc",
+        type=_nonneg_int,
+        default=0,
+        metavar="ITER",
+        help="tree-guided MCMC iterations after BHC in stage 2 (default 0)",
+    )
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
+    p.add_argument(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="join this Dask scheduler instead of starting a LocalCluster",
+    )
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="LocalCluster worker processes (default: one per core)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.add_argument("--no-report", action="store_true", help="skip the report pictures")
+    p.add_argument("--quiet", action="store_true", help="no progress lines, no dashboard line")
+    add_log_options(p)
+    p.set_defaults(func=cmd_run)
+    return p
+
+
+def add_log_options(p: argparse.ArgumentParser) -> None:
+    """``--verbose`` and ``--log-file``, for the subcommands that run a flow."""
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Prefect's and Dask's log lines (and a failed task's traceback) on stderr",
+    )
+    p.add_argument(
+        "--log-file",
+        default=None,
+        metavar="PATH",
+        help="keep Prefect's and Dask's log lines in PATH (default: a temporary file, deleted "
+        "unless the run fails for another reason than its input)",
+    )
+
+
+def start_flow(
+    args: argparse.Namespace, kwargs: dict[str, Any], rows_of: str | None = None
+) -> dict[str, Any]:
+    """Run ``flows.cluster.run_cluster_flow(**kwargs)`` with the log lines sent where ``args``
+    says (``--verbose``, ``--log-file``, ``--quiet``).
+
+    Parameters
+    ----------
+    args : Namespace
+        The parsed options; ``verbose``, ``log_file``, ``quiet`` and ``program`` (``main`` sets
+        it when this process is the ``dpmm`` program) are read when present.
+    kwargs : dict
+        The flow's keyword arguments.
+    rows_of : str, optional
+        The input file: a 0-based ``row N`` in a refusal is shown as ``pipeline.io.locate_rows``
+        finds it in the file (the line of a CSV record).
+
+    Returns
+    -------
+    dict, the content of OUT/run.json.
+
+    Raises
+    ------
+    InputError
+        The flow refused its input or parameters (a ``ValueError``), as one line.
+    """
+    from flows.cluster import run_cluster_flow  # the CLI starts the flow: the one upward import
+
+    verbose = bool(getattr(args, "verbose", False))
+    quiet = bool(getattr(args, "quiet", False))
+    log_file = getattr(args, "log_file", None)
+    keep = log_file is not None
+    log: Path | None = None
+    if not verbose:
+        if log_file is not None:
+            log = Path(log_file)
+        else:
+            fd, name = tempfile.mkstemp(prefix="dpmm-run-", suffix=".log")
+            os.close(fd)
+            log = Path(name)
+    try:
+        with contextlib.ExitStack() as stack:
+            if log is not None:
+                stack.enter_context(_logs_to(log, not getattr(args, "program", False)))
+                if quiet:
+                    # the flow prints its dashboard and resume lines itself: with --quiet they
+                    # belong in the log with the rest
+                    fh = stack.enter_context(open(log, "a", encoding="utf-8"))
+                    stack.enter_context(contextlib.redirect_stderr(fh))
+            return run_cluster_flow(**kwargs)
+    except ValueError as err:
+        msg = " ".join(str(err).split()) or type(err).__name__
+        if rows_of is not None:
+            msg = pio.locate_rows(msg, rows_of)
+        raise InputError(msg) from err
+    except BaseException:
+        if log is not None and not keep:
+            keep = True
+            print(f"{PROG}: the log of the run is in {log}", file=sys.stderr, flush=True)
+        raise
+    finally:
+        if log is not None and not keep:
+            log.unlink(missing_ok=True)
+
+
+def _logs_to(path: Path, restore: bool) -> contextlib.AbstractContextManager[Path]:
+    from flows.cli.logs import logs_to
+
+    return logs_to(path, restore)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run the ``cluster`` flow; exit status 2 with one line on bad input (``InputError``)."""
+    from pipeline.dist.loop import InjectedFault
+
+    # what can be seen of the file itself is refused before a Dask cluster and Prefect start
+    pio.check_file(args.input)
+    kwargs = dict(
+        input=args.input,
+        out=args.out,
+        chunk_rows=args.chunk_rows,
+        holdout=args.holdout,
+        engine=args.engine,
+        family=args.family,
+        alpha=args.alpha,
+        init=args.init,
+        init_sample=args.init_sample,
+        max_passes=args.max_passes,
+        tol=args.tol,
+        min_change=args.min_change,
+        random_state=args.seed,
+        label_column=args.label_column,
+        group_column=args.group_column,
+        n_folds=args.folds,
+        data_dir=args.data_dir,
+        summaries=args.summaries,
+        stage2=args.stage2,
+        mcmc=args.mcmc,
+        scheduler=args.scheduler,
+        n_workers=args.workers,
+        overwrite=args.overwrite,
+        report=not args.no_report,
+        progress=not args.quiet,
+    )
+    rows_of = args.input if os.path.isfile(args.input) else None
+    try:
+        start_flow(args, kwargs, rows_of=rows_of)
+    except InjectedFault as err:
+        print(f"{PROG} run: {err}", file=sys.stderr)
+        return 1
+    return 0
