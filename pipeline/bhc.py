@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy.special import gammaln, logsumexp
 
+from kernels import bayes_kmeans as kbk
 from kernels import bhc as kbhc
 from pipeline.families import Family, GaussianNW, ProductFamily, as_product, check_summaries
 from pipeline.mapdp_core import as_seed_sequence
@@ -308,16 +309,8 @@ class BHC:
             k_init = math.ceil(math.sqrt(m)) if self.k_init is None else int(self.k_init)
             if not 1 <= k_init <= m:
                 raise ValueError(f"k_init must be in [1, {m}], got {k_init}")
-            groups, leaves = kbhc.bayes_kmeans(
-                stats,
-                fam.spec,
-                fam.prior,
-                log_alpha,
-                order,
-                k_init,
-                int(self.kmeans_sweeps),
-                int(self.n_top),
-                self._min_parallel(),
+            groups, leaves = kbk.bayes_kmeans(
+                stats, fam.spec, fam.prior, log_alpha, order, k_init, int(self.kmeans_sweeps)
             )
         else:
             groups = np.arange(m, dtype=np.int64)

@@ -18,8 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from kernels.families import product
-from kernels.mapdp import build_stats
+from kernels.obs import product
 
 FloatArray = NDArray[np.float64]
 
@@ -283,7 +282,7 @@ class ProductFamily:
         if None)."""
         if z is None:
             z = np.zeros(Xa.shape[0], dtype=np.int64)
-        return build_stats(Xa, np.asarray(z, dtype=np.int64), K, self.spec, self.n_stats)
+        return product.build_stats(Xa, np.asarray(z, dtype=np.int64), K, self.spec, self.n_stats)
 
     def log_marginal_stats(self, s: FloatArray) -> float:
         return float(product.log_marginal(np.asarray(s, dtype=np.float64), self.spec, self.prior))

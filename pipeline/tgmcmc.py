@@ -29,10 +29,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import sparse
 
+from kernels import alloc as prior_kernels
 from kernels import ibhc as ibhc_kernels
-from kernels import priors as prior_kernels
+from kernels import partition as kpartition
 from kernels import samplers as sampler_kernels
 from kernels import tgmcmc as tg_kernels
+from kernels.alloc import nggp
 from pipeline.families import Family, GaussianNW, ProductFamily, as_product, check_summaries
 from pipeline.mapdp_core import as_seed_sequence, seed_state
 
@@ -204,12 +206,11 @@ def _tree_table(
     return table
 
 
-def _canonical(z: IntArray) -> IntArray:
-    _, first = np.unique(z, return_index=True)
-    order = np.argsort(first)
-    remap = np.empty(int(z.max()) + 1, dtype=np.int64)
-    remap[np.unique(z)[order]] = np.arange(order.shape[0])
-    return remap[z]
+def _canonical(z: ArrayLike) -> IntArray:
+    """A copy of z numbered in order of first appearance (``kernels.partition``)."""
+    out = np.array(z, dtype=np.int64)
+    kpartition.canonical_labels(out, out)
+    return out
 
 
 def run_ibhc(
@@ -743,7 +744,7 @@ class TreeGuidedMCMC:
         z = np.asarray(init)
         if z.shape != (L,) or not np.issubdtype(z.dtype, np.integer):
             raise ValueError(f"init labels must be integers of shape ({L},)")
-        return _canonical(z.astype(np.int64)), 1.0
+        return _canonical(z), 1.0
 
     def _warm_up(self, stats: FloatArray, prod: ProductFamily) -> None:
         """Compile (or load from numba's cache) the kernels on the first two leaves."""
@@ -815,8 +816,8 @@ class TreeGuidedMCMC:
         for t in range(lj.shape[0]):
             k = int(K[t])
             if k not in cache:
-                cache[k] = float(prior_kernels.log_nggp_u_integral(n, float(k), pp))
+                cache[k] = float(nggp.log_u_integral(n, float(k), pp[1], s))
             ut = float(u[t])
-            u_terms = float(prior_kernels.log_u_factor(n, ut, pp)) + (k * s - n) * math.log1p(ut)
+            u_terms = float(nggp.log_u_factor(n, ut, pp[1], s)) + (k * s - n) * math.log1p(ut)
             out[t] = lj[t] - u_terms + cache[k]
         return out

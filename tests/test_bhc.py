@@ -332,11 +332,6 @@ def test_parallel_and_serial_scoring_agree():
     serial = kbhc.bhc(stats, fam.spec, fam.prior, 0.0, 4, 2**62)
     for a, b in zip(threaded, serial):
         np.testing.assert_array_equal(a, b)
-    order = np.random.default_rng(0).permutation(len(X)).astype(np.int64)
-    za, sa = kbhc.bayes_kmeans(stats, fam.spec, fam.prior, 0.0, order, 9, 3, 2, 1)
-    zb, sb = kbhc.bayes_kmeans(stats, fam.spec, fam.prior, 0.0, order, 9, 3, 2, 2**62)
-    np.testing.assert_array_equal(za, zb)
-    np.testing.assert_array_equal(sa, sb)
     m1 = BHC(parallel=False).fit(X)
     m2 = BHC(parallel=True).fit(X)
     np.testing.assert_array_equal(m1.tree_.left, m2.tree_.left)

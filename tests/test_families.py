@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import integrate, special, stats
 
-from kernels.families import product
+from kernels.obs import product
 from pipeline.families import (
     FAMILIES,
     Bernoulli,

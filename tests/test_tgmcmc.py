@@ -21,8 +21,8 @@ from scipy.signal import lfilter
 from scipy.special import gammaln, logsumexp
 from sklearn.metrics import adjusted_rand_score
 
+from kernels import alloc as priors
 from kernels import ibhc as ibhc_kernels
-from kernels import priors
 from kernels import tgmcmc as tg_kernels
 from pipeline.families import GaussianNW
 from pipeline.tgmcmc import (
