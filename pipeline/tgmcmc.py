@@ -37,6 +37,7 @@ from kernels import tgmcmc as tg_kernels
 from kernels.alloc import nggp
 from pipeline.families import Family, GaussianNW, ProductFamily, as_product, check_summaries
 from pipeline.mapdp_core import as_seed_sequence, seed_state
+from pipeline.tree import Tree, tree_dtype
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -146,34 +147,25 @@ class IBHCResult:
         The lower bound of eq. 10 on log P(dX, du) (on log p(X) for the DP).
     u : float
         The auxiliary variable the forest was built with.
-    tree : structured ndarray
-        Every node of the forest: leaves first (node i = leaf i), then internal nodes; fields
-        ``left``, ``right``, ``parent`` (-1 for none), ``n_leaves``, ``n`` (records), ``log_phi``
-        (eq. 8), ``log_d`` (eq. 9, -inf at leaves).
+    tree : pipeline.tree.Tree
+        Every node of the forest: leaves first (node i = leaf i), then internal nodes; the common
+        fields (``pipeline.tree.BASE_FIELDS``) and ``IBHC_FIELDS``.
     """
 
     labels: IntArray
     log_bound: float
     u: float
-    tree: NDArray[Any]
+    tree: Tree
 
 
-TREE_DTYPE = np.dtype(
-    [
-        ("left", np.int64),
-        ("right", np.int64),
-        ("parent", np.int64),
-        ("n_leaves", np.int64),
-        ("n", np.float64),
-        ("log_phi", np.float64),
-        ("log_d", np.float64),
-    ]
-)
+IBHC_FIELDS = ("log_phi",)
+"""The field an IBHC forest adds to ``pipeline.tree.BASE_FIELDS``: log phi (seed 004 eq. 8);
+``log_d`` is eq. 9's dissimilarity, -inf at leaves."""
 
 
-def _tree_table(
-    ni: IntArray, nf: FloatArray, st: FloatArray, roots: IntArray, L: int
-) -> NDArray[Any]:
+def _tree_table(ni: IntArray, nf: FloatArray, st: FloatArray, roots: IntArray, L: int) -> Tree:
+    """The forest left by ``kernels.ibhc.ibhc`` as a ``Tree``: leaf i is node i, internal nodes
+    follow in the order of their kernel slots."""
     live: list[int] = []
     stack = [int(r) for r in roots]
     while stack:
@@ -189,21 +181,23 @@ def _tree_table(
             new_id[v] = int(ni[v, ibhc_kernels.LEAF])
     for k, v in enumerate(sorted(internal)):
         new_id[v] = L + k
-    table = np.zeros(len(live), dtype=TREE_DTYPE)
+    table = np.zeros(len(live), dtype=tree_dtype(*IBHC_FIELDS))
+    stats = np.zeros((len(live), st.shape[1]))
     for v in live:
         j = new_id[v]
         leaf = ni[v, ibhc_kernels.LEAF] >= 0
         p = int(ni[v, ibhc_kernels.PARENT])
-        table[j] = (
-            -1 if leaf else new_id[int(ni[v, ibhc_kernels.LEFT])],
-            -1 if leaf else new_id[int(ni[v, ibhc_kernels.RIGHT])],
-            -1 if p < 0 else new_id[p],
-            int(ni[v, ibhc_kernels.NLEAF]),
-            float(st[v, 0]),
-            float(nf[v, ibhc_kernels.LOGPHI]),
-            float(nf[v, ibhc_kernels.LOGD]),
-        )
-    return table
+        row = table[j]
+        row["node"] = j
+        row["parent"] = -1 if p < 0 else new_id[p]
+        row["left"] = -1 if leaf else new_id[int(ni[v, ibhc_kernels.LEFT])]
+        row["right"] = -1 if leaf else new_id[int(ni[v, ibhc_kernels.RIGHT])]
+        row["n_leaves_below"] = int(ni[v, ibhc_kernels.NLEAF])
+        row["n"] = float(st[v, 0])
+        row["log_d"] = float(nf[v, ibhc_kernels.LOGD])
+        row["log_phi"] = float(nf[v, ibhc_kernels.LOGPHI])
+        stats[j] = st[v]
+    return Tree(table, stats)
 
 
 def _canonical(z: ArrayLike) -> IntArray:

@@ -354,6 +354,13 @@ def test_tree_table_invariants_and_pandas_view():
     df = t.to_pandas()
     assert len(df) == 2 * M - 1
     assert {"node", "parent", "left", "right", "n", "log_r", "log_p"} <= set(df.columns)
+    # one structured array underneath: columns by attribute or by name agree
+    arr = t.to_numpy()
+    assert arr.dtype.names == t.fields and arr.shape == (2 * M - 1,)
+    np.testing.assert_array_equal(t["log_r"], t.log_r)
+    np.testing.assert_allclose(t.stats[t.root], t.stats[:M].sum(axis=0), rtol=1e-12)
+    with pytest.raises(AttributeError, match="no attribute or field 'bogus'"):
+        _ = t.bogus
 
 
 # -- partitions -----------------------------------------------------------------------------
