@@ -78,7 +78,7 @@ import math
 import numpy as np
 from numba import njit
 
-from kernels.alloc import DP, KIND, log_kappa, log_prior_constant, sample_u
+from kernels.alloc import DP, KIND, log_kappa, log_prior_constant, merge_gap, sample_u
 from kernels.ibhc import (
     LEAF,
     LEFT,
@@ -319,14 +319,13 @@ def log_joint(C, u, pp):
 @njit(cache=True, nogil=True)
 def log_dh(sa, lma, sb, lmb, scratch, u, pp, spec, prior):
     """log d_h(a, b) = log phi(X_a | h_a) + log phi(X_b | h_b) - log phi(X_{a u b} | h) for two
-    statistics rows with their log marginals; also returns log p(X_{a u b})."""
-    scratch[:] = sa
-    scratch += sb
-    lm_ab = product.log_marginal(scratch, spec, prior)
-    return (
-        log_kappa(sa[0], u, pp) + lma + log_kappa(sb[0], u, pp) + lmb
-        - log_kappa(scratch[0], u, pp) - lm_ab
-    ), lm_ab  # fmt: skip
+    statistics rows with their log marginals; also returns log p(X_{a u b}).
+
+    With phi(X_c | h_c) = kappa(|c|, u) p(X_c) this is minus the merge gap: the allocation
+    model's (``kernels.alloc.merge_gap``) plus the observation model's
+    (``kernels.obs.product.log_marginal_gap``)."""
+    obs, lm_ab = product.log_marginal_gap(sa, sb, lma, lmb, scratch, spec, prior)
+    return -(obs + merge_gap(sa[0], sb[0], u, pp)), lm_ab
 
 
 # -------------------------------------------------------------------------------------------------

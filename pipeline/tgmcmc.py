@@ -35,6 +35,7 @@ from kernels import partition as kpartition
 from kernels import samplers as sampler_kernels
 from kernels import tgmcmc as tg_kernels
 from kernels.alloc import nggp
+from kernels.obs import product as kproduct
 from pipeline.families import Family, GaussianNW, ProductFamily, as_product, check_summaries
 from pipeline.mapdp_core import as_seed_sequence, seed_state
 from pipeline.tree import Tree, tree_dtype
@@ -66,8 +67,9 @@ def prior_array(prior: str, alpha: float, sigma: float) -> FloatArray:
 
 
 def leaf_log_marginals(stats: FloatArray, family: ProductFamily) -> FloatArray:
-    """log p(X_i) of every leaf (L,) from its statistics row."""
-    return np.array([family.log_marginal_stats(s) for s in stats], dtype=np.float64)
+    """log p(X_i) of every leaf (L,) from its statistics row (``kernels.obs.product``)."""
+    st = np.ascontiguousarray(stats, dtype=np.float64)
+    return np.asarray(kproduct.log_marginals(st, family.spec, family.prior), dtype=np.float64)
 
 
 def effective_sample_size(x: ArrayLike) -> float:
