@@ -465,7 +465,7 @@ def ibhc(leaf_st, leaf_lm, order, u, pp, spec, prior, mode, max_splits):
     u : float
         The auxiliary variable of Theorem 1 (ignored by the DP).
     pp : ndarray of shape (3,)
-        Partition prior (``kernels.priors``).
+        Partition prior (``kernels.alloc``).
     spec, prior : product family description.
     mode : int
         SEQ_SPLIT (IBHC), SEQ_NOSPLIT, or TOP (put each leaf on top of the chosen tree, the
