@@ -1,28 +1,33 @@
-"""Bayes K-means (seed 001, Section 5) as a per-chunk kernel, and the chunk bookkeeping of the
-distributed passes (statistic deltas, merge costs).
+"""Bayes K-means (seed 001, Section 5): the one implementation, over leaf summaries
+(``bayes_kmeans``) and as the per-chunk assignment step of the distributed passes (``assign``,
+with the chunk bookkeeping ``label_deltas``).
 
-Bayes K-means is K-means with the DPM's marginal likelihood as the criterion: every record goes to
-the cluster, or a new one, that maximises the joint log p(X, z) of the DPM, i.e. it minimises
+Bayes K-means is K-means with the DPM's marginal likelihood as the criterion: every record (or
+leaf) goes to the cluster, or a new one, that maximises the joint log p(X, z) of the DPM. For one
+record i this minimises
 
     - log p(x_i | X_{k,-i}) - log N_{k,-i}      (an existing cluster k)
     - log p(x_i) - log N0                       (a new cluster)
 
-which is the MAP-DP cost (seed 000, eqs. 3.1-3.2). What makes it *K-means-like* is that the
-existing clusters' statistics are frozen during an assignment step (a Lloyd step): they are
-recomputed from the new assignment afterwards, by the caller adding the deltas
-(``label_deltas``), and clusters are then merged greedily while the marginal likelihood grows
-(``merge_costs``). Records that open new clusters in a chunk update those clusters incrementally,
-so the records of a cluster missing from the frozen set gather in one new cluster.
+which is the MAP-DP cost (seed 000, eqs. 3.1-3.2; the prior terms are ``kernels.alloc.crp``'s
+``log_join`` and ``log_new``); for a leaf summarising several records it joins the cluster with
+the largest positive merge gap (``kernels.partition.merge_gap``), else opens a new one. What makes
+it *K-means-like* is that the existing clusters' statistics are frozen during an assignment step
+of ``assign`` (a Lloyd step): they are recomputed from the new assignment afterwards, by the caller
+adding the deltas (``label_deltas``), and clusters are then merged greedily while the marginal
+likelihood grows (``kernels.partition.greedy_merge``). Records that open new
+clusters in a chunk update those clusters incrementally, so the records of a cluster missing from
+the frozen set gather in one new cluster.
 
 Clusters are rows of ``stats`` (K, S), ``cache`` (K, C) and ``nk`` (K,) as in ``kernels.mapdp``.
 """
 
-import math
-
 import numpy as np
 from numba import njit
 
-from kernels.families import product
+from kernels.alloc import crp
+from kernels.obs import product
+from kernels.partition import canonical_labels, greedy_merge, merge_gap_cached
 
 
 @njit(cache=True, nogil=True)
@@ -74,7 +79,7 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
     scratch_c = np.empty(C)
     lognk = np.empty(K)
     for k in range(K):
-        lognk[k] = math.log(nk[k]) if nk[k] > 0.0 else -np.inf
+        lognk[k] = crp.log_join(nk[k]) if nk[k] > 0.0 else -np.inf
     ns = np.zeros((4, S))
     nc = np.zeros((4, C))
     nn = np.zeros(4)
@@ -93,7 +98,7 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
                 scratch_s[:] = stats[k]
                 scratch_c[:] = cache[k]
                 product.update(x, scratch_s, scratch_c, spec, prior, -1.0)
-                cost = -product.log_predictive(x, scratch_s, scratch_c, spec, prior) - math.log(
+                cost = -product.log_predictive(x, scratch_s, scratch_c, spec, prior) - crp.log_join(
                     nk[k] - 1.0
                 )
             elif lognk[k] == -np.inf:
@@ -104,11 +109,13 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
                 best_cost = cost
                 best = k
         for j in range(M):
-            cost = -product.log_predictive(x, ns[j], nc[j], spec, prior) - math.log(nn[j])
+            cost = -product.log_predictive(x, ns[j], nc[j], spec, prior) - crp.log_join(nn[j])
             if cost < best_cost:
                 best_cost = cost
                 best = K + j
-        cost_new = -product.log_predictive(x, empty_s, empty_c, spec, prior) - log_alpha
+        cost_new = -product.log_predictive(x, empty_s, empty_c, spec, prior) - crp.log_new(
+            log_alpha
+        )
         if cost_new < best_cost or best < 0:
             if k0 >= 0 and nk[k0] <= 1.0:
                 # alone in its cluster, which would be opened anew: stay
@@ -156,41 +163,147 @@ def label_deltas(X, order, z_old, z_new, K, M, spec, S):
 
 
 @njit(cache=True, nogil=True)
-def log_marginals(stats, spec, prior):
-    """log p(X_k) of each statistics row: ndarray of shape (K,)."""
-    out = np.empty(stats.shape[0])
-    for k in range(stats.shape[0]):
-        out[k] = product.log_marginal(stats[k], spec, prior) if stats[k, 0] > 0.0 else 0.0
-    return out
+def _best_cluster(i, c0, stats, lm_i, cl, cl_lm, cnt, K, spec, prior, log_alpha, scratch):
+    """Best cluster for leaf i (not in any cluster's statistics now): -1 means a new one.
+
+    Joining c rather than opening a new cluster changes log p(X, z) by the merge gap of c and i,
+    so the best cluster has the largest positive gap. ``c0`` (the leaf's previous cluster, if
+    still non-empty) is evaluated first and kept on ties, and at a gap of exactly 0.
+    """
+    best = -1
+    best_gap = 0.0
+    for q in range(K + 1):
+        c = c0 if q == 0 else q - 1
+        if c < 0 or cnt[c] == 0 or (q > 0 and c == c0):
+            continue
+        g, _ = merge_gap_cached(cl[c], stats[i], cl_lm[c], lm_i, scratch, spec, prior, log_alpha)
+        if g > best_gap or (q == 0 and g >= best_gap):
+            best_gap = g
+            best = c
+    return best
 
 
 @njit(cache=True, nogil=True)
-def merge_costs(stats, logm, alive, j, spec, prior, log_alpha):
-    """Change of the objective -log p(X, z | N0) (seed 000, eq. 3.3) when cluster j merges into
-    cluster k, for every k (inf where k == j or ``alive[k]`` is False):
+def bayes_kmeans(stats, spec, prior, log_alpha, order, k_init, max_sweeps=0):
+    """Bayes K-means (seed 001, Section 5) over leaf summaries.
 
-        -[log p(X_j + X_k) - log p(X_j) - log p(X_k)]
-        - [log Gamma(N_j + N_k) - log Gamma(N_j) - log Gamma(N_k) - log N0]
+    The first ``k_init`` leaves of ``order`` open one cluster each; every further leaf i (in
+    ``order``) joins the cluster c, or a new cluster, that gives the highest marginal likelihood
+    of the resulting configuration (eq. 5's summand): the cluster with the largest positive merge
+    gap with i (``kernels.partition.merge_gap``), else a new one. Optionally (``max_sweeps`` > 0;
+    the paper describes the single pass) leaves are then reassigned by the same rule, K-means
+    style, until none moves. Finally clusters are merged greedily while a merge increases the
+    marginal likelihood (``kernels.partition.greedy_merge``). Cost O(M K) log marginals per pass,
+    O(K^2) for the merges.
 
     Parameters
     ----------
-    stats : ndarray of shape (K, S)
-    logm : ndarray of shape (K,)
-        log p(X_k) of each row (``log_marginals``).
-    alive : ndarray of shape (K,), bool
-    j : int
+    stats : ndarray of shape (M, S)
+        Leaf statistics rows, ``stats[:, 0] > 0``.
+    spec, prior : product family description (``kernels.obs.product``).
+    log_alpha : float
+    order : ndarray of shape (M,), int64
+        A permutation of the leaves (random in the paper).
+    k_init : int
+        Clusters opened from the first leaves of ``order`` (sqrt(M) in the paper).
+    max_sweeps : int
+        Reassignment sweeps after the first pass (stops early when no leaf moves).
+
+    Returns
+    -------
+    z : ndarray of shape (M,), int64
+        Cluster of each leaf, 0..K-1 in order of first appearance over the leaves.
+    cluster_stats : ndarray of shape (K, S)
     """
-    K = stats.shape[0]
-    out = np.full(K, np.inf)
-    s = np.empty(stats.shape[1])
-    nj = stats[j, 0]
-    for k in range(K):
-        if k == j or not alive[k]:
-            continue
-        nk = stats[k, 0]
-        s[:] = stats[j]
-        s += stats[k]
-        gain = product.log_marginal(s, spec, prior) - logm[j] - logm[k]
-        crp = math.lgamma(nj + nk) - math.lgamma(nj) - math.lgamma(nk) - log_alpha
-        out[k] = -gain - crp
-    return out
+    M, S = stats.shape
+    cap = max(8, 2 * k_init)
+    cl = np.zeros((cap, S))
+    cl_lm = np.zeros(cap)
+    cnt = np.zeros(cap, dtype=np.int64)
+    z = np.full(M, -1, dtype=np.int64)
+    leaf_lm = product.log_marginals(stats, spec, prior)
+    K = 0
+    scratch = np.empty(S)
+    for sweep in range(max_sweeps + 1):
+        if sweep > 0:
+            # rebuild the sums from the assignment, so that removals leave no rounding behind
+            cl[:K] = 0.0
+            for i in range(M):
+                for t in range(S):
+                    cl[z[i], t] += stats[i, t]
+            for c in range(K):
+                if cnt[c] > 0:
+                    cl_lm[c] = product.log_marginal(cl[c], spec, prior)
+        moved = 0
+        for t in range(M):
+            i = order[t]
+            c0 = z[i]
+            if c0 >= 0:
+                cnt[c0] -= 1
+                if cnt[c0] == 0:
+                    cl[c0] = 0.0
+                    cl_lm[c0] = 0.0
+                else:
+                    for q in range(S):
+                        cl[c0, q] -= stats[i, q]
+                    cl_lm[c0] = product.log_marginal(cl[c0], spec, prior)
+            if sweep == 0 and t < k_init:
+                best = -1
+            else:
+                best = _best_cluster(
+                    i, c0, stats, leaf_lm[i], cl, cl_lm, cnt, K, spec, prior, log_alpha, scratch
+                )
+            if best < 0:
+                if c0 >= 0 and cnt[c0] == 0:
+                    best = c0
+                else:
+                    best = -1
+                    for c in range(K):
+                        if cnt[c] == 0:
+                            best = c
+                            break
+                    if best < 0:
+                        if K == cap:
+                            cap *= 2
+                            cl2 = np.zeros((cap, S))
+                            cl2[:K] = cl[:K]
+                            lm2 = np.zeros(cap)
+                            lm2[:K] = cl_lm[:K]
+                            cnt2 = np.zeros(cap, dtype=np.int64)
+                            cnt2[:K] = cnt[:K]
+                            cl, cl_lm, cnt = cl2, lm2, cnt2
+                        best = K
+                        K += 1
+            for q in range(S):
+                cl[best, q] += stats[i, q]
+            cnt[best] += 1
+            cl_lm[best] = product.log_marginal(cl[best], spec, prior)
+            if best != c0:
+                moved += 1
+            z[i] = best
+        if sweep > 0 and moved == 0:
+            break
+    # drop empty slots, then merge
+    slot = np.full(K, -1, dtype=np.int64)
+    K2 = 0
+    for c in range(K):
+        if cnt[c] > 0:
+            slot[c] = K2
+            K2 += 1
+    live = np.zeros((K2, S))
+    for c in range(K):
+        if slot[c] >= 0:
+            live[slot[c]] = cl[c]
+    target, merged, _ = greedy_merge(live, live[:, 0].copy(), spec, prior, log_alpha)
+    for i in range(M):
+        z[i] = target[slot[z[i]]]
+    # number the clusters in order of first appearance over the leaves
+    first = np.full(merged.shape[0], -1, dtype=np.int64)
+    for i in range(M):
+        if first[z[i]] < 0:
+            first[z[i]] = i
+    n_out = canonical_labels(z, z)
+    out_stats = np.empty((n_out, S))
+    for c in range(merged.shape[0]):
+        out_stats[z[first[c]]] = merged[c]
+    return z, out_stats

@@ -1,7 +1,7 @@
 """Bayesian hierarchical clustering over leaf summaries (seed 001, Sections 3-5).
 
 A *leaf* is a statistics row: one record, or a whole group of records summarised by the additive
-sufficient statistics of ``kernels.families``. A leaf summarising n records enters the recursion
+sufficient statistics of ``kernels.obs``. A leaf summarising n records enters the recursion
 with d_i = alpha Gamma(n) and pi_i = 1, i.e. p(D_i | T_i) = p(D_i | H_1); for n = 1 this is the
 paper's d_i = alpha. Every quantity below is then the paper's quantity restricted to partitions
 that keep each leaf whole.
@@ -26,9 +26,9 @@ u_i = log d_i + log p(D_i | T_i) (the log of the sum, over the tree-consistent p
 of prod_blocks alpha Gamma(n_b) p(D_b | H_1)), the recursion is u_k = logaddexp(log alpha
 + log Gamma(n_k) + log p(D_k | H_1), u_i + u_j).
 
-Bayes K-means' merge stage (Section 5) uses the same score with u_i = log alpha + log Gamma(n_i)
-+ log p(D_i | H_1): then it is the change in log p(D, partition) (eq. 5's summand) when blocks i
-and j are merged.
+The prior's parts, alpha Gamma(n) (a block of n records under the CRP), come from
+``kernels.alloc.crp.log_kappa``; Bayes K-means (Section 5), whose merge score is the same with
+u_i = log alpha + log Gamma(n_i) + log p(D_i | H_1), is ``kernels.bayes_kmeans``.
 
 Candidate pairs
 ---------------
@@ -51,11 +51,10 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from kernels.families import product
-from kernels.priors import logaddexp
-
-MODE_BHC = 0
-MODE_MERGE = 1
+from kernels.alloc import crp
+from kernels.obs import product
+from kernels.partition import canonical_labels
+from kernels.special import logaddexp
 
 _ROW_BUFFER = 8_000_000  # float64 entries of the row-block buffer used to build the first lists
 _N_CHUNKS = 64  # work items of a parallel scan (each with its own scratch row)
@@ -66,11 +65,12 @@ MIN_PARALLEL = 4096
 
 @njit(cache=True, nogil=True)
 def _pair_score(si, sj, nij, ui, uj, scratch, spec, prior, log_alpha):
-    """log alpha + log Gamma(n_i + n_j) + log p(D_i u D_j | H_1) - u_i - u_j."""
+    """log alpha + log Gamma(n_i + n_j) + log p(D_i u D_j | H_1) - u_i - u_j: the log-odds
+    log r_k / (1 - r_k) of eq. 8 for the merge of i and j."""
     for t in range(scratch.shape[0]):
         scratch[t] = si[t] + sj[t]
     lm = product.log_marginal(scratch, spec, prior)
-    return log_alpha + math.lgamma(nij) + lm - ui - uj
+    return crp.log_kappa(nij, log_alpha) + lm - ui - uj
 
 
 @njit(cache=True, nogil=True)
@@ -198,7 +198,7 @@ def _drop_stale_head(i, top_id, top_sc, top_len, active):
 
 
 @njit(cache=True, nogil=True)
-def _agglomerate(stats, log_alpha, spec, prior, mode, n_top, min_parallel):
+def _agglomerate(stats, log_alpha, spec, prior, n_top, min_parallel):
     """Greedy agglomeration of M leaves by the score of the module docstring.
 
     Parameters
@@ -206,10 +206,7 @@ def _agglomerate(stats, log_alpha, spec, prior, mode, n_top, min_parallel):
     stats : ndarray of shape (M, S)
         Leaf statistics rows; ``stats[:, 0]`` are the leaf sizes n_i > 0.
     log_alpha : float
-    spec, prior : product family description (``kernels.families.product``).
-    mode : int
-        ``MODE_BHC``: merge until one node is left (eqs. 7-8). ``MODE_MERGE``: Bayes K-means'
-        greedy merge, stop when no merge increases log p(D, partition).
+    spec, prior : product family description (``kernels.obs.product``).
     n_top : int
         Length of each node's candidate list.
 
@@ -217,7 +214,7 @@ def _agglomerate(stats, log_alpha, spec, prior, mode, n_top, min_parallel):
     -------
     left, right : ndarray of shape (2M - 1,), int64
     n, log_ph1, log_d, u : ndarray of shape (2M - 1,)
-        Records, log p(D_k | H_1), log d_k and u_k per node (eqs. 7-8 for ``MODE_BHC``).
+        Records, log p(D_k | H_1), log d_k and u_k per node (eqs. 7-8).
     node_stats : ndarray of shape (2M - 1, S)
     n_nodes : int
         Nodes made: M + number of merges.
@@ -235,7 +232,7 @@ def _agglomerate(stats, log_alpha, spec, prior, mode, n_top, min_parallel):
         node_stats[i] = stats[i]
         n[i] = stats[i, 0]
         log_ph1[i] = product.log_marginal(stats[i], spec, prior)
-        log_d[i] = log_alpha + math.lgamma(n[i])
+        log_d[i] = crp.log_kappa(n[i], log_alpha)
         u[i] = log_d[i] + log_ph1[i]
 
     K = max(1, min(n_top, M))
@@ -284,8 +281,6 @@ def _agglomerate(stats, log_alpha, spec, prior, mode, n_top, min_parallel):
             if top_len[i] > 0 and (bi < 0 or top_sc[i, 0] > best):
                 best = top_sc[i, 0]
                 bi = i
-        if mode == MODE_MERGE and not best > 0.0:
-            break
         bj = top_id[bi, 0]
         a = min(bi, bj)
         b = max(bi, bj)
@@ -297,12 +292,10 @@ def _agglomerate(stats, log_alpha, spec, prior, mode, n_top, min_parallel):
             node_stats[k, t] = node_stats[a, t] + node_stats[b, t]
         n[k] = n[a] + n[b]
         log_ph1[k] = product.log_marginal(node_stats[k], spec, prior)
-        one = log_alpha + math.lgamma(n[k])
+        # eq. 7: d_k = alpha Gamma(n_k) + d_a d_b, and u_k likewise (module docstring)
+        one = crp.log_kappa(n[k], log_alpha)
         log_d[k] = logaddexp(one, log_d[a] + log_d[b])
-        if mode == MODE_BHC:
-            u[k] = logaddexp(one + log_ph1[k], u[a] + u[b])
-        else:
-            u[k] = one + log_ph1[k]
+        u[k] = logaddexp(one + log_ph1[k], u[a] + u[b])
         for x in (a, b):
             active[x] = False
             p = pos[x]
@@ -336,7 +329,7 @@ def bhc(stats, spec, prior, log_alpha, n_top=16, min_parallel=MIN_PARALLEL):
     ----------
     stats : ndarray of shape (M, S), float64
         Leaf statistics rows, ``stats[:, 0] > 0`` the leaf sizes.
-    spec, prior : product family description (``kernels.families.product``).
+    spec, prior : product family description (``kernels.obs.product``).
     log_alpha : float
         log of the DP concentration alpha.
     n_top : int
@@ -356,7 +349,7 @@ def bhc(stats, spec, prior, log_alpha, n_top=16, min_parallel=MIN_PARALLEL):
         Statistics of every node (the sum of its leaves' rows).
     """
     left, right, n, log_ph1, log_d, u, node_stats, _ = _agglomerate(
-        stats, log_alpha, spec, prior, MODE_BHC, n_top, min_parallel
+        stats, log_alpha, spec, prior, n_top, min_parallel
     )
     cap = n.shape[0]
     log_r = np.zeros(cap)
@@ -365,7 +358,7 @@ def bhc(stats, spec, prior, log_alpha, n_top=16, min_parallel=MIN_PARALLEL):
     for k in range(cap):
         log_p[k] = u[k] - log_d[k]
         if left[k] >= 0:
-            one = log_alpha + math.lgamma(n[k])
+            one = crp.log_kappa(n[k], log_alpha)
             log_pi[k] = one - log_d[k]
             log_r[k] = one + log_ph1[k] - u[k]
     return left, right, n, log_r, log_d, log_pi, log_p, log_ph1, node_stats
@@ -378,8 +371,7 @@ def log_lower_bound(log_d_k, log_p_k, n_k, log_alpha):
     With summary leaves it bounds the DPM marginal likelihood (eq. 5) restricted to partitions
     that keep each leaf whole (which is itself a lower bound on eq. 5).
     """
-    alpha = math.exp(log_alpha)
-    return log_d_k + log_p_k + math.lgamma(alpha) - math.lgamma(n_k + alpha)
+    return log_d_k + log_p_k + crp.log_constant(n_k, math.exp(log_alpha))
 
 
 @njit(cache=True, nogil=True)
@@ -421,17 +413,11 @@ def cut(left, right, log_r, n_leaves):
             owner[top + 1] = o
             top += 2
     labels = np.empty(M, dtype=np.int64)
-    label_of = np.full(2 * M - 1, -1, dtype=np.int64)
-    nodes = np.empty(M, dtype=np.int64)
-    K = 0
+    K = canonical_labels(node_of, labels)
+    nodes = np.empty(K, dtype=np.int64)
     for i in range(M):
-        c = node_of[i]
-        if label_of[c] < 0:
-            label_of[c] = K
-            nodes[K] = c
-            K += 1
-        labels[i] = label_of[c]
-    return labels, nodes[:K].copy()
+        nodes[labels[i]] = node_of[i]
+    return labels, nodes
 
 
 @njit(cache=True, nogil=True)
@@ -583,8 +569,7 @@ def alternative_tree_increments(
     """
     cap = left.shape[0]
     root = cap - 1
-    alpha = math.exp(log_alpha)
-    const = math.lgamma(alpha) - math.lgamma(n[root] + alpha)
+    const = crp.log_constant(n[root], math.exp(log_alpha))
     log_out = np.zeros(cap)
     for k in range(cap - 1, -1, -1):
         a = left[k]
@@ -611,173 +596,6 @@ def alternative_tree_increments(
             for t in range(scratch.shape[0]):
                 scratch[t] = node_stats[moved, t] + node_stats[o, t]
             lm = product.log_marginal(scratch, spec, prior)
-            log_dj = log_alpha + math.lgamma(n[moved] + n[o])
+            log_dj = crp.log_kappa(n[moved] + n[o], log_alpha)
             log_delta[k, v] = log_out[k] + log_dj + lm + log_d[kept] + log_p[kept] + const
     return log_delta
-
-
-@njit(cache=True, nogil=True)
-def _best_cluster(i, c0, stats, cl, cl_lm, cnt, K, spec, prior, log_alpha, scratch):
-    """Best cluster for leaf i (not in any cluster's statistics now): -1 means a new one.
-
-    The gain of joining c is log Gamma(n_c + n_i) - log Gamma(n_c) + log p(D_c u D_i)
-    - log p(D_c); of a new cluster, log alpha + log Gamma(n_i) + log p(D_i). ``c0`` (the leaf's
-    previous cluster, if still non-empty) is evaluated first and kept on ties.
-    """
-    S = stats.shape[1]
-    ni = stats[i, 0]
-    best = -1
-    best_gain = log_alpha + math.lgamma(ni) + product.log_marginal(stats[i], spec, prior)
-    for q in range(K + 1):
-        c = c0 if q == 0 else q - 1
-        if c < 0 or cnt[c] == 0 or (q > 0 and c == c0):
-            continue
-        for t in range(S):
-            scratch[t] = cl[c, t] + stats[i, t]
-        nc = cl[c, 0]
-        g = math.lgamma(nc + ni) - math.lgamma(nc) + product.log_marginal(scratch, spec, prior)
-        g -= cl_lm[c]
-        if g > best_gain or (q == 0 and g >= best_gain):
-            best_gain = g
-            best = c
-    return best
-
-
-@njit(cache=True, nogil=True)
-def bayes_kmeans(
-    stats, spec, prior, log_alpha, order, k_init, max_sweeps=0, n_top=16, min_parallel=MIN_PARALLEL
-):
-    """Bayes K-means (seed 001, Section 5) over leaf summaries.
-
-    The first ``k_init`` leaves of ``order`` open one cluster each; every further leaf i (in
-    ``order``) joins the cluster c, or a new cluster, that gives the highest marginal likelihood
-    of the resulting configuration (eq. 5's summand). Against the configuration without i this is
-    log Gamma(n_c + n_i) - log Gamma(n_c) + log p(D_c u D_i) - log p(D_c) for cluster c and
-    log alpha + log Gamma(n_i) + log p(D_i) for a new one (for a record, n_i = 1: log n_c
-    + log p(x_i | D_c)). Optionally (``max_sweeps`` > 0; the paper describes the single pass)
-    leaves are then reassigned by the same rule, K-means style, until none moves. Finally
-    clusters are merged greedily while a merge increases the marginal likelihood. Cost
-    O(M K) log marginals per pass, O(K^2) for the merges.
-
-    Parameters
-    ----------
-    stats : ndarray of shape (M, S)
-    spec, prior : product family description.
-    log_alpha : float
-    order : ndarray of shape (M,), int64
-        A permutation of the leaves (random in the paper).
-    k_init : int
-        Clusters opened from the first leaves of ``order`` (sqrt(M) in the paper).
-    max_sweeps : int
-        Reassignment sweeps after the first pass (stops early when no leaf moves).
-    n_top : int
-        Candidate-list length of the merge stage.
-    min_parallel : int
-        As for ``bhc``, for the merge stage.
-
-    Returns
-    -------
-    z : ndarray of shape (M,), int64
-        Cluster of each leaf, 0..K-1 in order of first appearance over the leaves.
-    cluster_stats : ndarray of shape (K, S)
-    """
-    M, S = stats.shape
-    cap = max(8, 2 * k_init)
-    cl = np.zeros((cap, S))
-    cl_lm = np.zeros(cap)
-    cnt = np.zeros(cap, dtype=np.int64)
-    z = np.full(M, -1, dtype=np.int64)
-    K = 0
-    scratch = np.empty(S)
-    for sweep in range(max_sweeps + 1):
-        if sweep > 0:
-            # rebuild the sums from the assignment, so that removals leave no rounding behind
-            cl[:K] = 0.0
-            for i in range(M):
-                for t in range(S):
-                    cl[z[i], t] += stats[i, t]
-            for c in range(K):
-                if cnt[c] > 0:
-                    cl_lm[c] = product.log_marginal(cl[c], spec, prior)
-        moved = 0
-        for t in range(M):
-            i = order[t]
-            c0 = z[i]
-            if c0 >= 0:
-                cnt[c0] -= 1
-                if cnt[c0] == 0:
-                    cl[c0] = 0.0
-                    cl_lm[c0] = 0.0
-                else:
-                    for q in range(S):
-                        cl[c0, q] -= stats[i, q]
-                    cl_lm[c0] = product.log_marginal(cl[c0], spec, prior)
-            if sweep == 0 and t < k_init:
-                best = -1
-            else:
-                best = _best_cluster(
-                    i, c0, stats, cl, cl_lm, cnt, K, spec, prior, log_alpha, scratch
-                )
-            if best < 0:
-                if c0 >= 0 and cnt[c0] == 0:
-                    best = c0
-                else:
-                    best = -1
-                    for c in range(K):
-                        if cnt[c] == 0:
-                            best = c
-                            break
-                    if best < 0:
-                        if K == cap:
-                            cap *= 2
-                            cl2 = np.zeros((cap, S))
-                            cl2[:K] = cl[:K]
-                            lm2 = np.zeros(cap)
-                            lm2[:K] = cl_lm[:K]
-                            cnt2 = np.zeros(cap, dtype=np.int64)
-                            cnt2[:K] = cnt[:K]
-                            cl, cl_lm, cnt = cl2, lm2, cnt2
-                        best = K
-                        K += 1
-            for q in range(S):
-                cl[best, q] += stats[i, q]
-            cnt[best] += 1
-            cl_lm[best] = product.log_marginal(cl[best], spec, prior)
-            if best != c0:
-                moved += 1
-            z[i] = best
-        if sweep > 0 and moved == 0:
-            break
-    # drop empty slots
-    slot = np.full(K, -1, dtype=np.int64)
-    K2 = 0
-    for c in range(K):
-        if cnt[c] > 0:
-            slot[c] = K2
-            K2 += 1
-    live = np.zeros((K2, S))
-    for c in range(K):
-        if slot[c] >= 0:
-            live[slot[c]] = cl[c]
-    for i in range(M):
-        z[i] = slot[z[i]]
-    left, right, _, _, _, _, node_stats, n_nodes = _agglomerate(
-        live, log_alpha, spec, prior, MODE_MERGE, n_top, min_parallel
-    )
-    # each leaf's final cluster is its last ancestor among the merges
-    top = np.arange(n_nodes)
-    for k in range(n_nodes - 1, K2 - 1, -1):
-        top[left[k]] = top[k]
-        top[right[k]] = top[k]
-    label_of = np.full(n_nodes, -1, dtype=np.int64)
-    out_stats = np.empty((K2, S))
-    out_z = np.empty(M, dtype=np.int64)
-    n_out = 0
-    for i in range(M):
-        r = top[z[i]]
-        if label_of[r] < 0:
-            label_of[r] = n_out
-            out_stats[n_out] = node_stats[r]
-            n_out += 1
-        out_z[i] = label_of[r]
-    return out_z, out_stats[:n_out].copy()

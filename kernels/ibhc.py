@@ -30,8 +30,9 @@ d(a, b) = phi(X_a | t_a) phi(X_b | t_b) / phi(X_{a u b} | h).
 import numpy as np
 from numba import njit
 
-from kernels.families import product
-from kernels.priors import log_kappa, log_prior_constant, logaddexp
+from kernels.alloc import log_kappa, log_prior_constant
+from kernels.obs import product
+from kernels.special import logaddexp
 
 LEFT, RIGHT, PARENT, LEAF, NLEAF = range(5)
 LM, LOGPHI, LOGD = range(3)
@@ -464,7 +465,7 @@ def ibhc(leaf_st, leaf_lm, order, u, pp, spec, prior, mode, max_splits):
     u : float
         The auxiliary variable of Theorem 1 (ignored by the DP).
     pp : ndarray of shape (3,)
-        Partition prior (``kernels.priors``).
+        Partition prior (``kernels.alloc``).
     spec, prior : product family description.
     mode : int
         SEQ_SPLIT (IBHC), SEQ_NOSPLIT, or TOP (put each leaf on top of the chosen tree, the
@@ -540,7 +541,7 @@ def forest_labels(roots, ni, L):
 def log_lower_bound(roots, nf, st, u, pp):
     """The IBHC lower bound of eq. 10 for a forest: log u^(n-1) e^(-psi(u)) / Gamma(n)
     + sum over trees of log phi(X_c | t_c) <= log P(dX, du) of eq. 7. For the DP the first term is
-    the CRP constant (``priors.log_prior_constant``) and the bound is on log p(X)."""
+    the CRP constant (``alloc.log_prior_constant``) and the bound is on log p(X)."""
     n = 0.0
     out = 0.0
     for k in range(roots.shape[0]):

@@ -12,7 +12,8 @@ import math
 import numpy as np
 from numba import njit
 
-from kernels.families import gaussian_nw, product
+from kernels.alloc import crp
+from kernels.obs import gaussian_nw, product
 from kernels.rng import sample_log_weights
 
 
@@ -51,6 +52,9 @@ def _costs(
 ):
     """Fill costs[k] = q_{i,k} - log N_{k,-i} (eqs. 3.1-3.2, argument of Algorithm 1's argmin).
 
+    The prior's terms are the CRP's (``kernels.alloc.crp``): log N_{k,-i} its ``log_join`` and
+    log N0 its ``log_new``; the cached ``lognk`` rows hold ``log_join(nk)``.
+
     costs[k] for slots k < n_slots (inf for a free slot, or for k0 when x is its only member),
     costs[n_slots] for a new cluster, with N_{K+1,-i} = N0 = exp(log_alpha). The record's own
     cluster k0 is scored without x by the leave-one-out predictive, so nothing is downdated
@@ -72,7 +76,7 @@ def _costs(
             if n_minus > 0.5:
                 costs[k] = -product.log_predictive_loo(
                     x, stats[k], cache[k], spec, prior, scratch_s, scratch_c
-                ) - math.log(n_minus)
+                ) - crp.log_join(n_minus)
             else:
                 costs[k] = np.inf
         elif lognk[k] == -np.inf:
@@ -83,7 +87,7 @@ def _costs(
             costs[k] = -lpk - lognk[k]
     lp0 = product.log_predictive(x, empty_s, empty_c, spec, prior)
     lp[n_slots] = lp0
-    costs[n_slots] = -lp0 - log_alpha
+    costs[n_slots] = -lp0 - crp.log_new(log_alpha)
 
 
 @njit(cache=True, nogil=True)
@@ -125,7 +129,7 @@ def _move(x, i, k0, knew, z, stats, cache, nk, lognk, n_slots, spec, prior, empt
     if k0 >= 0:
         product.update(x, stats[k0], cache[k0], spec, prior, -1.0)
         nk[k0] -= 1.0
-        lognk[k0] = math.log(nk[k0]) if nk[k0] > 0.0 else -np.inf
+        lognk[k0] = crp.log_join(nk[k0]) if nk[k0] > 0.0 else -np.inf
     if knew == n_slots:
         # reuse the lowest free slot; grow only when none is free
         free = -1
@@ -143,7 +147,7 @@ def _move(x, i, k0, knew, z, stats, cache, nk, lognk, n_slots, spec, prior, empt
         knew = free
     product.update(x, stats[knew], cache[knew], spec, prior, 1.0)
     nk[knew] += 1.0
-    lognk[knew] = math.log(nk[knew])
+    lognk[knew] = crp.log_join(nk[knew])
     z[i] = knew
     return stats, cache, nk, lognk, n_slots
 
@@ -180,7 +184,7 @@ def _scan(
     lognk = np.full(stats.shape[0], -np.inf)
     for k in range(n_slots):
         if nk[k] > 0.0:
-            lognk[k] = math.log(nk[k])
+            lognk[k] = crp.log_join(nk[k])
     costs = np.empty(stats.shape[0] + order.shape[0] + 1)
     lp = np.empty(costs.shape[0])
     terms = np.empty(costs.shape[0])
@@ -253,7 +257,7 @@ def sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alph
         Cluster sizes; 0 marks a free slot.
     n_slots : int
         Slots in use are 0 .. n_slots - 1.
-    spec, prior : product family description (``kernels.families.product``).
+    spec, prior : product family description (``kernels.obs.product``).
     empty_c : ndarray of shape (C,)
         Cache of the empty statistics (the prior predictive).
     log_alpha : float
@@ -357,30 +361,16 @@ def gibbs_sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, lo
 
 
 @njit(cache=True, nogil=True)
-def log_crp(nk, n_slots, alpha):
-    """log p(z_1..z_N) of the CRP, eq. 2.3: log Gamma(N0) - log Gamma(N + N0) + K log N0
-    + sum_k log Gamma(N_k), over the non-empty slots."""
-    n = 0.0
-    K = 0
-    out = 0.0
-    for k in range(n_slots):
-        if nk[k] > 0.0:
-            n += nk[k]
-            K += 1
-            out += math.lgamma(nk[k])
-    return out + math.lgamma(alpha) - math.lgamma(n + alpha) + K * math.log(alpha)
-
-
-@njit(cache=True, nogil=True)
 def objective(stats, nk, n_slots, spec, prior, alpha):
-    """E = -log p(X, z | N0), eq. 3.3, from the statistics alone:
-    -sum_k log p(X_k) - log p(z_1..z_N) (eq. 2.3). Algorithm 1's E_new is this up to the constant
-    log Gamma(N + N0) - log Gamma(N0), kept here so that learned concentrations compare."""
+    """E = -log p(X, z | N0), eq. 3.3, from the statistics alone: -sum_k log p(X_k)
+    - log p(z_1..z_N) (eq. 2.3, ``kernels.alloc.crp.log_eppf``). Algorithm 1's E_new is this up
+    to the constant log Gamma(N + N0) - log Gamma(N0), kept here so that learned concentrations
+    compare."""
     out = 0.0
     for k in range(n_slots):
         if nk[k] > 0.0:
             out -= product.log_marginal(stats[k], spec, prior)
-    return out - log_crp(nk, n_slots, alpha)
+    return out - crp.log_eppf(nk, n_slots, alpha)
 
 
 @njit(cache=True, nogil=True)
@@ -413,18 +403,6 @@ def compact(z, stats, cache, nk, n_slots):
 
 
 @njit(cache=True, nogil=True)
-def build_stats(X, z, K, spec, S):
-    """Statistics (K, S) of the records of each cluster: sum of g(x_i) over i with z_i = k.
-    Records with z_i < 0 are skipped."""
-    stats = np.zeros((K, S))
-    for i in range(X.shape[0]):
-        k = z[i]
-        if k >= 0:
-            product.add_stats(X[i], stats[k], spec, 1.0)
-    return stats
-
-
-@njit(cache=True, nogil=True)
 def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
     """Out-of-sample prediction (seed 000, Section 3.2) for each row of X (N, D).
 
@@ -441,7 +419,7 @@ def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
     log_alpha = math.log(alpha)
     lognk = np.empty(K)
     for k in range(K):
-        lognk[k] = math.log(nk[k]) if nk[k] > 0.0 else -np.inf
+        lognk[k] = crp.log_join(nk[k]) if nk[k] > 0.0 else -np.inf
     empty_s = np.zeros(stats.shape[1])
     N = X.shape[0]
     labels = np.empty(N, dtype=np.int64)
@@ -457,114 +435,3 @@ def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
         best, logdens[i] = _log_mixture(lp, lognk, K, log_norm, log_alpha, terms)
         labels[i] = best if best < K else -1
     return labels, logdens
-
-
-@njit(cache=True, nogil=True)
-def merge_gap(sa, sb, spec, prior, log_alpha):
-    """Decrease of the objective E (eq. 3.3) when clusters a and b merge; > 0 favours merging.
-
-    log p(X_a u X_b) - log p(X_a) - log p(X_b) from the families plus the CRP change of eq. 2.3:
-    log Gamma(n_a + n_b) - log Gamma(n_a) - log Gamma(n_b) - log N0. Statistics only.
-    """
-    s = sa + sb
-    na = sa[0]
-    nb = sb[0]
-    return (
-        product.log_marginal(s, spec, prior)
-        - product.log_marginal(sa, spec, prior)
-        - product.log_marginal(sb, spec, prior)
-        + math.lgamma(na + nb)
-        - math.lgamma(na)
-        - math.lgamma(nb)
-        - log_alpha
-    )
-
-
-@njit(cache=True, nogil=True)
-def greedy_merge(stats, nk, spec, prior, log_alpha):
-    """Merge the pair with the largest positive ``merge_gap`` until none is positive.
-
-    Parameters
-    ----------
-    stats : ndarray of shape (K, S)
-    nk : ndarray of shape (K,)
-
-    Returns
-    -------
-    target : ndarray of shape (K,), int64
-        Cluster each input cluster ends in (renumbered 0..K'-1 in order of first appearance).
-    stats : ndarray of shape (K', S)
-    n_merges : int
-    """
-    K = stats.shape[0]
-    parent = np.arange(K)
-    alive = np.ones(K, dtype=np.bool_)
-    work = stats.copy()
-    lm = np.empty(K)
-    for k in range(K):
-        lm[k] = product.log_marginal(work[k], spec, prior)
-    gap = np.full((K, K), -np.inf)
-    for a in range(K):
-        for b in range(a + 1, K):
-            s = work[a] + work[b]
-            gap[a, b] = (
-                product.log_marginal(s, spec, prior)
-                - lm[a]
-                - lm[b]
-                + math.lgamma(work[a, 0] + work[b, 0])
-                - math.lgamma(work[a, 0])
-                - math.lgamma(work[b, 0])
-                - log_alpha
-            )
-    n_merges = 0
-    while True:
-        best = 0.0
-        ba = -1
-        bb = -1
-        for a in range(K):
-            if not alive[a]:
-                continue
-            for b in range(a + 1, K):
-                if alive[b] and gap[a, b] > best:
-                    best = gap[a, b]
-                    ba = a
-                    bb = b
-        if ba < 0:
-            break
-        work[ba] += work[bb]
-        alive[bb] = False
-        parent[bb] = ba
-        n_merges += 1
-        lm[ba] = product.log_marginal(work[ba], spec, prior)
-        for c in range(K):
-            if alive[c] and c != ba:
-                a = min(ba, c)
-                b = max(ba, c)
-                s = work[a] + work[b]
-                gap[a, b] = (
-                    product.log_marginal(s, spec, prior)
-                    - lm[a]
-                    - lm[b]
-                    + math.lgamma(work[a, 0] + work[b, 0])
-                    - math.lgamma(work[a, 0])
-                    - math.lgamma(work[b, 0])
-                    - log_alpha
-                )
-    for k in range(K):
-        r = k
-        while parent[r] != r:
-            r = parent[r]
-        parent[k] = r
-    remap = np.full(K, -1, dtype=np.int64)
-    K2 = 0
-    for k in range(K):
-        if alive[k]:
-            remap[k] = K2
-            K2 += 1
-    target = np.empty(K, dtype=np.int64)
-    out = np.empty((K2, stats.shape[1]))
-    for k in range(K):
-        target[k] = remap[parent[k]]
-        if alive[k]:
-            out[remap[k]] = work[k]
-    return target, out, n_merges

@@ -8,7 +8,7 @@
   conjugate case): two leaves i, j drawn at random; if they share a cluster a split is proposed by
   a restricted Gibbs scan from a launch state, otherwise the merge of their clusters, whose reverse
   probability is that of the restricted scan returning the original split.
-* For the NGGP, u is resampled once per iteration (``kernels.priors.sample_u``).
+* For the NGGP, u is resampled once per iteration (``kernels.alloc.sample_u``).
 
 Clusters live in slots 0..L-1: ``cst`` (L, S) statistics, ``clm`` (L,) log marginals, ``cnl``
 (L,) number of leaves (0 = free slot); ``z`` (L,) is the slot of each leaf.
@@ -19,8 +19,9 @@ import math
 import numpy as np
 from numba import njit
 
-from kernels.families import product
-from kernels.priors import DP, KIND, log_kappa, log_prior_constant, sample_u
+from kernels.alloc import DP, KIND, log_kappa, log_prior_constant, sample_u
+from kernels.obs import product
+from kernels.partition import canonical_labels
 from kernels.rng import randint, sample_log_weights, shuffle, uniform
 
 
@@ -323,19 +324,6 @@ def split_merge_move(z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, sta
             for k in range(L):
                 if z[k] == sj:
                     z[k] = si
-
-
-@njit(cache=True, nogil=True)
-def canonical_labels(z, out):
-    """Relabel slots so that clusters are numbered in order of their first leaf."""
-    L = z.shape[0]
-    remap = np.full(L, -1, dtype=np.int64)
-    nxt = 0
-    for i in range(L):
-        if remap[z[i]] < 0:
-            remap[z[i]] = nxt
-            nxt += 1
-        out[i] = remap[z[i]]
 
 
 @njit(cache=True, nogil=True)

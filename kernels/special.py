@@ -1,7 +1,8 @@
-"""Special functions the families need, as numba scalars."""
+"""Special functions and log-space arithmetic the kernels share, as numba scalars."""
 
 import math
 
+import numpy as np
 from numba import njit
 
 LOG_PI = math.log(math.pi)
@@ -49,3 +50,39 @@ def digamma(x):
         - f * (1.0 / 12 - f * (1.0 / 120 - f * (1.0 / 252 - f * (1.0 / 240 - f / 132))))
     )
     return out
+
+
+@njit(cache=True, nogil=True)
+def log1pexp(t):
+    """log(1 + e^t) without overflow."""
+    if t > 0.0:
+        return t + math.log1p(math.exp(-t))
+    return math.log1p(math.exp(t))
+
+
+@njit(cache=True, nogil=True)
+def logaddexp(a, b):
+    """log(e^a + e^b), exact when either is -inf."""
+    if a == -np.inf:
+        return b
+    if b == -np.inf:
+        return a
+    if a > b:
+        return a + math.log1p(math.exp(b - a))
+    return b + math.log1p(math.exp(a - b))
+
+
+@njit(cache=True, nogil=True)
+def logsumexp(a, n):
+    """log sum_i exp(a[i]) over the first n entries of a (ndarray of shape (>= n,)); -inf when
+    every term is -inf."""
+    m = -np.inf
+    for i in range(n):
+        if a[i] > m:
+            m = a[i]
+    if m == -np.inf:
+        return m
+    s = 0.0
+    for i in range(n):
+        s += math.exp(a[i] - m)
+    return m + math.log(s)

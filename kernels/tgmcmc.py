@@ -27,7 +27,7 @@ Global move (Section 3.2)
 Local move (Section 3.3)
     a leaf is re-assigned by its collapsed Gibbs conditional (eq. 6).
 u (NGGP)
-    slice sampling of log u given (n, K) (``kernels.priors.sample_u``).
+    slice sampling of log u given (n, K) (``kernels.alloc.sample_u``).
 Cycling: G global moves, ``n_local`` local moves, one update of u (seed 004: G = 20, D = 2).
 
 Where this departs from the letter of seed 004, and why
@@ -78,7 +78,7 @@ import math
 import numpy as np
 from numba import njit
 
-from kernels.families import product
+from kernels.alloc import DP, KIND, log_kappa, log_prior_constant, merge_gap, sample_u
 from kernels.ibhc import (
     LEAF,
     LEFT,
@@ -98,9 +98,11 @@ from kernels.ibhc import (
     preorder,
     seq_insert,
 )
-from kernels.priors import DP, KIND, log1pexp, log_kappa, log_prior_constant, logaddexp, sample_u
+from kernels.obs import product
+from kernels.partition import canonical_labels
 from kernels.rng import randint, sample_log_weights, shuffle, uniform
 from kernels.samplers import init_slots
+from kernels.special import log1pexp, logaddexp, logsumexp
 
 # move types (rows of the acceptance table)
 SPLIT, MERGE, LOCAL = 0, 1, 2
@@ -119,21 +121,6 @@ def _tally(acc, move, log_r):
         acc[move, N_IMPOSSIBLE] += 1.0
     else:
         acc[move, SUM_LOG_R] += min(log_r, 0.0)
-
-
-@njit(cache=True, nogil=True)
-def logsumexp(a, n):
-    """log sum_i exp(a[i]) over the first n entries."""
-    m = -np.inf
-    for i in range(n):
-        if a[i] > m:
-            m = a[i]
-    if m == -np.inf:
-        return m
-    s = 0.0
-    for i in range(n):
-        s += math.exp(a[i] - m)
-    return m + math.log(s)
 
 
 @njit(cache=True, nogil=True)
@@ -332,14 +319,13 @@ def log_joint(C, u, pp):
 @njit(cache=True, nogil=True)
 def log_dh(sa, lma, sb, lmb, scratch, u, pp, spec, prior):
     """log d_h(a, b) = log phi(X_a | h_a) + log phi(X_b | h_b) - log phi(X_{a u b} | h) for two
-    statistics rows with their log marginals; also returns log p(X_{a u b})."""
-    scratch[:] = sa
-    scratch += sb
-    lm_ab = product.log_marginal(scratch, spec, prior)
-    return (
-        log_kappa(sa[0], u, pp) + lma + log_kappa(sb[0], u, pp) + lmb
-        - log_kappa(scratch[0], u, pp) - lm_ab
-    ), lm_ab  # fmt: skip
+    statistics rows with their log marginals; also returns log p(X_{a u b}).
+
+    With phi(X_c | h_c) = kappa(|c|, u) p(X_c) this is minus the merge gap: the allocation
+    model's (``kernels.alloc.merge_gap``) plus the observation model's
+    (``kernels.obs.product.log_marginal_gap``)."""
+    obs, lm_ab = product.log_marginal_gap(sa, sb, lma, lmb, scratch, spec, prior)
+    return -(obs + merge_gap(sa[0], sb[0], u, pp)), lm_ab
 
 
 # -------------------------------------------------------------------------------------------------
@@ -1032,18 +1018,6 @@ def _pair_ratio(i, j, s, to_new, t_slot, r, Tn, K, Kp, log_A_i, log_w_old, log_w
 
 # -------------------------------------------------------------------------------------------------
 # the chain
-
-
-@njit(cache=True, nogil=True)
-def canonical_labels(z, out):
-    """Relabel slots so that clusters are numbered in order of their first leaf."""
-    remap = np.full(z.shape[0], -1, dtype=np.int64)
-    nxt = 0
-    for i in range(z.shape[0]):
-        if remap[z[i]] < 0:
-            remap[z[i]] = nxt
-            nxt += 1
-        out[i] = remap[z[i]]
 
 
 @njit(cache=True, nogil=True)

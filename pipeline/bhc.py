@@ -11,19 +11,19 @@ first turns each record into a one-record summary.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.special import gammaln, logsumexp
+from scipy.special import logsumexp
 
+from kernels import bayes_kmeans as kbk
 from kernels import bhc as kbhc
+from kernels.alloc import crp
+from kernels.obs import product as kproduct
 from pipeline.families import Family, GaussianNW, ProductFamily, as_product, check_summaries
 from pipeline.mapdp_core import as_seed_sequence
-
-if TYPE_CHECKING:
-    import pandas as pd
+from pipeline.tree import Tree, tree_dtype
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -31,102 +31,13 @@ IntArray = NDArray[np.int64]
 _METHODS = ("bhc", "bayes-kmeans")
 
 
-@dataclass(repr=False)
-class BHCTree:
-    """A BHC tree as a flat table, one row per node (hdbscan's shape).
-
-    Leaves are nodes 0 .. M-1 in input order; the node made by the t-th merge is M + t, so the
-    root is 2M - 2 and every parent has a larger id than its children.
-
-    Attributes
-    ----------
-    node, parent, left, right : ndarray of shape (2M - 1,), int64
-        -1 where there is none (the root's parent, a leaf's children).
-    n : ndarray of shape (2M - 1,)
-        Number of records under the node.
-    n_leaves_below : ndarray of shape (2M - 1,), int64
-    log_r : ndarray of shape (2M - 1,)
-        log r_k = log p(H_1^k | D_k) (eq. 8); 0 at leaves.
-    log_d, log_pi : ndarray of shape (2M - 1,)
-        log d_k and log pi_k (Section 3); a leaf of n records has d = alpha Gamma(n), pi = 1.
-    log_p : ndarray of shape (2M - 1,)
-        log p(D_k | T_k) (eq. 7).
-    log_ph1 : ndarray of shape (2M - 1,)
-        log p(D_k | H_1^k) (eq. 6), the log marginal of the node's statistics.
-    log_omega : ndarray of shape (2M - 1,)
-        log of the posterior probability that D_k is one block of the partition
-        (r_k times prod over the strict ancestors i of (1 - r_i)).
-    stats : ndarray of shape (2M - 1, S)
-        Statistics row of every node (not a column of ``to_pandas``).
-    """
-
-    node: IntArray
-    parent: IntArray
-    left: IntArray
-    right: IntArray
-    n: FloatArray
-    n_leaves_below: IntArray
-    log_r: FloatArray
-    log_d: FloatArray
-    log_pi: FloatArray
-    log_p: FloatArray
-    log_ph1: FloatArray
-    log_omega: FloatArray
-    stats: FloatArray
-
-    @property
-    def n_leaves(self) -> int:
-        return (self.node.shape[0] + 1) // 2
-
-    @property
-    def root(self) -> int:
-        return int(self.node.shape[0] - 1)
-
-    def __len__(self) -> int:
-        return int(self.node.shape[0])
-
-    def __repr__(self) -> str:
-        return f"BHCTree(n_leaves={self.n_leaves}, n_records={float(self.n[-1]):g})"
-
-    def to_pandas(self) -> pd.DataFrame:
-        """The table as a DataFrame indexed by nothing, one row per node (``stats`` left out)."""
-        import pandas as pd
-
-        cols = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stats"}
-        return pd.DataFrame(cols)
-
-    def linkage(self, heights: Literal["cumulative", "order"] = "cumulative") -> FloatArray:
-        """The tree as a SciPy linkage matrix, for ``scipy.cluster.hierarchy.dendrogram``.
-
-        Row t describes internal node M + t (the t-th merge): its two children, a height, and
-        the number of leaves below it.
-
-        Parameters
-        ----------
-        heights : {'cumulative', 'order'}
-            'cumulative': height_k = max(height of the children) + (-log r_k), leaves at 0, so a
-            parent is never below its children (cutting the dendrogram is then not the r_k < 0.5
-            cut, which ``BHC.labels_`` gives). 'order': height = t + 1, the merge order, which
-            also makes the rows non-decreasing (``scipy.cluster.hierarchy.is_monotonic``).
-
-        Returns
-        -------
-        ndarray of shape (M - 1, 4)
-        """
-        M = self.n_leaves
-        Z = np.zeros((M - 1, 4))
-        h = np.zeros(len(self))
-        for t in range(M - 1):
-            k = M + t
-            a, b = int(self.left[k]), int(self.right[k])
-            if heights == "cumulative":
-                h[k] = max(h[a], h[b]) + max(-float(self.log_r[k]), 0.0)
-            elif heights == "order":
-                h[k] = t + 1.0
-            else:
-                raise ValueError(f"heights must be 'cumulative' or 'order', got {heights!r}")
-            Z[t] = (a, b, h[k], self.n_leaves_below[k])
-        return Z
+BHC_FIELDS = ("log_r", "log_pi", "log_p", "log_ph1", "log_omega")
+"""The fields a BHC tree adds to ``pipeline.tree.BASE_FIELDS`` (n_nodes = 2M - 1): log r_k =
+log p(H_1^k | D_k) (eq. 8, 0 at leaves); log pi_k (Section 3; a leaf of n records has
+d = alpha Gamma(n), pi = 1); log p(D_k | T_k) (eq. 7); log p(D_k | H_1^k) (eq. 6, the log marginal
+of the node's statistics); log omega_k, the posterior probability that D_k is one block of the
+partition (r_k times prod over the strict ancestors i of (1 - r_i)). Leaves are nodes 0 .. M-1 in
+input order; the node made by the t-th merge is M + t, so the root is 2M - 2."""
 
 
 def _check_records(X: ArrayLike, n_cols: int | None = None, what: str = "X") -> FloatArray:
@@ -188,8 +99,9 @@ class BHC:
     ----------
     labels_ : ndarray of shape (n_leaves,), int64
         Cluster of each leaf given to ``fit`` / ``fit_summaries``: the tree cut at r_k = 0.5.
-    tree_ : BHCTree
-        Leaves of the tree are the input leaves ('bhc') or the Bayes K-means clusters.
+    tree_ : pipeline.tree.Tree
+        Leaves of the tree are the input leaves ('bhc') or the Bayes K-means clusters; fields
+        ``BHC_FIELDS`` after the common ones, ``stats`` the statistics row of every node.
     log_evidence_ : float
         log p(D | T) at the root (eq. 7).
     lower_bound_ : float
@@ -308,16 +220,8 @@ class BHC:
             k_init = math.ceil(math.sqrt(m)) if self.k_init is None else int(self.k_init)
             if not 1 <= k_init <= m:
                 raise ValueError(f"k_init must be in [1, {m}], got {k_init}")
-            groups, leaves = kbhc.bayes_kmeans(
-                stats,
-                fam.spec,
-                fam.prior,
-                log_alpha,
-                order,
-                k_init,
-                int(self.kmeans_sweeps),
-                int(self.n_top),
-                self._min_parallel(),
+            groups, leaves = kbk.bayes_kmeans(
+                stats, fam.spec, fam.prior, log_alpha, order, k_init, int(self.kmeans_sweeps)
             )
         else:
             groups = np.arange(m, dtype=np.int64)
@@ -456,38 +360,32 @@ class BHC:
 
 def _build_tree(
     leaves: FloatArray, fam: ProductFamily, log_alpha: float, n_top: int, min_parallel: int
-) -> BHCTree:
+) -> Tree:
     left, right, n, log_r, log_d, log_pi, log_p, log_ph1, node_stats = kbhc.bhc(
         leaves, fam.spec, fam.prior, log_alpha, n_top, min_parallel
     )
     cap = left.shape[0]
     M = (cap + 1) // 2
-    parent = np.full(cap, -1, dtype=np.int64)
-    below = np.ones(cap, dtype=np.int64)
+    table = np.zeros(cap, dtype=tree_dtype(*BHC_FIELDS))
+    table["node"] = np.arange(cap)
+    table["parent"] = -1
+    table["n_leaves_below"] = 1
     for k in range(M, cap):
-        parent[left[k]] = k
-        parent[right[k]] = k
-        below[k] = below[left[k]] + below[right[k]]
-    log_omega = kbhc.log_block_posterior(left, right, log_d, log_p, log_r)
-    return BHCTree(
-        node=np.arange(cap, dtype=np.int64),
-        parent=parent,
-        left=left,
-        right=right,
-        n=n,
-        n_leaves_below=below,
-        log_r=log_r,
-        log_d=log_d,
-        log_pi=log_pi,
-        log_p=log_p,
-        log_ph1=log_ph1,
-        log_omega=log_omega,
-        stats=node_stats,
-    )
+        table["parent"][left[k]] = k
+        table["parent"][right[k]] = k
+        table["n_leaves_below"][k] = (
+            table["n_leaves_below"][left[k]] + table["n_leaves_below"][right[k]]
+        )
+    table["left"], table["right"], table["n"] = left, right, n
+    table["log_d"], table["log_r"], table["log_pi"] = log_d, log_r, log_pi
+    table["log_p"], table["log_ph1"] = log_p, log_ph1
+    table["log_omega"] = kbhc.log_block_posterior(left, right, log_d, log_p, log_r)
+    return Tree(table, node_stats)
 
 
 def dpm_log_joint(stats: ArrayLike, family: Family | ProductFamily, alpha: float) -> float:
-    """log of eq. 5's summand for one partition: log p(v | alpha) + sum_l log p(D_l^v).
+    """log of eq. 5's summand for one partition: log p(v | alpha) + sum_l log p(D_l^v), the
+    CRP's ``kernels.alloc.crp.log_eppf`` plus ``kernels.obs.product.log_marginals``.
 
     Parameters
     ----------
@@ -501,13 +399,6 @@ def dpm_log_joint(stats: ArrayLike, family: Family | ProductFamily, alpha: float
     float
     """
     fam = as_product(family)
-    S = np.atleast_2d(np.asarray(stats, dtype=np.float64))
-    n = S[:, 0]
-    lm = sum(fam.log_marginal_stats(s) for s in S)
-    return float(
-        S.shape[0] * math.log(alpha)
-        + gammaln(n).sum()
-        + gammaln(alpha)
-        - gammaln(n.sum() + alpha)
-        + lm
-    )
+    S = np.ascontiguousarray(np.atleast_2d(np.asarray(stats, dtype=np.float64)))
+    lm = float(kproduct.log_marginals(S, fam.spec, fam.prior).sum())
+    return float(crp.log_eppf(np.ascontiguousarray(S[:, 0]), S.shape[0], float(alpha))) + lm

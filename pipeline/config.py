@@ -111,8 +111,6 @@ class FitParams:
         objective by at most ``tol * |objective|`` (relative), or when at most
         ``min_change * N_train`` records changed cluster in the pass.
     seed : entropy of the SeedSequence all (restart, pass, chunk) seeds derive from.
-    merge_all : MAP-DP also tests merges between clusters that were not opened in the pass
-        (always so for Bayes K-means).
     """
 
     engine: str = "mapdp"
@@ -126,7 +124,6 @@ class FitParams:
     min_change: float = MIN_CHANGE
     seed: int = 0
     restart: int = 0
-    merge_all: bool = False
 
     def checked(self) -> FitParams:
         from pipeline.engines import ENGINE_MODULES

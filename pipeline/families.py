@@ -1,7 +1,7 @@
 """Public likelihood-family objects (seed 000, Appendix B) and the product family.
 
 Each object holds its prior in the seed's parameterisation, checks the columns it is given, and
-hands flat arrays to the numba kernels in ``kernels/families``. ``log_marginal(X)`` and
+hands flat arrays to the numba kernels in ``kernels/obs``. ``log_marginal(X)`` and
 ``log_predictive(x, X)`` are the two questions every family answers; everything else in the
 project (MAP-DP costs, BHC merge probabilities, Metropolis-Hastings ratios, held-out densities)
 is built from them over additive sufficient statistics.
@@ -18,8 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from kernels.families import product
-from kernels.mapdp import build_stats
+from kernels.obs import product
 from pipeline.persist import register
 
 FloatArray = NDArray[np.float64]
@@ -286,7 +285,7 @@ class ProductFamily:
         if None)."""
         if z is None:
             z = np.zeros(Xa.shape[0], dtype=np.int64)
-        return build_stats(Xa, np.asarray(z, dtype=np.int64), K, self.spec, self.n_stats)
+        return product.build_stats(Xa, np.asarray(z, dtype=np.int64), K, self.spec, self.n_stats)
 
     def log_marginal_stats(self, s: FloatArray) -> float:
         return float(product.log_marginal(np.asarray(s, dtype=np.float64), self.spec, self.prior))
@@ -426,7 +425,7 @@ class NormalGamma(Family):
     Per column j: the precision tau_j ~ Gamma(a0_j, rate b0_j), the mean
     mu_j | tau_j ~ Normal(m0_j, 1 / (c0_j tau_j)). The predictive is a product of Student-t
     densities (2 a_n degrees of freedom, location m_n, scale^2 = b_n (c_n + 1) / (a_n c_n));
-    kernel ``kernels/families/normal_gamma.py``.
+    kernel ``kernels/obs/normal_gamma.py``.
 
     Parameters
     ----------
@@ -525,7 +524,7 @@ class Categorical(Family):
     """One categorical column with codes 0..C-1 and a Dirichlet(alpha) prior.
 
     The predictive is the one-draw Dirichlet-multinomial (alpha_c + n_c) / (sum alpha + n);
-    kernel ``kernels/families/categorical.py``. The encoded column holds the integer code as a
+    kernel ``kernels/obs/categorical.py``. The encoded column holds the integer code as a
     float.
 
     Parameters
@@ -672,7 +671,7 @@ class Poisson(_RateFamily):
     """Independent Poisson count columns, a Gamma(a, rate b) prior on each rate.
 
     The predictive is negative binomial with a_n = a + sum x successes and success probability
-    b_n / (b_n + 1), b_n = b + n; kernel ``kernels/families/poisson_gamma.py``.
+    b_n / (b_n + 1), b_n = b + n; kernel ``kernels/obs/poisson_gamma.py``.
 
     Parameters
     ----------
@@ -716,7 +715,7 @@ class Binomial(Family):
     """Independent binomial count columns with known numbers of trials, Beta(a, b) priors.
 
     Column j counts successes out of ``n_trials[j]``; the predictive is beta-binomial; kernel
-    ``kernels/families/beta_binomial.py`` (whose statistics include a histogram of each column's
+    ``kernels/obs/beta_binomial.py`` (whose statistics include a histogram of each column's
     counts over 0..max(n_trials), so keep the numbers of trials moderate).
 
     Parameters
@@ -859,7 +858,7 @@ class Exponential(_RateFamily):
     """Independent exponential columns (x >= 0), a Gamma(a, rate b) prior on each rate.
 
     The predictive is Lomax with shape a_n = a + n and scale b_n = b + sum x; kernel
-    ``kernels/families/exponential_gamma.py``.
+    ``kernels/obs/exponential_gamma.py``.
 
     Parameters
     ----------
@@ -905,7 +904,7 @@ class Geometric(_RateFamily):
     p(x | theta) = theta (1 - theta)^x, with a Beta(a, b) prior on theta.
 
     The predictive is the ratio of beta functions B(a_n + 1, b_n + x) / B(a_n, b_n) with
-    a_n = a + n, b_n = b + sum x; kernel ``kernels/families/geometric_beta.py``.
+    a_n = a + n, b_n = b + sum x; kernel ``kernels/obs/geometric_beta.py``.
 
     Parameters
     ----------

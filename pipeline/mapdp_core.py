@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kernels import mapdp as kmapdp
+from kernels import partition as kpartition
 from pipeline.concentration import log_gamma_prior, map_concentration
 from pipeline.families import FloatArray, ProductFamily
 
@@ -109,7 +110,7 @@ def try_split(
             break
     if n_slots != 2 or nk2[0] == 0 or nk2[1] == 0:
         return None
-    gain = -float(kmapdp.merge_gap(stats2[0], stats2[1], family.spec, family.prior, log_alpha))
+    gain = -float(kpartition.merge_gap(stats2[0], stats2[1], family.spec, family.prior, log_alpha))
     return gain, side, stats2[:2].copy()
 
 
@@ -117,7 +118,7 @@ def split_merge(
     Xa: FloatArray, z: IntArray, stats: FloatArray, family: ProductFamily, alpha: float
 ) -> tuple[FloatArray, bool]:
     """One round of split moves (``try_split`` on every cluster) then greedy merges
-    (``kernels.mapdp.greedy_merge``); a move is taken only if it lowers E (eq. 3.3).
+    (``kernels.partition.greedy_merge``); a move is taken only if it lowers E (eq. 3.3).
 
     ICM sweeps cannot split a cluster that holds two groups, nor merge two clusters, one
     record at a time; these moves can, and keep the objective monotone. ``z`` is relabelled in
@@ -140,7 +141,7 @@ def split_merge(
             z[members[side == 1]] = len(rows) - 1
             changed = True
     new_stats = np.vstack(rows)
-    target, merged, n_merges = kmapdp.greedy_merge(
+    target, merged, n_merges = kpartition.greedy_merge(
         new_stats, new_stats[:, 0].copy(), family.spec, family.prior, log_alpha
     )
     if n_merges:

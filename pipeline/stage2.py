@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import NDArray
 
+from kernels import partition as kpartition
 from pipeline.bhc import BHC
 from pipeline.families import ProductFamily
 
@@ -33,13 +34,6 @@ class Stage2Result:
     mapping: IntArray
     info: dict[str, Any] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
-
-
-def _relabel(labels: IntArray) -> IntArray:
-    """Labels renumbered 0..K-1 in order of first appearance."""
-    _, first, inv = np.unique(labels, return_index=True, return_inverse=True)
-    order = np.argsort(np.argsort(first))
-    return order[inv].astype(np.int64)
 
 
 def _dendrogram(linkage: NDArray[np.float64], path: Path, n_leaves: int) -> None:
@@ -153,6 +147,8 @@ def run_stage2(
             ess_n_clusters=float(mc.ess_n_clusters_),
             posterior_n_clusters={int(k): float(p) for k, p in zip(values, post["probability"])},
         )
-    mapping = _relabel(labels)
+    # numbered 0..K-1 in order of first appearance
+    mapping = np.array(labels, dtype=np.int64)
+    kpartition.canonical_labels(mapping, mapping)
     info["n_clusters"] = int(mapping.max()) + 1
     return Stage2Result(mapping, info, files)

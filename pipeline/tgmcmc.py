@@ -29,12 +29,16 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import sparse
 
+from kernels import alloc as prior_kernels
 from kernels import ibhc as ibhc_kernels
-from kernels import priors as prior_kernels
+from kernels import partition as kpartition
 from kernels import samplers as sampler_kernels
 from kernels import tgmcmc as tg_kernels
+from kernels.alloc import nggp
+from kernels.obs import product as kproduct
 from pipeline.families import Family, GaussianNW, ProductFamily, as_product, check_summaries
 from pipeline.mapdp_core import as_seed_sequence, seed_state
+from pipeline.tree import Tree, tree_dtype
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -63,8 +67,9 @@ def prior_array(prior: str, alpha: float, sigma: float) -> FloatArray:
 
 
 def leaf_log_marginals(stats: FloatArray, family: ProductFamily) -> FloatArray:
-    """log p(X_i) of every leaf (L,) from its statistics row."""
-    return np.array([family.log_marginal_stats(s) for s in stats], dtype=np.float64)
+    """log p(X_i) of every leaf (L,) from its statistics row (``kernels.obs.product``)."""
+    st = np.ascontiguousarray(stats, dtype=np.float64)
+    return np.asarray(kproduct.log_marginals(st, family.spec, family.prior), dtype=np.float64)
 
 
 def effective_sample_size(x: ArrayLike) -> float:
@@ -144,34 +149,25 @@ class IBHCResult:
         The lower bound of eq. 10 on log P(dX, du) (on log p(X) for the DP).
     u : float
         The auxiliary variable the forest was built with.
-    tree : structured ndarray
-        Every node of the forest: leaves first (node i = leaf i), then internal nodes; fields
-        ``left``, ``right``, ``parent`` (-1 for none), ``n_leaves``, ``n`` (records), ``log_phi``
-        (eq. 8), ``log_d`` (eq. 9, -inf at leaves).
+    tree : pipeline.tree.Tree
+        Every node of the forest: leaves first (node i = leaf i), then internal nodes; the common
+        fields (``pipeline.tree.BASE_FIELDS``) and ``IBHC_FIELDS``.
     """
 
     labels: IntArray
     log_bound: float
     u: float
-    tree: NDArray[Any]
+    tree: Tree
 
 
-TREE_DTYPE = np.dtype(
-    [
-        ("left", np.int64),
-        ("right", np.int64),
-        ("parent", np.int64),
-        ("n_leaves", np.int64),
-        ("n", np.float64),
-        ("log_phi", np.float64),
-        ("log_d", np.float64),
-    ]
-)
+IBHC_FIELDS = ("log_phi",)
+"""The field an IBHC forest adds to ``pipeline.tree.BASE_FIELDS``: log phi (seed 004 eq. 8);
+``log_d`` is eq. 9's dissimilarity, -inf at leaves."""
 
 
-def _tree_table(
-    ni: IntArray, nf: FloatArray, st: FloatArray, roots: IntArray, L: int
-) -> NDArray[Any]:
+def _tree_table(ni: IntArray, nf: FloatArray, st: FloatArray, roots: IntArray, L: int) -> Tree:
+    """The forest left by ``kernels.ibhc.ibhc`` as a ``Tree``: leaf i is node i, internal nodes
+    follow in the order of their kernel slots."""
     live: list[int] = []
     stack = [int(r) for r in roots]
     while stack:
@@ -187,29 +183,30 @@ def _tree_table(
             new_id[v] = int(ni[v, ibhc_kernels.LEAF])
     for k, v in enumerate(sorted(internal)):
         new_id[v] = L + k
-    table = np.zeros(len(live), dtype=TREE_DTYPE)
+    table = np.zeros(len(live), dtype=tree_dtype(*IBHC_FIELDS))
+    stats = np.zeros((len(live), st.shape[1]))
     for v in live:
         j = new_id[v]
         leaf = ni[v, ibhc_kernels.LEAF] >= 0
         p = int(ni[v, ibhc_kernels.PARENT])
-        table[j] = (
-            -1 if leaf else new_id[int(ni[v, ibhc_kernels.LEFT])],
-            -1 if leaf else new_id[int(ni[v, ibhc_kernels.RIGHT])],
-            -1 if p < 0 else new_id[p],
-            int(ni[v, ibhc_kernels.NLEAF]),
-            float(st[v, 0]),
-            float(nf[v, ibhc_kernels.LOGPHI]),
-            float(nf[v, ibhc_kernels.LOGD]),
-        )
-    return table
+        row = table[j]
+        row["node"] = j
+        row["parent"] = -1 if p < 0 else new_id[p]
+        row["left"] = -1 if leaf else new_id[int(ni[v, ibhc_kernels.LEFT])]
+        row["right"] = -1 if leaf else new_id[int(ni[v, ibhc_kernels.RIGHT])]
+        row["n_leaves_below"] = int(ni[v, ibhc_kernels.NLEAF])
+        row["n"] = float(st[v, 0])
+        row["log_d"] = float(nf[v, ibhc_kernels.LOGD])
+        row["log_phi"] = float(nf[v, ibhc_kernels.LOGPHI])
+        stats[j] = st[v]
+    return Tree(table, stats)
 
 
-def _canonical(z: IntArray) -> IntArray:
-    _, first = np.unique(z, return_index=True)
-    order = np.argsort(first)
-    remap = np.empty(int(z.max()) + 1, dtype=np.int64)
-    remap[np.unique(z)[order]] = np.arange(order.shape[0])
-    return remap[z]
+def _canonical(z: ArrayLike) -> IntArray:
+    """A copy of z numbered in order of first appearance (``kernels.partition``)."""
+    out = np.array(z, dtype=np.int64)
+    kpartition.canonical_labels(out, out)
+    return out
 
 
 def run_ibhc(
@@ -743,7 +740,7 @@ class TreeGuidedMCMC:
         z = np.asarray(init)
         if z.shape != (L,) or not np.issubdtype(z.dtype, np.integer):
             raise ValueError(f"init labels must be integers of shape ({L},)")
-        return _canonical(z.astype(np.int64)), 1.0
+        return _canonical(z), 1.0
 
     def _warm_up(self, stats: FloatArray, prod: ProductFamily) -> None:
         """Compile (or load from numba's cache) the kernels on the first two leaves."""
@@ -815,8 +812,8 @@ class TreeGuidedMCMC:
         for t in range(lj.shape[0]):
             k = int(K[t])
             if k not in cache:
-                cache[k] = float(prior_kernels.log_nggp_u_integral(n, float(k), pp))
+                cache[k] = float(nggp.log_u_integral(n, float(k), pp[1], s))
             ut = float(u[t])
-            u_terms = float(prior_kernels.log_u_factor(n, ut, pp)) + (k * s - n) * math.log1p(ut)
+            u_terms = float(nggp.log_u_factor(n, ut, pp[1], s)) + (k * s - n) * math.log1p(ut)
             out[t] = lj[t] - u_terms + cache[k]
         return out

@@ -332,11 +332,6 @@ def test_parallel_and_serial_scoring_agree():
     serial = kbhc.bhc(stats, fam.spec, fam.prior, 0.0, 4, 2**62)
     for a, b in zip(threaded, serial):
         np.testing.assert_array_equal(a, b)
-    order = np.random.default_rng(0).permutation(len(X)).astype(np.int64)
-    za, sa = kbhc.bayes_kmeans(stats, fam.spec, fam.prior, 0.0, order, 9, 3, 2, 1)
-    zb, sb = kbhc.bayes_kmeans(stats, fam.spec, fam.prior, 0.0, order, 9, 3, 2, 2**62)
-    np.testing.assert_array_equal(za, zb)
-    np.testing.assert_array_equal(sa, sb)
     m1 = BHC(parallel=False).fit(X)
     m2 = BHC(parallel=True).fit(X)
     np.testing.assert_array_equal(m1.tree_.left, m2.tree_.left)
@@ -359,6 +354,13 @@ def test_tree_table_invariants_and_pandas_view():
     df = t.to_pandas()
     assert len(df) == 2 * M - 1
     assert {"node", "parent", "left", "right", "n", "log_r", "log_p"} <= set(df.columns)
+    # one structured array underneath: columns by attribute or by name agree
+    arr = t.to_numpy()
+    assert arr.dtype.names == t.fields and arr.shape == (2 * M - 1,)
+    np.testing.assert_array_equal(t["log_r"], t.log_r)
+    np.testing.assert_allclose(t.stats[t.root], t.stats[:M].sum(axis=0), rtol=1e-12)
+    with pytest.raises(AttributeError, match="no attribute or field 'bogus'"):
+        _ = t.bogus
 
 
 # -- partitions -----------------------------------------------------------------------------

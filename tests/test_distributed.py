@@ -393,7 +393,7 @@ def test_merge_moves_join_a_split_cluster(client):
     results = [ChunkResult(0, np.zeros((K, S)), np.zeros((0, S)), 0, 1200, 0.0)]
     params = FitParams(alpha=1.0).checked()
     new, record = reduce_pass(state, results, fam, params, 1200)
-    assert record["global_merges"] == 1
+    assert record["merges"] == 1
     assert new.n_clusters == K - 1
     assert new.remap[k0] == new.remap[K - 1]
     assert record["objective"] < 1e9

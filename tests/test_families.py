@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import integrate, special, stats
 
-from kernels.families import product
+from kernels.obs import product
 from pipeline.families import (
     FAMILIES,
     Bernoulli,
@@ -119,6 +119,9 @@ class FamilyContract:
 
     n_data = 30
     n_quad = 8
+    # which moments the family's statistics determine: "full" (mean, covariance), "diag" (mean,
+    # variances) or "mean"
+    moments_known = "diag"
 
     # hooks -------------------------------------------------------------------------------------
     def make_family(self) -> Family:
@@ -152,6 +155,28 @@ class FamilyContract:
         return np.asarray(self.make_data(np.random.default_rng(seed), n), dtype=np.float64)
 
     # tests -------------------------------------------------------------------------------------
+    def test_moments_are_the_records_own_where_determined(self) -> None:
+        """``product.moments`` of one statistics row: the records' mean and (biased) covariance
+        where the family's statistics determine them, NaN everywhere else."""
+        fam = self.make_family()
+        X = self.data(31, 50)
+        pf = fam.as_product()
+        D = X.shape[1]
+        s = pf.stats_of(X, np.zeros(len(X), dtype=np.int64), 1)[0]
+        mean, cov = product.moments(s, pf.spec, pf.prior, D)
+        np.testing.assert_allclose(mean, X.mean(axis=0), rtol=1e-10)
+        want = np.cov(X, rowvar=False, bias=True).reshape(D, D)
+        known = {
+            "full": np.ones((D, D), dtype=bool),
+            "diag": np.eye(D, dtype=bool),
+            "mean": np.zeros((D, D), dtype=bool),
+        }[self.moments_known]
+        np.testing.assert_allclose(cov[known], want[known], rtol=1e-9, atol=1e-12)
+        assert np.isnan(cov[~known]).all()
+        # no records: nothing is determined
+        mean0, cov0 = product.moments(np.zeros_like(s), pf.spec, pf.prior, D)
+        assert np.isnan(mean0).all() and np.isnan(cov0).all()
+
     def test_log_marginal_matches_independent_computation(self) -> None:
         fam = self.make_family()
         X = self.data(1, self.n_quad)
@@ -334,6 +359,8 @@ class FamilyContract:
 
 
 class TestGaussianNW(FamilyContract):
+    moments_known = "full"
+
     def bad_values(self) -> list[tuple[float, str]]:
         return [(np.nan, "must be finite"), (np.inf, "must be finite")]
 
@@ -477,6 +504,8 @@ class TestCategorical(FamilyContract):
 
 
 class TestPoisson(FamilyContract):
+    moments_known = "mean"
+
     def make_family(self) -> Poisson:
         return Poisson(a=[1.5, 4.0], b=[0.5, 2.0])
 
@@ -608,6 +637,8 @@ class TestBernoulli(TestBinomial):
 
 
 class TestExponential(FamilyContract):
+    moments_known = "mean"
+
     def make_family(self) -> Exponential:
         return Exponential(a=[2.0, 1.0], b=[1.0, 0.3])
 
@@ -646,6 +677,8 @@ class TestExponential(FamilyContract):
 
 
 class TestGeometric(FamilyContract):
+    moments_known = "mean"
+
     def make_family(self) -> Geometric:
         return Geometric(a=[1.5, 3.0], b=[2.0, 1.2])
 
@@ -713,6 +746,23 @@ def test_product_of_families_adds_log_terms() -> None:
     want_pred = sum(f.log_predictive(x[cols], X[1:, cols]) for f, cols in parts)
     assert pf.log_predictive(x, X[1:]) == pytest.approx(want_pred, rel=1e-12)
     assert pf.n_stats == sum(f.stat_size() for f, _ in parts)
+
+
+def test_product_moments_fill_each_group_block() -> None:
+    """Moments of a product: each group's block from its own family, NaN between groups."""
+    rng = np.random.default_rng(21)
+    n = 60
+    X = np.column_stack(
+        [rng.normal(0.0, 1.0, n), rng.poisson(2.0, n), rng.normal(5.0, 2.0, n)]
+    ).astype(np.float64)
+    nw = GaussianNW(m0=[0.0, 4.0], c0=1.0, B0=np.eye(2) * 0.3, a0=3.0)
+    pf = ProductFamily([(nw, [0, 2]), (Poisson(a=[2.0], b=1.0), [1])])
+    Xa = pf.arrange(X)  # group order: the Gaussian's columns 0, 2, then the Poisson's 1
+    s = pf.stats_of(Xa, np.zeros(n, dtype=np.int64), 1)[0]
+    mean, cov = product.moments(s, pf.spec, pf.prior, 3)
+    np.testing.assert_allclose(mean, Xa.mean(axis=0), rtol=1e-10)
+    np.testing.assert_allclose(cov[:2, :2], np.cov(Xa[:, :2], rowvar=False, bias=True), rtol=1e-9)
+    assert np.isnan(cov[2, :]).all() and np.isnan(cov[:, 2]).all()
 
 
 def test_registry_names() -> None:

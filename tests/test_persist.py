@@ -221,7 +221,7 @@ def test_a_product_of_families_keeps_its_column_order(tmp_path: Path):
 
 def test_fit_params_and_moments_round_trip(tmp_path: Path):
     obj = {
-        "params": FitParams(alpha=2.5, alpha_prior=(3.0, 0.5), n_seeds=7, merge_all=True),
+        "params": FitParams(alpha=2.5, alpha_prior=(3.0, 0.5), n_seeds=7, restart=2),
         "learned": FitParams(),
         "moments": Moments.of(np.random.default_rng(4).normal(size=(10, 3))),
         "empty": Moments.of(np.zeros((0, 2))),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,8 +22,8 @@ from scipy.signal import lfilter
 from scipy.special import gammaln, logsumexp
 from sklearn.metrics import adjusted_rand_score
 
+from kernels import alloc as priors
 from kernels import ibhc as ibhc_kernels
-from kernels import priors
 from kernels import tgmcmc as tg_kernels
 from pipeline.families import GaussianNW
 from pipeline.tgmcmc import (
@@ -310,7 +311,7 @@ def test_ibhc_tree_invariants(prior: str, mode: str) -> None:
     tree = res.tree
     L = len(X)
     # every leaf appears exactly once, as node i, and every node reaches a root
-    assert np.all(tree["n_leaves"][:L] == 1)
+    assert np.all(tree["n_leaves_below"][:L] == 1)
     assert np.all(tree["left"][:L] == -1)
     internal = tree[L:]
     children = np.concatenate([internal["left"], internal["right"]])
@@ -318,14 +319,19 @@ def test_ibhc_tree_invariants(prior: str, mode: str) -> None:
     assert len(np.unique(children)) == len(children)
     roots = np.flatnonzero(tree["parent"] < 0)
     assert len(roots) == res.labels.max() + 1
-    assert tree["n_leaves"][roots].sum() == L
+    np.testing.assert_array_equal(tree.roots, roots)
+    # the same table format as BHC's: statistics beside it, a pandas view of its fields
+    np.testing.assert_allclose(tree.stats[tree.roots].sum(axis=0), st.sum(axis=0), rtol=1e-9)
+    assert list(tree.to_pandas().columns) == list(tree.fields)
+    assert {"node", "parent", "left", "right", "n", "log_d", "log_phi"} <= set(tree.fields)
+    assert tree["n_leaves_below"][roots].sum() == L
     # counts add up, potentials follow eqs. 8-9
     pp = prior_array(prior, 1.0, 0.5)
     for j in range(L, len(tree)):
         lc, rc = tree["left"][j], tree["right"][j]
         assert tree["parent"][lc] == j and tree["parent"][rc] == j
         assert tree["n"][j] == tree["n"][lc] + tree["n"][rc]
-        assert tree["n_leaves"][j] == tree["n_leaves"][lc] + tree["n_leaves"][rc]
+        assert tree["n_leaves_below"][j] == tree["n_leaves_below"][lc] + tree["n_leaves_below"][rc]
         prod_lr = tree["log_phi"][lc] + tree["log_phi"][rc]
         log_h = prod_lr - tree["log_d"][j]
         assert tree["log_phi"][j] == pytest.approx(np.logaddexp(log_h, prod_lr), abs=1e-8)
@@ -337,7 +343,7 @@ def test_ibhc_tree_invariants(prior: str, mode: str) -> None:
         assert adjusted_rand_score(y, res.labels) > 0.9
 
 
-def _log_marginal_of(j: int, tree: np.ndarray, X: np.ndarray, fam: GaussianNW, L: int) -> float:
+def _log_marginal_of(j: int, tree: Any, X: np.ndarray, fam: GaussianNW, L: int) -> float:
     stack, members = [j], []
     while stack:
         v = stack.pop()

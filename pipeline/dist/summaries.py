@@ -30,7 +30,7 @@ def summary_counts(nk: FloatArray, M: int) -> IntArray:
 def gaussian_moments(stats: FloatArray, family: ProductFamily) -> tuple[FloatArray, FloatArray]:
     """Mean (K, D) and covariance (K, D, D) of each cluster's records from its statistics, when
     every group of the family is a full-covariance Gaussian (block-diagonal across groups)."""
-    from kernels.families import product as kp
+    from kernels.obs import product as kp
 
     K, D = stats.shape[0], family.n_cols
     mean = np.zeros((K, D))
@@ -160,7 +160,7 @@ def split_summaries(client: Any, ctx: RunContext, state: PassState, M: int) -> S
     from scipy.special import ndtri
 
     t0 = time.perf_counter()
-    from kernels.families import product as kp
+    from kernels.obs import product as kp
 
     info = ctx.info
     K = state.n_clusters

@@ -16,7 +16,6 @@ from pipeline.engines.mixture import IntArray, MixtureEngine, PassInput, Sweep
 
 class KmeansEngine(MixtureEngine):
     name: ClassVar[str] = "kmeans"
-    all_pairs: ClassVar[bool] = True
 
     def sweep(
         self, chunk: Chunk | None, msg: PassInput, X: Any, hold: Any, order: IntArray, z: IntArray

@@ -8,13 +8,13 @@ A chunk task sweeps its training records against a copy of the global statistics
 chunk's new labels to the other label buffer itself and returns only statistic deltas and the
 statistics of the clusters it opened.
 
-The driver (``reduce_pass``) adds the deltas in chunk order, merges every new cluster into
-another one, new or existing, while a merge lowers the objective (eq. 3.3, from the families' log
-marginals; Bayes K-means tests every pair, as its Section 5 merge step), then runs merge moves
-over all clusters (``kernels.mapdp.greedy_merge``: the pair whose merge lowers the objective most,
-until none does), drops empty clusters and records how the labels written in this pass map to
-the new cluster numbers (``PassState.remap``): labels are relabelled lazily, by the next task that
-reads them. The objective comes from the statistics alone.
+The driver (``reduce_pass``) adds the deltas in chunk order, drops the clusters the pass
+emptied, then runs merge moves over every pair of clusters, those that existed and those the
+chunks opened (``kernels.partition.greedy_merge``: the pair whose merge lowers the objective,
+eq. 3.3, most, until none does; for Bayes K-means this is its Section 5 merge step), and records
+how the labels written in this pass map to the new cluster numbers (``PassState.remap``):
+labels are relabelled lazily, by the next task that reads them. The objective comes from the
+statistics alone.
 
 Determinism: the visiting order of chunk c in pass p is drawn from the SeedSequence child
 (restart, p, c) of ``random_state``; a task reads one buffer and writes the other; deltas are
@@ -35,6 +35,7 @@ from numpy.typing import NDArray
 
 from kernels import bayes_kmeans as kbk
 from kernels import mapdp as kmapdp
+from kernels import partition as kpartition
 from kernels.rng import shuffle
 from pipeline.concentration import log_gamma_prior, map_concentration
 from pipeline.config import FitParams
@@ -112,44 +113,6 @@ def objective(stats: FloatArray, alpha: float, family: ProductFamily, params: Fi
     return e
 
 
-def reconcile(
-    stats: FloatArray, candidates: IntArray, family: ProductFamily, log_alpha: float
-) -> tuple[FloatArray, IntArray, int]:
-    """Greedy merges: each candidate j in turn merges into the cluster k that lowers the
-    objective most (``kernels.bayes_kmeans.merge_costs``), if any does; repeated until no merge
-    happens. Returns the merged statistics (merged rows zeroed), the cluster each row ended in,
-    and the number of merges."""
-    stats = stats.copy()
-    spec, prior = family.spec, family.prior
-    logm = kbk.log_marginals(stats, spec, prior)
-    alive = stats[:, 0] > 0
-    parent = np.arange(stats.shape[0], dtype=np.int64)
-    merges = 0
-    changed = True
-    while changed:
-        changed = False
-        for j in candidates:
-            if not alive[j]:
-                continue
-            costs = kbk.merge_costs(stats, logm, alive, int(j), spec, prior, log_alpha)
-            k = int(np.argmin(costs))
-            if costs[k] < 0.0:
-                stats[k] += stats[j]
-                stats[j] = 0.0
-                alive[j] = False
-                parent[j] = k
-                logm[k] = family.log_marginal_stats(stats[k])
-                merges += 1
-                changed = True
-    # follow chains j -> k -> ... to the surviving cluster
-    for j in range(parent.shape[0]):
-        r = j
-        while parent[r] != r:
-            r = parent[r]
-        parent[j] = r
-    return stats, parent, merges
-
-
 def merged_records(sizes: FloatArray, target: IntArray) -> int:
     """Records whose cluster number changes when clusters of ``sizes`` merge by ``target``:
     all but the largest contributor of each merged cluster."""
@@ -167,12 +130,10 @@ def reduce_pass(
     params: FitParams,
     n_train: int,
     scored_into: str | None = None,
-    all_pairs: bool = False,
 ) -> tuple[PassState, dict[str, Any]]:
     """The driver's half of a pass (module docstring): new state and the pass's record.
 
-    ``scored_into``: the labels group the chunk tasks wrote their scores into, if asked to;
-    ``all_pairs``: reconcile every pair of clusters, not only the new ones (Bayes K-means).
+    ``scored_into``: the labels group the chunk tasks wrote their scores into, if asked to.
     """
     results = sorted(results, key=lambda r: r.c)
     K = state.n_clusters
@@ -189,25 +150,22 @@ def reduce_pass(
     everything = np.vstack(blocks)
     alpha = state.alpha
     n_changed = sum(r.n_changed for r in results)
-    if all_pairs or params.merge_all:
-        # Section 5's merge step: every pair, greedily, after the assignment step
-        candidates = np.arange(everything.shape[0], dtype=np.int64)
-    else:
-        candidates = np.arange(K, everything.shape[0], dtype=np.int64)
-    log_alpha = math.log(alpha)
-    merged, parent, merges = reconcile(everything, candidates, family, log_alpha)
-    keep = merged[:, 0] > 0.5
-    new_id = np.full(merged.shape[0], -1, dtype=np.int64)
+    # clusters a pass emptied are dropped; then merge moves over every pair of clusters, new or
+    # old (the chunks' new clusters are reconciled by the same merge test), best pair first, by
+    # the exact decrease of the objective (``kernels.partition.greedy_merge``)
+    keep = everything[:, 0] > 0.5
+    new_id = np.full(everything.shape[0], -1, dtype=np.int64)
     new_id[keep] = np.arange(int(keep.sum()))
-    stats = np.ascontiguousarray(merged[keep])
-    # merge moves over all clusters, by the exact decrease of the objective
-    target, stats, global_merges = kmapdp.greedy_merge(
-        stats, np.ascontiguousarray(stats[:, 0]), family.spec, family.prior, log_alpha
+    kept = np.ascontiguousarray(everything[keep])
+    target, stats, merges = kpartition.greedy_merge(
+        kept, np.ascontiguousarray(kept[:, 0]), family.spec, family.prior, math.log(alpha)
     )
     stats = np.ascontiguousarray(stats)
-    idx = new_id[parent]
-    remap = np.where(idx >= 0, target[np.maximum(idx, 0)], -1).astype(np.int64)
-    relabelled = merged_records(merged[keep][:, 0], target)
+    remap = np.where(new_id >= 0, target[np.maximum(new_id, 0)], -1).astype(np.int64)
+    # records relabelled by a merge of clusters that existed before the pass (the records of
+    # the chunks' new clusters were counted as moved already)
+    old = keep[:K]
+    relabelled = merged_records(kept[: int(old.sum())][:, 0], target[: int(old.sum())])
     if params.learn_alpha and state.alpha_k != stats.shape[0]:
         # eq. A.1 depends on the data only through N and K: with both unchanged the current
         # alpha is already its mode, and keeping it exactly is what lets a pass that moved
@@ -221,7 +179,6 @@ def reduce_pass(
         "n_clusters": int(stats.shape[0]),
         "n_new": int(m),
         "merges": int(merges),
-        "global_merges": int(global_merges),
         "n_changed": int(n_changed),
         "changed_fraction": changed / max(n_train, 1),
         "alpha": float(alpha),
@@ -279,8 +236,6 @@ class MixtureEngine(Engine):
     per-record state, the starts, the reduce, the write-out. A subclass gives ``sweep``."""
 
     record_arrays: ClassVar[tuple[RecordArray, ...]] = (RecordArray("z", "int64", -1),)
-    # reconcile every pair of clusters after a pass, not only the new ones
-    all_pairs: ClassVar[bool] = False
 
     def init_state(self, ctx: RunContext, client: Any) -> PassState:
         return initial_state(client, ctx)
@@ -363,7 +318,6 @@ class MixtureEngine(Engine):
             ctx.params,
             ctx.info.n_train,
             scores_into,
-            all_pairs=self.all_pairs,
         )
 
     def write_input(self, state: Any, mapping: IntArray, ctx: RunContext) -> WriteInput:

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from kernels import bayes_kmeans as kbk
 from kernels import mapdp as kmapdp
+from kernels import partition as kpartition
 from pipeline.concentration import map_concentration
 from pipeline.config import MAX_SEEDS, FitParams
 from pipeline.engines.base import Chunk, RunContext
@@ -155,9 +155,7 @@ def warm_driver(X: FloatArray, family: ProductFamily) -> None:
     n = X.shape[0]
     stats = family.stats_of(X, np.zeros(n, dtype=np.int64), 1)
     nk = np.ascontiguousarray(stats[:, 0])
-    logm = kbk.log_marginals(stats, spec, prior)
-    kbk.merge_costs(stats, logm, np.ones(1, dtype=np.bool_), 0, spec, prior, 0.0)
-    kmapdp.greedy_merge(stats, nk, spec, prior, 0.0)
+    kpartition.greedy_merge(stats, nk, spec, prior, 0.0)
     kmapdp.objective(stats, nk, 1, spec, prior, 1.0)
     map_concentration(max(n, 2), 1)
     from pipeline import report

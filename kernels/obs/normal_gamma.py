@@ -34,9 +34,10 @@ Student-t normalising constant sum_j [lgamma(a_n + 1/2) - lgamma(a_n)
 
 import math
 
+import numpy as np
 from numba import njit
 
-from kernels.families._common import add_count_sum
+from kernels.obs._common import add_count_sum, count_sum_moments
 
 LOG_2PI = math.log(2.0 * math.pi)
 
@@ -128,3 +129,25 @@ def log_marginal(s, p):
             + 0.5 * (math.log(c0) - math.log(cn))
         )
     return out
+
+
+@njit(cache=True, nogil=True)
+def moments(s, p, mean, cov):
+    """Mean and the diagonal of the covariance of the records summarised by s.
+
+    mean_j = sum x_j / n, cov_jj = sum x_j^2 / n - mean_j^2; the statistics keep no cross
+    products, so the off-diagonal entries are NaN (not determined). NaN everywhere for n = 0.
+
+    Parameters
+    ----------
+    s : ndarray of shape (1 + 2 d,)
+    p : ndarray of shape (4 d,)
+        Unused.
+    mean : ndarray of shape (d,), output
+    cov : ndarray of shape (d, d), output
+    """
+    count_sum_moments(s, mean, cov)
+    d = mean.shape[0]
+    n = s[0]
+    for j in range(d):
+        cov[j, j] = s[1 + d + j] / n - mean[j] * mean[j] if n > 0.0 else np.nan

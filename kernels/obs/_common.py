@@ -7,6 +7,7 @@ live here so that every family module only states its own formulas.
 
 import math
 
+import numpy as np
 from numba import njit
 
 from kernels.special import lbeta
@@ -49,3 +50,23 @@ def beta_log_evidence(a, b, an, bn):
     """log B(a_n, b_n) - log B(a, b): the Beta prior-to-posterior normaliser ratio of one column
     (the beta-geometric and beta-binomial marginals)."""
     return lbeta(an, bn) - lbeta(a, b)
+
+
+@njit(cache=True, nogil=True)
+def count_sum_moments(s, mean, cov):
+    """mean_j = sum x_j / n from a layout starting (n, sum x (d)); cov all NaN (not determined).
+
+    The moments of the families whose statistics hold only the count and the sums (exponential,
+    geometric) and the start of those that hold more. n = 0 leaves the mean NaN as well.
+
+    Parameters
+    ----------
+    s : ndarray of shape (S,)
+    mean : ndarray of shape (d,), output
+    cov : ndarray of shape (d, d), output
+    """
+    d = mean.shape[0]
+    cov[:, :] = np.nan
+    n = s[0]
+    for j in range(d):
+        mean[j] = s[1 + j] / n if n > 0.0 else np.nan

@@ -346,3 +346,32 @@ def log_predictive_row(x, C, k):
     ck = C[k, t]
     nu = C[k, t + 1] - d + 1.0
     return C[k, t + 3] - 0.5 * (nu + d) * math.log1p(q * ck / (ck + 1.0))
+
+
+@njit(cache=True, nogil=True)
+def moments(s, p, mean, cov):
+    """Mean and covariance of the records summarised by s: the statistics determine both.
+
+    mean = sum x / n, cov = sum x x^T / n - mean mean^T (the maximum-likelihood covariance, not
+    the posterior's). NaN everywhere for n = 0.
+
+    Parameters
+    ----------
+    s : ndarray of shape (1 + d + d^2,)
+    p : ndarray of shape (d + 3 + d^2,)
+        Unused (the contract's argument list).
+    mean : ndarray of shape (d,), output
+    cov : ndarray of shape (d, d), output
+    """
+    d = mean.shape[0]
+    n = s[0]
+    if not n > 0.0:
+        mean[:] = np.nan
+        cov[:, :] = np.nan
+        return
+    for i in range(d):
+        mean[i] = s[1 + i] / n
+    base = 1 + d
+    for i in range(d):
+        for j in range(d):
+            cov[i, j] = s[base + i * d + j] / n - mean[i] * mean[j]

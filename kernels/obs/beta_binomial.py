@@ -33,7 +33,7 @@ import math
 import numpy as np
 from numba import njit
 
-from kernels.families._common import beta_log_evidence
+from kernels.obs._common import beta_log_evidence, count_sum_moments
 
 
 @njit(cache=True, nogil=True)
@@ -116,3 +116,31 @@ def log_marginal(s, p):
             if hv != 0.0:
                 out += hv * p[row_p + v]
     return out
+
+
+@njit(cache=True, nogil=True)
+def moments(s, p, mean, cov):
+    """Mean and the diagonal of the covariance of the count columns summarised by s.
+
+    Each column's histogram over 0..H-1 determines its distribution: mean_j = sum x_j / n,
+    cov_jj = sum_v v^2 hist_j[v] / n - mean_j^2. Off-diagonal entries are NaN (not
+    determined); NaN everywhere for n = 0.
+
+    Parameters
+    ----------
+    s : ndarray of shape (1 + d + d H,)
+    p : ndarray of shape (3 d + d H,)
+        Gives d and H with s.
+    mean : ndarray of shape (d,), output
+    cov : ndarray of shape (d, d), output
+    """
+    count_sum_moments(s, mean, cov)
+    d, H = _dims(s, p)
+    n = s[0]
+    for j in range(d):
+        if not n > 0.0:
+            continue
+        m2 = 0.0
+        for v in range(H):
+            m2 += v * v * s[1 + d + j * H + v]
+        cov[j, j] = m2 / n - mean[j] * mean[j]

@@ -24,7 +24,12 @@ import math
 import numpy as np
 from numba import njit
 
-from kernels.families._common import add_count_sum, any_negative, gamma_log_evidence
+from kernels.obs._common import (
+    add_count_sum,
+    any_negative,
+    count_sum_moments,
+    gamma_log_evidence,
+)
 
 
 @njit(cache=True, nogil=True)
@@ -87,3 +92,21 @@ def log_marginal(s, p):
         bn = b + n
         out += gamma_log_evidence(a, b, an, bn) - s[1 + d + j]
     return out
+
+
+@njit(cache=True, nogil=True)
+def moments(s, p, mean, cov):
+    """Mean of each count column of the records summarised by s: sum x_j / n.
+
+    The statistics hold sum log x! but not sum x^2, so the covariance is NaN (not determined),
+    diagonal included. The mean is NaN for n = 0.
+
+    Parameters
+    ----------
+    s : ndarray of shape (1 + 2 d,)
+    p : ndarray of shape (2 d,)
+        Unused.
+    mean : ndarray of shape (d,), output
+    cov : ndarray of shape (d, d), output
+    """
+    count_sum_moments(s, mean, cov)

@@ -20,9 +20,10 @@ import math
 import numpy as np
 from numba import njit
 
-from kernels.families._common import (
+from kernels.obs._common import (
     add_count_sum,
     any_negative,
+    count_sum_moments,
     count_sum_posterior,
     gamma_log_evidence,
 )
@@ -75,3 +76,21 @@ def log_marginal(s, p):
         an, bn = count_sum_posterior(s, p, j)
         out += gamma_log_evidence(p[j], p[d + j], an, bn)
     return out
+
+
+@njit(cache=True, nogil=True)
+def moments(s, p, mean, cov):
+    """Mean of each exponential column of the records summarised by s: sum x_j / n.
+
+    The statistics hold only the count and the sums, so the covariance is NaN (not determined),
+    diagonal included. The mean is NaN for n = 0.
+
+    Parameters
+    ----------
+    s : ndarray of shape (1 + d,)
+    p : ndarray of shape (2 d,)
+        Unused.
+    mean : ndarray of shape (d,), output
+    cov : ndarray of shape (d, d), output
+    """
+    count_sum_moments(s, mean, cov)

@@ -83,3 +83,32 @@ def log_marginal(s, p):
     for k in range(C):
         out += math.lgamma(p[k] + s[1 + k])
     return out
+
+
+@njit(cache=True, nogil=True)
+def moments(s, p, mean, cov):
+    """Mean and variance of the code column (0..C-1 as a float) of the records summarised by s.
+
+    The counts determine the column's whole distribution: mean = sum_c c n_c / n,
+    cov[0, 0] = sum_c c^2 n_c / n - mean^2. NaN for n = 0.
+
+    Parameters
+    ----------
+    s : ndarray of shape (1 + C,)
+    p : ndarray of shape (C + 2,)
+        Unused.
+    mean : ndarray of shape (1,), output
+    cov : ndarray of shape (1, 1), output
+    """
+    n = s[0]
+    if not n > 0.0:
+        mean[0] = np.nan
+        cov[0, 0] = np.nan
+        return
+    m1 = 0.0
+    m2 = 0.0
+    for k in range(s.shape[0] - 1):
+        m1 += k * s[1 + k]
+        m2 += k * k * s[1 + k]
+    mean[0] = m1 / n
+    cov[0, 0] = m2 / n - mean[0] * mean[0]

@@ -10,11 +10,18 @@ Log terms add across groups (DESIGN.md, "Likelihood families"). A product is des
 
 and a cluster is one row of ``stats`` (K, S) and one row of ``cache`` (K, C). ``stats[k, 0]`` is
 the cluster's size n (the first statistic of group 0).
+
+Besides the contract of ``kernels.obs`` for a whole row (``add_stats``, ``refresh``,
+``update``, ``log_predictive``, ``log_marginal``) this module gives the observation model's part
+of every clustering score over statistics rows: ``log_marginals`` of many rows,
+``log_marginal_gap`` (the likelihood part of a merge gap), ``build_stats`` (rows from records and
+labels) and ``moments`` (mean and covariance of the records a row summarises).
 """
 
+import numpy as np
 from numba import njit
 
-from kernels.families import (
+from kernels.obs import (
     beta_binomial,
     categorical,
     exponential_gamma,
@@ -126,6 +133,24 @@ def _group_log_predictive(code, xg, sg, cg, pg):
 
 
 @njit(cache=True, nogil=True)
+def _group_moments(code, sg, pg, mean, cov):
+    if code == GAUSSIAN_NW:
+        gaussian_nw.moments(sg, pg, mean, cov)
+    elif code == NORMAL_GAMMA:
+        normal_gamma.moments(sg, pg, mean, cov)
+    elif code == CATEGORICAL:
+        categorical.moments(sg, pg, mean, cov)
+    elif code == POISSON_GAMMA:
+        poisson_gamma.moments(sg, pg, mean, cov)
+    elif code == BETA_BINOMIAL:
+        beta_binomial.moments(sg, pg, mean, cov)
+    elif code == EXPONENTIAL_GAMMA:
+        exponential_gamma.moments(sg, pg, mean, cov)
+    else:
+        geometric_beta.moments(sg, pg, mean, cov)
+
+
+@njit(cache=True, nogil=True)
 def _group_log_marginal(code, sg, pg):
     if code == GAUSSIAN_NW:
         return gaussian_nw.log_marginal(sg, pg)
@@ -226,3 +251,100 @@ def log_marginal(s, spec, prior):
             r[CODE], _span(s, r, STAT0, NSTAT), _span(prior, r, PRIOR0, NPRIOR)
         )
     return out
+
+
+@njit(cache=True, nogil=True)
+def log_marginals(stats, spec, prior):
+    """log p(X_k) of each statistics row (K, S): ndarray of shape (K,), 0 for an empty row."""
+    out = np.empty(stats.shape[0])
+    for k in range(stats.shape[0]):
+        out[k] = log_marginal(stats[k], spec, prior) if stats[k, 0] > 0.0 else 0.0
+    return out
+
+
+@njit(cache=True, nogil=True)
+def log_marginal_gap(sa, sb, lma, lmb, scratch, spec, prior):
+    """The observation model's part of a merge gap: log p(X_a u X_b) - log p(X_a) - log p(X_b).
+
+    Parameters
+    ----------
+    sa, sb : ndarray of shape (S,)
+        Statistics rows.
+    lma, lmb : float
+        log p(X_a), log p(X_b) (``log_marginal`` of the rows).
+    scratch : ndarray of shape (S,)
+        Receives sa + sb.
+    spec, prior : the product's description.
+
+    Returns
+    -------
+    gap : float
+    lm_ab : float
+        log p(X_a u X_b).
+    """
+    for t in range(scratch.shape[0]):
+        scratch[t] = sa[t] + sb[t]
+    lm_ab = log_marginal(scratch, spec, prior)
+    return lm_ab - lma - lmb, lm_ab
+
+
+@njit(cache=True, nogil=True)
+def build_stats(X, z, K, spec, S):
+    """Statistics rows (K, S) of labelled records: row k = sum of g(x_i) over i with z_i = k.
+
+    Parameters
+    ----------
+    X : ndarray of shape (N, D)
+        Records, columns in the product's group order.
+    z : ndarray of shape (N,), int64
+        Label of each record in 0..K-1; records with z_i < 0 are skipped.
+    K, S : int
+        Number of rows and statistics per row.
+
+    Returns
+    -------
+    ndarray of shape (K, S)
+    """
+    stats = np.zeros((K, S))
+    for i in range(X.shape[0]):
+        k = z[i]
+        if k >= 0:
+            add_stats(X[i], stats[k], spec, 1.0)
+    return stats
+
+
+@njit(cache=True, nogil=True)
+def moments(s, spec, prior, D):
+    """Mean and covariance of the records summarised by the statistics row s, where determined.
+
+    Each group fills its own block with its family's ``moments``: the Normal-Wishart group all of
+    it (mean, full covariance); the Normal-Gamma and binomial groups the mean and the diagonal;
+    the categorical group the mean and variance of its code; the Poisson, exponential and
+    geometric groups the mean only. Entries the statistics do not determine are NaN, among them
+    every covariance between columns of different groups. Covariances are the records' own
+    (divided by n), not posterior quantities.
+
+    Parameters
+    ----------
+    s : ndarray of shape (S,)
+    spec, prior : the product's description.
+    D : int
+        Number of columns of a record.
+
+    Returns
+    -------
+    mean : ndarray of shape (D,)
+    cov : ndarray of shape (D, D)
+    """
+    mean = np.full(D, np.nan)
+    cov = np.full((D, D), np.nan)
+    for g in range(spec.shape[0]):
+        r = spec[g]
+        c0 = r[COL0]
+        c1 = c0 + r[NCOL]
+        mg = np.empty(r[NCOL])
+        cg = np.empty((r[NCOL], r[NCOL]))
+        _group_moments(r[CODE], _span(s, r, STAT0, NSTAT), _span(prior, r, PRIOR0, NPRIOR), mg, cg)
+        mean[c0:c1] = mg
+        cov[c0:c1, c0:c1] = cg
+    return mean, cov

@@ -1,0 +1,185 @@
+"""Operations on partitions of statistics rows shared by every clustering kernel.
+
+One copy each of: the relabelling of a partition in order of first appearance
+(``canonical_labels``), the merge gap of two clusters under the DP mixture (``merge_gap``), and
+the greedy merging of clusters while a merge raises the DP joint (``greedy_merge``), used by
+MAP-DP (seed 000, Section 3), Bayes K-means (seed 001, Section 5) and the reconciliation of the
+distributed passes (``pipeline.engines.mixture.reduce_pass``).
+
+The merge gap splits into the observation model's part (``kernels.obs.product.log_marginal_gap``)
+and the allocation model's (``kernels.alloc.crp.merge_gap``):
+
+    gap(a, b) = [log p(X_a u X_b) - log p(X_a) - log p(X_b)]
+              + [log Gamma(n_a + n_b) - log Gamma(n_a) - log Gamma(n_b) - log alpha]
+
+which is the increase of log p(X, z | alpha) (seed 000 eq. 3.3 with eq. 2.3; seed 001 eq. 5's
+summand) when clusters a and b merge; > 0 favours merging.
+"""
+
+import numpy as np
+from numba import njit
+
+from kernels.alloc import crp
+from kernels.obs import product
+
+
+@njit(cache=True, nogil=True)
+def canonical_labels(z, out):
+    """Relabel a partition so that its blocks are numbered 0, 1, ... in order of first appearance.
+
+    Parameters
+    ----------
+    z : ndarray of shape (N,), int64
+        Block of each element: any ids >= 0, gaps allowed (a negative id raises ValueError).
+    out : ndarray of shape (N,), int64, output
+        May be z itself.
+
+    Returns
+    -------
+    int
+        The number of blocks.
+    """
+    m = 0
+    for i in range(z.shape[0]):
+        if z[i] < 0:
+            raise ValueError("labels must be >= 0")
+        if z[i] > m:
+            m = z[i]
+    remap = np.full(m + 1, -1, dtype=np.int64)
+    nxt = 0
+    for i in range(z.shape[0]):
+        if remap[z[i]] < 0:
+            remap[z[i]] = nxt
+            nxt += 1
+        out[i] = remap[z[i]]
+    return nxt
+
+
+@njit(cache=True, nogil=True)
+def merge_gap_cached(sa, sb, lma, lmb, scratch, spec, prior, log_alpha):
+    """``merge_gap`` from log marginals already known.
+
+    Parameters
+    ----------
+    sa, sb : ndarray of shape (S,)
+        Statistics rows of the two clusters (``sa[0]``, ``sb[0]`` > 0 their sizes).
+    lma, lmb : float
+        log p(X_a), log p(X_b).
+    scratch : ndarray of shape (S,)
+        Work row.
+    spec, prior : product family description (``kernels.obs.product``).
+    log_alpha : float
+
+    Returns
+    -------
+    gap : float
+    lm_ab : float
+        log p(X_a u X_b), for the caller to keep if the clusters merge.
+    """
+    obs, lm_ab = product.log_marginal_gap(sa, sb, lma, lmb, scratch, spec, prior)
+    return obs + crp.merge_gap(sa[0], sb[0], log_alpha), lm_ab
+
+
+@njit(cache=True, nogil=True)
+def merge_gap(sa, sb, spec, prior, log_alpha):
+    """Increase of log p(X, z | alpha) (decrease of seed 000's objective E, eq. 3.3) when clusters
+    a and b merge (module docstring); > 0 favours merging. Statistics only.
+
+    Parameters
+    ----------
+    sa, sb : ndarray of shape (S,)
+    spec, prior : product family description.
+    log_alpha : float
+
+    Returns
+    -------
+    float
+    """
+    scratch = np.empty(sa.shape[0])
+    lma = product.log_marginal(sa, spec, prior)
+    lmb = product.log_marginal(sb, spec, prior)
+    return merge_gap_cached(sa, sb, lma, lmb, scratch, spec, prior, log_alpha)[0]
+
+
+@njit(cache=True, nogil=True)
+def greedy_merge(stats, nk, spec, prior, log_alpha):
+    """Merge the pair with the largest positive ``merge_gap`` until none is positive.
+
+    Ties keep the first pair in row-major order of (a, b), a < b. O(K^2) gaps to start, O(K) per
+    merge; memory O(K^2).
+
+    Parameters
+    ----------
+    stats : ndarray of shape (K, S)
+    nk : ndarray of shape (K,)
+        Cluster sizes (unused: ``stats[:, 0]`` holds them; kept for the callers' signature).
+    spec, prior : product family description.
+    log_alpha : float
+
+    Returns
+    -------
+    target : ndarray of shape (K,), int64
+        Cluster each input cluster ends in, numbered 0..K'-1 in the order of the surviving rows.
+    stats : ndarray of shape (K', S)
+    n_merges : int
+    """
+    K = stats.shape[0]
+    parent = np.arange(K)
+    alive = np.ones(K, dtype=np.bool_)
+    work = stats.copy()
+    scratch = np.empty(stats.shape[1])
+    lm = np.empty(K)
+    for k in range(K):
+        lm[k] = product.log_marginal(work[k], spec, prior)
+    gap = np.full((K, K), -np.inf)
+    lm_pair = np.zeros((K, K))
+    for a in range(K):
+        for b in range(a + 1, K):
+            gap[a, b], lm_pair[a, b] = merge_gap_cached(
+                work[a], work[b], lm[a], lm[b], scratch, spec, prior, log_alpha
+            )
+    n_merges = 0
+    while True:
+        best = 0.0
+        ba = -1
+        bb = -1
+        for a in range(K):
+            if not alive[a]:
+                continue
+            for b in range(a + 1, K):
+                if alive[b] and gap[a, b] > best:
+                    best = gap[a, b]
+                    ba = a
+                    bb = b
+        if ba < 0:
+            break
+        work[ba] += work[bb]
+        alive[bb] = False
+        parent[bb] = ba
+        n_merges += 1
+        lm[ba] = lm_pair[ba, bb]
+        for c in range(K):
+            if alive[c] and c != ba:
+                a = min(ba, c)
+                b = max(ba, c)
+                gap[a, b], lm_pair[a, b] = merge_gap_cached(
+                    work[a], work[b], lm[a], lm[b], scratch, spec, prior, log_alpha
+                )
+    for k in range(K):
+        r = k
+        while parent[r] != r:
+            r = parent[r]
+        parent[k] = r
+    remap = np.full(K, -1, dtype=np.int64)
+    K2 = 0
+    for k in range(K):
+        if alive[k]:
+            remap[k] = K2
+            K2 += 1
+    target = np.empty(K, dtype=np.int64)
+    out = np.empty((K2, stats.shape[1]))
+    for k in range(K):
+        target[k] = remap[parent[k]]
+        if alive[k]:
+            out[remap[k]] = work[k]
+    return target, out, n_merges
