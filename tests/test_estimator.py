@@ -1,4 +1,4 @@
-"""The scikit-learn contract of MAPDP, mixed-type DataFrames, and the collapsed Gibbs sampler
+"""The scikit-learn contract of every estimator, mixed-type DataFrames, and the collapsed Gibbs sampler
 against the exact posterior over partitions."""
 
 from __future__ import annotations
@@ -11,20 +11,29 @@ import pandas as pd
 import pytest
 from sklearn.utils.estimator_checks import check_estimator
 
-from pipeline.baselines import CollapsedGibbs
+from pipeline.baselines import CollapsedGibbs, DPMeans, UncollapsedGibbs
 from pipeline.families import GaussianNW
 from pipeline.mapdp import MAPDP
 from tests.reference import log_crp, nw_log_marginal
 
-# checks MAPDP cannot pass, with the reason (none at present)
-EXPECTED_FAILED_CHECKS: dict[str, str] = {}
+# every estimator on the base class, small enough for check_estimator's many fits
+ESTIMATORS = {
+    "MAPDP": MAPDP(n_restarts=1, random_state=0),
+    "CollapsedGibbs": CollapsedGibbs(n_iter=20, burn_in=5, random_state=0),
+    "UncollapsedGibbs": UncollapsedGibbs(n_iter=20, burn_in=5, random_state=0),
+    "DPMeans": DPMeans(n_clusters=3),
+}
+
+# checks an estimator cannot pass, with the reason (none at present)
+EXPECTED_FAILED_CHECKS: dict[str, dict[str, str]] = {name: {} for name in ESTIMATORS}
 
 
-def test_check_estimator() -> None:
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_check_estimator(name: str) -> None:
     # on_skip=None: the array-API check skips itself without SCIPY_ARRAY_API (not a failure)
     results = check_estimator(
-        MAPDP(n_restarts=1, random_state=0),
-        expected_failed_checks=EXPECTED_FAILED_CHECKS,
+        ESTIMATORS[name],
+        expected_failed_checks=EXPECTED_FAILED_CHECKS[name],
         on_skip=None,
     )
     assert sum(r["status"] == "passed" for r in results) >= 40
