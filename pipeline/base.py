@@ -219,18 +219,32 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         return labels, logdens
 
     # -- common fitted attributes -----------------------------------------------------------
-    def _set_clusters(self, Xa: FloatArray, labels: IntArray, alpha: float) -> None:
+    def _set_clusters(
+        self,
+        labels: IntArray,
+        alpha: float,
+        *,
+        Xa: FloatArray | None = None,
+        leaf_stats: FloatArray | None = None,
+    ) -> None:
         """labels_, n_clusters_, cluster_stats_, cluster_sizes_, alpha_ of a partition 0..K-1 of
-        the encoded training records Xa, and the caches the predictive needs."""
+        the encoded training records ``Xa`` (n, D) or of leaves with statistics ``leaf_stats``
+        (n, S), and the caches the predictive needs."""
         labels = np.asarray(labels, dtype=np.int64)
         K = int(labels.max()) + 1
         fam = self.family_
+        if leaf_stats is not None:
+            cluster_stats = np.zeros((K, fam.n_stats))
+            np.add.at(cluster_stats, labels, leaf_stats)
+        else:
+            assert Xa is not None
+            cluster_stats = fam.stats_of(Xa, labels, K)
         self.labels_ = labels
         self.n_clusters_ = K
-        self.cluster_stats_ = fam.stats_of(Xa, labels, K)
-        self.cluster_sizes_ = self.cluster_stats_[:, 0].astype(np.int64)
+        self.cluster_stats_ = cluster_stats
+        self.cluster_sizes_ = np.rint(cluster_stats[:, 0]).astype(np.int64)
         self.alpha_ = float(alpha)
-        self._cache = fam.cache_of(self.cluster_stats_)
+        self._cache = fam.cache_of(cluster_stats)
         self._empty_cache = fam.empty_cache()
 
     def cluster_summary(self) -> pd.DataFrame:

@@ -147,7 +147,7 @@ class _GibbsBase(MixtureEstimator):
         labels: IntArray,
         best_lj: float,
     ) -> None:
-        self._set_clusters(Xa, labels, alpha)
+        self._set_clusters(labels, alpha, Xa=Xa)
         self.log_joint_ = log_joint
         self.n_clusters_trace_ = ks
         self.objective_ = -float(best_lj)
