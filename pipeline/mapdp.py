@@ -109,7 +109,6 @@ class MAPDP(MixtureEstimator):
             config.check_int(self.n_restarts, "n_restarts")
         config.check_int(self.max_iter, "max_iter")
         config.check_tol(self.tol)
-        config.check_choice(self.init, ("sequential", "one-cluster"), "init")
         return alpha, learn, config.check_alpha_prior(self.alpha_prior)
 
     def fit(self, X: Any, y: Any = None) -> MAPDP:
@@ -127,6 +126,7 @@ class MAPDP(MixtureEstimator):
         import dask
 
         if dask.is_dask_collection(X):
+            self._check_params()
             # the distributed code path: one Dask task per chunk per pass (pipeline.distributed)
             from pipeline.distributed import fit_estimator
 
