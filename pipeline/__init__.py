@@ -5,7 +5,9 @@ The public API, loaded lazily so that ``import pipeline`` stays light:
 * ``MAPDP`` - MAP-DP (Raykov et al. 2016, Algorithm 1), scikit-learn style;
 * ``BHC`` - Bayesian hierarchical clustering with its lower bounds (Xu et al. 2009);
 * ``TreeGuidedMCMC`` - tree-guided MCMC for DP and NGGP mixtures (Lee and Choi 2015);
-* ``DPMeans``, ``CollapsedGibbs`` - reference methods;
+* ``DPMeans``, ``CollapsedGibbs``, ``UncollapsedGibbs`` - reference methods (the Gibbs samplers of
+  seed 003, Algorithms 3 and 2);
+* ``MixtureEstimator`` - the base class of all of them (fit template, encoding, predict checks);
 * ``exact_log_marginal`` - the DPM marginal likelihood by enumeration of partitions;
 * ``families`` - the likelihood families (``GaussianNW``, ``NormalGamma``, ``Categorical``, ...).
 """
@@ -23,6 +25,8 @@ _LAZY = {
     "TreeGuidedMCMC": "pipeline.tgmcmc",
     "DPMeans": "pipeline.baselines",
     "CollapsedGibbs": "pipeline.baselines",
+    "UncollapsedGibbs": "pipeline.baselines",
+    "MixtureEstimator": "pipeline.base",
     "exact_log_marginal": "pipeline.exact",
     "families": "pipeline.families",
 }

@@ -21,7 +21,9 @@ from kernels import bayes_kmeans as kbk
 from kernels import bhc as kbhc
 from kernels.alloc import crp
 from kernels.obs import product as kproduct
-from pipeline.families import Family, GaussianNW, ProductFamily, as_product, check_summaries
+from pipeline import config
+from pipeline.base import MixtureEstimator
+from pipeline.families import Family, ProductFamily, as_product, check_summaries
 from pipeline.mapdp_core import as_seed_sequence
 from pipeline.tree import Tree, tree_dtype
 
@@ -40,36 +42,16 @@ partition (r_k times prod over the strict ancestors i of (1 - r_i)). Leaves are 
 input order; the node made by the t-th merge is M + t, so the root is 2M - 2."""
 
 
-def _check_records(X: ArrayLike, n_cols: int | None = None, what: str = "X") -> FloatArray:
-    try:
-        arr = np.asarray(X, dtype=np.float64)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{what} must be a numeric array: {err}") from err
-    if arr.ndim == 1 and n_cols == 1:
-        arr = arr[:, None]
-    if arr.ndim != 2:
-        raise ValueError(f"{what} must be 2-D of shape (n_samples, n_features); got {arr.shape}")
-    if arr.shape[0] < 1:
-        raise ValueError(f"{what} has no rows")
-    if n_cols is not None and arr.shape[1] != n_cols:
-        raise ValueError(
-            f"{what} has {arr.shape[1]} columns but the model was fitted on {n_cols} columns"
-        )
-    if not np.all(np.isfinite(arr)):
-        bad = np.argwhere(~np.isfinite(arr))[0]
-        raise ValueError(f"{what} contains NaN or infinity (first at row {bad[0]}, col {bad[1]})")
-    return arr
-
-
-class BHC:
+class BHC(MixtureEstimator):
     """Bayesian hierarchical clustering and its DPM bounds (Xu, Heller & Ghahramani 2009).
 
     Parameters
     ----------
     alpha : float, default 1.0
         DP concentration.
-    family : 'gaussian', Family or ProductFamily, default 'gaussian'
-        Likelihood family with its prior. 'gaussian' is ``GaussianNW.empirical_bayes(X)`` at
+    family : str, dict, Family or ProductFamily, default 'gaussian'
+        Likelihood family with its prior. A name or a {column: name} mapping (as ``MAPDP``'s
+        ``family``; 'gaussian' is ``GaussianNW.empirical_bayes(X)``) fits the prior to X at
         ``fit(X)``; ``fit_summaries`` needs an instance.
     method : {'bhc', 'bayes-kmeans'}, default 'bhc'
         'bhc': the greedy BHC of Section 3 on the leaves. 'bayes-kmeans': Bayes K-means BHC
@@ -118,7 +100,12 @@ class BHC:
     family_ : ProductFamily
     n_leaves_in_ : int
     n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when fitted on a DataFrame.
     """
+
+    # a given prior needs no data to be set, and one leaf is a (trivial) tree
+    _always_informative = False
 
     def __init__(
         self,
@@ -143,31 +130,20 @@ class BHC:
         self.parallel = parallel
 
     # -- fitting ----------------------------------------------------------------------------
-    def fit(self, X: ArrayLike, y: Any = None) -> BHC:
-        """Fit on records: every row of X becomes a one-record leaf.
+    def _check_params(self) -> float:
+        alpha = config.check_positive(self.alpha, "alpha")
+        config.check_choice(self.method, _METHODS, "method")
+        config.check_int(self.kmeans_sweeps, "kmeans_sweeps", minimum=0)
+        config.check_int(self.n_top, "n_top")
+        if self.k_init is not None:
+            config.check_int(self.k_init, "k_init")
+        return alpha
 
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features)
-        y : ignored
-
-        Returns
-        -------
-        self
-        """
-        Xr = _check_records(X)
-        if isinstance(self.family, str):
-            if self.family != "gaussian":
-                raise ValueError(f"unknown family {self.family!r}; use 'gaussian' or a Family")
-            fam = GaussianNW.empirical_bayes(Xr).as_product()
-        else:
-            fam = as_product(self.family)
-        if Xr.shape[1] != fam.n_cols:
-            raise ValueError(f"X has {Xr.shape[1]} columns but the family models {fam.n_cols}")
-        Xa = fam.arrange(Xr)
+    def _fit(self, Xa: FloatArray, alpha: float) -> None:
+        """Every encoded record becomes a one-record leaf."""
+        fam = self.family_
         m = Xa.shape[0]
-        stats = fam.stats_of(Xa, np.arange(m, dtype=np.int64), m)
-        return self._fit_stats(stats, fam)
+        self._fit_stats(fam.stats_of(Xa, np.arange(m, dtype=np.int64), m), fam, alpha)
 
     def fit_summaries(self, stats: ArrayLike, family: Family | ProductFamily | None = None) -> BHC:
         """Fit on leaf summaries: rows of additive sufficient statistics of ``family``.
@@ -189,29 +165,17 @@ class BHC:
                 "fit_summaries needs a Family or ProductFamily instance (the prior cannot be "
                 "fitted to summaries by name)"
             )
+        alpha = self._check_params()
         fam = as_product(fam_in)
-        return self._fit_stats(check_summaries(stats, fam), fam)
-
-    def fit_predict(self, X: ArrayLike, y: Any = None) -> IntArray:
-        return self.fit(X).labels_
-
-    def _check_params(self) -> float:
-        alpha = float(self.alpha)
-        if not (alpha > 0 and math.isfinite(alpha)):
-            raise ValueError(f"alpha must be a positive finite number, got {self.alpha}")
-        if self.method not in _METHODS:
-            raise ValueError(f"method must be one of {_METHODS}, got {self.method!r}")
-        if int(self.kmeans_sweeps) < 0:
-            raise ValueError(f"kmeans_sweeps must be >= 0, got {self.kmeans_sweeps}")
-        if int(self.n_top) < 1:
-            raise ValueError(f"n_top must be >= 1, got {self.n_top}")
-        return alpha
+        st = check_summaries(stats, fam)
+        self._set_summaries_input(fam)
+        self._fit_stats(st, fam, alpha)
+        return self
 
     def _min_parallel(self) -> int:
         return int(kbhc.MIN_PARALLEL) if self.parallel else 2**62
 
-    def _fit_stats(self, stats: FloatArray, fam: ProductFamily) -> BHC:
-        alpha = self._check_params()
+    def _fit_stats(self, stats: FloatArray, fam: ProductFamily, alpha: float) -> None:
         log_alpha = math.log(alpha)
         m = stats.shape[0]
         if self.method == "bayes-kmeans":
@@ -226,9 +190,7 @@ class BHC:
         else:
             groups = np.arange(m, dtype=np.int64)
             leaves = stats
-        self.family_ = fam
         self.n_leaves_in_ = m
-        self.n_features_in_ = fam.n_cols
         self.leaf_groups_ = groups
         self.tree_ = _build_tree(leaves, fam, log_alpha, int(self.n_top), self._min_parallel())
         tree = self.tree_
@@ -242,7 +204,6 @@ class BHC:
             kbhc.log_lower_bound(tree.log_d[root], tree.log_p[root], tree.n[root], log_alpha)
         )
         self.alt_lower_bound_, self.alt_increments_ = self.alternative_bound(self.alt_start)
-        return self
 
     # -- bounds -----------------------------------------------------------------------------
     def alternative_bound(
@@ -302,11 +263,7 @@ class BHC:
         return float(logsumexp(terms)), log_delta
 
     # -- prediction -------------------------------------------------------------------------
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "tree_"):
-            raise ValueError("this BHC instance is not fitted yet; call fit or fit_summaries")
-
-    def score_samples(self, X: ArrayLike) -> FloatArray:
+    def _score_encoded(self, Xa: FloatArray) -> FloatArray:
         """log p(x | D, T): the predictive density of new records under the tree.
 
         The DPM predictive of each tree-consistent partition (n_b / (N + alpha) p(x | D_b) per
@@ -317,26 +274,21 @@ class BHC:
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        Xa : ndarray of shape (n_samples, n_features)
+            Encoded records (``score_samples`` encodes and checks X).
 
         Returns
         -------
         ndarray of shape (n_samples,)
         """
-        self._check_fitted()
         fam = self.family_
-        Xa = fam.arrange(_check_records(X, fam.n_cols))
         tree = self.tree_
         log_norm = math.log(float(tree.n[-1]) + float(self.alpha))
         log_w = tree.log_omega + np.log(tree.n) - log_norm
         log_w_new = math.log(float(self.alpha)) - log_norm
         return kbhc.log_predictive_density(Xa, tree.stats, log_w, fam.spec, fam.prior, log_w_new)
 
-    def score(self, X: ArrayLike, y: Any = None) -> float:
-        """Mean log predictive density of the rows of X."""
-        return float(np.mean(self.score_samples(X)))
-
-    def predict(self, X: ArrayLike) -> IntArray:
+    def _predict_encoded(self, Xa: FloatArray) -> IntArray:
         """The cluster of ``labels_`` each new record most probably joins.
 
         argmax_c log n_c + log p(x | D_c) over the clusters of the r_k = 0.5 cut (the CRP weight
@@ -344,15 +296,14 @@ class BHC:
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        Xa : ndarray of shape (n_samples, n_features)
+            Encoded records (``predict`` encodes and checks X).
 
         Returns
         -------
         ndarray of shape (n_samples,), int64
         """
-        self._check_fitted()
         fam = self.family_
-        Xa = fam.arrange(_check_records(X, fam.n_cols))
         stats = np.ascontiguousarray(self.tree_.stats[self.cluster_nodes_])
         lp = kbhc.log_predictive_matrix(Xa, stats, fam.spec, fam.prior)
         return np.argmax(lp + np.log(stats[:, 0])[None, :], axis=1).astype(np.int64)

@@ -2,32 +2,21 @@
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
 import numpy as np
-import pandas as pd
-from numpy.typing import NDArray
-from sklearn.base import BaseEstimator, ClusterMixin, DensityMixin
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils.validation import check_is_fitted
 
-from kernels import mapdp as kmapdp
-from pipeline.families import Family, FloatArray, ProductFamily
-from pipeline.mapdp_core import (
-    MapdpResult,
-    as_seed_sequence,
-    run_mapdp,
-)
-from pipeline.schema import Schema, as_frame
-
-IntArray = NDArray[np.int64]
+from pipeline import config
+from pipeline.base import MixtureEstimator
+from pipeline.families import FloatArray
+from pipeline.mapdp_core import MapdpResult, as_seed_sequence, run_mapdp
 
 AUTO_RESTARTS_MAX_N = 20_000
 
 
-class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
+class MAPDP(MixtureEstimator):
     """MAP-DP: approximate MAP inference for Dirichlet process mixtures (seed 000, Algorithm 1).
 
     Iterated conditional modes on the collapsed DPM: every record in turn goes to the cluster, or
@@ -111,72 +100,23 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         self.random_state = random_state
         self.verbose = verbose
 
-    # -- input -------------------------------------------------------------------------------
-    def _check_params(self) -> tuple[float, bool]:
-        if isinstance(self.alpha, str):
-            if self.alpha != "learn":
-                raise ValueError(f"alpha must be a positive float or 'learn', got {self.alpha!r}")
-            alpha, learn = 1.0, True
-        else:
-            alpha, learn = float(self.alpha), False
-            if not (alpha > 0 and math.isfinite(alpha)):
-                raise ValueError(f"alpha must be a positive finite float, got {self.alpha!r}")
-        if self.n_restarts != "auto" and (
-            isinstance(self.n_restarts, str) or int(self.n_restarts) < 1
-        ):
-            raise ValueError(f"n_restarts must be 'auto' or >= 1, got {self.n_restarts!r}")
-        if int(self.max_iter) < 1:
-            raise ValueError(f"max_iter must be >= 1, got {self.max_iter}")
-        if not self.tol >= 0:
-            raise ValueError(f"tol must be >= 0, got {self.tol}")
-        a, b = self.alpha_prior
-        if not (a > 0 and b > 0):
-            raise ValueError(f"alpha_prior must be two positive numbers, got {self.alpha_prior}")
-        return alpha, learn
-
-    def _encode_fit(self, X: Any) -> FloatArray:
-        family = self.family
-        if isinstance(family, (Family, ProductFamily)):
-            df, from_frame = as_frame(X)
-            schema = Schema.infer(df, "gaussian", from_frame)
-            Xe = schema.encode(df, fitting=True)
-            prod = family.as_product() if isinstance(family, Family) else family
-            if prod.n_cols != Xe.shape[1]:
-                raise ValueError(
-                    f"X has {Xe.shape[1]} features, but the family given models {prod.n_cols}"
-                )
-            schema.check_informative(Xe)
-            schema.check_values(prod, Xe)
-        else:
-            df, from_frame = as_frame(X)
-            schema = Schema.infer(df, family, from_frame)
-            Xe = schema.encode(df, fitting=True)
-            schema.check_informative(Xe)
-            prod = schema.build_family(Xe)
-        self.schema_ = schema
-        self.family_ = prod
-        self.n_features_in_ = Xe.shape[1]
-        if from_frame:
-            self.feature_names_in_ = np.asarray(schema.columns, dtype=object)
-        elif hasattr(self, "feature_names_in_"):
-            del self.feature_names_in_
-        return prod.arrange(Xe)
-
-    def _encode_predict(self, X: Any) -> FloatArray:
-        check_is_fitted(self, "family_")
-        df, from_frame = as_frame(X)
-        df = self.schema_.check_columns(df, from_frame, type(self).__name__)
-        Xe = self.schema_.encode(df, fitting=False)
-        self.schema_.check_values(self.family_, Xe)
-        return self.family_.arrange(Xe)
-
     # -- fitting -----------------------------------------------------------------------------
+    def _check_params(self) -> tuple[float, bool, tuple[float, float]]:
+        alpha, learn = config.check_alpha(self.alpha)
+        if self.n_restarts != "auto":
+            if isinstance(self.n_restarts, str):
+                raise ValueError(f"n_restarts must be 'auto' or >= 1, got {self.n_restarts!r}")
+            config.check_int(self.n_restarts, "n_restarts")
+        config.check_int(self.max_iter, "max_iter")
+        config.check_tol(self.tol)
+        return alpha, learn, config.check_alpha_prior(self.alpha_prior)
+
     def fit(self, X: Any, y: Any = None) -> MAPDP:
         """Fit MAP-DP to X.
 
         Parameters
         ----------
-        X : array-like or DataFrame of shape (n_samples, n_features)
+        X : array-like, DataFrame or Dask collection of shape (n_samples, n_features)
         y : ignored
 
         Returns
@@ -186,12 +126,15 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         import dask
 
         if dask.is_dask_collection(X):
+            self._check_params()
             # the distributed code path: one Dask task per chunk per pass (pipeline.distributed)
             from pipeline.distributed import fit_estimator
 
             return fit_estimator(self, X)
-        alpha0, learn = self._check_params()
-        Xa = self._encode_fit(X)
+        return super().fit(X)
+
+    def _fit(self, Xa: FloatArray, params: tuple[float, bool, tuple[float, float]]) -> None:
+        alpha0, learn, alpha_prior = params
         N = Xa.shape[0]
         seq = as_seed_sequence(self.random_state)
         best: MapdpResult | None = None
@@ -215,7 +158,7 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
                 order,
                 alpha0,
                 learn,
-                tuple(self.alpha_prior),  # type: ignore[arg-type]
+                alpha_prior,
                 int(self.max_iter),
                 float(self.tol),
                 self.init,
@@ -243,69 +186,3 @@ class MAPDP(ClusterMixin, DensityMixin, BaseEstimator):
         self.alpha_ = best.alpha
         self._cache = self.family_.cache_of(best.stats)
         self._empty_cache = self.family_.empty_cache()
-        return self
-
-    def fit_predict(self, X: Any, y: Any = None, **kwargs: Any) -> IntArray:
-        """Fit and return ``labels_``."""
-        return self.fit(X).labels_
-
-    # -- prediction --------------------------------------------------------------------------
-    def _predict_both(self, X: Any) -> tuple[IntArray, FloatArray]:
-        Xa = self._encode_predict(X)
-        labels, logdens = kmapdp.predict(
-            Xa,
-            self.cluster_stats_,
-            self._cache,
-            self.cluster_sizes_.astype(np.float64),
-            self.family_.spec,
-            self.family_.prior,
-            self._empty_cache,
-            float(self.alpha_),
-        )
-        return labels, logdens
-
-    def predict(self, X: Any) -> IntArray:
-        """MAP cluster of each record of X (eq. 3.5); -1 where a new cluster is most probable.
-
-        Returns
-        -------
-        labels : ndarray of shape (n_samples,)
-        """
-        return self._predict_both(X)[0]
-
-    def score_samples(self, X: Any) -> FloatArray:
-        """Log mixture predictive density of each record of X (eq. 3.4).
-
-        Returns
-        -------
-        log_density : ndarray of shape (n_samples,)
-        """
-        return self._predict_both(X)[1]
-
-    def score(self, X: Any, y: Any = None) -> float:
-        """Mean log predictive density of X (eq. 3.4): the held-out likelihood per record."""
-        return float(np.mean(self.score_samples(X)))
-
-    # -- summaries ---------------------------------------------------------------------------
-    def cluster_summary(self) -> pd.DataFrame:
-        """One row per cluster: size, weight, and each family's posterior parameters."""
-        check_is_fitted(self, "family_")
-        names = self.schema_.names_of(self.family_)
-        rows = []
-        for k in range(self.n_clusters_):
-            row: dict[str, Any] = {"cluster": k, "size": int(self.cluster_sizes_[k])}
-            row["weight"] = self.cluster_sizes_[k] / (self.cluster_sizes_.sum() + self.alpha_)
-            for (fam, _cols), nm, sl in zip(self.family_.groups, names, self._stat_slices()):
-                row.update(fam.posterior_summary(self.cluster_stats_[k, sl], nm))
-            rows.append(row)
-        return pd.DataFrame(rows)
-
-    def _stat_slices(self) -> list[slice]:
-        spec = self.family_.spec
-        return [slice(int(r[3]), int(r[3] + r[4])) for r in spec]
-
-    def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
-        tags = super().__sklearn_tags__()
-        tags.input_tags.allow_nan = False
-        tags.non_deterministic = False
-        return tags

@@ -36,7 +36,9 @@ from kernels import samplers as sampler_kernels
 from kernels import tgmcmc as tg_kernels
 from kernels.alloc import nggp
 from kernels.obs import product as kproduct
-from pipeline.families import Family, GaussianNW, ProductFamily, as_product, check_summaries
+from pipeline import config
+from pipeline.base import MixtureEstimator
+from pipeline.families import Family, ProductFamily, as_product, check_summaries
 from pipeline.mapdp_core import as_seed_sequence, seed_state
 from pipeline.tree import Tree, tree_dtype
 
@@ -55,10 +57,8 @@ _MOVES = {"tgmcmc": ("all", "global", "local"), "gibbs": ("all",), "split-merge"
 
 def prior_array(prior: str, alpha: float, sigma: float) -> FloatArray:
     """The kernels' description (kind, alpha, sigma) of a partition prior, validated."""
-    if prior not in PRIORS:
-        raise ValueError(f"prior must be one of {PRIORS}; got {prior!r}")
-    if not (np.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"alpha must be > 0; got {alpha}")
+    config.check_choice(prior, PRIORS, "prior")
+    alpha = config.check_positive(alpha, "alpha")
     if prior == "nggp":
         if not 0.0 < sigma < 1.0:
             raise ValueError(f"sigma must lie in (0, 1) for the NGGP; got {sigma}")
@@ -385,7 +385,7 @@ class _Chain:
         return int(tg_kernels.check_state(self.C, self.F, self.P, float(self.fu[0])))
 
 
-class TreeGuidedMCMC:
+class TreeGuidedMCMC(MixtureEstimator):
     """Posterior sampling of partitions of leaves under a DP or NGGP mixture (seed 004).
 
     Parameters
@@ -397,8 +397,9 @@ class TreeGuidedMCMC:
         Concentration (mass) parameter, > 0.
     sigma : float
         NGGP discount, 0 < sigma < 1 (ignored for the DP).
-    family : "gaussian", Family or ProductFamily
-        Likelihood family with its prior. "gaussian" means ``GaussianNW.empirical_bayes(X)``
+    family : str, dict, Family or ProductFamily
+        Likelihood family with its prior. A name or a {column: name} mapping (as ``MAPDP``'s
+        ``family``; "gaussian" is ``GaussianNW.empirical_bayes(X)``) fits the prior to X
         (``fit`` only).
     method : {"tgmcmc", "gibbs", "split-merge"}
     n_iter : int
@@ -476,7 +477,19 @@ class TreeGuidedMCMC:
     n_leaves_ : int
     wall_trace_ : ndarray of shape (n, 2)
         (seconds, log joint) after each iteration; set by ``fit_for``.
+    n_clusters_ : int
+    cluster_stats_ : ndarray of shape (n_clusters, n_stats)
+        Statistics of the clusters of ``labels_``; with ``cluster_sizes_`` and ``alpha_`` they
+        give ``predict`` / ``score_samples`` the DPM predictive (``prior="dp"`` only).
+    cluster_sizes_ : ndarray of shape (n_clusters,)
+    alpha_ : float
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when fitted on a DataFrame.
     """
+
+    # a given prior needs no data to be set, and one leaf is a (trivial) chain
+    _always_informative = False
 
     def __init__(
         self,
@@ -527,13 +540,11 @@ class TreeGuidedMCMC:
         self.random_state = random_state
 
     # -- public API ------------------------------------------------------------------------------
-    def fit(self, X: ArrayLike, y: Any = None) -> TreeGuidedMCMC:
-        """Sample partitions of the records X (n_samples, n_features): each record is a leaf."""
-        X_arr, prod = self._records(X)
-        Xa = prod.arrange(X_arr)
+    def _fit(self, Xa: FloatArray, pp: FloatArray) -> None:
+        """Sample partitions of the encoded records: each record is a leaf."""
+        prod = self.family_
         n = Xa.shape[0]
-        stats = prod.stats_of(Xa, np.arange(n, dtype=np.int64), n)
-        return self.fit_summaries(stats, prod)
+        self._sample(prod.stats_of(Xa, np.arange(n, dtype=np.int64), n), prod, pp)
 
     def fit_summaries(
         self, stats: ArrayLike, family: Family | ProductFamily | None = None
@@ -548,8 +559,15 @@ class TreeGuidedMCMC:
         family : Family or ProductFamily, optional
             Defaults to the ``family`` parameter, which must then be an object.
         """
-        chain, prod = self._start(stats, family)
-        self._validate_run()
+        pp = self._check_params()
+        prod = self._summaries_family(family)
+        st = check_summaries(stats, prod)
+        self._set_summaries_input(prod)
+        self._sample(st, prod, pp)
+        return self
+
+    def _sample(self, st: FloatArray, prod: ProductFamily, pp: FloatArray) -> None:
+        chain = self._start(st, prod, pp)
         n_kept = len(range(self.burn_in, self.n_iter, self.thin))
         out_z = np.zeros((n_kept, chain.L), dtype=np.int64)
         out_lj = np.zeros(self.n_iter)
@@ -565,7 +583,6 @@ class TreeGuidedMCMC:
             out_u,
             kept_idx=np.arange(self.burn_in, self.n_iter, self.thin),
         )
-        return self
 
     def fit_for(
         self,
@@ -587,15 +604,18 @@ class TreeGuidedMCMC:
             raise ValueError("give exactly one of X or stats")
         if not seconds > 0:
             raise ValueError(f"seconds must be > 0; got {seconds}")
+        pp = self._check_params()
         if X is not None:
-            X_arr, prod = self._records(X)
-            Xa = prod.arrange(X_arr)
+            Xa = self._encode_fit(X)
+            prod = self.family_
             n = Xa.shape[0]
-            stats = prod.stats_of(Xa, np.arange(n, dtype=np.int64), n)
-            family = prod
-        if stats is None:  # unreachable: X or stats was given
-            raise ValueError("give exactly one of X or stats")
-        chain, prod = self._start(stats, family)
+            st = prod.stats_of(Xa, np.arange(n, dtype=np.int64), n)
+        else:
+            assert stats is not None  # exactly one of X and stats, checked above
+            prod = self._summaries_family(family)
+            st = check_summaries(stats, prod)
+            self._set_summaries_input(prod)
+        chain = self._start(st, prod, pp)
         self._warm_up(chain.stats, prod)
         lj_list: list[float] = []
         k_list: list[int] = []
@@ -635,67 +655,41 @@ class TreeGuidedMCMC:
         return self
 
     # -- internals -------------------------------------------------------------------------------
-    def _records(self, X: ArrayLike) -> tuple[FloatArray, ProductFamily]:
-        X_arr = np.asarray(X, dtype=np.float64)
-        if X_arr.ndim == 1:
-            X_arr = X_arr.reshape(-1, 1)
-        if X_arr.ndim != 2 or X_arr.shape[0] < 1:
-            raise ValueError(f"X must have shape (n_samples, n_features); got {np.shape(X)}")
-        if not np.all(np.isfinite(X_arr)):
-            raise ValueError("X must be finite")
-        if isinstance(self.family, str):
-            if self.family != "gaussian":
-                raise ValueError(
-                    f"family must be 'gaussian', a Family or a ProductFamily; got {self.family!r}"
-                )
-            return X_arr, GaussianNW.empirical_bayes(X_arr).as_product()
-        prod = as_product(self.family)
-        if X_arr.shape[1] != prod.n_cols:
-            raise ValueError(f"X has {X_arr.shape[1]} columns; the family models {prod.n_cols}")
-        return X_arr, prod
-
-    def _validate_run(self) -> None:
-        if int(self.n_iter) < 1:
-            raise ValueError(f"n_iter must be >= 1; got {self.n_iter}")
-        if not 0 <= int(self.burn_in) < int(self.n_iter):
-            raise ValueError(f"burn_in must lie in [0, n_iter); got {self.burn_in}")
-
-    def _start(
-        self, stats: ArrayLike, family: Family | ProductFamily | None
-    ) -> tuple[_Chain, ProductFamily]:
-        if family is None:
-            if isinstance(self.family, str):
-                raise ValueError("fit_summaries needs a Family or ProductFamily")
-            family = self.family
-        prod = as_product(family)
-        st = check_summaries(stats, prod)
+    def _check_params(self) -> FloatArray:
+        """Every parameter that needs no data; returns the kernels' prior array."""
         pp = prior_array(self.prior, self.alpha, self.sigma)
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}; got {self.method!r}")
+        n_iter = config.check_int(self.n_iter, "n_iter")
+        if not 0 <= int(self.burn_in) < n_iter:
+            raise ValueError(f"burn_in must lie in [0, n_iter); got {self.burn_in}")
+        config.check_int(self.thin, "thin")
+        config.check_choice(self.method, METHODS, "method")
         if self.moves not in _MOVES[self.method]:
             raise ValueError(
                 f"moves must be one of {_MOVES[self.method]} for {self.method!r}; "
                 f"got {self.moves!r}"
             )
         for name in ("G", "D", "n_launch", "n_u_steps"):
-            if int(getattr(self, name)) < 0:
-                raise ValueError(f"{name} must be >= 0; got {getattr(self, name)}")
-        if int(self.max_depth) < 1:
-            raise ValueError(f"max_depth must be >= 1; got {self.max_depth}")
-        if self.local not in ("tree", "uniform"):
-            raise ValueError(f"local must be 'tree' or 'uniform'; got {self.local!r}")
-        if self.dissimilarity not in ("tree", "hypothesis"):
-            raise ValueError(
-                f"dissimilarity must be 'tree' or 'hypothesis'; got {self.dissimilarity!r}"
-            )
-        if self.tree not in ("cascade", "seqinsert"):
-            raise ValueError(f"tree must be 'cascade' or 'seqinsert'; got {self.tree!r}")
-        if int(self.thin) < 1:
-            raise ValueError(f"thin must be >= 1; got {self.thin}")
+            config.check_int(getattr(self, name), name, minimum=0)
+        if self.n_local is not None:
+            config.check_int(self.n_local, "n_local", minimum=0)
+        config.check_int(self.max_depth, "max_depth")
+        config.check_choice(self.local, ("tree", "uniform"), "local")
+        config.check_choice(self.dissimilarity, ("tree", "hypothesis"), "dissimilarity")
+        config.check_choice(self.tree, ("cascade", "seqinsert"), "tree")
+        if isinstance(self.init, str):
+            config.check_choice(self.init, INITS, "init")
+        return pp
+
+    def _summaries_family(self, family: Family | ProductFamily | None) -> ProductFamily:
+        if family is None:
+            if isinstance(self.family, (str, dict)):
+                raise ValueError("fit_summaries needs a Family or ProductFamily")
+            family = self.family
+        return as_product(family)
+
+    def _start(self, st: FloatArray, prod: ProductFamily, pp: FloatArray) -> _Chain:
         L = st.shape[0]
         n_local = math.ceil(L / 2 ** int(self.D)) if self.n_local is None else int(self.n_local)
-        if n_local < 0:
-            raise ValueError(f"n_local must be >= 0; got {self.n_local}")
         lm = leaf_log_marginals(st, prod)
         seq = _seed_sequence(self.random_state)
         s_init, s_rank, s_chain = seq.spawn(3)
@@ -712,11 +706,10 @@ class TreeGuidedMCMC:
         )  # fmt: skip
         chain = _Chain(self._settings, st, lm, z0, pp, prod, u0, rank, state)
         self.init_labels_ = z0
-        self.family_ = prod
         self.n_leaves_ = L
         self._pp = pp
         self._n_records = n_tot
-        return chain, prod
+        return chain
 
     def _initial_labels(
         self, st: FloatArray, prod: ProductFamily, seq: np.random.SeedSequence
@@ -799,6 +792,17 @@ class TreeGuidedMCMC:
             self.labels_ = self.init_labels_.copy()
             self.coclustering_ = coclustering(self.init_labels_[None, :])
             self.ess_n_clusters_ = 0.0
+        self._set_clusters(self.labels_, float(self.alpha), leaf_stats=chain.stats)
+
+    def _has_density(self) -> bool:
+        return bool(self.prior == "dp")
+
+    def _predict_encoded(self, Xa: FloatArray) -> IntArray:
+        """The DPM's MAP cluster of each record given ``labels_`` (seed 000 eq. 3.5); -1 where
+        a new cluster is the most probable. The NGGP's predictive needs u and is not offered."""
+        if self.prior != "dp":
+            raise ValueError("predict needs prior='dp' (the NGGP predictive is not implemented)")
+        return super()._predict_encoded(Xa)
 
     def _marginal_joint(self, lj: FloatArray, K: IntArray, u: FloatArray) -> FloatArray:
         """log p(X, Pi) from log p(X, Pi, u): remove eq. 4's u terms, add the u integral."""

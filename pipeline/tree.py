@@ -65,9 +65,11 @@ class Tree:
         return tuple(self._table.dtype.names or ())
 
     def __getattr__(self, name: str) -> Any:
-        # a column by attribute (``tree.log_r``), contiguous so that it can go to a kernel as is
-        if name != "_table" and name in self.fields:
-            return np.ascontiguousarray(self._table[name])
+        # a column by attribute (``tree.log_r``), contiguous so that it can go to a kernel as is;
+        # through __dict__, since a copy or an unpickling asks for attributes before __init__
+        table = self.__dict__.get("_table")
+        if table is not None and name in (table.dtype.names or ()):
+            return np.ascontiguousarray(table[name])
         raise AttributeError(f"{type(self).__name__} has no attribute or field {name!r}")
 
     def __getitem__(self, key: Any) -> Any:

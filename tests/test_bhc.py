@@ -478,7 +478,7 @@ def test_predictive_density_of_a_single_leaf_is_the_dpm_predictive():
 
 def test_bad_input_raises_value_error():
     X, _ = blobs(n_per=3)
-    with pytest.raises(ValueError, match="NaN or infinity"):
+    with pytest.raises(ValueError, match="column 'x0': row 2 is inf"):
         BHC().fit(np.where(np.arange(X.size).reshape(X.shape) == 4, np.inf, X))
     with pytest.raises(ValueError, match="2-D"):
         BHC().fit(np.zeros((2, 3, 4)))
@@ -488,12 +488,14 @@ def test_bad_input_raises_value_error():
         BHC(method="kmeans").fit(X)
     with pytest.raises(ValueError, match="alpha"):
         BHC(alpha=0.0).fit(X)
-    with pytest.raises(ValueError, match="family"):
+    with pytest.raises(ValueError, match="unknown family"):
+        BHC(family="poisson-gamma").fit(X)
+    with pytest.raises(ValueError, match=r"column 'x0': row 0 .* Poisson counts"):
         BHC(family="poisson").fit(X)
     with pytest.raises(ValueError, match="not fitted"):
         BHC().predict(X)
     m = BHC().fit(X)
-    with pytest.raises(ValueError, match="3 columns but the model was fitted on 2"):
+    with pytest.raises(ValueError, match="X has 3 features, but BHC is expecting 2"):
         m.predict(np.zeros((4, 3)))
     with pytest.raises(ValueError, match="NaN"):
         m.score_samples(np.array([[0.0, np.nan]]))

@@ -1,5 +1,5 @@
-"""The scikit-learn contract of MAPDP, mixed-type DataFrames, and the collapsed Gibbs sampler
-against the exact posterior over partitions."""
+"""The scikit-learn contract of every estimator, mixed-type DataFrames, and the collapsed Gibbs
+sampler against the exact posterior over partitions."""
 
 from __future__ import annotations
 
@@ -11,20 +11,33 @@ import pandas as pd
 import pytest
 from sklearn.utils.estimator_checks import check_estimator
 
-from pipeline.baselines import CollapsedGibbs
+from pipeline.baselines import CollapsedGibbs, DPMeans, UncollapsedGibbs
+from pipeline.bhc import BHC
 from pipeline.families import GaussianNW
 from pipeline.mapdp import MAPDP
+from pipeline.tgmcmc import TreeGuidedMCMC
 from tests.reference import log_crp, nw_log_marginal
 
-# checks MAPDP cannot pass, with the reason (none at present)
-EXPECTED_FAILED_CHECKS: dict[str, str] = {}
+# every estimator on the base class, small enough for check_estimator's many fits
+ESTIMATORS = {
+    "MAPDP": MAPDP(n_restarts=1, random_state=0),
+    "CollapsedGibbs": CollapsedGibbs(n_iter=20, burn_in=5, random_state=0),
+    "UncollapsedGibbs": UncollapsedGibbs(n_iter=20, burn_in=5, random_state=0),
+    "DPMeans": DPMeans(n_clusters=3),
+    "BHC": BHC(),
+    "TreeGuidedMCMC": TreeGuidedMCMC(n_iter=10, burn_in=2, G=2, random_state=0),
+}
+
+# checks an estimator cannot pass, with the reason (none at present)
+EXPECTED_FAILED_CHECKS: dict[str, dict[str, str]] = {name: {} for name in ESTIMATORS}
 
 
-def test_check_estimator() -> None:
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_check_estimator(name: str) -> None:
     # on_skip=None: the array-API check skips itself without SCIPY_ARRAY_API (not a failure)
     results = check_estimator(
-        MAPDP(n_restarts=1, random_state=0),
-        expected_failed_checks=EXPECTED_FAILED_CHECKS,
+        ESTIMATORS[name],
+        expected_failed_checks=EXPECTED_FAILED_CHECKS[name],
         on_skip=None,
     )
     assert sum(r["status"] == "passed" for r in results) >= 40
@@ -136,3 +149,40 @@ def test_gibbs_matches_exact_posterior() -> None:
     assert tv < 0.05, tv
     assert set(counts) <= set(exact)
     assert len(list(itertools.islice(_partitions(5), 100))) == 52
+
+
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
+def test_one_alpha_check_and_the_same_column_checks(name: str) -> None:
+    """Every estimator on the base refuses a bad concentration with config's message, and
+    refuses new records whose columns differ from the fitted ones by name."""
+    from sklearn.base import clone
+
+    rng = np.random.default_rng(1)
+    df = pd.DataFrame({"a": rng.normal(size=30), "b": rng.normal(size=30)})
+    est = clone(ESTIMATORS[name])
+    if "alpha" in est.get_params():
+        with pytest.raises(ValueError, match="alpha must be a positive finite"):
+            clone(est).set_params(alpha=-1.0).fit(df)
+    est.fit(df)
+    assert list(est.feature_names_in_) == ["a", "b"]
+    assert est.n_features_in_ == 2
+    assert est.predict(df).shape == (30,)
+    with pytest.raises(ValueError, match=r"missing \['b'\]; unexpected \['c'\]"):
+        est.predict(df.rename(columns={"b": "c"}))
+    with pytest.raises(ValueError, match="column 'b': row 3 is NaN"):
+        est.predict(df.assign(b=np.where(np.arange(30) == 3, np.nan, df["b"])))
+
+
+def test_tree_guided_mcmc_predicts_only_under_the_dp() -> None:
+    rng = np.random.default_rng(2)
+    X = np.concatenate([rng.normal(0, 0.5, (15, 2)), rng.normal(5, 0.5, (15, 2))])
+    dp = TreeGuidedMCMC(n_iter=10, burn_in=2, G=2, random_state=0).fit(X)
+    assert dp.n_clusters_ == int(dp.labels_.max()) + 1
+    assert dp.cluster_sizes_.sum() == 30
+    # the DPM predictive of labels_ given the partition, as MAPDP computes it
+    assert np.array_equal(dp.predict(X), dp.labels_)
+    assert np.isfinite(dp.score(X))
+    ng = TreeGuidedMCMC(prior="nggp", n_iter=10, burn_in=2, G=2, random_state=0).fit(X)
+    assert not hasattr(ng, "score_samples")
+    with pytest.raises(ValueError, match="prior='dp'"):
+        ng.predict(X)
