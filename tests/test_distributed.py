@@ -32,6 +32,7 @@ from pipeline.engines.mixture import ChunkResult, reduce_pass
 from pipeline.engines.mixture_start import init_sample_rows, sample_state
 from pipeline.engines.mixture_state import PassState, read_labels
 from pipeline.mapdp import MAPDP
+from pipeline.stats import Stats
 from pipeline.store import InputError, Store, ingest
 
 
@@ -389,8 +390,7 @@ def test_merge_moves_join_a_split_cluster(client):
     labels[half] = res.stats.shape[0]
     K = res.stats.shape[0] + 1
     state = _split_state(X, fam, labels, K)
-    S = fam.n_stats
-    results = [ChunkResult(0, np.zeros((K, S)), np.zeros((0, S)), 0, 1200, 0.0)]
+    results = [ChunkResult(0, Stats.zeros(fam, K), Stats.zeros(fam, 0), 0, 1200, 0.0)]
     params = FitParams(alpha=1.0).checked()
     new, record = reduce_pass(state, results, fam, params, 1200)
     assert record["merges"] == 1
@@ -452,7 +452,7 @@ def test_summaries_split_every_cluster_by_size(client, tmp_path: Path):
     assert np.array_equal(label[train], z2[train])
 
 
-def test_summaries_of_a_non_gaussian_family_use_a_moments_pass(client, tmp_path: Path):
+def test_summaries_of_a_non_gaussian_family_split_by_their_statistics(client, tmp_path: Path):
     rng = np.random.default_rng(16)
     lam = np.array([2.0, 20.0])[rng.integers(0, 2, size=3000)]
     df = pd.DataFrame({"a": rng.poisson(lam), "b": rng.normal(size=3000) + lam})

@@ -19,7 +19,8 @@ from pipeline.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE, FitParams
 from pipeline.dist.loop import context
 from pipeline.dist.writeout import WriteSummary
 from pipeline.engines.base import RunContext
-from pipeline.engines.mixture_state import PassState, merge_by
+from pipeline.engines.mixture_state import PassState
+from pipeline.stats import Stats
 from pipeline.io import temp_sibling, versions
 from pipeline.store import Store, StoreInfo
 
@@ -156,7 +157,7 @@ def finish(
 
     from pipeline import report as rep
 
-    final = merge_by(state.stats, mapping)
+    final = Stats(state.stats, info.family).merged(mapping).array
     clusters = rep.cluster_table(final, state.alpha, info.family, info.schema)
     clusters.to_parquet(partial / "clusters.parquet", index=False)
     total = sum(timing.values())

@@ -19,66 +19,13 @@ import zarr
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.engines.mixture_state import IntArray, PassState, current_labels
 from pipeline.families import FloatArray, ProductFamily
+from pipeline.stats import Stats
 from pipeline.store import iter_chunks
 
 def summary_counts(nk: FloatArray, M: int) -> IntArray:
     """Sub-clusters of each stage-1 cluster: m_k = max(1, round(M n_k / N))."""
     n = float(nk.sum())
     return np.maximum(1, np.rint(M * nk / max(n, 1.0))).astype(np.int64)
-
-
-def gaussian_moments(stats: FloatArray, family: ProductFamily) -> tuple[FloatArray, FloatArray]:
-    """Mean (K, D) and covariance (K, D, D) of each cluster's records from its statistics, when
-    every group of the family is a full-covariance Gaussian (block-diagonal across groups)."""
-    from kernels.obs import product as kp
-
-    K, D = stats.shape[0], family.n_cols
-    mean = np.zeros((K, D))
-    cov = np.zeros((K, D, D))
-    n = np.maximum(stats[:, 0], 1.0)
-    for r in family.spec:
-        c0, nc, s0 = int(r[kp.COL0]), int(r[kp.NCOL]), int(r[kp.STAT0])
-        m = stats[:, s0 + 1 : s0 + 1 + nc] / n[:, None]
-        xx = stats[:, s0 + 1 + nc : s0 + 1 + nc + nc * nc].reshape(K, nc, nc) / n[:, None, None]
-        mean[:, c0 : c0 + nc] = m
-        cov[:, c0 : c0 + nc, c0 : c0 + nc] = xx - m[:, :, None] * m[:, None, :]
-    return mean, cov
-
-
-def _moments_task(data: str, state: str, c: int, a: int, b: int, msg: SplitInput) -> Any:
-    chunk = Chunk(data, state, c, a, b, 0)
-    X = chunk.X
-    z = current_labels(chunk, msg, msg.buffer)
-    m = z >= 0
-    K, D = msg.n_parent, X.shape[1]
-    n = np.bincount(z[m], minlength=K).astype(np.float64)
-    s1 = np.zeros((K, D))
-    np.add.at(s1, z[m], X[m])
-    s2 = np.zeros((K, D, D))
-    order = np.argsort(z[m], kind="stable")
-    Xm, zm = X[m][order], z[m][order]
-    bounds = np.searchsorted(zm, np.arange(K + 1))
-    for k in range(K):
-        Xk = Xm[bounds[k] : bounds[k + 1]]
-        s2[k] = Xk.T @ Xk
-    return n, s1, s2
-
-
-def data_moments(client: Any, ctx: RunContext, state: PassState) -> tuple[FloatArray, FloatArray]:
-    """Mean and covariance of each cluster's (arranged) records by one pass over the chunks:
-    for families whose statistics do not hold them."""
-    msg = _split_input(state, ctx, np.zeros((0, 0)), np.zeros((0, 0)), np.zeros((0, 0)))
-    msg_f = client.scatter(msg, broadcast=True, hash=False)
-    data, st = str(ctx.data.path), str(ctx.state.path)
-    futs = [
-        client.submit(_moments_task, data, st, c, a, b, msg_f, pure=False)
-        for c, a, b in iter_chunks(ctx.info)
-    ]
-    parts = client.gather(futs)
-    n = np.maximum(sum(p[0] for p in parts), 1.0)
-    mean = sum(p[1] for p in parts) / n[:, None]
-    xx = sum(p[2] for p in parts) / n[:, None, None]
-    return mean, xx - mean[:, :, None] * mean[:, None, :]
 
 
 @dataclass
@@ -135,7 +82,7 @@ def _split_chunk_task(data: str, state: str, c: int, a: int, b: int, msg: SplitI
     t = np.einsum("nd,nd->n", X[m] - msg.mean[zk], msg.axis[zk])
     j = (msg.cuts[zk] < t[:, None]).sum(axis=1) if msg.cuts.shape[1] else np.zeros(zk.shape[0])
     sub[m] = msg.base[zk] + j.astype(np.int64)
-    stats = msg.family.stats_of(X, sub, msg.n_sub)
+    stats = Stats.of(msg.family, X, sub, msg.n_sub)
     zarr.open_array(f"{state}/{msg.out_buffer}", mode="r+")[a:b] = sub
     return c, stats
 
@@ -153,22 +100,20 @@ class Summaries:
 def split_summaries(client: Any, ctx: RunContext, state: PassState, M: int) -> Summaries:
     """One distributed pass after stage 1: cluster k becomes m_k = max(1, round(M n_k / N))
     sub-clusters, slabs between the quantiles j / m_k (j = 1..m_k - 1) of the projection of its
-    records on its principal axis under a normal approximation (mean, covariance from the
-    statistics, or from one moments pass for non-Gaussian families). Every chunk computes the
+    records on its principal axis under a normal approximation (mean and covariance from the
+    cluster's statistics, ``Stats.moments``). Every chunk computes the
     cut points alike, so nothing is communicated but the sub-clusters' statistics. Empty
     sub-clusters are dropped. Labels go to the other buffer; the returned state decodes them."""
     from scipy.special import ndtri
 
     t0 = time.perf_counter()
-    from kernels.obs import product as kp
-
     info = ctx.info
     K = state.n_clusters
     counts = summary_counts(state.nk, int(M))
-    if np.all(info.family.spec[:, kp.CODE] == kp.GAUSSIAN_NW):
-        mean, cov = gaussian_moments(state.stats, info.family)
-    else:
-        mean, cov = data_moments(client, ctx, state)
+    mean, cov = Stats(state.stats, info.family).moments(info.family)
+    # what the statistics leave undetermined (covariances between column groups, the variance
+    # of a count) is no direction to split along
+    cov = np.nan_to_num(cov, nan=0.0)
     D = mean.shape[1]
     axis = np.zeros((K, D))
     width = max(int(counts.max()) - 1, 0) if K else 0
@@ -190,7 +135,7 @@ def split_summaries(client: Any, ctx: RunContext, state: PassState, M: int) -> S
         for c, a, b in iter_chunks(info)
     ]
     parts = sorted(client.gather(futs), key=lambda r: r[0])
-    sub_stats = np.sum([p[1] for p in parts], axis=0).reshape(msg.n_sub, -1)
+    sub_stats = sum((p[1] for p in parts[1:]), parts[0][1]).array
     keep = sub_stats[:, 0] > 0.5
     new_id = np.full(msg.n_sub, -1, dtype=np.int64)
     new_id[keep] = np.arange(int(keep.sum()))

@@ -47,10 +47,10 @@ from pipeline.engines.mixture_state import (
     PassState,
     chunk_seed,
     current_labels,
-    merge_by,
 )
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.mapdp_core import run_mapdp, seed_state
+from pipeline.stats import Stats
 from pipeline.store import StoreInfo
 
 # -- the chunk task ----------------------------------------------------------------------------
@@ -81,9 +81,12 @@ class PassInput:
 
 @dataclass
 class ChunkResult:
+    """A chunk's part of a pass: the change of the K clusters' statistics, the statistics of
+    the clusters it opened, and its counts."""
+
     c: int
-    delta: FloatArray
-    new_stats: FloatArray
+    delta: Stats
+    new_stats: Stats
     n_changed: int
     n_train: int
     seconds: float
@@ -137,17 +140,16 @@ def reduce_pass(
     """
     results = sorted(results, key=lambda r: r.c)
     K = state.n_clusters
-    stats = state.stats.copy()
+    # statistics of another family, column group or prior refuse to add (``Stats``)
+    total = Stats(state.stats, family)
     for r in results:
-        stats += r.delta
+        total = total + r.delta
     offsets = np.zeros(len(results), dtype=np.int64)
-    blocks = [stats]
     m = 0
     for r in results:
         offsets[r.c] = m
-        blocks.append(r.new_stats)
-        m += r.new_stats.shape[0]
-    everything = np.vstack(blocks)
+        m += len(r.new_stats)
+    everything = Stats.concat([total, *(r.new_stats for r in results)]).array
     alpha = state.alpha
     n_changed = sum(r.n_changed for r in results)
     # clusters a pass emptied are dropped; then merge moves over every pair of clusters, new or
@@ -286,8 +288,8 @@ class MixtureEngine(Engine):
         chunk.write("z", swept.z)
         return ChunkResult(
             chunk.c,
-            delta,
-            new_stats,
+            Stats(delta, fam),
+            Stats(new_stats, fam),
             int(swept.n_changed),
             int(order.shape[0]),
             time.perf_counter() - t0,
@@ -327,7 +329,7 @@ class MixtureEngine(Engine):
             k_written=state.k_written,
             offsets=state.offsets,
             mapping=mapping,
-            stats=merge_by(state.stats, mapping),
+            stats=Stats(state.stats, info.family).merged(mapping).array,
             alpha=state.alpha,
             family=info.family,
             plot_rate=plot_rate(info),

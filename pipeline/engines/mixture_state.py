@@ -96,14 +96,6 @@ def chunk_seed(seed: int, restart: int, p: int, c: int) -> np.random.SeedSequenc
     return np.random.SeedSequence(seed, spawn_key=(restart, p, c))
 
 
-def merge_by(stats: FloatArray, mapping: IntArray) -> FloatArray:
-    """Statistics of the final clusters: rows of ``stats`` added by ``mapping``."""
-    K2 = int(mapping.max()) + 1 if mapping.size else 0
-    out = np.zeros((K2, stats.shape[1]))
-    np.add.at(out, mapping, stats)
-    return out
-
-
 def read_labels(ctx: RunContext, state: PassState) -> IntArray:
     """Current label of every row (-1 for held-out rows), in memory: for the estimator API."""
     info = ctx.info
