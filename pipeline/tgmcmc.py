@@ -14,7 +14,7 @@ summarising n records is an atomic block of size n. Three samplers share the pri
     Jain and Neal's restricted Gibbs split-merge sampler, G moves then one Gibbs sweep.
 
 Every sampler leaves p(Pi, u | X) exactly invariant (tgMCMC through canonical trees, see
-``kernels.tgmcmc``); ``tests/test_tgmcmc.py`` checks each against the enumerated posterior.
+``kernels.tgmcmc``); ``tests/pipeline/test_tgmcmc.py`` checks each against the enumerated posterior.
 ``run_ibhc`` exposes incremental BHC (seed 004, Section 2.3), the default initialisation.
 """
 
