@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 from distributed import Client, LocalCluster
 
 
-@pytest.fixture(scope="module")
-def client():
-    """A real Dask client: two single-threaded workers in this process."""
+@contextlib.contextmanager
+def local_client(n_workers: int = 2) -> Iterator[Client]:
+    """A real Dask client of ``n_workers`` single-threaded workers in this process."""
     with (
         LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
+            n_workers=n_workers, threads_per_worker=1, processes=False, dashboard_address=None
         ) as cluster,
         Client(cluster) as c,
     ):
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client():
+    """Two workers, shared by the tests of a module."""
+    with local_client(2) as c:
         yield c
 
 

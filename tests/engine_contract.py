@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import zarr
-from distributed import Client, LocalCluster
 
 from pipeline.config import FitParams
 from pipeline.dist import loop
@@ -23,6 +22,7 @@ from pipeline.dist.writeout import write_out
 from pipeline.engines import get_engine
 from pipeline.engines.base import Chunk, LoopState, RunContext
 from pipeline.store import Store, ingest, iter_chunks
+from tests.conftest import local_client
 
 
 def blobs(n: int, seed: int = 0, d: int = 3, k: int = 4) -> np.ndarray:
@@ -91,12 +91,7 @@ class EngineContract:
     def test_same_state_with_1_2_4_workers(self, tmp_path: Path) -> None:
         got = []
         for n in (1, 2, 4):
-            with (
-                LocalCluster(
-                    n_workers=n, threads_per_worker=1, processes=False, dashboard_address=None
-                ) as cluster,
-                Client(cluster) as c,
-            ):
+            with local_client(n) as c:
                 ctx = self.context(c, tmp_path, f"w{n}")
                 state = loop.run_passes(c, ctx)
                 got.append((state.objective, record_arrays(ctx, state)))

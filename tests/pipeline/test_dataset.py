@@ -13,7 +13,6 @@ import dask.dataframe as dd
 import numpy as np
 import pandas as pd
 import pytest
-from distributed import Client, LocalCluster
 
 from pipeline import dataset as ds
 from pipeline.config import N_FOLDS
@@ -30,17 +29,6 @@ from pipeline.store import (
     iter_chunks,
     row_uniform,
 )
-
-
-@pytest.fixture(scope="module")
-def client():
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None
-        ) as cluster,
-        Client(cluster) as c,
-    ):
-        yield c
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ from pipeline.engines.mixture_state import PassState, read_labels
 from pipeline.mapdp import MAPDP
 from pipeline.stats import Stats
 from pipeline.store import InputError, Store, ingest
+from tests.conftest import local_client
 
 
 def blobs(n: int, seed: int = 0, d: int = 3, k: int = 4) -> tuple[np.ndarray, np.ndarray]:
@@ -64,12 +65,7 @@ def test_same_labels_with_1_2_4_workers():
     X, _ = blobs(2400, seed=1)
     labels = []
     for n in (1, 2, 4):
-        with (
-            LocalCluster(
-                n_workers=n, threads_per_worker=1, processes=False, dashboard_address=None
-            ) as cluster,
-            Client(cluster) as c,
-        ):
+        with local_client(n) as c:
             labels.append(_fit(X, c, engine="mapdp").labels)
     assert np.array_equal(labels[0], labels[1])
     assert np.array_equal(labels[0], labels[2])

@@ -22,7 +22,6 @@ import hypothesis.strategies as st
 import numpy as np
 import pandas as pd
 import pytest
-from distributed import Client, LocalCluster
 from hypothesis import given, settings
 
 from pipeline import persist
@@ -82,17 +81,6 @@ def assert_same(a: Any, b: Any, where: str = "obj") -> None:
 
 
 # -- a real StoreInfo ------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def client():
-    with (
-        LocalCluster(
-            n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
-        ) as cluster,
-        Client(cluster) as c,
-    ):
-        yield c
 
 
 def mixed_frame(n: int = 600, seed: int = 0) -> pd.DataFrame:
