@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE
-from pipeline.store import FORMAT_VERSION, INFO_FILE, InputError, Store, StoreInfo, ingest
+from pipeline.errors import InputError
+from pipeline.ingest import ingest
+from pipeline.store import FORMAT_VERSION, INFO_FILE, Store, StoreInfo
 
 DATA_DIR_ENV = "DPMM_DATA_DIR"
 PARTIAL = ".partial-"
@@ -193,7 +195,7 @@ def open_dataset(
     path: str | os.PathLike[str] | None = None,
 ) -> tuple[Store, StoreInfo, bool]:
     """The dataset store of ``source``: reused when an ingest with the same input and options
-    completed before, else ingested now (``pipeline.store.ingest``).
+    completed before, else ingested now (``pipeline.ingest.ingest``).
 
     Parameters
     ----------
@@ -205,7 +207,7 @@ def open_dataset(
     root : path, optional
         The folder of shared stores; default ``default_root()``.
     family, chunk_rows, holdout, n_folds, prior_sample, label_column, group_column, progress
-        As ``pipeline.store.ingest``; all but ``progress`` are part of the key.
+        As ``pipeline.ingest.ingest``; all but ``progress`` are part of the key.
     path : path, optional
         Where to keep the store instead of ``root / key``. A path input's store there is reused
         when its recorded key matches; an in-memory input is ingested there, replacing a store

@@ -24,8 +24,9 @@ from pipeline.dist.client import dask_client
 from pipeline.dist.loop import clear_checkpoint, context, run_passes
 from pipeline.engines.mixture_state import PassState, read_labels
 from pipeline.families import FloatArray
+from pipeline.ingest import ingest
 from pipeline.mapdp_core import seed_entropy
-from pipeline.store import Store, StoreInfo, ingest
+from pipeline.store import Store, StoreInfo
 
 IntArray = NDArray[np.int64]
 
@@ -74,7 +75,7 @@ def fit_distributed(
 
     Parameters
     ----------
-    X : dask array / DataFrame, numpy array, pandas DataFrame, or a path (``pipeline.store``)
+    X : dask array / DataFrame, numpy array, pandas DataFrame, or a path (``pipeline.sources``)
     family : as ``MAPDP(family=...)``
     alpha : float or "learn"
     engine : "mapdp" or "kmeans"

@@ -21,7 +21,8 @@ from pipeline.dist.summaries import identity_stage2
 from pipeline.dist.writeout import write_out
 from pipeline.engines import get_engine
 from pipeline.engines.base import Chunk, LoopState, RunContext
-from pipeline.store import Store, ingest, iter_chunks
+from pipeline.ingest import ingest
+from pipeline.store import Store, iter_chunks
 from tests.conftest import local_client
 
 

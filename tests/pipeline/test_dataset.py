@@ -16,15 +16,15 @@ import pytest
 
 from pipeline import dataset as ds
 from pipeline.config import N_FOLDS
+from pipeline.errors import InputError
+from pipeline.ingest import ingest
 from pipeline.store import (
     FORMAT_VERSION,
     HOLDOUT_SALT,
-    InputError,
     Store,
     fold_of,
     holdout_mask,
     holdout_mask_of,
-    ingest,
     input_positions,
     iter_chunks,
     row_uniform,
@@ -34,7 +34,7 @@ from pipeline.store import (
 @pytest.fixture
 def small_csv_blocks(monkeypatch):
     """Many CSV pieces, so that groups and bad rows straddle the staged pieces."""
-    from pipeline import store as store_mod
+    from pipeline import sources as store_mod
 
     monkeypatch.setattr(store_mod, "CSV_BLOCK_BYTES", 512)
 

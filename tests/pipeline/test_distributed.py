@@ -1,4 +1,4 @@
-"""The distributed stage 1 (``pipeline.distributed``) and ingest (``pipeline.store``) on a real
+"""The distributed stage 1 (``pipeline.distributed``) and ingest (``pipeline.ingest``) on a real
 ``distributed.LocalCluster`` and real zarr stores: determinism across worker counts, agreement
 with the in-memory MAP-DP, every input format, bad input, held-out scoring, a killed worker."""
 
@@ -31,9 +31,11 @@ from pipeline.engines.base import stop_reason
 from pipeline.engines.mixture import ChunkResult, reduce_pass
 from pipeline.engines.mixture_start import init_sample_rows, sample_state
 from pipeline.engines.mixture_state import PassState, read_labels
+from pipeline.errors import InputError
+from pipeline.ingest import ingest
 from pipeline.mapdp import MAPDP
 from pipeline.stats import Stats
-from pipeline.store import InputError, Store, ingest
+from pipeline.store import Store
 from tests.conftest import local_client
 
 
@@ -168,7 +170,7 @@ def test_bad_csv(client, tmp_path: Path, body: str, expect: str):
 
 
 def test_bad_row_in_a_later_chunk_names_the_file_row(client, tmp_path: Path, monkeypatch):
-    from pipeline import store as store_mod
+    from pipeline import sources as store_mod
 
     monkeypatch.setattr(store_mod, "CSV_BLOCK_BYTES", 64)  # many CSV pieces
     rng = np.random.default_rng(0)

@@ -38,9 +38,10 @@ from pipeline.families import (
     Poisson,
     ProductFamily,
 )
+from pipeline.ingest import ingest
 from pipeline.persist import FORMAT_VERSION, PersistError
 from pipeline.schema import Schema
-from pipeline.store import Moments, Store, StoreInfo, ingest
+from pipeline.store import Moments, Store, StoreInfo
 
 # -- comparing loaded objects -------------------------------------------------------------------
 

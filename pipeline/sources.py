@@ -1,0 +1,268 @@
+"""Input sources of ingest: the pieces of a CSV, Parquet, ``.npy``, zarr or in-memory input,
+each read and located (file and row) on its own, so that one Dask task reads one piece."""
+
+from __future__ import annotations
+
+import io
+import itertools
+import math
+import os
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import zarr
+
+from pipeline.errors import InputError
+from pipeline.schema import as_frame
+from pipeline.store import NO_ROWS
+
+CSV_BLOCK_BYTES = 32 * 2**20  # a CSV piece: one Dask task each
+
+_ROW = re.compile(r"\brow (\d+)\b")
+
+
+def shift_row(msg: str, offset: int) -> str:
+    """The first "row N" of a message as "row N + offset"."""
+    return _ROW.sub(lambda m: f"row {int(m.group(1)) + offset}", msg, count=1)
+
+
+def located(label: str, row0: int | None, err: Exception) -> InputError:
+    """``err``'s message (one line) with the file prefixed and chunk-local rows made file rows."""
+    msg = " ".join(str(err).split())
+    if row0:
+        msg = shift_row(msg, row0)
+    return InputError(f"{label}: {msg}")
+
+
+@dataclass
+class Piece:
+    """One ingest task's share of the input: rows [row0, row0 + n) of file ``label``
+    (``n`` None when unknown before reading) and how to read them."""
+
+    index: int
+    label: str
+    kind: str
+    args: tuple[Any, ...]
+    row0: int | None = None
+    n: int | None = None
+
+
+def _npy_source(path: Path) -> tuple[int, int]:
+    arr = np.load(path, mmap_mode="r")
+    if arr.ndim != 2:
+        raise InputError(f"{path}: expected a 2-D array (n_samples, n_features), got {arr.shape}")
+    return int(arr.shape[0]), int(arr.shape[1])
+
+
+def _csv_blocks(path: Path, block: int) -> list[tuple[int, int]]:
+    """Byte ranges of the data lines of a CSV file, split at line ends near multiples of
+    ``block`` (quoted fields holding line breaks are not supported)."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        header = fh.readline()
+        start = len(header)
+        bounds = [start]
+        pos = start + block
+        while pos < size:
+            fh.seek(pos)
+            fh.readline()
+            nxt = fh.tell()
+            if nxt >= size:
+                break
+            if nxt > bounds[-1]:
+                bounds.append(nxt)
+            pos = nxt + block
+    bounds.append(size)
+    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a] or [(start, start)]
+
+
+def _parquet_files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.parquet") if p.is_file())
+        if not files:
+            raise InputError(f"{path}: no .parquet files in this directory")
+        return files
+    return [path]
+
+
+IN_MEMORY = ("frame", "array", "delayed")
+
+
+def read_piece(
+    piece: Piece,
+    columns: Sequence[str] | None,
+    data: Any = None,
+    text_columns: Sequence[str] = (),
+) -> tuple[pd.DataFrame, bool]:
+    """The piece's rows as a DataFrame and whether they came with column names.
+
+    ``data`` is the piece's in-memory rows for the kinds in ``IN_MEMORY`` (a worker receives
+    them as a scattered or computed future); by default they are taken from the piece itself.
+    ``text_columns`` of a CSV file are read as text: a group key "007" stays "007" in every
+    block, whatever the other values of its block look like.
+    """
+    kind = piece.kind
+    try:
+        if kind == "npy":
+            path, a, b = piece.args
+            arr = np.load(path, mmap_mode="r")[a:b]
+            return as_frame(np.asarray(arr), columns)[0], False
+        if kind == "zarr":
+            path, a, b = piece.args
+            arr = zarr.open_array(path, mode="r")[a:b]
+            return as_frame(np.asarray(arr), columns)[0], False
+        if kind == "csv":
+            path, a, b = piece.args
+            with open(path, "rb") as fh:
+                header = fh.readline()
+                fh.seek(a)
+                body = fh.read(b - a)
+            if not header.strip():
+                raise InputError(f"{piece.label}: the file is empty (no header line)")
+            dtype = {c: str for c in text_columns} if text_columns else None
+            df = pd.read_csv(io.BytesIO(header + body), dtype=dtype)
+            return df, True
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            path, rg = piece.args
+            table = pq.ParquetFile(path).read_row_group(rg)
+            return table.to_pandas(), True
+        if kind in IN_MEMORY:
+            obj = data
+            if obj is None:
+                (obj,) = piece.args
+                if kind == "delayed":
+                    obj = obj.compute(scheduler="sync")
+            if isinstance(obj, pd.DataFrame):
+                return as_frame(obj)
+            return as_frame(np.asarray(obj), columns)[0], False
+    except InputError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError, IndexError) as err:
+        msg = " ".join(str(err).split())
+        raise InputError(
+            f"{piece.label}: rows from {piece.row0 or 0} cannot be read: {msg}"
+        ) from err
+    except Exception as err:  # pyarrow / pandas parser / codec errors
+        raise InputError(
+            f"{piece.label}: rows from {piece.row0 or 0} cannot be read "
+            f"({type(err).__name__}: {' '.join(str(err).split())})"
+        ) from err
+    raise AssertionError(kind)
+
+
+@dataclass
+class Source:
+    """An input, cut into pieces. ``aligned`` pieces are the output chunks themselves."""
+
+    description: str
+    pieces: list[Piece]
+    aligned: bool
+    from_frame: bool
+
+
+def open_source(obj: Any, chunk_rows: int) -> Source:
+    """Cut an input into ingest pieces.
+
+    ``obj`` is a path (CSV; Parquet file or directory; ``.npy``; a zarr array) or, from Python,
+    a numpy array, pandas DataFrame, dask array or dask DataFrame.
+    """
+    # a dask collection can only come from an imported dask; importing dask.array and
+    # dask.dataframe just to test for one costs the driver most of a second
+    da = sys.modules.get("dask.array")
+    dd = sys.modules.get("dask.dataframe")
+    if isinstance(obj, (str, os.PathLike)):
+        path = Path(obj)
+        if not path.exists():
+            raise InputError(f"{path}: no such file or directory")
+        name = path.name.lower()
+        if name.endswith(".npy"):
+            n, _d = _npy_source(path)
+            return _aligned(str(path), n, chunk_rows, "npy", str(path), from_frame=False)
+        if (path / "zarr.json").exists() or (path / ".zarray").exists():
+            try:
+                arr = zarr.open_array(str(path), mode="r")
+            except Exception as err:
+                raise InputError(f"{path}: not a readable zarr array ({err})") from err
+            if arr.ndim != 2:
+                raise InputError(f"{path}: expected a 2-D zarr array, got shape {arr.shape}")
+            return _aligned(str(path), int(arr.shape[0]), chunk_rows, "zarr", str(path), False)
+        if name.endswith((".parquet", ".pq")) or path.is_dir():
+            import pyarrow.parquet as pq
+
+            pieces: list[Piece] = []
+            for f in _parquet_files(path):
+                try:
+                    meta = pq.ParquetFile(f).metadata
+                except Exception as err:  # pyarrow raises its own errors
+                    raise InputError(f"{f}: not a readable Parquet file ({err})") from err
+                row0 = 0
+                for rg in range(meta.num_row_groups):
+                    n = meta.row_group(rg).num_rows
+                    pieces.append(Piece(len(pieces), str(f), "parquet", (str(f), rg), row0, n))
+                    row0 += n
+            if not pieces or sum(p.n or 0 for p in pieces) == 0:
+                raise InputError(f"{path}: {NO_ROWS}")
+            return Source(str(path), pieces, aligned=False, from_frame=True)
+        if name.endswith((".csv", ".csv.txt", ".txt", ".tsv")) or path.is_file():
+            if path.stat().st_size == 0:
+                raise InputError(f"{path}: the file is empty")
+            blocks = _csv_blocks(path, CSV_BLOCK_BYTES)
+            pieces = [
+                Piece(i, str(path), "csv", (str(path), a, b), 0 if i == 0 else None)
+                for i, (a, b) in enumerate(blocks)
+            ]
+            return Source(str(path), pieces, aligned=False, from_frame=True)
+        raise InputError(f"{path}: unrecognised input (expected CSV, Parquet, .npy or zarr)")
+    if da is not None and isinstance(obj, da.Array):
+        if obj.ndim != 2:
+            raise InputError(f"dask array: expected 2-D (n_samples, n_features), got {obj.shape}")
+        if any(math.isnan(c) for c in obj.chunks[0]):
+            raise InputError("dask array: the row chunk sizes must be known (compute_chunk_sizes)")
+        arr = obj.rechunk((chunk_rows, obj.shape[1]))
+        blocks = arr.to_delayed().ravel()
+        pieces = [
+            Piece(i, "dask array", "delayed", (b,), i * chunk_rows, arr.chunks[0][i])
+            for i, b in enumerate(blocks)
+        ]
+        return Source("dask array", pieces, aligned=True, from_frame=False)
+    if dd is not None and isinstance(obj, dd.DataFrame):
+        parts = obj.to_delayed()
+        pieces = [Piece(i, "dask DataFrame", "delayed", (p,)) for i, p in enumerate(parts)]
+        pieces[0].row0 = 0
+        return Source("dask DataFrame", pieces, aligned=False, from_frame=True)
+    if isinstance(obj, pd.DataFrame):
+        n = obj.shape[0]
+        pieces = [
+            Piece(
+                i, "DataFrame", "frame", (obj.iloc[a : a + chunk_rows],), a, min(chunk_rows, n - a)
+            )
+            for i, a in enumerate(range(0, max(n, 1), chunk_rows))
+        ]
+        return Source("DataFrame", pieces, aligned=True, from_frame=True)
+    arr_ = np.asarray(obj)
+    if arr_.ndim != 2:
+        raise InputError(f"array: expected 2-D (n_samples, n_features), got shape {arr_.shape}")
+    n = arr_.shape[0]
+    pieces = [
+        Piece(i, "array", "array", (arr_[a : a + chunk_rows],), a, min(chunk_rows, n - a))
+        for i, a in enumerate(range(0, max(n, 1), chunk_rows))
+    ]
+    return Source("array", pieces, aligned=True, from_frame=False)
+
+
+def _aligned(label: str, n: int, chunk_rows: int, kind: str, path: str, from_frame: bool) -> Source:
+    if n == 0:
+        raise InputError(f"{label}: {NO_ROWS}")
+    pieces = [
+        Piece(i, label, kind, (path, a, min(a + chunk_rows, n)), a, min(chunk_rows, n - a))
+        for i, a in enumerate(range(0, n, chunk_rows))
+    ]
+    return Source(label, pieces, aligned=True, from_frame=from_frame)
