@@ -248,19 +248,12 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         self._empty_cache = fam.empty_cache()
 
     def cluster_summary(self) -> pd.DataFrame:
-        """One row per cluster: size, weight, and each family's posterior parameters."""
+        """One row per cluster: size, weight N_k / (N + N0), log marginal and each family's
+        posterior parameters (the table a run writes to ``clusters.parquet``)."""
+        from pipeline.report import cluster_table
+
         check_is_fitted(self, "cluster_stats_")
-        names = self.schema_.names_of(self.family_)
-        spec = self.family_.spec
-        slices = [slice(int(r[3]), int(r[3] + r[4])) for r in spec]
-        rows = []
-        for k in range(self.n_clusters_):
-            row: dict[str, Any] = {"cluster": k, "size": int(self.cluster_sizes_[k])}
-            row["weight"] = self.cluster_sizes_[k] / (self.cluster_sizes_.sum() + self.alpha_)
-            for (fam, _cols), nm, sl in zip(self.family_.groups, names, slices):
-                row.update(fam.posterior_summary(self.cluster_stats_[k, sl], nm))
-            rows.append(row)
-        return pd.DataFrame(rows)
+        return cluster_table(self.cluster_stats_, self.alpha_, self.family_, self.schema_)
 
     def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
         tags = super().__sklearn_tags__()

@@ -22,10 +22,12 @@ from pipeline import config
 from pipeline.config import FitParams
 from pipeline.dist.client import dask_client
 from pipeline.dist.loop import clear_checkpoint, context, run_passes
+from pipeline.engines.mixture_start import WARM_START
 from pipeline.engines.mixture_state import PassState, read_labels
 from pipeline.families import FloatArray
 from pipeline.ingest import ingest
 from pipeline.mapdp_core import seed_entropy
+from pipeline.stats import Stats
 from pipeline.store import Store, StoreInfo
 
 IntArray = NDArray[np.int64]
@@ -70,6 +72,7 @@ def fit_distributed(
     client: Any = None,
     store_path: str | Path | None = None,
     progress: bool = False,
+    warm_start: tuple[Stats, float] | None = None,
 ) -> DistributedResult:
     """Stage 1 of the pipeline on records that may not fit in one process.
 
@@ -89,6 +92,10 @@ def fit_distributed(
         Default: a LocalCluster of one single-threaded worker process per core.
     store_path : path, optional
         Where to write the store; default a temporary directory, removed afterwards.
+    warm_start : (Stats, float), optional
+        The clusters (``pipeline.stats.Stats`` of ``family``: pass the fitted model's family,
+        not "auto") and concentration of a fitted model to start from instead of ``init``
+        (``pipeline.engines.mixture_start.warm_state``).
 
     Returns
     -------
@@ -127,6 +134,7 @@ def fit_distributed(
         for r in range(int(n_restarts)):
             ctx = context(store, Path(store_path) / "state", info, replace(params, restart=r))
             ctx.progress = progress
+            ctx.options[WARM_START] = warm_start
             clear_checkpoint(ctx)
             st = run_passes(client, ctx)
             assert isinstance(st, PassState)

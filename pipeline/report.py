@@ -23,7 +23,7 @@ def cluster_table(
     """One row per cluster: size, weight N_k / (N + N0) and each family's posterior summary
     (as ``MAPDP.cluster_summary``)."""
     names = schema.names_of(family)
-    slices = [slice(int(r[3]), int(r[3] + r[4])) for r in family.spec]
+    slices = family.stat_slices()
     n = float(stats[:, 0].sum())
     rows = []
     for k in range(stats.shape[0]):

@@ -3,9 +3,10 @@
 A record, a cluster, a worker's delta, a summary and a tree node are the same kind of object: a
 row of sufficient statistics of one observation model (``kernels.obs``; row[0] is the count).
 ``Stats`` holds K such rows (K, S) with the signature of the family that made them, so that rows
-of another family, column group or prior refuse to add (bnpy's ``SuffStatBag`` check): merging
-is addition, removing is subtraction, sizes are the rows' counts, and the family answers the
-moments of each row. The kernels take the plain array (``Stats.array``).
+of another family, column group or prior refuse to add (``ProductFamily.signature``, bnpy's
+``SuffStatBag`` check): merging is addition, removing is subtraction, sizes are the rows'
+counts, and the family answers the moments of each row. The kernels take the plain array
+(``Stats.array``).
 """
 
 from __future__ import annotations
@@ -18,17 +19,6 @@ import numpy as np
 from kernels.obs import product as kproduct
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.persist import register
-
-
-def signature(family: ProductFamily) -> str:
-    """A short text that two families share exactly when their statistics rows may be added:
-    same groups of families over the same columns (``spec``, ``column_order``) and same prior."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for part in (family.spec, family.column_order, family.prior):
-        h.update(np.ascontiguousarray(part).tobytes())
-    return f"{family!r}#{h.hexdigest()[:16]}"
 
 
 @register
@@ -51,7 +41,7 @@ class Stats:
         if arr.ndim != 2:
             raise ValueError(f"statistics must have shape (K, S), got {arr.shape}")
         self.array: FloatArray = np.ascontiguousarray(arr)
-        self.signature: str = family if isinstance(family, str) else signature(family)
+        self.signature: str = family if isinstance(family, str) else family.signature()
 
     @classmethod
     def zeros(cls, family: ProductFamily, K: int) -> Stats:
@@ -136,7 +126,7 @@ class Stats:
         """Mean (K, D) and covariance (K, D, D) of each row's records, in the family's arranged
         column order, where the statistics determine them (``kernels.obs.product.moments``:
         NaN elsewhere, e.g. between columns of different groups)."""
-        if signature(family) != self.signature:
+        if family.signature() != self.signature:
             raise ValueError(f"these statistics are not of {family!r}")
         K, D = len(self), family.n_cols
         mean = np.empty((K, D))

@@ -144,6 +144,9 @@ def reduce_pass(
     total = Stats(state.stats, family)
     for r in results:
         total = total + r.delta
+    if state.warm is not None:
+        # a warm start's own statistics leave once its clusters have drawn the records
+        total = total - Stats(state.warm, family)
     offsets = np.zeros(len(results), dtype=np.int64)
     m = 0
     for r in results:

@@ -25,17 +25,24 @@ from pipeline.engines.base import Chunk, RunContext
 from pipeline.engines.mixture_state import IntArray, PassState, chunk_seed
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.mapdp_core import run_mapdp
+from pipeline.stats import Stats
 from pipeline.store import StoreInfo, iter_chunks, row_uniform
 
 INIT_SALT = 0x5EED_0004
 
 
+WARM_START = "warm_start"
+
+
 def initial_state(client: Any, ctx: RunContext) -> PassState:
-    """The state before pass 1 (``FitParams.start``)."""
+    """The state before pass 1: a warm start (``ctx.options["warm_start"]``: the ``Stats`` of a
+    fitted model's clusters and its concentration), else ``FitParams.start``."""
     info, params = ctx.info, ctx.params
     fam = info.family
     alpha = 1.0 if params.learn_alpha else float(params.alpha)
     empty = np.zeros(0, dtype=np.int64)
+    if ctx.options.get(WARM_START) is not None:
+        return warm_state(ctx, *ctx.options[WARM_START])
     start = params.start
     if start == "sample":
         return sample_state(client, info, params)
@@ -167,3 +174,32 @@ def _train_stats_task(data: str, a: int, b: int, fam: ProductFamily) -> FloatArr
     chunk = Chunk(data, "", 0, a, b, 0)
     X, hold = chunk.X, chunk.holdout
     return fam.stats_of(np.ascontiguousarray(X[~hold]))[0]
+
+
+def warm_state(ctx: RunContext, clusters: Stats, alpha: float) -> PassState:
+    """A warm start from a fitted model: pass 1 assigns every training record against the
+    model's clusters (its statistics, of this store's family), after which the reduce takes
+    the model's statistics out again (``PassState.warm``): the clusters the data fill
+    remain, with the data's own statistics, and the passes go on from there."""
+    fam = ctx.info.family
+    if clusters.signature != fam.signature():
+        raise ValueError(
+            "the warm start's clusters are of another family, column group or prior than this "
+            f"data's: {clusters.signature} and {fam.signature()}"
+        )
+    K = len(clusters)
+    if K == 0:
+        raise ValueError("a warm start needs at least one cluster")
+    a = float(alpha) if ctx.params.learn_alpha else float(ctx.params.alpha)
+    empty = np.zeros(0, dtype=np.int64)
+    record = {"pass": 0, "init": "warm", "n_clusters": K, "alpha": a}
+    return PassState(
+        0,
+        clusters.array.copy(),
+        a,
+        np.arange(K, dtype=np.int64),
+        K,
+        empty,
+        init_record=record,
+        warm=clusters.array.copy(),
+    )

@@ -52,6 +52,9 @@ class PassState:
     # ``scored_into``: their write-out results, by chunk
     scored: list[WriteResult] | None = None
     scored_into: str | None = None
+    # a warm start's clusters (K, S) from another fit: pass 1 assigns the records against them,
+    # then they are taken out again, so that the statistics are the data's own
+    warm: FloatArray | None = None
 
     @property
     def n_clusters(self) -> int:

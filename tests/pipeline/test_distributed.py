@@ -495,3 +495,27 @@ def test_label_column_is_left_out_and_stored(client, tmp_path: Path):
         ingest(df, Store(tmp_path / "s2"), client=client, label_column="nope")
     with pytest.raises(ValueError, match="column names"):
         ingest(X, Store(tmp_path / "s3"), client=client, label_column="a")
+
+
+def test_a_warm_start_from_a_fitted_model(client):
+    """``warm_start``: pass 1 assigns the records against a fitted model's clusters, whose own
+    statistics then leave: on a new sample of the same mixture it needs few passes, keeps the
+    model's clusters, and its statistics are the new data's alone."""
+    X, y = blobs(3000, seed=21, k=4)
+    first = _fit(X, client, chunk_rows=500)
+    fam = first.info.family
+    X2 = blobs(3000, seed=21, k=4)[0] + np.random.default_rng(5).normal(0, 0.05, size=X.shape)
+    warm = _fit(
+        X2,
+        client,
+        chunk_rows=500,
+        family=fam,
+        warm_start=(Stats(first.stats, fam), first.alpha),
+    )
+    assert warm.passes[0].get("n_changed") == 3000  # every record assigned in pass 1
+    assert warm.n_iter <= 3
+    assert warm.stats[:, 0].sum() == 3000  # the model's own records left
+    np.testing.assert_allclose(np.sort(warm.stats[:, 0]), np.sort(np.bincount(warm.labels)), atol=0)
+    assert normalized_mutual_info_score(y, warm.labels) > 0.99
+    with pytest.raises(ValueError, match="another family"):
+        _fit(X2, client, chunk_rows=500, warm_start=(Stats(first.stats, fam), first.alpha))

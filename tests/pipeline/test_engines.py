@@ -3,6 +3,8 @@ contract (``tests/engine_contract.py``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pipeline.engines import ENGINE_MODULES, ENGINES, get_engine
@@ -41,3 +43,26 @@ def test_every_registered_engine_is_tested():
 def test_an_unknown_engine_is_a_clear_error():
     with pytest.raises(ValueError, match="engine must be one of"):
         get_engine("nope")
+
+
+def test_a_checkpoint_written_by_format_version_1_reads_back():
+    """``tests/data/checkpoint_v1``: a MAP-DP checkpoint (2 passes over 300 records of three
+    blobs) written by format version 1 of ``pipeline.persist``. A change that can no longer
+    read it must raise the format version."""
+    from pathlib import Path
+
+    from pipeline.config import FitParams
+    from pipeline.dist import loop
+    from pipeline.engines.base import RunContext
+    from pipeline.engines.mixture_state import PassState
+    from pipeline.store import Store
+
+    here = Store(Path(__file__).resolve().parents[1] / "data" / "checkpoint_v1")
+    params = FitParams(seed=3, init="sequential", max_passes=2)
+    info: Any = None  # a checkpoint does not depend on the data
+    state = loop.load_checkpoint(RunContext(here, here, info, params))
+    assert isinstance(state, PassState)
+    assert state.pass_no == 2 and state.n_clusters == 3 and not state.converged
+    assert state.objective == pytest.approx(1230.3877390242928, rel=1e-12)
+    assert state.nk.sum() == 277  # the training records of 300 (about 10% held out)
+    assert [h["pass"] for h in state.history] == [1, 2]

@@ -411,7 +411,7 @@ def test_a_type_not_on_the_allowlist(record: Path, name: str):
 def test_a_stored_object_its_constructor_refuses(record: Path):
     doc = _doc(record)
     gauss = doc["root"]["items"]["family"]["state"]["items"]["groups"]["items"][0]["items"][0]
-    assert gauss["class"] == "pipeline.families.GaussianNW"
+    assert gauss["class"] == "pipeline.families.gaussian.GaussianNW"
     gauss["fields"]["c0"] = -1.0
     _write_doc(record, doc)
     _refused(record, "GaussianNW", "c0 must be > 0")

@@ -26,14 +26,8 @@ from kernels import alloc as priors
 from kernels import ibhc as ibhc_kernels
 from kernels import tgmcmc as tg_kernels
 from pipeline.families import GaussianNW
-from pipeline.tgmcmc import (
-    TreeGuidedMCMC,
-    coclustering,
-    effective_sample_size,
-    leaf_log_marginals,
-    prior_array,
-    run_ibhc,
-)
+from pipeline.ibhc import leaf_log_marginals, prior_array, run_ibhc
+from pipeline.tgmcmc import TreeGuidedMCMC, coclustering, effective_sample_size
 from tests.reference import log_crp, nw_log_marginal
 
 TV_MAX = 0.05

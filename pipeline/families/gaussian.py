@@ -1,0 +1,238 @@
+"""Gaussian families: full covariance with a Normal-Wishart prior, independent columns with
+Normal-Gamma priors (seed 000, Appendix B)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from kernels.obs import product
+from pipeline.families.base import (
+    Family,
+    FloatArray,
+    _as_data,
+    _check_names,
+    _good_column_means,
+    _raise_first_bad,
+    _require_positive,
+    _vectors,
+)
+from pipeline.persist import register
+
+
+@register
+@dataclass(repr=False)
+class GaussianNW(Family):
+    """Multivariate Gaussian, unknown mean and full covariance, Normal-Wishart prior.
+
+    Parameters exactly as seed 000, Appendix B: the precision is Wishart with scale matrix
+    ``B0`` (d, d) and ``a0`` degrees of freedom (a0 > d - 1), the mean given the precision
+    Lambda is Normal(m0, (c0 Lambda)^{-1}). The posterior is eq. B.1; the predictive is the
+    Student-t with nu = a - d + 1, mu = m, Lambda = c nu / (c + 1) B.
+
+    Parameters
+    ----------
+    m0 : array-like of shape (d,)
+    c0 : float
+    B0 : array-like of shape (d, d), symmetric positive definite
+    a0 : float
+    """
+
+    m0: ArrayLike
+    c0: float
+    B0: ArrayLike
+    a0: float
+    code: ClassVar[int] = product.GAUSSIAN_NW
+    name: ClassVar[str] = "gaussian"
+    n_cols: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        m0 = np.atleast_1d(np.asarray(self.m0, dtype=np.float64))
+        d = m0.shape[0]
+        B0 = np.asarray(self.B0, dtype=np.float64).reshape(d, d)
+        if not np.allclose(B0, B0.T):
+            raise ValueError("GaussianNW: B0 must be symmetric")
+        try:
+            np.linalg.cholesky(B0)
+        except np.linalg.LinAlgError as err:
+            raise ValueError("GaussianNW: B0 must be positive definite") from err
+        if not self.c0 > 0:
+            raise ValueError(f"GaussianNW: c0 must be > 0, got {self.c0}")
+        if not self.a0 > d - 1:
+            raise ValueError(f"GaussianNW: a0 must exceed d - 1 = {d - 1}, got {self.a0}")
+        self.m0 = m0
+        self.B0 = B0
+        self.c0 = float(self.c0)
+        self.a0 = float(self.a0)
+        self.n_cols = d
+
+    def prior_array(self) -> FloatArray:
+        d = self.n_cols
+        T0 = np.linalg.inv(np.asarray(self.B0))
+        T0 = 0.5 * (T0 + T0.T)
+        logdet = float(np.linalg.slogdet(T0)[1])
+        return np.concatenate(
+            [np.asarray(self.m0), [self.c0, self.a0, logdet], T0.reshape(d * d)]
+        ).astype(np.float64)
+
+    def stat_size(self) -> int:
+        return 1 + self.n_cols + self.n_cols**2
+
+    def cache_size(self) -> int:
+        return 2 * self.n_cols**2 + 2 * self.n_cols + 4
+
+    @classmethod
+    def empirical_bayes(cls, X: FloatArray, shrink: float = 10.0) -> GaussianNW:
+        """The default prior from the data (seed 000, Appendix A, option 1, with one stated belief).
+
+        m0 = the data mean; a0 = d + 2 (the weakest Wishart with a finite mean covariance);
+        E[precision] = a0 B0 = (cov / shrink)^{-1}, i.e. a cluster is expected to carry
+        1 / ``shrink`` of the data's (co)variance; c0 = 1 / (shrink - 1) so that the spread of
+        cluster means, E[Sigma] / c0, accounts for the rest (total = within + between).
+        ``shrink = 10`` is a prior belief, not a type-II maximum-likelihood value: maximising the
+        marginal likelihood over the whole data treated as one cluster gives shrink = 1, which
+        makes one cluster absorb everything.
+        """
+        X = np.asarray(X, dtype=np.float64)
+        n, d = X.shape
+        if not shrink > 1:
+            raise ValueError(f"GaussianNW.empirical_bayes: shrink must be > 1, got {shrink}")
+        m0 = X.mean(axis=0)
+        cov = np.cov(X, rowvar=False).reshape(d, d) if n > 1 else np.eye(d)
+        cov = 0.5 * (cov + cov.T) + 1e-9 * max(np.trace(cov) / d, 1e-300) * np.eye(d)
+        a0 = d + 2.0
+        c0 = 1.0 / (shrink - 1.0)
+        B0 = np.linalg.inv(cov / shrink) / a0
+        return cls(m0=m0, c0=c0, B0=0.5 * (B0 + B0.T), a0=a0)
+
+    def posterior_summary(self, s: FloatArray, names: Sequence[str]) -> dict[str, Any]:
+        d = self.n_cols
+        n = s[0]
+        c0, a0 = self.c0, self.a0
+        m0 = np.asarray(self.m0)
+        ck, ak = c0 + n, a0 + n
+        mk = (c0 * m0 + s[1 : 1 + d]) / ck
+        T = (
+            np.linalg.inv(np.asarray(self.B0))
+            + s[1 + d :].reshape(d, d)
+            + c0 * np.outer(m0, m0)
+            - ck * np.outer(mk, mk)
+        )
+        # posterior mean of the covariance, E[Lambda^{-1}] = T / (a - d - 1)
+        cov = T / max(ak - d - 1.0, 1e-12)
+        out: dict[str, Any] = {}
+        for j, nm in enumerate(names):
+            out[f"{nm}:mean"] = float(mk[j])
+            out[f"{nm}:sd"] = float(math.sqrt(max(cov[j, j], 0.0)))
+        return out
+
+    def check_values(self, X: FloatArray, names: Sequence[str]) -> None:
+        X = _as_data(X, self.n_cols)
+        names = _check_names(names, self.n_cols)
+        _raise_first_bad(X, ~np.isfinite(X), names, "Gaussian values must be finite")
+
+
+@register
+@dataclass(repr=False)
+class NormalGamma(Family):
+    """Gaussian with a diagonal covariance: an independent Normal-Gamma prior on each column.
+
+    Per column j: the precision tau_j ~ Gamma(a0_j, rate b0_j), the mean
+    mu_j | tau_j ~ Normal(m0_j, 1 / (c0_j tau_j)). The predictive is a product of Student-t
+    densities (2 a_n degrees of freedom, location m_n, scale^2 = b_n (c_n + 1) / (a_n c_n));
+    kernel ``kernels/obs/normal_gamma.py``.
+
+    Parameters
+    ----------
+    m0, c0, a0, b0 : float or array-like of shape (d,)
+        Prior mean, its strength (pseudo-records), the precision's shape and rate.
+    n_cols : int, optional
+        d; by default the length of the array parameters (1 if all are scalars).
+
+    Empirical Bayes (``empirical_bayes``)
+    -------------------------------------
+    Per column: m0 = the column mean and b0 = a0 * (the column's maximum-likelihood variance),
+    which are exactly the values maximising the marginal likelihood of the whole column as one
+    cluster (Appendix A, option 1) given the strengths c0 = 1 (one pseudo-record for the mean) and
+    a0 = 1 (two for the variance; maximising over the strengths too would send them to infinity).
+    So the prior expects clusters as spread as the data, E[tau] = 1 / variance, and holds weakly.
+    A variance of 0 is floored at 1e-12 max(1, mean^2).
+    """
+
+    m0: ArrayLike
+    c0: ArrayLike
+    a0: ArrayLike
+    b0: ArrayLike
+    n_cols: int = 0
+    code: ClassVar[int] = product.NORMAL_GAMMA
+    name: ClassVar[str] = "diag-gaussian"
+
+    def __post_init__(self) -> None:
+        d, v = _vectors("NormalGamma", self.n_cols, m0=self.m0, c0=self.c0, a0=self.a0, b0=self.b0)
+        _require_positive("NormalGamma", c0=v["c0"], a0=v["a0"], b0=v["b0"])
+        self.m0, self.c0, self.a0, self.b0 = v["m0"], v["c0"], v["a0"], v["b0"]
+        self.n_cols = d
+
+    def _params(self) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        return (
+            np.asarray(self.m0, dtype=np.float64),
+            np.asarray(self.c0, dtype=np.float64),
+            np.asarray(self.a0, dtype=np.float64),
+            np.asarray(self.b0, dtype=np.float64),
+        )
+
+    def prior_array(self) -> FloatArray:
+        return np.concatenate(self._params()).astype(np.float64)
+
+    def stat_size(self) -> int:
+        return 1 + 2 * self.n_cols
+
+    def cache_size(self) -> int:
+        return 3 * self.n_cols + 1
+
+    @classmethod
+    def empirical_bayes(cls, X: FloatArray) -> NormalGamma:
+        X = _as_data(X)
+        n, d = X.shape
+        if n == 0:
+            raise ValueError("NormalGamma.empirical_bayes needs at least one row")
+        bad = ~np.isfinite(X)
+        cnt, mean = _good_column_means(X, bad)
+        dev = np.where(bad, 0.0, X - mean)
+        var = np.divide((dev * dev).sum(axis=0), cnt, out=np.zeros(d), where=cnt > 0)
+        var = np.maximum(var, 1e-12 * np.maximum(1.0, mean * mean))
+        a0 = np.ones(d)
+        return cls(m0=mean, c0=np.ones(d), a0=a0, b0=a0 * var)
+
+    def check_values(self, X: FloatArray, names: Sequence[str]) -> None:
+        X = _as_data(X, self.n_cols)
+        names = _check_names(names, self.n_cols)
+        _raise_first_bad(X, ~np.isfinite(X), names, "Gaussian values must be finite")
+
+    def posterior(self, s: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        """(m_n, c_n, a_n, b_n) per column from a statistics row s (1 + 2 d,)."""
+        d = self.n_cols
+        s = np.asarray(s, dtype=np.float64)
+        m0, c0, a0, b0 = self._params()
+        n, u, v = s[0], s[1 : 1 + d], s[1 + d : 1 + 2 * d]
+        cn = c0 + n
+        dev = u - n * m0
+        bn = np.maximum(b0 + 0.5 * (v - 2.0 * m0 * u + n * m0 * m0 - dev * dev / cn), b0)
+        return (c0 * m0 + u) / cn, cn, a0 + 0.5 * n, bn
+
+    def posterior_summary(self, s: FloatArray, names: Sequence[str]) -> dict[str, Any]:
+        """Posterior means of each column's mean and (as a standard deviation) variance,
+        E[1 / tau] = b_n / (a_n - 1)."""
+        names = _check_names(names, self.n_cols)
+        mn, _cn, an, bn = self.posterior(s)
+        var = bn / np.maximum(an - 1.0, 1e-12)
+        out: dict[str, Any] = {}
+        for j, nm in enumerate(names):
+            out[f"{nm}:mean"] = float(mn[j])
+            out[f"{nm}:sd"] = float(math.sqrt(var[j]))
+        return out
