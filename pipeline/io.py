@@ -411,13 +411,15 @@ def staged_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
-        _commit(tmp, out)
+        commit_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _commit(tmp: Path, out: Path) -> None:
+def commit_dir(tmp: Path, out: Path) -> None:
+    """Rename the complete output ``tmp`` to ``out``, replacing an existing ``out``: the one
+    last step of every staged output (``staged_dir``, a run's ``finish``)."""
     if not out.exists():
         os.replace(tmp, out)
         return

@@ -5,8 +5,6 @@ as ``report.html`` and ``report.md``."""
 from __future__ import annotations
 
 import html
-import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -34,27 +32,6 @@ def cluster_table(
             row.update(fam.posterior_summary(stats[k, sl], nm))
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        v = float(obj)
-        return v if math.isfinite(v) else None
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(_jsonable(data), indent=2) + "\n")
 
 
 def _projection(X: FloatArray, cov: FloatArray, mean: FloatArray) -> FloatArray:

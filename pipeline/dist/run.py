@@ -21,7 +21,7 @@ from pipeline.dist.writeout import WriteSummary
 from pipeline.engines.base import RunContext
 from pipeline.engines.mixture_state import PassState
 from pipeline.stats import Stats
-from pipeline.io import temp_sibling, versions
+from pipeline.io import commit_dir, temp_sibling, versions, write_json
 from pipeline.store import Store, StoreInfo
 
 IntArray = NDArray[np.int64]
@@ -235,13 +235,11 @@ def finish(
             info.moments.cov,
         )
         rep.write_report(partial, run, clusters, pictures)
-    rep.write_json(partial / "run.json", run)
+    write_json(partial / "run.json", run)
     with contextlib.suppress(FileNotFoundError):
         (partial / "fingerprint.json").unlink()
     out = Path(cfg.out)
-    if out.exists():
-        if not cfg.overwrite:
-            raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
-        shutil.rmtree(out)
-    os.replace(partial, out)
+    if out.exists() and not cfg.overwrite:
+        raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
+    commit_dir(partial, out)
     return run
