@@ -21,12 +21,13 @@ from __future__ import annotations
 import contextlib
 import csv
 import gzip
+import io
 import json
 import math
 import os
 import re
 import shutil
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -77,7 +78,9 @@ def _head(path: Path, n: int = 8) -> bytes:
         return f.read(n)
 
 
-def _open_text(path: Path) -> IO[str]:
+def _open_text(path: Path | bytes) -> IO[str]:
+    if isinstance(path, bytes):
+        return io.TextIOWrapper(io.BytesIO(path), encoding="utf-8-sig", newline="")
     if _is_gz(path):
         return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
     return open(path, encoding="utf-8-sig", newline="")
@@ -180,13 +183,53 @@ def _read_csv(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataFrame
             raise InputError(f"{name}: not a CSV file (it is gzip-compressed; name it .csv.gz)")
     elif not head.startswith(_GZIP_MAGIC):
         raise InputError(f"{name}: not a gzip file (bad magic bytes)")
-    sep = "\t" if _is_tsv(p) else ","
+    df = parse_csv(p, name, csv_sep(p))
+    _check_columns(name, list(df.columns), columns)
+    return df[list(columns)] if columns is not None else df
+
+
+def csv_sep(path: str | os.PathLike[str]) -> str:
+    """The field separator of a CSV / TSV file, from its name."""
+    return "\t" if _is_tsv(Path(path)) else ","
+
+
+def parse_csv(
+    source: Path | bytes,
+    name: str,
+    sep: str,
+    lines_before: Callable[[], int] | None = None,
+    dtype: Any = None,
+) -> pd.DataFrame:
+    """The one CSV parser: a whole file, or a header line and a block of data lines as bytes
+    (one ingest piece, ``pipeline.sources``), with the messages of ``read_table``.
+
+    Parameters
+    ----------
+    source : Path or bytes
+    name : str
+        What the messages call the input (the file, with its rows for a piece).
+    sep : str
+    lines_before : callable, optional
+        For bytes: the number of the file's lines between its header and the block, so that a
+        message gives the file's line (asked only when a message needs it).
+    dtype : optional
+        As ``pandas.read_csv`` (e.g. text for a group key).
+    """
+    src = io.BytesIO(source) if isinstance(source, bytes) else source
+
+    def bad_record() -> tuple[int, int, int] | None:
+        bad = _first_bad_record(source, sep)
+        if bad is not None and lines_before is not None:
+            line, got, want = bad
+            return line + lines_before(), got, want
+        return bad
+
     try:
-        df = pd.read_csv(p, sep=sep, encoding="utf-8-sig", low_memory=False)
+        df = pd.read_csv(src, sep=sep, encoding="utf-8-sig", low_memory=False, dtype=dtype)
     except pd.errors.EmptyDataError:
         raise InputError(f"{name}: the file is empty (no header line)") from None
     except pd.errors.ParserError as err:
-        bad = _first_bad_record(p, sep)
+        bad = bad_record()
         if bad is not None:
             line, got, want = bad
             raise InputError(f"{name}: line {line} has {got} fields, expected {want}") from None
@@ -199,15 +242,14 @@ def _read_csv(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataFrame
     except (OSError, EOFError, gzip.BadGzipFile) as err:
         raise InputError(f"{name}: cannot be read ({err})") from None
     # pandas fills short records with missing values without complaint: look for them only
-    # when there are missing values (the scan reads the file once more)
+    # when there are missing values (the scan reads the input once more)
     if df.isna().to_numpy().any():
-        bad = _first_bad_record(p, sep)
+        bad = bad_record()
         if bad is not None:
             line, got, want = bad
             raise InputError(f"{name}: line {line} has {got} fields, expected {want}")
     df.columns = [str(c) for c in df.columns]
-    _check_columns(name, list(df.columns), columns)
-    return df[list(columns)] if columns is not None else df
+    return df
 
 
 def _is_blank(rec: list[str]) -> bool:
@@ -215,8 +257,9 @@ def _is_blank(rec: list[str]) -> bool:
     return not rec or (len(rec) == 1 and not rec[0].strip())
 
 
-def _records(p: Path, sep: str) -> Iterator[tuple[int, list[str]]]:
-    """(first physical line, fields) of each non-blank record of a CSV file, header included."""
+def _records(p: Path | bytes, sep: str) -> Iterator[tuple[int, list[str]]]:
+    """(first physical line, fields) of each non-blank record of a CSV file (or of its bytes),
+    header included."""
     with _open_text(p) as f:
         reader = csv.reader(f, delimiter=sep)
         prev = 0
@@ -227,7 +270,7 @@ def _records(p: Path, sep: str) -> Iterator[tuple[int, list[str]]]:
                 yield start, rec
 
 
-def _first_bad_record(p: Path, sep: str) -> tuple[int, int, int] | None:
+def _first_bad_record(p: Path | bytes, sep: str) -> tuple[int, int, int] | None:
     """(line, fields, expected fields) of the first record whose field count differs."""
     want = None
     try:
@@ -244,7 +287,7 @@ def _first_bad_record(p: Path, sep: str) -> tuple[int, int, int] | None:
 def csv_line_of_row(path: str | os.PathLike[str], row: int) -> int | None:
     """The physical line (1-based) where data row ``row`` (0-based) of a CSV file starts."""
     p = Path(path)
-    sep = "\t" if _is_tsv(p) else ","
+    sep = csv_sep(p)
     try:
         for i, (line, _rec) in enumerate(_records(p, sep)):
             if i == row + 1:  # record 0 is the header

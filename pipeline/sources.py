@@ -3,7 +3,6 @@ each read and located (file and row) on its own, so that one Dask task reads one
 
 from __future__ import annotations
 
-import io
 import itertools
 import math
 import os
@@ -18,6 +17,7 @@ import numpy as np
 import pandas as pd
 import zarr
 
+from pipeline import io as pio
 from pipeline.errors import InputError
 from pipeline.schema import as_frame
 from pipeline.store import NO_ROWS
@@ -119,14 +119,22 @@ def read_piece(
             return as_frame(np.asarray(arr), columns)[0], False
         if kind == "csv":
             path, a, b = piece.args
+            dtype = {c: str for c in text_columns} if text_columns else None
+            sep = pio.csv_sep(path)
+            if a < 0:  # a compressed file: one piece
+                return pio.parse_csv(Path(path), piece.label, sep, dtype=dtype), True
             with open(path, "rb") as fh:
                 header = fh.readline()
                 fh.seek(a)
                 body = fh.read(b - a)
             if not header.strip():
                 raise InputError(f"{piece.label}: the file is empty (no header line)")
-            dtype = {c: str for c in text_columns} if text_columns else None
-            df = pd.read_csv(io.BytesIO(header + body), dtype=dtype)
+
+            def lines_before() -> int:
+                with open(path, "rb") as fh:
+                    return fh.read(a).count(b"\n") - 1
+
+            df = pio.parse_csv(header + body, piece.label, sep, lines_before, dtype)
             return df, True
         if kind == "parquet":
             import pyarrow.parquet as pq
@@ -211,10 +219,14 @@ def open_source(obj: Any, chunk_rows: int) -> Source:
             if not pieces or sum(p.n or 0 for p in pieces) == 0:
                 raise InputError(f"{path}: {NO_ROWS}")
             return Source(str(path), pieces, aligned=False, from_frame=True)
-        if name.endswith((".csv", ".csv.txt", ".txt", ".tsv")) or path.is_file():
+        if (
+            name.endswith((".csv", ".csv.txt", ".txt", ".tsv", ".csv.gz", ".tsv.gz"))
+            or path.is_file()
+        ):
             if path.stat().st_size == 0:
                 raise InputError(f"{path}: the file is empty")
-            blocks = _csv_blocks(path, CSV_BLOCK_BYTES)
+            # a compressed file cannot be cut at byte offsets: one piece
+            blocks = [(-1, -1)] if name.endswith(".gz") else _csv_blocks(path, CSV_BLOCK_BYTES)
             pieces = [
                 Piece(i, str(path), "csv", (str(path), a, b), 0 if i == 0 else None)
                 for i, (a, b) in enumerate(blocks)

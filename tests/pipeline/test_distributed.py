@@ -181,6 +181,35 @@ def test_bad_row_in_a_later_chunk_names_the_file_row(client, tmp_path: Path, mon
         ingest(str(tmp_path / "x.csv"), Store(tmp_path / "s"), client=client, chunk_rows=7)
 
 
+def test_ingest_reads_csv_with_the_one_csv_parser(client, tmp_path: Path, monkeypatch):
+    """Ingest pieces go through ``pipeline.io.parse_csv``, as ``read_table`` does: a TSV is
+    split at tabs, a gzip file is read whole, and a record with a field too many in a later
+    piece is named by its line in the file."""
+    import gzip
+
+    from pipeline import sources
+
+    monkeypatch.setattr(sources, "CSV_BLOCK_BYTES", 64)  # many CSV pieces
+    rng = np.random.default_rng(1)
+    df = pd.DataFrame(rng.normal(size=(50, 2)), columns=["a", "b"])
+    df.to_csv(tmp_path / "x.tsv", sep="\t", index=False)
+    with gzip.open(tmp_path / "x.csv.gz", "wt") as f:
+        df.to_csv(f, index=False)
+    for i, name in enumerate(("x.tsv", "x.csv.gz")):
+        info = ingest(str(tmp_path / name), Store(tmp_path / f"s{i}"), client=client, chunk_rows=9)
+        assert info.n_rows == 50 and info.schema.columns == ["a", "b"]
+        np.testing.assert_allclose(
+            np.asarray(Store(tmp_path / f"s{i}").array("X")[:]),
+            info.family.arrange(df.to_numpy()),
+            rtol=1e-12,
+        )
+    lines = (tmp_path / "x.tsv").read_text().splitlines()
+    lines[40] += "\t7"  # line 41 of the file: three fields
+    (tmp_path / "bad.tsv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=r"bad.tsv: line 41 has 3 fields, expected 2"):
+        ingest(str(tmp_path / "bad.tsv"), Store(tmp_path / "s9"), client=client, chunk_rows=9)
+
+
 def test_bad_counts_and_corrupt_files(client, tmp_path: Path):
     df = pd.DataFrame({"n": [1, 2, 3, -1, 2], "x": [0.1, 0.5, 0.3, 0.2, 0.9]})
     df.to_parquet(tmp_path / "c.parquet")
