@@ -167,7 +167,7 @@ def check_file(path: str | os.PathLike[str]) -> None:
         raise InputError(f"{name}: the file is empty")
     low = p.name.lower()
     if low.endswith(PARQUET_SUFFIXES):
-        _check_parquet_file(p, name)
+        check_parquet_file(p, name)
     elif low.endswith(NPY_SUFFIXES):
         check_npy(p)
 
@@ -339,9 +339,9 @@ def _read_parquet(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataF
         if not files:
             raise InputError(f"{name}: directory holds no Parquet files")
         for f in files:
-            _check_parquet_file(f, f"{name}/{f.relative_to(p)}")
+            check_parquet_file(f, f"{name}/{f.relative_to(p)}")
     else:
-        _check_parquet_file(p, name)
+        check_parquet_file(p, name)
     try:
         dataset = pds.dataset(str(p), format="parquet")
         _check_columns(name, dataset.schema.names, columns)
@@ -353,7 +353,8 @@ def _read_parquet(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataF
     return df
 
 
-def _check_parquet_file(f: Path, name: str) -> None:
+def check_parquet_file(f: Path, name: str) -> None:
+    """A Parquet file, by its size and magic bytes at both ends (InputError naming ``name``)."""
     size = f.stat().st_size
     if size == 0:
         raise InputError(f"{name}: the file is empty")

@@ -54,10 +54,11 @@ class Piece:
 
 
 def _npy_source(path: Path) -> tuple[int, int]:
-    arr = np.load(path, mmap_mode="r")
-    if arr.ndim != 2:
-        raise InputError(f"{path}: expected a 2-D array (n_samples, n_features), got {arr.shape}")
-    return int(arr.shape[0]), int(arr.shape[1])
+    # the header's checks of ``read_table`` (magic bytes, no Python objects), then the shape
+    shape, dtype = pio.check_npy(path)
+    if len(shape) != 2 or dtype.names is not None:
+        raise InputError(f"{path}: expected a 2-D array (n_samples, n_features), got {shape}")
+    return int(shape[0]), int(shape[1])
 
 
 def _csv_blocks(path: Path, block: int) -> list[tuple[int, int]]:
@@ -207,6 +208,7 @@ def open_source(obj: Any, chunk_rows: int) -> Source:
 
             pieces: list[Piece] = []
             for f in _parquet_files(path):
+                pio.check_parquet_file(f, str(f))
                 try:
                     meta = pq.ParquetFile(f).metadata
                 except Exception as err:  # pyarrow raises its own errors
