@@ -499,6 +499,15 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """The JSON in ``path``; None when it is missing or does not parse."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 def write_json(path: str | os.PathLike[str], obj: Mapping[str, Any]) -> None:
     """``obj`` as indented JSON; numpy scalars / arrays become numbers / lists, NaN and inf null."""
     with open(path, "w", encoding="utf-8") as f:

@@ -21,6 +21,7 @@ import argparse
 import contextlib
 import os
 import secrets
+import shutil
 import sys
 import time
 import warnings
@@ -456,8 +457,9 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """``dpmm demo``: generate DIR/input.parquet (20-cluster mixture with a ``true_label``
-    column) and run the ``cluster`` flow on it into DIR/result with the label column,
-    ``--summaries`` and 10% held out; ``--in-memory``: the ``cluster`` path on DIR/input.csv."""
+    column; kept when a later demo asks for the same data) and run the ``cluster`` flow on it
+    into DIR/result with the label column, ``--summaries`` and 10% held out (its dataset store
+    in DIR/datasets); ``--in-memory``: the ``cluster`` path on DIR/input.csv."""
     if args.in_memory:
         return _demo_in_memory(args)
     from pipeline.demo import LABEL_COLUMN
@@ -474,17 +476,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
     n = int(args.rows or 200_000)
     k = 20
-    X, y = sample_mixture(n, d=10, k=k, seed=args.seed)
-    df = pd.DataFrame(X, columns=[f"x{j}" for j in range(X.shape[1])])
-    df[LABEL_COLUMN] = y
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / ".input.parquet.partial"
-    df.to_parquet(tmp, index=False, row_group_size=50_000)
-    tmp.replace(out / "input.parquet")
+    # the same data as last time are kept, and so is their dataset store (DIR/datasets): a
+    # second demo ingests nothing
+    spec = {"rows": n, "d": 10, "k": k, "seed": int(args.seed)}
+    marker = out / "input.json"
+    same = (out / "input.parquet").exists() and marker.exists() and pio.read_json(marker) == spec
+    if not same:
+        X, y = sample_mixture(n, d=10, k=k, seed=args.seed)
+        df = pd.DataFrame(X, columns=[f"x{j}" for j in range(X.shape[1])])
+        df[LABEL_COLUMN] = y
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(out / "datasets", ignore_errors=True)  # stores of earlier data
+        tmp = out / ".input.parquet.partial"
+        df.to_parquet(tmp, index=False, row_group_size=50_000)
+        tmp.replace(out / "input.parquet")
+        pio.write_json(marker, spec)
     if not args.quiet:
         print(
-            f"wrote demo data ({n:,} rows x {X.shape[1]} columns, {k} clusters, label column "
-            f"'{LABEL_COLUMN}') to {out / 'input.parquet'}",
+            f"{'wrote' if not same else 'reusing'} demo data ({n:,} rows x 10 columns, {k} "
+            f"clusters, label column '{LABEL_COLUMN}') in {out / 'input.parquet'}",
             file=sys.stderr,
             flush=True,
         )
@@ -498,6 +508,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         holdout=0.1,
         random_state=args.seed,
         label_column=LABEL_COLUMN,
+        data_dir=str(out / "datasets"),
         summaries=max(int(args.summaries), 0),
         n_workers=args.workers,
         dashboard_address=None,

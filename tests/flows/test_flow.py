@@ -248,8 +248,18 @@ def test_demo_runs_the_flow(tmp_path: Path, capsys):
     run = json.loads((out / "result" / "run.json").read_text())
     assert run["metrics"]["nmi"] > 0.95
     assert run["parameters"]["holdout"] == 0.1 and run["parameters"]["summaries"] == 50
-    # again into the same directory: replaced
+    assert not run["dataset"]["reused"]
+    assert Path(run["dataset"]["path"]).parent == out / "datasets"
+    # again into the same directory: the result is replaced; the same data and their dataset
+    # store are kept
+    stamp = (out / "input.parquet").stat().st_mtime_ns
     assert dpmm([*argv, "--workers", "2"]) == 0
+    again = json.loads((out / "result" / "run.json").read_text())
+    assert again["dataset"]["reused"] and (out / "input.parquet").stat().st_mtime_ns == stamp
+    # other data: a new input and a new store, the old one removed
+    assert dpmm([*argv[:4], "21000", *argv[5:], "--workers", "2"]) == 0
+    third = json.loads((out / "result" / "run.json").read_text())
+    assert not third["dataset"]["reused"] and len(list((out / "datasets").iterdir())) == 1
 
 
 def test_a_second_run_of_the_same_input_reuses_its_dataset_store(tmp_path: Path):
