@@ -40,7 +40,6 @@ class DistributedResult:
 
     labels: IntArray
     stats: FloatArray
-    nk: FloatArray
     alpha: float
     objective: float
     history: list[float]
@@ -50,6 +49,11 @@ class DistributedResult:
     passes: list[dict[str, Any]]
     info: StoreInfo
     restart_objectives: list[float] = field(default_factory=list)
+
+    @property
+    def nk(self) -> FloatArray:
+        """Cluster sizes (K,): the statistics' counts."""
+        return np.ascontiguousarray(self.stats[:, 0])
 
 
 def fit_distributed(
@@ -146,7 +150,6 @@ def fit_distributed(
     return DistributedResult(
         labels=labels,
         stats=state.stats,
-        nk=state.nk,
         alpha=state.alpha,
         objective=state.objective,
         history=[h["objective"] for h in state.history],

@@ -47,13 +47,17 @@ class MapdpResult:
 
     labels: IntArray
     stats: FloatArray
-    nk: FloatArray
     alpha: float
     objective: float
     history: list[float] = field(default_factory=list)
     n_iter: int = 0
     converged: bool = False
     seconds: float = 0.0
+
+    @property
+    def nk(self) -> FloatArray:
+        """Cluster sizes (K,): the statistics' counts."""
+        return np.ascontiguousarray(self.stats[:, 0])
 
 
 def try_split(
@@ -231,7 +235,6 @@ def run_mapdp(
     return MapdpResult(
         labels=z,
         stats=stats,
-        nk=nk,
         alpha=alpha,
         objective=history[-1],
         history=history,
