@@ -585,18 +585,23 @@ leaves = st.one_of(
     arrays,
     numpy_scalars,
 )
+PARAMS = FitParams(seed=3)
 trees = st.recursive(
     leaves,
     lambda inner: st.one_of(
         st.lists(inner, max_size=4),
         st.lists(inner, max_size=4).map(tuple),
         st.dictionaries(st.text(max_size=6), inner, max_size=4),
-        st.builds(lambda v: {"params": FitParams(seed=3), "v": v}, inner),
+        st.builds(lambda v: {"params": PARAMS, "v": v}, inner),
     ),
     max_leaves=25,
 )
 
 
+# in a whole-suite run Hypothesis once saw the global ``random`` state change during a draw of
+# these strategies (which use no ``random``: something imported lazily in that first draw does)
+# and reported it as flaky; the values drawn are not affected
+@pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 @settings(max_examples=150, deadline=None)
 @given(trees)
 def test_nested_storable_values_round_trip_exactly(obj: Any):
