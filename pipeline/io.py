@@ -132,16 +132,26 @@ def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = Non
         if dupes:
             raise InputError(f"{name}: columns requested more than once: {dupes}")
     if kind == "parquet":
-        df = _read_parquet(p, name, columns)
+        check_parquet_files(p, name)
     else:
         if p.is_dir():
             raise InputError(f"{name}: is a directory, not a {kind.upper()} file")
         if p.stat().st_size == 0:
             raise InputError(f"{name}: the file is empty")
-        df = _read_csv(p, name, columns) if kind == "csv" else _read_npy(p, name, columns)
+        if kind == "csv":
+            _check_csv_head(p, name)
+        else:
+            _check_npy_table(p, name)
+    # the records themselves are read as ingest reads them: piece by piece, one reader
+    from pipeline.sources import read_file
+
+    df = read_file(p)
     if df.shape[0] == 0:
         what = "header only" if kind == "csv" else f"{df.shape[1]} columns, 0 rows"
         raise InputError(f"{name}: no data rows ({what})")
+    _check_columns(name, list(df.columns), columns)
+    if columns is not None:
+        df = df[list(columns)]
     return df.reset_index(drop=True)
 
 
@@ -172,7 +182,8 @@ def check_file(path: str | os.PathLike[str]) -> None:
         check_npy(p)
 
 
-def _read_csv(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataFrame:
+def _check_csv_head(p: Path, name: str) -> None:
+    """A CSV file's first bytes: not Parquet, NumPy or gzip data under a CSV name."""
     head = _head(p)
     if not _is_gz(p):
         if head.startswith(_PARQUET_MAGIC):
@@ -183,9 +194,6 @@ def _read_csv(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataFrame
             raise InputError(f"{name}: not a CSV file (it is gzip-compressed; name it .csv.gz)")
     elif not head.startswith(_GZIP_MAGIC):
         raise InputError(f"{name}: not a gzip file (bad magic bytes)")
-    df = parse_csv(p, name, csv_sep(p))
-    _check_columns(name, list(df.columns), columns)
-    return df[list(columns)] if columns is not None else df
 
 
 def csv_sep(path: str | os.PathLike[str]) -> str:
@@ -328,29 +336,21 @@ def locate_rows(msg: str, path: str | os.PathLike[str]) -> str:
     return msg[: m.start()] + describe_row(path, int(m.group(1))) + msg[m.end() :]
 
 
-def _read_parquet(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataFrame:
-    import pyarrow as pa
-    import pyarrow.dataset as pds
+def parquet_files(p: Path, name: str) -> list[Path]:
+    """The Parquet files of a file or a directory (every file below it but those whose names
+    start with "_" or ".", as pyarrow's datasets read them)."""
+    if not p.is_dir():
+        return [p]
+    files = [f for f in sorted(p.rglob("*")) if f.is_file() and not f.name.startswith(("_", "."))]
+    if not files:
+        raise InputError(f"{name}: directory holds no Parquet files")
+    return files
 
-    if p.is_dir():
-        files = [
-            f for f in sorted(p.rglob("*")) if f.is_file() and not f.name.startswith(("_", "."))
-        ]
-        if not files:
-            raise InputError(f"{name}: directory holds no Parquet files")
-        for f in files:
-            check_parquet_file(f, f"{name}/{f.relative_to(p)}")
-    else:
-        check_parquet_file(p, name)
-    try:
-        dataset = pds.dataset(str(p), format="parquet")
-        _check_columns(name, dataset.schema.names, columns)
-        table = dataset.to_table(columns=list(columns) if columns is not None else None)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as err:
-        raise InputError(f"{name}: cannot be read as Parquet ({err})") from None
-    df = table.to_pandas()
-    df.columns = [str(c) for c in df.columns]
-    return df
+
+def check_parquet_files(p: Path, name: str) -> None:
+    """Every Parquet file of ``p`` (``parquet_files``) by its magic bytes."""
+    for f in parquet_files(p, name):
+        check_parquet_file(f, name if f == p else f"{name}/{f.relative_to(p)}")
 
 
 def check_parquet_file(f: Path, name: str) -> None:
@@ -399,34 +399,19 @@ def check_npy(path: str | os.PathLike[str]) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(int(v) for v in shape), dtype
 
 
-def _read_npy(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataFrame:
-    check_npy(p)
-    try:
-        arr = np.load(p, allow_pickle=False)
-    except ValueError as err:
-        if "pickled" in str(err):
-            raise InputError(
-                f"{name}: holds Python objects (pickled); only numeric arrays are read"
-            ) from None
-        raise InputError(f"{name}: not a valid NumPy .npy file ({err})") from None
-    except (OSError, EOFError) as err:
-        raise InputError(f"{name}: not a valid NumPy .npy file ({err})") from None
-    if arr.dtype.names is not None:
-        if arr.ndim != 1:
-            raise InputError(f"{name}: expected a 1-D structured array, got shape {arr.shape}")
-        df = pd.DataFrame({f: arr[f] for f in arr.dtype.names})
-    else:
-        if arr.ndim != 2:
-            raise InputError(
-                f"{name}: expected a 2-D array (n_rows, n_columns), got shape {arr.shape}"
-            )
-        if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_) or np.iscomplexobj(
-            arr
-        ):
-            raise InputError(f"{name}: expected a real numeric array, got dtype {arr.dtype}")
-        df = pd.DataFrame(arr, columns=[f"x{j}" for j in range(arr.shape[1])])
-    _check_columns(name, list(df.columns), columns)
-    return df[list(columns)] if columns is not None else df
+def _check_npy_table(p: Path, name: str) -> None:
+    """A ``.npy`` file that holds a table: 2-D real numbers, or a 1-D structured array."""
+    shape, dtype = check_npy(p)
+    if dtype.names is not None:
+        if len(shape) != 1:
+            raise InputError(f"{name}: expected a 1-D structured array, got shape {shape}")
+        return
+    if len(shape) != 2:
+        raise InputError(f"{name}: expected a 2-D array (n_rows, n_columns), got shape {shape}")
+    if not (np.issubdtype(dtype, np.number) or dtype == np.bool_) or np.issubdtype(
+        dtype, np.complexfloating
+    ):
+        raise InputError(f"{name}: expected a real numeric array, got dtype {dtype}")
 
 
 # -- output ------------------------------------------------------------------------------------

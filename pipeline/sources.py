@@ -54,8 +54,11 @@ class Piece:
 
 
 def _npy_source(path: Path) -> tuple[int, int]:
-    # the header's checks of ``read_table`` (magic bytes, no Python objects), then the shape
+    # the header's checks of ``read_table`` (magic bytes, no Python objects), then the shape: a
+    # 2-D array, or a 1-D structured array (a column a field)
     shape, dtype = pio.check_npy(path)
+    if dtype.names is not None and len(shape) == 1:
+        return int(shape[0]), len(dtype.names)
     if len(shape) != 2 or dtype.names is not None:
         raise InputError(f"{path}: expected a 2-D array (n_samples, n_features), got {shape}")
     return int(shape[0]), int(shape[1])
@@ -83,16 +86,18 @@ def _csv_blocks(path: Path, block: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in itertools.pairwise(bounds) if b > a] or [(start, start)]
 
 
-def _parquet_files(path: Path) -> list[Path]:
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*.parquet") if p.is_file())
-        if not files:
-            raise InputError(f"{path}: no .parquet files in this directory")
-        return files
-    return [path]
-
-
 IN_MEMORY = ("frame", "array", "delayed")
+
+
+def read_file(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """All records of a file as one DataFrame, read piece by piece as ingest reads them: the
+    one table reader (``pipeline.io.read_table`` adds the checks and messages of a whole
+    file)."""
+    src = open_source(path, chunk_rows=2**40)
+    frames = [read_piece(piece, None)[0] for piece in src.pieces]
+    df = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    df.columns = [str(c) for c in df.columns]
+    return df
 
 
 def read_piece(
@@ -113,6 +118,8 @@ def read_piece(
         if kind == "npy":
             path, a, b = piece.args
             arr = np.load(path, mmap_mode="r")[a:b]
+            if arr.dtype.names is not None:
+                return pd.DataFrame({f: np.asarray(arr[f]) for f in arr.dtype.names}), True
             return as_frame(np.asarray(arr), columns)[0], False
         if kind == "zarr":
             path, a, b = piece.args
@@ -207,7 +214,7 @@ def open_source(obj: Any, chunk_rows: int) -> Source:
             import pyarrow.parquet as pq
 
             pieces: list[Piece] = []
-            for f in _parquet_files(path):
+            for f in pio.parquet_files(path, str(path)):
                 pio.check_parquet_file(f, str(f))
                 try:
                     meta = pq.ParquetFile(f).metadata
