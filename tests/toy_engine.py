@@ -115,8 +115,5 @@ class ToyEngine(Engine):
         label = np.zeros(X.shape[0], dtype=np.int64)
         return emit_chunk(chunk.data, labels, chunk.c, chunk.a, X, hold, label, logdens, 0.0, False)
 
-    def state_types(self) -> tuple[type, ...]:
-        return (ToyState,)
-
 
 ENGINE = ToyEngine()

@@ -169,9 +169,6 @@ def split_summaries(client: Any, ctx: RunContext, state: PassState, M: int) -> S
 
 # -- stage 2 hook ----------------------------------------------------------------------------
 
-Stage2 = Callable[[FloatArray, ProductFamily], IntArray]
-
-
 def identity_stage2(stats: FloatArray, family: ProductFamily) -> IntArray:
     """The default stage 2: every stage-1 cluster is a final cluster.
 

@@ -155,13 +155,6 @@ class Engine(ABC):
     def warm_up(self) -> None:  # noqa: B027
         """Load the kernels a worker will call (a worker preload runs this for every engine)."""
 
-    def close_state(self, state: LoopState) -> None:  # noqa: B027
-        """Called when the loop ends (nothing to release by default)."""
-
-    def state_types(self) -> tuple[type, ...]:
-        """The classes its checkpoints hold (registered with ``pipeline.persist``)."""
-        return ()
-
 
 def stop_reason(
     e_old: float, e_new: float, changed: int, n_train: int, params: FitParams

@@ -386,9 +386,6 @@ class MixtureEngine(Engine):
         predict(X, stats, 1.0, family)
         run_mapdp(X, family, order, 1.0, True, (2.0, 1.0), 5, 1e-6, "sequential")
 
-    def state_types(self) -> tuple[type, ...]:
-        return (PassState, WriteResult)
-
 
 def predict(
     X: FloatArray, stats: FloatArray, alpha: float, family: ProductFamily
