@@ -4,6 +4,8 @@
 ``dpmm demo --out DIR``           ``dpmm run`` on a generated, labelled data set
 ``dpmm run INPUT --out DIR``      the distributed pipeline: the Prefect flow ``flows.cluster``
                                   (``flows.cli.run``)
+``dpmm server``                   a long-lived Prefect server for repeated runs
+                                  (``flows.cli.server``)
 
 Exit status: 0 on success; 2 on bad input or usage, with exactly one line
 ``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
@@ -34,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from flows.cli.run import add_log_options, add_run_parser
+from flows.cli.server import add_server_parser
 from flows.cli.types import alpha as _alpha
 from flows.cli.types import family as _family
 from flows.cli.types import positive_int as _positive_int
@@ -208,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     add_run_parser(sub)
+    add_server_parser(sub)
     return parser
 
 
@@ -474,6 +478,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"--out {out}: exists and is not a dpmm demo directory (no input.parquet); "
             "choose a new or empty directory"
         )
+    from flows.cli.prefect_api import prestart
+
+    prestart()  # Prefect's temporary server boots while the data are generated
     n = int(args.rows or 200_000)
     k = 20
     # the same data as last time are kept, and so is their dataset store (DIR/datasets): a
