@@ -572,6 +572,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Prefect's temporary server sends usage telemetry unless told not to; on a machine without
     # network its failures land on stderr. A user who wants it sets the variable.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect gives its temporary server 30 s to answer; a machine busy with other work (the
+    # server imports FastAPI, SQLAlchemy and Alembic first) can take longer, and the run would
+    # fail for nothing
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

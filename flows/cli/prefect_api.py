@@ -50,11 +50,17 @@ def prestart() -> None:
 
 
 def ready() -> None:
-    """Wait for the server ``prestart`` started. If its start failed (the server then marks
-    itself not running), the flow's own start tries again and reports what goes wrong."""
+    """Wait for the server ``prestart`` started. If its start failed, its process is stopped
+    and the flow's own start tries again (and reports what goes wrong)."""
     global _boot
     if _boot is None:
         return
     _boot.join()
     _boot = None
-    _error.clear()
+    if _error:
+        _error.clear()
+        from prefect.server.api.server import SubprocessASGIServer
+
+        # a server that did not answer in time is still starting: Prefect's retry would start
+        # a second one and leave this one running after the command
+        SubprocessASGIServer().stop()
