@@ -78,8 +78,12 @@ def test_normal_wishart_mode_in_one_dimension() -> None:
         return float(-lp)
 
     # the mode in (mu, r): optimise over log r, a change of variable without a Jacobian
-    res = optimize.minimize(neg, x0=[0.0, 0.0], method="Nelder-Mead",
-                            options={"xatol": 1e-10, "fatol": 1e-12, "maxiter": 20000})  # fmt: skip
+    res = optimize.minimize(
+        neg,
+        x0=[0.0, 0.0],
+        method="Nelder-Mead",
+        options={"xatol": 1e-10, "fatol": 1e-12, "maxiter": 20000},
+    )
     mu, R, L = np.empty(1), np.empty((1, 1)), np.empty((1, 1))
     T0 = np.array([[1.0 / B0]])
     s, ss = np.array([beta.sum()]), np.array([[beta @ beta]])
@@ -258,15 +262,15 @@ def test_unusual_but_valid_subjects() -> None:
         (
             lambda d: d.assign(adl=d.adl.astype(object).where(d.index != 5, "abc")),
             "covariate 'adl', row 5: 'abc' is not a finite number",
-        ),  # fmt: skip
+        ),
         (
             lambda d: d.assign(depression=d.depression.where(d.index != 3, np.inf)),
             "covariate 'depression', row 3",
-        ),  # fmt: skip
+        ),
         (
             lambda d: d.assign(subject=d.subject.astype(object).where(d.index != 4, None)),
             "groups, row 4: missing subject id",
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_bad_input_names_the_column_and_row(change, message: str) -> None:  # type: ignore[no-untyped-def]
