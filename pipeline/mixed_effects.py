@@ -47,6 +47,7 @@ from pipeline.config import (
     check_tol,
 )
 from pipeline.errors import InputError
+from pipeline.mapdp_core import seed_entropy
 from pipeline.persist import register
 
 FloatArray = NDArray[np.float64]
@@ -58,12 +59,30 @@ MIXED_INITS = ("auto", "one-cluster")
 GAUSSIAN_PASSES = 100
 
 
+class ArrayEq:
+    """Field-by-field equality for dataclasses holding arrays (checkpoints compare states)."""
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        for k, v in vars(self).items():
+            w = getattr(other, k)
+            if isinstance(v, np.ndarray) or isinstance(w, np.ndarray):
+                if not np.array_equal(v, w):
+                    return False
+            elif v != w:
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 # -- the prior -----------------------------------------------------------------------------------
 
 
 @register
-@dataclass
-class MixedPrior:
+@dataclass(eq=False)
+class MixedPrior(ArrayEq):
     """Priors of the model: Normal-Wishart (m0 (p,), c0, T0 = B0^-1 (p, p), a0 > p) on each
     cluster's (mu_k, R_k); Gamma(a_tau, b_tau) (shape, rate) on tau; Gamma(alpha_a, alpha_b) on
     a learned concentration."""
@@ -98,8 +117,8 @@ class MixedPrior:
 
 
 @register
-@dataclass
-class OLSMoments:
+@dataclass(eq=False)
+class OLSMoments(ArrayEq):
     """The additive moments of ``kernels.mixed_effects.ols_moments`` (sum of two chunks' is the
     moments of their union)."""
 
@@ -145,8 +164,8 @@ class OLSMoments:
 
 
 @register
-@dataclass
-class MixedModel:
+@dataclass(eq=False)
+class MixedModel(ArrayEq):
     """The global part of a fit: clusters (statistics and modes), tau and the concentration."""
 
     n: FloatArray  # (K,)
@@ -425,8 +444,8 @@ def sample_mask(codes: IntArray, n_codes: int, size: int) -> NDArray[np.bool_]:
 
 
 @register
-@dataclass
-class GaussianFit:
+@dataclass(eq=False)
+class GaussianFit(ArrayEq):
     """The Gaussian random-effects model (one cluster: what MixedLM fits), by EM: the mean and
     covariance of the random effects, tau, and -log p(y) per EM pass."""
 
@@ -558,8 +577,8 @@ def start_model(
 
 
 @register
-@dataclass
-class StartState:
+@dataclass(eq=False)
+class StartState(ArrayEq):
     """The start of the ICM passes: the Gaussian fit, the prior, the first model, and the
     start's cluster of each sampled subject (codes (S,) sorted, labels (S,))."""
 
@@ -695,6 +714,7 @@ class MixedEffectsDP(BaseEstimator):
         "auto": start from collapsed MAP-DP on the subjects' ridge-shrunk effects (a sample of
         at most 20,000 subjects); "one-cluster": Algorithm 1's single cluster.
     random_state : int, optional
+        Seeds the start's MAP-DP (None: as 0, the seed ``dpmm longitudinal`` uses by default).
         None visits the subjects in the order of ``np.unique(groups)``; an int visits them in a
         random permutation (fixed for the fit; Section 3.1's restarts).
 
@@ -847,7 +867,9 @@ class MixedEffectsDP(BaseEstimator):
         def map_chunks(fn: Callable[..., Any], *args: Any) -> list[Any]:
             return [fn(sub, *args)]
 
-        seed = 0 if self.random_state is None else int(self.random_state)
+        # the start's seed as the distributed engine's (``FitParams.seed`` of ``dpmm
+        # longitudinal --seed N``, default 0)
+        seed = seed_entropy(0 if self.random_state is None else self.random_state)
         st = start(
             map_chunks,
             G,
@@ -1013,14 +1035,14 @@ def final_effects(
     return beta
 
 
-def start_labels(sub: Subjects, st: StartState) -> IntArray:
+def start_labels(sub: Subjects, codes: IntArray, labels: IntArray) -> IntArray:
     """The first sweep's current cluster of each subject: the start's label for the sampled
     subjects, -1 (none yet) for the others."""
     z = np.full(sub.codes.shape[0], -1, dtype=np.int64)
-    if st.codes.size:
-        pos = np.clip(np.searchsorted(st.codes, sub.codes), 0, st.codes.size - 1)
-        hit = (st.codes[pos] == sub.codes) & sub.train
-        z[hit] = st.labels[pos[hit]]
+    if codes.size:
+        pos = np.clip(np.searchsorted(codes, sub.codes), 0, codes.size - 1)
+        hit = (codes[pos] == sub.codes) & sub.train
+        z[hit] = labels[pos[hit]]
     return z
 
 
@@ -1050,7 +1072,7 @@ def fit_subjects(
     """ICM passes over all subjects in memory (the distributed engine with one chunk)."""
     n_train = int(sub.train.sum())
     model, prior = st.model, st.prior
-    z = start_labels(sub, st)
+    z = start_labels(sub, st.codes, st.labels)
     e_old = math.inf
     for p in range(1, max_iter + 1):
         z, _, changed, stats = sweep_subjects(

@@ -4,6 +4,8 @@
 ``dpmm demo --out DIR``           ``dpmm run`` on a generated, labelled data set
 ``dpmm run INPUT --out DIR``      the distributed pipeline: the Prefect flow ``flows.cluster``
                                   (``flows.cli.run``)
+``dpmm longitudinal INPUT ...``   the mixed-effects model of seed 000 Section 7 over subjects
+                                  (``flows.longitudinal``, ``flows.cli.longitudinal``)
 
 Exit status: 0 on success; 2 on bad input or usage, with exactly one line
 ``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
@@ -33,6 +35,7 @@ from typing import Any, NoReturn
 import numpy as np
 import pandas as pd
 
+from flows.cli.longitudinal import add_longitudinal_parser
 from flows.cli.run import add_log_options, add_run_parser
 from flows.cli.types import alpha as _alpha
 from flows.cli.types import family as _family
@@ -208,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     add_run_parser(sub)
+    add_longitudinal_parser(sub)
     return parser
 
 
