@@ -23,7 +23,8 @@ from pipeline.synthetic import sample_longitudinal
 
 @pytest.fixture(scope="module", autouse=True)
 def prefect_harness():
-    with prefect_test_harness():
+    # the machine may be busy: give the temporary server time to start
+    with prefect_test_harness(server_startup_timeout=180):
         yield
 
 
@@ -115,9 +116,9 @@ def test_the_distributed_fit_equals_the_in_memory_one(tmp_path: Path) -> None:
         (None, ["--subject", "id"], "no subject column 'id'"),
         (None, ["--covariates", "depression,qol"], "'qol' is both the response and a covariate"),
         (
-            lambda d: d.assign(adl=d.adl.astype(object).where(d.index != 6, "n/a")),
+            lambda d: d.assign(adl=d.adl.astype(object).where(d.index != 6, "abc")),
             [],
-            "covariate 'adl', row 6: 'n/a' is not a finite number",
+            "covariate 'adl', row 6: 'abc' is not a finite number",
         ),
         (lambda d: d.assign(qol=d.qol.where(d.index != 9)), [], "response 'qol', row 9: missing"),
         (lambda d: d.assign(adl=2.0), [], "covariate 'adl' is constant"),
