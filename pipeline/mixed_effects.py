@@ -56,7 +56,7 @@ LOG_2PI = math.log(2.0 * math.pi)
 DEFAULT_SHRINK = 10.0
 DEFAULT_TAU_PRIOR = (1.0, 1e-3)
 MIXED_INITS = ("auto", "one-cluster")
-GAUSSIAN_PASSES = 100
+GAUSSIAN_PASSES = 30
 
 
 class ArrayEq:
@@ -462,7 +462,7 @@ def _floor_cov(cov: FloatArray, rel: float = 1e-6) -> FloatArray:
 
 
 def fit_gaussian(
-    map_chunks: MapChunks, mom: OLSMoments, max_iter: int = GAUSSIAN_PASSES, tol: float = 1e-7
+    map_chunks: MapChunks, mom: OLSMoments, max_iter: int = GAUSSIAN_PASSES, tol: float = 1e-6
 ) -> GaussianFit:
     """Maximum likelihood of the one-cluster model by EM over the chunks (``gaussian_estep``):
     mu = mean E[beta_i], Sigma = mean E[beta_i beta_i^T] - mu mu^T, tau = n_obs / E[RSS]. It

@@ -110,7 +110,9 @@ def test_recovers_the_subgroups() -> None:
     truth = df.groupby("subject")["subgroup"].first().to_numpy()
     assert normalized_mutual_info_score(truth, m.labels_) > 0.85
     assert m.n_clusters_ == 4
-    assert m.noise_precision_ == pytest.approx(1 / 1.5**2, rel=0.1)
+    # tau's standard error here is about 8%: a subject of n_i waves leaves n_i - 4 residual
+    # degrees of freedom, about 360 in all
+    assert m.noise_precision_ == pytest.approx(1 / 1.5**2, rel=0.2)
     assert m.labels_.shape == (1200,) and m.random_effects_.shape == (1200, 4)
     assert m.cluster_means_.shape == (4, 4) and m.cluster_covariances_.shape == (4, 4, 4)
     assert m.cluster_sizes_.sum() == 1200
