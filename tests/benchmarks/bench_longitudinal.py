@@ -13,7 +13,9 @@ Runs only under ``make bench`` (marker ``bench``); prints tables, asserts nothin
    the uninformative one (memory, fluency).
 3. 1,000,000 subjects x 5 waves end to end through the ``longitudinal`` flow (ingest, fit,
    write-out) on a local cluster: time, passes, peak memory of all processes, NMI. Heavy: select
-   it alone with ``-k 1m``.
+   it alone with ``-k 1m``; on a busy machine set
+   ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` (Prefect's temporary server gives up
+   after 20 s by default).
 """
 
 from __future__ import annotations
@@ -157,6 +159,7 @@ def test_table5_covariate_sets() -> None:
     save("longitudinal_table5", {"rows": rows, "informative_first": ranked})
 
 
+@pytest.mark.timeout(7200)  # far beyond the suite's 15 minutes per test
 def test_1m_subjects_end_to_end(tmp_path: Path) -> None:
     from flows.longitudinal import run_longitudinal_flow
     from tests.benchmarks.bench_distributed import PeakRSS
