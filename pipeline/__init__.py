@@ -7,6 +7,7 @@ The public API, loaded lazily so that ``import pipeline`` stays light:
 * ``TreeGuidedMCMC`` - tree-guided MCMC for DP and NGGP mixtures (Lee and Choi 2015);
 * ``DPMeans``, ``CollapsedGibbs``, ``UncollapsedGibbs`` - reference methods (the Gibbs samplers of
   seed 003, Algorithms 3 and 2);
+* ``MixedEffectsDP`` - the semiparametric mixed-effects model of seed 000 Section 7;
 * ``MixtureEstimator`` - the base class of all of them (fit template, encoding, predict checks);
 * ``exact_log_marginal`` - the DPM marginal likelihood by enumeration of partitions;
 * ``save_model`` / ``load_model`` - fitted models as a directory of JSON and arrays, no pickle
@@ -29,6 +30,7 @@ _LAZY = {
     "CollapsedGibbs": "pipeline.baselines",
     "UncollapsedGibbs": "pipeline.baselines",
     "MixtureEstimator": "pipeline.base",
+    "MixedEffectsDP": "pipeline.mixed_effects",
     "exact_log_marginal": "pipeline.exact",
     "families": "pipeline.families",
     "load_model": "pipeline.model",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 from numpy.typing import NDArray
 
 
@@ -40,3 +41,68 @@ def sample_mixture(
     eps = rng.normal(size=(n, d))
     X = means[y] + np.einsum("nij,nj->ni", factors[y], eps)
     return X, y
+
+
+# the random effects' subgroups of ``sample_longitudinal``: (intercept, slope per wave, effect of
+# each informative covariate) per subgroup
+LONGITUDINAL_MEANS = np.array(
+    [
+        [40.0, 0.0, -2.0, -1.5],
+        [34.0, -1.2, -3.0, -0.5],
+        [46.0, 0.8, -1.0, -2.5],
+        [38.0, 1.5, 1.0, 0.5],
+    ]
+)
+LONGITUDINAL_SDS = np.array([1.2, 0.25, 0.35, 0.35])
+
+
+def sample_longitudinal(
+    n_subjects: int,
+    waves: int = 5,
+    seed: int = 0,
+    missing: float = 0.15,
+    noise: float = 1.5,
+    k: int = 4,
+    first: int = 0,
+) -> pd.DataFrame:
+    """ELSA-like longitudinal data (the survey itself is not public): a quality-of-life score
+    over up to ``waves`` waves of each subject, some waves missing.
+
+    Each subject i belongs to one of ``k`` (<= 4) subgroups; its random effects beta_i (intercept,
+    slope per wave, effects of the informative covariates ``depression`` and ``adl``) are
+    N(LONGITUDINAL_MEANS[g], diag(LONGITUDINAL_SDS^2)); the response is
+    ``qol = beta_0 + beta_1 wave + beta_2 depression + beta_3 adl + N(0, noise^2)``. The
+    covariates ``memory`` and ``fluency`` drive nothing (the uninformative set of Table 5).
+    Each wave is missing with probability ``missing`` (every subject keeps at least one).
+
+    Returns
+    -------
+    DataFrame with columns subject (int, ``first`` + 0..n_subjects-1), wave, qol, depression,
+    adl, memory, fluency, subgroup (the true subgroup), one row per observed wave, subjects in
+    order, waves in order.
+    """
+    rng = np.random.default_rng([seed, first, 7])
+    g = rng.integers(0, k, size=n_subjects)
+    beta = LONGITUDINAL_MEANS[g] + rng.normal(size=(n_subjects, 4)) * LONGITUDINAL_SDS
+    seen = rng.random((n_subjects, waves)) >= missing
+    seen[np.arange(n_subjects), rng.integers(0, waves, size=n_subjects)] = True
+    subj, wave = np.nonzero(seen)
+    n = subj.size
+    dep = rng.normal(size=n) + 0.3 * rng.normal(size=n_subjects)[subj]
+    adl = rng.normal(size=n)
+    mem = rng.normal(size=n)
+    flu = rng.normal(size=n)
+    b = beta[subj]
+    qol = b[:, 0] + b[:, 1] * wave + b[:, 2] * dep + b[:, 3] * adl + noise * rng.normal(size=n)
+    return pd.DataFrame(
+        {
+            "subject": first + subj,
+            "wave": wave.astype(np.float64),
+            "qol": qol,
+            "depression": dep,
+            "adl": adl,
+            "memory": mem,
+            "fluency": flu,
+            "subgroup": g[subj],
+        }
+    )

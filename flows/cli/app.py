@@ -6,6 +6,8 @@
                                   (``flows.cli.run``)
 ``dpmm server``                   a long-lived Prefect server for repeated runs
                                   (``flows.cli.server``)
+``dpmm longitudinal INPUT ...``   the mixed-effects model of seed 000 Section 7 over subjects
+                                  (``flows.longitudinal``, ``flows.cli.longitudinal``)
 
 Exit status: 0 on success; 2 on bad input or usage, with exactly one line
 ``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
@@ -35,6 +37,7 @@ from typing import Any, NoReturn
 import numpy as np
 import pandas as pd
 
+from flows.cli.longitudinal import add_longitudinal_parser
 from flows.cli.run import add_log_options, add_run_parser
 from flows.cli.server import add_server_parser
 from flows.cli.types import alpha as _alpha
@@ -212,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_parser(sub)
     add_server_parser(sub)
+    add_longitudinal_parser(sub)
     return parser
 
 

@@ -46,7 +46,7 @@ from pipeline.config import (
     TOL,
 )
 from pipeline.dataset import DATA_DIR_ENV
-from pipeline.engines import ENGINES
+from pipeline.engines import MIXTURE_ENGINES
 from pipeline.errors import InputError
 
 PROG = "dpmm"
@@ -76,7 +76,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="F",
         help="fraction of rows held out of the fit and scored (default 0)",
     )
-    p.add_argument("--engine", choices=ENGINES, default="mapdp", help="stage-1 sweep")
+    p.add_argument("--engine", choices=MIXTURE_ENGINES, default="mapdp", help="stage-1 sweep")
     p.add_argument(
         "--family",
         type=_family,

@@ -7,7 +7,7 @@ resumes from the checkpoint of the same parameters. It knows nothing of clusters
 task sweeps and what a reduce adds is the engine's.
 
 The run's state store (``RunContext.state``) holds the engine's per-record arrays
-(``Engine.record_arrays``), two buffers each, chunked like the dataset's rows, and the
+(``Engine.record_arrays_of``), two buffers each, chunked like the dataset's rows, and the
 checkpoint. The dataset store is only read, so many fits can share it.
 """
 
@@ -62,7 +62,7 @@ def create_record_arrays(ctx: RunContext, engine: Engine) -> None:
     path.mkdir(parents=True, exist_ok=True)
     zarr.open_group(str(path), mode="a")
     n = info.n_stored
-    for rec in engine.record_arrays:
+    for rec in engine.record_arrays_of(ctx):
         for k in (0, 1):
             name = f"{rec.name}{k}"
             if (path / name / "zarr.json").exists():

@@ -16,8 +16,12 @@ if TYPE_CHECKING:
 ENGINE_MODULES: dict[str, str] = {
     "mapdp": "pipeline.engines.mapdp",
     "kmeans": "pipeline.engines.kmeans",
+    "mixed_effects": "pipeline.engines.mixed_effects",
 }
 ENGINES: tuple[str, ...] = tuple(ENGINE_MODULES)
+# engines whose unit is a subject (a group of rows), not a record: not ``dpmm run``'s mixtures
+SUBJECT_ENGINES: tuple[str, ...] = ("mixed_effects",)
+MIXTURE_ENGINES: tuple[str, ...] = tuple(e for e in ENGINES if e not in SUBJECT_ENGINES)
 
 
 def get_engine(name: str) -> Engine:

@@ -16,9 +16,10 @@ and returns only additive deltas. ``reduce`` adds them in chunk order and comput
 from the statistics alone. The loop never looks inside the engine's state beyond ``LoopState``.
 
 An engine declares its per-record arrays (``record_arrays``): an int label, and any float arrays
-per record (a subject's random effect, say); the loop creates, double-buffers and checkpoints
-them like the labels. A new model is a new engine module plus its kernels and one line in
-``pipeline.engines.ENGINE_MODULES``; the loop is not edited.
+per record (a subject's random effect, say; ``record_arrays_of`` when their width depends on the
+fit); the loop creates, double-buffers and checkpoints them like the labels. A new model is a
+new engine module plus its kernels and one line in ``pipeline.engines.ENGINE_MODULES``; the
+loop is not edited.
 """
 
 from __future__ import annotations
@@ -148,6 +149,11 @@ class Engine(ABC):
     def score_chunk(self, chunk: Chunk, labels: str, msg: Any) -> Any:
         """Worker side of the write-out: each row's final label and log predictive density
         written to the ``labels`` group; returns the chunk's ``WriteResult``."""
+
+    def record_arrays_of(self, ctx: RunContext) -> tuple[RecordArray, ...]:
+        """The per-record arrays of a fit (default ``record_arrays``); an engine whose float
+        state's width depends on the fit (the number of random effects, say) adds it here."""
+        return self.record_arrays
 
     def written_by_pass(self, state: LoopState, labels: str, mapping: np.ndarray) -> Any:
         """The write-out results when the last pass already wrote ``labels`` exactly as the

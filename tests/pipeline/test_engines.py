@@ -3,11 +3,17 @@ contract (``tests/engine_contract.py``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pipeline.dist import loop
 from pipeline.engines import ENGINE_MODULES, ENGINES, get_engine
+from pipeline.engines.base import RunContext
+from pipeline.ingest import ingest
+from pipeline.store import Store
+from pipeline.synthetic import sample_longitudinal
 from tests.engine_contract import EngineContract
 
 
@@ -35,8 +41,32 @@ class TestToyEngine(EngineContract):
         monkeypatch.setitem(ENGINE_MODULES, "toy", "tests.toy_engine")
 
 
+class TestMixedEffectsEngine(EngineContract):
+    """Longitudinal data in a grouped store: subjects are groups, the last column the response
+    (the engine's default), every chunk whole subjects."""
+
+    engine = "mixed_effects"
+
+    def context(
+        self, client: Any, tmp: Path, name: str, n: int = 1200, chunk_rows: int = 300, **kw: Any
+    ) -> RunContext:
+        df = sample_longitudinal(n // 4, seed=len(name))
+        df = df[["subject", "wave", "depression", "adl", "qol"]]
+        store = Store(tmp / f"{name}-data")
+        info = ingest(
+            df,
+            store,
+            client=client,
+            family="gaussian",
+            chunk_rows=chunk_rows,
+            holdout=0.1,
+            group_column="subject",
+        )
+        return loop.context(store, tmp / f"{name}-state", info, self.params(**kw))
+
+
 def test_every_registered_engine_is_tested():
-    tested = {c.engine for c in (TestMapdpEngine, TestKmeansEngine)}
+    tested = {c.engine for c in (TestMapdpEngine, TestKmeansEngine, TestMixedEffectsEngine)}
     assert tested == set(ENGINES)
 
 

@@ -1,0 +1,171 @@
+"""``dpmm longitudinal``: the semiparametric mixed-effects model of seed 000 Section 7 (Prefect
+flow ``flows.longitudinal``) from the command line.
+
+    dpmm longitudinal INPUT --subject COL --response COL --covariates A,B,... [--time COL]
+             --out OUT [--folds K] [--chunk-rows N] [--alpha FLOAT|learn] [--max-passes N]
+             [--tol F] [--min-change F] [--seed N] [--scheduler ADDRESS] [--workers N]
+             [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
+
+Defaults as ``dpmm run`` (a local Dask cluster of one process per core, no server to start).
+Bad input (a missing column, a column in two roles, a missing or non-numeric value, a covariate
+constant over all rows) exits with status 2 and one line on stderr naming the column and row;
+nothing is left at OUT nor at its temporary sibling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from flows.cli.run import add_log_options
+from flows.cli.types import alpha as _alpha
+from flows.cli.types import fraction as _fraction
+from flows.cli.types import nonneg_float as _nonneg_float
+from flows.cli.types import positive_int as _positive_int
+from pipeline import io as pio
+from pipeline.config import DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL
+from pipeline.errors import InputError
+
+PROG = "dpmm"
+
+
+def _columns(text: str) -> list[str]:
+    cols = [c.strip() for c in text.split(",") if c.strip()]
+    if not cols:
+        raise argparse.ArgumentTypeError("expected column names separated by commas")
+    return cols
+
+
+def add_longitudinal_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``longitudinal`` to an ``argparse`` subparsers object (``func=cmd_longitudinal``)."""
+    p = subparsers.add_parser(
+        "longitudinal",
+        help="random-effects model of longitudinal data with a DP mixture of subgroups",
+        description="Fit the semiparametric mixed-effects model y_i = X_i beta_i + eps_i, beta_i "
+        "from a Dirichlet-process mixture of Gaussians (seed 000 Section 7), to the subjects of "
+        "INPUT; write OUT/subjects.parquet, OUT/clusters.parquet, OUT/run.json and a report.",
+    )
+    p.add_argument("input", metavar="INPUT", help="CSV or Parquet, one row per observation")
+    p.add_argument("--subject", required=True, metavar="COL", help="subject id column")
+    p.add_argument("--response", required=True, metavar="COL", help="response column")
+    p.add_argument(
+        "--covariates",
+        required=True,
+        type=_columns,
+        metavar="A,B,...",
+        help="covariates of the random effects (an intercept is added)",
+    )
+    p.add_argument(
+        "--time",
+        default=None,
+        metavar="COL",
+        help="time column: a covariate (added if not listed) and the trajectories' x-axis",
+    )
+    p.add_argument("--out", required=True, metavar="OUT", help="output directory")
+    p.add_argument(
+        "--folds",
+        type=_positive_int,
+        default=None,
+        metavar="K",
+        help="K-fold cross-validation over subjects: mean held-out log predictive density "
+        "per subject with its standard error (Table 5's protocol)",
+    )
+    p.add_argument(
+        "--chunk-rows",
+        type=_positive_int,
+        default=DEFAULT_CHUNK_ROWS,
+        metavar="N",
+        help=f"rows per chunk, whole subjects, one Dask task each (default {DEFAULT_CHUNK_ROWS:,})",
+    )
+    p.add_argument("--alpha", type=_alpha, default="learn", metavar="FLOAT|learn")
+    p.add_argument("--max-passes", type=_positive_int, default=MAX_PASSES, metavar="N")
+    p.add_argument("--tol", type=_nonneg_float, default=TOL, metavar="F")
+    p.add_argument("--min-change", type=_fraction, default=MIN_CHANGE, metavar="F")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS")
+    p.add_argument("--workers", type=_positive_int, default=None, metavar="N")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.add_argument("--no-report", action="store_true", help="skip the report pictures")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_log_options(p)
+    p.set_defaults(func=cmd_longitudinal)
+    return p
+
+
+def cmd_longitudinal(args: argparse.Namespace) -> int:
+    """Run the ``longitudinal`` flow; status 2 and one line on bad input."""
+    pio.check_file(args.input)
+    if args.folds is not None and args.folds < 2:
+        raise InputError(f"--folds must be at least 2, got {args.folds}")
+    kwargs = dict(
+        input=args.input,
+        out=args.out,
+        subject=args.subject,
+        response=args.response,
+        covariates=args.covariates,
+        time_column=args.time,
+        folds=args.folds,
+        chunk_rows=args.chunk_rows,
+        alpha=args.alpha,
+        max_passes=args.max_passes,
+        tol=args.tol,
+        min_change=args.min_change,
+        random_state=args.seed,
+        scheduler=args.scheduler,
+        n_workers=args.workers,
+        overwrite=args.overwrite,
+        report=not args.no_report,
+        progress=not args.quiet,
+    )
+    run = _start(args, kwargs)
+    if not args.quiet:
+        m = run["metrics"]
+        line = (
+            f"{m['n_subjects']:,} subjects, {m['n_clusters']} clusters, tau "
+            f"{m['noise_precision']:.4g}, {m['passes']} passes"
+        )
+        if "cv" in run:
+            cv = run["cv"]
+            line += (
+                f"; {cv['folds']}-fold held-out log density per subject "
+                f"{cv['mean_heldout_log_density']:.4f} +/- {cv['se']:.4f}"
+            )
+        print(f"{line}\nresults in {args.out}/", flush=True)
+    return 0
+
+
+def _start(args: argparse.Namespace, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The flow with its log lines in a temporary file (kept on an unexpected failure), as
+    ``flows.cli.run.start_flow``; a ``ValueError`` becomes the one-line ``InputError``."""
+    from flows.cli.run import _logs_to
+    from flows.longitudinal import run_longitudinal_flow
+
+    keep = args.log_file is not None
+    log: Path | None = None
+    if not args.verbose:
+        if args.log_file is not None:
+            log = Path(args.log_file)
+        else:
+            fd, name = tempfile.mkstemp(prefix="dpmm-longitudinal-", suffix=".log")
+            os.close(fd)
+            log = Path(name)
+    try:
+        with contextlib.ExitStack() as stack:
+            if log is not None:
+                stack.enter_context(_logs_to(log, not getattr(args, "program", False)))
+            return run_longitudinal_flow(**kwargs)
+    except ValueError as err:
+        raise InputError(" ".join(str(err).split()) or type(err).__name__) from err
+    except BaseException:
+        if log is not None and not keep:
+            keep = True
+            print(f"{PROG}: the log of the run is in {log}", file=sys.stderr, flush=True)
+        raise
+    finally:
+        if log is not None and not keep:
+            log.unlink(missing_ok=True)

@@ -1,0 +1,204 @@
+"""The ``longitudinal`` flow (``dpmm longitudinal``): the semiparametric mixed-effects model of
+seed 000 Section 7 over the subjects of a longitudinal table, distributed on Dask.
+
+read and check the input -> ingest into a grouped dataset store (subjects are the groups) ->
+the start and the ICM passes of the ``mixed_effects`` engine, each pass a Prefect task ->
+per-subject results -> with ``folds=K``, K cross-validation fits over subjects, one Prefect task
+run per fold, submitted together so that they share the Dask cluster -> outputs. Everything is
+written into a temporary sibling of ``out`` renamed at the end; bad input removes it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from pipeline import longitudinal as lon
+from pipeline.config import DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL, FitParams
+from pipeline.dist import loop
+from pipeline.dist.client import dask_client
+from pipeline.engines.base import LoopState, RunContext
+from pipeline.ingest import ingest
+from pipeline.io import temp_sibling
+from pipeline.mapdp_core import seed_entropy
+from pipeline.store import Store, StoreInfo
+
+
+@task(name="read-input", cache_policy=NO_CACHE)
+def read_task(path: str, cols: lon.Columns) -> pd.DataFrame:
+    return lon.read_input(path, cols)
+
+
+@task(name="ingest", cache_policy=NO_CACHE)
+def ingest_task(
+    client: Any, df: pd.DataFrame, store: Store, cols: lon.Columns, chunk_rows: int, folds: int
+) -> StoreInfo:
+    return ingest(
+        df,
+        store,
+        client=client,
+        family="gaussian",
+        chunk_rows=chunk_rows,
+        group_column=cols.subject,
+        n_folds=folds,
+    )
+
+
+@task(name="start", cache_policy=NO_CACHE)
+def start_task(client: Any, ctx: RunContext) -> LoopState:
+    return loop.start(client, ctx)
+
+
+@task(name="pass", task_run_name="pass-{p}", cache_policy=NO_CACHE)
+def pass_task(client: Any, ctx: RunContext, state: LoopState, p: int) -> LoopState:
+    return loop.run_pass(client, ctx, state)
+
+
+@task(name="cv-fold", task_run_name="cv-fold-{fold}", cache_policy=NO_CACHE)
+def fold_task(
+    client: Any,
+    store: Store,
+    info: StoreInfo,
+    params: FitParams,
+    cols: lon.Columns,
+    state_dir: Path,
+    fold: int,
+) -> dict[str, np.ndarray]:
+    """Fit with the subjects of ``fold`` held out; their held-out results."""
+    ctx = lon.fit_context(store, state_dir, info, params, cols, fold=fold)
+    state = loop.run_passes(client, ctx)
+    res = lon.subject_results(client, ctx, state)
+    keep = ~res["train"]
+    return {k: v[keep] for k, v in res.items()}
+
+
+@flow(name="longitudinal", validate_parameters=False)
+def longitudinal(
+    input: str,
+    out: str,
+    subject: str,
+    response: str,
+    covariates: list[str],
+    time_column: str | None = None,
+    folds: int | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    alpha: float | str = "learn",
+    init: str = "auto",
+    max_passes: int = MAX_PASSES,
+    tol: float = TOL,
+    min_change: float = MIN_CHANGE,
+    random_state: int | None = 0,
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    processes: bool = True,
+    dashboard_address: str | None = ":8787",
+    overwrite: bool = False,
+    report: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Fit the mixed-effects model to ``input`` (CSV / Parquet) into ``out``; parameters as
+    ``dpmm longitudinal``. ``time_column`` is a covariate (added if not listed) and the x-axis
+    of the trajectories. Returns the content of ``out/run.json``."""
+    covs = list(covariates)
+    if time_column is not None and time_column not in covs:
+        covs.insert(0, time_column)
+    cols = lon.Columns(subject, response, tuple(covs), time_column)
+    if folds is not None and int(folds) < 2:
+        raise ValueError(f"--folds must be at least 2, got {folds}")
+    outp = Path(out)
+    if outp.exists() and not overwrite:
+        raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
+    params = FitParams(
+        engine=lon.ENGINE,
+        alpha=alpha,
+        init="one-cluster" if init == "one-cluster" else "auto",
+        max_passes=max_passes,
+        tol=tol,
+        min_change=min_change,
+        seed=seed_entropy(random_state),
+    ).checked()
+    partial = temp_sibling(outp)
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    t0 = time.perf_counter()
+    timing: dict[str, float] = {}
+    try:
+        df = read_task(input, cols)
+        with dask_client(scheduler, n_workers, processes, dashboard_address) as client:
+            t = time.perf_counter()
+            store = Store(partial / "store.zarr")
+            info = ingest_task(client, df, store, cols, int(chunk_rows), int(folds or 10))
+            timing["ingest"] = time.perf_counter() - t
+            t = time.perf_counter()
+            ctx = lon.fit_context(
+                store, partial / "state.zarr", info, params, cols, progress=progress
+            )
+            state: Any = loop.run_passes(
+                client,
+                ctx,
+                state=start_task(client, ctx),
+                step=lambda s: pass_task(client, ctx, s, s.pass_no + 1),
+            )
+            timing["fit"] = time.perf_counter() - t
+            t = time.perf_counter()
+            res = lon.subject_results(client, ctx, state)
+            timing["write_out"] = time.perf_counter() - t
+            cv = None
+            if folds:
+                t = time.perf_counter()
+                futs = [
+                    fold_task.submit(client, store, info, params, cols, partial / f"cv-{f}.zarr", f)
+                    for f in range(int(folds))
+                ]
+                parts = [f.result() for f in futs]
+                timing["cv"] = time.perf_counter() - t
+                cv = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    except ValueError:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    parameters = {
+        "input": str(input),
+        "subject": subject,
+        "response": response,
+        "covariates": covs,
+        "time": time_column,
+        "folds": folds,
+        "chunk_rows": int(chunk_rows),
+        "alpha": alpha,
+        "init": init,
+        "max_passes": max_passes,
+        "tol": tol,
+        "min_change": min_change,
+        "random_state": random_state,
+    }
+    timing["total"] = time.perf_counter() - t0
+    return lon.finish(partial, outp, df, cols, info, state, res, cv, parameters, timing, report)
+
+
+def run_longitudinal_flow(**kwargs: Any) -> dict[str, Any]:
+    """Run the flow as ``dpmm longitudinal`` does, without flow-run heartbeats when Prefect's
+    server is the temporary one of this process (as ``flows.cluster.run_cluster_flow``)."""
+    from contextlib import nullcontext
+
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        get_current_settings,
+        temporary_settings,
+    )
+
+    local = get_current_settings().api.url is None
+    ctx = (
+        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+        if local
+        else nullcontext()
+    )
+    with ctx:
+        return longitudinal(**kwargs)

@@ -1,0 +1,423 @@
+"""The mixed-effects engine: seed 000 Section 7 (``pipeline.mixed_effects``) over the subjects of
+a grouped dataset store.
+
+Subjects are the store's groups (``ingest(..., group_column=...)``), so a subject never straddles
+two chunks; in a store without groups every row is a subject of one observation. The store's
+columns are the response and the covariates of the random effects: ``RunContext.options`` names
+them (``response``, ``covariates``; default: the last column is the response, the others the
+covariates) and says whether an intercept is added (``intercept``, default True). A subject's
+fold and held-out flag are its group's; held-out subjects are not fitted, only scored.
+
+A pass is one task per chunk: it computes its subjects' moments from the rows, takes each
+subject's cluster as the previous pass left it, sweeps them against a copy of the global model
+(``kernels.mixed_effects.sweep``: clusters, tau, counts), writes the new per-record state and
+returns additive statistics (``pipeline.mixed_effects.SweepStats``: per cluster slot the count,
+sum of E[beta_i] and of E[beta_i beta_i^T]; the expected residual sum of squares and the number
+of observations for tau; -log p(y_i) for the objective). Clusters a chunk opens get slots after
+the model's K; the driver appends every chunk's new slots in chunk order, adds the statistics
+and takes the modes (``pipeline.mixed_effects.update``: merges, Normal-Wishart modes, eq. 7.3,
+eq. A.1).
+
+Per-record state, on every row of a subject (the loop's arrays are per row of the store, the
+model's unknowns per subject; repeating a subject's values on each of its rows keeps a chunk's
+read and write one slice, and the write-out per row): ``z``, the subject's cluster slot as the
+pass numbered it (the next pass maps slots to clusters through ``MixedState.slot_maps``), and
+``beta`` (width p), its random effects' eq. 7.2 mode in that cluster.
+
+The start (``init_state``) runs over the chunks too: the subjects' least-squares moments, EM of
+the Gaussian random-effects model, the empirical prior, MAP-DP on a hash sample of subjects
+(``pipeline.mixed_effects.start``); with a Dask client as tasks, without one in process.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from kernels import mixed_effects as kme
+from pipeline.dist.writeout import emit_chunk
+from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext
+from pipeline.mixed_effects import (
+    DEFAULT_SHRINK,
+    DEFAULT_TAU_PRIOR,
+    GaussianFit,
+    MixedModel,
+    MixedPrior,
+    Subjects,
+    SweepStats,
+    final_effects,
+    icm_record,
+    predictive_components,
+    should_stop,
+    start,
+    start_labels,
+    sweep_subjects,
+    update,
+)
+from pipeline.persist import register
+from pipeline.store import iter_chunks
+
+FloatArray = np.ndarray
+IntArray = np.ndarray
+
+
+@dataclass(frozen=True)
+class Columns:
+    """Where the response and the covariates are among the store's columns."""
+
+    response: int
+    covariates: tuple[int, ...]
+    intercept: bool
+    # cross-validation: the fold whose subjects are held out (``RunContext.options["fold"]``)
+    heldout_fold: int | None = None
+
+    @property
+    def p(self) -> int:
+        return len(self.covariates) + int(self.intercept)
+
+    @classmethod
+    def of(cls, ctx: RunContext) -> Columns:
+        names = ctx.info.names
+        opts = ctx.options
+        resp = opts.get("response", names[-1])
+        covs = opts.get("covariates", [c for c in names if c != resp])
+        for c in [resp, *covs]:
+            if c not in names:
+                raise ValueError(f"column {c!r} is not in the dataset store (columns {names})")
+        if resp in covs:
+            raise ValueError(f"column {resp!r} is both the response and a covariate")
+        fold = opts.get("fold")
+        return cls(
+            names.index(resp),
+            tuple(names.index(c) for c in covs),
+            bool(opts.get("intercept", True)),
+            None if fold is None else int(fold),
+        )
+
+
+@dataclass
+class ChunkSubjects:
+    """A chunk's subjects: their moments, each row's subject (local index) and the first row of
+    each subject."""
+
+    sub: Subjects
+    row_subject: IntArray
+    first_row: IntArray
+
+
+def read_subjects(
+    chunk: Chunk, cols: Columns, grouped: bool, heldout_fold: int | None = None
+) -> ChunkSubjects:
+    """The chunk's subjects; held out (not fitted): the store's held-out rows and, for a
+    cross-validation fit, the subjects of fold ``heldout_fold``."""
+    X = chunk.X
+    hold = chunk.holdout
+    if heldout_fold is not None:
+        hold = hold | (chunk.read("fold") == heldout_fold)
+    if grouped:
+        codes = np.asarray(chunk.read("group"), dtype=np.int64)
+    else:
+        codes = np.arange(chunk.a, chunk.b, dtype=np.int64)
+    uniq, first, inv = np.unique(codes, return_index=True, return_inverse=True)
+    # subjects in their order in the chunk (stored order), not by code
+    order = np.argsort(first, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.size)
+    inv = rank[inv.reshape(-1)]
+    uniq, first = uniq[order], first[order]
+    parts = [np.ones(X.shape[0])] if cols.intercept else []
+    design = np.ascontiguousarray(np.column_stack(parts + [X[:, j] for j in cols.covariates]))
+    y = np.ascontiguousarray(X[:, cols.response])
+    XtX, Xty, yty, n_obs = kme.subject_moments(design, y, inv.astype(np.int64), uniq.size)
+    sub = Subjects(XtX, Xty, yty, n_obs, ~hold[first], uniq.astype(np.int64))
+    return ChunkSubjects(sub, inv.astype(np.int64), first.astype(np.int64))
+
+
+@register
+@dataclass
+class MixedState:
+    pass_no: int
+    model: MixedModel
+    prior: MixedPrior
+    gaussian: GaussianFit
+    start_codes: np.ndarray
+    start_labels: np.ndarray
+    # the cluster (in ``model``) of each slot number the last pass wrote to ``z``, chunk c's
+    # in slot_maps[slot_bounds[c]:slot_bounds[c + 1]]
+    slot_maps: np.ndarray
+    slot_bounds: np.ndarray
+    learn_alpha: bool
+    history: list[dict[str, Any]] = field(default_factory=list)
+    converged: bool = False
+
+    @property
+    def objective(self) -> float:
+        return float(self.history[-1]["objective"]) if self.history else math.inf
+
+    @property
+    def n_clusters(self) -> int:
+        return self.model.n_clusters
+
+
+@dataclass
+class MixedInput:
+    p: int
+    model: MixedModel
+    prior: MixedPrior
+    columns: Columns
+    grouped: bool
+    slot_maps: np.ndarray
+    slot_bounds: np.ndarray
+    start_codes: np.ndarray | None = None
+    start_labels: np.ndarray | None = None
+    plot_rate: float = 0.0
+    has_y: bool = False
+
+
+@dataclass
+class MixedResult:
+    c: int
+    stats: SweepStats
+    n_changed: int
+    n_train: int
+    seconds: float
+
+
+def current_clusters(cs: ChunkSubjects, chunk: Chunk, msg: MixedInput) -> IntArray:
+    """Each subject's cluster in ``msg.model`` as the previous pass left it (-1: none yet; the
+    start's label in pass 1)."""
+    if msg.start_codes is not None and msg.start_labels is not None:
+        return start_labels(cs.sub, msg.start_codes, msg.start_labels)
+    slots = np.asarray(chunk.previous("z"), dtype=np.int64)[cs.first_row]
+    smap = msg.slot_maps[msg.slot_bounds[chunk.c] : msg.slot_bounds[chunk.c + 1]]
+    z = np.full(slots.shape[0], -1, dtype=np.int64)
+    ok = (slots >= 0) & cs.sub.train
+    z[ok] = smap[slots[ok]]
+    return z
+
+
+class MixedEffectsEngine(Engine):
+    name: ClassVar[str] = "mixed_effects"
+    record_arrays: ClassVar[tuple[RecordArray, ...]] = (RecordArray("z", "int64", -1),)
+
+    def record_arrays_of(self, ctx: RunContext) -> tuple[RecordArray, ...]:
+        p = Columns.of(ctx).p
+        return (*self.record_arrays, RecordArray("beta", "float64", float("nan"), p))
+
+    # -- driver ------------------------------------------------------------------------------
+    def init_state(self, ctx: RunContext, client: Any) -> MixedState:
+        cols = Columns.of(ctx)
+        info = ctx.info
+        data = str(ctx.data.path)
+        chunks = list(iter_chunks(info))
+
+        def map_chunks(fn: Any, *args: Any) -> list[Any]:
+            if client is None:
+                return [
+                    _on_chunk(data, c, a, b, cols, info.grouped, fn, *args) for c, a, b in chunks
+                ]
+            futs = [
+                client.submit(_on_chunk, data, c, a, b, cols, info.grouped, fn, *args, pure=False)
+                for c, a, b in chunks
+            ]
+            return list(client.gather(futs))
+
+        n_train = info.n_groups if info.grouped else info.n_rows
+        opts = ctx.options
+        st = start(
+            map_chunks,
+            n_train,
+            ctx.params.alpha,
+            float(opts.get("shrink", DEFAULT_SHRINK)),
+            tuple(opts.get("tau_prior", (DEFAULT_TAU_PRIOR[0], None))),  # type: ignore[arg-type]
+            ctx.params.alpha_prior,
+            opts.get("prior"),
+            "one-cluster" if ctx.params.init == "one-cluster" else "auto",
+            int(ctx.params.seed),
+            int(ctx.params.init_sample),
+        )
+        return MixedState(
+            0,
+            st.model,
+            st.prior,
+            st.gaussian,
+            st.codes,
+            st.labels,
+            np.zeros(0, dtype=np.int64),
+            np.zeros(1, dtype=np.int64),
+            ctx.params.learn_alpha,
+        )
+
+    def pass_input(
+        self, state: Any, ctx: RunContext, p: int, scores_into: str | None
+    ) -> MixedInput:
+        first = state.pass_no == 0
+        return MixedInput(
+            p,
+            state.model,
+            state.prior,
+            Columns.of(ctx),
+            ctx.info.grouped,
+            state.slot_maps,
+            state.slot_bounds,
+            state.start_codes if first else None,
+            state.start_labels if first else None,
+        )
+
+    def reduce(
+        self, state: Any, results: list[Any], ctx: RunContext, scores_into: str | None
+    ) -> tuple[MixedState, dict[str, Any]]:
+        results = sorted(results, key=lambda r: r.c)
+        K = state.model.n_clusters
+        p = state.prior.p
+        n, s, ss, lnw = np.zeros(K), np.zeros((K, p)), np.zeros((K, p, p)), np.zeros(K)
+        lnw[:] = state.model.log_nw
+        extra_n, extra_s, extra_ss, extra_l, offsets = [], [], [], [], []
+        total = K
+        for r in results:
+            st = r.stats
+            n += st.n[:K]
+            s += st.s[:K]
+            ss += st.ss[:K]
+            offsets.append(total)
+            extra_n.append(st.n[K:])
+            extra_s.append(st.s[K:])
+            extra_ss.append(st.ss[K:])
+            extra_l.append(st.log_nw[K:])
+            total += st.n.shape[0] - K
+        stats = SweepStats(
+            np.concatenate([n, *extra_n]),
+            np.concatenate([s, *extra_s]).reshape(-1, p),
+            np.concatenate([ss, *extra_ss]).reshape(-1, p, p),
+            np.concatenate([lnw, *extra_l]),
+            float(sum(r.stats.rss for r in results)),
+            float(sum(r.stats.n_obs for r in results)),
+            float(sum(r.stats.nll for r in results)),
+        )
+        new, mapping, e, merges = update(stats, state.model, state.prior, state.learn_alpha)
+        slot_maps = []
+        for r, off in zip(results, offsets, strict=True):
+            m = np.empty(r.stats.n.shape[0], dtype=np.int64)
+            m[:K] = mapping[:K]
+            m[K:] = mapping[off : off + r.stats.n.shape[0] - K]
+            slot_maps.append(m)
+        bounds = np.cumsum([0] + [m.shape[0] for m in slot_maps]).astype(np.int64)
+        changed = sum(r.n_changed for r in results)
+        n_train = sum(r.n_train for r in results)
+        moved = changed + int(merges > 0) * n_train
+        stop = should_stop(
+            state.objective, e, moved, n_train, ctx.params.tol, ctx.params.min_change
+        )
+        record = icm_record(state.pass_no + 1, e, new, changed, merges, stop)
+        new.history = []
+        out = MixedState(
+            state.pass_no + 1,
+            new,
+            state.prior,
+            state.gaussian,
+            state.start_codes,
+            state.start_labels,
+            np.concatenate(slot_maps).astype(np.int64),
+            bounds,
+            state.learn_alpha,
+            [*state.history, record],
+            stop is not None,
+        )
+        return out, record
+
+    def write_input(self, state: Any, mapping: np.ndarray, ctx: RunContext) -> MixedInput:
+        return MixedInput(
+            state.pass_no + 1,
+            state.model,
+            state.prior,
+            Columns.of(ctx),
+            ctx.info.grouped,
+            state.slot_maps,
+            state.slot_bounds,
+            has_y=ctx.info.label_column is not None,
+        )
+
+    # -- workers -------------------------------------------------------------------------------
+    def chunk_step(self, chunk: Chunk, msg: MixedInput) -> MixedResult:
+        t0 = time.perf_counter()
+        cs = read_subjects(chunk, msg.columns, msg.grouped, msg.columns.heldout_fold)
+        sub = cs.sub
+        z = current_clusters(cs, chunk, msg)
+        z, beta, changed, stats = sweep_subjects(
+            sub.XtX, sub.Xty, sub.yty, sub.n_obs, sub.train, z, msg.model, msg.prior
+        )
+        chunk.write("z", z[cs.row_subject])
+        chunk.write("beta", beta[cs.row_subject])
+        return MixedResult(chunk.c, stats, changed, int(sub.train.sum()), time.perf_counter() - t0)
+
+    def subject_results(self, chunk: Chunk, msg: MixedInput) -> dict[str, np.ndarray]:
+        """The final per-subject results of a chunk: subject codes, training flag, cluster
+        (held-out subjects: the MAP cluster with beta integrated out, -1 for a new one), the
+        eq. 7.2 modes given the final model, and the log predictive density of the subject's
+        responses (the eq. 3.4 analogue) and the number of its observations."""
+        cs = read_subjects(chunk, msg.columns, msg.grouped, msg.columns.heldout_fold)
+        sub = cs.sub
+        z = current_clusters(cs, chunk, msg)
+        mu, R, ld, log_w = predictive_components(msg.model, msg.prior)
+        comp, logd = kme.mixture_log_predictive(
+            sub.XtX, sub.Xty, sub.yty, sub.n_obs, msg.model.tau, mu, R, ld, log_w
+        )
+        joint = comp + log_w
+        pred = np.argmax(joint, axis=1)
+        pred = np.where(pred == joint.shape[1] - 1, -1, pred)
+        hold = ~sub.train
+        z[hold] = pred[hold]
+        beta = final_effects(
+            sub.XtX, sub.Xty, sub.yty, sub.n_obs, np.ones_like(sub.train), z, msg.model
+        )
+        return {
+            "code": sub.codes,
+            "train": sub.train,
+            "label": z,
+            "beta": beta,
+            "log_density": logd,
+            "n_obs": sub.n_obs,
+            "first_row": cs.first_row + chunk.a,
+        }
+
+    def score_chunk(self, chunk: Chunk, labels: str, msg: MixedInput) -> Any:
+        """Each row's subject's final cluster and the log predictive density of the subject's
+        responses divided among its rows (so that sums over rows are sums over subjects)."""
+        cs = read_subjects(chunk, msg.columns, msg.grouped, msg.columns.heldout_fold)
+        res = self.subject_results(chunk, msg)
+        per_row = res["log_density"] / res["n_obs"]
+        X = chunk.X
+        hold = chunk.holdout
+        return emit_chunk(
+            chunk.data,
+            labels,
+            chunk.c,
+            chunk.a,
+            X,
+            hold,
+            res["label"][cs.row_subject],
+            per_row[cs.row_subject],
+            msg.plot_rate,
+            msg.has_y,
+        )
+
+    def warm_up(self) -> None:
+        rng = np.random.default_rng(0)
+        X = np.column_stack([np.ones(6), rng.normal(size=6)])
+        XtX, Xty, yty, n_obs = kme.subject_moments(X, rng.normal(size=6), np.arange(6) % 2, 2)
+        kme.ols_moments(XtX, Xty, yty, n_obs, np.ones(2, dtype=bool))
+
+
+def _on_chunk(
+    data: str, c: int, a: int, b: int, cols: Columns, grouped: bool, fn: Any, *args: Any
+) -> Any:
+    """``fn(subjects of chunk c, *args)`` (the start's passes)."""
+    chunk = Chunk(data, "", c, a, b, 0)
+    return fn(read_subjects(chunk, cols, grouped, cols.heldout_fold).sub, *args)
+
+
+ENGINE = MixedEffectsEngine()
