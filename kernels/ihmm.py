@@ -93,9 +93,7 @@ def log_transition_gain(a, k, c, trans, start, rows, kappa, alpha):
     if c >= 0:
         same = 1.0 if a == k else 0.0
         both = 1.0 if (a == k and c == k) else 0.0
-        out += math.log(trans[k, c] + alpha * kappa[c] + both) - math.log(
-            rows[k] + alpha + same
-        )
+        out += math.log(trans[k, c] + alpha * kappa[c] + both) - math.log(rows[k] + alpha + same)
     return out
 
 
@@ -274,7 +272,8 @@ def sweep(
 
 @njit(cache=True, nogil=True)
 def log_transitions(trans, start, rows, kappa, ku, nk, alpha, gamma):
-    """log p(z | kappa) + log p(kappa, K): the transition and kappa terms of the MAP-iHMM objective (module docstring), for the states with nk > 0.
+    """log p(z | kappa) + log p(kappa, K): the transition and kappa terms of the MAP-iHMM
+    objective (module docstring), for the states with nk > 0.
 
     Parameters
     ----------

@@ -7,6 +7,7 @@ The public API, loaded lazily so that ``import pipeline`` stays light:
 * ``TreeGuidedMCMC`` - tree-guided MCMC for DP and NGGP mixtures (Lee and Choi 2015);
 * ``DPMeans``, ``CollapsedGibbs``, ``UncollapsedGibbs`` - reference methods (the Gibbs samplers of
   seed 003, Algorithms 3 and 2);
+* ``MAPiHMM``, ``IHMMGibbs`` - the infinite HMM of seed 000 Section 6 (MAP and Gibbs);
 * ``MixtureEstimator`` - the base class of all of them (fit template, encoding, predict checks);
 * ``exact_log_marginal`` - the DPM marginal likelihood by enumeration of partitions;
 * ``families`` - the likelihood families (``GaussianNW``, ``NormalGamma``, ``Categorical``, ...).
@@ -21,6 +22,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "MAPDP": "pipeline.mapdp",
+    "MAPiHMM": "pipeline.ihmm",
+    "IHMMGibbs": "pipeline.ihmm",
     "BHC": "pipeline.bhc",
     "TreeGuidedMCMC": "pipeline.tgmcmc",
     "DPMeans": "pipeline.baselines",

@@ -38,6 +38,8 @@ def b_new_of(gamma: float) -> float:
     """The share of kappa_{K+1} a state opened by a MAP sweep takes: 1 / M0 minimises its cost
     b (1 - b)^(M0 - 1); 1/2 for M0 <= 1."""
     return 1.0 / gamma if gamma > 1.0 else 0.5
+
+
 M_COUNTS = ("expectation", "urn")
 
 
@@ -232,9 +234,7 @@ def sweep_state(
 
 def empty_state(family: ProductFamily) -> HmmState:
     """No state yet: all of kappa unrepresented."""
-    return HmmState(
-        np.zeros((0, family.n_stats)), np.zeros((0, 0)), np.zeros(0), np.zeros(0), 1.0
-    )
+    return HmmState(np.zeros((0, family.n_stats)), np.zeros((0, 0)), np.zeros(0), np.zeros(0), 1.0)
 
 
 def decode(
@@ -500,7 +500,9 @@ def run_map_ihmm(
     else:
         z = np.asarray(z0, dtype=np.int64).copy()
         K0 = int(z.max()) + 1
-        st = state_from_labels(Xa, z, starts, K0, family, np.full(K0, 1.0 / (K0 + 1)), 1.0 / (K0 + 1))
+        st = state_from_labels(
+            Xa, z, starts, K0, family, np.full(K0, 1.0 / (K0 + 1)), 1.0 / (K0 + 1)
+        )
         st = compact(z, st.stats, st.nk, st.trans, st.start, st.kappa, st.ku, K0)
     history: list[float] = []
     e_old = math.inf
@@ -537,3 +539,47 @@ def run_map_ihmm(
         converged=converged,
         seconds=time.perf_counter() - t0,
     )
+
+
+def gibbs_step_kappa(
+    st: HmmState,
+    alpha: float,
+    gamma: float,
+    rng_state: NDArray[np.uint64],
+    rng: np.random.Generator,
+) -> HmmState:
+    """The kappa step of the Gibbs sampler: table counts m_pk by the Polya urn (eq. 6.2), then
+    kappa ~ Dirichlet(M_1, ..., M_K, M0) (eq. 6.1)."""
+    M = kihmm.table_counts_urn(st.trans, st.start, st.kappa, alpha, rng_state)
+    w = rng.dirichlet(np.append(M, gamma))
+    # a Dirichlet draw can underflow to 0 for a tiny parameter; keep the weights in the domain
+    w = np.maximum(w, 1e-300)
+    w /= w.sum()
+    return HmmState(st.stats, st.trans, st.start, w[:-1].copy(), float(w[-1]))
+
+
+def run_gibbs(
+    Xa: FloatArray,
+    starts: IntArray,
+    family: ProductFamily,
+    alpha: float,
+    gamma: float,
+    n_sweeps: int,
+    seq: np.random.SeedSequence,
+    callback: Callable[[int, IntArray, HmmState], None] | None = None,
+) -> tuple[IntArray, HmmState]:
+    """The direct-assignment Gibbs sampler of seed 000 Section 6.1 (Teh et al. 2006): each
+    sweep draws every z_t from eq. 6.3 (``kernels.ihmm.sweep`` with ``gibbs``), then the table
+    counts (eq. 6.2) and kappa (eq. 6.1). Starts from one state; ``callback(i, z, state)``
+    sees the labels (0..K-1) and state after every sweep. Returns the last labels and state."""
+    N = Xa.shape[0]
+    rng_state = np.asarray(seq.generate_state(1, dtype=np.uint64), dtype=np.uint64)
+    rng = np.random.default_rng(seq.spawn(1)[0])
+    z = np.zeros(N, dtype=np.int64)
+    st = state_from_labels(Xa, z, starts, 1, family, np.array([0.5]), 0.5)
+    for i in range(n_sweeps):
+        st, _ = sweep_state(Xa, starts, z, st, family, alpha, gamma, True, rng_state)
+        st = gibbs_step_kappa(st, alpha, gamma, rng_state, rng)
+        if callback is not None:
+            callback(i, z, st)
+    return z, st
