@@ -119,6 +119,7 @@ def sweep(
     b_new,
     gibbs,
     state,
+    n_fixed,
 ):
     """One sweep over every time step of every sequence: the argmin of eq. 6.7 (MAP-iHMM,
     seed 000 Section 6.2) or, with ``gibbs``, a draw from eq. 6.3 (the Gibbs sampler of 6.1).
@@ -159,6 +160,9 @@ def sweep(
     gibbs : bool
     state : ndarray of shape (1,), uint64
         RNG state (``kernels.rng``), used by the Gibbs sweep only.
+    n_fixed : int
+        Slots below it are never reused for a new state even when empty (a chunk's copy of
+        the global states keeps their numbers); new states go to free slots from there on.
 
     Returns
     -------
@@ -236,7 +240,7 @@ def sweep(
                         best = k
             if best == n_slots:
                 free = -1
-                for k in range(n_slots):
+                for k in range(n_fixed, n_slots):
                     if nk[k] == 0.0 and not (k == k0 and alone and not gibbs):
                         free = k
                         break
@@ -343,7 +347,7 @@ def count_transitions(z, starts, K):
     Parameters
     ----------
     z : ndarray of shape (N,), int64
-        States 0..K-1.
+        States 0..K-1; -1 (no state) counts no transition in or out.
     starts : ndarray of shape (n_seq + 1,), int64
     K : int
 
@@ -361,10 +365,12 @@ def count_transitions(z, starts, K):
         t1 = starts[s + 1]
         if t1 <= t0:
             continue
-        start[z[t0]] += 1.0
+        if z[t0] >= 0:
+            start[z[t0]] += 1.0
         for t in range(t0 + 1, t1):
-            trans[z[t - 1], z[t]] += 1.0
-            rows[z[t - 1]] += 1.0
+            if z[t - 1] >= 0 and z[t] >= 0:
+                trans[z[t - 1], z[t]] += 1.0
+                rows[z[t - 1]] += 1.0
     return trans, start, rows
 
 
@@ -391,6 +397,48 @@ def emission_matrix(X, stats, cache, spec, prior, empty_c):
         for k in range(K):
             out[t, k] = product.log_predictive(X[t], stats[k], cache[k], spec, prior)
         out[t, K] = product.log_predictive(X[t], empty_s, empty_c, spec, prior)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def forward_steps(log_b, starts, log_pi, log_a):
+    """log p(x_t | x_1..x_{t-1}) of every step by the forward algorithm (filtering): the chain
+    rule's terms, summing to ``forward``'s log p(x_1..x_T) over each sequence.
+
+    Parameters
+    ----------
+    As ``forward``.
+
+    Returns
+    -------
+    ndarray of shape (N,)
+    """
+    K = log_pi.shape[0]
+    N = log_b.shape[0]
+    out = np.empty(N)
+    prev = np.empty(K)
+    cur = np.empty(K)
+    tmp = np.empty(K)
+    for s in range(starts.shape[0] - 1):
+        t0 = starts[s]
+        t1 = starts[s + 1]
+        if t1 <= t0:
+            continue
+        for k in range(K):
+            prev[k] = log_pi[k] + log_b[t0, k]
+        norm = logsumexp(prev, K)
+        out[t0] = norm
+        for k in range(K):
+            prev[k] -= norm
+        for t in range(t0 + 1, t1):
+            for k in range(K):
+                for j in range(K):
+                    tmp[j] = prev[j] + log_a[j, k]
+                cur[k] = logsumexp(tmp, K) + log_b[t, k]
+            norm = logsumexp(cur, K)
+            out[t] = norm
+            for k in range(K):
+                prev[k] = cur[k] - norm
     return out
 
 

@@ -228,6 +228,7 @@ def sweep_state(
         b_new_of(gamma),
         gibbs,
         rng_state,
+        0,
     )
     return compact(z, stats, nk, trans, start, kappa, float(ku[0]), n_slots), int(n_changed)
 
@@ -343,11 +344,14 @@ def merge_states(st: HmmState, a: int, b: int) -> HmmState:
     )
 
 
-def merge_round(
-    z: IntArray, st: HmmState, family: ProductFamily, alpha: float, gamma: float, e_now: float
-) -> tuple[HmmState, float, bool]:
-    """Greedy merges: the pair whose merge lowers E most, while one does."""
-    moved = False
+def greedy_merges(
+    st: HmmState, family: ProductFamily, alpha: float, gamma: float, e_now: float
+) -> tuple[HmmState, float, IntArray]:
+    """Greedy merges over pairs of states: the pair whose merge lowers E most, while one does.
+
+    Returns the new state, its E and ``target`` (K,): the new number of each old state.
+    """
+    target = np.arange(st.n_states, dtype=np.int64)
     while st.n_states > 1:
         best = (e_now, -1, -1)
         for a in range(st.n_states):
@@ -359,10 +363,21 @@ def merge_round(
             break
         e_now, a, b = best
         st = merge_states(st, a, b)
-        z[z == b] = a
-        z[z > b] -= 1
-        moved = True
-    return st, e_now, moved
+        target[target == b] = a
+        target[target > b] -= 1
+    return st, e_now, target
+
+
+def merge_round(
+    z: IntArray, st: HmmState, family: ProductFamily, alpha: float, gamma: float, e_now: float
+) -> tuple[HmmState, float, bool]:
+    """``greedy_merges`` with the labels z relabelled in place."""
+    K = st.n_states
+    st, e_now, target = greedy_merges(st, family, alpha, gamma, e_now)
+    if st.n_states == K:
+        return st, e_now, False
+    z[:] = target[z]
+    return st, e_now, True
 
 
 def two_means(P: FloatArray, w: FloatArray, n_iter: int = 20) -> IntArray | None:

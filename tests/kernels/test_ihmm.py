@@ -51,12 +51,15 @@ def test_forward_and_viterbi_match_brute_force(seed):
     starts = starts_of(lengths, int(lengths.sum()))
     log_pi, log_a, log_b = random_hmm(rng, 3, int(lengths.sum()))
     fwd = kihmm.forward(log_b, starts, log_pi, log_a)
+    steps = kihmm.forward_steps(log_b, starts, log_pi, log_a)
     path, best = kihmm.viterbi(log_b, starts, log_pi, log_a)
     for s in range(lengths.shape[0]):
         sl = slice(starts[s], starts[s + 1])
         paths = brute_paths(log_pi, log_a, log_b[sl])
         vals = np.array(list(paths.values()))
         assert fwd[s] == pytest.approx(logsumexp(vals), rel=1e-12, abs=1e-12)
+        # the chain rule: the filtering terms sum to the sequence's log likelihood
+        assert steps[sl].sum() == pytest.approx(fwd[s], rel=1e-12, abs=1e-12)
         assert best[s] == pytest.approx(vals.max(), rel=1e-12, abs=1e-12)
         assert paths[tuple(path[sl])] == pytest.approx(vals.max(), rel=1e-12, abs=1e-12)
 
