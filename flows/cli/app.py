@@ -4,6 +4,9 @@
 ``dpmm demo --out DIR``           ``dpmm run`` on a generated, labelled data set
 ``dpmm run INPUT --out DIR``      the distributed pipeline: the Prefect flow ``flows.cluster``
                                   (``flows.cli.run``)
+``dpmm hmm INPUT --sequence-column COL --time-column COL --out DIR``
+                                  MAP-iHMM over many sequences: the flow ``flows.hmm``
+                                  (``flows.cli.hmm``)
 
 Exit status: 0 on success; 2 on bad input or usage, with exactly one line
 ``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
@@ -33,6 +36,7 @@ from typing import Any, NoReturn
 import numpy as np
 import pandas as pd
 
+from flows.cli.hmm import add_hmm_parser
 from flows.cli.run import add_log_options, add_run_parser
 from flows.cli.types import alpha as _alpha
 from flows.cli.types import family as _family
@@ -208,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     add_run_parser(sub)
+    add_hmm_parser(sub)
     return parser
 
 
