@@ -9,6 +9,7 @@ import pytest
 
 from pipeline.engines import ENGINE_MODULES, ENGINES, get_engine
 from tests.engine_contract import EngineContract
+from tests.pipeline import test_ihmm_engine  # its engine's contract class (grouped stores)
 
 
 class TestMapdpEngine(EngineContract):
@@ -36,7 +37,9 @@ class TestToyEngine(EngineContract):
 
 
 def test_every_registered_engine_is_tested():
-    tested = {c.engine for c in (TestMapdpEngine, TestKmeansEngine)}
+    tested = {
+        c.engine for c in (TestMapdpEngine, TestKmeansEngine, test_ihmm_engine.TestIhmmEngine)
+    }
     assert tested == set(ENGINES)
 
 
