@@ -594,3 +594,93 @@ def table_counts_urn(trans, start, kappa, alpha, state):
                 if uniform(state) * (a + j) < a:
                     M[k] += 1.0
     return M
+
+
+@njit(cache=True, nogil=True)
+def _row_term(n_row, counts, kappa, alpha, K):
+    """log Gamma(N0) - log Gamma(N0 + N_p.) + sum_k log Gamma(N0 kappa_k + N_pk)
+    - log Gamma(N0 kappa_k): one row's Dirichlet-multinomial term of ``log_transitions``."""
+    if n_row == 0.0:
+        return 0.0
+    out = math.lgamma(alpha) - math.lgamma(alpha + n_row)
+    for k in range(K):
+        if counts[k] > 0.0:
+            a = alpha * kappa[k]
+            out += math.lgamma(a + counts[k]) - math.lgamma(a)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def merge_deltas(stats, trans, start, kappa, spec, prior, alpha, gamma):
+    """The change of ``objective`` when states a < b merge (statistics, counts and weights add),
+    for every pair: O(K) per pair from the rows and columns the merge touches, instead of a
+    full O(K^2) objective.
+
+    Parameters
+    ----------
+    stats : ndarray of shape (K, S)
+    trans : ndarray of shape (K, K)
+    start, kappa : ndarray of shape (K,)
+    spec, prior : the observation model
+    alpha, gamma : float
+
+    Returns
+    -------
+    ndarray of shape (K, K)
+        [a, b] for a < b: E after the merge minus E now; +inf elsewhere.
+    """
+    K = stats.shape[0]
+    out = np.full((K, K), np.inf)
+    lm = np.empty(K)
+    rows = np.zeros(K)
+    for k in range(K):
+        lm[k] = product.log_marginal(stats[k], spec, prior)
+        for j in range(K):
+            rows[k] += trans[k, j]
+    row_terms = np.empty(K)
+    for p in range(K):
+        row_terms[p] = _row_term(rows[p], trans[p], kappa, alpha, K)
+    scratch = np.empty(stats.shape[1])
+    for a in range(K):
+        for b in range(a + 1, K):
+            for t in range(stats.shape[1]):
+                scratch[t] = stats[a, t] + stats[b, t]
+            d = -(product.log_marginal(scratch, spec, prior) - lm[a] - lm[b])
+            d += math.log(gamma)
+            kab = alpha * (kappa[a] + kappa[b])
+            ka = alpha * kappa[a]
+            kb = alpha * kappa[b]
+            # columns a and b of the start row and of every row but a and b
+            for p in range(-1, K):
+                if p == a or p == b:
+                    continue
+                na = start[a] if p < 0 else trans[p, a]
+                nb = start[b] if p < 0 else trans[p, b]
+                if na + nb == 0.0:
+                    continue
+                new = math.lgamma(kab + na + nb) - math.lgamma(kab)
+                old = 0.0
+                if na > 0.0:
+                    old += math.lgamma(ka + na) - math.lgamma(ka)
+                if nb > 0.0:
+                    old += math.lgamma(kb + nb) - math.lgamma(kb)
+                d -= new - old
+            # rows a and b become one row; its column a holds a->a, a->b, b->a, b->b
+            n_row = rows[a] + rows[b]
+            new_row = 0.0
+            if n_row > 0.0:
+                new_row = math.lgamma(alpha) - math.lgamma(alpha + n_row)
+                for k in range(K):
+                    if k == b:
+                        continue
+                    if k == a:
+                        n = trans[a, a] + trans[a, b] + trans[b, a] + trans[b, b]
+                        kk = kab
+                    else:
+                        n = trans[a, k] + trans[b, k]
+                        kk = alpha * kappa[k]
+                    if n > 0.0:
+                        new_row += math.lgamma(kk + n) - math.lgamma(kk)
+            d -= new_row - row_terms[a] - row_terms[b]
+            out[a, b] = d
+    return out

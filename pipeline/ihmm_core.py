@@ -347,22 +347,24 @@ def merge_states(st: HmmState, a: int, b: int) -> HmmState:
 def greedy_merges(
     st: HmmState, family: ProductFamily, alpha: float, gamma: float, e_now: float
 ) -> tuple[HmmState, float, IntArray]:
-    """Greedy merges over pairs of states: the pair whose merge lowers E most, while one does.
+    """Greedy merges over pairs of states: the pair whose merge lowers E most
+    (``kernels.ihmm.merge_deltas``), while one does; each merge's E is recomputed in full.
 
     Returns the new state, its E and ``target`` (K,): the new number of each old state.
     """
     target = np.arange(st.n_states, dtype=np.int64)
     while st.n_states > 1:
-        best = (e_now, -1, -1)
-        for a in range(st.n_states):
-            for b in range(a + 1, st.n_states):
-                e = merge_states(st, a, b).objective(family, alpha, gamma)
-                if e < best[0] - 1e-9 * abs(e_now):
-                    best = (e, a, b)
-        if best[1] < 0:
+        deltas = kihmm.merge_deltas(
+            st.stats, st.trans, st.start, st.kappa, family.spec, family.prior, alpha, gamma
+        )
+        a, b = np.unravel_index(int(np.argmin(deltas)), deltas.shape)
+        if not deltas[a, b] < -1e-9 * abs(e_now):
             break
-        e_now, a, b = best
-        st = merge_states(st, a, b)
+        cand = merge_states(st, int(a), int(b))
+        e = cand.objective(family, alpha, gamma)
+        if not e < e_now:
+            break
+        st, e_now = cand, e
         target[target == b] = a
         target[target > b] -= 1
     return st, e_now, target

@@ -266,3 +266,26 @@ def test_product_family_emissions():
     h = np.asarray(res.history)
     assert np.all(np.diff(h) <= 1e-9 * np.abs(h[:-1]))
     assert res.state.n_states >= 2
+
+
+def test_merge_deltas_equal_full_objective_differences():
+    """The O(K) merge change of E against the objective recomputed after each merge."""
+    from pipeline.ihmm_core import merge_states
+
+    rng = np.random.default_rng(11)
+    for _rep in range(10):
+        X, lengths = random_sequences(rng, "gaussian", 3)
+        fam = FAMILIES["gaussian"](X)
+        starts = starts_of(lengths, X.shape[0])
+        z = np.unique(rng.integers(0, 5, size=X.shape[0]), return_inverse=True)[1]
+        K = int(z.max()) + 1
+        kappa = rng.dirichlet(np.ones(K + 1))
+        st = state_from_labels(X, z.astype(np.int64), starts, K, fam, kappa[:K], kappa[K])
+        e0 = st.objective(fam, 1.7, 2.5)
+        d = kihmm.merge_deltas(
+            st.stats, st.trans, st.start, st.kappa, fam.spec, fam.prior, 1.7, 2.5
+        )
+        for a in range(K):
+            for b in range(a + 1, K):
+                e1 = merge_states(st, a, b).objective(fam, 1.7, 2.5)
+                assert d[a, b] == pytest.approx(e1 - e0, rel=1e-9, abs=1e-8)
