@@ -18,7 +18,14 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.cluster import pass_task, start_task, write_task
-from pipeline.config import DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL, FitParams
+from pipeline.config import (
+    DEFAULT_CHUNK_ROWS,
+    INIT_SAMPLE,
+    MAX_PASSES,
+    MIN_CHANGE,
+    TOL,
+    FitParams,
+)
 from pipeline.dist import hmm as dhmm
 from pipeline.dist import loop
 from pipeline.dist import run as dist
@@ -53,6 +60,8 @@ def hmm(
     family: Any = "auto",
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     holdout: float = 0.0,
+    init: str = "auto",
+    init_sample: int = INIT_SAMPLE,
     max_passes: int = MAX_PASSES,
     tol: float = TOL,
     min_change: float = MIN_CHANGE,
@@ -72,7 +81,8 @@ def hmm(
     params = FitParams(
         engine="ihmm",
         alpha=float(alpha),
-        init="sequential",
+        init=init,
+        init_sample=init_sample,
         max_passes=max_passes,
         tol=tol,
         min_change=min_change,
@@ -148,11 +158,14 @@ def hmm(
             "chunk_rows": cfg.chunk_rows,
             "n_chunks": info.n_chunks,
             "holdout": cfg.holdout,
+            "init": params.start,
+            "init_sample": init_sample,
             "max_passes": max_passes,
             "tol": tol,
             "min_change": min_change,
             "seed": params.seed,
         },
+        "init": state.init_record,
         "passes": state.history,
         "timing": timing,
         "metrics": metrics,

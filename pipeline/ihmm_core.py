@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 
 from kernels import ihmm as kihmm
 from pipeline.families import FloatArray, ProductFamily
+from pipeline.persist import register
 
 IntArray = NDArray[np.int64]
 
@@ -53,6 +54,7 @@ def starts_of(lengths: IntArray | None, n: int) -> IntArray:
     return out
 
 
+@register
 @dataclass
 class HmmState:
     """K represented states: emission statistics and the counts of the direct assignment."""

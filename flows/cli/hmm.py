@@ -23,7 +23,7 @@ from flows.cli.types import fraction as _fraction
 from flows.cli.types import nonneg_float as _nonneg_float
 from flows.cli.types import positive_int as _positive_int
 from pipeline import io as pio
-from pipeline.config import DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL
+from pipeline.config import DEFAULT_CHUNK_ROWS, INIT_SAMPLE, MAX_PASSES, MIN_CHANGE, TOL
 
 
 def _positive_float(text: str) -> float:
@@ -92,6 +92,14 @@ def add_hmm_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="F",
         help="fraction of sequences held out and scored (default 0)",
     )
+    p.add_argument(
+        "--init",
+        choices=("auto", "sample", "sequential"),
+        default="auto",
+        help="start of pass 1: auto = sample (in-memory MAP-iHMM with Viterbi, merge and split "
+        "moves on the first training sequences, about --init-sample rows), or sequential",
+    )
+    p.add_argument("--init-sample", type=_positive_int, default=INIT_SAMPLE, metavar="N")
     p.add_argument("--max-passes", type=_positive_int, default=MAX_PASSES, metavar="N")
     p.add_argument("--tol", type=_nonneg_float, default=TOL, metavar="F")
     p.add_argument("--min-change", type=_fraction, default=MIN_CHANGE, metavar="F")
@@ -122,6 +130,8 @@ def cmd_hmm(args: argparse.Namespace) -> int:
         family=args.family,
         chunk_rows=args.chunk_rows,
         holdout=args.holdout,
+        init=args.init,
+        init_sample=args.init_sample,
         max_passes=args.max_passes,
         tol=args.tol,
         min_change=args.min_change,

@@ -26,6 +26,7 @@ held-out log likelihood (the chain rule).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -71,6 +72,10 @@ class IhmmPassState:
     offsets: IntArray
     history: list[dict[str, Any]] = field(default_factory=list)
     converged: bool = False
+    # a sample start's states (statistics, transitions, starts): pass 1 assigns every record
+    # against them, then the sample's own counts are taken out again
+    warm: HmmState | None = None
+    init_record: dict[str, Any] | None = None
 
     @property
     def n_clusters(self) -> int:
@@ -169,6 +174,8 @@ class IhmmEngine(Engine):
             raise ValueError(f"the ihmm engine starts 'sequential', got init={params.init!r}")
         gamma = float(ctx.options.get("gamma", DEFAULT_GAMMA))
         S = ctx.info.family.n_stats
+        if params.start == "sample":
+            return sample_start(ctx, float(params.alpha), gamma)  # type: ignore[arg-type]
         return IhmmPassState(
             pass_no=0,
             stats=np.zeros((0, S)),
@@ -257,14 +264,25 @@ class IhmmEngine(Engine):
         K = state.n_clusters
         M = sum(r.new_stats.shape[0] for r in results)
         T = K + M
+        base = state.hmm
+        if state.warm is not None:
+            # the sample start's own counts leave once its states have drawn the records
+            w = state.warm
+            base = HmmState(
+                base.stats - w.stats,
+                base.trans - w.trans,
+                base.start - w.start,
+                base.kappa,
+                base.ku,
+            )
         stats = np.vstack(
-            [state.stats + sum((r.delta for r in results), np.zeros_like(state.stats))]
+            [base.stats + sum((r.delta for r in results), np.zeros_like(state.stats))]
             + [r.new_stats for r in results]
         )
         trans = np.zeros((T, T))
-        trans[:K, :K] = state.trans
+        trans[:K, :K] = base.trans
         start = np.zeros(T)
-        start[:K] = state.start
+        start[:K] = base.start
         offsets = np.zeros(ctx.info.n_chunks, dtype=np.int64)
         m = 0
         for r in results:
@@ -329,6 +347,7 @@ class IhmmEngine(Engine):
             offsets=offsets,
             history=[*state.history, record],
             converged=reason is not None,
+            init_record=state.init_record,
         )
         return new, record
 
@@ -397,6 +416,68 @@ class IhmmEngine(Engine):
         )
         kihmm.forward_steps(log_b, starts, log_pi, log_a)
         kihmm.viterbi(log_b, starts, log_pi, log_a)
+
+
+def sample_start(ctx: RunContext, alpha: float, gamma: float) -> IhmmPassState:
+    """The state before pass 1 from in-memory MAP-iHMM (sweeps, kappa step, Viterbi, merge and
+    split moves: ``pipeline.ihmm_core.run_map_ihmm``) on the training sequences of the first
+    chunks, about ``init_sample`` rows: the moves the passes do not have find the states once."""
+    import time as _time
+
+    from pipeline.ihmm_core import run_map_ihmm
+    from pipeline.mapdp_core import seed_state
+
+    t0 = _time.perf_counter()
+    info, params = ctx.info, ctx.params
+    fam = info.family
+    parts: list[FloatArray] = []
+    lengths: list[int] = []
+    for c in range(info.n_chunks):
+        a, b = info.chunk_bounds(c)
+        X = np.asarray(ctx.data.array("X")[a:b])
+        hold = np.asarray(ctx.data.array("holdout")[a:b]).astype(bool)
+        group = np.asarray(ctx.data.array("group")[a:b], dtype=np.int64)
+        order = np.argsort(group, kind="stable")
+        g = group[order]
+        cuts = np.concatenate([[0], np.flatnonzero(np.diff(g)) + 1, [g.shape[0]]])
+        for s0, s1 in itertools.pairwise(cuts):
+            rows = order[s0:s1]
+            if hold[rows[0]]:
+                continue
+            parts.append(X[rows])
+            lengths.append(int(s1 - s0))
+            if sum(lengths) >= params.init_sample:
+                break
+        if sum(lengths) >= params.init_sample:
+            break
+    Xs = np.ascontiguousarray(np.vstack(parts))
+    starts = starts_of(np.asarray(lengths, dtype=np.int64), Xs.shape[0])
+    seq = np.random.SeedSequence(params.seed, spawn_key=(params.restart, 0))
+    res = run_map_ihmm(Xs, starts, fam, alpha, gamma, 100, 1e-6, "expectation", seed_state(seq))
+    st = res.state
+    K = st.n_states
+    return IhmmPassState(
+        pass_no=0,
+        stats=st.stats,
+        trans=st.trans,
+        start=st.start,
+        kappa=st.kappa,
+        ku=st.ku,
+        alpha=alpha,
+        gamma=gamma,
+        remap=np.arange(K, dtype=np.int64),
+        k_written=K,
+        offsets=np.zeros(info.n_chunks, dtype=np.int64),
+        warm=st,
+        init_record={
+            "method": "sample",
+            "rows": int(Xs.shape[0]),
+            "sequences": len(lengths),
+            "n_states": K,
+            "iterations": res.n_iter,
+            "seconds": _time.perf_counter() - t0,
+        },
+    )
 
 
 def sweep_chunk(

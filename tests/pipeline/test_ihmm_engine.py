@@ -8,6 +8,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
+import pytest
 import zarr
 from sklearn.metrics import normalized_mutual_info_score
 
@@ -97,3 +98,26 @@ def test_engine_recovers_states(client, tmp_path: Path) -> None:
         labels[a:b] = decode_labels(raw[a:b], state.remap, state.k_written, int(state.offsets[c]))
     pos = input_positions(store, info)
     assert normalized_mutual_info_score(z, labels[pos]) > 0.95
+
+
+class TestIhmmEngineSampleStart(TestIhmmEngine):
+    """The sample start (in-memory MAP-iHMM on the first sequences, whose own counts pass 1
+    takes out again) under the same contract."""
+
+    init: ClassVar[str] = "sample"
+
+
+def test_sample_start_counts_only_the_data(client, tmp_path: Path) -> None:
+    """After pass 1 of a sample start the statistics are the records' own: state sizes sum to
+    the training rows, transition counts to the training transitions."""
+    df, _z = sequences_frame(2000, seed=4)
+    store = Store(tmp_path / "data")
+    info = ingest(df, store, client=client, chunk_rows=500, holdout=0.0, group_column="seq")
+    params = TestIhmmEngineSampleStart().params(max_passes=1, init_sample=400)
+    ctx = loop.context(store, tmp_path / "state", info, params)
+    state: Any = loop.run_passes(client, ctx)
+    assert state.init_record["rows"] >= 400
+    assert state.stats[:, 0].sum() == pytest.approx(info.n_train)
+    n_seq = df.seq.nunique()
+    assert state.start.sum() == pytest.approx(n_seq)
+    assert state.trans.sum() == pytest.approx(info.n_train - n_seq)
