@@ -8,6 +8,7 @@ The public API, loaded lazily so that ``import pipeline`` stays light:
 * ``DPMeans``, ``CollapsedGibbs``, ``UncollapsedGibbs`` - reference methods (the Gibbs samplers of
   seed 003, Algorithms 3 and 2);
 * ``MixedEffectsDP`` - the semiparametric mixed-effects model of seed 000 Section 7;
+* ``MAPiHMM``, ``IHMMGibbs`` - the infinite HMM of seed 000 Section 6 (MAP and Gibbs);
 * ``MixtureEstimator`` - the base class of all of them (fit template, encoding, predict checks);
 * ``exact_log_marginal`` - the DPM marginal likelihood by enumeration of partitions;
 * ``save_model`` / ``load_model`` - fitted models as a directory of JSON and arrays, no pickle
@@ -24,6 +25,8 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "MAPDP": "pipeline.mapdp",
+    "MAPiHMM": "pipeline.ihmm",
+    "IHMMGibbs": "pipeline.ihmm",
     "BHC": "pipeline.bhc",
     "TreeGuidedMCMC": "pipeline.tgmcmc",
     "DPMeans": "pipeline.baselines",

@@ -8,6 +8,9 @@
                                   (``flows.cli.server``)
 ``dpmm longitudinal INPUT ...``   the mixed-effects model of seed 000 Section 7 over subjects
                                   (``flows.longitudinal``, ``flows.cli.longitudinal``)
+``dpmm hmm INPUT --sequence-column COL --time-column COL --out DIR``
+                                  MAP-iHMM over many sequences: the flow ``flows.hmm``
+                                  (``flows.cli.hmm``)
 
 Exit status: 0 on success; 2 on bad input or usage, with exactly one line
 ``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
@@ -38,6 +41,7 @@ import numpy as np
 import pandas as pd
 
 from flows.cli.longitudinal import add_longitudinal_parser
+from flows.cli.hmm import add_hmm_parser
 from flows.cli.run import add_log_options, add_run_parser
 from flows.cli.server import add_server_parser
 from flows.cli.types import alpha as _alpha
@@ -216,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     add_server_parser(sub)
     add_longitudinal_parser(sub)
+    add_hmm_parser(sub)
     return parser
 
 

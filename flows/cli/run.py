@@ -209,7 +209,10 @@ def add_log_options(p: argparse.ArgumentParser) -> None:
 
 
 def start_flow(
-    args: argparse.Namespace, kwargs: dict[str, Any], rows_of: str | None = None
+    args: argparse.Namespace,
+    kwargs: dict[str, Any],
+    rows_of: str | None = None,
+    runner: Any = None,
 ) -> dict[str, Any]:
     """Run ``flows.cluster.run_cluster_flow(**kwargs)`` with the log lines sent where ``args``
     says (``--verbose``, ``--log-file``, ``--quiet``).
@@ -224,6 +227,8 @@ def start_flow(
     rows_of : str, optional
         The input file: a 0-based ``row N`` in a refusal is shown as ``pipeline.io.locate_rows``
         finds it in the file (the line of a CSV record).
+    runner : callable, optional
+        The flow to run with ``kwargs`` (default ``flows.cluster.run_cluster_flow``).
 
     Returns
     -------
@@ -259,7 +264,7 @@ def start_flow(
                     stack.enter_context(contextlib.redirect_stderr(fh))
             kwargs = stack.enter_context(_local_cluster(kwargs))
             ready()
-            return run_cluster_flow(**kwargs)
+            return (runner or run_cluster_flow)(**kwargs)
     except ValueError as err:
         msg = " ".join(str(err).split()) or type(err).__name__
         if rows_of is not None:

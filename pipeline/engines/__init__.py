@@ -17,6 +17,7 @@ ENGINE_MODULES: dict[str, str] = {
     "mapdp": "pipeline.engines.mapdp",
     "kmeans": "pipeline.engines.kmeans",
     "mixed_effects": "pipeline.engines.mixed_effects",
+    "ihmm": "pipeline.engines.ihmm",
 }
 ENGINES: tuple[str, ...] = tuple(ENGINE_MODULES)
 # engines whose unit is a subject (a group of rows), not a record: not ``dpmm run``'s mixtures

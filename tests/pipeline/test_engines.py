@@ -15,6 +15,7 @@ from pipeline.ingest import ingest
 from pipeline.store import Store
 from pipeline.synthetic import sample_longitudinal
 from tests.engine_contract import EngineContract
+from tests.pipeline import test_ihmm_engine  # its engine's contract class (grouped stores)
 
 
 class TestMapdpEngine(EngineContract):
@@ -66,7 +67,15 @@ class TestMixedEffectsEngine(EngineContract):
 
 
 def test_every_registered_engine_is_tested():
-    tested = {c.engine for c in (TestMapdpEngine, TestKmeansEngine, TestMixedEffectsEngine)}
+    tested = {
+        c.engine
+        for c in (
+            TestMapdpEngine,
+            TestKmeansEngine,
+            TestMixedEffectsEngine,
+            test_ihmm_engine.TestIhmmEngine,
+        )
+    }
     assert tested == set(ENGINES)
 
 

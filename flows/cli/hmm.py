@@ -1,0 +1,147 @@
+"""``dpmm hmm``: the infinite HMM (MAP-iHMM, seed 000 Section 6) over many sequences, as the
+Prefect flow ``flows.hmm``, on ``dpmm run``'s defaults.
+
+    dpmm hmm INPUT --sequence-column COL --time-column COL --out OUT [--alpha N0] [--gamma M0]
+             [--family SPEC] [--chunk-rows N] [--holdout F] [--max-passes N] [--tol F]
+             [--min-change F] [--seed N] [--scheduler ADDRESS] [--workers N] [--overwrite]
+             [--no-report] [--quiet] [--verbose] [--log-file PATH]
+
+OUT: rows.parquet (state and log p(x_t | x_<t) of every row), sequences.parquet (held-out flag
+and log likelihood of every sequence), states.parquet (states with their emission parameters),
+transitions.csv, run.json and report.html with pictures. Bad input exits with status 2 and one
+line naming the row and column; nothing is left at OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from flows.cli.types import family as _family
+from flows.cli.types import fraction as _fraction
+from flows.cli.types import nonneg_float as _nonneg_float
+from flows.cli.types import positive_int as _positive_int
+from pipeline import io as pio
+from pipeline.config import DEFAULT_CHUNK_ROWS, INIT_SAMPLE, MAX_PASSES, MIN_CHANGE, TOL
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
+
+
+def add_hmm_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``hmm`` to an ``argparse`` subparsers object; it sets ``func=cmd_hmm``."""
+    from flows.cli.run import add_log_options
+
+    p = subparsers.add_parser(
+        "hmm",
+        help="fit an infinite HMM (MAP-iHMM) to many sequences with Dask under Prefect",
+        description="Fit MAP-iHMM (seed 000 Section 6) to the sequences of INPUT (one row per "
+        "time step) and write OUT/rows.parquet, sequences.parquet, states.parquet, "
+        "transitions.csv, run.json and a report.",
+    )
+    p.add_argument("input", metavar="INPUT", help="CSV or Parquet file")
+    p.add_argument("--out", required=True, metavar="OUT", help="output directory")
+    p.add_argument("--sequence-column", required=True, metavar="COL", help="sequence ids")
+    p.add_argument(
+        "--time-column",
+        required=True,
+        metavar="COL",
+        help="time stamps (numbers or dates), strictly increasing within each sequence",
+    )
+    p.add_argument(
+        "--alpha",
+        type=_positive_float,
+        default=1.0,
+        metavar="N0",
+        help="transition concentration N0 (default 1)",
+    )
+    p.add_argument(
+        "--gamma",
+        type=_positive_float,
+        default=2.0,
+        metavar="M0",
+        help="top-level concentration M0 (default 2; new states need M0 > 1)",
+    )
+    p.add_argument(
+        "--family",
+        type=_family,
+        default="auto",
+        metavar="SPEC",
+        help="emission family: auto (default), one for every column, or COL=KIND,...",
+    )
+    p.add_argument(
+        "--chunk-rows",
+        type=_positive_int,
+        default=DEFAULT_CHUNK_ROWS,
+        metavar="N",
+        help=f"rows per chunk (default {DEFAULT_CHUNK_ROWS:,}); a sequence never "
+        "straddles two chunks",
+    )
+    p.add_argument(
+        "--holdout",
+        type=_fraction,
+        default=0.0,
+        metavar="F",
+        help="fraction of sequences held out and scored (default 0)",
+    )
+    p.add_argument(
+        "--init",
+        choices=("auto", "sample", "sequential"),
+        default="auto",
+        help="start of pass 1: auto = sample (in-memory MAP-iHMM with Viterbi, merge and split "
+        "moves on the first training sequences, about --init-sample rows), or sequential",
+    )
+    p.add_argument("--init-sample", type=_positive_int, default=INIT_SAMPLE, metavar="N")
+    p.add_argument("--max-passes", type=_positive_int, default=MAX_PASSES, metavar="N")
+    p.add_argument("--tol", type=_nonneg_float, default=TOL, metavar="F")
+    p.add_argument("--min-change", type=_fraction, default=MIN_CHANGE, metavar="F")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS")
+    p.add_argument("--workers", type=_positive_int, default=None, metavar="N")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.add_argument("--no-report", action="store_true", help="skip the report pictures")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_log_options(p)
+    p.set_defaults(func=cmd_hmm)
+    return p
+
+
+def cmd_hmm(args: argparse.Namespace) -> int:
+    """Run the ``hmm`` flow; exit status 2 with one line on bad input (``InputError``)."""
+    from flows.cli.run import start_flow
+    from flows.hmm import run_hmm_flow  # the CLI starts the flow: the one upward import
+
+    pio.check_file(args.input)
+    kwargs = dict(
+        input=args.input,
+        out=args.out,
+        sequence_column=args.sequence_column,
+        time_column=args.time_column,
+        alpha=args.alpha,
+        gamma=args.gamma,
+        family=args.family,
+        chunk_rows=args.chunk_rows,
+        holdout=args.holdout,
+        init=args.init,
+        init_sample=args.init_sample,
+        max_passes=args.max_passes,
+        tol=args.tol,
+        min_change=args.min_change,
+        random_state=args.seed,
+        scheduler=args.scheduler,
+        n_workers=args.workers,
+        overwrite=args.overwrite,
+        report=not args.no_report,
+        progress=not args.quiet,
+    )
+    rows_of = args.input if os.path.isfile(args.input) else None
+    start_flow(args, kwargs, rows_of=rows_of, runner=run_hmm_flow)
+    return 0

@@ -1,0 +1,216 @@
+"""The ``hmm`` flow (``dpmm hmm``): read and check the sequences -> ingest (sequences as groups)
+-> MAP-iHMM passes (engine ``ihmm``) -> write-out (Viterbi and forward algorithm) -> the HMM's
+outputs. Every step is a Prefect task around a ``pipeline`` function, on the same defaults as
+``dpmm run`` (``flows.cluster``); the Dask work runs on the client the flow opens.
+
+Bad input (``ValueError``) leaves nothing behind: the partial output is removed.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from flows.cluster import pass_task, start_task, write_task
+from pipeline.config import (
+    DEFAULT_CHUNK_ROWS,
+    INIT_SAMPLE,
+    MAX_PASSES,
+    MIN_CHANGE,
+    TOL,
+    FitParams,
+)
+from pipeline.dist import hmm as dhmm
+from pipeline.dist import loop
+from pipeline.dist import run as dist
+from pipeline.dist.client import dask_client
+from pipeline.dist.summaries import identity_stage2
+from pipeline.mapdp_core import seed_entropy
+from pipeline.store import Store, StoreInfo
+
+
+@task(name="read-sequences", cache_policy=NO_CACHE)
+def read_task(
+    path: str, sequence_column: str, time_column: str
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    return dhmm.read_sequences(path, sequence_column, time_column)
+
+
+@task(name="ingest", cache_policy=NO_CACHE)
+def ingest_task(
+    client: Any, source: Any, cfg: dist.RunConfig, partial: Path, progress: bool
+) -> tuple[Store, StoreInfo, bool]:
+    return dist.step_ingest(client, source, cfg, partial, progress)
+
+
+@flow(name="hmm", validate_parameters=False)
+def hmm(
+    input: str,
+    out: str,
+    sequence_column: str,
+    time_column: str,
+    alpha: float = 1.0,
+    gamma: float = 2.0,
+    family: Any = "auto",
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    holdout: float = 0.0,
+    init: str = "auto",
+    init_sample: int = INIT_SAMPLE,
+    max_passes: int = MAX_PASSES,
+    tol: float = TOL,
+    min_change: float = MIN_CHANGE,
+    random_state: int | None = 0,
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    processes: bool = True,
+    dashboard_address: str | None = ":8787",
+    overwrite: bool = False,
+    report: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Fit MAP-iHMM to the sequences of ``input`` (``dpmm hmm``; parameters as there).
+
+    Returns the content of ``out/run.json``.
+    """
+    params = FitParams(
+        engine="ihmm",
+        alpha=float(alpha),
+        init=init,
+        init_sample=init_sample,
+        max_passes=max_passes,
+        tol=tol,
+        min_change=min_change,
+        seed=seed_entropy(random_state),
+    ).checked()
+    cfg = dist.RunConfig(
+        out=str(out),
+        chunk_rows=int(chunk_rows),
+        holdout=float(holdout),
+        family=family,
+        params=params,
+        overwrite=overwrite,
+        report=report,
+        group_column=sequence_column,
+    )
+    t0 = time.perf_counter()
+    out_p = Path(out)
+    if out_p.exists() and not overwrite:
+        raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
+    timing: dict[str, float] = {}
+    frame, meta = read_task(input, sequence_column, time_column)
+    timing["read"] = time.perf_counter() - t0
+    # an in-memory source: ingested into the partial output, which is removed on bad input
+    partial, _ = dist.prepare_output(frame, cfg)
+    try:
+        with dask_client(scheduler, n_workers, processes, dashboard_address) as client:
+            t = time.perf_counter()
+            data, info, _ = ingest_task(client, frame, cfg, partial, progress)
+            timing["ingest"] = time.perf_counter() - t
+            t = time.perf_counter()
+            ctx = dist.run_context(partial, data, info, params, progress)
+            ctx.options["gamma"] = float(gamma)
+            labels = partial / "labels.zarr"
+            state: Any = loop.run_passes(
+                client,
+                ctx,
+                state=start_task(client, ctx),
+                step=lambda s: pass_task(client, ctx, s, s.pass_no + 1, labels),
+            )
+            timing["passes"] = time.perf_counter() - t
+            t = time.perf_counter()
+            mapping = identity_stage2(state.stats, info.family)
+            written = write_task(client, ctx, state, mapping, labels)
+            timing["write_out"] = time.perf_counter() - t
+    except ValueError:
+        dist.discard_output(partial)
+        raise
+    metrics, rows, A = dhmm.hmm_outputs(
+        partial, data, info, state, meta, sequence_column, time_column
+    )
+    timing["total"] = time.perf_counter() - t0
+    metrics.update(
+        passes=len(state.history),
+        converged=state.converged,
+        objective=state.objective,
+        stop=state.history[-1].get("stop") if state.history else None,
+        records_per_second=info.n_rows / timing["total"],
+    )
+    run = {
+        "input": str(input),
+        "out": str(out_p),
+        "n_rows": info.n_rows,
+        "n_train": info.n_train,
+        "columns": info.schema.columns,
+        "kinds": info.schema.kinds,
+        "family": repr(info.family),
+        "parameters": {
+            "engine": "ihmm",
+            "sequence_column": sequence_column,
+            "time_column": time_column,
+            "alpha": float(alpha),
+            "gamma": float(gamma),
+            "chunk_rows": cfg.chunk_rows,
+            "n_chunks": info.n_chunks,
+            "holdout": cfg.holdout,
+            "init": params.start,
+            "init_sample": init_sample,
+            "max_passes": max_passes,
+            "tol": tol,
+            "min_change": min_change,
+            "seed": params.seed,
+        },
+        "init": state.init_record,
+        "passes": state.history,
+        "timing": timing,
+        "metrics": metrics,
+        "write_out_seconds": written.seconds,
+    }
+    features = frame.drop(columns=[sequence_column])
+    run = dhmm.finish_hmm(
+        partial,
+        out_p,
+        overwrite,
+        run,
+        report,
+        rows,
+        features,
+        A,
+        state.stats[:, 0],
+        sequence_column,
+        time_column,
+    )
+    if progress:
+        m = run["metrics"]
+        print(
+            f"done: {info.n_rows:,} steps in {m['n_sequences']:,} sequences, {m['n_states']} "
+            f"states, {m['passes']} passes, objective {m['objective']:.6g}, "
+            f"{timing['total']:.1f} s -> {out}",
+            file=sys.stderr,
+        )
+    return run
+
+
+def run_hmm_flow(**kwargs: Any) -> dict[str, Any]:
+    """Run the ``hmm`` flow as ``dpmm hmm`` does (as ``flows.cluster.run_cluster_flow``)."""
+    from contextlib import nullcontext
+
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        get_current_settings,
+        temporary_settings,
+    )
+
+    local = get_current_settings().api.url is None
+    ctx = (
+        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+        if local
+        else nullcontext()
+    )
+    with ctx:
+        return hmm(**kwargs)

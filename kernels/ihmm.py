@@ -1,0 +1,686 @@
+"""The infinite hidden Markov model (HDP-HMM) in its direct-assignment form (seed 000, Section 6).
+
+State indicators ``z`` and the global weights ``kappa`` are kept; emission parameters and the
+transition matrix are integrated out. The emissions are any observation model of
+``kernels.obs.product`` (a state is one statistics row and one cache row, as a cluster of the
+mixture kernels). Many sequences share the states: records are stored sequence after sequence and
+``starts`` (S + 1,) holds the offsets, so sequence s is ``X[starts[s]:starts[s + 1]]``.
+
+State of a fit, in *slots* (rows of capacity ``cap``; a slot with ``nk == 0`` is free):
+
+``stats`` (cap, S), ``cache`` (cap, C), ``nk`` (cap,)
+    Emission statistics, caches and sizes of the states.
+``trans`` (cap, cap)
+    N_pk: transitions from state p to state k.
+``start`` (cap,)
+    Transitions from the start of a sequence into state k (the initial state is drawn from
+    DP(N0, kappa) as every row of the transition matrix: a start row).
+``rows`` (cap,)
+    N_p. = sum_k N_pk, transitions out of state p.
+``kappa`` (cap,), ``ku`` (1,)
+    Global weights of the represented states and the unrepresented mass kappa_{K+1}.
+
+The objective of the MAP variant (``objective``) is E(z, kappa) = -log p(X, z, kappa, K):
+
+    -sum_k log p(X_k)
+    - sum_rows [log Gamma(N0) - log Gamma(N0 + N_p.)
+                + sum_k log Gamma(N0 kappa_k + N_pk) - log Gamma(N0 kappa_k)]
+    - K log M0 - (M0 - 1) log kappa_{K+1}
+
+the emission marginals (eq. 6.4's psi_0 differences sum to them), the transitions given kappa
+with the transition matrix integrated out (each row a Dirichlet-multinomial whose one-step
+conditional is eq. 6.5), and a prior on the represented weights: kappa | K ~ Dirichlet(1, ...,
+1, M0) with P(K) proportional to M0^K Gamma(M0) / Gamma(M0 + K) (the top-level DP's sticks,
+v_k ~ Beta(1, M0), without the size-biased order). Given the table counts M_k its posterior is
+Dirichlet(M_1 + 1, ..., M_K + 1, M0), eq. 6.1 with a uniform base, and its mode
+kappa_k = M_k / (M + M0 - 1), kappa_{K+1} = (M0 - 1) / (M + M0 - 1) is eq. 6.6's. MAP over
+a density of kappa whose dimension changes with K needs this choice: under the top-level DP's
+own measure (prod_k kappa_k^{-1}) opening a state would cost nothing for its weight.
+"""
+
+import math
+
+import numpy as np
+from numba import njit
+
+from kernels.obs import product
+from kernels.rng import sample_log_weights, uniform
+from kernels.special import digamma, logsumexp
+
+
+@njit(cache=True, nogil=True)
+def _grow(stats, cache, nk, trans, start, rows, kappa):
+    cap = stats.shape[0]
+    new = max(2 * cap, 8)
+    s2 = np.zeros((new, stats.shape[1]))
+    c2 = np.zeros((new, cache.shape[1]))
+    n2 = np.zeros(new)
+    t2 = np.zeros((new, new))
+    st2 = np.zeros(new)
+    r2 = np.zeros(new)
+    k2 = np.zeros(new)
+    s2[:cap] = stats
+    c2[:cap] = cache
+    n2[:cap] = nk
+    t2[:cap, :cap] = trans
+    st2[:cap] = start
+    r2[:cap] = rows
+    k2[:cap] = kappa
+    return s2, c2, n2, t2, st2, r2, k2
+
+
+@njit(cache=True, nogil=True)
+def _link(a, k, trans, start, rows, w):
+    """Add (w = 1) or remove (w = -1) the transition a -> k; a = -1 is the start of a sequence."""
+    if a < 0:
+        start[k] += w
+    else:
+        trans[a, k] += w
+        rows[a] += w
+
+
+@njit(cache=True, nogil=True)
+def log_transition_gain(a, k, c, trans, start, rows, kappa, alpha):
+    """log of the transition factor of z_t = k given its neighbours (seed 000, eq. 6.5).
+
+    (N_{a k} + N0 kappa_k) (N_{k c} + N0 kappa_c + [a = k = c]) / (N_k. + N0 + [a = k]), the
+    Dirichlet-multinomial one-step conditional with the transitions of t removed; the factor
+    1 / (N_a. + N0) is the same for every k and left out. a = -1: t starts its sequence (the
+    start row); c = -1: t ends it (no second factor).
+    """
+    n_in = start[k] if a < 0 else trans[a, k]
+    out = math.log(n_in + alpha * kappa[k])
+    if c >= 0:
+        same = 1.0 if a == k else 0.0
+        both = 1.0 if (a == k and c == k) else 0.0
+        out += math.log(trans[k, c] + alpha * kappa[c] + both) - math.log(rows[k] + alpha + same)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def sweep(
+    X,
+    starts,
+    z,
+    stats,
+    cache,
+    nk,
+    trans,
+    start,
+    rows,
+    kappa,
+    ku,
+    n_slots,
+    spec,
+    prior,
+    empty_c,
+    alpha,
+    gamma,
+    b_new,
+    gibbs,
+    state,
+    n_fixed,
+):
+    """One sweep over every time step of every sequence: the argmin of eq. 6.7 (MAP-iHMM,
+    seed 000 Section 6.2) or, with ``gibbs``, a draw from eq. 6.3 (the Gibbs sampler of 6.1).
+
+    q_{t,k} = -log p(x_t | X_{k,-t}) (eq. 6.4) - log p(z_t = k | z_-t, kappa) (eq. 6.5). For the
+    MAP sweep every q_{t,k} is the exact change of ``objective`` when x_t joins state k, so a
+    sweep never raises it: a new state K+1 takes kappa_{K+1} = b_new kappa_u from the
+    unrepresented mass, so with the prior's change q_{t,K+1} = -log p(x_t)
+    - log(N0 b_new kappa_u kappa_{z_{t+1}}) - log M0 - (M0 - 1) log(1 - b_new); a record alone in
+    its state may stay or join another one (the state then disappears and kappa_u takes its
+    weight back). The Gibbs sweep is Teh et al.'s direct-assignment step: the record is removed
+    (its state dropped if it empties), q_{t,K+1} = -log p(x_t) - log(N0 kappa_u kappa_{z_{t+1}})
+    (eq. 6.5, last case) and a new state splits kappa_u by b ~ Beta(1, M0).
+
+    Records with z = -1 are in no state (the first, sequential sweep): their successor's
+    transition is not counted until they are assigned.
+
+    Parameters
+    ----------
+    X : ndarray of shape (N, D)
+        Records of all sequences, one after the other.
+    starts : ndarray of shape (n_seq + 1,), int64
+        Sequence offsets.
+    z : ndarray of shape (N,), int64
+        State slot of each record, -1 if none; updated in place.
+    stats, cache, nk, trans, start, rows, kappa : slot arrays (module docstring)
+    ku : ndarray of shape (1,)
+        kappa_{K+1}, updated in place.
+    n_slots : int
+    spec, prior : the product observation model (``kernels.obs.product``)
+    empty_c : ndarray of shape (C,)
+        Cache of empty statistics (the prior predictive).
+    alpha, gamma : float
+        N0 (local, transition concentration) and M0 (global, top-level concentration).
+    b_new : float
+        Share of kappa_u a new state takes in the MAP sweep, in (0, 1]; 1 / M0 minimises
+        q_{t,K+1}.
+    gibbs : bool
+    state : ndarray of shape (1,), uint64
+        RNG state (``kernels.rng``), used by the Gibbs sweep only.
+    n_fixed : int
+        Slots below it are never reused for a new state even when empty (a chunk's copy of
+        the global states keeps their numbers); new states go to free slots from there on.
+
+    Returns
+    -------
+    stats, cache, nk, trans, start, rows, kappa : ndarrays, reallocated when slots ran out
+    n_slots : int
+    n_changed : int
+        Records whose state changed.
+    """
+    costs = np.empty(stats.shape[0] + 2)
+    empty_s = np.zeros(stats.shape[1])
+    log_ag = math.log(alpha * b_new) + math.log(gamma) + (gamma - 1.0) * math.log1p(-b_new)
+    n_changed = 0
+    n_seq = starts.shape[0] - 1
+    for s in range(n_seq):
+        t0 = starts[s]
+        t1 = starts[s + 1]
+        for t in range(t0, t1):
+            x = X[t]
+            k0 = z[t]
+            a = z[t - 1] if t > t0 else -1
+            c = z[t + 1] if t + 1 < t1 else -1
+            alone = False
+            if k0 >= 0:
+                product.update(x, stats[k0], cache[k0], spec, prior, -1.0)
+                nk[k0] -= 1.0
+                _link(a, k0, trans, start, rows, -1.0)
+                if c >= 0:
+                    _link(k0, c, trans, start, rows, -1.0)
+                if nk[k0] == 0.0:
+                    stats[k0, :] = 0.0
+                    cache[k0, :] = empty_c
+                    alone = True
+                    if gibbs:
+                        ku[0] += kappa[k0]
+                        kappa[k0] = 0.0
+            if costs.shape[0] < n_slots + 2:
+                costs = np.empty(2 * n_slots + 2)
+            lp0 = product.log_predictive(x, empty_s, empty_c, spec, prior)
+            for k in range(n_slots):
+                if nk[k] > 0.0:
+                    costs[k] = -product.log_predictive(
+                        x, stats[k], cache[k], spec, prior
+                    ) - log_transition_gain(a, k, c, trans, start, rows, kappa, alpha)
+                elif k == k0 and alone and not gibbs:
+                    # stay alone: restoring the state's weight kappa_k0 (top-level measure)
+                    g = log_transition_gain(a, k, c, trans, start, rows, kappa, alpha)
+                    g += math.log(gamma)
+                    if gamma != 1.0:
+                        g += (gamma - 1.0) * (math.log(ku[0]) - math.log(ku[0] + kappa[k0]))
+                    costs[k] = -lp0 - g
+                else:
+                    costs[k] = np.inf
+            new_cost = -lp0
+            if c >= 0:
+                new_cost -= math.log(kappa[c])
+            if gibbs:
+                new_cost -= math.log(alpha) + math.log(ku[0])
+            elif alone:
+                # a new state in place of the one being emptied differs from staying only in
+                # its share of kappa_u: the kappa step decides that
+                new_cost = np.inf
+            else:
+                new_cost -= log_ag + math.log(ku[0])
+            costs[n_slots] = new_cost
+            if gibbs:
+                for k in range(n_slots + 1):
+                    costs[k] = -costs[k]
+                best = sample_log_weights(state, costs, n_slots + 1)
+            else:
+                best = k0 if k0 >= 0 else n_slots
+                if best == n_slots and costs[n_slots] == np.inf:
+                    best = 0
+                for k in range(n_slots + 1):
+                    if costs[k] < costs[best]:
+                        best = k
+            if best == n_slots:
+                free = -1
+                for k in range(n_fixed, n_slots):
+                    if nk[k] == 0.0 and not (k == k0 and alone and not gibbs):
+                        free = k
+                        break
+                if free < 0:
+                    if n_slots == stats.shape[0]:
+                        stats, cache, nk, trans, start, rows, kappa = _grow(
+                            stats, cache, nk, trans, start, rows, kappa
+                        )
+                    free = n_slots
+                    n_slots += 1
+                b = b_new
+                if gibbs:
+                    # b ~ Beta(1, M0) by inversion
+                    b = 1.0 - uniform(state) ** (1.0 / gamma)
+                kappa[free] = b * ku[0]
+                ku[0] *= 1.0 - b
+                stats[free, :] = 0.0
+                cache[free, :] = empty_c
+                best = free
+            if alone and not gibbs and best != k0:
+                ku[0] += kappa[k0]
+                kappa[k0] = 0.0
+            product.update(x, stats[best], cache[best], spec, prior, 1.0)
+            nk[best] += 1.0
+            _link(a, best, trans, start, rows, 1.0)
+            if c >= 0:
+                _link(best, c, trans, start, rows, 1.0)
+            if best != k0:
+                n_changed += 1
+            z[t] = best
+    return stats, cache, nk, trans, start, rows, kappa, n_slots, n_changed
+
+
+@njit(cache=True, nogil=True)
+def log_transitions(trans, start, rows, kappa, ku, nk, alpha, gamma):
+    """log p(z | kappa) + log p(kappa, K): the transition and kappa terms of the MAP-iHMM
+    objective (module docstring), for the states with nk > 0.
+
+    Parameters
+    ----------
+    trans : ndarray of shape (K, K)
+    start, rows, kappa, nk : ndarrays of shape (K,)
+    ku : float
+    alpha, gamma : float
+
+    Returns
+    -------
+    float
+    """
+    K = nk.shape[0]
+    out = 0.0
+    lga = math.lgamma(alpha)
+    n_start = 0.0
+    for k in range(K):
+        n_start += start[k]
+    for p in range(-1, K):
+        n_p = n_start if p < 0 else rows[p]
+        if n_p == 0.0:
+            continue
+        out += lga - math.lgamma(alpha + n_p)
+        for k in range(K):
+            n = start[k] if p < 0 else trans[p, k]
+            if n > 0.0:
+                a = alpha * kappa[k]
+                out += math.lgamma(a + n) - math.lgamma(a)
+    n_states = 0
+    for k in range(K):
+        if nk[k] > 0.0:
+            n_states += 1
+    out += n_states * math.log(gamma)
+    if gamma != 1.0:
+        out += (gamma - 1.0) * math.log(ku)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def objective(stats, nk, trans, start, rows, kappa, ku, spec, prior, alpha, gamma):
+    """E(z, kappa) = -log p(X, z, kappa) of MAP-iHMM (module docstring; seed 000, Section 6.2).
+
+    Parameters
+    ----------
+    stats : ndarray of shape (K, S)
+    nk, start, rows, kappa : ndarrays of shape (K,)
+    trans : ndarray of shape (K, K)
+    ku : float
+    spec, prior : the observation model
+    alpha, gamma : float
+
+    Returns
+    -------
+    float
+    """
+    out = 0.0
+    for k in range(stats.shape[0]):
+        if nk[k] > 0.0:
+            out -= product.log_marginal(stats[k], spec, prior)
+    return out - log_transitions(trans, start, rows, kappa, ku, nk, alpha, gamma)
+
+
+@njit(cache=True, nogil=True)
+def count_transitions(z, starts, K):
+    """Transition counts of labelled sequences.
+
+    Parameters
+    ----------
+    z : ndarray of shape (N,), int64
+        States 0..K-1; -1 (no state) counts no transition in or out.
+    starts : ndarray of shape (n_seq + 1,), int64
+    K : int
+
+    Returns
+    -------
+    trans : ndarray of shape (K, K)
+    start : ndarray of shape (K,)
+    rows : ndarray of shape (K,)
+    """
+    trans = np.zeros((K, K))
+    start = np.zeros(K)
+    rows = np.zeros(K)
+    for s in range(starts.shape[0] - 1):
+        t0 = starts[s]
+        t1 = starts[s + 1]
+        if t1 <= t0:
+            continue
+        if z[t0] >= 0:
+            start[z[t0]] += 1.0
+        for t in range(t0 + 1, t1):
+            if z[t - 1] >= 0 and z[t] >= 0:
+                trans[z[t - 1], z[t]] += 1.0
+                rows[z[t - 1]] += 1.0
+    return trans, start, rows
+
+
+@njit(cache=True, nogil=True)
+def emission_matrix(X, stats, cache, spec, prior, empty_c):
+    """log p(x_t | X_k) for every record and state, and the prior predictive log p(x_t) as the
+    last column (eq. 6.4's posterior predictive: the emission of the MAP model).
+
+    Parameters
+    ----------
+    X : ndarray of shape (N, D)
+    stats : ndarray of shape (K, S)
+    cache : ndarray of shape (K, C)
+
+    Returns
+    -------
+    ndarray of shape (N, K + 1)
+    """
+    N = X.shape[0]
+    K = stats.shape[0]
+    out = np.empty((N, K + 1))
+    empty_s = np.zeros(stats.shape[1])
+    for t in range(N):
+        for k in range(K):
+            out[t, k] = product.log_predictive(X[t], stats[k], cache[k], spec, prior)
+        out[t, K] = product.log_predictive(X[t], empty_s, empty_c, spec, prior)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def forward_steps(log_b, starts, log_pi, log_a):
+    """log p(x_t | x_1..x_{t-1}) of every step by the forward algorithm (filtering): the chain
+    rule's terms, summing to ``forward``'s log p(x_1..x_T) over each sequence.
+
+    Parameters
+    ----------
+    As ``forward``.
+
+    Returns
+    -------
+    ndarray of shape (N,)
+    """
+    K = log_pi.shape[0]
+    N = log_b.shape[0]
+    out = np.empty(N)
+    prev = np.empty(K)
+    cur = np.empty(K)
+    tmp = np.empty(K)
+    for s in range(starts.shape[0] - 1):
+        t0 = starts[s]
+        t1 = starts[s + 1]
+        if t1 <= t0:
+            continue
+        for k in range(K):
+            prev[k] = log_pi[k] + log_b[t0, k]
+        norm = logsumexp(prev, K)
+        out[t0] = norm
+        for k in range(K):
+            prev[k] -= norm
+        for t in range(t0 + 1, t1):
+            for k in range(K):
+                for j in range(K):
+                    tmp[j] = prev[j] + log_a[j, k]
+                cur[k] = logsumexp(tmp, K) + log_b[t, k]
+            norm = logsumexp(cur, K)
+            out[t] = norm
+            for k in range(K):
+                prev[k] = cur[k] - norm
+    return out
+
+
+@njit(cache=True, nogil=True)
+def forward(log_b, starts, log_pi, log_a):
+    """log p(x_1..x_T) of each sequence by the forward algorithm.
+
+    alpha_1(k) = pi_k b_k(x_1), alpha_t(k) = b_k(x_t) sum_j alpha_{t-1}(j) A_jk, in logs.
+
+    Parameters
+    ----------
+    log_b : ndarray of shape (N, K)
+        Emission log densities.
+    starts : ndarray of shape (n_seq + 1,), int64
+    log_pi : ndarray of shape (K,)
+        Initial-state log probabilities.
+    log_a : ndarray of shape (K, K)
+        Transition log probabilities, rows summing to 1.
+
+    Returns
+    -------
+    ndarray of shape (n_seq,)
+    """
+    K = log_pi.shape[0]
+    n_seq = starts.shape[0] - 1
+    out = np.empty(n_seq)
+    prev = np.empty(K)
+    cur = np.empty(K)
+    tmp = np.empty(K)
+    for s in range(n_seq):
+        t0 = starts[s]
+        t1 = starts[s + 1]
+        for k in range(K):
+            prev[k] = log_pi[k] + log_b[t0, k]
+        for t in range(t0 + 1, t1):
+            for k in range(K):
+                for j in range(K):
+                    tmp[j] = prev[j] + log_a[j, k]
+                cur[k] = logsumexp(tmp, K) + log_b[t, k]
+            prev[:] = cur
+        out[s] = logsumexp(prev, K)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def viterbi(log_b, starts, log_pi, log_a):
+    """The most probable state path of each sequence (Viterbi), and its log joint probability.
+
+    Parameters
+    ----------
+    As ``forward``.
+
+    Returns
+    -------
+    path : ndarray of shape (N,), int64
+    best : ndarray of shape (n_seq,)
+        max over paths of log p(x, z) of each sequence.
+    """
+    N = log_b.shape[0]
+    K = log_pi.shape[0]
+    n_seq = starts.shape[0] - 1
+    path = np.empty(N, dtype=np.int64)
+    best = np.empty(n_seq)
+    back = np.empty((N, K), dtype=np.int64)
+    prev = np.empty(K)
+    cur = np.empty(K)
+    for s in range(n_seq):
+        t0 = starts[s]
+        t1 = starts[s + 1]
+        for k in range(K):
+            prev[k] = log_pi[k] + log_b[t0, k]
+        for t in range(t0 + 1, t1):
+            for k in range(K):
+                arg = 0
+                m = prev[0] + log_a[0, k]
+                for j in range(1, K):
+                    v = prev[j] + log_a[j, k]
+                    if v > m:
+                        m = v
+                        arg = j
+                back[t, k] = arg
+                cur[k] = m + log_b[t, k]
+            prev[:] = cur
+        arg = 0
+        for k in range(1, K):
+            if prev[k] > prev[arg]:
+                arg = k
+        best[s] = prev[arg]
+        path[t1 - 1] = arg
+        for t in range(t1 - 1, t0, -1):
+            path[t - 1] = back[t, path[t]]
+    return path, best
+
+
+@njit(cache=True, nogil=True)
+def table_counts_expected(trans, start, kappa, alpha):
+    """E[M_k], the expected number of tables serving state k over all rows, given the counts:
+    sum_p sum_{j < N_pk} N0 kappa_k / (N0 kappa_k + j), the mean of the Polya urn draw of
+    eq. 6.2 (Antoniak's distribution). Exact sums below 1000 customers, the digamma form
+    a (psi(a + N) - psi(a)) above.
+
+    Parameters
+    ----------
+    trans : ndarray of shape (K, K)
+    start, kappa : ndarray of shape (K,)
+    alpha : float
+
+    Returns
+    -------
+    ndarray of shape (K,)
+    """
+    K = kappa.shape[0]
+    M = np.zeros(K)
+    for p in range(-1, K):
+        for k in range(K):
+            n = start[k] if p < 0 else trans[p, k]
+            if n <= 0.0:
+                continue
+            a = alpha * kappa[k]
+            if n < 1000.0:
+                acc = 0.0
+                for j in range(int(n)):
+                    acc += a / (a + j)
+                M[k] += acc
+            else:
+                M[k] += a * (digamma(a + n) - digamma(a))
+    return M
+
+
+@njit(cache=True, nogil=True)
+def table_counts_urn(trans, start, kappa, alpha, state):
+    """M_k drawn by the Polya urn of eq. 6.2: for each row p and state k the N_pk transitions are
+    replayed, the j-th one drawn new from the global DP with probability
+    N0 kappa_k / (N0 kappa_k + j) (seed 000, Section 6.1; Van Gael 2012).
+
+    Parameters
+    ----------
+    As ``table_counts_expected``, plus ``state`` (uint64 (1,)), the RNG state.
+
+    Returns
+    -------
+    ndarray of shape (K,)
+    """
+    K = kappa.shape[0]
+    M = np.zeros(K)
+    for p in range(-1, K):
+        for k in range(K):
+            n = start[k] if p < 0 else trans[p, k]
+            if n <= 0.0:
+                continue
+            a = alpha * kappa[k]
+            for j in range(int(n)):
+                if uniform(state) * (a + j) < a:
+                    M[k] += 1.0
+    return M
+
+
+@njit(cache=True, nogil=True)
+def _row_term(n_row, counts, kappa, alpha, K):
+    """log Gamma(N0) - log Gamma(N0 + N_p.) + sum_k log Gamma(N0 kappa_k + N_pk)
+    - log Gamma(N0 kappa_k): one row's Dirichlet-multinomial term of ``log_transitions``."""
+    if n_row == 0.0:
+        return 0.0
+    out = math.lgamma(alpha) - math.lgamma(alpha + n_row)
+    for k in range(K):
+        if counts[k] > 0.0:
+            a = alpha * kappa[k]
+            out += math.lgamma(a + counts[k]) - math.lgamma(a)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def merge_deltas(stats, trans, start, kappa, spec, prior, alpha, gamma):
+    """The change of ``objective`` when states a < b merge (statistics, counts and weights add),
+    for every pair: O(K) per pair from the rows and columns the merge touches, instead of a
+    full O(K^2) objective.
+
+    Parameters
+    ----------
+    stats : ndarray of shape (K, S)
+    trans : ndarray of shape (K, K)
+    start, kappa : ndarray of shape (K,)
+    spec, prior : the observation model
+    alpha, gamma : float
+
+    Returns
+    -------
+    ndarray of shape (K, K)
+        [a, b] for a < b: E after the merge minus E now; +inf elsewhere.
+    """
+    K = stats.shape[0]
+    out = np.full((K, K), np.inf)
+    lm = np.empty(K)
+    rows = np.zeros(K)
+    for k in range(K):
+        lm[k] = product.log_marginal(stats[k], spec, prior)
+        for j in range(K):
+            rows[k] += trans[k, j]
+    row_terms = np.empty(K)
+    for p in range(K):
+        row_terms[p] = _row_term(rows[p], trans[p], kappa, alpha, K)
+    scratch = np.empty(stats.shape[1])
+    for a in range(K):
+        for b in range(a + 1, K):
+            for t in range(stats.shape[1]):
+                scratch[t] = stats[a, t] + stats[b, t]
+            d = -(product.log_marginal(scratch, spec, prior) - lm[a] - lm[b])
+            d += math.log(gamma)
+            kab = alpha * (kappa[a] + kappa[b])
+            ka = alpha * kappa[a]
+            kb = alpha * kappa[b]
+            # columns a and b of the start row and of every row but a and b
+            for p in range(-1, K):
+                if p == a or p == b:
+                    continue
+                na = start[a] if p < 0 else trans[p, a]
+                nb = start[b] if p < 0 else trans[p, b]
+                if na + nb == 0.0:
+                    continue
+                new = math.lgamma(kab + na + nb) - math.lgamma(kab)
+                old = 0.0
+                if na > 0.0:
+                    old += math.lgamma(ka + na) - math.lgamma(ka)
+                if nb > 0.0:
+                    old += math.lgamma(kb + nb) - math.lgamma(kb)
+                d -= new - old
+            # rows a and b become one row; its column a holds a->a, a->b, b->a, b->b
+            n_row = rows[a] + rows[b]
+            new_row = 0.0
+            if n_row > 0.0:
+                new_row = math.lgamma(alpha) - math.lgamma(alpha + n_row)
+                for k in range(K):
+                    if k == b:
+                        continue
+                    if k == a:
+                        n = trans[a, a] + trans[a, b] + trans[b, a] + trans[b, b]
+                        kk = kab
+                    else:
+                        n = trans[a, k] + trans[b, k]
+                        kk = alpha * kappa[k]
+                    if n > 0.0:
+                        new_row += math.lgamma(kk + n) - math.lgamma(kk)
+            d -= new_row - row_terms[a] - row_terms[b]
+            out[a, b] = d
+    return out

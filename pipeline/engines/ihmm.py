@@ -1,0 +1,542 @@
+"""The MAP-iHMM engine (seed 000, Section 6.2): many sequences, distributed over sequences.
+
+Sequences are the groups of a grouped dataset store (``--group-column``): all rows of a group
+sit in one chunk, in input order, which is time order (the ``dpmm hmm`` flow checks and sorts
+by its time column before ingest). Held-out flags are drawn per group, so a sequence is wholly
+trained on or wholly held out.
+
+A chunk task sweeps its training sequences (``kernels.ihmm.sweep``, the argmin of eq. 6.7)
+against a copy of the global state, writes the new states of its rows and returns additive
+deltas: emission statistics per state (from the records that changed state, so rounding does
+not accumulate), transition and start counts, and the statistics of the states it opened,
+numbered K, K + 1, ... The driver adds them in chunk order, drops emptied states, takes the
+kappa step (eq. 6.6 with the expected table counts), merges states while the exact objective
+falls, and computes E(z, kappa) from the counts and statistics alone. Labels are relabelled
+lazily, as in the mixture engines (``PassState.remap``, ``k_written``, ``offsets``).
+
+Within one chunk the sweep is exact coordinate descent on E; chunks swept in parallel against
+the same copy are not, so E is monotone only when one chunk holds the data (the contract's
+test). Viterbi re-segmentation and split moves need the records and are the in-memory
+estimator's (``pipeline.ihmm.MAPiHMM``); the engine's moves are merges.
+
+The write-out labels held-out sequences by Viterbi under the final MAP model and gives every
+row its forward-filtering term log p(x_t | x_1..x_{t-1}), so that a sequence's rows sum to its
+held-out log likelihood (the chain rule).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from kernels import bayes_kmeans as kbk
+from kernels import ihmm as kihmm
+from pipeline.dist.writeout import WriteResult, emit_chunk
+from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext, stop_reason
+from pipeline.engines.mixture_state import IntArray, current_labels
+from pipeline.families import FloatArray, ProductFamily
+from pipeline.ihmm_core import (
+    HmmState,
+    b_new_of,
+    greedy_merges,
+    kappa_step,
+    starts_of,
+    sweep_state,
+)
+from pipeline.persist import register
+
+DEFAULT_GAMMA = 2.0
+
+
+@register
+@dataclass
+class IhmmPassState:
+    """The driver's state after ``pass_no`` passes: the K states (emission statistics, counts,
+    weights) and the decoding of the labels the last pass wrote."""
+
+    pass_no: int
+    stats: FloatArray
+    trans: FloatArray
+    start: FloatArray
+    kappa: FloatArray
+    ku: float
+    alpha: float
+    gamma: float
+    remap: IntArray
+    k_written: int
+    offsets: IntArray
+    history: list[dict[str, Any]] = field(default_factory=list)
+    converged: bool = False
+    # a sample start's states (statistics, transitions, starts): pass 1 assigns every record
+    # against them, then the sample's own counts are taken out again
+    warm: HmmState | None = None
+    init_record: dict[str, Any] | None = None
+
+    @property
+    def n_clusters(self) -> int:
+        return int(self.stats.shape[0])
+
+    @property
+    def objective(self) -> float:
+        return float(self.history[-1]["objective"]) if self.history else math.inf
+
+    @property
+    def hmm(self) -> HmmState:
+        return HmmState(self.stats, self.trans, self.start, self.kappa, self.ku)
+
+
+@dataclass
+class IhmmInput:
+    """What every chunk task of a pass (or of the write-out) receives."""
+
+    p: int
+    stats: FloatArray
+    trans: FloatArray
+    start: FloatArray
+    kappa: FloatArray
+    ku: float
+    alpha: float
+    gamma: float
+    remap: IntArray
+    k_written: int
+    offsets: IntArray
+    family: ProductFamily
+    plot_rate: float = 0.0
+    has_y: bool = False
+
+    @property
+    def hmm(self) -> HmmState:
+        return HmmState(self.stats, self.trans, self.start, self.kappa, self.ku)
+
+
+@dataclass
+class IhmmChunkResult:
+    """A chunk's part of a pass: deltas of the K states, the states it opened, counts."""
+
+    c: int
+    delta: FloatArray  # (K, S)
+    new_stats: FloatArray  # (M, S)
+    trans_delta: FloatArray  # (K + M, K + M)
+    start_delta: FloatArray  # (K + M,)
+    n_changed: int
+    n_train: int
+    seconds: float
+
+
+def chunk_sequences(chunk: Chunk) -> tuple[IntArray, IntArray]:
+    """The chunk's rows grouped by sequence (stable, so time order is kept) and the sequence
+    offsets in that order: (order (n,), starts (n_seq + 1,))."""
+    group = np.asarray(chunk.read("group"), dtype=np.int64)
+    order = np.argsort(group, kind="stable").astype(np.int64)
+    g = group[order]
+    cuts = np.flatnonzero(np.diff(g)) + 1
+    starts = np.concatenate([[0], cuts, [g.shape[0]]]).astype(np.int64)
+    return order, starts
+
+
+def _train_sequences(
+    order: IntArray, starts: IntArray, hold: np.ndarray
+) -> tuple[IntArray, IntArray]:
+    """Rows (in sequence order) and offsets of the training sequences only."""
+    keep = [s for s in range(starts.shape[0] - 1) if not hold[order[starts[s]]]]
+    lengths = np.array([starts[s + 1] - starts[s] for s in keep], dtype=np.int64)
+    rows = (
+        np.concatenate([order[starts[s] : starts[s + 1]] for s in keep])
+        if keep
+        else np.zeros(0, dtype=np.int64)
+    )
+    return rows.astype(np.int64), starts_of(lengths, int(lengths.sum()))
+
+
+def objective_of(st: HmmState, family: ProductFamily, alpha: float, gamma: float) -> float:
+    return st.objective(family, alpha, gamma) if st.n_states else 0.0
+
+
+class IhmmEngine(Engine):
+    name: ClassVar[str] = "ihmm"
+    record_arrays: ClassVar[tuple[RecordArray, ...]] = (RecordArray("z", "int64", -1),)
+
+    def init_state(self, ctx: RunContext, client: Any) -> IhmmPassState:
+        params = ctx.params
+        if not ctx.info.grouped:
+            raise ValueError(
+                "the ihmm engine needs a dataset store ingested with a group column (the "
+                "sequence id)"
+            )
+        if params.learn_alpha:
+            raise ValueError("the ihmm engine takes a fixed alpha (N0), not 'learn'")
+        if params.start not in ("sequential", "sample"):
+            raise ValueError(f"the ihmm engine starts 'sequential', got init={params.init!r}")
+        gamma = float(ctx.options.get("gamma", DEFAULT_GAMMA))
+        S = ctx.info.family.n_stats
+        if params.start == "sample":
+            return sample_start(ctx, float(params.alpha), gamma)  # type: ignore[arg-type]
+        return IhmmPassState(
+            pass_no=0,
+            stats=np.zeros((0, S)),
+            trans=np.zeros((0, 0)),
+            start=np.zeros(0),
+            kappa=np.zeros(0),
+            ku=1.0,
+            alpha=float(params.alpha),  # type: ignore[arg-type]
+            gamma=gamma,
+            remap=np.zeros(0, dtype=np.int64),
+            k_written=0,
+            offsets=np.zeros(0, dtype=np.int64),
+        )
+
+    def _input(self, state: Any, ctx: RunContext, p: int) -> IhmmInput:
+        from pipeline.engines.mixture import plot_rate
+
+        info = ctx.info
+        return IhmmInput(
+            p=p,
+            stats=state.stats,
+            trans=state.trans,
+            start=state.start,
+            kappa=state.kappa,
+            ku=state.ku,
+            alpha=state.alpha,
+            gamma=state.gamma,
+            remap=state.remap,
+            k_written=state.k_written,
+            offsets=state.offsets,
+            family=info.family,
+            plot_rate=plot_rate(info),
+            has_y=info.label_column is not None,
+        )
+
+    def pass_input(self, state: Any, ctx: RunContext, p: int, scores_into: str | None) -> Any:
+        return self._input(state, ctx, p)
+
+    def chunk_step(self, chunk: Chunk, msg: IhmmInput) -> IhmmChunkResult:
+        t0 = time.perf_counter()
+        fam = msg.family
+        X, hold = chunk.X, chunk.holdout
+        n = chunk.b - chunk.a
+        if msg.p == 1:
+            z_all = np.full(n, -1, dtype=np.int64)
+        else:
+            z_all = current_labels(chunk, msg)
+        order, starts = chunk_sequences(chunk)
+        rows, tstarts = _train_sequences(order, starts, hold)
+        Xs = np.ascontiguousarray(X[rows])
+        z_old = z_all[rows].copy()
+        z = z_old.copy()
+        K = msg.stats.shape[0]
+        z_new, n_new, n_changed = sweep_chunk(Xs, tstarts, z, msg.hmm, fam, msg)
+        delta, new_stats = kbk.label_deltas(
+            Xs,
+            np.arange(Xs.shape[0], dtype=np.int64),
+            z_old,
+            z_new,
+            K,
+            n_new,
+            fam.spec,
+            fam.n_stats,
+        )
+        t_new, s_new, _ = kihmm.count_transitions(z_new, tstarts, K + n_new)
+        t_old, s_old, _ = kihmm.count_transitions(z_old, tstarts, K + n_new)
+        out = np.full(n, -1, dtype=np.int64)
+        out[rows] = z_new
+        chunk.write("z", out)
+        return IhmmChunkResult(
+            chunk.c,
+            delta,
+            new_stats,
+            t_new - t_old,
+            s_new - s_old,
+            int(n_changed),
+            int(rows.shape[0]),
+            time.perf_counter() - t0,
+        )
+
+    def reduce(
+        self, state: Any, results: list[Any], ctx: RunContext, scores_into: str | None
+    ) -> tuple[IhmmPassState, dict[str, Any]]:
+        fam = ctx.info.family
+        results = sorted(results, key=lambda r: r.c)
+        K = state.n_clusters
+        M = sum(r.new_stats.shape[0] for r in results)
+        T = K + M
+        base = state.hmm
+        if state.warm is not None:
+            # the sample start's own counts leave once its states have drawn the records
+            w = state.warm
+            base = HmmState(
+                base.stats - w.stats,
+                base.trans - w.trans,
+                base.start - w.start,
+                base.kappa,
+                base.ku,
+            )
+        stats = np.vstack(
+            [base.stats + sum((r.delta for r in results), np.zeros_like(state.stats))]
+            + [r.new_stats for r in results]
+        )
+        trans = np.zeros((T, T))
+        trans[:K, :K] = base.trans
+        start = np.zeros(T)
+        start[:K] = base.start
+        offsets = np.zeros(ctx.info.n_chunks, dtype=np.int64)
+        m = 0
+        for r in results:
+            offsets[r.c] = m
+            mc = r.new_stats.shape[0]
+            idx = np.concatenate([np.arange(K), K + m + np.arange(mc)]).astype(np.int64)
+            trans[np.ix_(idx, idx)] += r.trans_delta
+            start[idx] += r.start_delta
+            m += mc
+        # states opened in the chunks take shares of kappa_{K+1}, as a sweep's new state does
+        b = b_new_of(state.gamma)
+        kappa = np.concatenate([state.kappa, np.zeros(M)])
+        ku = state.ku
+        for j in range(M):
+            kappa[K + j] = b * ku
+            ku *= 1.0 - b
+        keep = stats[:, 0] > 0.5
+        ku += float(kappa[~keep].sum())
+        new_id = np.full(T, -1, dtype=np.int64)
+        new_id[keep] = np.arange(int(keep.sum()))
+        st = HmmState(
+            np.ascontiguousarray(stats[keep]),
+            np.ascontiguousarray(trans[np.ix_(keep, keep)]),
+            np.ascontiguousarray(start[keep]),
+            np.ascontiguousarray(kappa[keep]),
+            float(ku),
+        )
+        alpha, gamma = state.alpha, state.gamma
+        e = objective_of(st, fam, alpha, gamma)
+        cand = kappa_step(st, alpha, gamma, "expectation", np.zeros(1, np.uint64))
+        e_cand = objective_of(cand, fam, alpha, gamma)
+        if e_cand <= e:
+            st, e = cand, e_cand
+        st, e, target = greedy_merges(st, fam, alpha, gamma, e)
+        remap = np.where(new_id >= 0, target[np.maximum(new_id, 0)], -1).astype(np.int64)
+        n_changed = sum(r.n_changed for r in results)
+        n_train = sum(r.n_train for r in results)
+        merges = int(keep.sum()) - st.n_states
+        record: dict[str, Any] = {
+            "pass": state.pass_no + 1,
+            "objective": e,
+            "n_clusters": st.n_states,
+            "n_new": int(M),
+            "merges": merges,
+            "n_changed": int(n_changed),
+            "changed_fraction": n_changed / max(n_train, 1),
+            "task_seconds": float(sum(r.seconds for r in results)),
+        }
+        reason = stop_reason(state.objective, e, n_changed + merges, n_train, ctx.params)
+        record["stop"] = reason
+        new = IhmmPassState(
+            pass_no=state.pass_no + 1,
+            stats=st.stats,
+            trans=st.trans,
+            start=st.start,
+            kappa=st.kappa,
+            ku=st.ku,
+            alpha=alpha,
+            gamma=gamma,
+            remap=remap,
+            k_written=K,
+            offsets=offsets,
+            history=[*state.history, record],
+            converged=reason is not None,
+            init_record=state.init_record,
+        )
+        return new, record
+
+    def write_input(self, state: Any, mapping: np.ndarray, ctx: RunContext) -> IhmmInput:
+        # stage 2 (merging clusters into a hierarchy) does not apply to states: identity only
+        return self._input(state, ctx, state.pass_no + 1)
+
+    def score_chunk(self, chunk: Chunk, labels: str, msg: IhmmInput) -> WriteResult:
+        """Final state of every row (Viterbi for held-out sequences; -1: an unrepresented
+        state) and its forward-filtering term log p(x_t | x_<t), written to ``labels``."""
+        fam = msg.family
+        X, hold = chunk.X, chunk.holdout
+        z1 = current_labels(chunk, msg)
+        order, starts = chunk_sequences(chunk)
+        Xs = np.ascontiguousarray(X[order])
+        st = msg.hmm
+        log_b = kihmm.emission_matrix(
+            Xs, st.stats, fam.cache_of(st.stats), fam.spec, fam.prior, fam.empty_cache()
+        )
+        log_pi, log_a = st.log_params(msg.alpha)
+        steps = kihmm.forward_steps(log_b, starts, log_pi, log_a)
+        path, _ = kihmm.viterbi(log_b, starts, log_pi, log_a)
+        path = np.where(path == st.n_states, -1, path)
+        logdens = np.empty(X.shape[0])
+        logdens[order] = steps
+        pred = np.empty(X.shape[0], dtype=np.int64)
+        pred[order] = path
+        label = np.where(hold, pred, z1)
+        return emit_chunk(
+            chunk.data,
+            labels,
+            chunk.c,
+            chunk.a,
+            X,
+            hold,
+            label,
+            logdens,
+            msg.plot_rate,
+            msg.has_y,
+        )
+
+    def warm_up(self) -> None:
+        """Load the sweep, the deltas and the write-out's kernels on toy records."""
+        from pipeline.worker_setup import toy_family
+
+        X, family = toy_family()
+        starts = starts_of(None, X.shape[0])
+        z = np.full(X.shape[0], -1, dtype=np.int64)
+        st, _ = sweep_state(
+            X,
+            starts,
+            z,
+            HmmState(
+                np.zeros((0, family.n_stats)), np.zeros((0, 0)), np.zeros(0), np.zeros(0), 1.0
+            ),
+            family,
+            1.0,
+            2.0,
+            False,
+            np.zeros(1, np.uint64),
+        )
+        kihmm.count_transitions(z, starts, st.n_states)
+        log_pi, log_a = st.log_params(1.0)
+        log_b = kihmm.emission_matrix(
+            X, st.stats, family.cache_of(st.stats), family.spec, family.prior, family.empty_cache()
+        )
+        kihmm.forward_steps(log_b, starts, log_pi, log_a)
+        kihmm.viterbi(log_b, starts, log_pi, log_a)
+
+
+def sample_start(ctx: RunContext, alpha: float, gamma: float) -> IhmmPassState:
+    """The state before pass 1 from in-memory MAP-iHMM (sweeps, kappa step, Viterbi, merge and
+    split moves: ``pipeline.ihmm_core.run_map_ihmm``) on the training sequences of the first
+    chunks, about ``init_sample`` rows: the moves the passes do not have find the states once."""
+    import time as _time
+
+    from pipeline.ihmm_core import run_map_ihmm
+    from pipeline.mapdp_core import seed_state
+
+    t0 = _time.perf_counter()
+    info, params = ctx.info, ctx.params
+    fam = info.family
+    parts: list[FloatArray] = []
+    lengths: list[int] = []
+    for c in range(info.n_chunks):
+        a, b = info.chunk_bounds(c)
+        X = np.asarray(ctx.data.array("X")[a:b])
+        hold = np.asarray(ctx.data.array("holdout")[a:b]).astype(bool)
+        group = np.asarray(ctx.data.array("group")[a:b], dtype=np.int64)
+        order = np.argsort(group, kind="stable")
+        g = group[order]
+        cuts = np.concatenate([[0], np.flatnonzero(np.diff(g)) + 1, [g.shape[0]]])
+        for s0, s1 in itertools.pairwise(cuts):
+            rows = order[s0:s1]
+            if hold[rows[0]]:
+                continue
+            parts.append(X[rows])
+            lengths.append(int(s1 - s0))
+            if sum(lengths) >= params.init_sample:
+                break
+        if sum(lengths) >= params.init_sample:
+            break
+    Xs = np.ascontiguousarray(np.vstack(parts))
+    starts = starts_of(np.asarray(lengths, dtype=np.int64), Xs.shape[0])
+    seq = np.random.SeedSequence(params.seed, spawn_key=(params.restart, 0))
+    res = run_map_ihmm(Xs, starts, fam, alpha, gamma, 100, 1e-6, "expectation", seed_state(seq))
+    st = res.state
+    K = st.n_states
+    return IhmmPassState(
+        pass_no=0,
+        stats=st.stats,
+        trans=st.trans,
+        start=st.start,
+        kappa=st.kappa,
+        ku=st.ku,
+        alpha=alpha,
+        gamma=gamma,
+        remap=np.arange(K, dtype=np.int64),
+        k_written=K,
+        offsets=np.zeros(info.n_chunks, dtype=np.int64),
+        warm=st,
+        init_record={
+            "method": "sample",
+            "rows": int(Xs.shape[0]),
+            "sequences": len(lengths),
+            "n_states": K,
+            "iterations": res.n_iter,
+            "seconds": _time.perf_counter() - t0,
+        },
+    )
+
+
+def sweep_chunk(
+    X: FloatArray,
+    starts: IntArray,
+    z: IntArray,
+    st: HmmState,
+    family: ProductFamily,
+    msg: IhmmInput,
+) -> tuple[IntArray, int, int]:
+    """One MAP sweep of a chunk's sequences against a copy of the K global states: labels with
+    the states the chunk opened numbered K, K + 1, ..., their number, records moved."""
+    K = st.n_states
+    cap = K + 8
+    stats = np.zeros((cap, family.n_stats))
+    stats[:K] = st.stats
+    cache = np.zeros((cap, family.n_cache))
+    if K:
+        cache[:K] = family.cache_of(st.stats)
+    nk = np.zeros(cap)
+    nk[:K] = st.nk
+    trans = np.zeros((cap, cap))
+    trans[:K, :K] = st.trans
+    start = np.zeros(cap)
+    start[:K] = st.start
+    rows = np.zeros(cap)
+    rows[:K] = st.rows
+    kappa = np.zeros(cap)
+    kappa[:K] = st.kappa
+    ku = np.array([st.ku])
+    _s, _c, nk, _t, _st, _r, _k, n_slots, n_changed = kihmm.sweep(
+        X,
+        starts,
+        z,
+        stats,
+        cache,
+        nk,
+        trans,
+        start,
+        rows,
+        kappa,
+        ku,
+        K,
+        family.spec,
+        family.prior,
+        family.empty_cache(),
+        msg.alpha,
+        msg.gamma,
+        b_new_of(msg.gamma),
+        False,
+        np.zeros(1, np.uint64),
+        K,
+    )
+    slot_map = np.arange(max(n_slots, K), dtype=np.int64)
+    new_slots = [s for s in range(K, n_slots) if nk[s] > 0]
+    for j, s in enumerate(new_slots):
+        slot_map[s] = K + j
+    z[:] = np.where(z >= K, slot_map[np.maximum(z, 0)], z)
+    return z, len(new_slots), int(n_changed)
+
+
+ENGINE = IhmmEngine()

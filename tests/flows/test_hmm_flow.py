@@ -1,0 +1,135 @@
+"""The Prefect ``hmm`` flow and ``dpmm hmm`` end to end (MAP-iHMM over many sequences), under
+``prefect_test_harness``: every output, the per-sequence held-out log likelihood against the
+estimator's forward algorithm, and bad input (exit status 2, one line naming row and column,
+nothing left behind)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from prefect.testing.utilities import prefect_test_harness
+from sklearn.metrics import normalized_mutual_info_score
+
+from flows.cli import main
+from flows.hmm import hmm
+from pipeline.io import temp_sibling
+from tests.pipeline.test_ihmm_engine import sequences_frame
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_harness():
+    # the temporary server can take more than the default 30 s to start on a loaded machine
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
+
+
+LOCAL = {"processes": False, "n_workers": 2, "dashboard_address": None, "progress": False}
+
+
+def write_sequences(path: Path, n: int = 2400, seed: int = 1) -> tuple[pd.DataFrame, np.ndarray]:
+    df, z = sequences_frame(n, seed=seed)
+    df["t"] = (np.arange(n) % 40) * 1.5
+    # sequences interleaved in the file, each in time order
+    order = np.lexsort((df.seq.to_numpy(), df.t.to_numpy()))
+    df, z = df.iloc[order].reset_index(drop=True), z[order]
+    df.to_csv(path, index=False)
+    return df, z
+
+
+def test_flow_writes_every_output(tmp_path: Path) -> None:
+    df, z = write_sequences(tmp_path / "in.csv")
+    out = tmp_path / "out"
+    run = hmm(
+        str(tmp_path / "in.csv"),
+        str(out),
+        "seq",
+        "t",
+        chunk_rows=800,
+        holdout=0.2,
+        **LOCAL,
+    )
+    assert not temp_sibling(out).exists()
+    for name in (
+        "rows.parquet",
+        "sequences.parquet",
+        "states.parquet",
+        "transitions.csv",
+        "run.json",
+        "report.html",
+        "report.md",
+    ):
+        assert (out / name).exists(), name
+    for pic in ("sequences.png", "transitions.png", "sizes.png"):
+        assert (out / pic).stat().st_size > 1000
+    rows = pd.read_parquet(out / "rows.parquet")
+    assert len(rows) == len(df)
+    np.testing.assert_array_equal(rows.seq.to_numpy(), df.seq.to_numpy())
+    assert np.isfinite(rows.log_density).all()
+    assert normalized_mutual_info_score(z, rows.state) > 0.9
+    seqs = pd.read_parquet(out / "sequences.parquet")
+    assert len(seqs) == df.seq.nunique() and 0 < seqs.heldout.sum() < len(seqs)
+    assert seqs.length.sum() == len(df)
+    saved = json.loads((out / "run.json").read_text())
+    m = saved["metrics"]
+    assert (
+        m["n_states"] == run["metrics"]["n_states"] == len(pd.read_parquet(out / "states.parquet"))
+    )
+    held = seqs[seqs.heldout]
+    assert m["heldout_log_likelihood"] == pytest.approx(held.log_likelihood.sum())
+    trans = pd.read_csv(out / "transitions.csv", index_col=0)
+    np.testing.assert_allclose(trans.to_numpy().sum(axis=1), 1.0)
+    assert len(saved["passes"]) == m["passes"]
+
+
+def base_frame() -> pd.DataFrame:
+    df, _ = sequences_frame(200, seed=0)
+    df["t"] = (np.arange(200) % 40) * 1.0
+    return df
+
+
+def edit(df: pd.DataFrame, col: str, row: int, value: object) -> pd.DataFrame:
+    df = df.astype({col: object}) if value is None or isinstance(value, str) else df.copy()
+    df.loc[row, col] = value
+    return df
+
+
+@pytest.mark.parametrize(
+    ("frame", "words"),
+    [
+        (lambda: edit(base_frame(), "t", 45, 2.0), ["'t'", "row 45", "backwards"]),
+        (lambda: edit(base_frame(), "t", 45, 4.0), ["'t'", "row 45", "duplicated"]),
+        (lambda: edit(base_frame(), "seq", 12, None), ["'seq'", "row 12", "missing"]),
+        (lambda: edit(base_frame(), "t", 7, None), ["'t'", "row 7", "missing"]),
+        (lambda: edit(base_frame(), "a", 30, np.nan), ["'a'", "30"]),
+        (lambda: base_frame().drop(columns="t"), ["--time-column", "'t'"]),
+    ],
+    ids=["unsorted-time", "duplicated-time", "missing-id", "missing-time", "nan", "no-column"],
+)
+def test_bad_input_exits_2_and_leaves_nothing(tmp_path: Path, capsys, frame, words) -> None:
+    path = tmp_path / "in.csv"
+    frame().to_csv(path, index=False)
+    out = tmp_path / "out"
+    argv = [
+        "hmm",
+        str(path),
+        "--sequence-column",
+        "seq",
+        "--time-column",
+        "t",
+        "--out",
+        str(out),
+        "--workers",
+        "1",
+        "--quiet",
+    ]
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(err) == 1 and err[0].startswith("dpmm: error:"), err
+    for w in words:
+        assert w in err[0], (w, err[0])
+    assert not out.exists() and not temp_sibling(out).exists()

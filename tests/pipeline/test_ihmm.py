@@ -1,0 +1,161 @@
+"""``MAPiHMM`` and ``IHMMGibbs`` (seed 000, Section 6): recovery of a small HMM, hmmlearn's
+``lengths`` convention, the DataFrame form with a sequence-id column, prediction and held-out
+likelihood, and bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import normalized_mutual_info_score
+
+from pipeline import IHMMGibbs, MAPiHMM
+from pipeline.ihmm_core import starts_of
+
+
+def sample_hmm(rng, lengths, means=(-3.0, 0.0, 3.0), stay=0.95, d=2):
+    K = len(means)
+    A = np.full((K, K), (1 - stay) / (K - 1))
+    np.fill_diagonal(A, stay)
+    zs, Xs = [], []
+    for n in lengths:
+        z = np.empty(n, dtype=np.int64)
+        z[0] = rng.integers(K)
+        for t in range(1, n):
+            z[t] = rng.choice(K, p=A[z[t - 1]])
+        zs.append(z)
+        Xs.append(np.asarray(means)[z][:, None] + rng.normal(size=(n, d)))
+    return np.vstack(Xs), np.concatenate(zs)
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    lengths = [150, 80, 120]
+    X, z = sample_hmm(rng, lengths)
+    return X, z, np.asarray(lengths)
+
+
+def test_recovers_states_and_attributes(data):
+    X, z, lengths = data
+    m = MAPiHMM(random_state=0).fit(X, lengths)
+    assert m.n_states_ == 3
+    assert normalized_mutual_info_score(z, m.labels_) > 0.95
+    K = m.n_states_
+    assert m.transmat_.shape == (K, K)
+    np.testing.assert_allclose(m.transmat_.sum(axis=1), 1.0)
+    assert np.all(np.diag(m.transmat_) > 0.8)
+    np.testing.assert_allclose(m.startprob_.sum(), 1.0)
+    assert m.kappa_.shape == (K + 1,)
+    np.testing.assert_allclose(m.kappa_.sum(), 1.0)
+    h = np.asarray(m.objective_history_)
+    assert np.all(np.diff(h) <= 1e-9 * np.abs(h[:-1]))
+    assert m.n_iter_ == len(h)
+    assert m.state_sizes_.sum() == X.shape[0]
+    table = m.state_summary()
+    assert len(table) == K
+
+
+def test_predict_and_score_per_sequence(data):
+    X, _z, lengths = data
+    m = MAPiHMM(random_state=0).fit(X, lengths)
+    rng = np.random.default_rng(5)
+    Xn, zn = sample_hmm(rng, [60, 40])
+    pred = m.predict(Xn, [60, 40])
+    assert normalized_mutual_info_score(zn, pred) > 0.9
+    ll = m.score_samples(Xn, [60, 40])
+    assert ll.shape == (2,)
+    # forward algorithm against the chain rule with the states summed out by brute force
+    # would need all paths; instead: one sequence scored alone equals its entry
+    assert m.score_samples(Xn[:60])[0] == pytest.approx(ll[0], rel=1e-12)
+    assert m.score(Xn, [60, 40]) == pytest.approx(ll.sum())
+    # held out data from the model scores higher than shuffled data (the time order matters)
+    shuffled = Xn[rng.permutation(100)]
+    assert m.score(Xn, [60, 40]) > m.score(shuffled, [60, 40])
+
+
+def test_dataframe_form_equals_lengths_form(data):
+    X, z, lengths = data
+    ids = np.repeat(["a", "b", "c"], lengths)
+    times = np.concatenate([np.arange(n) * 2.0 for n in lengths])
+    df = pd.DataFrame(X, columns=["u", "v"]).assign(seq=ids, t=times)
+    shuffled = df.copy()
+    inter = pd.concat([df[df.seq == s] for s in "bca"]).sort_values("t", kind="stable")
+    a = MAPiHMM(random_state=0).fit(X, lengths)
+    b = MAPiHMM(random_state=0).fit(shuffled, sequence_column="seq", time_column="t")
+    assert normalized_mutual_info_score(a.labels_, b.labels_) == pytest.approx(1.0)
+    # rows of different sequences interleave; each sequence keeps its time order
+    c = MAPiHMM(random_state=0).fit(inter, sequence_column="seq", time_column="t")
+    back = pd.Series(c.labels_, index=inter.index).loc[df.index].to_numpy()
+    assert normalized_mutual_info_score(z, back) > 0.95
+    assert list(c.feature_names_in_) == ["u", "v"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda df: df.assign(t=df.t.where(df.index != 5, 0.0)), r"row 5: time goes backwards"),
+        (lambda df: df.assign(t=df.t.where(df.index != 5, 8.0)), r"row 5: duplicated time stamp"),
+        (lambda df: df.assign(seq=df.seq.where(df.index != 7, None)), r"'seq', row 7: missing"),
+        (lambda df: df.assign(u=df.u.where(df.index != 9, np.nan)), r"'u'.*9|9.*'u'"),
+        (lambda df: df.assign(t=df.t.astype(object).where(df.index != 3, "x")), r"'t', row 3"),
+    ],
+)
+def test_bad_sequences_name_row_and_column(edit, match):
+    rng = np.random.default_rng(0)
+    X, _ = sample_hmm(rng, [10, 10])
+    df = pd.DataFrame(X, columns=["u", "v"]).assign(
+        seq=np.repeat(["a", "b"], 10), t=np.tile(np.arange(10) * 2.0, 2)
+    )
+    with pytest.raises(ValueError, match=match):
+        MAPiHMM().fit(edit(df), sequence_column="seq", time_column="t")
+
+
+def test_bad_lengths():
+    X = np.random.default_rng(0).normal(size=(10, 2))
+    with pytest.raises(ValueError, match="sum to 9"):
+        MAPiHMM().fit(X, [4, 5])
+    with pytest.raises(ValueError, match=">= 1"):
+        MAPiHMM().fit(X, [10, 0])
+    with pytest.raises(ValueError, match="m_counts"):
+        MAPiHMM(m_counts="mode").fit(X)
+
+
+def test_length_one_sequences_are_kept(data):
+    """A sequence of one step is an observation from the start row: fitted and scored."""
+    X, _z, _ = data
+    m = MAPiHMM(random_state=0).fit(X[:12], [1, 5, 1, 5])
+    assert m.labels_.shape == (12,)
+    assert np.isfinite(m.score_samples(X[:2], [1, 1])).all()
+
+
+def test_urn_counts_option(data):
+    X, z, lengths = data
+    m = MAPiHMM(m_counts="urn", random_state=0).fit(X, lengths)
+    assert normalized_mutual_info_score(z, m.labels_) > 0.9
+
+
+def test_count_emissions():
+    """Poisson emissions."""
+    rng = np.random.default_rng(0)
+    _, z = sample_hmm(rng, [200])
+    X = rng.poisson(np.array([1.0, 6.0, 15.0])[z][:, None], size=(200, 2))
+    df = pd.DataFrame(X, columns=["a", "b"])
+    m = MAPiHMM(family="poisson", random_state=0).fit(df)
+    assert "Poisson" in repr(m.family_)
+    assert normalized_mutual_info_score(z, m.labels_) > 0.9
+
+
+def test_gibbs_estimator(data):
+    X, z, lengths = data
+    g = IHMMGibbs(n_sweeps=150, burn_in=50, random_state=0).fit(X, lengths)
+    assert normalized_mutual_info_score(z, g.labels_) > 0.8
+    assert g.n_states_trace_.shape == (150,)
+    assert np.isfinite(g.score(X, lengths))
+
+
+def test_restarts_keep_the_lowest_objective(data):
+    X, _z, lengths = data
+    m = MAPiHMM(n_restarts=3, random_state=0).fit(X, lengths)
+    assert m.objective_ == pytest.approx(min(m.restart_objectives_))
+    assert starts_of(lengths, X.shape[0])[-1] == X.shape[0]
