@@ -8,6 +8,8 @@ The public API, loaded lazily so that ``import pipeline`` stays light:
 * ``DPMeans``, ``CollapsedGibbs``, ``UncollapsedGibbs`` - reference methods (the Gibbs samplers of
   seed 003, Algorithms 3 and 2);
 * ``MixtureEstimator`` - the base class of all of them (fit template, encoding, predict checks);
+* ``GridSearch`` - hyperparameters by K-fold held-out log predictive density on Dask, in
+  scikit-learn's ``GridSearchCV`` conventions (seed 000, Appendix A, option 4);
 * ``exact_log_marginal`` - the DPM marginal likelihood by enumeration of partitions;
 * ``families`` - the likelihood families (``GaussianNW``, ``NormalGamma``, ``Categorical``, ...).
 """
@@ -28,6 +30,7 @@ _LAZY = {
     "UncollapsedGibbs": "pipeline.baselines",
     "MixtureEstimator": "pipeline.base",
     "exact_log_marginal": "pipeline.exact",
+    "GridSearch": "pipeline.search",
     "families": "pipeline.families",
 }
 

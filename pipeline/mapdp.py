@@ -11,7 +11,9 @@ from sklearn.exceptions import ConvergenceWarning
 from pipeline import config
 from pipeline.base import MixtureEstimator
 from pipeline.families import FloatArray
+from pipeline.families.gaussian import check_scale
 from pipeline.mapdp_core import MapdpResult, as_seed_sequence, run_mapdp
+from pipeline.tuning import check_tune, tune_cv
 
 AUTO_RESTARTS_MAX_N = 20_000
 
@@ -54,6 +56,19 @@ class MAPDP(MixtureEstimator):
         Seeds the permutations; a fixed value makes ``fit`` reproducible.
     verbose : int, default=0
         1 prints one line per iteration.
+    prior_scale : float in (0, 1) or None, default=None
+        The share of the data's (co)variance one cluster is expected to carry, for the
+        empirical-Bayes prior of the Gaussian columns (``GaussianNW.empirical_bayes``,
+        ``NormalGamma.empirical_bayes``); None keeps each family's default. Ignored when
+        ``family`` is a ``Family`` / ``ProductFamily`` instance (its prior is given).
+    tune : {None, "cv"}, default=None
+        None fits the configuration given. "cv" first chooses the concentration, the prior
+        scale and the covariance (full or diagonal for the Gaussian columns) by 5-fold held-out
+        log predictive density (seed 000, Appendix A, option 4) over ``TUNE_GRID``
+        (``pipeline.search.GridSearch`` with the one-standard-error rule: the fewest clusters
+        within one standard error of the best held-out density), then fits all of X with the
+        choice. No label is used. It costs about 5 x 24 + 1 = 121 fits, on the current Dask
+        client if there is one (else in this process), which is why it is not the default.
 
     Attributes
     ----------
@@ -89,6 +104,8 @@ class MAPDP(MixtureEstimator):
         alpha_prior: tuple[float, float] = (2.0, 1.0),
         random_state: Any = None,
         verbose: int = 0,
+        prior_scale: float | None = None,
+        tune: str | None = None,
     ):
         self.alpha = alpha
         self.family = family
@@ -99,6 +116,8 @@ class MAPDP(MixtureEstimator):
         self.alpha_prior = alpha_prior
         self.random_state = random_state
         self.verbose = verbose
+        self.prior_scale = prior_scale
+        self.tune = tune
 
     # -- fitting -----------------------------------------------------------------------------
     def _check_params(self) -> tuple[float, bool, tuple[float, float]]:
@@ -109,6 +128,9 @@ class MAPDP(MixtureEstimator):
             config.check_int(self.n_restarts, "n_restarts")
         config.check_int(self.max_iter, "max_iter")
         config.check_tol(self.tol)
+        if self.prior_scale is not None:
+            check_scale(self.prior_scale)
+        check_tune(self.tune)
         return alpha, learn, config.check_alpha_prior(self.alpha_prior)
 
     def fit(self, X: Any, y: Any = None) -> MAPDP:
@@ -125,6 +147,9 @@ class MAPDP(MixtureEstimator):
         """
         import dask
 
+        if self.tune is not None:
+            self._check_params()
+            return tune_cv(self, X)
         if dask.is_dask_collection(X):
             self._check_params()
             # the distributed code path: one Dask task per chunk per pass (pipeline.distributed)
