@@ -4,6 +4,8 @@
 ``dpmm demo --out DIR``           ``dpmm run`` on a generated, labelled data set
 ``dpmm run INPUT --out DIR``      the distributed pipeline: the Prefect flow ``flows.cluster``
                                   (``flows.cli.run``)
+``dpmm cv INPUT --out DIR``       a cross-validation grid as the Prefect flow ``flows.cv``
+                                  (``flows.cli.cv``)
 
 Exit status: 0 on success; 2 on bad input or usage, with exactly one line
 ``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
@@ -33,6 +35,7 @@ from typing import Any, NoReturn
 import numpy as np
 import pandas as pd
 
+from flows.cli.cv import add_cv_parser
 from flows.cli.run import add_log_options, add_run_parser
 from flows.cli.types import alpha as _alpha
 from flows.cli.types import family as _family
@@ -208,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     add_run_parser(sub)
+    add_cv_parser(sub)
     return parser
 
 

@@ -207,10 +207,14 @@ def add_log_options(p: argparse.ArgumentParser) -> None:
 
 
 def start_flow(
-    args: argparse.Namespace, kwargs: dict[str, Any], rows_of: str | None = None
+    args: argparse.Namespace,
+    kwargs: dict[str, Any],
+    rows_of: str | None = None,
+    runner: Any = None,
 ) -> dict[str, Any]:
-    """Run ``flows.cluster.run_cluster_flow(**kwargs)`` with the log lines sent where ``args``
-    says (``--verbose``, ``--log-file``, ``--quiet``).
+    """Run ``flows.cluster.run_cluster_flow(**kwargs)`` (or ``runner(**kwargs)``: another flow's
+    runner, ``flows.cv.run_cv_flow``) with the log lines sent where ``args`` says
+    (``--verbose``, ``--log-file``, ``--quiet``).
 
     Parameters
     ----------
@@ -255,7 +259,7 @@ def start_flow(
                     # belong in the log with the rest
                     fh = stack.enter_context(open(log, "a", encoding="utf-8"))
                     stack.enter_context(contextlib.redirect_stderr(fh))
-            return run_cluster_flow(**kwargs)
+            return (runner or run_cluster_flow)(**kwargs)
     except ValueError as err:
         msg = " ".join(str(err).split()) or type(err).__name__
         if rows_of is not None:
