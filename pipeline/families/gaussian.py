@@ -25,6 +25,10 @@ from pipeline.families.base import (
 from pipeline.persist import register
 
 
+#: the default prior scale of ``GaussianNW.empirical_bayes`` (its docstring says why)
+DEFAULT_SCALE = 0.3
+
+
 def check_scale(scale: float) -> float:
     """A prior scale: the share of the data's variance a cluster is expected to carry, in
     (0, 1)."""
@@ -103,7 +107,7 @@ class GaussianNW(Family):
 
     @classmethod
     def empirical_bayes(
-        cls, X: FloatArray, shrink: float = 10.0, scale: float | None = None
+        cls, X: FloatArray, shrink: float | None = None, scale: float | None = None
     ) -> GaussianNW:
         """The default prior from the data (seed 000, Appendix A, option 1, with one stated belief).
 
@@ -111,17 +115,23 @@ class GaussianNW(Family):
         E[precision] = a0 B0 = (cov / shrink)^{-1}, i.e. a cluster is expected to carry
         1 / ``shrink`` of the data's (co)variance; c0 = 1 / (shrink - 1) so that the spread of
         cluster means, E[Sigma] / c0, accounts for the rest (total = within + between).
-        ``shrink = 10`` is a prior belief, not a type-II maximum-likelihood value: maximising the
-        marginal likelihood over the whole data treated as one cluster gives shrink = 1, which
-        makes one cluster absorb everything.
+        The share ``scale = 1 / shrink`` is a prior belief, not a type-II maximum-likelihood
+        value: maximising the marginal likelihood over the whole data treated as one cluster
+        gives shrink = 1, which makes one cluster absorb everything.
 
-        ``scale`` in (0, 1), when given, is that share directly (``shrink = 1 / scale``): the
-        prior scale that ``MAPDP(prior_scale=...)`` and the cross-validation grids tune.
+        ``scale`` in (0, 1) (or ``shrink`` > 1) sets that share; ``MAPDP(prior_scale=...)`` and
+        the cross-validation grids tune it. The default, ``DEFAULT_SCALE`` = 0.3, was measured
+        (issue 14: NMI with ``MAPDP(random_state=0)``, default 0.1 -> 0.3): wine 0.61 -> 0.91,
+        iris 0.69 -> 0.73, scikit-learn's digits 0.22 -> 0.33, scikit-learn's breast cancer
+        (WDBC) 0.40 -> 0.44; 0.5 was worse on digits (0.11) and wine (0.81). A cluster
+        expected to carry a tenth of the data's variance over-segmented every one of them.
         """
         X = np.asarray(X, dtype=np.float64)
         n, d = X.shape
         if scale is not None:
             shrink = 1.0 / check_scale(scale)
+        elif shrink is None:
+            shrink = 1.0 / DEFAULT_SCALE
         if not shrink > 1:
             raise ValueError(f"GaussianNW.empirical_bayes: shrink must be > 1, got {shrink}")
         m0 = X.mean(axis=0)
