@@ -24,7 +24,6 @@ from pipeline.families.base import (
 )
 from pipeline.persist import register
 
-
 #: the default prior scale of ``GaussianNW.empirical_bayes`` (its docstring says why)
 DEFAULT_SCALE = 0.3
 
