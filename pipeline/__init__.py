@@ -11,6 +11,8 @@ The public API, loaded lazily so that ``import pipeline`` stays light:
 * ``GridSearch`` - hyperparameters by K-fold held-out log predictive density on Dask, in
   scikit-learn's ``GridSearchCV`` conventions (seed 000, Appendix A, option 4);
 * ``exact_log_marginal`` - the DPM marginal likelihood by enumeration of partitions;
+* ``save_model`` / ``load_model`` - fitted models as a directory of JSON and arrays, no pickle
+  (``estimator.save(path)`` is ``save_model``);
 * ``families`` - the likelihood families (``GaussianNW``, ``NormalGamma``, ``Categorical``, ...).
 """
 
@@ -32,6 +34,8 @@ _LAZY = {
     "exact_log_marginal": "pipeline.exact",
     "GridSearch": "pipeline.search",
     "families": "pipeline.families",
+    "load_model": "pipeline.model",
+    "save_model": "pipeline.model",
 }
 
 __all__ = sorted(_LAZY)

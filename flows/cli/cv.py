@@ -23,6 +23,7 @@ import os
 import sys
 from typing import Any
 
+from flows.cli.prefect_api import prestart
 from flows.cli.run import add_log_options, start_flow
 from flows.cli.types import positive_int as _positive_int
 from pipeline import io as pio
@@ -153,6 +154,7 @@ def cmd_cv(args: argparse.Namespace) -> int:
     if args.folds < 2:
         raise InputError(f"--folds {args.folds}: at least 2 folds are needed")
     pio.check_file(args.input)
+    prestart()  # Prefect's temporary server boots while the flow's modules load
     kwargs = dict(
         input=args.input,
         out=args.out,
