@@ -18,6 +18,7 @@ from pipeline import cv as pcv
 from pipeline.dist.loop import InjectedFault
 from pipeline.io import temp_sibling
 from pipeline.mapdp import MAPDP
+from pipeline.model import load_model
 from pipeline.store import Store
 
 
@@ -91,6 +92,12 @@ def test_cv_flow_outputs_and_reference(tmp_path: Path) -> None:
         random_state=0,
     ).fit(pd.DataFrame(X, columns=info.names))
     assert cvj["metrics"]["n_clusters"] == ref.n_clusters_
+    # ... written as a model artifact that loads into the same model
+    assert cvj["model"]["artifact"] == "model"
+    loaded = load_model(out / "model")
+    Xdf = pd.DataFrame(X, columns=info.names)[list(info.schema.columns)]
+    np.testing.assert_array_equal(loaded.predict(Xdf), ref.predict(Xdf))
+    np.testing.assert_allclose(loaded.score_samples(Xdf), ref.score_samples(Xdf), rtol=1e-12)
     assert len(y) == info.n_rows
 
 
