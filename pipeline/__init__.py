@@ -10,6 +10,8 @@ The public API, loaded lazily so that ``import pipeline`` stays light:
 * ``MixedEffectsDP`` - the semiparametric mixed-effects model of seed 000 Section 7;
 * ``MAPiHMM``, ``IHMMGibbs`` - the infinite HMM of seed 000 Section 6 (MAP and Gibbs);
 * ``MixtureEstimator`` - the base class of all of them (fit template, encoding, predict checks);
+* ``GridSearch`` - hyperparameters by K-fold held-out log predictive density on Dask, in
+  scikit-learn's ``GridSearchCV`` conventions (seed 000, Appendix A, option 4);
 * ``exact_log_marginal`` - the DPM marginal likelihood by enumeration of partitions;
 * ``save_model`` / ``load_model`` - fitted models as a directory of JSON and arrays, no pickle
   (``estimator.save(path)`` is ``save_model``);
@@ -35,6 +37,7 @@ _LAZY = {
     "MixtureEstimator": "pipeline.base",
     "MixedEffectsDP": "pipeline.mixed_effects",
     "exact_log_marginal": "pipeline.exact",
+    "GridSearch": "pipeline.search",
     "families": "pipeline.families",
     "load_model": "pipeline.model",
     "save_model": "pipeline.model",

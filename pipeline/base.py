@@ -146,7 +146,7 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
                 )
             schema.check_values(prod, Xe)
         else:
-            prod = schema.build_family(Xe)
+            prod = schema.build_family(Xe, scale=getattr(self, "prior_scale", None))
         self.family_ = prod
         return prod.arrange(Xe)
 

@@ -346,8 +346,10 @@ class Schema:
                 by_kind.setdefault(k, []).append(j)
         return [(k, cols) for k, cols in by_kind.items()] + out
 
-    def build_family(self, X: FloatArray) -> ProductFamily:
-        """Empirical-Bayes priors per group (seed 000, Appendix A, option 1)."""
+    def build_family(self, X: FloatArray, scale: float | None = None) -> ProductFamily:
+        """Empirical-Bayes priors per group (seed 000, Appendix A, option 1); ``scale`` is the
+        prior scale of the Gaussian groups (``GaussianNW.empirical_bayes``; None: their
+        default)."""
         groups: list[tuple[Family, list[int]]] = []
         for kind, cols in self.groups():
             Xg = X[:, cols]
@@ -359,6 +361,8 @@ class Schema:
             elif kind == "binomial":
                 trials = np.array([self.n_trials[nm] for nm in names], dtype=np.float64)
                 fam = fam_mod.Binomial.empirical_bayes(Xg, n_trials=trials)
+            elif kind in ("gaussian", "diag-gaussian") and scale is not None:
+                fam = fam_mod.FAMILIES[kind].empirical_bayes(Xg, scale=scale)  # type: ignore[call-arg]
             else:
                 fam = fam_mod.FAMILIES[kind].empirical_bayes(Xg)
             fam.check_values(Xg, names)

@@ -4,6 +4,8 @@
 ``dpmm demo --out DIR``           ``dpmm run`` on a generated, labelled data set
 ``dpmm run INPUT --out DIR``      the distributed pipeline: the Prefect flow ``flows.cluster``
                                   (``flows.cli.run``)
+``dpmm cv INPUT --out DIR``       a cross-validation grid as the Prefect flow ``flows.cv``
+                                  (``flows.cli.cv``)
 ``dpmm server``                   a long-lived Prefect server for repeated runs
                                   (``flows.cli.server``)
 ``dpmm longitudinal INPUT ...``   the mixed-effects model of seed 000 Section 7 over subjects
@@ -42,6 +44,7 @@ import pandas as pd
 
 from flows.cli.longitudinal import add_longitudinal_parser
 from flows.cli.hmm import add_hmm_parser
+from flows.cli.cv import add_cv_parser
 from flows.cli.run import add_log_options, add_run_parser
 from flows.cli.server import add_server_parser
 from flows.cli.types import alpha as _alpha
@@ -218,6 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     add_run_parser(sub)
+    add_cv_parser(sub)
     add_server_parser(sub)
     add_longitudinal_parser(sub)
     add_hmm_parser(sub)

@@ -214,8 +214,9 @@ def start_flow(
     rows_of: str | None = None,
     runner: Any = None,
 ) -> dict[str, Any]:
-    """Run ``flows.cluster.run_cluster_flow(**kwargs)`` with the log lines sent where ``args``
-    says (``--verbose``, ``--log-file``, ``--quiet``).
+    """Run ``flows.cluster.run_cluster_flow(**kwargs)`` (or ``runner(**kwargs)``: another flow's
+    runner, ``flows.cv.run_cv_flow``) with the log lines sent where ``args`` says
+    (``--verbose``, ``--log-file``, ``--quiet``).
 
     Parameters
     ----------

@@ -24,6 +24,24 @@ from pipeline.families.base import (
 )
 from pipeline.persist import register
 
+#: the default prior scale of ``GaussianNW.empirical_bayes`` (its docstring says why)
+DEFAULT_SCALE = 0.3
+
+
+def check_scale(scale: float) -> float:
+    """A prior scale: the share of the data's variance a cluster is expected to carry, in
+    (0, 1)."""
+    try:
+        s = float(scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"prior_scale must be a number in (0, 1), got {scale!r}") from None
+    if not 0.0 < s < 1.0:
+        raise ValueError(
+            f"prior_scale must be in (0, 1) (the share of the data's variance one cluster is "
+            f"expected to carry), got {scale!r}"
+        )
+    return s
+
 
 @register
 @dataclass(repr=False)
@@ -87,19 +105,32 @@ class GaussianNW(Family):
         return 2 * self.n_cols**2 + 2 * self.n_cols + 4
 
     @classmethod
-    def empirical_bayes(cls, X: FloatArray, shrink: float = 10.0) -> GaussianNW:
+    def empirical_bayes(
+        cls, X: FloatArray, shrink: float | None = None, scale: float | None = None
+    ) -> GaussianNW:
         """The default prior from the data (seed 000, Appendix A, option 1, with one stated belief).
 
         m0 = the data mean; a0 = d + 2 (the weakest Wishart with a finite mean covariance);
         E[precision] = a0 B0 = (cov / shrink)^{-1}, i.e. a cluster is expected to carry
         1 / ``shrink`` of the data's (co)variance; c0 = 1 / (shrink - 1) so that the spread of
         cluster means, E[Sigma] / c0, accounts for the rest (total = within + between).
-        ``shrink = 10`` is a prior belief, not a type-II maximum-likelihood value: maximising the
-        marginal likelihood over the whole data treated as one cluster gives shrink = 1, which
-        makes one cluster absorb everything.
+        The share ``scale = 1 / shrink`` is a prior belief, not a type-II maximum-likelihood
+        value: maximising the marginal likelihood over the whole data treated as one cluster
+        gives shrink = 1, which makes one cluster absorb everything.
+
+        ``scale`` in (0, 1) (or ``shrink`` > 1) sets that share; ``MAPDP(prior_scale=...)`` and
+        the cross-validation grids tune it. The default, ``DEFAULT_SCALE`` = 0.3, was measured
+        (issue 14: NMI with ``MAPDP(random_state=0)``, default 0.1 -> 0.3): wine 0.61 -> 0.91,
+        iris 0.69 -> 0.73, scikit-learn's digits 0.22 -> 0.33, scikit-learn's breast cancer
+        (WDBC) 0.40 -> 0.44; 0.5 was worse on digits (0.11) and wine (0.81). A cluster
+        expected to carry a tenth of the data's variance over-segmented every one of them.
         """
         X = np.asarray(X, dtype=np.float64)
         n, d = X.shape
+        if scale is not None:
+            shrink = 1.0 / check_scale(scale)
+        elif shrink is None:
+            shrink = 1.0 / DEFAULT_SCALE
         if not shrink > 1:
             raise ValueError(f"GaussianNW.empirical_bayes: shrink must be > 1, got {shrink}")
         m0 = X.mean(axis=0)
@@ -196,7 +227,10 @@ class NormalGamma(Family):
         return 3 * self.n_cols + 1
 
     @classmethod
-    def empirical_bayes(cls, X: FloatArray) -> NormalGamma:
+    def empirical_bayes(cls, X: FloatArray, scale: float | None = None) -> NormalGamma:
+        """The class docstring's prior; with ``scale`` in (0, 1), clusters are expected to carry
+        that share of each column's variance instead (b0 = a0 scale var) and the cluster means
+        the rest (c0 = scale / (1 - scale)), as ``GaussianNW.empirical_bayes``."""
         X = _as_data(X)
         n, d = X.shape
         if n == 0:
@@ -207,6 +241,9 @@ class NormalGamma(Family):
         var = np.divide((dev * dev).sum(axis=0), cnt, out=np.zeros(d), where=cnt > 0)
         var = np.maximum(var, 1e-12 * np.maximum(1.0, mean * mean))
         a0 = np.ones(d)
+        if scale is not None:
+            s = check_scale(scale)
+            return cls(m0=mean, c0=np.full(d, s / (1.0 - s)), a0=a0, b0=a0 * s * var)
         return cls(m0=mean, c0=np.ones(d), a0=a0, b0=a0 * var)
 
     def check_values(self, X: FloatArray, names: Sequence[str]) -> None:

@@ -1,0 +1,306 @@
+"""The ``cv`` flow (``dpmm cv``): a grid of MAP-DP configurations x K folds, each fit a Prefect
+task run whose work is a Dask task on the cluster, then the chosen cell refitted on all records.
+
+ingest (once; the shared dataset store with K fold ids per row) -> the fold fits, at most
+``concurrency`` task runs at a time (the flow's ``ThreadPoolTaskRunner``, set by ``run_cv_flow``:
+each task run waits on its one Dask task, so the limit is the number of fits in flight on the
+cluster; default one per worker) -> ``cv.parquet``,
+``cv.png``, the choice -> refit -> ``OUT``.
+
+Each finished fit's result is written at once into the partial output
+(``pipeline.cv.ResultLog``); running the same command again after a crash skips the fits done.
+The output appears at ``OUT`` only when complete (a temporary sibling renamed at the end). Bad
+input (an empty grid, a value out of range, more folds than records) is a ``ValueError`` before
+any fit, and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import flow, task
+from prefect.cache_policies import NO_CACHE
+
+from pipeline import cv as pcv
+from pipeline import dataset
+from pipeline import io as pio
+from pipeline.config import DEFAULT_CHUNK_ROWS
+from pipeline.dist.client import dask_client
+from pipeline.dist.loop import InjectedFault
+from pipeline.search import SELECT
+
+#: raise after this many new fits were persisted (crash-and-resume tests)
+FAULT_ENV = "DPMM_FAULT_AFTER_FITS"
+
+
+@task(
+    name="cv-fit",
+    task_run_name="fit-{cell}-fold{fold}",
+    retries=1,
+    retry_delay_seconds=1,
+    cache_policy=NO_CACHE,
+)
+def fit_task(
+    client: Any,
+    store_path: str,
+    params: dict[str, Any],
+    cell: str,
+    fold: int,
+    seed: int,
+    max_iter: int,
+    log_dir: str,
+) -> dict[str, Any]:
+    """One (cell, fold) fit on the Dask cluster; its result persisted when it returns."""
+    fut = client.submit(pcv.fold_fit, store_path, params, fold, seed, max_iter, pure=False)
+    res: dict[str, Any] = fut.result()
+    pcv.ResultLog(log_dir).put(res)
+    return res
+
+
+@task(name="refit", cache_policy=NO_CACHE)
+def refit_task(
+    client: Any, store_path: str, params: dict[str, Any], seed: int, max_iter: int
+) -> Any:
+    return client.submit(pcv.refit, store_path, params, seed, max_iter, pure=False).result()
+
+
+def _prepare(input: Any, out: Path, key: dict[str, Any], overwrite: bool) -> tuple[Path, bool]:
+    """The partial output and whether it resumes an earlier attempt of the same command."""
+    if out.exists() and not overwrite:
+        raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a directory")
+    partial = pio.temp_sibling(out)
+    fp = None
+    if dataset.is_path_source(input):
+        fp = json.dumps({"input": dataset.fingerprint(input), **key}, sort_keys=True, default=str)
+    marker = partial / "fingerprint.json"
+    if partial.exists():
+        if fp is not None and marker.exists() and marker.read_text() == fp:
+            return partial, True
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    if fp is not None:
+        marker.write_text(fp)
+    return partial, False
+
+
+@flow(name="cv", validate_parameters=False)
+def cv(
+    input: Any,
+    out: str,
+    alphas: list[float],
+    scales: list[float],
+    families: list[str],
+    n_folds: int = 5,
+    select: str = "best",
+    label_column: str | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    data_dir: str | None = None,
+    random_state: int = 0,
+    max_iter: int = 100,
+    concurrency: int | None = None,
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    processes: bool = True,
+    dashboard_address: str | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Score every cell of the grid (alphas x scales x families) by ``n_folds``-fold held-out
+    log predictive density on the dataset store of ``input``, choose one (``select``: "best" or
+    "one-se"), refit it on all records; write ``out``. Returns the content of ``out/cv.json``.
+    """
+    t_start = time.perf_counter()
+    grid = pcv.Grid(tuple(alphas), tuple(scales), tuple(families))
+    if select not in SELECT:
+        raise pcv.GridError(f"--select must be one of {SELECT}, got {select!r}")
+    if int(n_folds) < 2:
+        raise pcv.GridError(f"--folds {n_folds}: at least 2 folds are needed")
+    cells = grid.cells()
+    out_p = Path(out)
+    key = {
+        "cells": cells,
+        "n_folds": int(n_folds),
+        "seed": int(random_state),
+        "max_iter": int(max_iter),
+        "label_column": label_column,
+        "chunk_rows": int(chunk_rows),
+    }
+    partial, resumed = _prepare(input, out_p, key, overwrite)
+    if resumed and progress:
+        print(f"resuming the grid in {partial}", file=sys.stderr)
+    timing: dict[str, float] = {}
+    try:
+        with dask_client(scheduler, n_workers, processes, dashboard_address, quiet=True) as client:
+            t = time.perf_counter()
+            path = None if dataset.is_path_source(input) else partial / "store.zarr"
+            store, info, reused = dataset.open_dataset(
+                input,
+                client=client,
+                root=data_dir,
+                chunk_rows=int(chunk_rows),
+                n_folds=int(n_folds),
+                label_column=label_column,
+                path=path,
+            )
+            timing["ingest"] = time.perf_counter() - t
+            counts = pcv.check_folds(store, info, int(n_folds))
+            log = pcv.ResultLog(partial / "fits")
+            todo = [
+                (p, pcv.cell_id(p), j)
+                for p in cells
+                for j in range(int(n_folds))
+                if log.get(pcv.cell_id(p), j) is None
+            ]
+            n_done = len(cells) * int(n_folds) - len(todo)
+            if progress:
+                print(
+                    f"cv: {len(cells)} cells x {n_folds} folds on {info.n_rows:,} records; "
+                    f"{n_done} fits done before, {len(todo)} to run",
+                    file=sys.stderr,
+                )
+            t = time.perf_counter()
+            fault = int(os.environ.get(FAULT_ENV, "0") or 0)
+            futs = [
+                fit_task.submit(
+                    client,
+                    str(store.path),
+                    p,
+                    cid,
+                    j,
+                    int(random_state),
+                    int(max_iter),
+                    str(partial / "fits"),
+                )
+                for p, cid, j in todo
+            ]
+            for k, f in enumerate(futs, start=1):
+                f.result()
+                if fault and k >= fault:
+                    raise InjectedFault(f"fault injected after {k} fits (${FAULT_ENV})")
+            timing["fits_wall"] = time.perf_counter() - t
+            results = [log.get(pcv.cell_id(p), j) for p in cells for j in range(int(n_folds))]
+            assert all(r is not None for r in results)
+            table = pcv.summarise(cells, [r for r in results if r is not None], int(n_folds))
+            best = pcv.choose(table, select)
+            chosen = {k: table.iloc[best][k] for k in ("family", "prior_scale", "alpha")}
+            chosen = {
+                "family": str(chosen["family"]),
+                "prior_scale": float(chosen["prior_scale"]),
+                "alpha": float(chosen["alpha"]),
+            }
+            t = time.perf_counter()
+            model: Any = refit_task(
+                client, str(store.path), chosen, int(random_state), int(max_iter)
+            )
+            timing["refit"] = time.perf_counter() - t
+            y = None
+            if label_column is not None and (store.path / "y").exists():
+                y = np.asarray(store.array("y")[:])
+        table["chosen"] = np.arange(len(table)) == best
+        table.to_parquet(partial / "cv.parquet", index=False)
+        pcv.plot_grid(table, best, partial / "cv.png")
+        artifact = _write_model(model, partial)
+        metrics: dict[str, Any] = {
+            "n_clusters": int(model.n_clusters_),
+            "alpha": float(model.alpha_),
+            "mean_log_density": float(table.iloc[best]["mean_log_density"]),
+            "se_log_density": float(table.iloc[best]["se_log_density"]),
+        }
+        if y is not None:
+            from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+            keep = y >= 0
+            metrics["nmi"] = float(normalized_mutual_info_score(y[keep], model.labels_))
+            metrics["ari"] = float(adjusted_rand_score(y[keep], model.labels_))
+        timing["fits_sum"] = float(table["fit_seconds"].sum())
+        timing["total"] = time.perf_counter() - t_start
+        run = {
+            "command": "cv",
+            "input": str(input) if dataset.is_path_source(input) else "<in memory>",
+            "out": str(out_p),
+            "grid": {"alpha": list(alphas), "prior_scale": list(scales), "family": list(families)},
+            "n_folds": int(n_folds),
+            "fold_sizes": [int(c) for c in counts],
+            "select": select,
+            "chosen": chosen,
+            "chosen_cell": str(table.iloc[best]["cell"]),
+            "concurrency": concurrency,
+            "fits_run": len(todo),
+            "fits_reused": n_done,
+            "resumed": resumed,
+            "dataset": {"path": str(store.path), "reused": reused, "n_rows": info.n_rows},
+            "model": artifact,
+            "metrics": metrics,
+            "timing": timing,
+            "versions": pio.versions(),
+        }
+        pio.write_json(partial / "cv.json", run)
+        (partial / "fingerprint.json").unlink(missing_ok=True)
+        shutil.rmtree(partial / "fits", ignore_errors=True)
+        shutil.rmtree(partial / "store.zarr", ignore_errors=True)
+        pio.commit_dir(partial, out_p)
+    except (ValueError, TypeError):
+        # bad input: nothing to resume, nothing left behind
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if progress:
+        c = chosen
+        print(
+            f"chosen: family {c['family']}, prior scale {c['prior_scale']:g}, alpha "
+            f"{c['alpha']:g} (held-out {metrics['mean_log_density']:.4g} ± "
+            f"{metrics['se_log_density']:.2g} per record); refit: {metrics['n_clusters']} "
+            f"clusters -> {out_p}",
+            file=sys.stderr,
+        )
+    return run
+
+
+def _write_model(model: Any, partial: Path) -> dict[str, Any]:
+    """The refitted model: a model artifact ``model/`` (``pipeline.model``) when that exists;
+    otherwise its cluster table and labels."""
+    try:
+        from pipeline.model import save_model  # type: ignore[import-not-found]
+    except ImportError:
+        import pandas as pd
+
+        model.cluster_summary().to_parquet(partial / "clusters.parquet", index=False)
+        pd.DataFrame({"label": np.asarray(model.labels_, dtype=np.int64)}).to_parquet(
+            partial / "labels.parquet", index=False
+        )
+        return {"artifact": None, "files": ["clusters.parquet", "labels.parquet"]}
+    save_model(model, partial / "model")
+    return {"artifact": "model", "files": ["model"]}
+
+
+def run_cv_flow(**kwargs: Any) -> dict[str, Any]:
+    """Run the ``cv`` flow (keyword arguments as ``cv``), heartbeats off with Prefect's
+    temporary in-process server (as ``flows.cluster.run_cluster_flow``)."""
+    from contextlib import nullcontext
+
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        get_current_settings,
+        temporary_settings,
+    )
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    local = get_current_settings().api.url is None
+    ctx = (
+        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
+        if local
+        else nullcontext()
+    )
+    limit = kwargs.get("concurrency") or kwargs.get("n_workers") or os.cpu_count() or 1
+    kwargs["concurrency"] = int(limit)
+    runner: Any = ThreadPoolTaskRunner(max_workers=int(limit))
+    with ctx:
+        return cv.with_options(task_runner=runner)(**kwargs)

@@ -1,0 +1,169 @@
+"""``GridSearch`` on a real LocalCluster against scikit-learn's ``GridSearchCV`` and a serial
+reference, the one-standard-error rule, the checks before any work, and ``MAPDP(tune="cv")``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.metrics import normalized_mutual_info_score
+from sklearn.model_selection import GridSearchCV, KFold
+
+from pipeline.baselines import CollapsedGibbs
+from pipeline.errors import InputError
+from pipeline.mapdp import MAPDP
+from pipeline.search import GridSearch, SearchError, select_index
+from pipeline.tuning import family_variants
+
+
+def blobs(n: int = 90, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = np.arange(n) % 3
+    centres = np.array([[0.0, 0.0], [6.0, 0.0], [0.0, 6.0]])
+    return centres[y] + rng.normal(size=(n, 2)), y
+
+
+GRID = {"alpha": [0.5, 5.0], "prior_scale": [0.3, 0.05], "family": ["gaussian", "diag-gaussian"]}
+EST = MAPDP(n_restarts=1, random_state=0)
+
+
+def test_matches_sklearn_gridsearchcv(client) -> None:
+    X, _ = blobs()
+    cv = KFold(4, shuffle=True, random_state=3)
+    ours = GridSearch(EST, GRID, cv=cv, client=client).fit(X)
+    ref = GridSearchCV(EST, GRID, cv=cv).fit(X)
+    # the same fits on the same folds: the fold scores agree to rounding
+    for j in range(4):
+        np.testing.assert_allclose(
+            ours.cv_results_[f"split{j}_test_score"],
+            ref.cv_results_[f"split{j}_test_score"],
+            rtol=1e-10,
+        )
+    np.testing.assert_allclose(
+        ours.cv_results_["mean_test_score"], ref.cv_results_["mean_test_score"]
+    )
+    np.testing.assert_array_equal(
+        ours.cv_results_["rank_test_score"], ref.cv_results_["rank_test_score"]
+    )
+    assert ours.cv_results_["params"] == ref.cv_results_["params"]
+    assert ours.best_params_ == ref.best_params_
+    assert ours.best_score_ == pytest.approx(ref.best_score_)
+    np.testing.assert_array_equal(ours.best_estimator_.labels_, ref.best_estimator_.labels_)
+    assert ours.score(X) == pytest.approx(ref.score(X))
+    np.testing.assert_array_equal(ours.predict(X[:5]), ref.predict(X[:5]))
+
+
+def test_dask_equals_serial_and_reports_clusters(client) -> None:
+    X, _ = blobs(60, seed=1)
+    grid = {"alpha": [0.2, 2.0]}
+    dist = GridSearch(EST, grid, cv=3, client=client).fit(X)
+    serial = GridSearch(EST, grid, cv=3, client=False).fit(X)
+    for key in ("mean_test_score", "split0_test_score", "mean_n_clusters", "se_test_score"):
+        np.testing.assert_array_equal(dist.cv_results_[key], serial.cv_results_[key])
+    res = dist.cv_results_
+    scores = np.column_stack([res[f"split{j}_test_score"] for j in range(3)])
+    # the standard error of the mean over folds
+    np.testing.assert_allclose(res["se_test_score"], scores.std(axis=1, ddof=1) / np.sqrt(3))
+    assert np.all(res["mean_fit_time"] > 0)
+    assert np.all(res["mean_n_clusters"] >= 1)
+    frame = dist.to_frame()
+    assert list(frame["alpha"]) == [0.2, 2.0]
+    # the held-out score is the estimator's own on the held-out rows
+    folds = list(KFold(3, shuffle=True, random_state=0).split(X))
+    tr, te = folds[1]
+    est = MAPDP(n_restarts=1, random_state=0, alpha=2.0).fit(X[tr])
+    assert res["split1_test_score"][1] == pytest.approx(est.score(X[te]), rel=1e-12)
+    assert res["split1_n_clusters"][1] == est.n_clusters_
+
+
+def test_other_estimator(client) -> None:
+    X, _ = blobs(45, seed=2)
+    est = CollapsedGibbs(n_iter=10, burn_in=2, random_state=0)
+    gs = GridSearch(est, {"alpha": [0.5, 2.0]}, cv=3, client=client).fit(X)
+    assert gs.best_params_["alpha"] in (0.5, 2.0)
+    assert np.isfinite(gs.best_score_)
+    assert gs.labels_.shape == (45,)
+
+
+def test_one_standard_error_rule() -> None:
+    mean = np.array([-10.0, -10.2, -10.9, -10.05])
+    se = np.array([0.3, 0.1, 0.1, 0.2])
+    clusters = np.array([6.0, 3.0, 2.0, 3.0])
+    assert select_index(mean, se, clusters, "best") == 0
+    # within one SE of the best (>= -10.3): 0, 1, 3; fewest clusters 3 (1 and 3), larger mean 3
+    assert select_index(mean, se, clusters, "one-se") == 3
+
+
+def test_one_se_in_search(client) -> None:
+    X, _ = blobs(60, seed=4)
+    grid = {"alpha": [0.1, 1.0, 30.0], "prior_scale": [0.3, 0.02]}
+    best = GridSearch(EST, grid, cv=3, client=client, refit=False).fit(X)
+    onese = GridSearch(EST, grid, cv=3, client=client, select="one-se", refit=False).fit(X)
+    res = onese.cv_results_
+    b = best.best_index_
+    chosen = onese.best_index_
+    assert res["mean_test_score"][chosen] >= res["mean_test_score"][b] - res["se_test_score"][b]
+    within = res["mean_test_score"] >= res["mean_test_score"][b] - res["se_test_score"][b]
+    assert res["mean_n_clusters"][chosen] == res["mean_n_clusters"][within].min()
+
+
+@pytest.mark.parametrize(
+    ("grid", "message"),
+    [
+        ({}, "grid is empty"),
+        ([], "grid is empty"),
+        ({"alpha": []}, "'alpha' has no values"),
+        ({"alpha": [1.0, 0.0]}, "alpha=0.0"),
+        ({"alpha": [-1.0]}, "alpha must be a positive"),
+        ({"prior_scale": [0.1, 0.0]}, "prior_scale must be in"),
+        ({"prior_scale": [-2.0]}, "prior_scale must be in"),
+        ({"concentration": [1.0]}, "no parameter 'concentration'"),
+    ],
+)
+def test_bad_grid_before_any_work(grid, message) -> None:
+    X, _ = blobs(30)
+    # client=None would start a cluster: the error must come first, so no cluster is needed
+    with pytest.raises(SearchError, match=message) as err:
+        GridSearch(EST, grid, cv=3, client=None).fit(X)
+    assert isinstance(err.value, InputError)
+    assert not hasattr(GridSearch(EST, {"alpha": [1.0]}), "cv_results_")
+
+
+def test_too_many_folds() -> None:
+    X, _ = blobs(12)
+    with pytest.raises(SearchError, match="13 folds but only 12 records"):
+        GridSearch(EST, {"alpha": [1.0]}, cv=13).fit(X)
+    groups = np.arange(12) // 4
+    with pytest.raises(SearchError, match="4 folds but only 3 groups"):
+        GridSearch(EST, {"alpha": [1.0]}, cv=4).fit(X, groups=groups)
+    with pytest.raises(SearchError, match="at least 2 folds"):
+        GridSearch(EST, {"alpha": [1.0]}, cv=1).fit(X)
+
+
+def test_groups_hold_out_whole_groups(client) -> None:
+    X, _ = blobs(60, seed=5)
+    groups = np.arange(60) // 6
+    gs = GridSearch(EST, {"alpha": [1.0]}, cv=5, client=client).fit(X, groups=groups)
+    assert gs.n_splits_ == 5
+
+
+def test_family_variants() -> None:
+    X, _ = blobs(20)
+    assert family_variants("auto", X) == ["gaussian", "diag-gaussian"]
+    Xc = pd.DataFrame({"x0": X[:, 0], "x1": X[:, 1], "x2": np.arange(20) % 3})
+    full, diag = family_variants("auto", Xc)
+    assert full == {"x0": "gaussian", "x1": "gaussian", "x2": "categorical"}
+    assert diag == {"x0": "diag-gaussian", "x1": "diag-gaussian", "x2": "categorical"}
+
+
+def test_tune_cv(client) -> None:
+    X, y = blobs(90, seed=6)
+    m = MAPDP(tune="cv", random_state=0).fit(X)
+    assert set(m.best_params_) == {"alpha", "prior_scale", "family"}
+    assert normalized_mutual_info_score(y, m.labels_) > 0.9
+    # the fitted model is the plain fit of the chosen configuration on all the records
+    ref = MAPDP(random_state=0, **m.best_params_).fit(X)
+    np.testing.assert_array_equal(m.labels_, ref.labels_)
+    assert m.score(X) == pytest.approx(ref.score(X))
+    with pytest.raises(ValueError, match="tune must be None or 'cv'"):
+        MAPDP(tune="labels").fit(X)
