@@ -4,6 +4,10 @@
 ``dpmm demo --out DIR``           ``dpmm run`` on a generated, labelled data set
 ``dpmm run INPUT --out DIR``      the distributed pipeline: the Prefect flow ``flows.cluster``
                                   (``flows.cli.run``)
+``dpmm score MODEL INPUT --out DIR`` a fitted model's labels and log densities for new records
+                                  (``flows.score``, ``flows.cli.score``)
+``dpmm serve INPUT --models DIR`` score and refit daily partitions on a cron schedule
+                                  (``flows.scheduled``, ``flows.cli.serve``)
 
 Exit status: 0 on success; 2 on bad input or usage, with exactly one line
 ``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
@@ -34,6 +38,8 @@ import numpy as np
 import pandas as pd
 
 from flows.cli.run import add_log_options, add_run_parser
+from flows.cli.score import add_score_parser
+from flows.cli.serve import add_serve_parser
 from flows.cli.types import alpha as _alpha
 from flows.cli.types import family as _family
 from flows.cli.types import positive_int as _positive_int
@@ -208,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     add_run_parser(sub)
+    add_score_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 
