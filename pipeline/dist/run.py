@@ -114,6 +114,11 @@ def open_warm_start(cfg: RunConfig) -> Any:
     """The model of ``--warm-start`` (``pipeline.dist.score.open_model``), or None."""
     if cfg.warm_start is None:
         return None
+    if not (isinstance(cfg.family, str) and cfg.family == "auto"):
+        raise ValueError(
+            f"--warm-start {cfg.warm_start}: the model's family and prior are used; leave "
+            "--family out"
+        )
     from pipeline.dist.score import open_model
 
     return open_model(cfg.warm_start)

@@ -134,3 +134,13 @@ def test_infra_prefect_yaml_holds_the_scheduled_deployment() -> None:
     # the cluster deployment still points at a real flow too
     path, name = deps["dpmm-cluster"]["entrypoint"].split(":")
     assert load_flow_from_entrypoint(f"{REPO / path}:{name}").name == "cluster"
+
+
+def test_dpmm_serve_once_runs_the_flow_now(tmp_path: Path) -> None:
+    src = tmp_path / "in"
+    _partition(src, DAYS[0], 7)
+    models = tmp_path / "models"
+    argv = ["serve", str(src), "--models", str(models), "--once", "--workers", "1"]
+    assert main([*argv, "--chunk-rows", "300"]) == 0
+    assert (models / "LATEST").read_text().strip() == "v1"
+    assert load_model(models / "v1" / "model").n_clusters_ >= 1

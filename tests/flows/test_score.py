@@ -163,3 +163,6 @@ def test_warm_start_refuses_other_columns(
     assert main([*argv, str(tmp_path / "nothing"), "--workers", "1", "--quiet"]) == 2
     assert "no such model directory" in capfd.readouterr().err
     _nothing_left(out)
+    assert main([*argv, str(day1 / "model"), "--family", "gaussian", "--quiet"]) == 2
+    assert "the model's family and prior are used" in capfd.readouterr().err
+    _nothing_left(out)
