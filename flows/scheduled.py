@@ -81,6 +81,9 @@ def scheduled_clustering(
     if int(window) < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     reg = schedule.Registry(models)
+    resumed = reg.finish_publish()
+    if resumed is not None:
+        log.warning("an interrupted publish of v%s was completed (LATEST switched)", resumed)
     scores_root = Path(scores) if scores is not None else Path(models).parent / "scores"
     parts = schedule.partitions(input)
     all_dates = [d for d, _ in parts]

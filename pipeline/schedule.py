@@ -136,10 +136,26 @@ class Registry:
         write_json(staged / "version.json", {"version": n, **record})
         final = self.root / f"v{n}"
         os.replace(staged, final)
+        self._point_to(n)
+        return final
+
+    def _point_to(self, n: int) -> None:
         tmp = self.root / f".{POINTER}.tmp"
         tmp.write_text(f"v{n}\n")
         os.replace(tmp, self.root / POINTER)
-        return final
+
+    def finish_publish(self) -> int | None:
+        """Complete a publish interrupted between the version's rename and the pointer switch:
+        point to the newest complete version if the pointer is missing or older. Returns the
+        version switched to, or None when nothing was to do."""
+        versions = self.versions()
+        if not versions:
+            return None
+        current = self.latest()
+        if current is not None and int(current.name[1:]) >= versions[-1]:
+            return None
+        self._point_to(versions[-1])
+        return versions[-1]
 
 
 def window_dates(all_dates: list[str], done: set[str], date: str, window: int) -> list[str]:

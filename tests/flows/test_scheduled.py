@@ -16,6 +16,7 @@ from prefect.testing.utilities import prefect_test_harness
 from flows.cli import build_parser, main
 from flows.cli import serve as cli_serve
 from flows.scheduled import CRON, DEPLOYMENT, scheduled_clustering
+from pipeline import schedule
 from pipeline.model import load_model
 from tests.flows.test_run_model import write_mixed
 
@@ -92,6 +93,10 @@ def test_two_days_a_bad_one_between_and_a_rerun(tmp_path: Path) -> None:
     )
     assert sorted(p.name for p in models.iterdir()) == ["LATEST", "rejected", "v1", "v2"]
 
+    # a publish interrupted before the pointer switch is completed by the next run
+    (models / "LATEST").write_text("v1\n")
+    assert schedule.Registry(models).finish_publish() == 2
+    assert (models / "LATEST").read_text().strip() == "v2"
     before = _snapshot(tmp_path)
     again = scheduled_clustering(**kw)
     assert again["published"] == {} and again["rejected"] == {}
