@@ -57,7 +57,7 @@ def score(
     scheduler: str | None = None,
     n_workers: int | None = None,
     processes: bool = True,
-    dashboard_address: str | None = ":8787",
+    dashboard_address: str | None = "127.0.0.1:8787",
     overwrite: bool = False,
     progress: bool = True,
 ) -> dict[str, Any]:

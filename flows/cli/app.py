@@ -8,6 +8,8 @@
                                   (``flows.score``, ``flows.cli.score``)
 ``dpmm serve INPUT --models DIR`` score and refit daily partitions on a cron schedule
                                   (``flows.scheduled``, ``flows.cli.serve``)
+``dpmm server``                   a long-lived Prefect server for repeated runs
+                                  (``flows.cli.server``)
 
 Exit status: 0 on success; 2 on bad input or usage, with exactly one line
 ``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
@@ -40,6 +42,7 @@ import pandas as pd
 from flows.cli.run import add_log_options, add_run_parser
 from flows.cli.score import add_score_parser
 from flows.cli.serve import add_serve_parser
+from flows.cli.server import add_server_parser
 from flows.cli.types import alpha as _alpha
 from flows.cli.types import family as _family
 from flows.cli.types import positive_int as _positive_int
@@ -216,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_parser(sub)
     add_score_parser(sub)
     add_serve_parser(sub)
+    add_server_parser(sub)
     return parser
 
 
@@ -482,6 +486,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"--out {out}: exists and is not a dpmm demo directory (no input.parquet); "
             "choose a new or empty directory"
         )
+    from flows.cli.prefect_api import prestart
+
+    prestart()  # Prefect's temporary server boots while the data are generated
     n = int(args.rows or 200_000)
     k = 20
     # the same data as last time are kept, and so is their dataset store (DIR/datasets): a
@@ -573,6 +580,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Prefect's temporary server sends usage telemetry unless told not to; on a machine without
     # network its failures land on stderr. A user who wants it sets the variable.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect gives its temporary server 30 s to answer; a machine busy with other work (the
+    # server imports FastAPI, SQLAlchemy and Alembic first) can take longer, and the run would
+    # fail for nothing
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

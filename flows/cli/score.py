@@ -55,9 +55,11 @@ def add_score_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_score(args: argparse.Namespace) -> int:
     """Run the ``score`` flow; exit status 2 with one line on bad input."""
+    from flows.cli.prefect_api import prestart
     from flows.score import run_score_flow
 
     pio.check_file(args.input)
+    prestart()  # Prefect's temporary server boots while the flow's modules load
     kwargs = dict(
         model=args.model,
         input=args.input,
