@@ -42,6 +42,7 @@ from pipeline.dist.summaries import Summaries, identity_stage2, split_summaries
 from pipeline.dist.writeout import WriteSummary, write_out
 from pipeline.engines import get_engine
 from pipeline.engines.base import LoopState, RunContext
+from pipeline.engines.mixture_start import WARM_START
 from pipeline.families import ProductFamily
 from pipeline.mapdp_core import seed_entropy
 from pipeline.store import Store, StoreInfo
@@ -71,9 +72,9 @@ RETRIES = 2
     cache_policy=NO_CACHE,
 )
 def ingest_task(
-    client: Any, source: Any, cfg: dist.RunConfig, partial: Path, progress: bool
+    client: Any, source: Any, cfg: dist.RunConfig, partial: Path, progress: bool, model: Any
 ) -> tuple[Store, StoreInfo, bool]:
-    return dist.step_ingest(client, source, cfg, partial, progress)
+    return dist.step_ingest(client, source, cfg, partial, progress, model)
 
 
 @task(
@@ -197,6 +198,7 @@ def cluster(
     summaries: int = 0,
     stage2: str | None = None,
     mcmc: int = 0,
+    warm_start: str | None = None,
     scheduler: str | None = None,
     n_workers: int | None = None,
     processes: bool = True,
@@ -213,7 +215,10 @@ def cluster(
     are reported. The input is ingested once into a dataset store under ``data_dir`` (default
     ``$DPMM_DATA_DIR`` or ``~/.cache/dpmm/datasets``) that later runs of the same input and
     ingest options reuse; ``n_folds`` fold ids are drawn per row, or per group of
-    ``group_column`` (whose rows then share a chunk).
+    ``group_column`` (whose rows then share a chunk). ``warm_start``, a model directory (an
+    earlier run's ``OUT/model``): the input is encoded with the model's schema and family
+    (its columns, kinds, categories and prior) and pass 1 starts from its clusters and
+    concentration (``pipeline.engines.mixture_start.warm_state``) instead of ``init``.
 
     Returns the content of ``out/run.json``.
     """
@@ -249,8 +254,10 @@ def cluster(
         summaries=int(summaries),
         stage2=stage2,
         mcmc=int(mcmc),
+        warm_start=None if warm_start is None else str(warm_start),
     )
     t0 = time.perf_counter()
+    model = dist.open_warm_start(cfg)
     partial, resumed = dist.prepare_output(input, cfg)
     if resumed and progress:
         print(f"resuming the run in {partial}", file=sys.stderr)
@@ -259,13 +266,14 @@ def cluster(
         timing["cluster_start"] = time.perf_counter() - t0
         t = time.perf_counter()
         try:
-            data, info, reused = ingest_task(client, input, cfg, partial, progress)
+            data, info, reused = ingest_task(client, input, cfg, partial, progress, model)
         except ValueError:
             dist.discard_output(partial)
             raise
         timing["ingest"] = time.perf_counter() - t
         t = time.perf_counter()
         ctx = dist.run_context(partial, data, info, params, progress)
+        ctx.options[WARM_START] = dist.warm_start_of(model, info)
         labels = partial / "labels.zarr"
         # the cluster flow runs the mixture engines, whose state has clusters
         state: Any = loop.run_passes(
@@ -319,7 +327,12 @@ def cluster(
 
 
 def run_cluster_flow(**kwargs: Any) -> dict[str, Any]:
-    """Run the ``cluster`` flow as ``dpmm run`` does (keyword arguments as ``cluster``).
+    """Run the ``cluster`` flow as ``dpmm run`` does (keyword arguments as ``cluster``)."""
+    return run_flow(cluster, **kwargs)
+
+
+def run_flow(flow_fn: Any, **kwargs: Any) -> Any:
+    """Run a flow of this package from the command line (``dpmm run``, ``dpmm score``).
 
     Without a Prefect API configured (``PREFECT_API_URL`` unset) the flow reports to the
     temporary server Prefect starts inside this process. Flow-run heartbeats exist to let a
@@ -342,4 +355,4 @@ def run_cluster_flow(**kwargs: Any) -> dict[str, Any]:
         else nullcontext()
     )
     with ctx:
-        return cluster(**kwargs)
+        return flow_fn(**kwargs)

@@ -82,8 +82,24 @@ def ingest_options(
     prior_sample: int,
     label_column: str | None,
     group_column: str | None,
+    schema: Any = None,
 ) -> dict[str, Any]:
     """The options that change what ingest writes, as text (the key's other half)."""
+    if schema is not None:
+        # a model's schema and family (a warm start): the key holds the prior's values too
+        return {
+            **ingest_options(
+                family=None,
+                chunk_rows=chunk_rows,
+                holdout=holdout,
+                n_folds=n_folds,
+                prior_sample=prior_sample,
+                label_column=label_column,
+                group_column=group_column,
+            ),
+            "family": family.signature(),
+            "schema": repr(schema),
+        }
     return {
         "family": repr(family),
         "chunk_rows": repr(int(chunk_rows)),
@@ -193,6 +209,7 @@ def open_dataset(
     group_column: str | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     path: str | os.PathLike[str] | None = None,
+    schema: Any = None,
 ) -> tuple[Store, StoreInfo, bool]:
     """The dataset store of ``source``: reused when an ingest with the same input and options
     completed before, else ingested now (``pipeline.ingest.ingest``).
@@ -208,6 +225,9 @@ def open_dataset(
         The folder of shared stores; default ``default_root()``.
     family, chunk_rows, holdout, n_folds, prior_sample, label_column, group_column, progress
         As ``pipeline.ingest.ingest``; all but ``progress`` are part of the key.
+    schema : Schema, optional
+        A fitted model's schema, ``family`` its ``ProductFamily`` (``pipeline.ingest.ingest``:
+        the records are encoded and checked as the model's); part of the key.
     path : path, optional
         Where to keep the store instead of ``root / key``. A path input's store there is reused
         when its recorded key matches; an in-memory input is ingested there, replacing a store
@@ -238,6 +258,8 @@ def open_dataset(
         "group_column": group_column,
         "progress": progress,
     }
+    if schema is not None:
+        ingest_kw["schema"] = schema
     if not is_path_source(source):
         if path is None:
             tmp = Path(tempfile.mkdtemp(prefix="dpmm-dataset-"))
@@ -261,6 +283,7 @@ def open_dataset(
         prior_sample=prior_sample,
         label_column=label_column,
         group_column=group_column,
+        schema=schema,
     )
     key = dataset_key(fingerprint(source), options)
     final = Path(path) if path is not None else Path(root or default_root()) / key

@@ -64,11 +64,22 @@ def _first_error(results: Sequence[PieceResult]) -> None:
 
 
 def _infer(
-    first: pd.DataFrame, from_frame: bool, family: Any, label: str
+    first: pd.DataFrame,
+    from_frame: bool,
+    family: Any,
+    label: str,
+    schema: Schema | None = None,
 ) -> tuple[Schema, ProductFamily, ProductFamily | None]:
-    """Schema from the first piece, the checker families, and the fixed family if given."""
+    """Schema from the first piece (or the given one), the checker families, and the fixed
+    family if given."""
     fixed: ProductFamily | None = None
     try:
+        if schema is not None:
+            if not isinstance(family, ProductFamily):
+                raise TypeError("a given schema needs its fitted ProductFamily as the family")
+            df = schema.check_columns(first, from_frame, "the model")
+            schema.check_values(family, schema.encode(df, fitting=False))
+            return schema, family, family
         if isinstance(family, (Family, ProductFamily)):
             schema = Schema.infer(first, "gaussian", from_frame)
             fixed = family.as_product() if isinstance(family, Family) else family
@@ -130,6 +141,7 @@ def ingest(
     n_folds: int = N_FOLDS,
     group_column: str | None = None,
     format_extra: dict[str, Any] | None = None,
+    schema: Schema | None = None,
 ) -> StoreInfo:
     """Validate, encode and write ``source`` into ``store`` with Dask tasks; fit the prior.
 
@@ -162,6 +174,11 @@ def ingest(
         Parquet keep their type.
     format_extra : dict, optional
         More entries for ``format.json`` (``pipeline.dataset`` records its key there).
+    schema : Schema, optional
+        A fitted model's schema (``family`` is then its ``ProductFamily``): the records must
+        have its columns, kinds and categories (an ``InputError`` naming the file, column and
+        row otherwise) and are encoded as at fit time; a column may be constant (new records
+        are scored, not fitted).
 
     Returns
     -------
@@ -184,9 +201,11 @@ def ingest(
         if col is not None:
             _named_column(first, from_frame, src.pieces[0].label, col, what)
             first = first.drop(columns=[col])
-    schema, checker, fixed = _infer(first, from_frame, family, src.pieces[0].label)
+    given = schema is not None
+    schema, checker, fixed = _infer(first, from_frame, family, src.pieces[0].label, schema)
     del first
-    enc = Encoder(schema, checker, from_frame, label_column, group_column)
+    who = "the model" if given else "the first chunk"
+    enc = Encoder(schema, checker, from_frame, label_column, group_column, who)
     unarrange = np.argsort(checker.column_order)
     D = len(schema.columns)
     labels = label_column is not None
@@ -322,7 +341,8 @@ def ingest(
     for r in results[1:]:
         assert r.moments is not None
         mom = mom + r.moments
-    _check_global(schema, checker, mom, src.description)
+    if not given:
+        _check_global(schema, checker, mom, src.description)
     sample = np.concatenate([r.sample for r in results if r.sample is not None])
     sample_rows = np.concatenate([r.sample_rows for r in results if r.sample_rows is not None])
     if fixed is not None:

@@ -73,6 +73,8 @@ class Encoder:
     from_frame: bool
     label_column: str | None = None
     group_column: str | None = None
+    # who the schema belongs to, in a message about columns that differ
+    who: str = "the first chunk"
 
     def take_labels(self, df: pd.DataFrame, label: str) -> IntArray | None:
         """Remove the label column from ``df`` (in place) and return its codes
@@ -111,7 +113,7 @@ class Encoder:
         """Encoded rows (n, D) in the store's column order, or an ``InputError`` naming the
         file and the row."""
         try:
-            df = self.schema.check_columns(df, self.from_frame, "the first chunk")
+            df = self.schema.check_columns(df, self.from_frame, self.who)
             Xe = self.schema.encode(df, fitting=False)
             self.schema.check_values(self.checker, Xe)
         except ValueError as err:

@@ -6,6 +6,10 @@
                                   (``flows.cli.run``)
 ``dpmm cv INPUT --out DIR``       a cross-validation grid as the Prefect flow ``flows.cv``
                                   (``flows.cli.cv``)
+``dpmm score MODEL INPUT --out DIR`` a fitted model's labels and log densities for new records
+                                  (``flows.score``, ``flows.cli.score``)
+``dpmm serve INPUT --models DIR`` score and refit daily partitions on a cron schedule
+                                  (``flows.scheduled``, ``flows.cli.serve``)
 ``dpmm server``                   a long-lived Prefect server for repeated runs
                                   (``flows.cli.server``)
 ``dpmm longitudinal INPUT ...``   the mixed-effects model of seed 000 Section 7 over subjects
@@ -46,6 +50,8 @@ from flows.cli.longitudinal import add_longitudinal_parser
 from flows.cli.hmm import add_hmm_parser
 from flows.cli.cv import add_cv_parser
 from flows.cli.run import add_log_options, add_run_parser
+from flows.cli.score import add_score_parser
+from flows.cli.serve import add_serve_parser
 from flows.cli.server import add_server_parser
 from flows.cli.types import alpha as _alpha
 from flows.cli.types import family as _family
@@ -222,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_parser(sub)
     add_cv_parser(sub)
+    add_score_parser(sub)
+    add_serve_parser(sub)
     add_server_parser(sub)
     add_longitudinal_parser(sub)
     add_hmm_parser(sub)

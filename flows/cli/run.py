@@ -3,7 +3,8 @@
     dpmm run INPUT --out OUT [--chunk-rows N] [--holdout F] [--engine mapdp|kmeans]
              [--family SPEC] [--alpha FLOAT|learn] [--max-passes N] [--tol F]
              [--min-change F] [--seed N] [--label-column COL] [--summaries M]
-             [--stage2 none|bhc] [--mcmc ITER] [--scheduler ADDRESS] [--workers N]
+             [--stage2 none|bhc] [--mcmc ITER] [--warm-start MODEL]
+             [--scheduler ADDRESS] [--workers N]
              [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
 
 INPUT is a CSV file, a Parquet file or directory, a ``.npy`` file or a zarr array. Bad input
@@ -184,6 +185,13 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="LocalCluster worker processes (default: one per core)",
     )
+    p.add_argument(
+        "--warm-start",
+        default=None,
+        metavar="MODEL",
+        help="start the passes from a fitted model's clusters (a model directory, e.g. an "
+        "earlier run's OUT/model); the input must have the model's columns and kinds",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     p.add_argument("--no-report", action="store_true", help="skip the report pictures")
     p.add_argument("--quiet", action="store_true", help="no progress lines, no dashboard line")
@@ -240,7 +248,8 @@ def start_flow(
     InputError
         The flow refused its input or parameters (a ``ValueError``), as one line.
     """
-    from flows.cluster import run_cluster_flow  # the CLI starts the flow: the one upward import
+    if runner is None:
+        from flows.cluster import run_cluster_flow as runner  # the CLI starts the flow
 
     verbose = bool(getattr(args, "verbose", False))
     quiet = bool(getattr(args, "quiet", False))
@@ -337,6 +346,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         summaries=args.summaries,
         stage2=args.stage2,
         mcmc=args.mcmc,
+        warm_start=args.warm_start,
         scheduler=args.scheduler,
         n_workers=args.workers,
         overwrite=args.overwrite,

@@ -47,6 +47,8 @@ class RunConfig:
     summaries: int = 0
     stage2: str = "none"
     mcmc: int = 0
+    # a model directory to start the passes from (``--warm-start``)
+    warm_start: str | None = None
 
     def ingest_options(self) -> dict[str, Any]:
         """The options that decide what ingest writes (``pipeline.dataset.ingest_options``)."""
@@ -108,25 +110,57 @@ def discard_output(partial: Path) -> None:
     shutil.rmtree(partial, ignore_errors=True)
 
 
+def open_warm_start(cfg: RunConfig) -> Any:
+    """The model of ``--warm-start`` (``pipeline.dist.score.open_model``), or None."""
+    if cfg.warm_start is None:
+        return None
+    if not (isinstance(cfg.family, str) and cfg.family == "auto"):
+        raise ValueError(
+            f"--warm-start {cfg.warm_start}: the model's family and prior are used; leave "
+            "--family out"
+        )
+    from pipeline.dist.score import open_model
+
+    return open_model(cfg.warm_start)
+
+
+def warm_start_of(model: Any, info: StoreInfo) -> tuple[Stats, float] | None:
+    """``ctx.options[WARM_START]`` of a warm-started run: the model's clusters and concentration
+    (``pipeline.engines.mixture_start.warm_state``)."""
+    if model is None:
+        return None
+    return Stats(model.cluster_stats_, info.family), float(model.alpha_)
+
+
 def step_ingest(
-    client: Any, source: Any, cfg: RunConfig, partial: Path, progress: bool = False
+    client: Any,
+    source: Any,
+    cfg: RunConfig,
+    partial: Path,
+    progress: bool = False,
+    model: Any = None,
 ) -> tuple[Store, StoreInfo, bool]:
     """The dataset store of the input (``pipeline.dataset.open_dataset``): a file's store is
     shared by every run of the same input and ingest options (reused: True); an in-memory
-    input is ingested into ``partial/store.zarr``."""
+    input is ingested into ``partial/store.zarr``. With a warm-start ``model`` the records must
+    have its columns, kinds and categories and keep its family and prior."""
 
     def tell(what: str, done: int, total: int) -> None:
         if progress and done == total:
             print(f"ingest: {total} {what} tasks done", file=sys.stderr)
 
     path = None if dataset.is_path_source(source) else partial / "store.zarr"
+    options = cfg.ingest_options()
+    if model is not None:
+        # the records are encoded as the model's and keep its prior
+        options.update(family=model.family_, schema=model.schema_)
     store, info, reused = dataset.open_dataset(
         source,
         client=client,
         root=cfg.data_dir,
         progress=tell,
         path=path,
-        **cfg.ingest_options(),
+        **options,
     )
     if reused and progress:
         print(f"ingest: reusing the dataset store {store.path}", file=sys.stderr)
@@ -257,6 +291,7 @@ def finish(
             "summaries": cfg.summaries,
             "stage2": cfg.stage2,
             "mcmc": cfg.mcmc,
+            "warm_start": cfg.warm_start,
         },
         "notes": info.notes,
         "versions": versions(),

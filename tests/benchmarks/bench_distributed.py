@@ -45,9 +45,10 @@ D, K = 10, 20
 REPEATS = 3
 
 
-def mixture_npy(path: Path, n: int, seed: int = 0, chunk: int = 500_000) -> Path:
+def mixture_npy(path: Path, n: int, seed: int = 0, chunk: int = 500_000, draw: int = 0) -> Path:
     """n x 10 records of a 20-cluster full-covariance Gaussian mixture, written chunk by chunk
-    to ``path`` (and the true labels to ``path`` with ``_y``)."""
+    to ``path`` (and the true labels to ``path`` with ``_y``). ``draw`` > 0: other records of
+    the same mixture (a new day's batch)."""
     ypath = path.with_name(path.stem + "_y.npy")
     if path.exists() and ypath.exists():
         return path
@@ -62,7 +63,7 @@ def mixture_npy(path: Path, n: int, seed: int = 0, chunk: int = 500_000) -> Path
     y = open_memmap(ypath, mode="w+", dtype=np.int64, shape=(n,))
     for a in range(0, n, chunk):
         b = min(a + chunk, n)
-        r = np.random.default_rng([seed, a])
+        r = np.random.default_rng([seed, a] if draw == 0 else [seed, a, draw])
         yy = r.choice(K, size=b - a, p=w)
         E = r.standard_normal((b - a, D))
         Xc = np.empty((b - a, D))

@@ -18,7 +18,8 @@ from pipeline.model import load_model
 
 @pytest.fixture(scope="module", autouse=True)
 def prefect_harness():
-    with prefect_test_harness():
+    # a generous start-up time: the temporary server starts slowly on a busy machine
+    with prefect_test_harness(server_startup_timeout=180):
         yield
 
 

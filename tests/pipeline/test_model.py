@@ -9,9 +9,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import hypothesis.strategies as st
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
 
 import pipeline
 from pipeline.baselines import CollapsedGibbs, DPMeans, UncollapsedGibbs
@@ -228,3 +230,37 @@ def test_unknown_estimator_and_missing_directory_are_refused(saved: Path, tmp_pa
     _refused(saved, "estimator 'os.system' is not one of")
     with pytest.raises(PersistError, match="no such model directory"):
         load_model(tmp_path / "nothing")
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    n=st.integers(min_value=8, max_value=40),
+    seed=st.integers(min_value=0, max_value=2**16),
+    alpha=st.one_of(st.just("learn"), st.floats(min_value=0.05, max_value=20.0)),
+    levels=st.integers(min_value=2, max_value=4),
+)
+def test_round_trip_property(n: int, seed: int, alpha: Any, levels: int) -> None:
+    """Any MAPDP fit on a numeric column and a categorical one: the loaded model's predict and
+    score_samples equal the original's on fresh records of the same columns."""
+    import tempfile
+
+    rng = np.random.default_rng(seed)
+    cats = [f"c{i}" for i in range(levels)]
+
+    def records(m: int) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "x": rng.normal(size=m) * 3.0,
+                # every level in the first rows, so that the fit saw all of them
+                "k": pd.Categorical([cats[i % levels] for i in range(m)], categories=cats),
+            }
+        )
+
+    X = records(n)
+    est = MAPDP(alpha=alpha, n_restarts=1, random_state=seed).fit(X)
+    with tempfile.TemporaryDirectory() as d:
+        est.save(Path(d) / "m")
+        loaded = load_model(Path(d) / "m")
+    Xnew = records(25)
+    np.testing.assert_array_equal(loaded.predict(Xnew), est.predict(Xnew))
+    np.testing.assert_array_equal(loaded.score_samples(Xnew), est.score_samples(Xnew))

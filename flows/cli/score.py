@@ -1,0 +1,75 @@
+"""``dpmm score MODEL INPUT --out OUT``: a fitted model's label and eq. 3.4 log density for every
+record of INPUT (the Prefect flow ``flows.score``).
+
+MODEL is a model directory (a run's ``OUT/model``, or ``estimator.save(path)``). INPUT must have
+the model's columns with values of their kinds; a missing column, a value of another kind or a
+category the model never saw exits with status 2 and one line naming the file, the column and
+the row, leaving nothing at OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from flows.cli.run import add_log_options, start_flow
+from flows.cli.types import positive_int as _positive_int
+from pipeline import io as pio
+from pipeline.config import DEFAULT_CHUNK_ROWS
+
+
+def add_score_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``score`` to an ``argparse`` subparsers object; it sets ``func=cmd_score``."""
+    p = subparsers.add_parser(
+        "score",
+        help="label and score new records with a fitted model (Dask, under Prefect)",
+        description="Write OUT/labels.zarr (label: the most probable cluster, -1 for a new one, "
+        "eq. 3.5; log_density: the log predictive density, eq. 3.4; one row per record of "
+        "INPUT, in order) and OUT/score.json. Categories the model never saw are refused.",
+    )
+    p.add_argument("model", metavar="MODEL", help="model directory (a run's OUT/model)")
+    p.add_argument("input", metavar="INPUT", help="CSV, Parquet file or directory, .npy, zarr")
+    p.add_argument("--out", required=True, metavar="OUT", help="output directory")
+    p.add_argument(
+        "--chunk-rows",
+        type=_positive_int,
+        default=DEFAULT_CHUNK_ROWS,
+        metavar="N",
+        help=f"rows per chunk, one Dask task each (default {DEFAULT_CHUNK_ROWS:,})",
+    )
+    p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="join this scheduler")
+    p.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="LocalCluster worker processes (default: one per core)",
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    add_log_options(p)
+    p.set_defaults(func=cmd_score)
+    return p
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    """Run the ``score`` flow; exit status 2 with one line on bad input."""
+    from flows.cli.prefect_api import prestart
+    from flows.score import run_score_flow
+
+    pio.check_file(args.input)
+    prestart()  # Prefect's temporary server boots while the flow's modules load
+    kwargs = dict(
+        model=args.model,
+        input=args.input,
+        out=args.out,
+        chunk_rows=args.chunk_rows,
+        scheduler=args.scheduler,
+        n_workers=args.workers,
+        overwrite=args.overwrite,
+        progress=not args.quiet,
+    )
+    rows_of = args.input if os.path.isfile(args.input) else None
+    start_flow(args, kwargs, rows_of=rows_of, runner=run_score_flow)
+    return 0

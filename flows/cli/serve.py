@@ -1,0 +1,98 @@
+"""``dpmm serve INPUT --models DIR``: the ``scheduled-clustering`` flow (``flows.scheduled``) on a
+cron schedule (``flow.serve``: this process polls for scheduled runs and runs them until
+stopped). ``--once`` runs the flow once now instead. Against a long-lived Prefect server
+(``PREFECT_API_URL``) the deployment and its runs show in its UI; ``infra/prefect.yaml`` holds the
+same deployment for ``prefect deploy``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from flows.cli.run import add_log_options, start_flow
+from flows.cli.types import positive_int as _positive_int
+from pipeline.config import DEFAULT_CHUNK_ROWS
+
+CRON = "0 2 * * *"  # flows.scheduled.CRON, without importing Prefect to build the parser
+DEPLOYMENT = "dpmm-scheduled"
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``serve`` to an ``argparse`` subparsers object; it sets ``func=cmd_serve``."""
+    p = subparsers.add_parser(
+        "serve",
+        help="score and refit new daily partitions on a schedule (Prefect deployment)",
+        description="Serve the scheduled-clustering flow: on every tick of --cron, each new "
+        "INPUT/date=YYYY-MM-DD partition is scored with the published model (into --scores) and "
+        "the model is refitted, warm-started, on the last --window partitions and published as "
+        "MODELS/vN (MODELS/LATEST names it). Partitions that fail validation are reported in "
+        "MODELS/rejected/ and skipped.",
+    )
+    p.add_argument("input", metavar="INPUT", help="directory of date=YYYY-MM-DD partitions")
+    p.add_argument("--models", required=True, metavar="DIR", help="model versions and LATEST")
+    p.add_argument("--scores", default=None, metavar="DIR", help="default: MODELS/../scores")
+    p.add_argument(
+        "--window", type=_positive_int, default=7, metavar="DAYS", help="refit window (default 7)"
+    )
+    p.add_argument(
+        "--cron", default=CRON, metavar="EXPR", help=f"schedule, cron syntax (default '{CRON}')"
+    )
+    p.add_argument("--name", default=DEPLOYMENT, help=f"deployment name (default {DEPLOYMENT})")
+    p.add_argument("--chunk-rows", type=_positive_int, default=DEFAULT_CHUNK_ROWS, metavar="N")
+    p.add_argument("--workers", type=_positive_int, default=None, metavar="N")
+    p.add_argument("--once", action="store_true", help="run the flow once now and exit")
+    add_log_options(p)
+    p.set_defaults(func=cmd_serve)
+    return p
+
+
+def flow_parameters(args: argparse.Namespace) -> dict[str, Any]:
+    """The flow's parameters from the parsed options."""
+    return {
+        "input": args.input,
+        "models": args.models,
+        "scores": args.scores,
+        "window": args.window,
+        "chunk_rows": args.chunk_rows,
+        "n_workers": args.workers,
+    }
+
+
+def deployment(args: argparse.Namespace) -> Any:
+    """The deployment ``dpmm serve`` serves (``flow.to_deployment`` with ``flow.serve``'s
+    arguments): what a test inspects without serving forever."""
+    from flows.scheduled import scheduled_clustering, serve_kwargs
+
+    return scheduled_clustering.to_deployment(**_kwargs(args, serve_kwargs))
+
+
+def _kwargs(args: argparse.Namespace, serve_kwargs: Any) -> dict[str, Any]:
+    params = flow_parameters(args)
+    return serve_kwargs(
+        params.pop("input"), params.pop("models"), cron=args.cron, name=args.name, **params
+    )  # type: ignore[no-any-return]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Serve the flow on its schedule (blocks), or run it once with ``--once``."""
+    from prefect.client.schemas.schedules import CronSchedule
+
+    from flows.scheduled import scheduled_clustering, serve_kwargs
+    from pipeline.errors import InputError
+
+    try:
+        CronSchedule(cron=args.cron)
+    except ValueError as err:
+        raise InputError(f"--cron {args.cron!r}: not a cron expression") from err
+    if args.once:
+        from flows.cluster import run_flow
+
+        start_flow(
+            args,
+            flow_parameters(args),
+            runner=lambda **kw: run_flow(scheduled_clustering, **kw),
+        )
+        return 0
+    scheduled_clustering.serve(**_kwargs(args, serve_kwargs))
+    return 0

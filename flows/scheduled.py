@@ -1,0 +1,180 @@
+"""The ``scheduled-clustering`` flow: score each new day's partition with the published model,
+refit warm-started on a rolling window, publish the refit as the next model version.
+
+For every partition ``INPUT/date=YYYY-MM-DD`` not done yet, in date order
+(``pipeline.schedule`` has the layout):
+
+1. score it with the published model (the ``score`` flow, into ``SCORES/date=YYYY-MM-DD``),
+   which validates it against the model's schema;
+2. refit on the last ``window`` accepted partitions (the ``cluster`` flow, warm-started from
+   the published model; the first version starts cold);
+3. publish the refit as ``MODELS/vN`` and switch ``MODELS/LATEST`` to it last.
+
+A partition that fails validation (a ``ValueError``: a missing column, a value of another kind,
+an unseen category) is reported (``MODELS/rejected/date=...json`` and the flow's log) and
+skipped; the published model stays the last good one. A partition already done (or rejected,
+unchanged) is skipped, so rerunning the flow for a day already done changes nothing.
+
+``dpmm serve`` runs it on a cron schedule (``scheduled_clustering.serve``); ``infra/prefect.yaml``
+holds the same deployment for a Prefect server.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+
+from flows.cluster import cluster
+from flows.score import score
+from pipeline import schedule
+from pipeline.config import DEFAULT_CHUNK_ROWS, MAX_PASSES
+
+#: the deployment's name and default schedule (every day at 02:00 UTC), as in infra/prefect.yaml
+DEPLOYMENT = "dpmm-scheduled"
+CRON = "0 2 * * *"
+WINDOW = 7
+
+
+@flow(name="scheduled-clustering", validate_parameters=False)
+def scheduled_clustering(
+    input: str,
+    models: str,
+    scores: str | None = None,
+    window: int = WINDOW,
+    until: str | None = None,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    max_passes: int = MAX_PASSES,
+    random_state: int = 0,
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    processes: bool = True,
+    dashboard_address: str | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Process the new partitions of ``input`` (module docstring).
+
+    Parameters
+    ----------
+    input : str
+        Directory of ``date=YYYY-MM-DD`` partitions.
+    models : str
+        Directory of the model versions ``vN`` and the pointer ``LATEST``.
+    scores : str, optional
+        Where each partition's scores go (``date=YYYY-MM-DD/``); default ``models/../scores``.
+    window : int
+        Partitions (days) in the rolling window of each refit.
+    until : str, optional
+        Last date to process (YYYY-MM-DD); default every partition present.
+    chunk_rows, max_passes, random_state, scheduler, n_workers, processes, dashboard_address,
+    progress
+        As the ``cluster`` flow.
+
+    Returns
+    -------
+    dict with the dates ``published`` ({date: version}), ``rejected`` ({date: error}),
+    ``skipped`` (done before) and the ``latest`` version's directory.
+    """
+    log = get_run_logger()
+    if int(window) < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    reg = schedule.Registry(models)
+    resumed = reg.finish_publish()
+    if resumed is not None:
+        log.warning("an interrupted publish of v%s was completed (LATEST switched)", resumed)
+    scores_root = Path(scores) if scores is not None else Path(models).parent / "scores"
+    parts = schedule.partitions(input)
+    all_dates = [d for d, _ in parts]
+    paths = dict(parts)
+    local: dict[str, Any] = {
+        "scheduler": scheduler,
+        "n_workers": n_workers,
+        "processes": processes,
+        "dashboard_address": dashboard_address,
+        "progress": progress,
+    }
+    report: dict[str, Any] = {"published": {}, "rejected": {}, "skipped": []}
+    for date, path in parts:
+        if until is not None and date > until:
+            break
+        done = reg.done()
+        rej = reg.rejected(date)
+        if date in done or (rej is not None and rej["fingerprint"] == schedule.fingerprint(path)):
+            report["skipped"].append(date)
+            continue
+        current = reg.latest()
+        n, staged = reg.stage()
+        try:
+            scored = scores_root / f"date={date}"
+            if current is not None and not scored.exists():
+                score(
+                    model=str(current / "model"),
+                    input=str(path),
+                    out=str(scored),
+                    chunk_rows=chunk_rows,
+                    **local,
+                )
+            dates = schedule.window_dates(all_dates, set(done), date, window)
+            win = schedule.link_window(staged / "window", [(d, paths[d]) for d in dates])
+            run = cluster(
+                input=str(win),
+                out=str(staged / "run"),
+                chunk_rows=chunk_rows,
+                max_passes=max_passes,
+                random_state=random_state,
+                data_dir=str(staged / "datasets"),
+                warm_start=None if current is None else str(current / "model"),
+                report=False,
+                **local,
+            )
+        except ValueError as err:
+            msg = " ".join(str(err).split())
+            reg.reject(date, path, msg)
+            report["rejected"][date] = msg
+            log.warning("partition %s rejected and skipped: %s", date, msg)
+            shutil.rmtree(staged, ignore_errors=True)
+            continue
+        except BaseException:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise
+        for name in ("model", "run.json", "clusters.parquet"):
+            (staged / "run" / name).rename(staged / name)
+        for name in ("run", "window", "datasets"):
+            shutil.rmtree(staged / name, ignore_errors=True)
+        final = reg.publish(
+            n,
+            staged,
+            {
+                "date": date,
+                "window": dates,
+                "warm_start": None if current is None else current.name,
+                "partition": str(path),
+                "fingerprint": schedule.fingerprint(path),
+                "n_rows": run["n_rows"],
+                "n_clusters": run["metrics"]["n_clusters"],
+                "passes": run["metrics"]["passes"],
+            },
+        )
+        report["published"][date] = final.name
+        log.info("partition %s: published %s (window %s)", date, final.name, dates)
+    latest = reg.latest()
+    report["latest"] = None if latest is None else str(latest)
+    return report
+
+
+def serve_kwargs(
+    input: str,
+    models: str,
+    cron: str = CRON,
+    name: str = DEPLOYMENT,
+    **parameters: Any,
+) -> dict[str, Any]:
+    """The arguments of ``scheduled_clustering.serve`` / ``.to_deployment`` for ``dpmm serve``:
+    the deployment ``name`` on the ``cron`` schedule with the flow's parameters."""
+    return {
+        "name": name,
+        "cron": cron,
+        "parameters": {"input": str(input), "models": str(models), **parameters},
+    }
