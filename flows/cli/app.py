@@ -46,9 +46,9 @@ from typing import Any, NoReturn
 import numpy as np
 import pandas as pd
 
-from flows.cli.longitudinal import add_longitudinal_parser
-from flows.cli.hmm import add_hmm_parser
 from flows.cli.cv import add_cv_parser
+from flows.cli.hmm import add_hmm_parser
+from flows.cli.longitudinal import add_longitudinal_parser
 from flows.cli.run import add_log_options, add_run_parser
 from flows.cli.score import add_score_parser
 from flows.cli.serve import add_serve_parser

@@ -274,7 +274,7 @@ def start_flow(
                     stack.enter_context(contextlib.redirect_stderr(fh))
             kwargs = stack.enter_context(_local_cluster(kwargs))
             ready()
-            return (runner or run_cluster_flow)(**kwargs)
+            return runner(**kwargs)  # type: ignore[no-any-return]
     except ValueError as err:
         msg = " ".join(str(err).split()) or type(err).__name__
         if rows_of is not None:
