@@ -9,7 +9,7 @@ pass loop (``pipeline.engines.asugs``) hands one from chunk to chunk.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -33,7 +33,7 @@ DEFAULT_LAM = 1.0
 
 
 @register
-@dataclass
+@dataclass(eq=False)
 class StreamState:
     """The state of one ASUGS stream after ``n_seen`` records (``kernels.asugs.stream``).
 
@@ -74,6 +74,23 @@ class StreamState:
             rng=np.asarray(rng, dtype=np.uint64).copy(),
         )
 
+    def __eq__(self, other: object) -> bool:
+        """Field by field, arrays by value (a checkpoint read back equals what was written)."""
+        if not isinstance(other, StreamState):
+            return NotImplemented
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+                if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+                    return False
+                if a.dtype != b.dtype or not np.array_equal(a, b):
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+
     @property
     def cluster_stats(self) -> FloatArray:
         """The classes' statistics (K, S)."""
@@ -102,6 +119,7 @@ class StreamState:
         return np.asarray(kasugs.row_of_ids(self.alias, self.ids, self.K)[: self.n_ids])
 
 
+@register
 @dataclass(frozen=True)
 class StreamParams:
     """What ``advance`` needs besides the records: lambda (<= 0: SUGS with ``alpha``), the
@@ -309,7 +327,7 @@ class ASUGS(MixtureEstimator):
         -------
         self
         """
-        self._stream = None
+        self._stream: StreamState | None = None
         return super().fit(X)  # type: ignore[no-any-return]
 
     def partial_fit(self, X: Any, y: Any = None) -> ASUGS:
@@ -347,6 +365,7 @@ class ASUGS(MixtureEstimator):
             raise ValueError(
                 "the parameters changed since the stream started; call fit to start a new one"
             )
+        assert self._stream is not None
         st, z, trace = advance(self._stream, Xa, fam, params, trace=True)
         self._alpha_parts.append(trace)
         rows = st.rows_of_ids()

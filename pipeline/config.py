@@ -21,7 +21,7 @@ TOL = 1e-5
 MIN_CHANGE = 1e-3
 ALPHA_PRIOR = (2.0, 1.0)
 N_FOLDS = 10
-INITS = ("auto", "sample", "sequential", "one-cluster", "seeds")
+INITS = ("auto", "sample", "sequential", "one-cluster", "seeds", "asugs", "asugs-sample")
 MAX_SEEDS = 100
 
 
@@ -104,7 +104,9 @@ class FitParams:
     init : "sample" (in-memory MAP-DP with split / merge moves on a hash sample of
         ``init_sample`` training rows), "sequential" (no cluster: the first pass opens them),
         "one-cluster" (Algorithm 1's start), "seeds" (``n_seeds`` random training records as
-        singleton clusters, seed 001 Section 5); "auto" is "sample".
+        singleton clusters, seed 001 Section 5), "asugs" (the clusters of one ASUGS-PM
+        streaming pass over every chunk, seed 002: pass 1 assigns every record against them),
+        "asugs-sample" (the same over the "sample" start's rows); "auto" is "sample".
     n_seeds : seeds of the "seeds" start; default min(ceil(sqrt(N)), 100).
     init_sample : rows of the "sample" start (at most the prior's sample of ingest).
     max_passes, tol, min_change : stop after ``max_passes`` passes, or when a pass lowers the

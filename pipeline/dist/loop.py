@@ -1,7 +1,8 @@
 """The pass loop: drives any engine (``pipeline.engines``) over the chunks of a dataset store.
 
 One pass is one Dask task per chunk (``chunk_task`` -> ``Engine.chunk_step``), then the engine's
-reduce on the driver; the loop checkpoints the state after every pass (the record
+reduce on the driver (a sequential engine's tasks run as a chain in chunk order, each given the
+previous one's state: ``submit_chunks``); the loop checkpoints the state after every pass (the record
 ``checkpoint``: JSON plus arrays, ``pipeline.persist``, in the run's state store), stops on the engine's stop rule or after ``max_passes``, and
 resumes from the checkpoint of the same parameters. It knows nothing of clusters: what a chunk
 task sweeps and what a reduce adds is the engine's.
@@ -43,6 +44,29 @@ class InjectedFault(RuntimeError):
 def chunk_task(engine: str, data: str, state: str, c: int, a: int, b: int, msg: Any) -> Any:
     """One chunk of one pass: the engine's ``chunk_step`` on rows a..b."""
     return get_engine(engine).chunk_step(Chunk(data, state, c, a, b, msg.p), msg)
+
+
+def carry_task(engine: str, msg: Any, result: Any) -> Any:
+    """The input of a sequential engine's next chunk task: ``Engine.carry``."""
+    return get_engine(engine).carry(msg, result)
+
+
+def submit_chunks(client: Any, engine: Engine, ctx: RunContext, msg_f: Any) -> list[Any]:
+    """The chunk tasks of one pass: all at once on the same message, or, for a sequential
+    engine, a chain in chunk order where each task waits for the previous one's ``carry``
+    (futures all the way: the state goes from worker to worker, not through the driver)."""
+    data, st = str(ctx.data.path), str(ctx.state.path)
+    if not engine.sequential:
+        return [
+            client.submit(chunk_task, engine.name, data, st, c, a, b, msg_f, pure=False)
+            for c, a, b in iter_chunks(ctx.info)
+        ]
+    futs = []
+    msg = msg_f
+    for c, a, b in iter_chunks(ctx.info):
+        futs.append(client.submit(chunk_task, engine.name, data, st, c, a, b, msg, pure=False))
+        msg = client.submit(carry_task, engine.name, msg, futs[-1], pure=False)
+    return futs
 
 
 def score_task(
@@ -160,12 +184,8 @@ def run_pass(
         scores_into = str(labels_out)
         create_labels(scores_into, info, overwrite=False)
     msg = engine.pass_input(state, ctx, p, scores_into)
-    msg_f = client.scatter(msg, broadcast=True, hash=False)
-    data, st = str(ctx.data.path), str(ctx.state.path)
-    futs = [
-        client.submit(chunk_task, engine.name, data, st, c, a, b, msg_f, pure=False)
-        for c, a, b in iter_chunks(info)
-    ]
+    msg_f = client.scatter(msg, broadcast=not engine.sequential, hash=False)
+    futs = submit_chunks(client, engine, ctx, msg_f)
     progress = bar(ctx.progress, info.n_train, f"pass {p}")
     results = []
     for fut in as_completed(futs):

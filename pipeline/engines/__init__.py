@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 ENGINE_MODULES: dict[str, str] = {
     "mapdp": "pipeline.engines.mapdp",
     "kmeans": "pipeline.engines.kmeans",
+    "asugs": "pipeline.engines.asugs",
 }
 ENGINES: tuple[str, ...] = tuple(ENGINE_MODULES)
 

@@ -11,6 +11,7 @@ a0 = 2 delta0 and B0 = V0 = Sigma0^{-1} / a0.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -169,7 +170,7 @@ def test_sugs_keeps_its_fixed_alpha() -> None:
     np.testing.assert_array_equal(m.alpha_history_, np.full(200, 0.3))
 
 
-# -- streams: batches, order, additivity, chain rule -------------------------------------------------
+# -- streams: batches, order, additivity, chain rule ----------------------------------------
 
 
 @given(cuts=st.lists(st.integers(1, 599), max_size=6), select=st.sampled_from(["greedy", "sample"]))
@@ -182,7 +183,7 @@ def test_partial_fit_in_batches_equals_fit_on_the_concatenation(
     whole = ASUGS(family=fam, select=select, random_state=3, pm_interval=25).fit(X)
     parts = ASUGS(family=fam, select=select, random_state=3, pm_interval=25)
     bounds = [0, *sorted(set(cuts)), 600]
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+    for a, b in itertools.pairwise(bounds):
         if b > a:
             parts.partial_fit(X[a:b])
     np.testing.assert_array_equal(parts.cluster_stats_, whole.cluster_stats_)

@@ -25,6 +25,17 @@ class TestKmeansEngine(EngineContract):
     init = "seeds"
 
 
+class TestAsugsEngine(EngineContract):
+    """One streaming pass: the contract's multi-pass checks hold trivially (one pass)."""
+
+    engine = "asugs"
+
+
+class TestSugsEngine(EngineContract):
+    engine = "asugs"
+    alpha = 0.5
+
+
 class TestToyEngine(EngineContract):
     """An engine the registry learns at run time: a new model touches no file of the loop."""
 
@@ -36,7 +47,7 @@ class TestToyEngine(EngineContract):
 
 
 def test_every_registered_engine_is_tested():
-    tested = {c.engine for c in (TestMapdpEngine, TestKmeansEngine)}
+    tested = {c.engine for c in (TestMapdpEngine, TestKmeansEngine, TestAsugsEngine)}
     assert tested == set(ENGINES)
 
 
