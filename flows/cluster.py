@@ -197,6 +197,7 @@ def cluster(
     summaries: int = 0,
     stage2: str | None = None,
     mcmc: int = 0,
+    engine_options: dict[str, Any] | None = None,
     scheduler: str | None = None,
     n_workers: int | None = None,
     processes: bool = True,
@@ -213,7 +214,8 @@ def cluster(
     are reported. The input is ingested once into a dataset store under ``data_dir`` (default
     ``$DPMM_DATA_DIR`` or ``~/.cache/dpmm/datasets``) that later runs of the same input and
     ingest options reuse; ``n_folds`` fold ids are drawn per row, or per group of
-    ``group_column`` (whose rows then share a chunk).
+    ``group_column`` (whose rows then share a chunk). ``engine_options`` are the engine's own
+    settings (``RunContext.options``; the asugs engine and start read ``lam``).
 
     Returns the content of ``out/run.json``.
     """
@@ -223,6 +225,8 @@ def cluster(
         raise ValueError(f"stage2 must be one of {STAGE2}, got {stage2!r}")
     if int(summaries) < 0 or int(mcmc) < 0:
         raise ValueError(f"summaries and mcmc must be >= 0, got {summaries} and {mcmc}")
+    if int(summaries) > 0 and not get_engine(engine).summaries:
+        raise ValueError(f"--summaries: the {engine} engine has no summaries pass; drop it")
     params = FitParams(
         engine=engine,
         alpha=alpha,
@@ -249,6 +253,7 @@ def cluster(
         summaries=int(summaries),
         stage2=stage2,
         mcmc=int(mcmc),
+        engine_options=dict(engine_options or {}),
     )
     t0 = time.perf_counter()
     partial, resumed = dist.prepare_output(input, cfg)
@@ -265,7 +270,7 @@ def cluster(
             raise
         timing["ingest"] = time.perf_counter() - t
         t = time.perf_counter()
-        ctx = dist.run_context(partial, data, info, params, progress)
+        ctx = dist.run_context(partial, data, info, params, progress, cfg.engine_options)
         labels = partial / "labels.zarr"
         # the cluster flow runs the mixture engines, whose state has clusters
         state: Any = loop.run_passes(

@@ -1,8 +1,8 @@
 """``dpmm run``: the whole pipeline (Prefect flow ``flows.cluster``) from the command line.
 
-    dpmm run INPUT --out OUT [--chunk-rows N] [--holdout F] [--engine mapdp|kmeans]
+    dpmm run INPUT --out OUT [--chunk-rows N] [--holdout F] [--engine mapdp|kmeans|asugs]
              [--family SPEC] [--alpha FLOAT|learn] [--max-passes N] [--tol F]
-             [--min-change F] [--seed N] [--label-column COL] [--summaries M]
+             [--min-change F] [--lam F] [--seed N] [--label-column COL] [--summaries M]
              [--stage2 none|bhc] [--mcmc ITER] [--scheduler ADDRESS] [--workers N]
              [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
 
@@ -32,6 +32,7 @@ from flows.cli.types import family as _family
 from flows.cli.types import fraction as _fraction
 from flows.cli.types import nonneg_float as _nonneg_float
 from flows.cli.types import nonneg_int as _nonneg_int
+from flows.cli.types import positive_float as _positive_float
 from flows.cli.types import positive_int as _positive_int
 from pipeline import io as pio
 from pipeline.config import (
@@ -55,8 +56,9 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "run",
         help="cluster a large input with Dask (ingest, passes, write-out) under Prefect",
-        description="Cluster the records of INPUT with distributed MAP-DP or Bayes K-means and "
-        "write OUT/labels.zarr, OUT/clusters.parquet, OUT/run.json and a report.",
+        description="Cluster the records of INPUT with distributed MAP-DP, Bayes K-means or "
+        "one streaming ASUGS-PM pass (--engine asugs) and write OUT/labels.zarr, "
+        "OUT/clusters.parquet, OUT/run.json and a report.",
     )
     p.add_argument("input", metavar="INPUT", help="CSV, Parquet file or directory, .npy, zarr")
     p.add_argument("--out", required=True, metavar="OUT", help="output directory")
@@ -120,6 +122,14 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="F",
         help="stop when at most this fraction of the training records changed cluster in a "
         f"pass (default {MIN_CHANGE:g})",
+    )
+    p.add_argument(
+        "--lam",
+        type=_positive_float,
+        default=None,
+        metavar="F",
+        help="lambda of ASUGS's adaptive concentration alpha_i = k_i / (lambda + log i) "
+        "(--engine asugs with --alpha learn, and --init asugs; default 1)",
     )
     p.add_argument(
         "--label-column",
@@ -304,6 +314,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         summaries=args.summaries,
         stage2=args.stage2,
         mcmc=args.mcmc,
+        engine_options={} if args.lam is None else {"lam": args.lam},
         scheduler=args.scheduler,
         n_workers=args.workers,
         overwrite=args.overwrite,

@@ -25,6 +25,7 @@ positive_int = _checked(int, lambda v: config.check_int(v, "N", 1), "a positive 
 nonneg_int = _checked(int, lambda v: config.check_int(v, "N", 0), "a non-negative integer")
 fraction = _checked(float, lambda v: config.check_fraction(v, "F"), "a fraction in [0, 1)")
 nonneg_float = _checked(float, config.check_tol, "a non-negative number")
+positive_float = _checked(float, lambda v: config.check_positive(v, "F"), "a positive number")
 
 
 def alpha(text: str) -> float | str:

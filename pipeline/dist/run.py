@@ -47,6 +47,8 @@ class RunConfig:
     summaries: int = 0
     stage2: str = "none"
     mcmc: int = 0
+    # engine-specific settings (``RunContext.options``: the asugs engine's ``lam``, ...)
+    engine_options: dict[str, Any] = field(default_factory=dict)
 
     def ingest_options(self) -> dict[str, Any]:
         """The options that decide what ingest writes (``pipeline.dataset.ingest_options``)."""
@@ -74,6 +76,7 @@ def fingerprint(source: Any, cfg: RunConfig) -> str | None:
             "input": dataset.fingerprint(source),
             "options": dataset.ingest_options(**cfg.ingest_options()),
             "params": repr(params),
+            "engine_options": repr(sorted(cfg.engine_options.items())),
         },
         sort_keys=True,
     )
@@ -134,11 +137,18 @@ def step_ingest(
 
 
 def run_context(
-    partial: Path, data: Store, info: StoreInfo, params: FitParams, progress: bool
+    partial: Path,
+    data: Store,
+    info: StoreInfo,
+    params: FitParams,
+    progress: bool,
+    options: dict[str, Any] | None = None,
 ) -> RunContext:
     """The run's ``RunContext``: the dataset store and the run's state store under
-    ``partial``."""
-    return context(data, partial / "state.zarr", info, params, progress)
+    ``partial``, with the engine's ``options``."""
+    ctx = context(data, partial / "state.zarr", info, params, progress)
+    ctx.options.update(options or {})
+    return ctx
 
 
 def finish(
@@ -214,6 +224,7 @@ def finish(
             "summaries": cfg.summaries,
             "stage2": cfg.stage2,
             "mcmc": cfg.mcmc,
+            "engine_options": cfg.engine_options,
         },
         "notes": info.notes,
         "versions": versions(),

@@ -201,7 +201,7 @@ class AsugsEngine(Engine):
             "n_changed": int(sum(r.n_changed for r in results)),
             "pruned": int(stream.n_pruned - state.stream.n_pruned),
             "merges": int(stream.n_merged - state.stream.n_merged),
-            "pruned_records": int(round(float(stream.pruned[0]))),
+            "pruned_records": round(float(stream.pruned[0])),
             "alpha": new.alpha,
             "lam": state.sp.lam if state.sp.lam > 0 else None,
             "task_seconds": float(sum(r.seconds for r in results)),

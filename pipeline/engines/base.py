@@ -120,6 +120,9 @@ class Engine(ABC):
     # order, each given ``carry(input, result)`` of the previous one instead of one message
     # for all (a one-pass streaming model whose state travels from chunk to chunk)
     sequential: ClassVar[bool] = False
+    # its state has clusters with per-record labels that the summaries pass
+    # (``pipeline.dist.summaries``) can split
+    summaries: ClassVar[bool] = False
 
     @abstractmethod
     def init_state(self, ctx: RunContext, client: Any) -> LoopState:

@@ -313,3 +313,54 @@ def test_a_group_column_keeps_each_group_in_one_chunk(tmp_path: Path):
     held[row[real]] = hold[real]
     for s in df["subject"].unique():
         assert len(set(held[df["subject"].to_numpy() == s])) == 1  # one fold per subject
+
+
+# -- ASUGS (seed 002): the streaming engine and the start of the MAP-DP passes -----------------
+
+
+def test_dpmm_run_engine_asugs_is_one_streaming_pass(tmp_path: Path, capsys):
+    """``dpmm run --engine asugs``: one pass over the chunks in order, every row labelled and
+    scored; the state is ``pipeline.ASUGS`` streaming the chunks' training rows."""
+    from pipeline import ASUGS
+
+    y = write_blobs(tmp_path / "in.csv", n=3000, seed=7, label="truth")
+    out = tmp_path / "out"
+    argv = ["run", str(tmp_path / "in.csv"), "--out", str(out), "--engine", "asugs"]
+    argv += ["--chunk-rows", "400", "--holdout", "0.1", "--label-column", "truth", "--lam", "2"]
+    assert main([*argv, "--workers", "2", "--no-report", "--quiet"]) == 0
+    run = json.loads((out / "run.json").read_text())
+    m = run["metrics"]
+    assert m["passes"] == 1 and m["stop"] == "one pass" and m["n_clusters"] == 4
+    assert m["nmi"] > 0.99
+    assert run["parameters"]["engine"] == "asugs"
+    assert run["parameters"]["engine_options"] == {"lam": 2.0}
+    (rec,) = run["passes"]
+    assert rec["lam"] == 2.0 and rec["n_seen"] == run["n_train"]
+    label = zarr.open_array(str(out / "labels.zarr/label"))[:]
+    logd = zarr.open_array(str(out / "labels.zarr/log_density"))[:]
+    assert np.isfinite(logd).all() and label.shape == y.shape
+    assert m["nmi"] == pytest.approx(normalized_mutual_info_score(y, label), abs=1e-9)
+    data = Store(run["dataset"]["path"])
+    X = np.asarray(data.array("X")[:])
+    hold = np.asarray(data.array("holdout")[:], dtype=bool)
+    ref = ASUGS(lam=2.0, family=data.load("info").family).fit(X[~hold])
+    clusters = pd.read_parquet(out / "clusters.parquet")
+    np.testing.assert_array_equal(np.sort(clusters["size"]), np.sort(ref.cluster_sizes_))
+    np.testing.assert_array_equal(label[~hold], ref.labels_)
+    # the summaries pass needs per-record cluster labels the stream does not keep
+    code = main([*argv, "--summaries", "10", "--overwrite", "--quiet"])
+    assert code == 2
+    assert "has no summaries pass" in capsys.readouterr().err
+
+
+def test_dpmm_run_init_asugs_starts_the_mapdp_passes(tmp_path: Path):
+    y = write_blobs(tmp_path / "in.csv", n=3000, seed=8)
+    out = tmp_path / "out"
+    run = cluster(
+        str(tmp_path / "in.csv"), str(out), chunk_rows=500, init="asugs", report=False, **LOCAL
+    )
+    assert run["init"]["init"] == "asugs" and run["init"]["asugs_records"] == 3000
+    assert run["parameters"]["init"] == "asugs"
+    label = zarr.open_array(str(out / "labels.zarr/label"))[:]
+    assert normalized_mutual_info_score(y, label) > 0.99
+    assert run["metrics"]["converged"]

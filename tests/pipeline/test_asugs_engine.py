@@ -133,8 +133,6 @@ def test_mapdp_passes_start_from_an_asugs_pass(client, tmp_path: Path, init: str
     assert normalized_mutual_info_score(y, z) > 0.95
     # the "asugs" start's stream is the engine's over the same chunks
     if init == "asugs":
-        eng_ctx = loop.context(
-            store, tmp_path / "eng", info, FitParams(engine="asugs", seed=1)
-        )
+        eng_ctx = loop.context(store, tmp_path / "eng", info, FitParams(engine="asugs", seed=1))
         eng = loop.run_passes(client, eng_ctx)
         np.testing.assert_array_equal(start.warm, eng.stats)
