@@ -74,6 +74,37 @@ class StreamState:
             rng=np.asarray(rng, dtype=np.uint64).copy(),
         )
 
+    @classmethod
+    def from_clusters(
+        cls, stats: FloatArray, family: ProductFamily, rng: NDArray[np.uint64]
+    ) -> StreamState:
+        """A stream that has seen the records summarised by the clusters ``stats`` (K, S) (a
+        fitted model's), one class each, all opened at the last of those records: pruning
+        weighs a class against the records streamed after them."""
+        stats = np.ascontiguousarray(np.asarray(stats, dtype=np.float64))
+        K = int(stats.shape[0])
+        if K == 0 or stats.shape[1] != family.n_stats or not np.all(stats[:, 0] > 0):
+            raise ValueError(
+                f"a stream starts from clusters of shape (K >= 1, {family.n_stats}) with "
+                f"n > 0 records each; got shape {stats.shape}"
+            )
+        st = cls.empty(family, rng)
+        cap = max(8, 2 * K)
+        n_seen = round(float(stats[:, 0].sum()))
+        st.stats = np.zeros((cap, family.n_stats))
+        st.stats[:K] = stats
+        st.cache = np.zeros((cap, family.n_cache))
+        st.cache[:K] = family.cache_of(stats)
+        st.nk = np.zeros(cap)
+        st.nk[:K] = stats[:, 0]
+        st.born = np.zeros(cap)
+        st.born[:K] = float(n_seen)
+        st.ids = np.full(cap, -1, dtype=np.int64)
+        st.ids[:K] = np.arange(K)
+        st.alias = np.full(cap, kasugs.ALIVE, dtype=np.int64)
+        st.K, st.n_ids, st.n_seen = K, K, int(n_seen)
+        return st
+
     def __eq__(self, other: object) -> bool:
         """Field by field, arrays by value (a checkpoint read back equals what was written)."""
         if not isinstance(other, StreamState):
@@ -276,7 +307,8 @@ class ASUGS(MixtureEstimator):
     alpha_ : float
         alpha_n = k_n / (lambda + log n) after the last record (SUGS: the fixed alpha).
     alpha_history_ : ndarray of shape (n_seen_,)
-        alpha_i after each record i of the stream (its trajectory).
+        alpha_i after each record i of the stream (its trajectory; after ``start_from``, of
+        the records streamed since).
     n_seen_ : int
         Records streamed so far.
     n_pruned_, n_merged_ : int
@@ -354,22 +386,47 @@ class ASUGS(MixtureEstimator):
         self._fit(Xa, sp)
         return self
 
-    def _fit(self, Xa: FloatArray, params: StreamParams) -> None:
+    def start_from(self, model: Any) -> ASUGS:
+        """Continue from a fitted model's clusters instead of an empty stream: its
+        ``cluster_stats_`` become the classes (the records they summarise count as seen), its
+        columns and family are kept; ``partial_fit`` then streams new records into it (the
+        model update of ``pipeline.update``).
+
+        Parameters
+        ----------
+        model : fitted estimator with ``cluster_stats_``, ``family_`` and ``schema_``
+            (``MAPDP``, ``ASUGS``, any ``MixtureEstimator`` with clusters).
+
+        Returns
+        -------
+        self
+        """
+        params = self._check_params()
+        for name in ("cluster_stats_", "family_", "schema_"):
+            if not hasattr(model, name):
+                raise ValueError(
+                    f"{type(model).__name__} has no {name}: a stream starts from a fitted model "
+                    "with clusters"
+                )
+        fam = model.family_
+        self.family_ = fam
+        self.schema_ = model.schema_
+        self.n_features_in_ = int(model.n_features_in_)
+        if hasattr(model, "feature_names_in_"):
+            self.feature_names_in_ = model.feature_names_in_
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        rng = seed_state(as_seed_sequence(self.random_state))
+        self._stream = StreamState.from_clusters(model.cluster_stats_, fam, rng)
+        self._params = params
+        st = self._stream
+        self._alpha_parts: list[FloatArray] = [np.zeros(0)]
+        self.labels_ = np.zeros(0, dtype=np.int64)
+        self._set_fitted(st, params)
+        return self
+
+    def _set_fitted(self, st: StreamState, params: StreamParams) -> None:
         fam = self.family_
-        if getattr(self, "_stream", None) is None:
-            rng = seed_state(as_seed_sequence(self.random_state))
-            self._stream = StreamState.empty(fam, rng)
-            self._params = params
-            self._alpha_parts: list[FloatArray] = []
-        elif params != self._params:
-            raise ValueError(
-                "the parameters changed since the stream started; call fit to start a new one"
-            )
-        assert self._stream is not None
-        st, z, trace = advance(self._stream, Xa, fam, params, trace=True)
-        self._alpha_parts.append(trace)
-        rows = st.rows_of_ids()
-        self.labels_ = np.where(z >= 0, rows[np.maximum(z, 0)], -1).astype(np.int64)
         stats = st.cluster_stats
         self.cluster_stats_ = stats
         self.cluster_sizes_ = np.rint(stats[:, 0]).astype(np.int64)
@@ -382,6 +439,24 @@ class ASUGS(MixtureEstimator):
         self.log_joint_ = float(st.log_joint)
         self._cache = np.ascontiguousarray(st.cache[: st.K])
         self._empty_cache = fam.empty_cache()
+
+    def _fit(self, Xa: FloatArray, params: StreamParams) -> None:
+        fam = self.family_
+        if getattr(self, "_stream", None) is None:
+            rng = seed_state(as_seed_sequence(self.random_state))
+            self._stream = StreamState.empty(fam, rng)
+            self._params = params
+            self._alpha_parts = []
+        elif params != self._params:
+            raise ValueError(
+                "the parameters changed since the stream started; call fit to start a new one"
+            )
+        assert self._stream is not None
+        st, z, trace = advance(self._stream, Xa, fam, params, trace=True)
+        self._alpha_parts.append(trace)
+        rows = st.rows_of_ids()
+        self.labels_ = np.where(z >= 0, rows[np.maximum(z, 0)], -1).astype(np.int64)
+        self._set_fitted(st, params)
 
     @property
     def alpha_history_(self) -> FloatArray:

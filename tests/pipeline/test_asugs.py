@@ -379,3 +379,57 @@ def test_bad_input_is_refused_clearly() -> None:
         ASUGS(family=fam).fit(np.ones((5, 3)))
     with pytest.raises(ValueError, match=r"x1.*row 17.*NaN"):
         ASUGS(family=ProductFamily([(fam, [0, 1])])).fit(bad)
+
+
+# -- model updates (``dpmm update``) ----------------------------------------------------------
+
+
+def test_update_model_streams_new_records_into_a_fitted_mapdp() -> None:
+    from pipeline import MAPDP
+    from pipeline.update import update_model
+
+    rng = np.random.default_rng(20)
+    means = np.array([[0.0, 0.0], [8.0, 0.0], [0.0, 8.0], [8.0, 8.0], [-8.0, -8.0]])
+    y1 = rng.integers(0, 4, 800)
+    X1 = means[y1] + rng.normal(size=(800, 2))
+    y2 = rng.integers(0, 5, 600)  # a fifth cluster appears in the new batch
+    X2 = means[y2] + rng.normal(size=(600, 2))
+    model = MAPDP(random_state=0).fit(pd.DataFrame(X1, columns=["a", "b"]))
+    before = model.cluster_stats_.copy()
+    new, stream = update_model(model, pd.DataFrame(X2, columns=["a", "b"]), random_state=0)
+    np.testing.assert_array_equal(model.cluster_stats_, before)  # the model is left alone
+    assert type(new) is MAPDP and new.n_clusters_ == 5 == stream.n_clusters_
+    total = before.sum(axis=0) + model.family_.stats_of(model.family_.arrange(X2))[0]
+    np.testing.assert_allclose(
+        new.cluster_stats_.sum(axis=0) + stream.pruned_stats_, total, rtol=1e-10
+    )
+    assert normalized_mutual_info_score(y2, new.labels_) > 0.95
+    assert stream.n_seen_ == 1400 and new.cluster_sizes_.sum() == 1400
+    # the learned concentration is eq. A.1's mode for the new N and K
+    from pipeline.concentration import map_concentration
+
+    assert new.alpha_ == pytest.approx(map_concentration(1400, 5, 2.0, 1.0), rel=1e-8)
+    Xt = pd.DataFrame(means[[4]] + rng.normal(size=(20, 2)), columns=["a", "b"])
+    assert (model.predict(Xt) == -1).mean() > 0.9 and (new.predict(Xt) >= 0).all()
+    assert new.score(Xt) > model.score(Xt)
+    # one pass in batches is the same pass
+    s2 = ASUGS(family=model.family_, random_state=0).start_from(model)
+    for a in range(0, 600, 150):
+        s2.partial_fit(pd.DataFrame(X2[a : a + 150], columns=["a", "b"]))
+    np.testing.assert_array_equal(s2.cluster_stats_, new.cluster_stats_)
+
+
+def test_update_model_refuses_bad_records() -> None:
+    from pipeline import MAPDP
+    from pipeline.update import update_model
+
+    X, _ = grid16(300, seed=21)
+    model = MAPDP(random_state=0).fit(pd.DataFrame(X, columns=["a", "b"]))
+    with pytest.raises(ValueError, match=r"missing \['b'\]"):
+        update_model(model, pd.DataFrame({"a": X[:, 0]}))
+    bad = pd.DataFrame(X, columns=["a", "b"])
+    bad.loc[5, "a"] = np.inf
+    with pytest.raises(ValueError, match=r"'a'.*row 5"):
+        update_model(model, bad)
+    with pytest.raises(ValueError, match="has no cluster_stats_"):
+        update_model(MAPDP(), X)
