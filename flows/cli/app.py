@@ -4,6 +4,8 @@
 ``dpmm demo --out DIR``           ``dpmm run`` on a generated, labelled data set
 ``dpmm run INPUT --out DIR``      the distributed pipeline: the Prefect flow ``flows.cluster``
                                   (``flows.cli.run``)
+``dpmm update MODEL INPUT --out NEW_MODEL``  one ASUGS-PM pass of new records into a saved
+                                  model (``flows.cli.update``)
 
 Exit status: 0 on success; 2 on bad input or usage, with exactly one line
 ``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
@@ -37,6 +39,7 @@ from flows.cli.run import add_log_options, add_run_parser
 from flows.cli.types import alpha as _alpha
 from flows.cli.types import family as _family
 from flows.cli.types import positive_int as _positive_int
+from flows.cli.update import add_update_parser
 from pipeline import io as pio
 from pipeline.errors import InputError
 
@@ -208,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_demo)
 
     add_run_parser(sub)
+    add_update_parser(sub)
     return parser
 
 
