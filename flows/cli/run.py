@@ -129,7 +129,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="F",
         help="lambda of ASUGS's adaptive concentration alpha_i = k_i / (lambda + log i) "
-        "(--engine asugs with --alpha learn, and --init asugs; default 1)",
+        "(--engine asugs with --alpha learn, and --init asugs; default 0.3)",
     )
     p.add_argument(
         "--label-column",
