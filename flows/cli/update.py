@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -88,16 +87,23 @@ def cmd_update(args: argparse.Namespace) -> int:
             prune_merge=not args.no_prune_merge,
             random_state=args.seed,
         )
-    tmp = pio.temp_sibling(out)
-    shutil.rmtree(tmp, ignore_errors=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with bad_input(prefix=f"--out {out}"):
-            save_model(new, tmp)
-        pio.commit_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    update = {
+        "from_model": str(model_path),
+        "input": str(inp),
+        "records": int(df.shape[0]),
+        "method": "ASUGS-PM" if not args.no_prune_merge else "ASUGS",
+        "lam": float(args.lam),
+        "select": args.select,
+        "seed": int(args.seed),
+        "clusters_before": int(model.n_clusters_),
+        "clusters_after": int(stream.n_clusters_),
+        "pruned": int(stream.n_pruned_),
+        "merges": int(stream.n_merged_),
+        "records_in_pruned_classes": int((stream.labels_ < 0).sum()),
+    }
+    with bad_input(prefix=f"--out {out}"):
+        # staged beside NEW_MODEL and renamed into place when complete
+        save_model(new, out, overwrite=True, metadata={"update": update})
     if not args.quiet:
         k0 = int(model.n_clusters_)
         print(
