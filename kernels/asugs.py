@@ -294,6 +294,7 @@ def stream(
     for h in range(K):
         lognk[h] = math.log(nk[h])
     logw = np.empty(stats.shape[0] + 1)
+    work = np.empty(X.shape[1])
     trace = alpha_trace.shape[0] > 0
     want_q = logq.shape[0] > 0
     n_pruned = 0
@@ -339,7 +340,10 @@ def stream(
             n_ids += 1
             K += 1
         # (c) the posterior update of class gamma_i
-        product.update(x, stats[best], cache[best], spec, prior, 1.0)
+        if fast:
+            gaussian_nw.add_record(x, stats[best], cache[best], prior, work)
+        else:
+            product.update(x, stats[best], cache[best], spec, prior, 1.0)
         nk[best] += 1.0
         lognk[best] = math.log(nk[best])
         z[t] = ids[best]

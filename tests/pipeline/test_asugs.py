@@ -130,6 +130,23 @@ def test_the_projects_normal_wishart_update_gives_eq_8(d: int) -> None:
         mu, c, delta, Sigma = eqs4to7(y, mu, c, delta, Sigma)
 
 
+def test_the_streams_add_record_is_the_familys_update() -> None:
+    """``gaussian_nw.add_record`` (determinant lemma, no allocation) against ``update``."""
+    from kernels.obs import gaussian_nw
+
+    fam, _ = paper_prior(3, seed=3)
+    prod = fam.as_product()
+    rng = np.random.default_rng(4)
+    s1, s2 = np.zeros(prod.n_stats), np.zeros(prod.n_stats)
+    c1, c2 = prod.empty_cache().copy(), prod.empty_cache().copy()
+    work = np.empty(3)
+    for x in rng.normal(size=(200, 3)) * 3.0:
+        product.update(x, s1, c1, prod.spec, prod.prior, 1.0)
+        gaussian_nw.add_record(x, s2, c2, prod.prior, work)
+        np.testing.assert_array_equal(s1, s2)
+        np.testing.assert_allclose(c2, c1, rtol=1e-10, atol=1e-12)
+
+
 def test_greedy_asugs_equals_algorithm_1_in_the_papers_parameterisation() -> None:
     fam, prior = paper_prior(2, seed=7)
     Y, _ = grid16(300, seed=1)
