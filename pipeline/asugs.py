@@ -82,11 +82,16 @@ class StreamState:
 
     @classmethod
     def from_clusters(
-        cls, stats: FloatArray, family: ProductFamily, rng: NDArray[np.uint64]
+        cls,
+        stats: FloatArray,
+        family: ProductFamily,
+        rng: NDArray[np.uint64],
+        n_seen: int | None = None,
     ) -> StreamState:
         """A stream that has seen the records summarised by the clusters ``stats`` (K, S) (a
-        fitted model's), one class each, all opened at the last of those records: pruning
-        weighs a class against the records streamed after them."""
+        fitted model's; ``n_seen``: more records, when some were pruned), one class each, all
+        opened at the last of those records: pruning weighs a class against the records
+        streamed after them."""
         stats = np.ascontiguousarray(np.asarray(stats, dtype=np.float64))
         K = int(stats.shape[0])
         if K == 0 or stats.shape[1] != family.n_stats or not np.all(stats[:, 0] > 0):
@@ -96,7 +101,8 @@ class StreamState:
             )
         st = cls.empty(family, rng)
         cap = max(8, 2 * K)
-        n_seen = round(float(stats[:, 0].sum()))
+        if n_seen is None:
+            n_seen = round(float(stats[:, 0].sum()))
         st.stats = np.zeros((cap, family.n_stats))
         st.stats[:K] = stats
         st.cache = np.zeros((cap, family.n_cache))
@@ -130,8 +136,8 @@ class StreamState:
 
     @property
     def cluster_stats(self) -> FloatArray:
-        """The classes' statistics (K, S)."""
-        return np.ascontiguousarray(self.stats[: self.K])
+        """The classes' statistics (K, S): a copy (the stream updates its arrays in place)."""
+        return self.stats[: self.K].copy()
 
     def copy(self) -> StreamState:
         return StreamState(
@@ -385,6 +391,10 @@ class ASUGS(MixtureEstimator):
         self
         """
         sp = self._check_params()
+        if getattr(self, "_stream", None) is None and hasattr(self, "cluster_stats_"):
+            # a model read back from disk (``pipeline.model``): the stream goes on from its
+            # clusters
+            self.start_from(self)
         if getattr(self, "_stream", None) is None:
             Xa = self._encode_fit(X)
         else:
@@ -423,9 +433,17 @@ class ASUGS(MixtureEstimator):
         elif hasattr(self, "feature_names_in_"):
             del self.feature_names_in_
         rng = seed_state(as_seed_sequence(self.random_state))
-        self._stream = StreamState.from_clusters(model.cluster_stats_, fam, rng)
+        n_seen = getattr(model, "n_seen_", None)
+        self._stream = StreamState.from_clusters(
+            model.cluster_stats_, fam, rng, None if n_seen is None else int(n_seen)
+        )
         self._params = params
         st = self._stream
+        if hasattr(model, "pruned_stats_"):
+            # an ASUGS model's own stream: what it pruned and how often stay counted
+            st.pruned = np.array(model.pruned_stats_, dtype=np.float64)
+            st.n_pruned = int(getattr(model, "n_pruned_", 0))
+            st.n_merged = int(getattr(model, "n_merged_", 0))
         self._alpha_parts: list[FloatArray] = [np.zeros(0)]
         self.labels_ = np.zeros(0, dtype=np.int64)
         self._set_fitted(st, params)
@@ -443,7 +461,7 @@ class ASUGS(MixtureEstimator):
         self.n_pruned_ = int(st.n_pruned)
         self.n_merged_ = int(st.n_merged)
         self.log_joint_ = float(st.log_joint)
-        self._cache = np.ascontiguousarray(st.cache[: st.K])
+        self._cache = st.cache[: st.K].copy()
         self._empty_cache = fam.empty_cache()
 
     def _fit(self, Xa: FloatArray, params: StreamParams) -> None:

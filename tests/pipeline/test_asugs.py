@@ -450,3 +450,29 @@ def test_update_model_refuses_bad_records() -> None:
         update_model(model, bad)
     with pytest.raises(ValueError, match="has no cluster_stats_"):
         update_model(MAPDP(), X)
+
+
+def test_a_model_without_its_stream_goes_on_from_its_clusters() -> None:
+    """A model read back from disk keeps its fitted attributes, not the stream: partial_fit
+    continues from its clusters (without pruning/merging, exactly as the live stream)."""
+    X, _ = grid16(600, seed=22)
+    fam = GaussianNW.empirical_bayes(X)
+    live = ASUGS(family=fam, prune_merge=False).fit(X[:300])
+    loaded = ASUGS(family=fam, prune_merge=False)
+    for name in (
+        "cluster_stats_",
+        "cluster_sizes_",
+        "n_clusters_",
+        "alpha_",
+        "n_seen_",
+        "pruned_stats_",
+        "schema_",
+        "family_",
+        "n_features_in_",
+    ):
+        setattr(loaded, name, getattr(live, name))
+    live.partial_fit(X[300:])
+    loaded.partial_fit(X[300:])
+    np.testing.assert_array_equal(loaded.cluster_stats_, live.cluster_stats_)
+    np.testing.assert_array_equal(loaded.labels_, live.labels_)
+    assert loaded.n_seen_ == live.n_seen_ == 600 and loaded.alpha_ == live.alpha_
