@@ -201,7 +201,7 @@ def cluster(
     scheduler: str | None = None,
     n_workers: int | None = None,
     processes: bool = True,
-    dashboard_address: str | None = ":8787",
+    dashboard_address: str | None = "127.0.0.1:8787",
     overwrite: bool = False,
     report: bool = True,
     progress: bool = True,
@@ -260,7 +260,7 @@ def cluster(
     if resumed and progress:
         print(f"resuming the run in {partial}", file=sys.stderr)
     timing: dict[str, float] = {}
-    with dask_client(scheduler, n_workers, processes, dashboard_address) as client:
+    with dask_client(scheduler, n_workers, processes, dashboard_address, warm=[engine]) as client:
         timing["cluster_start"] = time.perf_counter() - t0
         t = time.perf_counter()
         try:

@@ -11,6 +11,8 @@ The public API, loaded lazily so that ``import pipeline`` stays light:
   seed 003, Algorithms 3 and 2);
 * ``MixtureEstimator`` - the base class of all of them (fit template, encoding, predict checks);
 * ``exact_log_marginal`` - the DPM marginal likelihood by enumeration of partitions;
+* ``save_model`` / ``load_model`` - fitted models as a directory of JSON and arrays, no pickle
+  (``estimator.save(path)`` is ``save_model``);
 * ``families`` - the likelihood families (``GaussianNW``, ``NormalGamma``, ``Categorical``, ...).
 """
 
@@ -32,6 +34,8 @@ _LAZY = {
     "MixtureEstimator": "pipeline.base",
     "exact_log_marginal": "pipeline.exact",
     "families": "pipeline.families",
+    "load_model": "pipeline.model",
+    "save_model": "pipeline.model",
 }
 
 __all__ = sorted(_LAZY)

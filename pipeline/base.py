@@ -71,6 +71,16 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
     #: is given (MAP-DP and the Gibbs samplers: a constant column is degenerate for them); the
     #: tree methods only need it when the prior is fitted to the data (empirical Bayes)
     _always_informative: ClassVar[bool] = True
+    #: the fitted attributes a saved model keeps and needs (``pipeline.model``): those
+    #: ``predict`` and ``score_samples`` use; ``_model_extras`` are kept when present
+    #: (diagnostics of the fit)
+    _model_attrs: ClassVar[tuple[str, ...]] = (
+        "n_clusters_",
+        "cluster_stats_",
+        "cluster_sizes_",
+        "alpha_",
+    )
+    _model_extras: ClassVar[tuple[str, ...]] = ()
 
     # -- the template -----------------------------------------------------------------------
     def fit(self, X: Any, y: Any = None) -> Any:
@@ -150,7 +160,8 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
 
     def _encode_predict(self, X: Any) -> FloatArray:
         """New records encoded as at fit time, or a ValueError naming the column and row."""
-        check_is_fitted(self, "labels_")
+        # n_clusters_, not labels_: a loaded model has no training labels (``pipeline.model``)
+        check_is_fitted(self, "n_clusters_")
         df, from_frame = as_frame(X)
         df = self.schema_.check_columns(df, from_frame, type(self).__name__)
         Xe = self.schema_.encode(df, fitting=False)
@@ -246,6 +257,18 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         self.alpha_ = float(alpha)
         self._cache = fam.cache_of(cluster_stats)
         self._empty_cache = fam.empty_cache()
+
+    def save(self, path: Any, *, overwrite: bool = False) -> Any:
+        """Write the fitted model as the directory ``path`` (``pipeline.model.save_model``:
+        JSON plus arrays, no pickle); ``pipeline.load_model(path)`` reads it back.
+
+        Returns
+        -------
+        Path, ``path``.
+        """
+        from pipeline.model import save_model
+
+        return save_model(self, path, overwrite=overwrite)
 
     def cluster_summary(self) -> pd.DataFrame:
         """One row per cluster: size, weight N_k / (N + N0), log marginal and each family's

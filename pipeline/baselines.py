@@ -5,7 +5,7 @@ uncollapsed one (seed 003 Algorithm 2). Later stages compare against them."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -47,6 +47,8 @@ class DPMeans(MixtureEstimator):
 
     # a constant column adds the same distance to every centre: harmless for DP-means
     _always_informative = False
+    _model_attrs: ClassVar[tuple[str, ...]] = ("n_clusters_", "cluster_centers_", "lam_")
+    _model_extras: ClassVar[tuple[str, ...]] = ("n_iter_", "objective_", "search_path_")
 
     def __init__(
         self,
@@ -117,6 +119,8 @@ class DPMeans(MixtureEstimator):
 
 class _GibbsBase(MixtureEstimator):
     """Parameters and fitted attributes the two Gibbs samplers share."""
+
+    _model_extras: ClassVar[tuple[str, ...]] = ("objective_", "log_joint_", "n_clusters_trace_")
 
     def __init__(
         self,
@@ -253,6 +257,11 @@ class UncollapsedGibbs(_GibbsBase):
         -log p(X, labels_ | alpha).
     cluster_stats_, cluster_sizes_, n_clusters_, alpha_ : as MAPDP
     """
+
+    _model_extras: ClassVar[tuple[str, ...]] = (
+        *_GibbsBase._model_extras,
+        "cluster_params_",
+    )
 
     def _fit(self, Xa: FloatArray, alpha: float) -> None:
         fam = self.family_

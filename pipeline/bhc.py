@@ -11,7 +11,7 @@ first turns each record into a one-record summary.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -106,6 +106,9 @@ class BHC(MixtureEstimator):
 
     # a given prior needs no data to be set, and one leaf is a (trivial) tree
     _always_informative = False
+    # the predictive of a BHC model is the tree's (``_score_encoded``), not the flat one
+    _model_attrs: ClassVar[tuple[str, ...]] = ("n_clusters_", "tree_", "cluster_nodes_")
+    _model_extras: ClassVar[tuple[str, ...]] = ("n_leaves_in_", "log_evidence_", "lower_bound_")
 
     def __init__(
         self,

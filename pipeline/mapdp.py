@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from sklearn.exceptions import ConvergenceWarning
@@ -77,6 +77,13 @@ class MAPDP(MixtureEstimator):
     feature_names_in_ : ndarray of str
         Only when fitted on a DataFrame.
     """
+
+    _model_extras: ClassVar[tuple[str, ...]] = (
+        "n_iter_",
+        "objective_",
+        "objective_history_",
+        "restart_objectives_",
+    )
 
     def __init__(
         self,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -320,6 +320,7 @@ class TreeGuidedMCMC(MixtureEstimator):
 
     # a given prior needs no data to be set, and one leaf is a (trivial) chain
     _always_informative = False
+    _model_extras: ClassVar[tuple[str, ...]] = ("ess_n_clusters_",)
 
     def __init__(
         self,

@@ -4,14 +4,26 @@ A new worker process imports the pipeline (pandas, zarr, numba, SciPy: over a se
 the numba kernels from their cache the first time a task needs them. Done lazily, both costs
 land inside the first ingest, sample-fit and pass tasks, one after the other. Done here, they
 run while the worker starts, in every worker at once, while the driver waits for the cluster
-anyway. Every registered engine loads what its chunk tasks call (``Engine.warm_up``); the
-kernels are compiled per argument type, not per family, so toy Gaussian blobs load the code
-every family uses.
+anyway.
+
+Only the run's engine is loaded: ``dask_client(warm=...)`` names it to the workers in
+``WARM_ENV`` (unset: every registered engine, for a cluster started by hand with
+``dask worker --preload pipeline.worker_setup``). With an empty numba cache the kernels compile,
+which takes far longer than loading them: each warm-up step (``Engine.warm_steps``) is then
+compiled by one process only (``compile_once``, a lock file in the numba cache directory), and
+the processes first take the steps nobody is compiling yet, so that two workers compile two
+different groups of kernels at once and then load each other's from the cache.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +31,9 @@ import numpy as np
 from pipeline.families import FloatArray, ProductFamily
 
 logger = logging.getLogger(__name__)
+
+# comma-separated engine names whose kernels a worker loads when it starts
+WARM_ENV = "DPMM_WARM_ENGINES"
 
 
 def toy_family() -> tuple[FloatArray, ProductFamily]:
@@ -30,12 +45,92 @@ def toy_family() -> tuple[FloatArray, ProductFamily]:
     return X, GaussianNW.empirical_bayes(X).as_product()
 
 
-def warm_kernels() -> None:
-    """Load every numba kernel a chunk task or the sample start of any engine calls."""
-    from pipeline.engines import all_engines
+def warm_observation_models() -> None:
+    """Load the observation models' kernels every sweep, start and reduce calls
+    (``kernels.obs.product`` over rows of 2-D arrays, as its callers pass them). Compiled first
+    and once, they are loaded from the cache, not compiled again, by the larger kernels that
+    call them, which can then compile in several processes at once without doing the same work
+    twice."""
+    from kernels.obs import product
 
-    for engine in all_engines():
-        engine.warm_up()
+    X, family = toy_family()
+    spec, prior = family.spec, family.prior
+    z = np.zeros(X.shape[0], dtype=np.int64)
+    stats = product.build_stats(X, z, 2, spec, family.n_stats)
+    cache = family.cache_of(stats)
+    scratch_s, scratch_c = np.empty_like(stats[0]), np.empty_like(cache[0])
+    x, s, c = X[0], stats[0], cache[0]
+    product.refresh(stats[1], cache[1], spec, prior)
+    product.update(x, stats[1], cache[1], spec, prior, 1.0)
+    product.add_stats(x, stats[1], spec, 1.0)
+    product.log_predictive(x, s, c, spec, prior)
+    product.log_predictive_loo(x, s, c, spec, prior, scratch_s, scratch_c)
+    product.log_marginal(s, spec, prior)
+    product.log_marginals(stats, spec, prior)
+    product.log_marginal_gap(s, stats[1], 0.0, 0.0, scratch_s, spec, prior)
+
+
+def _lock_dir() -> Path:
+    # the lock guards what is written into the numba cache, so it lives next to it
+    path = Path(os.environ.get("NUMBA_CACHE_DIR") or tempfile.gettempdir())
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def _step_lock(key: str, blocking: bool) -> Iterator[bool]:
+    """Hold the lock file of warm-up step ``key``; yields False when ``blocking`` is False and
+    another process holds it."""
+    with open(_lock_dir() / f"dpmm-warm-{key}.lock", "a+b") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def compile_once(key: str, step: Callable[[], None]) -> None:
+    """Run warm-up ``step`` under its lock: a process that finds another one at it waits and
+    then loads the kernels that process put in the numba cache instead of compiling them too."""
+    with _step_lock(key, blocking=True):
+        step()
+
+
+def run_steps(steps: list[tuple[str, Callable[[], None]]]) -> None:
+    """Run named warm-up steps, first those no other process is running, then the rest (each
+    waiting for the process at it; a step shared by two engines runs once)."""
+    steps = list(dict(steps).items())
+    waiting = []
+    for key, step in steps:
+        with _step_lock(key, blocking=False) as mine:
+            if mine:
+                step()
+            else:
+                waiting.append((key, step))
+    for key, step in waiting:
+        compile_once(key, step)
+
+
+def warm_engines() -> list[str]:
+    """The engines a worker loads: ``WARM_ENV``'s names, else every registered engine."""
+    from pipeline.engines import ENGINES
+
+    names = [n.strip() for n in os.environ.get(WARM_ENV, "").split(",") if n.strip()]
+    return [n for n in names if n in ENGINES] if names else list(ENGINES)
+
+
+def warm_kernels(names: list[str] | None = None) -> None:
+    """Load every numba kernel a chunk task or the sample start of the engines ``names``
+    (default ``warm_engines()``) calls."""
+    from pipeline.engines import get_engine
+
+    # every engine calls the observation models: loaded first, they are compiled once
+    compile_once("observation-models", warm_observation_models)
+    run_steps([s for n in names or warm_engines() for s in get_engine(n).warm_steps()])
 
 
 def dask_setup(worker: Any) -> None:

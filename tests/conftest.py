@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 
 import pytest
 from distributed import Client, LocalCluster
+
+# Prefect's temporary servers (the test harness's, a subprocess's) give up after 30 s by default;
+# a machine busy with other tests can take longer to start one
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")
 
 
 @contextlib.contextmanager
@@ -32,8 +37,6 @@ def client():
 def _dataset_root(tmp_path_factory):
     """Shared dataset stores of the tests' runs go to a temporary root, not the user's cache
     (subprocesses inherit it through the environment)."""
-    import os
-
     from pipeline.dataset import DATA_DIR_ENV
 
     old = os.environ.get(DATA_DIR_ENV)

@@ -6,6 +6,8 @@
                                   (``flows.cli.run``)
 ``dpmm update MODEL INPUT --out NEW_MODEL``  one ASUGS-PM pass of new records into a saved
                                   model (``flows.cli.update``)
+``dpmm server``                   a long-lived Prefect server for repeated runs
+                                  (``flows.cli.server``)
 
 Exit status: 0 on success; 2 on bad input or usage, with exactly one line
 ``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
@@ -36,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from flows.cli.run import add_log_options, add_run_parser
+from flows.cli.server import add_server_parser
 from flows.cli.types import alpha as _alpha
 from flows.cli.types import family as _family
 from flows.cli.types import positive_int as _positive_int
@@ -212,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_run_parser(sub)
     add_update_parser(sub)
+    add_server_parser(sub)
     return parser
 
 
@@ -478,6 +482,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"--out {out}: exists and is not a dpmm demo directory (no input.parquet); "
             "choose a new or empty directory"
         )
+    from flows.cli.prefect_api import prestart
+
+    prestart()  # Prefect's temporary server boots while the data are generated
     n = int(args.rows or 200_000)
     k = 20
     # the same data as last time are kept, and so is their dataset store (DIR/datasets): a

@@ -24,9 +24,11 @@ import contextlib
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from flows.cli.prefect_api import prestart, ready
 from flows.cli.types import alpha as _alpha
 from flows.cli.types import family as _family
 from flows.cli.types import fraction as _fraction
@@ -265,6 +267,8 @@ def start_flow(
                     # belong in the log with the rest
                     fh = stack.enter_context(open(log, "a", encoding="utf-8"))
                     stack.enter_context(contextlib.redirect_stderr(fh))
+            kwargs = stack.enter_context(_local_cluster(kwargs))
+            ready()
             return run_cluster_flow(**kwargs)
     except ValueError as err:
         msg = " ".join(str(err).split()) or type(err).__name__
@@ -281,6 +285,28 @@ def start_flow(
             log.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def _local_cluster(kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Start the flow's ``LocalCluster`` here, while Prefect's temporary server is still
+    booting (``prefect_api.prestart``), instead of in the flow after it; the flow joins it as
+    its ``scheduler``. Yields the flow's keyword arguments; unchanged when they name a scheduler
+    or ask for threads instead of processes."""
+    if kwargs.get("scheduler") or not kwargs.get("processes", True):
+        yield kwargs
+        return
+    from pipeline.dist.client import dask_client
+
+    dashboard = kwargs.get("dashboard_address", "127.0.0.1:8787")
+    with dask_client(
+        None,
+        kwargs.get("n_workers"),
+        dashboard_address=dashboard,
+        quiet=True,  # the flow prints the dashboard of the cluster it joins
+        warm=[str(kwargs.get("engine") or "mapdp")],
+    ) as client:
+        yield {**kwargs, "scheduler": client.scheduler.address}
+
+
 def _logs_to(path: Path, restore: bool) -> contextlib.AbstractContextManager[Path]:
     from flows.cli.logs import logs_to
 
@@ -293,6 +319,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     # what can be seen of the file itself is refused before a Dask cluster and Prefect start
     pio.check_file(args.input)
+    prestart()  # Prefect's temporary server boots while the flow's modules load
     kwargs = dict(
         input=args.input,
         out=args.out,

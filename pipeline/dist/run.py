@@ -151,6 +151,48 @@ def run_context(
     return ctx
 
 
+def write_run_model(
+    directory: Path,
+    cfg: RunConfig,
+    info: StoreInfo,
+    stats: NDArray[np.float64],
+    alpha: float,
+    metrics: dict[str, Any],
+) -> None:
+    """The run's model (``pipeline.model``): a ``MAPDP`` of the final clusters ``stats`` (K, S)
+    whose ``predict`` / ``score_samples`` are the write-out's labels of held-out rows and log
+    densities of every row; ``dpmm score`` and ``--warm-start`` read it."""
+    from pipeline.model import model_from_run, write_model
+
+    p = cfg.params
+    est = model_from_run(
+        info.schema,
+        info.family,
+        stats,
+        alpha,
+        {
+            "alpha": p.alpha,
+            "family": cfg.family,
+            "alpha_prior": tuple(p.alpha_prior),
+            "tol": p.tol,
+        },
+    )
+    directory.mkdir(exist_ok=True)
+    write_model(
+        directory,
+        est,
+        engine=p.engine,
+        metadata={
+            "input": info.source,
+            "n_rows": info.n_rows,
+            "n_train": info.n_train,
+            "passes": metrics["passes"],
+            "objective": metrics["objective"],
+            "converged": bool(metrics["converged"]),
+        },
+    )
+
+
 def finish(
     source: Any,
     cfg: RunConfig,
@@ -162,7 +204,8 @@ def finish(
     timing: dict[str, float],
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``clusters.parquet``, ``run.json`` and the report, then rename ``partial`` to ``out``."""
+    """``clusters.parquet``, ``model/``, ``run.json`` and the report, then rename ``partial``
+    to ``out``."""
     import shutil
 
     from pipeline import report as rep
@@ -246,6 +289,7 @@ def finish(
             info.moments.cov,
         )
         rep.write_report(partial, run, clusters, pictures)
+    write_run_model(partial / "model", cfg, info, final, state.alpha, metrics)
     write_json(partial / "run.json", run)
     with contextlib.suppress(FileNotFoundError):
         (partial / "fingerprint.json").unlink()

@@ -33,6 +33,8 @@ import numpy as np
 import zarr
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pipeline.config import FitParams
     from pipeline.families import FloatArray
     from pipeline.store import Store, StoreInfo
@@ -166,7 +168,16 @@ class Engine(ABC):
         return None
 
     def warm_up(self) -> None:  # noqa: B027
-        """Load the kernels a worker will call (a worker preload runs this for every engine)."""
+        """Load the kernels a worker will call (one step; engines with several groups of
+        kernels override ``warm_steps`` instead)."""
+
+    def warm_steps(self) -> list[tuple[str, Callable[[], None]]]:
+        """The warm-up as named steps, each loading (or compiling, when the numba cache lacks
+        them) a group of kernels; default: ``warm_up`` as one step named after the engine. A
+        worker preload (``pipeline.worker_setup``) runs the run's engine's steps with one process
+        per step compiling and the others loading its result from the cache: a step's name is
+        unique among all engines unless two engines share the step itself."""
+        return [(self.name, self.warm_up)]
 
 
 def stop_reason(

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import time
 from abc import abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -41,7 +42,7 @@ from pipeline.concentration import log_gamma_prior, map_concentration
 from pipeline.config import FitParams
 from pipeline.dist.writeout import WriteResult, emit_chunk
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext, stop_reason
-from pipeline.engines.mixture_start import initial_state
+from pipeline.engines.mixture_start import initial_state, warm_reduce
 from pipeline.engines.mixture_state import (
     IntArray,
     PassState,
@@ -368,9 +369,21 @@ class MixtureEngine(Engine):
             return state.scored
         return None
 
+    def warm_steps(self) -> list[tuple[str, Callable[[], None]]]:
+        """Three groups of kernels, on toy records (the kernels compile per argument type, not
+        per family): the engine's sweep with its label deltas; the sample start's in-memory
+        MAP-DP with the write-out's eq. 3.4; the driver's reduce (shared by the engines)."""
+        return [
+            (f"{self.name}-sweep", self._warm_sweep),
+            ("mixture-start", _warm_start),
+            ("mixture-reduce", warm_reduce),
+        ]
+
     def warm_up(self) -> None:
-        """Load the sweep, the write-out's eq. 3.4 and the sample start's kernels on toy
-        records (the kernels compile per argument type, not per family)."""
+        for _, step in self.warm_steps():
+            step()
+
+    def _warm_sweep(self) -> None:
         from pipeline.worker_setup import toy_family
 
         X, family = toy_family()
@@ -384,8 +397,15 @@ class MixtureEngine(Engine):
         )
         swept = self.sweep(None, msg, X, np.zeros(n, dtype=np.bool_), order, z.copy())
         kbk.label_deltas(X, order, z, swept.z, 1, swept.n_new, family.spec, family.n_stats)
-        predict(X, stats, 1.0, family)
-        run_mapdp(X, family, order, 1.0, True, (2.0, 1.0), 5, 1e-6, "sequential")
+
+
+def _warm_start() -> None:
+    from pipeline.worker_setup import toy_family
+
+    X, family = toy_family()
+    order = np.arange(X.shape[0], dtype=np.int64)
+    predict(X, family.stats_of(X, np.zeros(X.shape[0], dtype=np.int64), 1), 1.0, family)
+    run_mapdp(X, family, order, 1.0, True, (2.0, 1.0), 5, 1e-6, "sequential")
 
 
 def predict(

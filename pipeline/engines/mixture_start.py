@@ -129,8 +129,7 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
     fut = client.submit(_sample_fit_task, Xs_f, fam, order, alpha, params, pure=False)
     # the fit keeps one worker busy and the driver idle: the driver loads what it will need
     # meanwhile (workers did so when they started: ``pipeline.worker_setup``)
-    few = np.ascontiguousarray(Xs[: min(4, Xs.shape[0])])
-    threading.Thread(target=warm_driver, args=(few, fam), daemon=True).start()
+    threading.Thread(target=warm_driver, daemon=True).start()
     labels, stats, alpha, n_iter, e = fut.result()
     K = int(stats.shape[0])
     record = {
@@ -158,19 +157,29 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
     )
 
 
-def warm_driver(X: FloatArray, family: ProductFamily) -> None:
-    """Load, on a few records X (n, D), the numba kernels ``reduce_pass`` calls and the report's
-    matplotlib, so that their first real call does not pay for loading them."""
-    spec, prior = family.spec, family.prior
+def warm_driver() -> None:
+    """Load the numba kernels ``reduce_pass`` calls and the report's matplotlib, so that their
+    first real call does not pay for loading them. The kernels are compiled by one process of
+    the run only (``pipeline.worker_setup.compile_once``): a worker may be at it already."""
+    from pipeline import report
+    from pipeline.worker_setup import compile_once
+
+    compile_once("mixture-reduce", warm_reduce)
+    report.load_matplotlib()
+
+
+def warm_reduce() -> None:
+    """Load the kernels of ``reduce_pass`` (the merge test, the objective from statistics, the
+    concentration's MAP) on toy records."""
+    from pipeline.worker_setup import toy_family
+
+    X, family = toy_family()
     n = X.shape[0]
     stats = family.stats_of(X, np.zeros(n, dtype=np.int64), 1)
     nk = np.ascontiguousarray(stats[:, 0])
-    kpartition.greedy_merge(stats, nk, spec, prior, 0.0)
-    kmapdp.objective(stats, nk, 1, spec, prior, 1.0)
-    map_concentration(max(n, 2), 1)
-    from pipeline import report
-
-    report.load_matplotlib()
+    kpartition.greedy_merge(stats, nk, family.spec, family.prior, 0.0)
+    kmapdp.objective(stats, nk, 1, family.spec, family.prior, 1.0)
+    map_concentration(n, 1)
 
 
 def _train_stats_task(data: str, a: int, b: int, fam: ProductFamily) -> FloatArray:

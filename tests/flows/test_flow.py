@@ -28,7 +28,8 @@ from pipeline.store import Store
 
 @pytest.fixture(scope="session", autouse=True)
 def prefect_harness():
-    with prefect_test_harness():
+    # None: the startup timeout of the settings (tests/conftest.py raises it for busy machines)
+    with prefect_test_harness(server_startup_timeout=None):
         yield
 
 

@@ -1,0 +1,93 @@
+"""``dpmm server``: a long-lived Prefect API server on 127.0.0.1 for repeated and scheduled runs.
+
+    dpmm server [--port 4200]
+
+It runs ``prefect server start`` in the foreground, bound to 127.0.0.1 only, until interrupted,
+and prints the line to give the other shells::
+
+    export PREFECT_API_URL=http://127.0.0.1:4200/api
+
+Every ``dpmm`` command run with that variable skips the temporary server a command otherwise
+starts for its flow (``flows.cli.prefect_api``) and records its flow runs on this server, where
+the Prefect UI (http://127.0.0.1:4200) shows them. ``PREFECT_HOME`` chooses where its database
+is kept (default ``~/.prefect``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+from flows.cli.types import positive_int
+
+PROG = "dpmm"
+DEFAULT_PORT = 4200
+
+
+def add_server_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``server`` to an ``argparse`` subparsers object; it sets ``func=cmd_server``."""
+    p = subparsers.add_parser(
+        "server",
+        help="run a long-lived Prefect server on 127.0.0.1 for repeated and scheduled runs",
+        description="Run 'prefect server start' on 127.0.0.1 in the foreground; commands run "
+        "with PREFECT_API_URL=http://127.0.0.1:PORT/api use it instead of starting a temporary "
+        "server each.",
+    )
+    p.add_argument(
+        "--port",
+        type=positive_int,
+        default=DEFAULT_PORT,
+        metavar="N",
+        help=f"port (default {DEFAULT_PORT})",
+    )
+    p.set_defaults(func=cmd_server)
+    return p
+
+
+def server_command(port: int) -> list[str]:
+    """The ``prefect server start`` command line of ``dpmm server --port port``."""
+    prefect = os.path.join(os.path.dirname(sys.executable), "prefect")
+    exe = [prefect] if os.path.exists(prefect) else [sys.executable, "-m", "prefect"]
+    return [*exe, "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+
+
+def wait_healthy(api: str, timeout: float, proc: subprocess.Popen[Any] | None = None) -> None:
+    """Wait until the Prefect API at ``api`` answers its health check.
+
+    Raises
+    ------
+    RuntimeError
+        ``proc`` (the server's process) exited, or ``timeout`` seconds passed.
+    """
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the Prefect server exited with status {proc.returncode}")
+        try:
+            if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Prefect server at {api} did not answer in {timeout:g} s")
+        time.sleep(0.25)
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    """Run the server until it stops or is interrupted; its exit status."""
+    url = f"http://127.0.0.1:{args.port}/api"
+    print(f"{PROG} server: in other shells: export PREFECT_API_URL={url}", file=sys.stderr)
+    sys.stderr.flush()
+    proc = subprocess.Popen(server_command(args.port))
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait()
+        return 0

@@ -1,0 +1,120 @@
+"""``dpmm server`` (a long-lived Prefect server) and the early start of the temporary one.
+
+Both run real Prefect servers in subprocesses, each with its own ``PREFECT_HOME``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pandas as pd
+import pytest
+
+from flows.cli.server import server_command, wait_healthy
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _dpmm() -> list[str]:
+    exe = Path(sys.executable).with_name("dpmm")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "flows.cli"]
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect"), **extra)
+    return env
+
+
+def test_server_command_binds_localhost():
+    cmd = server_command(4321)
+    assert cmd[-5:] == ["start", "--host", "127.0.0.1", "--port", "4321"]
+
+
+def test_runs_against_a_long_lived_server(tmp_path: Path):
+    """``dpmm server`` answers on 127.0.0.1; ``dpmm run`` with ``PREFECT_API_URL`` uses it (its
+    flow run is recorded there, completed) and starts no temporary server."""
+    port = _free_port()
+    server = subprocess.Popen(
+        [*_dpmm(), "server", "--port", str(port)],
+        env=_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        wait_healthy(api, 600, server)  # a loaded machine starts it slowly
+        rng = np.random.default_rng(0)
+        X = np.vstack([rng.normal(-5, 1, (300, 2)), rng.normal(5, 1, (300, 2))])
+        pd.DataFrame(X, columns=["a", "b"]).to_csv(tmp_path / "in.csv", index=False)
+        args = ["run", str(tmp_path / "in.csv"), "--out", str(tmp_path / "out"), "--workers", "1"]
+        proc = subprocess.run(
+            [*_dpmm(), *args, "--quiet", "--no-report"],
+            env=_env(tmp_path, PREFECT_API_URL=api),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "temporary server" not in proc.stderr
+        runs = httpx.post(f"{api}/flow_runs/filter", json={}, timeout=30).json()
+        assert [(r["name"] != "", r["state_type"]) for r in runs] == [(True, "COMPLETED")]
+        flows = httpx.post(f"{api}/flows/filter", json={}, timeout=30).json()
+        assert [f["name"] for f in flows] == ["cluster"]
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def test_prestart_serves_the_flow(tmp_path: Path):
+    """``prestart`` boots the temporary server in the background; the flow then finds it
+    running and uses it: one server process for the command."""
+    script = textwrap.dedent(
+        """
+        from prefect import flow
+        from prefect.server.api.server import SubprocessASGIServer
+        from flows.cli.prefect_api import api_url, prestart, ready
+
+        assert api_url() is None
+        prestart()
+        ready()
+        server = SubprocessASGIServer()
+        assert server.running and server.server_process.poll() is None
+        pid = server.server_process.pid
+
+        @flow
+        def one() -> int:
+            return 1
+
+        assert one() == 1
+        assert len(SubprocessASGIServer._instances) == 1
+        assert server.server_process.pid == pid
+        print("ok")
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=_env(tmp_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
