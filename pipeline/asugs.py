@@ -244,6 +244,8 @@ def check_stream_params(
 ) -> StreamParams:
     """The checked parameters of an ASUGS / SUGS stream (``ASUGS`` documents them)."""
     config.check_choice(select, SELECT, "select")
+    if alpha is not None:
+        config.check_positive(alpha, "alpha")
     if lam is None:
         if alpha is None:
             raise ValueError("SUGS (lam=None) needs a fixed alpha; ASUGS needs lam > 0")
@@ -332,6 +334,10 @@ class ASUGS(MixtureEstimator):
     """
 
     _always_informative: ClassVar[bool] = False
+    # a saved model (``pipeline.model``) keeps the records seen, so that a loaded one streams on
+    # with alpha_i = k_i / (lambda + log i) where it stopped (``partial_fit``)
+    _model_attrs: ClassVar[tuple[str, ...]] = (*MixtureEstimator._model_attrs, "n_seen_")
+    _model_extras: ClassVar[tuple[str, ...]] = ("pruned_stats_", "n_pruned_", "n_merged_")
 
     def __init__(
         self,

@@ -101,9 +101,12 @@ def cmd_update(args: argparse.Namespace) -> int:
         "merges": int(stream.n_merged_),
         "records_in_pruned_classes": int((stream.labels_ < 0).sum()),
     }
+    # the model's own metadata (a run's input, passes, ...) stays, with every update after it
+    meta = dict(getattr(model, "model_metadata_", None) or {})
+    meta["updates"] = [*meta.get("updates", []), update]
     with bad_input(prefix=f"--out {out}"):
         # staged beside NEW_MODEL and renamed into place when complete
-        save_model(new, out, overwrite=True, metadata={"update": update})
+        save_model(new, out, overwrite=True, engine=getattr(model, "engine_", None), metadata=meta)
     if not args.quiet:
         k0 = int(model.n_clusters_)
         print(

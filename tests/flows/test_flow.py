@@ -348,6 +348,11 @@ def test_dpmm_run_engine_asugs_is_one_streaming_pass(tmp_path: Path, capsys):
     clusters = pd.read_parquet(out / "clusters.parquet")
     np.testing.assert_array_equal(np.sort(clusters["size"]), np.sort(ref.cluster_sizes_))
     np.testing.assert_array_equal(label[~hold], ref.labels_)
+    # the run's model takes new records: dpmm update, one ASUGS-PM pass
+    new = tmp_path / "new.csv"
+    write_blobs(new, n=500, seed=9)
+    assert main(["update", str(out / "model"), str(new), "--out", str(tmp_path / "m2")]) == 0
+    assert "500 records streamed into 4 clusters: 4 clusters now" in capsys.readouterr().out
     # the summaries pass needs per-record cluster labels the stream does not keep
     code = main([*argv, "--summaries", "10", "--overwrite", "--quiet"])
     assert code == 2
