@@ -190,6 +190,7 @@ def cluster(
     tol: float = TOL,
     min_change: float = MIN_CHANGE,
     init_sample: int = INIT_SAMPLE,
+    prior_scale: float | None = None,
     random_state: int | None = 0,
     label_column: str | None = None,
     n_folds: int = N_FOLDS,
@@ -199,6 +200,7 @@ def cluster(
     stage2: str | None = None,
     mcmc: int = 0,
     warm_start: str | None = None,
+    engine_options: dict[str, Any] | None = None,
     scheduler: str | None = None,
     n_workers: int | None = None,
     processes: bool = True,
@@ -219,6 +221,8 @@ def cluster(
     earlier run's ``OUT/model``): the input is encoded with the model's schema and family
     (its columns, kinds, categories and prior) and pass 1 starts from its clusters and
     concentration (``pipeline.engines.mixture_start.warm_state``) instead of ``init``.
+    ``engine_options`` are the engine's own
+    settings (``RunContext.options``; the asugs engine and start read ``lam``).
 
     Returns the content of ``out/run.json``.
     """
@@ -228,6 +232,8 @@ def cluster(
         raise ValueError(f"stage2 must be one of {STAGE2}, got {stage2!r}")
     if int(summaries) < 0 or int(mcmc) < 0:
         raise ValueError(f"summaries and mcmc must be >= 0, got {summaries} and {mcmc}")
+    if int(summaries) > 0 and not get_engine(engine).summaries:
+        raise ValueError(f"--summaries: the {engine} engine has no summaries pass; drop it")
     params = FitParams(
         engine=engine,
         alpha=alpha,
@@ -238,6 +244,7 @@ def cluster(
         tol=tol,
         min_change=min_change,
         seed=seed_entropy(random_state),
+        prior_scale=prior_scale,
     ).checked()
     cfg = dist.RunConfig(
         out=str(out),
@@ -255,6 +262,7 @@ def cluster(
         stage2=stage2,
         mcmc=int(mcmc),
         warm_start=None if warm_start is None else str(warm_start),
+        engine_options=dict(engine_options or {}),
     )
     t0 = time.perf_counter()
     model = dist.open_warm_start(cfg)
@@ -272,7 +280,8 @@ def cluster(
             raise
         timing["ingest"] = time.perf_counter() - t
         t = time.perf_counter()
-        ctx = dist.run_context(partial, data, info, params, progress)
+        ctx = dist.run_context(partial, data, info, params, progress, cfg.engine_options)
+        info = ctx.info  # with the run's prior (``pipeline.dist.loop.with_prior_scale``)
         ctx.options[WARM_START] = dist.warm_start_of(model, info)
         labels = partial / "labels.zarr"
         # the cluster flow runs the mixture engines, whose state has clusters

@@ -114,6 +114,7 @@ def hmm(
             timing["ingest"] = time.perf_counter() - t
             t = time.perf_counter()
             ctx = dist.run_context(partial, data, info, params, progress)
+            info = ctx.info  # with the run's prior (``pipeline.dist.loop.with_prior_scale``)
             ctx.options["gamma"] = float(gamma)
             labels = partial / "labels.zarr"
             state: Any = loop.run_passes(

@@ -3,6 +3,8 @@
 The public API, loaded lazily so that ``import pipeline`` stays light:
 
 * ``MAPDP`` - MAP-DP (Raykov et al. 2016, Algorithm 1), scikit-learn style;
+* ``ASUGS`` - one-pass streaming ASUGS / ASUGS-PM / SUGS with ``partial_fit`` (Tsiligkaridis
+  and Forsythe);
 * ``BHC`` - Bayesian hierarchical clustering with its lower bounds (Xu et al. 2009);
 * ``TreeGuidedMCMC`` - tree-guided MCMC for DP and NGGP mixtures (Lee and Choi 2015);
 * ``DPMeans``, ``CollapsedGibbs``, ``UncollapsedGibbs`` - reference methods (the Gibbs samplers of
@@ -29,6 +31,7 @@ _LAZY = {
     "MAPDP": "pipeline.mapdp",
     "MAPiHMM": "pipeline.ihmm",
     "IHMMGibbs": "pipeline.ihmm",
+    "ASUGS": "pipeline.asugs",
     "BHC": "pipeline.bhc",
     "TreeGuidedMCMC": "pipeline.tgmcmc",
     "DPMeans": "pipeline.baselines",

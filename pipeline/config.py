@@ -21,7 +21,7 @@ TOL = 1e-5
 MIN_CHANGE = 1e-3
 ALPHA_PRIOR = (2.0, 1.0)
 N_FOLDS = 10
-INITS = ("auto", "sample", "sequential", "one-cluster", "seeds")
+INITS = ("auto", "sample", "sequential", "one-cluster", "seeds", "asugs", "asugs-sample")
 MAX_SEEDS = 100
 
 
@@ -104,13 +104,18 @@ class FitParams:
     init : "sample" (in-memory MAP-DP with split / merge moves on a hash sample of
         ``init_sample`` training rows), "sequential" (no cluster: the first pass opens them),
         "one-cluster" (Algorithm 1's start), "seeds" (``n_seeds`` random training records as
-        singleton clusters, seed 001 Section 5); "auto" is "sample".
+        singleton clusters, seed 001 Section 5), "asugs" (the clusters of one ASUGS-PM
+        streaming pass over every chunk, seed 002: pass 1 assigns every record against them),
+        "asugs-sample" (the same over the "sample" start's rows); "auto" is "sample".
     n_seeds : seeds of the "seeds" start; default min(ceil(sqrt(N)), 100).
     init_sample : rows of the "sample" start (at most the prior's sample of ingest).
     max_passes, tol, min_change : stop after ``max_passes`` passes, or when a pass lowers the
         objective by at most ``tol * |objective|`` (relative), or when at most
         ``min_change * N_train`` records changed cluster in the pass.
     seed : entropy of the SeedSequence all (restart, pass, chunk) seeds derive from.
+    prior_scale : the share of the data's variance one cluster is expected to carry under the
+        empirical-Bayes prior (``GaussianNW.empirical_bayes``), in (0, 1); None is the engine's
+        own default (``Engine.prior_scale``, else the family's ``DEFAULT_SCALE``).
     """
 
     engine: str = "mapdp"
@@ -124,9 +129,11 @@ class FitParams:
     min_change: float = MIN_CHANGE
     seed: int = 0
     restart: int = 0
+    prior_scale: float | None = None
 
     def checked(self) -> FitParams:
         from pipeline.engines import ENGINE_MODULES
+        from pipeline.families.gaussian import check_scale
 
         check_choice(self.engine, tuple(ENGINE_MODULES), "engine")
         check_choice(self.init, INITS, "init")
@@ -138,6 +145,8 @@ class FitParams:
         if self.n_seeds is not None:
             check_int(self.n_seeds, "n_seeds")
         check_alpha_prior(self.alpha_prior)
+        if self.prior_scale is not None:
+            check_scale(self.prior_scale)
         return self
 
     @property

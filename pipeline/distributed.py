@@ -69,6 +69,7 @@ def fit_distributed(
     tol: float = config.TOL,
     min_change: float = config.MIN_CHANGE,
     init_sample: int = config.INIT_SAMPLE,
+    prior_scale: float | None = None,
     n_restarts: int = 1,
     random_state: Any = None,
     chunk_rows: int = config.DEFAULT_CHUNK_ROWS,
@@ -86,7 +87,8 @@ def fit_distributed(
     family : as ``MAPDP(family=...)``
     alpha : float or "learn"
     engine : "mapdp" or "kmeans"
-    init, n_seeds, alpha_prior, max_passes, tol, min_change, init_sample : see ``FitParams``
+    init, n_seeds, alpha_prior, max_passes, tol, min_change, init_sample, prior_scale : see
+        ``FitParams``
     n_restarts : int
         Runs from different seeds over the same store; the lowest objective wins.
     random_state : int, SeedSequence, Generator or None
@@ -117,6 +119,7 @@ def fit_distributed(
         min_change=float(min_change),
         init_sample=init_sample,
         seed=seed_entropy(random_state),
+        prior_scale=prior_scale,
     ).checked()
     config.check_int(n_restarts, "n_restarts")
     with contextlib.ExitStack() as stack:
@@ -137,6 +140,7 @@ def fit_distributed(
         objectives = []
         for r in range(int(n_restarts)):
             ctx = context(store, Path(store_path) / "state", info, replace(params, restart=r))
+            info = ctx.info  # with the run's prior
             ctx.progress = progress
             ctx.options[WARM_START] = warm_start
             clear_checkpoint(ctx)
@@ -178,6 +182,7 @@ def fit_estimator(est: Any, X: Any, client: Any = None) -> Any:
         alpha_prior=tuple(est.alpha_prior),
         max_passes=est.max_iter,
         tol=est.tol,
+        prior_scale=getattr(est, "prior_scale", None),
         # the distributed fit starts from one sample fit; restarts there are explicit only
         n_restarts=1 if est.n_restarts == "auto" else int(est.n_restarts),
         random_state=est.random_state,

@@ -372,6 +372,7 @@ def ingest(
         sample_rows=sample_rows,
         seconds=time.perf_counter() - t0,
         notes=notes,
+        prior_fixed=fixed is not None,
         label_column=label_column,
         n_folds=n_folds,
         group_column=group_column,

@@ -7,7 +7,7 @@ A model is a directory holding one ``pipeline.persist`` record, ``model.json`` p
 ``format``          ``"dpmm-pipeline model"``
 ``model_version``   ``MODEL_VERSION``; a model of another version is refused, not guessed at
 ``estimator``       the class it loads into (``MAPDP``, ``BHC``, ``TreeGuidedMCMC``, ``DPMeans``,
-                    ``CollapsedGibbs``, ``UncollapsedGibbs``)
+                    ``CollapsedGibbs``, ``UncollapsedGibbs``, ``ASUGS``)
 ``engine``          what fitted it: the estimator's name in lower case, or the engine of a
                     ``dpmm run`` (``mapdp``, ``kmeans``)
 ``params``          the estimator's parameters (``get_params``; a ``random_state`` that is not an
@@ -60,6 +60,7 @@ ESTIMATORS: dict[str, str] = {
     "DPMeans": "pipeline.baselines",
     "CollapsedGibbs": "pipeline.baselines",
     "UncollapsedGibbs": "pipeline.baselines",
+    "ASUGS": "pipeline.asugs",
 }
 
 # the fitted attribute stored as a tree (its columns and node statistics)

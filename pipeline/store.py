@@ -46,7 +46,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
@@ -56,6 +56,7 @@ from numpy.typing import NDArray
 
 from pipeline import persist
 from pipeline.config import N_FOLDS
+from pipeline.errors import InputError
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.schema import Schema
 
@@ -215,6 +216,23 @@ class StoreInfo:
     group_ids: list[Any] | None = None
     # real rows of each chunk of a grouped store (None: every chunk full but the last)
     chunk_counts: list[int] | None = None
+    # the family was given to ingest (a user's prior, a warm-start model's): runs keep it
+    # instead of refitting the empirical-Bayes prior to ``sample`` at their prior scale
+    prior_fixed: bool = False
+
+    def with_prior_scale(self, scale: float | None) -> StoreInfo:
+        """This info with the empirical-Bayes prior refitted to the prior's ``sample`` at
+        ``scale`` (``Schema.build_family``; None: the family default). The store keeps the
+        sample as the truth rather than the prior, so that a store ingested under another
+        default, or shared by runs of other prior scales, gives each run its own; a prior
+        given to ingest (``prior_fixed``) is kept."""
+        if self.prior_fixed:
+            return self
+        try:
+            family = self.schema.build_family(self.sample, scale=scale)
+        except ValueError as err:
+            raise InputError(f"{self.source}: {' '.join(str(err).split())}") from err
+        return replace(self, family=family)
 
     @property
     def grouped(self) -> bool:

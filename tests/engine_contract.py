@@ -34,16 +34,19 @@ def blobs(n: int, seed: int = 0, d: int = 3, k: int = 4) -> np.ndarray:
 
 def serial_passes(ctx: RunContext) -> LoopState:
     """The reference: the engine's own methods called in this process, chunk by chunk in
-    order, with no Dask and no pass loop."""
+    order, with no Dask and no pass loop (a sequential engine's chunks each get the previous
+    one's ``carry``)."""
     engine = get_engine(ctx.params.engine)
     state = engine.init_state(ctx, None)
     data, st = str(ctx.data.path), str(ctx.state.path)
     while not state.converged and state.pass_no < ctx.params.max_passes:
         p = state.pass_no + 1
         msg = engine.pass_input(state, ctx, p, None)
-        results = [
-            engine.chunk_step(Chunk(data, st, c, a, b, p), msg) for c, a, b in iter_chunks(ctx.info)
-        ]
+        results = []
+        for c, a, b in iter_chunks(ctx.info):
+            results.append(engine.chunk_step(Chunk(data, st, c, a, b, p), msg))
+            if engine.sequential:
+                msg = engine.carry(msg, results[-1])
         state, _ = engine.reduce(state, results, ctx, None)
     return state
 

@@ -10,6 +10,8 @@
                                   (``flows.score``, ``flows.cli.score``)
 ``dpmm serve INPUT --models DIR`` score and refit daily partitions on a cron schedule
                                   (``flows.scheduled``, ``flows.cli.serve``)
+``dpmm update MODEL INPUT --out NEW_MODEL``  one ASUGS-PM pass of new records into a saved
+                                  model (``flows.cli.update``)
 ``dpmm server``                   a long-lived Prefect server for repeated runs
                                   (``flows.cli.server``)
 ``dpmm longitudinal INPUT ...``   the mixed-effects model of seed 000 Section 7 over subjects
@@ -56,6 +58,7 @@ from flows.cli.server import add_server_parser
 from flows.cli.types import alpha as _alpha
 from flows.cli.types import family as _family
 from flows.cli.types import positive_int as _positive_int
+from flows.cli.update import add_update_parser
 from pipeline import io as pio
 from pipeline.errors import InputError
 
@@ -230,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cv_parser(sub)
     add_score_parser(sub)
     add_serve_parser(sub)
+    add_update_parser(sub)
     add_server_parser(sub)
     add_longitudinal_parser(sub)
     add_hmm_parser(sub)

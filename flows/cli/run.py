@@ -1,8 +1,8 @@
 """``dpmm run``: the whole pipeline (Prefect flow ``flows.cluster``) from the command line.
 
-    dpmm run INPUT --out OUT [--chunk-rows N] [--holdout F] [--engine mapdp|kmeans]
-             [--family SPEC] [--alpha FLOAT|learn] [--max-passes N] [--tol F]
-             [--min-change F] [--seed N] [--label-column COL] [--summaries M]
+    dpmm run INPUT --out OUT [--chunk-rows N] [--holdout F] [--engine mapdp|kmeans|asugs]
+             [--family SPEC] [--prior-scale F] [--alpha FLOAT|learn] [--max-passes N] [--tol F]
+             [--min-change F] [--lam F] [--seed N] [--label-column COL] [--summaries M]
              [--stage2 none|bhc] [--mcmc ITER] [--warm-start MODEL]
              [--scheduler ADDRESS] [--workers N]
              [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
@@ -35,7 +35,9 @@ from flows.cli.types import family as _family
 from flows.cli.types import fraction as _fraction
 from flows.cli.types import nonneg_float as _nonneg_float
 from flows.cli.types import nonneg_int as _nonneg_int
+from flows.cli.types import positive_float as _positive_float
 from flows.cli.types import positive_int as _positive_int
+from flows.cli.types import prior_scale as _prior_scale
 from pipeline import io as pio
 from pipeline.config import (
     DEFAULT_CHUNK_ROWS,
@@ -58,8 +60,9 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "run",
         help="cluster a large input with Dask (ingest, passes, write-out) under Prefect",
-        description="Cluster the records of INPUT with distributed MAP-DP or Bayes K-means and "
-        "write OUT/labels.zarr, OUT/clusters.parquet, OUT/run.json and a report.",
+        description="Cluster the records of INPUT with distributed MAP-DP, Bayes K-means or "
+        "one streaming ASUGS-PM pass (--engine asugs) and write OUT/labels.zarr, "
+        "OUT/clusters.parquet, OUT/run.json and a report.",
     )
     p.add_argument("input", metavar="INPUT", help="CSV, Parquet file or directory, .npy, zarr")
     p.add_argument("--out", required=True, metavar="OUT", help="output directory")
@@ -123,6 +126,22 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="F",
         help="stop when at most this fraction of the training records changed cluster in a "
         f"pass (default {MIN_CHANGE:g})",
+    )
+    p.add_argument(
+        "--prior-scale",
+        type=_prior_scale,
+        default=None,
+        metavar="F",
+        help="share of the data's variance one cluster is expected to carry under the "
+        "empirical-Bayes prior, in (0, 1) (default: the engine's; 0.3 for mapdp and kmeans)",
+    )
+    p.add_argument(
+        "--lam",
+        type=_positive_float,
+        default=None,
+        metavar="F",
+        help="lambda of ASUGS's adaptive concentration alpha_i = k_i / (lambda + log i) "
+        "(--engine asugs with --alpha learn, and --init asugs; default 0.3)",
     )
     p.add_argument(
         "--label-column",
@@ -338,6 +357,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_passes=args.max_passes,
         tol=args.tol,
         min_change=args.min_change,
+        prior_scale=args.prior_scale,
         random_state=args.seed,
         label_column=args.label_column,
         group_column=args.group_column,
@@ -347,6 +367,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         stage2=args.stage2,
         mcmc=args.mcmc,
         warm_start=args.warm_start,
+        engine_options={} if args.lam is None else {"lam": args.lam},
         scheduler=args.scheduler,
         n_workers=args.workers,
         overwrite=args.overwrite,

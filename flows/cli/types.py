@@ -25,6 +25,14 @@ positive_int = _checked(int, lambda v: config.check_int(v, "N", 1), "a positive 
 nonneg_int = _checked(int, lambda v: config.check_int(v, "N", 0), "a non-negative integer")
 fraction = _checked(float, lambda v: config.check_fraction(v, "F"), "a fraction in [0, 1)")
 nonneg_float = _checked(float, config.check_tol, "a non-negative number")
+positive_float = _checked(float, lambda v: config.check_positive(v, "F"), "a positive number")
+
+
+def prior_scale(text: str) -> float:
+    """A prior scale in (0, 1) (``pipeline.families.gaussian.check_scale``)."""
+    from pipeline.families.gaussian import check_scale
+
+    return float(_checked(float, check_scale, "a number in (0, 1)")(text))
 
 
 def alpha(text: str) -> float | str:

@@ -375,3 +375,29 @@ def moments(s, p, mean, cov):
     for i in range(d):
         for j in range(d):
             cov[i, j] = s[base + i * d + j] / n - mean[i] * mean[j]
+
+
+@njit(cache=True, nogil=True)
+def add_record(x, s, c, p, work):
+    """``update(x, s, c, p, 1.0)`` for a stream that adds one record at a time (ASUGS, seed 002
+    step (c); eqs. 4-7 in this parameterisation), with the caller's work vector ``work`` (d,)
+    instead of an allocation, and log|T_k| by the matrix determinant lemma instead of from the
+    new factor's diagonal: T' = T + c / (c + 1) v v^T with v = x - m_k gives
+    log|T'| = log|T| + log(1 + c / (c + 1) |L^{-1} v|^2), one triangular product (d^2 / 2)
+    instead of d logarithms. Equal to ``update`` up to rounding.
+    """
+    d = x.shape[0]
+    t = _tail(d)
+    ck = c[t]
+    r = ck / (ck + 1.0)
+    q = _mahalanobis(x, c, d)
+    add_stats(x, s, 1.0)
+    o = d * d
+    coef = math.sqrt(r)
+    for i in range(d):
+        work[i] = coef * (x[i] - c[o + i])
+        c[o + i] = (ck * c[o + i] + x[i]) / (ck + 1.0)
+    if not _rank_one(c, work, 1.0):
+        refresh(s, c, p)
+        return
+    _finish_cache(c, d, ck + 1.0, c[t + 1] + 1.0, c[t + 2] + math.log1p(r * q))

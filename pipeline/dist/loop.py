@@ -1,7 +1,8 @@
 """The pass loop: drives any engine (``pipeline.engines``) over the chunks of a dataset store.
 
 One pass is one Dask task per chunk (``chunk_task`` -> ``Engine.chunk_step``), then the engine's
-reduce on the driver; the loop checkpoints the state after every pass (the record
+reduce on the driver (a sequential engine's tasks run as a chain in chunk order, each given the
+previous one's state: ``submit_chunks``); the loop checkpoints the state after every pass (the record
 ``checkpoint``: JSON plus arrays, ``pipeline.persist``, in the run's state store), stops on the engine's stop rule or after ``max_passes``, and
 resumes from the checkpoint of the same parameters. It knows nothing of clusters: what a chunk
 task sweeps and what a reduce adds is the engine's.
@@ -45,6 +46,29 @@ def chunk_task(engine: str, data: str, state: str, c: int, a: int, b: int, msg: 
     return get_engine(engine).chunk_step(Chunk(data, state, c, a, b, msg.p), msg)
 
 
+def carry_task(engine: str, msg: Any, result: Any) -> Any:
+    """The input of a sequential engine's next chunk task: ``Engine.carry``."""
+    return get_engine(engine).carry(msg, result)
+
+
+def submit_chunks(client: Any, engine: Engine, ctx: RunContext, msg_f: Any) -> list[Any]:
+    """The chunk tasks of one pass: all at once on the same message, or, for a sequential
+    engine, a chain in chunk order where each task waits for the previous one's ``carry``
+    (futures all the way: the state goes from worker to worker, not through the driver)."""
+    data, st = str(ctx.data.path), str(ctx.state.path)
+    if not engine.sequential:
+        return [
+            client.submit(chunk_task, engine.name, data, st, c, a, b, msg_f, pure=False)
+            for c, a, b in iter_chunks(ctx.info)
+        ]
+    futs = []
+    msg = msg_f
+    for c, a, b in iter_chunks(ctx.info):
+        futs.append(client.submit(chunk_task, engine.name, data, st, c, a, b, msg, pure=False))
+        msg = client.submit(carry_task, engine.name, msg, futs[-1], pure=False)
+    return futs
+
+
 def score_task(
     engine: str, data: str, state: str, labels: str, c: int, a: int, b: int, p: int, msg: Any
 ) -> Any:
@@ -86,11 +110,22 @@ def context(
     params: FitParams,
     progress: bool = False,
 ) -> RunContext:
-    """The ``RunContext`` of a fit, its state store ready for the engine's per-record arrays."""
+    """The ``RunContext`` of a fit, its state store ready for the engine's per-record arrays;
+    its ``info`` carries the run's prior (``with_prior_scale``)."""
     st = state if isinstance(state, Store) else Store(state)
-    ctx = RunContext(data, st, info, params.checked(), progress)
+    params = params.checked()
+    ctx = RunContext(data, st, with_prior_scale(info, params), params, progress)
     create_record_arrays(ctx, get_engine(params.engine))
     return ctx
+
+
+def with_prior_scale(info: StoreInfo, params: FitParams) -> StoreInfo:
+    """``info`` with the run's empirical-Bayes prior (``StoreInfo.with_prior_scale``) at
+    ``params.prior_scale``, else the engine's ``prior_scale``, else the family default."""
+    scale = params.prior_scale
+    if scale is None:
+        scale = get_engine(params.engine).prior_scale
+    return info.with_prior_scale(scale)
 
 
 # -- checkpoints ------------------------------------------------------------------------------
@@ -160,12 +195,8 @@ def run_pass(
         scores_into = str(labels_out)
         create_labels(scores_into, info, overwrite=False)
     msg = engine.pass_input(state, ctx, p, scores_into)
-    msg_f = client.scatter(msg, broadcast=True, hash=False)
-    data, st = str(ctx.data.path), str(ctx.state.path)
-    futs = [
-        client.submit(chunk_task, engine.name, data, st, c, a, b, msg_f, pure=False)
-        for c, a, b in iter_chunks(info)
-    ]
+    msg_f = client.scatter(msg, broadcast=not engine.sequential, hash=False)
+    futs = submit_chunks(client, engine, ctx, msg_f)
     progress = bar(ctx.progress, info.n_train, f"pass {p}")
     results = []
     for fut in as_completed(futs):

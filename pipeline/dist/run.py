@@ -21,6 +21,7 @@ from pipeline.dist.writeout import WriteSummary
 from pipeline.engines.base import RunContext
 from pipeline.engines.mixture_state import PassState
 from pipeline.stats import Stats
+from pipeline.errors import InputError
 from pipeline.io import commit_dir, temp_sibling, versions, write_json
 from pipeline.store import Store, StoreInfo
 
@@ -49,6 +50,8 @@ class RunConfig:
     mcmc: int = 0
     # a model directory to start the passes from (``--warm-start``)
     warm_start: str | None = None
+    # engine-specific settings (``RunContext.options``: the asugs engine's ``lam``, ...)
+    engine_options: dict[str, Any] = field(default_factory=dict)
 
     def ingest_options(self) -> dict[str, Any]:
         """The options that decide what ingest writes (``pipeline.dataset.ingest_options``)."""
@@ -76,6 +79,8 @@ def fingerprint(source: Any, cfg: RunConfig) -> str | None:
             "input": dataset.fingerprint(source),
             "options": dataset.ingest_options(**cfg.ingest_options()),
             "params": repr(params),
+            "engine_options": repr(sorted(cfg.engine_options.items())),
+            "warm_start": cfg.warm_start,
         },
         sort_keys=True,
     )
@@ -168,11 +173,18 @@ def step_ingest(
 
 
 def run_context(
-    partial: Path, data: Store, info: StoreInfo, params: FitParams, progress: bool
+    partial: Path,
+    data: Store,
+    info: StoreInfo,
+    params: FitParams,
+    progress: bool,
+    options: dict[str, Any] | None = None,
 ) -> RunContext:
     """The run's ``RunContext``: the dataset store and the run's state store under
-    ``partial``."""
-    return context(data, partial / "state.zarr", info, params, progress)
+    ``partial``, with the engine's ``options``."""
+    ctx = context(data, partial / "state.zarr", info, params, progress)
+    ctx.options.update(options or {})
+    return ctx
 
 
 def write_run_model(
@@ -292,6 +304,7 @@ def finish(
             "stage2": cfg.stage2,
             "mcmc": cfg.mcmc,
             "warm_start": cfg.warm_start,
+            "engine_options": cfg.engine_options,
         },
         "notes": info.notes,
         "versions": versions(),

@@ -18,6 +18,7 @@ ENGINE_MODULES: dict[str, str] = {
     "kmeans": "pipeline.engines.kmeans",
     "mixed_effects": "pipeline.engines.mixed_effects",
     "ihmm": "pipeline.engines.ihmm",
+    "asugs": "pipeline.engines.asugs",
 }
 ENGINES: tuple[str, ...] = tuple(ENGINE_MODULES)
 # engines whose unit is a subject (a group of rows), not a record: not ``dpmm run``'s mixtures

@@ -6,6 +6,7 @@ A pass is one task per chunk of the dataset store, then a reduce on the driver::
     repeat:
         msg = engine.pass_input(state, ctx, p, scores_into)   # scattered once per pass
         results = [engine.chunk_step(chunk, msg) for chunk]   # on the workers
+        # (a sequential engine: chunk by chunk in order, msg = engine.carry(msg, result))
         state, record = engine.reduce(state, results, ctx)    # sum deltas, global update
     until record["stop"] or max_passes
 
@@ -118,6 +119,17 @@ class Engine(ABC):
     record_arrays: ClassVar[tuple[RecordArray, ...]] = ()
     # its chunk tasks may write the final output in a pass that changes nothing
     fused_write_out: ClassVar[bool] = False
+    # its chunks are one stream: a pass runs the chunk tasks one after the other, in chunk
+    # order, each given ``carry(input, result)`` of the previous one instead of one message
+    # for all (a one-pass streaming model whose state travels from chunk to chunk)
+    sequential: ClassVar[bool] = False
+    # its state has clusters with per-record labels that the summaries pass
+    # (``pipeline.dist.summaries``) can split
+    summaries: ClassVar[bool] = False
+    # the empirical-Bayes prior scale the engine was measured with when ``FitParams`` gives
+    # none (None: the family's ``DEFAULT_SCALE``); the run's prior is rebuilt from the store's
+    # sample with it (``pipeline.dist.run.step_ingest``)
+    prior_scale: ClassVar[float | None] = None
 
     @abstractmethod
     def init_state(self, ctx: RunContext, client: Any) -> LoopState:
@@ -132,6 +144,11 @@ class Engine(ABC):
     def chunk_step(self, chunk: Chunk, msg: Any) -> Any:
         """Worker side of a pass: sweep the chunk, write its per-record state, return deltas
         (an object with ``c``, ``n_changed``, ``n_train``, ``seconds``)."""
+
+    def carry(self, msg: Any, result: Any) -> Any:
+        """Worker side, sequential engines only: the input of the next chunk's task from this
+        chunk's input and result (its state after the chunk)."""
+        raise NotImplementedError(f"engine {self.name!r} is not sequential")
 
     @abstractmethod
     def reduce(

@@ -159,6 +159,8 @@ def objective_of(st: HmmState, family: ProductFamily, alpha: float, gamma: float
 
 class IhmmEngine(Engine):
     name: ClassVar[str] = "ihmm"
+    # the scale its defaults (and the tests of the stream / state recovery) were measured with
+    prior_scale: ClassVar[float | None] = 0.1
     record_arrays: ClassVar[tuple[RecordArray, ...]] = (RecordArray("z", "int64", -1),)
 
     def init_state(self, ctx: RunContext, client: Any) -> IhmmPassState:

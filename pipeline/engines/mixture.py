@@ -242,6 +242,7 @@ class MixtureEngine(Engine):
     per-record state, the starts, the reduce, the write-out. A subclass gives ``sweep``."""
 
     record_arrays: ClassVar[tuple[RecordArray, ...]] = (RecordArray("z", "int64", -1),)
+    summaries: ClassVar[bool] = True
 
     def init_state(self, ctx: RunContext, client: Any) -> PassState:
         return initial_state(client, ctx)

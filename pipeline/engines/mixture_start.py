@@ -1,5 +1,6 @@
 """The starts of the mixture engines (``FitParams.start``): in-memory MAP-DP on a hash sample
-(the default), no cluster, one cluster, or random seed records.
+(the default), no cluster, one cluster, random seed records, or the clusters of one ASUGS-PM
+streaming pass (seed 002) over every chunk or over the sample.
 
 The "sample" start fits ``pipeline.mapdp_core.run_mapdp`` - sweeps plus split and merge moves,
 learned concentration - to a hash sample of ``init_sample`` training rows (a subset of the
@@ -24,7 +25,7 @@ from pipeline.config import MAX_SEEDS, FitParams
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.engines.mixture_state import IntArray, PassState, chunk_seed
 from pipeline.families import FloatArray, ProductFamily
-from pipeline.mapdp_core import run_mapdp
+from pipeline.mapdp_core import run_mapdp, seed_state
 from pipeline.stats import Stats
 from pipeline.store import StoreInfo, iter_chunks, row_uniform
 
@@ -46,6 +47,8 @@ def initial_state(client: Any, ctx: RunContext) -> PassState:
     start = params.start
     if start == "sample":
         return sample_state(client, info, params)
+    if start in ("asugs", "asugs-sample"):
+        return asugs_state(client, ctx)
     if start == "sequential":
         stats = np.zeros((0, fam.n_stats))
         return PassState(0, stats, alpha, empty, 0, empty, init_rows=empty, init_labels=empty)
@@ -183,6 +186,58 @@ def _train_stats_task(data: str, a: int, b: int, fam: ProductFamily) -> FloatArr
     chunk = Chunk(data, "", 0, a, b, 0)
     X, hold = chunk.X, chunk.holdout
     return fam.stats_of(np.ascontiguousarray(X[~hold]))[0]
+
+
+def asugs_state(client: Any, ctx: RunContext) -> PassState:
+    """The "asugs" / "asugs-sample" starts: the clusters of one ASUGS-PM pass (seed 002;
+    ``pipeline.engines.asugs``) over every chunk in order, or over the sample start's rows,
+    taken as a warm start (``warm_state``): pass 1 assigns every training record against
+    them, then their statistics are the data's own. ASUGS's own concentration alpha_n =
+    k_n / (lambda + log n) starts a learned alpha. The stream runs under ASUGS's own prior
+    scale (``pipeline.asugs.PRIOR_SCALE``) unless the run gives one; its clusters'
+    statistics do not depend on the prior."""
+    from pipeline.asugs import (
+        DEFAULT_LAM,
+        PM_INTERVAL,
+        PRIOR_SCALE,
+        PRUNE_WEIGHT,
+        check_stream_params,
+    )
+    from pipeline.engines.asugs import stream_chunks, stream_sample
+
+    t0 = time.perf_counter()
+    info, params, opts = ctx.info, ctx.params, ctx.options
+    sp = check_stream_params(
+        opts.get("lam", DEFAULT_LAM),
+        None,
+        opts.get("select", "greedy"),
+        True,
+        opts.get("pm_interval", PM_INTERVAL),
+        opts.get("prune_weight", PRUNE_WEIGHT),
+    )
+    rng = seed_state(chunk_seed(params.seed, params.restart, 0, 0))
+    sinfo = info if params.prior_scale is not None else info.with_prior_scale(PRIOR_SCALE)
+    if params.start == "asugs":
+        st, task_seconds = stream_chunks(client, str(ctx.data.path), sinfo, sp, rng)
+    else:
+        st = stream_sample(sinfo, params.init_sample, sp, rng)
+        task_seconds = time.perf_counter() - t0
+    alpha = sp.concentration(st.K, st.n_seen)
+    state = warm_state(ctx, Stats(st.cluster_stats, info.family), alpha)
+    state.init_record = {
+        "pass": 0,
+        "init": params.start,
+        "asugs_records": int(st.n_seen),
+        "asugs_clusters": int(st.K),
+        "asugs_pruned": int(st.n_pruned),
+        "asugs_merges": int(st.n_merged),
+        "asugs_alpha": float(alpha),
+        "n_clusters": int(st.K),
+        "alpha": float(state.alpha),
+        "task_seconds": float(task_seconds),
+        "seconds": time.perf_counter() - t0,
+    }
+    return state
 
 
 def warm_state(ctx: RunContext, clusters: Stats, alpha: float) -> PassState:

@@ -211,10 +211,12 @@ def test_usage_errors_are_one_line(capsys) -> None:
     assert main(["cluster", "x.csv"]) == 2  # --out missing
     assert main(["cluster", "x.csv", "--out", "o", "--restarts", "0"]) == 2
     assert main(["cluster", "x.csv", "--out", "o", "--family", "a=poisson,b"]) == 2
+    assert main(["run", "x.csv", "--out", "o", "--prior-scale", "1"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 4
+    assert len(err) == 5
     assert all(line.startswith("dpmm: error: ") for line in err)
     assert "--out" in err[1] and "--restarts" in err[2] and "--family" in err[3]
+    assert "--prior-scale" in err[4] and "a number in (0, 1)" in err[4]
     with pytest.raises(SystemExit) as exc:
         main(["cluster", "--help"])
     assert exc.value.code == 0

@@ -314,3 +314,62 @@ def test_a_group_column_keeps_each_group_in_one_chunk(tmp_path: Path):
     held[row[real]] = hold[real]
     for s in df["subject"].unique():
         assert len(set(held[df["subject"].to_numpy() == s])) == 1  # one fold per subject
+
+
+# -- ASUGS (seed 002): the streaming engine and the start of the MAP-DP passes -----------------
+
+
+def test_dpmm_run_engine_asugs_is_one_streaming_pass(tmp_path: Path, capsys):
+    """``dpmm run --engine asugs``: one pass over the chunks in order, every row labelled and
+    scored; the state is ``pipeline.ASUGS`` streaming the chunks' training rows."""
+    from pipeline import ASUGS
+    from pipeline.asugs import PRIOR_SCALE
+
+    y = write_blobs(tmp_path / "in.csv", n=3000, seed=7, label="truth")
+    out = tmp_path / "out"
+    argv = ["run", str(tmp_path / "in.csv"), "--out", str(out), "--engine", "asugs"]
+    argv += ["--chunk-rows", "400", "--holdout", "0.1", "--label-column", "truth", "--lam", "2"]
+    assert main([*argv, "--workers", "2", "--no-report", "--quiet"]) == 0
+    run = json.loads((out / "run.json").read_text())
+    m = run["metrics"]
+    assert m["passes"] == 1 and m["stop"] == "one pass" and m["n_clusters"] == 4
+    assert m["nmi"] > 0.99
+    assert run["parameters"]["engine"] == "asugs"
+    assert run["parameters"]["engine_options"] == {"lam": 2.0}
+    (rec,) = run["passes"]
+    assert rec["lam"] == 2.0 and rec["n_seen"] == run["n_train"]
+    label = zarr.open_array(str(out / "labels.zarr/label"))[:]
+    logd = zarr.open_array(str(out / "labels.zarr/log_density"))[:]
+    assert np.isfinite(logd).all() and label.shape == y.shape
+    assert m["nmi"] == pytest.approx(normalized_mutual_info_score(y, label), abs=1e-9)
+    data = Store(run["dataset"]["path"])
+    X = np.asarray(data.array("X")[:])
+    hold = np.asarray(data.array("holdout")[:], dtype=bool)
+    # the run's prior: the store's sample refitted at ASUGS's prior scale
+    fam = data.load("info").with_prior_scale(PRIOR_SCALE).family
+    ref = ASUGS(lam=2.0, family=fam).fit(X[~hold])
+    clusters = pd.read_parquet(out / "clusters.parquet")
+    np.testing.assert_array_equal(np.sort(clusters["size"]), np.sort(ref.cluster_sizes_))
+    np.testing.assert_array_equal(label[~hold], ref.labels_)
+    # the run's model takes new records: dpmm update, one ASUGS-PM pass
+    new = tmp_path / "new.csv"
+    write_blobs(new, n=500, seed=9)
+    assert main(["update", str(out / "model"), str(new), "--out", str(tmp_path / "m2")]) == 0
+    assert "500 records streamed into 4 clusters: 4 clusters now" in capsys.readouterr().out
+    # the summaries pass needs per-record cluster labels the stream does not keep
+    code = main([*argv, "--summaries", "10", "--overwrite", "--quiet"])
+    assert code == 2
+    assert "has no summaries pass" in capsys.readouterr().err
+
+
+def test_dpmm_run_init_asugs_starts_the_mapdp_passes(tmp_path: Path):
+    y = write_blobs(tmp_path / "in.csv", n=3000, seed=8)
+    out = tmp_path / "out"
+    run = cluster(
+        str(tmp_path / "in.csv"), str(out), chunk_rows=500, init="asugs", report=False, **LOCAL
+    )
+    assert run["init"]["init"] == "asugs" and run["init"]["asugs_records"] == 3000
+    assert run["parameters"]["init"] == "asugs"
+    label = zarr.open_array(str(out / "labels.zarr/label"))[:]
+    assert normalized_mutual_info_score(y, label) > 0.99
+    assert run["metrics"]["converged"]

@@ -589,3 +589,47 @@ def test_read_table_reads_as_ingest_reads(tmp_path: Path, monkeypatch):
     np.save(tmp_path / "rec.npy", rec)
     pd.testing.assert_frame_equal(pio.read_table(tmp_path / "rec.npy"), df, check_dtype=False)
     assert pio.read_table(tmp_path / "x.csv", columns=["b"]).columns.tolist() == ["b"]
+
+
+# -- the run's prior ------------------------------------------------------------------------
+
+
+def test_each_run_refits_the_prior_to_the_stores_sample_at_its_scale(client, tmp_path: Path):
+    """The store keeps the prior's sample; ``loop.context`` refits the empirical-Bayes prior at
+    the run's ``prior_scale``, else the engine's (asugs: 0.1), else the family default (0.3);
+    a prior given to ingest is kept whatever the run asks."""
+    from dataclasses import replace
+
+    from pipeline.config import FitParams
+    from pipeline.dist import loop
+    from pipeline.families import GaussianNW
+
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(0, 1, (300, 3)), rng.normal(6, 1, (300, 3))])
+    store = Store(tmp_path / "s")
+    info = ingest(X, store, client=client, chunk_rows=200)
+    assert not info.prior_fixed
+
+    def prior_of(params: FitParams) -> np.ndarray:
+        ctx = loop.context(store, tmp_path / f"state-{params.engine}", info, params)
+        return ctx.info.family.prior
+
+    def expected(scale: float | None) -> np.ndarray:
+        return GaussianNW.empirical_bayes(info.sample, scale=scale).as_product().prior
+
+    np.testing.assert_allclose(prior_of(FitParams()), expected(None), rtol=1e-12)
+    np.testing.assert_allclose(prior_of(FitParams(prior_scale=0.05)), expected(0.05), rtol=1e-12)
+    np.testing.assert_allclose(prior_of(FitParams(engine="asugs")), expected(0.1), rtol=1e-12)
+    assert not np.allclose(expected(None), expected(0.1))
+    # a stale prior in the store (ingested under another default) is not what a run uses
+    stale = replace(info, family=GaussianNW.empirical_bayes(info.sample, scale=0.5).as_product())
+    ctx = loop.context(store, tmp_path / "state-stale", stale, FitParams())
+    np.testing.assert_allclose(ctx.info.family.prior, expected(None), rtol=1e-12)
+    # a given prior is kept
+    given = GaussianNW.empirical_bayes(X, scale=0.5)
+    fixed = ingest(X, Store(tmp_path / "f"), client=client, chunk_rows=200, family=given)
+    assert fixed.prior_fixed
+    ctx = loop.context(Store(tmp_path / "f"), tmp_path / "state-f", fixed, FitParams())
+    np.testing.assert_allclose(ctx.info.family.prior, given.as_product().prior, rtol=1e-12)
+    with pytest.raises(ValueError, match="prior_scale must be in"):
+        FitParams(prior_scale=1.5).checked()

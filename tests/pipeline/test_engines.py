@@ -32,6 +32,17 @@ class TestKmeansEngine(EngineContract):
     init = "seeds"
 
 
+class TestAsugsEngine(EngineContract):
+    """One streaming pass: the contract's multi-pass checks hold trivially (one pass)."""
+
+    engine = "asugs"
+
+
+class TestSugsEngine(EngineContract):
+    engine = "asugs"
+    alpha = 0.5
+
+
 class TestToyEngine(EngineContract):
     """An engine the registry learns at run time: a new model touches no file of the loop."""
 
@@ -72,6 +83,7 @@ def test_every_registered_engine_is_tested():
         for c in (
             TestMapdpEngine,
             TestKmeansEngine,
+            TestAsugsEngine,
             TestMixedEffectsEngine,
             test_ihmm_engine.TestIhmmEngine,
         )

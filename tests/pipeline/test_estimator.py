@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 from sklearn.utils.estimator_checks import check_estimator
 
+from pipeline.asugs import ASUGS
 from pipeline.baselines import CollapsedGibbs, DPMeans, UncollapsedGibbs
 from pipeline.bhc import BHC
 from pipeline.families import GaussianNW
@@ -26,6 +27,7 @@ ESTIMATORS = {
     "DPMeans": DPMeans(n_clusters=3),
     "BHC": BHC(),
     "TreeGuidedMCMC": TreeGuidedMCMC(n_iter=10, burn_in=2, G=2, random_state=0),
+    "ASUGS": ASUGS(random_state=0),
 }
 
 # checks an estimator cannot pass, with the reason (none at present)

@@ -82,12 +82,6 @@ class TestIhmmEngine(EngineContract):
         np.testing.assert_allclose(per_seq, ref, rtol=1e-9)
 
 
-@pytest.mark.xfail(
-    reason="known regression, issue 11 left open: under the 0.3 default Normal-Wishart prior "
-    "scale of issue 14 the distributed engine finds 4 states, NMI 0.70 (it found the 3 states "
-    "with the 0.1 scale it was written against)",
-    strict=False,
-)
 def test_engine_recovers_states(client, tmp_path: Path) -> None:
     """Distributed passes over 4 chunks find the 3 states of the generating HMM."""
     df, z = sequences_frame(2000, seed=3)

@@ -1,0 +1,410 @@
+"""ASUGS: adaptive sequential updating and greedy search (seed 002, Algorithm 1), SUGS with a
+fixed concentration (seed 002, Section 2; Wang and Dunson 2011) and ASUGS-PM's pruning and
+merging (seed 002, Section 6), over any observation model of ``kernels.obs.product``.
+
+One record at a time, in stream order, record i (1-based, counted over the whole stream):
+
+(a) the concentration alpha_{i-1} = k_{i-1} / (lambda + log(i - 1)) (Section 2.1: the mean of
+    the Gamma(k_{i-1}, lambda + log(i - 1)) approximation of p_{i-1}(alpha)); SUGS keeps alpha;
+(b) the label gamma_i from q_h proportional to L_{i,h}(y_i) pi_{i,h}(alpha_{i-1}), eq. 1:
+    m_{i-1}(h) L_{i,h}(y_i) for an existing class, alpha_{i-1} L_{i,k+1}(y_i) for a new one
+    (the common 1 / (i - 1 + alpha) cancels): the arg max (greedy) or a draw;
+(c) the posterior update of class gamma_i: its sufficient statistics gain y_i and its cache
+    (posterior parameters) is updated in place by the family's rank-one ``update``. For the
+    Normal-Wishart this is eqs. 4-7 in the parameterisation of seed 000 Appendix B; L_{i,h} is
+    the family's posterior predictive (for the Normal-Wishart the Student-t of eq. 8).
+
+Record 1 opens class 1 (gamma_1 = 1, k_1 = 1). Clusters live in rows 0..K-1 of ``stats``,
+``cache``, ``nk`` (K_cap rows, grown by doubling); each carries an id that never changes or
+returns (``ids``) and the record number that opened it (``born``). A record's label is its
+cluster's id; ``alias`` (one entry per id ever opened) says what became of an id: ``ALIVE``,
+``PRUNED``, or the id it was merged into, so that labels given before a merge are resolved at
+the end (``resolve``) instead of rewritten at every merge.
+
+Pruning and merging (ASUGS-PM, after Lin 2013 as Section 6 does) run after record i when
+``pm_due(i, pm_interval)``: every ``pm_interval`` records at first, then twice as rarely each
+time i doubles past 64 intervals (so O(log n) rounds in all, as the number of classes grows
+logarithmically, Section 4). A round prunes each class that holds fewer than ``prune_weight``
+of the records seen since it opened (never the largest); the pruned statistics are kept apart
+(``pruned``) so that the statistics of all classes plus the pruned ones are those of every
+record seen. Then it merges classes greedily while a merge raises log p(X, z | alpha_i)
+(``kernels.partition.greedy_merge``: the exact merge gap of the DP mixture).
+"""
+
+import math
+
+import numpy as np
+from numba import njit
+
+from kernels.obs import gaussian_nw, product
+from kernels.partition import greedy_merge
+from kernels.rng import sample_log_weights
+
+ALIVE = -2
+PRUNED = -1
+
+
+@njit(cache=True, nogil=True)
+def concentration(k, i, lam):
+    """alpha_i = k_i / (lambda + log i), seed 002 Section 2.1 (Algorithm 1, step (a)).
+
+    Parameters
+    ----------
+    k : float
+        k_i, the number of classes after record i.
+    i : float
+        Records seen (>= 1).
+    lam : float
+        The rate lambda > 0 of the exponential prior p_1(alpha) = lambda exp(-lambda alpha).
+
+    Returns
+    -------
+    float
+    """
+    return k / (lam + math.log(i))
+
+
+@njit(cache=True, nogil=True)
+def pm_due(i, pm_interval):
+    """Whether pruning and merging run after record i (module docstring); never for
+    ``pm_interval`` <= 0."""
+    if pm_interval <= 0:
+        return False
+    step = pm_interval
+    while i >= 64 * step:
+        step *= 2
+    return i % step == 0
+
+
+@njit(cache=True, nogil=True)
+def _grow(stats, cache, nk, lognk, born, ids):
+    cap = stats.shape[0]
+    new_cap = max(2 * cap, 8)
+    s2 = np.zeros((new_cap, stats.shape[1]))
+    c2 = np.zeros((new_cap, cache.shape[1]))
+    n2 = np.zeros(new_cap)
+    l2 = np.full(new_cap, -np.inf)
+    b2 = np.zeros(new_cap)
+    i2 = np.full(new_cap, -1, dtype=np.int64)
+    s2[:cap] = stats
+    c2[:cap] = cache
+    n2[:cap] = nk
+    l2[:cap] = lognk
+    b2[:cap] = born
+    i2[:cap] = ids
+    return s2, c2, n2, l2, b2, i2
+
+
+@njit(cache=True, nogil=True)
+def _grow_ids(alias):
+    a2 = np.full(max(2 * alias.shape[0], 8), ALIVE, dtype=np.int64)
+    a2[: alias.shape[0]] = alias
+    return a2
+
+
+@njit(cache=True, nogil=True)
+def _remove_row(h, K, stats, cache, nk, lognk, born, ids):
+    """Row K - 1 moves into row h (row h's cluster leaves); returns K - 1."""
+    last = K - 1
+    if h != last:
+        stats[h] = stats[last]
+        cache[h] = cache[last]
+        nk[h] = nk[last]
+        lognk[h] = lognk[last]
+        born[h] = born[last]
+        ids[h] = ids[last]
+    return last
+
+
+@njit(cache=True, nogil=True)
+def prune_merge(
+    i, K, stats, cache, nk, lognk, born, ids, alias, pruned, spec, prior, log_alpha, prune_weight
+):
+    """One ASUGS-PM round after record i (seed 002, Section 6; module docstring).
+
+    Pruning: a class h with nk[h] < prune_weight * (i - born[h] + 1) leaves (its statistics
+    are added to ``pruned``, its id becomes ``PRUNED``); the largest class always stays.
+    Merging: ``kernels.partition.greedy_merge`` with log alpha_i, the pair whose merge raises
+    log p(X, z | alpha_i) most first, until no merge raises it; the merged class keeps the id
+    and row of its lowest row, the earliest ``born``, and the other ids alias to it.
+
+    Parameters
+    ----------
+    i : int
+        Records seen.
+    K : int
+        Classes (rows 0..K-1 of the arrays), updated in place except for K itself.
+    alias, pruned : ndarrays, updated in place.
+    log_alpha : float
+        log alpha_i for the merge test.
+    prune_weight : float
+        0 turns pruning off.
+
+    Returns
+    -------
+    K : int
+        Classes after the round.
+    n_pruned, n_merged : int
+    """
+    n_pruned = 0
+    if prune_weight > 0.0 and K > 1:
+        h = 0
+        while h < K:
+            largest = 0
+            for j in range(1, K):
+                if nk[j] > nk[largest]:
+                    largest = j
+            if h != largest and nk[h] < prune_weight * (i - born[h] + 1.0):
+                for t in range(stats.shape[1]):
+                    pruned[t] += stats[h, t]
+                alias[ids[h]] = PRUNED
+                K = _remove_row(h, K, stats, cache, nk, lognk, born, ids)
+                n_pruned += 1
+            else:
+                h += 1
+    if K < 2:
+        return K, n_pruned, 0
+    target, merged, n_merged = greedy_merge(
+        np.ascontiguousarray(stats[:K]), nk[:K].copy(), spec, prior, log_alpha
+    )
+    if n_merged == 0:
+        return K, n_pruned, 0
+    K2 = merged.shape[0]
+    # greedy_merge keeps the lowest row of each merged group and numbers the groups in the
+    # order of those rows
+    first = np.full(K2, -1, dtype=np.int64)
+    new_born = np.full(K2, np.inf)
+    size = np.zeros(K2, dtype=np.int64)
+    for k in range(K):
+        g = target[k]
+        if first[g] < 0:
+            first[g] = k
+        if born[k] < new_born[g]:
+            new_born[g] = born[k]
+        size[g] += 1
+    new_ids = np.empty(K2, dtype=np.int64)
+    for g in range(K2):
+        new_ids[g] = ids[first[g]]
+    for k in range(K):
+        keep = new_ids[target[k]]
+        if ids[k] != keep:
+            alias[ids[k]] = keep
+    for g in range(K2):
+        if size[g] > 1:
+            stats[g] = merged[g]
+            product.refresh(stats[g], cache[g], spec, prior)
+        else:
+            src = first[g]
+            if src != g:
+                stats[g] = stats[src]
+                cache[g] = cache[src]
+        nk[g] = merged[g, 0]
+        lognk[g] = math.log(nk[g])
+        born[g] = new_born[g]
+        ids[g] = new_ids[g]
+    return K2, n_pruned, n_merged
+
+
+@njit(cache=True, nogil=True)
+def stream(
+    X,
+    z,
+    alpha_trace,
+    logq,
+    stats,
+    cache,
+    nk,
+    born,
+    ids,
+    K,
+    alias,
+    n_ids,
+    pruned,
+    n_seen,
+    spec,
+    prior,
+    empty_c,
+    lam,
+    alpha_fixed,
+    sample,
+    state,
+    pm_interval,
+    prune_weight,
+):
+    """Algorithm 1 of seed 002 (ASUGS; SUGS when ``lam`` <= 0) over the records of X in order,
+    continuing from the state given (module docstring).
+
+    Parameters
+    ----------
+    X : ndarray of shape (N, D), float64
+        Records in stream order, columns in the product family's group order.
+    z : ndarray of shape (N,), int64, output
+        The id of the class each record joined (``resolve`` maps it to the final class).
+    alpha_trace : ndarray of shape (N,) or (0,), output
+        alpha_i after each record i: k_i / (lambda + log i) (Section 2.1), or the fixed alpha.
+    logq : ndarray of shape (N,) or (0,), output
+        log [L_{i,gamma_i}(y_i) pi_{i,gamma_i}(alpha_{i-1})] of each record (eq. 1 times eq. 3):
+        the sequential log joint's increments; for record 1, log L_{1,1}(y_1) (gamma_1 = 1).
+    stats : ndarray of shape (K_cap, S)
+    cache : ndarray of shape (K_cap, C)
+    nk, born : ndarray of shape (K_cap,)
+        Class sizes m(h) and the record number that opened each class.
+    ids : ndarray of shape (K_cap,), int64
+    K : int
+        Classes in use (rows 0..K-1).
+    alias : ndarray of shape (A,), int64
+        Fate of every id ever opened (ids 0..n_ids-1).
+    n_ids : int
+    pruned : ndarray of shape (S,)
+        Statistics of the pruned classes, added to in place.
+    n_seen : int
+        Records seen before X.
+    spec, prior : product family description (``kernels.obs.product``).
+    empty_c : ndarray of shape (C,)
+        Cache of the empty statistics (the prior predictive L_{i,k+1}).
+    lam : float
+        lambda of Algorithm 1; <= 0 for SUGS with ``alpha_fixed``.
+    alpha_fixed : float
+        SUGS's concentration (ignored when lam > 0).
+    sample : bool
+        Step (b) draws gamma_i from q (True) or takes its arg max (False; ties: lowest row,
+        an existing class before a new one).
+    state : ndarray of shape (1,), uint64
+        RNG state of the draws, advanced in place.
+    pm_interval : int
+        ASUGS-PM rounds (``pm_due``); <= 0: plain ASUGS.
+    prune_weight : float
+
+    Returns
+    -------
+    stats, cache, nk, born, ids : ndarrays (possibly reallocated)
+    K : int
+    alias : ndarray (possibly reallocated)
+    n_ids : int
+    n_seen : int
+    n_pruned, n_merged : int
+        Classes pruned and merges made by the PM rounds of this call.
+    """
+    N = X.shape[0]
+    S = stats.shape[1]
+    adaptive = lam > 0.0
+    fast = spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
+    empty_s = np.zeros(S)
+    lognk = np.full(stats.shape[0], -np.inf)
+    for h in range(K):
+        lognk[h] = math.log(nk[h])
+    logw = np.empty(stats.shape[0] + 1)
+    work = np.empty(X.shape[1])
+    trace = alpha_trace.shape[0] > 0
+    want_q = logq.shape[0] > 0
+    n_pruned = 0
+    n_merged = 0
+    for t in range(N):
+        x = X[t]
+        i = n_seen + 1
+        if K == 0:
+            # record 1 (or the first after everything was pruned) opens class 1: pi = 1
+            best = 0
+            q = product.log_predictive(x, empty_s, empty_c, spec, prior)
+        else:
+            # (a) alpha_{i-1}
+            alpha = concentration(K, i - 1.0, lam) if adaptive else alpha_fixed
+            log_alpha = math.log(alpha)
+            # (b) log [m_{i-1}(h) L_{i,h}(y_i)] and log [alpha L_{i,k+1}(y_i)]
+            for h in range(K):
+                if fast:
+                    logw[h] = lognk[h] + gaussian_nw.log_predictive_row(x, cache, h)
+                else:
+                    logw[h] = lognk[h] + product.log_predictive(x, stats[h], cache[h], spec, prior)
+            logw[K] = log_alpha + product.log_predictive(x, empty_s, empty_c, spec, prior)
+            if sample:
+                best = sample_log_weights(state, logw, K + 1)
+            else:
+                best = 0
+                for h in range(1, K + 1):
+                    if logw[h] > logw[best]:
+                        best = h
+            q = logw[best] - math.log(i - 1.0 + alpha)
+        if best == K:
+            if K == stats.shape[0]:
+                stats, cache, nk, lognk, born, ids = _grow(stats, cache, nk, lognk, born, ids)
+                logw = np.empty(stats.shape[0] + 1)
+            if n_ids == alias.shape[0]:
+                alias = _grow_ids(alias)
+            stats[K, :] = 0.0
+            cache[K, :] = empty_c
+            nk[K] = 0.0
+            born[K] = i
+            ids[K] = n_ids
+            alias[n_ids] = ALIVE
+            n_ids += 1
+            K += 1
+        # (c) the posterior update of class gamma_i
+        if fast:
+            gaussian_nw.add_record(x, stats[best], cache[best], prior, work)
+        else:
+            product.update(x, stats[best], cache[best], spec, prior, 1.0)
+        nk[best] += 1.0
+        lognk[best] = math.log(nk[best])
+        z[t] = ids[best]
+        n_seen = i
+        if pm_due(i, pm_interval):
+            a_i = concentration(K, i, lam) if adaptive else alpha_fixed
+            K, np_, nm_ = prune_merge(
+                i,
+                K,
+                stats,
+                cache,
+                nk,
+                lognk,
+                born,
+                ids,
+                alias,
+                pruned,
+                spec,
+                prior,
+                math.log(a_i),
+                prune_weight,
+            )
+            n_pruned += np_
+            n_merged += nm_
+        if trace:
+            alpha_trace[t] = concentration(K, i, lam) if adaptive else alpha_fixed
+        if want_q:
+            logq[t] = q
+    return stats, cache, nk, born, ids, K, alias, n_ids, n_seen, n_pruned, n_merged
+
+
+@njit(cache=True, nogil=True)
+def resolve(z, alias, ids, K, out):
+    """Final class row of each label: the id ``z[t]`` followed through ``alias`` to a living id,
+    then its row among ``ids[:K]``; -1 where the class was pruned.
+
+    Parameters
+    ----------
+    z : ndarray of shape (N,), int64
+        Ids as ``stream`` wrote them (-1 stays -1).
+    alias : ndarray of shape (A,), int64
+    ids : ndarray of shape (>= K,), int64
+    K : int
+    out : ndarray of shape (N,), int64, output (may be z)
+    """
+    row_of = row_of_ids(alias, ids, K)
+    for t in range(z.shape[0]):
+        out[t] = row_of[z[t]] if z[t] >= 0 else -1
+
+
+@njit(cache=True, nogil=True)
+def row_of_ids(alias, ids, K):
+    """The final class row of every id (A,): the id followed through ``alias``; -1: pruned."""
+    A = alias.shape[0]
+    row = np.full(A, -1, dtype=np.int64)
+    live = np.full(A, -1, dtype=np.int64)
+    for h in range(K):
+        live[ids[h]] = h
+    for a in range(A):
+        r = a
+        while alias[r] >= 0:
+            r = alias[r]
+        row[a] = live[r] if alias[r] == ALIVE else -1
+    return row

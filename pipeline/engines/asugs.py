@@ -1,0 +1,300 @@
+"""The ASUGS engine: one streaming pass of ASUGS-PM (seed 002, Algorithm 1 with Section 6's
+pruning and merging) over the chunks of a dataset store, in chunk order, for data seen once.
+
+A *sequential* engine (``Engine.sequential``): the pass loop runs its chunk tasks one after the
+other, each given the stream's state as the previous chunk left it (``carry``), so the pass is
+exactly ``pipeline.ASUGS.partial_fit`` over the chunks' training rows in order. A chunk task
+writes the id of the class each of its training records joined (``z``; -1 for held-out rows)
+and returns the stream's state; the reduce keeps the last chunk's. Ids are resolved to final
+classes (through the merges and prunes that came later, ``kernels.asugs.row_of_ids``) in the
+write-out, which scores every row by eq. 3.4 under the final classes (held-out rows get the
+MAP class of eq. 3.5).
+
+The concentration: ``FitParams.alpha == "learn"`` is ASUGS's adaptive alpha_i = k_i /
+(lambda + log i) with ``lam`` (``RunContext.options["lam"]``, default
+``pipeline.asugs.DEFAULT_LAM``); a number is SUGS with that fixed alpha.
+
+``stream_chunks`` runs the same chain without writing labels: the ``"asugs"`` start of the
+MAP-DP passes (``pipeline.engines.mixture_start``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+import numpy as np
+
+from kernels import asugs as kasugs
+from kernels import mapdp as kmapdp
+from pipeline.asugs import (
+    DEFAULT_LAM,
+    PM_INTERVAL,
+    PRIOR_SCALE,
+    PRUNE_WEIGHT,
+    StreamParams,
+    StreamState,
+    advance,
+    check_stream_params,
+)
+from pipeline.dist.writeout import WriteResult, emit_chunk
+from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext
+from pipeline.engines.mixture import plot_rate, predict
+from pipeline.engines.mixture_state import IntArray, chunk_seed
+from pipeline.families import FloatArray, ProductFamily
+from pipeline.mapdp_core import seed_state
+from pipeline.persist import register
+from pipeline.stats import Stats
+from pipeline.store import StoreInfo, iter_chunks
+
+#: ``RunContext.options`` keys of the engine (defaults from ``pipeline.asugs``)
+OPTIONS = ("lam", "select", "prune_merge", "pm_interval", "prune_weight")
+
+
+def stream_params(ctx: RunContext) -> StreamParams:
+    """The stream's parameters from the fit's ``alpha`` and the engine's options."""
+    opts = ctx.options
+    learn = ctx.params.learn_alpha
+    return check_stream_params(
+        opts.get("lam", DEFAULT_LAM) if learn else None,
+        None if learn else ctx.params.alpha,
+        opts.get("select", "greedy"),
+        opts.get("prune_merge", True),
+        opts.get("pm_interval", PM_INTERVAL),
+        opts.get("prune_weight", PRUNE_WEIGHT),
+    )
+
+
+@register
+@dataclass
+class AsugsState:
+    """The driver's state: the stream after ``pass_no`` passes (one, when done)."""
+
+    pass_no: int
+    stream: StreamState
+    sp: StreamParams
+    history: list[dict[str, Any]] = field(default_factory=list)
+    converged: bool = False
+    init_record: dict[str, Any] | None = None
+
+    @property
+    def stats(self) -> FloatArray:
+        """The classes' statistics (K, S)."""
+        return self.stream.cluster_stats
+
+    @property
+    def n_clusters(self) -> int:
+        return int(self.stream.K)
+
+    @property
+    def nk(self) -> FloatArray:
+        return np.ascontiguousarray(self.stats[:, 0])
+
+    @property
+    def alpha(self) -> float:
+        """alpha_n after the records seen (SUGS: the fixed alpha)."""
+        return float(self.sp.concentration(self.stream.K, self.stream.n_seen))
+
+    @property
+    def objective(self) -> float:
+        return float(self.history[-1]["objective"]) if self.history else math.inf
+
+
+@dataclass
+class StreamInput:
+    """What a chunk task receives: the stream as the previous chunk left it."""
+
+    p: int
+    stream: StreamState
+    sp: StreamParams
+    family: ProductFamily
+
+
+@dataclass
+class StreamResult:
+    """A chunk's part of the pass: the stream after its records."""
+
+    c: int
+    stream: StreamState
+    n_changed: int
+    n_train: int
+    seconds: float
+
+
+@dataclass
+class StreamWriteInput:
+    """What every write-out task receives: the final classes and each id's final class."""
+
+    final_of_id: IntArray
+    stats: FloatArray
+    alpha: float
+    family: ProductFamily
+    plot_rate: float
+    labels: bool
+
+
+def _stream_chunk(chunk: Chunk, msg: StreamInput) -> tuple[StreamResult, IntArray]:
+    t0 = time.perf_counter()
+    X, hold = chunk.X, chunk.holdout
+    # a copy: the kernel updates the state in place, and a re-executed task must start from the
+    # same state
+    st, ids, _ = advance(msg.stream.copy(), X[~hold], msg.family, msg.sp)
+    z = np.full(X.shape[0], -1, dtype=np.int64)
+    z[~hold] = ids
+    n = int(ids.shape[0])
+    return StreamResult(chunk.c, st, n, n, time.perf_counter() - t0), z
+
+
+def objective(stats: FloatArray, alpha: float, family: ProductFamily) -> float:
+    """-log p(X, z | alpha) (seed 000 eq. 3.3) of the classes' statistics at alpha_n."""
+    nk = np.ascontiguousarray(stats[:, 0])
+    return float(kmapdp.objective(stats, nk, stats.shape[0], family.spec, family.prior, alpha))
+
+
+class AsugsEngine(Engine):
+    name: ClassVar[str] = "asugs"
+    prior_scale: ClassVar[float | None] = PRIOR_SCALE  # as ``pipeline.asugs.ASUGS``'s
+    sequential: ClassVar[bool] = True
+    record_arrays: ClassVar[tuple[RecordArray, ...]] = (RecordArray("z", "int64", -1),)
+
+    def init_state(self, ctx: RunContext, client: Any) -> AsugsState:
+        params = ctx.params
+        rng = seed_state(chunk_seed(params.seed, params.restart, 0, 0))
+        return AsugsState(0, StreamState.empty(ctx.info.family, rng), stream_params(ctx))
+
+    def pass_input(
+        self, state: Any, ctx: RunContext, p: int, scores_into: str | None
+    ) -> StreamInput:
+        """The stream as it stands; a pass after the first would stream the records again
+        (the loop runs one: the state is converged after it)."""
+        return StreamInput(p, state.stream, state.sp, ctx.info.family)
+
+    def chunk_step(self, chunk: Chunk, msg: StreamInput) -> StreamResult:
+        """The chunk's training records streamed in row order; their class ids written."""
+        res, z = _stream_chunk(chunk, msg)
+        chunk.write("z", z)
+        return res
+
+    def carry(self, msg: StreamInput, result: StreamResult) -> StreamInput:
+        return replace(msg, stream=result.stream)
+
+    def reduce(
+        self, state: Any, results: list[Any], ctx: RunContext, scores_into: str | None
+    ) -> tuple[AsugsState, dict[str, Any]]:
+        results = sorted(results, key=lambda r: r.c)
+        stream = results[-1].stream if results else state.stream
+        new = AsugsState(
+            state.pass_no + 1,
+            stream,
+            state.sp,
+            list(state.history),
+            True,
+            state.init_record,
+        )
+        fam = ctx.info.family
+        e = objective(new.stats, new.alpha, fam) if new.n_clusters else 0.0
+        record: dict[str, Any] = {
+            "pass": new.pass_no,
+            "objective": e,
+            "n_clusters": new.n_clusters,
+            "n_seen": int(stream.n_seen),
+            "n_changed": int(sum(r.n_changed for r in results)),
+            "pruned": int(stream.n_pruned - state.stream.n_pruned),
+            "merges": int(stream.n_merged - state.stream.n_merged),
+            "pruned_records": round(float(stream.pruned[0])),
+            "alpha": new.alpha,
+            "lam": state.sp.lam if state.sp.lam > 0 else None,
+            "task_seconds": float(sum(r.seconds for r in results)),
+            "stop": "one pass",
+        }
+        new.history.append(record)
+        return new, record
+
+    def write_input(self, state: Any, mapping: IntArray, ctx: RunContext) -> StreamWriteInput:
+        info = ctx.info
+        rows = state.stream.rows_of_ids()
+        final = np.where(rows >= 0, mapping[np.maximum(rows, 0)], -1).astype(np.int64)
+        return StreamWriteInput(
+            final_of_id=final,
+            stats=Stats(state.stats, info.family).merged(mapping).array,
+            alpha=state.alpha,
+            family=info.family,
+            plot_rate=plot_rate(info),
+            labels=info.label_column is not None,
+        )
+
+    def score_chunk(self, chunk: Chunk, labels: str, msg: StreamWriteInput) -> WriteResult:
+        """Final class of every training row (-1: its class was pruned) and the eq. 3.4 log
+        density of every row; held-out rows get the eq. 3.5 MAP class."""
+        X, hold = chunk.X, chunk.holdout
+        ids = chunk.previous("z")
+        final = np.where(ids >= 0, msg.final_of_id[np.maximum(ids, 0)], -1)
+        pred, logdens = predict(X, msg.stats, msg.alpha, msg.family)
+        label = np.where(hold, pred, final)
+        return emit_chunk(
+            chunk.data, labels, chunk.c, chunk.a, X, hold, label, logdens, msg.plot_rate, msg.labels
+        )
+
+    def warm_up(self) -> None:
+        """Load the stream's kernels on toy records."""
+        from pipeline.worker_setup import toy_family
+
+        X, family = toy_family()
+        sp = check_stream_params(DEFAULT_LAM, None, "greedy", True, 4, PRUNE_WEIGHT)
+        st, _, _ = advance(StreamState.empty(family, np.zeros(1, dtype=np.uint64)), X, family, sp)
+        kasugs.row_of_ids(st.alias, st.ids, st.K)
+
+
+ENGINE = AsugsEngine()
+
+
+# -- the chain without labels: the "asugs" start of the MAP-DP passes --------------------------
+
+
+def _stream_task(data: str, c: int, a: int, b: int, msg: StreamInput) -> StreamResult:
+    return _stream_chunk(Chunk(data, "", c, a, b, msg.p), msg)[0]
+
+
+def _carry_task(msg: StreamInput, result: StreamResult) -> StreamInput:
+    return ENGINE.carry(msg, result)
+
+
+def stream_chunks(
+    client: Any, data: str, info: StoreInfo, sp: StreamParams, rng: Any
+) -> tuple[StreamState, float]:
+    """One ASUGS pass over the training rows of every chunk, in order, on the workers (each
+    chunk's task waits for the previous chunk's state; in this process when ``client`` is
+    None); labels are not written. Returns the final stream and the seconds of its tasks."""
+    msg: Any = StreamInput(1, StreamState.empty(info.family, rng), sp, info.family)
+    if client is None:
+        # in this process (the serial reference of the engine tests)
+        seconds = 0.0
+        for c, a, b in iter_chunks(info):
+            res = _stream_task(data, c, a, b, msg)
+            seconds += res.seconds
+            msg = ENGINE.carry(msg, res)
+        return msg.stream, seconds
+    msg = client.scatter(msg, hash=False)
+    futs = []
+    for c, a, b in iter_chunks(info):
+        futs.append(client.submit(_stream_task, data, c, a, b, msg, pure=False))
+        msg = client.submit(_carry_task, msg, futs[-1], pure=False)
+    seconds = 0.0
+    for fut in futs:
+        out: StreamResult = fut.result()
+        seconds += out.seconds
+    return out.stream, seconds
+
+
+def stream_sample(info: StoreInfo, n: int, sp: StreamParams, rng: Any) -> StreamState:
+    """One ASUGS pass over the hash sample of ``n`` training rows of the "sample" start
+    (``mixture_start.init_sample_rows``), in row order, in this process."""
+    from pipeline.engines.mixture_start import init_sample_rows
+
+    fam = info.family
+    pos = init_sample_rows(info, int(n))
+    Xs = fam.arrange(np.asarray(info.sample)[pos])
+    st, _, _ = advance(StreamState.empty(fam, rng), Xs, fam, sp)
+    return st
