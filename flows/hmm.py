@@ -108,7 +108,9 @@ def hmm(
     # an in-memory source: ingested into the partial output, which is removed on bad input
     partial, _ = dist.prepare_output(frame, cfg)
     try:
-        with dask_client(scheduler, n_workers, processes, dashboard_address) as client:
+        with dask_client(
+            scheduler, n_workers, processes, dashboard_address, warm=["ihmm"]
+        ) as client:
             t = time.perf_counter()
             data, info, _ = ingest_task(client, frame, cfg, partial, progress)
             timing["ingest"] = time.perf_counter() - t

@@ -132,7 +132,9 @@ def longitudinal(
     timing: dict[str, float] = {}
     try:
         df = read_task(input, cols)
-        with dask_client(scheduler, n_workers, processes, dashboard_address) as client:
+        with dask_client(
+            scheduler, n_workers, processes, dashboard_address, warm=["mixed_effects"]
+        ) as client:
             t = time.perf_counter()
             store = Store(partial / "store.zarr")
             info = ingest_task(client, df, store, cols, int(chunk_rows), int(folds or 10))

@@ -116,10 +116,12 @@ def add_hmm_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_hmm(args: argparse.Namespace) -> int:
     """Run the ``hmm`` flow; exit status 2 with one line on bad input (``InputError``)."""
+    from flows.cli.prefect_api import prestart
     from flows.cli.run import start_flow
     from flows.hmm import run_hmm_flow  # the CLI starts the flow: the one upward import
 
     pio.check_file(args.input)
+    prestart()  # Prefect's temporary server boots while the flow's modules load
     kwargs = dict(
         input=args.input,
         out=args.out,
@@ -143,5 +145,5 @@ def cmd_hmm(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     rows_of = args.input if os.path.isfile(args.input) else None
-    start_flow(args, kwargs, rows_of=rows_of, runner=run_hmm_flow)
+    start_flow(args, kwargs, rows_of=rows_of, runner=run_hmm_flow, engine="ihmm")
     return 0

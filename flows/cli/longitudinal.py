@@ -15,14 +15,10 @@ nothing is left at OUT nor at its temporary sibling.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
-import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from flows.cli.run import add_log_options
+from flows.cli.prefect_api import prestart
+from flows.cli.run import add_log_options, start_flow
 from flows.cli.types import alpha as _alpha
 from flows.cli.types import fraction as _fraction
 from flows.cli.types import nonneg_float as _nonneg_float
@@ -99,9 +95,12 @@ def add_longitudinal_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_longitudinal(args: argparse.Namespace) -> int:
     """Run the ``longitudinal`` flow; status 2 and one line on bad input."""
+    from flows.longitudinal import run_longitudinal_flow
+
     pio.check_file(args.input)
     if args.folds is not None and args.folds < 2:
         raise InputError(f"--folds must be at least 2, got {args.folds}")
+    prestart()  # Prefect's temporary server boots while the flow's modules load
     kwargs = dict(
         input=args.input,
         out=args.out,
@@ -122,7 +121,7 @@ def cmd_longitudinal(args: argparse.Namespace) -> int:
         report=not args.no_report,
         progress=not args.quiet,
     )
-    run = _start(args, kwargs)
+    run = start_flow(args, kwargs, runner=run_longitudinal_flow, engine="mixed_effects")
     if not args.quiet:
         m = run["metrics"]
         line = (
@@ -137,35 +136,3 @@ def cmd_longitudinal(args: argparse.Namespace) -> int:
             )
         print(f"{line}\nresults in {args.out}/", flush=True)
     return 0
-
-
-def _start(args: argparse.Namespace, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The flow with its log lines in a temporary file (kept on an unexpected failure), as
-    ``flows.cli.run.start_flow``; a ``ValueError`` becomes the one-line ``InputError``."""
-    from flows.cli.run import _logs_to
-    from flows.longitudinal import run_longitudinal_flow
-
-    keep = args.log_file is not None
-    log: Path | None = None
-    if not args.verbose:
-        if args.log_file is not None:
-            log = Path(args.log_file)
-        else:
-            fd, name = tempfile.mkstemp(prefix="dpmm-longitudinal-", suffix=".log")
-            os.close(fd)
-            log = Path(name)
-    try:
-        with contextlib.ExitStack() as stack:
-            if log is not None:
-                stack.enter_context(_logs_to(log, not getattr(args, "program", False)))
-            return run_longitudinal_flow(**kwargs)
-    except ValueError as err:
-        raise InputError(" ".join(str(err).split()) or type(err).__name__) from err
-    except BaseException:
-        if log is not None and not keep:
-            keep = True
-            print(f"{PROG}: the log of the run is in {log}", file=sys.stderr, flush=True)
-        raise
-    finally:
-        if log is not None and not keep:
-            log.unlink(missing_ok=True)

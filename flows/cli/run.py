@@ -240,6 +240,7 @@ def start_flow(
     kwargs: dict[str, Any],
     rows_of: str | None = None,
     runner: Any = None,
+    engine: str | None = None,
 ) -> dict[str, Any]:
     """Run ``flows.cluster.run_cluster_flow(**kwargs)`` (or ``runner(**kwargs)``: another flow's
     runner, ``flows.cv.run_cv_flow``) with the log lines sent where ``args`` says
@@ -257,6 +258,9 @@ def start_flow(
         finds it in the file (the line of a CSV record).
     runner : callable, optional
         The flow to run with ``kwargs`` (default ``flows.cluster.run_cluster_flow``).
+    engine : str, optional
+        The engine whose kernels the local cluster's workers compile before the flow starts
+        (default ``kwargs["engine"]``, else "mapdp").
 
     Returns
     -------
@@ -291,7 +295,9 @@ def start_flow(
                     # belong in the log with the rest
                     fh = stack.enter_context(open(log, "a", encoding="utf-8"))
                     stack.enter_context(contextlib.redirect_stderr(fh))
-            kwargs = stack.enter_context(_local_cluster(kwargs))
+            kwargs = stack.enter_context(
+                _local_cluster(kwargs, engine or str(kwargs.get("engine") or "mapdp"))
+            )
             ready()
             return runner(**kwargs)  # type: ignore[no-any-return]
     except ValueError as err:
@@ -310,7 +316,7 @@ def start_flow(
 
 
 @contextlib.contextmanager
-def _local_cluster(kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _local_cluster(kwargs: dict[str, Any], engine: str) -> Iterator[dict[str, Any]]:
     """Start the flow's ``LocalCluster`` here, while Prefect's temporary server is still
     booting (``prefect_api.prestart``), instead of in the flow after it; the flow joins it as
     its ``scheduler``. Yields the flow's keyword arguments; unchanged when they name a scheduler
@@ -326,7 +332,7 @@ def _local_cluster(kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
         kwargs.get("n_workers"),
         dashboard_address=dashboard,
         quiet=True,  # the flow prints the dashboard of the cluster it joins
-        warm=[str(kwargs.get("engine") or "mapdp")],
+        warm=[engine],
     ) as client:
         yield {**kwargs, "scheduler": client.scheduler.address}
 
