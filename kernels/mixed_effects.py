@@ -38,6 +38,7 @@ import math
 import numpy as np
 from numba import njit
 
+from kernels.obs.gaussian_nw import cholesky_inplace
 from kernels.special import lmvgamma
 
 LOG_2PI = math.log(2.0 * math.pi)
@@ -48,27 +49,16 @@ LOG_2PI = math.log(2.0 * math.pi)
 
 @njit(cache=True, nogil=True)
 def cholesky(A, L):
-    """Lower Cholesky factor of the symmetric positive definite A (p, p) into L (p, p).
+    """Lower Cholesky factor of the symmetric positive definite A (p, p) into L (p, p), A kept
+    (``kernels.obs.gaussian_nw.cholesky_inplace`` on a copy).
 
     Returns False when A is not numerically positive definite.
     """
     p = A.shape[0]
-    for j in range(p):
-        s = A[j, j]
-        for k in range(j):
-            s -= L[j, k] * L[j, k]
-        if not s > 0.0:
-            return False
-        d = math.sqrt(s)
-        L[j, j] = d
-        for i in range(j + 1, p):
-            t = A[i, j]
-            for k in range(j):
-                t -= L[i, k] * L[j, k]
-            L[i, j] = t / d
-        for i in range(j):
-            L[i, j] = 0.0
-    return True
+    for i in range(p):
+        for j in range(p):
+            L[i, j] = A[i, j]
+    return cholesky_inplace(L)
 
 
 @njit(cache=True, nogil=True)

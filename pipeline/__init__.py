@@ -38,7 +38,7 @@ _LAZY = {
     "CollapsedGibbs": "pipeline.baselines",
     "UncollapsedGibbs": "pipeline.baselines",
     "MixtureEstimator": "pipeline.base",
-    "MixedEffectsDP": "pipeline.mixed_effects",
+    "MixedEffectsDP": "pipeline.mixed_effects_estimator",
     "exact_log_marginal": "pipeline.exact",
     "GridSearch": "pipeline.search",
     "families": "pipeline.families",

@@ -181,6 +181,7 @@ def write_report(
     run: dict[str, Any],
     n_trajectories: int = 60,
     seed: int = 0,
+    n_points: int = 20_000,
 ) -> list[str]:
     """report.md and report.html with four pictures: trajectories of a sample of subjects
     coloured by cluster with each cluster's mean trajectory, the random effects in 2-D, the
@@ -191,12 +192,13 @@ def write_report(
     import matplotlib.pyplot as plt
 
     colors = plt.get_cmap("tab10")
-    label_of = dict(zip(subjects[cols.subject], subjects["cluster"], strict=True))
     pics = []
     # trajectories: response against time (or the observation's index within the subject)
     rng = np.random.default_rng(seed)
     ids = subjects[cols.subject].to_numpy()
-    pick = set(rng.choice(ids, size=min(n_trajectories, ids.size), replace=False).tolist())
+    at = rng.choice(ids.size, size=min(n_trajectories, ids.size), replace=False)
+    pick = set(ids[at].tolist())
+    label_of = dict(zip(ids[at].tolist(), subjects["cluster"].to_numpy()[at].tolist(), strict=True))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     tcol = cols.time
     sample = df[df[cols.subject].isin(pick)]
@@ -223,10 +225,17 @@ def write_report(
     pics.append("trajectories.png")
     # random effects in 2-D: the time slope against the intercept when there is a time, else
     # the first two coefficients
-    beta = subjects[[f"beta_{c}" for c in coef_names]].to_numpy()
+    # at most n_points subjects drawn (a seeded sample): a million points draw no better than
+    # 20,000 and cost a minute and a colour per point
+    rows = np.arange(len(subjects))
+    if rows.size > n_points:
+        rows = np.sort(rng.choice(rows, size=n_points, replace=False))
+    beta = subjects[[f"beta_{c}" for c in coef_names]].to_numpy()[rows]
+    palette = np.asarray([colors(k) for k in range(10)])
+    label = subjects["cluster"].to_numpy()[rows]
     j2 = coef_names.index(tcol) if tcol in coef_names else min(1, len(coef_names) - 1)
     fig, ax = plt.subplots(figsize=(5.5, 4.5))
-    ax.scatter(beta[:, 0], beta[:, j2], s=4, c=[colors(k % 10) for k in subjects["cluster"]])
+    ax.scatter(beta[:, 0], beta[:, j2], s=4, c=palette[label % 10])
     ax.set_xlabel(f"beta {coef_names[0]}")
     ax.set_ylabel(f"beta {coef_names[j2]}")
     ax.set_title("random effects (eq. 7.2 modes) by cluster")
