@@ -2,9 +2,9 @@
 Prefect flow ``flows.hmm``, on ``dpmm run``'s defaults.
 
     dpmm hmm INPUT --sequence-column COL --time-column COL --out OUT [--alpha N0] [--gamma M0]
-             [--family SPEC] [--chunk-rows N] [--holdout F] [--max-passes N] [--tol F]
-             [--min-change F] [--seed N] [--scheduler ADDRESS] [--workers N] [--overwrite]
-             [--no-report] [--quiet] [--verbose] [--log-file PATH]
+             [--family SPEC] [--prior-scale F] [--chunk-rows N] [--holdout F] [--max-passes N]
+             [--tol F] [--min-change F] [--seed N] [--scheduler ADDRESS] [--workers N]
+             [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
 
 OUT: rows.parquet (state and log p(x_t | x_<t) of every row), sequences.parquet (held-out flag
 and log likelihood of every sequence), states.parquet (states with their emission parameters),
@@ -22,6 +22,7 @@ from flows.cli.types import family as _family
 from flows.cli.types import fraction as _fraction
 from flows.cli.types import nonneg_float as _nonneg_float
 from flows.cli.types import positive_int as _positive_int
+from flows.cli.types import prior_scale as _prior_scale
 from pipeline import io as pio
 from pipeline.config import DEFAULT_CHUNK_ROWS, INIT_SAMPLE, MAX_PASSES, MIN_CHANGE, TOL
 
@@ -78,6 +79,14 @@ def add_hmm_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="emission family: auto (default), one for every column, or COL=KIND,...",
     )
     p.add_argument(
+        "--prior-scale",
+        type=_prior_scale,
+        default=None,
+        metavar="F",
+        help="share of the data's variance one state is expected to carry under the "
+        "empirical-Bayes prior, in (0, 1) (default: the ihmm engine's, 0.1)",
+    )
+    p.add_argument(
         "--chunk-rows",
         type=_positive_int,
         default=DEFAULT_CHUNK_ROWS,
@@ -128,6 +137,7 @@ def cmd_hmm(args: argparse.Namespace) -> int:
         alpha=args.alpha,
         gamma=args.gamma,
         family=args.family,
+        prior_scale=args.prior_scale,
         chunk_rows=args.chunk_rows,
         holdout=args.holdout,
         init=args.init,
