@@ -217,3 +217,12 @@ def test_saved_model_predicts_and_scores_exactly(data, tmp_path, cls):
     (tmp_path / "m" / "model.json").write_text(json.dumps(doc))
     with pytest.raises(PersistError, match=r"model\.json"):
         pipeline.load_model(tmp_path / "m")
+
+
+def test_dpmm_score_refuses_an_hmm_model(data, tmp_path):
+    from pipeline.dist.score import open_model
+
+    X, _z, lengths = data
+    MAPiHMM(max_iter=5, moves=False, random_state=0).fit(X, lengths).save(tmp_path / "m")
+    with pytest.raises(ValueError, match="scores whole sequences"):
+        open_model(tmp_path / "m")
