@@ -8,8 +8,9 @@ Prefect flow ``flows.hmm``, on ``dpmm run``'s defaults.
 
 OUT: rows.parquet (state and log p(x_t | x_<t) of every row), sequences.parquet (held-out flag
 and log likelihood of every sequence), states.parquet (states with their emission parameters),
-transitions.csv, run.json and report.html with pictures. Bad input exits with status 2 and one
-line naming the row and column; nothing is left at OUT.
+transitions.csv, run.json, report.html with pictures and model/ (the fitted MAPiHMM,
+``pipeline.load_model``). Bad input exits with status 2 and one line naming the row and
+column; nothing is left at OUT.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def add_hmm_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="fit an infinite HMM (MAP-iHMM) to many sequences with Dask under Prefect",
         description="Fit MAP-iHMM (seed 000 Section 6) to the sequences of INPUT (one row per "
         "time step) and write OUT/rows.parquet, sequences.parquet, states.parquet, "
-        "transitions.csv, run.json and a report.",
+        "transitions.csv, run.json, a report and model/ (pipeline.load_model).",
     )
     p.add_argument("input", metavar="INPUT", help="CSV or Parquet file")
     p.add_argument("--out", required=True, metavar="OUT", help="output directory")
