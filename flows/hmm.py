@@ -1,7 +1,8 @@
 """The ``hmm`` flow (``dpmm hmm``): read and check the sequences -> ingest (sequences as groups)
 -> MAP-iHMM passes (engine ``ihmm``) -> write-out (Viterbi and forward algorithm) -> the HMM's
-outputs. Every step is a Prefect task around a ``pipeline`` function, on the same defaults as
-``dpmm run`` (``flows.cluster``); the Dask work runs on the client the flow opens.
+outputs, with the fitted model in OUT/model (``pipeline.load_model``). Every step is a Prefect
+task around a ``pipeline`` function, on the same defaults as ``dpmm run`` (``flows.cluster``);
+the Dask work runs on the client the flow opens.
 
 Bad input (``ValueError``) leaves nothing behind: the partial output is removed.
 """
@@ -31,6 +32,7 @@ from pipeline.dist import loop
 from pipeline.dist import run as dist
 from pipeline.dist.client import dask_client
 from pipeline.dist.summaries import identity_stage2
+from pipeline.ihmm_core import PRIOR_SCALE
 from pipeline.mapdp_core import seed_entropy
 from pipeline.store import Store, StoreInfo
 
@@ -58,6 +60,7 @@ def hmm(
     alpha: float = 1.0,
     gamma: float = 2.0,
     family: Any = "auto",
+    prior_scale: float | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     holdout: float = 0.0,
     init: str = "auto",
@@ -87,6 +90,7 @@ def hmm(
         tol=tol,
         min_change=min_change,
         seed=seed_entropy(random_state),
+        prior_scale=prior_scale,
     ).checked()
     cfg = dist.RunConfig(
         out=str(out),
@@ -136,6 +140,25 @@ def hmm(
     metrics, rows, A = dhmm.hmm_outputs(
         partial, data, info, state, meta, sequence_column, time_column
     )
+    dhmm.write_hmm_model(
+        partial / "model",
+        info,
+        state,
+        {
+            "alpha": float(alpha),
+            "gamma": float(gamma),
+            "family": family,
+            "prior_scale": PRIOR_SCALE if prior_scale is None else float(prior_scale),
+        },
+        {
+            "input": str(input),
+            "n_rows": info.n_rows,
+            "n_train": info.n_train,
+            "passes": len(state.history),
+            "objective": state.objective,
+            "converged": bool(state.converged),
+        },
+    )
     timing["total"] = time.perf_counter() - t0
     metrics.update(
         passes=len(state.history),
@@ -158,6 +181,7 @@ def hmm(
             "time_column": time_column,
             "alpha": float(alpha),
             "gamma": float(gamma),
+            "prior_scale": prior_scale,
             "chunk_rows": cfg.chunk_rows,
             "n_chunks": info.n_chunks,
             "holdout": cfg.holdout,

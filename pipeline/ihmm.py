@@ -8,7 +8,7 @@ Emissions are the project's likelihood families (``family="auto"`` picks one per
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -19,8 +19,10 @@ from pipeline import config
 from pipeline.base import MixtureEstimator
 from pipeline.errors import InputError
 from pipeline.families import FloatArray
+from pipeline.families.gaussian import check_scale
 from pipeline.ihmm_core import (
     M_COUNTS,
+    PRIOR_SCALE,
     HmmState,
     IhmmResult,
     IntArray,
@@ -112,6 +114,29 @@ def check_lengths(lengths: Any, n: int) -> IntArray:
 class _SequenceEstimator(MixtureEstimator):
     """Shared by the two iHMM estimators: sequences in, encoded records in sequence order."""
 
+    #: what a saved model keeps (``pipeline.model``): the MAP state (emission statistics,
+    #: transition and start counts, kappa) that ``predict`` and ``score_samples`` decode with,
+    #: and the fitted attributes derived from it
+    _model_attrs: ClassVar[tuple[str, ...]] = (
+        *MixtureEstimator._model_attrs,
+        "n_states_",
+        "state_",
+        "gamma_",
+        "state_stats_",
+        "state_sizes_",
+        "kappa_",
+        "transition_counts_",
+        "start_counts_",
+        "transmat_",
+        "startprob_",
+    )
+    _model_extras: ClassVar[tuple[str, ...]] = (
+        "objective_",
+        "objective_history_",
+        "n_iter_",
+        "restart_objectives_",
+    )
+
     def _sequences(
         self,
         X: Any,
@@ -136,6 +161,8 @@ class _SequenceEstimator(MixtureEstimator):
     def _fit_params(self) -> tuple[float, float]:
         alpha = config.check_positive(self.alpha, "alpha")  # type: ignore[attr-defined]
         gamma = config.check_positive(self.gamma, "gamma")  # type: ignore[attr-defined]
+        if self.prior_scale is not None:  # type: ignore[attr-defined]
+            check_scale(self.prior_scale)  # type: ignore[attr-defined]
         return alpha, gamma
 
     def _set_states(self, res_labels: IntArray, st: HmmState, order: IntArray | None) -> None:
@@ -144,6 +171,10 @@ class _SequenceEstimator(MixtureEstimator):
             labels = np.empty_like(res_labels)
             labels[order] = res_labels
         self.labels_ = labels
+        self._set_model(st)
+
+    def _set_model(self, st: HmmState) -> None:
+        """The fitted attributes of the MAP state ``st`` (``alpha_`` and ``family_`` set)."""
         self.state_ = st
         K = st.n_states
         self.n_states_ = K
@@ -167,7 +198,8 @@ class _SequenceEstimator(MixtureEstimator):
     def _encode_sequences(
         self, X: Any, lengths: Any, sequence_column: str | None, time_column: str | None
     ) -> tuple[FloatArray, IntArray | None, IntArray]:
-        check_is_fitted(self, "labels_")
+        # state_, not labels_: a loaded model has no training labels (``pipeline.model``)
+        check_is_fitted(self, "state_")
         feats, order, starts = self._sequences(X, lengths, sequence_column, time_column)
         return self._encode_predict(feats), order, starts
 
@@ -264,6 +296,12 @@ class MAPiHMM(_SequenceEstimator):
         mode of eq. 6.6 leaves no unrepresented mass otherwise); splits still can.
     family : "auto", str, dict, Family or ProductFamily, default="auto"
         Emission family per column, as ``MAPDP``'s.
+    prior_scale : float in (0, 1) or None, default=0.1
+        The share of the data's variance one state is expected to carry under the
+        empirical-Bayes prior of the Gaussian columns (``family="auto"`` or a kind name; ignored
+        when ``family`` is a ``Family`` / ``ProductFamily``); None keeps each family's default
+        (0.3). 0.1 (``pipeline.ihmm_core.PRIOR_SCALE``, the ``ihmm`` engine's too) is the scale
+        the defaults were measured with.
     n_restarts : int, default=1
         Runs; the first starts with a sequential sweep, the others from random piecewise-
         constant labellings. The lowest objective wins.
@@ -309,6 +347,7 @@ class MAPiHMM(_SequenceEstimator):
         alpha: float = 1.0,
         gamma: float = 2.0,
         family: Any = "auto",
+        prior_scale: float | None = PRIOR_SCALE,
         n_restarts: int = 1,
         max_iter: int = 100,
         tol: float = 1e-6,
@@ -320,6 +359,7 @@ class MAPiHMM(_SequenceEstimator):
         self.alpha = alpha
         self.gamma = gamma
         self.family = family
+        self.prior_scale = prior_scale
         self.n_restarts = n_restarts
         self.max_iter = max_iter
         self.tol = tol
@@ -427,7 +467,7 @@ class IHMMGibbs(_SequenceEstimator):
 
     Parameters
     ----------
-    alpha, gamma, family : as ``MAPiHMM``.
+    alpha, gamma, family, prior_scale : as ``MAPiHMM``.
     n_sweeps : int, default=1000
     burn_in : int, default=200
         Sweeps before the first kept sample.
@@ -448,6 +488,7 @@ class IHMMGibbs(_SequenceEstimator):
         alpha: float = 1.0,
         gamma: float = 2.0,
         family: Any = "auto",
+        prior_scale: float | None = PRIOR_SCALE,
         n_sweeps: int = 1000,
         burn_in: int = 200,
         random_state: Any = None,
@@ -455,6 +496,7 @@ class IHMMGibbs(_SequenceEstimator):
         self.alpha = alpha
         self.gamma = gamma
         self.family = family
+        self.prior_scale = prior_scale
         self.n_sweeps = n_sweeps
         self.burn_in = burn_in
         self.random_state = random_state
@@ -503,3 +545,21 @@ class IHMMGibbs(_SequenceEstimator):
         self.n_states_trace_ = n_states
         self.objective_trace_ = energy
         return self
+
+
+def model_from_state(
+    schema: Any, family: Any, st: HmmState, alpha: float, gamma: float, params: dict[str, Any]
+) -> MAPiHMM:
+    """The ``MAPiHMM`` of a distributed run's final state ``st`` (the ``ihmm`` engine's):
+    ``predict`` / ``score_samples`` are the run's write-out (Viterbi labels, forward-algorithm
+    log likelihoods) under these states; ``params`` are the estimator's parameters."""
+    est = MAPiHMM(**params)
+    est.schema_ = schema
+    est.family_ = family
+    est.n_features_in_ = len(schema.columns)
+    if schema.from_frame:
+        est.feature_names_in_ = np.asarray(schema.columns, dtype=object)
+    est.alpha_ = float(alpha)
+    est.gamma_ = float(gamma)
+    est._set_model(st)
+    return est

@@ -7,9 +7,10 @@ A model is a directory holding one ``pipeline.persist`` record, ``model.json`` p
 ``format``          ``"dpmm-pipeline model"``
 ``model_version``   ``MODEL_VERSION``; a model of another version is refused, not guessed at
 ``estimator``       the class it loads into (``MAPDP``, ``BHC``, ``TreeGuidedMCMC``, ``DPMeans``,
-                    ``CollapsedGibbs``, ``UncollapsedGibbs``, ``ASUGS``)
+                    ``CollapsedGibbs``, ``UncollapsedGibbs``, ``ASUGS``, ``MAPiHMM``,
+                    ``IHMMGibbs``)
 ``engine``          what fitted it: the estimator's name in lower case, or the engine of a
-                    ``dpmm run`` (``mapdp``, ``kmeans``)
+                    ``dpmm run`` (``mapdp``, ``kmeans``) or ``dpmm hmm`` (``ihmm``)
 ``params``          the estimator's parameters (``get_params``; a ``random_state`` that is not an
                     int is stored as None)
 ``schema``          the column schema and its encoders (``pipeline.schema.Schema``: names, kinds,
@@ -61,6 +62,8 @@ ESTIMATORS: dict[str, str] = {
     "CollapsedGibbs": "pipeline.baselines",
     "UncollapsedGibbs": "pipeline.baselines",
     "ASUGS": "pipeline.asugs",
+    "MAPiHMM": "pipeline.ihmm",
+    "IHMMGibbs": "pipeline.ihmm",
 }
 
 # the fitted attribute stored as a tree (its columns and node statistics)
@@ -249,6 +252,20 @@ def _check_fitted(json_path: Path, rec: dict[str, Any], cls: type) -> None:
             np.rint(fitted["cluster_stats_"][:, :1]).ravel(), fitted["cluster_sizes_"]
         ):
             raise _fail(json_path, "cluster_sizes_ disagree with the counts of cluster_stats_")
+    if "state_" in fitted:
+        # an infinite HMM's MAP state (``pipeline.ihmm_core.HmmState``)
+        from pipeline.ihmm_core import HmmState
+
+        st = fitted["state_"]
+        if not isinstance(st, HmmState):
+            raise _fail(json_path, "state_ is not an HmmState")
+        assert family is not None
+        expect("state_ stats", (K, family.n_stats), st.stats)
+        expect("state_ trans", (K, K), st.trans)
+        expect("state_ start", (K,), st.start)
+        expect("state_ kappa", (K,), st.kappa)
+        if not np.array_equal(st.stats, fitted["cluster_stats_"]):
+            raise _fail(json_path, "state_ disagrees with cluster_stats_")
     if "cluster_centers_" in fitted:
         expect("cluster_centers_", (K, n_cols))
     if _TREE in fitted:

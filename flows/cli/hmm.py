@@ -2,14 +2,15 @@
 Prefect flow ``flows.hmm``, on ``dpmm run``'s defaults.
 
     dpmm hmm INPUT --sequence-column COL --time-column COL --out OUT [--alpha N0] [--gamma M0]
-             [--family SPEC] [--chunk-rows N] [--holdout F] [--max-passes N] [--tol F]
-             [--min-change F] [--seed N] [--scheduler ADDRESS] [--workers N] [--overwrite]
-             [--no-report] [--quiet] [--verbose] [--log-file PATH]
+             [--family SPEC] [--prior-scale F] [--chunk-rows N] [--holdout F] [--max-passes N]
+             [--tol F] [--min-change F] [--seed N] [--scheduler ADDRESS] [--workers N]
+             [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
 
 OUT: rows.parquet (state and log p(x_t | x_<t) of every row), sequences.parquet (held-out flag
 and log likelihood of every sequence), states.parquet (states with their emission parameters),
-transitions.csv, run.json and report.html with pictures. Bad input exits with status 2 and one
-line naming the row and column; nothing is left at OUT.
+transitions.csv, run.json, report.html with pictures and model/ (the fitted MAPiHMM,
+``pipeline.load_model``). Bad input exits with status 2 and one line naming the row and
+column; nothing is left at OUT.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from flows.cli.types import family as _family
 from flows.cli.types import fraction as _fraction
 from flows.cli.types import nonneg_float as _nonneg_float
 from flows.cli.types import positive_int as _positive_int
+from flows.cli.types import prior_scale as _prior_scale
 from pipeline import io as pio
 from pipeline.config import DEFAULT_CHUNK_ROWS, INIT_SAMPLE, MAX_PASSES, MIN_CHANGE, TOL
 
@@ -45,7 +47,7 @@ def add_hmm_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="fit an infinite HMM (MAP-iHMM) to many sequences with Dask under Prefect",
         description="Fit MAP-iHMM (seed 000 Section 6) to the sequences of INPUT (one row per "
         "time step) and write OUT/rows.parquet, sequences.parquet, states.parquet, "
-        "transitions.csv, run.json and a report.",
+        "transitions.csv, run.json, a report and model/ (pipeline.load_model).",
     )
     p.add_argument("input", metavar="INPUT", help="CSV or Parquet file")
     p.add_argument("--out", required=True, metavar="OUT", help="output directory")
@@ -76,6 +78,14 @@ def add_hmm_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="auto",
         metavar="SPEC",
         help="emission family: auto (default), one for every column, or COL=KIND,...",
+    )
+    p.add_argument(
+        "--prior-scale",
+        type=_prior_scale,
+        default=None,
+        metavar="F",
+        help="share of the data's variance one state is expected to carry under the "
+        "empirical-Bayes prior, in (0, 1) (default: the ihmm engine's, 0.1)",
     )
     p.add_argument(
         "--chunk-rows",
@@ -130,6 +140,7 @@ def cmd_hmm(args: argparse.Namespace) -> int:
         alpha=args.alpha,
         gamma=args.gamma,
         family=args.family,
+        prior_scale=args.prior_scale,
         chunk_rows=args.chunk_rows,
         holdout=args.holdout,
         init=args.init,

@@ -126,6 +126,24 @@ def hmm_outputs(
     }, rows, A
 
 
+def write_hmm_model(
+    directory: Path,
+    info: StoreInfo,
+    state: Any,
+    params: dict[str, Any],
+    metadata: dict[str, Any],
+) -> None:
+    """``OUT/model`` (``pipeline.model``): the ``MAPiHMM`` of the run's final states, whose
+    ``predict`` / ``score_samples`` are the write-out's Viterbi labels and per-sequence log
+    likelihoods; ``pipeline.load_model`` reads it back. ``params``: the estimator's."""
+    from pipeline.ihmm import model_from_state
+    from pipeline.model import write_model
+
+    est = model_from_state(info.schema, info.family, state.hmm, state.alpha, state.gamma, params)
+    directory.mkdir(exist_ok=True)
+    write_model(directory, est, engine="ihmm", metadata=metadata)
+
+
 def hmm_figures(
     out: Path,
     rows: pd.DataFrame,

@@ -46,6 +46,12 @@ def open_model(model: str | Path) -> Any:
             "statistics to score with (dpmm score needs a run's model, MAPDP, CollapsedGibbs, "
             "UncollapsedGibbs or TreeGuidedMCMC)"
         )
+    if hasattr(est, "state_"):
+        # record by record, as a mixture, would ignore the transitions: not the HMM's density
+        raise ValueError(
+            f"{Path(model) / 'model.json'}: a {type(est).__name__} model scores whole sequences "
+            "(its score_samples(X, lengths)), not records one by one as dpmm score does"
+        )
     return est
 
 

@@ -19,9 +19,9 @@ the same copy are not, so E is monotone only when one chunk holds the data (the 
 test). Viterbi re-segmentation and split moves need the records and are the in-memory
 estimator's (``pipeline.ihmm.MAPiHMM``); the engine's moves are merges.
 
-The write-out labels held-out sequences by Viterbi under the final MAP model and gives every
-row its forward-filtering term log p(x_t | x_1..x_{t-1}), so that a sequence's rows sum to its
-held-out log likelihood (the chain rule).
+The write-out labels every sequence (trained on or held out) by Viterbi under the final MAP
+model and gives every row its forward-filtering term log p(x_t | x_1..x_{t-1}), so that a
+sequence's rows sum to its held-out log likelihood (the chain rule).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext, stop_r
 from pipeline.engines.mixture_state import IntArray, current_labels
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.ihmm_core import (
+    PRIOR_SCALE,
     HmmState,
     b_new_of,
     greedy_merges,
@@ -159,8 +160,8 @@ def objective_of(st: HmmState, family: ProductFamily, alpha: float, gamma: float
 
 class IhmmEngine(Engine):
     name: ClassVar[str] = "ihmm"
-    # the scale its defaults (and the tests of the stream / state recovery) were measured with
-    prior_scale: ClassVar[float | None] = 0.1
+    # as the in-memory estimators' (``pipeline.ihmm_core.PRIOR_SCALE`` says why)
+    prior_scale: ClassVar[float | None] = PRIOR_SCALE
     record_arrays: ClassVar[tuple[RecordArray, ...]] = (RecordArray("z", "int64", -1),)
 
     def init_state(self, ctx: RunContext, client: Any) -> IhmmPassState:
@@ -358,11 +359,16 @@ class IhmmEngine(Engine):
         return self._input(state, ctx, state.pass_no + 1)
 
     def score_chunk(self, chunk: Chunk, labels: str, msg: IhmmInput) -> WriteResult:
-        """Final state of every row (Viterbi for held-out sequences; -1: an unrepresented
-        state) and its forward-filtering term log p(x_t | x_<t), written to ``labels``."""
+        """Final state of every row and its forward-filtering term log p(x_t | x_<t), written
+        to ``labels``.
+
+        Every sequence, trained on or held out, is decoded by Viterbi under the final MAP model
+        (-1: the unrepresented state), so that the labels of the training rows agree with the
+        transition matrix and emissions the run reports (the sweep's own labels, which lag the
+        last reduce's merges and kappa step and keep ICM's run boundaries, stay in the record
+        array ``z``: they are what the objective and the statistics count)."""
         fam = msg.family
         X, hold = chunk.X, chunk.holdout
-        z1 = current_labels(chunk, msg)
         order, starts = chunk_sequences(chunk)
         Xs = np.ascontiguousarray(X[order])
         st = msg.hmm
@@ -377,7 +383,6 @@ class IhmmEngine(Engine):
         logdens[order] = steps
         pred = np.empty(X.shape[0], dtype=np.int64)
         pred[order] = path
-        label = np.where(hold, pred, z1)
         return emit_chunk(
             chunk.data,
             labels,
@@ -385,7 +390,7 @@ class IhmmEngine(Engine):
             chunk.a,
             X,
             hold,
-            label,
+            pred,
             logdens,
             msg.plot_rate,
             msg.has_y,

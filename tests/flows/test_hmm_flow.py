@@ -50,6 +50,7 @@ def test_flow_writes_every_output(tmp_path: Path) -> None:
         "t",
         chunk_rows=800,
         holdout=0.2,
+        prior_scale=0.1,
         **LOCAL,
     )
     assert not temp_sibling(out).exists()
@@ -70,6 +71,12 @@ def test_flow_writes_every_output(tmp_path: Path) -> None:
     np.testing.assert_array_equal(rows.seq.to_numpy(), df.seq.to_numpy())
     assert np.isfinite(rows.log_density).all()
     assert normalized_mutual_info_score(z, rows.state) > 0.9
+    # training rows are decoded under the final model as held-out rows are, not left at the
+    # sweep's labels: their NMI is not below the held-out rows'
+    held_rows = rows.heldout.to_numpy()
+    nmi_train = normalized_mutual_info_score(z[~held_rows], rows.state[~held_rows])
+    nmi_held = normalized_mutual_info_score(z[held_rows], rows.state[held_rows])
+    assert nmi_train >= nmi_held - 0.02, (nmi_train, nmi_held)
     seqs = pd.read_parquet(out / "sequences.parquet")
     assert len(seqs) == df.seq.nunique() and 0 < seqs.heldout.sum() < len(seqs)
     assert seqs.length.sum() == len(df)
@@ -83,6 +90,41 @@ def test_flow_writes_every_output(tmp_path: Path) -> None:
     trans = pd.read_csv(out / "transitions.csv", index_col=0)
     np.testing.assert_allclose(trans.to_numpy().sum(axis=1), 1.0)
     assert len(saved["passes"]) == m["passes"]
+    assert saved["parameters"]["prior_scale"] == 0.1
+    # OUT/model: the final MAP model; its Viterbi labels and forward log likelihoods are the
+    # write-out's
+    from pipeline import MAPiHMM, load_model
+
+    model = load_model(out / "model", expect=MAPiHMM)
+    assert model.engine_ == "ihmm" and model.prior_scale == 0.1
+    assert model.n_states_ == m["n_states"]
+    feats = df.drop(columns=["t"])
+    np.testing.assert_array_equal(
+        model.predict(feats, sequence_column="seq", time_column=None), rows.state.to_numpy()
+    )
+    ll = model.score_samples(feats, sequence_column="seq")
+    np.testing.assert_allclose(ll, seqs.log_likelihood.to_numpy(), rtol=1e-9)
+
+
+def test_cli_prior_scale_is_checked(capsys) -> None:
+    assert (
+        main(
+            [
+                "hmm",
+                "x.csv",
+                "--sequence-column",
+                "s",
+                "--time-column",
+                "t",
+                "--out",
+                "o",
+                "--prior-scale",
+                "1",
+            ]
+        )
+        == 2
+    )
+    assert "a number in (0, 1)" in capsys.readouterr().err
 
 
 def base_frame() -> pd.DataFrame:

@@ -4,9 +4,13 @@ likelihood, and bad input."""
 
 from __future__ import annotations
 
+import json
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import normalized_mutual_info_score
 
 from pipeline import IHMMGibbs, MAPiHMM
@@ -159,3 +163,66 @@ def test_restarts_keep_the_lowest_objective(data):
     m = MAPiHMM(n_restarts=3, random_state=0).fit(X, lengths)
     assert m.objective_ == pytest.approx(min(m.restart_objectives_))
     assert starts_of(lengths, X.shape[0])[-1] == X.shape[0]
+
+
+@pytest.mark.parametrize("cls", [MAPiHMM, IHMMGibbs])
+def test_prior_scale_sets_the_empirical_bayes_prior(data, cls):
+    from pipeline.engines.ihmm import IhmmEngine
+    from pipeline.families import GaussianNW
+    from pipeline.families.gaussian import DEFAULT_SCALE
+    from pipeline.ihmm_core import PRIOR_SCALE
+
+    X, _z, lengths = data
+    # one constant: the estimators' default is the engine's
+    assert cls().prior_scale == PRIOR_SCALE == IhmmEngine.prior_scale == 0.1
+    fast = {"max_iter": 2} if cls is MAPiHMM else {"n_sweeps": 2, "burn_in": 1}
+    for scale, expected in ((None, DEFAULT_SCALE), (0.1, 0.1), (0.5, 0.5)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)  # two iterations only
+            m = cls(prior_scale=scale, random_state=0, **fast).fit(X, lengths)
+        ((fam, _cols),) = m.family_.groups
+        ref = GaussianNW.empirical_bayes(X, scale=expected)
+        np.testing.assert_allclose(fam.B0, ref.B0, rtol=1e-12)
+        assert fam.c0 == pytest.approx(ref.c0)
+    with pytest.raises(ValueError, match="prior_scale"):
+        cls(prior_scale=1.5).fit(X, lengths)
+
+
+@pytest.mark.parametrize("cls", [MAPiHMM, IHMMGibbs])
+def test_saved_model_predicts_and_scores_exactly(data, tmp_path, cls):
+    import pipeline
+    from pipeline.persist import PersistError
+
+    X, _z, lengths = data
+    fast = {} if cls is MAPiHMM else {"n_sweeps": 30, "burn_in": 10}
+    df = pd.DataFrame(X, columns=["u", "v"])
+    m = cls(alpha=2.0, random_state=0, **fast).fit(df, lengths)
+    m.save(tmp_path / "m")
+    loaded = pipeline.load_model(tmp_path / "m", expect=cls)
+    assert loaded.get_params() == m.get_params()
+    assert not hasattr(loaded, "labels_")  # training labels are the run's, not the model's
+    new, _ = sample_hmm(np.random.default_rng(5), [60, 30])
+    new_df = pd.DataFrame(new, columns=["u", "v"])
+    np.testing.assert_array_equal(m.predict(new_df, [60, 30]), loaded.predict(new_df, [60, 30]))
+    np.testing.assert_array_equal(
+        m.score_samples(new_df, [60, 30]), loaded.score_samples(new_df, [60, 30])
+    )
+    np.testing.assert_array_equal(loaded.transmat_, m.transmat_)
+    np.testing.assert_array_equal(loaded.kappa_, m.kappa_)
+    assert loaded.n_states_ == m.n_states_
+    # a model whose arrays disagree with each other is refused, naming the file
+    doc = json.loads((tmp_path / "m" / "model.json").read_text())
+    fitted = doc["root"]["items"]["fitted"]["items"]
+    fitted["n_clusters_"] = m.n_states_ + 1
+    (tmp_path / "m" / "model.json").write_text(json.dumps(doc))
+    with pytest.raises(PersistError, match=r"model\.json"):
+        pipeline.load_model(tmp_path / "m")
+
+
+def test_dpmm_score_refuses_an_hmm_model(data, tmp_path):
+    from pipeline.dist.score import open_model
+
+    X, _z, lengths = data
+    MAPiHMM(max_iter=5, moves=False, random_state=0).fit(X, lengths).save(tmp_path / "m")
+    with pytest.raises(ValueError, match="scores whole sequences"):
+        open_model(tmp_path / "m")

@@ -80,6 +80,12 @@ class TestIhmmEngine(EngineContract):
         X = ctx.info.family.arrange(df[["a", "b"]].to_numpy())
         ref = log_likelihood(X, starts_of(np.full(30, 40), 1200), st, ctx.info.family, state.alpha)
         np.testing.assert_allclose(per_seq, ref, rtol=1e-9)
+        # every row, trained on or held out, is labelled by Viterbi under the final model:
+        # the estimator's predict with the same states
+        label = zarr.open_array(str(tmp_path / "labels.zarr" / "label"))[:][pos]
+        hold = zarr.open_array(str(tmp_path / "labels.zarr" / "holdout"))[:][pos].astype(bool)
+        assert (~hold).any() and hold.any()
+        np.testing.assert_array_equal(label, est.predict(df, sequence_column="seq"))
 
 
 def test_engine_recovers_states(client, tmp_path: Path) -> None:
