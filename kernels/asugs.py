@@ -417,9 +417,7 @@ def stream(
                 _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, not sample)
             else:
                 for h in range(K):
-                    logw[h] = lognk[h] + product.log_predictive(
-                        x, stats[h], cache[h], spec, prior
-                    )
+                    logw[h] = lognk[h] + product.log_predictive(x, stats[h], cache[h], spec, prior)
                 logw[K] = log_alpha + product.log_predictive(x, empty_s, empty_c, spec, prior)
             if sample:
                 best = sample_log_weights(state, logw, K + 1)
