@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,7 +49,7 @@ from tests.benchmarks.bench_distributed import (
     mixture_npy,
     prefect_server,  # noqa: F401  (a fixture)
 )
-from tests.benchmarks.common import save, table
+from tests.benchmarks.common import run_peak_rss, save, table
 
 pytestmark = pytest.mark.bench
 
@@ -349,29 +348,6 @@ def test_throughput_1m(data_dir: Path, prefect_server: float) -> None:  # noqa: 
     save("asugs_1m", {"rows": rows, "prefect_start": prefect_server})
 
 
-def _peak_rss_of(proc: subprocess.Popen[bytes], every: float = 0.05) -> int:
-    """Peak of the summed RSS of ``proc`` and its descendants until it exits."""
-    import psutil
-
-    root = psutil.Process(proc.pid)
-    peak = 0
-    while proc.poll() is None:
-        total = 0
-        try:
-            procs = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            break
-        for p in procs:
-            try:
-                total += p.memory_info().rss
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
-        peak = max(peak, total)
-        time.sleep(every)
-    proc.wait()
-    return peak
-
-
 def test_10m_streamed_from_disk(data_dir: Path, prefect_server: float) -> None:  # noqa: F811
     src = mixture_npy(data_dir / "mix10m.npy", 10_000_000)
     ypath = data_dir / "mix10m_y.npy"
@@ -385,11 +361,8 @@ def test_10m_streamed_from_disk(data_dir: Path, prefect_server: float) -> None: 
     exe = Path(sys.executable).with_name("dpmm")
     cmd = [str(exe), "run", str(src), "--out", str(out), "--engine", "asugs", "--holdout", "0.01"]
     cmd += ["--no-report", "--overwrite", "--quiet", "--data-dir", str(src.parent / "datasets-10m")]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd)
-    peak = _peak_rss_of(proc)
-    wall = time.perf_counter() - t0
-    assert proc.returncode == 0
+    rc, wall, peak = run_peak_rss(cmd)
+    assert rc == 0
     run = json.loads((out / "run.json").read_text())
     m, tm = run["metrics"], run["timing"]
     row = {
