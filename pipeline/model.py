@@ -39,6 +39,7 @@ naming the file; nothing is returned half-loaded.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -336,6 +337,18 @@ def _tree_of(json_path: Path, node: dict[str, Any]) -> Any:
         raise _fail(json_path, f"tree_: {err}") from err
 
 
+def _import_estimator_of(json_path: Path) -> None:
+    """Import the module of the estimator the model names, if it is on the allowlist, so that
+    the classes its record holds (``pipeline.persist.register``: an HMM's state, a mixed
+    model's parameters) are registered before the record is read in a fresh process."""
+    try:
+        name = json.loads(json_path.read_text())["root"]["items"]["estimator"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # ``persist.load`` says what is wrong with the file
+    if isinstance(name, str) and name in ESTIMATORS:
+        _estimator_class(name)
+
+
 def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
     """The fitted estimator saved in the model directory ``path``.
 
@@ -362,6 +375,7 @@ def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
     json_path = d / f"{RECORD}.json"
     if not d.is_dir():
         raise PersistError(f"{d}: no such model directory")
+    _import_estimator_of(json_path)
     rec = persist.load(d, RECORD)
     if type(rec) is not dict or rec.get("format") != MODEL_FORMAT:
         raise _fail(json_path, f"not a dpmm-pipeline model (no {MODEL_FORMAT!r} header)")
