@@ -12,15 +12,19 @@ example::
     job_extra_directives: ["--exclusive"]
     job_script_prologue: ["module load python/3.11", "source /opt/dpmm/.venv/bin/activate"]
     interface: ib0         # the network the compute nodes reach the scheduler on
+    shared_temp_directory: /scratch/me/dask   # seen by the login and the compute nodes
     jobs: 4                # this pipeline's key: how many jobs to submit (default 1)
 
 Every job runs ``processes`` worker processes (default: one per core, each single-threaded
 like the local cluster's) started with ``--preload pipeline.worker_setup``, told which
 engine's kernels to load. The scheduler runs in the ``dpmm`` process (the login node) and
 listens on ``interface`` (or the host's address): the compute nodes must reach it, so unlike the
-local cluster it is not bound to 127.0.0.1. Its dashboard is, by default (an SSH tunnel shows
-it); ``security`` settings (TLS) can be given in Dask's configuration
-(``distributed.comm.tls``).
+local cluster it is not bound to 127.0.0.1. So by default the cluster speaks TLS
+(``security: true``: dask-jobqueue creates a temporary CA and certificates for this run, writes
+the workers' copies to ``shared_temp_directory``, default the current directory, which the
+compute nodes must see, and removes them when the cluster closes); the run's own client joins
+with the client certificate (``hpc_client``). ``security: false`` turns it off on a trusted
+network. The scheduler's dashboard stays on 127.0.0.1 (an SSH tunnel shows it).
 """
 
 from __future__ import annotations
@@ -127,6 +131,15 @@ def cluster_kwargs(cfg: dict[str, Any], warm: list[str] | None = None) -> dict[s
     preload, the engines to warm, a dashboard on 127.0.0.1."""
     kw = {k: v for k, v in cfg.items() if k not in OWN_KEYS}
     kw.setdefault("processes", int(cfg["cores"]))
+    # the scheduler listens on the batch system's network: encrypted and authenticated unless
+    # the config turns it off
+    kw.setdefault("security", True)
+    if kw["security"] is True:
+        # where the workers' copies of the certificates go (dask-jobqueue warns without it);
+        # open_cluster puts them in a private directory of their own there
+        kw.setdefault("shared_temp_directory", os.getcwd())
+    elif kw["security"] is False:
+        kw["security"] = None  # dask-jobqueue's "no TLS"
     extra = list(kw.get("worker_extra_args") or [])
     if PRELOAD not in extra:
         extra += ["--preload", PRELOAD]
@@ -146,12 +159,32 @@ def cluster_kwargs(cfg: dict[str, Any], warm: list[str] | None = None) -> dict[s
     return kw
 
 
-def jobqueue_cluster(kind: str, path: str | os.PathLike[str], warm: list[str] | None = None) -> Any:
+@contextlib.contextmanager
+def open_cluster(
+    kind: str, path: str | os.PathLike[str], warm: list[str] | None = None
+) -> Iterator[Any]:
     """A ``SLURMCluster`` / ``PBSCluster`` from the config file ``path``, not yet scaled
-    (``scale_jobs`` submits its jobs). Its ``job_script()`` is the script each job runs."""
-    cfg = read_config(kind, path)
+    (``cluster.scale(jobs=n)`` submits jobs). Its ``job_script()`` is the script each job runs.
+    With TLS, the workers' copies of this run's credentials are written to a new private
+    directory (mode 0700) under ``shared_temp_directory``, removed with the cluster."""
+    import shutil
+    import tempfile
+
+    kw = cluster_kwargs(read_config(kind, path), warm)
     cluster_cls, _ = _classes(kind)
-    return cluster_cls(**cluster_kwargs(cfg, warm))
+    private = None
+    if kw.get("security") is True:
+        private = tempfile.mkdtemp(prefix=".dpmm-tls-", dir=kw["shared_temp_directory"])
+        kw["shared_temp_directory"] = private
+    try:
+        cluster = cluster_cls(**kw)
+        try:
+            yield cluster
+        finally:
+            cluster.close()
+    finally:
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
 
 
 def jobs_of(path: str | os.PathLike[str], kind: str) -> int:
@@ -165,12 +198,27 @@ def hpc_client(
 ) -> Iterator[Any]:
     """A ``distributed.Client`` of the jobqueue cluster of ``path`` with its ``jobs`` jobs
     submitted; the jobs are cancelled when the block ends."""
+    import dask
     from distributed import Client
 
-    cluster = jobqueue_cluster(kind, path, warm)
-    try:
+    with open_cluster(kind, path, warm) as cluster:
         cluster.scale(jobs=jobs_of(path, kind))
-        with Client(cluster) as client:
+        # the flow opens its own client to the scheduler's address: it finds the credentials
+        # in Dask's configuration
+        with dask.config.set(client_tls_config(cluster)), Client(cluster) as client:
             yield client
-    finally:
-        cluster.close()
+
+
+def client_tls_config(cluster: Any) -> dict[str, Any]:
+    """Dask configuration (``distributed.comm.tls.*``) under which a ``Client(address)`` joins
+    ``cluster`` with its client certificate; empty when the cluster does not use TLS."""
+    security = getattr(cluster, "security", None)
+    if security is None or not security.require_encryption:
+        return {}
+    tls = security.get_tls_config_for_role("client")
+    return {
+        "distributed.comm.require-encryption": True,
+        "distributed.comm.tls.ca-file": tls["ca_file"],
+        "distributed.comm.tls.client.cert": tls["cert"],
+        "distributed.comm.tls.client.key": tls["key"],
+    }

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from pipeline.dist.hpc import allowed_keys, jobqueue_cluster, read_config
+from pipeline.dist.hpc import allowed_keys, open_cluster, read_config
 
 SLURM = """
 cores: 8
@@ -44,13 +44,10 @@ def option(argv: list[str], name: str) -> str:
 
 def test_slurm_job_script(tmp_path: Path):
     cfg = tmp_path / "slurm.yaml"
-    cfg.write_text(SLURM)
-    cluster = jobqueue_cluster("slurm", cfg, warm=["kmeans"])
-    try:
+    cfg.write_text(SLURM + f"shared_temp_directory: {tmp_path}\n")
+    with open_cluster("slurm", cfg, warm=["kmeans"]) as cluster:
         script = cluster.job_script()
         address = cluster.scheduler_address
-    finally:
-        cluster.close()
     directives = [ln for ln in script.splitlines() if ln.startswith("#SBATCH")]
     for expected in (
         "#SBATCH -p compute",
@@ -75,12 +72,9 @@ def test_slurm_job_script(tmp_path: Path):
 
 def test_pbs_job_script(tmp_path: Path):
     cfg = tmp_path / "pbs.yaml"
-    cfg.write_text(PBS)
-    cluster = jobqueue_cluster("pbs", cfg)
-    try:
+    cfg.write_text(PBS + f"shared_temp_directory: {tmp_path}\n")
+    with open_cluster("pbs", cfg) as cluster:
         script = cluster.job_script()
-    finally:
-        cluster.close()
     directives = [ln for ln in script.splitlines() if ln.startswith("#PBS")]
     for expected in (
         "#PBS -q workq",
@@ -99,17 +93,50 @@ def test_own_keys_and_processes(tmp_path: Path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
         "cores: 6\nmemory: 12GB\nprocesses: 2\nworker_extra_args: ['--lifetime', '1h']\n"
+        "security: false\n"
     )
-    cluster = jobqueue_cluster("slurm", cfg)
-    try:
+    with open_cluster("slurm", cfg) as cluster:
         argv = worker_command(cluster.job_script())
-    finally:
-        cluster.close()
     assert option(argv, "--nworkers") == "2" and option(argv, "--nthreads") == "3"
     assert option(argv, "--lifetime") == "1h" and argv.count("--preload") == 1
+    # security: false: plain TCP
+    assert argv[argv.index("distributed.cli.dask_worker") + 1].startswith("tcp://")
+    assert "--tls-ca-file" not in argv
     assert {"cores", "memory", "queue", "walltime", "job_extra_directives", "jobs"} <= set(
         allowed_keys("slurm")
     )
+
+
+def test_tls_by_default(tmp_path: Path):
+    """The scheduler listens on the batch system's network: TLS with this run's certificates,
+    handed to the workers through shared_temp_directory; the run's own client joins with the
+    client certificate (the flow's ``Client(address)`` finds it in Dask's configuration), a
+    client of another authority is turned away."""
+    import dask
+    from distributed import Client
+    from distributed.security import Security
+
+    from pipeline.dist.hpc import client_tls_config
+
+    cfg = tmp_path / "c.yaml"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    cfg.write_text(f"cores: 2\nmemory: 4GB\nshared_temp_directory: {shared}\n")
+    with open_cluster("slurm", cfg) as cluster:
+        address = cluster.scheduler_address
+        argv = worker_command(cluster.job_script())
+        assert address.startswith("tls://") and address in argv
+        for opt in ("--tls-ca-file", "--tls-cert", "--tls-key"):
+            f = Path(option(argv, opt))
+            assert f.parent.parent == shared and f.parent.stat().st_mode & 0o077 == 0
+            assert f.read_text().startswith("-----BEGIN"), opt
+        with dask.config.set(client_tls_config(cluster)), Client(address, timeout=30) as c:
+            assert c.scheduler_info()["address"] == address
+        # a client with certificates of another authority is turned away
+        other = Security.temporary()
+        with pytest.raises((OSError, TimeoutError)), Client(address, security=other, timeout=3):
+            pass
+    assert not list(shared.iterdir())  # the workers' copies of the credentials are removed
 
 
 @pytest.mark.parametrize(
