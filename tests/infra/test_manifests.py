@@ -278,6 +278,14 @@ def test_the_files_agree_with_each_other():
         if "worker" in where or "prefect-job" in where:
             refs = {e["secretRef"]["name"] for e in c.get("envFrom", [])}
             assert refs and refs <= secrets, (where, refs, secrets)
+    # the network policy admits the cluster's pods and the flow-run jobs, nothing else
+    (policy,) = by_kind("NetworkPolicy")
+    name = cluster["metadata"]["name"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"dask.org/cluster-name": name}
+    allowed = [f["podSelector"]["matchLabels"] for f in policy["spec"]["ingress"][0]["from"]]
+    job_labels = rendered_job()["spec"]["template"]["metadata"]["labels"]
+    assert allowed[0] == {"dask.org/cluster-name": name}
+    assert allowed[1].items() <= job_labels.items(), (allowed, job_labels)
     # the scheduler the deployments join is the operator's Service of this DaskCluster
     scheduler = f"tcp://{cluster['metadata']['name']}-scheduler:8786"
     doc = yaml.safe_load((INFRA / "prefect.yaml").read_text())
