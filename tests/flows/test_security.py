@@ -72,6 +72,25 @@ def listening(root: psutil.Process) -> list[tuple[int, str, str, int]]:
     return found
 
 
+def test_the_socket_watch_sees_a_wide_listener():
+    """Not vacuous: a child listening on all interfaces is reported as such."""
+    code = (
+        "import socket, sys, time; s = socket.socket(); s.bind(('0.0.0.0', 0)); s.listen(); "
+        "print(s.getsockname()[1], flush=True); time.sleep(60)"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        port = int(child.stdout.readline())
+        found = listening(psutil.Process())  # this process and its children
+        assert (child.pid, "0.0.0.0", port) in {(pid, ip, p) for pid, _, ip, p in found}
+    finally:
+        child.kill()
+        child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+
+
 def files_under(root: Path) -> set[Path]:
     return {p for p in root.rglob("*") if p.is_file()}
 
