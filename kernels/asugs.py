@@ -36,6 +36,7 @@ import math
 import numpy as np
 from numba import njit
 
+from kernels.mapdp import _grow as mapdp_grow
 from kernels.obs import gaussian_nw, product
 from kernels.partition import greedy_merge
 from kernels.rng import sample_log_weights
@@ -78,18 +79,11 @@ def pm_due(i, pm_interval):
 
 @njit(cache=True, nogil=True)
 def _grow(stats, cache, nk, lognk, born, ids):
-    cap = stats.shape[0]
-    new_cap = max(2 * cap, 8)
-    s2 = np.zeros((new_cap, stats.shape[1]))
-    c2 = np.zeros((new_cap, cache.shape[1]))
-    n2 = np.zeros(new_cap)
-    l2 = np.full(new_cap, -np.inf)
+    """MAP-DP's class arrays grown (``kernels.mapdp._grow``) plus the stream's own two."""
+    s2, c2, n2, l2 = mapdp_grow(stats, cache, nk, lognk)
+    cap, new_cap = stats.shape[0], s2.shape[0]
     b2 = np.zeros(new_cap)
     i2 = np.full(new_cap, -1, dtype=np.int64)
-    s2[:cap] = stats
-    c2[:cap] = cache
-    n2[:cap] = nk
-    l2[:cap] = lognk
     b2[:cap] = born
     i2[:cap] = ids
     return s2, c2, n2, l2, b2, i2
@@ -114,6 +108,97 @@ def _remove_row(h, K, stats, cache, nk, lognk, born, ids):
         born[h] = born[last]
         ids[h] = ids[last]
     return last
+
+
+@njit(cache=True, nogil=True)
+def _pack_class(P, h, c, d):
+    """Column h of the class-major copy P of the Normal-Wishart predictives (``stream``'s fast
+    path) from cache row c: the packed lower triangle of U = L^{-1} (row by row), b = U m_k,
+    the Student-t constant, c_k / (c_k + 1) and (nu + d) / 2 (``gaussian_nw`` layout)."""
+    u0 = d * d + d
+    e = 0
+    for i in range(d):
+        for j in range(i + 1):
+            P[e, h] = c[u0 + i * d + j]
+            e += 1
+    b0 = u0 + d * d
+    for i in range(d):
+        P[e + i, h] = c[b0 + i]
+    e += d
+    t = 2 * d * d + 2 * d
+    ck = c[t]
+    P[e, h] = c[t + 3]
+    P[e + 1, h] = ck / (ck + 1.0)
+    P[e + 2, h] = 0.5 * ((c[t + 1] - d + 1.0) + d)
+
+
+@njit(cache=True, nogil=True)
+def _pack_all(P, cache, K, empty_c, d):
+    """P's columns 0..K-1 from the classes' caches and column K from the empty cache."""
+    for h in range(K):
+        _pack_class(P, h, cache[h], d)
+    _pack_class(P, K, empty_c, d)
+
+
+@njit(cache=True, nogil=True, fastmath=gaussian_nw.QUAD_FLAGS)
+def _quad_forms(x, P, n, d, acc, qv):
+    """qv[h] = |L_h^{-1} (x - m_h)|^2 for the columns h < n of P, the classes in the inner
+    loop so that it runs over contiguous memory and vectorises."""
+    for h in range(n):
+        qv[h] = 0.0
+    e = 0
+    b0 = d * (d + 1) // 2
+    for i in range(d):
+        for h in range(n):
+            acc[h] = -P[b0 + i, h]
+        for j in range(i + 1):
+            xj = x[j]
+            for h in range(n):
+                acc[h] += P[e, h] * xj
+            e += 1
+        for h in range(n):
+            qv[h] += acc[h] * acc[h]
+
+
+@njit(cache=True, nogil=True)
+def _student_t(P, h, q, e0):
+    """log L_{i,h}(y_i): the Student-t of ``gaussian_nw.log_predictive`` from q = qv[h]."""
+    return P[e0, h] - P[e0 + 2, h] * math.log1p(q * P[e0 + 1, h])
+
+
+@njit(cache=True, nogil=True)
+def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy):
+    """log [m(h) L_{i,h}(y_i)] for h < K and log [alpha L_{i,K+1}(y_i)] (h = K) into logw
+    (eq. 1 times eq. 3, as ``stream`` step (b)).
+
+    For the arg max (``greedy``) a class is skipped (-inf) when an upper bound of its weight is
+    below the weight of the class with the highest bound: log1p(y) >= 2 y / (2 + y) for y >= 0
+    bounds the Student-t from above; the margin 1e-9 (|best| + 1) covers rounding, so the arg
+    max (ties included) is that of the full evaluation.
+    """
+    n = K + 1
+    _quad_forms(x, P, n, d, acc, qv)
+    e0 = d * (d + 1) // 2 + d
+    if not greedy:
+        for h in range(n):
+            logw[h] = (lognk[h] if h < K else log_alpha) + _student_t(P, h, qv[h], e0)
+        return
+    top = 0
+    for h in range(n):
+        y = qv[h] * P[e0 + 1, h]
+        ub = (lognk[h] if h < K else log_alpha) + P[e0, h] - P[e0 + 2, h] * (2.0 * y / (2.0 + y))
+        acc[h] = ub
+        if ub > acc[top]:
+            top = h
+    best = (lognk[top] if top < K else log_alpha) + _student_t(P, top, qv[top], e0)
+    thr = best - 1e-9 * (abs(best) + 1.0)
+    for h in range(n):
+        if h == top:
+            logw[h] = best
+        elif acc[h] >= thr:
+            logw[h] = (lognk[h] if h < K else log_alpha) + _student_t(P, h, qv[h], e0)
+        else:
+            logw[h] = -np.inf
 
 
 @njit(cache=True, nogil=True)
@@ -294,7 +379,18 @@ def stream(
     for h in range(K):
         lognk[h] = math.log(nk[h])
     logw = np.empty(stats.shape[0] + 1)
-    work = np.empty(X.shape[1])
+    work = np.empty(4 * X.shape[1])
+    d = X.shape[1]
+    if fast:
+        # the classes' predictives class-major, the empty class in column K (_fast_weights)
+        P = np.empty((d * (d + 1) // 2 + d + 3, stats.shape[0] + 1))
+        _pack_all(P, cache, K, empty_c, d)
+        acc = np.empty(stats.shape[0] + 1)
+        qv = np.empty(stats.shape[0] + 1)
+    else:
+        P = np.empty((0, 0))
+        acc = np.empty(0)
+        qv = np.empty(0)
     trace = alpha_trace.shape[0] > 0
     want_q = logq.shape[0] > 0
     n_pruned = 0
@@ -311,12 +407,12 @@ def stream(
             alpha = concentration(K, i - 1.0, lam) if adaptive else alpha_fixed
             log_alpha = math.log(alpha)
             # (b) log [m_{i-1}(h) L_{i,h}(y_i)] and log [alpha L_{i,k+1}(y_i)]
-            for h in range(K):
-                if fast:
-                    logw[h] = lognk[h] + gaussian_nw.log_predictive_row(x, cache, h)
-                else:
+            if fast:
+                _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, not sample)
+            else:
+                for h in range(K):
                     logw[h] = lognk[h] + product.log_predictive(x, stats[h], cache[h], spec, prior)
-            logw[K] = log_alpha + product.log_predictive(x, empty_s, empty_c, spec, prior)
+                logw[K] = log_alpha + product.log_predictive(x, empty_s, empty_c, spec, prior)
             if sample:
                 best = sample_log_weights(state, logw, K + 1)
             else:
@@ -329,6 +425,12 @@ def stream(
             if K == stats.shape[0]:
                 stats, cache, nk, lognk, born, ids = _grow(stats, cache, nk, lognk, born, ids)
                 logw = np.empty(stats.shape[0] + 1)
+                if fast:
+                    P2 = np.empty((P.shape[0], stats.shape[0] + 1))
+                    P2[:, : K + 1] = P[:, : K + 1]
+                    P = P2
+                    acc = np.empty(stats.shape[0] + 1)
+                    qv = np.empty(stats.shape[0] + 1)
             if n_ids == alias.shape[0]:
                 alias = _grow_ids(alias)
             stats[K, :] = 0.0
@@ -339,9 +441,12 @@ def stream(
             alias[n_ids] = ALIVE
             n_ids += 1
             K += 1
+            if fast:
+                _pack_class(P, K, empty_c, d)
         # (c) the posterior update of class gamma_i
         if fast:
             gaussian_nw.add_record(x, stats[best], cache[best], prior, work)
+            _pack_class(P, best, cache[best], d)
         else:
             product.update(x, stats[best], cache[best], spec, prior, 1.0)
         nk[best] += 1.0
@@ -368,6 +473,8 @@ def stream(
             )
             n_pruned += np_
             n_merged += nm_
+            if fast and np_ + nm_ > 0:
+                _pack_all(P, cache, K, empty_c, d)
         if trace:
             alpha_trace[t] = concentration(K, i, lam) if adaptive else alpha_fixed
         if want_q:

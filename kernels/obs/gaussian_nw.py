@@ -14,7 +14,8 @@ prior ``p`` (d + 3 + d^2): m0 (d), c0, a0, log|T0|, T0 = B0^{-1} (d * d).
 cache ``c`` (2 d^2 + 2 d + 4): L (d * d, lower Cholesky factor of T_k), m_k (d), U = L^{-1}
 (d * d, lower), b = U m_k (d), c_k, a_k, log|T_k|, the Student-t normalising constant. Keeping
 U makes a predictive evaluation one triangular matrix-vector product with no temporary and no
-division; U is rebuilt (d^3 / 6) only when a record joins or leaves the cluster.
+division; U is rebuilt (d^3 / 6) when a record joins or leaves the cluster, except in a
+stream's ``add_record``, which updates L and U together in O(d^2).
 
 The predictive (Appendix B, below B.2) is a Student-t with mu = m, nu = a - d + 1 and precision
 Lambda = c nu / (c + 1) B, so (x - mu)^T Lambda (x - mu) / nu = c / (c + 1) |L^{-1} (x - m)|^2.
@@ -159,6 +160,12 @@ def _mahalanobis(x, c, d):
 def _finish_cache(c, d, ck, ak, logdet):
     """Fill U, b and the scalar tail of the cache from L, m and (c_k, a_k, log|T_k|)."""
     _invert_factor(c, d)
+    _finish_constants(c, d, ck, ak, logdet)
+
+
+@njit(cache=True, nogil=True)
+def _finish_constants(c, d, ck, ak, logdet):
+    """The scalar tail of the cache: c_k, a_k, log|T_k| and the Student-t constant."""
     o = _tail(d)
     c[o] = ck
     c[o + 1] = ak
@@ -380,24 +387,87 @@ def moments(s, p, mean, cov):
 @njit(cache=True, nogil=True)
 def add_record(x, s, c, p, work):
     """``update(x, s, c, p, 1.0)`` for a stream that adds one record at a time (ASUGS, seed 002
-    step (c); eqs. 4-7 in this parameterisation), with the caller's work vector ``work`` (d,)
-    instead of an allocation, and log|T_k| by the matrix determinant lemma instead of from the
-    new factor's diagonal: T' = T + c / (c + 1) v v^T with v = x - m_k gives
-    log|T'| = log|T| + log(1 + c / (c + 1) |L^{-1} v|^2), one triangular product (d^2 / 2)
-    instead of d logarithms. Equal to ``update`` up to rounding.
+    step (c); eqs. 4-7 in this parameterisation) in O(d^2) with no allocation, updating the
+    factor L and its inverse U = L^{-1} together instead of rebuilding U (d^3 / 6).
+
+    Adding x gives T' = T + v v^T with v = sqrt(c / (c + 1)) (x - m_k) = L w, w = U v, so
+    T' = L (I + w w^T) L^T = (L M)(L M)^T with M the Cholesky factor of I + w w^T, known in
+    closed form: with beta_0 = 1, beta_j = 1 + w_1^2 + ... + w_j^2, M_jj = sqrt(beta_j /
+    beta_{j-1}) and M_ij = w_i g_j (i > j), g_j = w_j / sqrt(beta_j beta_{j-1}). Hence
+    L' = L M and U' = M^{-1} U, each O(d^2) by that structure, and (matrix determinant lemma)
+    log|T'| = log|T| + log beta_d. Equal to ``update`` up to rounding.
+
+    Parameters
+    ----------
+    x : ndarray of shape (d,)
+    s, c, p : the cluster's statistics and cache (updated in place) and the prior.
+    work : ndarray of shape (>= 4 d,)
+        Scratch space (the caller's, so that a stream allocates nothing per record).
     """
     d = x.shape[0]
     t = _tail(d)
     ck = c[t]
-    r = ck / (ck + 1.0)
-    q = _mahalanobis(x, c, d)
-    add_stats(x, s, 1.0)
+    coef = math.sqrt(ck / (ck + 1.0))
     o = d * d
-    coef = math.sqrt(r)
+    u0 = o + d
+    b0 = u0 + d * d
+    # w = U v = sqrt(c / (c + 1)) (U x - b)
+    q = 0.0
     for i in range(d):
-        work[i] = coef * (x[i] - c[o + i])
-        c[o + i] = (ck * c[o + i] + x[i]) / (ck + 1.0)
-    if not _rank_one(c, work, 1.0):
-        refresh(s, c, p)
-        return
-    _finish_cache(c, d, ck + 1.0, c[t + 1] + 1.0, c[t + 2] + math.log1p(r * q))
+        acc = -c[b0 + i]
+        row = u0 + i * d
+        for j in range(i + 1):
+            acc += c[row + j] * x[j]
+        acc *= coef
+        work[i] = acc
+        q += acc * acc
+    add_stats(x, s, 1.0)
+    acc_v = work[d : 2 * d]
+    # 1 / sqrt(beta_j beta_{j-1}) and beta_j: M_jj = beta_j s_j, g_j = w_j s_j,
+    # 1 / M_jj = beta_{j-1} s_j
+    s_inv = work[2 * d : 3 * d]
+    betas = work[3 * d : 4 * d]
+    beta_prev = 1.0
+    for j in range(d):
+        beta = beta_prev + work[j] * work[j]
+        s_inv[j] = 1.0 / math.sqrt(beta * beta_prev)
+        betas[j] = beta
+        beta_prev = beta
+    # L' = L M, column by column from the last: column j of L M is M_jj L e_j plus
+    # g_j sum_{k > j} w_k L e_k (acc_v, accumulated from the old columns)
+    for i in range(d):
+        acc_v[i] = 0.0
+    for j in range(d - 1, -1, -1):
+        wj = work[j]
+        mjj = betas[j] * s_inv[j]
+        gj = wj * s_inv[j]
+        for i in range(j, d):
+            old = c[i * d + j]
+            c[i * d + j] = mjj * old + gj * acc_v[i]
+            acc_v[i] += wj * old
+    # U' = M^{-1} U by forward substitution, row i of U' being
+    # (row i of U - w_i sum_{j < i} g_j row j of U') / M_ii (acc_v holds the sum)
+    for i in range(d):
+        acc_v[i] = 0.0
+    beta_prev = 1.0
+    for i in range(d):
+        wi = work[i]
+        inv_mii = beta_prev * s_inv[i]
+        gi = wi * s_inv[i]
+        row = u0 + i * d
+        for j in range(i + 1):
+            y = (c[row + j] - wi * acc_v[j]) * inv_mii
+            c[row + j] = y
+            acc_v[j] += gi * y
+        beta_prev = betas[i]
+    # m' and b' = U' m'
+    inv_c1 = 1.0 / (ck + 1.0)
+    for i in range(d):
+        c[o + i] = (ck * c[o + i] + x[i]) * inv_c1
+    for i in range(d):
+        acc = 0.0
+        row = u0 + i * d
+        for j in range(i + 1):
+            acc += c[row + j] * c[o + j]
+        c[b0 + i] = acc
+    _finish_constants(c, d, ck + 1.0, c[t + 1] + 1.0, c[t + 2] + math.log(1.0 + q))

@@ -132,7 +132,8 @@ def test_the_projects_normal_wishart_update_gives_eq_8(d: int) -> None:
 
 
 def test_the_streams_add_record_is_the_familys_update() -> None:
-    """``gaussian_nw.add_record`` (determinant lemma, no allocation) against ``update``."""
+    """``gaussian_nw.add_record`` (L and L^{-1} updated together, determinant lemma, no
+    allocation) against ``update``."""
     from kernels.obs import gaussian_nw
 
     fam, _ = paper_prior(3, seed=3)
@@ -140,7 +141,7 @@ def test_the_streams_add_record_is_the_familys_update() -> None:
     rng = np.random.default_rng(4)
     s1, s2 = np.zeros(prod.n_stats), np.zeros(prod.n_stats)
     c1, c2 = prod.empty_cache().copy(), prod.empty_cache().copy()
-    work = np.empty(3)
+    work = np.empty(12)
     for x in rng.normal(size=(200, 3)) * 3.0:
         product.update(x, s1, c1, prod.spec, prod.prior, 1.0)
         gaussian_nw.add_record(x, s2, c2, prod.prior, work)
