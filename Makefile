@@ -9,15 +9,22 @@ STAMP := $(VENV)/.installed
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba-cache/$(shell cat $$(find kernels -name '*.py' | sort) | sha1sum | cut -c1-16)
 
-.PHONY: install run test bench lint typecheck format clean
+.PHONY: install lock run test bench lint typecheck format clean
 
-$(STAMP): pyproject.toml
+# requirements.lock pins every package (the image installs with the same constraints)
+$(STAMP): pyproject.toml requirements.lock
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c requirements.lock -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# after a change of pyproject.toml's dependencies: install them, then pin what is installed
+lock:
+	$(BIN)/pip install -q -e '.[dev]'
+	{ sed -n '1,3p' requirements.lock; $(BIN)/pip freeze --exclude-editable; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock
 
 run: $(STAMP)
 	$(BIN)/dpmm demo --out out/demo

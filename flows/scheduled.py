@@ -31,6 +31,7 @@ from flows.cluster import cluster
 from flows.score import score
 from pipeline import schedule
 from pipeline.config import DEFAULT_CHUNK_ROWS, MAX_PASSES
+from pipeline.paths import child
 
 #: the deployment's name and default schedule (every day at 02:00 UTC), as in infra/prefect.yaml
 DEPLOYMENT = "dpmm-scheduled"
@@ -107,7 +108,7 @@ def scheduled_clustering(
         current = reg.latest()
         n, staged = reg.stage()
         try:
-            scored = scores_root / f"date={date}"
+            scored = child(scores_root, f"date={date}", "partition")
             if current is not None and not scored.exists():
                 score(
                     model=str(current / "model"),

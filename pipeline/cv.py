@@ -29,6 +29,7 @@ import pandas as pd
 from pipeline import persist
 from pipeline.errors import InputError
 from pipeline.families.gaussian import check_scale
+from pipeline.paths import child
 from pipeline.search import select_index
 from pipeline.store import Store, StoreInfo
 
@@ -203,7 +204,7 @@ class ResultLog:
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def _path(self, cell: str, fold: int) -> Path:
-        return self.dir / f"{cell}-fold{fold}.json"
+        return child(self.dir, f"{cell}-fold{int(fold)}.json", "cell")
 
     def get(self, cell: str, fold: int) -> dict[str, Any] | None:
         p = self._path(cell, fold)

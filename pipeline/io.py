@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.errors import InputError
+from pipeline.paths import safe_name
 
 CSV_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".tsv.gz")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -512,11 +513,11 @@ def write_outputs(
     d = Path(directory)
     written = []
     for stem, df in (tables or {}).items():
-        f = d / f"{stem}.parquet"
+        f = d / f"{safe_name(stem, 'table')}.parquet"
         df.to_parquet(f, index=False)
         written.append(f)
     for stem, obj in (json_files or {}).items():
-        f = d / f"{stem}.json"
+        f = d / f"{safe_name(stem, 'record')}.json"
         write_json(f, obj)
         written.append(f)
     return written

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.io import write_json
+from pipeline.paths import child
 
 PARTITION = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
 POINTER = "LATEST"
@@ -118,7 +119,7 @@ class Registry:
         return rec
 
     def _rejected_path(self, date: str) -> Path:
-        return self.root / "rejected" / f"date={date}.json"
+        return child(self.root / "rejected", f"date={date}.json", "partition")
 
     def stage(self) -> tuple[int, Path]:
         """The next version number and an empty directory to build it in."""

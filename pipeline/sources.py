@@ -117,7 +117,7 @@ def read_piece(
     try:
         if kind == "npy":
             path, a, b = piece.args
-            arr = np.load(path, mmap_mode="r")[a:b]
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)[a:b]
             if arr.dtype.names is not None:
                 return pd.DataFrame({f: np.asarray(arr[f]) for f in arr.dtype.names}), True
             return as_frame(np.asarray(arr), columns)[0], False

@@ -592,6 +592,28 @@ def _demo_in_memory(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_paths(args: argparse.Namespace) -> None:
+    """Refuse, before anything starts, an output of the command (``--out``, ``--models``,
+    ``--scores``) that is, is inside or contains one of its inputs (INPUT, MODEL,
+    ``--warm-start``, the dataset stores' directory): ``pipeline.paths.check_separate``."""
+    from pipeline.paths import check_separate
+
+    if args.command == "demo":  # DIR holds the demo's own input and result by design
+        return
+    inputs: list[tuple[str, Any]] = [
+        ("INPUT", getattr(args, "input", None)),
+        ("MODEL", getattr(args, "model", None)),
+        ("--warm-start", getattr(args, "warm_start", None)),
+    ]
+    if hasattr(args, "data_dir"):
+        from pipeline.dataset import default_root
+
+        # the stores later runs reuse: never replaced or written into by an output
+        inputs.append(("--data-dir", args.data_dir or default_root()))
+    outputs = [(f"--{n}", getattr(args, n, None)) for n in ("out", "models", "scores")]
+    check_separate(outputs, inputs)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dpmm`` with ``argv`` (default: this program's arguments); returns the exit status."""
     # Prefect's temporary server sends usage telemetry unless told not to; on a machine without
@@ -601,11 +623,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # server imports FastAPI, SQLAlchemy and Alembic first) can take longer, and the run would
     # fail for nothing
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
+    # a Prefect server this process starts listens on this machine only: the temporary server
+    # does anyway (uvicorn --host 127.0.0.1), `prefect server start` reads this setting
+    os.environ.setdefault("PREFECT_SERVER_API_HOST", "127.0.0.1")
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
         # no argv: this process is the dpmm program, whose logging ``flows.cli.logs`` may keep
         args.program = argv is None
+        check_paths(args)
         return int(args.func(args))
     except InputError as err:
         print(f"{PROG}: error: {_one_line(str(err))}", file=sys.stderr, flush=True)

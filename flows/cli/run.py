@@ -5,6 +5,7 @@
              [--min-change F] [--lam F] [--seed N] [--label-column COL] [--summaries M]
              [--stage2 none|bhc] [--mcmc ITER] [--warm-start MODEL]
              [--scheduler ADDRESS] [--workers N] [--threads | --no-threads]
+             [--cluster slurm|pbs --cluster-config FILE]
              [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
 
 INPUT is a CSV file, a Parquet file or directory, a ``.npy`` file or a zarr array. Bad input
@@ -205,6 +206,20 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="LocalCluster worker processes (default: one per core)",
     )
     p.add_argument(
+        "--cluster",
+        choices=("local", "slurm", "pbs"),
+        default="local",
+        help="where the Dask workers run: a LocalCluster on this machine (default), or batch "
+        "jobs of a SLURM or PBS system (dask-jobqueue; needs --cluster-config)",
+    )
+    p.add_argument(
+        "--cluster-config",
+        default=None,
+        metavar="FILE",
+        help="YAML of dask-jobqueue's keys for --cluster slurm|pbs (cores, memory, queue, "
+        "walltime, job_extra_directives, ...) and 'jobs' (how many; pipeline.dist.hpc)",
+    )
+    p.add_argument(
         "--threads",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -304,7 +319,9 @@ def start_flow(
                     fh = stack.enter_context(open(log, "a", encoding="utf-8"))
                     stack.enter_context(contextlib.redirect_stderr(fh))
             kwargs = stack.enter_context(
-                _local_cluster(kwargs, engine or str(kwargs.get("engine") or "mapdp"))
+                _local_cluster(
+                    kwargs, engine or str(kwargs.get("engine") or "mapdp"), _hpc_of(args)
+                )
             )
             ready()
             return runner(**kwargs)  # type: ignore[no-any-return]
@@ -324,11 +341,20 @@ def start_flow(
 
 
 @contextlib.contextmanager
-def _local_cluster(kwargs: dict[str, Any], engine: str) -> Iterator[dict[str, Any]]:
+def _local_cluster(
+    kwargs: dict[str, Any], engine: str, hpc: tuple[str, str] | None = None
+) -> Iterator[dict[str, Any]]:
     """Start the flow's ``LocalCluster`` here, while Prefect's temporary server is still
     booting (``prefect_api.prestart``), instead of in the flow after it; the flow joins it as
     its ``scheduler``. Yields the flow's keyword arguments; unchanged when they name a scheduler
-    or ask for threads instead of processes."""
+    or ask for threads instead of processes. ``hpc`` (kind, config file): a dask-jobqueue
+    cluster of batch jobs instead (``dpmm run --cluster slurm|pbs``)."""
+    if hpc is not None:
+        from pipeline.dist.hpc import hpc_client
+
+        with hpc_client(hpc[0], hpc[1], warm=[engine]) as client:
+            yield {**kwargs, "scheduler": client.scheduler.address}
+        return
     if kwargs.get("scheduler") or not kwargs.get("processes", True):
         yield kwargs
         return
@@ -343,6 +369,28 @@ def _local_cluster(kwargs: dict[str, Any], engine: str) -> Iterator[dict[str, An
         warm=[engine],
     ) as client:
         yield {**kwargs, "scheduler": client.scheduler.address}
+
+
+def _hpc_of(args: argparse.Namespace) -> tuple[str, str] | None:
+    """(kind, config file) of ``--cluster slurm|pbs --cluster-config FILE``, None for the
+    local cluster; the config is read and checked here, before anything starts."""
+    kind = getattr(args, "cluster", "local") or "local"
+    config = getattr(args, "cluster_config", None)
+    if kind == "local":
+        if config is not None:
+            raise InputError("--cluster-config: only with --cluster slurm or pbs")
+        return None
+    if config is None:
+        raise InputError(f"--cluster {kind}: needs --cluster-config FILE (dask-jobqueue's keys)")
+    if getattr(args, "scheduler", None):
+        raise InputError(f"--cluster {kind}: give either --cluster or --scheduler, not both")
+    from pipeline.dist.hpc import read_config
+
+    try:
+        read_config(kind, config)
+    except ValueError as err:
+        raise InputError(" ".join(str(err).split())) from err
+    return kind, str(config)
 
 
 def _logs_to(path: Path, restore: bool) -> contextlib.AbstractContextManager[Path]:
@@ -367,6 +415,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     # what can be seen of the file itself is refused before a Dask cluster and Prefect start
     pio.check_file(args.input)
+    _hpc_of(args)  # a bad --cluster-config is refused before anything starts
     prestart()  # Prefect's temporary server boots while the flow's modules load
     kwargs = dict(
         input=args.input,

@@ -82,7 +82,9 @@ def test_update_refuses_bad_input_with_one_line(saved, tmp_path: Path, capsys) -
     bad.loc[7, "a"] = "oops"
     bad.to_csv(tmp_path / "bad.csv", index=False)
     refused(["update", str(path), str(tmp_path / "bad.csv"), "--out", str(out)], "bad.csv", "'a'")
-    refused(["update", str(path), str(good), "--out", str(path)], "already exists")
+    # NEW_MODEL must never be MODEL itself, with or without --overwrite (pipeline.paths)
+    refused(["update", str(path), str(good), "--out", str(path)], "is the same as MODEL")
+    refused(["update", str(path), str(good), "--out", str(path), "--overwrite"], "same as MODEL")
     refused(["update", str(path), str(good), "--out", str(out), "--lam", "0"], "--lam")
 
 
