@@ -61,7 +61,8 @@ def cmd_score(args: argparse.Namespace) -> int:
 
     pio.check_file(args.input)
     # a model or OUT on object storage that cannot be reached (``pipeline.storage``)
-    storage.check_reachable(args.model, "MODEL")
+    storage.check_reachable(args.model, "model")
+    storage.require_visible(storage.location(args.model), "model")
     storage.check_reachable(args.out, "--out")
     prestart()  # Prefect's temporary server boots while the flow's modules load
     kwargs = dict(

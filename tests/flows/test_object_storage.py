@@ -117,6 +117,7 @@ def test_a_killed_run_on_s3_is_invisible_and_resumes(
     assert objects(f"{b}/out") and not storage.committed(out)
     ck = Store(out / "state.zarr").load(loop.CHECKPOINT)
     assert ck["state"].pass_no == 2
+    capfd.readouterr()
     code = main(["score", f"{b}/out/model", f"{b}/in.parquet", "--out", f"{b}/s", "--quiet"])
     assert code == 2
     err = capfd.readouterr().err.strip()
