@@ -351,6 +351,8 @@ def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
     """
     d = storage.location(path)
     json_path = d / f"{RECORD}.json"
+    # on object storage a model counts only once a manifest lists it (``storage.commit``)
+    storage.require_visible(d, "model")
     if not d.is_dir():
         raise PersistError(f"{d}: no such model directory")
     rec = persist.load(d, RECORD)
