@@ -44,7 +44,7 @@ from pipeline.engines.base import LoopState, RunContext
 from pipeline.engines.mixture_start import WARM_START
 from pipeline.families import ProductFamily
 from pipeline.mapdp_core import seed_entropy
-from pipeline.storage import Loc, local_dir
+from pipeline.storage import Loc, local_dir, redact
 from pipeline.store import Store, StoreInfo
 
 STAGE2 = ("none", "bhc")
@@ -294,7 +294,7 @@ def cluster(
         timing["passes"] = time.perf_counter() - t
         extra: dict[str, Any] = {
             "resumed": resumed,
-            "dataset": {"path": str(data.path), "reused": reused},
+            "dataset": {"path": redact(str(data.path)), "reused": reused},
             "stage2": stage2,
             "n_clusters_stage1": state.n_clusters,
         }

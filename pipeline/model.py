@@ -204,6 +204,14 @@ def _save_remote(
         raise FileExistsError(
             f"{storage.redact(out.url)}: already exists (pass overwrite=True to replace it)"
         )
+    if not storage.committed(out) and out.exists():
+        # only a crashed save's files may be replaced: never a user's other objects
+        others = set(out.files()) - {f"{RECORD}.json", f"{RECORD}.npz"}
+        if others:
+            raise FileExistsError(
+                f"{storage.redact(out.url)}: holds objects that are not a model "
+                f"({sorted(others)[0]}, ...); refusing to replace them"
+            )
     record = model_record(estimator, engine=engine, metadata=metadata)
     storage.uncommit(out)
     try:

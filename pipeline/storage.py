@@ -225,7 +225,9 @@ def filesystem(protocol: str, url: str) -> Any:
     import fsspec
 
     try:
-        return fsspec.filesystem(protocol)
+        # no listings cache: this process lists prefixes that other processes (the workers)
+        # write into, and must see their objects
+        return fsspec.filesystem(protocol, use_listings_cache=False)
     except ImportError as err:
         pkg = _PACKAGES.get(protocol, f"the fsspec implementation of {protocol}://")
         raise InputError(

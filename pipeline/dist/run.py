@@ -349,7 +349,7 @@ def finish(
             "summaries": cfg.summaries,
             "stage2": cfg.stage2,
             "mcmc": cfg.mcmc,
-            "warm_start": cfg.warm_start,
+            "warm_start": None if cfg.warm_start is None else storage.redact(cfg.warm_start),
             "engine_options": cfg.engine_options,
         },
         "notes": info.notes,
@@ -384,7 +384,7 @@ def finish(
         # the run wrote under OUT itself: its manifest, written last, makes it visible
         storage.commit(partial, kind="run")
         return run
-    out = Path(cfg.out)
+    out = storage.local_path(cfg.out)
     if out.exists() and not cfg.overwrite:
         raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
     commit_dir(partial, out)

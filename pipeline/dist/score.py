@@ -43,16 +43,17 @@ def open_model(model: str | Path) -> Any:
     # a model on object storage counts only once its output is committed (its manifest)
     storage.require_visible(storage.location(model), "model")
     est = load_model(model)
+    where = storage.redact(str(storage.location(model) / "model.json"))
     if not hasattr(est, "cluster_stats_") or not hasattr(est, "family_"):
         raise ValueError(
-            f"{Path(model) / 'model.json'}: a {type(est).__name__} model has no cluster "
+            f"{where}: a {type(est).__name__} model has no cluster "
             "statistics to score with (dpmm score needs a run's model, MAPDP, CollapsedGibbs, "
             "UncollapsedGibbs or TreeGuidedMCMC)"
         )
     if hasattr(est, "state_"):
         # record by record, as a mixture, would ignore the transitions: not the HMM's density
         raise ValueError(
-            f"{Path(model) / 'model.json'}: a {type(est).__name__} model scores whole sequences "
+            f"{where}: a {type(est).__name__} model scores whole sequences "
             "(its score_samples(X, lengths)), not records one by one as dpmm score does"
         )
     return est
@@ -207,5 +208,5 @@ def finish(
         # OUT itself: its manifest, written last, makes it visible
         storage.commit(partial, kind="score")
         return record
-    commit_dir(partial, Path(out))
+    commit_dir(partial, storage.local_path(out))
     return record

@@ -106,6 +106,15 @@ def test_records_and_models_on_s3(s3_bucket: str, tmp_path: Path) -> None:
         save_model(est, url)
     back = load_model(url)
     np.testing.assert_array_equal(back.predict(X), est.predict(X))
+    # a prefix of someone else's objects is never replaced
+    other = f"s3://{s3_bucket}/data"
+    storage.location(f"{other}/keep.csv").write_text("a\n1\n")
+    with pytest.raises(FileExistsError, match="not a model"):
+        save_model(est, other, overwrite=True)
+    assert storage.location(f"{other}/keep.csv").exists()
+    # a model written but not committed is not read
+    with pytest.raises(InputError, match="not a committed output"):
+        load_model(other)
     np.testing.assert_allclose(back.score_samples(X), est.score_samples(X))
 
 
