@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -173,33 +174,52 @@ def labels_of(out: str) -> np.ndarray:
     return np.asarray(zarr.open_array(f"{out}/labels.zarr/label", mode="r")[:])
 
 
+@pytest.fixture(scope="module")
+def undisturbed(s3_server: str) -> dict[str, Any]:
+    """The input on S3 in a bucket of the module's, and the labels and passes of an
+    undisturbed run of it (threads in this process; the dataset store on S3, which the runs of
+    the tests then reuse)."""
+    import uuid
+
+    import boto3
+
+    bucket = f"processes-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    b = f"s3://{bucket}"
+    with storage.location(f"{b}/in.parquet").open("wb") as fh:
+        blobs(24000, 7).to_parquet(fh, index=False, row_group_size=4000)
+    run = cluster(
+        f"{b}/in.parquet",
+        f"{b}/ref",
+        data_dir=f"{b}/datasets",
+        processes=False,
+        n_workers=2,
+        dashboard_address=None,
+        progress=False,
+        **OPTS,
+    )
+    assert run["metrics"]["passes"] >= 3
+    return {"bucket": b, "passes": run["metrics"]["passes"], "labels": labels_of(f"{b}/ref")}
+
+
+OPTS = {"chunk_rows": 1000, "random_state": 3, "report": False, "init": "sequential"}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("tls", [False, True], ids=["tcp", "tls"])
 def test_separate_processes_lose_a_worker_mid_pass(
-    s3_bucket: str, tmp_path: Path, tls: bool
+    undisturbed: dict[str, Any], tmp_path: Path, tls: bool
 ) -> None:
     from distributed import Client
 
-    b = f"s3://{s3_bucket}"
-    with storage.location(f"{b}/in.parquet").open("wb") as fh:
-        blobs(24000, 7).to_parquet(fh, index=False, row_group_size=4000)
-    opts = {"chunk_rows": 1000, "random_state": 3, "report": False, "init": "sequential"}
+    b = undisturbed["bucket"]
+    out = f"{b}/out-{'tls' if tls else 'tcp'}"
     with dask_processes(tmp_path, tls) as c, dask_env(c.env):
         scheme = "tls://" if tls else "tcp://"
         assert c.address.startswith(scheme)
         client = Client(c.address, timeout=60)
         _wait_for(lambda: len(client.scheduler_info()["workers"]) == 2, 180, "no 2 workers")
-        # the undisturbed run, on the same cluster
-        ref = cluster(
-            f"{b}/in.parquet",
-            f"{b}/ref",
-            data_dir=f"{b}/datasets",
-            scheduler=c.address,
-            progress=False,
-            **opts,
-        )
-        assert ref["metrics"]["passes"] >= 3
-        argv = [str(BIN / "dpmm"), "run", f"{b}/in.parquet", "--out", f"{b}/out"]
+        argv = [str(BIN / "dpmm"), "run", f"{b}/in.parquet", "--out", out]
         argv += ["--data-dir", f"{b}/datasets", "--scheduler", c.address, "--quiet"]
         argv += ["--chunk-rows", "1000", "--seed", "3", "--no-report", "--init", "sequential"]
         env = {k: v for k, v in os.environ.items() if k != "DPMM_DATA_DIR"}
@@ -224,11 +244,11 @@ def test_separate_processes_lose_a_worker_mid_pass(
         assert run.returncode == 0, err.decode()
         _wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, 60, "w0 still seen")
         client.close()
-    got = json.loads(storage.location(f"{b}/out/run.json").read_text())
-    assert storage.committed(storage.location(f"{b}/out"))
-    assert got["metrics"]["passes"] == ref["metrics"]["passes"]
+    got = json.loads(storage.location(f"{out}/run.json").read_text())
+    assert storage.committed(storage.location(out))
+    assert got["metrics"]["passes"] == undisturbed["passes"]
     assert got["dataset"]["reused"]
-    np.testing.assert_array_equal(labels_of(f"{b}/out"), labels_of(f"{b}/ref"))
+    np.testing.assert_array_equal(labels_of(out), undisturbed["labels"])
     # nothing of the data went to a worker's disk: no zarr array, no record, no table
     for d in c.dirs:
         names = ("zarr.json", "format.json", "run.json")
