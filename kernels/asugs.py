@@ -36,6 +36,7 @@ import math
 import numpy as np
 from numba import njit
 
+from kernels.mapdp import _grow as mapdp_grow
 from kernels.obs import gaussian_nw, product
 from kernels.partition import greedy_merge
 from kernels.rng import sample_log_weights
@@ -78,18 +79,11 @@ def pm_due(i, pm_interval):
 
 @njit(cache=True, nogil=True)
 def _grow(stats, cache, nk, lognk, born, ids):
-    cap = stats.shape[0]
-    new_cap = max(2 * cap, 8)
-    s2 = np.zeros((new_cap, stats.shape[1]))
-    c2 = np.zeros((new_cap, cache.shape[1]))
-    n2 = np.zeros(new_cap)
-    l2 = np.full(new_cap, -np.inf)
+    """MAP-DP's class arrays grown (``kernels.mapdp._grow``) plus the stream's own two."""
+    s2, c2, n2, l2 = mapdp_grow(stats, cache, nk, lognk)
+    cap, new_cap = stats.shape[0], s2.shape[0]
     b2 = np.zeros(new_cap)
     i2 = np.full(new_cap, -1, dtype=np.int64)
-    s2[:cap] = stats
-    c2[:cap] = cache
-    n2[:cap] = nk
-    l2[:cap] = lognk
     b2[:cap] = born
     i2[:cap] = ids
     return s2, c2, n2, l2, b2, i2

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.config import FitParams
+from pipeline.config import MAX_PASSES, MIN_CHANGE, TOL, FitParams
 from pipeline.dist import loop
 from pipeline.engines import get_engine
 from pipeline.engines.base import Chunk, RunContext
@@ -300,6 +300,44 @@ def write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=1, default=float) + "\n")
 
 
+def write_mixed_model(
+    directory: Path,
+    state: Any,
+    cols: Columns,
+    parameters: dict[str, Any],
+    metrics: dict[str, Any],
+) -> None:
+    """``OUT/model`` (``pipeline.model``): the ``MixedEffectsDP`` of the run's final model, whose
+    ``predict`` / ``score_samples`` of the subjects' covariates (a DataFrame of ``cols``'
+    covariates), responses and ids are the run's clusters and log densities;
+    ``pipeline.load_model`` reads it back."""
+    from pipeline.mixed_effects_estimator import model_from_state
+    from pipeline.model import write_model
+
+    alpha = parameters.get("alpha", "learn")
+    params = {
+        "alpha": alpha if isinstance(alpha, str) else float(alpha),
+        "init": "one-cluster" if parameters.get("init") == "one-cluster" else "auto",
+        "max_iter": int(parameters.get("max_passes", MAX_PASSES)),
+        "tol": float(parameters.get("tol", TOL)),
+        "min_change": float(parameters.get("min_change", MIN_CHANGE)),
+        "random_state": parameters.get("random_state"),
+    }
+    est = model_from_state(
+        state.model, state.prior, state.gaussian, list(cols.covariates), params, state.history
+    )
+    metadata = {
+        "input": str(parameters.get("input")),
+        "subject": cols.subject,
+        "response": cols.response,
+        "time": cols.time,
+        **{k: metrics[k] for k in ("n_subjects", "n_observations", "passes", "objective")},
+        "converged": bool(metrics["converged"]),
+    }
+    directory.mkdir(exist_ok=True)
+    write_model(directory, est, engine=ENGINE, metadata=metadata)
+
+
 def finish(
     partial: Path,
     out: Path,
@@ -367,7 +405,8 @@ def finish(
         run["cv"] = {"folds": int(parameters.get("folds") or 0), **cv_summary(cv["log_density"])}
     subjects.to_parquet(partial / "subjects.parquet", index=False)
     clusters_table(model, coef).to_parquet(partial / "clusters.parquet", index=False)
-    files = ["subjects.parquet", "clusters.parquet", "run.json"]
+    write_mixed_model(partial / "model", state, cols, parameters, run["metrics"])
+    files = ["subjects.parquet", "clusters.parquet", "run.json", "model"]
     if report:
         files += write_report(partial, df, cols, subjects, model, coef, state.history, run)
     run["files"] = files

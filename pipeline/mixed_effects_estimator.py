@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
@@ -52,6 +52,7 @@ from pipeline.mixed_effects import (
     sweep_subjects,
     update,
 )
+from pipeline.schema import Schema
 
 
 @dataclass
@@ -107,6 +108,11 @@ class MixedEffectsDP(BaseEstimator):
     coef_names_ : list of str, the names of beta's coordinates ("intercept", then X's columns)
     prior_ : MixedPrior
     """
+
+    # what a saved model keeps (``pipeline.model``): the global fit predicts and scores; the
+    # per-subject results (labels, random effects) are the training data's, not the model's
+    _model_attrs: ClassVar[tuple[str, ...]] = ("n_clusters_", "model_", "prior_")
+    _model_extras: ClassVar[tuple[str, ...]] = ("objective_history_", "n_iter_", "gaussian_")
 
     def __init__(
         self,
@@ -172,6 +178,13 @@ class MixedEffectsDP(BaseEstimator):
         if fitting:
             self.feature_names_in_ = np.array(names, dtype=object)
             self.n_features_in_ = len(names)
+            # the covariates' names for a saved model (their values are numbers; the kind is
+            # the schema's numeric one)
+            self.schema_ = Schema(
+                list(names),
+                dict.fromkeys(names, "gaussian"),
+                from_frame=isinstance(X, pd.DataFrame),
+            )
             if self.fit_intercept:
                 for c, nm in zip(Xc, names, strict=True):
                     if n > 1 and np.ptp(c) == 0:
@@ -285,6 +298,26 @@ class MixedEffectsDP(BaseEstimator):
             str(c) for c in self.feature_names_in_
         ]
 
+    def _after_load(self) -> None:
+        """The attributes derived from ``model_`` and ``prior_``, for a model read back by
+        ``pipeline.load_model`` (which restores those two and the schema)."""
+        self.feature_names_in_ = np.asarray(self.schema_.columns, dtype=object)
+        self.n_features_in_ = len(self.schema_.columns)
+        self._set_model(self.model_, self.prior_)
+
+    def save(self, path: Any, *, overwrite: bool = False) -> Any:
+        """Write the fitted model as the directory ``path`` (``pipeline.model.save_model``:
+        JSON plus arrays, no pickle); ``pipeline.load_model(path)`` reads it back, and its
+        ``predict`` / ``score_samples`` give what this one gives.
+
+        Returns
+        -------
+        Path, ``path``.
+        """
+        from pipeline.model import save_model
+
+        return save_model(self, path, overwrite=overwrite)
+
     def fit_predict(self, X: Any, y: Any, groups: Any) -> IntArray:
         return self.fit(X, y, groups).labels_  # type: ignore[no-any-return]
 
@@ -352,3 +385,26 @@ def fit_subjects(
             break
     beta = final_effects(sub.XtX, sub.Xty, sub.yty, sub.n_obs, sub.train, z, model)
     return SubjectFit(model, z, beta)
+
+
+def model_from_state(
+    model: MixedModel,
+    prior: MixedPrior,
+    gaussian: Any,
+    covariates: list[str],
+    params: dict[str, Any],
+    history: list[dict[str, Any]],
+) -> MixedEffectsDP:
+    """The ``MixedEffectsDP`` of a distributed run's final model (``dpmm longitudinal``): its
+    ``predict`` / ``score_samples`` of a DataFrame of the ``covariates`` (in that order, an
+    intercept added) are the run's per-subject clusters and log densities. ``params``: the
+    estimator's parameters; ``history``: the run's passes (each with its ``objective``)."""
+    est = MixedEffectsDP(**params)
+    est.schema_ = Schema(list(covariates), dict.fromkeys(covariates, "gaussian"), from_frame=True)
+    est.model_ = model
+    est.prior_ = prior
+    est.gaussian_ = gaussian
+    est.objective_history_ = [float(h["objective"]) for h in history]
+    est.n_iter_ = len(history)
+    est._after_load()
+    return est

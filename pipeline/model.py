@@ -8,13 +8,14 @@ A model is a directory holding one ``pipeline.persist`` record, ``model.json`` p
 ``model_version``   ``MODEL_VERSION``; a model of another version is refused, not guessed at
 ``estimator``       the class it loads into (``MAPDP``, ``BHC``, ``TreeGuidedMCMC``, ``DPMeans``,
                     ``CollapsedGibbs``, ``UncollapsedGibbs``, ``ASUGS``, ``MAPiHMM``,
-                    ``IHMMGibbs``)
+                    ``IHMMGibbs``, ``MixedEffectsDP``)
 ``engine``          what fitted it: the estimator's name in lower case, or the engine of a
-                    ``dpmm run`` (``mapdp``, ``kmeans``) or ``dpmm hmm`` (``ihmm``)
+                    ``dpmm run`` (``mapdp``, ``kmeans``), ``dpmm hmm`` (``ihmm``) or
+                    ``dpmm longitudinal`` (``mixed_effects``)
 ``params``          the estimator's parameters (``get_params``; a ``random_state`` that is not an
                     int is stored as None)
 ``schema``          the column schema and its encoders (``pipeline.schema.Schema``: names, kinds,
-                    categories in code order, binomial trials)
+                    categories in code order, binomial trials; a ``MixedEffectsDP``'s covariates)
 ``family``          the likelihood family with its prior (``ProductFamily``), and
                     ``family_description``, its repr
 ``alpha``           the concentration the predictive uses
@@ -38,6 +39,7 @@ naming the file; nothing is returned half-loaded.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -64,6 +66,7 @@ ESTIMATORS: dict[str, str] = {
     "ASUGS": "pipeline.asugs",
     "MAPiHMM": "pipeline.ihmm",
     "IHMMGibbs": "pipeline.ihmm",
+    "MixedEffectsDP": "pipeline.mixed_effects_estimator",
 }
 
 # the fitted attribute stored as a tree (its columns and node statistics)
@@ -301,6 +304,8 @@ def _check_fitted(json_path: storage.Loc, rec: dict[str, Any], cls: type) -> Non
         expect("state_ kappa", (K,), st.kappa)
         if not np.array_equal(st.stats, fitted["cluster_stats_"]):
             raise _fail(json_path, "state_ disagrees with cluster_stats_")
+    if "model_" in fitted:
+        _check_mixed(json_path, fitted, K, n_cols + bool(rec["params"].get("fit_intercept", True)))
     if "cluster_centers_" in fitted:
         expect("cluster_centers_", (K, n_cols))
     if _TREE in fitted:
@@ -321,6 +326,38 @@ def _check_fitted(json_path: storage.Loc, rec: dict[str, Any], cls: type) -> Non
             raise _fail(json_path, "cluster_nodes_ name nodes the tree does not have")
 
 
+def _check_mixed(json_path: storage.Loc, fitted: dict[str, Any], K: int, p: int) -> None:
+    """A ``MixedEffectsDP``'s global fit: K clusters of p coefficients (the covariates and the
+    intercept), a positive tau and concentration, a prior of the same p."""
+    from pipeline.mixed_effects import MixedModel, MixedPrior
+
+    model, prior = fitted["model_"], fitted["prior_"]
+    if not isinstance(model, MixedModel) or not isinstance(prior, MixedPrior):
+        raise _fail(json_path, "model_ / prior_ are not a MixedModel and a MixedPrior")
+    for name, shape in (
+        ("n", (K,)),
+        ("s", (K, p)),
+        ("ss", (K, p, p)),
+        ("mu", (K, p)),
+        ("R", (K, p, p)),
+        ("logdet_R", (K,)),
+        ("log_nw", (K,)),
+    ):
+        got = _shape(getattr(model, name))
+        if got != shape:
+            raise _fail(
+                json_path,
+                f"array model_ {name} has shape {got}, but the model's other entries make it "
+                f"{shape}",
+            )
+    if _shape(prior.m0) != (p,) or _shape(prior.T0) != (p, p):
+        raise _fail(json_path, f"prior_ is not a prior of {p} coefficients")
+    for name in ("tau", "alpha"):
+        v = getattr(model, name)
+        if not isinstance(v, float) or not np.isfinite(v) or v <= 0:
+            raise _fail(json_path, f"model_ {name} is {v!r}, not a positive number")
+
+
 def _tree_of(json_path: storage.Loc, node: dict[str, Any]) -> Any:
     from pipeline.tree import Tree
 
@@ -333,6 +370,18 @@ def _tree_of(json_path: storage.Loc, node: dict[str, Any]) -> Any:
         return Tree(table, np.ascontiguousarray(node["stats"]))
     except ValueError as err:
         raise _fail(json_path, f"tree_: {err}") from err
+
+
+def _import_estimator_of(json_path: storage.Loc) -> None:
+    """Import the module of the estimator the model names, if it is on the allowlist, so that
+    the classes its record holds (``pipeline.persist.register``: an HMM's state, a mixed
+    model's parameters) are registered before the record is read in a fresh process."""
+    try:
+        name = json.loads(json_path.read_text())["root"]["items"]["estimator"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # ``persist.load`` says what is wrong with the file
+    if isinstance(name, str) and name in ESTIMATORS:
+        _estimator_class(name)
 
 
 def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
@@ -363,6 +412,7 @@ def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
     storage.require_visible(d, "model")
     if not d.is_dir():
         raise PersistError(f"{d}: no such model directory")
+    _import_estimator_of(json_path)
     rec = persist.load(d, RECORD)
     if type(rec) is not dict or rec.get("format") != MODEL_FORMAT:
         raise _fail(json_path, f"not a dpmm-pipeline model (no {MODEL_FORMAT!r} header)")
@@ -402,6 +452,8 @@ def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
     if family is not None and "cluster_stats_" in fitted:
         est._cache = family.cache_of(fitted["cluster_stats_"])
         est._empty_cache = family.empty_cache()
+    if hasattr(est, "_after_load"):
+        est._after_load()  # attributes derived from the stored ones
     est.engine_ = rec["engine"]
     est.model_metadata_ = rec["metadata"]
     if expect is not None and not isinstance(est, expect):

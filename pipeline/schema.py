@@ -97,7 +97,8 @@ def as_frame(X: Any, feature_names: Sequence[str] | None = None) -> tuple[pd.Dat
     names = (
         list(feature_names) if feature_names is not None else [f"x{j}" for j in range(arr.shape[1])]
     )
-    return pd.DataFrame(arr, columns=names), False
+    # no copy: the frame is only read (encode copies each column out once)
+    return pd.DataFrame(arr, columns=names, copy=False), False
 
 
 def _first_bad_row(mask: np.ndarray) -> int:
@@ -297,6 +298,15 @@ class Schema:
         """The (n, n_columns) float64 matrix of df's columns; categoricals become codes 0..C-1."""
         if df.shape[0] == 0:
             raise ValueError("X has no rows (0 samples); at least 1 is required")
+        cols = df[self.columns]
+        if "categorical" not in self.kinds.values() and all(
+            pd.api.types.is_numeric_dtype(dt) for dt in cols.dtypes
+        ):
+            # numbers only: one copy of the block; the column-by-column pass below runs only to
+            # name the first NaN or inf
+            out = cols.to_numpy(dtype=np.float64, na_value=np.nan, copy=True)
+            if np.isfinite(out).all():
+                return out
         out = np.empty((df.shape[0], len(self.columns)), dtype=np.float64)
         for j, c in enumerate(self.columns):
             kind = self.kinds[c]
@@ -323,15 +333,18 @@ class Schema:
         n = X.shape[0]
         if n < 2:
             raise ValueError(f"n_samples = {n}: clustering needs at least 2 samples, got 1 sample")
-        for j, c in enumerate(self.columns):
-            col = X[:, j]
-            if np.all(col == col[0]):
-                shown = self.categories[c][int(col[0])] if c in self.categories else col[0]
-                shown = shown.item() if isinstance(shown, np.generic) else shown
-                raise ValueError(
-                    f"column '{c}' is constant (every row is {shown!r}): it cannot inform the "
-                    "clustering and its empirical-Bayes prior is degenerate; drop the column"
-                )
+        # one vectorised pass over the rows, not one strided pass per column
+        constant = np.flatnonzero(np.all(X == X[0], axis=0))
+        if constant.size:
+            j = int(constant[0])
+            c = self.columns[j]
+            first = X[0, j]
+            shown = self.categories[c][int(first)] if c in self.categories else first
+            shown = shown.item() if isinstance(shown, np.generic) else shown
+            raise ValueError(
+                f"column '{c}' is constant (every row is {shown!r}): it cannot inform the "
+                "clustering and its empirical-Bayes prior is degenerate; drop the column"
+            )
 
     # -- families ----------------------------------------------------------------------------
     def groups(self) -> list[tuple[str, list[int]]]:
@@ -352,7 +365,8 @@ class Schema:
         default)."""
         groups: list[tuple[Family, list[int]]] = []
         for kind, cols in self.groups():
-            Xg = X[:, cols]
+            # one group over all the columns in order (the common numeric case) needs no copy
+            Xg = X if cols == list(range(X.shape[1])) else X[:, cols]
             names = [self.columns[j] for j in cols]
             fam: Family
             if kind == "categorical":

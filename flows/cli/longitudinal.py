@@ -44,7 +44,8 @@ def add_longitudinal_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="random-effects model of longitudinal data with a DP mixture of subgroups",
         description="Fit the semiparametric mixed-effects model y_i = X_i beta_i + eps_i, beta_i "
         "from a Dirichlet-process mixture of Gaussians (seed 000 Section 7), to the subjects of "
-        "INPUT; write OUT/subjects.parquet, OUT/clusters.parquet, OUT/run.json and a report.",
+        "INPUT; write OUT/subjects.parquet, OUT/clusters.parquet, OUT/run.json, a report and "
+        "OUT/model (pipeline.load_model).",
     )
     p.add_argument("input", metavar="INPUT", help="CSV or Parquet, one row per observation")
     p.add_argument("--subject", required=True, metavar="COL", help="subject id column")

@@ -4,7 +4,7 @@
              [--family SPEC] [--prior-scale F] [--alpha FLOAT|learn] [--max-passes N] [--tol F]
              [--min-change F] [--lam F] [--seed N] [--label-column COL] [--summaries M]
              [--stage2 none|bhc] [--mcmc ITER] [--warm-start MODEL]
-             [--scheduler ADDRESS] [--workers N]
+             [--scheduler ADDRESS] [--workers N] [--threads | --no-threads]
              [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
 
 INPUT is a CSV file, a Parquet file or directory, a ``.npy`` file or a zarr array. Bad input
@@ -206,6 +206,14 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="LocalCluster worker processes (default: one per core)",
     )
     p.add_argument(
+        "--threads",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the LocalCluster's workers as threads of this process instead of worker "
+        "processes: less memory, one copy of the libraries (default: threads for a sequential "
+        "engine such as asugs, whose chunks run one after another; processes otherwise)",
+    )
+    p.add_argument(
         "--warm-start",
         default=None,
         metavar="MODEL",
@@ -344,6 +352,16 @@ def _logs_to(path: Path, restore: bool) -> contextlib.AbstractContextManager[Pat
     return logs_to(path, restore)
 
 
+def _threads(args: argparse.Namespace) -> bool:
+    """Workers as threads: as asked, else for a sequential engine (a second worker process
+    would add only its own copy of the libraries and kernels to a chain of chunk tasks)."""
+    if args.threads is not None:
+        return bool(args.threads)
+    from pipeline.engines import get_engine
+
+    return bool(get_engine(args.engine).sequential)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the ``cluster`` flow; exit status 2 with one line on bad input (``InputError``)."""
     from pipeline.dist.loop import InjectedFault
@@ -381,6 +399,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         engine_options={} if args.lam is None else {"lam": args.lam},
         scheduler=args.scheduler,
         n_workers=args.workers,
+        processes=not _threads(args),
         overwrite=args.overwrite,
         report=not args.no_report,
         progress=not args.quiet,

@@ -134,7 +134,12 @@ class GaussianNW(Family):
         if not shrink > 1:
             raise ValueError(f"GaussianNW.empirical_bayes: shrink must be > 1, got {shrink}")
         m0 = X.mean(axis=0)
-        cov = np.cov(X, rowvar=False).reshape(d, d) if n > 1 else np.eye(d)
+        if n > 1:
+            # np.cov's value with one centred copy of X instead of two
+            Xc = X - m0
+            cov = (Xc.T @ Xc) / (n - 1.0)
+        else:
+            cov = np.eye(d)
         cov = 0.5 * (cov + cov.T) + 1e-9 * max(np.trace(cov) / d, 1e-300) * np.eye(d)
         a0 = d + 2.0
         c0 = 1.0 / (shrink - 1.0)

@@ -76,7 +76,10 @@ class ProductFamily:
     # -- arrays for the kernels --------------------------------------------------------------
     def arrange(self, X: FloatArray) -> FloatArray:
         """Columns of X (n, n_cols) in group order, C-contiguous float64."""
-        return np.ascontiguousarray(np.asarray(X, dtype=np.float64)[:, self.column_order])
+        X = np.asarray(X, dtype=np.float64)
+        if np.array_equal(self.column_order, np.arange(X.shape[1])):
+            return np.ascontiguousarray(X)  # already in group order: no copy of a C array
+        return np.ascontiguousarray(X[:, self.column_order])
 
     def empty_stats(self, k: int = 1) -> FloatArray:
         return np.zeros((k, self.n_stats))

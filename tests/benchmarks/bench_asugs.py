@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,7 +49,7 @@ from tests.benchmarks.bench_distributed import (
     mixture_npy,
     prefect_server,  # noqa: F401  (a fixture)
 )
-from tests.benchmarks.common import save, table
+from tests.benchmarks.common import run_peak_rss, save, table
 
 pytestmark = pytest.mark.bench
 
@@ -349,68 +348,25 @@ def test_throughput_1m(data_dir: Path, prefect_server: float) -> None:  # noqa: 
     save("asugs_1m", {"rows": rows, "prefect_start": prefect_server})
 
 
-def _peak_rss_of(proc: subprocess.Popen[bytes], every: float = 0.05) -> int:
-    """Peak of the summed RSS of ``proc`` and its descendants until it exits."""
-    import psutil
-
-    root = psutil.Process(proc.pid)
-    peak = 0
-    while proc.poll() is None:
-        total = 0
-        try:
-            procs = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            break
-        for p in procs:
-            try:
-                total += p.memory_info().rss
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
-        peak = max(peak, total)
-        time.sleep(every)
-    proc.wait()
-    return peak
-
-
 def test_10m_streamed_from_disk(data_dir: Path, prefect_server: float) -> None:  # noqa: F811
     src = mixture_npy(data_dir / "mix10m.npy", 10_000_000)
     ypath = data_dir / "mix10m_y.npy"
     out = data_dir / "out-asugs-10m"
-    # the stream is one chain of chunk tasks, so a second worker process adds nothing to the
-    # pass but its own copy of the libraries and kernels (about 365 MB each, measured); the
-    # workers run as threads of the run's process instead (the kernels release the GIL, so
-    # ingest and write-out still use both cores), over chunks of 100,000 records. The run is a
-    # process of its own, as ``dpmm run`` is, so that the peak is the run's (its process, its
-    # threads and Prefect's temporary server) and not this test process's libraries.
-    kw = dict(
-        input=str(src),
-        out=str(out),
-        engine="asugs",
-        holdout=0.01,
-        n_workers=2,
-        processes=False,
-        dashboard_address=None,
-        report=False,
-        chunk_rows=100_000,
-        data_dir=str(src.parent / "datasets-10m"),
-        overwrite=True,
-        progress=False,
-    )
-    code = (
-        "import json, sys\n"
-        "from flows.cluster import run_cluster_flow\n"
-        "if __name__ == '__main__':\n"
-        "    run_cluster_flow(**json.loads(sys.argv[1]))\n"
-    )
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(kw)])
-    peak = _peak_rss_of(proc)
-    wall = time.perf_counter() - t0
-    assert proc.returncode == 0
+    # as a user runs it: ``dpmm run --engine asugs`` on its defaults, which run the workers as
+    # threads of the run's process for this sequential engine (the stream is one chain of chunk
+    # tasks, so a second worker process would add nothing to the pass but its own copy of the
+    # libraries and kernels, about 365 MB measured; the kernels release the GIL, so ingest and
+    # write-out still use both cores), over chunks of 100,000 records (the default). The peak is
+    # that of the command's processes (its threads and Prefect's temporary server).
+    exe = Path(sys.executable).with_name("dpmm")
+    cmd = [str(exe), "run", str(src), "--out", str(out), "--engine", "asugs", "--holdout", "0.01"]
+    cmd += ["--no-report", "--overwrite", "--quiet", "--data-dir", str(src.parent / "datasets-10m")]
+    rc, wall, peak = run_peak_rss(cmd)
+    assert rc == 0
     run = json.loads((out / "run.json").read_text())
     m, tm = run["metrics"], run["timing"]
     row = {
-        "what": "dpmm run --engine asugs, 10M x 10 from disk, 2 worker threads",
+        "what": "dpmm run --engine asugs (defaults: worker threads), 10M x 10 from disk",
         "seconds": wall,
         "ingest": tm["ingest"],
         "pass s": tm["passes"],

@@ -20,6 +20,7 @@ The data are generated chunk by chunk into a ``.npy`` memmap, never as one array
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -342,6 +343,36 @@ def test_10m_memory(data_dir: Path, prefect_server: float) -> None:
     )
     save("distributed_10m", {"seconds": wall, "peak_bytes": peak, "nmi": nmi, "run": run})
     assert peak < 3e9
+
+
+@pytest.mark.timeout(10_800)  # about 21 min measured on the loaded 2-core machine
+def test_100m_end_to_end(data_dir: Path) -> None:
+    """100,000,000 x 10 records (8 GB of float64 on disk) through ``dpmm run`` as a user runs it
+    (its own process, its defaults: two worker processes, chunks of 100,000): time, passes and
+    the peak of all its processes' memory (goal: under 4 GB)."""
+    import sys
+
+    from tests.benchmarks.common import run_peak_rss
+
+    src = mixture_npy(data_dir / "mix100m.npy", 100_000_000)
+    out = data_dir / "out-100m"
+    cmd = [str(Path(sys.executable).with_name("dpmm")), "run", str(src), "--out", str(out)]
+    cmd += ["--holdout", "0.01", "--no-report", "--overwrite", "--quiet"]
+    cmd += ["--data-dir", str(data_dir / "datasets-100m")]
+    load = os.getloadavg()
+    rc, wall, peak = run_peak_rss(cmd)
+    assert rc == 0
+    run = json.loads((out / "run.json").read_text())
+    nmi = _nmi(out, data_dir / "mix100m_y.npy")
+    m, tm = run["metrics"], run["timing"]
+    print()
+    print(
+        f"100M x 10: {wall:.0f} s (ingest {tm['ingest']:.0f} s, passes {tm['passes']:.0f} s, "
+        f"write-out {tm['write_out']:.1f} s), {m['passes']} passes, {m['n_clusters']} clusters, "
+        f"NMI {nmi:.4f}, peak {peak / 1e9:.2f} GB of all processes, load average {load} before"
+    )
+    save("distributed_100m", {"seconds": wall, "peak_bytes": peak, "nmi": nmi, "run": run})
+    assert peak < 4e9
 
 
 def test_1m_summaries_stage2(data_dir: Path, prefect_server: float) -> None:

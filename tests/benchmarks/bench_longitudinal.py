@@ -32,7 +32,7 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from pipeline import MixedEffectsDP
 from pipeline.synthetic import sample_longitudinal
-from tests.benchmarks.common import save, table
+from tests.benchmarks.common import run_peak_rss, save, table
 
 pytestmark = pytest.mark.bench
 
@@ -157,33 +157,6 @@ def test_table5_covariate_sets() -> None:
     ranked = rows[0]["held-out log dens / subject"] > rows[1]["held-out log dens / subject"]
     print(f"informative set ranked first: {ranked}")
     save("longitudinal_table5", {"rows": rows, "informative_first": ranked})
-
-
-def run_peak_rss(cmd: list[str], every: float = 0.1) -> tuple[int, float, int]:
-    """Run ``cmd``; its exit code, wall seconds and the peak of the summed RSS of the process
-    and all its descendants (Dask workers, Prefect's temporary server), sampled with psutil."""
-    import subprocess
-
-    import psutil
-
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd)
-    root = psutil.Process(proc.pid)
-    peak = 0
-    while proc.poll() is None:
-        total = 0
-        try:
-            tree = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            tree = []
-        for q in tree:
-            try:
-                total += q.memory_info().rss
-            except psutil.Error:
-                pass
-        peak = max(peak, total)
-        time.sleep(every)
-    return proc.wait(), time.perf_counter() - t0, peak
 
 
 @pytest.mark.timeout(7200)  # far beyond the suite's 15 minutes per test

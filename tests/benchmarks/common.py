@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,3 +48,28 @@ def uci_sets() -> dict[str, tuple[pd.DataFrame, pd.Series]]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     return pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.4g}")
+
+
+def run_peak_rss(cmd: list[str], every: float = 0.05) -> tuple[int, float, int]:
+    """Run ``cmd``; its exit code, wall seconds and the peak of the summed RSS of the process
+    and all its descendants (Dask workers, Prefect's temporary server), sampled with psutil."""
+    import psutil
+
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd)
+    root = psutil.Process(proc.pid)
+    peak = 0
+    while proc.poll() is None:
+        total = 0
+        try:
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            tree = []
+        for q in tree:
+            try:
+                total += q.memory_info().rss
+            except psutil.Error:
+                pass
+        peak = max(peak, total)
+        time.sleep(every)
+    return proc.wait(), time.perf_counter() - t0, peak

@@ -228,6 +228,22 @@ def test_parser_has_subcommands() -> None:
     assert args.family == {"a": "poisson"} and args.alpha == "learn" and callable(args.func)
 
 
+@pytest.mark.parametrize(
+    ("argv", "threads"),
+    [
+        ([], False),  # mapdp: chunk tasks in parallel, one worker process per core
+        (["--engine", "asugs"], True),  # sequential: one chain of chunk tasks
+        (["--engine", "asugs", "--no-threads"], False),
+        (["--threads"], True),
+    ],
+)
+def test_run_workers_are_threads_for_a_sequential_engine(argv: list[str], threads: bool) -> None:
+    from flows.cli.run import _threads
+
+    args = build_parser().parse_args(["run", "in.parquet", "--out", "o", *argv])
+    assert _threads(args) is threads
+
+
 def test_real_subprocess(csv_path: Path, tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("dpmm")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "flows.cli"]

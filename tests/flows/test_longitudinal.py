@@ -18,6 +18,7 @@ from flows.cli import main
 from flows.longitudinal import longitudinal
 from pipeline import MixedEffectsDP
 from pipeline.io import temp_sibling
+from pipeline.model import load_model
 from pipeline.synthetic import sample_longitudinal
 
 
@@ -108,6 +109,13 @@ def test_the_distributed_fit_equals_the_in_memory_one(tmp_path: Path) -> None:
         m.score_samples(df[["wave", "depression", "adl"]], df["qol"], df["subject"]),
         rtol=1e-9,
     )
+    # OUT/model is the run's fit: it scores and places the training subjects as the run did
+    saved = load_model(out / "model", expect=MixedEffectsDP)
+    assert saved.engine_ == "mixed_effects" and saved.n_iter_ == run["metrics"]["passes"]
+    args = (df[["wave", "depression", "adl"]], df["qol"], df["subject"])
+    np.testing.assert_allclose(saved.score_samples(*args), subjects["log_density"], rtol=1e-9)
+    np.testing.assert_array_equal(saved.predict(*args), m.predict(*args))
+    assert saved.noise_precision_ == pytest.approx(m.noise_precision_, rel=1e-12)
 
 
 @pytest.mark.parametrize(

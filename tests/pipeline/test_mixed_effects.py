@@ -238,6 +238,45 @@ def test_predict_and_scores_on_new_subjects() -> None:
     assert clone(m).get_params() == m.get_params()
 
 
+def test_saved_model_predicts_and_scores_exactly(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from pipeline.model import load_model
+    from pipeline.persist import PersistError
+
+    df = sample_longitudinal(300, seed=6)
+    train, test = df[df.subject < 250], df[df.subject >= 250]
+    for frame in (True, False):
+        X_train, X_test = train[COVS], test[COVS]
+        if not frame:
+            X_train, X_test = X_train.to_numpy(), X_test.to_numpy()
+        m = MixedEffectsDP(random_state=0).fit(X_train, train["qol"], train["subject"])
+        path = m.save(tmp_path / f"model-{frame}")
+        back = load_model(path, expect=MixedEffectsDP)
+        args = (X_test, test["qol"], test["subject"])
+        np.testing.assert_array_equal(back.score_samples(*args), m.score_samples(*args))
+        np.testing.assert_array_equal(back.predict(*args), m.predict(*args))
+        np.testing.assert_array_equal(back.predict_proba(*args), m.predict_proba(*args))
+        for a in ("cluster_means_", "cluster_covariances_", "cluster_sizes_", "fixed_effects_"):
+            np.testing.assert_array_equal(getattr(back, a), getattr(m, a))
+        assert back.noise_precision_ == m.noise_precision_ and back.alpha_ == m.alpha_
+        assert back.coef_names_ == m.coef_names_ and back.get_params() == m.get_params()
+        assert back.objective_history_ == m.objective_history_
+        assert hasattr(back, "feature_names_in_") and back.n_features_in_ == 3
+    # new subjects must come with the fit's covariates
+    with pytest.raises(InputError, match="covariates"):
+        back.predict(test[COVS[:2]].to_numpy(), test["qol"], test["subject"])
+    # a model whose arrays disagree with its schema is refused, naming the file
+    js = path / "model.json"
+    rec = json.loads(js.read_text())
+    schema = rec["root"]["items"]["schema"]["fields"]
+    dropped = schema["columns"]["items"].pop()  # one covariate fewer than the coefficients
+    del schema["kinds"]["items"][dropped]
+    js.write_text(json.dumps(rec))
+    with pytest.raises(PersistError, match=r"model\.json: array model_ s has shape"):
+        load_model(path)
+
+
 def test_unusual_but_valid_subjects() -> None:
     """One observation, waves of different numbers, a covariate constant within a subject: the
     prior keeps every beta_i defined."""

@@ -264,3 +264,42 @@ def test_round_trip_property(n: int, seed: int, alpha: Any, levels: int) -> None
     Xnew = records(25)
     np.testing.assert_array_equal(loaded.predict(Xnew), est.predict(Xnew))
     np.testing.assert_array_equal(loaded.score_samples(Xnew), est.score_samples(Xnew))
+
+
+def test_a_fresh_process_loads_models_holding_registered_classes(tmp_path: Path) -> None:
+    """An HMM's state and a mixed model's parameters are classes registered by their modules:
+    ``load_model`` in a new interpreter (as ``dpmm score`` / ``dpmm update`` start) imports the
+    named estimator's module first, so the record reads back and predicts as saved."""
+    import subprocess
+    import sys
+
+    from pipeline.ihmm import MAPiHMM
+    from pipeline.mixed_effects_estimator import MixedEffectsDP
+    from pipeline.synthetic import sample_longitudinal
+
+    rng = np.random.default_rng(0)
+    X = np.concatenate([rng.normal(0, 1, (60, 2)), rng.normal(5, 1, (60, 2))])
+    hmm = MAPiHMM(random_state=0).fit(X, lengths=[40, 40, 40])
+    df = sample_longitudinal(80, seed=1)
+    covs = ["wave", "depression", "adl"]
+    mixed = MixedEffectsDP(random_state=0).fit(df[covs], df["qol"], df["subject"])
+    hmm.save(tmp_path / "hmm")
+    mixed.save(tmp_path / "mixed")
+    code = (
+        "import sys\n"
+        "from pipeline.model import load_model\n"
+        "for p in sys.argv[1:]:\n"
+        "    m = load_model(p)\n"
+        "    print(type(m).__name__, m.n_clusters_)\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "hmm"), str(tmp_path / "mixed")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split("\n")[:2] == [
+        f"MAPiHMM {hmm.n_clusters_}",
+        f"MixedEffectsDP {mixed.n_clusters_}",
+    ]
