@@ -186,3 +186,28 @@ def test_missing_credentials_exit_2(s3_bucket: str, monkeypatch, capfd) -> None:
     lines = capfd.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1, lines
     assert lines[0].startswith(f"dpmm: error: {b}/in.parquet: no credentials for s3://")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["cluster", "s3://bkt/in.csv", "--out", "o"],
+        ["cluster", "in.csv", "--out", "s3://bkt/o"],
+        ["cv", "in.parquet", "--out", "gs://bkt/cv"],
+        ["update", "m", "in.csv", "--out", "s3://bkt/m2"],
+    ],
+)
+def test_local_only_commands_refuse_urls(
+    argv: list[str], tmp_path: Path, monkeypatch, capfd
+) -> None:
+    """Commands that write local directories refuse a URL with one line, writing nothing (not
+    a directory named ``s3:``)."""
+    monkeypatch.chdir(tmp_path)
+    url = next(a for a in argv if "://" in a)
+    assert main(argv) == 2
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert lines == [
+        f"dpmm: error: {url}: dpmm {argv[0]} reads and writes local paths only (object "
+        "storage URLs: dpmm run and dpmm score)"
+    ]
+    assert list(tmp_path.iterdir()) == []
