@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +44,7 @@ from pipeline.engines.base import LoopState, RunContext
 from pipeline.engines.mixture_start import WARM_START
 from pipeline.families import ProductFamily
 from pipeline.mapdp_core import seed_entropy
+from pipeline.storage import Loc, local_dir, redact
 from pipeline.store import Store, StoreInfo
 
 STAGE2 = ("none", "bhc")
@@ -72,7 +72,7 @@ RETRIES = 2
     cache_policy=NO_CACHE,
 )
 def ingest_task(
-    client: Any, source: Any, cfg: dist.RunConfig, partial: Path, progress: bool, model: Any
+    client: Any, source: Any, cfg: dist.RunConfig, partial: Loc, progress: bool, model: Any
 ) -> tuple[Store, StoreInfo, bool]:
     return dist.step_ingest(client, source, cfg, partial, progress, model)
 
@@ -96,9 +96,7 @@ def start_task(client: Any, ctx: RunContext) -> LoopState:
     retry_condition_fn=_retry_unless_bad_input,
     cache_policy=NO_CACHE,
 )
-def pass_task(
-    client: Any, ctx: RunContext, state: LoopState, p: int, labels_out: Path
-) -> LoopState:
+def pass_task(client: Any, ctx: RunContext, state: LoopState, p: int, labels_out: Loc) -> LoopState:
     return loop.run_pass(client, ctx, state, labels_out)
 
 
@@ -119,7 +117,7 @@ def stage2_task(
     family: ProductFamily,
     name: str,
     alpha: float,
-    out_dir: Path,
+    out_dir: Loc,
     mcmc: int,
     seed: int,
 ) -> tuple[np.ndarray, dict[str, Any]]:
@@ -130,9 +128,11 @@ def stage2_task(
     else:
         from pipeline.stage2 import run_stage2
 
-        res = run_stage2(
-            stats, family, alpha, out_dir, method=name, mcmc_iter=mcmc, random_state=seed
-        )
+        # the tree's files are written by libraries that want a path (``local_dir``)
+        with local_dir(out_dir) as files:
+            res = run_stage2(
+                stats, family, alpha, files, method=name, mcmc_iter=mcmc, random_state=seed
+            )
         mapping = np.asarray(res.mapping, dtype=np.int64)
         info.update(res.info)
     mapping = np.asarray(mapping, dtype=np.int64)
@@ -149,7 +149,7 @@ def stage2_task(
     cache_policy=NO_CACHE,
 )
 def write_task(
-    client: Any, ctx: RunContext, state: LoopState, mapping: np.ndarray, labels: Path
+    client: Any, ctx: RunContext, state: LoopState, mapping: np.ndarray, labels: Loc
 ) -> WriteSummary:
     return write_out(client, ctx, get_engine(ctx.params.engine), state, mapping, labels)
 
@@ -164,7 +164,7 @@ def write_task(
 def finish_task(
     source: Any,
     cfg: dist.RunConfig,
-    partial: Path,
+    partial: Loc,
     info: StoreInfo,
     state: Any,
     mapping: np.ndarray,
@@ -294,7 +294,7 @@ def cluster(
         timing["passes"] = time.perf_counter() - t
         extra: dict[str, Any] = {
             "resumed": resumed,
-            "dataset": {"path": str(data.path), "reused": reused},
+            "dataset": {"path": redact(str(data.path)), "reused": reused},
             "stage2": stage2,
             "n_clusters_stage1": state.n_clusters,
         }

@@ -110,7 +110,11 @@ def hmm(
     frame, meta = read_task(input, sequence_column, time_column)
     timing["read"] = time.perf_counter() - t0
     # an in-memory source: ingested into the partial output, which is removed on bad input
-    partial, _ = dist.prepare_output(frame, cfg)
+    where, _ = dist.prepare_output(frame, cfg)
+    if not isinstance(where, Path):
+        dist.discard_output(where)
+        raise ValueError(f"--out {out}: dpmm hmm writes to a local directory only")
+    partial = where
     try:
         with dask_client(
             scheduler, n_workers, processes, dashboard_address, warm=["ihmm"]

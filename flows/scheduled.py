@@ -29,7 +29,7 @@ from prefect import flow, get_run_logger
 
 from flows.cluster import cluster
 from flows.score import score
-from pipeline import schedule
+from pipeline import schedule, storage
 from pipeline.config import DEFAULT_CHUNK_ROWS, MAX_PASSES
 from pipeline.paths import child
 
@@ -79,6 +79,12 @@ def scheduled_clustering(
     ``skipped`` (done before) and the ``latest`` version's directory.
     """
     log = get_run_logger()
+    for name, where in (("input", input), ("models", models), ("scores", scores)):
+        if where is not None and storage.is_url(where):
+            # its registry switches versions by renaming, which object stores cannot do
+            raise ValueError(
+                f"{name} {storage.redact(where)}: the scheduled flow wants a local directory"
+            )
     if int(window) < 1:
         raise ValueError(f"window must be >= 1, got {window}")
     reg = schedule.Registry(models)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
@@ -21,6 +20,7 @@ from flows.cluster import RETRIES, _retry_unless_bad_input, run_flow
 from pipeline.config import DEFAULT_CHUNK_ROWS
 from pipeline.dist import score as sc
 from pipeline.dist.client import dask_client
+from pipeline.storage import Loc
 from pipeline.store import StoreInfo
 
 
@@ -31,7 +31,7 @@ from pipeline.store import StoreInfo
     retry_condition_fn=_retry_unless_bad_input,
     cache_policy=NO_CACHE,
 )
-def ingest_task(client: Any, est: Any, source: Any, partial: Path, chunk_rows: int) -> StoreInfo:
+def ingest_task(client: Any, est: Any, source: Any, partial: Loc, chunk_rows: int) -> StoreInfo:
     return sc.step_ingest(client, est, source, partial, chunk_rows)
 
 
@@ -43,7 +43,7 @@ def ingest_task(client: Any, est: Any, source: Any, partial: Path, chunk_rows: i
     cache_policy=NO_CACHE,
 )
 def write_task(
-    client: Any, est: Any, info: StoreInfo, partial: Path, progress: bool
+    client: Any, est: Any, info: StoreInfo, partial: Loc, progress: bool
 ) -> dict[str, Any]:
     return sc.write_scores(client, est, info, partial, progress)
 

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pipeline import storage
 from pipeline.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE
 from pipeline.errors import InputError
 from pipeline.ingest import ingest
@@ -38,11 +39,17 @@ DATA_DIR_ENV = "DPMM_DATA_DIR"
 PARTIAL = ".partial-"
 
 
-def default_root() -> Path:
+def env_root() -> str | None:
+    """``$DPMM_DATA_DIR`` when set (a path or a URL: ``pipeline.storage``)."""
+    return os.environ.get(DATA_DIR_ENV) or None
+
+
+def default_root() -> storage.Loc:
     """Where shared dataset stores live: ``$DPMM_DATA_DIR``, else ``~/.cache/dpmm/datasets``."""
-    env = os.environ.get(DATA_DIR_ENV)
+    env = env_root()
     if env:
-        return Path(env).expanduser()
+        loc = storage.location(env)
+        return loc.expanduser() if isinstance(loc, Path) else loc
     return Path.home() / ".cache" / "dpmm" / "datasets"
 
 
@@ -55,9 +62,14 @@ def fingerprint(source: str | os.PathLike[str]) -> dict[str, Any]:
     """The input's resolved path and each of its files' (relative path, size, mtime_ns).
 
     A directory (Parquet parts, a zarr array) lists every file under it, so that adding,
-    removing or rewriting a part changes the fingerprint.
+    removing or rewriting a part changes the fingerprint. An input on object storage
+    (``pipeline.storage``): its URL and each object's (relative key, size, ETag or
+    modification time).
     """
-    path = Path(source).expanduser()
+    loc = storage.location(source)
+    if isinstance(loc, storage.RemotePath):
+        return _remote_fingerprint(loc)
+    path = loc.expanduser()
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")
     path = path.resolve()
@@ -71,6 +83,20 @@ def fingerprint(source: str | os.PathLike[str]) -> dict[str, Any]:
         rel = "." if f == path else f.relative_to(path).as_posix()
         entries.append([rel, st.st_size, st.st_mtime_ns])
     return {"path": str(path), "files": entries}
+
+
+def _remote_fingerprint(loc: storage.RemotePath) -> dict[str, Any]:
+    try:
+        files = loc.files() if loc.exists() else {}
+    except Exception as err:  # the file system's errors: no bucket, no credentials...
+        raise storage.fs_error(loc.url, err) from err
+    if not files:
+        raise InputError(f"{storage.redact(loc.url)}: no such file or directory")
+    entries = [
+        [rel, int(info.get("size") or 0), str(info.get("ETag") or info.get("mtime") or "")]
+        for rel, info in files.items()
+    ]
+    return {"path": storage.redact(loc.url), "files": entries}
 
 
 def ingest_options(
@@ -156,7 +182,7 @@ def remove_stale_partials(final: Path) -> list[Path]:
     return removed
 
 
-def _open_complete(path: Path) -> tuple[Store, StoreInfo]:
+def _open_complete(path: storage.Loc) -> tuple[Store, StoreInfo]:
     """A completed store at ``path``, checked; a ValueError naming the path otherwise."""
     store = Store.open_checked(path)
     if not store.exists(INFO_FILE):
@@ -199,7 +225,7 @@ def open_dataset(
     source: Any,
     *,
     client: Any,
-    root: str | os.PathLike[str] | None = None,
+    root: storage.Where | None = None,
     family: Any = "auto",
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     holdout: float = 0.0,
@@ -208,7 +234,7 @@ def open_dataset(
     label_column: str | None = None,
     group_column: str | None = None,
     progress: Callable[[str, int, int], None] | None = None,
-    path: str | os.PathLike[str] | None = None,
+    path: storage.Where | None = None,
     schema: Any = None,
 ) -> tuple[Store, StoreInfo, bool]:
     """The dataset store of ``source``: reused when an ingest with the same input and options
@@ -270,7 +296,11 @@ def open_dataset(
                 raise
             store, info = _open_complete(tmp)
             return store, info, False
-        final = Path(path)
+        final_at = storage.location(path)
+        if isinstance(final_at, storage.RemotePath):
+            store, info = _remote_ingest(final_at, source, ingest_kw, None, replace=True)
+            return store, info, False
+        final = final_at
         _refuse_foreign(final)
         store, info = _ingest_into(final, source, ingest_kw, None, replace=True)
         return store, info, False
@@ -286,7 +316,18 @@ def open_dataset(
         schema=schema,
     )
     key = dataset_key(fingerprint(source), options)
-    final = Path(path) if path is not None else Path(root or default_root()) / key
+    where = (
+        storage.location(path)
+        if path is not None
+        else storage.location(root or default_root()) / key
+    )
+    if isinstance(where, storage.RemotePath):
+        found = _remote_open(where)
+        if found is not None and (path is None or found[0].read_format().get("key") == key):
+            return found[0], found[1], True
+        store, info = _remote_ingest(where, source, ingest_kw, key, replace=path is not None)
+        return store, info, False
+    final = where
     if final.exists():
         if path is None or _recorded_key(final) == key:
             store, info = _open_complete(final)
@@ -294,6 +335,69 @@ def open_dataset(
         _refuse_foreign(final)
     store, info = _ingest_into(final, source, ingest_kw, key, replace=path is not None)
     return store, info, False
+
+
+# -- dataset stores on object storage ------------------------------------------------------------
+# No rename there: the keyed prefix ``root/key`` holds attempts ``attempt-<UTC time>-<tag>``, each
+# one ingest's own prefix, made visible by its manifest (``pipeline.storage.commit``) written
+# when complete. Readers take the newest committed attempt; concurrent ingests of one key each
+# write their own and the first committed is used by both; an attempt left uncommitted by a
+# crash is invisible and removed by a later ingest of the key once a day old.
+ATTEMPT = "attempt-"
+STALE_SECONDS = 24 * 3600
+
+
+def _attempts(final: storage.RemotePath) -> list[storage.RemotePath]:
+    try:
+        children = list(final.iterdir()) if final.exists() else []
+    except FileNotFoundError:
+        return []
+    return sorted((c for c in children if c.name.startswith(ATTEMPT)), key=lambda c: c.name)
+
+
+def _remote_open(final: storage.RemotePath) -> tuple[Store, StoreInfo] | None:
+    """The newest committed attempt's store under the key prefix ``final`` (None if none)."""
+    for attempt in reversed(_attempts(final)):
+        if storage.committed(attempt):
+            return _open_complete(attempt)
+    return None
+
+
+def _remote_ingest(
+    final: storage.RemotePath,
+    source: Any,
+    ingest_kw: dict[str, Any],
+    key: str | None,
+    replace: bool,
+) -> tuple[Store, StoreInfo]:
+    """Ingest into a new attempt under ``final`` and commit it; on failure remove it."""
+    import calendar
+    import time
+
+    now = time.time()
+    for old in _attempts(final):
+        stamp = old.name[len(ATTEMPT) :].split("-")[0]
+        try:
+            age = now - calendar.timegm(time.strptime(stamp, "%Y%m%dT%H%M%S"))
+        except ValueError:
+            continue
+        if replace or (not storage.committed(old) and age > STALE_SECONDS):
+            storage.uncommit(old)
+    tag = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    attempt = final / f"{ATTEMPT}{tag}-{uuid.uuid4().hex[:8]}"
+    try:
+        ingest(source, Store(attempt), format_extra={"key": key}, **ingest_kw)
+        if not replace:
+            won = _remote_open(final)
+            if won is not None:
+                # a concurrent ingest of the same key committed first: its store is the same
+                storage.rmtree(attempt, ignore_errors=True)
+                return won
+        storage.commit(attempt, kind="dataset", key=key)
+    except BaseException:
+        storage.rmtree(attempt, ignore_errors=True)
+        raise
+    return _open_complete(attempt)
 
 
 def _recorded_key(path: Path) -> str | None:

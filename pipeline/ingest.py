@@ -13,7 +13,6 @@ to plan the chunks, and one task per output chunk gathers its rows from the stag
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pipeline import storage
 from pipeline.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE
 from pipeline.errors import InputError
 from pipeline.families import Family, ProductFamily
@@ -210,7 +210,7 @@ def ingest(
     D = len(schema.columns)
     labels = label_column is not None
     if store.path.exists():
-        shutil.rmtree(store.path)
+        storage.rmtree(store.path)
     store.write_format(
         source=src.description,
         family=repr(family),
@@ -334,7 +334,7 @@ def ingest(
                 )
             del codes, plan
         results = _gather(client, futs, "chunk", tell)
-        shutil.rmtree(store.path / "staging", ignore_errors=True)
+        storage.rmtree(store.path / "staging", ignore_errors=True)
     results = sorted(results, key=lambda r: r.index)
     mom = results[0].moments
     assert mom is not None

@@ -168,7 +168,12 @@ def check_file(path: str | os.PathLike[str]) -> None:
     InputError
         Naming the file and what is wrong with it.
     """
-    p = Path(path)
+    from pipeline import storage
+
+    if storage.is_url(path):
+        check_url(str(path))
+        return
+    p = storage.local_path(path)
     name = str(path)
     if not p.exists():
         raise InputFileNotFoundError(f"{name}: no such file or directory")
@@ -181,6 +186,22 @@ def check_file(path: str | os.PathLike[str]) -> None:
         check_parquet_file(p, name)
     elif low.endswith(NPY_SUFFIXES):
         check_npy(p)
+
+
+def check_url(url: str) -> None:
+    """An input on object storage (``pipeline.storage``): its scheme is known and installed,
+    its bucket can be listed with the environment's credentials, and the object or prefix
+    exists; an ``InputError`` naming the URL otherwise."""
+    from pipeline import storage
+
+    storage.check_reachable(url)
+    loc = storage.location(url)
+    try:
+        found = loc.exists()
+    except Exception as err:
+        raise storage.fs_error(url, err) from err
+    if not found:
+        raise InputFileNotFoundError(f"{storage.redact(url)}: no such file or directory")
 
 
 def _check_csv_head(p: Path, name: str) -> None:
@@ -494,8 +515,15 @@ def read_json(path: str | os.PathLike[str]) -> Any:
         return None
 
 
-def write_json(path: str | os.PathLike[str], obj: Mapping[str, Any]) -> None:
-    """``obj`` as indented JSON; numpy scalars / arrays become numbers / lists, NaN and inf null."""
+def write_json(path: Any, obj: Mapping[str, Any]) -> None:
+    """``obj`` as indented JSON; numpy scalars / arrays become numbers / lists, NaN and inf null.
+    ``path`` may be an object on object storage (``pipeline.storage``): one PUT."""
+    from pipeline import storage
+
+    loc = storage.location(path)
+    if isinstance(loc, storage.RemotePath):
+        loc.write_text(json.dumps(_jsonable(obj), indent=2, allow_nan=False) + "\n")
+        return
     with open(path, "w", encoding="utf-8") as f:
         json.dump(_jsonable(obj), f, indent=2, allow_nan=False)
         f.write("\n")

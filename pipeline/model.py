@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline import persist
+from pipeline import persist, storage
 from pipeline.io import commit_dir, temp_sibling, versions
 from pipeline.persist import PersistError
 
@@ -173,7 +173,10 @@ def save_model(
     -------
     Path, ``path``.
     """
-    out = Path(path)
+    where = storage.location(path)
+    if isinstance(where, storage.RemotePath):
+        return _save_remote(where, estimator, overwrite, engine, metadata)  # type: ignore[return-value]
+    out = where
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out}: already exists (pass overwrite=True to replace it)")
     record = model_record(estimator, engine=engine, metadata=metadata)
@@ -191,7 +194,39 @@ def save_model(
     return out
 
 
-def write_model(directory: str | os.PathLike[str], estimator: Any, **kwargs: Any) -> None:
+def _save_remote(
+    out: storage.RemotePath,
+    estimator: Any,
+    overwrite: bool,
+    engine: str | None,
+    metadata: dict[str, Any] | None,
+) -> storage.RemotePath:
+    """``save_model`` to object storage: no rename there, so the model is written under its
+    own prefix and made visible by its manifest, written last (``pipeline.storage.commit``)."""
+    if storage.committed(out) and not overwrite:
+        raise FileExistsError(
+            f"{storage.redact(out.url)}: already exists (pass overwrite=True to replace it)"
+        )
+    if not storage.committed(out) and out.exists():
+        # only a crashed save's files may be replaced: never a user's other objects
+        others = set(out.files()) - {f"{RECORD}.json", f"{RECORD}.npz"}
+        if others:
+            raise FileExistsError(
+                f"{storage.redact(out.url)}: holds objects that are not a model "
+                f"({sorted(others)[0]}, ...); refusing to replace them"
+            )
+    record = model_record(estimator, engine=engine, metadata=metadata)
+    storage.uncommit(out)
+    try:
+        persist.save(out, RECORD, record)
+        storage.commit(out, kind="model")
+    except BaseException:
+        storage.rmtree(out, ignore_errors=True)
+        raise
+    return out
+
+
+def write_model(directory: storage.Where, estimator: Any, **kwargs: Any) -> None:
     """``save_model`` into an existing directory that is itself being staged (a run's partial
     output): no rename of its own."""
     persist.save(directory, RECORD, model_record(estimator, **kwargs))
@@ -200,7 +235,7 @@ def write_model(directory: str | os.PathLike[str], estimator: Any, **kwargs: Any
 # -- loading ---------------------------------------------------------------------------------
 
 
-def _fail(json_path: Path, problem: str) -> PersistError:
+def _fail(json_path: storage.Loc, problem: str) -> PersistError:
     return PersistError(f"{json_path}: {problem}")
 
 
@@ -208,7 +243,7 @@ def _shape(v: Any) -> tuple[int, ...] | None:
     return tuple(v.shape) if isinstance(v, np.ndarray) else None
 
 
-def _check_fitted(json_path: Path, rec: dict[str, Any], cls: type) -> None:
+def _check_fitted(json_path: storage.Loc, rec: dict[str, Any], cls: type) -> None:
     """The fitted arrays agree with each other, the schema and the family, or a PersistError."""
     from pipeline.families import ProductFamily
     from pipeline.schema import Schema
@@ -291,7 +326,7 @@ def _check_fitted(json_path: Path, rec: dict[str, Any], cls: type) -> None:
             raise _fail(json_path, "cluster_nodes_ name nodes the tree does not have")
 
 
-def _check_mixed(json_path: Path, fitted: dict[str, Any], K: int, p: int) -> None:
+def _check_mixed(json_path: storage.Loc, fitted: dict[str, Any], K: int, p: int) -> None:
     """A ``MixedEffectsDP``'s global fit: K clusters of p coefficients (the covariates and the
     intercept), a positive tau and concentration, a prior of the same p."""
     from pipeline.mixed_effects import MixedModel, MixedPrior
@@ -323,7 +358,7 @@ def _check_mixed(json_path: Path, fitted: dict[str, Any], K: int, p: int) -> Non
             raise _fail(json_path, f"model_ {name} is {v!r}, not a positive number")
 
 
-def _tree_of(json_path: Path, node: dict[str, Any]) -> Any:
+def _tree_of(json_path: storage.Loc, node: dict[str, Any]) -> Any:
     from pipeline.tree import Tree
 
     cols = node["columns"]
@@ -337,7 +372,7 @@ def _tree_of(json_path: Path, node: dict[str, Any]) -> Any:
         raise _fail(json_path, f"tree_: {err}") from err
 
 
-def _import_estimator_of(json_path: Path) -> None:
+def _import_estimator_of(json_path: storage.Loc) -> None:
     """Import the module of the estimator the model names, if it is on the allowlist, so that
     the classes its record holds (``pipeline.persist.register``: an HMM's state, a mixed
     model's parameters) are registered before the record is read in a fresh process."""
@@ -371,8 +406,10 @@ def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
         version, a missing or changed ``model.npz``, arrays whose shapes disagree with the JSON
         or with each other, an estimator not on the allowlist.
     """
-    d = Path(path)
+    d = storage.location(path)
     json_path = d / f"{RECORD}.json"
+    # on object storage a model counts only once a manifest lists it (``storage.commit``)
+    storage.require_visible(d, "model")
     if not d.is_dir():
         raise PersistError(f"{d}: no such model directory")
     _import_estimator_of(json_path)

@@ -37,21 +37,20 @@ storable values) and the classmethod ``from_state(cls, state) -> instance``.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import io
 import json
 import math
-import os
 import re
-import tempfile
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import numpy as np
+
+from pipeline import storage
 
 FORMAT_VERSION: int = 1
 FORMAT = "dpmm-pipeline record"
@@ -110,52 +109,29 @@ def register(cls: C) -> C:
     return cls
 
 
-def _paths(directory: str | os.PathLike[str], name: str) -> tuple[Path, Path]:
+def _paths(directory: storage.Where, name: str) -> tuple[storage.Loc, storage.Loc]:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(
             f"record name {name!r}: use letters, digits, '_' and '-' only, without an extension "
             "(the record is written as NAME.json and NAME.npz)"
         )
-    d = Path(directory)
+    d = storage.location(directory)
     return d / f"{name}.json", d / f"{name}.npz"
 
 
 # -- writing ---------------------------------------------------------------------------------
 
 
-def write_atomic(path: str | os.PathLike[str], data: bytes) -> None:
-    """Replace ``path`` by ``data`` atomically: a reader sees the old file or the new one whole.
-
-    The bytes go to a temporary file in the same directory, are flushed to the disk, and the
-    temporary file is renamed over ``path``; the directory is synced so the rename survives a
-    crash too.
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    # not every platform / file system can open a directory for syncing; the rename itself
-    # is atomic either way
-    with contextlib.suppress(OSError):
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+def write_atomic(path: storage.Where, data: bytes) -> None:
+    """Replace ``path`` by ``data`` atomically: a reader sees the old file or the new one whole
+    (``pipeline.storage.write_atomic``: a local file is renamed over, an object is one PUT)."""
+    storage.write_atomic(path, data)
 
 
 class _Writer:
     """Turns an object into a type tree, collecting its arrays."""
 
-    def __init__(self, file: Path):
+    def __init__(self, file: storage.Loc):
         self.file = file
         # Any: numpy's stubs type savez's keyword arguments as its own options
         self.arrays: dict[str, Any] = {}
@@ -252,7 +228,7 @@ class _Writer:
             self.active.discard(id(obj))
 
 
-def save(directory: str | os.PathLike[str], name: str, obj: Any) -> None:
+def save(directory: storage.Where, name: str, obj: Any) -> None:
     """Write ``obj`` as the record ``name`` in ``directory`` (module docstring).
 
     ``directory/name.npz`` is written first, then ``directory/name.json``, each atomically
@@ -270,7 +246,9 @@ def save(directory: str | os.PathLike[str], name: str, obj: Any) -> None:
         numpy arrays and scalars, and instances of registered classes.
     """
     json_path, npz_path = _paths(directory, name)
-    if not Path(directory).is_dir():
+    d = storage.location(directory)
+    # an object store's prefix exists once something is written under it
+    if isinstance(d, Path) and not d.is_dir():
         raise PersistError(f"{json_path}: cannot write: {directory} is not a directory")
     w = _Writer(json_path)
     try:
@@ -300,12 +278,12 @@ def save(directory: str | os.PathLike[str], name: str, obj: Any) -> None:
     write_atomic(json_path, text.encode())
 
 
-def exists(directory: str | os.PathLike[str], name: str) -> bool:
+def exists(directory: storage.Where, name: str) -> bool:
     """Whether the record ``name`` was completely written (its JSON is there)."""
     return _paths(directory, name)[0].is_file()
 
 
-def remove(directory: str | os.PathLike[str], name: str) -> None:
+def remove(directory: storage.Where, name: str) -> None:
     """Delete the record ``name`` if present: the JSON first, so a half-removed record reads as
     absent."""
     json_path, npz_path = _paths(directory, name)
@@ -323,7 +301,7 @@ def _refuse_constant(token: str) -> float:
 class _Reader:
     """Rebuilds an object from its type tree and the npz's members."""
 
-    def __init__(self, json_path: Path, npz_path: Path, npz: Mapping[str, Any]):
+    def __init__(self, json_path: storage.Loc, npz_path: storage.Loc, npz: Mapping[str, Any]):
         self.json_path = json_path
         self.npz_path = npz_path
         self.npz = npz
@@ -437,14 +415,14 @@ class _Reader:
 
 
 @overload
-def load(directory: str | os.PathLike[str], name: str, expect: None = None) -> Any: ...
+def load(directory: storage.Where, name: str, expect: None = None) -> Any: ...
 
 
 @overload
-def load(directory: str | os.PathLike[str], name: str, expect: type[T]) -> T: ...
+def load(directory: storage.Where, name: str, expect: type[T]) -> T: ...
 
 
-def load(directory: str | os.PathLike[str], name: str, expect: type[Any] | None = None) -> Any:
+def load(directory: storage.Where, name: str, expect: type[Any] | None = None) -> Any:
     """Read the record ``name`` of ``directory`` back, never unpickling anything.
 
     Parameters

@@ -18,6 +18,7 @@ import pandas as pd
 import zarr
 
 from pipeline import io as pio
+from pipeline import storage
 from pipeline.errors import InputError
 from pipeline.schema import as_frame
 from pipeline.store import NO_ROWS
@@ -64,11 +65,20 @@ def _npy_source(path: Path) -> tuple[int, int]:
     return int(shape[0]), int(shape[1])
 
 
-def _csv_blocks(path: Path, block: int) -> list[tuple[int, int]]:
+def _size(loc: storage.Loc) -> int:
+    return loc.stat().st_size if isinstance(loc, Path) else loc.stat_size()
+
+
+def _open_rb(path: str) -> Any:
+    """A local file or an object (``pipeline.storage``), opened for reading bytes."""
+    return storage.location(path).open("rb")
+
+
+def _csv_blocks(path: storage.Loc, block: int) -> list[tuple[int, int]]:
     """Byte ranges of the data lines of a CSV file, split at line ends near multiples of
     ``block`` (quoted fields holding line breaks are not supported)."""
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
+    size = _size(path)
+    with path.open("rb") as fh:
         header = fh.readline()
         start = len(header)
         bounds = [start]
@@ -117,7 +127,11 @@ def read_piece(
     try:
         if kind == "npy":
             path, a, b = piece.args
-            arr = np.load(path, mmap_mode="r", allow_pickle=False)[a:b]
+            arr = (
+                np.load(path, mmap_mode="r", allow_pickle=False)[a:b]
+                if not storage.is_url(path)
+                else _npy_rows(path, a, b)
+            )
             if arr.dtype.names is not None:
                 return pd.DataFrame({f: np.asarray(arr[f]) for f in arr.dtype.names}), True
             return as_frame(np.asarray(arr), columns)[0], False
@@ -130,8 +144,13 @@ def read_piece(
             dtype = {c: str for c in text_columns} if text_columns else None
             sep = pio.csv_sep(path)
             if a < 0:  # a compressed file: one piece
+                if storage.is_url(path):
+                    import gzip
+
+                    raw = gzip.decompress(storage.location(path).read_bytes())
+                    return pio.parse_csv(raw, piece.label, sep, dtype=dtype), True
                 return pio.parse_csv(Path(path), piece.label, sep, dtype=dtype), True
-            with open(path, "rb") as fh:
+            with _open_rb(path) as fh:
                 header = fh.readline()
                 fh.seek(a)
                 body = fh.read(b - a)
@@ -139,7 +158,7 @@ def read_piece(
                 raise InputError(f"{piece.label}: the file is empty (no header line)")
 
             def lines_before() -> int:
-                with open(path, "rb") as fh:
+                with _open_rb(path) as fh:
                     return fh.read(a).count(b"\n") - 1
 
             df = pio.parse_csv(header + body, piece.label, sep, lines_before, dtype)
@@ -148,7 +167,8 @@ def read_piece(
             import pyarrow.parquet as pq
 
             path, rg = piece.args
-            table = pq.ParquetFile(path).read_row_group(rg)
+            with _open_rb(path) as fh:
+                table = pq.ParquetFile(fh).read_row_group(rg)
             return table.to_pandas(), True
         if kind in IN_MEMORY:
             obj = data
@@ -194,8 +214,10 @@ def open_source(obj: Any, chunk_rows: int) -> Source:
     # dask.dataframe just to test for one costs the driver most of a second
     da = sys.modules.get("dask.array")
     dd = sys.modules.get("dask.dataframe")
+    if storage.is_url(obj):
+        return _remote_source(storage.location(obj), chunk_rows)
     if isinstance(obj, (str, os.PathLike)):
-        path = Path(obj)
+        path = storage.local_path(obj)
         if not path.exists():
             raise InputError(f"{path}: no such file or directory")
         name = path.name.lower()
@@ -277,6 +299,123 @@ def open_source(obj: Any, chunk_rows: int) -> Source:
         for i, a in enumerate(range(0, max(n, 1), chunk_rows))
     ]
     return Source("array", pieces, aligned=True, from_frame=False)
+
+
+def _remote_source(loc: storage.Loc, chunk_rows: int) -> Source:
+    """The pieces of an input on object storage (``pipeline.storage``): a CSV, Parquet file or
+    prefix of Parquet files, ``.npy`` file or zarr array, read by the workers through fsspec."""
+    assert isinstance(loc, storage.RemotePath)
+    label = storage.redact(loc.url)
+    try:
+        if not loc.exists():
+            raise InputError(f"{label}: no such file or directory")
+        name = loc.name.lower()
+        if name.endswith(".npy"):
+            shape, dtype = _remote_npy_header(loc)
+            if dtype.names is not None and len(shape) == 1:
+                n = int(shape[0])
+            elif len(shape) != 2 or dtype.names is not None:
+                raise InputError(f"{label}: expected a 2-D array (n_samples, n_features)")
+            else:
+                n = int(shape[0])
+            return _aligned(label, n, chunk_rows, "npy", loc.url, from_frame=False)
+        if (loc / "zarr.json").exists() or (loc / ".zarray").exists():
+            try:
+                arr = zarr.open_array(loc.url, mode="r")
+            except Exception as err:
+                raise InputError(f"{label}: not a readable zarr array ({err})") from err
+            if arr.ndim != 2:
+                raise InputError(f"{label}: expected a 2-D zarr array, got shape {arr.shape}")
+            return _aligned(label, int(arr.shape[0]), chunk_rows, "zarr", loc.url, False)
+        if name.endswith((".parquet", ".pq")) or loc.is_dir():
+            import pyarrow.parquet as pq
+
+            files = (
+                [loc]
+                if loc.is_file()
+                else [
+                    loc / k
+                    for k in loc.files()
+                    if not any(part.startswith(("_", ".")) for part in k.split("/"))
+                ]
+            )
+            if not files:
+                raise InputError(f"{label}: directory holds no Parquet files")
+            pieces: list[Piece] = []
+            for f in files:
+                flabel = storage.redact(str(f))
+                size = _size(f)
+                with f.open("rb") as fh:
+                    head = fh.read(4)
+                    fh.seek(max(size - 4, 0))
+                    tail = fh.read(4)
+                    if size < 12 or head != b"PAR1" or tail != b"PAR1":
+                        raise InputError(f"{flabel}: not a Parquet file (bad magic bytes)")
+                    fh.seek(0)
+                    try:
+                        meta = pq.ParquetFile(fh).metadata
+                    except Exception as err:  # pyarrow raises its own errors
+                        raise InputError(f"{flabel}: not a readable Parquet file ({err})") from err
+                row0 = 0
+                for rg in range(meta.num_row_groups):
+                    n = meta.row_group(rg).num_rows
+                    pieces.append(Piece(len(pieces), flabel, "parquet", (str(f), rg), row0, n))
+                    row0 += n
+            if not pieces or sum(p.n or 0 for p in pieces) == 0:
+                raise InputError(f"{label}: {NO_ROWS}")
+            return Source(label, pieces, aligned=False, from_frame=True)
+        if _size(loc) == 0:
+            raise InputError(f"{label}: the file is empty")
+        blocks = [(-1, -1)] if name.endswith(".gz") else _csv_blocks(loc, CSV_BLOCK_BYTES)
+        pieces = [
+            Piece(i, label, "csv", (loc.url, a, b), 0 if i == 0 else None)
+            for i, (a, b) in enumerate(blocks)
+        ]
+        return Source(label, pieces, aligned=False, from_frame=True)
+    except InputError:
+        raise
+    except Exception as err:  # the file system's own errors: no bucket, no credentials...
+        raise storage.fs_error(loc.url, err) from err
+
+
+def _remote_npy_header(loc: storage.RemotePath) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """Shape and dtype of a ``.npy`` object from its header (as ``pipeline.io.check_npy``)."""
+    label = storage.redact(loc.url)
+    with loc.open("rb") as f:
+        if not f.read(6).startswith(b"\x93NUMPY"):
+            raise InputError(f"{label}: not a NumPy .npy file (bad magic bytes)")
+        f.seek(0)
+        try:
+            version = np.lib.format.read_magic(f)
+            read = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, fortran, dtype = read(f)
+        except (ValueError, OSError, EOFError) as err:
+            raise InputError(f"{label}: not a valid NumPy .npy file ({err})") from None
+    if dtype.hasobject:
+        raise InputError(f"{label}: holds Python objects (dtype {dtype}); only numbers are read")
+    if fortran and len(shape) > 1:
+        raise InputError(f"{label}: a Fortran-ordered array; save it in C order to read it")
+    return tuple(int(v) for v in shape), dtype
+
+
+def _npy_rows(url: str, a: int, b: int) -> np.ndarray:
+    """Rows a..b-1 of a C-ordered ``.npy`` object, read as one byte range."""
+    with _open_rb(url) as f:
+        version = np.lib.format.read_magic(f)
+        read = (
+            np.lib.format.read_array_header_1_0
+            if version == (1, 0)
+            else np.lib.format.read_array_header_2_0
+        )
+        shape, _fortran, dtype = read(f)
+        row = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+        f.seek(f.tell() + a * row)
+        data = f.read((b - a) * row)
+    return np.frombuffer(data, dtype=dtype).reshape((b - a, *shape[1:]))
 
 
 def _aligned(label: str, n: int, chunk_rows: int, kind: str, path: str, from_frame: bool) -> Source:

@@ -44,17 +44,15 @@ Ingest (``pipeline.ingest``) writes a store; ``pipeline.dataset`` shares it betw
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import numpy as np
 import zarr
 from numpy.typing import NDArray
 
-from pipeline import persist
+from pipeline import persist, storage
 from pipeline.config import N_FOLDS
 from pipeline.errors import InputError
 from pipeline.families import FloatArray, ProductFamily
@@ -272,11 +270,12 @@ class StoreInfo:
 class Store:
     """A dataset store (module docstring)."""
 
-    def __init__(self, path: str | os.PathLike[str]):
-        self.path = Path(path)
+    def __init__(self, path: storage.Where):
+        # a local directory or a prefix of object storage (``pipeline.storage``)
+        self.path: storage.Loc = storage.location(path)
 
     @classmethod
-    def open_checked(cls, path: str | os.PathLike[str]) -> Store:
+    def open_checked(cls, path: storage.Where) -> Store:
         """The store at ``path`` after checking its ``format.json``.
 
         Raises

@@ -46,3 +46,54 @@ def _dataset_root(tmp_path_factory):
         os.environ.pop(DATA_DIR_ENV, None)
     else:
         os.environ[DATA_DIR_ENV] = old
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """An S3-compatible server (moto's server mode) on 127.0.0.1, and the environment every
+    process of a test reads its credentials and endpoint from (``pipeline.storage``): the
+    endpoint URL. Tests make their own buckets (``s3_bucket``)."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    # the server's request log would fill the tests' output
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+        # no instance metadata service to ask offline; no user's files to read
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_CONFIG_FILE": os.devnull,
+    }
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield env["AWS_ENDPOINT_URL"]
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: str, request: pytest.FixtureRequest) -> str:
+    """A new empty bucket of the test's own on the ``s3_server``: its name."""
+    import re
+    import uuid
+
+    import boto3
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-")
+    bucket = f"{name}-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    return bucket

@@ -60,6 +60,7 @@ from flows.cli.types import family as _family
 from flows.cli.types import positive_int as _positive_int
 from flows.cli.update import add_update_parser
 from pipeline import io as pio
+from pipeline import storage
 from pipeline.errors import InputError
 
 PROG = "dpmm"
@@ -614,6 +615,24 @@ def check_paths(args: argparse.Namespace) -> None:
     check_separate(outputs, inputs)
 
 
+# the commands whose INPUT, OUT, MODEL and --data-dir may be URLs (``pipeline.storage``)
+URL_COMMANDS = ("run", "score")
+
+
+def _refuse_urls(args: argparse.Namespace) -> None:
+    """One line, before anything starts, for a URL given to a command that writes local
+    directories only (never a directory named ``s3:`` on this disk)."""
+    if args.command in URL_COMMANDS:
+        return
+    for name in ("input", "out", "model", "models", "scores", "data_dir", "warm_start"):
+        value = getattr(args, name, None)
+        if isinstance(value, str) and storage.is_url(value):
+            raise InputError(
+                f"{storage.redact(value)}: dpmm {args.command} reads and writes local paths "
+                "only (object storage URLs: dpmm run and dpmm score)"
+            )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dpmm`` with ``argv`` (default: this program's arguments); returns the exit status."""
     # Prefect's temporary server sends usage telemetry unless told not to; on a machine without
@@ -631,6 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         # no argv: this process is the dpmm program, whose logging ``flows.cli.logs`` may keep
         args.program = argv is None
+        _refuse_urls(args)
         check_paths(args)
         return int(args.func(args))
     except InputError as err:

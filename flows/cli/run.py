@@ -40,6 +40,7 @@ from flows.cli.types import positive_float as _positive_float
 from flows.cli.types import positive_int as _positive_int
 from flows.cli.types import prior_scale as _prior_scale
 from pipeline import io as pio
+from pipeline import storage
 from pipeline.config import (
     DEFAULT_CHUNK_ROWS,
     INIT_SAMPLE,
@@ -416,6 +417,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     # what can be seen of the file itself is refused before a Dask cluster and Prefect start
     pio.check_file(args.input)
     _hpc_of(args)  # a bad --cluster-config is refused before anything starts
+    # and an OUT or --data-dir on object storage that cannot be reached (``pipeline.storage``)
+    storage.check_reachable(args.out, "--out")
+    if args.data_dir is not None:
+        storage.check_reachable(args.data_dir, "--data-dir")
     prestart()  # Prefect's temporary server boots while the flow's modules load
     kwargs = dict(
         input=args.input,

@@ -16,6 +16,7 @@ from typing import Any
 from flows.cli.run import add_log_options, start_flow
 from flows.cli.types import positive_int as _positive_int
 from pipeline import io as pio
+from pipeline import storage
 from pipeline.config import DEFAULT_CHUNK_ROWS
 
 
@@ -59,6 +60,10 @@ def cmd_score(args: argparse.Namespace) -> int:
     from flows.score import run_score_flow
 
     pio.check_file(args.input)
+    # a model or OUT on object storage that cannot be reached (``pipeline.storage``)
+    storage.check_reachable(args.model, "model")
+    storage.require_visible(storage.location(args.model), "model")
+    storage.check_reachable(args.out, "--out")
     prestart()  # Prefect's temporary server boots while the flow's modules load
     kwargs = dict(
         model=args.model,

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from pipeline import storage
 from pipeline.config import FitParams
 from pipeline.engines import get_engine
 from pipeline.engines.base import Chunk, Engine, LoopState, RunContext
@@ -105,7 +106,7 @@ def create_record_arrays(ctx: RunContext, engine: Engine) -> None:
 
 def context(
     data: Store,
-    state: Store | str | os.PathLike[str],
+    state: Store | storage.Where,
     info: StoreInfo,
     params: FitParams,
     progress: bool = False,
@@ -174,7 +175,7 @@ def run_pass(
     client: Any,
     ctx: RunContext,
     state: LoopState,
-    labels_out: str | os.PathLike[str] | None = None,
+    labels_out: storage.Where | None = None,
 ) -> LoopState:
     """One pass: a task per chunk, then the engine's reduce; checkpoints the new state.
 
@@ -244,7 +245,7 @@ def run_passes(
     client: Any,
     ctx: RunContext,
     resume: bool = True,
-    labels_out: str | os.PathLike[str] | None = None,
+    labels_out: storage.Where | None = None,
     state: LoopState | None = None,
     step: Callable[[LoopState], LoopState] | None = None,
     on_pass: Callable[[LoopState], None] | None = None,

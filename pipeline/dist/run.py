@@ -1,6 +1,8 @@
 """A whole run (``dpmm run``), step by step: the Prefect flow ``flows.cluster`` calls these as
-tasks. The run writes into a temporary sibling of OUT (``temp_sibling``) that is renamed when
-complete; running the same command again after a crash resumes from the last checkpoint."""
+tasks. A local run writes into a temporary sibling of OUT (``temp_sibling``) that is renamed
+when complete; a run whose OUT is on object storage writes under OUT itself and is made visible
+by OUT's manifest, written last (``pipeline.storage.commit``). Running the same command again
+after a crash resumes from the last checkpoint."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from pipeline import dataset
+from pipeline import dataset, storage
 from pipeline.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE, FitParams
 from pipeline.dist.loop import context
 from pipeline.dist.writeout import WriteSummary
@@ -86,18 +88,26 @@ def fingerprint(source: Any, cfg: RunConfig) -> str | None:
     )
 
 
-def prepare_output(source: Any, cfg: RunConfig) -> tuple[Path, bool]:
+MARKER = "fingerprint.json"
+
+
+def prepare_output(source: Any, cfg: RunConfig) -> tuple[storage.Loc, bool]:
     """The temporary sibling the run writes into, and whether it resumes an earlier attempt of
     the same command (same input files and parameters). A different earlier attempt is
-    removed; an existing ``out`` is refused unless ``overwrite``."""
+    removed; an existing ``out`` is refused unless ``overwrite``.
+
+    OUT on object storage: the run writes under OUT itself (``_prepare_remote``)."""
     import shutil
 
-    out = Path(cfg.out)
+    where = storage.location(cfg.out)
+    if isinstance(where, storage.RemotePath):
+        return _prepare_remote(source, cfg, where)
+    out = where
     if out.exists() and not cfg.overwrite:
         raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
     partial = temp_sibling(out)
     fp = fingerprint(source, cfg)
-    marker = partial / "fingerprint.json"
+    marker = partial / MARKER
     if partial.exists():
         if fp is not None and marker.exists() and marker.read_text() == fp:
             return partial, True
@@ -108,11 +118,45 @@ def prepare_output(source: Any, cfg: RunConfig) -> tuple[Path, bool]:
     return partial, False
 
 
-def discard_output(partial: Path) -> None:
-    """Remove a partial output (after bad input: nothing to resume)."""
-    import shutil
+def _prepare_remote(
+    source: Any, cfg: RunConfig, out: storage.RemotePath
+) -> tuple[storage.Loc, bool]:
+    """OUT's prefix, which the run writes into, and whether it resumes: a committed OUT (with
+    a manifest) is refused unless ``overwrite`` (then hidden and removed now); an uncommitted
+    one whose marker holds this command's fingerprint is resumed; one of another command is
+    removed; objects that are not a run's output are never touched."""
+    try:
+        storage.check_reachable(out, "--out")
+        fp = fingerprint(source, cfg)
+        marker = out / MARKER
+        if storage.committed(out):
+            if not cfg.overwrite:
+                raise ValueError(
+                    f"--out {storage.redact(out.url)}: already exists (pass --overwrite to "
+                    "replace it)"
+                )
+            storage.uncommit(out)
+        elif marker.exists():
+            if fp is not None and marker.read_text() == fp:
+                return out, True
+            storage.rmtree(out)
+        elif out.exists():
+            raise ValueError(
+                f"--out {storage.redact(out.url)}: holds objects that are not a dpmm run's "
+                "output; refusing to replace them"
+            )
+        # written first, even without a fingerprint: it marks the prefix as a run's output
+        marker.write_text(fp if fp is not None else "null")
+    except ValueError:
+        raise
+    except Exception as err:  # the file system's: no bucket, no credentials, access denied
+        raise storage.fs_error(out.url, err, "--out") from err
+    return out, False
 
-    shutil.rmtree(partial, ignore_errors=True)
+
+def discard_output(partial: storage.Loc) -> None:
+    """Remove a partial output (after bad input: nothing to resume)."""
+    storage.rmtree(partial, ignore_errors=True)
 
 
 def open_warm_start(cfg: RunConfig) -> Any:
@@ -141,7 +185,7 @@ def step_ingest(
     client: Any,
     source: Any,
     cfg: RunConfig,
-    partial: Path,
+    partial: storage.Loc,
     progress: bool = False,
     model: Any = None,
 ) -> tuple[Store, StoreInfo, bool]:
@@ -155,6 +199,11 @@ def step_ingest(
             print(f"ingest: {total} {what} tasks done", file=sys.stderr)
 
     path = None if dataset.is_path_source(source) else partial / "store.zarr"
+    root: Any = cfg.data_dir
+    if root is None and isinstance(partial, storage.RemotePath) and not dataset.env_root():
+        # OUT on object storage and no --data-dir: the workers may share no disk, so the
+        # dataset store goes with OUT rather than to this machine's cache
+        root = partial / "datasets"
     options = cfg.ingest_options()
     if model is not None:
         # the records are encoded as the model's and keep its prior
@@ -162,7 +211,7 @@ def step_ingest(
     store, info, reused = dataset.open_dataset(
         source,
         client=client,
-        root=cfg.data_dir,
+        root=root,
         progress=tell,
         path=path,
         **options,
@@ -173,7 +222,7 @@ def step_ingest(
 
 
 def run_context(
-    partial: Path,
+    partial: storage.Loc,
     data: Store,
     info: StoreInfo,
     params: FitParams,
@@ -188,7 +237,7 @@ def run_context(
 
 
 def write_run_model(
-    directory: Path,
+    directory: storage.Loc,
     cfg: RunConfig,
     info: StoreInfo,
     stats: NDArray[np.float64],
@@ -232,7 +281,7 @@ def write_run_model(
 def finish(
     source: Any,
     cfg: RunConfig,
-    partial: Path,
+    partial: storage.Loc,
     info: StoreInfo,
     state: PassState,
     mapping: IntArray,
@@ -241,14 +290,11 @@ def finish(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``clusters.parquet``, ``model/``, ``run.json`` and the report, then rename ``partial``
-    to ``out``."""
-    import shutil
-
+    to ``out`` (local), or write OUT's manifest (object storage: ``partial`` is OUT)."""
     from pipeline import report as rep
 
     final = Stats(state.stats, info.family).merged(mapping).array
     clusters = rep.cluster_table(final, state.alpha, info.family, info.schema)
-    clusters.to_parquet(partial / "clusters.parquet", index=False)
     total = sum(timing.values())
     pass_seconds = sum(h.get("seconds", 0.0) for h in state.history)
     n_passes = len(state.history)
@@ -277,7 +323,7 @@ def finish(
         metrics.update(written.scores)
     run = {
         "input": info.source,
-        "out": str(Path(cfg.out)),
+        "out": storage.redact(str(storage.location(cfg.out))),
         "n_rows": info.n_rows,
         "n_cols": info.n_cols,
         "n_train": info.n_train,
@@ -303,7 +349,7 @@ def finish(
             "summaries": cfg.summaries,
             "stage2": cfg.stage2,
             "mcmc": cfg.mcmc,
-            "warm_start": cfg.warm_start,
+            "warm_start": None if cfg.warm_start is None else storage.redact(cfg.warm_start),
             "engine_options": cfg.engine_options,
         },
         "notes": info.notes,
@@ -315,22 +361,30 @@ def finish(
         **extra,
     }
     pictures: list[str] = []
-    if cfg.report:
-        pictures = rep.figures(
-            partial,
-            state.history,
-            final[:, 0],
-            written.plot_X,
-            written.plot_labels,
-            info.moments.mean,
-            info.moments.cov,
-        )
-        rep.write_report(partial, run, clusters, pictures)
-    write_run_model(partial / "model", cfg, info, final, state.alpha, metrics)
-    write_json(partial / "run.json", run)
+    # the small files are written by libraries that want a path: on object storage they go
+    # to a local directory uploaded in one go (``storage.local_dir``)
+    with storage.local_dir(partial) as files:
+        clusters.to_parquet(files / "clusters.parquet", index=False)
+        if cfg.report:
+            pictures = rep.figures(
+                files,
+                state.history,
+                final[:, 0],
+                written.plot_X,
+                written.plot_labels,
+                info.moments.mean,
+                info.moments.cov,
+            )
+            rep.write_report(files, run, clusters, pictures)
+        write_run_model(files / "model", cfg, info, final, state.alpha, metrics)
+        write_json(files / "run.json", run)
     with contextlib.suppress(FileNotFoundError):
-        (partial / "fingerprint.json").unlink()
-    out = Path(cfg.out)
+        (partial / MARKER).unlink()
+    if isinstance(partial, storage.RemotePath):
+        # the run wrote under OUT itself: its manifest, written last, makes it visible
+        storage.commit(partial, kind="run")
+        return run
+    out = storage.local_path(cfg.out)
     if out.exists() and not cfg.overwrite:
         raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
     commit_dir(partial, out)

@@ -27,6 +27,7 @@ import numpy as np
 import zarr
 
 from pipeline.dist.writeout import WriteResult, create_labels, emit_chunk
+from pipeline import storage
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.io import commit_dir, temp_sibling, versions, write_json
 from pipeline.store import Store, StoreInfo, iter_chunks
@@ -39,26 +40,53 @@ def open_model(model: str | Path) -> Any:
     tree-guided MCMC."""
     from pipeline.model import load_model
 
+    # a model on object storage counts only once its output is committed (its manifest)
+    storage.require_visible(storage.location(model), "model")
     est = load_model(model)
+    where = storage.redact(str(storage.location(model) / "model.json"))
     if not hasattr(est, "cluster_stats_") or not hasattr(est, "family_"):
         raise ValueError(
-            f"{Path(model) / 'model.json'}: a {type(est).__name__} model has no cluster "
+            f"{where}: a {type(est).__name__} model has no cluster "
             "statistics to score with (dpmm score needs a run's model, MAPDP, CollapsedGibbs, "
             "UncollapsedGibbs or TreeGuidedMCMC)"
         )
     if hasattr(est, "state_"):
         # record by record, as a mixture, would ignore the transitions: not the HMM's density
         raise ValueError(
-            f"{Path(model) / 'model.json'}: a {type(est).__name__} model scores whole sequences "
+            f"{where}: a {type(est).__name__} model scores whole sequences "
             "(its score_samples(X, lengths)), not records one by one as dpmm score does"
         )
     return est
 
 
-def prepare(out: str | Path, overwrite: bool) -> Path:
+def prepare(out: str | Path, overwrite: bool) -> storage.Loc:
     """The empty temporary sibling of ``out`` to write into; an existing ``out`` is refused
-    unless ``overwrite``."""
-    out = Path(out)
+    unless ``overwrite``. On object storage: OUT's own prefix, emptied (made visible by its
+    manifest in ``finish``)."""
+    where = storage.location(out)
+    if isinstance(where, storage.RemotePath):
+        try:
+            storage.check_reachable(where, "--out")
+            if storage.committed(where):
+                if not overwrite:
+                    raise ValueError(
+                        f"--out {storage.redact(where.url)}: already exists (pass --overwrite "
+                        "to replace it)"
+                    )
+                storage.uncommit(where)
+            elif where.exists():
+                if not (where / "store.zarr").exists() and not (where / "labels.zarr").exists():
+                    raise ValueError(
+                        f"--out {storage.redact(where.url)}: holds objects that are not a dpmm "
+                        "output; refusing to replace them"
+                    )
+                storage.rmtree(where)
+        except ValueError:
+            raise
+        except Exception as err:
+            raise storage.fs_error(where.url, err, "--out") from err
+        return where
+    out = where
     if out.exists() and not overwrite:
         raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
     partial = temp_sibling(out)
@@ -68,11 +96,13 @@ def prepare(out: str | Path, overwrite: bool) -> Path:
     return partial
 
 
-def discard(partial: Path) -> None:
-    shutil.rmtree(partial, ignore_errors=True)
+def discard(partial: storage.Loc) -> None:
+    storage.rmtree(partial, ignore_errors=True)
 
 
-def step_ingest(client: Any, est: Any, source: Any, partial: Path, chunk_rows: int) -> StoreInfo:
+def step_ingest(
+    client: Any, est: Any, source: Any, partial: storage.Loc, chunk_rows: int
+) -> StoreInfo:
     """Validate and encode ``source`` against the model's schema into ``partial/store.zarr``."""
     from pipeline.ingest import ingest
 
@@ -109,7 +139,7 @@ def score_chunk_task(
 
 
 def write_scores(
-    client: Any, est: Any, info: StoreInfo, partial: Path, progress: bool = False
+    client: Any, est: Any, info: StoreInfo, partial: storage.Loc, progress: bool = False
 ) -> dict[str, Any]:
     """One task per chunk writes ``partial/labels.zarr``; the summary of what was written."""
     from distributed import as_completed
@@ -149,19 +179,19 @@ def finish(
     model: str | Path,
     source: Any,
     out: str | Path,
-    partial: Path,
+    partial: storage.Loc,
     est: Any,
     info: StoreInfo,
     written: dict[str, Any],
     timing: dict[str, float],
 ) -> dict[str, Any]:
     """``score.json``, the encoded store removed, then ``partial`` renamed to ``out``."""
-    shutil.rmtree(partial / "store.zarr", ignore_errors=True)
+    storage.rmtree(partial / "store.zarr", ignore_errors=True)
     total = sum(timing.values())
     record = {
-        "model": str(model),
+        "model": storage.redact(str(model)),
         "input": info.source,
-        "out": str(out),
+        "out": storage.redact(str(out)),
         "n_rows": info.n_rows,
         "columns": info.schema.columns,
         "n_clusters": int(est.n_clusters_),
@@ -174,5 +204,9 @@ def finish(
         "versions": versions(),
     }
     write_json(partial / "score.json", record)
-    commit_dir(partial, Path(out))
+    if isinstance(partial, storage.RemotePath):
+        # OUT itself: its manifest, written last, makes it visible
+        storage.commit(partial, kind="score")
+        return record
+    commit_dir(partial, storage.local_path(out))
     return record

@@ -16,6 +16,7 @@ import numpy as np
 import zarr
 from numpy.typing import NDArray
 
+from pipeline import storage
 from pipeline.families import FloatArray
 from pipeline.persist import register
 from pipeline.store import PLOT_SALT, BoolArray, StoreInfo, iter_chunks, row_uniform
@@ -60,7 +61,7 @@ def emit_chunk(
     zarr.open_array(f"{labels}/label", mode="r+")[a:b] = label
     zarr.open_array(f"{labels}/log_density", mode="r+")[a:b] = logdens
     zarr.open_array(f"{labels}/holdout", mode="r+")[a:b] = hold
-    if os.path.exists(f"{labels}/row"):
+    if storage.location(f"{labels}/row").exists():
         rows = zarr.open_array(f"{store}/row", mode="r")[a:b]
         zarr.open_array(f"{labels}/row", mode="r+")[a:b] = rows
     pick = row_uniform(np.arange(a, b), PLOT_SALT) < plot_rate
@@ -138,7 +139,7 @@ def write_out(
     engine: Engine,
     state: LoopState,
     mapping: IntArray,
-    labels_path: str | os.PathLike[str],
+    labels_path: storage.Where,
 ) -> WriteSummary:
     """One task per chunk writes ``labels_path`` (zarr group: label, log_density, holdout)."""
     from distributed import as_completed
@@ -217,7 +218,7 @@ def create_labels(labels_path: str, info: StoreInfo, overwrite: bool) -> None:
     store, in the store's row order; for a grouped store also ``row``, each stored row's index
     in the input (-1 on padding). An existing group is kept unless ``overwrite``."""
     if not overwrite and all(
-        (Path(labels_path) / name / "zarr.json").exists()
+        (storage.location(labels_path) / name / "zarr.json").exists()
         for name in ("label", "log_density", "holdout")
     ):
         return

@@ -1,0 +1,213 @@
+"""``dpmm run`` and ``dpmm score`` with INPUT, OUT and the dataset store on object storage: a
+real S3-compatible server (moto's server mode on 127.0.0.1, ``s3_server`` in tests/conftest.py).
+The run's labels are those of the same run on local disk; a run killed after a pass leaves
+nothing visible and resumes to the same labels; bad URLs exit with status 2 and one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import zarr
+from prefect.testing.utilities import prefect_test_harness
+
+from flows.cli import main
+from flows.cluster import cluster
+from pipeline import storage
+from pipeline.dataset import DATA_DIR_ENV
+from pipeline.dist import loop
+from pipeline.model import load_model
+from pipeline.store import Store
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_harness():
+    with prefect_test_harness(server_startup_timeout=None):
+        yield
+
+
+LOCAL = {"processes": False, "n_workers": 2, "dashboard_address": None, "progress": False}
+
+
+def blobs(n: int, seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    means = 10.0 * np.vstack([np.zeros(3), np.eye(3)])
+    y = rng.integers(0, 4, size=n)
+    return pd.DataFrame(means[y] + rng.normal(size=(n, 3)), columns=["a", "b", "c"])
+
+
+def put_parquet(url: str, df: pd.DataFrame) -> None:
+    with storage.location(url).open("wb") as fh:
+        df.to_parquet(fh, index=False, row_group_size=400)
+
+
+def labels_of(out: str | Path) -> np.ndarray:
+    return np.asarray(zarr.open_array(f"{out}/labels.zarr/label", mode="r")[:])
+
+
+def objects(url: str) -> list[str]:
+    loc = storage.location(url)
+    return sorted(loc.files()) if loc.exists() else []
+
+
+def test_dpmm_run_and_score_on_s3(s3_bucket: str, tmp_path: Path, monkeypatch, capfd) -> None:
+    """``dpmm run s3://.../in.parquet --out s3://.../out`` (worker processes, the dataset store
+    with OUT on S3), then ``dpmm score`` from the stored model."""
+    b = f"s3://{s3_bucket}"
+    df = blobs(1600, 0)
+    put_parquet(f"{b}/in.parquet", df)
+    df.to_parquet(tmp_path / "in.parquet", index=False, row_group_size=400)
+    args = {"chunk_rows": 400, "random_state": 1, "report": False}
+    cluster(str(tmp_path / "in.parquet"), str(tmp_path / "ref"), **args, **LOCAL)
+    # no --data-dir, no $DPMM_DATA_DIR: the dataset store goes with OUT, on S3
+    monkeypatch.delenv(DATA_DIR_ENV)
+    argv = ["run", f"{b}/in.parquet", "--out", f"{b}/out", "--chunk-rows", "400"]
+    code = main([*argv, "--seed", "1", "--workers", "2", "--quiet"])
+    assert code == 0, capfd.readouterr().err
+    out = storage.location(f"{b}/out")
+    manifest = json.loads((out / storage.MANIFEST).read_text())
+    listed = set(manifest["objects"])
+    assert {"run.json", "clusters.parquet", "model/model.json", "report.html"} <= listed
+    assert "fingerprint.json" not in listed and "labels.zarr/label/zarr.json" in listed
+    run = json.loads((out / "run.json").read_text())
+    assert run["out"] == f"{b}/out" and run["input"] == f"{b}/in.parquet"
+    assert run["dataset"]["path"].startswith(f"{b}/out/datasets/")
+    assert "testing" not in (out / "run.json").read_text()  # no credential recorded
+    ref = json.loads((tmp_path / "ref" / "run.json").read_text())
+    assert run["metrics"]["passes"] == ref["metrics"]["passes"]
+    np.testing.assert_array_equal(labels_of(out), labels_of(tmp_path / "ref"))
+
+    day2 = blobs(700, 5)
+    put_parquet(f"{b}/day2.parquet", day2)
+    argv = ["score", f"{b}/out/model", f"{b}/day2.parquet", "--out", f"{b}/scores"]
+    assert main([*argv, "--workers", "2", "--quiet"]) == 0
+    model = load_model(f"{b}/out/model")
+    np.testing.assert_array_equal(labels_of(f"{b}/scores"), model.predict(day2))
+    logd = zarr.open_array(f"{b}/scores/labels.zarr/log_density", mode="r")[:]
+    np.testing.assert_allclose(logd, model.score_samples(day2))
+    assert storage.committed(storage.location(f"{b}/scores"))
+    assert not any(k.startswith("store.zarr") for k in objects(f"{b}/scores"))
+    # a second run to the same OUT is refused; with --overwrite it replaces it
+    capfd.readouterr()
+    assert main(["run", f"{b}/in.parquet", "--out", f"{b}/out", "--quiet"]) == 2
+    assert capfd.readouterr().err.strip() == (
+        f"dpmm: error: --out {b}/out: already exists (pass --overwrite to replace it)"
+    )
+
+
+def test_a_killed_run_on_s3_is_invisible_and_resumes(
+    s3_bucket: str, tmp_path: Path, monkeypatch, capfd
+) -> None:
+    b = f"s3://{s3_bucket}"
+    df = blobs(2000, 3)
+    put_parquet(f"{b}/in.parquet", df)
+    df.to_parquet(tmp_path / "in.parquet", index=False, row_group_size=400)
+    args = {"chunk_rows": 250, "random_state": 4, "report": False, "init": "sequential"}
+    cluster(str(tmp_path / "in.parquet"), str(tmp_path / "ref"), **args, **LOCAL)
+    data_dir = f"{b}/datasets"
+    monkeypatch.setenv(loop.FAULT_ENV, "2")
+    with pytest.raises(loop.InjectedFault):
+        cluster(f"{b}/in.parquet", f"{b}/out", data_dir=data_dir, **args, **LOCAL)
+    monkeypatch.delenv(loop.FAULT_ENV)
+    out = storage.location(f"{b}/out")
+    # objects were written under OUT, but without a manifest nothing is visible
+    assert objects(f"{b}/out") and not storage.committed(out)
+    ck = Store(out / "state.zarr").load(loop.CHECKPOINT)
+    assert ck["state"].pass_no == 2
+    capfd.readouterr()
+    code = main(["score", f"{b}/out/model", f"{b}/in.parquet", "--out", f"{b}/s", "--quiet"])
+    assert code == 2
+    err = capfd.readouterr().err.strip()
+    assert err.startswith(f"dpmm: error: model {b}/out/model: not a committed output"), err
+    assert objects(f"{b}/s") == []
+    run = cluster(f"{b}/in.parquet", f"{b}/out", data_dir=data_dir, **args, **LOCAL)
+    assert run["resumed"] and storage.committed(out)
+    assert run["dataset"]["reused"]
+    ref = json.loads((tmp_path / "ref" / "run.json").read_text())
+    assert run["metrics"]["passes"] == ref["metrics"]["passes"]
+    np.testing.assert_array_equal(labels_of(out), labels_of(tmp_path / "ref"))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["run", "foo://bkt/in.parquet", "--out", "{b}/out"],
+            "foo://bkt/in.parquet: unknown storage scheme foo://",
+        ),
+        (
+            ["run", "s3://no-such-bucket-x/in.parquet", "--out", "{b}/out"],
+            "s3://no-such-bucket-x/in.parquet: the bucket 'no-such-bucket-x' does not exist",
+        ),
+        (["run", "{b}/missing.parquet", "--out", "{b}/out"], "{b}/missing.parquet: no such"),
+        (
+            ["run", "{b}/in.parquet", "--out", "s3://no-such-bucket-x/out"],
+            "--out s3://no-such-bucket-x/out: the bucket 'no-such-bucket-x' does not exist",
+        ),
+        (
+            ["run", "{b}/bad.csv", "--out", "{b}/out"],
+            "{b}/bad.csv: column 'b': row 2 is NaN (missing value)",
+        ),
+        (
+            ["score", "{b}/nomodel", "{b}/in.parquet", "--out", "{b}/out"],
+            "model {b}/nomodel: not a committed output",
+        ),
+    ],
+)
+def test_bad_urls_exit_2_with_one_line_and_leave_nothing(
+    s3_bucket: str, argv: list[str], message: str, capfd
+) -> None:
+    b = f"s3://{s3_bucket}"
+    put_parquet(f"{b}/in.parquet", blobs(300, 0))
+    storage.location(f"{b}/bad.csv").write_text("a,b\n1,2\n3,4\n5,\n7,8\n")
+    before = objects(b)
+    code = main([a.format(b=b) for a in argv] + ["--workers", "1", "--quiet"])
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert code == 2
+    assert len(lines) == 1 and lines[0].startswith(f"dpmm: error: {message.format(b=b)}"), lines
+    assert objects(b) == before
+
+
+def test_missing_credentials_exit_2(s3_bucket: str, monkeypatch, capfd) -> None:
+    import s3fs
+
+    b = f"s3://{s3_bucket}"
+    put_parquet(f"{b}/in.parquet", blobs(300, 0))
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        code = main(["run", f"{b}/in.parquet", "--out", f"{b}/out", "--quiet"])
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"dpmm: error: {b}/in.parquet: no credentials for s3://")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["cluster", "s3://bkt/in.csv", "--out", "o"],
+        ["cluster", "in.csv", "--out", "s3://bkt/o"],
+        ["cv", "in.parquet", "--out", "gs://bkt/cv"],
+        ["update", "m", "in.csv", "--out", "s3://bkt/m2"],
+    ],
+)
+def test_local_only_commands_refuse_urls(
+    argv: list[str], tmp_path: Path, monkeypatch, capfd
+) -> None:
+    """Commands that write local directories refuse a URL with one line, writing nothing (not
+    a directory named ``s3:``)."""
+    monkeypatch.chdir(tmp_path)
+    url = next(a for a in argv if "://" in a)
+    assert main(argv) == 2
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert lines == [
+        f"dpmm: error: {url}: dpmm {argv[0]} reads and writes local paths only (object "
+        "storage URLs: dpmm run and dpmm score)"
+    ]
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,149 @@
+"""``pipeline.storage`` against a real S3-compatible server (moto's server mode on 127.0.0.1,
+``s3_server`` in tests/conftest.py): paths and URLs, visibility by manifest, records, models and
+shared dataset stores on object storage, and the one-line errors of a bad URL."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import zarr
+
+from pipeline import persist, storage
+from pipeline.dataset import open_dataset
+from pipeline.errors import InputError
+from pipeline.mapdp import MAPDP
+from pipeline.model import load_model, save_model
+
+
+def test_locations_of_paths_and_urls(tmp_path: Path) -> None:
+    assert storage.location(str(tmp_path)) == tmp_path
+    assert storage.location(f"file://{tmp_path}") == tmp_path
+    assert storage.location(tmp_path / "x") == tmp_path / "x"
+    r = storage.location("s3://bkt/a/b/")
+    assert isinstance(r, storage.RemotePath)
+    assert str(r) == "s3://bkt/a/b" and r.name == "b" and r.bucket == "bkt"
+    assert str(r.parent) == "s3://bkt/a" and str(r / "c.json") == "s3://bkt/a/b/c.json"
+    assert (r / "c" / "d").relative_to(r) == "c/d"
+    with pytest.raises(ValueError, match="bad name"):
+        r / "../x"
+    assert storage.is_url("gs://b/x") and not storage.is_url("file:///x")
+    assert not storage.is_url(str(tmp_path))
+    assert storage.redact("s3://key:secret@bkt/x") == "s3://bkt/x"
+
+
+def test_unknown_scheme_and_missing_package_name_the_url() -> None:
+    with pytest.raises(InputError, match=r"^foo://b/x: unknown storage scheme foo://"):
+        storage.check_reachable("foo://b/x")
+    try:
+        import gcsfs  # noqa: F401
+    except ImportError:
+        with pytest.raises(InputError, match=r"^gs://b/x: gs:// needs the gcsfs package"):
+            storage.check_reachable("gs://b/x")
+
+
+def test_missing_bucket_and_missing_credentials(s3_bucket: str, monkeypatch) -> None:
+    with pytest.raises(InputError, match=r"^--out s3://no-such-bucket/o: the bucket"):
+        storage.check_reachable("s3://no-such-bucket/o", "--out")
+    storage.check_reachable(f"s3://{s3_bucket}/o")
+    import s3fs
+
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        with pytest.raises(InputError, match=rf"^s3://{s3_bucket}/o: no credentials for s3://"):
+            storage.check_reachable(f"s3://{s3_bucket}/o")
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_files_commit_and_visibility(s3_bucket: str) -> None:
+    out = storage.location(f"s3://{s3_bucket}/runs/out")
+    assert isinstance(out, storage.RemotePath)
+    storage.write_atomic(out / "a.json", b'{"a": 1}')
+    (out / "sub" / "b.bin").write_bytes(b"xyz")
+    assert (out / "a.json").read_text() == '{"a": 1}' and out.is_dir()
+    assert sorted(p.name for p in out.iterdir()) == ["a.json", "sub"]
+    # written but not committed: invisible to readers, at any depth
+    assert not storage.committed(out)
+    for loc in (out, out / "sub", out / "sub" / "b.bin"):
+        with pytest.raises(InputError, match="not a committed output"):
+            storage.require_visible(loc)
+    storage.commit(out, kind="test")
+    doc = json.loads((out / storage.MANIFEST).read_text())
+    assert doc["objects"] == {"a.json": 8, "sub/b.bin": 3} and doc["kind"] == "test"
+    for loc in (out, out / "sub", out / "sub" / "b.bin"):
+        storage.require_visible(loc)
+    with pytest.raises(InputError, match="not a committed output"):
+        storage.require_visible(out / "other")
+    storage.uncommit(out)
+    assert not out.exists() and not storage.committed(out)
+    # a local directory is visible once it exists (it is renamed into place)
+    storage.require_visible(Path("/nonexistent"))
+
+
+def test_records_and_models_on_s3(s3_bucket: str, tmp_path: Path) -> None:
+    d = storage.location(f"s3://{s3_bucket}/rec")
+    obj = {"x": np.arange(5.0), "p": [1, "a", None]}
+    persist.save(d, "r", obj)
+    assert persist.exists(d, "r") and not persist.exists(d, "s")
+    back = persist.load(d, "r")
+    np.testing.assert_array_equal(back["x"], obj["x"]) and back["p"] == obj["p"]
+    persist.remove(d, "r")
+    assert not persist.exists(d, "r")
+
+    rng = np.random.default_rng(0)
+    X = np.vstack([rng.normal(-5, 1, (60, 2)), rng.normal(5, 1, (60, 2))])
+    est = MAPDP(random_state=0).fit(X)
+    url = f"s3://{s3_bucket}/models/m1"
+    save_model(est, url)
+    assert storage.committed(storage.location(url))
+    with pytest.raises(FileExistsError):
+        save_model(est, url)
+    back = load_model(url)
+    np.testing.assert_array_equal(back.predict(X), est.predict(X))
+    # a prefix of someone else's objects is never replaced
+    other = f"s3://{s3_bucket}/data"
+    storage.location(f"{other}/keep.csv").write_text("a\n1\n")
+    with pytest.raises(FileExistsError, match="not a model"):
+        save_model(est, other, overwrite=True)
+    assert storage.location(f"{other}/keep.csv").exists()
+    # a model written but not committed is not read
+    with pytest.raises(InputError, match="not a committed output"):
+        load_model(other)
+    np.testing.assert_allclose(back.score_samples(X), est.score_samples(X))
+
+
+def test_dataset_store_on_s3_is_shared_and_committed(s3_bucket: str, client, tmp_path) -> None:
+    rng = np.random.default_rng(1)
+    df = pd.DataFrame(rng.normal(size=(500, 3)), columns=["a", "b", "c"])
+    src = f"s3://{s3_bucket}/in.parquet"
+    with storage.location(src).open("wb") as fh:
+        df.to_parquet(fh, index=False, row_group_size=120)
+    root = f"s3://{s3_bucket}/datasets"
+    store, info, reused = open_dataset(src, client=client, root=root, chunk_rows=100)
+    assert not reused and info.n_rows == 500 and info.source == src
+    X = zarr.open_array(str(store.path / "X"), mode="r")[:]
+    np.testing.assert_array_equal(X[:, np.argsort(info.family.column_order)], df.to_numpy())
+    # the store is its own committed attempt under the key; no staging left
+    assert storage.committed(store.path) and store.path.name.startswith("attempt-")
+    assert not (store.path / "staging").exists()
+    again, _, reused = open_dataset(src, client=client, root=root, chunk_rows=100)
+    assert reused and again.path == store.path
+    # an uncommitted attempt (a crashed ingest) is never opened
+    key = store.path.parent
+    stray = key / "attempt-99991231T000000-deadbeef"
+    (stray / "format.json").write_text("{}")
+    again, _, reused = open_dataset(src, client=client, root=root, chunk_rows=100)
+    assert reused and again.path == store.path
+    # a bad input leaves nothing behind
+    bad = f"s3://{s3_bucket}/bad.csv"
+    storage.location(bad).write_text("a,b\n1,2\n3,4\n5,\n7,8\n")
+    with pytest.raises(InputError, match=rf"s3://{s3_bucket}/bad.csv"):
+        open_dataset(bad, client=client, root=root, chunk_rows=100)
+    left = [k for k in storage.location(root).files() if "bad" in k]
+    assert left == []
