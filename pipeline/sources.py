@@ -242,11 +242,7 @@ def open_source(obj: Any, chunk_rows: int) -> Source:
                     meta = pq.ParquetFile(f).metadata
                 except Exception as err:  # pyarrow raises its own errors
                     raise InputError(f"{f}: not a readable Parquet file ({err})") from err
-                row0 = 0
-                for rg in range(meta.num_row_groups):
-                    n = meta.row_group(rg).num_rows
-                    pieces.append(Piece(len(pieces), str(f), "parquet", (str(f), rg), row0, n))
-                    row0 += n
+                _row_group_pieces(pieces, meta, str(f), str(f))
             if not pieces or sum(p.n or 0 for p in pieces) == 0:
                 raise InputError(f"{path}: {NO_ROWS}")
             return Source(str(path), pieces, aligned=False, from_frame=True)
@@ -356,11 +352,7 @@ def _remote_source(loc: storage.Loc, chunk_rows: int) -> Source:
                         meta = pq.ParquetFile(fh).metadata
                     except Exception as err:  # pyarrow raises its own errors
                         raise InputError(f"{flabel}: not a readable Parquet file ({err})") from err
-                row0 = 0
-                for rg in range(meta.num_row_groups):
-                    n = meta.row_group(rg).num_rows
-                    pieces.append(Piece(len(pieces), flabel, "parquet", (str(f), rg), row0, n))
-                    row0 += n
+                _row_group_pieces(pieces, meta, flabel, str(f))
             if not pieces or sum(p.n or 0 for p in pieces) == 0:
                 raise InputError(f"{label}: {NO_ROWS}")
             return Source(label, pieces, aligned=False, from_frame=True)
@@ -400,6 +392,16 @@ def _remote_npy_header(loc: storage.RemotePath) -> tuple[tuple[int, ...], np.dty
     if fortran and len(shape) > 1:
         raise InputError(f"{label}: a Fortran-ordered array; save it in C order to read it")
     return tuple(int(v) for v in shape), dtype
+
+
+def _row_group_pieces(pieces: list[Piece], meta: Any, label: str, key: str) -> None:
+    """Append to ``pieces`` one piece per row group of the Parquet file ``key`` (``meta``: its
+    metadata), each numbered by its rows within the file."""
+    row0 = 0
+    for rg in range(meta.num_row_groups):
+        n = meta.row_group(rg).num_rows
+        pieces.append(Piece(len(pieces), label, "parquet", (key, rg), row0, n))
+        row0 += n
 
 
 def _npy_rows(url: str, a: int, b: int) -> np.ndarray:
