@@ -370,6 +370,18 @@ def _remote_source(loc: storage.Loc, chunk_rows: int) -> Source:
         raise storage.fs_error(loc.url, err) from err
 
 
+def _read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
+    """(shape, Fortran order, dtype) from the header at the start of an open ``.npy`` file,
+    left positioned at the first byte of the data."""
+    version = np.lib.format.read_magic(f)
+    read = (
+        np.lib.format.read_array_header_1_0
+        if version == (1, 0)
+        else np.lib.format.read_array_header_2_0
+    )
+    return read(f)  # type: ignore[no-any-return]
+
+
 def _remote_npy_header(loc: storage.RemotePath) -> tuple[tuple[int, ...], np.dtype[Any]]:
     """Shape and dtype of a ``.npy`` object from its header (as ``pipeline.io.check_npy``)."""
     label = storage.redact(loc.url)
@@ -378,13 +390,7 @@ def _remote_npy_header(loc: storage.RemotePath) -> tuple[tuple[int, ...], np.dty
             raise InputError(f"{label}: not a NumPy .npy file (bad magic bytes)")
         f.seek(0)
         try:
-            version = np.lib.format.read_magic(f)
-            read = (
-                np.lib.format.read_array_header_1_0
-                if version == (1, 0)
-                else np.lib.format.read_array_header_2_0
-            )
-            shape, fortran, dtype = read(f)
+            shape, fortran, dtype = _read_npy_header(f)
         except (ValueError, OSError, EOFError) as err:
             raise InputError(f"{label}: not a valid NumPy .npy file ({err})") from None
     if dtype.hasobject:
@@ -407,13 +413,7 @@ def _row_group_pieces(pieces: list[Piece], meta: Any, label: str, key: str) -> N
 def _npy_rows(url: str, a: int, b: int) -> np.ndarray:
     """Rows a..b-1 of a C-ordered ``.npy`` object, read as one byte range."""
     with _open_rb(url) as f:
-        version = np.lib.format.read_magic(f)
-        read = (
-            np.lib.format.read_array_header_1_0
-            if version == (1, 0)
-            else np.lib.format.read_array_header_2_0
-        )
-        shape, _fortran, dtype = read(f)
+        shape, _fortran, dtype = _read_npy_header(f)
         row = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
         f.seek(f.tell() + a * row)
         data = f.read((b - a) * row)
