@@ -6,9 +6,13 @@ For every partition ``INPUT/date=YYYY-MM-DD`` not done yet, in date order
 
 1. score it with the published model (the ``score`` flow, into ``SCORES/date=YYYY-MM-DD``),
    which validates it against the model's schema;
-2. refit on the last ``window`` accepted partitions (the ``cluster`` flow, warm-started from
-   the published model; the first version starts cold);
+2. refit on the last ``window`` accepted partitions (the ``cluster`` flow on the list of their
+   files, warm-started from the published model; the first version starts cold);
 3. publish the refit as ``MODELS/vN`` and switch ``MODELS/LATEST`` to it last.
+
+INPUT, MODELS and SCORES are local directories or object-storage prefixes (fsspec URLs,
+``pipeline.storage``); on object storage a version becomes visible by its manifest, written
+last, and the pointer is one PUT after it (``pipeline.schedule``, "Visibility").
 
 A partition that fails validation (a ``ValueError``: a missing column, a value of another kind,
 an unseen category) is reported (``MODELS/rejected/date=...json`` and the flow's log) and
@@ -21,8 +25,6 @@ holds the same deployment for a Prefect server.
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -31,7 +33,8 @@ from flows.cluster import cluster
 from flows.score import score
 from pipeline import schedule, storage
 from pipeline.config import DEFAULT_CHUNK_ROWS, MAX_PASSES
-from pipeline.paths import child
+from pipeline.errors import InputError
+from pipeline.paths import safe_name
 
 #: the deployment's name and default schedule (every day at 02:00 UTC), as in infra/prefect.yaml
 DEPLOYMENT = "dpmm-scheduled"
@@ -60,11 +63,13 @@ def scheduled_clustering(
     Parameters
     ----------
     input : str
-        Directory of ``date=YYYY-MM-DD`` partitions.
+        Directory (or object-storage prefix, an fsspec URL) of ``date=YYYY-MM-DD`` partitions.
     models : str
-        Directory of the model versions ``vN`` and the pointer ``LATEST``.
+        Directory or prefix of the model versions ``vN`` and the pointer ``LATEST``.
     scores : str, optional
         Where each partition's scores go (``date=YYYY-MM-DD/``); default ``models/../scores``.
+        Each of the three may be a local path or a URL (``pipeline.storage``; credentials
+        from the environment, never recorded).
     window : int
         Partitions (days) in the rolling window of each refit.
     until : str, optional
@@ -79,20 +84,23 @@ def scheduled_clustering(
     ``skipped`` (done before) and the ``latest`` version's directory.
     """
     log = get_run_logger()
-    for name, where in (("input", input), ("models", models), ("scores", scores)):
-        if where is not None and storage.is_url(where):
-            # its registry switches versions by renaming, which object stores cannot do
-            raise ValueError(
-                f"{name} {storage.redact(where)}: the scheduled flow wants a local directory"
-            )
     if int(window) < 1:
         raise ValueError(f"window must be >= 1, got {window}")
-    reg = schedule.Registry(models)
+    models_loc = storage.location(models)
+    # a missing bucket, or no credentials, is one line naming the URL before anything starts
+    storage.check_reachable(models_loc, "--models")
+    reg = schedule.Registry(models_loc)
     resumed = reg.finish_publish()
     if resumed is not None:
         log.warning("an interrupted publish of v%s was completed (LATEST switched)", resumed)
-    scores_root = Path(scores) if scores is not None else Path(models).parent / "scores"
+    scores_root = storage.location(scores) if scores is not None else models_loc.parent / "scores"
+    storage.check_reachable(scores_root, "--scores")
     parts = schedule.partitions(input)
+    if not parts:
+        raise InputError(
+            f"{storage.redact(str(input))}: holds no date=YYYY-MM-DD partitions (expected "
+            "INPUT/date=2026-01-31/part-0.parquet, ...)"
+        )
     all_dates = [d for d, _ in parts]
     paths = dict(parts)
     local: dict[str, Any] = {
@@ -114,8 +122,8 @@ def scheduled_clustering(
         current = reg.latest()
         n, staged = reg.stage()
         try:
-            scored = child(scores_root, f"date={date}", "partition")
-            if current is not None and not scored.exists():
+            scored = scores_root / safe_name(f"date={date}", "partition")
+            if current is not None and not storage.committed(scored):
                 score(
                     model=str(current / "model"),
                     input=str(path),
@@ -124,9 +132,10 @@ def scheduled_clustering(
                     **local,
                 )
             dates = schedule.window_dates(all_dates, set(done), date, window)
-            win = schedule.link_window(staged / "window", [(d, paths[d]) for d in dates])
+            # the window's files as one input: a list of paths or URLs, nothing linked
+            files = schedule.window_files([(d, paths[d]) for d in dates])
             run = cluster(
-                input=str(win),
+                input=files,
                 out=str(staged / "run"),
                 chunk_rows=chunk_rows,
                 max_passes=max_passes,
@@ -141,15 +150,15 @@ def scheduled_clustering(
             reg.reject(date, path, msg)
             report["rejected"][date] = msg
             log.warning("partition %s rejected and skipped: %s", date, msg)
-            shutil.rmtree(staged, ignore_errors=True)
+            storage.rmtree(staged, ignore_errors=True)
             continue
         except BaseException:
-            shutil.rmtree(staged, ignore_errors=True)
+            storage.rmtree(staged, ignore_errors=True)
             raise
         for name in ("model", "run.json", "clusters.parquet"):
-            (staged / "run" / name).rename(staged / name)
-        for name in ("run", "window", "datasets"):
-            shutil.rmtree(staged / name, ignore_errors=True)
+            schedule.move(staged / "run" / name, staged / name)
+        for name in ("run", "datasets"):
+            storage.rmtree(staged / name, ignore_errors=True)
         final = reg.publish(
             n,
             staged,
@@ -157,7 +166,7 @@ def scheduled_clustering(
                 "date": date,
                 "window": dates,
                 "warm_start": None if current is None else current.name,
-                "partition": str(path),
+                "partition": storage.redact(str(path)),
                 "fingerprint": schedule.fingerprint(path),
                 "n_rows": run["n_rows"],
                 "n_clusters": run["metrics"]["n_clusters"],
@@ -167,7 +176,7 @@ def scheduled_clustering(
         report["published"][date] = final.name
         log.info("partition %s: published %s (window %s)", date, final.name, dates)
     latest = reg.latest()
-    report["latest"] = None if latest is None else str(latest)
+    report["latest"] = None if latest is None else storage.redact(str(latest))
     return report
 
 

@@ -33,6 +33,7 @@ from pipeline import storage
 from pipeline.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE
 from pipeline.errors import InputError
 from pipeline.ingest import ingest
+from pipeline.sources import is_file_list
 from pipeline.store import FORMAT_VERSION, INFO_FILE, Store, StoreInfo
 
 DATA_DIR_ENV = "DPMM_DATA_DIR"
@@ -54,8 +55,9 @@ def default_root() -> storage.Loc:
 
 
 def is_path_source(source: Any) -> bool:
-    """Whether ``source`` is a file or directory (it then has a fingerprint)."""
-    return isinstance(source, (str, os.PathLike))
+    """Whether ``source`` is a file or directory, or a list of them (it then has a
+    fingerprint)."""
+    return isinstance(source, (str, os.PathLike)) or is_file_list(source)
 
 
 def fingerprint(source: str | os.PathLike[str]) -> dict[str, Any]:
@@ -64,8 +66,11 @@ def fingerprint(source: str | os.PathLike[str]) -> dict[str, Any]:
     A directory (Parquet parts, a zarr array) lists every file under it, so that adding,
     removing or rewriting a part changes the fingerprint. An input on object storage
     (``pipeline.storage``): its URL and each object's (relative key, size, ETag or
-    modification time).
+    modification time). A list of inputs: the list of their fingerprints.
     """
+    if isinstance(source, (list, tuple)):
+        fps = [fingerprint(str(s) if isinstance(s, storage.RemotePath) else s) for s in source]
+        return {"path": [fp["path"] for fp in fps], "files": [fp["files"] for fp in fps]}
     loc = storage.location(source)
     if isinstance(loc, storage.RemotePath):
         return _remote_fingerprint(loc)
@@ -142,7 +147,9 @@ def dataset_key(fp: dict[str, Any], options: dict[str, Any]) -> str:
     """``<file stem>-<hash>``: the stem only helps a person find a store; the hash decides."""
     blob = json.dumps({"input": fp, "options": options}, sort_keys=True).encode()
     digest = hashlib.sha256(blob).hexdigest()[:24]
-    stem = re.sub(r"[^A-Za-z0-9_-]+", "_", Path(fp["path"]).name)[:40].strip("_") or "data"
+    # a list of inputs is named after its first
+    first = fp["path"][0] if isinstance(fp["path"], list) else fp["path"]
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "_", Path(first).name)[:40].strip("_") or "data"
     return f"{stem}-{digest}"
 
 

@@ -207,8 +207,9 @@ class Source:
 def open_source(obj: Any, chunk_rows: int) -> Source:
     """Cut an input into ingest pieces.
 
-    ``obj`` is a path (CSV; Parquet file or directory; ``.npy``; a zarr array) or, from Python,
-    a numpy array, pandas DataFrame, dask array or dask DataFrame.
+    ``obj`` is a path (CSV; Parquet file or directory; ``.npy``; a zarr array), a URL of one
+    (``pipeline.storage``), a list of paths or URLs of tables (CSV, Parquet: ``_listed_source``)
+    or, from Python, a numpy array, pandas DataFrame, dask array or dask DataFrame.
     """
     # a dask collection can only come from an imported dask; importing dask.array and
     # dask.dataframe just to test for one costs the driver most of a second
@@ -216,6 +217,8 @@ def open_source(obj: Any, chunk_rows: int) -> Source:
     dd = sys.modules.get("dask.dataframe")
     if storage.is_url(obj):
         return _remote_source(storage.location(obj), chunk_rows)
+    if is_file_list(obj):
+        return _listed_source(obj, chunk_rows)
     if isinstance(obj, (str, os.PathLike)):
         path = storage.local_path(obj)
         if not path.exists():
@@ -428,3 +431,34 @@ def _aligned(label: str, n: int, chunk_rows: int, kind: str, path: str, from_fra
         for i, a in enumerate(range(0, n, chunk_rows))
     ]
     return Source(label, pieces, aligned=True, from_frame=from_frame)
+
+
+def is_file_list(obj: Any) -> bool:
+    """Whether ``obj`` is a list (or tuple) of paths or URLs: one input made of several files."""
+    return (
+        isinstance(obj, (list, tuple))
+        and len(obj) > 0
+        and all(isinstance(x, (str, os.PathLike, storage.RemotePath)) for x in obj)
+    )
+
+
+def _listed_source(files: Sequence[Any], chunk_rows: int) -> Source:
+    """The pieces of several tables (CSV or Parquet files or directories, local or on object
+    storage) read as one input, in the order given: the rows of the first, then the second's...
+    (a rolling window of dated partitions, ``pipeline.schedule``, without linking or copying
+    them into one directory). Each keeps its own label and row numbers in error messages."""
+    pieces: list[Piece] = []
+    labels = []
+    for f in files:
+        src = open_source(str(f) if isinstance(f, storage.RemotePath) else f, chunk_rows)
+        if not src.from_frame:
+            raise InputError(
+                f"{src.description}: a list of inputs holds tables (CSV, Parquet) only, not "
+                "arrays (.npy, zarr)"
+            )
+        labels.append(src.description)
+        for p in src.pieces:
+            p.index = len(pieces)
+            pieces.append(p)
+    desc = labels[0] if len(labels) == 1 else f"{len(labels)} files ({labels[0]} ... {labels[-1]})"
+    return Source(desc, pieces, aligned=False, from_frame=True)

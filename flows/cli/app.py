@@ -616,7 +616,7 @@ def check_paths(args: argparse.Namespace) -> None:
 
 
 # the commands whose INPUT, OUT, MODEL and --data-dir may be URLs (``pipeline.storage``)
-URL_COMMANDS = ("run", "score")
+URL_COMMANDS = ("run", "score", "serve")
 
 
 def _refuse_urls(args: argparse.Namespace) -> None:

@@ -1,6 +1,8 @@
 """``dpmm serve INPUT --models DIR``: the ``scheduled-clustering`` flow (``flows.scheduled``) on a
 cron schedule (``flow.serve``: this process polls for scheduled runs and runs them until
-stopped). ``--once`` runs the flow once now instead. Against a long-lived Prefect server
+stopped). ``--once`` runs the flow once now instead. INPUT, MODELS and ``--scores`` are local
+paths or object-storage URLs (``pipeline.storage``; ``pipeline.schedule`` says how a version
+becomes visible there without a rename). Against a long-lived Prefect server
 (``PREFECT_API_URL``) the deployment and its runs show in its UI; ``infra/prefect.yaml`` holds the
 same deployment for ``prefect deploy``.
 """
@@ -29,9 +31,15 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "MODELS/vN (MODELS/LATEST names it). Partitions that fail validation are reported in "
         "MODELS/rejected/ and skipped.",
     )
-    p.add_argument("input", metavar="INPUT", help="directory of date=YYYY-MM-DD partitions")
-    p.add_argument("--models", required=True, metavar="DIR", help="model versions and LATEST")
-    p.add_argument("--scores", default=None, metavar="DIR", help="default: MODELS/../scores")
+    p.add_argument(
+        "input", metavar="INPUT", help="directory or URL (s3://...) of date=YYYY-MM-DD partitions"
+    )
+    p.add_argument(
+        "--models", required=True, metavar="DIR", help="model versions and LATEST (path or URL)"
+    )
+    p.add_argument(
+        "--scores", default=None, metavar="DIR", help="path or URL; default: MODELS/../scores"
+    )
     p.add_argument(
         "--window", type=_positive_int, default=7, metavar="DAYS", help="refit window (default 7)"
     )
@@ -85,6 +93,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         CronSchedule(cron=args.cron)
     except ValueError as err:
         raise InputError(f"--cron {args.cron!r}: not a cron expression") from err
+    from pipeline import storage
+
+    # a missing bucket or no credentials: one line now, not a failed run at every tick
+    storage.check_reachable(args.input, "INPUT")
+    storage.check_reachable(args.models, "--models")
+    if args.scores is not None:
+        storage.check_reachable(args.scores, "--scores")
     if args.once:
         from flows.cluster import run_flow
 

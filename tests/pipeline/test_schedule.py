@@ -3,11 +3,12 @@ window, versions and the pointer."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from pipeline import schedule
+from pipeline import schedule, storage
 
 
 def test_partitions_are_dated_directories_in_date_order(tmp_path: Path) -> None:
@@ -74,3 +75,101 @@ def test_rejections_record_the_partition_and_error(tmp_path: Path) -> None:
     assert reg.rejected("2026-01-01") == rec
     assert rec["fingerprint"] == schedule.fingerprint(part)
     assert rec["error"] == "column 'x': row 3 is NaN"
+
+
+# -- the same bookkeeping on object storage without rename: a real S3-compatible server --------
+# (fsspec's memory:// names keys with a leading "/", which RemotePath does not model)
+
+
+@pytest.fixture
+def mem(s3_bucket: str) -> str:
+    """A new empty bucket of the test's own on the moto server (``s3_bucket``), as a URL."""
+    return f"s3://{s3_bucket}"
+
+
+def _put(url: str, data: bytes = b"x") -> None:
+    storage.location(url).write_bytes(data)
+
+
+def test_partitions_fingerprint_and_window_files_on_an_object_store(mem: str) -> None:
+    for name in ("date=2026-01-03", "date=2026-01-01", "date=2026-02-30", "other", "date=x"):
+        _put(f"{mem}/in/{name}/part-0.parquet")
+    _put(f"{mem}/in/date=2026-01-01/_SUCCESS", b"")
+    _put(f"{mem}/in/date=2026-01-01/sub/.hidden")
+    _put(f"{mem}/in/date=2026-01-02", b"an object, not a partition")
+    got = schedule.partitions(f"{mem}/in")
+    assert [(d, str(p)) for d, p in got] == [
+        ("2026-01-01", f"{mem}/in/date=2026-01-01"),
+        ("2026-01-03", f"{mem}/in/date=2026-01-03"),
+    ]
+    fp = schedule.fingerprint(got[0][1])
+    assert [rel for rel, _size, _stamp in fp] == ["_SUCCESS", "part-0.parquet", "sub/.hidden"]
+    assert [size for _rel, size, _stamp in fp] == [0, 1, 1]
+    assert schedule.window_files(got) == [
+        f"{mem}/in/date=2026-01-01/part-0.parquet",
+        f"{mem}/in/date=2026-01-03/part-0.parquet",
+    ]
+    # a rewritten object changes the fingerprint, an untouched one does not
+    assert schedule.fingerprint(got[0][1]) == fp
+    _put(f"{mem}/in/date=2026-01-01/part-0.parquet", b"y")  # same size, new ETag
+    assert schedule.fingerprint(got[0][1]) != fp
+    with pytest.raises(ValueError, match="no such input prefix"):
+        schedule.partitions(f"{mem}/missing")
+
+
+def test_versions_are_visible_by_their_manifest_and_the_pointer_goes_last(mem: str) -> None:
+    models = f"{mem}/models"
+    reg = schedule.Registry(models)
+    assert reg.versions() == [] and reg.latest() is None and reg.finish_publish() is None
+    n, staged = reg.stage()
+    assert n == 1 and str(staged) == f"{models}/v1"  # built in place: no rename
+    _put(f"{staged}/model/model.json", b"{}")
+    # objects written, no manifest: not a version, and the pointer is absent
+    assert reg.versions() == [] and reg.latest() is None
+    v1 = reg.publish(n, staged, {"date": "2026-01-01"})
+    assert reg.latest() == v1 and reg.done() == {"2026-01-01": 1}
+    manifest = json.loads((v1 / storage.MANIFEST).read_text())
+    assert set(manifest["objects"]) == {"model/model.json", "version.json"}
+
+    # interrupted after the version's manifest, before the pointer
+    n, staged = reg.stage()
+    _put(f"{staged}/model/model.json", b"{}")
+    reg.write_version(n, staged, {"date": "2026-01-02"})
+    assert reg.versions() == [1, 2] and reg.latest() == v1
+    assert (storage.location(models) / "LATEST").read_text() == "v1\n"
+    assert reg.finish_publish() == 2 and str(reg.latest()) == f"{models}/v2"
+    assert reg.finish_publish() is None
+
+    # a half-written v3 (a crash): invisible; the next attempt at 3 starts from nothing
+    n, staged = reg.stage()
+    _put(f"{staged}/model/model.json", b"half")
+    _put(f"{staged}/stray", b"left by the crash")
+    assert reg.versions() == [1, 2] and str(reg.latest()) == f"{models}/v2"
+    n2, staged2 = reg.stage()
+    assert (n2, staged2) == (3, staged) and not staged2.exists()
+    # the pointer naming a version without a manifest is refused
+    _put(f"{staged}/version.json", b'{"version": 3}')
+    (storage.location(models) / "LATEST").write_text("v3\n")
+    with pytest.raises(ValueError, match="not a published version"):
+        reg.latest()
+
+
+def test_rejections_and_moves_on_an_object_store(mem: str) -> None:
+    part = storage.location(f"{mem}/in/date=2026-01-01")
+    _put(f"{part}/a.parquet", b"PAR1")
+    reg = schedule.Registry(f"{mem}/models")
+    assert reg.rejected("2026-01-01") is None
+    rec = reg.reject("2026-01-01", part, "column 'x': row 3 is NaN")
+    assert reg.rejected("2026-01-01") == rec
+    assert rec["fingerprint"] == schedule.fingerprint(part)
+    assert rec["partition"] == f"{mem}/in/date=2026-01-01"
+    # a directory and a single object moved by copies, the source gone
+    src = storage.location(f"{mem}/x/run")
+    _put(f"{src}/model/a.json", b"a")
+    _put(f"{src}/model/arrays/b.npy", b"bb")
+    _put(f"{src}/run.json", b"{}")
+    schedule.move(src / "model", storage.location(f"{mem}/x/model"))
+    schedule.move(src / "run.json", storage.location(f"{mem}/x/run.json"))
+    x = storage.location(f"{mem}/x")
+    assert sorted(x.files()) == ["model/a.json", "model/arrays/b.npy", "run.json"]
+    assert (x / "model" / "arrays" / "b.npy").read_bytes() == b"bb"
