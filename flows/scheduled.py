@@ -111,22 +111,30 @@ def scheduled_clustering(
         "progress": progress,
     }
     report: dict[str, Any] = {"published": {}, "rejected": {}, "skipped": []}
+    # read once (one object per version on object storage), kept up to date below
+    done = reg.done()
     for date, path in parts:
         if until is not None and date > until:
             break
-        done = reg.done()
+        if date in done:
+            report["skipped"].append(date)
+            continue
         rej = reg.rejected(date)
-        if date in done or (rej is not None and rej["fingerprint"] == schedule.fingerprint(path)):
+        if rej is not None and rej["fingerprint"] == schedule.fingerprint(path):
             report["skipped"].append(date)
             continue
         current = reg.latest()
         n, staged = reg.stage()
         try:
+            # the partition's files (markers such as _SUCCESS left out), as the refit reads them
+            own = schedule.window_files([(date, path)])
+            if not own:
+                raise InputError(f"{storage.redact(str(path))}: the partition holds no records")
             scored = scores_root / safe_name(f"date={date}", "partition")
             if current is not None and not storage.committed(scored):
                 score(
                     model=str(current / "model"),
-                    input=str(path),
+                    input=own,
                     out=str(scored),
                     chunk_rows=chunk_rows,
                     **local,
@@ -173,6 +181,7 @@ def scheduled_clustering(
                 "passes": run["metrics"]["passes"],
             },
         )
+        done[date] = n
         report["published"][date] = final.name
         log.info("partition %s: published %s (window %s)", date, final.name, dates)
     latest = reg.latest()

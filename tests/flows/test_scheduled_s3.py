@@ -190,3 +190,14 @@ def test_serve_bad_urls_exit_2_with_one_line(
     assert code == 2
     assert len(lines) == 1 and lines[0].startswith(f"dpmm: error: {message.format(b=b)}"), lines
     assert _objects(b) == before
+
+
+def test_serve_deployment_takes_urls() -> None:
+    from flows.cli import build_parser
+    from flows.cli import serve as cli_serve
+
+    argv = ["serve", "s3://b/in", "--models", "s3://b/models", "--scores", "s3://b/scores"]
+    dep = cli_serve.deployment(build_parser().parse_args(argv))
+    assert dep.parameters["input"] == "s3://b/in"
+    assert dep.parameters["models"] == "s3://b/models"
+    assert dep.parameters["scores"] == "s3://b/scores"

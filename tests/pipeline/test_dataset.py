@@ -633,3 +633,37 @@ def test_each_run_refits_the_prior_to_the_stores_sample_at_its_scale(client, tmp
     np.testing.assert_allclose(ctx.info.family.prior, given.as_product().prior, rtol=1e-12)
     with pytest.raises(ValueError, match="prior_scale must be in"):
         FitParams(prior_scale=1.5).checked()
+
+
+def test_a_list_of_tables_is_one_input(client, tmp_path: Path, small_csv_blocks):
+    """A list of CSV and Parquet files (a window of dated partitions, ``pipeline.schedule``) is
+    ingested as the concatenation of their records in the order given; a bad row is named by
+    its own file and row; an array file in a list is refused; the list's dataset fingerprint
+    changes when one of its files does."""
+    rng = np.random.default_rng(5)
+    df = pd.DataFrame({"a": rng.normal(size=90), "b": rng.normal(size=90)})
+    df.iloc[:30].to_csv(tmp_path / "d1.csv", index=False)
+    (tmp_path / "d2").mkdir()
+    df.iloc[30:50].to_parquet(tmp_path / "d2" / "part-0.parquet")
+    df.iloc[50:].to_parquet(tmp_path / "d3.parquet", row_group_size=15)
+    files = [str(tmp_path / "d1.csv"), str(tmp_path / "d2"), str(tmp_path / "d3.parquet")]
+    got, ref = Store(tmp_path / "list"), Store(tmp_path / "frame")
+    info = ingest(files, got, client=client, chunk_rows=25, family="gaussian")
+    ingest(df, ref, client=client, chunk_rows=25, family="gaussian")
+    assert info.n_rows == 90 and info.source.startswith("3 files (")
+    for name in ("X", "fold", "holdout"):
+        np.testing.assert_array_equal(got.array(name)[:], ref.array(name)[:])
+    fp = ds.fingerprint(files)
+    assert fp["path"] == [str(Path(f).resolve()) for f in files]
+    # the same size, another mtime: another fingerprint
+    os.utime(tmp_path / "d3.parquet", ns=(1, 1))
+    assert ds.fingerprint(files) != fp and ds.is_path_source(files)
+
+    bad = df.iloc[50:].copy()
+    bad.iloc[7, 1] = np.nan
+    bad.to_parquet(tmp_path / "d3.parquet", row_group_size=15)
+    with pytest.raises(InputError, match=r"d3\.parquet: column 'b': row 7 is NaN"):
+        ingest(files, Store(tmp_path / "bad"), client=client, chunk_rows=25, family="gaussian")
+    np.save(tmp_path / "x.npy", df.to_numpy())
+    with pytest.raises(InputError, match=r"x\.npy: a list of inputs holds tables"):
+        ingest([files[0], str(tmp_path / "x.npy")], Store(tmp_path / "npy"), client=client)
