@@ -95,12 +95,7 @@ def scheduled_clustering(
         log.warning("an interrupted publish of v%s was completed (LATEST switched)", resumed)
     scores_root = storage.location(scores) if scores is not None else models_loc.parent / "scores"
     storage.check_reachable(scores_root, "--scores")
-    parts = schedule.partitions(input)
-    if not parts:
-        raise InputError(
-            f"{storage.redact(str(input))}: holds no date=YYYY-MM-DD partitions (expected "
-            "INPUT/date=2026-01-31/part-0.parquet, ...)"
-        )
+    parts = schedule.require_partitions(input)
     all_dates = [d for d, _ in parts]
     paths = dict(parts)
     local: dict[str, Any] = {

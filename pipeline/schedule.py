@@ -99,6 +99,17 @@ def partitions(root: storage.Where) -> list[tuple[str, Loc]]:
     return sorted(out, key=lambda dp: dp[0])
 
 
+def require_partitions(root: storage.Where) -> list[tuple[str, Loc]]:
+    """``partitions(root)``, or an ``InputError`` naming ``root`` when there is none."""
+    parts = partitions(root)
+    if not parts:
+        raise InputError(
+            f"{storage.redact(str(root))}: holds no date=YYYY-MM-DD partitions (expected "
+            "INPUT/date=2026-01-31/part-0.parquet, ...)"
+        )
+    return parts
+
+
 def _files(path: Loc) -> dict[str, dict[str, Any]]:
     """Every file under a partition: relative path -> (size, version stamp) as fsspec or the
     file system gives it."""

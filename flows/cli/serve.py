@@ -102,6 +102,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         storage.check_reachable(args.scores, "--scores")
     if args.once:
         from flows.cluster import run_flow
+        from pipeline.schedule import require_partitions
+
+        # nothing to run: one line before Prefect starts (served, partitions may come later)
+        require_partitions(args.input)
 
         start_flow(
             args,
