@@ -423,3 +423,48 @@ def require_visible(loc: Loc, what: str = "") -> None:
         f"{where}: not a committed output (no {MANIFEST} lists it: the run that writes it is "
         "still going or crashed; run the same command again to resume it)"
     )
+
+
+# -- replacing a committed output ------------------------------------------------------------
+# ``--overwrite`` of a committed OUT on object storage: the new output is written and committed
+# under OUT's hidden sibling ``.<name>.partial`` while the old one stays visible and whole; only
+# then is OUT swapped: its manifest goes first (hidden), its objects are removed, the staged
+# objects are copied in (server-side copies), and OUT's manifest is written last. A crash before
+# the swap leaves the old OUT as it was (the same command resumes the staged run); a crash
+# during the swap leaves OUT invisible, never half-visible, and the next command on OUT
+# completes the swap first (``finish_replace``).
+
+
+def staging(out: RemotePath) -> RemotePath | None:
+    """Where an output that replaces the committed ``out`` is written (None for a bucket's
+    root, which has no sibling: that one is replaced in place)."""
+    if "/" not in out.key:
+        return None
+    return out.parent / f".{out.name}.partial"
+
+
+def replace(staged: RemotePath, out: RemotePath, **extra: Any) -> None:
+    """Commit ``staged``, then swap it in as ``out`` (see above); ``staged`` is removed."""
+    commit(staged, **extra)
+    _swap(staged, out)
+
+
+def _swap(staged: RemotePath, out: RemotePath) -> None:
+    doc = read_manifest(staged) or {}
+    (out / MANIFEST).unlink(missing_ok=True)
+    rmtree(out, ignore_errors=False)
+    for rel in sorted(doc.get("objects", {})):
+        staged.fs.copy((staged / rel).key, (out / rel).key)
+    extra = {k: v for k, v in doc.items() if k not in ("format", "version", "written", "objects")}
+    commit(out, **extra)
+    rmtree(staged, ignore_errors=True)
+
+
+def finish_replace(out: RemotePath) -> bool:
+    """Complete a swap of ``out`` that a crash interrupted (its staged output is committed);
+    True if there was one."""
+    staged = staging(out)
+    if staged is None or not committed(staged):
+        return False
+    _swap(staged, out)
+    return True

@@ -121,28 +121,37 @@ def prepare_output(source: Any, cfg: RunConfig) -> tuple[storage.Loc, bool]:
 def _prepare_remote(
     source: Any, cfg: RunConfig, out: storage.RemotePath
 ) -> tuple[storage.Loc, bool]:
-    """OUT's prefix, which the run writes into, and whether it resumes: a committed OUT (with
-    a manifest) is refused unless ``overwrite`` (then hidden and removed now); an uncommitted
-    one whose marker holds this command's fingerprint is resumed; one of another command is
-    removed; objects that are not a run's output are never touched."""
+    """The prefix the run writes into, and whether it resumes: OUT's own prefix, or, when a
+    committed OUT (with a manifest) is replaced with ``overwrite``, its hidden sibling
+    (``storage.staging``), so that the old output stays visible and whole until the new one is
+    complete (``finish`` swaps it in). A committed OUT without ``overwrite`` is refused; an
+    uncommitted prefix whose marker holds this command's fingerprint is resumed; one of another
+    command is removed; objects that are not a run's output are never touched."""
     try:
         storage.check_reachable(out, "--out")
+        # a swap a crash interrupted is completed first: that run had finished
+        storage.finish_replace(out)
         fp = fingerprint(source, cfg)
-        marker = out / MARKER
+        target: storage.RemotePath = out
         if storage.committed(out):
             if not cfg.overwrite:
                 raise ValueError(
                     f"--out {storage.redact(out.url)}: already exists (pass --overwrite to "
                     "replace it)"
                 )
-            storage.uncommit(out)
-        elif marker.exists():
+            staged = storage.staging(out)
+            if staged is None:  # a bucket's root has no sibling: replaced in place
+                storage.uncommit(out)
+            else:
+                target = staged
+        marker = target / MARKER
+        if marker.exists():
             if fp is not None and marker.read_text() == fp:
-                return out, True
-            storage.rmtree(out)
-        elif out.exists():
+                return target, True
+            storage.rmtree(target)
+        elif target.exists():
             raise ValueError(
-                f"--out {storage.redact(out.url)}: holds objects that are not a dpmm run's "
+                f"--out {storage.redact(target.url)}: holds objects that are not a dpmm run's "
                 "output; refusing to replace them"
             )
         # written first, even without a fingerprint: it marks the prefix as a run's output
@@ -151,7 +160,7 @@ def _prepare_remote(
         raise
     except Exception as err:  # the file system's: no bucket, no credentials, access denied
         raise storage.fs_error(out.url, err, "--out") from err
-    return out, False
+    return target, False
 
 
 def discard_output(partial: storage.Loc) -> None:
@@ -299,6 +308,14 @@ def finish(
     pass_seconds = sum(h.get("seconds", 0.0) for h in state.history)
     n_passes = len(state.history)
     extra = dict(extra or {})
+    out_loc = storage.location(cfg.out)
+    data = extra.get("dataset")
+    if partial != out_loc and isinstance(data, dict) and isinstance(partial, storage.RemotePath):
+        # a store under the staged prefix ends up under OUT after the swap
+        staged = storage.redact(str(partial))
+        if str(data.get("path", "")).startswith(staged + "/"):
+            rest = data["path"][len(staged) :]
+            extra["dataset"] = {**data, "path": storage.redact(str(out_loc)) + rest}
     metrics = {
         "n_clusters": int(final.shape[0]),
         "n_clusters_stage1": int(extra.pop("n_clusters_stage1", state.n_clusters)),
@@ -381,8 +398,12 @@ def finish(
     with contextlib.suppress(FileNotFoundError):
         (partial / MARKER).unlink()
     if isinstance(partial, storage.RemotePath):
-        # the run wrote under OUT itself: its manifest, written last, makes it visible
-        storage.commit(partial, kind="run")
+        if partial == out_loc:
+            # the run wrote under OUT itself: its manifest, written last, makes it visible
+            storage.commit(partial, kind="run")
+        else:  # it replaces a committed OUT: staged beside it, then swapped in
+            assert isinstance(out_loc, storage.RemotePath)
+            storage.replace(partial, out_loc, kind="run")
         return run
     out = storage.local_path(cfg.out)
     if out.exists() and not cfg.overwrite:

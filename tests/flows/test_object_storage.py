@@ -131,6 +131,55 @@ def test_a_killed_run_on_s3_is_invisible_and_resumes(
     np.testing.assert_array_equal(labels_of(out), labels_of(tmp_path / "ref"))
 
 
+def etags(url: str) -> dict[str, str]:
+    loc = storage.location(url)
+    return {k: str(v.get("ETag")) for k, v in loc.files().items()} if loc.exists() else {}
+
+
+def test_overwrite_on_s3_keeps_the_old_output_until_the_new_one_is_complete(
+    s3_bucket: str, tmp_path: Path, monkeypatch, capfd
+) -> None:
+    """``--overwrite`` of a committed OUT: the new run is staged beside it; killed after a pass,
+    the old output is still visible and unchanged; run again, it resumes and is swapped in.
+    The same for ``dpmm score``."""
+    b = f"s3://{s3_bucket}"
+    day1, day2 = blobs(1200, 7), blobs(1200, 8)
+    put_parquet(f"{b}/d1.parquet", day1)
+    put_parquet(f"{b}/d2.parquet", day2)
+    day2.to_parquet(tmp_path / "d2.parquet", index=False, row_group_size=400)
+    args = {"chunk_rows": 300, "random_state": 2, "report": False, "init": "sequential"}
+    cluster(str(tmp_path / "d2.parquet"), str(tmp_path / "ref"), **args, **LOCAL)
+    data_dir = f"{b}/datasets"
+    cluster(f"{b}/d1.parquet", f"{b}/out", data_dir=data_dir, **args, **LOCAL)
+    before = etags(f"{b}/out")
+    monkeypatch.setenv(loop.FAULT_ENV, "1")
+    with pytest.raises(loop.InjectedFault):
+        cluster(f"{b}/d2.parquet", f"{b}/out", overwrite=True, data_dir=data_dir, **args, **LOCAL)
+    monkeypatch.delenv(loop.FAULT_ENV)
+    out = storage.location(f"{b}/out")
+    assert storage.committed(out) and etags(f"{b}/out") == before
+    storage.require_visible(out / "model")
+    assert objects(f"{b}/.out.partial") and not storage.committed(
+        storage.location(f"{b}/.out.partial")
+    )
+    run = cluster(f"{b}/d2.parquet", f"{b}/out", overwrite=True, data_dir=data_dir, **args, **LOCAL)
+    assert run["resumed"] and storage.committed(out)
+    assert objects(f"{b}/.out.partial") == []
+    assert json.loads((out / "run.json").read_text())["input"] == f"{b}/d2.parquet"
+    np.testing.assert_array_equal(labels_of(out), labels_of(tmp_path / "ref"))
+    manifest = json.loads((out / storage.MANIFEST).read_text())
+    assert set(manifest["objects"]) == set(objects(f"{b}/out")) - {storage.MANIFEST}
+
+    model = load_model(f"{b}/out/model")
+    score = ["score", f"{b}/out/model", "--out", f"{b}/s", "--workers", "1", "--quiet"]
+    assert main([*score[:2], f"{b}/d1.parquet", *score[2:]]) == 0
+    assert main([*score[:2], f"{b}/d2.parquet", *score[2:]]) == 2
+    assert "already exists" in capfd.readouterr().err
+    assert main([*score[:2], f"{b}/d2.parquet", *score[2:], "--overwrite"]) == 0
+    np.testing.assert_array_equal(labels_of(f"{b}/s"), model.predict(day2))
+    assert objects(f"{b}/.s.partial") == [] and storage.committed(storage.location(f"{b}/s"))
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

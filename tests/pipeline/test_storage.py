@@ -86,6 +86,56 @@ def test_files_commit_and_visibility(s3_bucket: str) -> None:
     storage.require_visible(Path("/nonexistent"))
 
 
+def test_replacing_a_committed_output_never_shows_half_of_either(
+    s3_bucket: str, monkeypatch
+) -> None:
+    """``storage.replace``: the old output stays visible until the staged one is committed; a
+    swap interrupted half-way leaves OUT invisible (never a mix) and ``finish_replace``
+    completes it."""
+    b = f"s3://{s3_bucket}"
+    out = storage.location(f"{b}/rep/out")
+    assert isinstance(out, storage.RemotePath)
+    (out / "old.bin").write_bytes(b"old")
+    (out / "same.json").write_bytes(b"1")
+    storage.commit(out, kind="run")
+    staged = storage.staging(out)
+    assert staged is not None and str(staged) == f"{b}/rep/.out.partial"
+    assert storage.staging(storage.RemotePath(f"{b}")) is None
+    for rel, data in (("new/a.bin", b"aa"), ("new/b.bin", b"bbb"), ("same.json", b"22")):
+        (staged / rel).write_bytes(data)
+    # staged but not swapped: OUT is still the old output, whole
+    assert not storage.finish_replace(out)
+    assert sorted(json.loads((out / storage.MANIFEST).read_text())["objects"]) == [
+        "old.bin",
+        "same.json",
+    ]
+    # the swap fails after its first copy
+    fs = staged.fs  # fsspec caches file systems: the one the swap copies with
+    real_copy = fs.copy
+    calls = []
+
+    def failing_copy(src, dst, **kw):
+        calls.append(src)
+        if len(calls) > 1:
+            raise OSError("connection reset")
+        return real_copy(src, dst, **kw)
+
+    monkeypatch.setattr(fs, "copy", failing_copy)
+    with pytest.raises(OSError, match="connection reset"):
+        storage.replace(staged, out, kind="run")
+    monkeypatch.undo()
+    assert storage.committed(staged) and not storage.committed(out)
+    with pytest.raises(InputError, match="not a committed output"):
+        storage.require_visible(out / "new" / "a.bin")
+    # the next command on OUT completes the swap
+    assert storage.finish_replace(out)
+    doc = json.loads((out / storage.MANIFEST).read_text())
+    assert doc["objects"] == {"new/a.bin": 2, "new/b.bin": 3, "same.json": 2}
+    assert doc["kind"] == "run"
+    assert (out / "same.json").read_bytes() == b"22" and not (out / "old.bin").exists()
+    assert not staged.exists() and not storage.finish_replace(out)
+
+
 def test_records_and_models_on_s3(s3_bucket: str, tmp_path: Path) -> None:
     d = storage.location(f"s3://{s3_bucket}/rec")
     obj = {"x": np.arange(5.0), "p": [1, "a", None]}
