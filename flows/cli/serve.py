@@ -18,6 +18,9 @@ from pipeline.config import DEFAULT_CHUNK_ROWS
 
 CRON = "0 2 * * *"  # flows.scheduled.CRON, without importing Prefect to build the parser
 DEPLOYMENT = "dpmm-scheduled"
+# one run of the deployment at a time: a refit that outlasts the next tick must not have a
+# second run publish into the same MODELS (pipeline.schedule assumes a single writer)
+ONE_RUN = 1
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -72,7 +75,9 @@ def deployment(args: argparse.Namespace) -> Any:
     arguments): what a test inspects without serving forever."""
     from flows.scheduled import scheduled_clustering, serve_kwargs
 
-    return scheduled_clustering.to_deployment(**_kwargs(args, serve_kwargs))
+    return scheduled_clustering.to_deployment(
+        **_kwargs(args, serve_kwargs), concurrency_limit=ONE_RUN
+    )
 
 
 def _kwargs(args: argparse.Namespace, serve_kwargs: Any) -> dict[str, Any]:
@@ -113,5 +118,5 @@ def cmd_serve(args: argparse.Namespace) -> int:
             runner=lambda **kw: run_flow(scheduled_clustering, **kw),
         )
         return 0
-    scheduled_clustering.serve(**_kwargs(args, serve_kwargs))
+    scheduled_clustering.serve(**_kwargs(args, serve_kwargs), global_limit=ONE_RUN)
     return 0

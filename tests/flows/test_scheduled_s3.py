@@ -201,3 +201,5 @@ def test_serve_deployment_takes_urls() -> None:
     assert dep.parameters["input"] == "s3://b/in"
     assert dep.parameters["models"] == "s3://b/models"
     assert dep.parameters["scores"] == "s3://b/scores"
+    # one run at a time: the registry has a single writer
+    assert dep.concurrency_limit == 1
