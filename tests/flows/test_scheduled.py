@@ -149,3 +149,26 @@ def test_dpmm_serve_once_runs_the_flow_now(tmp_path: Path) -> None:
     assert main([*argv, "--chunk-rows", "300"]) == 0
     assert (models / "LATEST").read_text().strip() == "v1"
     assert load_model(models / "v1" / "model").n_clusters_ >= 1
+
+
+def test_a_partition_without_records_is_rejected_once(tmp_path: Path) -> None:
+    """A partition holding only a marker (``_SUCCESS``) is rejected, not fitted on; unchanged,
+    it is skipped on the next run; with records added it is tried again."""
+    src = tmp_path / "in"
+    (src / f"date={DAYS[0]}").mkdir(parents=True)
+    (src / f"date={DAYS[0]}" / "_SUCCESS").write_bytes(b"")
+    models = tmp_path / "models"
+    kw = {"input": str(src), "models": str(models), "chunk_rows": 200, **LOCAL}
+    first = scheduled_clustering(**kw)
+    assert first["rejected"] == {
+        DAYS[0]: f"{src / f'date={DAYS[0]}'}: the partition holds no records"
+    }
+    assert sorted(p.name for p in models.iterdir()) == ["rejected"]
+    again = scheduled_clustering(**kw)
+    assert again["skipped"] == [DAYS[0]] and again["rejected"] == {}
+    # the records arrive: the partition's fingerprint changed, it is fitted
+    df = write_mixed(tmp_path / "day.csv", 300, 0)
+    df.to_parquet(src / f"date={DAYS[0]}" / "part-0.parquet")
+    late = scheduled_clustering(**kw)
+    assert late["published"] == {DAYS[0]: "v1"}
+    assert (models / "LATEST").read_text().strip() == "v1"
