@@ -9,7 +9,8 @@ cluster; default one per worker) -> ``cv.parquet``,
 
 Each finished fit's result is written at once into the partial output
 (``pipeline.cv.ResultLog``); running the same command again after a crash skips the fits done.
-The output appears at ``OUT`` only when complete (a temporary sibling renamed at the end). Bad
+The output appears at ``OUT`` only when complete (``pipeline.storage.prepare_output``: a
+temporary sibling renamed at the end, or on object storage OUT's manifest written last). Bad
 input (an empty grid, a value out of range, more folds than records) is a ``ValueError`` before
 any fit, and leaves nothing behind.
 """
@@ -18,10 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,11 +28,12 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from pipeline import cv as pcv
-from pipeline import dataset
+from pipeline import dataset, storage
 from pipeline import io as pio
 from pipeline.config import DEFAULT_CHUNK_ROWS
 from pipeline.dist.client import dask_client
 from pipeline.dist.loop import InjectedFault
+from pipeline.model import save_model
 from pipeline.search import SELECT
 
 #: raise after this many new fits were persisted (crash-and-resume tests)
@@ -71,25 +71,14 @@ def refit_task(
     return client.submit(pcv.refit, store_path, params, seed, max_iter, pure=False).result()
 
 
-def _prepare(input: Any, out: Path, key: dict[str, Any], overwrite: bool) -> tuple[Path, bool]:
+def _prepare(
+    input: Any, out: str, key: dict[str, Any], overwrite: bool
+) -> tuple[storage.Loc, bool]:
     """The partial output and whether it resumes an earlier attempt of the same command."""
-    if out.exists() and not overwrite:
-        raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out}: exists and is not a directory")
-    partial = pio.temp_sibling(out)
     fp = None
     if dataset.is_path_source(input):
         fp = json.dumps({"input": dataset.fingerprint(input), **key}, sort_keys=True, default=str)
-    marker = partial / "fingerprint.json"
-    if partial.exists():
-        if fp is not None and marker.exists() and marker.read_text() == fp:
-            return partial, True
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True)
-    if fp is not None:
-        marker.write_text(fp)
-    return partial, False
+    return storage.prepare_output(out, fp, overwrite)
 
 
 @flow(name="cv", validate_parameters=False)
@@ -125,7 +114,7 @@ def cv(
     if int(n_folds) < 2:
         raise pcv.GridError(f"--folds {n_folds}: at least 2 folds are needed")
     cells = grid.cells()
-    out_p = Path(out)
+    shown = storage.redact(str(storage.location(out)))
     key = {
         "cells": cells,
         "n_folds": int(n_folds),
@@ -134,7 +123,7 @@ def cv(
         "label_column": label_column,
         "chunk_rows": int(chunk_rows),
     }
-    partial, resumed = _prepare(input, out_p, key, overwrite)
+    partial, resumed = _prepare(input, out, key, overwrite)
     if resumed and progress:
         print(f"resuming the grid in {partial}", file=sys.stderr)
     timing: dict[str, float] = {}
@@ -142,10 +131,14 @@ def cv(
         with dask_client(scheduler, n_workers, processes, dashboard_address, quiet=True) as client:
             t = time.perf_counter()
             path = None if dataset.is_path_source(input) else partial / "store.zarr"
+            root: Any = data_dir
+            if root is None and storage.is_url(partial) and not dataset.env_root():
+                # workers may share no disk: the dataset store goes with OUT (as ``dpmm run``)
+                root = partial / "datasets"
             store, info, reused = dataset.open_dataset(
                 input,
                 client=client,
-                root=data_dir,
+                root=root,
                 chunk_rows=int(chunk_rows),
                 n_folds=int(n_folds),
                 label_column=label_column,
@@ -206,9 +199,12 @@ def cv(
             if label_column is not None and (store.path / "y").exists():
                 y = np.asarray(store.array("y")[:])
         table["chosen"] = np.arange(len(table)) == best
-        table.to_parquet(partial / "cv.parquet", index=False)
-        pcv.plot_grid(table, best, partial / "cv.png")
-        artifact = _write_model(model, partial)
+        # pandas and matplotlib want a path: on object storage a local directory is uploaded
+        with storage.local_dir(partial) as files:
+            table.to_parquet(files / "cv.parquet", index=False)
+            pcv.plot_grid(table, best, files / "cv.png")
+            save_model(model, files / "model")
+        artifact = {"artifact": "model", "files": ["model"]}
         metrics: dict[str, Any] = {
             "n_clusters": int(model.n_clusters_),
             "alpha": float(model.alpha_),
@@ -225,8 +221,8 @@ def cv(
         timing["total"] = time.perf_counter() - t_start
         run = {
             "command": "cv",
-            "input": str(input) if dataset.is_path_source(input) else "<in memory>",
-            "out": str(out_p),
+            "input": storage.redact(str(input)) if dataset.is_path_source(input) else "<in memory>",
+            "out": shown,
             "grid": {"alpha": list(alphas), "prior_scale": list(scales), "family": list(families)},
             "n_folds": int(n_folds),
             "fold_sizes": [int(c) for c in counts],
@@ -237,20 +233,23 @@ def cv(
             "fits_run": len(todo),
             "fits_reused": n_done,
             "resumed": resumed,
-            "dataset": {"path": str(store.path), "reused": reused, "n_rows": info.n_rows},
+            "dataset": {
+                "path": storage.redact(str(store.path)),
+                "reused": reused,
+                "n_rows": info.n_rows,
+            },
             "model": artifact,
             "metrics": metrics,
             "timing": timing,
             "versions": pio.versions(),
         }
         pio.write_json(partial / "cv.json", run)
-        (partial / "fingerprint.json").unlink(missing_ok=True)
-        shutil.rmtree(partial / "fits", ignore_errors=True)
-        shutil.rmtree(partial / "store.zarr", ignore_errors=True)
-        pio.commit_dir(partial, out_p)
+        storage.rmtree(partial / "fits", ignore_errors=True)
+        storage.rmtree(partial / "store.zarr", ignore_errors=True)
+        storage.publish_output(partial, out, overwrite, kind="cv")
     except (ValueError, TypeError):
         # bad input: nothing to resume, nothing left behind
-        shutil.rmtree(partial, ignore_errors=True)
+        storage.rmtree(partial, ignore_errors=True)
         raise
     if progress:
         c = chosen
@@ -258,27 +257,10 @@ def cv(
             f"chosen: family {c['family']}, prior scale {c['prior_scale']:g}, alpha "
             f"{c['alpha']:g} (held-out {metrics['mean_log_density']:.4g} ± "
             f"{metrics['se_log_density']:.2g} per record); refit: {metrics['n_clusters']} "
-            f"clusters -> {out_p}",
+            f"clusters -> {shown}",
             file=sys.stderr,
         )
     return run
-
-
-def _write_model(model: Any, partial: Path) -> dict[str, Any]:
-    """The refitted model: a model artifact ``model/`` (``pipeline.model``) when that exists;
-    otherwise its cluster table and labels."""
-    try:
-        from pipeline.model import save_model  # type: ignore[import-not-found]
-    except ImportError:
-        import pandas as pd
-
-        model.cluster_summary().to_parquet(partial / "clusters.parquet", index=False)
-        pd.DataFrame({"label": np.asarray(model.labels_, dtype=np.int64)}).to_parquet(
-            partial / "labels.parquet", index=False
-        )
-        return {"artifact": None, "files": ["clusters.parquet", "labels.parquet"]}
-    save_model(model, partial / "model")
-    return {"artifact": "model", "files": ["model"]}
 
 
 def run_cv_flow(**kwargs: Any) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -19,6 +18,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.cluster import pass_task, start_task, write_task
+from pipeline import storage
 from pipeline.config import (
     DEFAULT_CHUNK_ROWS,
     INIT_SAMPLE,
@@ -46,7 +46,7 @@ def read_task(
 
 @task(name="ingest", cache_policy=NO_CACHE)
 def ingest_task(
-    client: Any, source: Any, cfg: dist.RunConfig, partial: Path, progress: bool
+    client: Any, source: Any, cfg: dist.RunConfig, partial: storage.Loc, progress: bool
 ) -> tuple[Store, StoreInfo, bool]:
     return dist.step_ingest(client, source, cfg, partial, progress)
 
@@ -103,18 +103,16 @@ def hmm(
         group_column=sequence_column,
     )
     t0 = time.perf_counter()
-    out_p = Path(out)
-    if out_p.exists() and not overwrite:
-        raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
+    if storage.committed(storage.location(out)) and not overwrite:
+        # before reading the input: refused at once, as the other commands
+        raise ValueError(
+            f"--out {storage.redact(str(out))}: already exists (pass --overwrite to replace it)"
+        )
     timing: dict[str, float] = {}
     frame, meta = read_task(input, sequence_column, time_column)
     timing["read"] = time.perf_counter() - t0
     # an in-memory source: ingested into the partial output, which is removed on bad input
-    where, _ = dist.prepare_output(frame, cfg)
-    if not isinstance(where, Path):
-        dist.discard_output(where)
-        raise ValueError(f"--out {out}: dpmm hmm writes to a local directory only")
-    partial = where
+    partial, _ = dist.prepare_output(frame, cfg)
     try:
         with dask_client(
             scheduler, n_workers, processes, dashboard_address, warm=["ihmm"]
@@ -155,7 +153,7 @@ def hmm(
             "prior_scale": PRIOR_SCALE if prior_scale is None else float(prior_scale),
         },
         {
-            "input": str(input),
+            "input": storage.redact(str(input)),
             "n_rows": info.n_rows,
             "n_train": info.n_train,
             "passes": len(state.history),
@@ -172,8 +170,8 @@ def hmm(
         records_per_second=info.n_rows / timing["total"],
     )
     run = {
-        "input": str(input),
-        "out": str(out_p),
+        "input": storage.redact(str(input)),
+        "out": storage.redact(str(out)),
         "n_rows": info.n_rows,
         "n_train": info.n_train,
         "columns": info.schema.columns,
@@ -205,7 +203,7 @@ def hmm(
     features = frame.drop(columns=[sequence_column])
     run = dhmm.finish_hmm(
         partial,
-        out_p,
+        str(out),
         overwrite,
         run,
         report,
@@ -221,7 +219,7 @@ def hmm(
         print(
             f"done: {info.n_rows:,} steps in {m['n_sequences']:,} sequences, {m['n_states']} "
             f"states, {m['passes']} passes, objective {m['objective']:.6g}, "
-            f"{timing['total']:.1f} s -> {out}",
+            f"{timing['total']:.1f} s -> {storage.redact(str(out))}",
             file=sys.stderr,
         )
     return run

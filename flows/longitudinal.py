@@ -10,9 +10,7 @@ written into a temporary sibling of ``out`` renamed at the end; bad input remove
 
 from __future__ import annotations
 
-import shutil
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,12 +19,12 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from pipeline import longitudinal as lon
+from pipeline import storage
 from pipeline.config import DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL, FitParams
 from pipeline.dist import loop
 from pipeline.dist.client import dask_client
 from pipeline.engines.base import LoopState, RunContext
 from pipeline.ingest import ingest
-from pipeline.io import temp_sibling
 from pipeline.mapdp_core import seed_entropy
 from pipeline.store import Store, StoreInfo
 
@@ -68,7 +66,7 @@ def fold_task(
     info: StoreInfo,
     params: FitParams,
     cols: lon.Columns,
-    state_dir: Path,
+    state_dir: storage.Loc,
     fold: int,
 ) -> dict[str, np.ndarray]:
     """Fit with the subjects of ``fold`` held out; their held-out results."""
@@ -112,9 +110,6 @@ def longitudinal(
     cols = lon.Columns(subject, response, tuple(covs), time_column)
     if folds is not None and int(folds) < 2:
         raise ValueError(f"--folds must be at least 2, got {folds}")
-    outp = Path(out)
-    if outp.exists() and not overwrite:
-        raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
     params = FitParams(
         engine=lon.ENGINE,
         alpha=alpha,
@@ -124,10 +119,8 @@ def longitudinal(
         min_change=min_change,
         seed=seed_entropy(random_state),
     ).checked()
-    partial = temp_sibling(outp)
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True)
+    # OUT appears only when complete: a renamed sibling, or a manifest on object storage
+    partial, _ = storage.prepare_output(out, None, overwrite)
     t0 = time.perf_counter()
     timing: dict[str, float] = {}
     try:
@@ -164,10 +157,10 @@ def longitudinal(
                 timing["cv"] = time.perf_counter() - t
                 cv = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     except ValueError:
-        shutil.rmtree(partial, ignore_errors=True)
+        storage.rmtree(partial, ignore_errors=True)
         raise
     parameters = {
-        "input": str(input),
+        "input": storage.redact(str(input)),
         "subject": subject,
         "response": response,
         "covariates": covs,
@@ -182,7 +175,9 @@ def longitudinal(
         "random_state": random_state,
     }
     timing["total"] = time.perf_counter() - t0
-    return lon.finish(partial, outp, df, cols, info, state, res, cv, parameters, timing, report)
+    run = lon.finish(partial, df, cols, info, state, res, cv, parameters, timing, report)
+    storage.publish_output(partial, out, overwrite, kind="longitudinal")
+    return run
 
 
 def run_longitudinal_flow(**kwargs: Any) -> dict[str, Any]:

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline import persist
+from pipeline import storage
 from pipeline.errors import InputError
 from pipeline.families.gaussian import check_scale
-from pipeline.paths import child
+from pipeline.paths import safe_name
 from pipeline.search import select_index
 from pipeline.store import Store, StoreInfo
 
@@ -196,29 +196,27 @@ def refit(store_path: str, params: dict[str, Any], seed: int, max_iter: int) -> 
 
 
 class ResultLog:
-    """Finished (cell, fold) results, one JSON file each in ``directory``, written atomically:
-    what a rerun after a crash skips."""
+    """Finished (cell, fold) results, one JSON file each in ``directory`` (a path or an object
+    storage prefix), each written whole: what a rerun after a crash skips."""
 
-    def __init__(self, directory: str | Path):
-        self.dir = Path(directory)
+    def __init__(self, directory: storage.Where):
+        self.dir = storage.location(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
 
-    def _path(self, cell: str, fold: int) -> Path:
-        return child(self.dir, f"{cell}-fold{int(fold)}.json", "cell")
+    def _path(self, cell: str, fold: int) -> storage.Loc:
+        return self.dir / safe_name(f"{cell}-fold{int(fold)}.json", "cell")
 
     def get(self, cell: str, fold: int) -> dict[str, Any] | None:
         p = self._path(cell, fold)
-        if not p.exists():
-            return None
         try:
             out: dict[str, Any] = json.loads(p.read_text())
-        except ValueError:
+        except (FileNotFoundError, ValueError):
             return None
         return out
 
     def put(self, result: dict[str, Any]) -> None:
         text = json.dumps(result, allow_nan=True)
-        persist.write_atomic(self._path(result["cell"], int(result["fold"])), text.encode())
+        storage.write_atomic(self._path(result["cell"], int(result["fold"])), text.encode())
 
 
 def summarise(

@@ -122,6 +122,10 @@ def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = Non
         problem (empty file, header only, wrong field count with its line, not really a Parquet
         / NumPy file, a requested column that is not there, ...).
     """
+    from pipeline import storage
+
+    if storage.is_url(path):
+        return _read_remote_table(str(path), columns)
     p = Path(path)
     name = str(path)
     kind = file_format(p)
@@ -154,6 +158,32 @@ def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = Non
     if columns is not None:
         df = df[list(columns)]
     return df.reset_index(drop=True)
+
+
+def _read_remote_table(url: str, columns: Sequence[str] | None) -> pd.DataFrame:
+    """``read_table`` of a file on object storage: copied to a local temporary file of the
+    same name (the checks that name lines and rows read a file), with the URL in messages."""
+    import tempfile
+
+    from pipeline import storage
+
+    check_url(url)
+    loc = storage.location(url)
+    assert isinstance(loc, storage.RemotePath)
+    shown = storage.redact(url)
+    with tempfile.TemporaryDirectory(prefix="dpmm-read-") as tmp:
+        local = Path(tmp) / loc.name
+        try:
+            if loc.is_dir():  # a directory of Parquet parts
+                loc.fs.get(loc.key + "/", str(local), recursive=True)
+            else:
+                loc.fs.get_file(loc.key, str(local))
+        except Exception as err:
+            raise storage.fs_error(url, err) from err
+        try:
+            return read_table(local, columns)
+        except InputError as err:
+            raise type(err)(str(err).replace(str(local), shown)) from None
 
 
 def check_file(path: str | os.PathLike[str]) -> None:

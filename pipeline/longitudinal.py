@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pipeline import storage
 from pipeline.config import MAX_PASSES, MIN_CHANGE, TOL, FitParams
 from pipeline.dist import loop
 from pipeline.engines import get_engine
@@ -90,7 +91,7 @@ def read_input(path: str, cols: Columns) -> pd.DataFrame:
 
 def fit_context(
     store: Store,
-    state_dir: Path,
+    state_dir: storage.Loc,
     info: StoreInfo,
     params: FitParams,
     cols: Columns,
@@ -339,8 +340,7 @@ def write_mixed_model(
 
 
 def finish(
-    partial: Path,
-    out: Path,
+    partial: storage.Loc,
     df: pd.DataFrame,
     cols: Columns,
     info: StoreInfo,
@@ -351,10 +351,9 @@ def finish(
     timing: dict[str, float],
     report: bool,
 ) -> dict[str, Any]:
-    """subjects.parquet, clusters.parquet, run.json and the report into ``partial``; the
-    scratch stores removed; ``partial`` renamed to ``out``. Returns run.json's content."""
-    import shutil
-
+    """subjects.parquet, clusters.parquet, model/, run.json and the report into ``partial``
+    (a local directory or an object-storage prefix, ``pipeline.storage.prepare_output``); the
+    scratch stores removed. Returns run.json's content."""
     coef = ["intercept", *cols.covariates]
     subjects = subjects_table(res, info, coef, cols.subject)
     model = state.model
@@ -403,17 +402,19 @@ def finish(
         )
         subjects = subjects.merge(held, on=cols.subject, how="left")
         run["cv"] = {"folds": int(parameters.get("folds") or 0), **cv_summary(cv["log_density"])}
-    subjects.to_parquet(partial / "subjects.parquet", index=False)
-    clusters_table(model, coef).to_parquet(partial / "clusters.parquet", index=False)
-    write_mixed_model(partial / "model", state, cols, parameters, run["metrics"])
-    files = ["subjects.parquet", "clusters.parquet", "run.json", "model"]
-    if report:
-        files += write_report(partial, df, cols, subjects, model, coef, state.history, run)
-    run["files"] = files
-    write_json(partial / "run.json", run)
-    for scratch in partial.glob("*.zarr"):
-        shutil.rmtree(scratch, ignore_errors=True)
-    if out.exists():
-        shutil.rmtree(out)
-    partial.rename(out)
+    # pandas, matplotlib and the report want a path: on object storage a local directory is
+    # uploaded (``storage.local_dir``)
+    with storage.local_dir(partial) as files_dir:
+        subjects.to_parquet(files_dir / "subjects.parquet", index=False)
+        clusters_table(model, coef).to_parquet(files_dir / "clusters.parquet", index=False)
+        write_mixed_model(files_dir / "model", state, cols, parameters, run["metrics"])
+        files = ["subjects.parquet", "clusters.parquet", "run.json", "model"]
+        if report:
+            files += write_report(files_dir, df, cols, subjects, model, coef, state.history, run)
+        run["files"] = files
+        write_json(files_dir / "run.json", run)
+    scratch: list[storage.Loc] = list(partial.iterdir())
+    for loc in scratch:
+        if loc.name.endswith(".zarr"):
+            storage.rmtree(loc, ignore_errors=True)
     return run

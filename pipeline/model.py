@@ -202,7 +202,10 @@ def _save_remote(
     metadata: dict[str, Any] | None,
 ) -> storage.RemotePath:
     """``save_model`` to object storage: no rename there, so the model is written under its
-    own prefix and made visible by its manifest, written last (``pipeline.storage.commit``)."""
+    own prefix and made visible by its manifest, written last (``pipeline.storage.commit``);
+    a committed model it replaces is swapped out only once the new one is complete
+    (``pipeline.storage.replace``)."""
+    storage.finish_replace(out)
     if storage.committed(out) and not overwrite:
         raise FileExistsError(
             f"{storage.redact(out.url)}: already exists (pass overwrite=True to replace it)"
@@ -216,12 +219,23 @@ def _save_remote(
                 f"({sorted(others)[0]}, ...); refusing to replace them"
             )
     record = model_record(estimator, engine=engine, metadata=metadata)
-    storage.uncommit(out)
+    target = out
+    staged = storage.staging(out) if storage.committed(out) else None
+    if staged is not None:
+        # the model it replaces stays visible and whole until the new one is swapped in
+        storage.rmtree(staged, ignore_errors=True)
+        target = staged
+    else:
+        storage.uncommit(out)
     try:
-        persist.save(out, RECORD, record)
-        storage.commit(out, kind="model")
+        persist.save(target, RECORD, record)
+        if target == out:
+            storage.commit(out, kind="model")
+        else:
+            storage.replace(target, out, kind="model")
     except BaseException:
-        storage.rmtree(out, ignore_errors=True)
+        if not storage.committed(target):  # a committed staged model completes a swap later
+            storage.rmtree(target, ignore_errors=True)
         raise
     return out
 

@@ -468,3 +468,102 @@ def finish_replace(out: RemotePath) -> bool:
         return False
     _swap(staged, out)
     return True
+
+
+# -- a command's output, local or on object storage ------------------------------------------
+MARKER = "fingerprint.json"
+
+
+def prepare_output(
+    out: Where, fingerprint: str | None, overwrite: bool, what: str = "--out"
+) -> tuple[Loc, bool]:
+    """Where a command writes its output ``out`` until it is complete, and whether it resumes
+    an earlier attempt of the same command (``fingerprint``: its input files and parameters;
+    None: never resumed). An existing (committed) ``out`` is refused unless ``overwrite``.
+
+    Local: the hidden sibling ``.<name>.partial``, renamed into place by ``publish_output``.
+    Object storage: OUT's own prefix, made visible by its manifest; or, replacing a committed
+    OUT, its hidden sibling (``staging``), swapped in by ``publish_output``. A partial output
+    holds ``MARKER`` from the start: a prefix without it holds objects that are not a dpmm
+    output and is never touched.
+    """
+    from pipeline.io import temp_sibling
+
+    where = location(out)
+    if isinstance(where, RemotePath):
+        return _prepare_remote_output(where, fingerprint, overwrite, what)
+    if where.exists() and not overwrite:
+        raise ValueError(f"{what} {where}: already exists (pass --overwrite to replace it)")
+    if where.exists() and not where.is_dir():
+        raise ValueError(f"{what} {where}: exists and is not a directory")
+    partial = temp_sibling(where)
+    marker = partial / MARKER
+    if partial.exists():
+        if fingerprint is not None and marker.exists() and marker.read_text() == fingerprint:
+            return partial, True
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    if fingerprint is not None:
+        marker.write_text(fingerprint)
+    return partial, False
+
+
+def _prepare_remote_output(
+    out: RemotePath, fingerprint: str | None, overwrite: bool, what: str
+) -> tuple[Loc, bool]:
+    try:
+        check_reachable(out, what)
+        # a swap a crash interrupted is completed first: that command had finished
+        finish_replace(out)
+        target = out
+        if committed(out):
+            if not overwrite:
+                raise ValueError(
+                    f"{what} {redact(out.url)}: already exists (pass --overwrite to replace it)"
+                )
+            staged = staging(out)
+            if staged is None:  # a bucket's root has no sibling: replaced in place
+                uncommit(out)
+            else:
+                target = staged
+        marker = target / MARKER
+        if marker.exists():
+            if fingerprint is not None and marker.read_text() == fingerprint:
+                return target, True
+            rmtree(target)
+        elif target.exists():
+            raise ValueError(
+                f"{what} {redact(target.url)}: holds objects that are not a dpmm output; "
+                "refusing to replace them"
+            )
+        # written first, even without a fingerprint: it marks the prefix as a dpmm output
+        marker.write_text(fingerprint if fingerprint is not None else "null")
+    except ValueError:
+        raise
+    except Exception as err:  # the file system's: no bucket, no credentials, access denied
+        raise fs_error(out.url, err, what) from err
+    return target, False
+
+
+def publish_output(
+    partial: Loc, out: Where, overwrite: bool, kind: str, what: str = "--out"
+) -> None:
+    """Make the complete ``partial`` (``prepare_output``) the output ``out``: a local rename
+    (replacing ``out`` only with ``overwrite``), OUT's manifest written last, or the staged
+    output swapped in (``replace``)."""
+    from pipeline.io import commit_dir
+
+    with contextlib.suppress(FileNotFoundError):
+        (partial / MARKER).unlink()
+    dest = location(out)
+    if isinstance(partial, RemotePath):
+        assert isinstance(dest, RemotePath)
+        if partial == dest:
+            commit(partial, kind=kind)
+        else:
+            replace(partial, dest, kind=kind)
+        return
+    assert isinstance(dest, Path)
+    if dest.exists() and not overwrite:
+        raise ValueError(f"{what} {dest}: already exists (pass --overwrite to replace it)")
+    commit_dir(partial, dest)

@@ -616,7 +616,7 @@ def check_paths(args: argparse.Namespace) -> None:
 
 
 # the commands whose INPUT, OUT, MODEL and --data-dir may be URLs (``pipeline.storage``)
-URL_COMMANDS = ("run", "score", "serve")
+URL_COMMANDS = ("run", "score", "cv", "longitudinal", "hmm", "update", "serve")
 
 
 def _refuse_urls(args: argparse.Namespace) -> None:
@@ -629,7 +629,7 @@ def _refuse_urls(args: argparse.Namespace) -> None:
         if isinstance(value, str) and storage.is_url(value):
             raise InputError(
                 f"{storage.redact(value)}: dpmm {args.command} reads and writes local paths "
-                "only (object storage URLs: dpmm run and dpmm score)"
+                f"only (object storage URLs: dpmm {', '.join(URL_COMMANDS)})"
             )
 
 

@@ -24,6 +24,7 @@ from flows.cli.types import fraction as _fraction
 from flows.cli.types import nonneg_float as _nonneg_float
 from flows.cli.types import positive_int as _positive_int
 from pipeline import io as pio
+from pipeline import storage
 from pipeline.config import DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL
 from pipeline.errors import InputError
 
@@ -135,5 +136,5 @@ def cmd_longitudinal(args: argparse.Namespace) -> int:
                 f"; {cv['folds']}-fold held-out log density per subject "
                 f"{cv['mean_heldout_log_density']:.4f} +/- {cv['se']:.4f}"
             )
-        print(f"{line}\nresults in {args.out}/", flush=True)
+        print(f"{line}\nresults in {storage.redact(args.out)}/", flush=True)
     return 0

@@ -13,13 +13,13 @@ A bad model or bad records exit with status 2 and one line naming the file and t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 from typing import Any
 
 from flows.cli.types import positive_float as _positive_float
 from pipeline import io as pio
+from pipeline import storage
 from pipeline.errors import InputError
 
 
@@ -68,17 +68,22 @@ def cmd_update(args: argparse.Namespace) -> int:
     from pipeline.model import load_model, save_model
     from pipeline.update import update_model
 
-    model_path, inp, out = Path(args.model), Path(args.input), Path(args.out)
-    if out.exists() and not args.overwrite:
-        raise InputError(f"--out {out}: already exists (pass --overwrite to replace it)")
-    with contextlib.suppress(OSError):
-        if out.resolve() == model_path.resolve():
-            raise InputError(f"--out {out}: is MODEL itself; write the update to a new path")
+    model_path, inp, out = args.model, args.input, args.out
+    out_loc = storage.location(out)
+    if storage.committed(out_loc) and not args.overwrite:
+        shown = storage.redact(str(out))
+        raise InputError(f"--out {shown}: already exists (pass --overwrite to replace it)")
+    if storage.location(model_path) == out_loc or (
+        isinstance(out_loc, Path)
+        and out_loc.exists()
+        and out_loc.resolve() == Path(model_path).resolve()
+    ):
+        raise InputError(f"--out {out}: is MODEL itself; write the update to a new path")
     with bad_input(prefix=str(model_path)):
         model = load_model(model_path)
     with bad_input(prefix=str(inp)):
         df = pio.read_table(inp)
-    with bad_input(prefix=str(inp), rows_of=inp):
+    with bad_input(prefix=str(inp), rows_of=None if storage.is_url(inp) else inp):
         new, stream = update_model(
             model,
             df,
@@ -88,8 +93,8 @@ def cmd_update(args: argparse.Namespace) -> int:
             random_state=args.seed,
         )
     update = {
-        "from_model": str(model_path),
-        "input": str(inp),
+        "from_model": storage.redact(str(model_path)),
+        "input": storage.redact(str(inp)),
         "records": int(df.shape[0]),
         "method": "ASUGS-PM" if not args.no_prune_merge else "ASUGS",
         "lam": float(args.lam),
@@ -113,7 +118,7 @@ def cmd_update(args: argparse.Namespace) -> int:
             f"{df.shape[0]:,} records streamed into {k0} clusters: {stream.n_clusters_} clusters "
             f"now ({stream.n_pruned_} pruned, {stream.n_merged_} merges, "
             f"{int((stream.labels_ < 0).sum())} records in pruned classes), alpha "
-            f"{float(new.alpha_):.4g} -> {out}",
+            f"{float(new.alpha_):.4g} -> {storage.redact(str(out))}",
             file=sys.stdout,
             flush=True,
         )

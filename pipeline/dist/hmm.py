@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from pipeline.errors import InputError
-from pipeline.io import commit_dir, read_table, versions, write_json
+from pipeline import storage
+from pipeline.io import read_table, versions, write_json
 from pipeline.store import Store, StoreInfo, input_positions
 
 
@@ -47,7 +48,7 @@ def read_sequences(
 
 
 def hmm_outputs(
-    partial: Path,
+    partial: storage.Loc,
     data: Store,
     info: StoreInfo,
     state: Any,
@@ -82,7 +83,6 @@ def hmm_outputs(
             "heldout": hold,
         }
     )
-    rows.to_parquet(partial / "rows.parquet", index=False)
     seqs = (
         rows.groupby(sequence_column, sort=False)
         .agg(
@@ -92,7 +92,6 @@ def hmm_outputs(
         )
         .reset_index()
     )
-    seqs.to_parquet(partial / "sequences.parquet", index=False)
     K = state.n_clusters
     alpha = state.alpha
     A = state.trans + alpha * state.kappa[None, :]
@@ -105,10 +104,14 @@ def hmm_outputs(
     table.insert(2, "kappa", state.kappa)
     table.insert(3, "self_transition", np.diag(A) if K else np.zeros(0))
     table.insert(4, "start_probability", pi)
-    table.to_parquet(partial / "states.parquet", index=False)
     names = [f"state {k}" for k in range(K)]
     trans = pd.DataFrame(np.vstack([pi[None, :], A]), columns=names, index=["start", *names])
-    trans.to_csv(partial / "transitions.csv", index_label="from")
+    # pandas wants a path: on object storage a local directory is uploaded
+    with storage.local_dir(partial) as files:
+        rows.to_parquet(files / "rows.parquet", index=False)
+        seqs.to_parquet(files / "sequences.parquet", index=False)
+        table.to_parquet(files / "states.parquet", index=False)
+        trans.to_csv(files / "transitions.csv", index_label="from")
     held = seqs[seqs.heldout]
     return {
         "n_states": int(K),
@@ -127,7 +130,7 @@ def hmm_outputs(
 
 
 def write_hmm_model(
-    directory: Path,
+    directory: storage.Loc,
     info: StoreInfo,
     state: Any,
     params: dict[str, Any],
@@ -198,8 +201,8 @@ def hmm_figures(
 
 
 def finish_hmm(
-    partial: Path,
-    out: Path,
+    partial: storage.Loc,
+    out: str,
     overwrite: bool,
     run: dict[str, Any],
     report: bool,
@@ -210,14 +213,32 @@ def finish_hmm(
     sequence_column: str,
     time_column: str,
 ) -> dict[str, Any]:
-    """run.json and the report, then ``partial`` renamed to ``out``."""
+    """run.json and the report, then ``partial`` published as ``out``
+    (``pipeline.storage.publish_output``)."""
+    with storage.local_dir(partial) as files:
+        _write_report(files, run, report, rows, X, A, sizes, sequence_column, time_column)
+    storage.publish_output(partial, out, overwrite, kind="hmm")
+    return run
+
+
+def _write_report(
+    files: Path,
+    run: dict[str, Any],
+    report: bool,
+    rows: pd.DataFrame,
+    X: pd.DataFrame,
+    A: np.ndarray,
+    sizes: np.ndarray,
+    sequence_column: str,
+    time_column: str,
+) -> None:
     import html
 
     pictures = (
-        hmm_figures(partial, rows, X, A, sizes, sequence_column, time_column) if report else []
+        hmm_figures(files, rows, X, A, sizes, sequence_column, time_column) if report else []
     )
     run["versions"] = versions()
-    write_json(partial / "run.json", run)
+    write_json(files / "run.json", run)
     if report:
         m = run["metrics"]
         lines = [
@@ -232,14 +253,10 @@ def finish_hmm(
         body = ["<h1>dpmm hmm report</h1>", "<ul>"]
         body += [f"<li><b>{html.escape(k)}</b>: {html.escape(str(v))}</li>" for k, v in lines]
         body += ["</ul>"] + [f'<img src="{p}" alt="{p}" style="max-width:48%">' for p in pictures]
-        (partial / "report.html").write_text(
+        (files / "report.html").write_text(
             "<!doctype html><html><head><meta charset='utf-8'><title>dpmm hmm report</title>"
             "</head><body>" + "\n".join(body) + "</body></html>\n"
         )
         md = ["# dpmm hmm report", ""] + [f"- **{k}**: {v}" for k, v in lines]
         md += [""] + [f"![{p}]({p})" for p in pictures]
-        (partial / "report.md").write_text("\n".join(md) + "\n")
-    if out.exists() and not overwrite:
-        raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
-    commit_dir(partial, out)
-    return run
+        (files / "report.md").write_text("\n".join(md) + "\n")

@@ -88,79 +88,10 @@ def fingerprint(source: Any, cfg: RunConfig) -> str | None:
     )
 
 
-MARKER = "fingerprint.json"
-
-
 def prepare_output(source: Any, cfg: RunConfig) -> tuple[storage.Loc, bool]:
-    """The temporary sibling the run writes into, and whether it resumes an earlier attempt of
-    the same command (same input files and parameters). A different earlier attempt is
-    removed; an existing ``out`` is refused unless ``overwrite``.
-
-    OUT on object storage: the run writes under OUT itself (``_prepare_remote``)."""
-    import shutil
-
-    where = storage.location(cfg.out)
-    if isinstance(where, storage.RemotePath):
-        return _prepare_remote(source, cfg, where)
-    out = where
-    if out.exists() and not cfg.overwrite:
-        raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
-    partial = temp_sibling(out)
-    fp = fingerprint(source, cfg)
-    marker = partial / MARKER
-    if partial.exists():
-        if fp is not None and marker.exists() and marker.read_text() == fp:
-            return partial, True
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True)
-    if fp is not None:
-        marker.write_text(fp)
-    return partial, False
-
-
-def _prepare_remote(
-    source: Any, cfg: RunConfig, out: storage.RemotePath
-) -> tuple[storage.Loc, bool]:
-    """The prefix the run writes into, and whether it resumes: OUT's own prefix, or, when a
-    committed OUT (with a manifest) is replaced with ``overwrite``, its hidden sibling
-    (``storage.staging``), so that the old output stays visible and whole until the new one is
-    complete (``finish`` swaps it in). A committed OUT without ``overwrite`` is refused; an
-    uncommitted prefix whose marker holds this command's fingerprint is resumed; one of another
-    command is removed; objects that are not a run's output are never touched."""
-    try:
-        storage.check_reachable(out, "--out")
-        # a swap a crash interrupted is completed first: that run had finished
-        storage.finish_replace(out)
-        fp = fingerprint(source, cfg)
-        target: storage.RemotePath = out
-        if storage.committed(out):
-            if not cfg.overwrite:
-                raise ValueError(
-                    f"--out {storage.redact(out.url)}: already exists (pass --overwrite to "
-                    "replace it)"
-                )
-            staged = storage.staging(out)
-            if staged is None:  # a bucket's root has no sibling: replaced in place
-                storage.uncommit(out)
-            else:
-                target = staged
-        marker = target / MARKER
-        if marker.exists():
-            if fp is not None and marker.read_text() == fp:
-                return target, True
-            storage.rmtree(target)
-        elif target.exists():
-            raise ValueError(
-                f"--out {storage.redact(target.url)}: holds objects that are not a dpmm run's "
-                "output; refusing to replace them"
-            )
-        # written first, even without a fingerprint: it marks the prefix as a run's output
-        marker.write_text(fp if fp is not None else "null")
-    except ValueError:
-        raise
-    except Exception as err:  # the file system's: no bucket, no credentials, access denied
-        raise storage.fs_error(out.url, err, "--out") from err
-    return target, False
+    """Where the run writes until it is complete, and whether it resumes an earlier attempt of
+    the same command (same input files and parameters): ``storage.prepare_output``."""
+    return storage.prepare_output(cfg.out, fingerprint(source, cfg), cfg.overwrite)
 
 
 def discard_output(partial: storage.Loc) -> None:
@@ -395,18 +326,5 @@ def finish(
             rep.write_report(files, run, clusters, pictures)
         write_run_model(files / "model", cfg, info, final, state.alpha, metrics)
         write_json(files / "run.json", run)
-    with contextlib.suppress(FileNotFoundError):
-        (partial / MARKER).unlink()
-    if isinstance(partial, storage.RemotePath):
-        if partial == out_loc:
-            # the run wrote under OUT itself: its manifest, written last, makes it visible
-            storage.commit(partial, kind="run")
-        else:  # it replaces a committed OUT: staged beside it, then swapped in
-            assert isinstance(out_loc, storage.RemotePath)
-            storage.replace(partial, out_loc, kind="run")
-        return run
-    out = storage.local_path(cfg.out)
-    if out.exists() and not cfg.overwrite:
-        raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
-    commit_dir(partial, out)
+    storage.publish_output(partial, cfg.out, cfg.overwrite, kind="run")
     return run

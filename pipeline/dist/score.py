@@ -60,48 +60,10 @@ def open_model(model: str | Path) -> Any:
 
 
 def prepare(out: str | Path, overwrite: bool) -> storage.Loc:
-    """The empty temporary sibling of ``out`` to write into; an existing ``out`` is refused
-    unless ``overwrite``. On object storage: OUT's own prefix, emptied (made visible by its
-    manifest in ``finish``), or, when a committed OUT is replaced, its hidden sibling
-    (``storage.staging``): the old scores stay visible and whole until the new ones are
-    complete and swapped in."""
-    where = storage.location(out)
-    if isinstance(where, storage.RemotePath):
-        try:
-            storage.check_reachable(where, "--out")
-            storage.finish_replace(where)
-            target: storage.RemotePath = where
-            if storage.committed(where):
-                if not overwrite:
-                    raise ValueError(
-                        f"--out {storage.redact(where.url)}: already exists (pass --overwrite "
-                        "to replace it)"
-                    )
-                staged = storage.staging(where)
-                if staged is None:  # a bucket's root has no sibling: replaced in place
-                    storage.uncommit(where)
-                else:
-                    target = staged
-            if target.exists():
-                if not (target / "store.zarr").exists() and not (target / "labels.zarr").exists():
-                    raise ValueError(
-                        f"--out {storage.redact(target.url)}: holds objects that are not a dpmm "
-                        "output; refusing to replace them"
-                    )
-                storage.rmtree(target)
-        except ValueError:
-            raise
-        except Exception as err:
-            raise storage.fs_error(where.url, err, "--out") from err
-        return target
-    out = where
-    if out.exists() and not overwrite:
-        raise ValueError(f"--out {out}: already exists (pass --overwrite to replace it)")
-    partial = temp_sibling(out)
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.mkdir(parents=True)
-    return partial
+    """Where the scores are written until complete (``storage.prepare_output``; never
+    resumed): an existing ``out`` is refused unless ``overwrite``, and replaced only once the
+    new scores are complete."""
+    return storage.prepare_output(out, None, overwrite)[0]
 
 
 def discard(partial: storage.Loc) -> None:
@@ -212,14 +174,5 @@ def finish(
         "versions": versions(),
     }
     write_json(partial / "score.json", record)
-    if isinstance(partial, storage.RemotePath):
-        out_loc = storage.location(out)
-        if partial == out_loc:
-            # OUT itself: its manifest, written last, makes it visible
-            storage.commit(partial, kind="score")
-        else:  # it replaces a committed OUT: staged beside it, then swapped in
-            assert isinstance(out_loc, storage.RemotePath)
-            storage.replace(partial, out_loc, kind="score")
-        return record
-    commit_dir(partial, storage.local_path(out))
+    storage.publish_output(partial, out, overwrite=True, kind="score")
     return record

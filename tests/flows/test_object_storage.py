@@ -15,6 +15,7 @@ import zarr
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.cli import main
+from flows.cli.app import URL_COMMANDS
 from flows.cluster import cluster
 from pipeline import storage
 from pipeline.dataset import DATA_DIR_ENV
@@ -180,6 +181,141 @@ def test_overwrite_on_s3_keeps_the_old_output_until_the_new_one_is_complete(
     assert objects(f"{b}/.s.partial") == [] and storage.committed(storage.location(f"{b}/s"))
 
 
+def test_dpmm_cv_on_s3_resumes_and_equals_the_local_grid(
+    s3_bucket: str, tmp_path: Path, monkeypatch
+) -> None:
+    """``dpmm cv`` with INPUT, OUT and the dataset store on S3: killed after a fit, nothing is
+    visible; run again, it skips the fits done and its table equals the local grid's."""
+    from flows.cv import FAULT_ENV, run_cv_flow
+
+    b = f"s3://{s3_bucket}"
+    df = blobs(600, 11)
+    put_parquet(f"{b}/cvin.parquet", df)
+    df.to_parquet(tmp_path / "cvin.parquet", index=False, row_group_size=400)
+    grid = {"alphas": [0.5, 5.0], "scales": [0.2], "families": ["gaussian"], "n_folds": 3}
+    kw = {**grid, "processes": False, "n_workers": 2, "progress": False, "chunk_rows": 200}
+    ref = run_cv_flow(input=str(tmp_path / "cvin.parquet"), out=str(tmp_path / "cvref"), **kw)
+    monkeypatch.delenv(DATA_DIR_ENV)
+    monkeypatch.setenv(FAULT_ENV, "2")
+    with pytest.raises(loop.InjectedFault):
+        run_cv_flow(input=f"{b}/cvin.parquet", out=f"{b}/cv", **kw)
+    monkeypatch.delenv(FAULT_ENV)
+    out = storage.location(f"{b}/cv")
+    done = [k for k in objects(f"{b}/cv") if k.startswith("fits/")]
+    assert len(done) >= 2 and not storage.committed(out)
+    argv = ["cv", f"{b}/cvin.parquet", "--out", f"{b}/cv", "--alpha", "0.5,5", "--folds", "3"]
+    argv += ["--prior-scale", "0.2", "--family", "gaussian", "--chunk-rows", "200"]
+    assert main([*argv, "--workers", "2", "--quiet"]) == 0
+    run = json.loads((out / "cv.json").read_text())
+    assert run["resumed"] and run["fits_reused"] == len(done) and run["fits_run"] == 6 - len(done)
+    assert run["out"] == f"{b}/cv" and run["dataset"]["path"].startswith(f"{b}/cv/datasets/")
+    assert run["chosen"] == ref["chosen"]
+    listed = set(json.loads((out / storage.MANIFEST).read_text())["objects"])
+    assert {"cv.parquet", "cv.png", "cv.json", "model/model.json"} <= listed
+    assert not any(k.startswith(("fits/", "fingerprint")) for k in listed)
+    with (out / "cv.parquet").open("rb") as fh:
+        got = pd.read_parquet(fh)
+    want = pd.read_parquet(tmp_path / "cvref" / "cv.parquet")
+    for col in ("mean_log_density", "se_log_density", "n_clusters", "fold2_log_density"):
+        np.testing.assert_array_equal(got[col], want[col])
+    model, local = load_model(f"{b}/cv/model"), load_model(tmp_path / "cvref" / "model")
+    np.testing.assert_array_equal(model.predict(df), local.predict(df))
+
+
+def test_dpmm_longitudinal_on_s3_equals_the_local_run(
+    s3_bucket: str, tmp_path: Path, capfd
+) -> None:
+    """``dpmm longitudinal`` with INPUT and OUT on S3 writes what the same run writes locally;
+    a bad value exits 2 naming the URL, column and row, and leaves nothing on S3."""
+    from pipeline.synthetic import sample_longitudinal
+
+    b = f"s3://{s3_bucket}"
+    df = sample_longitudinal(120, seed=4)
+    df.to_csv(tmp_path / "lon.csv", index=False)
+    storage.location(f"{b}/lon.csv").write_bytes((tmp_path / "lon.csv").read_bytes())
+    args = ["--subject", "subject", "--response", "qol", "--covariates", "depression,adl"]
+    args += ["--time", "wave", "--workers", "1", "--chunk-rows", "300", "--quiet"]
+    local = ["longitudinal", str(tmp_path / "lon.csv"), "--out", str(tmp_path / "l")]
+    assert main([*local, *args]) == 0
+    assert main(["longitudinal", f"{b}/lon.csv", *args, "--out", f"{b}/lon"]) == 0, (
+        capfd.readouterr().err
+    )
+    out = storage.location(f"{b}/lon")
+    listed = set(json.loads((out / storage.MANIFEST).read_text())["objects"])
+    assert {"subjects.parquet", "clusters.parquet", "run.json", "model/model.json"} <= listed
+    assert not any(".zarr/" in k or k.startswith("fingerprint") for k in listed)
+    with (out / "subjects.parquet").open("rb") as fh:
+        got = pd.read_parquet(fh)
+    pd.testing.assert_frame_equal(got, pd.read_parquet(tmp_path / "l" / "subjects.parquet"))
+    run = json.loads((out / "run.json").read_text())
+    assert run["parameters"]["input"] == f"{b}/lon.csv"
+
+    bad = df.astype({"qol": object})
+    bad.loc[7, "qol"] = "n/a"
+    storage.location(f"{b}/bad.csv").write_text(bad.to_csv(index=False))
+    capfd.readouterr()
+    assert main(["longitudinal", f"{b}/bad.csv", *args, "--out", f"{b}/lon2"]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"dpmm: error: {b}/bad.csv"), err
+    assert "qol" in err[0] and objects(f"{b}/lon2") == []
+
+
+def test_dpmm_hmm_and_update_on_s3_equal_the_local_runs(s3_bucket: str, tmp_path: Path) -> None:
+    """``dpmm hmm`` and ``dpmm update`` with INPUT, MODEL and OUT on S3 write what the same
+    commands write locally; ``update --overwrite`` of a committed model swaps it whole."""
+    from pipeline.mapdp import MAPDP
+    from pipeline.model import save_model
+    from tests.pipeline.test_ihmm_engine import sequences_frame
+
+    b = f"s3://{s3_bucket}"
+    df, _ = sequences_frame(600, seed=2)
+    df["t"] = (np.arange(600) % 40) * 1.5
+    df.to_csv(tmp_path / "seq.csv", index=False)
+    storage.location(f"{b}/seq.csv").write_bytes((tmp_path / "seq.csv").read_bytes())
+    hmm_args = ["--sequence-column", "seq", "--time-column", "t", "--workers", "1", "--quiet"]
+    assert main(["hmm", str(tmp_path / "seq.csv"), "--out", str(tmp_path / "h"), *hmm_args]) == 0
+    assert main(["hmm", f"{b}/seq.csv", "--out", f"{b}/h", *hmm_args]) == 0
+    out = storage.location(f"{b}/h")
+    listed = set(json.loads((out / storage.MANIFEST).read_text())["objects"])
+    assert {"rows.parquet", "states.parquet", "run.json", "model/model.json"} <= listed
+    for name in ("rows.parquet", "sequences.parquet"):
+        with (out / name).open("rb") as fh:
+            pd.testing.assert_frame_equal(
+                pd.read_parquet(fh), pd.read_parquet(tmp_path / "h" / name)
+            )
+
+    blobs_df = blobs(400, 9)
+    save_model(MAPDP(random_state=0).fit(blobs_df), f"{b}/m")
+    save_model(load_model(f"{b}/m"), tmp_path / "m")
+    new = blobs(300, 10)
+    new.to_csv(tmp_path / "new.csv", index=False)
+    storage.location(f"{b}/new.csv").write_bytes((tmp_path / "new.csv").read_bytes())
+    assert (
+        main(
+            [
+                "update",
+                str(tmp_path / "m"),
+                str(tmp_path / "new.csv"),
+                "--out",
+                str(tmp_path / "m2"),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    assert main(["update", f"{b}/m", f"{b}/new.csv", "--out", f"{b}/m2", "--quiet"]) == 0
+    got, want = load_model(f"{b}/m2"), load_model(tmp_path / "m2")
+    np.testing.assert_array_equal(got.cluster_stats_, want.cluster_stats_)
+    # --overwrite: the committed model is replaced whole, and nothing is left beside it
+    assert main(["update", f"{b}/m2", f"{b}/new.csv", "--out", f"{b}/m2", "--quiet"]) == 2
+    assert (
+        main(["update", f"{b}/m", f"{b}/new.csv", "--out", f"{b}/m2", "--overwrite", "--quiet"])
+        == 0
+    )
+    assert load_model(f"{b}/m2").cluster_sizes_.sum() == 700
+    assert objects(f"{b}/.m2.partial") == []
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -242,8 +378,7 @@ def test_missing_credentials_exit_2(s3_bucket: str, monkeypatch, capfd) -> None:
     [
         ["cluster", "s3://bkt/in.csv", "--out", "o"],
         ["cluster", "in.csv", "--out", "s3://bkt/o"],
-        ["cv", "in.parquet", "--out", "gs://bkt/cv"],
-        ["update", "m", "in.csv", "--out", "s3://bkt/m2"],
+        ["demo", "--out", "s3://bkt/demo"],
     ],
 )
 def test_local_only_commands_refuse_urls(
@@ -257,6 +392,6 @@ def test_local_only_commands_refuse_urls(
     lines = capfd.readouterr().err.strip().splitlines()
     assert lines == [
         f"dpmm: error: {url}: dpmm {argv[0]} reads and writes local paths only (object "
-        "storage URLs: dpmm run and dpmm score)"
+        f"storage URLs: dpmm {', '.join(URL_COMMANDS)})"
     ]
     assert list(tmp_path.iterdir()) == []
