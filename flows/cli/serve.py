@@ -2,20 +2,31 @@
 cron schedule (``flow.serve``: this process polls for scheduled runs and runs them until
 stopped). ``--once`` runs the flow once now instead. INPUT, MODELS and ``--scores`` are local
 paths or object-storage URLs (``pipeline.storage``; ``pipeline.schedule`` says how a version
-becomes visible there without a rename). Against a long-lived Prefect server
-(``PREFECT_API_URL``) the deployment and its runs show in its UI; ``infra/prefect.yaml`` holds the
-same deployment for ``prefect deploy``.
+becomes visible there without a rename). A schedule needs a Prefect server that outlives
+one flow run: with ``PREFECT_API_URL`` set, that server (``dpmm server`` or any Prefect server),
+where the deployment and its runs show in the UI; without it, ``dpmm serve`` starts its own
+(``dpmm server``'s command on a free port of 127.0.0.1, its database under ``PREFECT_HOME``) and
+stops it when it stops (Prefect's temporary per-process server cannot hold a schedule).
+``infra/prefect.yaml`` holds the same deployment for ``prefect deploy``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 from flows.cli.run import add_log_options, start_flow
 from flows.cli.types import positive_int as _positive_int
 from pipeline.config import DEFAULT_CHUNK_ROWS
 
+PROG = "dpmm"
 CRON = "0 2 * * *"  # flows.scheduled.CRON, without importing Prefect to build the parser
 DEPLOYMENT = "dpmm-scheduled"
 # one run of the deployment at a time: a refit that outlasts the next tick must not have a
@@ -118,5 +129,64 @@ def cmd_serve(args: argparse.Namespace) -> int:
             runner=lambda **kw: run_flow(scheduled_clustering, **kw),
         )
         return 0
-    scheduled_clustering.serve(**_kwargs(args, serve_kwargs), global_limit=ONE_RUN)
+    with schedule_api(quiet=bool(getattr(args, "quiet", False))):
+        scheduled_clustering.serve(**_kwargs(args, serve_kwargs), global_limit=ONE_RUN)
     return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def schedule_api(quiet: bool = False, timeout: float = 300.0) -> Iterator[str]:
+    """The Prefect API the schedule is served against: ``PREFECT_API_URL`` when set; otherwise
+    a Prefect server started here on 127.0.0.1 (``dpmm server``'s command, on a free port) for
+    as long as the block runs, then stopped. SIGTERM ends the block as Ctrl-C does, so the
+    server never outlives the command."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from flows.cli.prefect_api import api_url
+    from flows.cli.server import server_command, wait_healthy
+
+    given = api_url()
+    if given is not None:
+        yield given
+        return
+    port = _free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(server_command(port), stdout=log, stderr=subprocess.STDOUT)
+
+        def stop(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt  # flow.serve shuts down on it; the server is stopped below
+
+        previous = signal.signal(signal.SIGTERM, stop)
+        try:
+            try:
+                wait_healthy(api, timeout, proc)
+            except RuntimeError as err:
+                log.seek(0)
+                tail = log.read().decode(errors="replace").strip().splitlines()[-3:]
+                raise RuntimeError(f"{err}: {' | '.join(tail)}") from None
+            if not quiet:
+                print(
+                    f"{PROG} serve: no PREFECT_API_URL: serving against a Prefect server started "
+                    f"for this command at {api} (UI http://127.0.0.1:{port}); it stops with it",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            with temporary_settings(updates={PREFECT_API_URL: api}):
+                yield api
+        except KeyboardInterrupt:
+            pass
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

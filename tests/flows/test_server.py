@@ -118,3 +118,48 @@ def test_prestart_serves_the_flow(tmp_path: Path):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+
+
+def test_serve_without_an_api_starts_its_own_server_and_the_cron_fires(tmp_path: Path):
+    """``dpmm serve`` without ``PREFECT_API_URL`` starts a Prefect server on 127.0.0.1 for the
+    schedule (the temporary per-command one runs no scheduler): the cron (every minute) fires and
+    the flow publishes v1; SIGTERM stops ``dpmm serve`` and the server with it."""
+    import re
+    import time
+
+    part = tmp_path / "in" / "date=2026-01-01"
+    part.mkdir(parents=True)
+    rng = np.random.default_rng(3)
+    X = np.vstack([rng.normal(-5, 1, (200, 2)), rng.normal(5, 1, (200, 2))])
+    pd.DataFrame(X, columns=["a", "b"]).to_parquet(part / "part-0.parquet")
+    models = tmp_path / "models"
+    argv = ["serve", str(tmp_path / "in"), "--models", str(models), "--cron", "* * * * *"]
+    log = tmp_path / "serve.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [*_dpmm(), *argv, "--workers", "1"],
+            env=_env(tmp_path),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+        try:
+            deadline = time.monotonic() + 900  # a minute to the tick, then the run
+            while not (models / "LATEST").exists():
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(2)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    said = log.read_text()
+    assert (models / "LATEST").read_text().strip() == "v1"
+    assert proc.returncode == 0, said[-3000:]
+    m = re.search(
+        r"a Prefect server started for this command at http://127\.0\.0\.1:(\d+)/api", said
+    )
+    assert m is not None, said[-3000:]
+    with pytest.raises(httpx.HTTPError):  # gone with the command
+        httpx.get(f"http://127.0.0.1:{m.group(1)}/api/health", timeout=2)
