@@ -70,6 +70,21 @@ def warm_observation_models() -> None:
     product.log_marginal_gap(s, stats[1], 0.0, 0.0, scratch_s, spec, prior)
 
 
+def warm_stage2_bhc() -> None:
+    """Load the kernels of stage 2's BHC over summaries (``pipeline.stage2.run_stage2``) for
+    the toy family: compiled by a worker while the other compiles the engine's sweep, instead
+    of by the driver after stage 1, when nothing else runs."""
+    from pipeline.bhc import BHC
+
+    X, family = toy_family()
+    z = (X[:, 0] > 0).astype(np.int64) * 3 + np.arange(X.shape[0]) % 3
+    BHC(alpha=1.0, family=family).fit_summaries(family.stats_of(X, z, 6), family)
+
+
+# warm-up steps of a stage 2, by the name ``dask_client(warm=...)`` gives it next to the engine
+STAGE2_STEPS: dict[str, Callable[[], None]] = {"bhc": warm_stage2_bhc}
+
+
 def _lock_dir() -> Path:
     # the lock guards what is written into the numba cache, so it lives next to it
     path = Path(os.environ.get("NUMBA_CACHE_DIR") or tempfile.gettempdir())
@@ -116,21 +131,27 @@ def run_steps(steps: list[tuple[str, Callable[[], None]]]) -> None:
 
 
 def warm_engines() -> list[str]:
-    """The engines a worker loads: ``WARM_ENV``'s names, else every registered engine."""
+    """The engines (and stage 2, ``STAGE2_STEPS``) a worker loads: ``WARM_ENV``'s names, else
+    every registered engine."""
     from pipeline.engines import ENGINES
 
     names = [n.strip() for n in os.environ.get(WARM_ENV, "").split(",") if n.strip()]
-    return [n for n in names if n in ENGINES] if names else list(ENGINES)
+    return [n for n in names if n in ENGINES or n in STAGE2_STEPS] if names else list(ENGINES)
 
 
 def warm_kernels(names: list[str] | None = None) -> None:
     """Load every numba kernel a chunk task or the sample start of the engines ``names``
-    (default ``warm_engines()``) calls."""
+    (default ``warm_engines()``) calls, and those of a stage 2 named there."""
     from pipeline.engines import get_engine
 
+    names = names or warm_engines()
     # every engine calls the observation models: loaded first, they are compiled once
     compile_once("observation-models", warm_observation_models)
-    run_steps([s for n in names or warm_engines() for s in get_engine(n).warm_steps()])
+    steps = [s for n in names if n not in STAGE2_STEPS for s in get_engine(n).warm_steps()]
+    # a stage 2 goes second: the process that finds the engine's first step (its sweep, the
+    # largest) taken compiles stage 2 meanwhile
+    extra = [(f"stage2-{n}", STAGE2_STEPS[n]) for n in names if n in STAGE2_STEPS]
+    run_steps(steps[:1] + extra + steps[1:])
 
 
 def dask_setup(worker: Any) -> None:

@@ -299,6 +299,21 @@ def test_worker_warm_up_runs():
     warm_kernels()
 
 
+def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
+    """``DPMM_WARM_ENGINES=mapdp,bhc``: stage 2's BHC step runs (loads its kernels, so that
+    the driver's stage 2 finds them cached) and comes right after the engine's sweep, so that a
+    second worker takes it while the first compiles the sweep."""
+    from pipeline import worker_setup
+
+    monkeypatch.setenv(worker_setup.WARM_ENV, "mapdp, bhc, nosuch")
+    assert worker_setup.warm_engines() == ["mapdp", "bhc"]
+    ran: list[str] = []
+    monkeypatch.setattr(worker_setup, "run_steps", lambda steps: ran.extend(k for k, _ in steps))
+    worker_setup.warm_kernels()
+    assert ran[:3] == ["mapdp-sweep", "stage2-bhc", "mixture-start"]
+    worker_setup.STAGE2_STEPS["bhc"]()
+
+
 def test_checkpoint_resume_gives_the_same_labels(client, tmp_path: Path, monkeypatch):
     X, _ = blobs(2000, seed=8)
     params = FitParams(seed=11, init="sequential").checked()
