@@ -71,14 +71,18 @@ def warm_observation_models() -> None:
 
 
 def warm_stage2_bhc() -> None:
-    """Load the kernels of stage 2's BHC over summaries (``pipeline.stage2.run_stage2``) for
-    the toy family: compiled by a worker while the other compiles the engine's sweep, instead
-    of by the driver after stage 1, when nothing else runs."""
+    """Load the kernels of the summaries (the clusters' moments, ``Stats.moments``) and of
+    stage 2's BHC over them (``pipeline.stage2.run_stage2``) for the toy family: compiled by a
+    worker while the other compiles the engine's sweep, instead of by the driver after stage 1,
+    when nothing else runs."""
     from pipeline.bhc import BHC
+    from pipeline.stats import Stats
 
     X, family = toy_family()
     z = (X[:, 0] > 0).astype(np.int64) * 3 + np.arange(X.shape[0]) % 3
-    BHC(alpha=1.0, family=family).fit_summaries(family.stats_of(X, z, 6), family)
+    stats = family.stats_of(X, z, 6)
+    Stats(stats, family).moments(family)
+    BHC(alpha=1.0, family=family).fit_summaries(stats, family)
 
 
 # warm-up steps of a stage 2, by the name ``dask_client(warm=...)`` gives it next to the engine
@@ -145,13 +149,17 @@ def warm_kernels(names: list[str] | None = None) -> None:
     from pipeline.engines import get_engine
 
     names = names or warm_engines()
-    # every engine calls the observation models: loaded first, they are compiled once
-    compile_once("observation-models", warm_observation_models)
     steps = [s for n in names if n not in STAGE2_STEPS for s in get_engine(n).warm_steps()]
-    # a stage 2 goes second: the process that finds the engine's first step (its sweep, the
-    # largest) taken compiles stage 2 meanwhile
-    extra = [(f"stage2-{n}", STAGE2_STEPS[n]) for n in names if n in STAGE2_STEPS]
-    run_steps(steps[:1] + extra + steps[1:])
+    stage2 = [(f"stage2-{n}", STAGE2_STEPS[n]) for n in names if n in STAGE2_STEPS]
+    obs = ("observation-models", warm_observation_models)
+    if not stage2:
+        # every engine calls the observation models: loaded first, they are compiled once
+        compile_once(*obs)
+        run_steps(steps)
+        return
+    # a stage 2 (BHC over summaries) calls few of them: the process that finds the observation
+    # models taken compiles stage 2 meanwhile, then each goes on to the engine's steps
+    run_steps([obs, *stage2, *steps])
 
 
 def dask_setup(worker: Any) -> None:

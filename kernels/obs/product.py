@@ -2,9 +2,11 @@
 
 Log terms add across groups (DESIGN.md, "Likelihood families"). A product is described by
 
-``spec`` : int64 ndarray of shape (G, 9)
+``spec`` : int64 or int32 ndarray of shape (G, 9)
     One row per group: family code, first column, number of columns, then (offset, length) of the
-    group's slice of the statistics row, the prior array and the cache row.
+    group's slice of the statistics row, the prior array and the cache row. Its integer type is
+    the set of families the kernels are compiled for: int32 when every group is Normal-Wishart
+    (``NW_ONLY_DTYPE``; the kernels then contain that family alone), int64 for any product.
 ``prior`` : float64 ndarray of shape (P,)
     All groups' prior arrays, concatenated.
 

@@ -301,8 +301,8 @@ def test_worker_warm_up_runs():
 
 def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
     """``DPMM_WARM_ENGINES=mapdp,bhc``: stage 2's BHC step runs (loads its kernels, so that
-    the driver's stage 2 finds them cached) and comes right after the engine's sweep, so that a
-    second worker takes it while the first compiles the sweep."""
+    the driver's stage 2 finds them cached) and comes right after the observation models, so
+    that a second worker takes it while the first compiles them."""
     from pipeline import worker_setup
 
     monkeypatch.setenv(worker_setup.WARM_ENV, "mapdp, bhc, nosuch")
@@ -310,7 +310,7 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
     ran: list[str] = []
     monkeypatch.setattr(worker_setup, "run_steps", lambda steps: ran.extend(k for k, _ in steps))
     worker_setup.warm_kernels()
-    assert ran[:3] == ["mapdp-sweep", "stage2-bhc", "mixture-start"]
+    assert ran[:3] == ["observation-models", "stage2-bhc", "mapdp-sweep"]
     worker_setup.STAGE2_STEPS["bhc"]()
 
 
