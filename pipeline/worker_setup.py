@@ -36,13 +36,26 @@ logger = logging.getLogger(__name__)
 WARM_ENV = "DPMM_WARM_ENGINES"
 
 
+# the spec type of ``toy_family``: None keeps the family's own (int32, Normal-Wishart only);
+# ``warm_kernels(every_product=True)`` sets int64 for a second round
+_toy_spec_dtype: Any = None
+
+
 def toy_family() -> tuple[FloatArray, ProductFamily]:
-    """40 records (40, 2) of two Gaussian blobs and their empirical-Bayes family."""
+    """40 records (40, 2) of two Gaussian blobs and their empirical-Bayes family.
+
+    The kernels compile per spec type (``kernels.obs.product``): this family's int32 spec
+    gives the Normal-Wishart-only kernels; during ``warm_kernels(every_product=True)``'s second
+    round its spec is widened to int64, the type of every other product, whose kernels
+    dispatch over all families."""
     from pipeline.families import GaussianNW
 
     rng = np.random.default_rng(0)
     X = np.vstack([rng.normal(-4.0, 1.0, (20, 2)), rng.normal(4.0, 1.0, (20, 2))])
-    return X, GaussianNW.empirical_bayes(X).as_product()
+    family = GaussianNW.empirical_bayes(X).as_product()
+    if _toy_spec_dtype is not None:
+        family.spec = family.spec.astype(_toy_spec_dtype)
+    return X, family
 
 
 def warm_observation_models() -> None:
@@ -143,9 +156,24 @@ def warm_engines() -> list[str]:
     return [n for n in names if n in ENGINES or n in STAGE2_STEPS] if names else list(ENGINES)
 
 
-def warm_kernels(names: list[str] | None = None) -> None:
+def warm_kernels(names: list[str] | None = None, every_product: bool = False) -> None:
     """Load every numba kernel a chunk task or the sample start of the engines ``names``
-    (default ``warm_engines()``) calls, and those of a stage 2 named there."""
+    (default ``warm_engines()``) calls, and those of a stage 2 named there, for Gaussian
+    (Normal-Wishart) records; ``every_product``: then again for any other product family (the
+    image's build-time cache)."""
+    global _toy_spec_dtype
+    _warm_kernels(names)
+    if every_product:
+        from kernels.obs.product import ANY_DTYPE
+
+        _toy_spec_dtype = ANY_DTYPE
+        try:
+            _warm_kernels(names)
+        finally:
+            _toy_spec_dtype = None
+
+
+def _warm_kernels(names: list[str] | None) -> None:
     from pipeline.engines import get_engine
 
     names = names or warm_engines()
