@@ -36,13 +36,26 @@ logger = logging.getLogger(__name__)
 WARM_ENV = "DPMM_WARM_ENGINES"
 
 
+# the spec type of ``toy_family``: None keeps the family's own (int32, Normal-Wishart only);
+# ``warm_kernels(every_product=True)`` sets int64 for a second round
+_toy_spec_dtype: Any = None
+
+
 def toy_family() -> tuple[FloatArray, ProductFamily]:
-    """40 records (40, 2) of two Gaussian blobs and their empirical-Bayes family."""
+    """40 records (40, 2) of two Gaussian blobs and their empirical-Bayes family.
+
+    The kernels compile per spec type (``kernels.obs.product``): this family's int32 spec
+    gives the Normal-Wishart-only kernels; during ``warm_kernels(every_product=True)``'s second
+    round its spec is widened to int64, the type of every other product, whose kernels
+    dispatch over all families."""
     from pipeline.families import GaussianNW
 
     rng = np.random.default_rng(0)
     X = np.vstack([rng.normal(-4.0, 1.0, (20, 2)), rng.normal(4.0, 1.0, (20, 2))])
-    return X, GaussianNW.empirical_bayes(X).as_product()
+    family = GaussianNW.empirical_bayes(X).as_product()
+    if _toy_spec_dtype is not None:
+        family.spec = family.spec.astype(_toy_spec_dtype)
+    return X, family
 
 
 def warm_observation_models() -> None:
@@ -68,6 +81,25 @@ def warm_observation_models() -> None:
     product.log_marginal(s, spec, prior)
     product.log_marginals(stats, spec, prior)
     product.log_marginal_gap(s, stats[1], 0.0, 0.0, scratch_s, spec, prior)
+
+
+def warm_stage2_bhc() -> None:
+    """Load the kernels of the summaries (the clusters' moments, ``Stats.moments``) and of
+    stage 2's BHC over them (``pipeline.stage2.run_stage2``) for the toy family: compiled by a
+    worker while the other compiles the engine's sweep, instead of by the driver after stage 1,
+    when nothing else runs."""
+    from pipeline.bhc import BHC
+    from pipeline.stats import Stats
+
+    X, family = toy_family()
+    z = (X[:, 0] > 0).astype(np.int64) * 3 + np.arange(X.shape[0]) % 3
+    stats = family.stats_of(X, z, 6)
+    Stats(stats, family).moments(family)
+    BHC(alpha=1.0, family=family).fit_summaries(stats, family)
+
+
+# warm-up steps of a stage 2, by the name ``dask_client(warm=...)`` gives it next to the engine
+STAGE2_STEPS: dict[str, Callable[[], None]] = {"bhc": warm_stage2_bhc}
 
 
 def _lock_dir() -> Path:
@@ -116,21 +148,46 @@ def run_steps(steps: list[tuple[str, Callable[[], None]]]) -> None:
 
 
 def warm_engines() -> list[str]:
-    """The engines a worker loads: ``WARM_ENV``'s names, else every registered engine."""
+    """The engines (and stage 2, ``STAGE2_STEPS``) a worker loads: ``WARM_ENV``'s names, else
+    every registered engine."""
     from pipeline.engines import ENGINES
 
     names = [n.strip() for n in os.environ.get(WARM_ENV, "").split(",") if n.strip()]
-    return [n for n in names if n in ENGINES] if names else list(ENGINES)
+    return [n for n in names if n in ENGINES or n in STAGE2_STEPS] if names else list(ENGINES)
 
 
-def warm_kernels(names: list[str] | None = None) -> None:
+def warm_kernels(names: list[str] | None = None, every_product: bool = False) -> None:
     """Load every numba kernel a chunk task or the sample start of the engines ``names``
-    (default ``warm_engines()``) calls."""
+    (default ``warm_engines()``) calls, and those of a stage 2 named there, for Gaussian
+    (Normal-Wishart) records; ``every_product``: then again for any other product family (the
+    image's build-time cache)."""
+    global _toy_spec_dtype
+    _warm_kernels(names)
+    if every_product:
+        from kernels.obs.product import ANY_DTYPE
+
+        _toy_spec_dtype = ANY_DTYPE
+        try:
+            _warm_kernels(names)
+        finally:
+            _toy_spec_dtype = None
+
+
+def _warm_kernels(names: list[str] | None) -> None:
     from pipeline.engines import get_engine
 
-    # every engine calls the observation models: loaded first, they are compiled once
-    compile_once("observation-models", warm_observation_models)
-    run_steps([s for n in names or warm_engines() for s in get_engine(n).warm_steps()])
+    names = names or warm_engines()
+    steps = [s for n in names if n not in STAGE2_STEPS for s in get_engine(n).warm_steps()]
+    stage2 = [(f"stage2-{n}", STAGE2_STEPS[n]) for n in names if n in STAGE2_STEPS]
+    obs = ("observation-models", warm_observation_models)
+    if not stage2:
+        # every engine calls the observation models: loaded first, they are compiled once
+        compile_once(*obs)
+        run_steps(steps)
+        return
+    # a stage 2 (BHC over summaries) calls few of them: the process that finds the observation
+    # models taken compiles stage 2 meanwhile, then each goes on to the engine's steps
+    run_steps([obs, *stage2, *steps])
 
 
 def dask_setup(worker: Any) -> None:

@@ -367,9 +367,16 @@ def _local_cluster(
         kwargs.get("n_workers"),
         dashboard_address=dashboard,
         quiet=True,  # the flow prints the dashboard of the cluster it joins
-        warm=[engine],
+        warm=[engine, *_stage2_warm(kwargs)],
     ) as client:
         yield {**kwargs, "scheduler": client.scheduler.address}
+
+
+def _stage2_warm(kwargs: dict[str, Any]) -> list[str]:
+    """["bhc"] when the flow will run stage 2's BHC (``flows.cluster``: ``stage2`` defaults to
+    "bhc" with summaries), so that a worker compiles it while the cluster starts."""
+    stage2 = kwargs.get("stage2") or ("bhc" if int(kwargs.get("summaries") or 0) > 0 else "none")
+    return ["bhc"] if stage2 == "bhc" else []
 
 
 def _hpc_of(args: argparse.Namespace) -> tuple[str, str] | None:

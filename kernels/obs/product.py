@@ -2,9 +2,11 @@
 
 Log terms add across groups (DESIGN.md, "Likelihood families"). A product is described by
 
-``spec`` : int64 ndarray of shape (G, 9)
+``spec`` : int64 or int32 ndarray of shape (G, 9)
     One row per group: family code, first column, number of columns, then (offset, length) of the
-    group's slice of the statistics row, the prior array and the cache row.
+    group's slice of the statistics row, the prior array and the cache row. Its integer type is
+    the set of families the kernels are compiled for: int32 when every group is Normal-Wishart
+    (``NW_ONLY_DTYPE``; the kernels then contain that family alone), int64 for any product.
 ``prior`` : float64 ndarray of shape (P,)
     All groups' prior arrays, concatenated.
 
@@ -19,7 +21,8 @@ labels) and ``moments`` (mean and covariance of the records a row summarises).
 """
 
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
 
 from kernels.obs import (
     beta_binomial,
@@ -61,8 +64,10 @@ def _views(g, x, s, c, spec, prior):
 
 
 # -- one group: dispatch on its family code (numba needs the explicit chains) ---------------------
+# ``_any_*`` are the chains over every family; ``_group_*`` (below) pick, when numba types a
+# caller, either a chain or, for a Normal-Wishart-only spec, the Normal-Wishart kernel alone.
 @njit(cache=True, nogil=True)
-def _group_add_stats(code, xg, sg, w):
+def _any_add_stats(code, xg, sg, w):
     if code == GAUSSIAN_NW:
         gaussian_nw.add_stats(xg, sg, w)
     elif code == NORMAL_GAMMA:
@@ -80,7 +85,7 @@ def _group_add_stats(code, xg, sg, w):
 
 
 @njit(cache=True, nogil=True)
-def _group_refresh(code, sg, cg, pg):
+def _any_refresh(code, sg, cg, pg):
     if code == GAUSSIAN_NW:
         gaussian_nw.refresh(sg, cg, pg)
     elif code == NORMAL_GAMMA:
@@ -98,7 +103,7 @@ def _group_refresh(code, sg, cg, pg):
 
 
 @njit(cache=True, nogil=True)
-def _group_update(code, xg, sg, cg, pg, w):
+def _any_update(code, xg, sg, cg, pg, w):
     if code == GAUSSIAN_NW:
         gaussian_nw.update(xg, sg, cg, pg, w)
     elif code == NORMAL_GAMMA:
@@ -116,7 +121,7 @@ def _group_update(code, xg, sg, cg, pg, w):
 
 
 @njit(cache=True, nogil=True)
-def _group_log_predictive(code, xg, sg, cg, pg):
+def _any_log_predictive(code, xg, sg, cg, pg):
     if code == GAUSSIAN_NW:
         return gaussian_nw.log_predictive(xg, sg, cg, pg)
     elif code == NORMAL_GAMMA:
@@ -133,7 +138,7 @@ def _group_log_predictive(code, xg, sg, cg, pg):
 
 
 @njit(cache=True, nogil=True)
-def _group_moments(code, sg, pg, mean, cov):
+def _any_moments(code, sg, pg, mean, cov):
     if code == GAUSSIAN_NW:
         gaussian_nw.moments(sg, pg, mean, cov)
     elif code == NORMAL_GAMMA:
@@ -151,7 +156,7 @@ def _group_moments(code, sg, pg, mean, cov):
 
 
 @njit(cache=True, nogil=True)
-def _group_log_marginal(code, sg, pg):
+def _any_log_marginal(code, sg, pg):
     if code == GAUSSIAN_NW:
         return gaussian_nw.log_marginal(sg, pg)
     elif code == NORMAL_GAMMA:
@@ -165,6 +170,94 @@ def _group_log_marginal(code, sg, pg):
     elif code == EXPONENTIAL_GAMMA:
         return exponential_gamma.log_marginal(sg, pg)
     return geometric_beta.log_marginal(sg, pg)
+
+
+# -- the family set as a type: a Normal-Wishart-only spec compiles one family, not seven ---------
+# A spec whose every group is Normal-Wishart may be int32 (``NW_ONLY_DTYPE``); any other spec is
+# int64 (``ANY_DTYPE``). numba compiles per argument type, not per value, so the chains above
+# would make every caller compile all seven families even for Gaussian records; keyed on the
+# integer type of the code, the ``_group_*`` functions below are resolved when numba types the
+# caller, so a Gaussian run's kernels contain the Normal-Wishart kernels only. Both kinds are
+# ordinary argument types: each is cached (cache=True) like any other signature.
+NW_ONLY_DTYPE = np.int32
+ANY_DTYPE = np.int64
+
+
+def _nw_only(code):
+    """True when ``code`` (a numba type) is the code of a Normal-Wishart-only spec."""
+    return isinstance(code, types.Integer) and code.bitwidth == 32
+
+
+def _group_add_stats(code, xg, sg, w):
+    """s_g += w g(x_g) for group family ``code`` (jit only: resolved when numba types a caller)."""
+    raise NotImplementedError("jit only")
+
+
+@overload(_group_add_stats, jit_options={"nogil": True})
+def _ol_group_add_stats(code, xg, sg, w):
+    if _nw_only(code):
+        return lambda code, xg, sg, w: gaussian_nw.add_stats(xg, sg, w)
+    return lambda code, xg, sg, w: _any_add_stats(code, xg, sg, w)
+
+
+def _group_refresh(code, sg, cg, pg):
+    """The group's cache from its statistics (jit only)."""
+    raise NotImplementedError("jit only")
+
+
+@overload(_group_refresh, jit_options={"nogil": True})
+def _ol_group_refresh(code, sg, cg, pg):
+    if _nw_only(code):
+        return lambda code, sg, cg, pg: gaussian_nw.refresh(sg, cg, pg)
+    return lambda code, sg, cg, pg: _any_refresh(code, sg, cg, pg)
+
+
+def _group_update(code, xg, sg, cg, pg, w):
+    """Add (w = +1) or remove (w = -1) x_g: statistics and cache (jit only)."""
+    raise NotImplementedError("jit only")
+
+
+@overload(_group_update, jit_options={"nogil": True})
+def _ol_group_update(code, xg, sg, cg, pg, w):
+    if _nw_only(code):
+        return lambda code, xg, sg, cg, pg, w: gaussian_nw.update(xg, sg, cg, pg, w)
+    return lambda code, xg, sg, cg, pg, w: _any_update(code, xg, sg, cg, pg, w)
+
+
+def _group_log_predictive(code, xg, sg, cg, pg):
+    """log p(x_g | X_g) of the group (jit only)."""
+    raise NotImplementedError("jit only")
+
+
+@overload(_group_log_predictive, jit_options={"nogil": True})
+def _ol_group_log_predictive(code, xg, sg, cg, pg):
+    if _nw_only(code):
+        return lambda code, xg, sg, cg, pg: gaussian_nw.log_predictive(xg, sg, cg, pg)
+    return lambda code, xg, sg, cg, pg: _any_log_predictive(code, xg, sg, cg, pg)
+
+
+def _group_moments(code, sg, pg, mean, cov):
+    """The group's block of the moments (jit only)."""
+    raise NotImplementedError("jit only")
+
+
+@overload(_group_moments, jit_options={"nogil": True})
+def _ol_group_moments(code, sg, pg, mean, cov):
+    if _nw_only(code):
+        return lambda code, sg, pg, mean, cov: gaussian_nw.moments(sg, pg, mean, cov)
+    return lambda code, sg, pg, mean, cov: _any_moments(code, sg, pg, mean, cov)
+
+
+def _group_log_marginal(code, sg, pg):
+    """log p(X_g) of the group (jit only)."""
+    raise NotImplementedError("jit only")
+
+
+@overload(_group_log_marginal, jit_options={"nogil": True})
+def _ol_group_log_marginal(code, sg, pg):
+    if _nw_only(code):
+        return lambda code, sg, pg: gaussian_nw.log_marginal(sg, pg)
+    return lambda code, sg, pg: _any_log_marginal(code, sg, pg)
 
 
 # -- a whole record / cluster row -----------------------------------------------------------------

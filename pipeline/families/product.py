@@ -68,7 +68,10 @@ class ProductFamily:
             stat += fam.stat_size()
             pri += p.shape[0]
             cac += fam.cache_size()
-        self.spec = spec
+        # the integer type of the spec is the family set the kernels compile for: int32 when
+        # every group is Normal-Wishart (one family's kernels), else int64 (all seven)
+        nw_only = bool(np.all(spec[:, 0] == product.GAUSSIAN_NW))
+        self.spec = spec.astype(product.NW_ONLY_DTYPE if nw_only else product.ANY_DTYPE)
         self.prior = np.concatenate(priors).astype(np.float64)
         self.n_stats = stat
         self.n_cache = cac
@@ -155,7 +158,8 @@ class ProductFamily:
         import hashlib
 
         h = hashlib.sha256()
-        for part in (self.spec, self.column_order, self.prior):
+        # the spec as int64 whatever its kernel dtype, so that signatures stay what they were
+        for part in (self.spec.astype(np.int64), self.column_order, self.prior):
             h.update(np.ascontiguousarray(part).tobytes())
         return f"{self!r}#{h.hexdigest()[:16]}"
 

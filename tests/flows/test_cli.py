@@ -331,3 +331,12 @@ def test_logs_to_moves_terminal_handlers_and_puts_them_back(tmp_path: Path) -> N
     assert "Task run failed with exception" in log.read_text()
     # back in place for a library user in the same process
     assert {n: hs for n, hs in terminal().items() if hs} == before
+
+
+def test_stage2_warm_names_follow_the_flow_default():
+    from flows.cli.run import _stage2_warm
+
+    assert _stage2_warm({"summaries": 200}) == ["bhc"]
+    assert _stage2_warm({"summaries": 0}) == []
+    assert _stage2_warm({"summaries": 200, "stage2": "none"}) == []
+    assert _stage2_warm({"summaries": 0, "stage2": "bhc"}) == ["bhc"]

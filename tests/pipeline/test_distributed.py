@@ -299,6 +299,39 @@ def test_worker_warm_up_runs():
     warm_kernels()
 
 
+def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
+    """``DPMM_WARM_ENGINES=mapdp,bhc``: stage 2's BHC step runs (loads its kernels, so that
+    the driver's stage 2 finds them cached) and comes right after the observation models, so
+    that a second worker takes it while the first compiles them."""
+    from pipeline import worker_setup
+
+    monkeypatch.setenv(worker_setup.WARM_ENV, "mapdp, bhc, nosuch")
+    assert worker_setup.warm_engines() == ["mapdp", "bhc"]
+    ran: list[str] = []
+    monkeypatch.setattr(worker_setup, "run_steps", lambda steps: ran.extend(k for k, _ in steps))
+    worker_setup.warm_kernels()
+    assert ran[:3] == ["observation-models", "stage2-bhc", "mapdp-sweep"]
+    worker_setup.STAGE2_STEPS["bhc"]()
+
+
+def test_worker_warm_up_of_every_product_widens_the_toy_spec(monkeypatch):
+    """``warm_kernels(every_product=True)`` (the image's build): a second round of the same
+    steps with the toy family's spec as int64, the type every non-Gaussian product has, so
+    that their kernels are cached too; the toy is Normal-Wishart only again afterwards."""
+    from pipeline import worker_setup
+
+    seen: list[np.dtype] = []
+
+    def record(steps):
+        seen.append(worker_setup.toy_family()[1].spec.dtype)
+
+    monkeypatch.setattr(worker_setup, "run_steps", record)
+    monkeypatch.setattr(worker_setup, "compile_once", lambda key, step: None)
+    worker_setup.warm_kernels(["mapdp"], every_product=True)
+    assert seen == [np.dtype(np.int32), np.dtype(np.int64)]
+    assert worker_setup.toy_family()[1].spec.dtype == np.int32
+
+
 def test_checkpoint_resume_gives_the_same_labels(client, tmp_path: Path, monkeypatch):
     X, _ = blobs(2000, seed=8)
     params = FitParams(seed=11, init="sequential").checked()

@@ -1,0 +1,159 @@
+"""The family set a spec's integer type selects (``kernels.obs.product``, issue 13's cold start).
+
+A spec whose every group is Normal-Wishart is int32 and its kernels contain the Normal-Wishart
+kernels only; any other spec is int64 and dispatches over all seven families. The two must give
+bit-identical results on Gaussian records, and typing a caller for an int32 spec must not
+compile the other families (observed through the dispatchers' signatures in a fresh process
+with an empty numba cache).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernels import mapdp as kmapdp
+from kernels.obs import product
+from pipeline.families import Categorical, GaussianNW, NormalGamma, ProductFamily
+
+
+def _gaussian(seed: int = 0) -> tuple[np.ndarray, ProductFamily]:
+    rng = np.random.default_rng(seed)
+    X = np.vstack([rng.normal(m, 1.0, (60, 3)) for m in (-3.0, 0.0, 3.0)])
+    return X, GaussianNW.empirical_bayes(X).as_product()
+
+
+def test_spec_dtype_is_the_family_set() -> None:
+    X, fam = _gaussian()
+    assert fam.spec.dtype == np.int32
+    two_nw = ProductFamily(
+        [
+            (GaussianNW.empirical_bayes(X[:, :2]), [0, 1]),
+            (GaussianNW.empirical_bayes(X[:, 2:]), [2]),
+        ]
+    )
+    assert two_nw.spec.dtype == np.int32
+    mixed = ProductFamily(
+        [
+            (GaussianNW.empirical_bayes(X[:, :2]), [0, 1]),
+            (NormalGamma.empirical_bayes(X[:, 2:]), [2]),
+        ]
+    )
+    assert mixed.spec.dtype == np.int64
+    cat = ProductFamily([(Categorical(np.ones(3)), [0])])
+    assert cat.spec.dtype == np.int64
+
+
+def test_signature_does_not_depend_on_the_spec_dtype() -> None:
+    # statistics written before the int32 spec (checkpoints, models) still add
+    _, fam = _gaussian()
+    sig = fam.signature()
+    fam.spec = fam.spec.astype(np.int64)
+    assert fam.signature() == sig
+
+
+def test_normal_wishart_only_kernels_are_bit_identical_to_the_dispatch_over_all() -> None:
+    X, fam = _gaussian(1)
+    spec32, prior = fam.spec, fam.prior
+    spec64 = spec32.astype(np.int64)
+    n = X.shape[0]
+    z0 = np.repeat(np.arange(3), n // 3).astype(np.int64)
+    order = np.random.default_rng(2).permutation(n).astype(np.int64)
+    out = {}
+    for name, spec in (("nw", spec32), ("any", spec64)):
+        stats = product.build_stats(X, z0, 3, spec, fam.n_stats)
+        cache = np.zeros((3, fam.n_cache))
+        for k in range(3):
+            product.refresh(stats[k], cache[k], spec, prior)
+        empty_c = np.zeros(fam.n_cache)
+        product.refresh(np.zeros(fam.n_stats), empty_c, spec, prior)
+        cap = 8
+        st = np.zeros((cap, fam.n_stats))
+        st[:3] = stats
+        ca = np.zeros((cap, fam.n_cache))
+        ca[:3] = cache
+        nk = np.zeros(cap)
+        nk[:3] = stats[:, 0]
+        z = z0.copy()
+        z[::7] = -1  # records not yet in a cluster open new ones or join
+        logdens = np.full(n, np.nan)
+        st, ca, nk, n_slots, changed = kmapdp.sweep_scored(
+            X, order, z, st, ca, nk, 3, spec, prior, empty_c, 0.5, logdens
+        )
+        labels, ld = kmapdp.predict(X, stats, cache, stats[:, 0].copy(), spec, prior, empty_c, 0.5)
+        scratch_s, scratch_c = np.empty(fam.n_stats), np.empty(fam.n_cache)
+        loo = [
+            product.log_predictive_loo(
+                X[i], stats[z0[i]], cache[z0[i]], spec, prior, scratch_s, scratch_c
+            )
+            for i in range(0, n, 11)
+        ]
+        mean, cov = product.moments(stats[0], spec, prior, X.shape[1])
+        out[name] = (
+            st,
+            ca,
+            nk,
+            n_slots,
+            changed,
+            z,
+            logdens,
+            labels,
+            ld,
+            np.array(loo),
+            product.log_marginals(stats, spec, prior),
+            kmapdp.objective(stats, stats[:, 0].copy(), 3, spec, prior, 0.5),
+            mean,
+            cov,
+        )
+    for a, b in zip(out["nw"], out["any"], strict=True):
+        np.testing.assert_array_equal(a, b)  # bit for bit (NaNs in the same places)
+
+
+_PROBE = """
+import numpy as np
+from kernels.obs import normal_gamma, product
+from pipeline.families import GaussianNW, NormalGamma, ProductFamily
+
+rng = np.random.default_rng(0)
+X = rng.normal(size=(30, 2))
+for fam in {families}:
+    z = np.zeros(30, dtype=np.int64)
+    s = product.build_stats(X, z, 1, fam.spec, fam.n_stats)[0]
+    c = fam.cache_of(s[None])[0]
+    product.log_predictive(X[0], s, c, fam.spec, fam.prior)
+    product.update(X[1], s, c, fam.spec, fam.prior, 1.0)
+print(len(product._any_log_predictive.signatures), len(product._any_update.signatures),
+      len(normal_gamma.log_predictive.signatures), len(normal_gamma.update.signatures))
+"""
+
+
+def _compiled_other_families(families: str, tmp_path: Path) -> list[int]:
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    res = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_PROBE.format(families=families))],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    return [int(v) for v in res.stdout.split()]
+
+
+@pytest.mark.slow
+def test_a_gaussian_only_family_compiles_no_other_family(tmp_path: Path) -> None:
+    # an empty numba cache, so that every kernel the calls need is compiled (and seen) here
+    gauss = "[GaussianNW.empirical_bayes(X).as_product()]"
+    assert _compiled_other_families(gauss, tmp_path / "a") == [0, 0, 0, 0]
+    # the probe can see them: a product with a Normal-Gamma group compiles the chains
+    mixed = (
+        "[ProductFamily([(GaussianNW.empirical_bayes(X[:, :1]), [0]),"
+        " (NormalGamma.empirical_bayes(X[:, 1:]), [1])])]"
+    )
+    assert all(v > 0 for v in _compiled_other_families(mixed, tmp_path / "b"))
