@@ -36,13 +36,17 @@ def read_sequences(
     df = read_table(path)
     for col, what in ((sequence_column, "--sequence-column"), (time_column, "--time-column")):
         if col not in df.columns:
-            raise InputError(f"{path}: {what} {col!r} is not a column; columns are {list(df.columns)}")
+            raise InputError(
+                f"{path}: {what} {col!r} is not a column; columns are {list(df.columns)}"
+            )
     try:
         sequence_order(df, sequence_column, time_column)
     except InputError as err:
         raise InputError(f"{path}: {err}") from None
     if df.shape[1] < 3:
-        raise InputError(f"{path}: no feature columns besides {sequence_column!r} and {time_column!r}")
+        raise InputError(
+            f"{path}: no feature columns besides {sequence_column!r} and {time_column!r}"
+        )
     meta = df[[sequence_column, time_column]].copy()
     return df.drop(columns=[time_column]), meta
 
@@ -113,20 +117,24 @@ def hmm_outputs(
         table.to_parquet(files / "states.parquet", index=False)
         trans.to_csv(files / "transitions.csv", index_label="from")
     held = seqs[seqs.heldout]
-    return {
-        "n_states": int(K),
-        "n_sequences": int(len(seqs)),
-        "n_heldout_sequences": int(len(held)),
-        "heldout_log_likelihood": float(held.log_likelihood.sum()) if len(held) else None,
-        "heldout_log_likelihood_per_step": float(held.log_likelihood.sum() / held.length.sum())
-        if len(held)
-        else None,
-        "train_log_likelihood_per_step": float(
-            seqs[~seqs.heldout].log_likelihood.sum() / max(seqs[~seqs.heldout].length.sum(), 1)
-        ),
-        "kappa_unrepresented": float(state.ku),
-        "sizes": [int(v) for v in np.rint(state.stats[:, 0])],
-    }, rows, A
+    return (
+        {
+            "n_states": int(K),
+            "n_sequences": int(len(seqs)),
+            "n_heldout_sequences": int(len(held)),
+            "heldout_log_likelihood": float(held.log_likelihood.sum()) if len(held) else None,
+            "heldout_log_likelihood_per_step": float(held.log_likelihood.sum() / held.length.sum())
+            if len(held)
+            else None,
+            "train_log_likelihood_per_step": float(
+                seqs[~seqs.heldout].log_likelihood.sum() / max(seqs[~seqs.heldout].length.sum(), 1)
+            ),
+            "kappa_unrepresented": float(state.ku),
+            "sizes": [int(v) for v in np.rint(state.stats[:, 0])],
+        },
+        rows,
+        A,
+    )
 
 
 def write_hmm_model(
@@ -215,48 +223,37 @@ def finish_hmm(
 ) -> dict[str, Any]:
     """run.json and the report, then ``partial`` published as ``out``
     (``pipeline.storage.publish_output``)."""
-    with storage.local_dir(partial) as files:
-        _write_report(files, run, report, rows, X, A, sizes, sequence_column, time_column)
-    storage.publish_output(partial, out, overwrite, kind="hmm")
-    return run
-
-
-def _write_report(
-    files: Path,
-    run: dict[str, Any],
-    report: bool,
-    rows: pd.DataFrame,
-    X: pd.DataFrame,
-    A: np.ndarray,
-    sizes: np.ndarray,
-    sequence_column: str,
-    time_column: str,
-) -> None:
     import html
 
-    pictures = (
-        hmm_figures(files, rows, X, A, sizes, sequence_column, time_column) if report else []
-    )
-    run["versions"] = versions()
-    write_json(files / "run.json", run)
-    if report:
-        m = run["metrics"]
-        lines = [
-            ("input", run["input"]),
-            ("time steps", f"{run['n_rows']:,} in {m['n_sequences']:,} sequences"),
-            ("states", m["n_states"]),
-            ("passes", m["passes"]),
-            ("objective", f"{m['objective']:.6g}"),
-            ("held-out log likelihood per step", m["heldout_log_likelihood_per_step"]),
-            ("total time", f"{run['timing']['total']:.2f} s"),
-        ]
-        body = ["<h1>dpmm hmm report</h1>", "<ul>"]
-        body += [f"<li><b>{html.escape(k)}</b>: {html.escape(str(v))}</li>" for k, v in lines]
-        body += ["</ul>"] + [f'<img src="{p}" alt="{p}" style="max-width:48%">' for p in pictures]
-        (files / "report.html").write_text(
-            "<!doctype html><html><head><meta charset='utf-8'><title>dpmm hmm report</title>"
-            "</head><body>" + "\n".join(body) + "</body></html>\n"
+    # matplotlib and the report want a path: on object storage a local directory is uploaded
+    with storage.local_dir(partial) as files:
+        pictures = (
+            hmm_figures(files, rows, X, A, sizes, sequence_column, time_column) if report else []
         )
-        md = ["# dpmm hmm report", ""] + [f"- **{k}**: {v}" for k, v in lines]
-        md += [""] + [f"![{p}]({p})" for p in pictures]
-        (files / "report.md").write_text("\n".join(md) + "\n")
+        run["versions"] = versions()
+        write_json(files / "run.json", run)
+        if report:
+            m = run["metrics"]
+            lines = [
+                ("input", run["input"]),
+                ("time steps", f"{run['n_rows']:,} in {m['n_sequences']:,} sequences"),
+                ("states", m["n_states"]),
+                ("passes", m["passes"]),
+                ("objective", f"{m['objective']:.6g}"),
+                ("held-out log likelihood per step", m["heldout_log_likelihood_per_step"]),
+                ("total time", f"{run['timing']['total']:.2f} s"),
+            ]
+            body = ["<h1>dpmm hmm report</h1>", "<ul>"]
+            body += [f"<li><b>{html.escape(k)}</b>: {html.escape(str(v))}</li>" for k, v in lines]
+            body += ["</ul>"] + [
+                f'<img src="{p}" alt="{p}" style="max-width:48%">' for p in pictures
+            ]
+            (files / "report.html").write_text(
+                "<!doctype html><html><head><meta charset='utf-8'><title>dpmm hmm report</title>"
+                "</head><body>" + "\n".join(body) + "</body></html>\n"
+            )
+            md = ["# dpmm hmm report", ""] + [f"- **{k}**: {v}" for k, v in lines]
+            md += [""] + [f"![{p}]({p})" for p in pictures]
+            (files / "report.md").write_text("\n".join(md) + "\n")
+    storage.publish_output(partial, out, overwrite, kind="hmm")
+    return run

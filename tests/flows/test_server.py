@@ -33,6 +33,16 @@ def _dpmm() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "flows.cli"]
 
 
+def _stop(proc: subprocess.Popen, sig: int, timeout: float) -> None:
+    """Send ``sig`` and wait for the process; killed if it has not stopped in ``timeout`` s."""
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_")}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), **extra)
@@ -76,11 +86,7 @@ def test_runs_against_a_long_lived_server(tmp_path: Path):
         flows = httpx.post(f"{api}/flows/filter", json={}, timeout=30).json()
         assert [f["name"] for f in flows] == ["cluster"]
     finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        _stop(server, signal.SIGINT, 60)
 
 
 def test_prestart_serves_the_flow(tmp_path: Path):
@@ -149,11 +155,7 @@ def test_serve_without_an_api_starts_its_own_server_and_the_cron_fires(tmp_path:
                 assert time.monotonic() < deadline, log.read_text()[-3000:]
                 time.sleep(2)
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            _stop(proc, signal.SIGTERM, 120)
     said = log.read_text()
     assert (models / "LATEST").read_text().strip() == "v1"
     assert proc.returncode == 0, said[-3000:]
