@@ -132,6 +132,7 @@ def test_infra_prefect_yaml_holds_the_scheduled_deployment() -> None:
     deps = {d["name"]: d for d in doc["deployments"]}
     dep = deps[DEPLOYMENT]
     assert [s["cron"] for s in dep["schedules"]] == [CRON]
+    assert dep["concurrency_limit"] == 1  # a single writer of MODELS, as dpmm serve
     path, name = dep["entrypoint"].split(":")
     flow = load_flow_from_entrypoint(f"{REPO / path}:{name}")
     assert flow.name == "scheduled-clustering"
