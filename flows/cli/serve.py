@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -134,12 +133,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def schedule_api(quiet: bool = False, timeout: float = 300.0) -> Iterator[str]:
     """The Prefect API the schedule is served against: ``PREFECT_API_URL`` when set; otherwise
@@ -149,13 +142,13 @@ def schedule_api(quiet: bool = False, timeout: float = 300.0) -> Iterator[str]:
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from flows.cli.prefect_api import api_url
-    from flows.cli.server import server_command, wait_healthy
+    from flows.cli.server import free_port, server_command, wait_healthy
 
     given = api_url()
     if given is not None:
         yield given
         return
-    port = _free_port()
+    port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(server_command(port), stdout=log, stderr=subprocess.STDOUT)

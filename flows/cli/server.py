@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -46,6 +47,13 @@ def add_server_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_server)
     return p
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def server_command(port: int) -> list[str]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flows.cli.server import wait_healthy
+from flows.cli.server import free_port, wait_healthy
 from tests.benchmarks.bench_distributed import K, mixture_npy
 from tests.benchmarks.common import save, table
 
@@ -35,12 +34,6 @@ def _dpmm(args: list[str], env: dict[str, str]) -> float:
     t0 = time.perf_counter()
     subprocess.run([str(exe), *args], check=True, capture_output=True, env=env)
     return time.perf_counter() - t0
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_cold_and_warm_start() -> None:
@@ -62,7 +55,7 @@ def test_cold_and_warm_start() -> None:
         # first run ingests
         t_first = _dpmm(run, cold)
         t_run = _dpmm(run, cold)
-        port = _port()
+        port = free_port()
         api = f"http://127.0.0.1:{port}/api"
         server = subprocess.Popen(
             [str(Path(sys.executable).with_name("dpmm")), "server", "--port", str(port)],

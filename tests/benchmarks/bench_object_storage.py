@@ -13,7 +13,6 @@ ingests into a dataset store of its own.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import numpy as np
 import pytest
 import zarr
 
+from flows.cli.server import free_port
 from pipeline import storage
 from tests.benchmarks.bench_distributed import (  # noqa: F401
     PeakRSS,
@@ -44,9 +44,7 @@ BUCKET = "dpmm-bench"
 def s3_endpoint() -> Iterator[str]:
     """moto's S3 server in its own process on 127.0.0.1, and this process's environment (the
     LocalCluster's workers inherit it) pointing at it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,15 +16,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flows.cli.server import server_command, wait_healthy
+from flows.cli.server import free_port, server_command, wait_healthy
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _dpmm() -> list[str]:
@@ -57,7 +50,7 @@ def test_server_command_binds_localhost():
 def test_runs_against_a_long_lived_server(tmp_path: Path):
     """``dpmm server`` answers on 127.0.0.1; ``dpmm run`` with ``PREFECT_API_URL`` uses it (its
     flow run is recorded there, completed) and starts no temporary server."""
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [*_dpmm(), "server", "--port", str(port)],
         env=_env(tmp_path),
