@@ -30,11 +30,10 @@ from prefect.cache_policies import NO_CACHE
 from pipeline import cv as pcv
 from pipeline import dataset, storage
 from pipeline import io as pio
-from pipeline.config import DEFAULT_CHUNK_ROWS
+from pipeline.config import DEFAULT_CHUNK_ROWS, SELECT
 from pipeline.dist.client import dask_client
 from pipeline.dist.loop import InjectedFault
 from pipeline.model import save_model
-from pipeline.search import SELECT
 
 #: raise after this many new fits were persisted (crash-and-resume tests)
 FAULT_ENV = "DPMM_FAULT_AFTER_FITS"

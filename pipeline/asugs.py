@@ -33,10 +33,7 @@ SELECT = ("greedy", "sample")
 PM_INTERVAL = 250
 #: a class holding less than this share of the records seen since it opened is pruned
 PRUNE_WEIGHT = 0.01
-#: lambda: the paper does not give its value; 0.3 (a prior mean of alpha of 1 / lambda = 3.3)
-#: found as many or more of the true classes than 1.0 on every data set of ``bench_asugs`` and
-#: the tests
-DEFAULT_LAM = 0.3
+DEFAULT_LAM = config.ASUGS_LAM
 #: the empirical-Bayes prior scale of a stream (``GaussianNW.empirical_bayes``): a greedy
 #: one-pass stream cannot split a class later, and the batch default 0.3 (clusters expected to
 #: carry 30% of the data's variance) lets early classes absorb their neighbours; the defaults

@@ -96,6 +96,10 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         self
         """
         params = self._check_params()
+        if getattr(self, "tune", None) is not None:
+            from pipeline.tuning import tune_cv
+
+            return tune_cv(self, X)
         Xa = self._encode_fit(X)
         self._fit(Xa, params)
         return self
@@ -108,6 +112,15 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         """Validate the parameters (``pipeline.config`` checks); the result is handed to
         ``_fit``."""
         return None
+
+    def _check_tuning(self) -> None:
+        """``prior_scale`` and ``tune`` (``TUNING_DOC``), for the estimators that take them."""
+        from pipeline.families.gaussian import check_scale
+        from pipeline.tuning import check_tune
+
+        if getattr(self, "prior_scale", None) is not None:
+            check_scale(self.prior_scale)
+        check_tune(getattr(self, "tune", None))
 
     def _fit(self, Xa: FloatArray, params: Any) -> None:
         """Fit on the encoded records Xa (n_samples, n_cols), columns in the family's group

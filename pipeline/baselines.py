@@ -129,17 +129,22 @@ class _GibbsBase(MixtureEstimator):
         n_iter: int = 200,
         burn_in: int = 50,
         random_state: Any = None,
+        prior_scale: float | None = None,
+        tune: str | None = None,
     ):
         self.alpha = alpha
         self.family = family
         self.n_iter = n_iter
         self.burn_in = burn_in
         self.random_state = random_state
+        self.prior_scale = prior_scale
+        self.tune = tune
 
     def _check_params(self) -> float:
         alpha = config.check_positive(self.alpha, "alpha")
         config.check_int(self.n_iter, "n_iter")
         config.check_int(self.burn_in, "burn_in", minimum=0)
+        self._check_tuning()
         return alpha
 
     def _finish(
@@ -171,6 +176,15 @@ class CollapsedGibbs(_GibbsBase):
         Gibbs scans.
     burn_in : int, default=50
     random_state : int or None
+    prior_scale : float in (0, 1) or None, default=None
+        As ``MAPDP``: the share of the data's (co)variance one cluster is expected to carry
+        under the empirical-Bayes prior of the Gaussian columns; None keeps the family's
+        default. Ignored when ``family`` is a ``Family`` / ``ProductFamily`` instance.
+    tune : {None, "cv"}, default=None
+        As ``MAPDP``: "cv" first chooses ``alpha``, ``prior_scale`` and the covariance of the
+        Gaussian columns (full or diagonal) by 5-fold held-out log predictive density over
+        ``pipeline.config.TUNE_GRID`` (``pipeline.tuning``; no label is used), then fits all
+        of X with the choice (``best_params_``, ``cv_results_``).
 
     Attributes
     ----------
@@ -238,6 +252,15 @@ class UncollapsedGibbs(_GibbsBase):
         Scans (assignments, then parameters).
     burn_in : int, default=50
     random_state : int or None
+    prior_scale : float in (0, 1) or None, default=None
+        As ``MAPDP``: the share of the data's (co)variance one cluster is expected to carry
+        under the empirical-Bayes prior of the Gaussian columns; None keeps the family's
+        default. Ignored when ``family`` is a ``Family`` / ``ProductFamily`` instance.
+    tune : {None, "cv"}, default=None
+        As ``MAPDP``: "cv" first chooses ``alpha``, ``prior_scale`` and the covariance of the
+        Gaussian columns (full or diagonal) by 5-fold held-out log predictive density over
+        ``pipeline.config.TUNE_GRID`` (``pipeline.tuning``; no label is used), then fits all
+        of X with the choice (``best_params_``, ``cv_results_``).
 
     Attributes
     ----------

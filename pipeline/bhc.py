@@ -76,6 +76,15 @@ class BHC(MixtureEstimator):
         ``kernels.bhc.MIN_PARALLEL`` pairs. Off by default: each merge is one short pass, and a
         thread-parallel pass per merge was slower (wall and CPU) than one thread on a shared
         2-core machine. Same result either way.
+    prior_scale : float in (0, 1) or None, default=None
+        As ``MAPDP``: the share of the data's (co)variance one cluster is expected to carry
+        under the empirical-Bayes prior of the Gaussian columns; None keeps the family's
+        default. Ignored when ``family`` is a ``Family`` / ``ProductFamily`` instance.
+    tune : {None, "cv"}, default=None
+        As ``MAPDP``: "cv" first chooses ``alpha``, ``prior_scale`` and the covariance of the
+        Gaussian columns (full or diagonal) by 5-fold held-out log predictive density over
+        ``pipeline.config.TUNE_GRID`` (``pipeline.tuning``; no label is used), then fits all
+        of X with the choice (``best_params_``, ``cv_results_``).
 
     Attributes
     ----------
@@ -108,7 +117,12 @@ class BHC(MixtureEstimator):
     _always_informative = False
     # the predictive of a BHC model is the tree's (``_score_encoded``), not the flat one
     _model_attrs: ClassVar[tuple[str, ...]] = ("n_clusters_", "tree_", "cluster_nodes_")
-    _model_extras: ClassVar[tuple[str, ...]] = ("n_leaves_in_", "log_evidence_", "lower_bound_")
+    _model_extras: ClassVar[tuple[str, ...]] = (
+        "n_leaves_in_",
+        "log_evidence_",
+        "lower_bound_",
+        "alpha_",
+    )
 
     def __init__(
         self,
@@ -121,6 +135,8 @@ class BHC(MixtureEstimator):
         kmeans_sweeps: int = 0,
         n_top: int = 16,
         parallel: bool = False,
+        prior_scale: float | None = None,
+        tune: str | None = None,
     ) -> None:
         self.alpha = alpha
         self.family = family
@@ -131,6 +147,8 @@ class BHC(MixtureEstimator):
         self.kmeans_sweeps = kmeans_sweeps
         self.n_top = n_top
         self.parallel = parallel
+        self.prior_scale = prior_scale
+        self.tune = tune
 
     # -- fitting ----------------------------------------------------------------------------
     def _check_params(self) -> float:
@@ -140,6 +158,7 @@ class BHC(MixtureEstimator):
         config.check_int(self.n_top, "n_top")
         if self.k_init is not None:
             config.check_int(self.k_init, "k_init")
+        self._check_tuning()
         return alpha
 
     def _fit(self, Xa: FloatArray, alpha: float) -> None:
@@ -179,6 +198,7 @@ class BHC(MixtureEstimator):
         return int(kbhc.MIN_PARALLEL) if self.parallel else 2**62
 
     def _fit_stats(self, stats: FloatArray, fam: ProductFamily, alpha: float) -> None:
+        self.alpha_ = float(alpha)
         log_alpha = math.log(alpha)
         m = stats.shape[0]
         if self.method == "bayes-kmeans":
@@ -286,9 +306,12 @@ class BHC(MixtureEstimator):
         """
         fam = self.family_
         tree = self.tree_
-        log_norm = math.log(float(tree.n[-1]) + float(self.alpha))
+        # the concentration of the fit (a tuned fit's choice, not the parameter; a model saved
+        # before ``alpha_`` existed has the parameter)
+        alpha = float(getattr(self, "alpha_", self.alpha))
+        log_norm = math.log(float(tree.n[-1]) + alpha)
         log_w = tree.log_omega + np.log(tree.n) - log_norm
-        log_w_new = math.log(float(self.alpha)) - log_norm
+        log_w_new = math.log(alpha) - log_norm
         return kbhc.log_predictive_density(Xa, tree.stats, log_w, fam.spec, fam.prior, log_w_new)
 
     def _predict_encoded(self, Xa: FloatArray) -> IntArray:

@@ -11,9 +11,8 @@ from sklearn.exceptions import ConvergenceWarning
 from pipeline import config
 from pipeline.base import MixtureEstimator
 from pipeline.families import FloatArray
-from pipeline.families.gaussian import check_scale
 from pipeline.mapdp_core import MapdpResult, as_seed_sequence, run_mapdp
-from pipeline.tuning import check_tune, tune_cv
+from pipeline.tuning import tune_cv
 
 AUTO_RESTARTS_MAX_N = 20_000
 
@@ -137,9 +136,7 @@ class MAPDP(MixtureEstimator):
             config.check_int(self.n_restarts, "n_restarts")
         config.check_int(self.max_iter, "max_iter")
         config.check_tol(self.tol)
-        if self.prior_scale is not None:
-            check_scale(self.prior_scale)
-        check_tune(self.tune)
+        self._check_tuning()
         return alpha, learn, config.check_alpha_prior(self.alpha_prior)
 
     def fit(self, X: Any, y: Any = None) -> MAPDP:

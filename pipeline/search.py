@@ -40,9 +40,9 @@ from sklearn.model_selection import GroupKFold, KFold, ParameterGrid
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
+from pipeline.config import SELECT
 from pipeline.errors import InputError
 
-SELECT = ("best", "one-se")
 CV_SEED = 0
 
 

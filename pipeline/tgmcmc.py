@@ -279,6 +279,15 @@ class TreeGuidedMCMC(MixtureEstimator):
     n_u_steps : int
         Slice-sampling updates of u per iteration (NGGP).
     random_state : None, int or numpy.random.SeedSequence
+    prior_scale : float in (0, 1) or None, default=None
+        As ``MAPDP``: the share of the data's (co)variance one cluster is expected to carry
+        under the empirical-Bayes prior of the Gaussian columns; None keeps the family's
+        default. Ignored when ``family`` is a ``Family`` / ``ProductFamily`` instance.
+    tune : {None, "cv"}, default=None
+        As ``MAPDP``: "cv" first chooses ``alpha``, ``prior_scale`` and the covariance of the
+        Gaussian columns (full or diagonal) by 5-fold held-out log predictive density over
+        ``pipeline.config.TUNE_GRID`` (``pipeline.tuning``; no label is used), then fits all
+        of X with the choice (``best_params_``, ``cv_results_``).
 
     Attributes
     ----------
@@ -346,6 +355,8 @@ class TreeGuidedMCMC(MixtureEstimator):
         init: str | ArrayLike = "ibhc",
         n_u_steps: int = 5,
         random_state: Any = None,
+        prior_scale: float | None = None,
+        tune: str | None = None,
     ) -> None:
         self.prior = prior
         self.alpha = alpha
@@ -369,6 +380,8 @@ class TreeGuidedMCMC(MixtureEstimator):
         self.init = init
         self.n_u_steps = n_u_steps
         self.random_state = random_state
+        self.prior_scale = prior_scale
+        self.tune = tune
 
     # -- public API ------------------------------------------------------------------------------
     def _fit(self, Xa: FloatArray, pp: FloatArray) -> None:
@@ -509,6 +522,7 @@ class TreeGuidedMCMC(MixtureEstimator):
         config.check_choice(self.tree, ("cascade", "seqinsert"), "tree")
         if isinstance(self.init, str):
             config.check_choice(self.init, INITS, "init")
+        self._check_tuning()
         return pp
 
     def _summaries_family(self, family: Family | ProductFamily | None) -> ProductFamily:

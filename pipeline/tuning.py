@@ -17,15 +17,11 @@ from typing import Any
 import numpy as np
 from sklearn.base import clone
 
+from pipeline.config import TUNE_GRID
 from pipeline.schema import Schema, as_frame
 
 TUNE_CHOICES = (None, "cv")
 TUNE_FOLDS = 5
-#: the grid of ``tune="cv"``: 3 concentrations x 4 prior scales x 2 covariances = 24 cells
-TUNE_GRID: dict[str, list[Any]] = {
-    "alpha": [0.1, 1.0, 10.0],
-    "prior_scale": [0.5, 0.3, 0.1, 0.03],
-}
 TUNE_SELECT = "best"
 
 
@@ -104,11 +100,9 @@ def tune_cv(est: Any, X: Any) -> Any:
         search.fit(X)
     final = clone(est).set_params(tune=None, **search.best_params_)
     final.fit(X)
-    for key, value in vars(final).items():
-        if key.endswith("_") and not key.startswith("__"):
-            setattr(est, key, value)
-    est._cache = final._cache
-    est._empty_cache = final._empty_cache
+    # the fitted state (attributes and the caches predict uses), the parameters kept as given
+    params = est.get_params(deep=False)
+    vars(est).update({k: v for k, v in vars(final).items() if k not in params})
     est.best_params_ = dict(search.best_params_)
     est.cv_results_ = search.cv_results_
     return est

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
+import importlib.util
 import logging
 import os
 import tempfile
@@ -100,6 +102,37 @@ def warm_stage2_bhc() -> None:
 
 # warm-up steps of a stage 2, by the name ``dask_client(warm=...)`` gives it next to the engine
 STAGE2_STEPS: dict[str, Callable[[], None]] = {"bhc": warm_stage2_bhc}
+
+
+def _cache_dir() -> Path:
+    """Where numba keeps the kernels' cache: ``NUMBA_CACHE_DIR``, else next to their sources."""
+    given = os.environ.get("NUMBA_CACHE_DIR")
+    if given:
+        return Path(given)
+    spec = importlib.util.find_spec("kernels")
+    assert spec is not None and spec.submodule_search_locations is not None
+    return Path(next(iter(spec.submodule_search_locations))) / "__pycache__"
+
+
+def _warm_marker(names: list[str]) -> Path:
+    """The file a complete warm-up of ``names`` leaves in the numba cache: named after the
+    engines and the kernels' sources (their paths, sizes and modification times, which numba's
+    own index checks too), so that changed kernels or another cache have none."""
+    spec = importlib.util.find_spec("kernels")
+    assert spec is not None and spec.submodule_search_locations is not None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    h = hashlib.sha256(",".join(sorted(set(names))).encode())
+    for path in sorted(root.rglob("*.py")):
+        st = path.stat()
+        h.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return _cache_dir() / f"dpmm-warm-{h.hexdigest()[:20]}.done"
+
+
+def kernels_cached(names: list[str]) -> bool:
+    """Whether a warm-up of the engines (and stage 2) ``names`` completed with this numba cache
+    and these kernel sources: loading them then takes a second or two, compiling them a minute.
+    (A cache emptied by hand behind a marker only costs the choice that relies on it speed.)"""
+    return _warm_marker(names).exists()
 
 
 def _lock_dir() -> Path:
@@ -184,15 +217,27 @@ def _warm_kernels(names: list[str] | None) -> None:
         # every engine calls the observation models: loaded first, they are compiled once
         compile_once(*obs)
         run_steps(steps)
-        return
-    # a stage 2 (BHC over summaries) calls few of them: the process that finds the observation
-    # models taken compiles stage 2 meanwhile, then each goes on to the engine's steps
-    run_steps([obs, *stage2, *steps])
+    else:
+        # a stage 2 (BHC over summaries) calls few of them: the process that finds the
+        # observation models taken compiles stage 2 meanwhile, then each goes on to the
+        # engine's steps
+        run_steps([obs, *stage2, *steps])
+    if _toy_spec_dtype is None:  # the kernels of the runs' Gaussian records are in the cache
+        marker = _warm_marker(names)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+
+
+def warm_here(names: list[str] | None = None) -> None:
+    """``warm_kernels(names)`` in this process (a worker's start, or the process whose threads
+    are the workers). A failure only costs the speed-up: the tasks load what they need anyway,
+    and report what goes wrong."""
+    try:
+        warm_kernels(names)
+    except Exception:
+        logger.warning("dpmm worker warm-up failed", exc_info=True)
 
 
 def dask_setup(worker: Any) -> None:
-    """Called by Dask when the worker starts. A failure only costs the speed-up."""
-    try:
-        warm_kernels()
-    except Exception:  # the tasks load what they need anyway
-        logger.warning("dpmm worker warm-up failed", exc_info=True)
+    """Called by Dask when the worker starts."""
+    warm_here()

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import secrets
 import shutil
 import sys
@@ -48,6 +47,7 @@ from typing import Any, NoReturn
 import numpy as np
 import pandas as pd
 
+from flows.cli import prefect_api
 from flows.cli.cv import add_cv_parser
 from flows.cli.hmm import add_hmm_parser
 from flows.cli.longitudinal import add_longitudinal_parser
@@ -219,7 +219,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=None,
         metavar="N",
-        help="Dask worker processes (default: one per core)",
+        help="Dask workers (default: one per core)",
+    )
+    d.add_argument(
+        "--threads",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the local cluster's workers as threads of this process (the kernels release the "
+        "GIL) or, with --no-threads, worker processes as 'dpmm run' has them (default: threads "
+        "once the kernels are in the numba cache; processes, which compile them two at a time, "
+        "before)",
     )
     d.add_argument(
         "--in-memory",
@@ -548,6 +557,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         overwrite=True,
         progress=not args.quiet,
     )
+    kwargs["processes"] = not _demo_threads(args, kwargs)
     try:
         run = start_flow(args, kwargs)
     except InjectedFault as err:
@@ -569,6 +579,20 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ]
     print("\n".join(lines), flush=True)
     return 0
+
+
+def _demo_threads(args: argparse.Namespace, kwargs: dict[str, Any]) -> bool:
+    """The demo's workers as threads of this process, unless ``--threads`` says otherwise: one
+    process loads the libraries and kernels once, while Prefect's server boots (warm, about 10 s
+    against 14 s with worker processes on 2 cores, ``bench_coldstart``), once the kernels are in
+    the numba cache; before, worker processes compile them two at a time (about 40 s against
+    55 s in one process)."""
+    if args.threads is not None:
+        return bool(args.threads)
+    from flows.cli.run import _stage2_warm
+    from pipeline.worker_setup import kernels_cached
+
+    return kernels_cached(["mapdp", *_stage2_warm(kwargs)])
 
 
 def _demo_in_memory(args: argparse.Namespace) -> int:
@@ -635,16 +659,7 @@ def _refuse_urls(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dpmm`` with ``argv`` (default: this program's arguments); returns the exit status."""
-    # Prefect's temporary server sends usage telemetry unless told not to; on a machine without
-    # network its failures land on stderr. A user who wants it sets the variable.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # Prefect gives its temporary server 30 s to answer; a machine busy with other work (the
-    # server imports FastAPI, SQLAlchemy and Alembic first) can take longer, and the run would
-    # fail for nothing
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
-    # a Prefect server this process starts listens on this machine only: the temporary server
-    # does anyway (uvicorn --host 127.0.0.1), `prefect server start` reads this setting
-    os.environ.setdefault("PREFECT_SERVER_API_HOST", "127.0.0.1")
+    prefect_api.set_defaults()
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -27,11 +27,9 @@ from flows.cli.prefect_api import prestart
 from flows.cli.run import add_log_options, start_flow
 from flows.cli.types import positive_int as _positive_int
 from pipeline import io as pio
-from pipeline.config import DEFAULT_CHUNK_ROWS
+from pipeline.config import DEFAULT_CHUNK_ROWS, SELECT, TUNE_GRID
 from pipeline.dataset import DATA_DIR_ENV
 from pipeline.errors import InputError
-from pipeline.search import SELECT
-from pipeline.tuning import TUNE_GRID
 
 PROG = "dpmm"
 

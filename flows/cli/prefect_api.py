@@ -1,14 +1,21 @@
 """Which Prefect API a ``dpmm`` command's flow talks to, and starting it early.
 
 Without ``PREFECT_API_URL`` Prefect 3 starts a temporary API server for the process the first
-time a flow runs: a ``uvicorn`` subprocess that imports Prefect's server (FastAPI, SQLAlchemy,
-Alembic: most of its start), opens or creates its SQLite database under ``PREFECT_HOME`` and
-checks its migrations, then answers ``/health`` (``prefect.server.api.server.
-SubprocessASGIServer``). That is seconds in which the command would wait and do nothing else.
-``prestart`` starts the same server in a background thread as soon as the command knows it will
-run a flow, so that it boots while the command imports the pipeline, checks or generates its
-input; ``ready`` waits for it before the flow starts (which then finds it running: the server is
-one per process). Nothing changes in what the flow records.
+time a flow runs (``prefect.server.api.server.SubprocessASGIServer``): a ``uvicorn`` subprocess
+that imports Prefect's server (FastAPI, SQLAlchemy, Alembic, the API's routes: most of its
+start), opens or creates its SQLite database under ``PREFECT_HOME`` and checks its migrations,
+then answers ``/health``. Measured here (``tests/benchmarks/bench_coldstart.py``), that costs a
+command twice: the subprocess's seconds, and the import of ``prefect.server.api.server`` itself
+in the command's own process (about 1-2 s of CPU) just to reach the class that starts it; and
+the flow waits for the server when it starts, not before.
+
+So a command starts the same server itself (``prestart``), with the same command line and
+environment as Prefect's (``server_argv``, ``SERVER_ENV``: ephemeral mode, no UI, no services),
+from the standard library only and as the first thing it does (``flows.cli.main``, before the
+pipeline, Dask and Prefect are imported), and points its flow at it (``flow_api``: the flow's
+``PREFECT_API_URL`` for the run, flow-run heartbeats off since the server lives and dies with
+the command). Nothing changes in what the flow records. If that server does not come up, the
+flow falls back to Prefect's own temporary server, which reports what goes wrong.
 
 For repeated and scheduled runs, ``dpmm server`` (``prefect server start`` on 127.0.0.1) keeps a
 server running; with ``PREFECT_API_URL`` pointing at it every command skips the start altogether
@@ -17,50 +24,172 @@ and its flow runs are kept in one place, to be seen in the Prefect UI.
 
 from __future__ import annotations
 
-import threading
+import atexit
+import contextlib
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
-_boot: threading.Thread | None = None
-_error: list[BaseException] = []
+# the environment Prefect gives its temporary server (``SubprocessASGIServer``): ephemeral mode
+# (no background services), no UI
+SERVER_ENV = {
+    "PREFECT_UI_ENABLED": "0",
+    "PREFECT__SERVER_EPHEMERAL": "1",
+    "PREFECT__SERVER_FINAL": "1",
+}
+# the commands whose work is a Prefect flow on the temporary server (``dpmm serve`` starts a
+# long-lived one with a scheduler instead)
+FLOW_COMMANDS = ("run", "demo", "score", "cv", "longitudinal", "hmm")
+# exit status of uvicorn when its port was taken meanwhile
+_PORT_TAKEN = 3
+
+_proc: subprocess.Popen[bytes] | None = None
+_url: str | None = None
+
+
+def set_defaults() -> None:
+    """The environment defaults of ``dpmm`` for Prefect, before any server or flow starts."""
+    # Prefect's temporary server sends usage telemetry unless told not to; on a machine without
+    # network its failures land on stderr. A user who wants it sets the variable.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # Prefect gives its temporary server 30 s to answer; a machine busy with other work (the
+    # server imports FastAPI, SQLAlchemy and Alembic first) can take longer, and the run would
+    # fail for nothing
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
+    # a Prefect server this process starts listens on this machine only: the temporary server
+    # does anyway (uvicorn --host 127.0.0.1), `prefect server start` reads this setting
+    os.environ.setdefault("PREFECT_SERVER_API_HOST", "127.0.0.1")
 
 
 def api_url() -> str | None:
-    """The Prefect API the flows of this process use (None: a temporary server)."""
+    """The Prefect API the flows of this process use by configuration (None: a temporary
+    server)."""
     from prefect.settings import PREFECT_API_URL
 
     return PREFECT_API_URL.value() or None
 
 
-def _start() -> None:
-    try:
-        from prefect.server.api.server import SubprocessASGIServer
+def _configured() -> bool:
+    """An API is configured: in Prefect's settings once Prefect is imported (a profile, a test
+    harness), else in the environment (checked again by ``flow_api``)."""
+    if "prefect" in sys.modules:
+        return api_url() is not None
+    return bool(os.environ.get("PREFECT_API_URL"))
 
-        SubprocessASGIServer().start()
-    except BaseException as err:  # the flow starts the server itself, and reports the failure
-        _error.append(err)
+
+def server_argv(port: int) -> list[str]:
+    """The command line of Prefect's temporary server on 127.0.0.1:``port``, found without
+    importing Prefect (``SubprocessASGIServer._run_uvicorn_command``)."""
+    spec = importlib.util.find_spec("prefect")
+    assert spec is not None and spec.submodule_search_locations is not None
+    app_dir = Path(next(iter(spec.submodule_search_locations))).parent
+    return [
+        *(sys.executable, "-m", "uvicorn", "--app-dir", str(app_dir), "--factory"),
+        *("prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(port)),
+        *("--log-level", "error", "--lifespan", "on"),
+    ]
+
+
+def wants_server(argv: Sequence[str]) -> bool:
+    """The ``dpmm`` command line ``argv`` (without the program) runs a flow on the temporary
+    server, as far as can be told before it is parsed: the early start of ``flows.cli.main``."""
+    if not argv or argv[0] not in FLOW_COMMANDS:
+        return False
+    return not any(a in ("-h", "--help", "--in-memory") for a in argv[1:])
 
 
 def prestart() -> None:
-    """Start Prefect's temporary API server in the background unless an API is configured
-    (``PREFECT_API_URL``, or a test harness's settings) or the server is starting already."""
-    global _boot
-    if _boot is not None or api_url() is not None:
+    """Start this command's temporary Prefect server in the background unless an API is
+    configured or it is started already; ``flow_api`` waits for it and points the flow at it."""
+    global _proc, _url
+    if _proc is not None or _configured():
         return
-    _boot = threading.Thread(target=_start, name="prefect-server-start", daemon=True)
-    _boot.start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    _proc = subprocess.Popen(
+        server_argv(port),
+        env={**os.environ, **SERVER_ENV},
+        stdin=subprocess.DEVNULL,
+        # the flow falls back to Prefect's own start, which reports, if this one fails
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _url = f"http://127.0.0.1:{port}/api"
+    atexit.register(stop)
 
 
-def ready() -> None:
-    """Wait for the server ``prestart`` started. If its start failed, its process is stopped
-    and the flow's own start tries again (and reports what goes wrong)."""
-    global _boot
-    if _boot is None:
+def stop() -> None:
+    """Stop the server ``prestart`` started (at the latest when the command exits)."""
+    global _proc, _url
+    proc, _proc, _url = _proc, None, None
+    if proc is None or proc.poll() is not None:
         return
-    _boot.join()
-    _boot = None
-    if _error:
-        _error.clear()
-        from prefect.server.api.server import SubprocessASGIServer
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
-        # a server that did not answer in time is still starting: Prefect's retry would start
-        # a second one and leave this one running after the command
-        SubprocessASGIServer().stop()
+
+def _healthy(url: str, timeout: float) -> bool:
+    """Wait until ``url``'s ``/health`` answers 200, the server exits or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _proc is None or _proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return True
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def ready() -> str | None:
+    """Wait for the server ``prestart`` started; its API URL, or None (no server of ours: an API
+    is configured after all, or ours did not come up and was stopped)."""
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
+    url = _url
+    if url is None:
+        return None
+    if api_url() is not None:  # configured where only Prefect looks (a profile)
+        stop()
+        return None
+    if not _healthy(url, float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())):
+        stop()
+        return None
+    return url
+
+
+@contextlib.contextmanager
+def flow_api() -> Iterator[str | None]:
+    """Run the block (a flow) against the server ``prestart`` started, once it answers; yields
+    its API URL, or None when the flow uses a configured API or Prefect's own temporary
+    server."""
+    url = ready()
+    if url is None:
+        yield None
+        return
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        temporary_settings,
+    )
+
+    # heartbeats let a long-lived server notice a crashed run; this one ends with the command,
+    # and the heartbeat thread holds up the end of every flow run by up to a second
+    updates = {PREFECT_API_URL: url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
+    with temporary_settings(updates=updates):
+        yield url

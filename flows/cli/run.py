@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flows.cli.prefect_api import prestart, ready
+from flows.cli.prefect_api import flow_api, prestart
 from flows.cli.types import alpha as _alpha
 from flows.cli.types import family as _family
 from flows.cli.types import fraction as _fraction
@@ -324,7 +324,7 @@ def start_flow(
                     kwargs, engine or str(kwargs.get("engine") or "mapdp"), _hpc_of(args)
                 )
             )
-            ready()
+            stack.enter_context(flow_api())
             return runner(**kwargs)  # type: ignore[no-any-return]
     except ValueError as err:
         msg = " ".join(str(err).split()) or type(err).__name__
@@ -348,15 +348,24 @@ def _local_cluster(
     """Start the flow's ``LocalCluster`` here, while Prefect's temporary server is still
     booting (``prefect_api.prestart``), instead of in the flow after it; the flow joins it as
     its ``scheduler``. Yields the flow's keyword arguments; unchanged when they name a scheduler
-    or ask for threads instead of processes. ``hpc`` (kind, config file): a dask-jobqueue
-    cluster of batch jobs instead (``dpmm run --cluster slurm|pbs``)."""
+    or ask for threads instead of processes (whose kernels this process then loads). ``hpc``
+    (kind, config file): a dask-jobqueue cluster of batch jobs instead (``dpmm run --cluster
+    slurm|pbs``)."""
     if hpc is not None:
         from pipeline.dist.hpc import hpc_client
 
         with hpc_client(hpc[0], hpc[1], warm=[engine]) as client:
             yield {**kwargs, "scheduler": client.scheduler.address}
         return
-    if kwargs.get("scheduler") or not kwargs.get("processes", True):
+    if kwargs.get("scheduler"):
+        yield kwargs
+        return
+    if not kwargs.get("processes", True):
+        # the flow's workers will be threads of this process: it loads their kernels now, while
+        # Prefect's temporary server boots, instead of inside the first tasks
+        from pipeline.worker_setup import warm_here
+
+        warm_here([engine, *_stage2_warm(kwargs)])
         yield kwargs
         return
     from pipeline.dist.client import dask_client

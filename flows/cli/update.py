@@ -25,7 +25,7 @@ from pipeline.errors import InputError
 
 def add_update_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``update`` to an ``argparse`` subparsers object; it sets ``func=cmd_update``."""
-    from pipeline.asugs import DEFAULT_LAM
+    from pipeline.config import ASUGS_LAM as DEFAULT_LAM
 
     p = subparsers.add_parser(
         "update",

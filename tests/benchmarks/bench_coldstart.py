@@ -1,23 +1,30 @@
 """Fixed costs as a user meets them (issue 13, "Cold start and fixed costs"), one run:
 
 * ``dpmm demo`` in a fresh process with an empty numba cache (every kernel compiles), then warm
-  (kernels cached, data and dataset store kept), then warm against a long-lived Prefect server
-  (``dpmm server``, ``PREFECT_API_URL``) instead of the temporary server of each command;
-* ``dpmm run`` of the 1,000,000 x 10 benchmark in a fresh process, both ways, against
-  scikit-learn's ``KMeans(n_init=1)`` on the same data, as ratios.
+  (kernels cached, data and dataset store kept); both with the demo's default workers (threads
+  of the command's process) and with ``--no-threads`` (worker processes), each from its own
+  empty cache; then warm against a long-lived Prefect server (``dpmm server``,
+  ``PREFECT_API_URL``) instead of the temporary server each command starts;
+* ``dpmm run`` of the 1,000,000 x 10 benchmark in a fresh process, with worker processes (the
+  default) and ``--threads``, both ways, against scikit-learn's ``KMeans(n_init=1)`` on the
+  same data, as ratios.
 
+Each row is the median of ``REPEAT`` runs (one for the cold ones) with the CPU seconds of the
+command and its children (user + system): on 2 cores the fixed costs are CPU-bound.
 Run with ``make bench`` (or ``pytest -m bench tests/benchmarks/bench_coldstart.py -s``).
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -29,11 +36,26 @@ from tests.benchmarks.common import save, table
 pytestmark = pytest.mark.bench
 
 
-def _dpmm(args: list[str], env: dict[str, str]) -> float:
+REPEAT = 3
+
+
+def _dpmm(args: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall and CPU seconds (the command and its children) of one ``dpmm`` command."""
     exe = Path(sys.executable).with_name("dpmm")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     subprocess.run([str(exe), *args], check=True, capture_output=True, env=env)
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def _row(what: str, args: list[str], env: dict[str, str], repeat: int = REPEAT) -> dict[str, Any]:
+    runs = [_dpmm(args, env) for _ in range(repeat)]
+    wall = float(np.median([w for w, _ in runs]))
+    cpu = float(np.median([c for _, c in runs]))
+    return {"what": what, "seconds": wall, "cpu_seconds": cpu, "runs": [w for w, _ in runs]}
 
 
 def test_cold_and_warm_start() -> None:
@@ -44,17 +66,22 @@ def test_cold_and_warm_start() -> None:
         base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_")}
         base["PREFECT_HOME"] = str(root / "prefect")
         cold = {**base, "NUMBA_CACHE_DIR": str(root / "numba")}
+        cold_procs = {**base, "NUMBA_CACHE_DIR": str(root / "numba-procs")}
         rows = []
         demo = ["demo", "--out", str(root / "demo"), "--quiet"]
-        rows.append({"what": "dpmm demo, empty numba cache", "seconds": _dpmm(demo, cold)})
-        rows.append({"what": "dpmm demo, warm", "seconds": _dpmm(demo, cold)})
+        procs = [*demo, "--no-threads"]
+        rows.append(_row("dpmm demo, empty numba cache", demo, cold, 1))
+        rows.append(_row("dpmm demo, warm", demo, cold))
+        rows.append(_row("dpmm demo --no-threads, empty numba cache", procs, cold_procs, 1))
+        rows.append(_row("dpmm demo --no-threads, warm", procs, cold_procs))
         src = mixture_npy(root / "mix1m.npy", 1_000_000)
         run = ["run", str(src), "--out", str(root / "out"), "--holdout", "0.01"]
         run += ["--overwrite", "--quiet", "--data-dir", str(root / "datasets")]
         # the dataset store is kept between the runs: a scheduled refit reuses it too; the
         # first run ingests
-        t_first = _dpmm(run, cold)
-        t_run = _dpmm(run, cold)
+        rows.append(_row("dpmm run 1M, fresh process, first (ingests)", run, cold, 1))
+        rows.append(_row("dpmm run 1M, fresh process", run, cold))
+        rows.append(_row("dpmm run 1M --threads, fresh process", [*run, "--threads"], cold))
         port = free_port()
         api = f"http://127.0.0.1:{port}/api"
         server = subprocess.Popen(
@@ -67,8 +94,11 @@ def test_cold_and_warm_start() -> None:
             wait_healthy(api, 300, server)
             served = {**cold, "PREFECT_API_URL": api}
             _dpmm(demo, served)  # the server's first flow run creates its records
-            t_demo_served = _dpmm(demo, served)
-            t_run_served = _dpmm(run, served)
+            rows.append(_row("dpmm demo, warm, long-lived server", demo, served))
+            rows.append(_row("dpmm run 1M, long-lived server", run, served))
+            rows.append(
+                _row("dpmm run 1M --threads, long-lived server", [*run, "--threads"], served)
+            )
         finally:
             server.send_signal(signal.SIGINT)
             server.wait(timeout=60)
@@ -79,17 +109,10 @@ def test_cold_and_warm_start() -> None:
             KMeans(n_clusters=K, n_init=1, random_state=0).fit(X)
             km.append(time.perf_counter() - t0)
         t_km = float(np.median(km))
-    rows.append({"what": "dpmm demo, warm, long-lived server", "seconds": t_demo_served})
-    rows.append({"what": "dpmm run 1M, fresh process, first (ingests)", "seconds": t_first})
-    rows.append({"what": "dpmm run 1M, fresh process", "seconds": t_run, "x KMeans": t_run / t_km})
-    rows.append(
-        {
-            "what": "dpmm run 1M, fresh process, long-lived server",
-            "seconds": t_run_served,
-            "x KMeans": t_run_served / t_km,
-        }
-    )
+    for r in rows:
+        if "1M" in r["what"]:
+            r["x KMeans"] = r["seconds"] / t_km
     rows.append({"what": "KMeans(n_init=1), 1M", "seconds": t_km, "x KMeans": 1.0})
     print()
-    print(table(rows))
+    print(table([{k: v for k, v in r.items() if k != "runs"} for r in rows]))
     save("coldstart", {"rows": rows})

@@ -115,6 +115,7 @@ def test_grid_fanout_efficiency(tmp_path: Path) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.timeout(7200)  # 100 fits of 800,000 records: about 17 min on 2 workers
 def test_cv_million(tmp_path: Path) -> None:
     """``dpmm cv`` end to end on 1,000,000 x 10 records: a 5 x 4 grid (alpha x prior scale,
     full covariance) with 5 folds = 100 fits and the refit; time and peak memory (this process

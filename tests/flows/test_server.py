@@ -83,28 +83,117 @@ def test_runs_against_a_long_lived_server(tmp_path: Path):
 
 
 def test_prestart_serves_the_flow(tmp_path: Path):
-    """``prestart`` boots the temporary server in the background; the flow then finds it
-    running and uses it: one server process for the command."""
+    """``prestart`` boots the temporary server from the standard library alone; ``flow_api``
+    waits for it and the flow runs against it: recorded there, completed, with no import of
+    Prefect's server in this process and no server of Prefect's own; ``stop`` ends it."""
     script = textwrap.dedent(
         """
-        from prefect import flow
-        from prefect.server.api.server import SubprocessASGIServer
-        from flows.cli.prefect_api import api_url, prestart, ready
+        import sys
 
-        assert api_url() is None
-        prestart()
-        ready()
-        server = SubprocessASGIServer()
-        assert server.running and server.server_process.poll() is None
-        pid = server.server_process.pid
+        import httpx
+        from flows.cli import prefect_api
+
+        prefect_api.prestart()
+        assert "prefect" not in sys.modules  # started before Prefect is imported
+        proc = prefect_api._proc
+        from prefect import flow
+
+        @flow(name="one")
+        def one() -> int:
+            return 1
+
+        with prefect_api.flow_api() as url:
+            assert url is not None and url.startswith("http://127.0.0.1:")
+            assert one() == 1
+        runs = httpx.post(f"{url}/flow_runs/filter", json={}, timeout=30).json()
+        assert [r["state_type"] for r in runs] == ["COMPLETED"], runs
+        assert "prefect.server.api.server" not in sys.modules
+        prefect_api.stop()
+        assert proc.poll() is not None
+        print("ok")
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=_env(tmp_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
+def test_the_program_runs_its_flow_on_the_server_it_started_first(tmp_path: Path):
+    """``dpmm run`` as a user runs it, without an API: the flow runs on the server the command
+    started before its imports (Prefect would log "Starting temporary server" had it started its
+    own), and no server process is left after the command."""
+    import time
+
+    import psutil
+
+    rng = np.random.default_rng(1)
+    X = np.vstack([rng.normal(-5, 1, (200, 2)), rng.normal(5, 1, (200, 2))])
+    pd.DataFrame(X, columns=["a", "b"]).to_csv(tmp_path / "in.csv", index=False)
+    argv = ["run", str(tmp_path / "in.csv"), "--out", str(tmp_path / "out"), "--workers", "1"]
+    log = tmp_path / "run.log"
+    with log.open("w") as fh:
+        proc = subprocess.Popen(
+            [*_dpmm(), *argv, "--no-report", "--verbose"],
+            env=_env(tmp_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600"),
+            stdout=subprocess.DEVNULL,
+            stderr=fh,
+        )
+    servers: set[int] = set()
+    root = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        try:
+            kids = root.children(recursive=True)
+            servers |= {p.pid for p in kids if "uvicorn" in " ".join(p.cmdline())}
+        except psutil.Error:
+            pass
+        time.sleep(0.05)
+    err = log.read_text()
+    assert proc.returncode == 0, err
+    assert "Flow run" in err and "Starting temporary server" not in err, err
+    assert len(servers) == 1, servers
+    assert not [pid for pid in servers if psutil.pid_exists(pid)]
+    assert (tmp_path / "out" / "run.json").exists()
+
+
+def test_wants_server():
+    from flows.cli.prefect_api import wants_server
+
+    assert wants_server(["run", "in.csv", "--out", "o"])
+    assert wants_server(["demo"])
+    assert not wants_server([])
+    assert not wants_server(["run", "--help"])
+    assert not wants_server(["demo", "--in-memory"])
+    assert not wants_server(["server"])
+    assert not wants_server(["serve", "in", "--models", "m"])
+
+
+def test_a_failed_start_falls_back_to_prefects_own_server(tmp_path: Path):
+    """A server of ours that exits at once (here: a uvicorn that cannot import its app) is
+    noticed and stopped; the flow then runs on Prefect's own temporary server."""
+    script = textwrap.dedent(
+        """
+        import sys
+
+        from flows.cli import prefect_api
+
+        prefect_api.server_argv = lambda port: [sys.executable, "-c", "raise SystemExit(1)"]
+        prefect_api.prestart()
+        from prefect import flow
 
         @flow
         def one() -> int:
             return 1
 
-        assert one() == 1
-        assert len(SubprocessASGIServer._instances) == 1
-        assert server.server_process.pid == pid
+        with prefect_api.flow_api() as url:
+            assert url is None
+            assert prefect_api._proc is None
+            assert one() == 1
         print("ok")
         """
     )

@@ -306,6 +306,8 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
     from pipeline import worker_setup
 
     monkeypatch.setenv(worker_setup.WARM_ENV, "mapdp, bhc, nosuch")
+    # the steps are not run: no marker of a complete warm-up in the real cache
+    monkeypatch.setattr(worker_setup, "_warm_marker", lambda names: tmp_path / "marker")
     assert worker_setup.warm_engines() == ["mapdp", "bhc"]
     ran: list[str] = []
     monkeypatch.setattr(worker_setup, "run_steps", lambda steps: ran.extend(k for k, _ in steps))
@@ -314,7 +316,32 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
     worker_setup.STAGE2_STEPS["bhc"]()
 
 
-def test_worker_warm_up_of_every_product_widens_the_toy_spec(monkeypatch):
+def test_a_complete_warm_up_leaves_its_marker(monkeypatch, tmp_path: Path):
+    """``kernels_cached``: true once a warm-up of the same engines completed with this numba
+    cache (and these kernel sources); another cache, other engines or a failed warm-up have
+    none (``dpmm demo`` then starts worker processes, which compile two at a time)."""
+    from pipeline import worker_setup
+
+    marker = worker_setup._warm_marker
+    assert marker(["bhc", "mapdp"]) == marker(["mapdp", "bhc"]) != marker(["mapdp"])
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    assert marker(["mapdp"]).parent == tmp_path
+    assert not worker_setup.kernels_cached(["mapdp"])
+    monkeypatch.setattr(worker_setup, "run_steps", lambda steps: None)
+    monkeypatch.setattr(worker_setup, "compile_once", lambda key, step: None)
+    worker_setup.warm_kernels(["mapdp"])
+    assert worker_setup.kernels_cached(["mapdp"])
+    assert not worker_setup.kernels_cached(["mapdp", "bhc"])
+
+    def fail(steps):
+        raise RuntimeError("compilation failed")
+
+    monkeypatch.setattr(worker_setup, "run_steps", fail)
+    worker_setup.warm_here(["mapdp", "bhc"])  # logged: it only costs the speed-up
+    assert not worker_setup.kernels_cached(["mapdp", "bhc"])
+
+
+def test_worker_warm_up_of_every_product_widens_the_toy_spec(monkeypatch, tmp_path: Path):
     """``warm_kernels(every_product=True)`` (the image's build): a second round of the same
     steps with the toy family's spec as int64, the type every non-Gaussian product has, so
     that their kernels are cached too; the toy is Normal-Wishart only again afterwards."""
@@ -327,6 +354,7 @@ def test_worker_warm_up_of_every_product_widens_the_toy_spec(monkeypatch):
 
     monkeypatch.setattr(worker_setup, "run_steps", record)
     monkeypatch.setattr(worker_setup, "compile_once", lambda key, step: None)
+    monkeypatch.setattr(worker_setup, "_warm_marker", lambda names: tmp_path / "marker")
     worker_setup.warm_kernels(["mapdp"], every_product=True)
     assert seen == [np.dtype(np.int32), np.dtype(np.int64)]
     assert worker_setup.toy_family()[1].spec.dtype == np.int32

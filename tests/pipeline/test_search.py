@@ -6,13 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from sklearn.base import clone
 from sklearn.metrics import normalized_mutual_info_score
 from sklearn.model_selection import GridSearchCV, KFold
 
 from pipeline.baselines import CollapsedGibbs
+from pipeline.bhc import BHC
 from pipeline.errors import InputError
 from pipeline.mapdp import MAPDP
 from pipeline.search import GridSearch, SearchError, select_index
+from pipeline.tgmcmc import TreeGuidedMCMC
 from pipeline.tuning import family_variants
 
 
@@ -167,3 +170,32 @@ def test_tune_cv(client) -> None:
     assert m.score(X) == pytest.approx(ref.score(X))
     with pytest.raises(ValueError, match="tune must be None or 'cv'"):
         MAPDP(tune="labels").fit(X)
+
+
+@pytest.mark.parametrize(
+    "est",
+    [
+        BHC(tune="cv"),
+        CollapsedGibbs(tune="cv", n_iter=15, burn_in=5, random_state=0),
+        TreeGuidedMCMC(tune="cv", n_iter=10, burn_in=2, random_state=0),
+    ],
+    ids=["bhc", "collapsed-gibbs", "tgmcmc"],
+)
+def test_tune_cv_on_the_other_clustering_estimators(client, est) -> None:
+    """``tune="cv"`` is the same procedure on every estimator with clusters and a density: the
+    cell with the largest mean held-out density is chosen, and the model is the plain fit of
+    that cell on all the records."""
+    X, y = blobs(60, seed=6)
+    m = clone(est).fit(X)
+    assert set(m.best_params_) == {"alpha", "prior_scale", "family"}
+    res = m.cv_results_
+    assert len(res["params"]) == 24  # 3 alphas x 4 scales x 2 covariances
+    assert res["params"][int(np.nanargmax(res["mean_test_score"]))] == m.best_params_
+    ref = clone(est).set_params(tune=None, **m.best_params_).fit(X)
+    np.testing.assert_array_equal(m.labels_, ref.labels_)
+    assert m.score(X) == pytest.approx(ref.score(X))
+    assert normalized_mutual_info_score(y, m.labels_) > 0.9
+    with pytest.raises(ValueError, match="tune must be None or 'cv'"):
+        clone(est).set_params(tune="labels").fit(X)
+    with pytest.raises(ValueError, match="prior_scale"):
+        clone(est).set_params(tune=None, prior_scale=1.5).fit(X)
