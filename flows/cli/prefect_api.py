@@ -121,9 +121,21 @@ def prestart() -> None:
         # the flow falls back to Prefect's own start, which reports, if this one fails
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=_die_with_parent,
     )
     _url = f"http://127.0.0.1:{port}/api"
     atexit.register(stop)
+
+
+def _die_with_parent() -> None:
+    """In the server's process before it starts (Linux): SIGTERM when the command's process
+    dies, so that a command killed outright (SIGKILL, a SIGTERM with no handler, which skips
+    ``atexit``) leaves no server behind."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
 
 
 def stop() -> None:

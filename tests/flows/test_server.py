@@ -4,6 +4,7 @@ Both run real Prefect servers in subprocesses, each with its own ``PREFECT_HOME`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -159,6 +160,36 @@ def test_the_program_runs_its_flow_on_the_server_it_started_first(tmp_path: Path
     assert len(servers) == 1, servers
     assert not [pid for pid in servers if psutil.pid_exists(pid)]
     assert (tmp_path / "out" / "run.json").exists()
+
+
+def test_a_killed_command_leaves_no_server(tmp_path: Path):
+    """SIGKILL skips every exit handler: the server the command started still stops, since it
+    is told to when its parent dies (Linux)."""
+    import time
+
+    import psutil
+
+    pd.DataFrame({"a": np.arange(50.0), "b": np.arange(50.0) % 7}).to_csv(tmp_path / "in.csv")
+    argv = ["run", str(tmp_path / "in.csv"), "--out", str(tmp_path / "out"), "--workers", "1"]
+    proc = subprocess.Popen(
+        [*_dpmm(), *argv, "--quiet"],
+        env=_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    root = psutil.Process(proc.pid)
+    server = None
+    deadline = time.monotonic() + 300
+    while server is None and time.monotonic() < deadline and proc.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            found = [p for p in root.children() if "uvicorn" in " ".join(p.cmdline())]
+            server = found[0] if found else None
+        time.sleep(0.02)
+    assert server is not None, "no server seen"
+    proc.kill()
+    proc.wait()
+    server.wait(timeout=60)  # psutil.TimeoutExpired if it outlives the command
+    assert not server.is_running()
 
 
 def test_wants_server():
