@@ -77,14 +77,9 @@ class BHC(MixtureEstimator):
         thread-parallel pass per merge was slower (wall and CPU) than one thread on a shared
         2-core machine. Same result either way.
     prior_scale : float in (0, 1) or None, default=None
-        As ``MAPDP``: the share of the data's (co)variance one cluster is expected to carry
-        under the empirical-Bayes prior of the Gaussian columns; None keeps the family's
-        default. Ignored when ``family`` is a ``Family`` / ``ProductFamily`` instance.
     tune : {None, "cv"}, default=None
-        As ``MAPDP``: "cv" first chooses ``alpha``, ``prior_scale`` and the covariance of the
-        Gaussian columns (full or diagonal) by 5-fold held-out log predictive density over
-        ``pipeline.config.TUNE_GRID`` (``pipeline.tuning``; no label is used), then fits all
-        of X with the choice (``best_params_``, ``cv_results_``).
+        As ``MAPDP``: the empirical-Bayes prior's scale; "cv" chooses ``alpha``, ``prior_scale``
+        and the covariance by 5-fold held-out density before the fit (``pipeline.tuning``).
 
     Attributes
     ----------

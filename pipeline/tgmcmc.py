@@ -280,14 +280,9 @@ class TreeGuidedMCMC(MixtureEstimator):
         Slice-sampling updates of u per iteration (NGGP).
     random_state : None, int or numpy.random.SeedSequence
     prior_scale : float in (0, 1) or None, default=None
-        As ``MAPDP``: the share of the data's (co)variance one cluster is expected to carry
-        under the empirical-Bayes prior of the Gaussian columns; None keeps the family's
-        default. Ignored when ``family`` is a ``Family`` / ``ProductFamily`` instance.
     tune : {None, "cv"}, default=None
-        As ``MAPDP``: "cv" first chooses ``alpha``, ``prior_scale`` and the covariance of the
-        Gaussian columns (full or diagonal) by 5-fold held-out log predictive density over
-        ``pipeline.config.TUNE_GRID`` (``pipeline.tuning``; no label is used), then fits all
-        of X with the choice (``best_params_``, ``cv_results_``).
+        As ``MAPDP``: the empirical-Bayes prior's scale; "cv" chooses ``alpha``, ``prior_scale``
+        and the covariance by 5-fold held-out density before the fit (``pipeline.tuning``).
 
     Attributes
     ----------

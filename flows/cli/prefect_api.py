@@ -36,6 +36,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 # the environment Prefect gives its temporary server (``SubprocessASGIServer``): ephemeral mode
 # (no background services), no UI
@@ -142,11 +143,17 @@ def stop() -> None:
     """Stop the server ``prestart`` started (at the latest when the command exits)."""
     global _proc, _url
     proc, _proc, _url = _proc, None, None
-    if proc is None or proc.poll() is not None:
+    if proc is not None:
+        terminate(proc, 15)
+
+
+def terminate(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """SIGTERM a server's process and wait for it; SIGKILL after ``timeout`` seconds."""
+    if proc.poll() is not None:
         return
     proc.terminate()
     try:
-        proc.wait(timeout=15)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()

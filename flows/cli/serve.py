@@ -141,7 +141,7 @@ def schedule_api(quiet: bool = False, timeout: float = 300.0) -> Iterator[str]:
     server never outlives the command."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.cli.prefect_api import api_url
+    from flows.cli.prefect_api import api_url, terminate
     from flows.cli.server import free_port, server_command, wait_healthy
 
     given = api_url()
@@ -177,9 +177,4 @@ def schedule_api(quiet: bool = False, timeout: float = 300.0) -> Iterator[str]:
             pass
         finally:
             signal.signal(signal.SIGTERM, previous)
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            terminate(proc, 30)

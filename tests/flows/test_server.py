@@ -43,6 +43,19 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def _run_script(script: str, tmp_path: Path) -> None:
+    """Run ``script`` in a new Python process (its own ``PREFECT_HOME``); it prints "ok"."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=_env(tmp_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
 def test_server_command_binds_localhost():
     cmd = server_command(4321)
     assert cmd[-5:] == ["start", "--host", "127.0.0.1", "--port", "4321"]
@@ -114,15 +127,7 @@ def test_prestart_serves_the_flow(tmp_path: Path):
         print("ok")
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        env=_env(tmp_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600"),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "ok"
+    _run_script(script, tmp_path)
 
 
 def test_the_program_runs_its_flow_on_the_server_it_started_first(tmp_path: Path):
@@ -228,15 +233,7 @@ def test_a_failed_start_falls_back_to_prefects_own_server(tmp_path: Path):
         print("ok")
         """
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        env=_env(tmp_path, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="600"),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "ok"
+    _run_script(script, tmp_path)
 
 
 def test_serve_without_an_api_starts_its_own_server_and_the_cron_fires(tmp_path: Path):
