@@ -114,7 +114,8 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         return None
 
     def _check_tuning(self) -> None:
-        """``prior_scale`` and ``tune`` (``TUNING_DOC``), for the estimators that take them."""
+        """``prior_scale`` and ``tune`` (``pipeline.tuning``), for the estimators that take
+        them."""
         from pipeline.families.gaussian import check_scale
         from pipeline.tuning import check_tune
 

@@ -131,7 +131,7 @@ def _warm_marker(names: list[str]) -> Path:
 def kernels_cached(names: list[str]) -> bool:
     """Whether a warm-up of the engines (and stage 2) ``names`` completed with this numba cache
     and these kernel sources: loading them then takes a second or two, compiling them a minute.
-    (A cache emptied by hand behind a marker only costs the choice that relies on it speed.)"""
+    A wrong answer (a cache emptied by hand but for the marker) costs speed, nothing else."""
     return _warm_marker(names).exists()
 
 
@@ -224,8 +224,10 @@ def _warm_kernels(names: list[str] | None) -> None:
         run_steps([obs, *stage2, *steps])
     if _toy_spec_dtype is None:  # the kernels of the runs' Gaussian records are in the cache
         marker = _warm_marker(names)
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
+        # a cache that cannot be written (an image's, read-only) has its kernels, not a marker
+        with contextlib.suppress(OSError):
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
 
 
 def warm_here(names: list[str] | None = None) -> None:

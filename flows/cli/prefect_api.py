@@ -48,8 +48,6 @@ SERVER_ENV = {
 # the commands whose work is a Prefect flow on the temporary server (``dpmm serve`` starts a
 # long-lived one with a scheduler instead)
 FLOW_COMMANDS = ("run", "demo", "score", "cv", "longitudinal", "hmm")
-# exit status of uvicorn when its port was taken meanwhile
-_PORT_TAKEN = 3
 
 _proc: subprocess.Popen[bytes] | None = None
 _url: str | None = None
