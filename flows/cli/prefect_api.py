@@ -49,6 +49,19 @@ SERVER_ENV = {
 # long-lived one with a scheduler instead)
 FLOW_COMMANDS = ("run", "demo", "score", "cv", "longitudinal", "hmm")
 
+# run before the server's command line, which it then becomes (exec): on Linux the server gets
+# SIGTERM when the command's process dies, so that a command killed outright (SIGKILL, or a
+# SIGTERM with no handler: both skip ``atexit``) leaves no server behind. (Not a ``preexec_fn``,
+# which is unsafe in a process with threads.)
+_DIE_WITH_PARENT = """
+import ctypes, os, signal, sys
+if sys.platform.startswith("linux"):
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the command died before this line
+        sys.exit(0)
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
 _proc: subprocess.Popen[bytes] | None = None
 _url: str | None = None
 
@@ -114,27 +127,15 @@ def prestart() -> None:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     _proc = subprocess.Popen(
-        server_argv(port),
+        [sys.executable, "-c", _DIE_WITH_PARENT, *server_argv(port)],
         env={**os.environ, **SERVER_ENV},
         stdin=subprocess.DEVNULL,
         # the flow falls back to Prefect's own start, which reports, if this one fails
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        preexec_fn=_die_with_parent,
     )
     _url = f"http://127.0.0.1:{port}/api"
     atexit.register(stop)
-
-
-def _die_with_parent() -> None:
-    """In the server's process before it starts (Linux): SIGTERM when the command's process
-    dies, so that a command killed outright (SIGKILL, a SIGTERM with no handler, which skips
-    ``atexit``) leaves no server behind."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
 
 
 def stop() -> None:
