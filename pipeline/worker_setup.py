@@ -104,23 +104,24 @@ def warm_stage2_bhc() -> None:
 STAGE2_STEPS: dict[str, Callable[[], None]] = {"bhc": warm_stage2_bhc}
 
 
+def _kernels_dir() -> Path:
+    """The kernels' sources (found without importing them)."""
+    spec = importlib.util.find_spec("kernels")
+    assert spec is not None and spec.submodule_search_locations is not None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def _cache_dir() -> Path:
     """Where numba keeps the kernels' cache: ``NUMBA_CACHE_DIR``, else next to their sources."""
     given = os.environ.get("NUMBA_CACHE_DIR")
-    if given:
-        return Path(given)
-    spec = importlib.util.find_spec("kernels")
-    assert spec is not None and spec.submodule_search_locations is not None
-    return Path(next(iter(spec.submodule_search_locations))) / "__pycache__"
+    return Path(given) if given else _kernels_dir() / "__pycache__"
 
 
 def _warm_marker(names: list[str]) -> Path:
     """The file a complete warm-up of ``names`` leaves in the numba cache: named after the
     engines and the kernels' sources (their paths, sizes and modification times, which numba's
     own index checks too), so that changed kernels or another cache have none."""
-    spec = importlib.util.find_spec("kernels")
-    assert spec is not None and spec.submodule_search_locations is not None
-    root = Path(next(iter(spec.submodule_search_locations)))
+    root = _kernels_dir()
     h = hashlib.sha256(",".join(sorted(set(names))).encode())
     for path in sorted(root.rglob("*.py")):
         st = path.stat()

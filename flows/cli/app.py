@@ -585,7 +585,7 @@ def _demo_threads(args: argparse.Namespace, kwargs: dict[str, Any]) -> bool:
     """The demo's workers as threads of this process, unless ``--threads`` says otherwise: one
     process loads the libraries and kernels once, while Prefect's server boots (warm, about 10 s
     against 14 s with worker processes on 2 cores, ``bench_coldstart``), once the kernels are in
-    the numba cache; before, worker processes compile them two at a time (about 40 s against
+    the numba cache; before, worker processes compile them two at a time (about 45 s against
     55 s in one process)."""
     if args.threads is not None:
         return bool(args.threads)

@@ -32,8 +32,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -123,9 +121,7 @@ def prestart() -> None:
     global _proc, _url
     if _proc is not None or _configured():
         return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     _proc = subprocess.Popen(
         [sys.executable, "-c", _DIE_WITH_PARENT, *server_argv(port)],
         env={**os.environ, **SERVER_ENV},
@@ -158,20 +154,37 @@ def terminate(proc: subprocess.Popen[Any], timeout: float) -> None:
         proc.wait()
 
 
-def _healthy(url: str, timeout: float) -> bool:
-    """Wait until ``url``'s ``/health`` answers 200, the server exits or ``timeout`` passes."""
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(
+    api: str, timeout: float, proc: subprocess.Popen[Any] | None = None, poll: float = 0.25
+) -> None:
+    """Wait until the Prefect API at ``api`` answers its health check (every ``poll`` s).
+
+    Raises
+    ------
+    RuntimeError
+        ``proc`` (the server's process) exited, or ``timeout`` seconds passed.
+    """
+    import httpx
+
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if _proc is None or _proc.poll() is not None:
-            return False
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the Prefect server exited with status {proc.returncode}")
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
-                    return True
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
             pass
-        time.sleep(0.05)
-    return False
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the Prefect server at {api} did not answer in {timeout:g} s")
+        time.sleep(poll)
 
 
 def ready() -> str | None:
@@ -185,7 +198,10 @@ def ready() -> str | None:
     if api_url() is not None:  # configured where only Prefect looks (a profile)
         stop()
         return None
-    if not _healthy(url, float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())):
+    try:
+        timeout = float(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+        wait_healthy(url, timeout, _proc, poll=0.05)
+    except RuntimeError:
         stop()
         return None
     return url

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
-import time
 from typing import Any
 
+from flows.cli.prefect_api import free_port, wait_healthy
 from flows.cli.types import positive_int
+
+__all__ = ["free_port", "server_command", "wait_healthy"]
 
 PROG = "dpmm"
 DEFAULT_PORT = 4200
@@ -49,42 +50,11 @@ def add_server_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def server_command(port: int) -> list[str]:
     """The ``prefect server start`` command line of ``dpmm server --port port``."""
     prefect = os.path.join(os.path.dirname(sys.executable), "prefect")
     exe = [prefect] if os.path.exists(prefect) else [sys.executable, "-m", "prefect"]
     return [*exe, "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-
-
-def wait_healthy(api: str, timeout: float, proc: subprocess.Popen[Any] | None = None) -> None:
-    """Wait until the Prefect API at ``api`` answers its health check.
-
-    Raises
-    ------
-    RuntimeError
-        ``proc`` (the server's process) exited, or ``timeout`` seconds passed.
-    """
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"the Prefect server exited with status {proc.returncode}")
-        try:
-            if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the Prefect server at {api} did not answer in {timeout:g} s")
-        time.sleep(0.25)
 
 
 def cmd_server(args: argparse.Namespace) -> int:
