@@ -39,8 +39,8 @@ merged away is dropped lazily. When a merge creates node k, k is scored against 
 rebuilt by one O(M) scan. The first lists come from the upper triangle of scores, computed one
 block of rows at a time (at most ``_ROW_BUFFER`` floats). Total: about M^2 log marginals (M^2 / 2
 for the first lists, M^2 / 2 over the merges, plus the rebuilds), O(M n_top) memory. Passes over
-at least ``min_parallel`` pairs run on numba's threads (``parallel=True`` functions); the result
-does not depend on it.
+at least ``min_parallel`` pairs run on numba's threads (``parallel=True`` functions; None: never,
+and they are then not compiled); the result does not depend on it.
 
 The functions here are ``@njit(cache=True, nogil=True)`` like the rest of ``kernels``; the ones
 named ``*_parallel`` and the two predictive kernels add ``parallel=True``.
@@ -103,9 +103,11 @@ def _scores_vs(c, act, n_act, node_stats, n, u, spec, prior, log_alpha, out, min
 
     In parallel when there are at least ``min_parallel`` pairs, else in the calling thread.
     """
-    if n_act >= min_parallel:
-        _scores_vs_parallel(c, act, n_act, node_stats, n, u, spec, prior, log_alpha, out)
-        return
+    # None (a type numba prunes on) never compiles the threaded variant
+    if min_parallel is not None:
+        if n_act >= min_parallel:
+            _scores_vs_parallel(c, act, n_act, node_stats, n, u, spec, prior, log_alpha, out)
+            return
     scratch = np.empty(node_stats.shape[1])
     for t in range(n_act):
         j = act[t]
@@ -131,12 +133,13 @@ def _row_block_scores(i0, i1, M, node_stats, n, u, spec, prior, log_alpha, buf, 
 
     In parallel over rows when the block holds at least ``min_parallel`` pairs.
     """
-    n_pairs = 0
-    for i in range(i0, i1):
-        n_pairs += M - 1 - i
-    if n_pairs >= min_parallel:
-        _row_block_scores_parallel(i0, i1, M, node_stats, n, u, spec, prior, log_alpha, buf)
-        return
+    if min_parallel is not None:
+        n_pairs = 0
+        for i in range(i0, i1):
+            n_pairs += M - 1 - i
+        if n_pairs >= min_parallel:
+            _row_block_scores_parallel(i0, i1, M, node_stats, n, u, spec, prior, log_alpha, buf)
+            return
     scratch = np.empty(node_stats.shape[1])
     for i in range(i0, i1):
         for j in range(i + 1, M):
@@ -334,8 +337,9 @@ def bhc(stats, spec, prior, log_alpha, n_top=16, min_parallel=MIN_PARALLEL):
         log of the DP concentration alpha.
     n_top : int
         Candidate-list length per node (memory O(M n_top)); the tree does not depend on it.
-    min_parallel : int
-        Passes over at least this many pairs use numba's threads (a huge value: never).
+    min_parallel : int or None
+        Passes over at least this many pairs use numba's threads; None: never, and the threaded
+        variants are not even compiled (numba prunes the branch on the argument's type).
 
     Returns
     -------

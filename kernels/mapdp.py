@@ -170,7 +170,7 @@ def _scan(
     logdens,
     log_norm,
 ):
-    """The loop shared by ``sweep`` (argmin), ``sweep_scored`` and ``gibbs_sweep`` (a draw).
+    """The loop shared by ``sweep`` (argmin) and ``gibbs_sweep`` (a draw).
 
     With logdens of shape (N,), each record visited before the first move also gets its log
     mixture density (eq. 3.4) under the statistics of that moment, which until then are the
@@ -235,7 +235,7 @@ def _scan(
 
 
 @njit(cache=True, nogil=True)
-def sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha):
+def sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, alpha, logdens):
     """One MAP-DP iteration over the records in ``order`` (seed 000, Algorithm 1, inner loop).
 
     Each record is taken out of its cluster and assigned to
@@ -243,6 +243,14 @@ def sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alph
     statistics and caches are updated incrementally, so a sweep costs O(N K d^2) for the
     Normal-Wishart family. Ties keep the lowest slot; a record alone in its cluster that would
     open a new one stays where it is.
+
+    It also scores the records it leaves in place: while no record has moved, each visited
+    record i gets logdens[i] = log of its mixture predictive density, eq. 3.4, under the
+    statistics the sweep started from, computed exactly as ``predict`` computes it for those
+    statistics (same terms, same order). If the sweep returns n_changed == 0, logdens holds the
+    eq. 3.4 density of every visited record under statistics the sweep left unchanged, so a
+    confirming pass doubles as the write-out. One kernel for both uses: numba compiles each
+    entry point with its whole call tree, so a second entry would compile ``_scan`` again.
 
     Parameters
     ----------
@@ -260,8 +268,11 @@ def sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alph
     spec, prior : product family description (``kernels.obs.product``).
     empty_c : ndarray of shape (C,)
         Cache of the empty statistics (the prior predictive).
-    log_alpha : float
-        log N0, the DP concentration.
+    alpha : float
+        N0, the DP concentration; 0 never opens a new cluster (log N0 = -inf).
+    logdens : ndarray of shape (N,) or (0,), float64
+        Filled in place for the records visited before the first move; others untouched.
+        Shape (0,): no scores.
 
     Returns
     -------
@@ -272,48 +283,7 @@ def sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alph
         Number of records whose cluster changed.
     """
     state = np.zeros(1, dtype=np.uint64)
-    no_scores = np.empty(0)
-    return _scan(
-        X,
-        order,
-        z,
-        stats,
-        cache,
-        nk,
-        n_slots,
-        spec,
-        prior,
-        empty_c,
-        log_alpha,
-        False,
-        state,
-        no_scores,
-        0.0,
-    )
-
-
-@njit(cache=True, nogil=True)
-def sweep_scored(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, alpha, logdens):
-    """``sweep`` (with log_alpha = log(alpha)) that also scores the records it leaves in place.
-
-    While no record has moved, each visited record i gets logdens[i] = log of its mixture
-    predictive density, eq. 3.4, under the statistics the sweep started from, computed exactly
-    as ``predict`` computes it for those statistics (same terms, same order). If the sweep
-    returns n_changed == 0, logdens holds the eq. 3.4 density of every visited record under
-    statistics the sweep left unchanged, so a confirming pass doubles as the write-out.
-
-    Parameters
-    ----------
-    alpha : float
-        N0 (``sweep`` takes its log).
-    logdens : ndarray of shape (N,), float64
-        Filled in place for the records visited before the first move; others untouched.
-
-    Returns
-    -------
-    As ``sweep``.
-    """
-    state = np.zeros(1, dtype=np.uint64)
+    log_norm = log_norm_of(nk[:n_slots], alpha) if logdens.shape[0] > 0 else 0.0
     return _scan(
         X,
         order,
@@ -329,7 +299,7 @@ def sweep_scored(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, a
         False,
         state,
         logdens,
-        log_norm_of(nk[:n_slots], alpha),
+        log_norm,
     )
 
 
@@ -337,8 +307,9 @@ def sweep_scored(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, a
 def gibbs_sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, state):
     """One collapsed Gibbs scan (seed 000 eq. 2.7; Neal's Algorithm 3; seed 003 Algorithm 3):
     z_i is drawn with p(z_i = k | x_i, z_-i) proportional to N_{k,-i} p(x_i | X_{k,-i}), or
-    N0 p(x_i) for a new cluster. Same arguments and returns as ``sweep``, plus ``state``
-    (uint64 array of shape (1,), the RNG state, advanced in place).
+    N0 p(x_i) for a new cluster. Same arguments and returns as ``sweep``, with ``log_alpha``
+    (log N0) for alpha and ``state`` (uint64 array of shape (1,), the RNG state, advanced in
+    place) for logdens.
     """
     no_scores = np.empty(0)
     return _scan(

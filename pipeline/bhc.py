@@ -189,8 +189,9 @@ class BHC(MixtureEstimator):
         self._fit_stats(st, fam, alpha)
         return self
 
-    def _min_parallel(self) -> int:
-        return int(kbhc.MIN_PARALLEL) if self.parallel else 2**62
+    def _min_parallel(self) -> int | None:
+        # None, not a huge int: the serial kernels are then compiled without the threaded ones
+        return int(kbhc.MIN_PARALLEL) if self.parallel else None
 
     def _fit_stats(self, stats: FloatArray, fam: ProductFamily, alpha: float) -> None:
         self.alpha_ = float(alpha)
@@ -331,7 +332,7 @@ class BHC(MixtureEstimator):
 
 
 def _build_tree(
-    leaves: FloatArray, fam: ProductFamily, log_alpha: float, n_top: int, min_parallel: int
+    leaves: FloatArray, fam: ProductFamily, log_alpha: float, n_top: int, min_parallel: int | None
 ) -> Tree:
     left, right, n, log_r, log_d, log_pi, log_p, log_ph1, node_stats = kbhc.bhc(
         leaves, fam.spec, fam.prior, log_alpha, n_top, min_parallel

@@ -23,6 +23,8 @@ from pipeline.concentration import log_gamma_prior, map_concentration
 from pipeline.families import FloatArray, ProductFamily
 
 IntArray = NDArray[np.int64]
+# the logdens of a sweep that scores nothing
+_NO_SCORES = np.empty(0)
 
 
 def seed_state(seq: np.random.SeedSequence) -> NDArray[np.uint64]:
@@ -96,7 +98,7 @@ def try_split(
     order = np.arange(n, dtype=np.int64)
     n_slots = 2
     for _ in range(max_sweeps):
-        # log N0 = -inf: a new cluster is never an option inside the restricted sweep
+        # N0 = 0 (log N0 = -inf): a new cluster is never an option inside the restricted sweep
         stats2, cache2, nk2, n_slots, changed = kmapdp.sweep(
             Xs,
             order,
@@ -108,7 +110,8 @@ def try_split(
             family.spec,
             family.prior,
             empty_c,
-            -math.inf,
+            0.0,
+            _NO_SCORES,
         )
         if changed == 0:
             break
@@ -206,7 +209,7 @@ def run_mapdp(
     it = 0
     for it in range(1, max_iter + 1):
         stats, cache, nk, n_slots, n_changed = kmapdp.sweep(
-            Xa, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, math.log(alpha)
+            Xa, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, alpha, _NO_SCORES
         )
         stats, cache, nk = kmapdp.compact(z, stats, cache, nk, n_slots)
         n_slots = stats.shape[0]

@@ -60,19 +60,26 @@ def toy_family() -> tuple[FloatArray, ProductFamily]:
     return X, family
 
 
-def warm_observation_models() -> None:
-    """Load the observation models' kernels every sweep, start and reduce calls
-    (``kernels.obs.product`` over rows of 2-D arrays, as its callers pass them). Compiled first
-    and once, they are loaded from the cache, not compiled again, by the larger kernels that
-    call them, which can then compile in several processes at once without doing the same work
-    twice."""
+def _toy_rows() -> tuple[ProductFamily, FloatArray, FloatArray, FloatArray]:
+    """The toy family, two clusters' statistics rows and their caches."""
     from kernels.obs import product
 
     X, family = toy_family()
-    spec, prior = family.spec, family.prior
     z = np.zeros(X.shape[0], dtype=np.int64)
-    stats = product.build_stats(X, z, 2, spec, family.n_stats)
-    cache = family.cache_of(stats)
+    stats = product.build_stats(X, z, 2, family.spec, family.n_stats)
+    return family, X, stats, family.cache_of(stats)
+
+
+def warm_observation_models() -> None:
+    """Load the observation models' kernels a sweep calls (``kernels.obs.product`` over rows of
+    2-D arrays, as its callers pass them): the predictive densities and the statistics'
+    updates. Compiled first and once, they are loaded from the cache, not compiled again, by
+    the larger kernels that call them, which can then compile in several processes at once
+    without doing the same work twice."""
+    from kernels.obs import product
+
+    family, X, stats, cache = _toy_rows()
+    spec, prior = family.spec, family.prior
     scratch_s, scratch_c = np.empty_like(stats[0]), np.empty_like(cache[0])
     x, s, c = X[0], stats[0], cache[0]
     product.refresh(stats[1], cache[1], spec, prior)
@@ -80,6 +87,17 @@ def warm_observation_models() -> None:
     product.add_stats(x, stats[1], spec, 1.0)
     product.log_predictive(x, s, c, spec, prior)
     product.log_predictive_loo(x, s, c, spec, prior, scratch_s, scratch_c)
+
+
+def warm_observation_marginals() -> None:
+    """Load the observation models' marginal likelihoods (the merge tests, the objective, BHC),
+    which no sweep calls: a second process compiles them while the first compiles the sweep's
+    (``warm_observation_models``)."""
+    from kernels.obs import product
+
+    family, _, stats, _ = _toy_rows()
+    spec, prior = family.spec, family.prior
+    s, scratch_s = stats[0], np.empty_like(stats[0])
     product.log_marginal(s, spec, prior)
     product.log_marginals(stats, spec, prior)
     product.log_marginal_gap(s, stats[1], 0.0, 0.0, scratch_s, spec, prior)
@@ -159,7 +177,7 @@ def _step_lock(key: str, blocking: bool) -> Iterator[bool]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def compile_once(key: str, step: Callable[[], None]) -> None:
+def compile_once(key: str, step: Callable[[], object]) -> None:
     """Run warm-up ``step`` under its lock: a process that finds another one at it waits and
     then loads the kernels that process put in the numba cache instead of compiling them too."""
     with _step_lock(key, blocking=True):
@@ -214,15 +232,17 @@ def _warm_kernels(names: list[str] | None) -> None:
     steps = [s for n in names if n not in STAGE2_STEPS for s in get_engine(n).warm_steps()]
     stage2 = [(f"stage2-{n}", STAGE2_STEPS[n]) for n in names if n in STAGE2_STEPS]
     obs = ("observation-models", warm_observation_models)
+    marginals = ("observation-marginals", warm_observation_marginals)
     if not stage2:
-        # every engine calls the observation models: loaded first, they are compiled once
+        # every engine's sweep calls the observation models: loaded first, they are compiled
+        # once; the process that finds them taken waits, then compiles the marginals or a step
         compile_once(*obs)
-        run_steps(steps)
+        run_steps([marginals, *steps])
     else:
-        # a stage 2 (BHC over summaries) calls few of them: the process that finds the
-        # observation models taken compiles stage 2 meanwhile, then each goes on to the
-        # engine's steps
-        run_steps([obs, *stage2, *steps])
+        # a stage 2 (BHC over summaries) calls the marginals, not the sweep's kernels: the
+        # process that finds the observation models taken compiles the marginals and stage 2
+        # meanwhile, then each goes on to the engine's steps
+        run_steps([obs, marginals, *stage2, *steps])
     if _toy_spec_dtype is None:  # the kernels of the runs' Gaussian records are in the cache
         marker = _warm_marker(names)
         # a cache that cannot be written (an image's, read-only) has its kernels, not a marker

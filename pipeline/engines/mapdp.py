@@ -1,4 +1,4 @@
-"""The MAP-DP engine: seed 000 Algorithm 1 swept chunk by chunk (``kernels.mapdp.sweep_scored``).
+"""The MAP-DP engine: seed 000 Algorithm 1 swept chunk by chunk (``kernels.mapdp.sweep``).
 
 A chunk task that moves no record has scored every training record against the statistics it
 was given while sweeping (eq. 3.4, the same terms the argmin used); it scores its held-out rows
@@ -37,7 +37,7 @@ class MapdpEngine(MixtureEngine):
         nk = np.zeros(cap)
         nk[:K] = msg.stats[:, 0]
         logdens = np.full(X.shape[0], np.nan) if msg.scores_into else np.empty(0)
-        stats, cache, nk, n_slots, n_changed = kmapdp.sweep_scored(
+        stats, cache, nk, n_slots, n_changed = kmapdp.sweep(
             X, order, z, stats, cache, nk, K, spec, prior, empty_c, msg.alpha, logdens
         )
         written = None

@@ -370,14 +370,10 @@ class MixtureEngine(Engine):
         return None
 
     def warm_steps(self) -> list[tuple[str, Callable[[], None]]]:
-        """Three groups of kernels, on toy records (the kernels compile per argument type, not
+        """Two groups of kernels, on toy records (the kernels compile per argument type, not
         per family): the engine's sweep with its label deltas; the sample start's in-memory
-        MAP-DP with the write-out's eq. 3.4; the driver's reduce (shared by the engines)."""
-        return [
-            (f"{self.name}-sweep", self._warm_sweep),
-            ("mixture-start", _warm_start),
-            ("mixture-reduce", warm_reduce),
-        ]
+        MAP-DP with the write-out's eq. 3.4 and the driver's reduce (shared by the engines)."""
+        return [(f"{self.name}-sweep", self._warm_sweep), ("mixture-start", _warm_start)]
 
     def warm_up(self) -> None:
         for _, step in self.warm_steps():
@@ -399,13 +395,26 @@ class MixtureEngine(Engine):
         kbk.label_deltas(X, order, z, swept.z, 1, swept.n_new, family.spec, family.n_stats)
 
 
+# the MAP-DP engine's sweep step (``f"{name}-sweep"``): the sample start's in-memory MAP-DP
+# calls the same kernel (``kernels.mapdp.sweep``), so it runs under that step's lock
+MAPDP_SWEEP_STEP = "mapdp-sweep"
+
+
 def _warm_start() -> None:
-    from pipeline.worker_setup import toy_family
+    from pipeline.worker_setup import compile_once, toy_family
 
     X, family = toy_family()
     order = np.arange(X.shape[0], dtype=np.int64)
     predict(X, family.stats_of(X, np.zeros(X.shape[0], dtype=np.int64), 1), 1.0, family)
-    run_mapdp(X, family, order, 1.0, True, (2.0, 1.0), 5, 1e-6, "sequential")
+    # the reduce's merge test and objective, which the in-memory MAP-DP calls too: compiled
+    # here, before waiting for the sweep, not by a second process at the same time
+    warm_reduce()
+    # a process compiling the MAP-DP sweep step is waited for, not joined: numba compiles
+    # ``sweep`` with its whole call tree, the largest single compile of the warm-up
+    compile_once(
+        MAPDP_SWEEP_STEP,
+        lambda: run_mapdp(X, family, order, 1.0, True, (2.0, 1.0), 5, 1e-6, "sequential"),
+    )
 
 
 def predict(

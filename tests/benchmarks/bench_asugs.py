@@ -281,7 +281,8 @@ def test_throughput_1m(data_dir: Path, prefect_server: float) -> None:  # noqa: 
         fam.spec,
         fam.prior,
         fam.empty_cache(),
-        math.log(est.alpha_),
+        est.alpha_,
+        np.empty(0),
     )
     t_sweep, c_sweep = time.perf_counter() - t0, time.thread_time() - c0
     rows.append(

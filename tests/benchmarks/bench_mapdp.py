@@ -115,10 +115,11 @@ def test_one_sweep_1m() -> None:
         fam.spec,
         fam.prior,
         empty_c,
-        0.0,
+        1.0,
+        np.empty(0),
     )
     t0, c0 = time.perf_counter(), time.process_time()
-    kmapdp.sweep(Xa, order, z, stats, cache, nk, 20, fam.spec, fam.prior, empty_c, 0.0)
+    kmapdp.sweep(Xa, order, z, stats, cache, nk, 20, fam.spec, fam.prior, empty_c, 1.0, np.empty(0))
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     print(f"\none sweep, 1,000,000 x 10, K = 20: {wall:.2f} s wall, {cpu:.2f} s CPU (target < 3 s)")
     save("mapdp_sweep_1m", {"wall": wall, "cpu": cpu})

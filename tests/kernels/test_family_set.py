@@ -83,7 +83,7 @@ def test_normal_wishart_only_kernels_are_bit_identical_to_the_dispatch_over_all(
         z = z0.copy()
         z[::7] = -1  # records not yet in a cluster open new ones or join
         logdens = np.full(n, np.nan)
-        st, ca, nk, n_slots, changed = kmapdp.sweep_scored(
+        st, ca, nk, n_slots, changed = kmapdp.sweep(
             X, order, z, st, ca, nk, 3, spec, prior, empty_c, 0.5, logdens
         )
         labels, ld = kmapdp.predict(X, stats, cache, stats[:, 0].copy(), spec, prior, empty_c, 0.5)

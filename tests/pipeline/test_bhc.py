@@ -322,7 +322,9 @@ def test_candidate_lists_do_not_change_the_tree(n_top):
 
 
 def test_parallel_and_serial_scoring_agree():
-    """min_parallel=1 sends every pass through the threaded code; 2**62 through none."""
+    """min_parallel=1 sends every pass through the threaded code; 2**62 through none; None
+    (what ``BHC(parallel=False)`` passes) through none, with the threaded variants pruned at
+    compile time (were they typed, ``n_act >= None`` would not compile)."""
     X = np.concatenate(
         [blobs(n_per=20, sd=1.0, seed=8)[0], np.random.default_rng(8).normal(size=(30, 2)) * 5]
     )
@@ -330,8 +332,10 @@ def test_parallel_and_serial_scoring_agree():
     stats = one_record_stats(X, fam)
     threaded = kbhc.bhc(stats, fam.spec, fam.prior, 0.0, 4, 1)
     serial = kbhc.bhc(stats, fam.spec, fam.prior, 0.0, 4, 2**62)
-    for a, b in zip(threaded, serial):
+    pruned = kbhc.bhc(stats, fam.spec, fam.prior, 0.0, 4, None)
+    for a, b, c in zip(threaded, serial, pruned):
         np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
     m1 = BHC(parallel=False).fit(X)
     m2 = BHC(parallel=True).fit(X)
     np.testing.assert_array_equal(m1.tree_.left, m2.tree_.left)

@@ -301,8 +301,10 @@ def test_worker_warm_up_runs():
 
 def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
     """``DPMM_WARM_ENGINES=mapdp,bhc``: stage 2's BHC step runs (loads its kernels, so that
-    the driver's stage 2 finds them cached) and comes right after the observation models, so
-    that a second worker takes it while the first compiles them."""
+    the driver's stage 2 finds them cached) and comes right after the observation models and
+    their marginals, so that a second worker takes the marginals and then stage 2 while the
+    first compiles the sweep's kernels; the engine's steps come last, the sample start after
+    the sweep whose kernel it waits for."""
     from pipeline import worker_setup
 
     monkeypatch.setenv(worker_setup.WARM_ENV, "mapdp, bhc, nosuch")
@@ -312,7 +314,13 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
     ran: list[str] = []
     monkeypatch.setattr(worker_setup, "run_steps", lambda steps: ran.extend(k for k, _ in steps))
     worker_setup.warm_kernels()
-    assert ran[:3] == ["observation-models", "stage2-bhc", "mapdp-sweep"]
+    assert ran == [
+        "observation-models",
+        "observation-marginals",
+        "stage2-bhc",
+        "mapdp-sweep",
+        "mixture-start",
+    ]
     worker_setup.STAGE2_STEPS["bhc"]()
 
 
