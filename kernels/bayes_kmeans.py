@@ -63,7 +63,7 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
     stats, cache, nk : ndarrays of K rows
         The frozen clusters (never modified).
     K : int
-    spec, prior, empty_c, log_alpha : as ``kernels.mapdp.sweep``.
+    spec, prior, empty_c, log_alpha : as ``kernels.mapdp.gibbs_sweep``.
 
     Returns
     -------

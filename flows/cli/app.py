@@ -583,10 +583,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _demo_threads(args: argparse.Namespace, kwargs: dict[str, Any]) -> bool:
     """The demo's workers as threads of this process, unless ``--threads`` says otherwise: one
-    process loads the libraries and kernels once, while Prefect's server boots (warm, about 10 s
-    against 14 s with worker processes on 2 cores, ``bench_coldstart``), once the kernels are in
-    the numba cache; before, worker processes compile them two at a time (about 45 s against
-    55 s in one process)."""
+    process loads the libraries and kernels once, while Prefect's server boots (warm, about 9 s
+    against 12 s with worker processes on 2 cores, ``bench_coldstart``), once the kernels are in
+    the numba cache; before, worker processes compile them two at a time (about 33 s against
+    45 s in one process)."""
     if args.threads is not None:
         return bool(args.threads)
     from flows.cli.run import _stage2_warm
