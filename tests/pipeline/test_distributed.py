@@ -321,6 +321,10 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
         "mapdp-sweep",
         "mixture-start",
     ]
+    # the sample start waits on the sweep step's lock under this name
+    from pipeline.engines.mixture import MAPDP_SWEEP_STEP
+
+    assert MAPDP_SWEEP_STEP in ran
     worker_setup.STAGE2_STEPS["bhc"]()
 
 
