@@ -264,6 +264,19 @@ def test_serve_without_an_api_starts_its_own_server_and_the_cron_fires(tmp_path:
                 assert proc.poll() is None, log.read_text()[-3000:]
                 assert time.monotonic() < deadline, log.read_text()[-3000:]
                 time.sleep(2)
+            # the model is published before the flow run ends: SIGTERM once the run is recorded
+            # as finished, so that what is tested is stopping an idle schedule
+            m = re.search(
+                r"started for this command at (http://127\.0\.0\.1:\d+/api)", log.read_text()
+            )
+            assert m is not None, log.read_text()[-3000:]
+            states: list[str] = []
+            while "COMPLETED" not in states:
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, (states, log.read_text()[-3000:])
+                runs = httpx.post(f"{m.group(1)}/flow_runs/filter", json={}, timeout=10).json()
+                states = [r["state_type"] for r in runs]
+                time.sleep(1)
         finally:
             _stop(proc, signal.SIGTERM, 120)
     said = log.read_text()
