@@ -138,7 +138,7 @@ def draw_normal_wishart(s, p, th, state):
     Parameters
     ----------
     s : ndarray of shape (1 + d + d^2,)
-    p : ndarray of shape (d + 3 + d^2,)
+    p : ndarray of shape (d + 3 + d^2 + d,)
     th : ndarray of shape (d + d^2 + 1,), output
     state : ndarray of shape (1,), uint64
     """
@@ -202,7 +202,7 @@ def draw_normal_wishart(s, p, th, state):
 def draw_normal_gamma(s, p, th, state):
     """theta = (mu (d), tau (d)) from each column's Normal-Gamma posterior (Murphy 2007, sec. 3;
     the formulas of ``kernels.obs.normal_gamma``)."""
-    d = p.shape[0] // 4
+    d = p.shape[0] // 5
     n = s[0]
     for j in range(d):
         m0, c0, a0, b0 = p[j], p[d + j], p[2 * d + j], p[3 * d + j]
@@ -214,6 +214,7 @@ def draw_normal_gamma(s, p, th, state):
         # b_n = b0 + 1/2 [sum (x - m0)^2 - (u - n m0)^2 / c_n]
         dev = u - n * m0
         bn = b0 + 0.5 * max(v - 2.0 * m0 * u + n * m0 * m0 - dev * dev / cn, 0.0)
+        bn += 0.5 * n * p[4 * d + j]  # the recording cells (kernels.obs.normal_gamma)
         tau = gamma_variate(state, an, bn)
         th[d + j] = tau
         th[j] = mn + std_normal(state) / math.sqrt(cn * tau)

@@ -10,15 +10,37 @@ it. We work with the *inverse* scale T = B^{-1} because B.1 updates it additivel
 Layouts for d columns
 ---------------------
 stats ``s`` (1 + d + d^2): n, sum x (d), sum x x^T (d * d, row major).
-prior ``p`` (d + 3 + d^2): m0 (d), c0, a0, log|T0|, T0 = B0^{-1} (d * d).
-cache ``c`` (2 d^2 + 2 d + 4): L (d * d, lower Cholesky factor of T_k), m_k (d), U = L^{-1}
-(d * d, lower), b = U m_k (d), c_k, a_k, log|T_k|, the Student-t normalising constant. Keeping
+prior ``p`` (d + 3 + d^2 + d): m0 (d), c0, a0, log|T0|, T0 = B0^{-1} (d * d), h (d): the
+variance of each column's recording cell (0: continuous; see below).
+cache ``c`` (2 d^2 + 2 d + 4, and d^2 + 2 more with cells): L (d * d, lower Cholesky factor
+of T_k + H), m_k (d), U = L^{-1} (d * d, lower), b = U m_k (d), c_k, a_k, log|T_k + H|, the
+Student-t normalising constant; with cells, V = chol(G_k)^{-1} (d * d, lower; NaN when G_k is
+not positive definite), log|G_k|, log|T_k| (below). Keeping
 U makes a predictive evaluation one triangular matrix-vector product with no temporary and no
 division; U is rebuilt (d^3 / 6) when a record joins or leaves the cluster, except in a
 stream's ``add_record``, which updates L and U together in O(d^2).
 
 The predictive (Appendix B, below B.2) is a Student-t with mu = m, nu = a - d + 1 and precision
 Lambda = c nu / (c + 1) B, so (x - mu)^T Lambda (x - mu) / nu = c / (c + 1) |L^{-1} (x - m)|^2.
+
+Recorded values (Sheppard's correction)
+---------------------------------------
+Values recorded on a grid of step q (integers, one decimal) are the centres of cells of width q,
+and a Gaussian fitted to them can collapse onto the grid: a cluster whose members share one
+value of a column has a scatter of 0 there, so its density grows without bound. Each record is
+therefore counted with the variance h = q^2 / 12 of its cell (the uniform dequantisation noise,
+in expectation), the diagonal H = diag(h) added once per record to the scatter:
+
+    T_k = B0^{-1} + sum_j (x_j x_j^T + H) + c0 m0 m0^T - c_k m_k m_k^T                    (B.1')
+
+With H = 0 this is B.1 exactly. The predictive stays the ratio of marginals p(X + x) / p(X),
+which is then a Student-t on T_k + H times (|T_k|^{a_k} / |T_k + H|^{a_k + 1})^{1/2} instead of
+|T_k|^{-1/2}: the cache keeps the factor L of T_k + H and the constant with both determinants.
+Adding a record then changes T_k by more than a rank-one term, so ``update`` and
+``add_record`` rebuild the cache (d^3 / 2) when H is not 0. Removing x from a cluster leaves
+T_k - H - beta u u^T (u = x - m_k, beta = c_k / (c_k - 1)), a rank-one change of G_k = T_k - H,
+so the cache of a prior with cells also keeps the inverse factor of G_k: the leave-one-out
+predictive p(X_k) / p(X_k without x) stays O(d^2).
 """
 
 import math
@@ -56,7 +78,7 @@ def posterior_inverse_scale(s, p, T, m):
     Parameters
     ----------
     s : ndarray of shape (1 + d + d^2,)
-    p : ndarray of shape (d + 3 + d^2,)
+    p : ndarray of shape (d + 3 + d^2 + d,)
     T : ndarray of shape (d, d), output
     m : ndarray of shape (d,), output
     """
@@ -80,7 +102,22 @@ def posterior_inverse_scale(s, p, T, m):
             v = 0.5 * (T[i, j] + T[j, i])
             T[i, j] = v
             T[j, i] = v
+    # B.1': every record's cell variance (module docstring)
+    base_h = base_p + d * d
+    for i in range(d):
+        T[i, i] += n * p[base_h + i]
     return ck, a0 + n
+
+
+@njit(cache=True, nogil=True)
+def has_cells(p, d):
+    """Whether any of the d columns of the prior p has a recording cell (h > 0), i.e. whether
+    Sheppard's correction (module docstring) applies."""
+    base_h = d + 3 + d * d
+    for i in range(d):
+        if p[base_h + i] > 0.0:
+            return True
+    return False
 
 
 @njit(cache=True, nogil=True)
@@ -157,15 +194,18 @@ def _mahalanobis(x, c, d):
 
 
 @njit(cache=True, nogil=True)
-def _finish_cache(c, d, ck, ak, logdet):
-    """Fill U, b and the scalar tail of the cache from L, m and (c_k, a_k, log|T_k|)."""
+def _finish_cache(c, d, ck, ak, logdet, logdet_t):
+    """Fill U, b and the scalar tail of the cache from L, m, (c_k, a_k), log|T_k + H| and
+    log|T_k|."""
     _invert_factor(c, d)
-    _finish_constants(c, d, ck, ak, logdet)
+    _finish_constants(c, d, ck, ak, logdet, logdet_t)
 
 
 @njit(cache=True, nogil=True)
-def _finish_constants(c, d, ck, ak, logdet):
-    """The scalar tail of the cache: c_k, a_k, log|T_k| and the Student-t constant."""
+def _finish_constants(c, d, ck, ak, logdet, logdet_t):
+    """The scalar tail of the cache: c_k, a_k, log|T_k + H| and the Student-t constant, whose
+    determinant term is (a_k log|T_k| - (a_k + 1) log|T_k + H|) / 2 (module docstring; written
+    so that it is exactly -log|T_k| / 2 when H = 0)."""
     o = _tail(d)
     c[o] = ck
     c[o + 1] = ak
@@ -176,16 +216,34 @@ def _finish_constants(c, d, ck, ak, logdet):
         - math.lgamma(0.5 * nu)
         - 0.5 * d * (math.log(nu) + LOG_PI)
         + 0.5 * (d * math.log(ck * nu / (ck + 1.0)) - logdet)
+        + 0.5 * ak * (logdet_t - logdet)
     )
 
 
 @njit(cache=True, nogil=True)
 def refresh(s, c, p):
-    """Recompute the cache (Cholesky factor of T_k, m_k, constants) from the statistics."""
+    """Recompute the cache (Cholesky factor of T_k + H, m_k, constants) from the statistics."""
     d = dim_of_stats(s)
     T = np.empty((d, d))
     m = np.empty(d)
     ck, ak = posterior_inverse_scale(s, p, T, m)
+    cells = has_cells(p, d)
+    logdet_t = 0.0
+    if cells:
+        # log|T_k| from a factor of a copy; G_k = T_k - H for the leave-one-out predictive;
+        # then T_k + H (module docstring)
+        A = T.copy()
+        if not cholesky_inplace(A):
+            raise ValueError("Normal-Wishart posterior inverse scale is not positive definite")
+        base_h = d + 3 + d * d
+        for i in range(d):
+            logdet_t += 2.0 * math.log(A[i, i])
+        for i in range(d):
+            for j in range(d):
+                A[i, j] = T[i, j]
+            A[i, i] -= p[base_h + i]
+            T[i, i] += p[base_h + i]
+        _cells_tail(A, c, d, logdet_t)
     if not cholesky_inplace(T):
         raise ValueError("Normal-Wishart posterior inverse scale is not positive definite")
     logdet = 0.0
@@ -194,7 +252,67 @@ def refresh(s, c, p):
         for j in range(d):
             c[i * d + j] = T[i, j]
         c[d * d + i] = m[i]
-    _finish_cache(c, d, ck, ak, logdet)
+    _finish_cache(c, d, ck, ak, logdet, logdet_t if cells else logdet)
+
+
+@njit(cache=True, nogil=True)
+def _cells_tail(G, c, d, logdet_t):
+    """The cache's section for a prior with cells: V = chol(G)^{-1} (G (d, d) is overwritten),
+    log|G| and log|T_k|; V and log|G| are NaN when G is not positive definite (an empty
+    cluster: T0 - H), which sends a leave-one-out predictive to the caller's copy."""
+    e = _tail(d) + 4
+    if not cholesky_inplace(G):
+        for i in range(d * d + 1):
+            c[e + i] = np.nan
+        c[e + d * d + 1] = logdet_t
+        return
+    logdet_g = 0.0
+    for j in range(d):
+        logdet_g += 2.0 * math.log(G[j, j])
+        c[e + j * d + j] = 1.0 / G[j, j]
+        for i in range(j + 1, d):
+            acc = 0.0
+            for k in range(j, i):
+                acc -= G[i, k] * c[e + k * d + j]
+            c[e + i * d + j] = acc / G[i, i]
+        for i in range(j):
+            c[e + i * d + j] = 0.0
+    c[e + d * d] = logdet_g
+    c[e + d * d + 1] = logdet_t
+
+
+@njit(cache=True, nogil=True)
+def _loo_with_cells(x, c, d):
+    """log p(X_k) - log p(X_k without x) under B.1' (module docstring): with u = x - m_k,
+    log|T'| = log|G_k| + log(1 - beta |V u|^2), and the marginals' other terms in closed form.
+    NaN when G_k had no factor or 1 - beta |V u|^2 is not positive."""
+    t = _tail(d)
+    e = t + 4
+    ck = c[t]
+    ak = c[t + 1]
+    logdet_g = c[e + d * d]
+    if not logdet_g == logdet_g:
+        return np.nan
+    o = d * d
+    r = 0.0
+    for i in range(d):
+        acc = 0.0
+        row = e + i * d
+        for j in range(i + 1):
+            acc += c[row + j] * (x[j] - c[o + j])
+        r += acc * acc
+    c1 = ck - 1.0
+    one_minus = 1.0 - (ck / c1) * r
+    if not one_minus > 0.0:
+        return np.nan
+    return (
+        -0.5 * d * LOG_PI
+        + math.lgamma(0.5 * ak)
+        - math.lgamma(0.5 * (ak - d))
+        - 0.5 * ak * c[e + d * d + 1]
+        + 0.5 * (ak - 1.0) * (logdet_g + math.log(one_minus))
+        + 0.5 * d * (math.log(c1) - math.log(ck))
+    )
 
 
 @njit(cache=True, nogil=True)
@@ -226,10 +344,14 @@ def update(x, s, c, p, w):
 
     Adding x to a cluster with (c_k, m_k) changes T_k by c_k / (c_k + 1) (x - m_k)(x - m_k)^T;
     removing it changes T_k by -c_k' / c_k (x - m_k')(x - m_k')^T with c_k' = c_k - 1 and m_k'
-    the mean without x. Cost O(d^2).
+    the mean without x. Cost O(d^2); with recording cells (H > 0, not rank one) the cache is
+    rebuilt instead, O(d^3).
     """
     d = x.shape[0]
     add_stats(x, s, w)
+    if has_cells(p, d):
+        refresh(s, c, p)
+        return
     o = d * d
     t = _tail(d)
     ck = c[t]
@@ -256,7 +378,7 @@ def update(x, s, c, p, w):
     logdet = 0.0
     for i in range(d):
         logdet += 2.0 * math.log(c[i * d + i])
-    _finish_cache(c, d, ck_new, c[t + 1] + w, logdet)
+    _finish_cache(c, d, ck_new, c[t + 1] + w, logdet, logdet)
 
 
 @njit(cache=True, nogil=True)
@@ -309,10 +431,13 @@ def log_predictive_loo(x, s, c, p):
     r = u^T T_k^{-1} u (one forward solve with the cluster's own factor) the matrix determinant
     lemma gives |T'| = |T_k| (1 - beta r) and Sherman-Morrison gives the Student-t quadratic form
     beta r / (1 - beta r). The predictive of Appendix B with c' = c_k - 1, a' = a_k - 1 is then
-    O(d^2) with no downdate. Returns NaN when 1 - beta r is not positive (rounding): the caller
-    then downdates a copy instead.
+    O(d^2) with no downdate; with recording cells the same lemma on G_k (``_loo_with_cells``).
+    Returns NaN when 1 - beta r is not positive (rounding): the caller then downdates a copy
+    instead.
     """
     d = x.shape[0]
+    if has_cells(p, d):
+        return _loo_with_cells(x, c, d)
     t = _tail(d)
     ck = c[t]
     ak = c[t + 1]
@@ -365,7 +490,7 @@ def moments(s, p, mean, cov):
     Parameters
     ----------
     s : ndarray of shape (1 + d + d^2,)
-    p : ndarray of shape (d + 3 + d^2,)
+    p : ndarray of shape (d + 3 + d^2 + d,)
         Unused (the contract's argument list).
     mean : ndarray of shape (d,), output
     cov : ndarray of shape (d, d), output
@@ -405,6 +530,10 @@ def add_record(x, s, c, p, work):
         Scratch space (the caller's, so that a stream allocates nothing per record).
     """
     d = x.shape[0]
+    if has_cells(p, d):
+        # recording cells make the change more than rank one (module docstring)
+        update(x, s, c, p, 1.0)
+        return
     t = _tail(d)
     ck = c[t]
     coef = math.sqrt(ck / (ck + 1.0))
@@ -470,4 +599,5 @@ def add_record(x, s, c, p, work):
         for j in range(i + 1):
             acc += c[row + j] * c[o + j]
         c[b0 + i] = acc
-    _finish_constants(c, d, ck + 1.0, c[t + 1] + 1.0, c[t + 2] + math.log(1.0 + q))
+    logdet = c[t + 2] + math.log(1.0 + q)
+    _finish_constants(c, d, ck + 1.0, c[t + 1] + 1.0, logdet, logdet)

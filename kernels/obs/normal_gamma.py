@@ -21,13 +21,18 @@ scale^2 = b_n (c_n + 1) / (a_n c_n). Marginal likelihood:
     log p(X) = sum_j [lgamma(a_n) - lgamma(a0) + a0 log b0 - a_n log b_n
                       + 1/2 (log c0 - log c_n)] - n d / 2 log(2 pi)
 
+Recorded values (Sheppard's correction, as ``gaussian_nw``): a column recorded on a grid of
+step q counts each record with its cell's variance h = q^2 / 12, b_n += n h / 2 (h = 0: the
+formulas above exactly). The predictive stays the ratio of marginals p(X + x) / p(X): a
+Student-t on b' = b_n + h / 2 in place of b_n, times (b_n / b')^{a_n}.
+
 Layouts for d columns
 ---------------------
 stats ``s`` (1 + 2 d): n, sum x (d), sum x^2 (d).
-prior ``p`` (4 d): m0 (d), c0 (d), a0 (d), b0 (d).
-cache ``c`` (3 d + 1): m_n (d), q = c_n / (2 b_n (c_n + 1)) (d), a_n + 1/2 (d), and the summed
+prior ``p`` (5 d): m0 (d), c0 (d), a0 (d), b0 (d), h (d).
+cache ``c`` (3 d + 1): m_n (d), q = c_n / (2 b' (c_n + 1)) (d), a_n + 1/2 (d), and the summed
 Student-t normalising constant sum_j [lgamma(a_n + 1/2) - lgamma(a_n)
-- 1/2 log(2 pi b_n (c_n + 1) / c_n)], so that
+- 1/2 log(2 pi b' (c_n + 1) / c_n) + a_n log(b_n / b')], so that
 
     log p(x | X) = const - sum_j (a_n + 1/2) log(1 + q_j (x_j - m_j)^2).
 """
@@ -53,8 +58,8 @@ def add_stats(x, s, w):
 
 @njit(cache=True, nogil=True)
 def posterior(s, p, j):
-    """(m_n, c_n, a_n, b_n) of column j (module docstring)."""
-    d = p.shape[0] // 4
+    """(m_n, c_n, a_n, b_n) of column j (module docstring, with the cells' n h / 2)."""
+    d = p.shape[0] // 5
     n = s[0]
     m0 = p[j]
     c0 = p[d + j]
@@ -69,24 +74,27 @@ def posterior(s, p, j):
     # b_n >= b0 exactly (Cauchy-Schwarz); rounding in the raw moments must not undercut it
     if bn < b0:
         bn = b0
-    return mn, cn, a0 + 0.5 * n, bn
+    return mn, cn, a0 + 0.5 * n, bn + 0.5 * n * p[4 * d + j]
 
 
 @njit(cache=True, nogil=True)
 def refresh(s, c, p):
     """Per-column Student-t location, precision factor and exponent; summed constant."""
-    d = p.shape[0] // 4
+    d = p.shape[0] // 5
     const = 0.0
     for j in range(d):
         mn, cn, an, bn = posterior(s, p, j)
+        h = p[4 * d + j]
         c[j] = mn
-        c[d + j] = cn / (2.0 * bn * (cn + 1.0))
+        const += math.lgamma(an + 0.5) - math.lgamma(an) - 0.5 * (LOG_2PI + math.log1p(1.0 / cn))
+        if h > 0.0:
+            b1 = bn + 0.5 * h
+            c[d + j] = cn / (2.0 * b1 * (cn + 1.0))
+            const += an * math.log(bn) - (an + 0.5) * math.log(b1)
+        else:
+            c[d + j] = cn / (2.0 * bn * (cn + 1.0))
+            const -= 0.5 * math.log(bn)
         c[2 * d + j] = an + 0.5
-        const += (
-            math.lgamma(an + 0.5)
-            - math.lgamma(an)
-            - 0.5 * (LOG_2PI + math.log(bn) + math.log1p(1.0 / cn))
-        )
     c[3 * d] = const
 
 
@@ -114,7 +122,7 @@ def log_marginal(s, p):
     n = s[0]
     if n == 0.0:
         return 0.0
-    d = p.shape[0] // 4
+    d = p.shape[0] // 5
     out = -0.5 * n * d * LOG_2PI
     for j in range(d):
         c0 = p[d + j]
@@ -141,7 +149,7 @@ def moments(s, p, mean, cov):
     Parameters
     ----------
     s : ndarray of shape (1 + 2 d,)
-    p : ndarray of shape (4 d,)
+    p : ndarray of shape (5 d,)
         Unused.
     mean : ndarray of shape (d,), output
     cov : ndarray of shape (d, d), output
