@@ -22,10 +22,57 @@ The public API, loaded lazily so that ``import pipeline`` stays light:
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 __version__ = "0.1.0"
+
+
+def numba_cache_dir(root: Path | None = None) -> Path | None:
+    """A numba cache directory named after the kernels' sources (``root``: the ``kernels``
+    package's directory by default): ``numba-<hash>`` under ``kernels/__pycache__`` if it can
+    be written, else under ``~/.cache/dpmm-pipeline``.
+
+    numba's ``cache=True`` checks only a function's own source file, not the kernels it
+    inlines, so after an edit of one kernel file (a ``git pull`` into an editable install) a
+    caller cached in an unchanged file would still run the old callee: wrong numbers, or a
+    crash when a layout changed (``malloc(): invalid size``, seen when the Normal-Wishart
+    prior grew its cells). A directory per version of the sources cannot be stale. ``make``
+    keys its ``NUMBA_CACHE_DIR`` the same way; None when no directory can be made.
+    """
+    if root is None:
+        spec = importlib.util.find_spec("kernels")
+        if spec is None or not spec.submodule_search_locations:
+            return None
+        root = Path(next(iter(spec.submodule_search_locations)))
+    h = hashlib.sha1(usedforsecurity=False)
+    for path in sorted(root.rglob("*.py")):
+        h.update(path.relative_to(root).as_posix().encode())
+        h.update(path.read_bytes())
+    name = f"numba-{h.hexdigest()[:16]}"
+    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpmm-pipeline"
+    for base in (root / "__pycache__", user):
+        try:
+            where = base / name
+            where.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(where, os.W_OK):
+            return where
+    return None
+
+
+# before numba is imported (it reads NUMBA_CACHE_DIR once); Dask's worker processes inherit it.
+# A cache chosen by the user (make, the image) is kept.
+if not os.environ.get("NUMBA_CACHE_DIR") and "numba" not in sys.modules:
+    _where = numba_cache_dir()
+    if _where is not None:
+        os.environ["NUMBA_CACHE_DIR"] = str(_where)
 
 _LAZY = {
     "MAPDP": "pipeline.mapdp",
