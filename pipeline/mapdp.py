@@ -67,9 +67,9 @@ class MAPDP(MixtureEstimator):
         likelihood) over ``pipeline.tuning.TUNE_GRID`` (3 x 4 x 2 = 24 cells), with
         ``pipeline.search.GridSearch``, then fits all of X with the choice (``best_params_``,
         ``cv_results_``). No label is used. It costs 5 x 24 one-restart fits plus the final fit
-        (about 40 times a default fit: 20-60 s on wine or iris, 5 minutes on digits on 2
-        workers), on the current Dask client if there is one, else in this process; so it is
-        not the default.
+        (15-70 times a default fit: 17 s on wine, 1 s on iris, 73 s on digits on 2 workers in
+        ``bench_cv``), on the current Dask client if there is one, else in this process; so it
+        is not the default.
 
     Attributes
     ----------
