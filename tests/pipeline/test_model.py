@@ -64,11 +64,14 @@ def frame(n: int, seed: int) -> pd.DataFrame:
     )
 
 
-@pytest.mark.parametrize("kind", ["numpy", "frame"])
+@pytest.mark.parametrize("kind", ["numpy", "frame", "integer"])
 @pytest.mark.parametrize("name", NAMES)
 def test_round_trip_is_exact(name: str, kind: str, tmp_path: Path) -> None:
     is_frame = kind == "frame"
     X, Xnew = (frame(80, 0), frame(40, 1)) if is_frame else (blobs(60, 0), blobs(30, 1))
+    if kind == "integer":
+        # values on a grid: the Gaussian prior carries its recording step (Sheppard's correction)
+        X, Xnew = np.round(2.0 * X), np.round(2.0 * Xnew)
     if is_frame and name == "DPMeans":
         # DP-means has no family: numeric columns only
         X, Xnew = X[["height", "smoker"]], Xnew[["height", "smoker"]]
@@ -84,6 +87,10 @@ def test_round_trip_is_exact(name: str, kind: str, tmp_path: Path) -> None:
         assert loaded.score(X) == est.score(X)
     assert loaded.n_clusters_ == est.n_clusters_
     assert loaded.engine_ == name.lower()
+    if kind == "integer" and name != "DPMeans":
+        gauss = loaded.family_.groups[0][0]
+        np.testing.assert_array_equal(gauss.step, [1.0, 1.0])
+        np.testing.assert_array_equal(gauss.prior_array(), est.family_.groups[0][0].prior_array())
     if is_frame and name != "DPMeans":
         assert list(loaded.feature_names_in_) == list(X.columns)
         # the encoders came back: an unseen category is refused as by the original
