@@ -445,7 +445,7 @@ def stream(
                 _pack_class(P, K, empty_c, d)
         # (c) the posterior update of class gamma_i
         if fast:
-            gaussian_nw.add_record(x, stats[best], cache[best], prior, work)
+            gaussian_nw.add_record(x, stats[best], cache[best], prior, work, True)
             _pack_class(P, best, cache[best], d)
         else:
             product.update(x, stats[best], cache[best], spec, prior, 1.0)

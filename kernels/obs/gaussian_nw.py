@@ -41,6 +41,11 @@ Adding a record then changes T_k by more than a rank-one term, so ``update`` and
 T_k - H - beta u u^T (u = x - m_k, beta = c_k / (c_k - 1)), a rank-one change of G_k = T_k - H,
 so the cache of a prior with cells also keeps the inverse factor of G_k: the leave-one-out
 predictive p(X_k) / p(X_k without x) stays O(d^2).
+
+``refresh``, ``update``, ``log_predictive_loo`` and ``add_record`` take ``cells``: None (the
+default) compiles them without this section at all (numba prunes ``cells is not None`` on a
+None argument), for the product family's Normal-Wishart-only kernels, whose priors have no
+cells (``kernels.obs.product``); True checks the prior's h at run time.
 """
 
 import math
@@ -221,15 +226,18 @@ def _finish_constants(c, d, ck, ak, logdet, logdet_t):
 
 
 @njit(cache=True, nogil=True)
-def refresh(s, c, p):
-    """Recompute the cache (Cholesky factor of T_k + H, m_k, constants) from the statistics."""
+def refresh(s, c, p, cells=None):
+    """Recompute the cache (Cholesky factor of T_k + H, m_k, constants) from the statistics;
+    ``cells``: the module docstring."""
     d = dim_of_stats(s)
     T = np.empty((d, d))
     m = np.empty(d)
     ck, ak = posterior_inverse_scale(s, p, T, m)
-    cells = has_cells(p, d)
+    with_cells = False
+    if cells is not None:
+        with_cells = has_cells(p, d)
     logdet_t = 0.0
-    if cells:
+    if with_cells:
         # log|T_k| from a factor of a copy; G_k = T_k - H for the leave-one-out predictive;
         # then T_k + H (module docstring)
         A = T.copy()
@@ -252,7 +260,7 @@ def refresh(s, c, p):
         for j in range(d):
             c[i * d + j] = T[i, j]
         c[d * d + i] = m[i]
-    _finish_cache(c, d, ck, ak, logdet, logdet_t if cells else logdet)
+    _finish_cache(c, d, ck, ak, logdet, logdet_t if with_cells else logdet)
 
 
 @njit(cache=True, nogil=True)
@@ -339,7 +347,7 @@ def _rank_one(L, v, sign):
 
 
 @njit(cache=True, nogil=True)
-def update(x, s, c, p, w):
+def update(x, s, c, p, w, cells=None):
     """Add (w = +1) or remove (w = -1) record x: statistics and a rank-one Cholesky update.
 
     Adding x to a cluster with (c_k, m_k) changes T_k by c_k / (c_k + 1) (x - m_k)(x - m_k)^T;
@@ -349,9 +357,10 @@ def update(x, s, c, p, w):
     """
     d = x.shape[0]
     add_stats(x, s, w)
-    if has_cells(p, d):
-        refresh(s, c, p)
-        return
+    if cells is not None:
+        if has_cells(p, d):
+            refresh(s, c, p, cells)
+            return
     o = d * d
     t = _tail(d)
     ck = c[t]
@@ -373,7 +382,7 @@ def update(x, s, c, p, w):
         ok = _rank_one(c, v, -1.0)
     if not ok:
         # rounding made the downdate indefinite: rebuild from the statistics
-        refresh(s, c, p)
+        refresh(s, c, p, cells)
         return
     logdet = 0.0
     for i in range(d):
@@ -424,7 +433,7 @@ def log_marginal(s, p):
 
 
 @njit(cache=True, nogil=True)
-def log_predictive_loo(x, s, c, p):
+def log_predictive_loo(x, s, c, p, cells=None):
     """log p(x | X_k without x) for a record x that is a member of the cluster (s, c).
 
     Removing x changes T_k by -beta u u^T with u = x - m_k and beta = c_k / (c_k - 1), so with
@@ -436,8 +445,9 @@ def log_predictive_loo(x, s, c, p):
     instead.
     """
     d = x.shape[0]
-    if has_cells(p, d):
-        return _loo_with_cells(x, c, d)
+    if cells is not None:
+        if has_cells(p, d):
+            return _loo_with_cells(x, c, d)
     t = _tail(d)
     ck = c[t]
     ak = c[t + 1]
@@ -510,7 +520,7 @@ def moments(s, p, mean, cov):
 
 
 @njit(cache=True, nogil=True)
-def add_record(x, s, c, p, work):
+def add_record(x, s, c, p, work, cells=None):
     """``update(x, s, c, p, 1.0)`` for a stream that adds one record at a time (ASUGS, seed 002
     step (c); eqs. 4-7 in this parameterisation) in O(d^2) with no allocation, updating the
     factor L and its inverse U = L^{-1} together instead of rebuilding U (d^3 / 6).
@@ -530,10 +540,11 @@ def add_record(x, s, c, p, work):
         Scratch space (the caller's, so that a stream allocates nothing per record).
     """
     d = x.shape[0]
-    if has_cells(p, d):
-        # recording cells make the change more than rank one (module docstring)
-        update(x, s, c, p, 1.0)
-        return
+    if cells is not None:
+        if has_cells(p, d):
+            # recording cells make the change more than rank one (module docstring)
+            update(x, s, c, p, 1.0, cells)
+            return
     t = _tail(d)
     ck = c[t]
     coef = math.sqrt(ck / (ck + 1.0))

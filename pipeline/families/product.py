@@ -69,8 +69,12 @@ class ProductFamily:
             pri += p.shape[0]
             cac += fam.cache_size()
         # the integer type of the spec is the family set the kernels compile for: int32 when
-        # every group is Normal-Wishart (one family's kernels), else int64 (all seven)
-        nw_only = bool(np.all(spec[:, 0] == product.GAUSSIAN_NW))
+        # every group is Normal-Wishart without recording cells (one family's kernels, without
+        # the cells' code), else int64 (all seven, with it)
+        nw_only = bool(np.all(spec[:, 0] == product.GAUSSIAN_NW)) and not any(
+            getattr(fam, "step", None) is not None and np.any(fam.step)  # type: ignore[attr-defined]
+            for fam, _cols in self.groups
+        )
         self.spec = spec.astype(product.NW_ONLY_DTYPE if nw_only else product.ANY_DTYPE)
         self.prior = np.concatenate(priors).astype(np.float64)
         self.n_stats = stat
