@@ -45,6 +45,8 @@ def check_scale(scale: float) -> float:
 
 #: the finest recording grid ``recording_step`` looks for: 10^-MAX_DECIMALS
 MAX_DECIMALS = 6
+#: a grid step below this share of the column's standard deviation counts as continuous
+MIN_STEP_RATIO = 1e-3
 
 
 def recording_step(X: FloatArray) -> FloatArray:
@@ -54,7 +56,10 @@ def recording_step(X: FloatArray) -> FloatArray:
     q^2 / 12 (Sheppard's correction, ``kernels.obs.gaussian_nw``): without it a cluster whose
     members share a value of an integer column (a pixel that is 0 in every member) has a
     density without bound there, and MAP-DP splits digits by which pixels are exactly 0 (NMI
-    0.33 on scikit-learn's digits with the defaults, 0.8 with the correction; issue 14).
+    0.33 on scikit-learn's digits with the defaults, 0.8 with the correction; issue 14). A grid
+    finer than ``MIN_STEP_RATIO`` of the column's standard deviation counts as continuous: its
+    cells change nothing that matters, and data written with a fixed number of decimals (the
+    demo's six, many CSV exports) would otherwise all take the slower kernels with cells.
 
     Parameters
     ----------
@@ -76,7 +81,8 @@ def recording_step(X: FloatArray) -> FloatArray:
             scaled = col * 10.0**k
             # relative to the value: float decimals (0.1 * 3) are off by rounding only
             if np.all(np.abs(scaled - np.round(scaled)) <= 1e-9 * np.maximum(1.0, np.abs(scaled))):
-                step[j] = 10.0**-k
+                if 10.0**-k >= MIN_STEP_RATIO * float(np.std(col)):
+                    step[j] = 10.0**-k
                 break
     return step
 

@@ -42,6 +42,14 @@ def test_recording_step_finds_the_grid() -> None:
     np.testing.assert_allclose(recording_step(X), [1.0, 0.1, 0.01, 0.0, 1.0])
 
 
+def test_a_grid_fine_against_the_spread_counts_as_continuous() -> None:
+    """Six decimals on a spread of about 1 (the demo's records, many CSV exports): step 0; the
+    same decimals on a spread of 1e-4 are a grid."""
+    z = np.random.default_rng(0).normal(size=(500, 1))
+    np.testing.assert_array_equal(recording_step(np.round(z, 6)), [0.0])
+    np.testing.assert_allclose(recording_step(np.round(1e-4 * z, 6)), [1e-6])
+
+
 @pytest.mark.parametrize("family", [GaussianNW, NormalGamma])
 def test_empirical_bayes_sets_the_step_only_for_grids(family: type) -> None:
     X = _integer_data()
