@@ -30,6 +30,9 @@ ASUGS_LAM = 0.3
 #: how a grid search picks its cell: the largest mean held-out density, or the one-standard-error
 #: rule (``pipeline.search``)
 SELECT = ("best", "one-se")
+#: ``GridSearch`` also takes "given": the estimator's own parameters unless a candidate beats
+#: them on evidence (``dpmm cv``'s grid has no estimator of its own to keep)
+SEARCH_SELECT = (*SELECT, "given")
 #: the grid of ``tune="cv"`` (``pipeline.tuning``): 3 concentrations x 4 prior scales (x the
 #: family variants)
 TUNE_GRID: dict[str, list[Any]] = {

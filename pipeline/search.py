@@ -16,6 +16,13 @@ one's, the simplest, i.e. the one with the fewest clusters found (mean over fold
 the larger mean. The standard error of a candidate is the standard deviation of its fold scores
 over sqrt(n_folds), ``se_test_score``.
 
+``select="given"`` keeps the estimator's own parameters (which must be one of the candidates)
+unless the best candidate beats them by more than the standard error of their difference, fold
+by fold (both are scored on the same folds, so the difference is paired and its spread is far
+smaller than either score's). The maximum of many noisy means is biased upwards (each fold fit
+is one restart of a local search); this rule moves away from a reasoned default, such as the
+empirical-Bayes prior, only on evidence. ``tune="cv"`` uses it (``pipeline.tuning``).
+
 Checks before any work
 ----------------------
 An empty grid, a parameter the estimator does not have, a value the estimator refuses (alpha <= 0,
@@ -40,7 +47,7 @@ from sklearn.model_selection import GroupKFold, KFold, ParameterGrid
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
-from pipeline.config import SELECT
+from pipeline.config import SEARCH_SELECT
 from pipeline.errors import InputError
 
 CV_SEED = 0
@@ -95,6 +102,14 @@ def check_candidates(estimator: Any, candidates: list[dict[str, Any]]) -> None:
 
 def _show(cand: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in sorted(cand.items()))
+
+
+def _same(a: Any, b: Any) -> bool:
+    # parameters are numbers, strings, None or dicts of them; == on arrays would not be a bool
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return a is b
 
 
 def make_splits(
@@ -260,14 +275,32 @@ def run_grid(
 
 
 def select_index(
-    mean: NDArray[np.float64], se: NDArray[np.float64], clusters: Any, rule: str
+    mean: NDArray[np.float64],
+    se: NDArray[np.float64],
+    clusters: Any,
+    rule: str,
+    scores: NDArray[np.float64] | None = None,
+    given: int | None = None,
 ) -> int:
-    """The chosen candidate: the largest mean (``"best"``), or the one-standard-error rule
-    (``"one-se"``, module docstring) with the fewest mean clusters as the simplest."""
+    """The chosen candidate: the largest mean (``"best"``), the one-standard-error rule
+    (``"one-se"``) with the fewest mean clusters as the simplest, or candidate ``given`` unless
+    the best beats it by more than one paired standard error (``"given"``; ``scores`` of shape
+    (n_candidates, n_folds) are the fold scores). Module docstring."""
     finite = np.where(np.isfinite(mean), mean, -np.inf)
     best = int(np.argmax(finite))
     if rule == "best":
         return best
+    if rule == "given":
+        if scores is None or given is None:
+            raise ValueError("select='given' needs the fold scores and the given candidate")
+        diff = np.asarray(scores[best], dtype=np.float64) - scores[given]
+        diff = diff[np.isfinite(diff)]
+        if best == given or not np.isfinite(finite[given]):
+            return best
+        if diff.size < 2:
+            # one usable fold measures no spread: no evidence to move on
+            return given
+        return best if diff.mean() > diff.std(ddof=1) / math.sqrt(diff.size) else given
     within = np.flatnonzero(finite >= finite[best] - (se[best] if np.isfinite(se[best]) else 0.0))
     k = np.asarray(clusters, dtype=np.float64)[within]
     k = np.where(np.isfinite(k), k, np.inf)
@@ -352,9 +385,10 @@ class GridSearch(MetaEstimatorMixin, BaseEstimator):
         An int K is a shuffled ``KFold(K, random_state=random_state)``, or ``GroupKFold(K)``
         when ``fit`` is given groups. (scikit-learn does not shuffle by default; data sorted by
         class would then hold out a whole cluster per fold.)
-    select : {"best", "one-se"}, default="best"
-        The largest mean held-out density, or the one-standard-error rule (fewest clusters
-        within one standard error of the best).
+    select : {"best", "one-se", "given"}, default="best"
+        The largest mean held-out density, the one-standard-error rule (fewest clusters
+        within one standard error of the best), or the estimator's own parameters (one of the
+        candidates) unless the best beats them by more than one paired standard error.
     refit : bool, default=True
         Refit the chosen candidate on all of X as ``best_estimator_``.
     client : distributed.Client, optional
@@ -409,8 +443,8 @@ class GridSearch(MetaEstimatorMixin, BaseEstimator):
         self.error_score = error_score
 
     def _check(self, X: Any, groups: Any) -> tuple[list[dict[str, Any]], list[Any]]:
-        if self.select not in SELECT:
-            raise SearchError(f"select must be one of {SELECT}, got {self.select!r}")
+        if self.select not in SEARCH_SELECT:
+            raise SearchError(f"select must be one of {SEARCH_SELECT}, got {self.select!r}")
         est = self.estimator
         if not hasattr(est, "score") or not callable(getattr(type(est), "score", None)):
             raise SearchError(f"{type(est).__name__} has no held-out density (score)")
@@ -420,6 +454,8 @@ class GridSearch(MetaEstimatorMixin, BaseEstimator):
             )
         candidates = check_grid(self.param_grid)
         check_candidates(est, candidates)
+        if self.select == "given":
+            self._given_index(candidates)
         n = len(X) if not hasattr(X, "shape") else int(X.shape[0])
         splits = make_splits(n, self.cv, groups, self.random_state)
         return candidates, splits
@@ -451,8 +487,14 @@ class GridSearch(MetaEstimatorMixin, BaseEstimator):
         table = results_table(candidates, results)
         self.cv_results_ = table
         self.n_splits_ = len(splits)
+        n_s = int(table["n_folds_used"][0]) if candidates else 0
         self.best_index_ = select_index(
-            table["mean_test_score"], table["se_test_score"], table["mean_n_clusters"], self.select
+            table["mean_test_score"],
+            table["se_test_score"],
+            table["mean_n_clusters"],
+            self.select,
+            np.array([table[f"split{j}_test_score"] for j in range(n_s)]).T,
+            self._given_index(candidates) if self.select == "given" else None,
         )
         self.best_params_ = dict(candidates[self.best_index_])
         self.best_score_ = float(table["mean_test_score"][self.best_index_])
@@ -463,6 +505,19 @@ class GridSearch(MetaEstimatorMixin, BaseEstimator):
             self.best_estimator_ = clone(self.estimator).set_params(**self.best_params_).fit(X)
             self.refit_time_ = time.perf_counter() - t1
         return self
+
+    def _given_index(self, candidates: list[dict[str, Any]]) -> int:
+        """The candidate equal to the estimator's own parameters (``select="given"``)."""
+        own = self.estimator.get_params(deep=False)
+        for i, cand in enumerate(candidates):
+            if all(k in own and _same(own[k], v) for k, v in cand.items()):
+                return i
+        keys = sorted({k for c in candidates for k in c})
+        raise SearchError(
+            "select='given' needs the estimator's own parameters among the candidates: "
+            + _show({k: own.get(k) for k in keys})
+            + " is not one of them"
+        )
 
     def to_frame(self) -> Any:
         """``cv_results_`` as a pandas DataFrame, one row per candidate (the parameters as

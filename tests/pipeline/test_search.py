@@ -97,6 +97,35 @@ def test_one_standard_error_rule() -> None:
     assert select_index(mean, se, clusters, "one-se") == 3
 
 
+def test_given_rule() -> None:
+    """``select="given"``: the given candidate is kept unless the best beats it fold by fold by
+    more than one standard error of the paired difference, however small each mean's own
+    spread would make the gap look."""
+    mean = np.array([-10.0, -10.1])
+    se = np.array([1.0, 1.0])
+    clusters = np.array([5.0, 3.0])
+    # the best is ahead by 0.1 on every fold: a difference with no spread is evidence
+    steady = np.array([[-9.0, -10.0, -11.0], [-9.1, -10.1, -11.1]])
+    assert select_index(mean, se, clusters, "given", steady, 1) == 0
+    # ahead by 0.1 on average but behind on one fold of three: mean 0.1 < se 0.15
+    noisy = np.array([[-9.0, -10.0, -11.0], [-9.2, -10.2, -10.9]])
+    assert select_index(mean, se, clusters, "given", noisy, 1) == 1
+    # the given candidate is the best, or failed everywhere
+    assert select_index(mean[::-1], se, clusters, "given", steady[::-1], 1) == 1
+    assert select_index(np.array([-10.0, np.nan]), se, clusters, "given", steady, 1) == 0
+
+
+def test_given_rule_in_search(client) -> None:
+    X, _ = blobs(60, seed=3)
+    grid = {"alpha": [0.5, 5.0], "prior_scale": [0.3, 0.05]}
+    est = MAPDP(n_restarts=1, random_state=0, alpha=5.0, prior_scale=0.05)
+    gs = GridSearch(est, grid, cv=3, select="given", refit=False, client=client).fit(X)
+    assert gs.best_index_ == expected_given(gs.cv_results_, 3)
+    # the estimator's own configuration must be a candidate, checked before any fit
+    with pytest.raises(SearchError, match=r"alpha=1\.0, prior_scale=0\.05 is not one of them"):
+        GridSearch(est.set_params(alpha=1.0), grid, select="given", client=client).fit(X)
+
+
 def test_one_se_in_search(client) -> None:
     X, _ = blobs(60, seed=4)
     grid = {"alpha": [0.1, 1.0, 30.0], "prior_scale": [0.3, 0.02]}
@@ -172,6 +201,15 @@ def test_tune_cv(client) -> None:
         MAPDP(tune="labels").fit(X)
 
 
+def expected_given(res: dict, given: int) -> int:
+    """``select="given"`` recomputed from the fold scores: the best candidate if its paired
+    difference from ``given`` exceeds one standard error, else ``given``."""
+    folds = np.array([res[f"split{j}_test_score"] for j in range(int(res["n_folds_used"][0]))])
+    best = int(np.nanargmax(res["mean_test_score"]))
+    d = folds[:, best] - folds[:, given]
+    return best if d.mean() > d.std(ddof=1) / np.sqrt(d.size) else given
+
+
 @pytest.mark.parametrize(
     "est",
     [
@@ -189,8 +227,11 @@ def test_tune_cv_on_the_other_clustering_estimators(client, est) -> None:
     m = clone(est).fit(X)
     assert set(m.best_params_) == {"alpha", "prior_scale", "family"}
     res = m.cv_results_
-    assert len(res["params"]) == 24  # 3 alphas x 4 scales x 2 covariances
-    assert res["params"][int(np.nanargmax(res["mean_test_score"]))] == m.best_params_
+    # 3 alphas x 4 scales x 2 covariances, then the estimator's own configuration
+    assert len(res["params"]) == 25
+    own = {k: v for k, v in est.get_params().items() if k in m.best_params_}
+    assert res["params"][24] == own
+    assert m.best_params_ == res["params"][expected_given(res, 24)]
     ref = clone(est).set_params(tune=None, **m.best_params_).fit(X)
     np.testing.assert_array_equal(m.labels_, ref.labels_)
     assert m.score(X) == pytest.approx(ref.score(X))
