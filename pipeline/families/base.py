@@ -50,6 +50,13 @@ class Family(ABC):
     def cache_size(self) -> int:
         """Length C of a cache row."""
 
+    @property
+    def has_cells(self) -> bool:
+        """Whether some column is recorded on a grid whose cells' variance the kernels count
+        (Gaussian families with a ``step``): such a prior needs the kernels compiled with the
+        cells' code."""
+        return False
+
     # -- data ------------------------------------------------------------------------------
     @classmethod
     @abstractmethod

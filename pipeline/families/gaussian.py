@@ -87,16 +87,20 @@ def recording_step(X: FloatArray) -> FloatArray:
     return step
 
 
-def _cell_variances(step: ArrayLike | None, d: int, owner: str) -> FloatArray:
-    """``step`` (None, a scalar or (d,)) checked and turned into the cells' variances q^2 / 12."""
+def _recording_cells(
+    step: ArrayLike | None, d: int, owner: str
+) -> tuple[FloatArray | None, FloatArray]:
+    """``step`` (None, a scalar or (d,)) checked: the step per column (None stays None) and the
+    cells' variances q^2 / 12, shape (d,)."""
     if step is None:
-        return np.zeros(d)
+        return None, np.zeros(d)
     q = np.asarray(step, dtype=np.float64)
     if q.ndim > 1 or (q.ndim == 1 and q.shape[0] != d):
         raise ValueError(f"{owner}: step must be a scalar or have {d} entries, got shape {q.shape}")
     if not np.all(np.isfinite(q)) or np.any(q < 0):
         raise ValueError(f"{owner}: step must be finite and >= 0, got {q.tolist()}")
-    return np.broadcast_to(q, (d,)) ** 2 / 12.0
+    q = np.array(np.broadcast_to(q, (d,)))
+    return q, q**2 / 12.0
 
 
 @register
@@ -149,9 +153,11 @@ class GaussianNW(Family):
         self.c0 = float(self.c0)
         self.a0 = float(self.a0)
         self.n_cols = d
-        self._h = _cell_variances(self.step, d, "GaussianNW")
-        if self.step is not None:
-            self.step = np.array(np.broadcast_to(np.asarray(self.step, np.float64), (d,)))
+        self.step, self._h = _recording_cells(self.step, d, "GaussianNW")
+
+    @property
+    def has_cells(self) -> bool:
+        return bool(self._h.any())
 
     def prior_array(self) -> FloatArray:
         d = self.n_cols
@@ -167,7 +173,7 @@ class GaussianNW(Family):
 
     def cache_size(self) -> int:
         # the recording cells' section (kernels.obs.gaussian_nw): V, log|G_k|, log|T_k|
-        cells = self.n_cols**2 + 2 if self._h.any() else 0
+        cells = self.n_cols**2 + 2 if self.has_cells else 0
         return 2 * self.n_cols**2 + 2 * self.n_cols + 4 + cells
 
     @classmethod
@@ -290,9 +296,11 @@ class NormalGamma(Family):
         _require_positive("NormalGamma", c0=v["c0"], a0=v["a0"], b0=v["b0"])
         self.m0, self.c0, self.a0, self.b0 = v["m0"], v["c0"], v["a0"], v["b0"]
         self.n_cols = d
-        self._h = _cell_variances(self.step, d, "NormalGamma")
-        if self.step is not None:
-            self.step = np.array(np.broadcast_to(np.asarray(self.step, np.float64), (d,)))
+        self.step, self._h = _recording_cells(self.step, d, "NormalGamma")
+
+    @property
+    def has_cells(self) -> bool:
+        return bool(self._h.any())
 
     def _params(self) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
         return (

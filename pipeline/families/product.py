@@ -72,8 +72,7 @@ class ProductFamily:
         # every group is Normal-Wishart without recording cells (one family's kernels, without
         # the cells' code), else int64 (all seven, with it)
         nw_only = bool(np.all(spec[:, 0] == product.GAUSSIAN_NW)) and not any(
-            getattr(fam, "step", None) is not None and np.any(fam.step)  # type: ignore[attr-defined]
-            for fam, _cols in self.groups
+            fam.has_cells for fam, _cols in self.groups
         )
         self.spec = spec.astype(product.NW_ONLY_DTYPE if nw_only else product.ANY_DTYPE)
         self.prior = np.concatenate(priors).astype(np.float64)
