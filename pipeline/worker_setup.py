@@ -23,6 +23,8 @@ import hashlib
 import importlib.util
 import logging
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -259,6 +261,45 @@ def warm_here(names: list[str] | None = None) -> None:
         warm_kernels(names)
     except Exception:
         logger.warning("dpmm worker warm-up failed", exc_info=True)
+
+
+#: seconds the helper of ``warm_here_with_helper`` gets to finish once this process is done
+HELPER_GRACE = 10.0
+_HELPER = "import sys; from pipeline.worker_setup import warm_here; warm_here(sys.argv[1:])"
+
+
+def warm_here_with_helper(names: list[str]) -> None:
+    """``warm_here(names)`` for workers that are threads of this process (``dpmm demo``, ``dpmm
+    run --threads``), with a second process compiling alongside when the kernels are not cached.
+
+    Numba compiles under one lock per process (``numba.core.compiler_lock``), so threads
+    compile one after the other, on one core. A helper process takes the warm-up steps this
+    one is not at (``run_steps``: stage 2's BHC and the marginals while this one compiles the
+    observation models, then whatever is left) and writes them to the numba cache, from which
+    this process loads them. With a warm cache, or one core, no helper starts: it would only
+    import the pipeline again. The helper is a speed-up only: if it fails or dies, its locks
+    are released and this process compiles what it left."""
+    helper = None
+    if (os.cpu_count() or 1) > 1 and not kernels_cached(names):
+        try:
+            helper = subprocess.Popen(
+                [sys.executable, "-c", _HELPER, *names],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        except OSError:
+            logger.warning("dpmm warm-up helper did not start", exc_info=True)
+    try:
+        warm_here(names)
+    finally:
+        if helper is not None:
+            try:
+                # by now it has only loads left: this process waited for every step it took
+                helper.wait(timeout=HELPER_GRACE)
+            except subprocess.TimeoutExpired:
+                helper.kill()
+                helper.wait()
 
 
 def dask_setup(worker: Any) -> None:

@@ -224,11 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument(
         "--threads",
         action=argparse.BooleanOptionalAction,
-        default=None,
-        help="the local cluster's workers as threads of this process (the kernels release the "
-        "GIL) or, with --no-threads, worker processes as 'dpmm run' has them (default: threads "
-        "once the kernels are in the numba cache; processes, which compile them two at a time, "
-        "before)",
+        default=True,
+        help="the local cluster's workers as threads of this process (the default: the kernels "
+        "release the GIL; with an empty numba cache a helper process compiles half of them "
+        "alongside) or, with --no-threads, worker processes as 'dpmm run' has them",
     )
     d.add_argument(
         "--in-memory",
@@ -557,7 +556,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         overwrite=True,
         progress=not args.quiet,
     )
-    kwargs["processes"] = not _demo_threads(args, kwargs)
+    # threads: one process loads the libraries and kernels once, while Prefect's server boots
+    # (warm 9 s against 12 s with worker processes on 2 cores; cold, with the warm-up's helper
+    # process, 28-30 s against 30-32 s: bench_coldstart)
+    kwargs["processes"] = not args.threads
     try:
         run = start_flow(args, kwargs)
     except InjectedFault as err:
@@ -579,20 +581,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ]
     print("\n".join(lines), flush=True)
     return 0
-
-
-def _demo_threads(args: argparse.Namespace, kwargs: dict[str, Any]) -> bool:
-    """The demo's workers as threads of this process, unless ``--threads`` says otherwise: one
-    process loads the libraries and kernels once, while Prefect's server boots (warm, about 9 s
-    against 12 s with worker processes on 2 cores, ``bench_coldstart``), once the kernels are in
-    the numba cache; before, worker processes compile them two at a time (about 33 s against
-    45 s in one process)."""
-    if args.threads is not None:
-        return bool(args.threads)
-    from flows.cli.run import _stage2_warm
-    from pipeline.worker_setup import kernels_cached
-
-    return kernels_cached(["mapdp", *_stage2_warm(kwargs)])
 
 
 def _demo_in_memory(args: argparse.Namespace) -> int:

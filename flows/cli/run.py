@@ -363,9 +363,9 @@ def _local_cluster(
     if not kwargs.get("processes", True):
         # the flow's workers will be threads of this process: it loads their kernels now, while
         # Prefect's temporary server boots, instead of inside the first tasks
-        from pipeline.worker_setup import warm_here
+        from pipeline.worker_setup import warm_here_with_helper
 
-        warm_here([engine, *_stage2_warm(kwargs)])
+        warm_here_with_helper([engine, *_stage2_warm(kwargs)])
         yield kwargs
         return
     from pipeline.dist.client import dask_client

@@ -343,27 +343,8 @@ def test_stage2_warm_names_follow_the_flow_default():
 
 
 @pytest.mark.parametrize(
-    ("argv", "cached", "threads"),
-    [
-        ([], True, True),
-        ([], False, False),
-        (["--threads"], False, True),
-        (["--no-threads"], True, False),
-    ],
+    ("argv", "threads"), [([], True), (["--threads"], True), (["--no-threads"], False)]
 )
-def test_demo_workers_are_threads_once_the_kernels_are_cached(
-    monkeypatch, argv: list[str], cached: bool, threads: bool
-) -> None:
-    from flows.cli.app import _demo_threads
-    from pipeline import worker_setup
-
-    asked: list[list[str]] = []
-
-    def probe(names: list[str]) -> bool:
-        asked.append(names)
-        return cached
-
-    monkeypatch.setattr(worker_setup, "kernels_cached", probe)
+def test_demo_workers_are_threads_unless_asked(argv: list[str], threads: bool) -> None:
     args = build_parser().parse_args(["demo", "--out", "d", *argv])
-    assert _demo_threads(args, {"summaries": 200}) is threads
-    assert asked in ([], [["mapdp", "bhc"]])
+    assert args.threads is threads

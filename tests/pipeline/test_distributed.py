@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -351,6 +353,42 @@ def test_a_complete_warm_up_leaves_its_marker(monkeypatch, tmp_path: Path):
     monkeypatch.setattr(worker_setup, "run_steps", fail)
     worker_setup.warm_here(["mapdp", "bhc"])  # logged: it only costs the speed-up
     assert not worker_setup.kernels_cached(["mapdp", "bhc"])
+
+
+_CACHE_HITS = """
+import numba, sys
+from pipeline import worker_setup
+assert worker_setup.kernels_cached(["mapdp", "bhc"]), "no marker of a complete warm-up"
+worker_setup.warm_kernels(["mapdp", "bhc"])
+hits = misses = 0
+for name, mod in list(sys.modules.items()):
+    if name.startswith("kernels"):
+        for f in vars(mod).values():
+            if isinstance(f, numba.core.registry.CPUDispatcher):
+                hits += sum(f.stats.cache_hits.values())
+                misses += sum(f.stats.cache_misses.values())
+print(hits, misses)
+"""
+
+
+@pytest.mark.slow
+def test_warm_up_with_a_helper_process_fills_an_empty_cache(tmp_path: Path) -> None:
+    """``warm_here_with_helper`` (``dpmm demo`` and ``dpmm run --threads``) on an empty numba
+    cache: this process and its helper split the steps, and afterwards the cache holds every
+    kernel of the run, which a new process then loads without compiling any."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    warm = "from pipeline.worker_setup import warm_here_with_helper as w; w(['mapdp', 'bhc'])"
+    subprocess.run([sys.executable, "-c", warm], env=env, check=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", _CACHE_HITS],
+        env=env,
+        check=True,
+        timeout=600,
+        text=True,
+        capture_output=True,
+    )
+    hits, misses = map(int, out.stdout.split())
+    assert misses == 0 and hits > 10
 
 
 def test_worker_warm_up_of_every_product_widens_the_toy_spec(monkeypatch, tmp_path: Path):
