@@ -99,6 +99,31 @@ def _infer(
     return schema, checker, fixed
 
 
+def peek_family(
+    source: Any,
+    family: Any = "auto",
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    drop: Sequence[str | None] = (),
+) -> ProductFamily | None:
+    """The family ``ingest`` would infer from the first piece of ``source`` (without the
+    columns ``drop``: the label and group columns), read in this process; None when that piece
+    cannot be read or checked, which ``ingest`` then reports properly. A guess for choosing
+    which kernels to compile before the workers start: a later piece can still change the
+    family (values off the first piece's recording grid)."""
+    try:
+        src = open_source(source, int(chunk_rows))
+        first, from_frame = read_piece(src.pieces[0], None)
+        cols = [c for c in drop if c is not None and c in first.columns]
+        first = first.drop(columns=cols)
+        if first.shape[0] == 0:
+            return None
+        return _infer(first, from_frame, family, src.pieces[0].label)[1]
+    except Exception:
+        # whatever stops the guess (a missing file, bad values, an object store's own errors)
+        # stops the ingest too, which reports it with its file, column and row
+        return None
+
+
 def _check_global(schema: Schema, family: ProductFamily, mom: Moments, label: str) -> None:
     """``Schema.check_informative`` over all chunks, from the moments: enough rows, and no
     column of one constant value."""

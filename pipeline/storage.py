@@ -280,6 +280,16 @@ def check_reachable(x: Any, what: str = "") -> None:
         raise fs_error(loc.url, err, what) from err
 
 
+def check_new_output(out: Any, overwrite: bool, what: str = "--out") -> None:
+    """Refuse a committed output ``out`` (``committed``) unless ``overwrite``, with the message
+    ``prepare_output`` gives: a command checks it before it starts a cluster and compiles, not
+    only when its flow gets to it."""
+    loc = location(out)
+    if not overwrite and committed(loc):
+        shown = redact(loc.url) if isinstance(loc, RemotePath) else str(loc)
+        raise InputError(f"{what} {shown}: already exists (pass --overwrite to replace it)")
+
+
 # -- whole prefixes --------------------------------------------------------------------------
 
 

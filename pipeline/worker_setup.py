@@ -38,6 +38,10 @@ logger = logging.getLogger(__name__)
 
 # comma-separated engine names whose kernels a worker loads when it starts
 WARM_ENV = "DPMM_WARM_ENGINES"
+#: a name in the warm-up's list: its steps with the toy family's spec widened to int64, the
+#: type of every product family but the Normal-Wishart-only one (categorical, count or
+#: integer-valued columns: ``warm_names``), instead of the Normal-Wishart-only kernels
+EVERY_FAMILY = "every-family"
 
 
 # the spec type of ``toy_family``: None keeps the family's own (int32, Normal-Wishart only);
@@ -207,7 +211,18 @@ def warm_engines() -> list[str]:
     from pipeline.engines import ENGINES
 
     names = [n.strip() for n in os.environ.get(WARM_ENV, "").split(",") if n.strip()]
-    return [n for n in names if n in ENGINES or n in STAGE2_STEPS] if names else list(ENGINES)
+    known = [n for n in names if n in ENGINES or n in STAGE2_STEPS or n == EVERY_FAMILY]
+    return known if names else list(ENGINES)
+
+
+def warm_names(engines: list[str], family: ProductFamily | None) -> list[str]:
+    """The warm-up list of a run of ``engines`` on records of ``family`` (``peek_family``;
+    None: unknown, the Normal-Wishart-only kernels): ``EVERY_FAMILY`` added when its spec is
+    not the Normal-Wishart-only one, so that the workers compile the kernels the run calls."""
+    from kernels.obs.product import NW_ONLY_DTYPE
+
+    wide = family is not None and family.spec.dtype != NW_ONLY_DTYPE
+    return [*engines, EVERY_FAMILY] if wide else list(engines)
 
 
 def warm_kernels(names: list[str] | None = None, every_product: bool = False) -> None:
@@ -228,9 +243,30 @@ def warm_kernels(names: list[str] | None = None, every_product: bool = False) ->
 
 
 def _warm_kernels(names: list[str] | None) -> None:
+    global _toy_spec_dtype
+    names = names or warm_engines()
+    if EVERY_FAMILY in names and _toy_spec_dtype is None:
+        from kernels.obs.product import ANY_DTYPE
+
+        _toy_spec_dtype = ANY_DTYPE
+        try:
+            _warm_steps([n for n in names if n != EVERY_FAMILY])
+        finally:
+            _toy_spec_dtype = None
+    else:
+        _warm_steps([n for n in names if n != EVERY_FAMILY])
+        if _toy_spec_dtype is not None:  # a second round (``every_product``): no marker
+            return
+    marker = _warm_marker(names)
+    # a cache that cannot be written (an image's, read-only) has its kernels, not a marker
+    with contextlib.suppress(OSError):
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+
+
+def _warm_steps(names: list[str]) -> None:
     from pipeline.engines import get_engine
 
-    names = names or warm_engines()
     steps = [s for n in names if n not in STAGE2_STEPS for s in get_engine(n).warm_steps()]
     stage2 = [(f"stage2-{n}", STAGE2_STEPS[n]) for n in names if n in STAGE2_STEPS]
     obs = ("observation-models", warm_observation_models)
@@ -245,12 +281,6 @@ def _warm_kernels(names: list[str] | None) -> None:
         # process that finds the observation models taken compiles the marginals and stage 2
         # meanwhile, then each goes on to the engine's steps
         run_steps([obs, marginals, *stage2, *steps])
-    if _toy_spec_dtype is None:  # the kernels of the runs' Gaussian records are in the cache
-        marker = _warm_marker(names)
-        # a cache that cannot be written (an image's, read-only) has its kernels, not a marker
-        with contextlib.suppress(OSError):
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            marker.touch()
 
 
 def warm_here(names: list[str] | None = None) -> None:

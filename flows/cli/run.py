@@ -365,7 +365,7 @@ def _local_cluster(
         # Prefect's temporary server boots, instead of inside the first tasks
         from pipeline.worker_setup import warm_here_with_helper
 
-        warm_here_with_helper([engine, *_stage2_warm(kwargs)])
+        warm_here_with_helper(_warm_names(kwargs, engine))
         yield kwargs
         return
     from pipeline.dist.client import dask_client
@@ -376,9 +376,31 @@ def _local_cluster(
         kwargs.get("n_workers"),
         dashboard_address=dashboard,
         quiet=True,  # the flow prints the dashboard of the cluster it joins
-        warm=[engine, *_stage2_warm(kwargs)],
+        warm=_warm_names(kwargs, engine),
     ) as client:
         yield {**kwargs, "scheduler": client.scheduler.address}
+
+
+def _warm_names(kwargs: dict[str, Any], engine: str) -> list[str]:
+    """What the workers compile or load while they start: the engine, stage 2's BHC if the
+    flow runs it, and the kernels of the input's family (``pipeline.ingest.peek_family`` on
+    its first piece, for a flow that fits one: categorical, count or integer-valued columns
+    call other kernels than Gaussian ones)."""
+    from pipeline.worker_setup import warm_names
+
+    names = [engine, *_stage2_warm(kwargs)]
+    source = kwargs.get("input")
+    if "family" not in kwargs or not isinstance(source, (str, Path)):
+        return names
+    from pipeline.ingest import peek_family
+
+    family = peek_family(
+        source,
+        kwargs.get("family") or "auto",
+        kwargs.get("chunk_rows") or DEFAULT_CHUNK_ROWS,
+        drop=(kwargs.get("label_column"), kwargs.get("group_column")),
+    )
+    return warm_names(names, family)
 
 
 def _stage2_warm(kwargs: dict[str, Any]) -> list[str]:
@@ -435,6 +457,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _hpc_of(args)  # a bad --cluster-config is refused before anything starts
     # and an OUT or --data-dir on object storage that cannot be reached (``pipeline.storage``)
     storage.check_reachable(args.out, "--out")
+    storage.check_new_output(args.out, args.overwrite)
     if args.data_dir is not None:
         storage.check_reachable(args.data_dir, "--data-dir")
     prestart()  # Prefect's temporary server boots while the flow's modules load

@@ -129,7 +129,7 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
     fut = client.submit(_sample_fit_task, Xs_f, fam, order, alpha, params, pure=False)
     # the fit keeps one worker busy and the driver idle: the driver loads what it will need
     # meanwhile (workers did so when they started: ``pipeline.worker_setup``)
-    threading.Thread(target=warm_driver, daemon=True).start()
+    threading.Thread(target=warm_driver, args=(Xs[:40], fam), daemon=True).start()
     labels, stats, alpha, n_iter, e = fut.result()
     K = int(stats.shape[0])
     record = {
@@ -157,23 +157,26 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
     )
 
 
-def warm_driver() -> None:
+def warm_driver(X: FloatArray | None = None, family: ProductFamily | None = None) -> None:
     """Load the numba kernels ``reduce_pass`` calls and the report's matplotlib, so that their
-    first real call does not pay for loading them. The kernels are compiled by one process of
-    the run only (``pipeline.worker_setup.compile_once``): a worker may be at it already."""
+    first real call does not pay for loading them; on records X (n, D) of the run's own
+    ``family`` when given (its spec type picks the kernels: ``kernels.obs.product``). The
+    kernels are compiled by one process of the run only (``pipeline.worker_setup.compile_once``):
+    a worker may be at it already."""
     from pipeline import report
     from pipeline.worker_setup import compile_once
 
-    compile_once("mixture-reduce", warm_reduce)
+    compile_once("mixture-reduce", lambda: warm_reduce(X, family))
     report.load_matplotlib()
 
 
-def warm_reduce() -> None:
+def warm_reduce(X: FloatArray | None = None, family: ProductFamily | None = None) -> None:
     """Load the kernels of ``reduce_pass`` (the merge test, the objective from statistics, the
-    concentration's MAP) on toy records."""
+    concentration's MAP) on records X of ``family``, by default toy ones."""
     from pipeline.worker_setup import toy_family
 
-    X, family = toy_family()
+    if X is None or family is None:
+        X, family = toy_family()
     n = X.shape[0]
     stats = family.stats_of(X, np.zeros(n, dtype=np.int64), 1)
     nk = np.ascontiguousarray(stats[:, 0])

@@ -153,12 +153,23 @@ def test_dpmm_run_program_on_bad_input_prints_one_line(tmp_path: Path):
     assert not out.exists() and not temp_sibling(out).exists()
 
 
-def test_cli_refuses_an_existing_out(tmp_path: Path, capsys):
+def test_cli_refuses_an_existing_out(tmp_path: Path, capsys, monkeypatch):
+    """Refused before Prefect's server, the cluster and the kernels start (it was refused by
+    the flow, half a minute later on an empty numba cache)."""
+    from flows.cli import run as cli_run
+
+    def no_start(*args, **kwargs):
+        raise AssertionError("the flow started")
+
+    monkeypatch.setattr(cli_run, "prestart", no_start)
+    monkeypatch.setattr(cli_run, "start_flow", no_start)
     write_blobs(tmp_path / "in.csv", n=50)
     (tmp_path / "out").mkdir()
     code = main(["run", str(tmp_path / "in.csv"), "--out", str(tmp_path / "out"), "--quiet"])
     assert code == 2
-    assert "already exists" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    out = tmp_path / "out"
+    assert err == f"dpmm: error: --out {out}: already exists (pass --overwrite to replace it)\n"
 
 
 def test_run_parser_options():

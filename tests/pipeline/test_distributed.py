@@ -391,6 +391,50 @@ def test_warm_up_with_a_helper_process_fills_an_empty_cache(tmp_path: Path) -> N
     assert misses == 0 and hits > 10
 
 
+def test_the_warm_up_follows_the_inputs_family(monkeypatch, tmp_path: Path) -> None:
+    """A run on categorical or integer-valued records calls the int64 kernels (every family,
+    the recording cells' code): the CLI guesses the family from the input's first piece
+    (``peek_family``) and names ``EVERY_FAMILY`` to the workers, whose steps then run on the
+    toy family widened to int64 and leave a marker of their own."""
+    from kernels.obs.product import ANY_DTYPE, NW_ONLY_DTYPE
+    from pipeline import worker_setup
+    from pipeline.ingest import peek_family
+
+    rng = np.random.default_rng(0)
+    cont = tmp_path / "cont.csv"
+    pd.DataFrame(rng.normal(size=(50, 3)), columns=list("abc")).to_csv(cont, index=False)
+    ints = tmp_path / "ints.csv"
+    df = pd.DataFrame(rng.integers(0, 9, size=(50, 3)).astype(float), columns=list("abc"))
+    df.assign(label=np.arange(50) % 2).to_csv(ints, index=False)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,x\n")
+    assert peek_family(cont).spec.dtype == NW_ONLY_DTYPE
+    wide = peek_family(ints, drop=("label", None))
+    assert wide.spec.dtype == ANY_DTYPE and wide.n_cols == 3
+    assert peek_family(bad, family="gaussian") is None
+    assert peek_family(tmp_path / "missing.csv") is None
+    assert worker_setup.warm_names(["mapdp"], peek_family(cont)) == ["mapdp"]
+    assert worker_setup.warm_names(["mapdp"], None) == ["mapdp"]
+    names = worker_setup.warm_names(["mapdp", "bhc"], wide)
+    assert names == ["mapdp", "bhc", worker_setup.EVERY_FAMILY]
+    monkeypatch.setenv(worker_setup.WARM_ENV, ",".join(names))
+    assert worker_setup.warm_engines() == names
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
+    seen: list[tuple[list[str], np.dtype]] = []
+
+    def record(steps):
+        seen.append(([k for k, _ in steps], worker_setup.toy_family()[1].spec.dtype))
+
+    monkeypatch.setattr(worker_setup, "run_steps", record)
+    worker_setup.warm_kernels(names)
+    steps = ["observation-models", "observation-marginals", "stage2-bhc", "mapdp-sweep"]
+    assert seen == [([*steps, "mixture-start"], np.dtype(ANY_DTYPE))]
+    assert worker_setup.toy_family()[1].spec.dtype == NW_ONLY_DTYPE
+    assert worker_setup.kernels_cached(names)
+    assert not worker_setup.kernels_cached(["mapdp", "bhc"])
+
+
 def test_worker_warm_up_of_every_product_widens_the_toy_spec(monkeypatch, tmp_path: Path):
     """``warm_kernels(every_product=True)`` (the image's build): a second round of the same
     steps with the toy family's spec as int64, the type every non-Gaussian product has, so
