@@ -230,29 +230,30 @@ def warm_kernels(names: list[str] | None = None, every_product: bool = False) ->
     (default ``warm_engines()``) calls, and those of a stage 2 named there, for Gaussian
     (Normal-Wishart) records; ``every_product``: then again for any other product family (the
     image's build-time cache)."""
-    global _toy_spec_dtype
     _warm_kernels(names)
     if every_product:
-        from kernels.obs.product import ANY_DTYPE
-
-        _toy_spec_dtype = ANY_DTYPE
-        try:
+        with _every_family_toy():
             _warm_kernels(names)
-        finally:
-            _toy_spec_dtype = None
+
+
+@contextlib.contextmanager
+def _every_family_toy() -> Iterator[None]:
+    """``toy_family``'s spec widened to int64 (every family's kernels) while inside."""
+    global _toy_spec_dtype
+    from kernels.obs.product import ANY_DTYPE
+
+    _toy_spec_dtype = ANY_DTYPE
+    try:
+        yield
+    finally:
+        _toy_spec_dtype = None
 
 
 def _warm_kernels(names: list[str] | None) -> None:
-    global _toy_spec_dtype
     names = names or warm_engines()
     if EVERY_FAMILY in names and _toy_spec_dtype is None:
-        from kernels.obs.product import ANY_DTYPE
-
-        _toy_spec_dtype = ANY_DTYPE
-        try:
+        with _every_family_toy():
             _warm_steps([n for n in names if n != EVERY_FAMILY])
-        finally:
-            _toy_spec_dtype = None
     else:
         _warm_steps([n for n in names if n != EVERY_FAMILY])
         if _toy_spec_dtype is not None:  # a second round (``every_product``): no marker
