@@ -348,3 +348,38 @@ def test_stage2_warm_names_follow_the_flow_default():
 def test_demo_workers_are_threads_unless_asked(argv: list[str], threads: bool) -> None:
     args = build_parser().parse_args(["demo", "--out", "d", *argv])
     assert args.threads is threads
+
+
+@pytest.mark.parametrize(
+    ("argv", "status"),
+    [(["--help"], 0), (["run"], 2), (["run", "missing.csv", "--out", "o"], 2)],
+    ids=["help", "usage", "bad-input"],
+)
+def test_the_program_ends_at_once_with_its_status(tmp_path: Path, argv, status) -> None:
+    """As the program, ``dpmm`` ends right after its exit handlers (``flows.cli._exit_now``)
+    with the status ``main`` returned or argparse exited with, its output written out."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "flows.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert proc.returncode == status, proc.stderr
+    if status == 0:
+        # the whole help, up to its last line, reached the pipe
+        assert proc.stdout.rstrip().endswith(build_parser().format_help().rstrip())
+    else:
+        assert proc.stderr.startswith(("usage: dpmm", "dpmm: error:"))
+    assert not (tmp_path / "o").exists()
+
+
+def test_main_called_from_python_keeps_the_interpreters_exit() -> None:
+    """``main(argv)`` from Python (tests, notebooks) registers no exit handler: only the program
+    (``argv`` None) ends the process early."""
+    import atexit
+
+    before = atexit._ncallbacks()
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert atexit._ncallbacks() == before
