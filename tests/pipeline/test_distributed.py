@@ -333,7 +333,7 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
 def test_a_complete_warm_up_leaves_its_marker(monkeypatch, tmp_path: Path):
     """``kernels_cached``: true once a warm-up of the same engines completed with this numba
     cache (and these kernel sources); another cache, other engines or a failed warm-up have
-    none (``dpmm demo`` then starts worker processes, which compile two at a time)."""
+    none (``warm_here_with_helper`` then starts a helper process to compile alongside)."""
     from pipeline import worker_setup
 
     marker = worker_setup._warm_marker
