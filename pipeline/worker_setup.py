@@ -38,14 +38,22 @@ logger = logging.getLogger(__name__)
 
 # comma-separated engine names whose kernels a worker loads when it starts
 WARM_ENV = "DPMM_WARM_ENGINES"
-#: a name in the warm-up's list: its steps with the toy family's spec widened to int64, the
-#: type of every product family but the Normal-Wishart-only one (categorical, count or
-#: integer-valued columns: ``warm_names``), instead of the Normal-Wishart-only kernels
+#: names in the warm-up's list: its steps with the toy family's spec of another type
+#: (``kernels.obs.product``), for the kernels of other records than continuous Gaussian ones
+#: (``warm_names``): int64 for any product (categorical or count columns), int16 for
+#: Normal-Wishart columns recorded on a grid (integer-valued)
 EVERY_FAMILY = "every-family"
+NW_CELLS = "nw-cells"
+
+
+def _spec_kinds() -> dict[str, Any]:
+    from kernels.obs.product import ANY_DTYPE, NW_CELLS_DTYPE
+
+    return {EVERY_FAMILY: np.dtype(ANY_DTYPE), NW_CELLS: np.dtype(NW_CELLS_DTYPE)}
 
 
 # the spec type of ``toy_family``: None keeps the family's own (int32, Normal-Wishart only);
-# ``warm_kernels(every_product=True)`` sets int64 for a second round
+# ``warm_kernels(every_product=True)`` sets the others for more rounds
 _toy_spec_dtype: Any = None
 
 
@@ -53,9 +61,10 @@ def toy_family() -> tuple[FloatArray, ProductFamily]:
     """40 records (40, 2) of two Gaussian blobs and their empirical-Bayes family.
 
     The kernels compile per spec type (``kernels.obs.product``): this family's int32 spec
-    gives the Normal-Wishart-only kernels; during ``warm_kernels(every_product=True)``'s second
-    round its spec is widened to int64, the type of every other product, whose kernels
-    dispatch over all families."""
+    gives the Normal-Wishart-only kernels; with ``EVERY_FAMILY`` or ``NW_CELLS`` in the
+    warm-up's list (and in ``warm_kernels(every_product=True)``'s later rounds) its spec is
+    int64, whose kernels dispatch over all families, or int16, the Normal-Wishart kernels with
+    the recording cells' code."""
     from pipeline.families import GaussianNW
 
     rng = np.random.default_rng(0)
@@ -211,38 +220,35 @@ def warm_engines() -> list[str]:
     from pipeline.engines import ENGINES
 
     names = [n.strip() for n in os.environ.get(WARM_ENV, "").split(",") if n.strip()]
-    known = [n for n in names if n in ENGINES or n in STAGE2_STEPS or n == EVERY_FAMILY]
+    known = [n for n in names if n in ENGINES or n in STAGE2_STEPS or n in _spec_kinds()]
     return known if names else list(ENGINES)
 
 
 def warm_names(engines: list[str], family: ProductFamily | None) -> list[str]:
     """The warm-up list of a run of ``engines`` on records of ``family`` (``peek_family``;
-    None: unknown, the Normal-Wishart-only kernels): ``EVERY_FAMILY`` added when its spec is
-    not the Normal-Wishart-only one, so that the workers compile the kernels the run calls."""
-    from kernels.obs.product import NW_ONLY_DTYPE
-
-    wide = family is not None and family.spec.dtype != NW_ONLY_DTYPE
-    return [*engines, EVERY_FAMILY] if wide else list(engines)
+    None: unknown, the Normal-Wishart-only kernels): ``EVERY_FAMILY`` or ``NW_CELLS`` added
+    when its spec is of their type, so that the workers compile the kernels the run calls."""
+    kind = [k for k, t in _spec_kinds().items() if family is not None and family.spec.dtype == t]
+    return [*engines, *kind]
 
 
 def warm_kernels(names: list[str] | None = None, every_product: bool = False) -> None:
     """Load every numba kernel a chunk task or the sample start of the engines ``names``
     (default ``warm_engines()``) calls, and those of a stage 2 named there, for Gaussian
-    (Normal-Wishart) records; ``every_product``: then again for any other product family (the
-    image's build-time cache)."""
+    (Normal-Wishart) records; ``every_product``: then again for any other product family and
+    for Gaussian records on a grid (the image's build-time cache)."""
     _warm_kernels(names)
     if every_product:
-        with _every_family_toy():
-            _warm_kernels(names)
+        for dtype in _spec_kinds().values():
+            with _toy_spec(dtype):
+                _warm_kernels(names)
 
 
 @contextlib.contextmanager
-def _every_family_toy() -> Iterator[None]:
-    """``toy_family``'s spec widened to int64 (every family's kernels) while inside."""
+def _toy_spec(dtype: Any) -> Iterator[None]:
+    """``toy_family``'s spec of type ``dtype`` while inside."""
     global _toy_spec_dtype
-    from kernels.obs.product import ANY_DTYPE
-
-    _toy_spec_dtype = ANY_DTYPE
+    _toy_spec_dtype = dtype
     try:
         yield
     finally:
@@ -251,12 +257,15 @@ def _every_family_toy() -> Iterator[None]:
 
 def _warm_kernels(names: list[str] | None) -> None:
     names = names or warm_engines()
-    if EVERY_FAMILY in names and _toy_spec_dtype is None:
-        with _every_family_toy():
-            _warm_steps([n for n in names if n != EVERY_FAMILY])
+    kinds = _spec_kinds()
+    engines = [n for n in names if n not in kinds]
+    kind = [kinds[n] for n in names if n in kinds]
+    if kind and _toy_spec_dtype is None:
+        with _toy_spec(kind[0]):
+            _warm_steps(engines)
     else:
-        _warm_steps([n for n in names if n != EVERY_FAMILY])
-        if _toy_spec_dtype is not None:  # a second round (``every_product``): no marker
+        _warm_steps(engines)
+        if _toy_spec_dtype is not None:  # a later round (``every_product``): no marker
             return
     marker = _warm_marker(names)
     # a cache that cannot be written (an image's, read-only) has its kernels, not a marker

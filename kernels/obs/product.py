@@ -2,11 +2,13 @@
 
 Log terms add across groups (DESIGN.md, "Likelihood families"). A product is described by
 
-``spec`` : int64 or int32 ndarray of shape (G, 9)
+``spec`` : int64, int32 or int16 ndarray of shape (G, 9)
     One row per group: family code, first column, number of columns, then (offset, length) of the
     group's slice of the statistics row, the prior array and the cache row. Its integer type is
     the set of families the kernels are compiled for: int32 when every group is Normal-Wishart
-    (``NW_ONLY_DTYPE``; the kernels then contain that family alone), int64 for any product.
+    without recording cells (``NW_ONLY_DTYPE``; the kernels then contain that family alone),
+    int16 when every group is Normal-Wishart and some has cells (``NW_CELLS_DTYPE``; with the
+    cells' code), int64 for any product.
 ``prior`` : float64 ndarray of shape (P,)
     All groups' prior arrays, concatenated.
 
@@ -180,14 +182,29 @@ def _any_log_marginal(code, sg, pg):
 # caller, so a Gaussian run's kernels contain the Normal-Wishart kernels only. Both kinds are
 # ordinary argument types: each is cached (cache=True) like any other signature. An int32 spec
 # also promises that no prior has recording cells (``gaussian_nw``'s Sheppard correction), so
-# its kernels leave that code out; a Normal-Wishart prior with cells gets an int64 spec.
+# its kernels leave that code out. A Normal-Wishart-only spec with cells (integer-valued
+# Gaussian columns) is int16: the Normal-Wishart kernels with the cells' code, not all seven
+# families; its offsets must fit in int16 (about 170 columns), else it is int64.
 NW_ONLY_DTYPE = np.int32
 ANY_DTYPE = np.int64
+NW_CELLS_DTYPE = np.int16
 
 
 def _nw_only(code):
-    """True when ``code`` (a numba type) is the code of a Normal-Wishart-only spec."""
+    """True when ``code`` (a numba type) is the code of a Normal-Wishart-only spec without
+    recording cells."""
     return isinstance(code, types.Integer) and code.bitwidth == 32
+
+
+def _nw_cells(code):
+    """True when ``code`` (a numba type) is the code of a Normal-Wishart-only spec whose
+    priors may have recording cells."""
+    return isinstance(code, types.Integer) and code.bitwidth == 16
+
+
+def _nw(code):
+    """Either Normal-Wishart-only spec: the functions that do not depend on the cells."""
+    return _nw_only(code) or _nw_cells(code)
 
 
 def _group_add_stats(code, xg, sg, w):
@@ -197,7 +214,7 @@ def _group_add_stats(code, xg, sg, w):
 
 @overload(_group_add_stats, jit_options={"nogil": True})
 def _ol_group_add_stats(code, xg, sg, w):
-    if _nw_only(code):
+    if _nw(code):
         return lambda code, xg, sg, w: gaussian_nw.add_stats(xg, sg, w)
     return lambda code, xg, sg, w: _any_add_stats(code, xg, sg, w)
 
@@ -211,6 +228,8 @@ def _group_refresh(code, sg, cg, pg):
 def _ol_group_refresh(code, sg, cg, pg):
     if _nw_only(code):
         return lambda code, sg, cg, pg: gaussian_nw.refresh(sg, cg, pg)
+    if _nw_cells(code):
+        return lambda code, sg, cg, pg: gaussian_nw.refresh(sg, cg, pg, True)
     return lambda code, sg, cg, pg: _any_refresh(code, sg, cg, pg)
 
 
@@ -223,6 +242,8 @@ def _group_update(code, xg, sg, cg, pg, w):
 def _ol_group_update(code, xg, sg, cg, pg, w):
     if _nw_only(code):
         return lambda code, xg, sg, cg, pg, w: gaussian_nw.update(xg, sg, cg, pg, w)
+    if _nw_cells(code):
+        return lambda code, xg, sg, cg, pg, w: gaussian_nw.update(xg, sg, cg, pg, w, True)
     return lambda code, xg, sg, cg, pg, w: _any_update(code, xg, sg, cg, pg, w)
 
 
@@ -233,7 +254,7 @@ def _group_log_predictive(code, xg, sg, cg, pg):
 
 @overload(_group_log_predictive, jit_options={"nogil": True})
 def _ol_group_log_predictive(code, xg, sg, cg, pg):
-    if _nw_only(code):
+    if _nw(code):
         return lambda code, xg, sg, cg, pg: gaussian_nw.log_predictive(xg, sg, cg, pg)
     return lambda code, xg, sg, cg, pg: _any_log_predictive(code, xg, sg, cg, pg)
 
@@ -259,7 +280,7 @@ def _group_moments(code, sg, pg, mean, cov):
 
 @overload(_group_moments, jit_options={"nogil": True})
 def _ol_group_moments(code, sg, pg, mean, cov):
-    if _nw_only(code):
+    if _nw(code):
         return lambda code, sg, pg, mean, cov: gaussian_nw.moments(sg, pg, mean, cov)
     return lambda code, sg, pg, mean, cov: _any_moments(code, sg, pg, mean, cov)
 
@@ -271,7 +292,7 @@ def _group_log_marginal(code, sg, pg):
 
 @overload(_group_log_marginal, jit_options={"nogil": True})
 def _ol_group_log_marginal(code, sg, pg):
-    if _nw_only(code):
+    if _nw(code):
         return lambda code, sg, pg: gaussian_nw.log_marginal(sg, pg)
     return lambda code, sg, pg: _any_log_marginal(code, sg, pg)
 

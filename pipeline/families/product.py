@@ -70,11 +70,14 @@ class ProductFamily:
             cac += fam.cache_size()
         # the integer type of the spec is the family set the kernels compile for: int32 when
         # every group is Normal-Wishart without recording cells (one family's kernels, without
-        # the cells' code), else int64 (all seven, with it)
-        nw_only = bool(np.all(spec[:, 0] == product.GAUSSIAN_NW)) and not any(
-            fam.has_cells for fam, _cols in self.groups
-        )
-        self.spec = spec.astype(product.NW_ONLY_DTYPE if nw_only else product.ANY_DTYPE)
+        # the cells' code), int16 with cells (and offsets that fit), else int64 (all seven)
+        dtype = product.ANY_DTYPE
+        if bool(np.all(spec[:, 0] == product.GAUSSIAN_NW)):
+            if not any(fam.has_cells for fam, _cols in self.groups):
+                dtype = product.NW_ONLY_DTYPE
+            elif int((spec[:, 1::2] + spec[:, 2::2]).max()) <= np.iinfo(np.int16).max:
+                dtype = product.NW_CELLS_DTYPE
+        self.spec = spec.astype(dtype)
         self.prior = np.concatenate(priors).astype(np.float64)
         self.n_stats = stat
         self.n_cache = cac

@@ -48,6 +48,12 @@ def test_spec_dtype_is_the_family_set() -> None:
     assert mixed.spec.dtype == np.int64
     cat = ProductFamily([(Categorical(np.ones(3)), [0])])
     assert cat.spec.dtype == np.int64
+    # Normal-Wishart columns recorded on a grid: the Normal-Wishart kernels with the cells'
+    # code (int16), unless the offsets outgrow int16 (a full covariance of 200 columns)
+    grid = np.round(X)
+    assert GaussianNW.empirical_bayes(grid).as_product().spec.dtype == np.int16
+    wide = np.random.default_rng(1).integers(0, 9, size=(400, 200)).astype(float)
+    assert GaussianNW.empirical_bayes(wide).as_product().spec.dtype == np.int64
 
 
 def test_signature_does_not_depend_on_the_spec_dtype() -> None:

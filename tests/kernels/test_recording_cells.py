@@ -137,27 +137,30 @@ def test_sweep_updates_and_leave_one_out_match_a_refresh(family: type) -> None:
     equal the predictive given the other records, and the cache one built from scratch."""
     X = _integer_data(n=30, d=4)
     prod = family.empirical_bayes(X).as_product()
-    spec, prior = prod.spec, prod.prior
-    # a prior with cells never gets the Normal-Wishart-only kernels, which leave them out
-    assert spec.dtype == kproduct.ANY_DTYPE
+    prior = prod.prior
+    # a prior with cells never gets the Normal-Wishart-only kernels, which leave them out: a
+    # Normal-Wishart one gets its own with the cells (int16), the others every family's (int64)
+    own = kproduct.NW_CELLS_DTYPE if family is GaussianNW else kproduct.ANY_DTYPE
+    assert prod.spec.dtype == own
     z = np.zeros(30, dtype=np.int64)
-    stats_ = prod.stats_of(X, z, 1)
-    cache = prod.cache_of(stats_)
-    s, c = stats_[0].copy(), cache[0].copy()
-    for x in X[:5]:
-        kproduct.update(x, s, c, spec, prior, -1.0)
-    ref_s = prod.stats_of(X[5:], z[5:], 1)
-    np.testing.assert_allclose(s, ref_s[0], rtol=1e-12, atol=1e-9)
-    np.testing.assert_allclose(c, prod.cache_of(ref_s)[0], rtol=1e-9, atol=1e-9)
-    scratch_s, scratch_c = np.empty_like(s), np.empty_like(c)
-    x = X[7]
-    loo = kproduct.log_predictive_loo(x, s, c, spec, prior, scratch_s, scratch_c)
-    rest = np.delete(X[5:], 2, axis=0)
-    assert loo == pytest.approx(prod.groups[0][0].log_predictive(x, rest), rel=RTOL_REF)
-    if family is GaussianNW:
-        # the O(d^2) closed form on G_k = T_k - H, not the fallback
-        closed = gaussian_nw.log_predictive_loo(x, s, c, prior, True)
-        assert closed == pytest.approx(loo, rel=RTOL_REF)
+    for spec in (prod.spec, prod.spec.astype(kproduct.ANY_DTYPE)):
+        stats_ = prod.stats_of(X, z, 1)
+        cache = prod.cache_of(stats_)
+        s, c = stats_[0].copy(), cache[0].copy()
+        for x in X[:5]:
+            kproduct.update(x, s, c, spec, prior, -1.0)
+        ref_s = prod.stats_of(X[5:], z[5:], 1)
+        np.testing.assert_allclose(s, ref_s[0], rtol=1e-12, atol=1e-9)
+        np.testing.assert_allclose(c, prod.cache_of(ref_s)[0], rtol=1e-9, atol=1e-9)
+        scratch_s, scratch_c = np.empty_like(s), np.empty_like(c)
+        x = X[7]
+        loo = kproduct.log_predictive_loo(x, s, c, spec, prior, scratch_s, scratch_c)
+        rest = np.delete(X[5:], 2, axis=0)
+        assert loo == pytest.approx(prod.groups[0][0].log_predictive(x, rest), rel=RTOL_REF)
+        if family is GaussianNW:
+            # the O(d^2) closed form on G_k = T_k - H, not the fallback
+            closed = gaussian_nw.log_predictive_loo(x, s, c, prior, True)
+            assert closed == pytest.approx(loo, rel=RTOL_REF)
 
 
 def test_mapdp_on_integer_pixels_finds_the_digits() -> None:

@@ -392,11 +392,12 @@ def test_warm_up_with_a_helper_process_fills_an_empty_cache(tmp_path: Path) -> N
 
 
 def test_the_warm_up_follows_the_inputs_family(monkeypatch, tmp_path: Path) -> None:
-    """A run on categorical or integer-valued records calls the int64 kernels (every family,
-    the recording cells' code): the CLI guesses the family from the input's first piece
-    (``peek_family``) and names ``EVERY_FAMILY`` to the workers, whose steps then run on the
-    toy family widened to int64 and leave a marker of their own."""
-    from kernels.obs.product import ANY_DTYPE, NW_ONLY_DTYPE
+    """A run on integer-valued records calls the int16 kernels (Normal-Wishart with the
+    recording cells' code), one with categorical columns the int64 ones (every family): the CLI
+    guesses the family from the input's first piece (``peek_family``) and names ``NW_CELLS`` or
+    ``EVERY_FAMILY`` to the workers, whose steps then run on the toy family with that spec type
+    and leave a marker of their own."""
+    from kernels.obs.product import ANY_DTYPE, NW_CELLS_DTYPE, NW_ONLY_DTYPE
     from pipeline import worker_setup
     from pipeline.ingest import peek_family
 
@@ -406,17 +407,24 @@ def test_the_warm_up_follows_the_inputs_family(monkeypatch, tmp_path: Path) -> N
     ints = tmp_path / "ints.csv"
     df = pd.DataFrame(rng.integers(0, 9, size=(50, 3)).astype(float), columns=list("abc"))
     df.assign(label=np.arange(50) % 2).to_csv(ints, index=False)
+    cats = tmp_path / "cats.csv"
+    df.assign(colour=np.where(np.arange(50) % 3 == 0, "red", "blue")).to_csv(cats, index=False)
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,x\n")
     assert peek_family(cont).spec.dtype == NW_ONLY_DTYPE
-    wide = peek_family(ints, drop=("label", None))
-    assert wide.spec.dtype == ANY_DTYPE and wide.n_cols == 3
+    grid = peek_family(ints, drop=("label", None))
+    assert grid.spec.dtype == NW_CELLS_DTYPE and grid.n_cols == 3
+    assert peek_family(cats).spec.dtype == ANY_DTYPE
     assert peek_family(bad, family="gaussian") is None
     assert peek_family(tmp_path / "missing.csv") is None
     assert worker_setup.warm_names(["mapdp"], peek_family(cont)) == ["mapdp"]
     assert worker_setup.warm_names(["mapdp"], None) == ["mapdp"]
-    names = worker_setup.warm_names(["mapdp", "bhc"], wide)
-    assert names == ["mapdp", "bhc", worker_setup.EVERY_FAMILY]
+    assert worker_setup.warm_names(["mapdp"], peek_family(cats)) == [
+        "mapdp",
+        worker_setup.EVERY_FAMILY,
+    ]
+    names = worker_setup.warm_names(["mapdp", "bhc"], grid)
+    assert names == ["mapdp", "bhc", worker_setup.NW_CELLS]
     monkeypatch.setenv(worker_setup.WARM_ENV, ",".join(names))
     assert worker_setup.warm_engines() == names
 
@@ -429,16 +437,17 @@ def test_the_warm_up_follows_the_inputs_family(monkeypatch, tmp_path: Path) -> N
     monkeypatch.setattr(worker_setup, "run_steps", record)
     worker_setup.warm_kernels(names)
     steps = ["observation-models", "observation-marginals", "stage2-bhc", "mapdp-sweep"]
-    assert seen == [([*steps, "mixture-start"], np.dtype(ANY_DTYPE))]
+    assert seen == [([*steps, "mixture-start"], np.dtype(NW_CELLS_DTYPE))]
     assert worker_setup.toy_family()[1].spec.dtype == NW_ONLY_DTYPE
     assert worker_setup.kernels_cached(names)
     assert not worker_setup.kernels_cached(["mapdp", "bhc"])
 
 
 def test_worker_warm_up_of_every_product_widens_the_toy_spec(monkeypatch, tmp_path: Path):
-    """``warm_kernels(every_product=True)`` (the image's build): a second round of the same
-    steps with the toy family's spec as int64, the type every non-Gaussian product has, so
-    that their kernels are cached too; the toy is Normal-Wishart only again afterwards."""
+    """``warm_kernels(every_product=True)`` (the image's build): more rounds of the same steps
+    with the toy family's spec as int64, the type every non-Gaussian product has, and as int16,
+    that of Normal-Wishart columns on a grid, so that their kernels are cached too; the toy is
+    Normal-Wishart only again afterwards."""
     from pipeline import worker_setup
 
     seen: list[np.dtype] = []
@@ -450,7 +459,7 @@ def test_worker_warm_up_of_every_product_widens_the_toy_spec(monkeypatch, tmp_pa
     monkeypatch.setattr(worker_setup, "compile_once", lambda key, step: None)
     monkeypatch.setattr(worker_setup, "_warm_marker", lambda names: tmp_path / "marker")
     worker_setup.warm_kernels(["mapdp"], every_product=True)
-    assert seen == [np.dtype(np.int32), np.dtype(np.int64)]
+    assert seen == [np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.int16)]
     assert worker_setup.toy_family()[1].spec.dtype == np.int32
 
 
