@@ -502,8 +502,7 @@ def prepare_output(
     where = location(out)
     if isinstance(where, RemotePath):
         return _prepare_remote_output(where, fingerprint, overwrite, what)
-    if where.exists() and not overwrite:
-        raise ValueError(f"{what} {where}: already exists (pass --overwrite to replace it)")
+    check_new_output(where, overwrite, what)
     if where.exists() and not where.is_dir():
         raise ValueError(f"{what} {where}: exists and is not a directory")
     partial = temp_sibling(where)
