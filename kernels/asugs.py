@@ -36,6 +36,7 @@ import math
 import numpy as np
 from numba import njit
 
+from kernels.arrays import copy_rows, copy_vector
 from kernels.mapdp import _grow as mapdp_grow
 from kernels.obs import gaussian_nw, product
 from kernels.partition import greedy_merge
@@ -81,18 +82,18 @@ def pm_due(i, pm_interval):
 def _grow(stats, cache, nk, lognk, born, ids):
     """MAP-DP's class arrays grown (``kernels.mapdp._grow``) plus the stream's own two."""
     s2, c2, n2, l2 = mapdp_grow(stats, cache, nk, lognk)
-    cap, new_cap = stats.shape[0], s2.shape[0]
+    new_cap = s2.shape[0]
     b2 = np.zeros(new_cap)
     i2 = np.full(new_cap, -1, dtype=np.int64)
-    b2[:cap] = born
-    i2[:cap] = ids
+    copy_vector(b2, born)
+    copy_vector(i2, ids)
     return s2, c2, n2, l2, b2, i2
 
 
 @njit(cache=True, nogil=True)
 def _grow_ids(alias):
     a2 = np.full(max(2 * alias.shape[0], 8), ALIVE, dtype=np.int64)
-    a2[: alias.shape[0]] = alias
+    copy_vector(a2, alias)
     return a2
 
 
@@ -101,8 +102,8 @@ def _remove_row(h, K, stats, cache, nk, lognk, born, ids):
     """Row K - 1 moves into row h (row h's cluster leaves); returns K - 1."""
     last = K - 1
     if h != last:
-        stats[h] = stats[last]
-        cache[h] = cache[last]
+        copy_vector(stats[h], stats[last])
+        copy_vector(cache[h], cache[last])
         nk[h] = nk[last]
         lognk[h] = lognk[last]
         born[h] = born[last]
@@ -276,13 +277,13 @@ def prune_merge(
             alias[ids[k]] = keep
     for g in range(K2):
         if size[g] > 1:
-            stats[g] = merged[g]
+            copy_vector(stats[g], merged[g])
             product.refresh(stats[g], cache[g], spec, prior)
         else:
             src = first[g]
             if src != g:
-                stats[g] = stats[src]
-                cache[g] = cache[src]
+                copy_vector(stats[g], stats[src])
+                copy_vector(cache[g], cache[src])
         nk[g] = merged[g, 0]
         lognk[g] = math.log(nk[g])
         born[g] = new_born[g]
@@ -427,14 +428,14 @@ def stream(
                 logw = np.empty(stats.shape[0] + 1)
                 if fast:
                     P2 = np.empty((P.shape[0], stats.shape[0] + 1))
-                    P2[:, : K + 1] = P[:, : K + 1]
+                    copy_rows(P2, P[:, : K + 1])
                     P = P2
                     acc = np.empty(stats.shape[0] + 1)
                     qv = np.empty(stats.shape[0] + 1)
             if n_ids == alias.shape[0]:
                 alias = _grow_ids(alias)
             stats[K, :] = 0.0
-            cache[K, :] = empty_c
+            copy_vector(cache[K], empty_c)
             nk[K] = 0.0
             born[K] = i
             ids[K] = n_ids

@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit
 
 from kernels.alloc import crp
+from kernels.arrays import copy_rows, copy_vector
 from kernels.obs import product
 from kernels.partition import canonical_labels, greedy_merge, merge_gap_cached
 
@@ -37,9 +38,9 @@ def _grow(stats, cache, nk):
     s2 = np.zeros((new_cap, stats.shape[1]))
     c2 = np.zeros((new_cap, cache.shape[1]))
     n2 = np.zeros(new_cap)
-    s2[:cap] = stats
-    c2[:cap] = cache
-    n2[:cap] = nk
+    copy_rows(s2, stats)
+    copy_rows(c2, cache)
+    copy_vector(n2, nk)
     return s2, c2, n2
 
 
@@ -95,8 +96,8 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
             if k == k0:
                 if nk[k] <= 1.0:
                     continue
-                scratch_s[:] = stats[k]
-                scratch_c[:] = cache[k]
+                copy_vector(scratch_s, stats[k])
+                copy_vector(scratch_c, cache[k])
                 product.update(x, scratch_s, scratch_c, spec, prior, -1.0)
                 cost = -product.log_predictive(x, scratch_s, scratch_c, spec, prior) - crp.log_join(
                     nk[k] - 1.0
@@ -123,7 +124,7 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
             else:
                 if M == ns.shape[0]:
                     ns, nc, nn = _grow(ns, nc, nn)
-                nc[M, :] = empty_c
+                copy_vector(nc[M], empty_c)
                 best = K + M
                 M += 1
         if best >= K:
@@ -266,11 +267,11 @@ def bayes_kmeans(stats, spec, prior, log_alpha, order, k_init, max_sweeps=0):
                         if K == cap:
                             cap *= 2
                             cl2 = np.zeros((cap, S))
-                            cl2[:K] = cl[:K]
+                            copy_rows(cl2, cl[:K])
                             lm2 = np.zeros(cap)
-                            lm2[:K] = cl_lm[:K]
+                            copy_vector(lm2, cl_lm[:K])
                             cnt2 = np.zeros(cap, dtype=np.int64)
-                            cnt2[:K] = cnt[:K]
+                            copy_vector(cnt2, cnt[:K])
                             cl, cl_lm, cnt = cl2, lm2, cnt2
                         best = K
                         K += 1
@@ -293,7 +294,7 @@ def bayes_kmeans(stats, spec, prior, log_alpha, order, k_init, max_sweeps=0):
     live = np.zeros((K2, S))
     for c in range(K):
         if slot[c] >= 0:
-            live[slot[c]] = cl[c]
+            copy_vector(live[slot[c]], cl[c])
     target, merged, _ = greedy_merge(live, live[:, 0].copy(), spec, prior, log_alpha)
     for i in range(M):
         z[i] = target[slot[z[i]]]
@@ -305,5 +306,5 @@ def bayes_kmeans(stats, spec, prior, log_alpha, order, k_init, max_sweeps=0):
     n_out = canonical_labels(z, z)
     out_stats = np.empty((n_out, S))
     for c in range(merged.shape[0]):
-        out_stats[z[first[c]]] = merged[c]
+        copy_vector(out_stats[z[first[c]]], merged[c])
     return z, out_stats

@@ -52,6 +52,7 @@ import numpy as np
 from numba import njit, prange
 
 from kernels.alloc import crp
+from kernels.arrays import copy_vector
 from kernels.obs import product
 from kernels.partition import canonical_labels
 from kernels.special import logaddexp
@@ -232,7 +233,7 @@ def _agglomerate(stats, log_alpha, spec, prior, n_top, min_parallel):
     left = np.full(cap, -1, dtype=np.int64)
     right = np.full(cap, -1, dtype=np.int64)
     for i in range(M):
-        node_stats[i] = stats[i]
+        copy_vector(node_stats[i], stats[i])
         n[i] = stats[i, 0]
         log_ph1[i] = product.log_marginal(stats[i], spec, prior)
         log_d[i] = crp.log_kappa(n[i], log_alpha)
@@ -493,7 +494,7 @@ def log_predictive_density(X, node_stats, log_w, spec, prior, log_w_new):
     stats = np.zeros((n_live + 1, S))
     w = np.empty(n_live + 1)
     for q in range(n_live):
-        stats[q] = node_stats[live[q]]
+        copy_vector(stats[q], node_stats[live[q]])
         w[q] = log_w[live[q]]
     w[n_live] = log_w_new
     cache = np.zeros((n_live + 1, C))

@@ -3,6 +3,8 @@
 import numpy as np
 from numba import njit
 
+from kernels.arrays import copy_rows, copy_vector
+
 
 @njit(cache=True, nogil=True)
 def _sqdist(x, c):
@@ -37,7 +39,7 @@ def dpmeans(X, lam, max_iter):
     N, D = X.shape
     cap = 16
     centers = np.zeros((cap, D))
-    centers[0] = X[0]
+    copy_vector(centers[0], X[0])
     K = 1
     z = np.zeros(N, dtype=np.int64)
     n_iter = 0
@@ -55,10 +57,10 @@ def dpmeans(X, lam, max_iter):
             if bd > lam:
                 if K == cap:
                     c2 = np.zeros((2 * cap, D))
-                    c2[:cap] = centers
+                    copy_rows(c2, centers)
                     centers = c2
                     cap *= 2
-                centers[K] = X[i]
+                copy_vector(centers[K], X[i])
                 best = K
                 K += 1
             if z[i] != best or it == 0:

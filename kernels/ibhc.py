@@ -31,6 +31,7 @@ import numpy as np
 from numba import njit
 
 from kernels.alloc import log_kappa, log_prior_constant
+from kernels.arrays import add_vector, copy_vector
 from kernels.obs import product
 from kernels.special import logaddexp
 
@@ -110,7 +111,7 @@ def make_leaf(i, leaf_st, leaf_lm, ni, nf, st, free, meta, u, pp):
     v = alloc(ni, free, meta)
     ni[v, LEAF] = i
     ni[v, NLEAF] = 1
-    st[v, :] = leaf_st[i]
+    copy_vector(st[v], leaf_st[i])
     nf[v, LM] = leaf_lm[i]
     refresh_node(v, ni, nf, st, u, pp)
     return v
@@ -127,7 +128,7 @@ def log_d_pair(a, b, nf, st, scratch, u, pp, spec, prior):
     lm_ab : float
         log p(X_{a u b}), to be reused when a and b are joined.
     """
-    scratch[:] = st[a]
+    copy_vector(scratch, st[a])
     scratch += st[b]
     lm_ab = product.log_marginal(scratch, spec, prior)
     h = log_kappa(scratch[0], u, pp) + lm_ab
@@ -143,8 +144,8 @@ def join(a, b, lm_ab, ni, nf, st, free, meta, u, pp):
     ni[m, NLEAF] = ni[a, NLEAF] + ni[b, NLEAF]
     ni[a, PARENT] = m
     ni[b, PARENT] = m
-    st[m, :] = st[a]
-    st[m, :] += st[b]
+    copy_vector(st[m], st[a])
+    add_vector(st[m], st[b], 1.0)
     nf[m, LM] = lm_ab
     refresh_node(m, ni, nf, st, u, pp)
     return m
@@ -212,7 +213,7 @@ def seq_insert(
             ni[p, RIGHT] = m
     for k in range(n_path - 1, -1, -1):
         w = path[k]
-        st[w, :] += st[q]
+        add_vector(st[w], st[q], 1.0)
         ni[w, NLEAF] += ni[q, NLEAF]
         nf[w, LM] = path_lm[k]
         refresh_node(w, ni, nf, st, u, pp)
@@ -274,8 +275,8 @@ def _copy_node(v, ni, nf, st, free, meta):
     c = alloc(ni, free, meta)
     ni[c, LEAF] = ni[v, LEAF]
     ni[c, NLEAF] = ni[v, NLEAF]
-    st[c, :] = st[v]
-    nf[c, :] = nf[v]
+    copy_vector(st[c], st[v])
+    copy_vector(nf[c], nf[v])
     return c
 
 
@@ -331,7 +332,7 @@ def check_tree(r, ni, nf, st, u, pp, spec, prior, work, tol):
                 bad += 1
         elif ni[v, NLEAF] != 1:
             bad += 1
-        scratch[:] = st[v]
+        copy_vector(scratch, st[v])
         if abs(nf[v, LM] - product.log_marginal(scratch, spec, prior)) > tol * (
             1.0 + abs(nf[v, LM])
         ):

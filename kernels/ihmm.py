@@ -43,6 +43,7 @@ import math
 import numpy as np
 from numba import njit
 
+from kernels.arrays import copy_rows, copy_vector
 from kernels.obs import product
 from kernels.rng import sample_log_weights, uniform
 from kernels.special import digamma, logsumexp
@@ -59,13 +60,13 @@ def _grow(stats, cache, nk, trans, start, rows, kappa):
     st2 = np.zeros(new)
     r2 = np.zeros(new)
     k2 = np.zeros(new)
-    s2[:cap] = stats
-    c2[:cap] = cache
-    n2[:cap] = nk
-    t2[:cap, :cap] = trans
-    st2[:cap] = start
-    r2[:cap] = rows
-    k2[:cap] = kappa
+    copy_rows(s2, stats)
+    copy_rows(c2, cache)
+    copy_vector(n2, nk)
+    copy_rows(t2, trans)
+    copy_vector(st2, start)
+    copy_vector(r2, rows)
+    copy_vector(k2, kappa)
     return s2, c2, n2, t2, st2, r2, k2
 
 
@@ -193,7 +194,7 @@ def sweep(
                     _link(k0, c, trans, start, rows, -1.0)
                 if nk[k0] == 0.0:
                     stats[k0, :] = 0.0
-                    cache[k0, :] = empty_c
+                    copy_vector(cache[k0], empty_c)
                     alone = True
                     if gibbs:
                         ku[0] += kappa[k0]
@@ -258,7 +259,7 @@ def sweep(
                 kappa[free] = b * ku[0]
                 ku[0] *= 1.0 - b
                 stats[free, :] = 0.0
-                cache[free, :] = empty_c
+                copy_vector(cache[free], empty_c)
                 best = free
             if alone and not gibbs and best != k0:
                 ku[0] += kappa[k0]
@@ -478,7 +479,7 @@ def forward(log_b, starts, log_pi, log_a):
                 for j in range(K):
                     tmp[j] = prev[j] + log_a[j, k]
                 cur[k] = logsumexp(tmp, K) + log_b[t, k]
-            prev[:] = cur
+            copy_vector(prev, cur)
         out[s] = logsumexp(prev, K)
     return out
 
@@ -521,7 +522,7 @@ def viterbi(log_b, starts, log_pi, log_a):
                         arg = j
                 back[t, k] = arg
                 cur[k] = m + log_b[t, k]
-            prev[:] = cur
+            copy_vector(prev, cur)
         arg = 0
         for k in range(1, K):
             if prev[k] > prev[arg]:

@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from kernels.alloc import crp
+from kernels.arrays import copy_rows, copy_vector
 from kernels.obs import gaussian_nw, product
 from kernels.rng import sample_log_weights
 
@@ -25,10 +26,10 @@ def _grow(stats, cache, nk, lognk):
     c2 = np.zeros((new_cap, cache.shape[1]))
     n2 = np.zeros(new_cap)
     l2 = np.full(new_cap, -np.inf)
-    s2[:cap] = stats
-    c2[:cap] = cache
-    n2[:cap] = nk
-    l2[:cap] = lognk
+    copy_rows(s2, stats)
+    copy_rows(c2, cache)
+    copy_vector(n2, nk)
+    copy_vector(l2, lognk)
     return s2, c2, n2, l2
 
 
@@ -143,7 +144,7 @@ def _move(x, i, k0, knew, z, stats, cache, nk, lognk, n_slots, spec, prior, empt
             free = n_slots
             n_slots += 1
         stats[free, :] = 0.0
-        cache[free, :] = empty_c
+        copy_vector(cache[free], empty_c)
         knew = free
     product.update(x, stats[knew], cache[knew], spec, prior, 1.0)
     nk[knew] += 1.0
@@ -364,8 +365,8 @@ def compact(z, stats, cache, nk, n_slots):
     for k in range(n_slots):
         j = remap[k]
         if j >= 0:
-            s2[j] = stats[k]
-            c2[j] = cache[k]
+            copy_vector(s2[j], stats[k])
+            copy_vector(c2[j], cache[k])
             n2[j] = nk[k]
     for i in range(z.shape[0]):
         if z[i] >= 0:

@@ -38,6 +38,7 @@ import math
 import numpy as np
 from numba import njit
 
+from kernels.arrays import copy_rows, copy_vector
 from kernels.obs.gaussian_nw import cholesky_inplace
 from kernels.special import lmvgamma
 
@@ -402,8 +403,8 @@ def sweep(
                 else:
                     kbest = n_slots
                     n_slots += 1
-                mu[kbest] = mu_new
-                R[kbest] = R_new
+                copy_vector(mu[kbest], mu_new)
+                copy_rows(R[kbest], R_new)
                 logdet_R[kbest] = ld_new
                 log_nw[kbest] = lnw
         nk[kbest] += 1.0
@@ -493,7 +494,7 @@ def mixture_log_predictive(XtX, Xty, yty, n_obs, tau, mu, R, logdet_R, log_w):
     K = mu.shape[0]
     comp = np.empty((G, K))
     for k in range(K):
-        comp[:, k] = log_predictive(XtX, Xty, yty, n_obs, tau, mu[k], R[k], logdet_R[k])
+        copy_vector(comp[:, k], log_predictive(XtX, Xty, yty, n_obs, tau, mu[k], R[k], logdet_R[k]))
     out = np.empty(G)
     for i in range(G):
         m = -np.inf

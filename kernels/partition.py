@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit
 
 from kernels.alloc import crp
+from kernels.arrays import copy_vector
 from kernels.obs import product
 
 
@@ -153,7 +154,8 @@ def greedy_merge(stats, nk, spec, prior, log_alpha):
                     bb = b
         if ba < 0:
             break
-        work[ba] += work[bb]
+        for t in range(work.shape[1]):
+            work[ba, t] += work[bb, t]
         alive[bb] = False
         parent[bb] = ba
         n_merges += 1
@@ -181,5 +183,5 @@ def greedy_merge(stats, nk, spec, prior, log_alpha):
     for k in range(K):
         target[k] = remap[parent[k]]
         if alive[k]:
-            out[remap[k]] = work[k]
+            copy_vector(out[remap[k]], work[k])
     return target, out, n_merges

@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit
 
 from kernels.alloc import DP, KIND, log_kappa, log_prior_constant, sample_u
+from kernels.arrays import add_vector, copy_vector
 from kernels.obs import product
 from kernels.partition import canonical_labels
 from kernels.rng import randint, sample_log_weights, shuffle, uniform
@@ -42,7 +43,7 @@ def init_slots(leaf_st, z0, spec, prior):
     clm = np.zeros(L)
     cnl = np.zeros(L, dtype=np.int64)
     for i in range(L):
-        cst[z[i]] += leaf_st[i]
+        add_vector(cst[z[i]], leaf_st[i], 1.0)
         cnl[z[i]] += 1
     for k in range(L):
         if cnl[k] > 0:
@@ -57,7 +58,7 @@ def refresh_statistics(z, cst, clm, cnl, leaf_st, spec, prior):
         if cnl[k] > 0:
             cst[k, :] = 0.0
     for i in range(z.shape[0]):
-        cst[z[i]] += leaf_st[i]
+        add_vector(cst[z[i]], leaf_st[i], 1.0)
     for k in range(cnl.shape[0]):
         if cnl[k] > 0:
             clm[k] = product.log_marginal(cst[k], spec, prior)
@@ -112,7 +113,7 @@ def gibbs_sweep(order, z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, s
                 if alone:
                     lw[a] = log_kappa(ni, u, pp) + leaf_lm[i]
                 else:
-                    scratch[:] = cst[k]
+                    copy_vector(scratch, cst[k])
                     scratch -= leaf_st[i]
                     lmj[a] = product.log_marginal(scratch, spec, prior)
                     lw[a] = (
@@ -122,7 +123,7 @@ def gibbs_sweep(order, z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, s
                         - lmj[a]
                     )
                 continue
-            scratch[:] = cst[k]
+            copy_vector(scratch, cst[k])
             scratch += leaf_st[i]
             lmj[a] = product.log_marginal(scratch, spec, prior)
             lw[a] = log_kappa(cst[k, 0] + ni, u, pp) - log_kappa(cst[k, 0], u, pp) + lmj[a] - clm[k]
@@ -136,13 +137,13 @@ def gibbs_sweep(order, z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, s
                 if cnl[k] == 0:
                     target = k
                     break
-            cst[target, :] = leaf_st[i]
+            copy_vector(cst[target], leaf_st[i])
             clm[target] = leaf_lm[i]
             act[nact] = target
             nact += 1
         else:
             target = act[choice]
-            cst[target] += leaf_st[i]
+            add_vector(cst[target], leaf_st[i], 1.0)
             clm[target] = lmj[choice]
         cnl[target] += 1
         z[i] = target
@@ -154,7 +155,7 @@ def gibbs_sweep(order, z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, s
             act[pos0] = act[nact - 1]
             nact -= 1
         else:
-            cst[s0] -= leaf_st[i]
+            add_vector(cst[s0], leaf_st[i], -1.0)
             clm[s0] = lmj[pos0]
             cnl[s0] -= 1
 
@@ -181,7 +182,7 @@ def _restricted_scan(
             stA -= leaf_st[k]
             lm_wo_A = product.log_marginal(stA, spec, prior)
             lm_wo_B = lmAB[1]
-            tmp[:] = stB
+            copy_vector(tmp, stB)
             tmp += leaf_st[k]
             lm_with_B = product.log_marginal(tmp, spec, prior)
         else:
@@ -189,7 +190,7 @@ def _restricted_scan(
             stB -= leaf_st[k]
             lm_wo_B = product.log_marginal(stB, spec, prior)
             lm_wo_A = lmAB[0]
-            tmp[:] = stA
+            copy_vector(tmp, stA)
             tmp += leaf_st[k]
             lm_with_A = product.log_marginal(tmp, spec, prior)
         nA = stA[0]
@@ -278,9 +279,9 @@ def split_merge_move(z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, sta
                 if cnl[k] == 0:
                     new = k
                     break
-            cst[new, :] = stA
+            copy_vector(cst[new], stA)
             clm[new] = lmAB[0]
-            cst[si, :] = stB
+            copy_vector(cst[si], stB)
             clm[si] = lmAB[1]
             z[i] = new
             cnl[new] = 1
@@ -315,7 +316,7 @@ def split_merge_move(z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, sta
         acc[1, 2] += min(log_r, 0.0)
         if math.log(1.0 - uniform(state)) < log_r:
             acc[1, 1] += 1.0
-            cst[si, :] = stM
+            copy_vector(cst[si], stM)
             clm[si] = lm_m
             cnl[si] += cnl[sj]
             cnl[sj] = 0

@@ -79,6 +79,7 @@ import numpy as np
 from numba import njit
 
 from kernels.alloc import DP, KIND, log_kappa, log_prior_constant, merge_gap, sample_u
+from kernels.arrays import add_vector, copy_vector
 from kernels.ibhc import (
     LEAF,
     LEFT,
@@ -291,7 +292,7 @@ def refresh_statistics(C, leaf_st, spec, prior):
     for a in range(kc[0]):
         cst[act[a], :] = 0.0
     for i in range(z.shape[0]):
-        cst[z[i]] += leaf_st[i]
+        add_vector(cst[z[i]], leaf_st[i], 1.0)
     for a in range(kc[0]):
         s = act[a]
         clm[s] = product.log_marginal(cst[s], spec, prior)
@@ -697,7 +698,7 @@ def _split(a, log_sel, C, F, W, P, state, fu, cfg, acc):
         for b in range(ns):
             rb = Slist[b]
             t = s if b == 0 else _slot_new(C)
-            cst[t, :] = st[rb]
+            copy_vector(cst[t], st[rb])
             clm[t] = nf[rb, LM]
             cnl[t] = ni[rb, NLEAF]
             m = leaves_of(rb, ni, W[0], W[4])
@@ -790,7 +791,7 @@ def _merge(a, dc, inM, C, F, W, P, state, fu, cfg, acc):
         for k in range(nC):
             _slot_drop(slots[k], C, F, W)
         t = _slot_new(C)
-        cst[t, :] = U_st
+        copy_vector(cst[t], U_st)
         clm[t] = U_lm
         cnl[t] = m
         for k in range(m):
@@ -826,12 +827,12 @@ def _gibbs(i, C, W, P, u, lw, lmj):
                 lw[b] = log_kappa(ni_, u, pp) + leaf_lm[i]
                 lmj[b] = leaf_lm[i]
             else:
-                scratch[:] = cst[t]
+                copy_vector(scratch, cst[t])
                 scratch -= leaf_st[i]
                 lmj[b] = product.log_marginal(scratch, spec, prior)
                 lw[b] = cl_term(t, C, u, pp) - log_kappa(cst[t, 0] - ni_, u, pp) - lmj[b]
             continue
-        scratch[:] = cst[t]
+        copy_vector(scratch, cst[t])
         scratch += leaf_st[i]
         lmj[b] = product.log_marginal(scratch, spec, prior)
         lw[b] = log_kappa(cst[t, 0] + ni_, u, pp) - log_kappa(cst[t, 0], u, pp) + lmj[b] - clm[t]
@@ -851,12 +852,12 @@ def _apply_move(i, choice, lmj, C, F, W, P):
     lm_minus = lmj[a0]
     if choice == K:
         t = _slot_new(C)
-        cst[t, :] = leaf_st[i]
+        copy_vector(cst[t], leaf_st[i])
         clm[t] = leaf_lm[i]
     else:
         t = act[choice]
         _drop_tree(t, C, F, W)
-        cst[t] += leaf_st[i]
+        add_vector(cst[t], leaf_st[i], 1.0)
         clm[t] = lmj[choice]
     cnl[t] += 1
     z[i] = t
@@ -864,7 +865,7 @@ def _apply_move(i, choice, lmj, C, F, W, P):
         _slot_drop(s0, C, F, W)
     else:
         _drop_tree(s0, C, F, W)
-        cst[s0] -= leaf_st[i]
+        add_vector(cst[s0], leaf_st[i], -1.0)
         clm[s0] = lm_minus
         cnl[s0] -= 1
     return t
@@ -984,14 +985,14 @@ def _pair_ratio(i, j, s, to_new, t_slot, r, Tn, K, Kp, log_A_i, log_w_old, log_w
         t = act[b]
         if t == s or t == z[j]:
             continue
-        scratch[:] = cst[t]
+        copy_vector(scratch, cst[t])
         scratch += leaf_st[j]
         lw2[n2] = (
             log_kappa(cst[t, 0] + nj, u, pp) - log_kappa(cst[t, 0], u, pp)
             + product.log_marginal(scratch, spec, prior) - clm[t]
         )  # fmt: skip
         n2 += 1
-    scratch[:] = leaf_st[i]
+    copy_vector(scratch, leaf_st[i])
     scratch += leaf_st[j]
     lw2[n2] = (
         log_kappa(leaf_st[i, 0] + nj, u, pp) - log_kappa(leaf_st[i, 0], u, pp)
@@ -1117,7 +1118,7 @@ def check_state(C, F, P, u):
     sums = np.zeros((L, S))
     for i in range(L):
         count[z[i]] += 1
-        sums[z[i]] += leaf_st[i]
+        add_vector(sums[z[i]], leaf_st[i], 1.0)
     n_active = 0
     for s in range(L):
         if cnl[s] > 0:

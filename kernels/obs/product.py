@@ -26,6 +26,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
+from kernels.arrays import copy_rows, copy_vector
 from kernels.obs import (
     beta_binomial,
     categorical,
@@ -364,8 +365,8 @@ def log_predictive_loo(x, s, c, spec, prior, scratch_s, scratch_c):
         r = spec[g]
         ss = _span(scratch_s, r, STAT0, NSTAT)
         cc = _span(scratch_c, r, CACHE0, NCACHE)
-        ss[:] = sg
-        cc[:] = cg
+        copy_vector(ss, sg)
+        copy_vector(cc, cg)
         _group_update(code, xg, ss, cc, pg, -1.0)
         out += _group_log_predictive(code, xg, ss, cc, pg)
     return out
@@ -475,6 +476,6 @@ def moments(s, spec, prior, D):
         mg = np.empty(r[NCOL])
         cg = np.empty((r[NCOL], r[NCOL]))
         _group_moments(r[CODE], _span(s, r, STAT0, NSTAT), _span(prior, r, PRIOR0, NPRIOR), mg, cg)
-        mean[c0:c1] = mg
-        cov[c0:c1, c0:c1] = cg
+        copy_vector(mean[c0:c1], mg)
+        copy_rows(cov[c0:c1, c0:c1], cg)
     return mean, cov
