@@ -50,6 +50,10 @@ def add_server_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+#: seconds the server gets to stop once ``dpmm server`` is interrupted, before it is killed
+STOP_GRACE = 30.0
+
+
 def server_command(port: int) -> list[str]:
     """The ``prefect server start`` command line of ``dpmm server --port port``."""
     prefect = os.path.join(os.path.dirname(sys.executable), "prefect")
@@ -67,5 +71,11 @@ def cmd_server(args: argparse.Namespace) -> int:
         return proc.wait()
     except KeyboardInterrupt:
         proc.terminate()
-        proc.wait()
+        try:
+            # a loaded machine's server can take long to finish its background services: it
+            # is killed rather than left running without this command
+            proc.wait(timeout=STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         return 0

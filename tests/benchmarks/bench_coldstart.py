@@ -101,7 +101,7 @@ def test_cold_and_warm_start() -> None:
             )
         finally:
             server.send_signal(signal.SIGINT)
-            server.wait(timeout=60)
+            server.wait(timeout=90)
         X = np.load(src)
         km = []
         for _ in range(3):

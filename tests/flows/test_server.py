@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from flows.cli.server import free_port, server_command, wait_healthy
+from flows.cli.server import STOP_GRACE, free_port, server_command, wait_healthy
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +94,10 @@ def test_runs_against_a_long_lived_server(tmp_path: Path):
         flows = httpx.post(f"{api}/flows/filter", json={}, timeout=30).json()
         assert [f["name"] for f in flows] == ["cluster"]
     finally:
-        _stop(server, signal.SIGINT, 60)
+        _stop(server, signal.SIGINT, 2 * STOP_GRACE)
+    # the interrupted command took Prefect's server with it
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0
 
 
 def test_prestart_serves_the_flow(tmp_path: Path):
