@@ -3,4 +3,14 @@
 Nothing here does I/O or imports Dask, Prefect, zarr or pandas (``../shared/DESIGN.md``).
 Every function is ``@njit(cache=True, nogil=True)`` so that Dask worker threads release the GIL
 and a second run does not recompile.
+
+Two conventions keep the first run's compiling short (most of a cold ``dpmm demo``):
+
+* arrays are copied with the loops of ``kernels.arrays``, never by assigning an array to a
+  slice, whose shape-mismatch message numba builds from compiled string code;
+* a helper with one caller, and each one-line overload of ``kernels.obs.product``'s family
+  dispatch, is ``inline="always"``: numba compiles every jitted function as a
+  library of its own and then links it, to be optimised and emitted again, into each caller's,
+  so a chain of helpers is compiled once per level. Inlined, it is compiled in its caller only.
+  Not for a ``fastmath`` helper (it would lose its flags) nor a ``parallel`` one.
 """

@@ -33,7 +33,7 @@ def _grow(stats, cache, nk, lognk):
     return s2, c2, n2, l2
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _costs(
     x,
     k0,
@@ -124,7 +124,7 @@ def _log_mixture(lp, lognk, K, log_norm, log_alpha, terms):
     return best, m + math.log(acc)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _move(x, i, k0, knew, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c):
     """Commit record i's move from slot k0 (-1: none) to slot knew (n_slots: a new cluster)."""
     if k0 >= 0:
@@ -153,7 +153,7 @@ def _move(x, i, k0, knew, z, stats, cache, nk, lognk, n_slots, spec, prior, empt
     return stats, cache, nk, lognk, n_slots
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _scan(
     X,
     order,

@@ -156,7 +156,7 @@ def _tail(d):
     return 2 * d * d + 2 * d
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _invert_factor(c, d):
     """U = L^{-1} (lower triangular) and b = U m from the L and m stored in the cache."""
     o = d * d
@@ -263,7 +263,7 @@ def refresh(s, c, p, cells=None):
     _finish_cache(c, d, ck, ak, logdet, logdet_t if with_cells else logdet)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _cells_tail(G, c, d, logdet_t):
     """The cache's section for a prior with cells: V = chol(G)^{-1} (G (d, d) is overwritten),
     log|G| and log|T_k|; V and log|G| are NaN when G is not positive definite (an empty
@@ -289,7 +289,7 @@ def _cells_tail(G, c, d, logdet_t):
     c[e + d * d + 1] = logdet_t
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _loo_with_cells(x, c, d):
     """log p(X_k) - log p(X_k without x) under B.1' (module docstring): with u = x - m_k,
     log|T'| = log|G_k| + log(1 - beta |V u|^2), and the marginals' other terms in closed form.

@@ -213,7 +213,7 @@ def _group_add_stats(code, xg, sg, w):
     raise NotImplementedError("jit only")
 
 
-@overload(_group_add_stats, jit_options={"nogil": True})
+@overload(_group_add_stats, jit_options={"nogil": True}, inline="always")
 def _ol_group_add_stats(code, xg, sg, w):
     if _nw(code):
         return lambda code, xg, sg, w: gaussian_nw.add_stats(xg, sg, w)
@@ -225,7 +225,7 @@ def _group_refresh(code, sg, cg, pg):
     raise NotImplementedError("jit only")
 
 
-@overload(_group_refresh, jit_options={"nogil": True})
+@overload(_group_refresh, jit_options={"nogil": True}, inline="always")
 def _ol_group_refresh(code, sg, cg, pg):
     if _nw_only(code):
         return lambda code, sg, cg, pg: gaussian_nw.refresh(sg, cg, pg)
@@ -239,7 +239,7 @@ def _group_update(code, xg, sg, cg, pg, w):
     raise NotImplementedError("jit only")
 
 
-@overload(_group_update, jit_options={"nogil": True})
+@overload(_group_update, jit_options={"nogil": True}, inline="always")
 def _ol_group_update(code, xg, sg, cg, pg, w):
     if _nw_only(code):
         return lambda code, xg, sg, cg, pg, w: gaussian_nw.update(xg, sg, cg, pg, w)
@@ -253,7 +253,7 @@ def _group_log_predictive(code, xg, sg, cg, pg):
     raise NotImplementedError("jit only")
 
 
-@overload(_group_log_predictive, jit_options={"nogil": True})
+@overload(_group_log_predictive, jit_options={"nogil": True}, inline="always")
 def _ol_group_log_predictive(code, xg, sg, cg, pg):
     if _nw(code):
         return lambda code, xg, sg, cg, pg: gaussian_nw.log_predictive(xg, sg, cg, pg)
@@ -267,7 +267,7 @@ def _nw_loo(code, xg, sg, cg, pg):
     raise NotImplementedError("jit only")
 
 
-@overload(_nw_loo, jit_options={"nogil": True})
+@overload(_nw_loo, jit_options={"nogil": True}, inline="always")
 def _ol_nw_loo(code, xg, sg, cg, pg):
     if _nw_only(code):
         return lambda code, xg, sg, cg, pg: gaussian_nw.log_predictive_loo(xg, sg, cg, pg)
@@ -279,7 +279,7 @@ def _group_moments(code, sg, pg, mean, cov):
     raise NotImplementedError("jit only")
 
 
-@overload(_group_moments, jit_options={"nogil": True})
+@overload(_group_moments, jit_options={"nogil": True}, inline="always")
 def _ol_group_moments(code, sg, pg, mean, cov):
     if _nw(code):
         return lambda code, sg, pg, mean, cov: gaussian_nw.moments(sg, pg, mean, cov)
@@ -291,7 +291,7 @@ def _group_log_marginal(code, sg, pg):
     raise NotImplementedError("jit only")
 
 
-@overload(_group_log_marginal, jit_options={"nogil": True})
+@overload(_group_log_marginal, jit_options={"nogil": True}, inline="always")
 def _ol_group_log_marginal(code, sg, pg):
     if _nw(code):
         return lambda code, sg, pg: gaussian_nw.log_marginal(sg, pg)
