@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -66,10 +67,28 @@ def cmd_server(args: argparse.Namespace) -> int:
     url = f"http://127.0.0.1:{args.port}/api"
     print(f"{PROG} server: in other shells: export PREFECT_API_URL={url}", file=sys.stderr)
     sys.stderr.flush()
-    proc = subprocess.Popen(server_command(args.port))
+    # Ctrl-C, and a service manager's SIGTERM, stop Prefect's server with this command. SIGINT
+    # is handled even when the shell that started the command ignores it (a background job),
+    # and set before the server starts so that the server does not inherit the ignoring
+    previous = {sig: signal.signal(sig, _interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _serve(args.port)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _serve(port: int) -> int:
+    proc = subprocess.Popen(server_command(port))
     try:
         return proc.wait()
     except KeyboardInterrupt:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)  # a second one must not leave the server behind
         proc.terminate()
         try:
             # a loaded machine's server can take long to finish its background services: it

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import httpx
@@ -64,7 +65,8 @@ def test_server_command_binds_localhost():
 
 def test_runs_against_a_long_lived_server(tmp_path: Path):
     """``dpmm server`` answers on 127.0.0.1; ``dpmm run`` with ``PREFECT_API_URL`` uses it (its
-    flow run is recorded there, completed) and starts no temporary server."""
+    flow run is recorded there, completed) and starts no temporary server. SIGINT stops the
+    command and its server, also when it was started with SIGINT ignored."""
     port = free_port()
     server = subprocess.Popen(
         [*_dpmm(), "server", "--port", str(port)],
@@ -72,6 +74,8 @@ def test_runs_against_a_long_lived_server(tmp_path: Path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # as a shell's background job is started: SIGINT ignored, which the command undoes
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
     api = f"http://127.0.0.1:{port}/api"
     try:
@@ -98,6 +102,34 @@ def test_runs_against_a_long_lived_server(tmp_path: Path):
     # the interrupted command took Prefect's server with it
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+_FAKE_SERVER = """
+import argparse
+import sys
+
+from flows.cli import server
+
+child = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)"
+server.server_command = lambda port: [sys.executable, "-c", child, sys.argv[1]]
+server.cmd_server(argparse.Namespace(port=1))
+"""
+
+
+def test_sigterm_stops_the_server_too(tmp_path: Path):
+    """A service manager's SIGTERM to ``dpmm server`` (here with a stand-in for Prefect's
+    server, a process that sleeps) ends the server as well, instead of orphaning it."""
+    pid_file = tmp_path / "child.pid"
+    cmd = subprocess.Popen([sys.executable, "-c", _FAKE_SERVER, str(pid_file)], env=_env(tmp_path))
+    deadline = time.monotonic() + 120
+    while not pid_file.exists() or not pid_file.read_text():
+        assert time.monotonic() < deadline and cmd.poll() is None
+        time.sleep(0.05)
+    child = int(pid_file.read_text())
+    _stop(cmd, signal.SIGTERM, 2 * STOP_GRACE)
+    assert cmd.returncode == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # gone, and reaped by the command
 
 
 def test_prestart_serves_the_flow(tmp_path: Path):
