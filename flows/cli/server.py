@@ -22,7 +22,7 @@ import subprocess
 import sys
 from typing import Any
 
-from flows.cli.prefect_api import free_port, wait_healthy
+from flows.cli.prefect_api import free_port, terminate, wait_healthy
 from flows.cli.types import positive_int
 
 __all__ = ["free_port", "server_command", "wait_healthy"]
@@ -89,12 +89,7 @@ def _serve(port: int) -> int:
     except KeyboardInterrupt:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)  # a second one must not leave the server behind
-        proc.terminate()
-        try:
-            # a loaded machine's server can take long to finish its background services: it
-            # is killed rather than left running without this command
-            proc.wait(timeout=STOP_GRACE)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        # a loaded machine's server can take long to finish its background services: it is
+        # killed rather than left running without this command
+        terminate(proc, STOP_GRACE)
         return 0
