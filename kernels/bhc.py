@@ -128,7 +128,7 @@ def _row_block_scores_parallel(i0, i1, M, node_stats, n, u, spec, prior, log_alp
             buf[ii, j] = _node_pair_score(i, j, node_stats, n, u, scratch, spec, prior, log_alpha)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _row_block_scores(i0, i1, M, node_stats, n, u, spec, prior, log_alpha, buf, min_parallel):
     """buf[i - i0, j] = score(i, j) for i0 <= i < i1 and i < j < M (the upper triangle).
 
@@ -149,7 +149,7 @@ def _row_block_scores(i0, i1, M, node_stats, n, u, spec, prior, log_alpha, buf, 
             )
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _offer(i, j, s, top_id, top_sc, top_len, ub, active):
     """Offer partner j with score s to node i's candidate list.
 
@@ -185,7 +185,7 @@ def _offer(i, j, s, top_id, top_sc, top_len, ub, active):
     top_len[i] = L + 1
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _drop_stale_head(i, top_id, top_sc, top_len, active):
     """Remove merged-away entries from the front of i's list; return its new length."""
     L = top_len[i]
@@ -201,7 +201,7 @@ def _drop_stale_head(i, top_id, top_sc, top_len, active):
     return L
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _agglomerate(stats, log_alpha, spec, prior, n_top, min_parallel):
     """Greedy agglomeration of M leaves by the score of the module docstring.
 

@@ -75,14 +75,16 @@ def toy_family() -> tuple[FloatArray, ProductFamily]:
     return X, family
 
 
-def _toy_rows() -> tuple[ProductFamily, FloatArray, FloatArray, FloatArray]:
-    """The toy family, two clusters' statistics rows and their caches."""
+def _toy_rows() -> tuple[ProductFamily, FloatArray, FloatArray]:
+    """The toy family, its records and two clusters' statistics rows (their caches are the
+    observation models' step's: a ``refresh`` here would have the marginals' process compile
+    it too)."""
     from kernels.obs import product
 
     X, family = toy_family()
     z = np.zeros(X.shape[0], dtype=np.int64)
     stats = product.build_stats(X, z, 2, family.spec, family.n_stats)
-    return family, X, stats, family.cache_of(stats)
+    return family, X, stats
 
 
 def warm_observation_models() -> None:
@@ -93,7 +95,8 @@ def warm_observation_models() -> None:
     without doing the same work twice."""
     from kernels.obs import product
 
-    family, X, stats, cache = _toy_rows()
+    family, X, stats = _toy_rows()
+    cache = family.cache_of(stats)
     spec, prior = family.spec, family.prior
     scratch_s, scratch_c = np.empty_like(stats[0]), np.empty_like(cache[0])
     x, s, c = X[0], stats[0], cache[0]
@@ -110,7 +113,7 @@ def warm_observation_marginals() -> None:
     (``warm_observation_models``)."""
     from kernels.obs import product
 
-    family, _, stats, _ = _toy_rows()
+    family, _, stats = _toy_rows()
     spec, prior = family.spec, family.prior
     s, scratch_s = stats[0], np.empty_like(stats[0])
     product.log_marginal(s, spec, prior)

@@ -42,7 +42,7 @@ from pipeline.concentration import log_gamma_prior, map_concentration
 from pipeline.config import FitParams
 from pipeline.dist.writeout import WriteResult, emit_chunk
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext, stop_reason
-from pipeline.engines.mixture_start import initial_state, warm_reduce
+from pipeline.engines.mixture_start import MIXTURE_REDUCE_STEP, initial_state, warm_reduce
 from pipeline.engines.mixture_state import (
     IntArray,
     PassState,
@@ -373,7 +373,11 @@ class MixtureEngine(Engine):
         """Two groups of kernels, on toy records (the kernels compile per argument type, not
         per family): the engine's sweep with its label deltas; the sample start's in-memory
         MAP-DP with the write-out's eq. 3.4 and the driver's reduce (shared by the engines)."""
-        return [(f"{self.name}-sweep", self._warm_sweep), ("mixture-start", _warm_start)]
+        return [
+            (f"{self.name}-sweep", self._warm_sweep),
+            (MIXTURE_REDUCE_STEP, warm_reduce),
+            ("mixture-start", _warm_start),
+        ]
 
     def warm_up(self) -> None:
         for _, step in self.warm_steps():
@@ -406,9 +410,9 @@ def _warm_start() -> None:
     X, family = toy_family()
     order = np.arange(X.shape[0], dtype=np.int64)
     predict(X, family.stats_of(X, np.zeros(X.shape[0], dtype=np.int64), 1), 1.0, family)
-    # the reduce's merge test and objective, which the in-memory MAP-DP calls too: compiled
-    # here, before waiting for the sweep, not by a second process at the same time
-    warm_reduce()
+    # the reduce's merge test and objective, which the in-memory MAP-DP calls too: a step of
+    # their own, which the other process takes while this one compiles the sweep
+    compile_once(MIXTURE_REDUCE_STEP, warm_reduce)
     # a process compiling the MAP-DP sweep step is waited for, not joined: numba compiles
     # ``sweep`` with its whole call tree, the largest single compile of the warm-up
     compile_once(

@@ -157,6 +157,10 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
     )
 
 
+#: the warm-up step of ``warm_reduce``'s kernels (``pipeline.worker_setup.compile_once``)
+MIXTURE_REDUCE_STEP = "mixture-reduce"
+
+
 def warm_driver(X: FloatArray | None = None, family: ProductFamily | None = None) -> None:
     """Load the numba kernels ``reduce_pass`` calls, the report's matplotlib and the model's
     estimator class, so that their first real use does not pay for loading them; the kernels
@@ -166,7 +170,7 @@ def warm_driver(X: FloatArray | None = None, family: ProductFamily | None = None
     from pipeline import report
     from pipeline.worker_setup import compile_once
 
-    compile_once("mixture-reduce", lambda: warm_reduce(X, family))
+    compile_once(MIXTURE_REDUCE_STEP, lambda: warm_reduce(X, family))
     report.load_matplotlib()
     # the model artifact's estimator, which the run's finish builds (``model_from_run``):
     # scikit-learn's base classes import SciPy's stats, about a second in the driver otherwise

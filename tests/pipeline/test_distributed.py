@@ -305,8 +305,9 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
     """``DPMM_WARM_ENGINES=mapdp,bhc``: stage 2's BHC step runs (loads its kernels, so that
     the driver's stage 2 finds them cached) and comes right after the observation models and
     their marginals, so that a second worker takes the marginals and then stage 2 while the
-    first compiles the sweep's kernels; the engine's steps come last, the sample start after
-    the sweep whose kernel it waits for."""
+    first compiles the sweep's kernels; the engine's steps come last: the sweep, the reduce's
+    kernels (which a process done with stage 2 takes meanwhile), and the sample start, which
+    waits for both."""
     from pipeline import worker_setup
 
     monkeypatch.setenv(worker_setup.WARM_ENV, "mapdp, bhc, nosuch")
@@ -321,6 +322,7 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
         "observation-marginals",
         "stage2-bhc",
         "mapdp-sweep",
+        "mixture-reduce",
         "mixture-start",
     ]
     # the sample start waits on the sweep step's lock under this name
@@ -464,7 +466,7 @@ def test_the_warm_up_follows_the_inputs_family(monkeypatch, tmp_path: Path) -> N
     monkeypatch.setattr(worker_setup, "run_steps", record)
     worker_setup.warm_kernels(names)
     steps = ["observation-models", "observation-marginals", "stage2-bhc", "mapdp-sweep"]
-    assert seen == [([*steps, "mixture-start"], np.dtype(NW_CELLS_DTYPE))]
+    assert seen == [([*steps, "mixture-reduce", "mixture-start"], np.dtype(NW_CELLS_DTYPE))]
     assert worker_setup.toy_family()[1].spec.dtype == NW_ONLY_DTYPE
     assert worker_setup.kernels_cached(names)
     assert not worker_setup.kernels_cached(["mapdp", "bhc"])
