@@ -370,9 +370,10 @@ class MixtureEngine(Engine):
         return None
 
     def warm_steps(self) -> list[tuple[str, Callable[[], None]]]:
-        """Two groups of kernels, on toy records (the kernels compile per argument type, not
-        per family): the engine's sweep with its label deltas; the sample start's in-memory
-        MAP-DP with the write-out's eq. 3.4 and the driver's reduce (shared by the engines)."""
+        """Three groups of kernels, on toy records (the kernels compile per argument type, not
+        per family): the engine's sweep with its label deltas; the driver's reduce (the merge
+        test, the objective, the concentration's MAP; shared by the engines); the sample
+        start's in-memory MAP-DP with the write-out's eq. 3.4 (shared too)."""
         return [
             (f"{self.name}-sweep", self._warm_sweep),
             (MIXTURE_REDUCE_STEP, warm_reduce),
