@@ -381,8 +381,12 @@ def update(x, s, c, p, w, cells=None):
             v[i] = coef * (x[i] - mi)
         ok = _rank_one(c, v, -1.0)
     if not ok:
-        # rounding made the downdate indefinite: rebuild from the statistics
-        refresh(s, c, p, cells)
+        # rounding made the downdate indefinite: rebuild from the statistics (without cells as
+        # refresh's default, not a None argument: that would be a second specialisation)
+        if cells is None:
+            refresh(s, c, p)
+        else:
+            refresh(s, c, p, cells)
         return
     logdet = 0.0
     for i in range(d):

@@ -50,19 +50,21 @@ CODE, COL0, NCOL, STAT0, NSTAT, PRIOR0, NPRIOR, CACHE0, NCACHE = range(9)
 
 
 @njit(cache=True, nogil=True)
-def _span(a, r, start, length):
-    """The slice of a given by the (offset, length) columns ``start`` / ``length`` of spec row r."""
-    return a[r[start] : r[start] + r[length]]
+def _span(a, start, length):
+    """a[start : start + length]: a group's slice of a row, given by the (offset, length) columns
+    of its spec row (passed as values: the columns' constants would be literal arguments, one
+    specialisation each)."""
+    return a[start : start + length]
 
 
 @njit(cache=True, nogil=True)
 def _views(g, x, s, c, spec, prior):
     r = spec[g]
     return (
-        _span(x, r, COL0, NCOL),
-        _span(s, r, STAT0, NSTAT),
-        _span(c, r, CACHE0, NCACHE),
-        _span(prior, r, PRIOR0, NPRIOR),
+        _span(x, r[COL0], r[NCOL]),
+        _span(s, r[STAT0], r[NSTAT]),
+        _span(c, r[CACHE0], r[NCACHE]),
+        _span(prior, r[PRIOR0], r[NPRIOR]),
     )
 
 
@@ -304,7 +306,7 @@ def add_stats(x, s, spec, w):
     """s += w * g(x) for every group. x: (D,) record, s: (S,) statistics row."""
     for g in range(spec.shape[0]):
         r = spec[g]
-        _group_add_stats(r[CODE], _span(x, r, COL0, NCOL), _span(s, r, STAT0, NSTAT), w)
+        _group_add_stats(r[CODE], _span(x, r[COL0], r[NCOL]), _span(s, r[STAT0], r[NSTAT]), w)
 
 
 @njit(cache=True, nogil=True)
@@ -314,9 +316,9 @@ def refresh(s, c, spec, prior):
         r = spec[g]
         _group_refresh(
             r[CODE],
-            _span(s, r, STAT0, NSTAT),
-            _span(c, r, CACHE0, NCACHE),
-            _span(prior, r, PRIOR0, NPRIOR),
+            _span(s, r[STAT0], r[NSTAT]),
+            _span(c, r[CACHE0], r[NCACHE]),
+            _span(prior, r[PRIOR0], r[NPRIOR]),
         )
 
 
@@ -363,8 +365,8 @@ def log_predictive_loo(x, s, c, spec, prior, scratch_s, scratch_c):
                 out += v
                 continue
         r = spec[g]
-        ss = _span(scratch_s, r, STAT0, NSTAT)
-        cc = _span(scratch_c, r, CACHE0, NCACHE)
+        ss = _span(scratch_s, r[STAT0], r[NSTAT])
+        cc = _span(scratch_c, r[CACHE0], r[NCACHE])
         copy_vector(ss, sg)
         copy_vector(cc, cg)
         _group_update(code, xg, ss, cc, pg, -1.0)
@@ -379,7 +381,7 @@ def log_marginal(s, spec, prior):
     for g in range(spec.shape[0]):
         r = spec[g]
         out += _group_log_marginal(
-            r[CODE], _span(s, r, STAT0, NSTAT), _span(prior, r, PRIOR0, NPRIOR)
+            r[CODE], _span(s, r[STAT0], r[NSTAT]), _span(prior, r[PRIOR0], r[NPRIOR])
         )
     return out
 
@@ -475,7 +477,9 @@ def moments(s, spec, prior, D):
         c1 = c0 + r[NCOL]
         mg = np.empty(r[NCOL])
         cg = np.empty((r[NCOL], r[NCOL]))
-        _group_moments(r[CODE], _span(s, r, STAT0, NSTAT), _span(prior, r, PRIOR0, NPRIOR), mg, cg)
+        _group_moments(
+            r[CODE], _span(s, r[STAT0], r[NSTAT]), _span(prior, r[PRIOR0], r[NPRIOR]), mg, cg
+        )
         copy_vector(mean[c0:c1], mg)
         copy_rows(cov[c0:c1, c0:c1], cg)
     return mean, cov
