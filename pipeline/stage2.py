@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 from kernels import partition as kpartition
 from pipeline.bhc import BHC
 from pipeline.families import ProductFamily
+from pipeline.worker_setup import await_step, stage2_step
 
 IntArray = NDArray[np.int64]
 
@@ -97,6 +98,9 @@ def run_stage2(
         raise ValueError(f"stage 2 method must be one of {STAGE2_METHODS}, got {method!r}")
     if method == "none" or M <= 1:
         return Stage2Result(np.arange(M, dtype=np.int64), {"method": "none", "n_summaries": M})
+    # a warm-up helper may be compiling BHC's kernels at this moment (``dpmm demo``: during
+    # the flow): wait for it and load them rather than compile them a second time alongside
+    await_step(stage2_step("bhc"))
     t0 = time.perf_counter()
     bhc = BHC(alpha=alpha, family=family).fit_summaries(stats, family)
     t_bhc = time.perf_counter() - t0

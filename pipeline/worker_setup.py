@@ -140,6 +140,11 @@ def warm_stage2_bhc() -> None:
 STAGE2_STEPS: dict[str, Callable[[], None]] = {"bhc": warm_stage2_bhc}
 
 
+def stage2_step(name: str) -> str:
+    """The warm-up step (its lock's key) of stage 2 ``name``."""
+    return f"stage2-{name}"
+
+
 def _kernels_dir() -> Path:
     """The kernels' sources (found without importing them)."""
     spec = importlib.util.find_spec("kernels")
@@ -202,9 +207,22 @@ def compile_once(key: str, step: Callable[[], object]) -> None:
         step()
 
 
-def run_steps(steps: list[tuple[str, Callable[[], None]]]) -> None:
+def await_step(key: str) -> None:
+    """Wait until no process of this machine is at warm-up step ``key``: kernels about to be
+    used that another process is compiling are then loaded from the cache, not compiled again
+    alongside it (stage 2 in a command whose warm-up helper compiles it during the flow)."""
+    try:
+        with _step_lock(key, blocking=True):
+            pass
+    except OSError:
+        # no lock file can be made there (a read-only cache): no process compiles into it
+        return
+
+
+def run_steps(steps: list[tuple[str, Callable[[], None]]], load: bool = True) -> None:
     """Run named warm-up steps, first those no other process is running, then the rest (each
-    waiting for the process at it; a step shared by two engines runs once)."""
+    waiting for the process at it, then loading its kernels; ``load`` False: only waiting, for a
+    process that will not use them). A step shared by two engines runs once."""
     steps = list(dict(steps).items())
     waiting = []
     for key, step in steps:
@@ -214,7 +232,10 @@ def run_steps(steps: list[tuple[str, Callable[[], None]]]) -> None:
             else:
                 waiting.append((key, step))
     for key, step in waiting:
-        compile_once(key, step)
+        if load:
+            compile_once(key, step)
+        else:
+            await_step(key)
 
 
 def warm_engines() -> list[str]:
@@ -235,16 +256,19 @@ def warm_names(engines: list[str], family: ProductFamily | None) -> list[str]:
     return [*engines, *kind]
 
 
-def warm_kernels(names: list[str] | None = None, every_product: bool = False) -> None:
+def warm_kernels(
+    names: list[str] | None = None, every_product: bool = False, helper: bool = False
+) -> None:
     """Load every numba kernel a chunk task or the sample start of the engines ``names``
     (default ``warm_engines()``) calls, and those of a stage 2 named there, for Gaussian
     (Normal-Wishart) records; ``every_product``: then again for any other product family and
-    for Gaussian records on a grid (the image's build-time cache)."""
-    _warm_kernels(names)
+    for Gaussian records on a grid (the image's build-time cache). ``helper``: as the helper
+    process of ``warm_here_with_helper``, which compiles and does not load."""
+    _warm_kernels(names, helper)
     if every_product:
         for dtype in _spec_kinds().values():
             with _toy_spec(dtype):
-                _warm_kernels(names)
+                _warm_kernels(names, helper)
 
 
 @contextlib.contextmanager
@@ -258,16 +282,16 @@ def _toy_spec(dtype: Any) -> Iterator[None]:
         _toy_spec_dtype = None
 
 
-def _warm_kernels(names: list[str] | None) -> None:
+def _warm_kernels(names: list[str] | None, helper: bool = False) -> None:
     names = names or warm_engines()
     kinds = _spec_kinds()
     engines = [n for n in names if n not in kinds]
     kind = [kinds[n] for n in names if n in kinds]
     if kind and _toy_spec_dtype is None:
         with _toy_spec(kind[0]):
-            _warm_steps(engines)
+            _warm_steps(engines, helper)
     else:
-        _warm_steps(engines)
+        _warm_steps(engines, helper)
         if _toy_spec_dtype is not None:  # a later round (``every_product``): no marker
             return
     marker = _warm_marker(names)
@@ -277,51 +301,64 @@ def _warm_kernels(names: list[str] | None) -> None:
         marker.touch()
 
 
-def _warm_steps(names: list[str]) -> None:
+def _warm_steps(names: list[str], helper: bool = False) -> None:
     from pipeline.engines import get_engine
 
     steps = [s for n in names if n not in STAGE2_STEPS for s in get_engine(n).warm_steps()]
-    stage2 = [(f"stage2-{n}", STAGE2_STEPS[n]) for n in names if n in STAGE2_STEPS]
+    stage2 = [(stage2_step(n), STAGE2_STEPS[n]) for n in names if n in STAGE2_STEPS]
     obs = ("observation-models", warm_observation_models)
     marginals = ("observation-marginals", warm_observation_marginals)
+    load = not helper
     if not stage2:
         # every engine's sweep calls the observation models: loaded first, they are compiled
         # once; the process that finds them taken waits, then compiles the marginals or a step
         compile_once(*obs)
-        run_steps([marginals, *steps])
+        run_steps([marginals, *steps], load)
+    elif helper:
+        # the helper of a command whose workers are its threads: that process compiles the
+        # observation models, then the engine's first step (its sweep) and its last (the start,
+        # which calls the sweep), and starts its flow without stage 2, which the helper
+        # compiles meanwhile, after the marginals and the engine's other steps (the reduce)
+        run_steps([obs, marginals, *steps[1:-1], *stage2, *steps], load)
     else:
         # a stage 2 (BHC over summaries) calls the marginals, not the sweep's kernels: the
         # process that finds the observation models taken compiles the marginals and stage 2
         # meanwhile, then each goes on to the engine's steps
-        run_steps([obs, marginals, *stage2, *steps])
+        run_steps([obs, marginals, *stage2, *steps], load)
 
 
-def warm_here(names: list[str] | None = None) -> None:
+def warm_here(names: list[str] | None = None, helper: bool = False) -> None:
     """``warm_kernels(names)`` in this process (a worker's start, or the process whose threads
-    are the workers). A failure only costs the speed-up: the tasks load what they need anyway,
-    and report what goes wrong."""
+    are the workers; ``helper``: the helper of ``warm_here_with_helper``). A failure only costs
+    the speed-up: the tasks load what they need anyway, and report what goes wrong."""
     try:
-        warm_kernels(names)
+        warm_kernels(names, helper=helper)
     except Exception:
         logger.warning("dpmm worker warm-up failed", exc_info=True)
 
 
 #: seconds the helper of ``warm_here_with_helper`` gets to finish once this process is done
 HELPER_GRACE = 10.0
-_HELPER = "import sys; from pipeline.worker_setup import warm_here; warm_here(sys.argv[1:])"
+_HELPER = "import sys; from pipeline.worker_setup import warm_here; warm_here(sys.argv[1:], True)"
 
 
-def warm_here_with_helper(names: list[str]) -> None:
+@contextlib.contextmanager
+def warm_here_with_helper(names: list[str]) -> Iterator[None]:
     """``warm_here(names)`` for workers that are threads of this process (``dpmm demo``, ``dpmm
-    run --threads``), with a second process compiling alongside when the kernels are not cached.
+    run --threads``), with a second process compiling alongside when the kernels are not cached;
+    the run goes on inside.
 
     Numba compiles under one lock per process (``numba.core.compiler_lock``), so threads
     compile one after the other, on one core. A helper process takes the warm-up steps this
-    one is not at (``run_steps``: stage 2's BHC and the marginals while this one compiles the
-    observation models, then whatever is left) and writes them to the numba cache, from which
-    this process loads them. With a warm cache, or one core, no helper starts: it would only
-    import the pipeline again. The helper is a speed-up only: if it fails or dies, its locks
-    are released and this process compiles what it left."""
+    one is not at (``run_steps``: the marginals, the engine's reduce and stage 2's BHC while
+    this one compiles the observation models, the sweep and the start) and writes them to the
+    numba cache, from which this process loads them. Stage 2 runs last: this process does not
+    wait for its kernels before the run starts, the stage waits for the helper instead
+    (``pipeline.stage2.run_stage2``, ``await_step``), so that the helper's last and longest
+    step overlaps the flow's start and passes. With a warm cache, or one core, no helper starts:
+    it would only import the pipeline again. The helper is a speed-up only: if it fails or
+    dies, its locks are released and this process compiles what it left; it is waited for
+    (``HELPER_GRACE``, then killed) when the run is over."""
     helper = None
     if (os.cpu_count() or 1) > 1 and not kernels_cached(names):
         try:
@@ -334,11 +371,11 @@ def warm_here_with_helper(names: list[str]) -> None:
         except OSError:
             logger.warning("dpmm warm-up helper did not start", exc_info=True)
     try:
-        warm_here(names)
+        warm_here([n for n in names if n not in STAGE2_STEPS] if helper else names)
+        yield
     finally:
         if helper is not None:
             try:
-                # by now it has only loads left: this process waited for every step it took
                 helper.wait(timeout=HELPER_GRACE)
             except subprocess.TimeoutExpired:
                 helper.kill()

@@ -365,8 +365,8 @@ def _local_cluster(
         # Prefect's temporary server boots, instead of inside the first tasks
         from pipeline.worker_setup import warm_here_with_helper
 
-        warm_here_with_helper(_warm_names(kwargs, engine))
-        yield kwargs
+        with warm_here_with_helper(_warm_names(kwargs, engine)):
+            yield kwargs
         return
     from pipeline.dist.client import dask_client
 

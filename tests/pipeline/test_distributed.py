@@ -315,7 +315,13 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
     monkeypatch.setattr(worker_setup, "_warm_marker", lambda names: tmp_path / "marker")
     assert worker_setup.warm_engines() == ["mapdp", "bhc"]
     ran: list[str] = []
-    monkeypatch.setattr(worker_setup, "run_steps", lambda steps: ran.extend(k for k, _ in steps))
+    loads: list[bool] = []
+
+    def run_steps(steps, load=True):
+        ran.extend(k for k, _ in steps)
+        loads.append(load)
+
+    monkeypatch.setattr(worker_setup, "run_steps", run_steps)
     worker_setup.warm_kernels()
     assert ran == [
         "observation-models",
@@ -325,6 +331,21 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
         "mixture-reduce",
         "mixture-start",
     ]
+    assert loads == [True]
+    # the helper of a command whose workers are its threads (``warm_here_with_helper``) takes
+    # the reduce and stage 2 before the sweep and the start, which that command compiles
+    # meanwhile, and loads nothing (duplicates are run once: ``run_steps``)
+    ran.clear()
+    worker_setup.warm_kernels(helper=True)
+    assert list(dict.fromkeys(ran)) == [
+        "observation-models",
+        "observation-marginals",
+        "mixture-reduce",
+        "stage2-bhc",
+        "mapdp-sweep",
+        "mixture-start",
+    ]
+    assert loads == [True, False]
     # the sample start waits on the sweep step's lock under this name
     from pipeline.engines.mixture import MAPDP_SWEEP_STEP
 
@@ -343,18 +364,61 @@ def test_a_complete_warm_up_leaves_its_marker(monkeypatch, tmp_path: Path):
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
     assert marker(["mapdp"]).parent == tmp_path
     assert not worker_setup.kernels_cached(["mapdp"])
-    monkeypatch.setattr(worker_setup, "run_steps", lambda steps: None)
+    monkeypatch.setattr(worker_setup, "run_steps", lambda steps, load=True: None)
     monkeypatch.setattr(worker_setup, "compile_once", lambda key, step: None)
     worker_setup.warm_kernels(["mapdp"])
     assert worker_setup.kernels_cached(["mapdp"])
     assert not worker_setup.kernels_cached(["mapdp", "bhc"])
 
-    def fail(steps):
+    def fail(steps, load=True):
         raise RuntimeError("compilation failed")
 
     monkeypatch.setattr(worker_setup, "run_steps", fail)
     worker_setup.warm_here(["mapdp", "bhc"])  # logged: it only costs the speed-up
     assert not worker_setup.kernels_cached(["mapdp", "bhc"])
+
+
+_HOLD_A_STEP = """
+import sys, time
+from pathlib import Path
+from pipeline import worker_setup
+
+def step():
+    print("holding", flush=True)
+    time.sleep(0.5)
+    Path(sys.argv[1]).touch()
+
+worker_setup.compile_once(worker_setup.stage2_step("bhc"), step)
+"""
+
+
+def test_await_step_waits_for_the_process_at_the_step(monkeypatch, tmp_path: Path) -> None:
+    """``await_step`` (stage 2 in a command whose warm-up helper compiles it meanwhile) returns
+    only once the process at that step is done with it, so that the kernels are then loaded
+    from the cache, not compiled a second time; a step nobody is at does not wait."""
+    from pipeline import worker_setup
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    done = tmp_path / "done"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_A_STEP, str(done)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "holding"
+        assert not done.exists()
+        worker_setup.await_step(worker_setup.stage2_step("bhc"))
+        assert done.exists()
+    finally:
+        assert proc.wait(timeout=60) == 0
+    worker_setup.await_step("a-step-nobody-is-at")
+    # a cache directory where no lock file can be made (read-only, or not a directory): the
+    # stage does not fail, it has nothing to wait for
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    worker_setup.await_step(worker_setup.stage2_step("bhc"))
 
 
 _CACHE_HITS = """
@@ -386,8 +450,11 @@ class Seen(event.Listener):
         pass
 
 event.register("numba:compile", Seen())
-from pipeline.worker_setup import warm_here_with_helper
-warm_here_with_helper(["mapdp", "bhc"])
+from pipeline import worker_setup
+with worker_setup.warm_here_with_helper(["mapdp", "bhc"]):
+    # the run's stage 2 waits for the helper at its kernels, then loads them
+    worker_setup.await_step(worker_setup.stage2_step("bhc"))
+    worker_setup.STAGE2_STEPS["bhc"]()
 print(sum(n.startswith("ol_raise_with_shape_context") for n in compiled), len(compiled))
 """
 
@@ -460,7 +527,7 @@ def test_the_warm_up_follows_the_inputs_family(monkeypatch, tmp_path: Path) -> N
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
     seen: list[tuple[list[str], np.dtype]] = []
 
-    def record(steps):
+    def record(steps, load=True):
         seen.append(([k for k, _ in steps], worker_setup.toy_family()[1].spec.dtype))
 
     monkeypatch.setattr(worker_setup, "run_steps", record)
@@ -481,7 +548,7 @@ def test_worker_warm_up_of_every_product_widens_the_toy_spec(monkeypatch, tmp_pa
 
     seen: list[np.dtype] = []
 
-    def record(steps):
+    def record(steps, load=True):
         seen.append(worker_setup.toy_family()[1].spec.dtype)
 
     monkeypatch.setattr(worker_setup, "run_steps", record)
