@@ -186,9 +186,10 @@ class Engine(ABC):
         them) a group of kernels; default: ``warm_up`` as one step named after the engine. A
         worker preload (``pipeline.worker_setup``) runs the run's engine's steps with one process
         per step compiling and the others loading its result from the cache: a step's name is
-        unique among all engines unless two engines share the step itself. The first step is
-        the one a sweep needs (the command compiles it, its helper the steps between the first
-        and the last meanwhile: ``warm_here_with_helper``); the last may wait for the others."""
+        unique among all engines unless two engines share the step itself. The order matters
+        where a command's threads are the workers (``warm_here_with_helper``): that process
+        compiles the first step (the sweep's kernels) and the last (which may wait for the
+        others), while its helper compiles the steps in between."""
         return [(self.name, self.warm_up)]
 
 
