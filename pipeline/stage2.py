@@ -100,7 +100,7 @@ def run_stage2(
         return Stage2Result(np.arange(M, dtype=np.int64), {"method": "none", "n_summaries": M})
     # a warm-up helper may be compiling BHC's kernels at this moment (``dpmm demo``: during
     # the flow): wait for it and load them rather than compile them a second time alongside
-    await_step(stage2_step("bhc"))
+    await_step(stage2_step(method))
     t0 = time.perf_counter()
     bhc = BHC(alpha=alpha, family=family).fit_summaries(stats, family)
     t_bhc = time.perf_counter() - t0
