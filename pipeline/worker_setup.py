@@ -23,9 +23,13 @@ import hashlib
 import importlib.util
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -75,18 +79,6 @@ def toy_family() -> tuple[FloatArray, ProductFamily]:
     return X, family
 
 
-def _toy_rows() -> tuple[ProductFamily, FloatArray, FloatArray]:
-    """The toy family, its records and two clusters' statistics rows (their caches are the
-    observation models' step's: a ``refresh`` here would have the marginals' process compile
-    it too)."""
-    from kernels.obs import product
-
-    X, family = toy_family()
-    z = np.zeros(X.shape[0], dtype=np.int64)
-    stats = product.build_stats(X, z, 2, family.spec, family.n_stats)
-    return family, X, stats
-
-
 def warm_observation_models() -> None:
     """Load the observation models' kernels a sweep calls (``kernels.obs.product`` over rows of
     2-D arrays, as its callers pass them): the predictive densities and the statistics'
@@ -95,7 +87,9 @@ def warm_observation_models() -> None:
     without doing the same work twice."""
     from kernels.obs import product
 
-    family, X, stats = _toy_rows()
+    X, family = toy_family()
+    z = np.zeros(X.shape[0], dtype=np.int64)
+    stats = product.build_stats(X, z, 2, family.spec, family.n_stats)
     cache = family.cache_of(stats)
     spec, prior = family.spec, family.prior
     scratch_s, scratch_c = np.empty_like(stats[0]), np.empty_like(cache[0])
@@ -113,7 +107,10 @@ def warm_observation_marginals() -> None:
     (``warm_observation_models``)."""
     from kernels.obs import product
 
-    family, _, stats = _toy_rows()
+    # empty clusters' statistics: the records' (``build_stats``) are the other process's to
+    # compile, at the same moment, in the observation models' step
+    _, family = toy_family()
+    stats = np.zeros((2, family.n_stats))
     spec, prior = family.spec, family.prior
     s, scratch_s = stats[0], np.empty_like(stats[0])
     product.log_marginal(s, spec, prior)
@@ -318,8 +315,10 @@ def _warm_steps(names: list[str], helper: bool = False) -> None:
         # the helper of a command whose workers are its threads: that process compiles the
         # observation models, then the engine's first step (its sweep) and its last (the start,
         # which calls the sweep), and starts its flow without stage 2, which the helper
-        # compiles meanwhile, after the marginals and the engine's other steps (the reduce)
-        run_steps([obs, marginals, *steps[1:-1], *stage2, *steps], load)
+        # compiles meanwhile, after the marginals and the engine's other steps (the reduce).
+        # The helper starts with the marginals: forked, it is as early as that process, which
+        # must take the observation models its own steps call; it then takes what is left
+        run_steps([marginals, *steps[1:-1], *stage2, obs, *steps], load)
     else:
         # a stage 2 (BHC over summaries) calls the marginals, not the sweep's kernels: the
         # process that finds the observation models taken compiles the marginals and stage 2
@@ -355,31 +354,106 @@ def warm_here_with_helper(names: list[str]) -> Iterator[None]:
     numba cache, from which this process loads them. Stage 2 runs last: this process does not
     wait for its kernels before the run starts, the stage waits for the helper instead
     (``pipeline.stage2.run_stage2``, ``await_step``), so that the helper's last and longest
-    step overlaps the flow's start and passes. With a warm cache, or one core, no helper starts:
-    it would only import the pipeline again. The helper is a speed-up only: if it fails or
-    dies, its locks are released and this process compiles what it left; it is waited for
-    (``HELPER_GRACE``, then killed) when the run is over."""
-    helper = None
+    step overlaps the flow's start and passes. The helper is a fork of this process
+    (``_start_helper``), so it imports nothing. With a warm cache, or one core, no helper
+    starts. The helper is a speed-up only: if it fails or dies, its locks are released and this
+    process compiles what it left; it is waited for (``HELPER_GRACE``, then killed) when the
+    run is over."""
+    finish = None
     if (os.cpu_count() or 1) > 1 and not kernels_cached(names):
-        try:
-            helper = subprocess.Popen(
-                [sys.executable, "-c", _HELPER, *names],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        except OSError:
-            logger.warning("dpmm warm-up helper did not start", exc_info=True)
+        finish = _start_helper(names)
     try:
-        warm_here([n for n in names if n not in STAGE2_STEPS] if helper else names)
+        warm_here([n for n in names if n not in STAGE2_STEPS] if finish else names)
         yield
     finally:
-        if helper is not None:
+        if finish is not None:
+            finish(HELPER_GRACE)
+
+
+def _start_helper(names: list[str]) -> Callable[[float], None] | None:
+    """Start the helper of ``warm_here_with_helper``; returns the function that waits for it
+    (then kills it) or None if none started.
+
+    A fork when this process runs no other thread: the child has the pipeline imported (about
+    1.5 CPU s a new interpreter spends again, on the cold demo's busy cores) and starts at
+    once, so the order of ``_warm_steps``'s helper list, not a head start, leaves this process
+    the observation models. Otherwise (threads whose locks a child could inherit held) a new
+    interpreter."""
+    if hasattr(os, "fork") and threading.active_count() == 1:
+        _import_warm_up(names)
+        try:
+            with warnings.catch_warnings():
+                # Python 3.12+ warns of any other thread of the OS process (OpenBLAS's pool):
+                # no Python thread holds a lock here (checked above), and the child compiles
+                warnings.filterwarnings("ignore", ".*multi-threaded.*", DeprecationWarning)
+                pid = os.fork()
+        except OSError:
+            logger.warning("dpmm warm-up helper did not start", exc_info=True)
+            return None
+        if pid == 0:
+            code = 1
             try:
-                helper.wait(timeout=HELPER_GRACE)
-            except subprocess.TimeoutExpired:
-                helper.kill()
-                helper.wait()
+                # quiet as a new interpreter with its output to /dev/null: the command's output
+                # and its run's log are the command's
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                sys.stdout = sys.stderr = open(os.devnull, "w")
+                logging.disable(logging.CRITICAL)
+                warm_here(names, helper=True)
+                code = 0
+            finally:
+                # neither the command's exit handlers (its Prefect server's stop) nor a flush
+                # of the buffers it had when it forked run here
+                os._exit(code)
+        return lambda grace: _wait_forked(pid, grace)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _HELPER, *names],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    except OSError:
+        logger.warning("dpmm warm-up helper did not start", exc_info=True)
+        return None
+
+    def finish(grace: float) -> None:
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    return finish
+
+
+def _import_warm_up(names: list[str]) -> None:
+    """Import the modules of the warm-up steps of ``names`` (the engines', stage 2's), which
+    this process imports for its run anyway, before the helper forks."""
+    from pipeline.engines import get_engine
+
+    for name in names:
+        if name in STAGE2_STEPS:
+            importlib.import_module("pipeline.stage2")
+        elif name not in _spec_kinds():
+            get_engine(name)
+
+
+def _wait_forked(pid: int, grace: float) -> None:
+    """Wait up to ``grace`` seconds for the forked child ``pid`` to exit, then kill it."""
+    end = time.monotonic() + grace
+    while True:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:  # reaped already
+            return
+        if time.monotonic() >= end:
+            break
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
 
 
 def dask_setup(worker: Any) -> None:

@@ -333,15 +333,16 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
     ]
     assert loads == [True]
     # the helper of a command whose workers are its threads (``warm_here_with_helper``) takes
-    # the reduce and stage 2 before the sweep and the start, which that command compiles
-    # meanwhile, and loads nothing (duplicates are run once: ``run_steps``)
+    # the marginals, the reduce and stage 2 before the observation models, the sweep and the
+    # start, which that command compiles meanwhile, and loads nothing (duplicates are run
+    # once: ``run_steps``)
     ran.clear()
     worker_setup.warm_kernels(helper=True)
     assert list(dict.fromkeys(ran)) == [
-        "observation-models",
         "observation-marginals",
         "mixture-reduce",
         "stage2-bhc",
+        "observation-models",
         "mapdp-sweep",
         "mixture-start",
     ]
@@ -376,6 +377,62 @@ def test_a_complete_warm_up_leaves_its_marker(monkeypatch, tmp_path: Path):
     monkeypatch.setattr(worker_setup, "run_steps", fail)
     worker_setup.warm_here(["mapdp", "bhc"])  # logged: it only costs the speed-up
     assert not worker_setup.kernels_cached(["mapdp", "bhc"])
+
+
+_HELPER_STARTS = """
+import atexit, os, sys, threading
+from pathlib import Path
+from pipeline import worker_setup as ws
+
+out, mode = Path(sys.argv[1]), sys.argv[2]
+os.cpu_count = lambda: 2
+ws.kernels_cached = lambda names: False
+
+
+def seen(names=None, helper=False):
+    (out / f"{'helper' if helper else 'command'}-{os.getpid()}").write_text(",".join(names))
+
+
+ws.warm_here = seen
+# a helper in a new interpreter does not have this module's stand-in: it gets its own
+ws._HELPER = (
+    f"import os, sys; open({str(out)!r} + f'/new-{{os.getpid()}}', 'w')"
+    ".write(','.join(sys.argv[1:]))"
+)
+atexit.register(lambda: (out / f"atexit-{os.getpid()}").touch())
+if mode == "thread":
+    stop = threading.Event()
+    threading.Thread(target=stop.wait).start()
+with ws.warm_here_with_helper(["mapdp", "bhc"]):
+    pass
+if mode == "thread":
+    stop.set()
+print(os.getpid(), "pipeline.stage2" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("mode", ["fork", "thread"])
+def test_the_warm_up_helper_is_a_fork_of_a_process_without_threads(tmp_path: Path, mode: str):
+    """``warm_here_with_helper`` forks its helper, which then has the pipeline imported (the
+    modules of the warm-up's steps are imported first) and leaves without the command's exit
+    handlers (its Prefect server's stop); with another thread running (whose locks a fork would
+    copy held) the helper is a new interpreter. Either way the command waits for it."""
+    out = subprocess.run(
+        [sys.executable, "-c", _HELPER_STARTS, str(tmp_path), mode],
+        check=True,
+        timeout=120,
+        text=True,
+        capture_output=True,
+    )
+    pid, imported = out.stdout.split()
+    files = sorted(p.name for p in tmp_path.iterdir())
+    helpers = [f for f in files if f.startswith("helper-" if mode == "fork" else "new-")]
+    assert f"command-{pid}" in files and len(helpers) == 1 and not helpers[0].endswith(pid)
+    # the command warms up the engine only; the helper takes stage 2 too
+    assert (tmp_path / f"command-{pid}").read_text() == "mapdp"
+    assert (tmp_path / helpers[0]).read_text() == "mapdp,bhc"
+    assert [f for f in files if f.startswith("atexit-")] == [f"atexit-{pid}"]
+    assert imported == ("True" if mode == "fork" else "False")
 
 
 _HOLD_A_STEP = """
