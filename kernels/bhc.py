@@ -65,21 +65,15 @@ MIN_PARALLEL = 4096
 
 
 @njit(cache=True, nogil=True)
-def _pair_score(si, sj, nij, ui, uj, scratch, spec, prior, log_alpha):
-    """log alpha + log Gamma(n_i + n_j) + log p(D_i u D_j | H_1) - u_i - u_j: the log-odds
-    log r_k / (1 - r_k) of eq. 8 for the merge of i and j."""
+def _node_pair_score(i, j, node_stats, n, u, scratch, spec, prior, log_alpha):
+    """log alpha + log Gamma(n_i + n_j) + log p(D_i u D_j | H_1) - u_i - u_j of nodes i and j,
+    read from the node arrays: the log-odds log r_k / (1 - r_k) of eq. 8 for their merge."""
+    si = node_stats[i]
+    sj = node_stats[j]
     for t in range(scratch.shape[0]):
         scratch[t] = si[t] + sj[t]
     lm = product.log_marginal(scratch, spec, prior)
-    return crp.log_kappa(nij, log_alpha) + lm - ui - uj
-
-
-@njit(cache=True, nogil=True)
-def _node_pair_score(i, j, node_stats, n, u, scratch, spec, prior, log_alpha):
-    """``_pair_score`` of nodes i and j, read from the node arrays."""
-    return _pair_score(
-        node_stats[i], node_stats[j], n[i] + n[j], u[i], u[j], scratch, spec, prior, log_alpha
-    )
+    return crp.log_kappa(n[i] + n[j], log_alpha) + lm - u[i] - u[j]
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -202,26 +196,37 @@ def _drop_stale_head(i, top_id, top_sc, top_len, active):
 
 
 @njit(cache=True, nogil=True)
-def _agglomerate(stats, log_alpha, spec, prior, n_top, min_parallel):
-    """Greedy agglomeration of M leaves by the score of the module docstring.
+def bhc(stats, spec, prior, log_alpha, n_top=16, min_parallel=MIN_PARALLEL):
+    """Greedy BHC over leaf summaries (seed 001, Section 3, eqs. 7-8, all in log space).
+
+    Merges, at every step, the pair of active nodes with the highest r_k (eq. 8), with
+    d_k = alpha Gamma(n_k) + d_left d_right, pi_k = alpha Gamma(n_k) / d_k and
+    p(D_k | T_k) = pi_k p(D_k | H_1) + (1 - pi_k) p(D_left | T_left) p(D_right | T_right)
+    (eq. 7). Leaves enter with d_i = alpha Gamma(n_i), pi_i = 1. O(M^2) log marginals.
 
     Parameters
     ----------
-    stats : ndarray of shape (M, S)
-        Leaf statistics rows; ``stats[:, 0]`` are the leaf sizes n_i > 0.
-    log_alpha : float
+    stats : ndarray of shape (M, S), float64
+        Leaf statistics rows, ``stats[:, 0] > 0`` the leaf sizes.
     spec, prior : product family description (``kernels.obs.product``).
+    log_alpha : float
+        log of the DP concentration alpha.
     n_top : int
-        Length of each node's candidate list.
+        Candidate-list length per node (memory O(M n_top)); the tree does not depend on it.
+    min_parallel : int or None
+        Passes over at least this many pairs use numba's threads; None: never, and the threaded
+        variants are not even compiled (numba prunes the branch on the argument's type).
 
     Returns
     -------
     left, right : ndarray of shape (2M - 1,), int64
-    n, log_ph1, log_d, u : ndarray of shape (2M - 1,)
-        Records, log p(D_k | H_1), log d_k and u_k per node (eqs. 7-8).
+        Children of each node (-1 for leaves), ``left < right``.
+    n : ndarray of shape (2M - 1,)
+        Records under each node.
+    log_r, log_d, log_pi, log_p, log_ph1 : ndarray of shape (2M - 1,)
+        log r_k (eq. 8), log d_k, log pi_k, log p(D_k | T_k) (eq. 7), log p(D_k | H_1) (eq. 6).
     node_stats : ndarray of shape (2M - 1, S)
-    n_nodes : int
-        Nodes made: M + number of merges.
+        Statistics of every node (the sum of its leaves' rows).
     """
     M, S = stats.shape
     cap = 2 * M - 1
@@ -317,46 +322,8 @@ def _agglomerate(stats, log_alpha, spec, prior, n_top, min_parallel):
         act[n_act] = k
         pos[k] = n_act
         n_act += 1
-    return left, right, n, log_ph1, log_d, u, node_stats, next_id
 
-
-@njit(cache=True, nogil=True)
-def bhc(stats, spec, prior, log_alpha, n_top=16, min_parallel=MIN_PARALLEL):
-    """Greedy BHC over leaf summaries (seed 001, Section 3, eqs. 7-8, all in log space).
-
-    Merges, at every step, the pair of active nodes with the highest r_k (eq. 8), with
-    d_k = alpha Gamma(n_k) + d_left d_right, pi_k = alpha Gamma(n_k) / d_k and
-    p(D_k | T_k) = pi_k p(D_k | H_1) + (1 - pi_k) p(D_left | T_left) p(D_right | T_right)
-    (eq. 7). Leaves enter with d_i = alpha Gamma(n_i), pi_i = 1. O(M^2) log marginals.
-
-    Parameters
-    ----------
-    stats : ndarray of shape (M, S), float64
-        Leaf statistics rows, ``stats[:, 0] > 0`` the leaf sizes.
-    spec, prior : product family description (``kernels.obs.product``).
-    log_alpha : float
-        log of the DP concentration alpha.
-    n_top : int
-        Candidate-list length per node (memory O(M n_top)); the tree does not depend on it.
-    min_parallel : int or None
-        Passes over at least this many pairs use numba's threads; None: never, and the threaded
-        variants are not even compiled (numba prunes the branch on the argument's type).
-
-    Returns
-    -------
-    left, right : ndarray of shape (2M - 1,), int64
-        Children of each node (-1 for leaves), ``left < right``.
-    n : ndarray of shape (2M - 1,)
-        Records under each node.
-    log_r, log_d, log_pi, log_p, log_ph1 : ndarray of shape (2M - 1,)
-        log r_k (eq. 8), log d_k, log pi_k, log p(D_k | T_k) (eq. 7), log p(D_k | H_1) (eq. 6).
-    node_stats : ndarray of shape (2M - 1, S)
-        Statistics of every node (the sum of its leaves' rows).
-    """
-    left, right, n, log_ph1, log_d, u, node_stats, _ = _agglomerate(
-        stats, log_alpha, spec, prior, n_top, min_parallel
-    )
-    cap = n.shape[0]
+    # eqs. 7-8 per node from the agglomeration's log d_k and u_k
     log_r = np.zeros(cap)
     log_pi = np.zeros(cap)
     log_p = np.empty(cap)
