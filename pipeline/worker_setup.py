@@ -400,6 +400,7 @@ def _start_helper(names: list[str]) -> Callable[[float], None] | None:
                     os.dup2(null, fd)
                 sys.stdout = sys.stderr = open(os.devnull, "w")
                 logging.disable(logging.CRITICAL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not a handler of the command's
                 warm_here(names, helper=True)
                 code = 0
             finally:
@@ -452,8 +453,9 @@ def _wait_forked(pid: int, grace: float) -> None:
         if time.monotonic() >= end:
             break
         time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+    with contextlib.suppress(ProcessLookupError, ChildProcessError):
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 def dask_setup(worker: Any) -> None:

@@ -435,6 +435,26 @@ def test_the_warm_up_helper_is_a_fork_of_a_process_without_threads(tmp_path: Pat
     assert imported == ("True" if mode == "fork" else "False")
 
 
+def test_a_forked_helper_is_waited_for_then_killed() -> None:
+    """The command waits ``HELPER_GRACE`` for its forked helper once the run is over, then
+    kills it; either way the child is reaped (no zombie left)."""
+    from pipeline import worker_setup
+
+    def child(code: str) -> int:
+        return os.spawnv(os.P_NOWAIT, sys.executable, [sys.executable, "-c", code])
+
+    pid = child("import time; time.sleep(120)")
+    t0 = time.monotonic()
+    worker_setup._wait_forked(pid, 0.5)
+    assert time.monotonic() - t0 < 60  # killed, not waited out
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    pid = child("pass")
+    worker_setup._wait_forked(pid, 60)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
 _HOLD_A_STEP = """
 import sys, time
 from pathlib import Path
