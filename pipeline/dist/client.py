@@ -33,11 +33,14 @@ def dask_client(
 
     # the scheduler's and nannies' INFO lines would bury the progress bars
     logging.getLogger("distributed").setLevel(logging.WARNING)
+    starts = contextlib.ExitStack()
     if scheduler:
         client = Client(scheduler)
         cluster = None
     else:
         n = int(n_workers or os.cpu_count() or 1)
+        if processes:
+            starts.enter_context(_fork_server(warm))
         cluster = LocalCluster(
             n_workers=n,
             threads_per_worker=1,
@@ -64,5 +67,50 @@ def dask_client(
         client.close()
         if cluster is not None:
             cluster.close()
+        starts.close()
 
 
+#: where worker processes start from (``distributed.worker.multiprocessing-method``)
+START_METHOD_KEY = "distributed.worker.multiprocessing-method"
+
+
+@contextlib.contextmanager
+def _fork_server(warm: Sequence[str] | None) -> Iterator[None]:
+    """New worker processes forked from a fork server that imported their modules once.
+
+    Dask's default, spawn, starts each worker as a new interpreter that imports Dask, pandas and
+    the pipeline (about 1.5 CPU s each) while the driver and Prefect's server start too: on two
+    cores that is the longest stretch of a run's start. A fork server (Dask's "forkserver"
+    method) imports them once and forks each worker from itself. It is started here, so it
+    sees this moment's working directory and environment as a spawned worker would, and stopped
+    with the cluster, so that the next cluster's workers do not see an older one's. Another
+    method than spawn set in Dask's configuration (for example
+    ``DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD=fork``) is kept, and so is spawn on a
+    platform without fork servers.
+    """
+    import multiprocessing
+    import multiprocessing.forkserver
+
+    import dask
+    from distributed.utils import get_mp_context
+
+    from pipeline.engines import ENGINE_MODULES
+
+    configured = dask.config.get(START_METHOD_KEY, None) not in (None, "spawn")
+    if configured or "forkserver" not in multiprocessing.get_all_start_methods():
+        yield
+        return
+    engines = [ENGINE_MODULES[e] for e in (warm or ENGINE_MODULES) if e in ENGINE_MODULES]
+    with dask.config.set({START_METHOD_KEY: "forkserver"}):
+        # after Dask's own choice of preload (``get_mp_context`` makes it once per process)
+        get_mp_context().set_forkserver_preload(
+            ["distributed", "dask", "numpy", "pandas", "pipeline.worker_setup", *engines]
+        )
+        try:
+            yield
+        finally:
+            # a private method (CPython's tests use it); without it the server stays, as a
+            # fork server does when nobody stops it
+            stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
+            if stop is not None:
+                stop()

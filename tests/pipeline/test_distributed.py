@@ -885,3 +885,35 @@ def test_a_warm_start_from_a_fitted_model(client):
     assert normalized_mutual_info_score(y, warm.labels) > 0.99
     with pytest.raises(ValueError, match="another family"):
         _fit(X2, client, chunk_rows=500, warm_start=(Stats(first.stats, fam), first.alpha))
+
+
+def _worker_view() -> tuple[int, str | None, str, bool]:
+    import sys as sys_
+
+    return (
+        os.getppid(),
+        os.environ.get("DPMM_TEST_MARK"),
+        os.getcwd(),
+        "pipeline.engines.mapdp" in sys_.modules,
+    )
+
+
+def test_worker_processes_fork_from_a_server_started_with_the_cluster(monkeypatch, tmp_path):
+    """``dask_client``'s worker processes are forked from a fork server (their parent is not
+    this process, as a spawned worker's is) that imported the engine; each cluster gets its own
+    server, which sees the working directory and environment of the moment it starts, and it is
+    stopped with the cluster."""
+    import multiprocessing.forkserver
+
+    from pipeline.dist.client import dask_client
+
+    for mark in ("one", "two"):
+        (tmp_path / mark).mkdir()
+        monkeypatch.chdir(tmp_path / mark)
+        monkeypatch.setenv("DPMM_TEST_MARK", mark)
+        with dask_client(n_workers=1, dashboard_address=None, quiet=True, warm=["mapdp"]) as c:
+            ((ppid, seen, cwd, imported),) = c.run(_worker_view).values()
+            server = multiprocessing.forkserver._forkserver._forkserver_pid
+        assert ppid == server and ppid != os.getpid()
+        assert (seen, cwd, imported) == (mark, str(tmp_path / mark), True)
+        assert multiprocessing.forkserver._forkserver._forkserver_pid is None
