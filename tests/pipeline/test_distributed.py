@@ -917,3 +917,34 @@ def test_worker_processes_fork_from_a_server_started_with_the_cluster(monkeypatc
         assert ppid == server and ppid != os.getpid()
         assert (seen, cwd, imported) == (mark, str(tmp_path / mark), True)
         assert multiprocessing.forkserver._forkserver._forkserver_pid is None
+
+
+_EARLY_SERVER = """
+import multiprocessing.forkserver as fs
+import os
+
+from pipeline.dist.client import dask_client, start_fork_server
+
+if __name__ == "__main__":
+    start_fork_server(["mapdp"])
+    seen = [fs._forkserver._forkserver_pid]
+    for _ in range(2):
+        with dask_client(n_workers=1, dashboard_address=None, quiet=True, warm=["mapdp"]) as c:
+            seen += list(c.run(os.getppid).values())
+    seen.append(fs._forkserver._forkserver_pid)
+    print(*seen)
+"""
+
+
+def test_an_early_fork_server_serves_every_later_cluster_and_stays(tmp_path):
+    """``start_fork_server`` (``dpmm``'s first step for a command with worker processes): the
+    workers of every later cluster of the process are forked from that server, which outlives
+    each cluster."""
+    script = tmp_path / "early.py"
+    script.write_text(_EARLY_SERVER)
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    early, first, second, after = (int(v) for v in out.stdout.split())
+    assert early == first == second == after
