@@ -243,7 +243,13 @@ def _save_remote(
 def write_model(directory: storage.Where, estimator: Any, **kwargs: Any) -> None:
     """``save_model`` into an existing directory that is itself being staged (a run's partial
     output): no rename of its own."""
-    persist.save(directory, RECORD, model_record(estimator, **kwargs))
+    write_record(directory, model_record(estimator, **kwargs))
+
+
+def write_record(directory: storage.Where, record: dict[str, Any]) -> None:
+    """A model's ``record`` (``model_record``, ``run_model_record``) saved into an existing
+    directory that is itself being staged (a run's partial output): no rename of its own."""
+    persist.save(directory, RECORD, record)
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -475,29 +481,60 @@ def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
     return est
 
 
-def model_from_run(
+#: ``MAPDP``'s constructor parameters at their defaults, for ``run_model_record``, which does not
+#: import the class (``tests/pipeline/test_model.py`` checks them against it)
+MAPDP_DEFAULTS: dict[str, Any] = {
+    "alpha": "learn",
+    "alpha_prior": (2.0, 1.0),
+    "family": "auto",
+    "init": "sequential",
+    "max_iter": 100,
+    "n_restarts": "auto",
+    "prior_scale": None,
+    "random_state": None,
+    "tol": 1e-6,
+    "tune": None,
+    "verbose": 0,
+}
+
+
+def run_model_record(
     schema: Any,
     family: Any,
     stats: np.ndarray,
     alpha: float,
     params: dict[str, Any],
-) -> Any:
-    """The ``MAPDP`` of a distributed run's final clusters: statistics ``stats`` (K, S) of
-    ``family``, concentration ``alpha``; its ``predict`` / ``score_samples`` are the run's
-    write-out (eq. 3.5 and eq. 3.4 under these clusters)."""
-    from pipeline.mapdp import MAPDP
+    *,
+    engine: str,
+    metadata: dict[str, Any],
+) -> dict[str, Any]:
+    """The record (``model_record``) of the ``MAPDP`` of a distributed run's final clusters:
+    statistics ``stats`` (K, S) of ``family``, concentration ``alpha``, constructor parameters
+    ``params`` (the others at their defaults). Its ``predict`` / ``score_samples`` are the
+    run's write-out (eq. 3.5 and eq. 3.4 under these clusters).
 
-    est = MAPDP(**params)
+    Built without the estimator, whose class imports scikit-learn and SciPy's stats: about
+    0.7 s of CPU that a run would spend on cores its workers need, for a record whose content
+    is known. ``load_model`` makes the estimator of it.
+    """
     stats = np.ascontiguousarray(stats, dtype=np.float64)
-    est.schema_ = schema
-    est.family_ = family
-    est.n_features_in_ = len(schema.columns)
-    if schema.from_frame:
-        est.feature_names_in_ = np.asarray(schema.columns, dtype=object)
-    est.n_clusters_ = int(stats.shape[0])
-    est.cluster_stats_ = stats
-    est.cluster_sizes_ = np.rint(stats[:, 0]).astype(np.int64)
-    est.alpha_ = float(alpha)
-    est._cache = family.cache_of(stats)
-    est._empty_cache = family.empty_cache()
-    return est
+    fitted = {
+        "n_clusters_": int(stats.shape[0]),
+        "cluster_stats_": stats,
+        "cluster_sizes_": np.rint(stats[:, 0]).astype(np.int64),
+        "alpha_": float(alpha),
+    }
+    return {
+        "format": MODEL_FORMAT,
+        "model_version": MODEL_VERSION,
+        "estimator": "MAPDP",
+        "engine": engine,
+        "params": {**MAPDP_DEFAULTS, **params},
+        "schema": schema,
+        "family": family,
+        "family_description": repr(family),
+        "alpha": float(alpha),
+        "fitted": fitted,
+        "metadata": dict(metadata),
+        "versions": versions(),
+    }

@@ -187,25 +187,16 @@ def write_run_model(
     """The run's model (``pipeline.model``): a ``MAPDP`` of the final clusters ``stats`` (K, S)
     whose ``predict`` / ``score_samples`` are the write-out's labels of held-out rows and log
     densities of every row; ``dpmm score`` and ``--warm-start`` read it."""
-    from pipeline.model import model_from_run, write_model
+    from pipeline.model import run_model_record, write_record
 
     p = cfg.params
-    est = model_from_run(
+    directory.mkdir(exist_ok=True)
+    record = run_model_record(
         info.schema,
         info.family,
         stats,
         alpha,
-        {
-            "alpha": p.alpha,
-            "family": cfg.family,
-            "alpha_prior": tuple(p.alpha_prior),
-            "tol": p.tol,
-        },
-    )
-    directory.mkdir(exist_ok=True)
-    write_model(
-        directory,
-        est,
+        {"alpha": p.alpha, "family": cfg.family, "alpha_prior": tuple(p.alpha_prior), "tol": p.tol},
         engine=p.engine,
         metadata={
             "input": info.source,
@@ -216,6 +207,7 @@ def write_run_model(
             "converged": bool(metrics["converged"]),
         },
     )
+    write_record(directory, record)
 
 
 def finish(

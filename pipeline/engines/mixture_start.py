@@ -162,19 +162,16 @@ MIXTURE_REDUCE_STEP = "mixture-reduce"
 
 
 def warm_driver(X: FloatArray | None = None, family: ProductFamily | None = None) -> None:
-    """Load the numba kernels ``reduce_pass`` calls, the report's matplotlib and the model's
-    estimator class, so that their first real use does not pay for loading them; the kernels
-    on records X (n, D) of the run's own ``family`` when given (its spec type picks them:
-    ``kernels.obs.product``). They are compiled by one process of the run only
-    (``pipeline.worker_setup.compile_once``): a worker may be at it already."""
+    """Load the numba kernels ``reduce_pass`` calls and the report's matplotlib, so that their
+    first real use does not pay for loading them; the kernels on records X (n, D) of the run's
+    own ``family`` when given (its spec type picks them: ``kernels.obs.product``). They are
+    compiled by one process of the run only (``pipeline.worker_setup.compile_once``): a worker
+    may be at it already."""
     from pipeline import report
     from pipeline.worker_setup import compile_once
 
     compile_once(MIXTURE_REDUCE_STEP, lambda: warm_reduce(X, family))
     report.load_matplotlib()
-    # the model artifact's estimator, which the run's finish builds (``model_from_run``):
-    # scikit-learn's base classes import SciPy's stats, about a second in the driver otherwise
-    import pipeline.mapdp  # noqa: F401
 
 
 def warm_reduce(X: FloatArray | None = None, family: ProductFamily | None = None) -> None:

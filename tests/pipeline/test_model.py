@@ -310,3 +310,48 @@ def test_a_fresh_process_loads_models_holding_registered_classes(tmp_path: Path)
         f"MAPiHMM {hmm.n_clusters_}",
         f"MixedEffectsDP {mixed.n_clusters_}",
     ]
+
+
+def test_a_runs_record_is_the_record_of_its_estimator(tmp_path: Path) -> None:
+    """``run_model_record`` (a distributed run's model, built without importing ``MAPDP``) is
+    ``model_record`` of the ``MAPDP`` holding the run's clusters, and loads as one that predicts
+    like the estimator the clusters came from."""
+    from pipeline.model import MAPDP_DEFAULTS, model_record, run_model_record, write_record
+
+    assert MAPDP().get_params() == MAPDP_DEFAULTS
+    rng = np.random.default_rng(3)
+    X = pd.DataFrame(
+        rng.normal(size=(300, 3)) + 6 * rng.integers(0, 3, (300, 1)), columns=list("abc")
+    )
+    fit = MAPDP(random_state=0).fit(X)
+    params = {"alpha": 2.0, "family": "gaussian", "alpha_prior": (2.0, 1.0), "tol": 1e-5}
+    est = MAPDP(**params)
+    for a in ("schema_", "family_", "n_features_in_", "feature_names_in_", *MAPDP._model_attrs):
+        setattr(est, a, getattr(fit, a))
+    meta = {"input": "x.parquet", "passes": 2}
+    want = model_record(est, engine="mapdp", metadata=meta)
+    got = run_model_record(
+        fit.schema_,
+        fit.family_,
+        fit.cluster_stats_,
+        fit.alpha_,
+        params,
+        engine="mapdp",
+        metadata=meta,
+    )
+    assert got.keys() == want.keys()
+    for key in want:
+        if key == "fitted":
+            assert got[key].keys() == want[key].keys()
+            for a, v in want[key].items():
+                np.testing.assert_array_equal(got[key][a], v)
+                assert type(got[key][a]) is type(v)
+        elif key not in ("schema", "family"):
+            assert got[key] == want[key], key
+    assert got["schema"] is want["schema"] and got["family"] is want["family"]
+    (tmp_path / "m").mkdir()
+    write_record(tmp_path / "m", got)
+    loaded = load_model(tmp_path / "m")
+    assert isinstance(loaded, MAPDP) and loaded.get_params() == {**MAPDP_DEFAULTS, **params}
+    np.testing.assert_array_equal(loaded.predict(X), fit.predict(X))
+    np.testing.assert_array_equal(loaded.score_samples(X), fit.score_samples(X))
