@@ -91,7 +91,7 @@ def start_fork_server(engines: Sequence[str]) -> None:
 
     ``dpmm`` does it first thing when its command will start a local cluster of worker
     processes, so that the server's imports overlap the command's own instead of following
-    them (about 0.7 s of a 1M run). Every later local cluster of the process forks its workers
+    them (about 0.9 s of a 1M run). Every later local cluster of the process forks its workers
     from this server, which ends with the process; they see the working directory and
     environment of this moment, so it is not for a process that changes them in between.
     """
