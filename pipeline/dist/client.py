@@ -118,7 +118,7 @@ def _fork_server(warm: Sequence[str] | None) -> Iterator[None]:
     and environment as a spawned worker would, and stopped with the cluster, so that the next
     cluster's workers do not see an older one's. Another method than spawn set in Dask's
     configuration (for example ``DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD=fork``) is
-    kept, and so is spawn on a platform without fork servers.
+    kept, and so is spawn on a platform without fork servers or where one cannot be stopped.
     """
     import multiprocessing
     import multiprocessing.forkserver
@@ -128,8 +128,12 @@ def _fork_server(warm: Sequence[str] | None) -> Iterator[None]:
 
     from pipeline.engines import ENGINE_MODULES
 
+    # a private method (CPython's tests use it): without it a server could not be stopped with
+    # its cluster, and the next cluster's workers would see this one's directory and environment
+    stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
     configured = dask.config.get(START_METHOD_KEY, None) not in (None, "spawn")
-    if configured or "forkserver" not in multiprocessing.get_all_start_methods():
+    available = "forkserver" in multiprocessing.get_all_start_methods()
+    if configured or not available or (stop is None and not _started_early):
         yield
         return
     with dask.config.set({START_METHOD_KEY: "forkserver"}):
@@ -138,11 +142,8 @@ def _fork_server(warm: Sequence[str] | None) -> Iterator[None]:
             return
         # after Dask's own choice of preload (``get_mp_context`` makes it once per process)
         get_mp_context().set_forkserver_preload(_worker_modules(warm or list(ENGINE_MODULES)))
+        assert stop is not None  # not started early: checked above
         try:
             yield
         finally:
-            # a private method (CPython's tests use it); without it the server stays, as a
-            # fork server does when nobody stops it
-            stop = getattr(multiprocessing.forkserver._forkserver, "_stop", None)
-            if stop is not None:
-                stop()
+            stop()

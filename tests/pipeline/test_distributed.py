@@ -948,3 +948,17 @@ def test_an_early_fork_server_serves_every_later_cluster_and_stays(tmp_path):
     assert out.returncode == 0, out.stderr
     early, first, second, after = (int(v) for v in out.stdout.split())
     assert early == first == second == after
+
+
+def test_workers_are_spawned_where_a_fork_server_cannot_be_stopped(monkeypatch):
+    """Without the fork server's stop (a private CPython method) a cluster's server would
+    outlive it: its workers are then spawned by this process, as Dask's default has them."""
+    import multiprocessing.forkserver
+
+    from pipeline.dist.client import dask_client
+
+    monkeypatch.delattr(multiprocessing.forkserver.ForkServer, "_stop")
+    with dask_client(n_workers=1, dashboard_address=None, quiet=True, warm=["mapdp"]) as c:
+        (ppid,) = c.run(os.getppid).values()
+    assert ppid == os.getpid()
+    assert multiprocessing.forkserver._forkserver._forkserver_pid is None
