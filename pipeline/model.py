@@ -123,17 +123,39 @@ def model_record(
     for a in attrs:
         v = getattr(est, a)
         fitted[a] = _tree_node(v) if a == _TREE else v
-    family = getattr(est, "family_", None)
     alpha = getattr(est, "alpha_", None)
     if alpha is None and "alpha" in est.get_params(deep=False):
         alpha = est.alpha
+    return _record(
+        name,
+        engine or name.lower(),
+        _storable_params(est),
+        est.schema_,
+        getattr(est, "family_", None),
+        alpha,
+        fitted,
+        metadata,
+    )
+
+
+def _record(
+    name: str,
+    engine: str,
+    params: dict[str, Any],
+    schema: Any,
+    family: Any,
+    alpha: Any,
+    fitted: dict[str, Any],
+    metadata: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The stored dict of a model (module docstring) from its parts."""
     return {
         "format": MODEL_FORMAT,
         "model_version": MODEL_VERSION,
         "estimator": name,
-        "engine": engine or name.lower(),
-        "params": _storable_params(est),
-        "schema": est.schema_,
+        "engine": engine,
+        "params": params,
+        "schema": schema,
         "family": family,
         "family_description": repr(family) if family is not None else None,
         "alpha": None if alpha is None or isinstance(alpha, str) else float(alpha),
@@ -524,17 +546,6 @@ def run_model_record(
         "cluster_sizes_": np.rint(stats[:, 0]).astype(np.int64),
         "alpha_": float(alpha),
     }
-    return {
-        "format": MODEL_FORMAT,
-        "model_version": MODEL_VERSION,
-        "estimator": "MAPDP",
-        "engine": engine,
-        "params": {**MAPDP_DEFAULTS, **params},
-        "schema": schema,
-        "family": family,
-        "family_description": repr(family),
-        "alpha": float(alpha),
-        "fitted": fitted,
-        "metadata": dict(metadata),
-        "versions": versions(),
-    }
+    return _record(
+        "MAPDP", engine, {**MAPDP_DEFAULTS, **params}, schema, family, alpha, fitted, metadata
+    )
