@@ -112,62 +112,6 @@ def _remove_row(h, K, stats, cache, nk, lognk, born, ids):
 
 
 @njit(cache=True, nogil=True)
-def _pack_class(P, h, c, d):
-    """Column h of the class-major copy P of the Normal-Wishart predictives (``stream``'s fast
-    path) from cache row c: the packed lower triangle of U = L^{-1} (row by row), b = U m_k,
-    the Student-t constant, c_k / (c_k + 1) and (nu + d) / 2 (``gaussian_nw`` layout)."""
-    u0 = d * d + d
-    e = 0
-    for i in range(d):
-        for j in range(i + 1):
-            P[e, h] = c[u0 + i * d + j]
-            e += 1
-    b0 = u0 + d * d
-    for i in range(d):
-        P[e + i, h] = c[b0 + i]
-    e += d
-    t = 2 * d * d + 2 * d
-    ck = c[t]
-    P[e, h] = c[t + 3]
-    P[e + 1, h] = ck / (ck + 1.0)
-    P[e + 2, h] = 0.5 * ((c[t + 1] - d + 1.0) + d)
-
-
-@njit(cache=True, nogil=True)
-def _pack_all(P, cache, K, empty_c, d):
-    """P's columns 0..K-1 from the classes' caches and column K from the empty cache."""
-    for h in range(K):
-        _pack_class(P, h, cache[h], d)
-    _pack_class(P, K, empty_c, d)
-
-
-@njit(cache=True, nogil=True, fastmath=gaussian_nw.QUAD_FLAGS)
-def _quad_forms(x, P, n, d, acc, qv):
-    """qv[h] = |L_h^{-1} (x - m_h)|^2 for the columns h < n of P, the classes in the inner
-    loop so that it runs over contiguous memory and vectorises."""
-    for h in range(n):
-        qv[h] = 0.0
-    e = 0
-    b0 = d * (d + 1) // 2
-    for i in range(d):
-        for h in range(n):
-            acc[h] = -P[b0 + i, h]
-        for j in range(i + 1):
-            xj = x[j]
-            for h in range(n):
-                acc[h] += P[e, h] * xj
-            e += 1
-        for h in range(n):
-            qv[h] += acc[h] * acc[h]
-
-
-@njit(cache=True, nogil=True)
-def _student_t(P, h, q, e0):
-    """log L_{i,h}(y_i): the Student-t of ``gaussian_nw.log_predictive`` from q = qv[h]."""
-    return P[e0, h] - P[e0 + 2, h] * math.log1p(q * P[e0 + 1, h])
-
-
-@njit(cache=True, nogil=True)
 def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy):
     """log [m(h) L_{i,h}(y_i)] for h < K and log [alpha L_{i,K+1}(y_i)] (h = K) into logw
     (eq. 1 times eq. 3, as ``stream`` step (b)).
@@ -178,11 +122,13 @@ def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy):
     max (ties included) is that of the full evaluation.
     """
     n = K + 1
-    _quad_forms(x, P, n, d, acc, qv)
+    gaussian_nw.quad_forms(x, P, n, d, acc, qv)
     e0 = d * (d + 1) // 2 + d
     if not greedy:
         for h in range(n):
-            logw[h] = (lognk[h] if h < K else log_alpha) + _student_t(P, h, qv[h], e0)
+            logw[h] = (lognk[h] if h < K else log_alpha) + gaussian_nw.packed_log_predictive(
+                P, h, qv[h], e0
+            )
         return
     top = 0
     for h in range(n):
@@ -191,13 +137,17 @@ def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy):
         acc[h] = ub
         if ub > acc[top]:
             top = h
-    best = (lognk[top] if top < K else log_alpha) + _student_t(P, top, qv[top], e0)
+    best = (lognk[top] if top < K else log_alpha) + gaussian_nw.packed_log_predictive(
+        P, top, qv[top], e0
+    )
     thr = best - 1e-9 * (abs(best) + 1.0)
     for h in range(n):
         if h == top:
             logw[h] = best
         elif acc[h] >= thr:
-            logw[h] = (lognk[h] if h < K else log_alpha) + _student_t(P, h, qv[h], e0)
+            logw[h] = (lognk[h] if h < K else log_alpha) + gaussian_nw.packed_log_predictive(
+                P, h, qv[h], e0
+            )
         else:
             logw[h] = -np.inf
 
@@ -385,7 +335,7 @@ def stream(
     if fast:
         # the classes' predictives class-major, the empty class in column K (_fast_weights)
         P = np.empty((d * (d + 1) // 2 + d + 3, stats.shape[0] + 1))
-        _pack_all(P, cache, K, empty_c, d)
+        gaussian_nw.pack_columns(P, cache, K, empty_c, d)
         acc = np.empty(stats.shape[0] + 1)
         qv = np.empty(stats.shape[0] + 1)
     else:
@@ -443,11 +393,11 @@ def stream(
             n_ids += 1
             K += 1
             if fast:
-                _pack_class(P, K, empty_c, d)
+                gaussian_nw.pack_column(P, K, empty_c, d)
         # (c) the posterior update of class gamma_i
         if fast:
             gaussian_nw.add_record(x, stats[best], cache[best], prior, work, True)
-            _pack_class(P, best, cache[best], d)
+            gaussian_nw.pack_column(P, best, cache[best], d)
         else:
             product.update(x, stats[best], cache[best], spec, prior, 1.0)
         nk[best] += 1.0
@@ -475,7 +425,7 @@ def stream(
             n_pruned += np_
             n_merged += nm_
             if fast and np_ + nm_ > 0:
-                _pack_all(P, cache, K, empty_c, d)
+                gaussian_nw.pack_columns(P, cache, K, empty_c, d)
         if trace:
             alpha_trace[t] = concentration(K, i, lam) if adaptive else alpha_fixed
         if want_q:

@@ -33,6 +33,31 @@ def _grow(stats, cache, nk, lognk):
     return s2, c2, n2, l2
 
 
+@njit(cache=True, nogil=True)
+def pack_slots(P, cache, nk, n_slots, k0, knew, grew, empty_c, d):
+    """The packed predictives (``gaussian_nw.pack_column``) of the slots 0..n_slots-1 of
+    ``cache`` and of the empty cache (column n_slots), for records of d columns.
+
+    P with fewer columns than ``cache`` has rows, plus one (a new scan's (0, 0)): all of them in
+    a new P. Otherwise P after a record's move from slot k0 (-1: none) to slot knew: those
+    columns and, if the move opened a new slot (``grew``), the empty cache's. Callers pass
+    k0, knew and grew as variables, never as constants: a constant argument is a type of its
+    own to numba, and would compile this once more.
+    """
+    if P.shape[1] < cache.shape[0] + 1:
+        P = np.empty((d * (d + 1) // 2 + d + 3, cache.shape[0] + 1))
+        for k in range(n_slots):
+            gaussian_nw.pack_column(P, k, cache[k], d)
+        gaussian_nw.pack_column(P, n_slots, empty_c, d)
+        return P
+    if k0 >= 0 and nk[k0] > 0.0:
+        gaussian_nw.pack_column(P, k0, cache[k0], d)
+    gaussian_nw.pack_column(P, knew, cache[knew], d)
+    if grew:
+        gaussian_nw.pack_column(P, n_slots, empty_c, d)
+    return P
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _costs(
     x,
@@ -50,6 +75,9 @@ def _costs(
     scratch_c,
     costs,
     lp,
+    P,
+    acc,
+    qv,
 ):
     """Fill costs[k] = q_{i,k} - log N_{k,-i} (eqs. 3.1-3.2, argument of Algorithm 1's argmin).
 
@@ -61,16 +89,19 @@ def _costs(
     cluster k0 is scored without x by the leave-one-out predictive, so nothing is downdated
     unless the record moves. lp[k] receives log p(x | X_k) for the other non-empty slots and
     lp[n_slots] the prior predictive log p(x): the terms of eq. 3.4.
+
+    One full-covariance group (P not empty): the predictives come from P, the packed copy of
+    the slots' caches with the empty cache in column n_slots
+    (``gaussian_nw.packed_log_predictives``), as ``predict`` computes them; lp[k0] then holds
+    p(x | X_k0) with x among X_k0.
     """
-    if spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW:
-        # hot path: one full-covariance group, cache rows read in place
+    log_new = crp.log_new(log_alpha)
+    hot = P.shape[0] > 0
+    if hot:
+        gaussian_nw.packed_log_predictives(x, P, n_slots + 1, acc, qv, lp)
         for k in range(n_slots):
-            if k != k0 and lognk[k] != -np.inf:
-                lpk = gaussian_nw.log_predictive_row(x, cache, k)
-                lp[k] = lpk
-                costs[k] = -lpk - lognk[k]
-            elif k != k0:
-                costs[k] = np.inf
+            if k != k0:
+                costs[k] = -lp[k] - lognk[k] if lognk[k] != -np.inf else np.inf
     for k in range(n_slots):
         if k == k0:
             n_minus = math.exp(lognk[k]) - 1.0
@@ -82,13 +113,13 @@ def _costs(
                 costs[k] = np.inf
         elif lognk[k] == -np.inf:
             costs[k] = np.inf
-        elif not (spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW):
+        elif not hot:
             lpk = product.log_predictive(x, stats[k], cache[k], spec, prior)
             lp[k] = lpk
             costs[k] = -lpk - lognk[k]
-    lp0 = product.log_predictive(x, empty_s, empty_c, spec, prior)
-    lp[n_slots] = lp0
-    costs[n_slots] = -lp0 - crp.log_new(log_alpha)
+    if not hot:
+        lp[n_slots] = product.log_predictive(x, empty_s, empty_c, spec, prior)
+    costs[n_slots] = -lp[n_slots] - log_new
 
 
 @njit(cache=True, nogil=True)
@@ -189,6 +220,15 @@ def _scan(
     costs = np.empty(stats.shape[0] + order.shape[0] + 1)
     lp = np.empty(costs.shape[0])
     terms = np.empty(costs.shape[0])
+    acc = np.empty(costs.shape[0])
+    qv = np.empty(costs.shape[0])
+    # one full-covariance group: the slots' predictives packed (``_costs``), kept in step with
+    # every move
+    hot = spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
+    P = np.empty((0, 0))
+    none = np.int64(-1)
+    if hot:
+        P = pack_slots(P, cache, nk, n_slots, none, none, none > 0, empty_c, X.shape[1])
     scoring = logdens.shape[0] > 0
     n_changed = 0
     for t in range(order.shape[0]):
@@ -211,6 +251,9 @@ def _scan(
             scratch_c,
             costs,
             lp,
+            P,
+            acc,
+            qv,
         )
         if gibbs:
             for k in range(n_slots + 1):
@@ -224,14 +267,18 @@ def _scan(
         alone = k0 >= 0 and nk[k0] == 1.0
         if best == k0 or (best == n_slots and alone):
             if scoring and n_changed == 0:
-                # x stays in k0: eq. 3.4 wants p(x | X_k0) with x among X_k0
-                lp[k0] = product.log_predictive(x, stats[k0], cache[k0], spec, prior)
+                # x stays in k0: eq. 3.4 wants p(x | X_k0) with x among X_k0 (packed: in lp)
+                if not hot:
+                    lp[k0] = product.log_predictive(x, stats[k0], cache[k0], spec, prior)
                 logdens[i] = _log_mixture(lp, lognk, n_slots, log_norm, log_alpha, terms)[1]
             continue
+        before = n_slots
         stats, cache, nk, lognk, n_slots = _move(
             x, i, k0, best, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c
         )
         n_changed += 1
+        if hot:
+            P = pack_slots(P, cache, nk, n_slots, k0, z[i], n_slots > before, empty_c, X.shape[1])
     return stats, cache, nk, n_slots, n_changed
 
 
@@ -398,12 +445,23 @@ def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
     logdens = np.empty(N)
     lp = np.empty(K + 1)
     terms = np.empty(K + 1)
+    hot = spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
+    # as the sweep computes them (``_costs``): packed, the empty cache in column K
+    P = np.empty((0, 0))
+    none = np.int64(-1)
+    if hot:
+        P = pack_slots(P, cache, nk, K, none, none, none > 0, empty_c, X.shape[1])
+    acc = np.empty(K + 1)
+    qv = np.empty(K + 1)
     for i in range(N):
         x = X[i]
-        for k in range(K):
-            if lognk[k] != -np.inf:
-                lp[k] = product.log_predictive(x, stats[k], cache[k], spec, prior)
-        lp[K] = product.log_predictive(x, empty_s, empty_c, spec, prior)
+        if hot:
+            gaussian_nw.packed_log_predictives(x, P, K + 1, acc, qv, lp)
+        else:
+            for k in range(K):
+                if lognk[k] != -np.inf:
+                    lp[k] = product.log_predictive(x, stats[k], cache[k], spec, prior)
+            lp[K] = product.log_predictive(x, empty_s, empty_c, spec, prior)
         best, logdens[i] = _log_mixture(lp, lognk, K, log_norm, log_alpha, terms)
         labels[i] = best if best < K else -1
     return labels, logdens

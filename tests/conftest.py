@@ -6,8 +6,11 @@ import contextlib
 import os
 from collections.abc import Iterator
 
+import dask
 import pytest
 from distributed import Client, LocalCluster
+
+from pipeline.dist.client import PROFILE_KEY
 
 # Prefect's temporary servers (the test harness's, a subprocess's) give up after 30 s by default;
 # a machine busy with other tests can take longer to start one
@@ -17,12 +20,13 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")
 @contextlib.contextmanager
 def local_client(n_workers: int = 2) -> Iterator[Client]:
     """A real Dask client of ``n_workers`` single-threaded workers in this process."""
-    with (
-        LocalCluster(
+    # without Dask's profiler, as ``pipeline.dist.client.dask_client`` starts its clusters (its
+    # sys._current_frames() can deadlock CPython 3.11 before 3.11.9)
+    with dask.config.set({PROFILE_KEY: False}):
+        cluster = LocalCluster(
             n_workers=n_workers, threads_per_worker=1, processes=False, dashboard_address=None
-        ) as cluster,
-        Client(cluster) as c,
-    ):
+        )
+    with cluster, Client(cluster) as c:
         yield c
 
 

@@ -494,6 +494,81 @@ def log_predictive_row(x, C, k):
     return C[k, t + 3] - 0.5 * (nu + d) * math.log1p(q * ck / (ck + 1.0))
 
 
+# The packed, cluster-major copy of the predictives: column h of P (d (d + 1) / 2 + d + 3 rows)
+# holds cluster h's packed lower triangle of U = L^{-1} (row by row), b = U m_k, then from row
+# e0 = d (d + 1) / 2 + d the Student-t constant, c_k / (c_k + 1) and (nu + d) / 2. With the
+# clusters in the inner loop the quadratic forms of one record against every cluster run over
+# contiguous memory and vectorise: 0.46 us against 0.97 us for a record against 20 clusters of
+# d = 10 (``log_predictive_row`` per cluster). MAP-DP's sweep and ``predict`` and ASUGS's stream
+# use it for Normal-Wishart-only records.
+
+
+@njit(cache=True, nogil=True)
+def pack_column(P, h, c, d):
+    """Column h of P from cache row c (the layout above)."""
+    u0 = d * d + d
+    e = 0
+    for i in range(d):
+        for j in range(i + 1):
+            P[e, h] = c[u0 + i * d + j]
+            e += 1
+    b0 = u0 + d * d
+    for i in range(d):
+        P[e + i, h] = c[b0 + i]
+    e += d
+    t = 2 * d * d + 2 * d
+    ck = c[t]
+    P[e, h] = c[t + 3]
+    P[e + 1, h] = ck / (ck + 1.0)
+    P[e + 2, h] = 0.5 * ((c[t + 1] - d + 1.0) + d)
+
+
+@njit(cache=True, nogil=True)
+def pack_columns(P, cache, K, empty_c, d):
+    """P's columns 0..K-1 from the cache rows (K, C) and column K from the empty cache."""
+    for h in range(K):
+        pack_column(P, h, cache[h], d)
+    pack_column(P, K, empty_c, d)
+
+
+@njit(cache=True, nogil=True, fastmath=QUAD_FLAGS)
+def quad_forms(x, P, n, d, acc, qv):
+    """qv[h] = |L_h^{-1} (x - m_h)|^2 for the columns h < n of P (``_mahalanobis`` of each);
+    acc, qv : ndarrays of at least n entries (acc: scratch)."""
+    for h in range(n):
+        qv[h] = 0.0
+    e = 0
+    b0 = d * (d + 1) // 2
+    for i in range(d):
+        for h in range(n):
+            acc[h] = -P[b0 + i, h]
+        for j in range(i + 1):
+            xj = x[j]
+            for h in range(n):
+                acc[h] += P[e, h] * xj
+            e += 1
+        for h in range(n):
+            qv[h] += acc[h] * acc[h]
+
+
+@njit(cache=True, nogil=True)
+def packed_log_predictive(P, h, q, e0):
+    """``log_predictive`` (the Student-t of Appendix B) of column h of P from its quadratic form
+    q = qv[h] (``quad_forms``); e0 = d (d + 1) / 2 + d."""
+    return P[e0, h] - P[e0 + 2, h] * math.log1p(q * P[e0 + 1, h])
+
+
+@njit(cache=True, nogil=True, fastmath=QUAD_FLAGS)
+def packed_log_predictives(x, P, n, acc, qv, lp):
+    """lp[h] = ``log_predictive`` of x under column h of P, for every h < n (a column of a
+    free slot too: its value is then meaningless, and never read)."""
+    d = x.shape[0]
+    quad_forms(x, P, n, d, acc, qv)
+    e0 = d * (d + 1) // 2 + d
+    for h in range(n):
+        lp[h] = P[e0, h] - P[e0 + 2, h] * math.log1p(qv[h] * P[e0 + 1, h])
+
+
 @njit(cache=True, nogil=True)
 def moments(s, p, mean, cov):
     """Mean and covariance of the records summarised by s: the statistics determine both.

@@ -27,6 +27,7 @@ def dask_client(
     registered engine; ``pipeline.worker_setup``)."""
     import logging
 
+    import dask
     from distributed import Client, LocalCluster
 
     from pipeline.worker_setup import WARM_ENV
@@ -41,21 +42,26 @@ def dask_client(
         n = int(n_workers or os.cpu_count() or 1)
         if processes:
             starts.enter_context(_fork_server(warm))
-        cluster = LocalCluster(
-            n_workers=n,
-            threads_per_worker=1,
-            processes=processes,
-            dashboard_address=dashboard_address,
-            memory_limit=0,
-            # worker processes: reachable from this machine only, told which engine to load
-            # (Nanny passes env to the worker process); threads talk in process
-            **(
-                {"host": "127.0.0.1", "env": {WARM_ENV: ",".join(warm)} if warm else {}}
-                if processes
-                else {}
-            ),
-            preload=["pipeline.worker_setup"] if processes else None,
-        )
+        # no statistical profiler in the workers (the dashboard's Profile page stays empty):
+        # its sys._current_frames() every 10 ms can deadlock CPython 3.11 before 3.11.9
+        # (python/cpython#116969, dask/distributed#8616; seen here on 3.11.7 with threads for
+        # workers: every thread waiting for the GIL)
+        with dask.config.set({PROFILE_KEY: False}):
+            cluster = LocalCluster(
+                n_workers=n,
+                threads_per_worker=1,
+                processes=processes,
+                dashboard_address=dashboard_address,
+                memory_limit=0,
+                # worker processes: reachable from this machine only, told which engine to
+                # load (Nanny passes env to the worker process); threads talk in process
+                **(
+                    {"host": "127.0.0.1", "env": {WARM_ENV: ",".join(warm)} if warm else {}}
+                    if processes
+                    else {}
+                ),
+                preload=["pipeline.worker_setup"] if processes else None,
+            )
         client = Client(cluster)
     try:
         if not quiet:
@@ -68,6 +74,10 @@ def dask_client(
         if cluster is not None:
             cluster.close()
         starts.close()
+
+
+#: whether Dask workers sample their threads' stacks (``dask_client``'s clusters: off)
+PROFILE_KEY = "distributed.worker.profile.enabled"
 
 
 #: where worker processes start from (``distributed.worker.multiprocessing-method``)

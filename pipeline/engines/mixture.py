@@ -37,6 +37,7 @@ from numpy.typing import NDArray
 from kernels import bayes_kmeans as kbk
 from kernels import mapdp as kmapdp
 from kernels import partition as kpartition
+from kernels.obs import gaussian_nw
 from kernels.rng import shuffle
 from pipeline.concentration import log_gamma_prior, map_concentration
 from pipeline.config import FitParams
@@ -376,6 +377,7 @@ class MixtureEngine(Engine):
         start's in-memory MAP-DP with the write-out's eq. 3.4 (shared too)."""
         return [
             (f"{self.name}-sweep", self._warm_sweep),
+            ("mixture-packed", _warm_packed),
             (MIXTURE_REDUCE_STEP, warm_reduce),
             ("mixture-start", _warm_start),
         ]
@@ -403,6 +405,31 @@ class MixtureEngine(Engine):
 # the MAP-DP engine's sweep step (``f"{name}-sweep"``): the sample start's in-memory MAP-DP
 # calls the same kernel (``kernels.mapdp.sweep``), so it runs under that step's lock
 MAPDP_SWEEP_STEP = "mapdp-sweep"
+
+
+def _warm_packed() -> None:
+    """The packed predictives that the MAP-DP sweep and ``predict`` call
+    (``kernels.mapdp.pack_slots``, ``gaussian_nw.packed_log_predictives``), with the argument
+    types of those calls: a step of their own, which the other process compiles while this
+    one compiles the observation models, so that the sweep's compile loads them."""
+    from pipeline.worker_setup import toy_family
+
+    X, family = toy_family()
+    stats = family.stats_of(X, np.zeros(X.shape[0], dtype=np.int64), 1)
+    none = np.int64(-1)
+    P = kmapdp.pack_slots(
+        np.empty((0, 0)),
+        family.cache_of(stats),
+        np.ascontiguousarray(stats[:, 0]),
+        1,
+        none,
+        none,
+        False,
+        family.empty_cache(),
+        X.shape[1],
+    )
+    scratch = np.empty((3, 2))
+    gaussian_nw.packed_log_predictives(X[0], P, 2, scratch[0], scratch[1], scratch[2])
 
 
 def _warm_start() -> None:

@@ -305,9 +305,9 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
     """``DPMM_WARM_ENGINES=mapdp,bhc``: stage 2's BHC step runs (loads its kernels, so that
     the driver's stage 2 finds them cached) and comes right after the observation models and
     their marginals, so that a second worker takes the marginals and then stage 2 while the
-    first compiles the sweep's kernels; the engine's steps come last: the sweep, the reduce's
-    kernels (which a process done with stage 2 takes meanwhile), and the sample start, which
-    waits for both."""
+    first compiles the sweep's kernels; the engine's steps come last: the sweep, the packed
+    predictives and the reduce's kernels (which a process done with stage 2 takes meanwhile),
+    and the sample start, which waits for them."""
     from pipeline import worker_setup
 
     monkeypatch.setenv(worker_setup.WARM_ENV, "mapdp, bhc, nosuch")
@@ -328,18 +328,20 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
         "observation-marginals",
         "stage2-bhc",
         "mapdp-sweep",
+        "mixture-packed",
         "mixture-reduce",
         "mixture-start",
     ]
     assert loads == [True]
     # the helper of a command whose workers are its threads (``warm_here_with_helper``) takes
-    # the marginals, the reduce and stage 2 before the observation models, the sweep and the
-    # start, which that command compiles meanwhile, and loads nothing (duplicates are run
-    # once: ``run_steps``)
+    # the marginals, the packed predictives, the reduce and stage 2 before the observation
+    # models, the sweep and the start, which that command compiles meanwhile, and loads nothing
+    # (duplicates are run once: ``run_steps``)
     ran.clear()
     worker_setup.warm_kernels(helper=True)
     assert list(dict.fromkeys(ran)) == [
         "observation-marginals",
+        "mixture-packed",
         "mixture-reduce",
         "stage2-bhc",
         "observation-models",
@@ -610,7 +612,8 @@ def test_the_warm_up_follows_the_inputs_family(monkeypatch, tmp_path: Path) -> N
     monkeypatch.setattr(worker_setup, "run_steps", record)
     worker_setup.warm_kernels(names)
     steps = ["observation-models", "observation-marginals", "stage2-bhc", "mapdp-sweep"]
-    assert seen == [([*steps, "mixture-reduce", "mixture-start"], np.dtype(NW_CELLS_DTYPE))]
+    want = [*steps, "mixture-packed", "mixture-reduce", "mixture-start"]
+    assert seen == [(want, np.dtype(NW_CELLS_DTYPE))]
     assert worker_setup.toy_family()[1].spec.dtype == NW_ONLY_DTYPE
     assert worker_setup.kernels_cached(names)
     assert not worker_setup.kernels_cached(["mapdp", "bhc"])
@@ -914,9 +917,30 @@ def test_worker_processes_fork_from_a_server_started_with_the_cluster(monkeypatc
         with dask_client(n_workers=1, dashboard_address=None, quiet=True, warm=["mapdp"]) as c:
             ((ppid, seen, cwd, imported),) = c.run(_worker_view).values()
             server = multiprocessing.forkserver._forkserver._forkserver_pid
+            assert list(c.run(_profiled).values()) == [False]
         assert ppid == server and ppid != os.getpid()
         assert (seen, cwd, imported) == (mark, str(tmp_path / mark), True)
         assert multiprocessing.forkserver._forkserver._forkserver_pid is None
+
+
+def _profiled(dask_worker) -> bool:
+    return "profile" in dask_worker.periodic_callbacks
+
+
+def test_local_workers_run_without_the_profiler():
+    """``dask_client``'s workers (threads here, worker processes in the fork server's test) do
+    not sample their threads' stacks: Dask's profiler calls sys._current_frames() every 10 ms,
+    which can deadlock CPython 3.11 before 3.11.9 (it hung a test run here on 3.11.7: every
+    thread waiting for the GIL, the profiler's inside a garbage collection). The setting is the
+    cluster's only: the process's Dask configuration is left as it was."""
+    import dask
+
+    from pipeline.dist.client import PROFILE_KEY, dask_client
+
+    before = dask.config.get(PROFILE_KEY)
+    with dask_client(n_workers=2, processes=False, dashboard_address=None, quiet=True) as c:
+        assert list(c.run(_profiled).values()) == [False, False]
+    assert dask.config.get(PROFILE_KEY) == before
 
 
 _EARLY_SERVER = """

@@ -1,0 +1,157 @@
+"""The packed, cluster-major predictives of Normal-Wishart clusters (``gaussian_nw.pack_column``,
+``packed_log_predictives``) that MAP-DP's sweep and ``predict`` use for Normal-Wishart-only
+records: each column is the Student-t of Appendix B (``gaussian_nw.log_predictive``, against
+SciPy's multivariate t too), a free slot's column is never read, and a sweep whose slots outgrow
+their arrays repacks them without changing a result.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats as sps
+
+from kernels import mapdp as kmapdp
+from kernels.obs import gaussian_nw, product
+from pipeline.families import GaussianNW, ProductFamily
+
+
+def _clusters(seed: int, d: int, K: int, n: int = 40) -> tuple[np.ndarray, ProductFamily]:
+    rng = np.random.default_rng(seed)
+    X = np.vstack([rng.normal(6.0 * k, 1.0 + 0.3 * k, (n, d)) for k in range(K)])
+    return X, GaussianNW.empirical_bayes(X).as_product()
+
+
+def _caches(X: np.ndarray, fam: ProductFamily, z: np.ndarray, K: int):
+    stats = product.build_stats(X, z, K, fam.spec, fam.n_stats)
+    cache = np.zeros((K, fam.n_cache))
+    for k in range(K):
+        product.refresh(stats[k], cache[k], fam.spec, fam.prior)
+    empty_c = np.zeros(fam.n_cache)
+    product.refresh(np.zeros(fam.n_stats), empty_c, fam.spec, fam.prior)
+    return stats, cache, empty_c
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), d=st.integers(1, 6), K=st.integers(1, 5))
+def test_each_packed_column_is_the_cluster_predictive(seed: int, d: int, K: int) -> None:
+    X, fam = _clusters(seed, d, K, n=12)
+    z = np.repeat(np.arange(K), 12).astype(np.int64)
+    stats, cache, empty_c = _caches(X, fam, z, K)
+    P = kmapdp.pack_slots(
+        np.empty((0, 0)),
+        cache,
+        stats[:, 0].copy(),
+        K,
+        np.int64(-1),
+        np.int64(-1),
+        False,
+        empty_c,
+        d,
+    )
+    assert P.shape == (d * (d + 1) // 2 + d + 3, K + 1)
+    rng = np.random.default_rng(seed + 1)
+    acc, qv, lp = np.empty(K + 1), np.empty(K + 1), np.empty(K + 1)
+    for x in rng.normal(3.0 * K, 4.0 * K, (5, d)):
+        gaussian_nw.packed_log_predictives(x, P, K + 1, acc, qv, lp)
+        want = [gaussian_nw.log_predictive(x, stats[k], cache[k], fam.prior) for k in range(K)]
+        want.append(gaussian_nw.log_predictive(x, np.zeros(fam.n_stats), empty_c, fam.prior))
+        # reassociated sums of d^2 / 2 products: rounding only
+        np.testing.assert_allclose(lp, want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_packed_column_is_the_student_t_of_appendix_b() -> None:
+    # the prior predictive (the empty statistics): Student-t with nu = a0 - d + 1, mean m0 and
+    # precision c0 nu / (c0 + 1) B0 (Appendix B, below B.2), SciPy's shape its inverse
+    X, fam = _clusters(3, 3, 2)
+    nw = fam.groups[0][0]
+    assert isinstance(nw, GaussianNW)
+    d = 3
+    _, _, empty_c = _caches(X, fam, np.zeros(X.shape[0], dtype=np.int64), 1)
+    P = np.empty((d * (d + 1) // 2 + d + 3, 1))
+    gaussian_nw.pack_column(P, 0, empty_c, d)
+    nu = nw.a0 - d + 1.0
+    shape = (nw.c0 + 1.0) / (nw.c0 * nu) * np.linalg.inv(nw.B0)
+    acc, qv, lp = np.empty(1), np.empty(1), np.empty(1)
+    for x in X[::17]:
+        gaussian_nw.packed_log_predictives(x, P, 1, acc, qv, lp)
+        want = sps.multivariate_t(loc=nw.m0, shape=shape, df=nu).logpdf(x)
+        np.testing.assert_allclose(lp[0], want, rtol=1e-10)
+
+
+def test_predict_never_reads_a_free_slot() -> None:
+    X, fam = _clusters(5, 4, 3)
+    z = np.repeat(np.arange(3), 40).astype(np.int64)
+    stats, cache, empty_c = _caches(X, fam, z, 3)
+    labels, logdens = kmapdp.predict(
+        X, stats, cache, stats[:, 0].copy(), fam.spec, fam.prior, empty_c, 0.7
+    )
+    # the same clusters with a free slot between them whose cache is NaN
+    stats2 = np.insert(stats, 1, 0.0, axis=0)
+    cache2 = np.insert(cache, 1, np.nan, axis=0)
+    labels2, logdens2 = kmapdp.predict(
+        X, stats2, cache2, stats2[:, 0].copy(), fam.spec, fam.prior, empty_c, 0.7
+    )
+    np.testing.assert_array_equal(logdens2, logdens)
+    np.testing.assert_array_equal(labels2, np.where(labels >= 1, labels + 1, labels))
+
+
+def _sweep(X, fam, cap, alpha=1.0):
+    n = X.shape[0]
+    empty_c = np.zeros(fam.n_cache)
+    product.refresh(np.zeros(fam.n_stats), empty_c, fam.spec, fam.prior)
+    order = np.random.default_rng(0).permutation(n).astype(np.int64)
+    z = np.full(n, -1, dtype=np.int64)
+    stats = np.zeros((cap, fam.n_stats))
+    cache = np.zeros((cap, fam.n_cache))
+    nk = np.zeros(cap)
+    logdens = np.full(n, np.nan)
+    out = kmapdp.sweep(
+        X, order, z, stats, cache, nk, 0, fam.spec, fam.prior, empty_c, alpha, logdens
+    )
+    return out, z, logdens
+
+
+def test_a_sweep_whose_slots_grow_repacks_them_without_changing_a_result() -> None:
+    # 16 tight clusters on a grid: from one slot, the slots double twice (1 -> 8 -> 16)
+    rng = np.random.default_rng(7)
+    grid = np.array([(a, b) for a in range(4) for b in range(4)], dtype=float) * 40.0
+    X = np.vstack([rng.normal(m, 0.5, (15, 2)) for m in grid])
+    # a prior of tight clusters (precision about 4), so that each square is one
+    fam = GaussianNW(m0=X.mean(axis=0), c0=1e-3, B0=4.0 * np.eye(2), a0=4.0).as_product()
+    (st1, ca1, nk1, n1, ch1), z1, ld1 = _sweep(X, fam, cap=1)
+    (st2, ca2, nk2, n2, ch2), z2, ld2 = _sweep(X, fam, cap=64)
+    assert st1.shape[0] == 16 and st2.shape[0] == 64
+    assert n1 == n2 == 16 and ch1 == ch2 == X.shape[0]
+    np.testing.assert_array_equal(z1, z2)
+    np.testing.assert_array_equal(st1[:n1], st2[:n2])
+    np.testing.assert_array_equal(ca1[:n1], ca2[:n2])
+    np.testing.assert_array_equal(nk1[:n1], nk2[:n2])
+    np.testing.assert_array_equal(ld1, ld2)  # the first record only: every record moves
+    # and the confirming sweep from there scores every record as ``predict`` does
+    empty_c = np.zeros(fam.n_cache)
+    product.refresh(np.zeros(fam.n_stats), empty_c, fam.spec, fam.prior)
+    logdens = np.full(X.shape[0], np.nan)
+    order = np.arange(X.shape[0], dtype=np.int64)
+    z = z1.copy()
+    *_, changed = kmapdp.sweep(
+        X,
+        order,
+        z,
+        st1.copy(),
+        ca1.copy(),
+        nk1.copy(),
+        n1,
+        fam.spec,
+        fam.prior,
+        empty_c,
+        1.0,
+        logdens,
+    )
+    assert changed == 0
+    labels, want = kmapdp.predict(
+        X, st1[:n1], ca1[:n1], nk1[:n1].copy(), fam.spec, fam.prior, empty_c, 1.0
+    )
+    np.testing.assert_array_equal(logdens, want)
+    np.testing.assert_array_equal(labels, z1)
