@@ -17,8 +17,8 @@ of T_k + H), m_k (d), U = L^{-1} (d * d, lower), b = U m_k (d), c_k, a_k, log|T_
 Student-t normalising constant; with cells, V = chol(G_k)^{-1} (d * d, lower; NaN when G_k is
 not positive definite), log|G_k|, log|T_k| (below). Keeping
 U makes a predictive evaluation one triangular matrix-vector product with no temporary and no
-division; U is rebuilt (d^3 / 6) when a record joins or leaves the cluster, except in a
-stream's ``add_record``, which updates L and U together in O(d^2).
+division. A record joining or leaving the cluster changes L and U together in O(d^2)
+(``_change_factors``); ``refresh`` rebuilds them (d^3 / 2).
 
 The predictive (Appendix B, below B.2) is a Student-t with mu = m, nu = a - d + 1 and precision
 Lambda = c nu / (c + 1) B, so (x - mu)^T Lambda (x - mu) / nu = c / (c + 1) |L^{-1} (x - m)|^2.
@@ -324,74 +324,29 @@ def _loo_with_cells(x, c, d):
 
 
 @njit(cache=True, nogil=True)
-def _rank_one(L, v, sign):
-    """L L^T + sign v v^T -> L L^T in place (L lower, flat d * d); v is overwritten.
-
-    Returns False when a downdate loses positive definiteness.
-    """
-    d = v.shape[0]
-    for k in range(d):
-        lkk = L[k * d + k]
-        r2 = lkk * lkk + sign * v[k] * v[k]
-        if not r2 > 0.0:
-            return False
-        r = math.sqrt(r2)
-        cs = r / lkk
-        sn = v[k] / lkk
-        L[k * d + k] = r
-        for i in range(k + 1, d):
-            lik = (L[i * d + k] + sign * sn * v[i]) / cs
-            L[i * d + k] = lik
-            v[i] = cs * v[i] - sn * lik
-    return True
-
-
-@njit(cache=True, nogil=True)
 def update(x, s, c, p, w, cells=None):
-    """Add (w = +1) or remove (w = -1) record x: statistics and a rank-one Cholesky update.
+    """Add (w = +1) or remove (w = -1) record x: statistics and cache, O(d^2).
 
-    Adding x to a cluster with (c_k, m_k) changes T_k by c_k / (c_k + 1) (x - m_k)(x - m_k)^T;
-    removing it changes T_k by -c_k' / c_k (x - m_k')(x - m_k')^T with c_k' = c_k - 1 and m_k'
-    the mean without x. Cost O(d^2); with recording cells (H > 0, not rank one) the cache is
-    rebuilt instead, O(d^3).
+    Adding x to a cluster with (c_k, m_k) changes T_k by c_k / (c_k + 1) (x - m_k)(x - m_k)^T,
+    removing it by -c_k / (c_k - 1) (x - m_k)(x - m_k)^T: rank one either way, so L and
+    U = L^{-1} change together in O(d^2) (``_change_factors``). With recording cells (H > 0,
+    not rank one) the cache is rebuilt instead, O(d^3).
     """
     d = x.shape[0]
-    add_stats(x, s, w)
     if cells is not None:
         if has_cells(p, d):
+            add_stats(x, s, w)
             refresh(s, c, p, cells)
             return
-    o = d * d
-    t = _tail(d)
-    ck = c[t]
-    v = np.empty(d)
-    if w > 0:
-        coef = math.sqrt(ck / (ck + 1.0))
-        for i in range(d):
-            v[i] = coef * (x[i] - c[o + i])
-            c[o + i] = (ck * c[o + i] + x[i]) / (ck + 1.0)
-        ok = _rank_one(c, v, 1.0)
-        ck_new = ck + 1.0
-    else:
-        ck_new = ck - 1.0
-        coef = math.sqrt(ck_new / ck)
-        for i in range(d):
-            mi = (ck * c[o + i] - x[i]) / ck_new
-            c[o + i] = mi
-            v[i] = coef * (x[i] - mi)
-        ok = _rank_one(c, v, -1.0)
-    if not ok:
-        # rounding made the downdate indefinite: rebuild from the statistics (without cells as
-        # refresh's default, not a None argument: that would be a second specialisation)
-        if cells is None:
-            refresh(s, c, p)
-        else:
-            refresh(s, c, p, cells)
+    if _change_factors(x, s, c, w, np.empty(4 * d)):
         return
-    logdet = 0.0
-    for i in range(d):
-        logdet += 2.0 * math.log(c[i * d + i])
-    _finish_cache(c, d, ck_new, c[t + 1] + w, logdet, logdet)
+    # rounding made the removal indefinite: rebuild from the statistics (without cells as
+    # refresh's default, not a None argument: that would be a second specialisation)
+    add_stats(x, s, w)
+    if cells is None:
+        refresh(s, c, p)
+    else:
+        refresh(s, c, p, cells)
 
 
 @njit(cache=True, nogil=True)
@@ -577,16 +532,9 @@ def moments(s, p, mean, cov):
 
 @njit(cache=True, nogil=True)
 def add_record(x, s, c, p, work, cells=None):
-    """``update(x, s, c, p, 1.0)`` for a stream that adds one record at a time (ASUGS, seed 002
-    step (c); eqs. 4-7 in this parameterisation) in O(d^2) with no allocation, updating the
-    factor L and its inverse U = L^{-1} together instead of rebuilding U (d^3 / 6).
-
-    Adding x gives T' = T + v v^T with v = sqrt(c / (c + 1)) (x - m_k) = L w, w = U v, so
-    T' = L (I + w w^T) L^T = (L M)(L M)^T with M the Cholesky factor of I + w w^T, known in
-    closed form: with beta_0 = 1, beta_j = 1 + w_1^2 + ... + w_j^2, M_jj = sqrt(beta_j /
-    beta_{j-1}) and M_ij = w_i g_j (i > j), g_j = w_j / sqrt(beta_j beta_{j-1}). Hence
-    L' = L M and U' = M^{-1} U, each O(d^2) by that structure, and (matrix determinant lemma)
-    log|T'| = log|T| + log beta_d. Equal to ``update`` up to rounding.
+    """``update(x, s, c, p, 1.0)`` with the caller's scratch space, for a stream that adds one
+    record at a time (ASUGS, seed 002 step (c); eqs. 4-7 in this parameterisation): O(d^2) and
+    no allocation.
 
     Parameters
     ----------
@@ -595,19 +543,47 @@ def add_record(x, s, c, p, work, cells=None):
     work : ndarray of shape (>= 4 d,)
         Scratch space (the caller's, so that a stream allocates nothing per record).
     """
-    d = x.shape[0]
     if cells is not None:
-        if has_cells(p, d):
+        if has_cells(p, x.shape[0]):
             # recording cells make the change more than rank one (module docstring)
             update(x, s, c, p, 1.0, cells)
             return
+    _change_factors(x, s, c, 1.0, work)
+
+
+@njit(cache=True, nogil=True)
+def _change_factors(x, s, c, sign, work):
+    """Add (sign = +1) or remove (sign = -1) record x without recording cells: statistics, L,
+    U = L^{-1}, m_k, b and the constants, all in O(d^2). Returns False, with s and c
+    untouched, when a removal leaves |T'| / |T| = beta_d below 1e-6, where the update would
+    lose digits (below), or not positive in floating point.
+
+    The change is T' = T + sign v v^T with v = sqrt(c / (c + sign)) (x - m_k) = L w, w = U v,
+    so T' = L (I + sign w w^T) L^T = (L M)(L M)^T with M the Cholesky factor of
+    I + sign w w^T, known in closed form: with beta_0 = 1, beta_j = 1 + sign (w_1^2 + ... +
+    w_j^2), M_jj = sqrt(beta_j / beta_{j-1}) and M_ij = sign w_i w_j / sqrt(beta_j beta_{j-1})
+    (i > j). Hence L' = L M and U' = M^{-1} U, each O(d^2) by that structure, and (matrix
+    determinant lemma) log|T'| = log|T| + log beta_d. Equal to ``refresh`` of the new
+    statistics up to rounding.
+
+    Parameters
+    ----------
+    x : ndarray of shape (d,)
+    s, c : the cluster's statistics and cache (updated in place).
+    sign : float, +1.0 or -1.0
+    work : ndarray of shape (>= 4 d,)
+        Scratch: w, then the running sums, 1 / sqrt(beta_j beta_{j-1}) and beta_j.
+    """
+    d = x.shape[0]
     t = _tail(d)
     ck = c[t]
-    coef = math.sqrt(ck / (ck + 1.0))
+    ck_new = ck + sign
+    coef = math.sqrt(ck / ck_new)
     o = d * d
     u0 = o + d
     b0 = u0 + d * d
-    # w = U v = sqrt(c / (c + 1)) (U x - b)
+    acc0, s0, be0 = d, 2 * d, 3 * d
+    # w = U v = sqrt(c / (c + sign)) (U x - b)
     q = 0.0
     for i in range(d):
         acc = -c[b0 + i]
@@ -617,54 +593,56 @@ def add_record(x, s, c, p, work, cells=None):
         acc *= coef
         work[i] = acc
         q += acc * acc
-    add_stats(x, s, 1.0)
-    acc_v = work[d : 2 * d]
-    # 1 / sqrt(beta_j beta_{j-1}) and beta_j: M_jj = beta_j s_j, g_j = w_j s_j,
-    # 1 / M_jj = beta_{j-1} s_j
-    s_inv = work[2 * d : 3 * d]
-    betas = work[3 * d : 4 * d]
+    # beta_d = 1 - q comes from a cancellation when a removal leaves |T'| much smaller than
+    # |T|: the factors would carry a relative error of about eps / beta_d, so below 1e-6
+    # (and when rounding made it negative) the caller rebuilds from the statistics instead
+    if not 1.0 + sign * q > 1e-6:
+        return False
+    add_stats(x, s, sign)
     beta_prev = 1.0
     for j in range(d):
-        beta = beta_prev + work[j] * work[j]
-        s_inv[j] = 1.0 / math.sqrt(beta * beta_prev)
-        betas[j] = beta
+        beta = beta_prev + sign * work[j] * work[j]
+        work[s0 + j] = 1.0 / math.sqrt(beta * beta_prev)
+        work[be0 + j] = beta
         beta_prev = beta
     # L' = L M, column by column from the last: column j of L M is M_jj L e_j plus
-    # g_j sum_{k > j} w_k L e_k (acc_v, accumulated from the old columns)
+    # sign w_j s_j sum_{k > j} w_k L e_k (the running sums, from the old columns)
     for i in range(d):
-        acc_v[i] = 0.0
+        work[acc0 + i] = 0.0
     for j in range(d - 1, -1, -1):
         wj = work[j]
-        mjj = betas[j] * s_inv[j]
-        gj = wj * s_inv[j]
+        mjj = work[be0 + j] * work[s0 + j]
+        gj = sign * wj * work[s0 + j]
         for i in range(j, d):
             old = c[i * d + j]
-            c[i * d + j] = mjj * old + gj * acc_v[i]
-            acc_v[i] += wj * old
-    # U' = M^{-1} U by forward substitution, row i of U' being
-    # (row i of U - w_i sum_{j < i} g_j row j of U') / M_ii (acc_v holds the sum)
+            c[i * d + j] = mjj * old + gj * work[acc0 + i]
+            work[acc0 + i] += wj * old
+    # U' = M^{-1} U by forward substitution: row i of U' is (row i of U - sign w_i
+    # sum_{j < i} w_j s_j row j of U') / M_ii (the running sums)
     for i in range(d):
-        acc_v[i] = 0.0
+        work[acc0 + i] = 0.0
     beta_prev = 1.0
     for i in range(d):
         wi = work[i]
-        inv_mii = beta_prev * s_inv[i]
-        gi = wi * s_inv[i]
+        inv_mii = beta_prev * work[s0 + i]
+        gi = wi * work[s0 + i]
+        swi = sign * wi
         row = u0 + i * d
         for j in range(i + 1):
-            y = (c[row + j] - wi * acc_v[j]) * inv_mii
+            y = (c[row + j] - swi * work[acc0 + j]) * inv_mii
             c[row + j] = y
-            acc_v[j] += gi * y
-        beta_prev = betas[i]
+            work[acc0 + j] += gi * y
+        beta_prev = work[be0 + i]
     # m' and b' = U' m'
-    inv_c1 = 1.0 / (ck + 1.0)
+    inv_c1 = 1.0 / ck_new
     for i in range(d):
-        c[o + i] = (ck * c[o + i] + x[i]) * inv_c1
+        c[o + i] = (ck * c[o + i] + sign * x[i]) * inv_c1
     for i in range(d):
         acc = 0.0
         row = u0 + i * d
         for j in range(i + 1):
             acc += c[row + j] * c[o + j]
         c[b0 + i] = acc
-    logdet = c[t + 2] + math.log(1.0 + q)
-    _finish_constants(c, d, ck + 1.0, c[t + 1] + 1.0, logdet, logdet)
+    logdet = c[t + 2] + math.log(beta_prev)
+    _finish_constants(c, d, ck_new, c[t + 1] + sign, logdet, logdet)
+    return True

@@ -133,7 +133,8 @@ def test_the_projects_normal_wishart_update_gives_eq_8(d: int) -> None:
 
 def test_the_streams_add_record_is_the_familys_update() -> None:
     """``gaussian_nw.add_record`` (L and L^{-1} updated together, determinant lemma, no
-    allocation) against ``update``."""
+    allocation) and the kernel ``update`` of a record joining a cluster (the same algebra)
+    against ``refresh`` of the same statistics."""
     from kernels.obs import gaussian_nw
 
     fam, _ = paper_prior(3, seed=3)
@@ -146,7 +147,9 @@ def test_the_streams_add_record_is_the_familys_update() -> None:
         product.update(x, s1, c1, prod.spec, prod.prior, 1.0)
         gaussian_nw.add_record(x, s2, c2, prod.prior, work)
         np.testing.assert_array_equal(s1, s2)
-        np.testing.assert_allclose(c2, c1, rtol=1e-10, atol=1e-12)
+        want = prod.cache_of(s2)[0]
+        np.testing.assert_allclose(c1, want, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(c2, want, rtol=1e-10, atol=1e-12)
 
 
 def test_greedy_asugs_equals_algorithm_1_in_the_papers_parameterisation() -> None:
