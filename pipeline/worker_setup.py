@@ -101,6 +101,24 @@ def warm_observation_models() -> None:
     product.log_predictive_loo(x, s, c, spec, prior, scratch_s, scratch_c)
 
 
+def warm_observation_factors() -> None:
+    """Load the Normal-Wishart factors' rank-one change (``gaussian_nw._change_factors``),
+    which ``update`` calls for every spec type: the warm-up's helper compiles it first, on a
+    row it builds without any other kernel, so that the process compiling the observation
+    models (``update`` among them, seconds later) loads it rather than compiling it too."""
+    from kernels.obs import gaussian_nw
+
+    d = 2
+    rows = np.zeros((3, 2 * d * d + 2 * d + 4))
+    x, s, c = rows[0, :d], rows[1, : 1 + d + d * d], rows[2]
+    # L = U = I, m = b = 0, c_k = 1, a_k = d + 2: a valid cache row
+    for i in range(d):
+        c[i * d + i] = c[d * d + d + i * d + i] = 1.0
+    c[2 * d * d + 2 * d] = 1.0
+    c[2 * d * d + 2 * d + 1] = d + 2.0
+    gaussian_nw._change_factors(x, s, c, 1.0, np.empty(4 * d))
+
+
 def warm_observation_marginals() -> None:
     """Load the observation models' marginal likelihoods (the merge tests, the objective, BHC),
     which no sweep calls: a second process compiles them while the first compiles the sweep's
@@ -305,6 +323,7 @@ def _warm_steps(names: list[str], helper: bool = False) -> None:
     stage2 = [(stage2_step(n), STAGE2_STEPS[n]) for n in names if n in STAGE2_STEPS]
     obs = ("observation-models", warm_observation_models)
     marginals = ("observation-marginals", warm_observation_marginals)
+    factors = ("observation-factors", warm_observation_factors)
     load = not helper
     if not stage2:
         # every engine's sweep calls the observation models: loaded first, they are compiled
@@ -316,9 +335,11 @@ def _warm_steps(names: list[str], helper: bool = False) -> None:
         # observation models, then the engine's first step (its sweep) and its last (the start,
         # which calls the sweep), and starts its flow without stage 2, which the helper
         # compiles meanwhile, after the marginals and the engine's other steps (the reduce).
-        # The helper starts with the marginals: forked, it is as early as that process, which
-        # must take the observation models its own steps call; it then takes what is left
-        run_steps([marginals, *steps[1:-1], *stage2, obs, *steps], load)
+        # The helper starts with the Normal-Wishart factors' change and the marginals: forked,
+        # it is as early as that process, which must take the observation models its own steps
+        # call (and loads the factors' change when it gets to ``update``); it then takes what
+        # is left
+        run_steps([factors, marginals, *steps[1:-1], *stage2, obs, *steps], load)
     else:
         # a stage 2 (BHC over summaries) calls the marginals, not the sweep's kernels: the
         # process that finds the observation models taken compiles the marginals and stage 2

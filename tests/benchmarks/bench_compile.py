@@ -71,6 +71,7 @@ from pipeline import worker_setup as ws
 from pipeline.engines import get_engine
 
 steps = [
+    ("observation-factors", ws.warm_observation_factors),
     ("observation-models", ws.warm_observation_models),
     ("observation-marginals", ws.warm_observation_marginals),
     ("stage2-bhc", ws.STAGE2_STEPS["bhc"]),

@@ -334,12 +334,13 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
     ]
     assert loads == [True]
     # the helper of a command whose workers are its threads (``warm_here_with_helper``) takes
-    # the marginals, the packed predictives, the reduce and stage 2 before the observation
-    # models, the sweep and the start, which that command compiles meanwhile, and loads nothing
-    # (duplicates are run once: ``run_steps``)
+    # the Normal-Wishart factors' change, the marginals, the packed predictives, the reduce and
+    # stage 2 before the observation models, the sweep and the start, which that command
+    # compiles meanwhile, and loads nothing (duplicates are run once: ``run_steps``)
     ran.clear()
     worker_setup.warm_kernels(helper=True)
     assert list(dict.fromkeys(ran)) == [
+        "observation-factors",
         "observation-marginals",
         "mixture-packed",
         "mixture-reduce",
@@ -354,6 +355,27 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
 
     assert MAPDP_SWEEP_STEP in ran
     worker_setup.STAGE2_STEPS["bhc"]()
+
+
+def test_the_factors_step_compiles_what_update_calls(tmp_path: Path) -> None:
+    """The helper's first step (``warm_observation_factors``) compiles
+    ``gaussian_nw._change_factors`` for the argument types that ``update`` passes: when the
+    observation models then compile, there is still that one specialisation (another would be
+    a second compile on the cold demo's critical path). In a fresh process with an empty numba
+    cache, so that ``update`` compiles (a cached one would not look for its callee)."""
+    code = (
+        "from pipeline import worker_setup as ws\n"
+        "from kernels.obs import gaussian_nw as g\n"
+        "ws.warm_observation_factors()\n"
+        "assert len(g._change_factors.signatures) == 1\n"
+        "ws.warm_observation_models()\n"
+        "print(len(g._change_factors.signatures))\n"
+    )
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env
+    )
+    assert out.stdout.split() == ["1"]
 
 
 def test_a_complete_warm_up_leaves_its_marker(monkeypatch, tmp_path: Path):
