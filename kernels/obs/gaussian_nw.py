@@ -340,8 +340,9 @@ def update(x, s, c, p, w, cells=None):
             return
     if _change_factors(x, s, c, w, np.empty(4 * d)):
         return
-    # rounding made the removal indefinite: rebuild from the statistics (without cells as
-    # refresh's default, not a None argument: that would be a second specialisation)
+    # a removal that leaves T_k nearly singular, or indefinite by rounding: rebuild from the
+    # statistics (without cells as refresh's default, not a None argument: that would be a
+    # second specialisation)
     add_stats(x, s, w)
     if cells is None:
         refresh(s, c, p)
