@@ -370,10 +370,10 @@ def warm_here_with_helper(names: list[str]) -> Iterator[None]:
 
     Numba compiles under one lock per process (``numba.core.compiler_lock``), so threads
     compile one after the other, on one core. A helper process takes the warm-up steps this
-    one is not at (``run_steps``: the marginals, the sweep's packed predictives, the engine's
-    reduce and stage 2's BHC while this one compiles the observation models, the sweep and the
-    start) and writes them to the
-    numba cache, from which this process loads them. Stage 2 runs last: this process does not
+    one is not at (``run_steps``: the Normal-Wishart factors' change, the marginals, the
+    sweep's packed predictives, the engine's reduce and stage 2's BHC while this one compiles
+    the observation models, the sweep and the start) and writes them to the numba cache, from
+    which this process loads them. Stage 2 runs last: this process does not
     wait for its kernels before the run starts, the stage waits for the helper instead
     (``pipeline.stage2.run_stage2``, ``await_step``), so that the helper's last and longest
     step overlaps the flow's start and passes. The helper is a fork of this process
