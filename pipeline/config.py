@@ -33,8 +33,8 @@ SELECT = ("best", "one-se")
 #: ``GridSearch`` also takes "given": the estimator's own parameters unless a candidate beats
 #: them on evidence (``dpmm cv``'s grid has no estimator of its own to keep)
 SEARCH_SELECT = (*SELECT, "given")
-#: the grid of ``tune="cv"`` (``pipeline.tuning``): 3 concentrations x 4 prior scales (x the
-#: family variants)
+#: the values ``tune="cv"`` tries (``pipeline.tuning``), one hyperparameter at a time: 3
+#: concentrations, then 4 prior scales (after the family variants)
 TUNE_GRID: dict[str, list[Any]] = {
     "alpha": [0.1, 1.0, 10.0],
     "prior_scale": [0.5, 0.3, 0.1, 0.03],

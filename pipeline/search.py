@@ -353,12 +353,15 @@ def results_table(
         table[f"std_{key}"] = arr.std(axis=1)
         table[f"total_{key}"] = arr.sum(axis=1)
     table["n_folds_used"] = np.full(n_c, n_s)
-    mean = np.where(np.isfinite(table["mean_test_score"]), table["mean_test_score"], -np.inf)
-    # scikit-learn's rank: 1 for the best, ties share the smallest rank
-    table["rank_test_score"] = (
-        np.searchsorted(np.sort(-mean), -mean, side="left").astype(np.int32) + 1
-    )
+    table["rank_test_score"] = rank_scores(table["mean_test_score"])
     return table
+
+
+def rank_scores(mean: NDArray[np.float64]) -> NDArray[np.int32]:
+    """scikit-learn's ``rank_test_score``: 1 for the largest mean, ties share the smallest
+    rank, a candidate without a finite mean last."""
+    m = np.where(np.isfinite(mean), mean, -np.inf)
+    return np.searchsorted(np.sort(-m), -m, side="left").astype(np.int32) + 1
 
 
 def _estimator_has(attr: str) -> Any:

@@ -1,18 +1,31 @@
 """``tune="cv"``: an estimator's hyperparameters chosen by K-fold held-out log predictive density.
 
-Seed 000, Appendix A, option 4 ("for small datasets we recommend using the cross-validation
-approach"): the concentration N0, the prior scale (the share of the data's variance one cluster
-is expected to carry) and the covariance of the Gaussian columns (full Normal-Wishart or
-diagonal Normal-Gamma) are chosen on a fixed grid, ``TUNE_GRID``, plus the estimator's own
-configuration (by default the empirical-Bayes prior with a learned concentration), by
-``pipeline.search.GridSearch`` with held-out density. The rule is ``select="given"``: the
-estimator's own configuration is kept unless the grid's best cell beats it by more than the
-paired standard error of their fold-by-fold difference. Appendix A's plain largest mean
-(``"best"``) follows the noise of one-restart fold fits among 25 cells: on wine the best cell
-(-18.044 nats per record) and the defaults (-18.059) differ by 0.015, a twelfth of the paired
-standard error (0.18), yet their fits score 0.84 and 0.91 NMI (``bench_cv``); on digits the
-diagonal covariance's lead of 2.9 nats is 6.4 standard errors, and it is taken. The
-one-standard-error rule, which prefers fewer clusters, measured worse still on wine (0.82).
+Seed 000, Appendix A: option 2's greedy search ("change one of the hyperparameters while
+holding the rest fixed ... set that hyperparameter to the value resulting in the smallest
+negative log likelihood and proceed in the same way for the next hyperparameter"), starting from
+the estimator's own configuration (by default option 1's empirical-Bayes prior with a learned
+concentration), scored as option 4 recommends for small data sets: by held-out density over K
+folds. The hyperparameters are taken in ``TUNE_ORDER``: first the covariance of the Gaussian
+columns (full Normal-Wishart or diagonal Normal-Gamma: the model), then the concentration N0,
+then the prior scale (the share of the data's variance one cluster is expected to carry), each
+over its values in ``TUNE_GRID`` plus its current value. Each step is a
+``pipeline.search.GridSearch`` on the same folds with ``select="given"``: the current value is
+kept unless the step's best beats it by more than the paired standard error of their
+fold-by-fold difference.
+
+Why one at a time, and the covariance first. The 24-cell joint grid (3 concentrations x 4
+scales x 2 covariances, ``bench_cv``) took, on digits, a diagonal covariance with N0 = 10 and
+scale 0.1: 53 clusters, 2.9 nats per record above the defaults, yet 0.68 NMI against their
+0.77. A cloud of small diagonal clusters is a better density for correlated data and a worse
+clustering. Compared as models, at the estimator's own N0 and scale, the diagonal covariance is
+3.1 nats per record *worse* on digits (0.8 on iris, 0.8 on wine, 24 on WDBC), and the full one
+is kept; the concentration and the scale are then chosen for it. The joint grid's other rules
+did no better: the plain largest mean (Appendix A's, ``"best"``) follows the noise of
+one-restart fold fits (on wine the best cell and the defaults differ by a twelfth of the
+paired standard error, yet fit to 0.84 and 0.91 NMI), and the one-standard-error rule, which
+prefers fewer clusters, measured 0.82 on wine. The steps cost 50 one-restart fold fits on the
+data above against the grid's 125.
+
 The estimator is then fitted to all the records with the choice. No label is used anywhere.
 """
 
@@ -30,6 +43,8 @@ from pipeline.schema import Schema, as_frame
 TUNE_CHOICES = (None, "cv")
 TUNE_FOLDS = 5
 TUNE_SELECT = "given"
+#: the hyperparameters in the order the greedy search takes them (module docstring)
+TUNE_ORDER = ("family", "alpha", "prior_scale")
 
 
 def check_tune(value: Any) -> Any:
@@ -58,28 +73,36 @@ def family_variants(family: Any, X: Any) -> list[Any]:
     return out
 
 
-def tune_grid(est: Any, X: Any) -> list[dict[str, list[Any]]]:
-    """``TUNE_GRID`` with the family variants of ``est`` on X, and ``est``'s own values of the
-    same parameters (the candidate ``select="given"`` keeps without evidence against it)."""
-    grid: dict[str, list[Any]] = dict(TUNE_GRID)
+def tune_steps(est: Any, X: Any) -> list[tuple[str, list[Any]]]:
+    """The greedy search's steps for ``est`` on X: each hyperparameter of ``TUNE_ORDER`` with
+    the values tried, ``TUNE_GRID``'s (the family variants for ``family``) and then ``est``'s
+    own value unless it is one of them. The covariance and the scale are left out when ``est``
+    has a given prior (a ``Family`` instance) or X no Gaussian column; a family variant that
+    is ``est``'s own family (``"auto"`` on all-real columns is full covariance) is tried once."""
     variants = family_variants(est.family, X)
-    if len(variants) > 1:
-        grid["family"] = variants
-    else:
-        # a given prior: the scale does not apply, only the concentration is chosen
-        grid.pop("prior_scale")
-    own = {k: v for k, v in est.get_params(deep=False).items() if k in grid}
-    if all(v in grid[k] for k, v in own.items()):
-        return [grid]
-    return [grid, {k: [v] for k, v in own.items()}]
+    own = est.get_params(deep=False)
+    steps: list[tuple[str, list[Any]]] = []
+    for name in TUNE_ORDER:
+        if name != "alpha" and len(variants) < 2:
+            # a given prior, or no Gaussian column: neither the covariance nor the scale applies
+            continue
+        values = list(variants) if name == "family" else list(TUNE_GRID[name])
+        if name == "family":
+            values = [v for v in values if not _same_family(v, own[name], X)]
+        if not any(_same_value(v, own[name]) for v in values):
+            values.append(own[name])
+        steps.append((name, values))
+    return steps
 
 
 def tune_cv(est: Any, X: Any) -> Any:
-    """Fit ``est`` (an estimator with ``tune="cv"``) by the module's procedure: a
-    ``GridSearch`` over ``tune_grid``, 5 shuffled folds, ``TUNE_SELECT``, then a fit
-    of all of X with the choice. Sets ``est``'s fitted attributes as a plain fit would, plus
-    ``best_params_`` and ``cv_results_``. The fold fits run on the current Dask client if
-    there is one, else in this process."""
+    """Fit ``est`` (an estimator with ``tune="cv"``) by the module's procedure: the steps of
+    ``tune_steps``, each a ``GridSearch`` on the same ``TUNE_FOLDS`` shuffled folds with
+    ``TUNE_SELECT``, then a fit of all of X with the choice. Sets ``est``'s fitted attributes
+    as a plain fit would, plus ``best_params_`` (the chosen value of every hyperparameter
+    searched) and ``cv_results_`` (every step's candidates, in order, each with its whole
+    configuration; ``step`` names the hyperparameter it varies). The fold fits run on the
+    current Dask client if there is one, else in this process."""
     import dask
 
     from pipeline.search import GridSearch
@@ -92,31 +115,90 @@ def tune_cv(est: Any, X: Any) -> Any:
         base.set_params(n_restarts=1)
     n = int(np.asarray(X).shape[0]) if not hasattr(X, "iloc") else len(X)
     folds = min(TUNE_FOLDS, n)
-    search = GridSearch(
-        base,
-        tune_grid(est, X),
-        cv=folds,
-        select=TUNE_SELECT,
-        refit=False,
-        client=_current_client(),
-        random_state=0,
-        error_score=np.nan,
-    )
-    with warnings.catch_warnings():
-        # a fold on which every cell fails (a column constant in its training rows) is left
-        # out of every mean by design; ``cv_results_["n_folds_used"]`` says so
-        warnings.filterwarnings(
-            "ignore", message="cv: every candidate failed", category=UserWarning
+    steps = tune_steps(est, X)
+    chosen = {name: est.get_params(deep=False)[name] for name, _ in steps}
+    tables: list[tuple[str, dict[str, Any]]] = []
+    client = _current_client()
+    for name, values in steps:
+        search = GridSearch(
+            clone(base).set_params(**chosen),
+            {name: values},
+            cv=folds,
+            select=TUNE_SELECT,
+            refit=False,
+            client=client,
+            random_state=0,
+            error_score=np.nan,
         )
-        search.fit(X)
-    final = clone(est).set_params(tune=None, **search.best_params_)
+        with warnings.catch_warnings():
+            # a fold on which every cell fails (a column constant in its training rows) is left
+            # out of every mean by design; ``cv_results_["n_folds_used"]`` says so
+            warnings.filterwarnings(
+                "ignore", message="cv: every candidate failed", category=UserWarning
+            )
+            search.fit(X)
+        tables.append(
+            (
+                name,
+                {
+                    **search.cv_results_,
+                    "params": [{**chosen, **p} for p in search.cv_results_["params"]],
+                },
+            )
+        )
+        chosen[name] = search.best_params_[name]
+    final = clone(est).set_params(tune=None, **chosen)
     final.fit(X)
     # the fitted state (attributes and the caches predict uses), the parameters kept as given
     params = est.get_params(deep=False)
     vars(est).update({k: v for k, v in vars(final).items() if k not in params})
-    est.best_params_ = dict(search.best_params_)
-    est.cv_results_ = search.cv_results_
+    est.best_params_ = chosen
+    est.cv_results_ = _concat_results(tables)
     return est
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+def _same_family(variant: Any, own: Any, X: Any) -> bool:
+    """Whether family setting ``variant`` gives X the column kinds ``own`` gives it."""
+    if _same_value(variant, own):
+        return True
+    if not isinstance(own, (str, dict)):
+        return False
+    df, from_frame = as_frame(X)
+    kinds = Schema.infer(df, own, from_frame).kinds
+    other = Schema.infer(df, variant, from_frame).kinds
+    return dict(kinds) == dict(other)
+
+
+def _concat_results(tables: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The steps' ``cv_results_`` one after the other, in ``GridSearch``'s layout, with
+    ``param_*`` from the whole configurations and ``rank_test_score`` over all rows. The steps
+    share their folds, and a fold is left out when every candidate fails on it (which the data
+    decide: a column constant in its training rows), so their ``split*`` columns line up; a
+    step with fewer of them has NaN in the rest."""
+    from pipeline.search import rank_scores
+
+    params = [p for _, t in tables for p in t["params"]]
+    out: dict[str, Any] = {"params": params}
+    out["step"] = np.array([name for name, t in tables for _ in t["params"]], dtype=object)
+    for key in sorted({k for c in params for k in c}):
+        col = np.ma.MaskedArray(np.empty(len(params), dtype=object), mask=False)
+        for i, c in enumerate(params):
+            col[i] = c[key]
+        out[f"param_{key}"] = col
+    keys = [k for _, t in tables for k in t if k not in out and not k.startswith("param")]
+    for key in dict.fromkeys(keys):
+        if key == "rank_test_score":
+            continue
+        parts = [
+            np.asarray(t[key]) if key in t else np.full(len(t["params"]), np.nan) for _, t in tables
+        ]
+        out[key] = np.concatenate(parts)
+    out["rank_test_score"] = rank_scores(out["mean_test_score"])
+    return out
 
 
 def _current_client() -> Any:

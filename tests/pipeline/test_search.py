@@ -3,6 +3,8 @@ reference, the one-standard-error rule, the checks before any work, and ``MAPDP(
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,6 +14,7 @@ from sklearn.model_selection import GridSearchCV, KFold
 
 from pipeline.baselines import CollapsedGibbs
 from pipeline.bhc import BHC
+from pipeline.config import TUNE_GRID
 from pipeline.errors import InputError
 from pipeline.mapdp import MAPDP
 from pipeline.search import GridSearch, SearchError, select_index
@@ -120,7 +123,7 @@ def test_given_rule_in_search(client) -> None:
     grid = {"alpha": [0.5, 5.0], "prior_scale": [0.3, 0.05]}
     est = MAPDP(n_restarts=1, random_state=0, alpha=5.0, prior_scale=0.05)
     gs = GridSearch(est, grid, cv=3, select="given", refit=False, client=client).fit(X)
-    assert gs.best_index_ == expected_given(gs.cv_results_, 3)
+    assert gs.best_index_ == expected_given(gs.cv_results_, np.arange(4), 3)
     # the estimator's own configuration must be a candidate, checked before any fit
     with pytest.raises(SearchError, match=r"alpha=1\.0, prior_scale=0\.05 is not one of them"):
         GridSearch(est.set_params(alpha=1.0), grid, select="given", client=client).fit(X)
@@ -192,6 +195,7 @@ def test_tune_cv(client) -> None:
     X, y = blobs(90, seed=6)
     m = MAPDP(tune="cv", random_state=0).fit(X)
     assert set(m.best_params_) == {"alpha", "prior_scale", "family"}
+    check_greedy_steps(MAPDP(random_state=0), m)
     assert normalized_mutual_info_score(y, m.labels_) > 0.9
     # the fitted model is the plain fit of the chosen configuration on all the records
     ref = MAPDP(random_state=0, **m.best_params_).fit(X)
@@ -201,13 +205,39 @@ def test_tune_cv(client) -> None:
         MAPDP(tune="labels").fit(X)
 
 
-def expected_given(res: dict, given: int) -> int:
-    """``select="given"`` recomputed from the fold scores: the best candidate if its paired
-    difference from ``given`` exceeds one standard error, else ``given``."""
-    folds = np.array([res[f"split{j}_test_score"] for j in range(int(res["n_folds_used"][0]))])
-    best = int(np.nanargmax(res["mean_test_score"]))
+def expected_given(res: dict, rows: np.ndarray, given: int) -> int:
+    """``select="given"`` recomputed from the fold scores of ``rows`` (one step's candidates):
+    the row of the step's best candidate if its paired difference from candidate ``given``
+    exceeds one standard error, else the row of ``given``."""
+    n = int(res["n_folds_used"][rows[0]])
+    folds = np.array([res[f"split{j}_test_score"][rows] for j in range(n)])
+    best = int(np.nanargmax(res["mean_test_score"][rows]))
     d = folds[:, best] - folds[:, given]
-    return best if d.mean() > d.std(ddof=1) / np.sqrt(d.size) else given
+    return int(rows[best if d.mean() > d.std(ddof=1) / np.sqrt(d.size) else given])
+
+
+def check_greedy_steps(est: Any, m: Any) -> None:
+    """``m.cv_results_`` is seed 000 Appendix A's greedy search from ``est``'s configuration:
+    the covariance, then alpha, then the prior scale, each step's candidates the configuration
+    so far with that one value changed (``TUNE_GRID``'s values and the current one), and the
+    step's choice the ``select="given"`` rule over its rows."""
+    res = m.cv_results_
+    steps = list(dict.fromkeys(res["step"]))
+    assert steps == ["family", "alpha", "prior_scale"]
+    current = {k: v for k, v in est.get_params().items() if k in m.best_params_}
+    for name in steps:
+        rows = np.flatnonzero(res["step"] == name)
+        values = [res["params"][i][name] for i in rows]
+        expect = {"family": ["diag-gaussian"]}.get(name) or list(TUNE_GRID[name])
+        assert values == expect + ([current[name]] if current[name] not in expect else [])
+        for i in rows:
+            assert {k: v for k, v in res["params"][i].items() if k != name} == {
+                k: v for k, v in current.items() if k != name
+            }
+        current = res["params"][expected_given(res, rows, values.index(current[name]))]
+    assert m.best_params_ == current
+    assert list(res["param_alpha"]) == [p["alpha"] for p in res["params"]]
+    assert res["rank_test_score"][int(np.argmax(res["mean_test_score"]))] == 1
 
 
 @pytest.mark.parametrize(
@@ -221,17 +251,12 @@ def expected_given(res: dict, given: int) -> int:
 )
 def test_tune_cv_on_the_other_clustering_estimators(client, est) -> None:
     """``tune="cv"`` is the same procedure on every estimator with clusters and a density: the
-    cell with the largest mean held-out density is chosen, and the model is the plain fit of
-    that cell on all the records."""
+    greedy steps of ``check_greedy_steps``, and the model is the plain fit of their choice on
+    all the records."""
     X, y = blobs(60, seed=6)
     m = clone(est).fit(X)
     assert set(m.best_params_) == {"alpha", "prior_scale", "family"}
-    res = m.cv_results_
-    # 3 alphas x 4 scales x 2 covariances, then the estimator's own configuration
-    assert len(res["params"]) == 25
-    own = {k: v for k, v in est.get_params().items() if k in m.best_params_}
-    assert res["params"][24] == own
-    assert m.best_params_ == res["params"][expected_given(res, 24)]
+    check_greedy_steps(est, m)
     ref = clone(est).set_params(tune=None, **m.best_params_).fit(X)
     np.testing.assert_array_equal(m.labels_, ref.labels_)
     assert m.score(X) == pytest.approx(ref.score(X))
