@@ -23,7 +23,7 @@ is kept; the concentration and the scale are then chosen for it. The joint grid'
 did no better: the plain largest mean (Appendix A's, ``"best"``) follows the noise of
 one-restart fold fits (on wine the best cell and the defaults differ by a twelfth of the
 paired standard error, yet fit to 0.84 and 0.91 NMI), and the one-standard-error rule, which
-prefers fewer clusters, measured 0.82 on wine. The steps cost 50 one-restart fold fits on the
+prefers fewer clusters, measured 0.82 on wine. The steps cost 55 one-restart fold fits on the
 data above against the grid's 125.
 
 The estimator is then fitted to all the records with the choice. No label is used anywhere.
