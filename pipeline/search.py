@@ -104,7 +104,8 @@ def _show(cand: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in sorted(cand.items()))
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_param(a: Any, b: Any) -> bool:
+    """Whether two parameter values are equal (``GridSearch``'s and ``tune``'s test)."""
     # parameters are numbers, strings, None or dicts of them; == on arrays would not be a bool
     try:
         return bool(a == b)
@@ -513,7 +514,7 @@ class GridSearch(MetaEstimatorMixin, BaseEstimator):
         """The candidate equal to the estimator's own parameters (``select="given"``)."""
         own = self.estimator.get_params(deep=False)
         for i, cand in enumerate(candidates):
-            if all(k in own and _same(own[k], v) for k, v in cand.items()):
+            if all(k in own and same_param(own[k], v) for k, v in cand.items()):
                 return i
         keys = sorted({k for c in candidates for k in c})
         raise SearchError(

@@ -57,19 +57,26 @@ def family_variants(family: Any, X: Any) -> list[Any]:
     """The family settings tried: ``family`` itself, and the same with every full-covariance
     Gaussian column made diagonal (or the reverse); a given prior (a ``Family`` instance) or data
     without Gaussian columns is tried as it is only."""
+    return [v for v, _ in _variants(family, X)]
+
+
+def _variants(family: Any, X: Any) -> list[tuple[Any, bool]]:
+    """``family_variants``, each with whether it gives X the column kinds ``family`` gives it
+    (``"auto"`` on all-real columns is the full covariance)."""
     if not isinstance(family, (str, dict)):
-        return [family]
+        return [(family, True)]
     df, from_frame = as_frame(X)
     kinds = Schema.infer(df, family, from_frame).kinds
     gauss = [c for c, k in kinds.items() if k in ("gaussian", "diag-gaussian")]
     if not gauss:
-        return [family]
-    out: list[Any] = []
+        return [(family, True)]
+    out: list[tuple[Any, bool]] = []
     for kind in ("gaussian", "diag-gaussian"):
+        same = all(kinds[c] == kind for c in gauss)
         if all(kinds[c] in ("gaussian", "diag-gaussian") for c in kinds):
-            out.append(kind)
+            out.append((kind, same))
         else:
-            out.append({**kinds, **dict.fromkeys(gauss, kind)})
+            out.append(({**kinds, **dict.fromkeys(gauss, kind)}, same))
     return out
 
 
@@ -79,17 +86,20 @@ def tune_steps(est: Any, X: Any) -> list[tuple[str, list[Any]]]:
     own value unless it is one of them. The covariance and the scale are left out when ``est``
     has a given prior (a ``Family`` instance) or X no Gaussian column; a family variant that
     is ``est``'s own family (``"auto"`` on all-real columns is full covariance) is tried once."""
-    variants = family_variants(est.family, X)
+    from pipeline.search import same_param
+
+    variants = _variants(est.family, X)
     own = est.get_params(deep=False)
     steps: list[tuple[str, list[Any]]] = []
     for name in TUNE_ORDER:
         if name != "alpha" and len(variants) < 2:
             # a given prior, or no Gaussian column: neither the covariance nor the scale applies
             continue
-        values = list(variants) if name == "family" else list(TUNE_GRID[name])
         if name == "family":
-            values = [v for v in values if not _same_family(v, own[name], X)]
-        if not any(_same_value(v, own[name]) for v in values):
+            values = [v for v, same in variants if not same]
+        else:
+            values = list(TUNE_GRID[name])
+        if not any(same_param(v, own[name]) for v in values):
             values.append(own[name])
         steps.append((name, values))
     return steps
@@ -155,22 +165,6 @@ def tune_cv(est: Any, X: Any) -> Any:
     est.best_params_ = chosen
     est.cv_results_ = _concat_results(tables)
     return est
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    return type(a) is type(b) and a == b
-
-
-def _same_family(variant: Any, own: Any, X: Any) -> bool:
-    """Whether family setting ``variant`` gives X the column kinds ``own`` gives it."""
-    if _same_value(variant, own):
-        return True
-    if not isinstance(own, (str, dict)):
-        return False
-    df, from_frame = as_frame(X)
-    kinds = Schema.infer(df, own, from_frame).kinds
-    other = Schema.infer(df, variant, from_frame).kinds
-    return dict(kinds) == dict(other)
 
 
 def _concat_results(tables: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
