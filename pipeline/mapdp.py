@@ -69,10 +69,11 @@ class MAPDP(MixtureEstimator):
         the current value is kept unless another beats it by more than the paired standard
         error of their fold-by-fold difference (``select="given"``). Then it fits all of X with
         the choice (``best_params_``, ``cv_results_``). No label is used. With the defaults it
-        costs (2 + 4 + 5) x 5 = 55 one-restart fits plus the final fit (0.9 s on wine, 0.4 s on
-        iris, 29 s on digits on 2 workers, against 0.3, 0.01 and 5.3 s for a default fit), on
-        the current Dask client if there is one, else in this process; so it is not the
-        default.
+        costs (2 + 3 + 4) x 5 = 45 one-restart fold fits (a step's current value is the
+        previous step's choice, whose fold results are reused) plus the final fit: 0.7 s on
+        wine, 0.4 s on iris, 26 s on digits on 2 workers, against 0.3, 0.01 and 5.4 s for a
+        default fit (``bench_cv.py::test_nmi_table``), on the current Dask client if there is
+        one, else in this process; so it is not the default.
 
     Attributes
     ----------

@@ -113,6 +113,11 @@ def same_param(a: Any, b: Any) -> bool:
         return a is b
 
 
+def _same_candidate(cand: Mapping[str, Any], params: Mapping[str, Any]) -> bool:
+    """Whether every parameter of ``cand`` has the same value in ``params``."""
+    return all(k in params and same_param(params[k], v) for k, v in cand.items())
+
+
 def make_splits(
     n_samples: int,
     cv: Any,
@@ -251,28 +256,37 @@ def run_grid(
     splits: list[tuple[NDArray[np.int64], NDArray[np.int64]]],
     client: Any = None,
     error_score: Any = "raise",
+    known: Mapping[int, list[dict[str, Any]]] | None = None,
 ) -> list[list[dict[str, Any]]]:
     """``fit_and_score`` of every (candidate, fold) as Dask tasks on ``client``; results[i][j]
-    of candidate i on fold j. X and the splits are scattered once."""
+    of candidate i on fold j. X and the splits are scattered once. ``known[i]``: candidate i's
+    results on these splits, already computed, taken as they are instead of fitted again."""
+    known = dict(known or {})
+    todo = [i for i in range(len(candidates)) if i not in known]
+    if not todo:
+        return [known[i] for i in range(len(candidates))]
     if client is None:
         # a serial reference (and the path when no Dask is wanted)
-        return [
-            [fit_and_score(estimator, c, X, tr, te, error_score) for tr, te in splits]
-            for c in candidates
-        ]
+        done = {
+            i: [
+                fit_and_score(estimator, candidates[i], X, tr, te, error_score) for tr, te in splits
+            ]
+            for i in todo
+        }
+        return [known[i] if i in known else done[i] for i in range(len(candidates))]
     X_f = client.scatter(X, broadcast=True, hash=False)
     est_f = client.scatter(estimator, broadcast=True, hash=False)
     split_f = [
         (client.scatter(tr, hash=False), client.scatter(te, hash=False)) for tr, te in splits
     ]
-    futs = [
-        [
-            client.submit(fit_and_score, est_f, c, X_f, tr, te, error_score, pure=False)
+    futs = {
+        i: [
+            client.submit(fit_and_score, est_f, candidates[i], X_f, tr, te, error_score, pure=False)
             for tr, te in split_f
         ]
-        for c in candidates
-    ]
-    return [client.gather(row) for row in futs]
+        for i in todo
+    }
+    return [known[i] if i in known else client.gather(futs[i]) for i in range(len(candidates))]
 
 
 def select_index(
@@ -420,6 +434,9 @@ class GridSearch(MetaEstimatorMixin, BaseEstimator):
         Refitted on all of X (``refit=True``).
     refit_time_ : float
     n_splits_ : int
+    fold_results_ : list of lists of dict
+        ``fold_results_[i][j]``: candidate i on fold j (``fit_and_score``'s dict: score,
+        clusters, fit and score seconds, error), before failed folds are left out.
     wall_time_ : float
         Seconds from the first submitted fit to the last result (``total_fit_time`` summed over
         candidates is the serial cost; their ratio is the fan-out's efficiency).
@@ -464,7 +481,13 @@ class GridSearch(MetaEstimatorMixin, BaseEstimator):
         splits = make_splits(n, self.cv, groups, self.random_state)
         return candidates, splits
 
-    def fit(self, X: Any, y: Any = None, groups: Any = None) -> GridSearch:
+    def fit(
+        self,
+        X: Any,
+        y: Any = None,
+        groups: Any = None,
+        known: Sequence[tuple[Mapping[str, Any], list[dict[str, Any]]]] = (),
+    ) -> GridSearch:
         """Run the search on X (y is ignored: no label is ever used).
 
         Parameters
@@ -473,6 +496,11 @@ class GridSearch(MetaEstimatorMixin, BaseEstimator):
         y : ignored
         groups : array-like of shape (n_samples,), optional
             Group of each record: the folds of an int ``cv`` then hold out whole groups.
+        known : sequence of (candidate, fold results)
+            Configurations already fitted and scored on these folds: the estimator with the
+            candidate's parameters set, on the same X, ``cv``, ``groups`` and
+            ``random_state`` (a row of an earlier search's ``fold_results_``). A candidate
+            equal to one of them takes its results as they are instead of being fitted again.
 
         Returns
         -------
@@ -481,13 +509,22 @@ class GridSearch(MetaEstimatorMixin, BaseEstimator):
         if not hasattr(X, "iloc"):
             X = np.asarray(X)
         candidates, splits = self._check(X, groups)
+        reuse = {
+            i: list(res)
+            for i, cand in enumerate(candidates)
+            for done, res in known
+            if len(res) == len(splits) and set(cand) == set(done) and _same_candidate(cand, done)
+        }
         t0 = time.perf_counter()
         if self.client is False:
-            results = run_grid(self.estimator, candidates, X, splits, None, self.error_score)
+            results = run_grid(self.estimator, candidates, X, splits, None, self.error_score, reuse)
         else:
             with _client(self.client) as client:
-                results = run_grid(self.estimator, candidates, X, splits, client, self.error_score)
+                results = run_grid(
+                    self.estimator, candidates, X, splits, client, self.error_score, reuse
+                )
         self.wall_time_ = time.perf_counter() - t0
+        self.fold_results_ = results
         table = results_table(candidates, results)
         self.cv_results_ = table
         self.n_splits_ = len(splits)
@@ -514,7 +551,7 @@ class GridSearch(MetaEstimatorMixin, BaseEstimator):
         """The candidate equal to the estimator's own parameters (``select="given"``)."""
         own = self.estimator.get_params(deep=False)
         for i, cand in enumerate(candidates):
-            if all(k in own and same_param(own[k], v) for k, v in cand.items()):
+            if _same_candidate(cand, own):
                 return i
         keys = sorted({k for c in candidates for k in c})
         raise SearchError(

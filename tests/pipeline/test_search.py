@@ -205,6 +205,42 @@ def test_tune_cv(client) -> None:
         MAPDP(tune="labels").fit(X)
 
 
+def test_tune_cv_fits_each_configuration_once(client) -> None:
+    """The greedy search fits each configuration on each fold once: a step's current value
+    reuses the previous step's results, so (2 + 3 + 4) x 5 fold fits run on the workers."""
+    from distributed import get_task_stream
+
+    X, _ = blobs(60, seed=6)
+    with get_task_stream(client) as ts:
+        m = MAPDP(tune="cv", random_state=0).fit(X)
+    fits = [t for t in ts.data if t["key"].startswith("fit_and_score")]
+    assert len(fits) == (2 + 3 + 4) * 5
+    assert len(m.cv_results_["params"]) == 2 + 4 + 5
+
+
+def test_known_results_are_reused(client) -> None:
+    """``GridSearch.fit(known=...)``: a candidate already scored on the same folds takes those
+    results; the others are fitted as without it."""
+    X, _ = blobs()
+    first = GridSearch(EST, {"alpha": [0.5, 5.0]}, cv=4, refit=False, client=client).fit(X)
+    again = GridSearch(EST, {"alpha": [0.5, 5.0, 50.0]}, cv=4, refit=False, client=client).fit(
+        X, known=[({"alpha": 5.0}, first.fold_results_[1])]
+    )
+    assert again.fold_results_[1] == first.fold_results_[1]  # fit times too: not refitted
+    np.testing.assert_array_equal(
+        again.cv_results_["split0_test_score"][:2], first.cv_results_["split0_test_score"]
+    )
+    # results of another configuration (one more parameter set) are not taken
+    other = GridSearch(EST, {"alpha": [5.0]}, cv=4, refit=False, client=client).fit(
+        X, known=[({"alpha": 5.0, "prior_scale": 0.05}, first.fold_results_[1])]
+    )
+    assert other.fold_results_[0] != first.fold_results_[1]
+    fresh = GridSearch(EST, {"alpha": [50.0]}, cv=4, refit=False, client=client).fit(X)
+    np.testing.assert_allclose(
+        [r["score"] for r in again.fold_results_[2]], [r["score"] for r in fresh.fold_results_[0]]
+    )
+
+
 def expected_given(res: dict, rows: np.ndarray, given: int) -> int:
     """``select="given"`` recomputed from the fold scores of ``rows`` (one step's candidates):
     the row of the step's best candidate if its paired difference from candidate ``given``
@@ -225,6 +261,7 @@ def check_greedy_steps(est: Any, m: Any) -> None:
     steps = list(dict.fromkeys(res["step"]))
     assert steps == ["family", "alpha", "prior_scale"]
     current = {k: v for k, v in est.get_params().items() if k in m.best_params_}
+    chosen_row = -1
     for name in steps:
         rows = np.flatnonzero(res["step"] == name)
         values = [res["params"][i][name] for i in rows]
@@ -234,7 +271,16 @@ def check_greedy_steps(est: Any, m: Any) -> None:
             assert {k: v for k, v in res["params"][i].items() if k != name} == {
                 k: v for k, v in current.items() if k != name
             }
-        current = res["params"][expected_given(res, rows, values.index(current[name]))]
+        given = int(rows[values.index(current[name])])
+        if chosen_row >= 0:
+            # the current value is the configuration the previous step chose: its fold
+            # results (scores, and fit times that a second fit would not repeat) are reused
+            for key in [k for k in res if k.startswith("split") or k.endswith("fit_time")]:
+                assert res[key][given] == res[key][chosen_row] or (
+                    np.isnan(res[key][given]) and np.isnan(res[key][chosen_row])
+                ), key
+        chosen_row = expected_given(res, rows, values.index(current[name]))
+        current = res["params"][chosen_row]
     assert m.best_params_ == current
     assert list(res["param_alpha"]) == [p["alpha"] for p in res["params"]]
     assert res["rank_test_score"][int(np.argmax(res["mean_test_score"]))] == 1
