@@ -88,11 +88,38 @@ _started_early = False
 
 
 def _worker_modules(engines: Sequence[str]) -> list[str]:
-    """What a worker process of ``engines`` imports: Dask, pandas, the preload, the engines."""
+    """What a worker process of ``engines`` imports: Dask, pandas, the preload, the engines,
+    and last ``pipeline.fork_warm``, which loads their kernels (``_warm_env``)."""
     from pipeline.engines import ENGINE_MODULES
 
     mods = [ENGINE_MODULES[e] for e in engines if e in ENGINE_MODULES]
-    return ["distributed", "dask", "numpy", "pandas", "pipeline.worker_setup", *mods]
+    return [
+        "distributed",
+        "dask",
+        "numpy",
+        "pandas",
+        "pipeline.worker_setup",
+        *mods,
+        "pipeline.fork_warm",
+    ]
+
+
+@contextlib.contextmanager
+def _warm_env(engines: Sequence[str]) -> Iterator[None]:
+    """``FORK_WARM_ENV`` set to ``engines`` in this process's environment while inside: a fork
+    server started meanwhile inherits it and loads their kernels
+    (``pipeline.worker_setup.warm_fork_server``)."""
+    from pipeline.worker_setup import FORK_WARM_ENV
+
+    old = os.environ.get(FORK_WARM_ENV)
+    os.environ[FORK_WARM_ENV] = ",".join(engines)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(FORK_WARM_ENV, None)
+        else:
+            os.environ[FORK_WARM_ENV] = old
 
 
 def start_fork_server(engines: Sequence[str]) -> None:
@@ -112,7 +139,8 @@ def start_fork_server(engines: Sequence[str]) -> None:
     if _started_early or "forkserver" not in multiprocessing.get_all_start_methods():
         return
     multiprocessing.forkserver.set_forkserver_preload(_worker_modules(engines))
-    multiprocessing.forkserver.ensure_running()
+    with _warm_env(engines):
+        multiprocessing.forkserver.ensure_running()
     _started_early = True
 
 
@@ -151,8 +179,12 @@ def _fork_server(warm: Sequence[str] | None) -> Iterator[None]:
             yield
             return
         # after Dask's own choice of preload (``get_mp_context`` makes it once per process)
-        get_mp_context().set_forkserver_preload(_worker_modules(warm or list(ENGINE_MODULES)))
+        engines = list(warm or ENGINE_MODULES)
+        get_mp_context().set_forkserver_preload(_worker_modules(engines))
         assert stop is not None  # not started early: checked above
+        # started now, not by the first worker, so that it inherits the warm-up list
+        with _warm_env(engines):
+            multiprocessing.forkserver.ensure_running()
         try:
             yield
         finally:

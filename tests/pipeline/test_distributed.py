@@ -912,14 +912,17 @@ def test_a_warm_start_from_a_fitted_model(client):
         _fit(X2, client, chunk_rows=500, warm_start=(Stats(first.stats, fam), first.alpha))
 
 
-def _worker_view() -> tuple[int, str | None, str, bool]:
+def _worker_view() -> tuple[int, str | None, str, bool, list[str] | None]:
     import sys as sys_
+
+    from pipeline import worker_setup
 
     return (
         os.getppid(),
         os.environ.get("DPMM_TEST_MARK"),
         os.getcwd(),
         "pipeline.engines.mapdp" in sys_.modules,
+        worker_setup.fork_warmed,
     )
 
 
@@ -927,22 +930,53 @@ def test_worker_processes_fork_from_a_server_started_with_the_cluster(monkeypatc
     """``dask_client``'s worker processes are forked from a fork server (their parent is not
     this process, as a spawned worker's is) that imported the engine; each cluster gets its own
     server, which sees the working directory and environment of the moment it starts, and it is
-    stopped with the cluster."""
+    stopped with the cluster. The kernels of the engine, cached by an earlier warm-up, were
+    loaded by the server (``warm_fork_server``), once, before it forked the worker."""
     import multiprocessing.forkserver
 
     from pipeline.dist.client import dask_client
+    from pipeline.worker_setup import FORK_WARM_ENV, kernels_cached, warm_here
 
+    warm_here(["mapdp"])  # the cache a first run leaves (its marker)
+    assert kernels_cached(["mapdp"])
     for mark in ("one", "two"):
         (tmp_path / mark).mkdir()
         monkeypatch.chdir(tmp_path / mark)
         monkeypatch.setenv("DPMM_TEST_MARK", mark)
         with dask_client(n_workers=1, dashboard_address=None, quiet=True, warm=["mapdp"]) as c:
-            ((ppid, seen, cwd, imported),) = c.run(_worker_view).values()
+            ((ppid, seen, cwd, imported, warmed),) = c.run(_worker_view).values()
             server = multiprocessing.forkserver._forkserver._forkserver_pid
             assert list(c.run(_profiled).values()) == [False]
         assert ppid == server and ppid != os.getpid()
         assert (seen, cwd, imported) == (mark, str(tmp_path / mark), True)
+        assert warmed == ["mapdp"]
         assert multiprocessing.forkserver._forkserver._forkserver_pid is None
+    assert FORK_WARM_ENV not in os.environ  # set for the server's start only
+
+
+def test_the_fork_server_loads_only_cached_kernels_and_no_stage_2(monkeypatch, tmp_path):
+    """``warm_fork_server`` loads nothing from a cache no warm-up completed in (the workers
+    then compile the kernels, two groups at once, instead of the server alone), nor stage 2's
+    kernels (numba's threading layer must not start in a process that forks)."""
+    import numba.np.ufunc.parallel as numba_parallel
+
+    from pipeline import worker_setup
+
+    monkeypatch.setattr(worker_setup, "fork_warmed", None)
+    monkeypatch.setenv(worker_setup.FORK_WARM_ENV, "mapdp")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "empty"))
+    worker_setup.warm_fork_server()
+    assert worker_setup.fork_warmed is None
+    assert not (tmp_path / "empty").exists()  # nothing compiled into it
+    monkeypatch.delenv("NUMBA_CACHE_DIR")
+    worker_setup.warm_here(["mapdp"])
+    monkeypatch.setenv(worker_setup.FORK_WARM_ENV, "bhc")
+    worker_setup.warm_fork_server()
+    assert worker_setup.fork_warmed is None
+    monkeypatch.setenv(worker_setup.FORK_WARM_ENV, "mapdp,bhc")
+    worker_setup.warm_fork_server()
+    assert worker_setup.fork_warmed == ["mapdp"]
+    assert not numba_parallel._is_initialized
 
 
 def _profiled(dask_worker) -> bool:
@@ -969,16 +1003,19 @@ _EARLY_SERVER = """
 import multiprocessing.forkserver as fs
 import os
 
+from pipeline import worker_setup
 from pipeline.dist.client import dask_client, start_fork_server
 
 if __name__ == "__main__":
+    worker_setup.warm_here(["mapdp"])  # the cache a first run leaves
     start_fork_server(["mapdp"])
     seen = [fs._forkserver._forkserver_pid]
     for _ in range(2):
         with dask_client(n_workers=1, dashboard_address=None, quiet=True, warm=["mapdp"]) as c:
             seen += list(c.run(os.getppid).values())
+            warmed = list(c.run(lambda: worker_setup.fork_warmed).values())
     seen.append(fs._forkserver._forkserver_pid)
-    print(*seen)
+    print(*seen, *warmed)
 """
 
 
@@ -992,8 +1029,9 @@ def test_an_early_fork_server_serves_every_later_cluster_and_stays(tmp_path):
         [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
     assert out.returncode == 0, out.stderr
-    early, first, second, after = (int(v) for v in out.stdout.split())
+    early, first, second, after, warmed = out.stdout.split()
     assert early == first == second == after
+    assert warmed == "['mapdp']"  # the server loaded the kernels before forking the workers
 
 
 def test_workers_are_spawned_where_a_fork_server_cannot_be_stopped(monkeypatch):
