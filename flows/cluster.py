@@ -25,6 +25,7 @@ import numpy as np
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.heartbeats import run_flow, with_heartbeats
 from pipeline.config import (
     DEFAULT_CHUNK_ROWS,
     INIT_SAMPLE,
@@ -176,6 +177,7 @@ def finish_task(
 
 
 @flow(name="cluster", validate_parameters=False)
+@with_heartbeats
 def cluster(
     input: Any,
     out: str,
@@ -338,30 +340,3 @@ def cluster(
 def run_cluster_flow(**kwargs: Any) -> dict[str, Any]:
     """Run the ``cluster`` flow as ``dpmm run`` does (keyword arguments as ``cluster``)."""
     return run_flow(cluster, **kwargs)
-
-
-def run_flow(flow_fn: Any, **kwargs: Any) -> Any:
-    """Run a flow of this package from the command line (``dpmm run``, ``dpmm score``).
-
-    Without a Prefect API configured (``PREFECT_API_URL`` unset) the flow reports to the
-    temporary server Prefect starts inside this process. Flow-run heartbeats exist to let a
-    long-lived server notice a crashed run; this server lives and dies with the run, and the
-    heartbeat thread, which sleeps in one-second steps, holds up the end of every flow run by up
-    to a second. So heartbeats are switched off in that case only.
-    """
-    from contextlib import nullcontext
-
-    from prefect.settings import (
-        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-        get_current_settings,
-        temporary_settings,
-    )
-
-    local = get_current_settings().api.url is None
-    ctx = (
-        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
-        if local
-        else nullcontext()
-    )
-    with ctx:
-        return flow_fn(**kwargs)

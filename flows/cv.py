@@ -27,6 +27,7 @@ import numpy as np
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.heartbeats import run_flow, with_heartbeats
 from pipeline import cv as pcv
 from pipeline import dataset, storage
 from pipeline import io as pio
@@ -81,6 +82,7 @@ def _prepare(
 
 
 @flow(name="cv", validate_parameters=False)
+@with_heartbeats
 def cv(
     input: Any,
     out: str,
@@ -263,25 +265,11 @@ def cv(
 
 
 def run_cv_flow(**kwargs: Any) -> dict[str, Any]:
-    """Run the ``cv`` flow (keyword arguments as ``cv``), heartbeats off with Prefect's
-    temporary in-process server (as ``flows.cluster.run_cluster_flow``)."""
-    from contextlib import nullcontext
-
-    from prefect.settings import (
-        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-        get_current_settings,
-        temporary_settings,
-    )
+    """Run the ``cv`` flow (keyword arguments as ``cv``) as ``dpmm cv`` does
+    (``flows.heartbeats.run_flow``)."""
     from prefect.task_runners import ThreadPoolTaskRunner
 
-    local = get_current_settings().api.url is None
-    ctx = (
-        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
-        if local
-        else nullcontext()
-    )
     limit = kwargs.get("concurrency") or kwargs.get("n_workers") or os.cpu_count() or 1
     kwargs["concurrency"] = int(limit)
     runner: Any = ThreadPoolTaskRunner(max_workers=int(limit))
-    with ctx:
-        return cv.with_options(task_runner=runner)(**kwargs)
+    return run_flow(cv.with_options(task_runner=runner), **kwargs)  # type: ignore[no-any-return]

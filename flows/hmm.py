@@ -18,6 +18,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.cluster import pass_task, start_task, write_task
+from flows.heartbeats import run_flow, with_heartbeats
 from pipeline import storage
 from pipeline.config import (
     DEFAULT_CHUNK_ROWS,
@@ -52,6 +53,7 @@ def ingest_task(
 
 
 @flow(name="hmm", validate_parameters=False)
+@with_heartbeats
 def hmm(
     input: str,
     out: str,
@@ -226,20 +228,5 @@ def hmm(
 
 
 def run_hmm_flow(**kwargs: Any) -> dict[str, Any]:
-    """Run the ``hmm`` flow as ``dpmm hmm`` does (as ``flows.cluster.run_cluster_flow``)."""
-    from contextlib import nullcontext
-
-    from prefect.settings import (
-        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-        get_current_settings,
-        temporary_settings,
-    )
-
-    local = get_current_settings().api.url is None
-    ctx = (
-        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
-        if local
-        else nullcontext()
-    )
-    with ctx:
-        return hmm(**kwargs)
+    """Run the ``hmm`` flow as ``dpmm hmm`` does (``flows.heartbeats.run_flow``)."""
+    return run_flow(hmm, **kwargs)  # type: ignore[no-any-return]

@@ -18,6 +18,7 @@ import pandas as pd
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
+from flows.heartbeats import run_flow, with_heartbeats
 from pipeline import longitudinal as lon
 from pipeline import storage
 from pipeline.config import DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL, FitParams
@@ -78,6 +79,7 @@ def fold_task(
 
 
 @flow(name="longitudinal", validate_parameters=False)
+@with_heartbeats
 def longitudinal(
     input: str,
     out: str,
@@ -181,21 +183,5 @@ def longitudinal(
 
 
 def run_longitudinal_flow(**kwargs: Any) -> dict[str, Any]:
-    """Run the flow as ``dpmm longitudinal`` does, without flow-run heartbeats when Prefect's
-    server is the temporary one of this process (as ``flows.cluster.run_cluster_flow``)."""
-    from contextlib import nullcontext
-
-    from prefect.settings import (
-        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
-        get_current_settings,
-        temporary_settings,
-    )
-
-    local = get_current_settings().api.url is None
-    ctx = (
-        temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
-        if local
-        else nullcontext()
-    )
-    with ctx:
-        return longitudinal(**kwargs)
+    """Run the flow as ``dpmm longitudinal`` does (``flows.heartbeats.run_flow``)."""
+    return run_flow(longitudinal, **kwargs)  # type: ignore[no-any-return]

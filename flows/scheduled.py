@@ -30,6 +30,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.cluster import cluster
+from flows.heartbeats import with_heartbeats
 from flows.score import score
 from pipeline import schedule, storage
 from pipeline.config import DEFAULT_CHUNK_ROWS, MAX_PASSES
@@ -43,6 +44,7 @@ WINDOW = 7
 
 
 @flow(name="scheduled-clustering", validate_parameters=False)
+@with_heartbeats
 def scheduled_clustering(
     input: str,
     models: str,

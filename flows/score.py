@@ -16,7 +16,8 @@ from typing import Any
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.cluster import RETRIES, _retry_unless_bad_input, run_flow
+from flows.cluster import RETRIES, _retry_unless_bad_input
+from flows.heartbeats import run_flow, with_heartbeats
 from pipeline.config import DEFAULT_CHUNK_ROWS
 from pipeline.dist import score as sc
 from pipeline.dist.client import dask_client
@@ -49,6 +50,7 @@ def write_task(
 
 
 @flow(name="score", validate_parameters=False)
+@with_heartbeats
 def score(
     model: str,
     input: Any,

@@ -116,7 +116,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.scores is not None:
         storage.check_reachable(args.scores, "--scores")
     if args.once:
-        from flows.cluster import run_flow
+        from flows.heartbeats import run_flow
         from pipeline.schedule import require_partitions
 
         # nothing to run: one line before Prefect starts (served, partitions may come later)

@@ -97,11 +97,34 @@ def test_runs_against_a_long_lived_server(tmp_path: Path):
         assert [(r["name"] != "", r["state_type"]) for r in runs] == [(True, "COMPLETED")]
         flows = httpx.post(f"{api}/flows/filter", json={}, timeout=30).json()
         assert [f["name"] for f in flows] == ["cluster"]
+        # the run sent the server its heartbeat (``flows.heartbeats``: what tells it a crashed
+        # run from a long one), as Prefect's own would have
+        beats = _events(api, "prefect.flow-run.heartbeat", f"prefect.flow-run.{runs[0]['id']}")
+        assert beats and beats[0]["related"][0]["prefect.resource.name"] == "cluster"
     finally:
         _stop(server, signal.SIGINT, 2 * STOP_GRACE)
     # the interrupted command took Prefect's server with it
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _events(api: str, name: str, resource: str, wait: float = 60.0) -> list[dict]:
+    """The events ``name`` about ``resource`` the server at ``api`` has recorded, waiting up to
+    ``wait`` seconds for its event persister to write the first."""
+    query = {
+        "filter": {
+            "event": {"name": [name]},
+            "any_resource": {"id": [resource]},
+            "occurred": {"since": "2000-01-01T00:00:00Z"},
+        },
+        "limit": 10,
+    }
+    end = time.monotonic() + wait
+    while True:
+        found = httpx.post(f"{api}/events/filter", json=query, timeout=30).json()["events"]
+        if found or time.monotonic() > end:
+            return found
+        time.sleep(0.5)
 
 
 _FAKE_SERVER = """
