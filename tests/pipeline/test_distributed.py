@@ -954,12 +954,28 @@ def test_worker_processes_fork_from_a_server_started_with_the_cluster(monkeypatc
     assert FORK_WARM_ENV not in os.environ  # set for the server's start only
 
 
+_FORK_SERVER_WARM = """
+import sys
+
+import numba.np.ufunc.parallel as numba_parallel
+
+from pipeline import worker_setup
+
+worker_setup.warm_here(["mapdp"])  # the cache a first run leaves
+seen = []
+for names in ("bhc", "mapdp,bhc"):
+    worker_setup.os.environ[worker_setup.FORK_WARM_ENV] = names
+    worker_setup.warm_fork_server()
+    seen.append(worker_setup.fork_warmed)
+print(seen, numba_parallel._is_initialized)
+"""
+
+
 def test_the_fork_server_loads_only_cached_kernels_and_no_stage_2(monkeypatch, tmp_path):
     """``warm_fork_server`` loads nothing from a cache no warm-up completed in (the workers
     then compile the kernels, two groups at once, instead of the server alone), nor stage 2's
-    kernels (numba's threading layer must not start in a process that forks)."""
-    import numba.np.ufunc.parallel as numba_parallel
-
+    kernels: in a new interpreter, as a fork server is, numba's threading layer has not
+    started when it is done (it must not have in a process that forks)."""
     from pipeline import worker_setup
 
     monkeypatch.setattr(worker_setup, "fork_warmed", None)
@@ -968,15 +984,12 @@ def test_the_fork_server_loads_only_cached_kernels_and_no_stage_2(monkeypatch, t
     worker_setup.warm_fork_server()
     assert worker_setup.fork_warmed is None
     assert not (tmp_path / "empty").exists()  # nothing compiled into it
-    monkeypatch.delenv("NUMBA_CACHE_DIR")
-    worker_setup.warm_here(["mapdp"])
-    monkeypatch.setenv(worker_setup.FORK_WARM_ENV, "bhc")
-    worker_setup.warm_fork_server()
-    assert worker_setup.fork_warmed is None
-    monkeypatch.setenv(worker_setup.FORK_WARM_ENV, "mapdp,bhc")
-    worker_setup.warm_fork_server()
-    assert worker_setup.fork_warmed == ["mapdp"]
-    assert not numba_parallel._is_initialized
+    monkeypatch.undo()
+    out = subprocess.run(
+        [sys.executable, "-c", _FORK_SERVER_WARM], capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[-2] == "[None, ['mapdp']] False"
 
 
 def _profiled(dask_worker) -> bool:
