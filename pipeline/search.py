@@ -261,32 +261,33 @@ def run_grid(
     """``fit_and_score`` of every (candidate, fold) as Dask tasks on ``client``; results[i][j]
     of candidate i on fold j. X and the splits are scattered once. ``known[i]``: candidate i's
     results on these splits, already computed, taken as they are instead of fitted again."""
-    known = dict(known or {})
+    known = known or {}
     todo = [i for i in range(len(candidates)) if i not in known]
-    if not todo:
-        return [known[i] for i in range(len(candidates))]
-    if client is None:
-        # a serial reference (and the path when no Dask is wanted)
+    if client is None or not todo:
+        # a serial reference (and the path when no Dask is wanted, or nothing is left to fit)
         done = {
             i: [
                 fit_and_score(estimator, candidates[i], X, tr, te, error_score) for tr, te in splits
             ]
             for i in todo
         }
-        return [known[i] if i in known else done[i] for i in range(len(candidates))]
-    X_f = client.scatter(X, broadcast=True, hash=False)
-    est_f = client.scatter(estimator, broadcast=True, hash=False)
-    split_f = [
-        (client.scatter(tr, hash=False), client.scatter(te, hash=False)) for tr, te in splits
-    ]
-    futs = {
-        i: [
-            client.submit(fit_and_score, est_f, candidates[i], X_f, tr, te, error_score, pure=False)
-            for tr, te in split_f
+    else:
+        X_f = client.scatter(X, broadcast=True, hash=False)
+        est_f = client.scatter(estimator, broadcast=True, hash=False)
+        split_f = [
+            (client.scatter(tr, hash=False), client.scatter(te, hash=False)) for tr, te in splits
         ]
-        for i in todo
-    }
-    return [known[i] if i in known else client.gather(futs[i]) for i in range(len(candidates))]
+        futs = {
+            i: [
+                client.submit(
+                    fit_and_score, est_f, candidates[i], X_f, tr, te, error_score, pure=False
+                )
+                for tr, te in split_f
+            ]
+            for i in todo
+        }
+        done = {i: client.gather(row) for i, row in futs.items()}
+    return [known[i] if i in known else done[i] for i in range(len(candidates))]
 
 
 def select_index(

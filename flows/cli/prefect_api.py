@@ -223,7 +223,7 @@ def flow_api() -> Iterator[str | None]:
     )
 
     # heartbeats let a long-lived server notice a crashed run; this one ends with the command,
-    # and the heartbeat thread holds up the end of every flow run by up to a second
+    # so none is sent (``flows.heartbeats.run_flow`` reads the setting)
     updates = {PREFECT_API_URL: url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     with temporary_settings(updates=updates):
         yield url
