@@ -1,16 +1,16 @@
 """The ``cluster`` flow: ingest -> stage-1 passes -> stage 2 -> write-out -> summaries.
 
-Every step is a Prefect task around a ``pipeline.dist`` function; the passes are the one pass
-loop (``pipeline.dist.loop.run_passes``) with each pass run as a Prefect task; the Dask work runs on
+Every step is a Prefect task around a ``pipeline.distributed`` function; the passes are the one pass
+loop (``pipeline.distributed.loop.run_passes``) with each pass run as a Prefect task; the Dask work runs on
 the client the flow opens (a ``LocalCluster`` of one process per core, or ``scheduler``). Tasks
 that do I/O retry (bad input, a ``ValueError``, does not: it is reported as it is). After each
 pass the driver's state is checkpointed in the output store, so running the same command again
 after a crash resumes from the last completed pass and gives the same labels.
 
 With ``summaries=M`` stage 1 ends with one more distributed pass that splits its clusters into
-about M summaries (``pipeline.dist.summaries.split_summaries``). Stage 2 maps the summaries (or
+about M summaries (``pipeline.distributed.summaries.split_summaries``). Stage 2 maps the summaries (or
 the stage-1 clusters) to final clusters: ``"none"`` is the identity
-(``pipeline.dist.summaries.identity_stage2``), ``"bhc"`` is ``pipeline.stage2.run_stage2`` (BHC over
+(``pipeline.distributed.summaries.identity_stage2``), ``"bhc"`` is ``pipeline.ops.stage2.run_stage2`` (BHC over
 the summaries, optionally tree-guided MCMC), which writes its tree files into the partial output
 directory, so the final rename keeps the output atomic.
 """
@@ -26,7 +26,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.heartbeats import run_flow, with_heartbeats
-from pipeline.config import (
+from pipeline.core.config import (
     DEFAULT_CHUNK_ROWS,
     INIT_SAMPLE,
     MAX_PASSES,
@@ -35,18 +35,18 @@ from pipeline.config import (
     TOL,
     FitParams,
 )
-from pipeline.dist import loop
-from pipeline.dist import run as dist
-from pipeline.dist.client import dask_client
-from pipeline.dist.summaries import Summaries, identity_stage2, split_summaries
-from pipeline.dist.writeout import WriteSummary, write_out
+from pipeline.core.storage import Loc, local_dir, redact
+from pipeline.data.store import Store, StoreInfo
+from pipeline.distributed import loop
+from pipeline.distributed.client import dask_client
+from pipeline.distributed.summaries import Summaries, identity_stage2, split_summaries
+from pipeline.distributed.writeout import WriteSummary, write_out
 from pipeline.engines import get_engine
 from pipeline.engines.base import LoopState, RunContext
 from pipeline.engines.mixture_start import WARM_START
 from pipeline.families import ProductFamily
-from pipeline.mapdp_core import seed_entropy
-from pipeline.storage import Loc, local_dir, redact
-from pipeline.store import Store, StoreInfo
+from pipeline.models.mapdp import seed_entropy
+from pipeline.ops import run as dist
 
 STAGE2 = ("none", "bhc")
 
@@ -127,7 +127,7 @@ def stage2_task(
     if name == "none":
         mapping = identity_stage2(stats, family)
     else:
-        from pipeline.stage2 import run_stage2
+        from pipeline.ops.stage2 import run_stage2
 
         # the tree's files are written by libraries that want a path (``local_dir``)
         with local_dir(out_dir) as files:
@@ -283,7 +283,7 @@ def cluster(
         timing["ingest"] = time.perf_counter() - t
         t = time.perf_counter()
         ctx = dist.run_context(partial, data, info, params, progress, cfg.engine_options)
-        info = ctx.info  # with the run's prior (``pipeline.dist.loop.with_prior_scale``)
+        info = ctx.info  # with the run's prior (``pipeline.distributed.loop.with_prior_scale``)
         ctx.options[WARM_START] = dist.warm_start_of(model, info)
         labels = partial / "labels.zarr"
         # the cluster flow runs the mixture engines, whose state has clusters

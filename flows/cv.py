@@ -8,8 +8,8 @@ cluster; default one per worker) -> ``cv.parquet``,
 ``cv.png``, the choice -> refit -> ``OUT``.
 
 Each finished fit's result is written at once into the partial output
-(``pipeline.cv.ResultLog``); running the same command again after a crash skips the fits done.
-The output appears at ``OUT`` only when complete (``pipeline.storage.prepare_output``: a
+(``pipeline.ops.cv.ResultLog``); running the same command again after a crash skips the fits done.
+The output appears at ``OUT`` only when complete (``pipeline.core.storage.prepare_output``: a
 temporary sibling renamed at the end, or on object storage OUT's manifest written last). Bad
 input (an empty grid, a value out of range, more folds than records) is a ``ValueError`` before
 any fit, and leaves nothing behind.
@@ -28,13 +28,14 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.heartbeats import run_flow, with_heartbeats
-from pipeline import cv as pcv
-from pipeline import dataset, storage
-from pipeline import io as pio
-from pipeline.config import DEFAULT_CHUNK_ROWS, SELECT
-from pipeline.dist.client import dask_client
-from pipeline.dist.loop import InjectedFault
-from pipeline.model import save_model
+from pipeline.core import storage
+from pipeline.core.config import DEFAULT_CHUNK_ROWS, SELECT
+from pipeline.data import dataset
+from pipeline.data import io as pio
+from pipeline.distributed.client import dask_client
+from pipeline.distributed.loop import InjectedFault
+from pipeline.estimators.model import save_model
+from pipeline.ops import cv as pcv
 
 #: raise after this many new fits were persisted (crash-and-resume tests)
 FAULT_ENV = "DPMM_FAULT_AFTER_FITS"

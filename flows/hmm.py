@@ -19,8 +19,8 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.cluster import pass_task, start_task, write_task
 from flows.heartbeats import run_flow, with_heartbeats
-from pipeline import storage
-from pipeline.config import (
+from pipeline.core import storage
+from pipeline.core.config import (
     DEFAULT_CHUNK_ROWS,
     INIT_SAMPLE,
     MAX_PASSES,
@@ -28,14 +28,14 @@ from pipeline.config import (
     TOL,
     FitParams,
 )
-from pipeline.dist import hmm as dhmm
-from pipeline.dist import loop
-from pipeline.dist import run as dist
-from pipeline.dist.client import dask_client
-from pipeline.dist.summaries import identity_stage2
-from pipeline.ihmm_core import PRIOR_SCALE
-from pipeline.mapdp_core import seed_entropy
-from pipeline.store import Store, StoreInfo
+from pipeline.data.store import Store, StoreInfo
+from pipeline.distributed import loop
+from pipeline.distributed.client import dask_client
+from pipeline.distributed.summaries import identity_stage2
+from pipeline.models.ihmm import PRIOR_SCALE
+from pipeline.models.mapdp import seed_entropy
+from pipeline.ops import hmm as dhmm
+from pipeline.ops import run as dist
 
 
 @task(name="read-sequences", cache_policy=NO_CACHE)
@@ -124,7 +124,7 @@ def hmm(
             timing["ingest"] = time.perf_counter() - t
             t = time.perf_counter()
             ctx = dist.run_context(partial, data, info, params, progress)
-            info = ctx.info  # with the run's prior (``pipeline.dist.loop.with_prior_scale``)
+            info = ctx.info  # with the run's prior (``pipeline.distributed.loop.with_prior_scale``)
             ctx.options["gamma"] = float(gamma)
             labels = partial / "labels.zarr"
             state: Any = loop.run_passes(

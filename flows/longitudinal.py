@@ -19,15 +19,15 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.heartbeats import run_flow, with_heartbeats
-from pipeline import longitudinal as lon
-from pipeline import storage
-from pipeline.config import DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL, FitParams
-from pipeline.dist import loop
-from pipeline.dist.client import dask_client
+from pipeline.core import storage
+from pipeline.core.config import DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL, FitParams
+from pipeline.data.ingest import ingest
+from pipeline.data.store import Store, StoreInfo
+from pipeline.distributed import loop
+from pipeline.distributed.client import dask_client
 from pipeline.engines.base import LoopState, RunContext
-from pipeline.ingest import ingest
-from pipeline.mapdp_core import seed_entropy
-from pipeline.store import Store, StoreInfo
+from pipeline.models.mapdp import seed_entropy
+from pipeline.ops import longitudinal as lon
 
 
 @task(name="read-input", cache_policy=NO_CACHE)

@@ -2,7 +2,7 @@
 refit warm-started on a rolling window, publish the refit as the next model version.
 
 For every partition ``INPUT/date=YYYY-MM-DD`` not done yet, in date order
-(``pipeline.schedule`` has the layout):
+(``pipeline.ops.schedule`` has the layout):
 
 1. score it with the published model (the ``score`` flow, into ``SCORES/date=YYYY-MM-DD``),
    which validates it against the model's schema;
@@ -11,8 +11,8 @@ For every partition ``INPUT/date=YYYY-MM-DD`` not done yet, in date order
 3. publish the refit as ``MODELS/vN`` and switch ``MODELS/LATEST`` to it last.
 
 INPUT, MODELS and SCORES are local directories or object-storage prefixes (fsspec URLs,
-``pipeline.storage``); on object storage a version becomes visible by its manifest, written
-last, and the pointer is one PUT after it (``pipeline.schedule``, "Visibility").
+``pipeline.core.storage``); on object storage a version becomes visible by its manifest, written
+last, and the pointer is one PUT after it (``pipeline.ops.schedule``, "Visibility").
 
 A partition that fails validation (a ``ValueError``: a missing column, a value of another kind,
 an unseen category) is reported (``MODELS/rejected/date=...json`` and the flow's log) and
@@ -32,10 +32,11 @@ from prefect import flow, get_run_logger
 from flows.cluster import cluster
 from flows.heartbeats import with_heartbeats
 from flows.score import score
-from pipeline import schedule, storage
-from pipeline.config import DEFAULT_CHUNK_ROWS, MAX_PASSES
-from pipeline.errors import InputError
-from pipeline.paths import safe_name
+from pipeline.core import storage
+from pipeline.core.config import DEFAULT_CHUNK_ROWS, MAX_PASSES
+from pipeline.core.errors import InputError
+from pipeline.core.paths import safe_name
+from pipeline.ops import schedule
 
 #: the deployment's name and default schedule (every day at 02:00 UTC), as in infra/prefect.yaml
 DEPLOYMENT = "dpmm-scheduled"
@@ -70,7 +71,7 @@ def scheduled_clustering(
         Directory or prefix of the model versions ``vN`` and the pointer ``LATEST``.
     scores : str, optional
         Where each partition's scores go (``date=YYYY-MM-DD/``); default ``models/../scores``.
-        Each of the three may be a local path or a URL (``pipeline.storage``; credentials
+        Each of the three may be a local path or a URL (``pipeline.core.storage``; credentials
         from the environment, never recorded).
     window : int
         Partitions (days) in the rolling window of each refit.

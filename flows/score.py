@@ -2,7 +2,7 @@
 records, on the same local Dask default as ``dpmm run``.
 
 ingest (validated against the model's schema) -> write-out (one task per chunk) -> finish; the
-steps are ``pipeline.dist.score``'s. Bad input (a ``ValueError``: a missing column, a value of
+steps are ``pipeline.ops.score``'s. Bad input (a ``ValueError``: a missing column, a value of
 another kind, an unseen category, a damaged model) leaves nothing at OUT nor at its temporary
 sibling.
 """
@@ -18,11 +18,11 @@ from prefect.cache_policies import NO_CACHE
 
 from flows.cluster import RETRIES, _retry_unless_bad_input
 from flows.heartbeats import run_flow, with_heartbeats
-from pipeline.config import DEFAULT_CHUNK_ROWS
-from pipeline.dist import score as sc
-from pipeline.dist.client import dask_client
-from pipeline.storage import Loc
-from pipeline.store import StoreInfo
+from pipeline.core.config import DEFAULT_CHUNK_ROWS
+from pipeline.core.storage import Loc
+from pipeline.data.store import StoreInfo
+from pipeline.distributed.client import dask_client
+from pipeline.ops import score as sc
 
 
 @task(

@@ -75,22 +75,22 @@ if not os.environ.get("NUMBA_CACHE_DIR") and "numba" not in sys.modules:
         os.environ["NUMBA_CACHE_DIR"] = str(_where)
 
 _LAZY = {
-    "MAPDP": "pipeline.mapdp",
-    "MAPiHMM": "pipeline.ihmm",
-    "IHMMGibbs": "pipeline.ihmm",
-    "ASUGS": "pipeline.asugs",
-    "BHC": "pipeline.bhc",
-    "TreeGuidedMCMC": "pipeline.tgmcmc",
-    "DPMeans": "pipeline.baselines",
-    "CollapsedGibbs": "pipeline.baselines",
-    "UncollapsedGibbs": "pipeline.baselines",
-    "MixtureEstimator": "pipeline.base",
-    "MixedEffectsDP": "pipeline.mixed_effects_estimator",
-    "exact_log_marginal": "pipeline.exact",
-    "GridSearch": "pipeline.search",
+    "MAPDP": "pipeline.estimators.mapdp",
+    "MAPiHMM": "pipeline.estimators.ihmm",
+    "IHMMGibbs": "pipeline.estimators.ihmm",
+    "ASUGS": "pipeline.estimators.asugs",
+    "BHC": "pipeline.estimators.bhc",
+    "TreeGuidedMCMC": "pipeline.estimators.tgmcmc",
+    "DPMeans": "pipeline.estimators.baselines",
+    "CollapsedGibbs": "pipeline.estimators.baselines",
+    "UncollapsedGibbs": "pipeline.estimators.baselines",
+    "MixtureEstimator": "pipeline.estimators.base",
+    "MixedEffectsDP": "pipeline.estimators.mixed_effects",
+    "exact_log_marginal": "pipeline.models.exact",
+    "GridSearch": "pipeline.estimators.search",
     "families": "pipeline.families",
-    "load_model": "pipeline.model",
-    "save_model": "pipeline.model",
+    "load_model": "pipeline.estimators.model",
+    "save_model": "pipeline.estimators.model",
 }
 
 __all__ = sorted(_LAZY)

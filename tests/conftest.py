@@ -10,7 +10,7 @@ import dask
 import pytest
 from distributed import Client, LocalCluster
 
-from pipeline.dist.client import PROFILE_KEY
+from pipeline.distributed.client import PROFILE_KEY
 
 # Prefect's temporary servers (the test harness's, a subprocess's) give up after 30 s by default;
 # a machine busy with other tests can take longer to start one
@@ -20,7 +20,7 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")
 @contextlib.contextmanager
 def local_client(n_workers: int = 2) -> Iterator[Client]:
     """A real Dask client of ``n_workers`` single-threaded workers in this process."""
-    # without Dask's profiler, as ``pipeline.dist.client.dask_client`` starts its clusters (its
+    # without Dask's profiler, as ``pipeline.distributed.client.dask_client`` starts its clusters (its
     # sys._current_frames() can deadlock CPython 3.11 before 3.11.9)
     with dask.config.set({PROFILE_KEY: False}):
         cluster = LocalCluster(
@@ -41,7 +41,7 @@ def client():
 def _dataset_root(tmp_path_factory):
     """Shared dataset stores of the tests' runs go to a temporary root, not the user's cache
     (subprocesses inherit it through the environment)."""
-    from pipeline.dataset import DATA_DIR_ENV
+    from pipeline.data.dataset import DATA_DIR_ENV
 
     old = os.environ.get(DATA_DIR_ENV)
     os.environ[DATA_DIR_ENV] = str(tmp_path_factory.mktemp("datasets"))
@@ -55,7 +55,7 @@ def _dataset_root(tmp_path_factory):
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[str]:
     """An S3-compatible server (moto's server mode) on 127.0.0.1, and the environment every
-    process of a test reads its credentials and endpoint from (``pipeline.storage``): the
+    process of a test reads its credentials and endpoint from (``pipeline.core.storage``): the
     endpoint URL. Tests make their own buckets (``s3_bucket``)."""
     import logging
 

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline.config import FitParams
-from pipeline.dist import loop
-from pipeline.dist.summaries import identity_stage2
-from pipeline.dist.writeout import write_out
+from pipeline.core.config import FitParams
+from pipeline.data.ingest import ingest
+from pipeline.data.store import Store, input_positions, iter_chunks
+from pipeline.distributed import loop
+from pipeline.distributed.summaries import identity_stage2
+from pipeline.distributed.writeout import write_out
 from pipeline.engines import get_engine
 from pipeline.engines.base import Chunk, LoopState, RunContext
-from pipeline.ingest import ingest
-from pipeline.store import Store, input_positions, iter_chunks
 from tests.conftest import local_client
 
 

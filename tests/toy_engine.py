@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pipeline.dist.writeout import emit_chunk
+from pipeline.core.persist import register
+from pipeline.distributed.writeout import emit_chunk
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext, stop_reason
-from pipeline.persist import register
 
 WIDTH = 3
 

@@ -3,10 +3,10 @@
 * ``flows.cli.app`` - the parser, ``main``, ``dpmm cluster`` and ``dpmm demo``;
 * ``flows.cli.run`` - ``dpmm run``: the Prefect flow ``flows.cluster`` from the command line;
 * ``flows.cli.logs`` - where Prefect's and Dask's log lines go while the CLI runs a flow;
-* ``flows.cli.types`` - argparse value types checked by ``pipeline.config``.
+* ``flows.cli.types`` - argparse value types checked by ``pipeline.core.config``.
 
 The command line parses, starts and reports; the checks of the data are ``pipeline``'s and every
-refusal is a ``pipeline.errors.InputError``, printed as one line with exit status 2.
+refusal is a ``pipeline.core.errors.InputError``, printed as one line with exit status 2.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         engines = worker_engines(sys.argv[1:])
         if engines:
             # the workers' fork server imports while this process does
-            from pipeline.dist.client import start_fork_server
+            from pipeline.distributed.client import start_fork_server
 
             start_fork_server(engines)
     from flows.cli.app import main as run
@@ -68,7 +68,7 @@ _WORKER_ENGINES = {
 def worker_engines(argv: Sequence[str]) -> list[str]:
     """The engines of the local cluster of worker processes the ``dpmm`` command line ``argv``
     (without the program) will start, as far as can be told before it is parsed, for the early
-    start of their fork server (``pipeline.dist.client.start_fork_server``); [] for none or
+    start of their fork server (``pipeline.distributed.client.start_fork_server``); [] for none or
     when only the parser can tell (workers as threads, another scheduler or a batch cluster,
     another engine, help)."""
     if not argv or argv[0] not in _WORKER_ENGINES:

@@ -26,7 +26,7 @@ Exit status: 0 on success; 2 on bad input or usage, with exactly one line
 Adding a subcommand: write ``cmd_<name>(args) -> int``, register it in ``build_parser`` with
 ``set_defaults(func=cmd_<name>)``, and wrap the steps that read or validate user input in
 ``with bad_input(...)`` so that their ``ValueError`` / ``TypeError`` / ``OSError`` become the one
-line and status 2 (``pipeline.errors.InputError`` always does). ``add_fit_options`` holds the
+line and status 2 (``pipeline.core.errors.InputError`` always does). ``add_fit_options`` holds the
 options shared with ``cluster``.
 """
 
@@ -59,9 +59,9 @@ from flows.cli.types import alpha as _alpha
 from flows.cli.types import family as _family
 from flows.cli.types import positive_int as _positive_int
 from flows.cli.update import add_update_parser
-from pipeline import io as pio
-from pipeline import storage
-from pipeline.errors import InputError
+from pipeline.core import storage
+from pipeline.core.errors import InputError
+from pipeline.data import io as pio
 
 PROG = "dpmm"
 
@@ -87,7 +87,7 @@ def bad_input(prefix: str | None = None, rows_of: str | Path | None = None) -> I
         Put in front of the message (``"<prefix>: <message>"``) unless already there.
     rows_of : path, optional
         The input file: a 0-based ``row N`` in the message is rewritten to where that record
-        is in the file (``pipeline.io.locate_rows``).
+        is in the file (``pipeline.data.io.locate_rows``).
     """
     try:
         yield
@@ -305,14 +305,14 @@ def run_cluster(
 ) -> ClusterResult:
     """Read ``input_path``, fit MAP-DP, write labels / clusters / run.json into ``out_dir``.
 
-    ``out_dir`` should be a staging directory (``pipeline.io.staged_dir``). ``shown_input`` /
+    ``out_dir`` should be a staging directory (``pipeline.data.io.staged_dir``). ``shown_input`` /
     ``shown_out`` are the paths named in messages and run.json (default: the real ones).
     Problems with the input raise ``InputError``.
     """
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-    from pipeline.mapdp import MAPDP
-    from pipeline.schema import constant_columns
+    from pipeline.estimators.mapdp import MAPDP
+    from pipeline.families.schema import constant_columns
 
     path = Path(input_path)
     name = str(shown_input if shown_input is not None else input_path)
@@ -500,8 +500,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     in DIR/datasets); ``--in-memory``: the ``cluster`` path on DIR/input.csv."""
     if args.in_memory:
         return _demo_in_memory(args)
-    from pipeline.demo import LABEL_COLUMN
-    from pipeline.synthetic import sample_mixture
+    from pipeline.data.demo import LABEL_COLUMN
+    from pipeline.data.synthetic import sample_mixture
 
     out = Path(args.out)
     result = out / "result"
@@ -540,7 +540,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             flush=True,
         )
     from flows.cli.run import start_flow
-    from pipeline.dist.loop import InjectedFault
+    from pipeline.distributed.loop import InjectedFault
 
     kwargs = dict(
         input=str(out / "input.parquet"),
@@ -586,7 +586,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _demo_in_memory(args: argparse.Namespace) -> int:
     """``dpmm demo --in-memory``: DIR/input.csv, then the ``cluster`` path with its label
     column."""
-    from pipeline.demo import LABEL_COLUMN, make_demo
+    from pipeline.data.demo import LABEL_COLUMN, make_demo
 
     out = Path(args.out)
     _check_out(out)
@@ -608,8 +608,8 @@ def _demo_in_memory(args: argparse.Namespace) -> int:
 def check_paths(args: argparse.Namespace) -> None:
     """Refuse, before anything starts, an output of the command (``--out``, ``--models``,
     ``--scores``) that is, is inside or contains one of its inputs (INPUT, MODEL,
-    ``--warm-start``, the dataset stores' directory): ``pipeline.paths.check_separate``."""
-    from pipeline.paths import check_separate
+    ``--warm-start``, the dataset stores' directory): ``pipeline.core.paths.check_separate``."""
+    from pipeline.core.paths import check_separate
 
     if args.command == "demo":  # DIR holds the demo's own input and result by design
         return
@@ -619,7 +619,7 @@ def check_paths(args: argparse.Namespace) -> None:
         ("--warm-start", getattr(args, "warm_start", None)),
     ]
     if hasattr(args, "data_dir"):
-        from pipeline.dataset import default_root
+        from pipeline.data.dataset import default_root
 
         # the stores later runs reuse: never replaced or written into by an output
         inputs.append(("--data-dir", args.data_dir or default_root()))
@@ -627,7 +627,7 @@ def check_paths(args: argparse.Namespace) -> None:
     check_separate(outputs, inputs)
 
 
-# the commands whose INPUT, OUT, MODEL and --data-dir may be URLs (``pipeline.storage``)
+# the commands whose INPUT, OUT, MODEL and --data-dir may be URLs (``pipeline.core.storage``)
 URL_COMMANDS = ("run", "score", "cv", "longitudinal", "hmm", "update", "serve")
 
 

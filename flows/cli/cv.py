@@ -26,10 +26,10 @@ from typing import Any
 from flows.cli.prefect_api import prestart
 from flows.cli.run import add_log_options, start_flow
 from flows.cli.types import positive_int as _positive_int
-from pipeline import io as pio
-from pipeline.config import DEFAULT_CHUNK_ROWS, SELECT, TUNE_GRID
-from pipeline.dataset import DATA_DIR_ENV
-from pipeline.errors import InputError
+from pipeline.core.config import DEFAULT_CHUNK_ROWS, SELECT, TUNE_GRID
+from pipeline.core.errors import InputError
+from pipeline.data import io as pio
+from pipeline.data.dataset import DATA_DIR_ENV
 
 PROG = "dpmm"
 
@@ -144,8 +144,8 @@ def add_cv_parser(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_cv(args: argparse.Namespace) -> int:
     """Run the ``cv`` flow; exit status 2 with one line on bad input (``InputError``)."""
     from flows.cv import run_cv_flow
-    from pipeline.cv import Grid
-    from pipeline.dist.loop import InjectedFault
+    from pipeline.distributed.loop import InjectedFault
+    from pipeline.ops.cv import Grid
 
     # the grid and the file are refused before a Dask cluster and Prefect start
     grid = Grid(tuple(args.alpha), tuple(args.prior_scale), tuple(args.family))

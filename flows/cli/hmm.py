@@ -24,8 +24,8 @@ from flows.cli.types import fraction as _fraction
 from flows.cli.types import nonneg_float as _nonneg_float
 from flows.cli.types import positive_int as _positive_int
 from flows.cli.types import prior_scale as _prior_scale
-from pipeline import io as pio
-from pipeline.config import DEFAULT_CHUNK_ROWS, INIT_SAMPLE, MAX_PASSES, MIN_CHANGE, TOL
+from pipeline.core.config import DEFAULT_CHUNK_ROWS, INIT_SAMPLE, MAX_PASSES, MIN_CHANGE, TOL
+from pipeline.data import io as pio
 
 
 def _positive_float(text: str) -> float:

@@ -23,10 +23,10 @@ from flows.cli.types import alpha as _alpha
 from flows.cli.types import fraction as _fraction
 from flows.cli.types import nonneg_float as _nonneg_float
 from flows.cli.types import positive_int as _positive_int
-from pipeline import io as pio
-from pipeline import storage
-from pipeline.config import DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL
-from pipeline.errors import InputError
+from pipeline.core import storage
+from pipeline.core.config import DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL
+from pipeline.core.errors import InputError
+from pipeline.data import io as pio
 
 PROG = "dpmm"
 

@@ -11,7 +11,7 @@
 INPUT is a CSV file, a Parquet file or directory, a ``.npy`` file or a zarr array. Bad input
 exits with status 2 and one line on stderr naming the file and the row (``dpmm: error: ...``);
 nothing is left at OUT nor at its temporary sibling. Running the same command again after a
-crash resumes from the last completed pass. Defaults come from ``pipeline.config``, engine names
+crash resumes from the last completed pass. Defaults come from ``pipeline.core.config``, engine names
 from ``pipeline.engines.ENGINES``.
 
 Prefect's and Dask's log lines (with the traceback of a failed task) go to a temporary log file
@@ -39,9 +39,8 @@ from flows.cli.types import nonneg_int as _nonneg_int
 from flows.cli.types import positive_float as _positive_float
 from flows.cli.types import positive_int as _positive_int
 from flows.cli.types import prior_scale as _prior_scale
-from pipeline import io as pio
-from pipeline import storage
-from pipeline.config import (
+from pipeline.core import storage
+from pipeline.core.config import (
     DEFAULT_CHUNK_ROWS,
     INIT_SAMPLE,
     INITS,
@@ -50,9 +49,10 @@ from pipeline.config import (
     N_FOLDS,
     TOL,
 )
-from pipeline.dataset import DATA_DIR_ENV
+from pipeline.core.errors import InputError
+from pipeline.data import io as pio
+from pipeline.data.dataset import DATA_DIR_ENV
 from pipeline.engines import MIXTURE_ENGINES
-from pipeline.errors import InputError
 
 PROG = "dpmm"
 
@@ -218,7 +218,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="YAML of dask-jobqueue's keys for --cluster slurm|pbs (cores, memory, queue, "
-        "walltime, job_extra_directives, ...) and 'jobs' (how many; pipeline.dist.hpc)",
+        "walltime, job_extra_directives, ...) and 'jobs' (how many; pipeline.distributed.hpc)",
     )
     p.add_argument(
         "--threads",
@@ -278,7 +278,7 @@ def start_flow(
     kwargs : dict
         The flow's keyword arguments.
     rows_of : str, optional
-        The input file: a 0-based ``row N`` in a refusal is shown as ``pipeline.io.locate_rows``
+        The input file: a 0-based ``row N`` in a refusal is shown as ``pipeline.data.io.locate_rows``
         finds it in the file (the line of a CSV record).
     runner : callable, optional
         The flow to run with ``kwargs`` (default ``flows.cluster.run_cluster_flow``).
@@ -352,7 +352,7 @@ def _local_cluster(
     (kind, config file): a dask-jobqueue cluster of batch jobs instead (``dpmm run --cluster
     slurm|pbs``)."""
     if hpc is not None:
-        from pipeline.dist.hpc import hpc_client
+        from pipeline.distributed.hpc import hpc_client
 
         with hpc_client(hpc[0], hpc[1], warm=[engine]) as client:
             yield {**kwargs, "scheduler": client.scheduler.address}
@@ -363,12 +363,12 @@ def _local_cluster(
     if not kwargs.get("processes", True):
         # the flow's workers will be threads of this process: it loads their kernels now, while
         # Prefect's temporary server boots, instead of inside the first tasks
-        from pipeline.worker_setup import warm_here_with_helper
+        from pipeline.distributed.worker_setup import warm_here_with_helper
 
         with warm_here_with_helper(_warm_names(kwargs, engine)):
             yield kwargs
         return
-    from pipeline.dist.client import dask_client
+    from pipeline.distributed.client import dask_client
 
     dashboard = kwargs.get("dashboard_address", "127.0.0.1:8787")
     with dask_client(
@@ -383,16 +383,16 @@ def _local_cluster(
 
 def _warm_names(kwargs: dict[str, Any], engine: str) -> list[str]:
     """What the workers compile or load while they start: the engine, stage 2's BHC if the
-    flow runs it, and the kernels of the input's family (``pipeline.ingest.peek_family`` on
+    flow runs it, and the kernels of the input's family (``pipeline.data.ingest.peek_family`` on
     its first piece, for a flow that fits one: categorical, count or integer-valued columns
     call other kernels than Gaussian ones)."""
-    from pipeline.worker_setup import warm_names
+    from pipeline.distributed.worker_setup import warm_names
 
     names = [engine, *_stage2_warm(kwargs)]
     source = kwargs.get("input")
     if "family" not in kwargs or not isinstance(source, (str, Path)):
         return names
-    from pipeline.ingest import peek_family
+    from pipeline.data.ingest import peek_family
 
     family = peek_family(
         source,
@@ -423,7 +423,7 @@ def _hpc_of(args: argparse.Namespace) -> tuple[str, str] | None:
         raise InputError(f"--cluster {kind}: needs --cluster-config FILE (dask-jobqueue's keys)")
     if getattr(args, "scheduler", None):
         raise InputError(f"--cluster {kind}: give either --cluster or --scheduler, not both")
-    from pipeline.dist.hpc import read_config
+    from pipeline.distributed.hpc import read_config
 
     try:
         read_config(kind, config)
@@ -450,12 +450,12 @@ def _threads(args: argparse.Namespace) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the ``cluster`` flow; exit status 2 with one line on bad input (``InputError``)."""
-    from pipeline.dist.loop import InjectedFault
+    from pipeline.distributed.loop import InjectedFault
 
     # what can be seen of the file itself is refused before a Dask cluster and Prefect start
     pio.check_file(args.input)
     _hpc_of(args)  # a bad --cluster-config is refused before anything starts
-    # and an OUT or --data-dir on object storage that cannot be reached (``pipeline.storage``)
+    # and an OUT or --data-dir on object storage that cannot be reached (``pipeline.core.storage``)
     storage.check_reachable(args.out, "--out")
     storage.check_new_output(args.out, args.overwrite)
     if args.data_dir is not None:

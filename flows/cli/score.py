@@ -15,9 +15,9 @@ from typing import Any
 
 from flows.cli.run import add_log_options, start_flow
 from flows.cli.types import positive_int as _positive_int
-from pipeline import io as pio
-from pipeline import storage
-from pipeline.config import DEFAULT_CHUNK_ROWS
+from pipeline.core import storage
+from pipeline.core.config import DEFAULT_CHUNK_ROWS
+from pipeline.data import io as pio
 
 
 def add_score_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -60,7 +60,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from flows.score import run_score_flow
 
     pio.check_file(args.input)
-    # a model or OUT on object storage that cannot be reached (``pipeline.storage``)
+    # a model or OUT on object storage that cannot be reached (``pipeline.core.storage``)
     storage.check_reachable(args.model, "model")
     storage.require_visible(storage.location(args.model), "model")
     storage.check_reachable(args.out, "--out")

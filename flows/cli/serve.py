@@ -1,7 +1,7 @@
 """``dpmm serve INPUT --models DIR``: the ``scheduled-clustering`` flow (``flows.scheduled``) on a
 cron schedule (``flow.serve``: this process polls for scheduled runs and runs them until
 stopped). ``--once`` runs the flow once now instead. INPUT, MODELS and ``--scores`` are local
-paths or object-storage URLs (``pipeline.storage``; ``pipeline.schedule`` says how a version
+paths or object-storage URLs (``pipeline.core.storage``; ``pipeline.ops.schedule`` says how a version
 becomes visible there without a rename). A schedule needs a Prefect server that outlives
 one flow run: with ``PREFECT_API_URL`` set, that server (``dpmm server`` or any Prefect server),
 where the deployment and its runs show in the UI; without it, ``dpmm serve`` starts its own
@@ -23,13 +23,13 @@ from typing import Any
 
 from flows.cli.run import add_log_options, start_flow
 from flows.cli.types import positive_int as _positive_int
-from pipeline.config import DEFAULT_CHUNK_ROWS
+from pipeline.core.config import DEFAULT_CHUNK_ROWS
 
 PROG = "dpmm"
 CRON = "0 2 * * *"  # flows.scheduled.CRON, without importing Prefect to build the parser
 DEPLOYMENT = "dpmm-scheduled"
 # one run of the deployment at a time: a refit that outlasts the next tick must not have a
-# second run publish into the same MODELS (pipeline.schedule assumes a single writer)
+# second run publish into the same MODELS (pipeline.ops.schedule assumes a single writer)
 ONE_RUN = 1
 
 
@@ -102,13 +102,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from prefect.client.schemas.schedules import CronSchedule
 
     from flows.scheduled import scheduled_clustering, serve_kwargs
-    from pipeline.errors import InputError
+    from pipeline.core.errors import InputError
 
     try:
         CronSchedule(cron=args.cron)
     except ValueError as err:
         raise InputError(f"--cron {args.cron!r}: not a cron expression") from err
-    from pipeline import storage
+    from pipeline.core import storage
 
     # a missing bucket or no credentials: one line now, not a failed run at every tick
     storage.check_reachable(args.input, "INPUT")
@@ -117,7 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         storage.check_reachable(args.scores, "--scores")
     if args.once:
         from flows.heartbeats import run_flow
-        from pipeline.schedule import require_partitions
+        from pipeline.ops.schedule import require_partitions
 
         # nothing to run: one line before Prefect starts (served, partitions may come later)
         require_partitions(args.input)

@@ -1,5 +1,5 @@
 """argparse value types shared by the ``dpmm`` subcommands: each turns text into a value checked
-by ``pipeline.config`` (one message per parameter, written once) or raises
+by ``pipeline.core.config`` (one message per parameter, written once) or raises
 ``ArgumentTypeError`` with the text, which argparse reports as a one-line usage error."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from pipeline import config
+from pipeline.core import config
 
 
 def _checked(cast: Callable[[str], Any], check: Callable[[Any], Any], what: str) -> Callable:
@@ -36,7 +36,7 @@ def prior_scale(text: str) -> float:
 
 
 def alpha(text: str) -> float | str:
-    """A positive finite concentration, or 'learn' (``pipeline.config.check_alpha``)."""
+    """A positive finite concentration, or 'learn' (``pipeline.core.config.check_alpha``)."""
     value: float | str = text
     if text != "learn":
         try:

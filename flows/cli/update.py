@@ -1,10 +1,10 @@
 """``dpmm update MODEL INPUT --out NEW_MODEL``: one ASUGS-PM pass (seed 002) of the records of
-INPUT into the clusters of a saved model, saved as a new model (``pipeline.update``).
+INPUT into the clusters of a saved model, saved as a new model (``pipeline.estimators.update``).
 
     dpmm update MODEL INPUT --out NEW_MODEL [--lam F] [--select greedy|sample]
                 [--no-prune-merge] [--seed N] [--overwrite] [--quiet]
 
-MODEL is a model directory (``pipeline.model``: what ``dpmm run`` writes to OUT/model, or
+MODEL is a model directory (``pipeline.estimators.model``: what ``dpmm run`` writes to OUT/model, or
 ``estimator.save(path)``); INPUT a CSV, TSV, Parquet or ``.npy`` table with the model's columns.
 NEW_MODEL is written to a temporary sibling and renamed when complete; MODEL is not changed.
 A bad model or bad records exit with status 2 and one line naming the file and the problem.
@@ -18,14 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from flows.cli.types import positive_float as _positive_float
-from pipeline import io as pio
-from pipeline import storage
-from pipeline.errors import InputError
+from pipeline.core import storage
+from pipeline.core.errors import InputError
+from pipeline.data import io as pio
 
 
 def add_update_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``update`` to an ``argparse`` subparsers object; it sets ``func=cmd_update``."""
-    from pipeline.config import ASUGS_LAM as DEFAULT_LAM
+    from pipeline.core.config import ASUGS_LAM as DEFAULT_LAM
 
     p = subparsers.add_parser(
         "update",
@@ -65,8 +65,8 @@ def add_update_parser(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_update(args: argparse.Namespace) -> int:
     """``dpmm update`` (module docstring)."""
     from flows.cli.app import bad_input
-    from pipeline.model import load_model, save_model
-    from pipeline.update import update_model
+    from pipeline.estimators.model import load_model, save_model
+    from pipeline.estimators.update import update_model
 
     model_path, inp, out = args.model, args.input, args.out
     out_loc = storage.location(out)

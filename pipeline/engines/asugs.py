@@ -12,7 +12,7 @@ MAP class of eq. 3.5).
 
 The concentration: ``FitParams.alpha == "learn"`` is ASUGS's adaptive alpha_i = k_i /
 (lambda + log i) with ``lam`` (``RunContext.options["lam"]``, default
-``pipeline.asugs.DEFAULT_LAM``); a number is SUGS with that fixed alpha.
+``pipeline.estimators.asugs.DEFAULT_LAM``); a number is SUGS with that fixed alpha.
 
 ``stream_chunks`` runs the same chain without writing labels: the ``"asugs"`` start of the
 MAP-DP passes (``pipeline.engines.mixture_start``).
@@ -29,7 +29,13 @@ import numpy as np
 
 from kernels import asugs as kasugs
 from kernels import mapdp as kmapdp
-from pipeline.asugs import (
+from pipeline.core.persist import register
+from pipeline.data.store import StoreInfo, iter_chunks
+from pipeline.distributed.writeout import WriteResult, emit_chunk
+from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext
+from pipeline.engines.mixture import plot_rate, predict
+from pipeline.engines.mixture_state import IntArray, chunk_seed
+from pipeline.estimators.asugs import (
     DEFAULT_LAM,
     PM_INTERVAL,
     PRIOR_SCALE,
@@ -39,17 +45,11 @@ from pipeline.asugs import (
     advance,
     check_stream_params,
 )
-from pipeline.dist.writeout import WriteResult, emit_chunk
-from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext
-from pipeline.engines.mixture import plot_rate, predict
-from pipeline.engines.mixture_state import IntArray, chunk_seed
 from pipeline.families import FloatArray, ProductFamily
-from pipeline.mapdp_core import seed_state
-from pipeline.persist import register
-from pipeline.stats import Stats
-from pipeline.store import StoreInfo, iter_chunks
+from pipeline.families.stats import Stats
+from pipeline.models.mapdp import seed_state
 
-#: ``RunContext.options`` keys of the engine (defaults from ``pipeline.asugs``)
+#: ``RunContext.options`` keys of the engine (defaults from ``pipeline.estimators.asugs``)
 OPTIONS = ("lam", "select", "prune_merge", "pm_interval", "prune_weight")
 
 
@@ -155,7 +155,7 @@ def objective(stats: FloatArray, alpha: float, family: ProductFamily) -> float:
 
 class AsugsEngine(Engine):
     name: ClassVar[str] = "asugs"
-    prior_scale: ClassVar[float | None] = PRIOR_SCALE  # as ``pipeline.asugs.ASUGS``'s
+    prior_scale: ClassVar[float | None] = PRIOR_SCALE  # as ``pipeline.estimators.asugs.ASUGS``'s
     sequential: ClassVar[bool] = True
     record_arrays: ClassVar[tuple[RecordArray, ...]] = (RecordArray("z", "int64", -1),)
 
@@ -239,7 +239,7 @@ class AsugsEngine(Engine):
 
     def warm_up(self) -> None:
         """Load the stream's kernels on toy records."""
-        from pipeline.worker_setup import toy_family
+        from pipeline.distributed.worker_setup import toy_family
 
         X, family = toy_family()
         sp = check_stream_params(DEFAULT_LAM, None, "greedy", True, 4, PRUNE_WEIGHT)

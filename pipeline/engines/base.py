@@ -1,4 +1,4 @@
-"""The engine protocol: what the pass loop (``pipeline.dist.loop``) asks of a model.
+"""The engine protocol: what the pass loop (``pipeline.distributed.loop``) asks of a model.
 
 A pass is one task per chunk of the dataset store, then a reduce on the driver::
 
@@ -36,9 +36,9 @@ import zarr
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from pipeline.config import FitParams
+    from pipeline.core.config import FitParams
+    from pipeline.data.store import Store, StoreInfo
     from pipeline.families import FloatArray
-    from pipeline.store import Store, StoreInfo
 
 
 @dataclass(frozen=True)
@@ -124,11 +124,11 @@ class Engine(ABC):
     # for all (a one-pass streaming model whose state travels from chunk to chunk)
     sequential: ClassVar[bool] = False
     # its state has clusters with per-record labels that the summaries pass
-    # (``pipeline.dist.summaries``) can split
+    # (``pipeline.distributed.summaries``) can split
     summaries: ClassVar[bool] = False
     # the empirical-Bayes prior scale the engine was measured with when ``FitParams`` gives
     # none (None: the family's ``DEFAULT_SCALE``); the run's prior is rebuilt from the store's
-    # sample with it (``pipeline.dist.run.step_ingest``)
+    # sample with it (``pipeline.ops.run.step_ingest``)
     prior_scale: ClassVar[float | None] = None
 
     @abstractmethod
@@ -184,7 +184,7 @@ class Engine(ABC):
     def warm_steps(self) -> list[tuple[str, Callable[[], None]]]:
         """The warm-up as named steps, each loading (or compiling, when the numba cache lacks
         them) a group of kernels; default: ``warm_up`` as one step named after the engine. A
-        worker preload (``pipeline.worker_setup``) runs the run's engine's steps with one process
+        worker preload (``pipeline.distributed.worker_setup``) runs the run's engine's steps with one process
         per step compiling and the others loading its result from the cache: a step's name is
         unique among all engines unless two engines share the step itself. The order matters
         where a command's threads are the workers (``warm_here_with_helper``): that process

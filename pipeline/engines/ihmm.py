@@ -17,7 +17,7 @@ lazily, as in the mixture engines (``PassState.remap``, ``k_written``, ``offsets
 Within one chunk the sweep is exact coordinate descent on E; chunks swept in parallel against
 the same copy are not, so E is monotone only when one chunk holds the data (the contract's
 test). Viterbi re-segmentation and split moves need the records and are the in-memory
-estimator's (``pipeline.ihmm.MAPiHMM``); the engine's moves are merges.
+estimator's (``pipeline.estimators.ihmm.MAPiHMM``); the engine's moves are merges.
 
 The write-out labels every sequence (trained on or held out) by Viterbi under the final MAP
 model and gives every row its forward-filtering term log p(x_t | x_1..x_{t-1}), so that a
@@ -36,11 +36,12 @@ import numpy as np
 
 from kernels import bayes_kmeans as kbk
 from kernels import ihmm as kihmm
-from pipeline.dist.writeout import WriteResult, emit_chunk
+from pipeline.core.persist import register
+from pipeline.distributed.writeout import WriteResult, emit_chunk
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext, stop_reason
 from pipeline.engines.mixture_state import IntArray, current_labels
 from pipeline.families import FloatArray, ProductFamily
-from pipeline.ihmm_core import (
+from pipeline.models.ihmm import (
     PRIOR_SCALE,
     HmmState,
     b_new_of,
@@ -49,7 +50,6 @@ from pipeline.ihmm_core import (
     starts_of,
     sweep_state,
 )
-from pipeline.persist import register
 
 DEFAULT_GAMMA = 2.0
 
@@ -160,7 +160,7 @@ def objective_of(st: HmmState, family: ProductFamily, alpha: float, gamma: float
 
 class IhmmEngine(Engine):
     name: ClassVar[str] = "ihmm"
-    # as the in-memory estimators' (``pipeline.ihmm_core.PRIOR_SCALE`` says why)
+    # as the in-memory estimators' (``pipeline.models.ihmm.PRIOR_SCALE`` says why)
     prior_scale: ClassVar[float | None] = PRIOR_SCALE
     record_arrays: ClassVar[tuple[RecordArray, ...]] = (RecordArray("z", "int64", -1),)
 
@@ -398,7 +398,7 @@ class IhmmEngine(Engine):
 
     def warm_up(self) -> None:
         """Load the sweep, the deltas and the write-out's kernels on toy records."""
-        from pipeline.worker_setup import toy_family
+        from pipeline.distributed.worker_setup import toy_family
 
         X, family = toy_family()
         starts = starts_of(None, X.shape[0])
@@ -427,12 +427,12 @@ class IhmmEngine(Engine):
 
 def sample_start(ctx: RunContext, alpha: float, gamma: float) -> IhmmPassState:
     """The state before pass 1 from in-memory MAP-iHMM (sweeps, kappa step, Viterbi, merge and
-    split moves: ``pipeline.ihmm_core.run_map_ihmm``) on the training sequences of the first
+    split moves: ``pipeline.models.ihmm.run_map_ihmm``) on the training sequences of the first
     chunks, about ``init_sample`` rows: the moves the passes do not have find the states once."""
     import time as _time
 
-    from pipeline.ihmm_core import run_map_ihmm
-    from pipeline.mapdp_core import seed_state
+    from pipeline.models.ihmm import run_map_ihmm
+    from pipeline.models.mapdp import seed_state
 
     t0 = _time.perf_counter()
     info, params = ctx.info, ctx.params

@@ -1,4 +1,4 @@
-"""The mixed-effects engine: seed 000 Section 7 (``pipeline.mixed_effects``) over the subjects of
+"""The mixed-effects engine: seed 000 Section 7 (``pipeline.models.mixed_effects``) over the subjects of
 a grouped dataset store.
 
 Subjects are the store's groups (``ingest(..., group_column=...)``), so a subject never straddles
@@ -11,11 +11,11 @@ fold and held-out flag are its group's; held-out subjects are not fitted, only s
 A pass is one task per chunk: it computes its subjects' moments from the rows, takes each
 subject's cluster as the previous pass left it, sweeps them against a copy of the global model
 (``kernels.mixed_effects.sweep``: clusters, tau, counts), writes the new per-record state and
-returns additive statistics (``pipeline.mixed_effects.SweepStats``: per cluster slot the count,
+returns additive statistics (``pipeline.models.mixed_effects.SweepStats``: per cluster slot the count,
 sum of E[beta_i] and of E[beta_i beta_i^T]; the expected residual sum of squares and the number
 of observations for tau; -log p(y_i) for the objective). Clusters a chunk opens get slots after
 the model's K; the driver appends every chunk's new slots in chunk order, adds the statistics
-and takes the modes (``pipeline.mixed_effects.update``: merges, Normal-Wishart modes, eq. 7.3,
+and takes the modes (``pipeline.models.mixed_effects.update``: merges, Normal-Wishart modes, eq. 7.3,
 eq. A.1).
 
 Per-record state, on every row of a subject (the loop's arrays are per row of the store, the
@@ -26,7 +26,7 @@ pass numbered it (the next pass maps slots to clusters through ``MixedState.slot
 
 The start (``init_state``) runs over the chunks too: the subjects' least-squares moments, EM of
 the Gaussian random-effects model, the empirical prior, MAP-DP on a hash sample of subjects
-(``pipeline.mixed_effects.start``); with a Dask client as tasks, without one in process.
+(``pipeline.models.mixed_effects.start``); with a Dask client as tasks, without one in process.
 """
 
 from __future__ import annotations
@@ -39,9 +39,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from kernels import mixed_effects as kme
-from pipeline.dist.writeout import emit_chunk
+from pipeline.core.persist import register
+from pipeline.data.store import iter_chunks
+from pipeline.distributed.writeout import emit_chunk
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext
-from pipeline.mixed_effects import (
+from pipeline.models.mixed_effects import (
     DEFAULT_SHRINK,
     DEFAULT_TAU_PRIOR,
     GaussianFit,
@@ -58,8 +60,6 @@ from pipeline.mixed_effects import (
     sweep_subjects,
     update,
 )
-from pipeline.persist import register
-from pipeline.store import iter_chunks
 
 FloatArray = np.ndarray
 IntArray = np.ndarray

@@ -39,9 +39,9 @@ from kernels import mapdp as kmapdp
 from kernels import partition as kpartition
 from kernels.obs import gaussian_nw
 from kernels.rng import shuffle
-from pipeline.concentration import log_gamma_prior, map_concentration
-from pipeline.config import FitParams
-from pipeline.dist.writeout import WriteResult, emit_chunk
+from pipeline.core.config import FitParams
+from pipeline.data.store import StoreInfo
+from pipeline.distributed.writeout import WriteResult, emit_chunk
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext, stop_reason
 from pipeline.engines.mixture_start import MIXTURE_REDUCE_STEP, initial_state, warm_reduce
 from pipeline.engines.mixture_state import (
@@ -51,9 +51,9 @@ from pipeline.engines.mixture_state import (
     current_labels,
 )
 from pipeline.families import FloatArray, ProductFamily
-from pipeline.mapdp_core import run_mapdp, seed_state
-from pipeline.stats import Stats
-from pipeline.store import StoreInfo
+from pipeline.families.stats import Stats
+from pipeline.models.concentration import log_gamma_prior, map_concentration
+from pipeline.models.mapdp import run_mapdp, seed_state
 
 # -- the chunk task ----------------------------------------------------------------------------
 
@@ -387,7 +387,7 @@ class MixtureEngine(Engine):
             step()
 
     def _warm_sweep(self) -> None:
-        from pipeline.worker_setup import toy_family
+        from pipeline.distributed.worker_setup import toy_family
 
         X, family = toy_family()
         n = X.shape[0]
@@ -412,7 +412,7 @@ def _warm_packed() -> None:
     (``kernels.mapdp.pack_slots``, ``gaussian_nw.packed_log_predictives``), with the argument
     types of those calls: a step of their own, which the other process compiles while this
     one compiles the observation models, so that the sweep's compile loads them."""
-    from pipeline.worker_setup import toy_family
+    from pipeline.distributed.worker_setup import toy_family
 
     X, family = toy_family()
     stats = family.stats_of(X, np.zeros(X.shape[0], dtype=np.int64), 1)
@@ -433,7 +433,7 @@ def _warm_packed() -> None:
 
 
 def _warm_start() -> None:
-    from pipeline.worker_setup import compile_once, toy_family
+    from pipeline.distributed.worker_setup import compile_once, toy_family
 
     X, family = toy_family()
     order = np.arange(X.shape[0], dtype=np.int64)
@@ -469,6 +469,6 @@ def predict(
 
 def plot_rate(info: StoreInfo) -> float:
     """Share of rows (by a hash of the row index) kept for the report's projection."""
-    from pipeline.dist.writeout import PLOT_POINTS
+    from pipeline.distributed.writeout import PLOT_POINTS
 
     return min(1.0, PLOT_POINTS / max(info.n_rows, 1))

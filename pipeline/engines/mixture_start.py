@@ -2,7 +2,7 @@
 (the default), no cluster, one cluster, random seed records, or the clusters of one ASUGS-PM
 streaming pass (seed 002) over every chunk or over the sample.
 
-The "sample" start fits ``pipeline.mapdp_core.run_mapdp`` - sweeps plus split and merge moves,
+The "sample" start fits ``pipeline.models.mapdp.run_mapdp`` - sweeps plus split and merge moves,
 learned concentration - to a hash sample of ``init_sample`` training rows (a subset of the
 prior's sample that ingest already drew), so pass 1 starts from about the right clusters and
 global statistics and the distributed passes only refine them. The sample's rows keep their
@@ -20,14 +20,14 @@ import numpy as np
 
 from kernels import mapdp as kmapdp
 from kernels import partition as kpartition
-from pipeline.concentration import map_concentration
-from pipeline.config import MAX_SEEDS, FitParams
+from pipeline.core.config import MAX_SEEDS, FitParams
+from pipeline.data.store import StoreInfo, iter_chunks, row_uniform
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.engines.mixture_state import IntArray, PassState, chunk_seed
 from pipeline.families import FloatArray, ProductFamily
-from pipeline.mapdp_core import run_mapdp, seed_state
-from pipeline.stats import Stats
-from pipeline.store import StoreInfo, iter_chunks, row_uniform
+from pipeline.families.stats import Stats
+from pipeline.models.concentration import map_concentration
+from pipeline.models.mapdp import run_mapdp, seed_state
 
 INIT_SALT = 0x5EED_0004
 
@@ -114,7 +114,7 @@ def _sample_fit_task(
 
 
 def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
-    """The "sample" start (module docstring): in-memory MAP-DP (``pipeline.mapdp_core.run_mapdp``,
+    """The "sample" start (module docstring): in-memory MAP-DP (``pipeline.models.mapdp.run_mapdp``,
     with split and merge moves) on a hash sample of training rows, run as one Dask task; its
     rows keep their labels in pass 1 and its statistics are pass 1's global statistics."""
     t0 = time.perf_counter()
@@ -128,7 +128,7 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
     Xs_f = client.scatter(Xs, hash=False)  # not embedded in the task graph
     fut = client.submit(_sample_fit_task, Xs_f, fam, order, alpha, params, pure=False)
     # the fit keeps one worker busy and the driver idle: the driver loads what it will need
-    # meanwhile (workers did so when they started: ``pipeline.worker_setup``)
+    # meanwhile (workers did so when they started: ``pipeline.distributed.worker_setup``)
     threading.Thread(target=warm_driver, args=(Xs[:40], fam), daemon=True).start()
     labels, stats, alpha, n_iter, e = fut.result()
     K = int(stats.shape[0])
@@ -157,7 +157,7 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
     )
 
 
-#: the warm-up step of ``warm_reduce``'s kernels (``pipeline.worker_setup.compile_once``)
+#: the warm-up step of ``warm_reduce``'s kernels (``pipeline.distributed.worker_setup.compile_once``)
 MIXTURE_REDUCE_STEP = "mixture-reduce"
 
 
@@ -165,10 +165,10 @@ def warm_driver(X: FloatArray | None = None, family: ProductFamily | None = None
     """Load the numba kernels ``reduce_pass`` calls and the report's matplotlib, so that their
     first real use does not pay for loading them; the kernels on records X (n, D) of the run's
     own ``family`` when given (its spec type picks them: ``kernels.obs.product``). They are
-    compiled by one process of the run only (``pipeline.worker_setup.compile_once``): a worker
+    compiled by one process of the run only (``pipeline.distributed.worker_setup.compile_once``): a worker
     may be at it already."""
-    from pipeline import report
-    from pipeline.worker_setup import compile_once
+    from pipeline.distributed.worker_setup import compile_once
+    from pipeline.ops import report
 
     compile_once(MIXTURE_REDUCE_STEP, lambda: warm_reduce(X, family))
     report.load_matplotlib()
@@ -177,7 +177,7 @@ def warm_driver(X: FloatArray | None = None, family: ProductFamily | None = None
 def warm_reduce(X: FloatArray | None = None, family: ProductFamily | None = None) -> None:
     """Load the kernels of ``reduce_pass`` (the merge test, the objective from statistics, the
     concentration's MAP) on records X of ``family``, by default toy ones."""
-    from pipeline.worker_setup import toy_family
+    from pipeline.distributed.worker_setup import toy_family
 
     if X is None or family is None:
         X, family = toy_family()
@@ -201,16 +201,16 @@ def asugs_state(client: Any, ctx: RunContext) -> PassState:
     taken as a warm start (``warm_state``): pass 1 assigns every training record against
     them, then their statistics are the data's own. ASUGS's own concentration alpha_n =
     k_n / (lambda + log n) starts a learned alpha. The stream runs under ASUGS's own prior
-    scale (``pipeline.asugs.PRIOR_SCALE``) unless the run gives one; its clusters'
+    scale (``pipeline.estimators.asugs.PRIOR_SCALE``) unless the run gives one; its clusters'
     statistics do not depend on the prior."""
-    from pipeline.asugs import (
+    from pipeline.engines.asugs import stream_chunks, stream_sample
+    from pipeline.estimators.asugs import (
         DEFAULT_LAM,
         PM_INTERVAL,
         PRIOR_SCALE,
         PRUNE_WEIGHT,
         check_stream_params,
     )
-    from pipeline.engines.asugs import stream_chunks, stream_sample
 
     t0 = time.perf_counter()
     info, params, opts = ctx.info, ctx.params, ctx.options

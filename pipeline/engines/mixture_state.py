@@ -13,11 +13,11 @@ import numpy as np
 import zarr
 from numpy.typing import NDArray
 
-from pipeline.dist.writeout import WriteResult
+from pipeline.core.persist import register
+from pipeline.data.store import iter_chunks
+from pipeline.distributed.writeout import WriteResult
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.families import FloatArray
-from pipeline.persist import register
-from pipeline.store import iter_chunks
 
 IntArray = NDArray[np.int64]
 

@@ -12,6 +12,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kernels.obs import product
+from pipeline.core.persist import register
 from pipeline.families.base import (
     Family,
     FloatArray,
@@ -23,7 +24,6 @@ from pipeline.families.base import (
     _require_positive,
     _vectors,
 )
-from pipeline.persist import register
 
 
 @register

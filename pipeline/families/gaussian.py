@@ -12,6 +12,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from kernels.obs import product
+from pipeline.core.persist import register
 from pipeline.families.base import (
     Family,
     FloatArray,
@@ -22,7 +23,6 @@ from pipeline.families.base import (
     _require_positive,
     _vectors,
 )
-from pipeline.persist import register
 
 #: the default prior scale of ``GaussianNW.empirical_bayes`` (its docstring says why)
 DEFAULT_SCALE = 0.3

@@ -10,12 +10,12 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from kernels.obs import product
+from pipeline.core.persist import register
 from pipeline.families.base import (
     _SPEC_WIDTH,
     Family,
     FloatArray,
 )
-from pipeline.persist import register
 
 
 @register
@@ -130,7 +130,7 @@ class ProductFamily:
         c = self.cache_of(s[None, :])[0]
         return float(product.log_predictive(xa, s, c, self.spec, self.prior))
 
-    # -- on disk (``pipeline.persist``) --------------------------------------------------------
+    # -- on disk (``pipeline.core.persist``) --------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
         """The constructor's argument: ``{"groups": [(family, column indices), ...]}``."""
         return {"groups": [(fam, list(cols)) for fam, cols in self.groups]}

@@ -21,9 +21,9 @@ import pandas as pd
 import pytest
 
 from kernels import bhc as kbhc
-from pipeline.bhc import BHC
-from pipeline.exact import exact_log_marginal
+from pipeline.estimators.bhc import BHC
 from pipeline.families import GaussianNW
+from pipeline.models.exact import exact_log_marginal
 
 ABALONE = Path("/work/shared/data/abalone.csv")
 

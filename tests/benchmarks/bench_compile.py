@@ -1,6 +1,6 @@
 """Where an empty numba cache's compile time goes (issue 13, "Cold start and fixed costs").
 
-The worker warm-up's steps of a Gaussian demo (``pipeline.worker_setup``: the observation
+The worker warm-up's steps of a Gaussian demo (``pipeline.distributed.worker_setup``: the observation
 models, their marginals, stage 2's BHC, the MAP-DP sweep, the sample start) run one after another
 in a fresh process with an empty ``NUMBA_CACHE_DIR``. Reported: the CPU seconds of each step, the
 seconds spent in LLVM (numba's ``numba:llvm_lock`` events), how many numba functions compiled and
@@ -67,7 +67,7 @@ class Llvm(event.Listener):
 event.register("numba:compile", Compiles())
 event.register("numba:llvm_lock", Llvm())
 
-from pipeline import worker_setup as ws
+from pipeline.distributed import worker_setup as ws
 from pipeline.engines import get_engine
 
 steps = [

@@ -18,10 +18,10 @@ from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.metrics import normalized_mutual_info_score as nmi
 from sklearn.mixture import BayesianGaussianMixture
 
-from pipeline.dist.client import dask_client
-from pipeline.mapdp import MAPDP
-from pipeline.search import GridSearch
-from pipeline.synthetic import sample_mixture
+from pipeline.data.synthetic import sample_mixture
+from pipeline.distributed.client import dask_client
+from pipeline.estimators.mapdp import MAPDP
+from pipeline.estimators.search import GridSearch
 from tests.benchmarks.common import save, table, uci_sets
 
 PAPER_MAPDP = {"wine": 0.86, "iris": 0.76, "breast cancer": 0.71}

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import normalized_mutual_info_score as nmi
 
-from pipeline.ihmm import IHMMGibbs, MAPiHMM
+from pipeline.estimators.ihmm import IHMMGibbs, MAPiHMM
 from tests.benchmarks.common import save, table, timed
 
 pytestmark = pytest.mark.bench

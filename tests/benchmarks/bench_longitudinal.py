@@ -1,5 +1,5 @@
 """Measured figures for the mixed-effects model of seed 000 Section 7 (``MixedEffectsDP``,
-``dpmm longitudinal``) on ELSA-like data (``pipeline.synthetic.sample_longitudinal``: up to 5
+``dpmm longitudinal``) on ELSA-like data (``pipeline.data.synthetic.sample_longitudinal``: up to 5
 waves, some missing; random effects from 4 subgroups; two informative covariates, two not).
 
 Runs only under ``make bench`` (marker ``bench``); prints tables, asserts nothing about time.
@@ -31,7 +31,7 @@ import pytest
 from sklearn.metrics import normalized_mutual_info_score
 
 from pipeline import MixedEffectsDP
-from pipeline.synthetic import sample_longitudinal
+from pipeline.data.synthetic import sample_longitudinal
 from tests.benchmarks.common import run_peak_rss, save, table
 
 pytestmark = pytest.mark.bench

@@ -12,11 +12,11 @@ from sklearn.metrics import normalized_mutual_info_score as nmi
 from sklearn.mixture import BayesianGaussianMixture
 
 from kernels import mapdp as kmapdp
-from pipeline.baselines import CollapsedGibbs, DPMeans
+from pipeline.data.synthetic import sample_mixture
+from pipeline.estimators.baselines import CollapsedGibbs, DPMeans
+from pipeline.estimators.mapdp import MAPDP
 from pipeline.families import GaussianNW
-from pipeline.mapdp import MAPDP
-from pipeline.schema import Schema, as_frame
-from pipeline.synthetic import sample_mixture
+from pipeline.families.schema import Schema, as_frame
 from tests.benchmarks.common import save, table, timed, uci_sets
 
 PAPER_MAPDP = {"wine": 0.86, "iris": 0.76, "breast cancer": 0.71}

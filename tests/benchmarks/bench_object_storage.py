@@ -25,7 +25,7 @@ import pytest
 import zarr
 
 from flows.cli.server import free_port
-from pipeline import storage
+from pipeline.core import storage
 from tests.benchmarks.bench_distributed import (  # noqa: F401
     PeakRSS,
     data_dir,

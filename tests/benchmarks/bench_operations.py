@@ -37,7 +37,7 @@ N = 1_000_000
 
 def test_warm_start_and_score_throughput(data_dir: Path, prefect_server: float) -> None:
     from flows.score import run_score_flow
-    from pipeline.model import load_model
+    from pipeline.estimators.model import load_model
 
     day1 = mixture_npy(data_dir / "mix1m.npy", N)
     day2 = mixture_npy(data_dir / "mix1m_day2.npy", N, draw=1)

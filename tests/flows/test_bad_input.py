@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from flows.cli import main
-from pipeline import io as pio
-from pipeline.mapdp import MAPDP
+from pipeline.data import io as pio
+from pipeline.estimators.mapdp import MAPDP
 
 
 def good_frame(n: int = 40) -> pd.DataFrame:
@@ -313,8 +313,8 @@ def test_drop_constant_everything(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_auto_refusals_in_schema() -> None:
     """``Schema.infer`` refuses both columns under "auto" (0-based rows); naming the family
     accepts them; a column of a few levels, or with fewer than 90% numbers, is categorical."""
-    from pipeline.errors import InputError
-    from pipeline.schema import Schema
+    from pipeline.core.errors import InputError
+    from pipeline.families.schema import Schema
 
     with pytest.raises(InputError, match=r"^column 'x': row 77 is 'oops', not a number \(1,999 "):
         Schema.infer(TYPO, "auto", True)
@@ -366,7 +366,7 @@ def test_run_refuses_a_bad_file_before_starting(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """``dpmm run`` checks the file itself (``pipeline.io.check_file``) before Dask and Prefect
+    """``dpmm run`` checks the file itself (``pipeline.data.io.check_file``) before Dask and Prefect
     start: one line, status 2, nothing written."""
     src = tmp_path / "src"
     src.mkdir()

@@ -1,4 +1,4 @@
-"""End-to-end tests of the ``dpmm`` command line and of ``pipeline.io``."""
+"""End-to-end tests of the ``dpmm`` command line and of ``pipeline.data.io``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from flows.cli import build_parser, main
-from pipeline import io as pio
+from pipeline.data import io as pio
 
 CENTERS = np.array([[0.0, 0.0], [30.0, 30.0], [-30.0, 30.0]])
 
@@ -308,7 +308,7 @@ def test_real_subprocess(csv_path: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "out2").exists()
 
 
-# -- pipeline.io -------------------------------------------------------------------------------
+# -- pipeline.data.io -------------------------------------------------------------------------------
 def test_read_table_columns_and_rows(tmp_path: Path) -> None:
     p = tmp_path / "d.csv"
     p.write_text('a,b,c\n1,2,3\n\n4,5,6\n"7",8,9\n')

@@ -1,5 +1,5 @@
 """``dpmm run --scheduler`` on a Dask cluster of separate processes that share no files: a
-``dask scheduler`` and two ``dask worker --preload pipeline.worker_setup`` processes on
+``dask scheduler`` and two ``dask worker --preload pipeline.distributed.worker_setup`` processes on
 127.0.0.1, each worker in its own working directory with its own copy of the numba cache, the
 input, the dataset store and OUT on a local S3 server (``s3_server``). One worker is killed in the
 middle of a pass; the run finishes on the other with the labels of an undisturbed run. The same
@@ -28,7 +28,7 @@ import zarr
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.cluster import cluster
-from pipeline import storage
+from pipeline.core import storage
 
 BIN = Path(sys.executable).parent
 
@@ -122,7 +122,12 @@ def dask_processes(tmp: Path, tls: bool) -> Iterator[Processes]:
                 [
                     *(str(BIN / "dask"), "worker", address, "--host", "127.0.0.1"),
                     *("--nthreads", "1", "--no-nanny", "--memory-limit", "0", "--no-dashboard"),
-                    *("--local-directory", str(d / "dask"), "--preload", "pipeline.worker_setup"),
+                    *(
+                        "--local-directory",
+                        str(d / "dask"),
+                        "--preload",
+                        "pipeline.distributed.worker_setup",
+                    ),
                     *("--name", f"w{i}", *protocol, *flags),
                 ],
                 cwd=d,

@@ -14,12 +14,12 @@ from prefect.testing.utilities import prefect_test_harness
 
 from flows.cli import main
 from flows.cv import FAULT_ENV, run_cv_flow
-from pipeline import cv as pcv
-from pipeline.dist.loop import InjectedFault
-from pipeline.io import temp_sibling
-from pipeline.mapdp import MAPDP
-from pipeline.model import load_model
-from pipeline.store import Store
+from pipeline.data.io import temp_sibling
+from pipeline.data.store import Store
+from pipeline.distributed.loop import InjectedFault
+from pipeline.estimators.mapdp import MAPDP
+from pipeline.estimators.model import load_model
+from pipeline.ops import cv as pcv
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -22,10 +22,10 @@ from flows import heartbeats
 from flows.cli import main
 from flows.cli.run import add_run_parser
 from flows.cluster import cluster
-from pipeline.config import INIT_SAMPLE
-from pipeline.dist import loop
-from pipeline.io import temp_sibling
-from pipeline.store import Store
+from pipeline.core.config import INIT_SAMPLE
+from pipeline.data.io import temp_sibling
+from pipeline.data.store import Store
+from pipeline.distributed import loop
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -336,7 +336,7 @@ def test_dpmm_run_engine_asugs_is_one_streaming_pass(tmp_path: Path, capsys):
     """``dpmm run --engine asugs``: one pass over the chunks in order, every row labelled and
     scored; the state is ``pipeline.ASUGS`` streaming the chunks' training rows."""
     from pipeline import ASUGS
-    from pipeline.asugs import PRIOR_SCALE
+    from pipeline.estimators.asugs import PRIOR_SCALE
 
     y = write_blobs(tmp_path / "in.csv", n=3000, seed=7, label="truth")
     out = tmp_path / "out"

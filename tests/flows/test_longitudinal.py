@@ -17,9 +17,9 @@ from sklearn.metrics import normalized_mutual_info_score
 from flows.cli import main
 from flows.longitudinal import longitudinal
 from pipeline import MixedEffectsDP
-from pipeline.io import temp_sibling
-from pipeline.model import load_model
-from pipeline.synthetic import sample_longitudinal
+from pipeline.data.io import temp_sibling
+from pipeline.data.synthetic import sample_longitudinal
+from pipeline.estimators.model import load_model
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -17,11 +17,11 @@ from prefect.testing.utilities import prefect_test_harness
 from flows.cli import main
 from flows.cli.app import URL_COMMANDS
 from flows.cluster import cluster
-from pipeline import storage
-from pipeline.dataset import DATA_DIR_ENV
-from pipeline.dist import loop
-from pipeline.model import load_model
-from pipeline.store import Store
+from pipeline.core import storage
+from pipeline.data.dataset import DATA_DIR_ENV
+from pipeline.data.store import Store
+from pipeline.distributed import loop
+from pipeline.estimators.model import load_model
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -228,7 +228,7 @@ def test_dpmm_longitudinal_on_s3_equals_the_local_run(
 ) -> None:
     """``dpmm longitudinal`` with INPUT and OUT on S3 writes what the same run writes locally;
     a bad value exits 2 naming the URL, column and row, and leaves nothing on S3."""
-    from pipeline.synthetic import sample_longitudinal
+    from pipeline.data.synthetic import sample_longitudinal
 
     b = f"s3://{s3_bucket}"
     df = sample_longitudinal(120, seed=4)
@@ -265,8 +265,8 @@ def test_dpmm_longitudinal_on_s3_equals_the_local_run(
 def test_dpmm_hmm_and_update_on_s3_equal_the_local_runs(s3_bucket: str, tmp_path: Path) -> None:
     """``dpmm hmm`` and ``dpmm update`` with INPUT, MODEL and OUT on S3 write what the same
     commands write locally; ``update --overwrite`` of a committed model swaps it whole."""
-    from pipeline.mapdp import MAPDP
-    from pipeline.model import save_model
+    from pipeline.estimators.mapdp import MAPDP
+    from pipeline.estimators.model import save_model
     from tests.pipeline.test_ihmm_engine import sequences_frame
 
     b = f"s3://{s3_bucket}"

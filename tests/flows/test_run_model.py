@@ -12,8 +12,8 @@ import zarr
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.cluster import cluster
-from pipeline.mapdp import MAPDP
-from pipeline.model import load_model
+from pipeline.estimators.mapdp import MAPDP
+from pipeline.estimators.model import load_model
 
 
 @pytest.fixture(scope="module", autouse=True)

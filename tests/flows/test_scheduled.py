@@ -16,8 +16,8 @@ from prefect.testing.utilities import prefect_test_harness
 from flows.cli import build_parser, main
 from flows.cli import serve as cli_serve
 from flows.scheduled import CRON, DEPLOYMENT, scheduled_clustering
-from pipeline import schedule
-from pipeline.model import load_model
+from pipeline.estimators.model import load_model
+from pipeline.ops import schedule
 from tests.flows.test_run_model import write_mixed
 
 REPO = Path(__file__).resolve().parents[2]

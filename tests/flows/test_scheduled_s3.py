@@ -18,8 +18,9 @@ from prefect.testing.utilities import prefect_test_harness
 
 from flows.cli import main
 from flows.scheduled import scheduled_clustering
-from pipeline import schedule, storage
-from pipeline.model import load_model
+from pipeline.core import storage
+from pipeline.estimators.model import load_model
+from pipeline.ops import schedule
 from tests.flows.test_run_model import write_mixed
 
 LOCAL = {"processes": False, "n_workers": 2, "dashboard_address": None, "progress": False}

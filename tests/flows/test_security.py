@@ -30,9 +30,9 @@ import psutil
 import pytest
 
 from flows.cli import main
-from pipeline import io as pio
-from pipeline.errors import InputError
-from pipeline.paths import check_separate, child, safe_name
+from pipeline.core.errors import InputError
+from pipeline.core.paths import check_separate, child, safe_name
+from pipeline.data import io as pio
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -261,8 +261,8 @@ class _Planted:
 
 @pytest.fixture
 def saved_model(tmp_path: Path) -> Path:
-    from pipeline.mapdp import MAPDP
-    from pipeline.model import save_model
+    from pipeline.estimators.mapdp import MAPDP
+    from pipeline.estimators.model import save_model
 
     rng = np.random.default_rng(1)
     X = np.vstack([rng.normal(-5, 1, (60, 2)), rng.normal(5, 1, (60, 2))])
@@ -286,8 +286,8 @@ def _plant_object_array(model: Path, marker: Path) -> None:
 
 
 def test_a_model_with_a_planted_pickle_is_refused(saved_model: Path, tmp_path: Path):
-    from pipeline.model import load_model
-    from pipeline.persist import PersistError
+    from pipeline.core.persist import PersistError
+    from pipeline.estimators.model import load_model
 
     marker = tmp_path / "unpickled"
     # the planted payload works: pickle would run it

@@ -1,5 +1,5 @@
 """``dpmm update MODEL INPUT --out NEW_MODEL``: one ASUGS-PM pass of new records into a saved
-model (``pipeline.update``, ``flows.cli.update``), end to end through the model artifact."""
+model (``pipeline.estimators.update``, ``flows.cli.update``), end to end through the model artifact."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from flows.cli import main
 from pipeline import MAPDP
-from pipeline.model import load_model, save_model
-from pipeline.update import update_model
+from pipeline.estimators.model import load_model, save_model
+from pipeline.estimators.update import update_model
 
 MEANS = np.array([[0.0, 0.0], [8.0, 0.0], [0.0, 8.0], [8.0, 8.0], [-8.0, -8.0]])
 
@@ -82,7 +82,7 @@ def test_update_refuses_bad_input_with_one_line(saved, tmp_path: Path, capsys) -
     bad.loc[7, "a"] = "oops"
     bad.to_csv(tmp_path / "bad.csv", index=False)
     refused(["update", str(path), str(tmp_path / "bad.csv"), "--out", str(out)], "bad.csv", "'a'")
-    # NEW_MODEL must never be MODEL itself, with or without --overwrite (pipeline.paths)
+    # NEW_MODEL must never be MODEL itself, with or without --overwrite (pipeline.core.paths)
     refused(["update", str(path), str(good), "--out", str(path)], "is the same as MODEL")
     refused(["update", str(path), str(good), "--out", str(path), "--overwrite"], "same as MODEL")
     refused(["update", str(path), str(good), "--out", str(out), "--lam", "0"], "--lam")

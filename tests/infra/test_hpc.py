@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
-from pipeline.dist.hpc import allowed_keys, open_cluster, read_config
+from pipeline.distributed.hpc import allowed_keys, open_cluster, read_config
 
 SLURM = """
 cores: 8
@@ -65,7 +65,7 @@ def test_slurm_job_script(tmp_path: Path):
     argv = worker_command(script)
     # one single-threaded worker process per core, each loading the kernels at start
     assert option(argv, "--nworkers") == "8" and option(argv, "--nthreads") == "1"
-    assert option(argv, "--preload") == "pipeline.worker_setup"
+    assert option(argv, "--preload") == "pipeline.distributed.worker_setup"
     assert "--nanny" in argv and address in argv
     # the prologue runs before the worker starts
     assert script.index("module load") < script.index("--preload")
@@ -86,7 +86,7 @@ def test_pbs_job_script(tmp_path: Path):
         assert expected in directives, (expected, directives)
     argv = worker_command(script)
     assert option(argv, "--nworkers") == "4" and option(argv, "--nthreads") == "1"
-    assert option(argv, "--preload") == "pipeline.worker_setup"
+    assert option(argv, "--preload") == "pipeline.distributed.worker_setup"
     assert "DPMM_WARM_ENGINES" not in script  # no engine named: the worker warms them all
 
 
@@ -117,7 +117,7 @@ def test_tls_by_default(tmp_path: Path):
     from distributed import Client
     from distributed.security import Security
 
-    from pipeline.dist.hpc import client_tls_config
+    from pipeline.distributed.hpc import client_tls_config
 
     cfg = tmp_path / "c.yaml"
     shared = tmp_path / "shared"

@@ -352,7 +352,7 @@ def test_dockerfile_builds_the_make_install_environment():
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
     }
     assert calls == {"warm_kernels"}
-    from pipeline import worker_setup
+    from pipeline.distributed import worker_setup
 
     assert inspect.signature(worker_setup.warm_kernels).parameters["names"].default is None
     env = " ".join(rest for word, rest in steps if word == "ENV")

@@ -12,9 +12,9 @@ import pytest
 from scipy.special import gammaln, logsumexp
 
 from kernels import ihmm as kihmm
-from pipeline.exact import restricted_growth_strings
 from pipeline.families import Categorical, GaussianNW, NormalGamma, Poisson, ProductFamily
-from pipeline.ihmm_core import (
+from pipeline.models.exact import restricted_growth_strings
+from pipeline.models.ihmm import (
     HmmState,
     kappa_step,
     run_gibbs,
@@ -270,7 +270,7 @@ def test_product_family_emissions():
 
 def test_merge_deltas_equal_full_objective_differences():
     """The O(K) merge change of E against the objective recomputed after each merge."""
-    from pipeline.ihmm_core import merge_states
+    from pipeline.models.ihmm import merge_states
 
     rng = np.random.default_rng(11)
     for _rep in range(10):

@@ -28,7 +28,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from kernels.alloc import crp
 from kernels.obs import product
 from pipeline import ASUGS
-from pipeline.asugs import PRIOR_SCALE
+from pipeline.estimators.asugs import PRIOR_SCALE
 from pipeline.families import GaussianNW, Poisson, ProductFamily
 
 
@@ -411,7 +411,7 @@ def test_bad_input_is_refused_clearly() -> None:
 
 def test_update_model_streams_new_records_into_a_fitted_mapdp() -> None:
     from pipeline import MAPDP
-    from pipeline.update import update_model
+    from pipeline.estimators.update import update_model
 
     rng = np.random.default_rng(20)
     means = np.array([[0.0, 0.0], [8.0, 0.0], [0.0, 8.0], [8.0, 8.0], [-8.0, -8.0]])
@@ -431,7 +431,7 @@ def test_update_model_streams_new_records_into_a_fitted_mapdp() -> None:
     assert normalized_mutual_info_score(y2, new.labels_) > 0.95
     assert stream.n_seen_ == 1400 and new.cluster_sizes_.sum() == 1400
     # the learned concentration is eq. A.1's mode for the new N and K
-    from pipeline.concentration import map_concentration
+    from pipeline.models.concentration import map_concentration
 
     assert new.alpha_ == pytest.approx(map_concentration(1400, 5, 2.0, 1.0), rel=1e-8)
     Xt = pd.DataFrame(means[[4]] + rng.normal(size=(20, 2)), columns=["a", "b"])
@@ -446,7 +446,7 @@ def test_update_model_streams_new_records_into_a_fitted_mapdp() -> None:
 
 def test_update_model_refuses_bad_records() -> None:
     from pipeline import MAPDP
-    from pipeline.update import update_model
+    from pipeline.estimators.update import update_model
 
     X, _ = grid16(300, seed=21)
     model = MAPDP(random_state=0).fit(pd.DataFrame(X, columns=["a", "b"]))

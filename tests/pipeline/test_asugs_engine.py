@@ -13,14 +13,14 @@ import zarr
 from sklearn.metrics import normalized_mutual_info_score
 
 from pipeline import ASUGS
-from pipeline.config import FitParams
-from pipeline.dist import loop
-from pipeline.dist.summaries import identity_stage2
-from pipeline.dist.writeout import write_out
+from pipeline.core.config import FitParams
+from pipeline.data.ingest import ingest
+from pipeline.data.store import Store, iter_chunks
+from pipeline.distributed import loop
+from pipeline.distributed.summaries import identity_stage2
+from pipeline.distributed.writeout import write_out
 from pipeline.engines import get_engine
 from pipeline.engines.asugs import AsugsState
-from pipeline.ingest import ingest
-from pipeline.store import Store, iter_chunks
 from tests.conftest import local_client
 
 

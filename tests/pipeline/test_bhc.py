@@ -24,9 +24,9 @@ from scipy.special import logsumexp
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
 from kernels import bhc as kbhc
-from pipeline.bhc import BHC, dpm_log_joint
-from pipeline.exact import exact_log_marginal, restricted_growth_strings
+from pipeline.estimators.bhc import BHC, dpm_log_joint
 from pipeline.families import GaussianNW, ProductFamily
+from pipeline.models.exact import exact_log_marginal, restricted_growth_strings
 
 # -- helpers -------------------------------------------------------------------------------
 

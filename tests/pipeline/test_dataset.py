@@ -1,5 +1,5 @@
-"""The dataset store (``pipeline.store``: folds, groups, format version) and its sharing by key
-(``pipeline.dataset.open_dataset``) on a real ``distributed.LocalCluster`` and real zarr."""
+"""The dataset store (``pipeline.data.store``: folds, groups, format version) and its sharing by key
+(``pipeline.data.dataset.open_dataset``) on a real ``distributed.LocalCluster`` and real zarr."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline import dataset as ds
-from pipeline.config import N_FOLDS
-from pipeline.errors import InputError
-from pipeline.ingest import ingest
-from pipeline.store import (
+from pipeline.core.config import N_FOLDS
+from pipeline.core.errors import InputError
+from pipeline.data import dataset as ds
+from pipeline.data.ingest import ingest
+from pipeline.data.store import (
     FORMAT_VERSION,
     HOLDOUT_SALT,
     Store,
@@ -34,7 +34,7 @@ from pipeline.store import (
 @pytest.fixture
 def small_csv_blocks(monkeypatch):
     """Many CSV pieces, so that groups and bad rows straddle the staged pieces."""
-    from pipeline import sources as store_mod
+    from pipeline.data import sources as store_mod
 
     monkeypatch.setattr(store_mod, "CSV_BLOCK_BYTES", 512)
 
@@ -563,11 +563,11 @@ def test_default_root_follows_the_environment(monkeypatch, tmp_path: Path):
 
 
 def test_read_table_reads_as_ingest_reads(tmp_path: Path, monkeypatch):
-    """``pipeline.io.read_table`` (``dpmm cluster``) reads a file through ingest's pieces
-    (``pipeline.sources.read_file``): CSV in many pieces, TSV, Parquet directories, 2-D and
+    """``pipeline.data.io.read_table`` (``dpmm cluster``) reads a file through ingest's pieces
+    (``pipeline.data.sources.read_file``): CSV in many pieces, TSV, Parquet directories, 2-D and
     structured ``.npy`` give the file's records exactly."""
-    from pipeline import io as pio
-    from pipeline import sources
+    from pipeline.data import io as pio
+    from pipeline.data import sources
 
     monkeypatch.setattr(sources, "CSV_BLOCK_BYTES", 100)  # many CSV pieces
     rng = np.random.default_rng(3)
@@ -600,8 +600,8 @@ def test_each_run_refits_the_prior_to_the_stores_sample_at_its_scale(client, tmp
     a prior given to ingest is kept whatever the run asks."""
     from dataclasses import replace
 
-    from pipeline.config import FitParams
-    from pipeline.dist import loop
+    from pipeline.core.config import FitParams
+    from pipeline.distributed import loop
     from pipeline.families import GaussianNW
 
     rng = np.random.default_rng(0)
@@ -636,7 +636,7 @@ def test_each_run_refits_the_prior_to_the_stores_sample_at_its_scale(client, tmp
 
 
 def test_a_list_of_tables_is_one_input(client, tmp_path: Path, small_csv_blocks):
-    """A list of CSV and Parquet files (a window of dated partitions, ``pipeline.schedule``) is
+    """A list of CSV and Parquet files (a window of dated partitions, ``pipeline.ops.schedule``) is
     ingested as the concatenation of their records in the order given; a bad row is named by
     its own file and row; an array file in a list is refused; the list's dataset fingerprint
     changes when one of its files does."""

@@ -1,4 +1,4 @@
-"""The distributed stage 1 (``pipeline.distributed``) and ingest (``pipeline.ingest``) on a real
+"""The distributed stage 1 (``pipeline.distributed.fit``) and ingest (``pipeline.data.ingest``) on a real
 ``distributed.LocalCluster`` and real zarr stores: determinism across worker counts, agreement
 with the in-memory MAP-DP, every input format, bad input, held-out scoring, a killed worker."""
 
@@ -22,22 +22,22 @@ import zarr
 from distributed import Client, LocalCluster
 from sklearn.metrics import normalized_mutual_info_score
 
-from pipeline import distributed as dist
-from pipeline.config import FitParams
-from pipeline.dist import loop
-from pipeline.dist.summaries import identity_stage2, split_summaries, summary_counts
-from pipeline.dist.writeout import label_scores
-from pipeline.dist.writeout import write_out as _write_out
+from pipeline.core.config import FitParams
+from pipeline.core.errors import InputError
+from pipeline.data.ingest import ingest
+from pipeline.data.store import Store
+from pipeline.distributed import fit as dist
+from pipeline.distributed import loop
+from pipeline.distributed.summaries import identity_stage2, split_summaries, summary_counts
+from pipeline.distributed.writeout import label_scores
+from pipeline.distributed.writeout import write_out as _write_out
 from pipeline.engines import get_engine
 from pipeline.engines.base import stop_reason
 from pipeline.engines.mixture import ChunkResult, reduce_pass
 from pipeline.engines.mixture_start import init_sample_rows, sample_state
 from pipeline.engines.mixture_state import PassState, read_labels
-from pipeline.errors import InputError
-from pipeline.ingest import ingest
-from pipeline.mapdp import MAPDP
-from pipeline.stats import Stats
-from pipeline.store import Store
+from pipeline.estimators.mapdp import MAPDP
+from pipeline.families.stats import Stats
 from tests.conftest import local_client
 
 
@@ -172,7 +172,7 @@ def test_bad_csv(client, tmp_path: Path, body: str, expect: str):
 
 
 def test_bad_row_in_a_later_chunk_names_the_file_row(client, tmp_path: Path, monkeypatch):
-    from pipeline import sources as store_mod
+    from pipeline.data import sources as store_mod
 
     monkeypatch.setattr(store_mod, "CSV_BLOCK_BYTES", 64)  # many CSV pieces
     rng = np.random.default_rng(0)
@@ -184,12 +184,12 @@ def test_bad_row_in_a_later_chunk_names_the_file_row(client, tmp_path: Path, mon
 
 
 def test_ingest_reads_csv_with_the_one_csv_parser(client, tmp_path: Path, monkeypatch):
-    """Ingest pieces go through ``pipeline.io.parse_csv``, as ``read_table`` does: a TSV is
+    """Ingest pieces go through ``pipeline.data.io.parse_csv``, as ``read_table`` does: a TSV is
     split at tabs, a gzip file is read whole, and a record with a field too many in a later
     piece is named by its line in the file."""
     import gzip
 
-    from pipeline import sources
+    from pipeline.data import sources
 
     monkeypatch.setattr(sources, "CSV_BLOCK_BYTES", 64)  # many CSV pieces
     rng = np.random.default_rng(1)
@@ -296,7 +296,7 @@ def test_a_pass_that_moves_nothing_does_the_write_out(client, tmp_path: Path, in
 def test_worker_warm_up_runs():
     """The LocalCluster's worker preload swallows its errors (a failed warm-up only costs
     speed), so it is run here where an error shows."""
-    from pipeline.worker_setup import warm_kernels
+    from pipeline.distributed.worker_setup import warm_kernels
 
     warm_kernels()
 
@@ -308,7 +308,7 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
     first compiles the sweep's kernels; the engine's steps come last: the sweep, the packed
     predictives and the reduce's kernels (which a process done with stage 2 takes meanwhile),
     and the sample start, which waits for them."""
-    from pipeline import worker_setup
+    from pipeline.distributed import worker_setup
 
     monkeypatch.setenv(worker_setup.WARM_ENV, "mapdp, bhc, nosuch")
     # the steps are not run: no marker of a complete warm-up in the real cache
@@ -382,7 +382,7 @@ def test_a_complete_warm_up_leaves_its_marker(monkeypatch, tmp_path: Path):
     """``kernels_cached``: true once a warm-up of the same engines completed with this numba
     cache (and these kernel sources); another cache, other engines or a failed warm-up have
     none (``warm_here_with_helper`` then starts a helper process to compile alongside)."""
-    from pipeline import worker_setup
+    from pipeline.distributed import worker_setup
 
     marker = worker_setup._warm_marker
     assert marker(["bhc", "mapdp"]) == marker(["mapdp", "bhc"]) != marker(["mapdp"])
@@ -406,7 +406,7 @@ def test_a_complete_warm_up_leaves_its_marker(monkeypatch, tmp_path: Path):
 _HELPER_STARTS = """
 import atexit, os, sys, threading
 from pathlib import Path
-from pipeline import worker_setup as ws
+from pipeline.distributed import worker_setup as ws
 
 out, mode = Path(sys.argv[1]), sys.argv[2]
 os.cpu_count = lambda: 2
@@ -431,7 +431,7 @@ with ws.warm_here_with_helper(["mapdp", "bhc"]):
     pass
 if mode == "thread":
     stop.set()
-print(os.getpid(), "pipeline.stage2" in sys.modules)
+print(os.getpid(), "pipeline.ops.stage2" in sys.modules)
 """
 
 
@@ -462,7 +462,7 @@ def test_the_warm_up_helper_is_a_fork_of_a_process_without_threads(tmp_path: Pat
 def test_a_forked_helper_is_waited_for_then_killed() -> None:
     """The command waits ``HELPER_GRACE`` for its forked helper once the run is over, then
     kills it; either way the child is reaped (no zombie left)."""
-    from pipeline import worker_setup
+    from pipeline.distributed import worker_setup
 
     def child(code: str) -> int:
         return os.spawnv(os.P_NOWAIT, sys.executable, [sys.executable, "-c", code])
@@ -482,7 +482,7 @@ def test_a_forked_helper_is_waited_for_then_killed() -> None:
 _HOLD_A_STEP = """
 import sys, time
 from pathlib import Path
-from pipeline import worker_setup
+from pipeline.distributed import worker_setup
 
 def step():
     print("holding", flush=True)
@@ -497,7 +497,7 @@ def test_await_step_waits_for_the_process_at_the_step(monkeypatch, tmp_path: Pat
     """``await_step`` (stage 2 in a command whose warm-up helper compiles it meanwhile) returns
     only once the process at that step is done with it, so that the kernels are then loaded
     from the cache, not compiled a second time; a step nobody is at does not wait."""
-    from pipeline import worker_setup
+    from pipeline.distributed import worker_setup
 
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
     done = tmp_path / "done"
@@ -524,7 +524,7 @@ def test_await_step_waits_for_the_process_at_the_step(monkeypatch, tmp_path: Pat
 
 _CACHE_HITS = """
 import numba, sys
-from pipeline import worker_setup
+from pipeline.distributed import worker_setup
 assert worker_setup.kernels_cached(["mapdp", "bhc"]), "no marker of a complete warm-up"
 worker_setup.warm_kernels(["mapdp", "bhc"])
 hits = misses = 0
@@ -551,7 +551,7 @@ class Seen(event.Listener):
         pass
 
 event.register("numba:compile", Seen())
-from pipeline import worker_setup
+from pipeline.distributed import worker_setup
 with worker_setup.warm_here_with_helper(["mapdp", "bhc"]):
     # the run's stage 2 waits for the helper at its kernels, then loads them
     worker_setup.await_step(worker_setup.stage2_step("bhc"))
@@ -595,8 +595,8 @@ def test_the_warm_up_follows_the_inputs_family(monkeypatch, tmp_path: Path) -> N
     ``EVERY_FAMILY`` to the workers, whose steps then run on the toy family with that spec type
     and leave a marker of their own."""
     from kernels.obs.product import ANY_DTYPE, NW_CELLS_DTYPE, NW_ONLY_DTYPE
-    from pipeline import worker_setup
-    from pipeline.ingest import peek_family
+    from pipeline.data.ingest import peek_family
+    from pipeline.distributed import worker_setup
 
     rng = np.random.default_rng(0)
     cont = tmp_path / "cont.csv"
@@ -646,7 +646,7 @@ def test_worker_warm_up_of_every_product_widens_the_toy_spec(monkeypatch, tmp_pa
     with the toy family's spec as int64, the type every non-Gaussian product has, and as int16,
     that of Normal-Wishart columns on a grid, so that their kernels are cached too; the toy is
     Normal-Wishart only again afterwards."""
-    from pipeline import worker_setup
+    from pipeline.distributed import worker_setup
 
     seen: list[np.dtype] = []
 
@@ -915,7 +915,7 @@ def test_a_warm_start_from_a_fitted_model(client):
 def _worker_view() -> tuple[int, str | None, str, bool, list[str] | None]:
     import sys as sys_
 
-    from pipeline import worker_setup
+    from pipeline.distributed import worker_setup
 
     return (
         os.getppid(),
@@ -934,8 +934,8 @@ def test_worker_processes_fork_from_a_server_started_with_the_cluster(monkeypatc
     loaded by the server (``warm_fork_server``), once, before it forked the worker."""
     import multiprocessing.forkserver
 
-    from pipeline.dist.client import dask_client
-    from pipeline.worker_setup import FORK_WARM_ENV, kernels_cached, warm_here
+    from pipeline.distributed.client import dask_client
+    from pipeline.distributed.worker_setup import FORK_WARM_ENV, kernels_cached, warm_here
 
     warm_here(["mapdp"])  # the cache a first run leaves (its marker)
     assert kernels_cached(["mapdp"])
@@ -959,7 +959,7 @@ import sys
 
 import numba.np.ufunc.parallel as numba_parallel
 
-from pipeline import worker_setup
+from pipeline.distributed import worker_setup
 
 worker_setup.warm_here(["mapdp"])  # the cache a first run leaves
 seen = []
@@ -976,7 +976,7 @@ def test_the_fork_server_loads_only_cached_kernels_and_no_stage_2(monkeypatch, t
     then compile the kernels, two groups at once, instead of the server alone), nor stage 2's
     kernels: in a new interpreter, as a fork server is, numba's threading layer has not
     started when it is done (it must not have in a process that forks)."""
-    from pipeline import worker_setup
+    from pipeline.distributed import worker_setup
 
     monkeypatch.setattr(worker_setup, "fork_warmed", None)
     monkeypatch.setenv(worker_setup.FORK_WARM_ENV, "mapdp")
@@ -1004,7 +1004,7 @@ def test_local_workers_run_without_the_profiler():
     cluster's only: the process's Dask configuration is left as it was."""
     import dask
 
-    from pipeline.dist.client import PROFILE_KEY, dask_client
+    from pipeline.distributed.client import PROFILE_KEY, dask_client
 
     before = dask.config.get(PROFILE_KEY)
     with dask_client(n_workers=2, processes=False, dashboard_address=None, quiet=True) as c:
@@ -1016,8 +1016,8 @@ _EARLY_SERVER = """
 import multiprocessing.forkserver as fs
 import os
 
-from pipeline import worker_setup
-from pipeline.dist.client import dask_client, start_fork_server
+from pipeline.distributed import worker_setup
+from pipeline.distributed.client import dask_client, start_fork_server
 
 if __name__ == "__main__":
     worker_setup.warm_here(["mapdp"])  # the cache a first run leaves
@@ -1052,7 +1052,7 @@ def test_workers_are_spawned_where_a_fork_server_cannot_be_stopped(monkeypatch):
     outlive it: its workers are then spawned by this process, as Dask's default has them."""
     import multiprocessing.forkserver
 
-    from pipeline.dist.client import dask_client
+    from pipeline.distributed.client import dask_client
 
     monkeypatch.delattr(multiprocessing.forkserver.ForkServer, "_stop")
     with dask_client(n_workers=1, dashboard_address=None, quiet=True, warm=["mapdp"]) as c:

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from pipeline.dist import loop
+from pipeline.data.ingest import ingest
+from pipeline.data.store import Store
+from pipeline.data.synthetic import sample_longitudinal
+from pipeline.distributed import loop
 from pipeline.engines import ENGINE_MODULES, ENGINES, get_engine
 from pipeline.engines.base import RunContext
-from pipeline.ingest import ingest
-from pipeline.store import Store
-from pipeline.synthetic import sample_longitudinal
 from tests.engine_contract import EngineContract
 from tests.pipeline import test_ihmm_engine  # its engine's contract class (grouped stores)
 
@@ -98,15 +98,15 @@ def test_an_unknown_engine_is_a_clear_error():
 
 def test_a_checkpoint_written_by_format_version_1_reads_back():
     """``tests/data/checkpoint_v1``: a MAP-DP checkpoint (2 passes over 300 records of three
-    blobs) written by format version 1 of ``pipeline.persist``. A change that can no longer
+    blobs) written by format version 1 of ``pipeline.core.persist``. A change that can no longer
     read it must raise the format version."""
     from pathlib import Path
 
-    from pipeline.config import FitParams
-    from pipeline.dist import loop
+    from pipeline.core.config import FitParams
+    from pipeline.data.store import Store
+    from pipeline.distributed import loop
     from pipeline.engines.base import RunContext
     from pipeline.engines.mixture_state import PassState
-    from pipeline.store import Store
 
     here = Store(Path(__file__).resolve().parents[1] / "data" / "checkpoint_v1")
     params = FitParams(seed=3, init="sequential", max_passes=2)

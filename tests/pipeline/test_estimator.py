@@ -11,12 +11,12 @@ import pandas as pd
 import pytest
 from sklearn.utils.estimator_checks import check_estimator
 
-from pipeline.asugs import ASUGS
-from pipeline.baselines import CollapsedGibbs, DPMeans, UncollapsedGibbs
-from pipeline.bhc import BHC
+from pipeline.estimators.asugs import ASUGS
+from pipeline.estimators.baselines import CollapsedGibbs, DPMeans, UncollapsedGibbs
+from pipeline.estimators.bhc import BHC
+from pipeline.estimators.mapdp import MAPDP
+from pipeline.estimators.tgmcmc import TreeGuidedMCMC
 from pipeline.families import GaussianNW
-from pipeline.mapdp import MAPDP
-from pipeline.tgmcmc import TreeGuidedMCMC
 from tests.reference import log_crp, nw_log_marginal
 
 # every estimator on the base class, small enough for check_estimator's many fits
@@ -114,7 +114,7 @@ def test_gibbs_matches_exact_posterior() -> None:
     counts: dict[tuple[int, ...], int] = {}
     # one long chain: fit runs scans; keep each state by refitting from the sampler's internals
     from kernels import mapdp as kmapdp
-    from pipeline.mapdp_core import as_seed_sequence, seed_state
+    from pipeline.models.mapdp import as_seed_sequence, seed_state
 
     g.fit(X)
     prod = g.family_

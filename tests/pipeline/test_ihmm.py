@@ -14,7 +14,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import normalized_mutual_info_score
 
 from pipeline import IHMMGibbs, MAPiHMM
-from pipeline.ihmm_core import starts_of
+from pipeline.models.ihmm import starts_of
 
 
 def sample_hmm(rng, lengths, means=(-3.0, 0.0, 3.0), stay=0.95, d=2):
@@ -170,7 +170,7 @@ def test_prior_scale_sets_the_empirical_bayes_prior(data, cls):
     from pipeline.engines.ihmm import IhmmEngine
     from pipeline.families import GaussianNW
     from pipeline.families.gaussian import DEFAULT_SCALE
-    from pipeline.ihmm_core import PRIOR_SCALE
+    from pipeline.models.ihmm import PRIOR_SCALE
 
     X, _z, lengths = data
     # one constant: the estimators' default is the engine's
@@ -191,7 +191,7 @@ def test_prior_scale_sets_the_empirical_bayes_prior(data, cls):
 @pytest.mark.parametrize("cls", [MAPiHMM, IHMMGibbs])
 def test_saved_model_predicts_and_scores_exactly(data, tmp_path, cls):
     import pipeline
-    from pipeline.persist import PersistError
+    from pipeline.core.persist import PersistError
 
     X, _z, lengths = data
     fast = {} if cls is MAPiHMM else {"n_sweeps": 30, "burn_in": 10}
@@ -220,7 +220,7 @@ def test_saved_model_predicts_and_scores_exactly(data, tmp_path, cls):
 
 
 def test_dpmm_score_refuses_an_hmm_model(data, tmp_path):
-    from pipeline.dist.score import open_model
+    from pipeline.ops.score import open_model
 
     X, _z, lengths = data
     MAPiHMM(max_iter=5, moves=False, random_state=0).fit(X, lengths).save(tmp_path / "m")

@@ -13,15 +13,15 @@ import zarr
 from sklearn.metrics import normalized_mutual_info_score
 
 from pipeline import MAPiHMM
-from pipeline.dist import loop
-from pipeline.dist.summaries import identity_stage2
-from pipeline.dist.writeout import write_out
+from pipeline.data.ingest import ingest
+from pipeline.data.store import Store, input_positions
+from pipeline.distributed import loop
+from pipeline.distributed.summaries import identity_stage2
+from pipeline.distributed.writeout import write_out
 from pipeline.engines import get_engine
 from pipeline.engines.base import RunContext
 from pipeline.engines.mixture_state import decode_labels
-from pipeline.ihmm_core import log_likelihood, starts_of
-from pipeline.ingest import ingest
-from pipeline.store import Store, input_positions
+from pipeline.models.ihmm import log_likelihood, starts_of
 from tests.engine_contract import EngineContract
 
 

@@ -11,11 +11,11 @@ from scipy.optimize import minimize_scalar
 from scipy.special import logsumexp
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-from pipeline.baselines import DPMeans
-from pipeline.concentration import log_posterior, map_concentration
+from pipeline.estimators.baselines import DPMeans
+from pipeline.estimators.mapdp import MAPDP
 from pipeline.families import GaussianNW
-from pipeline.mapdp import MAPDP
-from pipeline.mapdp_core import run_mapdp
+from pipeline.models.concentration import log_posterior, map_concentration
+from pipeline.models.mapdp import run_mapdp
 from tests.reference import mapdp_reference, nw_log_predictive
 
 

@@ -16,8 +16,8 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from kernels import mixed_effects as kme
 from pipeline import MixedEffectsDP
-from pipeline.errors import InputError
-from pipeline.synthetic import sample_longitudinal
+from pipeline.core.errors import InputError
+from pipeline.data.synthetic import sample_longitudinal
 
 COVS = ["wave", "depression", "adl"]
 
@@ -241,8 +241,8 @@ def test_predict_and_scores_on_new_subjects() -> None:
 def test_saved_model_predicts_and_scores_exactly(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import json
 
-    from pipeline.model import load_model
-    from pipeline.persist import PersistError
+    from pipeline.core.persist import PersistError
+    from pipeline.estimators.model import load_model
 
     df = sample_longitudinal(300, seed=6)
     train, test = df[df.subject < 250], df[df.subject >= 250]

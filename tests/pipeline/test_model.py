@@ -1,4 +1,4 @@
-"""Model artifacts (``pipeline.model``): every estimator with clusters saved and loaded back
+"""Model artifacts (``pipeline.estimators.model``): every estimator with clusters saved and loaded back
 predicts and scores exactly as before; damaged or foreign models are refused naming the file."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings
 
 import pipeline
-from pipeline.baselines import CollapsedGibbs, DPMeans, UncollapsedGibbs
-from pipeline.bhc import BHC
+from pipeline.core.persist import PersistError
+from pipeline.estimators.baselines import CollapsedGibbs, DPMeans, UncollapsedGibbs
+from pipeline.estimators.bhc import BHC
+from pipeline.estimators.mapdp import MAPDP
+from pipeline.estimators.model import MODEL_VERSION, load_model, save_model
+from pipeline.estimators.tgmcmc import TreeGuidedMCMC
 from pipeline.families import GaussianNW
-from pipeline.mapdp import MAPDP
-from pipeline.model import MODEL_VERSION, load_model, save_model
-from pipeline.persist import PersistError
-from pipeline.tgmcmc import TreeGuidedMCMC
 
 
 def make(name: str, frame: bool) -> Any:
@@ -280,9 +280,9 @@ def test_a_fresh_process_loads_models_holding_registered_classes(tmp_path: Path)
     import subprocess
     import sys
 
-    from pipeline.ihmm import MAPiHMM
-    from pipeline.mixed_effects_estimator import MixedEffectsDP
-    from pipeline.synthetic import sample_longitudinal
+    from pipeline.data.synthetic import sample_longitudinal
+    from pipeline.estimators.ihmm import MAPiHMM
+    from pipeline.estimators.mixed_effects import MixedEffectsDP
 
     rng = np.random.default_rng(0)
     X = np.concatenate([rng.normal(0, 1, (60, 2)), rng.normal(5, 1, (60, 2))])
@@ -294,7 +294,7 @@ def test_a_fresh_process_loads_models_holding_registered_classes(tmp_path: Path)
     mixed.save(tmp_path / "mixed")
     code = (
         "import sys\n"
-        "from pipeline.model import load_model\n"
+        "from pipeline.estimators.model import load_model\n"
         "for p in sys.argv[1:]:\n"
         "    m = load_model(p)\n"
         "    print(type(m).__name__, m.n_clusters_)\n"
@@ -316,7 +316,12 @@ def test_a_runs_record_is_the_record_of_its_estimator(tmp_path: Path) -> None:
     """``run_model_record`` (a distributed run's model, built without importing ``MAPDP``) is
     ``model_record`` of the ``MAPDP`` holding the run's clusters, and loads as one that predicts
     like the estimator the clusters came from."""
-    from pipeline.model import MAPDP_DEFAULTS, model_record, run_model_record, write_record
+    from pipeline.estimators.model import (
+        MAPDP_DEFAULTS,
+        model_record,
+        run_model_record,
+        write_record,
+    )
 
     assert MAPDP().get_params() == MAPDP_DEFAULTS
     rng = np.random.default_rng(3)

@@ -1,4 +1,4 @@
-"""``pipeline.persist``: records as JSON plus arrays, read back without unpickling.
+"""``pipeline.core.persist``: records as JSON plus arrays, read back without unpickling.
 
 Round trips of a real ``StoreInfo`` (after a real ingest on a LocalCluster) and of every family;
 damaged and crafted files refused with the file's name, and no code run; a property test of
@@ -24,8 +24,11 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 
-from pipeline import persist
-from pipeline.config import FitParams
+from pipeline.core import persist
+from pipeline.core.config import FitParams
+from pipeline.core.persist import FORMAT_VERSION, PersistError
+from pipeline.data.ingest import ingest
+from pipeline.data.store import Moments, Store, StoreInfo
 from pipeline.families import (
     Bernoulli,
     Binomial,
@@ -38,10 +41,7 @@ from pipeline.families import (
     Poisson,
     ProductFamily,
 )
-from pipeline.ingest import ingest
-from pipeline.persist import FORMAT_VERSION, PersistError
-from pipeline.schema import Schema
-from pipeline.store import Moments, Store, StoreInfo
+from pipeline.families.schema import Schema
 
 # -- comparing loaded objects -------------------------------------------------------------------
 
@@ -226,8 +226,8 @@ def test_fit_params_and_moments_round_trip(tmp_path: Path):
 def test_a_checkpoint_round_trips(tmp_path: Path):
     """The pass loop's checkpoint: ``PassState`` with its history, start record and scored
     write-out results, next to the ``FitParams`` it was computed with."""
-    from pipeline.dist.loop import load_checkpoint, save_checkpoint
-    from pipeline.dist.writeout import WriteResult
+    from pipeline.distributed.loop import load_checkpoint, save_checkpoint
+    from pipeline.distributed.writeout import WriteResult
     from pipeline.engines.base import RunContext
     from pipeline.engines.mixture_state import PassState
 
@@ -398,11 +398,11 @@ def test_an_array_of_another_dtype(record: Path):
     _refused(record, "dtype", "'a0'", file="rec.npz")
 
 
-@pytest.mark.parametrize("name", ["os.system", "builtins.eval", "pipeline.store.Store"])
+@pytest.mark.parametrize("name", ["os.system", "builtins.eval", "pipeline.data.store.Store"])
 def test_a_type_not_on_the_allowlist(record: Path, name: str):
     doc = _doc(record)
     node = doc["root"]["items"]["moments"]
-    assert node["class"] == "pipeline.store.Moments"
+    assert node["class"] == "pipeline.data.store.Moments"
     node["class"] = name
     _write_doc(record, doc)
     _refused(record, repr(name), "allowlist")
@@ -543,9 +543,9 @@ def test_remove(record: Path):
 
 
 def test_no_pickle_in_the_store_or_persist():
-    import pipeline.store
+    import pipeline.data.store
 
-    for mod in (persist, pipeline.store):
+    for mod in (persist, pipeline.data.store):
         src = Path(str(mod.__file__)).read_text()
         assert "import pickle" not in src and "pickle." not in src, mod.__name__
 

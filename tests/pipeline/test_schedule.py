@@ -1,4 +1,4 @@
-"""The bookkeeping of scheduled clustering (``pipeline.schedule``): partitions, the rolling
+"""The bookkeeping of scheduled clustering (``pipeline.ops.schedule``): partitions, the rolling
 window, versions and the pointer."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import schedule, storage
+from pipeline.core import storage
+from pipeline.ops import schedule
 
 
 def test_partitions_are_dated_directories_in_date_order(tmp_path: Path) -> None:

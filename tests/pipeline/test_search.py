@@ -12,14 +12,14 @@ from sklearn.base import clone
 from sklearn.metrics import normalized_mutual_info_score
 from sklearn.model_selection import GridSearchCV, KFold
 
-from pipeline.baselines import CollapsedGibbs
-from pipeline.bhc import BHC
-from pipeline.config import TUNE_GRID
-from pipeline.errors import InputError
-from pipeline.mapdp import MAPDP
-from pipeline.search import GridSearch, SearchError, select_index
-from pipeline.tgmcmc import TreeGuidedMCMC
-from pipeline.tuning import family_variants
+from pipeline.core.config import TUNE_GRID
+from pipeline.core.errors import InputError
+from pipeline.estimators.baselines import CollapsedGibbs
+from pipeline.estimators.bhc import BHC
+from pipeline.estimators.mapdp import MAPDP
+from pipeline.estimators.search import GridSearch, SearchError, select_index
+from pipeline.estimators.tgmcmc import TreeGuidedMCMC
+from pipeline.estimators.tuning import family_variants
 
 
 def blobs(n: int = 90, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ from scipy.cluster.hierarchy import is_valid_linkage
 from sklearn.metrics import adjusted_rand_score
 
 from pipeline.families import GaussianNW
-from pipeline.stage2 import run_stage2
+from pipeline.ops.stage2 import run_stage2
 
 
 def _summaries():

@@ -1,4 +1,4 @@
-"""``pipeline.stats.Stats``, the one currency: additive statistics that refuse to add across
+"""``pipeline.families.stats.Stats``, the one currency: additive statistics that refuse to add across
 families, column groups or priors; sizes and moments from the statistics alone; independent of
 chunking and order (Hypothesis)."""
 
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline import persist
+from pipeline.core import persist
 from pipeline.families import GaussianNW, Poisson, ProductFamily
-from pipeline.stats import Stats
+from pipeline.families.stats import Stats
 
 
 def data(n: int = 60, seed: int = 0) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""``pipeline.storage`` against a real S3-compatible server (moto's server mode on 127.0.0.1,
+"""``pipeline.core.storage`` against a real S3-compatible server (moto's server mode on 127.0.0.1,
 ``s3_server`` in tests/conftest.py): paths and URLs, visibility by manifest, records, models and
 shared dataset stores on object storage, and the one-line errors of a bad URL."""
 
@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 import zarr
 
-from pipeline import persist, storage
-from pipeline.dataset import open_dataset
-from pipeline.errors import InputError
-from pipeline.mapdp import MAPDP
-from pipeline.model import load_model, save_model
+from pipeline.core import persist, storage
+from pipeline.core.errors import InputError
+from pipeline.data.dataset import open_dataset
+from pipeline.estimators.mapdp import MAPDP
+from pipeline.estimators.model import load_model, save_model
 
 
 def test_locations_of_paths_and_urls(tmp_path: Path) -> None:

@@ -1,11 +1,11 @@
-"""``pipeline.tree.Tree``, the one tree format of BHC and IBHC: its checks and its views."""
+"""``pipeline.models.tree.Tree``, the one tree format of BHC and IBHC: its checks and its views."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pipeline.tree import Tree, tree_dtype
+from pipeline.models.tree import Tree, tree_dtype
 
 
 def forest() -> Tree:

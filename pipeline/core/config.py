@@ -1,0 +1,174 @@
+"""One place for the defaults and the validation of every fit's parameters.
+
+The command line (``flows.cli``), the Prefect flows, ``fit_distributed`` and the estimators take
+their defaults from here and check their values with these functions, so that a default or a
+message is written once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.core.persist import register
+
+DEFAULT_CHUNK_ROWS = 100_000
+PRIOR_SAMPLE = 50_000
+INIT_SAMPLE = 20_000
+MAX_PASSES = 50
+TOL = 1e-5
+MIN_CHANGE = 1e-3
+ALPHA_PRIOR = (2.0, 1.0)
+N_FOLDS = 10
+INITS = ("auto", "sample", "sequential", "one-cluster", "seeds", "asugs", "asugs-sample")
+MAX_SEEDS = 100
+#: ASUGS's lambda (``pipeline.estimators.asugs.DEFAULT_LAM``): the paper does not give its value; 0.3 (a
+#: prior mean of alpha of 1 / lambda = 3.3) found as many or more of the true classes than 1.0
+#: on every data set of ``bench_asugs`` and the tests
+ASUGS_LAM = 0.3
+#: how a grid search picks its cell: the largest mean held-out density, or the one-standard-error
+#: rule (``pipeline.estimators.search``)
+SELECT = ("best", "one-se")
+#: ``GridSearch`` also takes "given": the estimator's own parameters unless a candidate beats
+#: them on evidence (``dpmm cv``'s grid has no estimator of its own to keep)
+SEARCH_SELECT = (*SELECT, "given")
+#: the values ``tune="cv"`` tries (``pipeline.estimators.tuning``), one hyperparameter at a time: 3
+#: concentrations, then 4 prior scales (after the family variants)
+TUNE_GRID: dict[str, list[Any]] = {
+    "alpha": [0.1, 1.0, 10.0],
+    "prior_scale": [0.5, 0.3, 0.1, 0.03],
+}
+
+
+def check_alpha(alpha: Any, what: str = "alpha") -> tuple[float, bool]:
+    """A DP concentration: a positive finite number, or "learn" (MAP under its Gamma prior).
+
+    Returns the starting value (1.0 when learned) and whether it is learned.
+    """
+    if isinstance(alpha, str):
+        if alpha != "learn":
+            raise ValueError(f"{what} must be a positive float or 'learn', got {alpha!r}")
+        return 1.0, True
+    try:
+        value = float(alpha)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a positive float or 'learn', got {alpha!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{what} must be a positive finite float, got {alpha!r}")
+    return value, False
+
+
+def check_positive(value: Any, what: str) -> float:
+    """A positive finite number (a concentration, a scale)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a positive finite number, got {value!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise ValueError(f"{what} must be a positive finite number, got {value!r}")
+    return v
+
+
+def check_alpha_prior(prior: Any) -> tuple[float, float]:
+    """The Gamma(a, b) prior of a learned concentration (eq. A.1): two positive numbers."""
+    try:
+        a, b = (float(v) for v in prior)
+    except (TypeError, ValueError):
+        raise ValueError(f"alpha_prior must be two positive numbers, got {prior!r}") from None
+    if not (a > 0 and b > 0 and math.isfinite(a) and math.isfinite(b)):
+        raise ValueError(f"alpha_prior must be two positive numbers, got {prior!r}")
+    return a, b
+
+
+def check_int(value: Any, what: str, minimum: int = 1) -> int:
+    """An integer of at least ``minimum``."""
+    if isinstance(value, bool) or int(value) != value or int(value) < minimum:
+        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_tol(value: Any, what: str = "tol") -> float:
+    v = float(value)
+    if not v >= 0:
+        raise ValueError(f"{what} must be >= 0, got {value!r}")
+    return v
+
+
+def check_fraction(value: Any, what: str) -> float:
+    """A fraction in [0, 1)."""
+    v = float(value)
+    if not 0.0 <= v < 1.0:
+        raise ValueError(f"{what} must be in [0, 1), got {value!r}")
+    return v
+
+
+def check_choice(value: Any, choices: tuple[str, ...], what: str) -> str:
+    if value not in choices:
+        raise ValueError(f"{what} must be one of {choices}, got {value!r}")
+    return str(value)
+
+
+@register
+@dataclass(frozen=True)
+class FitParams:
+    """Parameters of stage 1 (the pass loop), whatever the engine.
+
+    engine : a registered engine name (``pipeline.engines.ENGINES``: "mapdp", "kmeans", ...).
+    alpha : DP concentration N0, or "learn" (MAP under Gamma(alpha_prior), eq. A.1, after every
+        pass).
+    init : "sample" (in-memory MAP-DP with split / merge moves on a hash sample of
+        ``init_sample`` training rows), "sequential" (no cluster: the first pass opens them),
+        "one-cluster" (Algorithm 1's start), "seeds" (``n_seeds`` random training records as
+        singleton clusters, seed 001 Section 5), "asugs" (the clusters of one ASUGS-PM
+        streaming pass over every chunk, seed 002: pass 1 assigns every record against them),
+        "asugs-sample" (the same over the "sample" start's rows); "auto" is "sample".
+    n_seeds : seeds of the "seeds" start; default min(ceil(sqrt(N)), 100).
+    init_sample : rows of the "sample" start (at most the prior's sample of ingest).
+    max_passes, tol, min_change : stop after ``max_passes`` passes, or when a pass lowers the
+        objective by at most ``tol * |objective|`` (relative), or when at most
+        ``min_change * N_train`` records changed cluster in the pass.
+    seed : entropy of the SeedSequence all (restart, pass, chunk) seeds derive from.
+    prior_scale : the share of the data's variance one cluster is expected to carry under the
+        empirical-Bayes prior (``GaussianNW.empirical_bayes``), in (0, 1); None is the engine's
+        own default (``Engine.prior_scale``, else the family's ``DEFAULT_SCALE``).
+    """
+
+    engine: str = "mapdp"
+    alpha: float | str = "learn"
+    alpha_prior: tuple[float, float] = ALPHA_PRIOR
+    init: str = "auto"
+    n_seeds: int | None = None
+    init_sample: int = INIT_SAMPLE
+    max_passes: int = MAX_PASSES
+    tol: float = TOL
+    min_change: float = MIN_CHANGE
+    seed: int = 0
+    restart: int = 0
+    prior_scale: float | None = None
+
+    def checked(self) -> FitParams:
+        from pipeline.engines import ENGINE_MODULES
+        from pipeline.families.gaussian import check_scale
+
+        check_choice(self.engine, tuple(ENGINE_MODULES), "engine")
+        check_choice(self.init, INITS, "init")
+        check_alpha(self.alpha)
+        check_int(self.max_passes, "max_passes")
+        check_tol(self.tol)
+        check_fraction(self.min_change, "min_change")
+        check_int(self.init_sample, "init_sample")
+        if self.n_seeds is not None:
+            check_int(self.n_seeds, "n_seeds")
+        check_alpha_prior(self.alpha_prior)
+        if self.prior_scale is not None:
+            check_scale(self.prior_scale)
+        return self
+
+    @property
+    def learn_alpha(self) -> bool:
+        return isinstance(self.alpha, str)
+
+    @property
+    def start(self) -> str:
+        return "sample" if self.init == "auto" else self.init

@@ -1,0 +1,132 @@
+"""Where a command may write: names generated under an output stay inside it, and an output
+never overlaps the inputs it is made from.
+
+Two rules, checked before anything is written:
+
+* ``child(root, name)``: a file or directory name the pipeline generates under an output
+  (a table, a fold, a cell, a partition) is one plain path component. A name with a separator,
+  ``..``, ``.``, a NUL byte or an absolute path would write outside ``root``; it is refused,
+  whatever it was made from (a column name, a group id, a fold name).
+* ``check_separate(outputs, inputs)``: an output (OUT, a models directory, ...) is neither an
+  input (INPUT, a model, a dataset store), nor inside one, nor does it contain one. Replacing
+  OUT (``--overwrite``, the final rename) would otherwise delete the input, and writing into an
+  input would change it under a later run that reuses it.
+
+Local paths are compared after resolving symbolic links and ``..``; URLs (``s3://bucket/key``,
+``file://...``) by scheme, bucket and normalised key, and a ``..`` in a URL's key is refused
+(object stores keep ``..`` literally: ``s3://b/a/../x`` is not ``s3://b/x``).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from pipeline.core.errors import InputError
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
+
+
+def safe_name(name: str, what: str = "name") -> str:
+    """``name`` when it is one plain path component, else ``ValueError`` naming it.
+
+    Parameters
+    ----------
+    name : str
+        A generated file or directory name (``labels.parquet``, ``cv-3.zarr``, ``date=...``).
+    what : str
+        What the name is, for the message.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what} {name!r}: an empty or non-text file name")
+    bad = (
+        "\x00" in name
+        or "/" in name
+        or "\\" in name
+        or name in (".", "..")
+        or os.path.isabs(name)
+        or Path(name).drive != ""
+    )
+    if bad:
+        raise ValueError(
+            f"{what} {name!r}: not a plain file name (a path separator, '..' or an absolute "
+            "path would write outside the output directory)"
+        )
+    return name
+
+
+def child(root: str | os.PathLike[str], name: str, what: str = "name") -> Path:
+    """``root / name`` for a generated ``name`` that is one plain component (``safe_name``)."""
+    return Path(root) / safe_name(name, what)
+
+
+def _url_key(text: str) -> tuple[str, str] | None:
+    """(scheme, normalised 'bucket/key') of a URL, None for a local path; ``file://`` URLs are
+    local paths."""
+    m = _URL.match(text)
+    if m is None:
+        return None
+    scheme, rest = m.group(1).lower(), m.group(2)
+    if scheme in ("file", "local"):
+        return None
+    parts = [p for p in rest.split("/") if p]
+    if ".." in parts:
+        raise InputError(f"{text}: a '..' in a URL names a different key, not a parent; remove it")
+    return scheme, posixpath.normpath("/".join(parts)) if parts else ""
+
+
+def _local(text: str) -> str:
+    m = _URL.match(text)
+    if m is not None:  # file:///abs/path
+        text = m.group(2)
+    return os.path.realpath(os.path.expanduser(text))
+
+
+def _within(a: str, b: str, sep: str) -> bool:
+    """``a`` is ``b`` or inside it."""
+    return a == b or a.startswith(b.rstrip(sep) + sep)
+
+
+def _key(text: str) -> tuple[str, str, str]:
+    url = _url_key(text)
+    if url is not None:
+        return url[0], url[1], "/"
+    return "", _local(text), os.sep
+
+
+def check_separate(
+    outputs: Iterable[tuple[str, str | os.PathLike[str] | None]],
+    inputs: Iterable[tuple[str, str | os.PathLike[str] | None]],
+) -> None:
+    """Refuse an output that is an input, is inside one or contains one (``InputError``, one
+    line naming both options).
+
+    Parameters
+    ----------
+    outputs, inputs : iterable of (option, path or URL)
+        Each as the user gave it, with the option that named it (``--out``, ``INPUT``); a None
+        path is skipped.
+    """
+    ins = [(opt, str(p), _key(str(p))) for opt, p in inputs if p is not None and str(p)]
+    for o_opt, o in outputs:
+        if o is None or not str(o):
+            continue
+        o_scheme, o_path, sep = _key(str(o))
+        for i_opt, i, (i_scheme, i_path, _) in ins:
+            if i_scheme != o_scheme:
+                continue
+            if o_path == i_path:
+                problem = "is the same as"
+            elif _within(o_path, i_path, sep):
+                problem = "is inside"
+            elif _within(i_path, o_path, sep):
+                problem = "contains"
+            else:
+                continue
+            raise InputError(
+                f"{o_opt} {o}: {problem} {i_opt} {i}; an output must be separate from its "
+                "inputs (replacing it would delete them, writing into them would change them)"
+            )

@@ -1,0 +1,578 @@
+"""Where the pipeline reads and writes: local paths, and fsspec URLs of object storage.
+
+INPUT, OUT, the dataset stores (``--data-dir``) and models may be local paths or URLs
+(``s3://bucket/key``; ``gs://`` and ``abfs://`` too when gcsfs / adlfs are installed). A
+``file://`` URL is a local path. ``location`` turns either into a ``Loc``: a ``pathlib.Path``
+(local: everything works exactly as with paths) or a ``RemotePath``, which offers the few
+``Path`` methods the pipeline uses (``/``, ``name``, ``parent``, ``exists``, ``read_bytes``,
+``write_bytes``, ...) over fsspec. zarr opens the same URLs itself (``str(loc)``: zarr's
+``FsspecStore``), in the driver and in every worker.
+
+Credentials
+-----------
+They come from the standard environment of each process (driver and Dask workers), never from
+the command line: for S3 ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` /
+``AWS_SESSION_TOKEN`` or ``AWS_PROFILE``, ``AWS_DEFAULT_REGION``, and ``AWS_ENDPOINT_URL`` for
+an S3-compatible server (MinIO, Ceph, moto); any fsspec option as ``FSSPEC_<PROTOCOL>_<OPTION>``
+(fsspec's own configuration, e.g. ``FSSPEC_S3_ANON=true``). Nothing here prints them or writes
+them anywhere; ``redact`` removes a user:password part of a URL before a URL is shown or
+recorded.
+
+Atomic visibility without rename
+--------------------------------
+Object stores have no atomic rename of a prefix. A local output is written beside its final
+name and renamed into place (``pipeline.data.io.commit_dir``); an output on object storage is
+written under its own prefix and becomes visible when its manifest (``MANIFEST``, the list of
+its objects and their sizes) is written, last: ``commit``. Readers call ``require_visible``:
+a prefix counts only when a manifest at it or above it lists it, so a run that is still writing
+or that crashed shows nothing, and running it again resumes (``pipeline.ops.run``). Each
+object is written whole by one PUT, so a single small file (a checkpoint, ``format.json``)
+needs no rename either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from functools import cached_property
+from pathlib import Path
+from typing import Any, TypeAlias
+
+from pipeline.core.errors import InputError
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "dpmm-manifest"
+MANIFEST_VERSION = 1
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_LOCAL_SCHEMES = ("file", "local")
+# the package behind each scheme fsspec knows but may not have installed
+_PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "abfs": "adlfs"}
+_PACKAGES.update({"az": "adlfs", "abfss": "adlfs"})
+
+
+def scheme(x: Any) -> str | None:
+    """The URL scheme of ``x`` in lower case (None for a path)."""
+    if not isinstance(x, str):
+        return None
+    m = _SCHEME.match(x)
+    return m.group(1).lower() if m else None
+
+
+def is_url(x: Any) -> bool:
+    """Whether ``x`` is a URL of a remote file system (``file://`` is a local path)."""
+    if isinstance(x, RemotePath):
+        return True
+    s = scheme(x)
+    return s is not None and s not in _LOCAL_SCHEMES
+
+
+def redact(url: str) -> str:
+    """``url`` without a ``user:password@`` part (shown and recorded URLs carry no secret)."""
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/@]*@", r"\1", str(url))
+
+
+class RemotePath:
+    """A file or prefix of an fsspec file system, with the ``pathlib.Path`` methods the pipeline
+    uses. ``str()`` is the URL (what zarr and pandas open)."""
+
+    def __init__(self, url: str):
+        s = scheme(url)
+        if s is None:
+            raise ValueError(f"{url}: not a URL")
+        rest = url[len(s) + 3 :].strip("/")
+        self.protocol = s
+        self.url = f"{s}://{rest}"
+
+    # naming -------------------------------------------------------------------------------
+    def __str__(self) -> str:
+        return self.url
+
+    def __repr__(self) -> str:
+        return f"RemotePath({redact(self.url)!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemotePath) and other.url == self.url
+
+    def __hash__(self) -> int:
+        return hash(self.url)
+
+    def __truediv__(self, name: str | os.PathLike[str]) -> RemotePath:
+        name = os.fspath(name).strip("/")
+        if not name or ".." in name.split("/"):
+            raise ValueError(f"{redact(self.url)}: bad name {name!r} under it")
+        return RemotePath(f"{self.url}/{name}")
+
+    @property
+    def key(self) -> str:
+        """The path inside the file system (``bucket/key`` of S3), as fsspec names it."""
+        return self.url[len(self.protocol) + 3 :]
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> RemotePath:
+        if "/" not in self.key:
+            return self
+        return RemotePath(f"{self.protocol}://{self.key.rsplit('/', 1)[0]}")
+
+    @property
+    def bucket(self) -> str:
+        return self.key.split("/", 1)[0]
+
+    def relative_to(self, other: RemotePath) -> str:
+        if self == other:
+            return "."
+        if not self.url.startswith(other.url + "/"):
+            raise ValueError(f"{self} is not under {other}")
+        return self.url[len(other.url) + 1 :]
+
+    # the file system ------------------------------------------------------------------------
+    @cached_property
+    def fs(self) -> Any:
+        return filesystem(self.protocol, self.url)
+
+    def exists(self) -> bool:
+        return bool(self.fs.exists(self.key))
+
+    def is_dir(self) -> bool:
+        return bool(self.fs.isdir(self.key))
+
+    def is_file(self) -> bool:
+        return bool(self.fs.isfile(self.key))
+
+    def read_bytes(self) -> bytes:
+        return bytes(self.fs.cat_file(self.key))
+
+    def read_text(self, encoding: str = "utf-8") -> str:
+        return self.read_bytes().decode(encoding)
+
+    def write_bytes(self, data: bytes) -> int:
+        # one PUT: a reader sees the old object or the new one whole
+        self.fs.pipe_file(self.key, bytes(data))
+        return len(data)
+
+    def write_text(self, text: str, encoding: str = "utf-8") -> int:
+        return self.write_bytes(text.encode(encoding))
+
+    def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
+        """Nothing to create: a prefix exists once an object is written under it."""
+
+    def iterdir(self) -> Iterator[RemotePath]:
+        for key in self.fs.ls(self.key, detail=False):
+            key = str(key).rstrip("/")
+            if key != self.key:
+                yield RemotePath(f"{self.protocol}://{key}")
+
+    def unlink(self, missing_ok: bool = False) -> None:
+        try:
+            self.fs.rm_file(self.key)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
+
+    def open(self, mode: str = "rb") -> Any:
+        return self.fs.open(self.key, mode)
+
+    def stat_size(self) -> int:
+        return int(self.fs.info(self.key)["size"])
+
+    def files(self) -> dict[str, dict[str, Any]]:
+        """Every object under this prefix (or this object): relative key -> fsspec info."""
+        if self.is_file():
+            return {".": self.fs.info(self.key)}
+        found = self.fs.find(self.key, detail=True)
+        return {str(k)[len(self.key) + 1 :]: v for k, v in sorted(found.items())}
+
+
+Loc: TypeAlias = Path | RemotePath
+# what a caller may name a place with
+Where: TypeAlias = str | os.PathLike[str] | RemotePath
+
+
+def location(x: Where) -> Loc:
+    """A local ``Path`` (a path, or a ``file://`` URL) or a ``RemotePath`` (any other URL)."""
+    if isinstance(x, (Path, RemotePath)):
+        return x
+    if isinstance(x, str):
+        s = scheme(x)
+        if s in _LOCAL_SCHEMES:
+            return Path(x[len(s or "") + 3 :] or "/")
+        if s is not None:
+            return RemotePath(x)
+    return Path(x)
+
+
+def local_path(x: Where) -> Path:
+    """A path or ``file://`` URL as a ``Path`` (a ``ValueError`` for a remote URL)."""
+    loc = location(x)
+    if not isinstance(loc, Path):
+        raise ValueError(f"{redact(str(x))}: expected a local path")
+    return loc
+
+
+def filesystem(protocol: str, url: str) -> Any:
+    """The fsspec file system of ``protocol``, configured from the environment only; a
+    ``ValueError`` naming ``url`` for an unknown scheme or a missing package."""
+    import fsspec
+
+    try:
+        # no listings cache: this process lists prefixes that other processes (the workers)
+        # write into, and must see their objects
+        return fsspec.filesystem(protocol, use_listings_cache=False)
+    except ImportError as err:
+        pkg = _PACKAGES.get(protocol, f"the fsspec implementation of {protocol}://")
+        raise InputError(
+            f"{redact(url)}: {protocol}:// needs the {pkg} package (pip install {pkg})"
+        ) from err
+    except ValueError as err:
+        if "not known" in str(err).lower():
+            raise InputError(
+                f"{redact(url)}: unknown storage scheme {protocol}:// (a local path, file://, "
+                "s3://, gs:// or abfs://)"
+            ) from err
+        raise
+
+
+def fs_error(url: Any, err: BaseException, what: str = "") -> InputError:
+    """A one-line ``InputError`` naming ``url`` for a file system's failure: no such bucket or
+    key, no credentials, access denied. Never includes a credential."""
+    where = f"{what} {redact(str(url))}".strip()
+    name = type(err).__name__
+    text = " ".join(str(err).split())
+    if isinstance(err, InputError):
+        return err
+    if name in ("NoCredentialsError", "PartialCredentialsError") or "credentials" in text.lower():
+        return InputError(
+            f"{where}: no credentials for {scheme(str(url))}:// (set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, in the environment)"
+        )
+    if isinstance(err, FileNotFoundError):
+        if "bucket" in text.lower():
+            loc = location(str(url))
+            bucket = loc.bucket if isinstance(loc, RemotePath) else ""
+            return InputError(f"{where}: the bucket {bucket!r} does not exist")
+        return InputError(f"{where}: no such file or directory")
+    if isinstance(err, PermissionError):
+        return InputError(f"{where}: access denied ({text})")
+    return InputError(f"{where}: cannot be reached ({name}: {text})")
+
+
+def check_reachable(x: Any, what: str = "") -> None:
+    """For a URL: that its file system exists and that its bucket (or container) exists and
+    can be listed with the credentials of the environment; an ``InputError`` naming the URL
+    otherwise. Nothing to check for a local path."""
+    loc = location(x)
+    if not isinstance(loc, RemotePath):
+        return
+    try:
+        fs = loc.fs
+        fs.ls(loc.bucket, detail=False)
+    except Exception as err:
+        raise fs_error(loc.url, err, what) from err
+
+
+def check_new_output(out: Any, overwrite: bool, what: str = "--out") -> None:
+    """Refuse a committed output ``out`` (``committed``) unless ``overwrite``, with the message
+    ``prepare_output`` gives: a command checks it before it starts a cluster and compiles, not
+    only when its flow gets to it."""
+    loc = location(out)
+    if not overwrite and committed(loc):
+        shown = redact(loc.url) if isinstance(loc, RemotePath) else str(loc)
+        raise InputError(f"{what} {shown}: already exists (pass --overwrite to replace it)")
+
+
+# -- whole prefixes --------------------------------------------------------------------------
+
+
+def rmtree(loc: Loc, ignore_errors: bool = False) -> None:
+    """Remove a directory or prefix and everything under it."""
+    if isinstance(loc, Path):
+        shutil.rmtree(loc, ignore_errors=ignore_errors)
+        return
+    try:
+        if loc.exists():
+            loc.fs.rm(loc.key, recursive=True)
+    except Exception:
+        if not ignore_errors:
+            raise
+    # listings may be cached: the next exists() must see the removal
+    with contextlib.suppress(Exception):
+        loc.fs.invalidate_cache(loc.key)
+
+
+def write_atomic(path: Where, data: bytes) -> None:
+    """Replace ``path`` by ``data`` atomically: a reader sees the old file or the new one whole.
+
+    A local file: the bytes go to a temporary file in the same directory, are flushed to the
+    disk, and the temporary file is renamed over ``path``; the directory is synced so the
+    rename survives a crash too. An object: one PUT, which object stores apply whole.
+    """
+    loc = location(path)
+    if isinstance(loc, RemotePath):
+        loc.write_bytes(data)
+        return
+    fd, tmp = tempfile.mkstemp(dir=loc.parent, prefix=f".{loc.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, loc)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    # not every platform / file system can open a directory for syncing; the rename itself
+    # is atomic either way
+    with contextlib.suppress(OSError):
+        dfd = os.open(loc.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+@contextlib.contextmanager
+def local_dir(loc: Loc) -> Iterator[Path]:
+    """A local directory whose files end up in ``loc``: ``loc`` itself when local, else a
+    temporary directory uploaded to the prefix ``loc`` when the block succeeds (for the small
+    files written by libraries that want a path: pictures, Parquet tables, the report)."""
+    if isinstance(loc, Path):
+        loc.mkdir(parents=True, exist_ok=True)
+        yield loc
+        return
+    with tempfile.TemporaryDirectory(prefix="dpmm-upload-") as tmp:
+        yield Path(tmp)
+        upload(Path(tmp), loc)
+
+
+def upload(src: Path, dest: RemotePath) -> None:
+    """Copy every file under the local directory ``src`` to the prefix ``dest``."""
+    for f in sorted(p for p in src.rglob("*") if p.is_file()):
+        dest.fs.put_file(str(f), (dest / f.relative_to(src).as_posix()).key)
+
+
+# -- visibility by manifest ------------------------------------------------------------------
+
+
+def commit(loc: Loc, **extra: Any) -> None:
+    """Make the prefix ``loc`` visible: write its manifest (every object under it, and its
+    size), last. A local directory needs none (it is renamed into place)."""
+    if isinstance(loc, Path):
+        return
+    with contextlib.suppress(Exception):
+        loc.fs.invalidate_cache(loc.key)
+    objects = {k: int(v.get("size") or 0) for k, v in loc.files().items() if k != MANIFEST}
+    doc = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **extra,
+        "objects": objects,
+    }
+    (loc / MANIFEST).write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
+def read_manifest(loc: RemotePath) -> dict[str, Any] | None:
+    """The manifest at ``loc`` (None when there is none)."""
+    try:
+        doc = json.loads((loc / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError as err:
+        raise ValueError(f"{redact(str(loc / MANIFEST))}: unreadable manifest ({err})") from err
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"{redact(str(loc / MANIFEST))}: not a {MANIFEST_FORMAT}")
+    return doc
+
+
+def committed(loc: Loc) -> bool:
+    """Whether the output ``loc`` is visible: a local directory that exists, or a prefix with
+    a manifest."""
+    if isinstance(loc, Path):
+        return loc.exists()
+    return (loc / MANIFEST).exists()
+
+
+def uncommit(loc: Loc) -> None:
+    """Hide the output ``loc`` (its manifest goes first), then remove it."""
+    if isinstance(loc, RemotePath):
+        (loc / MANIFEST).unlink(missing_ok=True)
+    rmtree(loc, ignore_errors=True)
+
+
+def require_visible(loc: Loc, what: str = "") -> None:
+    """A ``ValueError`` unless ``loc`` belongs to a committed output: a manifest at it or at
+    one of its parents lists it (object storage); nothing to check locally. So a run that
+    crashed, or still writes, is never read as a result."""
+    if isinstance(loc, Path):
+        return
+    node = loc
+    while True:
+        doc = read_manifest(node)
+        if doc is not None:
+            rel = loc.relative_to(node)
+            objects = doc.get("objects", {})
+            if rel == "." or any(k == rel or k.startswith(rel + "/") for k in objects):
+                return
+            break
+        if "/" not in node.key:
+            break
+        node = node.parent
+    where = f"{what} {redact(loc.url)}".strip()
+    raise InputError(
+        f"{where}: not a committed output (no {MANIFEST} lists it: the run that writes it is "
+        "still going or crashed; run the same command again to resume it)"
+    )
+
+
+# -- replacing a committed output ------------------------------------------------------------
+# ``--overwrite`` of a committed OUT on object storage: the new output is written and committed
+# under OUT's hidden sibling ``.<name>.partial`` while the old one stays visible and whole; only
+# then is OUT swapped: its manifest goes first (hidden), its objects are removed, the staged
+# objects are copied in (server-side copies), and OUT's manifest is written last. A crash before
+# the swap leaves the old OUT as it was (the same command resumes the staged run); a crash
+# during the swap leaves OUT invisible, never half-visible, and the next command on OUT
+# completes the swap first (``finish_replace``).
+
+
+def staging(out: RemotePath) -> RemotePath | None:
+    """Where an output that replaces the committed ``out`` is written (None for a bucket's
+    root, which has no sibling: that one is replaced in place)."""
+    if "/" not in out.key:
+        return None
+    return out.parent / f".{out.name}.partial"
+
+
+def replace(staged: RemotePath, out: RemotePath, **extra: Any) -> None:
+    """Commit ``staged``, then swap it in as ``out`` (see above); ``staged`` is removed."""
+    commit(staged, **extra)
+    _swap(staged, out)
+
+
+def _swap(staged: RemotePath, out: RemotePath) -> None:
+    doc = read_manifest(staged) or {}
+    (out / MANIFEST).unlink(missing_ok=True)
+    rmtree(out, ignore_errors=False)
+    for rel in sorted(doc.get("objects", {})):
+        staged.fs.copy((staged / rel).key, (out / rel).key)
+    extra = {k: v for k, v in doc.items() if k not in ("format", "version", "written", "objects")}
+    commit(out, **extra)
+    rmtree(staged, ignore_errors=True)
+
+
+def finish_replace(out: RemotePath) -> bool:
+    """Complete a swap of ``out`` that a crash interrupted (its staged output is committed);
+    True if there was one."""
+    staged = staging(out)
+    if staged is None or not committed(staged):
+        return False
+    _swap(staged, out)
+    return True
+
+
+# -- a command's output, local or on object storage ------------------------------------------
+MARKER = "fingerprint.json"
+
+
+def prepare_output(
+    out: Where, fingerprint: str | None, overwrite: bool, what: str = "--out"
+) -> tuple[Loc, bool]:
+    """Where a command writes its output ``out`` until it is complete, and whether it resumes
+    an earlier attempt of the same command (``fingerprint``: its input files and parameters;
+    None: never resumed). An existing (committed) ``out`` is refused unless ``overwrite``.
+
+    Local: the hidden sibling ``.<name>.partial``, renamed into place by ``publish_output``.
+    Object storage: OUT's own prefix, made visible by its manifest; or, replacing a committed
+    OUT, its hidden sibling (``staging``), swapped in by ``publish_output``. A partial output
+    holds ``MARKER`` from the start: a prefix without it holds objects that are not a dpmm
+    output and is never touched.
+    """
+    from pipeline.data.io import temp_sibling
+
+    where = location(out)
+    if isinstance(where, RemotePath):
+        return _prepare_remote_output(where, fingerprint, overwrite, what)
+    check_new_output(where, overwrite, what)
+    if where.exists() and not where.is_dir():
+        raise ValueError(f"{what} {where}: exists and is not a directory")
+    partial = temp_sibling(where)
+    marker = partial / MARKER
+    if partial.exists():
+        if fingerprint is not None and marker.exists() and marker.read_text() == fingerprint:
+            return partial, True
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    if fingerprint is not None:
+        marker.write_text(fingerprint)
+    return partial, False
+
+
+def _prepare_remote_output(
+    out: RemotePath, fingerprint: str | None, overwrite: bool, what: str
+) -> tuple[Loc, bool]:
+    try:
+        check_reachable(out, what)
+        # a swap a crash interrupted is completed first: that command had finished
+        finish_replace(out)
+        target = out
+        if committed(out):
+            if not overwrite:
+                raise ValueError(
+                    f"{what} {redact(out.url)}: already exists (pass --overwrite to replace it)"
+                )
+            staged = staging(out)
+            if staged is None:  # a bucket's root has no sibling: replaced in place
+                uncommit(out)
+            else:
+                target = staged
+        marker = target / MARKER
+        if marker.exists():
+            if fingerprint is not None and marker.read_text() == fingerprint:
+                return target, True
+            rmtree(target)
+        elif target.exists():
+            raise ValueError(
+                f"{what} {redact(target.url)}: holds objects that are not a dpmm output; "
+                "refusing to replace them"
+            )
+        # written first, even without a fingerprint: it marks the prefix as a dpmm output
+        marker.write_text(fingerprint if fingerprint is not None else "null")
+    except ValueError:
+        raise
+    except Exception as err:  # the file system's: no bucket, no credentials, access denied
+        raise fs_error(out.url, err, what) from err
+    return target, False
+
+
+def publish_output(
+    partial: Loc, out: Where, overwrite: bool, kind: str, what: str = "--out"
+) -> None:
+    """Make the complete ``partial`` (``prepare_output``) the output ``out``: a local rename
+    (replacing ``out`` only with ``overwrite``), OUT's manifest written last, or the staged
+    output swapped in (``replace``)."""
+    from pipeline.data.io import commit_dir
+
+    with contextlib.suppress(FileNotFoundError):
+        (partial / MARKER).unlink()
+    dest = location(out)
+    if isinstance(partial, RemotePath):
+        assert isinstance(dest, RemotePath)
+        if partial == dest:
+            commit(partial, kind=kind)
+        else:
+            replace(partial, dest, kind=kind)
+        return
+    assert isinstance(dest, Path)
+    if dest.exists() and not overwrite:
+        raise ValueError(f"{what} {dest}: already exists (pass --overwrite to replace it)")
+    commit_dir(partial, dest)

@@ -1,0 +1,1 @@
+"""Data: input readers and sources, ingest, the dataset and state stores, generated data sets. Imports ``core`` and ``families``."""

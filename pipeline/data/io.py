@@ -1,0 +1,606 @@
+"""Reading input tables and writing a run's output directory.
+
+``read_table`` turns a CSV / TSV (optionally gzip-compressed), Parquet (a file or a directory of
+files) or NumPy ``.npy`` file into a DataFrame. Every problem with the file is a
+``pipeline.core.errors.InputError`` (a ``ValueError``) whose message starts with the file name and
+says what is wrong, e.g. ``"data.csv: line 7 has 5 fields, expected 4"``; a missing file is
+``InputFileNotFoundError``, both a ``FileNotFoundError`` and an ``InputError``.
+
+Row numbers in ``pipeline.families.schema`` messages are 0-based data-row positions; ``describe_row``
+turns one into something a person can find in the file (for CSV, the physical line number).
+
+``staged_dir`` and ``write_outputs`` write a run's results into a temporary sibling directory
+(``temp_sibling``: ``.<name>.partial`` next to it, the name the distributed run uses too) that is
+renamed into place only when everything has been written: a failure leaves no partial output
+directory, and an existing one is replaced only on success. ``versions`` is what run.json
+records of the software.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import gzip
+import io
+import json
+import math
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import pandas as pd
+
+from pipeline.core.errors import InputError
+from pipeline.core.paths import safe_name
+
+CSV_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".tsv.gz")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+NPY_SUFFIXES = (".npy",)
+SUPPORTED_SUFFIXES = CSV_SUFFIXES + PARQUET_SUFFIXES + NPY_SUFFIXES
+
+_NPY_MAGIC = b"\x93NUMPY"
+_PARQUET_MAGIC = b"PAR1"
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+class InputFileNotFoundError(FileNotFoundError, InputError):
+    """The input path does not exist (a ``FileNotFoundError`` that is also an ``InputError``)."""
+
+
+# -- formats -----------------------------------------------------------------------------------
+def file_format(path: str | os.PathLike[str]) -> str:
+    """The format of a file from its name ("csv", "parquet", "npy"); InputError if unsupported."""
+    name = Path(path).name.lower()
+    if name.endswith(CSV_SUFFIXES):
+        return "csv"
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    if name.endswith(NPY_SUFFIXES):
+        return "npy"
+    raise InputError(
+        f"{path}: unsupported file type; supported are " + ", ".join(SUPPORTED_SUFFIXES)
+    )
+
+
+def _is_tsv(path: Path) -> bool:
+    return path.name.lower().endswith((".tsv", ".tsv.gz"))
+
+
+def _is_gz(path: Path) -> bool:
+    return path.name.lower().endswith(".gz")
+
+
+def _head(path: Path, n: int = 8) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(n)
+
+
+def _open_text(path: Path | bytes) -> IO[str]:
+    if isinstance(path, bytes):
+        return io.TextIOWrapper(io.BytesIO(path), encoding="utf-8-sig", newline="")
+    if _is_gz(path):
+        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
+    return open(path, encoding="utf-8-sig", newline="")
+
+
+def _check_columns(name: str, available: Sequence[str], columns: Sequence[str] | None) -> None:
+    if columns is None:
+        return
+    for c in columns:
+        if c not in available:
+            raise InputError(f"{name}: no column {c!r}; columns are {list(available)}")
+
+
+def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """The records of a CSV / TSV / Parquet / NumPy file as a DataFrame.
+
+    Parameters
+    ----------
+    path : str or path-like
+        ``.csv``, ``.csv.gz``, ``.tsv``, ``.tsv.gz`` (first line is the header),
+        ``.parquet`` / ``.pq`` (a file, or a directory of Parquet files read as one table) or
+        ``.npy`` (a 2-D numeric array, columns named ``x0, x1, ...``; or a structured array,
+        columns named by its fields).
+    columns : sequence of str, optional
+        Keep only these columns, in this order.
+
+    Returns
+    -------
+    DataFrame of shape (n_rows, n_columns), with a default RangeIndex (row i is the i-th data
+    record of the file).
+
+    Raises
+    ------
+    InputFileNotFoundError
+        The path does not exist.
+    InputError
+        Anything else wrong with the file: the message starts with the path and names the
+        problem (empty file, header only, wrong field count with its line, not really a Parquet
+        / NumPy file, a requested column that is not there, ...).
+    """
+    from pipeline.core import storage
+
+    if storage.is_url(path):
+        return _read_remote_table(str(path), columns)
+    p = Path(path)
+    name = str(path)
+    kind = file_format(p)
+    if not p.exists():
+        raise InputFileNotFoundError(f"{name}: no such file")
+    if columns is not None:
+        columns = list(columns)
+        dupes = sorted({c for c in columns if columns.count(c) > 1})
+        if dupes:
+            raise InputError(f"{name}: columns requested more than once: {dupes}")
+    if kind == "parquet":
+        check_parquet_files(p, name)
+    else:
+        if p.is_dir():
+            raise InputError(f"{name}: is a directory, not a {kind.upper()} file")
+        if p.stat().st_size == 0:
+            raise InputError(f"{name}: the file is empty")
+        if kind == "csv":
+            _check_csv_head(p, name)
+        else:
+            _check_npy_table(p, name)
+    # the records themselves are read as ingest reads them: piece by piece, one reader
+    from pipeline.data.sources import read_file
+
+    df = read_file(p)
+    if df.shape[0] == 0:
+        what = "header only" if kind == "csv" else f"{df.shape[1]} columns, 0 rows"
+        raise InputError(f"{name}: no data rows ({what})")
+    _check_columns(name, list(df.columns), columns)
+    if columns is not None:
+        df = df[list(columns)]
+    return df.reset_index(drop=True)
+
+
+def _read_remote_table(url: str, columns: Sequence[str] | None) -> pd.DataFrame:
+    """``read_table`` of a file on object storage: copied to a local temporary file of the
+    same name (the checks that name lines and rows read a file), with the URL in messages."""
+    import tempfile
+
+    from pipeline.core import storage
+
+    check_url(url)
+    loc = storage.location(url)
+    assert isinstance(loc, storage.RemotePath)
+    shown = storage.redact(url)
+    with tempfile.TemporaryDirectory(prefix="dpmm-read-") as tmp:
+        local = Path(tmp) / loc.name
+        try:
+            if loc.is_dir():  # a directory of Parquet parts
+                loc.fs.get(loc.key + "/", str(local), recursive=True)
+            else:
+                loc.fs.get_file(loc.key, str(local))
+        except Exception as err:
+            raise storage.fs_error(url, err) from err
+        try:
+            return read_table(local, columns)
+        except InputError as err:
+            raise type(err)(str(err).replace(str(local), shown)) from None
+
+
+def check_file(path: str | os.PathLike[str]) -> None:
+    """What can be checked of an input without reading its records: that it exists, is not
+    empty, and that a ``.parquet`` / ``.npy`` file is one (``check_npy``: not an array of Python
+    objects). A directory (Parquet files, a zarr array) and other names pass.
+
+    Raises
+    ------
+    InputFileNotFoundError
+        The path does not exist.
+    InputError
+        Naming the file and what is wrong with it.
+    """
+    from pipeline.core import storage
+
+    if storage.is_url(path):
+        check_url(str(path))
+        return
+    p = storage.local_path(path)
+    name = str(path)
+    if not p.exists():
+        raise InputFileNotFoundError(f"{name}: no such file or directory")
+    if p.is_dir():
+        return
+    if p.stat().st_size == 0:
+        raise InputError(f"{name}: the file is empty")
+    low = p.name.lower()
+    if low.endswith(PARQUET_SUFFIXES):
+        check_parquet_file(p, name)
+    elif low.endswith(NPY_SUFFIXES):
+        check_npy(p)
+
+
+def check_url(url: str) -> None:
+    """An input on object storage (``pipeline.core.storage``): its scheme is known and installed,
+    its bucket can be listed with the environment's credentials, and the object or prefix
+    exists; an ``InputError`` naming the URL otherwise."""
+    from pipeline.core import storage
+
+    storage.check_reachable(url)
+    loc = storage.location(url)
+    try:
+        found = loc.exists()
+    except Exception as err:
+        raise storage.fs_error(url, err) from err
+    if not found:
+        raise InputFileNotFoundError(f"{storage.redact(url)}: no such file or directory")
+
+
+def _check_csv_head(p: Path, name: str) -> None:
+    """A CSV file's first bytes: not Parquet, NumPy or gzip data under a CSV name."""
+    head = _head(p)
+    if not _is_gz(p):
+        if head.startswith(_PARQUET_MAGIC):
+            raise InputError(f"{name}: not a CSV file (it is a Parquet file; name it .parquet)")
+        if head.startswith(_NPY_MAGIC):
+            raise InputError(f"{name}: not a CSV file (it is a NumPy file; name it .npy)")
+        if head.startswith(_GZIP_MAGIC):
+            raise InputError(f"{name}: not a CSV file (it is gzip-compressed; name it .csv.gz)")
+    elif not head.startswith(_GZIP_MAGIC):
+        raise InputError(f"{name}: not a gzip file (bad magic bytes)")
+
+
+def csv_sep(path: str | os.PathLike[str]) -> str:
+    """The field separator of a CSV / TSV file, from its name."""
+    return "\t" if _is_tsv(Path(path)) else ","
+
+
+def parse_csv(
+    source: Path | bytes,
+    name: str,
+    sep: str,
+    lines_before: Callable[[], int] | None = None,
+    dtype: Any = None,
+) -> pd.DataFrame:
+    """The one CSV parser: a whole file, or a header line and a block of data lines as bytes
+    (one ingest piece, ``pipeline.data.sources``), with the messages of ``read_table``.
+
+    Parameters
+    ----------
+    source : Path or bytes
+    name : str
+        What the messages call the input (the file, with its rows for a piece).
+    sep : str
+    lines_before : callable, optional
+        For bytes: the number of the file's lines between its header and the block, so that a
+        message gives the file's line (asked only when a message needs it).
+    dtype : optional
+        As ``pandas.read_csv`` (e.g. text for a group key).
+    """
+    src = io.BytesIO(source) if isinstance(source, bytes) else source
+
+    def bad_record() -> tuple[int, int, int] | None:
+        bad = _first_bad_record(source, sep)
+        if bad is not None and lines_before is not None:
+            line, got, want = bad
+            return line + lines_before(), got, want
+        return bad
+
+    try:
+        df = pd.read_csv(src, sep=sep, encoding="utf-8-sig", low_memory=False, dtype=dtype)
+    except pd.errors.EmptyDataError:
+        raise InputError(f"{name}: the file is empty (no header line)") from None
+    except pd.errors.ParserError as err:
+        bad = bad_record()
+        if bad is not None:
+            line, got, want = bad
+            raise InputError(f"{name}: line {line} has {got} fields, expected {want}") from None
+        msg = re.sub(r"^Error tokenizing data\. C error: ", "", str(err).strip())
+        raise InputError(f"{name}: not a valid CSV file ({msg})") from None
+    except UnicodeDecodeError as err:
+        raise InputError(
+            f"{name}: not a UTF-8 text file (byte 0x{err.object[err.start]:02x} cannot be decoded)"
+        ) from None
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        raise InputError(f"{name}: cannot be read ({err})") from None
+    # pandas fills short records with missing values without complaint: look for them only
+    # when there are missing values (the scan reads the input once more)
+    if df.isna().to_numpy().any():
+        bad = bad_record()
+        if bad is not None:
+            line, got, want = bad
+            raise InputError(f"{name}: line {line} has {got} fields, expected {want}")
+    df.columns = [str(c) for c in df.columns]
+    return df
+
+
+def _is_blank(rec: list[str]) -> bool:
+    # pandas' skip_blank_lines drops empty and whitespace-only lines
+    return not rec or (len(rec) == 1 and not rec[0].strip())
+
+
+def _records(p: Path | bytes, sep: str) -> Iterator[tuple[int, list[str]]]:
+    """(first physical line, fields) of each non-blank record of a CSV file (or of its bytes),
+    header included."""
+    with _open_text(p) as f:
+        reader = csv.reader(f, delimiter=sep)
+        prev = 0
+        for rec in reader:
+            start = prev + 1
+            prev = reader.line_num
+            if not _is_blank(rec):
+                yield start, rec
+
+
+def _first_bad_record(p: Path | bytes, sep: str) -> tuple[int, int, int] | None:
+    """(line, fields, expected fields) of the first record whose field count differs."""
+    want = None
+    try:
+        for line, rec in _records(p, sep):
+            if want is None:
+                want = len(rec)
+            elif len(rec) != want:
+                return line, len(rec), want
+    except (csv.Error, UnicodeDecodeError):
+        return None
+    return None
+
+
+def csv_line_of_row(path: str | os.PathLike[str], row: int) -> int | None:
+    """The physical line (1-based) where data row ``row`` (0-based) of a CSV file starts."""
+    p = Path(path)
+    sep = csv_sep(p)
+    try:
+        for i, (line, _rec) in enumerate(_records(p, sep)):
+            if i == row + 1:  # record 0 is the header
+                return line
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return None
+    return None
+
+
+def describe_row(path: str | os.PathLike[str], row: int) -> str:
+    """Data row ``row`` (0-based) as a person finds it in the file.
+
+    ``"row 12 (line 14)"`` for a CSV file with a header and no blank lines, ``"row 12"``
+    (0-based record position) otherwise.
+    """
+    try:
+        kind = file_format(path)
+    except ValueError:
+        kind = ""
+    if kind == "csv":
+        line = csv_line_of_row(path, row)
+        if line is not None:
+            return f"row {row} (line {line})"
+    return f"row {row} (0-based)"
+
+
+_ROW = re.compile(r"\brow (\d+)\b(?! \()")
+
+
+def locate_rows(msg: str, path: str | os.PathLike[str]) -> str:
+    """``msg`` with its first 0-based ``row N`` rewritten by ``describe_row`` for ``path``.
+
+    A ``row N`` already followed by a parenthesis has been located and is left alone.
+    """
+    m = _ROW.search(msg)
+    if m is None:
+        return msg
+    return msg[: m.start()] + describe_row(path, int(m.group(1))) + msg[m.end() :]
+
+
+def parquet_files(p: Path, name: str) -> list[Path]:
+    """The Parquet files of a file or a directory (every file below it but those whose names
+    start with "_" or ".", as pyarrow's datasets read them)."""
+    if not p.is_dir():
+        return [p]
+    files = [f for f in sorted(p.rglob("*")) if f.is_file() and not f.name.startswith(("_", "."))]
+    if not files:
+        raise InputError(f"{name}: directory holds no Parquet files")
+    return files
+
+
+def check_parquet_files(p: Path, name: str) -> None:
+    """Every Parquet file of ``p`` (``parquet_files``) by its magic bytes."""
+    for f in parquet_files(p, name):
+        check_parquet_file(f, name if f == p else f"{name}/{f.relative_to(p)}")
+
+
+def check_parquet_file(f: Path, name: str) -> None:
+    """A Parquet file, by its size and magic bytes at both ends (InputError naming ``name``)."""
+    size = f.stat().st_size
+    if size == 0:
+        raise InputError(f"{name}: the file is empty")
+    with open(f, "rb") as fh:
+        head = fh.read(4)
+        fh.seek(max(size - 4, 0))
+        tail = fh.read(4)
+    if size < 12 or head != _PARQUET_MAGIC or tail != _PARQUET_MAGIC:
+        raise InputError(f"{name}: not a Parquet file (bad magic bytes)")
+
+
+def check_npy(path: str | os.PathLike[str]) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of a ``.npy`` file from its header, without reading the data.
+
+    Raises
+    ------
+    InputError
+        Naming the file: not a ``.npy`` file (magic bytes, header), or an array of Python
+        objects (which only unpickling could read, and this package never unpickles).
+    """
+    p = Path(path)
+    name = str(path)
+    try:
+        with open(p, "rb") as f:
+            if not f.read(len(_NPY_MAGIC)).startswith(_NPY_MAGIC):
+                raise InputError(f"{name}: not a NumPy .npy file (bad magic bytes)")
+            f.seek(0)
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, _fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                shape, _fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    except InputError:
+        raise
+    except (ValueError, OSError, EOFError) as err:
+        raise InputError(f"{name}: not a valid NumPy .npy file ({err})") from None
+    if dtype.hasobject:
+        raise InputError(
+            f"{name}: holds Python objects (dtype {dtype}); only numeric arrays are read "
+            "(save the array with a numeric dtype, e.g. arr.astype(float))"
+        )
+    return tuple(int(v) for v in shape), dtype
+
+
+def _check_npy_table(p: Path, name: str) -> None:
+    """A ``.npy`` file that holds a table: 2-D real numbers, or a 1-D structured array."""
+    shape, dtype = check_npy(p)
+    if dtype.names is not None:
+        if len(shape) != 1:
+            raise InputError(f"{name}: expected a 1-D structured array, got shape {shape}")
+        return
+    if len(shape) != 2:
+        raise InputError(f"{name}: expected a 2-D array (n_rows, n_columns), got shape {shape}")
+    if not (np.issubdtype(dtype, np.number) or dtype == np.bool_) or np.issubdtype(
+        dtype, np.complexfloating
+    ):
+        raise InputError(f"{name}: expected a real numeric array, got dtype {dtype}")
+
+
+# -- output ------------------------------------------------------------------------------------
+def temp_sibling(path: str | os.PathLike[str]) -> Path:
+    """The name an output ``path`` is written under until it is complete: ``.<name>.partial``
+    in the same directory (same file system, so the final rename is atomic; hidden, so that a
+    half-written output is not mistaken for a result)."""
+    p = Path(path)
+    return p.parent / f".{p.name}.partial"
+
+
+@contextlib.contextmanager
+def staged_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary sibling of ``out`` to write into; renamed to ``out`` if the block succeeds.
+
+    The temporary directory is ``temp_sibling(out)``. On any exception it is removed and
+    ``out`` is left as it was; on success an existing ``out`` is replaced.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{out}: exists and is not a directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_sibling(out)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        yield tmp
+        commit_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def commit_dir(tmp: Path, out: Path) -> None:
+    """Rename the complete output ``tmp`` to ``out``, replacing an existing ``out``: the one
+    last step of every staged output (``staged_dir``, a run's ``finish``)."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    # rename() cannot replace a non-empty directory: move the old one aside first
+    old = out.parent / f".{out.name}.old"
+    if old.exists():
+        shutil.rmtree(old)
+    os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return _jsonable(obj.tolist())
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        v = float(obj)
+        return v if math.isfinite(v) else None
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """The JSON in ``path``; None when it is missing or does not parse."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: Any, obj: Mapping[str, Any]) -> None:
+    """``obj`` as indented JSON; numpy scalars / arrays become numbers / lists, NaN and inf null.
+    ``path`` may be an object on object storage (``pipeline.core.storage``): one PUT."""
+    from pipeline.core import storage
+
+    loc = storage.location(path)
+    if isinstance(loc, storage.RemotePath):
+        loc.write_text(json.dumps(_jsonable(obj), indent=2, allow_nan=False) + "\n")
+        return
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(_jsonable(obj), f, indent=2, allow_nan=False)
+        f.write("\n")
+
+
+def write_outputs(
+    directory: str | os.PathLike[str],
+    tables: Mapping[str, pd.DataFrame] | None = None,
+    json_files: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[Path]:
+    """Write ``tables`` as ``<directory>/<name>.parquet`` and ``json_files`` as ``<name>.json``.
+
+    ``directory`` is normally the path yielded by ``staged_dir``. Returns the files written.
+    """
+    d = Path(directory)
+    written = []
+    for stem, df in (tables or {}).items():
+        f = d / f"{safe_name(stem, 'table')}.parquet"
+        df.to_parquet(f, index=False)
+        written.append(f)
+    for stem, obj in (json_files or {}).items():
+        f = d / f"{safe_name(stem, 'record')}.json"
+        write_json(f, obj)
+        written.append(f)
+    return written
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python and of what a run depends on, for run.json ("not installed" for a
+    distribution that is absent)."""
+    import importlib.metadata as md
+    import platform
+
+    out = {"python": platform.python_version()}
+    for dist in (
+        "dpmm-pipeline",
+        "numpy",
+        "numba",
+        "pandas",
+        "scikit-learn",
+        "dask",
+        "distributed",
+        "zarr",
+        "prefect",
+    ):
+        try:
+            out[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out

@@ -1,0 +1,464 @@
+"""Input sources of ingest: the pieces of a CSV, Parquet, ``.npy``, zarr or in-memory input,
+each read and located (file and row) on its own, so that one Dask task reads one piece."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import zarr
+
+from pipeline.core import storage
+from pipeline.core.errors import InputError
+from pipeline.data import io as pio
+from pipeline.data.store import NO_ROWS
+from pipeline.families.schema import as_frame
+
+CSV_BLOCK_BYTES = 32 * 2**20  # a CSV piece: one Dask task each
+
+_ROW = re.compile(r"\brow (\d+)\b")
+
+
+def shift_row(msg: str, offset: int) -> str:
+    """The first "row N" of a message as "row N + offset"."""
+    return _ROW.sub(lambda m: f"row {int(m.group(1)) + offset}", msg, count=1)
+
+
+def located(label: str, row0: int | None, err: Exception) -> InputError:
+    """``err``'s message (one line) with the file prefixed and chunk-local rows made file rows."""
+    msg = " ".join(str(err).split())
+    if row0:
+        msg = shift_row(msg, row0)
+    return InputError(f"{label}: {msg}")
+
+
+@dataclass
+class Piece:
+    """One ingest task's share of the input: rows [row0, row0 + n) of file ``label``
+    (``n`` None when unknown before reading) and how to read them."""
+
+    index: int
+    label: str
+    kind: str
+    args: tuple[Any, ...]
+    row0: int | None = None
+    n: int | None = None
+
+
+def _npy_source(path: Path) -> tuple[int, int]:
+    # the header's checks of ``read_table`` (magic bytes, no Python objects), then the shape: a
+    # 2-D array, or a 1-D structured array (a column a field)
+    shape, dtype = pio.check_npy(path)
+    if dtype.names is not None and len(shape) == 1:
+        return int(shape[0]), len(dtype.names)
+    if len(shape) != 2 or dtype.names is not None:
+        raise InputError(f"{path}: expected a 2-D array (n_samples, n_features), got {shape}")
+    return int(shape[0]), int(shape[1])
+
+
+def _size(loc: storage.Loc) -> int:
+    return loc.stat().st_size if isinstance(loc, Path) else loc.stat_size()
+
+
+def _open_rb(path: str) -> Any:
+    """A local file or an object (``pipeline.core.storage``), opened for reading bytes."""
+    return storage.location(path).open("rb")
+
+
+def _csv_blocks(path: storage.Loc, block: int) -> list[tuple[int, int]]:
+    """Byte ranges of the data lines of a CSV file, split at line ends near multiples of
+    ``block`` (quoted fields holding line breaks are not supported)."""
+    size = _size(path)
+    with path.open("rb") as fh:
+        header = fh.readline()
+        start = len(header)
+        bounds = [start]
+        pos = start + block
+        while pos < size:
+            fh.seek(pos)
+            fh.readline()
+            nxt = fh.tell()
+            if nxt >= size:
+                break
+            if nxt > bounds[-1]:
+                bounds.append(nxt)
+            pos = nxt + block
+    bounds.append(size)
+    return [(a, b) for a, b in itertools.pairwise(bounds) if b > a] or [(start, start)]
+
+
+IN_MEMORY = ("frame", "array", "delayed")
+
+
+def read_file(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """All records of a file as one DataFrame, read piece by piece as ingest reads them: the
+    one table reader (``pipeline.data.io.read_table`` adds the checks and messages of a whole
+    file)."""
+    src = open_source(path, chunk_rows=2**40)
+    frames = [read_piece(piece, None)[0] for piece in src.pieces]
+    df = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    df.columns = [str(c) for c in df.columns]
+    return df
+
+
+def read_piece(
+    piece: Piece,
+    columns: Sequence[str] | None,
+    data: Any = None,
+    text_columns: Sequence[str] = (),
+) -> tuple[pd.DataFrame, bool]:
+    """The piece's rows as a DataFrame and whether they came with column names.
+
+    ``data`` is the piece's in-memory rows for the kinds in ``IN_MEMORY`` (a worker receives
+    them as a scattered or computed future); by default they are taken from the piece itself.
+    ``text_columns`` of a CSV file are read as text: a group key "007" stays "007" in every
+    block, whatever the other values of its block look like.
+    """
+    kind = piece.kind
+    try:
+        if kind == "npy":
+            path, a, b = piece.args
+            arr = (
+                np.load(path, mmap_mode="r", allow_pickle=False)[a:b]
+                if not storage.is_url(path)
+                else _npy_rows(path, a, b)
+            )
+            if arr.dtype.names is not None:
+                return pd.DataFrame({f: np.asarray(arr[f]) for f in arr.dtype.names}), True
+            return as_frame(np.asarray(arr), columns)[0], False
+        if kind == "zarr":
+            path, a, b = piece.args
+            arr = zarr.open_array(path, mode="r")[a:b]
+            return as_frame(np.asarray(arr), columns)[0], False
+        if kind == "csv":
+            path, a, b = piece.args
+            dtype = {c: str for c in text_columns} if text_columns else None
+            sep = pio.csv_sep(path)
+            if a < 0:  # a compressed file: one piece
+                if storage.is_url(path):
+                    import gzip
+
+                    raw = gzip.decompress(storage.location(path).read_bytes())
+                    return pio.parse_csv(raw, piece.label, sep, dtype=dtype), True
+                return pio.parse_csv(Path(path), piece.label, sep, dtype=dtype), True
+            with _open_rb(path) as fh:
+                header = fh.readline()
+                fh.seek(a)
+                body = fh.read(b - a)
+            if not header.strip():
+                raise InputError(f"{piece.label}: the file is empty (no header line)")
+
+            def lines_before() -> int:
+                with _open_rb(path) as fh:
+                    return fh.read(a).count(b"\n") - 1
+
+            df = pio.parse_csv(header + body, piece.label, sep, lines_before, dtype)
+            return df, True
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            path, rg = piece.args
+            with _open_rb(path) as fh:
+                table = pq.ParquetFile(fh).read_row_group(rg)
+            return table.to_pandas(), True
+        if kind in IN_MEMORY:
+            obj = data
+            if obj is None:
+                (obj,) = piece.args
+                if kind == "delayed":
+                    obj = obj.compute(scheduler="sync")
+            if isinstance(obj, pd.DataFrame):
+                return as_frame(obj)
+            return as_frame(np.asarray(obj), columns)[0], False
+    except InputError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError, IndexError) as err:
+        msg = " ".join(str(err).split())
+        raise InputError(
+            f"{piece.label}: rows from {piece.row0 or 0} cannot be read: {msg}"
+        ) from err
+    except Exception as err:  # pyarrow / pandas parser / codec errors
+        raise InputError(
+            f"{piece.label}: rows from {piece.row0 or 0} cannot be read "
+            f"({type(err).__name__}: {' '.join(str(err).split())})"
+        ) from err
+    raise AssertionError(kind)
+
+
+@dataclass
+class Source:
+    """An input, cut into pieces. ``aligned`` pieces are the output chunks themselves."""
+
+    description: str
+    pieces: list[Piece]
+    aligned: bool
+    from_frame: bool
+
+
+def open_source(obj: Any, chunk_rows: int) -> Source:
+    """Cut an input into ingest pieces.
+
+    ``obj`` is a path (CSV; Parquet file or directory; ``.npy``; a zarr array), a URL of one
+    (``pipeline.core.storage``), a list of paths or URLs of tables (CSV, Parquet: ``_listed_source``)
+    or, from Python, a numpy array, pandas DataFrame, dask array or dask DataFrame.
+    """
+    # a dask collection can only come from an imported dask; importing dask.array and
+    # dask.dataframe just to test for one costs the driver most of a second
+    da = sys.modules.get("dask.array")
+    dd = sys.modules.get("dask.dataframe")
+    if storage.is_url(obj):
+        return _remote_source(storage.location(obj), chunk_rows)
+    if is_file_list(obj):
+        return _listed_source(obj, chunk_rows)
+    if isinstance(obj, (str, os.PathLike)):
+        path = storage.local_path(obj)
+        if not path.exists():
+            raise InputError(f"{path}: no such file or directory")
+        name = path.name.lower()
+        if name.endswith(".npy"):
+            n, _d = _npy_source(path)
+            return _aligned(str(path), n, chunk_rows, "npy", str(path), from_frame=False)
+        if (path / "zarr.json").exists() or (path / ".zarray").exists():
+            try:
+                arr = zarr.open_array(str(path), mode="r")
+            except Exception as err:
+                raise InputError(f"{path}: not a readable zarr array ({err})") from err
+            if arr.ndim != 2:
+                raise InputError(f"{path}: expected a 2-D zarr array, got shape {arr.shape}")
+            return _aligned(str(path), int(arr.shape[0]), chunk_rows, "zarr", str(path), False)
+        if name.endswith((".parquet", ".pq")) or path.is_dir():
+            import pyarrow.parquet as pq
+
+            pieces: list[Piece] = []
+            for f in pio.parquet_files(path, str(path)):
+                pio.check_parquet_file(f, str(f))
+                try:
+                    meta = pq.ParquetFile(f).metadata
+                except Exception as err:  # pyarrow raises its own errors
+                    raise InputError(f"{f}: not a readable Parquet file ({err})") from err
+                _row_group_pieces(pieces, meta, str(f), str(f))
+            if not pieces or sum(p.n or 0 for p in pieces) == 0:
+                raise InputError(f"{path}: {NO_ROWS}")
+            return Source(str(path), pieces, aligned=False, from_frame=True)
+        if (
+            name.endswith((".csv", ".csv.txt", ".txt", ".tsv", ".csv.gz", ".tsv.gz"))
+            or path.is_file()
+        ):
+            if path.stat().st_size == 0:
+                raise InputError(f"{path}: the file is empty")
+            # a compressed file cannot be cut at byte offsets: one piece
+            blocks = [(-1, -1)] if name.endswith(".gz") else _csv_blocks(path, CSV_BLOCK_BYTES)
+            pieces = [
+                Piece(i, str(path), "csv", (str(path), a, b), 0 if i == 0 else None)
+                for i, (a, b) in enumerate(blocks)
+            ]
+            return Source(str(path), pieces, aligned=False, from_frame=True)
+        raise InputError(f"{path}: unrecognised input (expected CSV, Parquet, .npy or zarr)")
+    if da is not None and isinstance(obj, da.Array):
+        if obj.ndim != 2:
+            raise InputError(f"dask array: expected 2-D (n_samples, n_features), got {obj.shape}")
+        if any(math.isnan(c) for c in obj.chunks[0]):
+            raise InputError("dask array: the row chunk sizes must be known (compute_chunk_sizes)")
+        arr = obj.rechunk((chunk_rows, obj.shape[1]))
+        blocks = arr.to_delayed().ravel()
+        pieces = [
+            Piece(i, "dask array", "delayed", (b,), i * chunk_rows, arr.chunks[0][i])
+            for i, b in enumerate(blocks)
+        ]
+        return Source("dask array", pieces, aligned=True, from_frame=False)
+    if dd is not None and isinstance(obj, dd.DataFrame):
+        parts = obj.to_delayed()
+        pieces = [Piece(i, "dask DataFrame", "delayed", (p,)) for i, p in enumerate(parts)]
+        pieces[0].row0 = 0
+        return Source("dask DataFrame", pieces, aligned=False, from_frame=True)
+    if isinstance(obj, pd.DataFrame):
+        n = obj.shape[0]
+        pieces = [
+            Piece(
+                i, "DataFrame", "frame", (obj.iloc[a : a + chunk_rows],), a, min(chunk_rows, n - a)
+            )
+            for i, a in enumerate(range(0, max(n, 1), chunk_rows))
+        ]
+        return Source("DataFrame", pieces, aligned=True, from_frame=True)
+    arr_ = np.asarray(obj)
+    if arr_.ndim != 2:
+        raise InputError(f"array: expected 2-D (n_samples, n_features), got shape {arr_.shape}")
+    n = arr_.shape[0]
+    pieces = [
+        Piece(i, "array", "array", (arr_[a : a + chunk_rows],), a, min(chunk_rows, n - a))
+        for i, a in enumerate(range(0, max(n, 1), chunk_rows))
+    ]
+    return Source("array", pieces, aligned=True, from_frame=False)
+
+
+def _remote_source(loc: storage.Loc, chunk_rows: int) -> Source:
+    """The pieces of an input on object storage (``pipeline.core.storage``): a CSV, Parquet file or
+    prefix of Parquet files, ``.npy`` file or zarr array, read by the workers through fsspec."""
+    assert isinstance(loc, storage.RemotePath)
+    label = storage.redact(loc.url)
+    try:
+        if not loc.exists():
+            raise InputError(f"{label}: no such file or directory")
+        name = loc.name.lower()
+        if name.endswith(".npy"):
+            shape, dtype = _remote_npy_header(loc)
+            if dtype.names is not None and len(shape) == 1:
+                n = int(shape[0])
+            elif len(shape) != 2 or dtype.names is not None:
+                raise InputError(f"{label}: expected a 2-D array (n_samples, n_features)")
+            else:
+                n = int(shape[0])
+            return _aligned(label, n, chunk_rows, "npy", loc.url, from_frame=False)
+        if (loc / "zarr.json").exists() or (loc / ".zarray").exists():
+            try:
+                arr = zarr.open_array(loc.url, mode="r")
+            except Exception as err:
+                raise InputError(f"{label}: not a readable zarr array ({err})") from err
+            if arr.ndim != 2:
+                raise InputError(f"{label}: expected a 2-D zarr array, got shape {arr.shape}")
+            return _aligned(label, int(arr.shape[0]), chunk_rows, "zarr", loc.url, False)
+        if name.endswith((".parquet", ".pq")) or loc.is_dir():
+            import pyarrow.parquet as pq
+
+            files = (
+                [loc]
+                if loc.is_file()
+                else [
+                    loc / k
+                    for k in loc.files()
+                    if not any(part.startswith(("_", ".")) for part in k.split("/"))
+                ]
+            )
+            if not files:
+                raise InputError(f"{label}: directory holds no Parquet files")
+            pieces: list[Piece] = []
+            for f in files:
+                flabel = storage.redact(str(f))
+                size = _size(f)
+                with f.open("rb") as fh:
+                    head = fh.read(4)
+                    fh.seek(max(size - 4, 0))
+                    tail = fh.read(4)
+                    if size < 12 or head != b"PAR1" or tail != b"PAR1":
+                        raise InputError(f"{flabel}: not a Parquet file (bad magic bytes)")
+                    fh.seek(0)
+                    try:
+                        meta = pq.ParquetFile(fh).metadata
+                    except Exception as err:  # pyarrow raises its own errors
+                        raise InputError(f"{flabel}: not a readable Parquet file ({err})") from err
+                _row_group_pieces(pieces, meta, flabel, str(f))
+            if not pieces or sum(p.n or 0 for p in pieces) == 0:
+                raise InputError(f"{label}: {NO_ROWS}")
+            return Source(label, pieces, aligned=False, from_frame=True)
+        if _size(loc) == 0:
+            raise InputError(f"{label}: the file is empty")
+        blocks = [(-1, -1)] if name.endswith(".gz") else _csv_blocks(loc, CSV_BLOCK_BYTES)
+        pieces = [
+            Piece(i, label, "csv", (loc.url, a, b), 0 if i == 0 else None)
+            for i, (a, b) in enumerate(blocks)
+        ]
+        return Source(label, pieces, aligned=False, from_frame=True)
+    except InputError:
+        raise
+    except Exception as err:  # the file system's own errors: no bucket, no credentials...
+        raise storage.fs_error(loc.url, err) from err
+
+
+def _read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
+    """(shape, Fortran order, dtype) from the header at the start of an open ``.npy`` file,
+    left positioned at the first byte of the data."""
+    version = np.lib.format.read_magic(f)
+    read = (
+        np.lib.format.read_array_header_1_0
+        if version == (1, 0)
+        else np.lib.format.read_array_header_2_0
+    )
+    return read(f)  # type: ignore[no-any-return]
+
+
+def _remote_npy_header(loc: storage.RemotePath) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """Shape and dtype of a ``.npy`` object from its header (as ``pipeline.data.io.check_npy``)."""
+    label = storage.redact(loc.url)
+    with loc.open("rb") as f:
+        if not f.read(6).startswith(b"\x93NUMPY"):
+            raise InputError(f"{label}: not a NumPy .npy file (bad magic bytes)")
+        f.seek(0)
+        try:
+            shape, fortran, dtype = _read_npy_header(f)
+        except (ValueError, OSError, EOFError) as err:
+            raise InputError(f"{label}: not a valid NumPy .npy file ({err})") from None
+    if dtype.hasobject:
+        raise InputError(f"{label}: holds Python objects (dtype {dtype}); only numbers are read")
+    if fortran and len(shape) > 1:
+        raise InputError(f"{label}: a Fortran-ordered array; save it in C order to read it")
+    return tuple(int(v) for v in shape), dtype
+
+
+def _row_group_pieces(pieces: list[Piece], meta: Any, label: str, key: str) -> None:
+    """Append to ``pieces`` one piece per row group of the Parquet file ``key`` (``meta``: its
+    metadata), each numbered by its rows within the file."""
+    row0 = 0
+    for rg in range(meta.num_row_groups):
+        n = meta.row_group(rg).num_rows
+        pieces.append(Piece(len(pieces), label, "parquet", (key, rg), row0, n))
+        row0 += n
+
+
+def _npy_rows(url: str, a: int, b: int) -> np.ndarray:
+    """Rows a..b-1 of a C-ordered ``.npy`` object, read as one byte range."""
+    with _open_rb(url) as f:
+        shape, _fortran, dtype = _read_npy_header(f)
+        row = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+        f.seek(f.tell() + a * row)
+        data = f.read((b - a) * row)
+    return np.frombuffer(data, dtype=dtype).reshape((b - a, *shape[1:]))
+
+
+def _aligned(label: str, n: int, chunk_rows: int, kind: str, path: str, from_frame: bool) -> Source:
+    if n == 0:
+        raise InputError(f"{label}: {NO_ROWS}")
+    pieces = [
+        Piece(i, label, kind, (path, a, min(a + chunk_rows, n)), a, min(chunk_rows, n - a))
+        for i, a in enumerate(range(0, n, chunk_rows))
+    ]
+    return Source(label, pieces, aligned=True, from_frame=from_frame)
+
+
+def is_file_list(obj: Any) -> bool:
+    """Whether ``obj`` is a list (or tuple) of paths or URLs: one input made of several files."""
+    return (
+        isinstance(obj, (list, tuple))
+        and len(obj) > 0
+        and all(isinstance(x, (str, os.PathLike, storage.RemotePath)) for x in obj)
+    )
+
+
+def _listed_source(files: Sequence[Any], chunk_rows: int) -> Source:
+    """The pieces of several tables (CSV or Parquet files or directories, local or on object
+    storage) read as one input, in the order given: the rows of the first, then the second's...
+    (a rolling window of dated partitions, ``pipeline.ops.schedule``, without linking or copying
+    them into one directory). Each keeps its own label and row numbers in error messages."""
+    pieces: list[Piece] = []
+    labels = []
+    for f in files:
+        src = open_source(str(f) if isinstance(f, storage.RemotePath) else f, chunk_rows)
+        if not src.from_frame:
+            raise InputError(
+                f"{src.description}: a list of inputs holds tables (CSV, Parquet) only, not "
+                "arrays (.npy, zarr)"
+            )
+        labels.append(src.description)
+        for p in src.pieces:
+            p.index = len(pieces)
+            pieces.append(p)
+    desc = labels[0] if len(labels) == 1 else f"{len(labels)} files ({labels[0]} ... {labels[-1]})"
+    return Source(desc, pieces, aligned=False, from_frame=True)

@@ -1,0 +1,432 @@
+"""The dataset store: ingest of the records, their folds, groups and true labels.
+
+Layout of a store (a zarr v3 group; rows chunked by ``chunk_rows`` = R)
+-------------------------------------------------------------------------
+``format.json``
+    ``{"format": "dpmm-dataset", "version": FORMAT_VERSION, ...}`` and the ingest options,
+    written first: ``Store.open_checked`` refuses a store of another version.
+``X`` (n_stored, D) float64
+    The encoded records, columns in the family's group order (``ProductFamily.arrange``), so a
+    chunk is handed to the kernels as it is read.
+``fold`` (n_stored,) int16
+    The row's cross-validation fold in 0..F-1 (``fold_of``), from the same hash as ``holdout``.
+``holdout`` (n_stored,) bool
+    Held-out rows: ``u < holdout`` with ``u = row_uniform(key, HOLDOUT_SALT)``, where the key is
+    the row index (or the row's group code, below): the split depends on neither the chunking,
+    the workers nor the run. With ``holdout = 1/F`` the held-out rows are those of fold 0.
+``group``, ``row`` (n_stored,) int64, grouped stores only
+    The row's group code 0..G-1 (groups numbered by first appearance) and its row index in the
+    input; -1 on padding.
+``y`` (n_stored,) int64, with a label column only
+    The true labels' codes (``label_codes``).
+``info.json`` + ``info.npz``
+    What ingest learned (``StoreInfo``: schema, family, sizes, data moments, the prior's sample,
+    the chunk plan of a grouped store), a ``pipeline.core.persist`` record (JSON plus arrays, never a
+    pickle) written last: its presence means ingest completed.
+
+A fit's per-record state (labels, random effects...) and its checkpoints live in the fit's own
+state store (``pipeline.distributed.loop``), so that many fits share one dataset store.
+
+Chunks and groups
+-----------------
+Chunk c of a store occupies the stored rows ``[c*R, c*R + n_c)`` (``StoreInfo.chunk_bounds``);
+zarr chunks are task chunks, so parallel writers never share a zarr chunk. Without a group
+column every chunk but the last is full and stored row i is input row i (``n_stored`` =
+``n_rows``). With ``group_column``, all rows of a group land in one chunk, in input order;
+groups are packed greedily in their order of first appearance, so ``n_c <= R``, and the stored
+rows ``[c*R + n_c, (c+1)*R)`` are padding that no reader touches (``iter_chunks`` yields the
+valid bounds only). Fold and held-out flag are drawn per group (the key of the hash is the
+group's code), so all rows of a group share them.
+
+Ingest (``pipeline.data.ingest``) writes a store; ``pipeline.data.dataset`` shares it between fits.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar, overload
+
+import numpy as np
+import zarr
+from numpy.typing import NDArray
+
+from pipeline.core import persist, storage
+from pipeline.core.config import N_FOLDS
+from pipeline.core.errors import InputError
+from pipeline.families import FloatArray, ProductFamily
+from pipeline.families.schema import Schema
+
+HOLDOUT_SALT = 0x5EED_0001
+SAMPLE_SALT = 0x5EED_0002
+PLOT_SALT = 0x5EED_0003
+NO_ROWS = "X has no rows (0 samples); at least 1 is required"
+FORMAT_NAME = "dpmm-dataset"
+FORMAT_VERSION = 1
+FORMAT_FILE = "format.json"
+INFO_FILE = "info"
+MAX_FOLDS = 2**15 - 1  # fold ids are int16
+
+BoolArray = NDArray[np.bool_]
+IntArray = NDArray[np.int64]
+_T = TypeVar("_T")
+FoldArray = NDArray[np.int16]
+
+
+# -- hashing of row indices ------------------------------------------------------------------
+
+
+def row_uniform(rows: IntArray, salt: int) -> FloatArray:
+    """A uniform number in [0, 1) for each row index: splitmix64 of (row, salt).
+
+    Depends on the row index only, so any chunking of the rows draws the same numbers.
+    """
+    offset = (int(salt) * 0xD1B54A32D192ED03 + 0x9E3779B97F4A7C15) % 2**64
+    z = np.asarray(rows, dtype=np.uint64) + np.uint64(offset)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+
+
+def holdout_mask(start: int, stop: int, fraction: float) -> BoolArray:
+    """Held-out flags of rows start..stop-1 (see the module docstring)."""
+    return holdout_mask_of(np.arange(start, stop), fraction)
+
+
+def holdout_mask_of(rows: IntArray, fraction: float) -> BoolArray:
+    """Held-out flags of the given row indices (or group codes of a grouped store)."""
+    if fraction <= 0.0:
+        return np.zeros(np.shape(rows), dtype=bool)
+    return row_uniform(rows, HOLDOUT_SALT) < fraction
+
+
+def folds_of_uniform(u: FloatArray, n_folds: int) -> FoldArray:
+    """Fold ids 0..n_folds-1 of hash uniforms ``u`` in [0, 1): the interval [j/F, (j+1)/F) that
+    holds u, i.e. ``min(floor(u * F), F - 1)``.
+
+    The interval is found by comparing u with the floats ``j / F`` rather than by rounding
+    ``u * F``: then fold 0 is exactly ``u < 1 / F``, the held-out test of ``holdout = 1 / F``,
+    bit for bit.
+    """
+    edges = np.arange(1, int(n_folds), dtype=np.float64) / float(n_folds)
+    return np.searchsorted(edges, np.asarray(u, dtype=np.float64), side="right").astype(np.int16)
+
+
+def fold_of(rows_or_group_codes: IntArray, n_folds: int = N_FOLDS) -> FoldArray:
+    """Fold ids (int16, 0..n_folds-1) of row indices, or of group codes in a grouped store.
+
+    Parameters
+    ----------
+    rows_or_group_codes : (n,) int array
+        The hash keys: row indices of an ungrouped store, group codes 0..G-1 of a grouped one.
+    n_folds : int
+        F >= 1.
+
+    Returns
+    -------
+    (n,) int16 array, ``min(floor(u * F), F - 1)`` with ``u = row_uniform(key, HOLDOUT_SALT)``,
+    so that the rows with ``holdout_mask_of(key, 1 / F)`` are those of fold 0.
+    """
+    n_folds = check_folds(n_folds)
+    return folds_of_uniform(row_uniform(rows_or_group_codes, HOLDOUT_SALT), n_folds)
+
+
+def check_folds(n_folds: Any) -> int:
+    if isinstance(n_folds, bool) or int(n_folds) != n_folds or not 1 <= int(n_folds) <= MAX_FOLDS:
+        raise ValueError(f"n_folds must be an integer in [1, {MAX_FOLDS}], got {n_folds!r}")
+    return int(n_folds)
+
+
+# -- moments -------------------------------------------------------------------------------
+
+
+@persist.register
+@dataclass
+class Moments:
+    """Additive data moments of encoded rows (columns in the store's order): the sum of two
+    chunks' moments is the moments of their union (min / max combine as min / max)."""
+
+    n: float
+    total: FloatArray
+    outer: FloatArray
+    lo: FloatArray
+    hi: FloatArray
+
+    @classmethod
+    def of(cls, X: FloatArray) -> Moments:
+        d = X.shape[1]
+        if X.shape[0] == 0:
+            return cls(0.0, np.zeros(d), np.zeros((d, d)), np.full(d, np.inf), np.full(d, -np.inf))
+        return cls(float(X.shape[0]), X.sum(axis=0), X.T @ X, X.min(axis=0), X.max(axis=0))
+
+    def __add__(self, other: Moments) -> Moments:
+        return Moments(
+            self.n + other.n,
+            self.total + other.total,
+            self.outer + other.outer,
+            np.minimum(self.lo, other.lo),
+            np.maximum(self.hi, other.hi),
+        )
+
+    @property
+    def mean(self) -> FloatArray:
+        return self.total / max(self.n, 1.0)
+
+    @property
+    def cov(self) -> FloatArray:
+        """Unbiased covariance (as ``np.cov``)."""
+        m = self.mean
+        return (self.outer - self.n * np.outer(m, m)) / max(self.n - 1.0, 1.0)
+
+
+# -- what ingest learned --------------------------------------------------------------------
+
+
+@persist.register
+@dataclass
+class StoreInfo:
+    """Everything later steps need to know about the ingested records.
+
+    ``n_rows`` is the number of real rows; every per-row array of the store has ``n_stored``
+    rows (more than ``n_rows`` in a grouped store, whose chunks end in padding: module
+    docstring). ``sample_rows`` are stored positions.
+    """
+
+    source: str
+    n_rows: int
+    n_cols: int
+    chunk_rows: int
+    holdout: float
+    schema: Schema
+    family: ProductFamily
+    n_train: int
+    moments: Moments
+    sample: FloatArray  # rows of the prior's sample, schema column order
+    sample_rows: IntArray
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    label_column: str | None = None
+    n_folds: int = N_FOLDS
+    group_column: str | None = None
+    # the groups' values in the input, indexed by group code (JSON scalars: str, int, float)
+    group_ids: list[Any] | None = None
+    # real rows of each chunk of a grouped store (None: every chunk full but the last)
+    chunk_counts: list[int] | None = None
+    # the family was given to ingest (a user's prior, a warm-start model's): runs keep it
+    # instead of refitting the empirical-Bayes prior to ``sample`` at their prior scale
+    prior_fixed: bool = False
+
+    def with_prior_scale(self, scale: float | None) -> StoreInfo:
+        """This info with the empirical-Bayes prior refitted to the prior's ``sample`` at
+        ``scale`` (``Schema.build_family``; None: the family default). The store keeps the
+        sample as the truth rather than the prior, so that a store ingested under another
+        default, or shared by runs of other prior scales, gives each run its own; a prior
+        given to ingest (``prior_fixed``) is kept."""
+        if self.prior_fixed:
+            return self
+        try:
+            family = self.schema.build_family(self.sample, scale=scale)
+        except ValueError as err:
+            raise InputError(f"{self.source}: {' '.join(str(err).split())}") from err
+        return replace(self, family=family)
+
+    @property
+    def grouped(self) -> bool:
+        return self.group_column is not None
+
+    @property
+    def n_groups(self) -> int:
+        """Number of groups (0 without a group column)."""
+        return len(self.group_ids) if self.group_ids is not None else 0
+
+    @property
+    def n_chunks(self) -> int:
+        if self.chunk_counts is not None:
+            return len(self.chunk_counts)
+        return max(1, -(-self.n_rows // self.chunk_rows))
+
+    @property
+    def n_stored(self) -> int:
+        """Length of every per-row array of the store (real rows and padding)."""
+        if self.chunk_counts is not None:
+            return (len(self.chunk_counts) - 1) * self.chunk_rows + int(self.chunk_counts[-1])
+        return self.n_rows
+
+    def chunk_bounds(self, c: int) -> tuple[int, int]:
+        """Stored rows [a, b) of the real rows of chunk c."""
+        a = c * self.chunk_rows
+        if self.chunk_counts is not None:
+            return a, a + int(self.chunk_counts[c])
+        return a, min(a + self.chunk_rows, self.n_rows)
+
+    @property
+    def names(self) -> list[str]:
+        """Column names in the store's (arranged) order."""
+        return [self.schema.columns[j] for j in self.family.column_order]
+
+
+class Store:
+    """A dataset store (module docstring)."""
+
+    def __init__(self, path: storage.Where):
+        # a local directory or a prefix of object storage (``pipeline.core.storage``)
+        self.path: storage.Loc = storage.location(path)
+
+    @classmethod
+    def open_checked(cls, path: storage.Where) -> Store:
+        """The store at ``path`` after checking its ``format.json``.
+
+        Raises
+        ------
+        ValueError
+            No store there, or one of another format version (the message names the path and
+            both versions).
+        """
+        store = cls(path)
+        store.check_format()
+        return store
+
+    # the format -----------------------------------------------------------------------------
+    def write_format(self, **extra: Any) -> None:
+        """Write ``format.json`` (the format name and version, and ``extra``)."""
+        meta = {"format": FORMAT_NAME, "version": FORMAT_VERSION, **extra}
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._write_atomic(FORMAT_FILE, (json.dumps(meta, indent=1, default=str) + "\n").encode())
+
+    def read_format(self) -> dict[str, Any]:
+        """The contents of ``format.json``, or a ValueError naming the path."""
+        f = self.path / FORMAT_FILE
+        if not self.path.exists():
+            raise ValueError(f"{self.path}: no dataset store here (no such directory)")
+        try:
+            meta = json.loads(f.read_text())
+        except FileNotFoundError:
+            raise ValueError(
+                f"{self.path}: not a dataset store of format version {FORMAT_VERSION} "
+                f"(no {FORMAT_FILE}: written by an older dpmm, or not a store)"
+            ) from None
+        except (OSError, ValueError) as err:
+            raise ValueError(f"{f}: unreadable ({' '.join(str(err).split())})") from err
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+            raise ValueError(f"{f}: not a {FORMAT_NAME} store")
+        return meta
+
+    def check_format(self) -> dict[str, Any]:
+        """``read_format``, and a ValueError unless the version is ``FORMAT_VERSION``."""
+        meta = self.read_format()
+        if meta.get("version") != FORMAT_VERSION:
+            raise ValueError(
+                f"{self.path}: dataset store format version {meta.get('version')!r}, but this "
+                f"dpmm reads version {FORMAT_VERSION}; ingest the data again"
+            )
+        return meta
+
+    # arrays ---------------------------------------------------------------------------------
+    def array(self, name: str, mode: str = "r") -> Any:
+        return zarr.open_array(str(self.path / name), mode=mode)
+
+    def create_arrays(
+        self,
+        n_rows: int,
+        n_cols: int,
+        chunk_rows: int,
+        labels: bool = False,
+        grouped: bool = False,
+    ) -> None:
+        """Create the per-row arrays, ``n_rows`` (= ``StoreInfo.n_stored``) rows chunked by
+        ``chunk_rows``: X, fold, holdout, and y (``labels``), group and row
+        (``grouped``)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        zarr.open_group(str(self.path), mode="a")
+        zarr.create_array(
+            str(self.path / "X"),
+            shape=(n_rows, n_cols),
+            chunks=(chunk_rows, n_cols),
+            dtype="float64",
+            compressors=None,
+            overwrite=True,
+        )
+        zarr.create_array(
+            str(self.path / "holdout"),
+            shape=(n_rows,),
+            chunks=(chunk_rows,),
+            dtype="bool",
+            fill_value=False,
+            overwrite=True,
+        )
+        zarr.create_array(
+            str(self.path / "fold"),
+            shape=(n_rows,),
+            chunks=(chunk_rows,),
+            dtype="int16",
+            fill_value=-1,
+            overwrite=True,
+        )
+        names = (*(("y",) if labels else ()), *(("group", "row") if grouped else ()))
+        for name in names:
+            zarr.create_array(
+                str(self.path / name),
+                shape=(n_rows,),
+                chunks=(chunk_rows,),
+                dtype="int64",
+                fill_value=-1,
+                overwrite=True,
+            )
+
+    # small files, replaced atomically -------------------------------------------------------
+    def _write_atomic(self, name: str, data: bytes) -> None:
+        persist.write_atomic(self.path / name, data)
+
+    def save(self, name: str, obj: Any) -> None:
+        """Write ``obj`` as the record ``name`` (``name.json`` + ``name.npz``, ``persist.save``)."""
+        persist.save(self.path, name, obj)
+
+    @overload
+    def load(self, name: str, expect: None = None) -> Any: ...
+
+    @overload
+    def load(self, name: str, expect: type[_T]) -> _T: ...
+
+    def load(self, name: str, expect: type[Any] | None = None) -> Any:
+        """The record ``name`` read back (``persist.load``; ``PersistError`` naming the file)."""
+        return persist.load(self.path, name, expect)
+
+    def exists(self, name: str) -> bool:
+        """Whether the record ``name`` was completely written."""
+        return persist.exists(self.path, name)
+
+    def remove(self, name: str) -> None:
+        """Delete the record ``name`` if present."""
+        persist.remove(self.path, name)
+
+    def save_text(self, name: str, text: str) -> None:
+        self._write_atomic(name, text.encode())
+
+    @property
+    def info(self) -> StoreInfo:
+        return self.load(INFO_FILE, StoreInfo)
+
+
+def input_positions(store: Store, info: StoreInfo) -> IntArray:
+    """Where each input row is stored: (n_rows,) stored positions, in input order.
+
+    ``arange(n_rows)`` for an ungrouped store; from the ``row`` array for a grouped one, so
+    that ``per_row[input_positions(store, info)]`` puts a per-row array of the store (labels,
+    densities; ``n_stored`` long) back in the input's order.
+    """
+    if not info.grouped:
+        return np.arange(info.n_rows, dtype=np.int64)
+    row = np.asarray(store.array("row")[:], dtype=np.int64)
+    pos = np.flatnonzero(row >= 0)
+    out = np.empty(info.n_rows, dtype=np.int64)
+    out[row[pos]] = pos
+    return out
+
+
+def iter_chunks(info: StoreInfo) -> Iterator[tuple[int, int, int]]:
+    """(chunk index, first stored row, end stored row) of the real rows of every chunk."""
+    for c in range(info.n_chunks):
+        a, b = info.chunk_bounds(c)
+        yield c, a, b

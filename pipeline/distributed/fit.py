@@ -1,0 +1,216 @@
+"""Stage 1 on Dask from Python: ``fit_distributed`` and ``MAPDP.fit`` on a dask collection.
+
+The records are ingested into a dataset store (``pipeline.data.store``), then the pass loop
+(``pipeline.distributed.loop``) runs the chosen engine (``pipeline.engines``) over its chunks with the
+run's per-record state in a separate state store; see those modules for what a pass does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pipeline.core import config
+from pipeline.core.config import FitParams
+from pipeline.data.ingest import ingest
+from pipeline.data.store import Store, StoreInfo
+from pipeline.distributed.client import dask_client
+from pipeline.distributed.loop import clear_checkpoint, context, run_passes
+from pipeline.engines.mixture_start import WARM_START
+from pipeline.engines.mixture_state import PassState, read_labels
+from pipeline.families import FloatArray
+from pipeline.families.stats import Stats
+from pipeline.models.mapdp import seed_entropy
+
+IntArray = NDArray[np.int64]
+
+
+@dataclass
+class DistributedResult:
+    """A stage-1 run on Dask, in the shape of ``pipeline.models.mapdp.MapdpResult`` plus what ingest
+    learned."""
+
+    labels: IntArray
+    stats: FloatArray
+    alpha: float
+    objective: float
+    history: list[float]
+    n_iter: int
+    converged: bool
+    seconds: float
+    passes: list[dict[str, Any]]
+    info: StoreInfo
+    restart_objectives: list[float] = field(default_factory=list)
+
+    @property
+    def nk(self) -> FloatArray:
+        """Cluster sizes (K,): the statistics' counts."""
+        return np.ascontiguousarray(self.stats[:, 0])
+
+
+def fit_distributed(
+    X: Any,
+    family: Any = "auto",
+    alpha: float | str = "learn",
+    *,
+    engine: str = "mapdp",
+    init: str = "auto",
+    n_seeds: int | None = None,
+    alpha_prior: tuple[float, float] = config.ALPHA_PRIOR,
+    max_passes: int = config.MAX_PASSES,
+    tol: float = config.TOL,
+    min_change: float = config.MIN_CHANGE,
+    init_sample: int = config.INIT_SAMPLE,
+    prior_scale: float | None = None,
+    n_restarts: int = 1,
+    random_state: Any = None,
+    chunk_rows: int = config.DEFAULT_CHUNK_ROWS,
+    prior_sample: int = config.PRIOR_SAMPLE,
+    client: Any = None,
+    store_path: str | Path | None = None,
+    progress: bool = False,
+    warm_start: tuple[Stats, float] | None = None,
+) -> DistributedResult:
+    """Stage 1 of the pipeline on records that may not fit in one process.
+
+    Parameters
+    ----------
+    X : dask array / DataFrame, numpy array, pandas DataFrame, or a path (``pipeline.data.sources``)
+    family : as ``MAPDP(family=...)``
+    alpha : float or "learn"
+    engine : "mapdp" or "kmeans"
+    init, n_seeds, alpha_prior, max_passes, tol, min_change, init_sample, prior_scale : see
+        ``FitParams``
+    n_restarts : int
+        Runs from different seeds over the same store; the lowest objective wins.
+    random_state : int, SeedSequence, Generator or None
+    chunk_rows : int
+        Rows per chunk, one task each. The labels depend on the chunking, not on the workers.
+    client : distributed.Client, optional
+        Default: a LocalCluster of one single-threaded worker process per core.
+    store_path : path, optional
+        Where to write the store; default a temporary directory, removed afterwards.
+    warm_start : (Stats, float), optional
+        The clusters (``pipeline.families.stats.Stats`` of ``family``: pass the fitted model's family,
+        not "auto") and concentration of a fitted model to start from instead of ``init``
+        (``pipeline.engines.mixture_start.warm_state``).
+
+    Returns
+    -------
+    DistributedResult
+    """
+    t0 = time.perf_counter()
+    params = FitParams(
+        engine=engine,
+        alpha=alpha,
+        alpha_prior=config.check_alpha_prior(alpha_prior),
+        init=init,
+        n_seeds=n_seeds,
+        max_passes=max_passes,
+        tol=float(tol),
+        min_change=float(min_change),
+        init_sample=init_sample,
+        seed=seed_entropy(random_state),
+        prior_scale=prior_scale,
+    ).checked()
+    config.check_int(n_restarts, "n_restarts")
+    with contextlib.ExitStack() as stack:
+        if client is None:
+            client = stack.enter_context(dask_client(dashboard_address=None, quiet=True))
+        if store_path is None:
+            store_path = stack.enter_context(tempfile.TemporaryDirectory(prefix="dpmm-")) + "/s"
+        store = Store(store_path)
+        info = ingest(
+            X,
+            store,
+            client=client,
+            family=family,
+            chunk_rows=chunk_rows,
+            prior_sample=prior_sample,
+        )
+        best: tuple[PassState, IntArray] | None = None
+        objectives = []
+        for r in range(int(n_restarts)):
+            ctx = context(store, Path(store_path) / "state", info, replace(params, restart=r))
+            info = ctx.info  # with the run's prior
+            ctx.progress = progress
+            ctx.options[WARM_START] = warm_start
+            clear_checkpoint(ctx)
+            st = run_passes(client, ctx)
+            assert isinstance(st, PassState)
+            objectives.append(st.objective)
+            if best is None or st.objective < best[0].objective:
+                best = (st, read_labels(ctx, st))
+        assert best is not None
+        state, labels = best
+    return DistributedResult(
+        labels=labels,
+        stats=state.stats,
+        alpha=state.alpha,
+        objective=state.objective,
+        history=[h["objective"] for h in state.history],
+        n_iter=state.pass_no,
+        converged=state.converged,
+        seconds=time.perf_counter() - t0,
+        passes=state.history,
+        info=info,
+        restart_objectives=objectives,
+    )
+
+
+def fit_estimator(est: Any, X: Any, client: Any = None) -> Any:
+    """``MAPDP.fit`` for a dask collection: the distributed stage 1 with the estimator's
+    parameters, setting the same fitted attributes."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    # the estimator's default "sequential" start is the in-memory one; on Dask, stage 1 starts
+    # from in-memory MAP-DP on a sample ("sample"), which then only needs a few passes
+    res = fit_distributed(
+        X,
+        family=est.family,
+        alpha=est.alpha,
+        engine="mapdp",
+        init="sample" if est.init == "sequential" else est.init,
+        alpha_prior=tuple(est.alpha_prior),
+        max_passes=est.max_iter,
+        tol=est.tol,
+        prior_scale=getattr(est, "prior_scale", None),
+        # the distributed fit starts from one sample fit; restarts there are explicit only
+        n_restarts=1 if est.n_restarts == "auto" else int(est.n_restarts),
+        random_state=est.random_state,
+        client=client,
+    )
+    if not res.converged:
+        warnings.warn(
+            f"MAP-DP did not converge in max_iter={est.max_iter} passes; increase max_iter or tol",
+            ConvergenceWarning,
+            stacklevel=3,
+        )
+    info = res.info
+    est.schema_ = info.schema
+    est.family_ = info.family
+    est.n_features_in_ = info.n_cols
+    if info.schema.from_frame:
+        est.feature_names_in_ = np.asarray(info.schema.columns, dtype=object)
+    elif hasattr(est, "feature_names_in_"):
+        del est.feature_names_in_
+    est.labels_ = res.labels
+    est.cluster_stats_ = res.stats
+    est.cluster_sizes_ = res.nk.astype(np.int64)
+    est.n_clusters_ = int(res.stats.shape[0])
+    est.n_iter_ = res.n_iter
+    est.objective_ = res.objective
+    est.objective_history_ = res.history
+    est.restart_objectives_ = res.restart_objectives
+    est.alpha_ = res.alpha
+    est._cache = info.family.cache_of(res.stats)
+    est._empty_cache = info.family.empty_cache()
+    return est

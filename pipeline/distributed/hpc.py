@@ -1,0 +1,224 @@
+"""A Dask cluster of batch jobs on an HPC system (``dpmm run --cluster slurm|pbs
+--cluster-config FILE``), built by dask-jobqueue.
+
+The config file is YAML with dask-jobqueue's own keys (``SLURMCluster`` / ``PBSCluster``), for
+example::
+
+    cores: 32              # cores per job: one single-threaded worker process each
+    memory: 120GiB         # memory per job, shared by its worker processes
+    queue: normal
+    walltime: "04:00:00"
+    account: proj123       # SLURM account / PBS project
+    job_extra_directives: ["--exclusive"]
+    job_script_prologue: ["module load python/3.11", "source /opt/dpmm/.venv/bin/activate"]
+    interface: ib0         # the network the compute nodes reach the scheduler on
+    shared_temp_directory: /scratch/me/dask   # seen by the login and the compute nodes
+    jobs: 4                # this pipeline's key: how many jobs to submit (default 1)
+
+Every job runs ``processes`` worker processes (default: one per core, each single-threaded
+like the local cluster's) started with ``--preload pipeline.distributed.worker_setup``, told which
+engine's kernels to load. The scheduler runs in the ``dpmm`` process (the login node) and
+listens on ``interface`` (or the host's address): the compute nodes must reach it, so unlike the
+local cluster it is not bound to 127.0.0.1. So by default the cluster speaks TLS
+(``security: true``: dask-jobqueue creates a temporary CA and certificates for this run, writes
+the workers' copies to ``shared_temp_directory``, default the current directory, which the
+compute nodes must see, and removes them when the cluster closes); the run's own client joins
+with the client certificate (``hpc_client``). ``security: false`` turns it off on a trusted
+network. The scheduler's dashboard stays on 127.0.0.1 (an SSH tunnel shows it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+KINDS = ("slurm", "pbs")
+#: keys of the config file that are this pipeline's, not dask-jobqueue's
+OWN_KEYS = ("jobs",)
+#: dask-jobqueue's deprecated spellings, refused with the key to use instead
+DEPRECATED = {
+    "extra": "worker_extra_args",
+    "job_extra": "job_extra_directives",
+    "env_extra": "job_script_prologue",
+}
+_NOT_CONFIG = {"self", "scheduler", "name", "config_name", "base_class_kwargs"}
+PRELOAD = "pipeline.distributed.worker_setup"
+
+
+def _classes(kind: str) -> tuple[Any, Any]:
+    if kind == "slurm":
+        from dask_jobqueue import SLURMCluster
+        from dask_jobqueue.slurm import SLURMJob
+
+        return SLURMCluster, SLURMJob
+    if kind == "pbs":
+        from dask_jobqueue import PBSCluster
+        from dask_jobqueue.pbs import PBSJob
+
+        return PBSCluster, PBSJob
+    raise ValueError(f"--cluster {kind!r}: expected one of {', '.join(KINDS)}")
+
+
+def allowed_keys(kind: str) -> list[str]:
+    """The keys a config file of ``kind`` may hold: the job class's keyword arguments and the
+    cluster's ``scheduler_options``, plus ``OWN_KEYS``."""
+    _, job_cls = _classes(kind)
+    keys = set(OWN_KEYS) | {"scheduler_options", "shared_temp_directory"}
+    for cls in job_cls.__mro__:
+        if "__init__" in vars(cls):
+            keys |= set(inspect.signature(cls.__init__).parameters)
+    return sorted(keys - _NOT_CONFIG - set(DEPRECATED))
+
+
+def read_config(kind: str, path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The checked config of ``path``: a mapping of known keys (``ValueError`` naming the file
+    and the key otherwise)."""
+    import yaml
+
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"--cluster-config {p}: no such file") from None
+    except OSError as err:
+        raise ValueError(f"--cluster-config {p}: cannot be read ({err.strerror})") from None
+    try:
+        cfg = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"--cluster-config {p}: not YAML ({' '.join(str(err).split())})") from None
+    if cfg is None:
+        cfg = {}
+    if not isinstance(cfg, dict):
+        raise ValueError(
+            f"--cluster-config {p}: expected a mapping of keys, got {type(cfg).__name__}"
+        )
+    allowed = allowed_keys(kind)
+    for key in cfg:
+        if key in DEPRECATED:
+            raise ValueError(
+                f"--cluster-config {p}: key {key!r} is deprecated in dask-jobqueue; use "
+                f"{DEPRECATED[key]!r}"
+            )
+        if key not in allowed:
+            raise ValueError(
+                f"--cluster-config {p}: unknown key {key!r} for --cluster {kind}; known keys: "
+                f"{', '.join(allowed)}"
+            )
+    for key in ("cores", "memory"):
+        if cfg.get(key) in (None, ""):
+            raise ValueError(f"--cluster-config {p}: {key!r} is required (per job)")
+    cores = cfg["cores"]
+    if not isinstance(cores, int) or isinstance(cores, bool) or cores < 1:
+        raise ValueError(f"--cluster-config {p}: 'cores' must be a positive integer, got {cores!r}")
+    jobs = cfg.get("jobs", 1)
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise ValueError(f"--cluster-config {p}: 'jobs' must be a positive integer, got {jobs!r}")
+    for key in ("job_extra_directives", "job_script_prologue", "worker_extra_args"):
+        if key in cfg and not (
+            isinstance(cfg[key], list) and all(isinstance(v, str) for v in cfg[key])
+        ):
+            raise ValueError(f"--cluster-config {p}: {key!r} must be a list of strings")
+    return cfg
+
+
+def cluster_kwargs(cfg: dict[str, Any], warm: list[str] | None = None) -> dict[str, Any]:
+    """The keyword arguments of the jobqueue cluster for the checked config ``cfg``: one
+    single-threaded worker process per core unless ``processes`` says otherwise, the worker
+    preload, the engines to warm, a dashboard on 127.0.0.1."""
+    kw = {k: v for k, v in cfg.items() if k not in OWN_KEYS}
+    kw.setdefault("processes", int(cfg["cores"]))
+    # the scheduler listens on the batch system's network: encrypted and authenticated unless
+    # the config turns it off
+    kw.setdefault("security", True)
+    if kw["security"] is True:
+        # where the workers' copies of the certificates go (dask-jobqueue warns without it);
+        # open_cluster puts them in a private directory of their own there
+        kw.setdefault("shared_temp_directory", os.getcwd())
+    elif kw["security"] is False:
+        kw["security"] = None  # dask-jobqueue's "no TLS"
+    extra = list(kw.get("worker_extra_args") or [])
+    if PRELOAD not in extra:
+        extra += ["--preload", PRELOAD]
+    kw["worker_extra_args"] = extra
+    if warm:
+        from pipeline.distributed.worker_setup import WARM_ENV
+
+        kw["job_script_prologue"] = [
+            *(kw.get("job_script_prologue") or []),
+            f"export {WARM_ENV}={','.join(warm)}",
+        ]
+    # the workers reach the scheduler over the network; the dashboard stays on this machine
+    kw["scheduler_options"] = {
+        "dashboard_address": "127.0.0.1:8787",
+        **(kw.get("scheduler_options") or {}),
+    }
+    return kw
+
+
+@contextlib.contextmanager
+def open_cluster(
+    kind: str, path: str | os.PathLike[str], warm: list[str] | None = None
+) -> Iterator[Any]:
+    """A ``SLURMCluster`` / ``PBSCluster`` from the config file ``path``, not yet scaled
+    (``cluster.scale(jobs=n)`` submits jobs). Its ``job_script()`` is the script each job runs.
+    With TLS, the workers' copies of this run's credentials are written to a new private
+    directory (mode 0700) under ``shared_temp_directory``, removed with the cluster."""
+    import shutil
+    import tempfile
+
+    kw = cluster_kwargs(read_config(kind, path), warm)
+    cluster_cls, _ = _classes(kind)
+    private = None
+    if kw.get("security") is True:
+        private = tempfile.mkdtemp(prefix=".dpmm-tls-", dir=kw["shared_temp_directory"])
+        kw["shared_temp_directory"] = private
+    try:
+        cluster = cluster_cls(**kw)
+        try:
+            yield cluster
+        finally:
+            cluster.close()
+    finally:
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
+
+
+def jobs_of(path: str | os.PathLike[str], kind: str) -> int:
+    """The number of jobs the config asks for (``jobs``, default 1)."""
+    return int(read_config(kind, path).get("jobs", 1))
+
+
+@contextlib.contextmanager
+def hpc_client(
+    kind: str, path: str | os.PathLike[str], warm: list[str] | None = None
+) -> Iterator[Any]:
+    """A ``distributed.Client`` of the jobqueue cluster of ``path`` with its ``jobs`` jobs
+    submitted; the jobs are cancelled when the block ends."""
+    import dask
+    from distributed import Client
+
+    with open_cluster(kind, path, warm) as cluster:
+        cluster.scale(jobs=jobs_of(path, kind))
+        # the flow opens its own client to the scheduler's address: it finds the credentials
+        # in Dask's configuration
+        with dask.config.set(client_tls_config(cluster)), Client(cluster) as client:
+            yield client
+
+
+def client_tls_config(cluster: Any) -> dict[str, Any]:
+    """Dask configuration (``distributed.comm.tls.*``) under which a ``Client(address)`` joins
+    ``cluster`` with its client certificate; empty when the cluster does not use TLS."""
+    security = getattr(cluster, "security", None)
+    if security is None or not security.require_encryption:
+        return {}
+    tls = security.get_tls_config_for_role("client")
+    return {
+        "distributed.comm.require-encryption": True,
+        "distributed.comm.tls.ca-file": tls["ca_file"],
+        "distributed.comm.tls.client.cert": tls["cert"],
+        "distributed.comm.tls.client.key": tls["key"],
+    }

@@ -1,0 +1,283 @@
+"""The pass loop: drives any engine (``pipeline.engines``) over the chunks of a dataset store.
+
+One pass is one Dask task per chunk (``chunk_task`` -> ``Engine.chunk_step``), then the engine's
+reduce on the driver (a sequential engine's tasks run as a chain in chunk order, each given the
+previous one's state: ``submit_chunks``); the loop checkpoints the state after every pass (the record
+``checkpoint``: JSON plus arrays, ``pipeline.core.persist``, in the run's state store), stops on the engine's stop rule or after ``max_passes``, and
+resumes from the checkpoint of the same parameters. It knows nothing of clusters: what a chunk
+task sweeps and what a reduce adds is the engine's.
+
+The run's state store (``RunContext.state``) holds the engine's per-record arrays
+(``Engine.record_arrays_of``), two buffers each, chunked like the dataset's rows, and the
+checkpoint. The dataset store is only read, so many fits can share it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import zarr
+
+from pipeline.core import storage
+from pipeline.core.config import FitParams
+from pipeline.data.store import Store, StoreInfo, iter_chunks
+from pipeline.engines import get_engine
+from pipeline.engines.base import Chunk, Engine, LoopState, RunContext
+
+FAULT_ENV = "DPMM_FAULT_AFTER_PASS"
+CHECKPOINT = "checkpoint"
+
+
+class InjectedFault(RuntimeError):
+    """Raised after the pass named by ``$DPMM_FAULT_AFTER_PASS`` (crash-and-resume tests)."""
+
+
+# -- worker tasks ------------------------------------------------------------------------------
+
+
+def chunk_task(engine: str, data: str, state: str, c: int, a: int, b: int, msg: Any) -> Any:
+    """One chunk of one pass: the engine's ``chunk_step`` on rows a..b."""
+    return get_engine(engine).chunk_step(Chunk(data, state, c, a, b, msg.p), msg)
+
+
+def carry_task(engine: str, msg: Any, result: Any) -> Any:
+    """The input of a sequential engine's next chunk task: ``Engine.carry``."""
+    return get_engine(engine).carry(msg, result)
+
+
+def submit_chunks(client: Any, engine: Engine, ctx: RunContext, msg_f: Any) -> list[Any]:
+    """The chunk tasks of one pass: all at once on the same message, or, for a sequential
+    engine, a chain in chunk order where each task waits for the previous one's ``carry``
+    (futures all the way: the state goes from worker to worker, not through the driver)."""
+    data, st = str(ctx.data.path), str(ctx.state.path)
+    if not engine.sequential:
+        return [
+            client.submit(chunk_task, engine.name, data, st, c, a, b, msg_f, pure=False)
+            for c, a, b in iter_chunks(ctx.info)
+        ]
+    futs = []
+    msg = msg_f
+    for c, a, b in iter_chunks(ctx.info):
+        futs.append(client.submit(chunk_task, engine.name, data, st, c, a, b, msg, pure=False))
+        msg = client.submit(carry_task, engine.name, msg, futs[-1], pure=False)
+    return futs
+
+
+def score_task(
+    engine: str, data: str, state: str, labels: str, c: int, a: int, b: int, p: int, msg: Any
+) -> Any:
+    """One chunk of the write-out after pass ``p - 1``: the engine's ``score_chunk``."""
+    return get_engine(engine).score_chunk(Chunk(data, state, c, a, b, p), labels, msg)
+
+
+# -- the run's state store ---------------------------------------------------------------------
+
+
+def create_record_arrays(ctx: RunContext, engine: Engine) -> None:
+    """Both buffers of every per-record array of the engine, unless they exist (a resume)."""
+    info = ctx.info
+    path = ctx.state.path
+    path.mkdir(parents=True, exist_ok=True)
+    zarr.open_group(str(path), mode="a")
+    n = info.n_stored
+    for rec in engine.record_arrays_of(ctx):
+        for k in (0, 1):
+            name = f"{rec.name}{k}"
+            if (path / name / "zarr.json").exists():
+                continue
+            shape: tuple[int, ...] = (n,) if rec.width == 0 else (n, rec.width)
+            chunks: tuple[int, ...] = (info.chunk_rows,) + shape[1:]
+            zarr.create_array(
+                str(path / name),
+                shape=shape,
+                chunks=chunks,
+                dtype=rec.dtype,
+                fill_value=rec.fill,
+                overwrite=True,
+            )
+
+
+def context(
+    data: Store,
+    state: Store | storage.Where,
+    info: StoreInfo,
+    params: FitParams,
+    progress: bool = False,
+) -> RunContext:
+    """The ``RunContext`` of a fit, its state store ready for the engine's per-record arrays;
+    its ``info`` carries the run's prior (``with_prior_scale``)."""
+    st = state if isinstance(state, Store) else Store(state)
+    params = params.checked()
+    ctx = RunContext(data, st, with_prior_scale(info, params), params, progress)
+    create_record_arrays(ctx, get_engine(params.engine))
+    return ctx
+
+
+def with_prior_scale(info: StoreInfo, params: FitParams) -> StoreInfo:
+    """``info`` with the run's empirical-Bayes prior (``StoreInfo.with_prior_scale``) at
+    ``params.prior_scale``, else the engine's ``prior_scale``, else the family default."""
+    scale = params.prior_scale
+    if scale is None:
+        scale = get_engine(params.engine).prior_scale
+    return info.with_prior_scale(scale)
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+
+
+def save_checkpoint(ctx: RunContext, state: LoopState) -> None:
+    """The state after a completed pass, replaced atomically."""
+    ctx.state.save(CHECKPOINT, {"params": ctx.params, "state": state})
+
+
+def load_checkpoint(ctx: RunContext) -> LoopState | None:
+    """The last completed pass's state if the state store has one from the same parameters
+    (the stop rule's parameters may differ: a resume may ask for more passes)."""
+    if not ctx.state.exists(CHECKPOINT):
+        return None
+    ck = ctx.state.load(CHECKPOINT, dict)
+    saved: FitParams = ck["params"]
+    params = ctx.params
+    same = replace(
+        saved, max_passes=params.max_passes, tol=params.tol, min_change=params.min_change
+    )
+    if same != params:
+        return None
+    state: LoopState = ck["state"]
+    return state
+
+
+def clear_checkpoint(ctx: RunContext) -> None:
+    """Forget the checkpoint (a restart from another seed over the same state store)."""
+    ctx.state.remove(CHECKPOINT)
+
+
+# -- passes ---------------------------------------------------------------------------------
+
+
+def bar(progress: bool, total: int, desc: str) -> Any:
+    """A tqdm progress bar on stderr, or None."""
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="rec", unit_scale=True, leave=False, file=sys.stderr)
+
+
+def run_pass(
+    client: Any,
+    ctx: RunContext,
+    state: LoopState,
+    labels_out: storage.Where | None = None,
+) -> LoopState:
+    """One pass: a task per chunk, then the engine's reduce; checkpoints the new state.
+
+    With ``labels_out`` (the write-out's labels group) and an engine that fuses the write-out,
+    every chunk task that changes nothing also writes its rows' labels and eq. 3.4 densities
+    there; when the whole pass changed nothing, the write-out has nothing left to do.
+    """
+    from distributed import as_completed
+
+    from pipeline.distributed.writeout import create_labels
+
+    engine = get_engine(ctx.params.engine)
+    info = ctx.info
+    t0 = time.perf_counter()
+    p = state.pass_no + 1
+    scores_into = None
+    if labels_out is not None and engine.fused_write_out:
+        scores_into = str(labels_out)
+        create_labels(scores_into, info, overwrite=False)
+    msg = engine.pass_input(state, ctx, p, scores_into)
+    msg_f = client.scatter(msg, broadcast=not engine.sequential, hash=False)
+    futs = submit_chunks(client, engine, ctx, msg_f)
+    progress = bar(ctx.progress, info.n_train, f"pass {p}")
+    results = []
+    for fut in as_completed(futs):
+        r = fut.result()
+        results.append(r)
+        if progress is not None:
+            progress.update(r.n_train)
+    if progress is not None:
+        progress.close()
+    del msg_f
+    new, record = engine.reduce(state, results, ctx, scores_into)
+    seconds = time.perf_counter() - t0
+    record["seconds"] = seconds
+    record["records_per_second"] = info.n_train / seconds if seconds > 0 else math.inf
+    save_checkpoint(ctx, new)
+    if ctx.progress:
+        print(
+            f"pass {p}: objective {record['objective']:.6g}, "
+            + "".join(
+                f"{record[k]} {word}, "
+                for k, word in (
+                    ("n_clusters", "clusters"),
+                    ("n_changed", "moved"),
+                    ("merges", "merges"),
+                )
+                if k in record
+            )
+            + f"{record['records_per_second']:,.0f} records/s",
+            file=sys.stderr,
+        )
+    return new
+
+
+def start(client: Any, ctx: RunContext, resume: bool = True) -> LoopState:
+    """The checkpointed state of a resumed fit, or the engine's state before pass 1."""
+    state = load_checkpoint(ctx) if resume else None
+    if state is None:
+        return get_engine(ctx.params.engine).init_state(ctx, client)
+    if ctx.progress:
+        print(f"resuming after pass {state.pass_no}", file=sys.stderr)
+    return state
+
+
+def run_passes(
+    client: Any,
+    ctx: RunContext,
+    resume: bool = True,
+    labels_out: storage.Where | None = None,
+    state: LoopState | None = None,
+    step: Callable[[LoopState], LoopState] | None = None,
+    on_pass: Callable[[LoopState], None] | None = None,
+) -> LoopState:
+    """Passes until the engine's stop rule or ``max_passes``: the one pass loop.
+
+    ``state``: start from it (default: ``start``, the checkpoint or the engine's start);
+    ``step``: runs one pass (default ``run_pass``; the flow wraps each pass as a Prefect task);
+    ``on_pass``: called after each pass (tests).
+    """
+    if state is None:
+        state = start(client, ctx, resume)
+
+    def one(s: LoopState) -> LoopState:
+        return run_pass(client, ctx, s, labels_out)
+
+    step = step or one
+    while not state.converged and state.pass_no < ctx.params.max_passes:
+        state = step(state)
+        check_fault(state)
+        if on_pass is not None:
+            on_pass(state)
+    return state
+
+
+def check_fault(state: LoopState) -> None:
+    """Raise ``InjectedFault`` after the pass named by ``$DPMM_FAULT_AFTER_PASS`` (tests)."""
+    fault = os.environ.get(FAULT_ENV)
+    if fault and int(fault) == state.pass_no:
+        raise InjectedFault(f"fault injected after pass {state.pass_no} (${FAULT_ENV})")
+
+
+def read_record_array(ctx: RunContext, name: str, state: LoopState) -> np.ndarray:
+    """The per-record array ``name`` as the last pass wrote it, in memory (the estimator API)."""
+    return np.asarray(ctx.state.array(f"{name}{state.pass_no % 2}")[:])

@@ -1,0 +1,183 @@
+"""Summaries (``dpmm run --summaries M``): one distributed pass after stage 1 splits cluster k
+into m_k = max(1, round(M n_k / N)) slabs between normal quantiles of the projection on its
+principal axis (from its statistics), writes the sub-cluster labels and returns their
+statistics; stage 2 (``pipeline.ops.stage2``) maps them to final clusters, and the write-out applies
+the mapping. For the mixture engines, whose per-record state is a cluster label."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zarr
+
+from pipeline.data.store import iter_chunks
+from pipeline.engines.base import Chunk, RunContext
+from pipeline.engines.mixture_state import IntArray, PassState, current_labels
+from pipeline.families import FloatArray, ProductFamily
+from pipeline.families.stats import Stats
+
+
+def summary_counts(nk: FloatArray, M: int) -> IntArray:
+    """Sub-clusters of each stage-1 cluster: m_k = max(1, round(M n_k / N))."""
+    n = float(nk.sum())
+    return np.maximum(1, np.rint(M * nk / max(n, 1.0))).astype(np.int64)
+
+
+@dataclass
+class SplitInput:
+    """What every chunk task of the summaries pass receives."""
+
+    buffer: str
+    out_buffer: str
+    remap: IntArray
+    k_written: int
+    offsets: IntArray
+    n_parent: int
+    family: ProductFamily
+    mean: FloatArray  # (K, D)
+    axis: FloatArray  # (K, D) unit principal axis
+    cuts: FloatArray  # (K, max m_k - 1), +inf padded
+    base: IntArray  # (K,) first sub-cluster of each cluster
+    n_sub: int
+
+
+def _split_input(
+    state: PassState, ctx: RunContext, mean: FloatArray, axis: FloatArray, cuts: FloatArray
+) -> SplitInput:
+    K = state.n_clusters
+    m = 1 + np.sum(np.isfinite(cuts), axis=1) if cuts.size else np.ones(K, dtype=np.int64)
+    base = np.concatenate([[0], np.cumsum(m)[:-1]]).astype(np.int64) if K else np.zeros(0)
+    return SplitInput(
+        buffer=state.buffer,
+        out_buffer=f"z{(state.pass_no + 1) % 2}",
+        remap=state.remap,
+        k_written=state.k_written,
+        offsets=state.offsets,
+        n_parent=K,
+        family=ctx.info.family,
+        mean=mean,
+        axis=axis,
+        cuts=cuts,
+        base=np.asarray(base, dtype=np.int64),
+        n_sub=int(np.sum(m)) if K else 0,
+    )
+
+
+def _split_chunk_task(data: str, state: str, c: int, a: int, b: int, msg: SplitInput) -> Any:
+    """Sub-cluster of every training row of a chunk (quantile slab of the projection on its
+    cluster's principal axis), written to ``out_buffer``; returns the sub-clusters' statistics."""
+    chunk = Chunk(data, state, c, a, b, 0)
+    X = chunk.X
+    z = current_labels(chunk, msg, msg.buffer)
+    m = z >= 0
+    sub = np.full(z.shape[0], -1, dtype=np.int64)
+    zk = z[m]
+    t = np.einsum("nd,nd->n", X[m] - msg.mean[zk], msg.axis[zk])
+    j = (msg.cuts[zk] < t[:, None]).sum(axis=1) if msg.cuts.shape[1] else np.zeros(zk.shape[0])
+    sub[m] = msg.base[zk] + j.astype(np.int64)
+    stats = Stats.of(msg.family, X, sub, msg.n_sub)
+    zarr.open_array(f"{state}/{msg.out_buffer}", mode="r+")[a:b] = sub
+    return c, stats
+
+
+@dataclass
+class Summaries:
+    """The summaries pass: the state whose clusters are the sub-clusters, and the stage-1
+    cluster each came from."""
+
+    state: PassState
+    parent: IntArray
+    record: dict[str, Any]
+
+
+def split_summaries(client: Any, ctx: RunContext, state: PassState, M: int) -> Summaries:
+    """One distributed pass after stage 1: cluster k becomes m_k = max(1, round(M n_k / N))
+    sub-clusters, slabs between the quantiles j / m_k (j = 1..m_k - 1) of the projection of its
+    records on its principal axis under a normal approximation (mean and covariance from the
+    cluster's statistics, ``Stats.moments``). Every chunk computes the
+    cut points alike, so nothing is communicated but the sub-clusters' statistics. Empty
+    sub-clusters are dropped. Labels go to the other buffer; the returned state decodes them."""
+    from scipy.special import ndtri
+
+    t0 = time.perf_counter()
+    info = ctx.info
+    K = state.n_clusters
+    counts = summary_counts(state.nk, int(M))
+    mean, cov = Stats(state.stats, info.family).moments(info.family)
+    # what the statistics leave undetermined (covariances between column groups, the variance
+    # of a count) is no direction to split along
+    cov = np.nan_to_num(cov, nan=0.0)
+    D = mean.shape[1]
+    axis = np.zeros((K, D))
+    width = max(int(counts.max()) - 1, 0) if K else 0
+    cuts = np.full((K, width), np.inf)
+    for k in range(K):
+        w, v = np.linalg.eigh((cov[k] + cov[k].T) / 2.0)
+        axis[k] = v[:, -1]
+        mk = int(counts[k])
+        if mk > 1:
+            q = ndtri(np.arange(1, mk) / mk)
+            cuts[k, : mk - 1] = math.sqrt(max(float(w[-1]), 0.0)) * q
+    msg = _split_input(state, ctx, mean, axis, cuts)
+    msg_f = client.scatter(msg, broadcast=True, hash=False)
+    futs = [
+        client.submit(
+            _split_chunk_task,
+            str(ctx.data.path),
+            str(ctx.state.path),
+            c,
+            a,
+            b,
+            msg_f,
+            pure=False,
+        )
+        for c, a, b in iter_chunks(info)
+    ]
+    parts = sorted(client.gather(futs), key=lambda r: r[0])
+    sub_stats = sum((p[1] for p in parts[1:]), parts[0][1]).array
+    keep = sub_stats[:, 0] > 0.5
+    new_id = np.full(msg.n_sub, -1, dtype=np.int64)
+    new_id[keep] = np.arange(int(keep.sum()))
+    parent_all = np.repeat(np.arange(K, dtype=np.int64), counts)
+    seconds = time.perf_counter() - t0
+    record = {
+        "pass": state.pass_no + 1,
+        "summaries": int(keep.sum()),
+        "requested": int(M),
+        "n_clusters": int(keep.sum()),
+        "seconds": seconds,
+    }
+    new = PassState(
+        pass_no=state.pass_no + 1,
+        stats=np.ascontiguousarray(sub_stats[keep]),
+        alpha=state.alpha,
+        remap=new_id,
+        k_written=msg.n_sub,
+        offsets=np.zeros(info.n_chunks, dtype=np.int64),
+        history=list(state.history),
+        converged=state.converged,
+        init_record=state.init_record,
+    )
+    if ctx.progress:
+        print(
+            f"summaries: {record['summaries']} sub-clusters of {K} clusters, {seconds:.1f} s",
+            file=sys.stderr,
+        )
+    return Summaries(new, parent_all[keep], record)
+
+
+# -- stage 2 hook ----------------------------------------------------------------------------
+
+
+def identity_stage2(stats: FloatArray, family: ProductFamily) -> IntArray:
+    """The default stage 2: every stage-1 cluster is a final cluster.
+
+    A stage 2 (BHC over the cluster summaries) takes the stage-1 statistics (K, S) and the
+    family and returns, for each stage-1 cluster, its final cluster 0..K2-1.
+    """
+    return np.arange(stats.shape[0], dtype=np.int64)

@@ -1,0 +1,239 @@
+"""Write-out: one task per chunk writes each row's final label and log predictive density
+(eq. 3.4) into the run's ``labels.zarr`` group (label, log_density, holdout), through the
+engine's ``score_chunk``; the driver adds the chunks' summaries (held-out sums, the picture's
+sample, the contingency table against true labels)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import zarr
+from numpy.typing import NDArray
+
+from pipeline.core import storage
+from pipeline.core.persist import register
+from pipeline.data.store import PLOT_SALT, BoolArray, StoreInfo, iter_chunks, row_uniform
+from pipeline.families import FloatArray
+
+if TYPE_CHECKING:
+    from pipeline.engines.base import Engine, LoopState, RunContext
+
+IntArray = NDArray[np.int64]
+PLOT_POINTS = 4000
+
+
+@register
+@dataclass
+class WriteResult:
+    c: int
+    heldout_sum: float
+    heldout_n: int
+    train_sum: float
+    train_n: int
+    new_cluster: int
+    plot_X: FloatArray
+    plot_labels: IntArray
+    pairs: IntArray | None = None  # (3, P): true label code, final label, count
+
+
+def emit_chunk(
+    store: str,
+    labels: str,
+    c: int,
+    a: int,
+    X: FloatArray,
+    hold: BoolArray,
+    label: IntArray,
+    logdens: FloatArray,
+    plot_rate: float,
+    has_y: bool,
+) -> WriteResult:
+    """Write chunk c's final labels (N,), eq. 3.4 log densities (N,) and held-out flags (N,)
+    at rows a.. of the ``labels`` group; its write-out summary (sums, picture sample and the
+    contingency triples against the true labels ``y`` when ``has_y``)."""
+    b = a + X.shape[0]
+    zarr.open_array(f"{labels}/label", mode="r+")[a:b] = label
+    zarr.open_array(f"{labels}/log_density", mode="r+")[a:b] = logdens
+    zarr.open_array(f"{labels}/holdout", mode="r+")[a:b] = hold
+    if storage.location(f"{labels}/row").exists():
+        rows = zarr.open_array(f"{store}/row", mode="r")[a:b]
+        zarr.open_array(f"{labels}/row", mode="r+")[a:b] = rows
+    pick = row_uniform(np.arange(a, b), PLOT_SALT) < plot_rate
+    pairs = None
+    if has_y:
+        y = np.asarray(zarr.open_array(f"{store}/y", mode="r")[a:b], dtype=np.int64)
+        both, counts = np.unique(np.vstack([y, label]), axis=1, return_counts=True)
+        pairs = np.vstack([both, counts.astype(np.int64)])
+    return WriteResult(
+        c,
+        float(logdens[hold].sum()),
+        int(hold.sum()),
+        float(logdens[~hold].sum()),
+        int((~hold).sum()),
+        int((label[hold] < 0).sum()),
+        X[pick],
+        label[pick],
+        pairs,
+    )
+
+
+def label_scores(pairs: IntArray) -> dict[str, float]:
+    """NMI (arithmetic normalisation, as ``sklearn.metrics.normalized_mutual_info_score``) and
+    ARI (``adjusted_rand_score``) from the contingency table of (true code, label, count)
+    triples (3, P): additive over chunks, so no labels travel to the driver."""
+    import scipy.sparse as sp
+    from sklearn.metrics import mutual_info_score
+
+    _, ti = np.unique(pairs[0], return_inverse=True)
+    _, pi = np.unique(pairs[1], return_inverse=True)
+    C = sp.coo_matrix((pairs[2].astype(np.float64), (ti, pi))).tocsr()
+    C.sum_duplicates()
+    n = float(C.sum())
+    a = np.asarray(C.sum(axis=1)).ravel()
+    b = np.asarray(C.sum(axis=0)).ravel()
+
+    def entropy(c: FloatArray) -> float:
+        p = c[c > 0] / n
+        return float(-(p * np.log(p)).sum())
+
+    ht, hp = entropy(a), entropy(b)
+    if a.size == b.size == 1 or (ht == 0.0 and hp == 0.0):
+        nmi = 1.0
+    else:
+        mi = float(mutual_info_score(None, None, contingency=C))
+        nmi = mi / max((ht + hp) / 2.0, np.finfo(np.float64).eps)
+
+    def comb2(v: FloatArray) -> float:
+        return float((v * (v - 1.0)).sum() / 2.0)
+
+    sum_ij = comb2(C.data)
+    sa, sb = comb2(a), comb2(b)
+    expected = sa * sb / (n * (n - 1.0) / 2.0) if n > 1 else 0.0
+    top = (sa + sb) / 2.0
+    ari = 1.0 if top == expected else (sum_ij - expected) / (top - expected)
+    return {"nmi": float(nmi), "ari": float(ari)}
+
+
+@dataclass
+class WriteSummary:
+    heldout_mean_log_density: float | None
+    train_mean_log_density: float
+    n_heldout: int
+    heldout_new_cluster: int
+    plot_X: FloatArray
+    plot_labels: IntArray
+    seconds: float
+    scores: dict[str, float] | None = None
+    by_pass: int | None = None  # the pass that wrote everything (no write-out tasks ran)
+
+
+def write_out(
+    client: Any,
+    ctx: RunContext,
+    engine: Engine,
+    state: LoopState,
+    mapping: IntArray,
+    labels_path: storage.Where,
+) -> WriteSummary:
+    """One task per chunk writes ``labels_path`` (zarr group: label, log_density, holdout)."""
+    from distributed import as_completed
+
+    from pipeline.distributed.loop import bar, score_task
+
+    t0 = time.perf_counter()
+    info = ctx.info
+    labels_path = str(labels_path)
+    done = engine.written_by_pass(state, labels_path, mapping)
+    if done is not None:
+        # the last pass moved nothing and wrote every chunk already
+        if ctx.progress:
+            print(
+                f"write-out: done by pass {state.pass_no}, which moved no record",
+                file=sys.stderr,
+            )
+        return summarize_written(list(done), info, time.perf_counter() - t0, state.pass_no)
+    create_labels(labels_path, info, overwrite=True)
+    msg = engine.write_input(state, mapping, ctx)
+    msg_f = client.scatter(msg, broadcast=True, hash=False)
+    futs = [
+        client.submit(
+            score_task,
+            engine.name,
+            str(ctx.data.path),
+            str(ctx.state.path),
+            labels_path,
+            c,
+            a,
+            b,
+            state.pass_no + 1,
+            msg_f,
+            pure=False,
+        )
+        for c, a, b in iter_chunks(info)
+    ]
+    progress = bar(ctx.progress, info.n_rows, "write-out")
+    results: list[WriteResult] = []
+    for fut in as_completed(futs):
+        r = fut.result()
+        results.append(r)
+        if progress is not None:
+            a, b = info.chunk_bounds(r.c)
+            progress.update(b - a)
+    if progress is not None:
+        progress.close()
+    return summarize_written(results, info, time.perf_counter() - t0)
+
+
+def summarize_written(
+    results: list[WriteResult], info: StoreInfo, seconds: float, by_pass: int | None = None
+) -> WriteSummary:
+    """The ``WriteSummary`` of the chunks' write-out results (any order)."""
+    results = sorted(results, key=lambda r: r.c)
+    n_hold = sum(r.heldout_n for r in results)
+    n_train = sum(r.train_n for r in results)
+    scores = None
+    if info.label_column is not None:
+        scores = label_scores(np.hstack([r.pairs for r in results if r.pairs is not None]))
+    return WriteSummary(
+        heldout_mean_log_density=(sum(r.heldout_sum for r in results) / n_hold) if n_hold else None,
+        train_mean_log_density=sum(r.train_sum for r in results) / max(n_train, 1),
+        n_heldout=n_hold,
+        heldout_new_cluster=sum(r.new_cluster for r in results),
+        plot_X=np.concatenate([r.plot_X for r in results]),
+        plot_labels=np.concatenate([r.plot_labels for r in results]),
+        seconds=seconds,
+        scores=scores,
+        by_pass=by_pass,
+    )
+
+
+def create_labels(labels_path: str, info: StoreInfo, overwrite: bool) -> None:
+    """The write-out's zarr group: label (-1), log_density (NaN) and holdout, chunked as the
+    store, in the store's row order; for a grouped store also ``row``, each stored row's index
+    in the input (-1 on padding). An existing group is kept unless ``overwrite``."""
+    if not overwrite and all(
+        (storage.location(labels_path) / name / "zarr.json").exists()
+        for name in ("label", "log_density", "holdout")
+    ):
+        return
+    zarr.open_group(labels_path, mode="w")
+    arrays: list[tuple[str, str, Any]] = [
+        ("label", "int64", -1),
+        ("log_density", "float64", np.nan),
+        ("holdout", "bool", False),
+    ]
+    if info.grouped:
+        arrays.append(("row", "int64", -1))
+    for name, dtype, fill in arrays:
+        zarr.create_array(
+            f"{labels_path}/{name}",
+            shape=(info.n_stored,),
+            chunks=(info.chunk_rows,),
+            dtype=dtype,
+            fill_value=fill,
+            overwrite=True,
+        )

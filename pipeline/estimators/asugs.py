@@ -1,0 +1,509 @@
+"""``ASUGS``: one-pass sequential clustering of a stream (seed 002), scikit-learn style with
+``partial_fit``; the numba loop is ``kernels.asugs``.
+
+``StreamState`` is the whole state of a stream (class statistics and caches, ids, the records
+seen, the RNG state) as plain arrays: the estimator keeps one, and the ``asugs`` engine of the
+pass loop (``pipeline.engines.asugs``) hands one from chunk to chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kernels import asugs as kasugs
+from pipeline.core import config
+from pipeline.core.persist import register
+from pipeline.estimators.base import MixtureEstimator
+from pipeline.families import FloatArray, ProductFamily
+from pipeline.families.gaussian import check_scale
+from pipeline.models.mapdp import as_seed_sequence, seed_state
+
+IntArray = NDArray[np.int64]
+
+SELECT = ("greedy", "sample")
+#: records between ASUGS-PM rounds at the start of a stream (``kernels.asugs.pm_due``); a round
+#: among the first few hundred records merges classes whose posteriors are still too broad to
+#: tell apart (Section 6.1's 16 classes: 250 finds all 16 in 60-70% of the trials against 30-40%
+#: for 50, ``bench_asugs``), and a merge cannot be undone in one pass
+PM_INTERVAL = 250
+#: a class holding less than this share of the records seen since it opened is pruned
+PRUNE_WEIGHT = 0.01
+DEFAULT_LAM = config.ASUGS_LAM
+#: the empirical-Bayes prior scale of a stream (``GaussianNW.empirical_bayes``): a greedy
+#: one-pass stream cannot split a class later, and the batch default 0.3 (clusters expected to
+#: carry 30% of the data's variance) lets early classes absorb their neighbours; the defaults
+#: above were measured with 0.1
+PRIOR_SCALE = 0.1
+
+
+@register
+@dataclass(eq=False)
+class StreamState:
+    """The state of one ASUGS stream after ``n_seen`` records (``kernels.asugs.stream``).
+
+    Rows 0..K-1 of ``stats`` (K_cap, S), ``cache``, ``nk``, ``born`` and ``ids`` are the classes;
+    ``alias`` (A,) the fate of every id opened (``n_ids`` of them); ``pruned`` (S,) the statistics
+    of the pruned classes; ``rng`` (1,) uint64 the state of the draws of ``select="sample"``.
+    """
+
+    stats: FloatArray
+    cache: FloatArray
+    nk: FloatArray
+    born: FloatArray
+    ids: IntArray
+    K: int
+    alias: IntArray
+    n_ids: int
+    pruned: FloatArray
+    n_seen: int
+    rng: NDArray[np.uint64]
+    n_pruned: int = 0
+    n_merged: int = 0
+    log_joint: float = 0.0
+
+    @classmethod
+    def empty(cls, family: ProductFamily, rng: NDArray[np.uint64]) -> StreamState:
+        cap = 8
+        return cls(
+            stats=np.zeros((cap, family.n_stats)),
+            cache=np.zeros((cap, family.n_cache)),
+            nk=np.zeros(cap),
+            born=np.zeros(cap),
+            ids=np.full(cap, -1, dtype=np.int64),
+            K=0,
+            alias=np.full(cap, kasugs.ALIVE, dtype=np.int64),
+            n_ids=0,
+            pruned=np.zeros(family.n_stats),
+            n_seen=0,
+            rng=np.asarray(rng, dtype=np.uint64).copy(),
+        )
+
+    @classmethod
+    def from_clusters(
+        cls,
+        stats: FloatArray,
+        family: ProductFamily,
+        rng: NDArray[np.uint64],
+        n_seen: int | None = None,
+    ) -> StreamState:
+        """A stream that has seen the records summarised by the clusters ``stats`` (K, S) (a
+        fitted model's; ``n_seen``: more records, when some were pruned), one class each, all
+        opened at the last of those records: pruning weighs a class against the records
+        streamed after them."""
+        stats = np.ascontiguousarray(np.asarray(stats, dtype=np.float64))
+        K = int(stats.shape[0])
+        if K == 0 or stats.shape[1] != family.n_stats or not np.all(stats[:, 0] > 0):
+            raise ValueError(
+                f"a stream starts from clusters of shape (K >= 1, {family.n_stats}) with "
+                f"n > 0 records each; got shape {stats.shape}"
+            )
+        st = cls.empty(family, rng)
+        cap = max(8, 2 * K)
+        if n_seen is None:
+            n_seen = round(float(stats[:, 0].sum()))
+        st.stats = np.zeros((cap, family.n_stats))
+        st.stats[:K] = stats
+        st.cache = np.zeros((cap, family.n_cache))
+        st.cache[:K] = family.cache_of(stats)
+        st.nk = np.zeros(cap)
+        st.nk[:K] = stats[:, 0]
+        st.born = np.zeros(cap)
+        st.born[:K] = float(n_seen)
+        st.ids = np.full(cap, -1, dtype=np.int64)
+        st.ids[:K] = np.arange(K)
+        st.alias = np.full(cap, kasugs.ALIVE, dtype=np.int64)
+        st.K, st.n_ids, st.n_seen = K, K, int(n_seen)
+        return st
+
+    def __eq__(self, other: object) -> bool:
+        """Field by field, arrays by value (a checkpoint read back equals what was written)."""
+        if not isinstance(other, StreamState):
+            return NotImplemented
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+                if not (isinstance(a, np.ndarray) and isinstance(b, np.ndarray)):
+                    return False
+                if a.dtype != b.dtype or not np.array_equal(a, b):
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+
+    @property
+    def cluster_stats(self) -> FloatArray:
+        """The classes' statistics (K, S): a copy (the stream updates its arrays in place)."""
+        return self.stats[: self.K].copy()
+
+    def copy(self) -> StreamState:
+        return StreamState(
+            self.stats.copy(),
+            self.cache.copy(),
+            self.nk.copy(),
+            self.born.copy(),
+            self.ids.copy(),
+            self.K,
+            self.alias.copy(),
+            self.n_ids,
+            self.pruned.copy(),
+            self.n_seen,
+            self.rng.copy(),
+            self.n_pruned,
+            self.n_merged,
+            self.log_joint,
+        )
+
+    def rows_of_ids(self) -> IntArray:
+        """The class row of every id opened (n_ids,), -1 where pruned."""
+        return np.asarray(kasugs.row_of_ids(self.alias, self.ids, self.K)[: self.n_ids])
+
+
+@register
+@dataclass(frozen=True)
+class StreamParams:
+    """What ``advance`` needs besides the records: lambda (<= 0: SUGS with ``alpha``), the
+    selection, ASUGS-PM's schedule and threshold (``pm_interval`` <= 0: no pruning/merging)."""
+
+    lam: float
+    alpha: float
+    sample: bool
+    pm_interval: int
+    prune_weight: float
+
+    def concentration(self, K: int, n_seen: int) -> float:
+        """alpha_n after n_seen records in K classes (Section 2.1), or SUGS's alpha."""
+        if self.lam <= 0:
+            return self.alpha
+        return K / (self.lam + math.log(max(n_seen, 1)))
+
+
+def advance(
+    st: StreamState,
+    Xa: FloatArray,
+    family: ProductFamily,
+    sp: StreamParams,
+    trace: bool = False,
+) -> tuple[StreamState, IntArray, FloatArray]:
+    """Stream the arranged records Xa (n, D) through ``st`` in order (updated in place and
+    returned); the id of the class each record joined (n,) and, with ``trace``, alpha_i after
+    each record (n,) (else an empty array)."""
+    n = Xa.shape[0]
+    z = np.empty(n, dtype=np.int64)
+    alpha_trace = np.empty(n if trace else 0)
+    logq = np.empty(n)
+    (
+        st.stats,
+        st.cache,
+        st.nk,
+        st.born,
+        st.ids,
+        K,
+        st.alias,
+        n_ids,
+        n_seen,
+        n_pruned,
+        n_merged,
+    ) = kasugs.stream(
+        np.ascontiguousarray(Xa, dtype=np.float64),
+        z,
+        alpha_trace,
+        logq,
+        st.stats,
+        st.cache,
+        st.nk,
+        st.born,
+        st.ids,
+        st.K,
+        st.alias,
+        st.n_ids,
+        st.pruned,
+        st.n_seen,
+        family.spec,
+        family.prior,
+        family.empty_cache(),
+        float(sp.lam),
+        float(sp.alpha),
+        bool(sp.sample),
+        st.rng,
+        int(sp.pm_interval),
+        float(sp.prune_weight),
+    )
+    st.K, st.n_ids, st.n_seen = int(K), int(n_ids), int(n_seen)
+    st.n_pruned += int(n_pruned)
+    st.n_merged += int(n_merged)
+    st.log_joint += float(logq.sum())
+    return st, z, alpha_trace
+
+
+def check_stream_params(
+    lam: Any, alpha: Any, select: Any, prune_merge: Any, pm_interval: Any, prune_weight: Any
+) -> StreamParams:
+    """The checked parameters of an ASUGS / SUGS stream (``ASUGS`` documents them)."""
+    config.check_choice(select, SELECT, "select")
+    if alpha is not None:
+        config.check_positive(alpha, "alpha")
+    if lam is None:
+        if alpha is None:
+            raise ValueError("SUGS (lam=None) needs a fixed alpha; ASUGS needs lam > 0")
+        a = config.check_positive(alpha, "alpha")
+        lam_v = 0.0
+    else:
+        if alpha is not None:
+            raise ValueError(
+                f"give lam (ASUGS, adaptive alpha) or alpha with lam=None (SUGS), not both: "
+                f"lam={lam!r}, alpha={alpha!r}"
+            )
+        lam_v = config.check_positive(lam, "lam")
+        a = 1.0
+    if not isinstance(prune_merge, (bool, np.bool_)):
+        raise ValueError(f"prune_merge must be True or False, got {prune_merge!r}")
+    interval = config.check_int(pm_interval, "pm_interval")
+    pw = config.check_fraction(prune_weight, "prune_weight")
+    return StreamParams(
+        lam=lam_v,
+        alpha=a,
+        sample=select == "sample",
+        pm_interval=interval if prune_merge else 0,
+        prune_weight=pw,
+    )
+
+
+class ASUGS(MixtureEstimator):
+    """ASUGS: adaptive sequential updating and greedy search (seed 002, Algorithm 1), with the
+    pruning and merging of ASUGS-PM (Section 6), for any likelihood family of the project.
+
+    Each record is seen once, in order: it joins the existing class or a new one with the
+    largest m(h) L_{i,h}(y_i) (or alpha L for a new one, eq. 1), where L is the family's
+    posterior predictive given the class's records (eqs. 3, 8) and the concentration adapts as
+    alpha_i = k_i / (lambda + log i) (Section 2.1); the class's sufficient statistics and
+    posterior are then updated (eqs. 4-7 for the Normal-Wishart). ``partial_fit`` continues the
+    stream over any number of batches; ``fit`` is one pass over X.
+
+    Parameters
+    ----------
+    lam : float or None, default=0.3
+        lambda > 0, the rate of the exponential prior on alpha (Algorithm 1's input). None runs
+        SUGS with the fixed ``alpha`` instead (the comparison of Section 6).
+    select : {"greedy", "sample"}, default="greedy"
+        Step (b): the arg max of q (SUGS's greedy choice) or a draw from q.
+    prune_merge : bool, default=True
+        ASUGS-PM (Section 6): every so often (``pm_interval``) prune classes holding less than
+        ``prune_weight`` of the records seen since they opened, then merge pairs of classes while
+        a merge raises log p(X, z | alpha) (the DP mixture's exact merge gap).
+    family : "auto", str, dict, Family or ProductFamily, default="auto"
+        As ``MAPDP``. With "auto" the empirical-Bayes prior is fitted to X in ``fit`` and to
+        the *first batch* in ``partial_fit``; pass a ``Family`` to fix it for a stream.
+    alpha : float or None, default=None
+        SUGS's fixed concentration (only with ``lam=None``).
+    prior_scale : float in (0, 1), default=0.1
+        The share of the data's variance one class is expected to carry under the
+        empirical-Bayes prior (``family="auto"``; ``PRIOR_SCALE`` says why it is below
+        ``MAPDP``'s).
+    pm_interval : int, default=250
+        Records between pruning/merging rounds at first; the rounds then thin out
+        geometrically (``kernels.asugs.pm_due``), O(log n) of them in all.
+    prune_weight : float in [0, 1), default=0.01
+        0 keeps every class (merging only).
+    random_state : int, SeedSequence, Generator or None
+        Seeds the draws of ``select="sample"``.
+
+    Attributes
+    ----------
+    labels_ : ndarray of shape (n_samples,)
+        Class of each record of the last ``fit`` / ``partial_fit`` batch, as the classes are
+        now (merges applied); -1 for a record whose class was pruned.
+    n_clusters_ : int
+    cluster_stats_ : ndarray of shape (n_clusters, n_stats)
+    cluster_sizes_ : ndarray of shape (n_clusters,)
+    pruned_stats_ : ndarray of shape (n_stats,)
+        Statistics of the pruned classes: cluster_stats_.sum(0) + pruned_stats_ are the
+        statistics of every record seen.
+    alpha_ : float
+        alpha_n = k_n / (lambda + log n) after the last record (SUGS: the fixed alpha).
+    alpha_history_ : ndarray of shape (n_seen_,)
+        alpha_i after each record i of the stream (its trajectory; after ``start_from``, of
+        the records streamed since).
+    n_seen_ : int
+        Records streamed so far.
+    n_pruned_, n_merged_ : int
+        Classes pruned and merges made so far.
+    log_joint_ : float
+        sum_i log L_{i,gamma_i}(y_i) pi_{i,gamma_i}(alpha_{i-1}): the stream's sequential log
+        joint (without pruning and merging, log p(X, z) for SUGS's fixed alpha).
+    family_, schema_, n_features_in_, feature_names_in_ : as ``MAPDP``.
+    """
+
+    _always_informative: ClassVar[bool] = False
+    # a saved model (``pipeline.estimators.model``) keeps the records seen, so that a loaded one streams on
+    # with alpha_i = k_i / (lambda + log i) where it stopped (``partial_fit``)
+    _model_attrs: ClassVar[tuple[str, ...]] = (*MixtureEstimator._model_attrs, "n_seen_")
+    _model_extras: ClassVar[tuple[str, ...]] = ("pruned_stats_", "n_pruned_", "n_merged_")
+
+    def __init__(
+        self,
+        lam: float | None = DEFAULT_LAM,
+        select: str = "greedy",
+        prune_merge: bool = True,
+        family: Any = "auto",
+        alpha: float | None = None,
+        prior_scale: float = PRIOR_SCALE,
+        pm_interval: int = PM_INTERVAL,
+        prune_weight: float = PRUNE_WEIGHT,
+        random_state: Any = None,
+    ):
+        self.lam = lam
+        self.select = select
+        self.prune_merge = prune_merge
+        self.family = family
+        self.alpha = alpha
+        self.prior_scale = prior_scale
+        self.pm_interval = pm_interval
+        self.prune_weight = prune_weight
+        self.random_state = random_state
+
+    def _check_params(self) -> StreamParams:
+        check_scale(self.prior_scale)
+        return check_stream_params(
+            self.lam, self.alpha, self.select, self.prune_merge, self.pm_interval, self.prune_weight
+        )
+
+    # -- fitting -----------------------------------------------------------------------------
+    def fit(self, X: Any, y: Any = None) -> ASUGS:
+        """One pass over the records of X in order, from an empty stream.
+
+        Parameters
+        ----------
+        X : array-like or DataFrame of shape (n_samples, n_features)
+        y : ignored
+
+        Returns
+        -------
+        self
+        """
+        self._stream: StreamState | None = None
+        return super().fit(X)  # type: ignore[no-any-return]
+
+    def partial_fit(self, X: Any, y: Any = None) -> ASUGS:
+        """Continue the stream with the records of X, in order.
+
+        The first call on an unfitted estimator learns the columns and the family (``fit``
+        starts a new stream, which later ``partial_fit`` calls continue); later batches must
+        have the same columns, encoded the same way, or a ValueError names what differs.
+
+        Parameters
+        ----------
+        X : array-like or DataFrame of shape (n_samples, n_features)
+        y : ignored
+
+        Returns
+        -------
+        self
+        """
+        sp = self._check_params()
+        if getattr(self, "_stream", None) is None and hasattr(self, "cluster_stats_"):
+            # a model read back from disk (``pipeline.estimators.model``): the stream goes on from its
+            # clusters
+            self.start_from(self)
+        if getattr(self, "_stream", None) is None:
+            Xa = self._encode_fit(X)
+        else:
+            Xa = self._encode_predict(X)
+        self._fit(Xa, sp)
+        return self
+
+    def start_from(self, model: Any) -> ASUGS:
+        """Continue from a fitted model's clusters instead of an empty stream: its
+        ``cluster_stats_`` become the classes (the records they summarise count as seen), its
+        columns and family are kept; ``partial_fit`` then streams new records into it (the
+        model update of ``pipeline.estimators.update``).
+
+        Parameters
+        ----------
+        model : fitted estimator with ``cluster_stats_``, ``family_`` and ``schema_``
+            (``MAPDP``, ``ASUGS``, any ``MixtureEstimator`` with clusters).
+
+        Returns
+        -------
+        self
+        """
+        params = self._check_params()
+        for name in ("cluster_stats_", "family_", "schema_"):
+            if not hasattr(model, name):
+                raise ValueError(
+                    f"{type(model).__name__} has no {name}: a stream starts from a fitted model "
+                    "with clusters"
+                )
+        fam = model.family_
+        self.family_ = fam
+        self.schema_ = model.schema_
+        self.n_features_in_ = int(model.n_features_in_)
+        if hasattr(model, "feature_names_in_"):
+            self.feature_names_in_ = model.feature_names_in_
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        rng = seed_state(as_seed_sequence(self.random_state))
+        n_seen = getattr(model, "n_seen_", None)
+        self._stream = StreamState.from_clusters(
+            model.cluster_stats_, fam, rng, None if n_seen is None else int(n_seen)
+        )
+        self._params = params
+        st = self._stream
+        if hasattr(model, "pruned_stats_"):
+            # an ASUGS model's own stream: what it pruned and how often stay counted
+            st.pruned = np.array(model.pruned_stats_, dtype=np.float64)
+            st.n_pruned = int(getattr(model, "n_pruned_", 0))
+            st.n_merged = int(getattr(model, "n_merged_", 0))
+        self._alpha_parts: list[FloatArray] = [np.zeros(0)]
+        self.labels_ = np.zeros(0, dtype=np.int64)
+        self._set_fitted(st, params)
+        return self
+
+    def _set_fitted(self, st: StreamState, params: StreamParams) -> None:
+        fam = self.family_
+        stats = st.cluster_stats
+        self.cluster_stats_ = stats
+        self.cluster_sizes_ = np.rint(stats[:, 0]).astype(np.int64)
+        self.n_clusters_ = int(st.K)
+        self.pruned_stats_ = st.pruned.copy()
+        self.alpha_ = params.concentration(st.K, st.n_seen)
+        self.n_seen_ = int(st.n_seen)
+        self.n_pruned_ = int(st.n_pruned)
+        self.n_merged_ = int(st.n_merged)
+        self.log_joint_ = float(st.log_joint)
+        self._cache = st.cache[: st.K].copy()
+        self._empty_cache = fam.empty_cache()
+
+    def _fit(self, Xa: FloatArray, params: StreamParams) -> None:
+        fam = self.family_
+        if getattr(self, "_stream", None) is None:
+            rng = seed_state(as_seed_sequence(self.random_state))
+            self._stream = StreamState.empty(fam, rng)
+            self._params = params
+            self._alpha_parts = []
+        elif params != self._params:
+            raise ValueError(
+                "the parameters changed since the stream started; call fit to start a new one"
+            )
+        assert self._stream is not None
+        st, z, trace = advance(self._stream, Xa, fam, params, trace=True)
+        self._alpha_parts.append(trace)
+        rows = st.rows_of_ids()
+        self.labels_ = np.where(z >= 0, rows[np.maximum(z, 0)], -1).astype(np.int64)
+        self._set_fitted(st, params)
+
+    @property
+    def alpha_history_(self) -> FloatArray:
+        """alpha_i after each record i of the stream (n_seen_,)."""
+        if not hasattr(self, "_alpha_parts"):
+            raise AttributeError("alpha_history_ exists after fit or partial_fit")
+        if len(self._alpha_parts) != 1:
+            # the batches' pieces are joined when asked for, not at every batch
+            self._alpha_parts = [np.concatenate(self._alpha_parts)]
+        return self._alpha_parts[0]

@@ -1,0 +1,299 @@
+"""One base class for the project's clustering estimators, after scikit-learn's ``BaseMixture``.
+
+``MixtureEstimator.fit`` is a template: check the parameters (``_check_params``, built on the
+checks of ``pipeline.core.config``), encode X through the schema and the likelihood family
+(``pipeline.families.schema``, ``pipeline.families``), run the subclass's ``_fit`` hook on the encoded
+matrix, and leave the common fitted attributes. ``predict`` / ``score_samples`` / ``score`` encode
+new records with the fitted schema (same columns, same categories, values in the families'
+support) and call the subclass's hooks; by default they are the DPM posterior predictive given a
+partition of the training records (``cluster_stats_``, ``cluster_sizes_``, ``alpha_``), which
+every estimator with clusters and a DP concentration shares.
+
+Subclasses: ``MAPDP``, ``CollapsedGibbs``, ``UncollapsedGibbs``, ``DPMeans``, ``BHC``,
+``TreeGuidedMCMC``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
+from sklearn.base import BaseEstimator, ClusterMixin
+from sklearn.utils.metaestimators import available_if
+from sklearn.utils.validation import check_is_fitted
+
+from kernels import mapdp as kmapdp
+from pipeline.families import Family, FloatArray, ProductFamily, as_product
+from pipeline.families.schema import Schema, as_frame
+
+IntArray = NDArray[np.int64]
+
+
+def numeric_schema(n_cols: int) -> Schema:
+    """The schema of a numeric matrix of ``n_cols`` columns named x0, x1, ... (for estimators
+    fitted on summaries, whose records are already the family's encoded values)."""
+    cols = [f"x{j}" for j in range(n_cols)]
+    return Schema(columns=cols, kinds=dict.fromkeys(cols, "gaussian"), from_frame=False)
+
+
+def _density_available(est: Any) -> bool:
+    return bool(est._has_density())
+
+
+class MixtureEstimator(ClusterMixin, BaseEstimator):
+    """Base class of the clustering estimators: the fit template and the predict-time checks.
+
+    Subclasses define ``__init__`` (parameters only, scikit-learn style), ``_check_params`` and
+    ``_fit``; those with a ``family`` parameter get their records encoded by it.
+
+    Fitted attributes set here
+    --------------------------
+    schema_ : Schema
+        Columns, kinds and encodings learned at fit time.
+    family_ : ProductFamily
+        Only for estimators with a ``family`` parameter.
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when fitted on a DataFrame.
+
+    Fitted attributes set by ``_set_clusters`` (estimators with clusters)
+    --------------------------------------------------------------------
+    labels_ : ndarray of shape (n_samples,)
+    n_clusters_ : int
+    cluster_stats_ : ndarray of shape (n_clusters, n_stats)
+    cluster_sizes_ : ndarray of shape (n_clusters,)
+    alpha_ : float
+    """
+
+    #: whether fit checks that there are two records and no constant column even when the prior
+    #: is given (MAP-DP and the Gibbs samplers: a constant column is degenerate for them); the
+    #: tree methods only need it when the prior is fitted to the data (empirical Bayes)
+    _always_informative: ClassVar[bool] = True
+    #: the fitted attributes a saved model keeps and needs (``pipeline.estimators.model``): those
+    #: ``predict`` and ``score_samples`` use; ``_model_extras`` are kept when present
+    #: (diagnostics of the fit)
+    _model_attrs: ClassVar[tuple[str, ...]] = (
+        "n_clusters_",
+        "cluster_stats_",
+        "cluster_sizes_",
+        "alpha_",
+    )
+    _model_extras: ClassVar[tuple[str, ...]] = ()
+
+    # -- the template -----------------------------------------------------------------------
+    def fit(self, X: Any, y: Any = None) -> Any:
+        """Fit the estimator to X.
+
+        Parameters
+        ----------
+        X : array-like or DataFrame of shape (n_samples, n_features)
+        y : ignored
+
+        Returns
+        -------
+        self
+        """
+        params = self._check_params()
+        if getattr(self, "tune", None) is not None:
+            from pipeline.estimators.tuning import tune_cv
+
+            return tune_cv(self, X)
+        Xa = self._encode_fit(X)
+        self._fit(Xa, params)
+        return self
+
+    def fit_predict(self, X: Any, y: Any = None, **kwargs: Any) -> IntArray:
+        """Fit and return ``labels_`` (n_samples,)."""
+        return np.asarray(self.fit(X).labels_)
+
+    def _check_params(self) -> Any:
+        """Validate the parameters (``pipeline.core.config`` checks); the result is handed to
+        ``_fit``."""
+        return None
+
+    def _check_tuning(self) -> None:
+        """``prior_scale`` and ``tune`` (``pipeline.estimators.tuning``), for the estimators that take
+        them."""
+        from pipeline.estimators.tuning import check_tune
+        from pipeline.families.gaussian import check_scale
+
+        if getattr(self, "prior_scale", None) is not None:
+            check_scale(self.prior_scale)
+        check_tune(getattr(self, "tune", None))
+
+    def _fit(self, Xa: FloatArray, params: Any) -> None:
+        """Fit on the encoded records Xa (n_samples, n_cols), columns in the family's group
+        order."""
+        raise NotImplementedError
+
+    # -- encoding ---------------------------------------------------------------------------
+    def _encode_fit(self, X: Any) -> FloatArray:
+        """Learn the schema (and the family) from X; return the records the kernels see."""
+        family = getattr(self, "family", None)
+        df, from_frame = as_frame(X)
+        given = isinstance(family, (Family, ProductFamily))
+        if given or family is None:
+            # a given prior (or no family at all) models the numeric values of the columns
+            schema = Schema.infer(df, "gaussian", from_frame)
+            Xe = schema.encode(df, fitting=True)
+            if self._always_informative:
+                schema.check_informative(Xe)
+        else:
+            schema = Schema.infer(df, family, from_frame)
+            Xe = schema.encode(df, fitting=True)
+            schema.check_informative(Xe)
+        self.schema_ = schema
+        self.n_features_in_ = Xe.shape[1]
+        if from_frame:
+            self.feature_names_in_ = np.asarray(schema.columns, dtype=object)
+        elif hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+        if family is None:
+            return np.ascontiguousarray(Xe)
+        if given:
+            prod = as_product(family)  # type: ignore[arg-type]
+            if prod.n_cols != Xe.shape[1]:
+                raise ValueError(
+                    f"X has {Xe.shape[1]} features, but the family given models {prod.n_cols}"
+                )
+            schema.check_values(prod, Xe)
+        else:
+            prod = schema.build_family(Xe, scale=getattr(self, "prior_scale", None))
+        self.family_ = prod
+        return prod.arrange(Xe)
+
+    def _set_summaries_input(self, family: ProductFamily) -> None:
+        """Fitted on summaries: new records are numeric rows in the family's column order."""
+        self.family_ = family
+        self.schema_ = numeric_schema(family.n_cols)
+        self.n_features_in_ = family.n_cols
+        if hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
+
+    def _encode_predict(self, X: Any) -> FloatArray:
+        """New records encoded as at fit time, or a ValueError naming the column and row."""
+        # n_clusters_, not labels_: a loaded model has no training labels (``pipeline.estimators.model``)
+        check_is_fitted(self, "n_clusters_")
+        df, from_frame = as_frame(X)
+        df = self.schema_.check_columns(df, from_frame, type(self).__name__)
+        Xe = self.schema_.encode(df, fitting=False)
+        if not hasattr(self, "family_"):
+            return np.ascontiguousarray(Xe)
+        self.schema_.check_values(self.family_, Xe)
+        return self.family_.arrange(Xe)
+
+    # -- prediction -------------------------------------------------------------------------
+    def _has_density(self) -> bool:
+        """Whether ``score_samples`` / ``score`` exist (a subclass without a density says no)."""
+        return True
+
+    def predict(self, X: Any) -> IntArray:
+        """Cluster of each record of X.
+
+        Parameters
+        ----------
+        X : array-like or DataFrame of shape (n_samples, n_features)
+
+        Returns
+        -------
+        labels : ndarray of shape (n_samples,)
+        """
+        return self._predict_encoded(self._encode_predict(X))
+
+    @available_if(_density_available)
+    def score_samples(self, X: Any) -> FloatArray:
+        """Log predictive density of each record of X.
+
+        Parameters
+        ----------
+        X : array-like or DataFrame of shape (n_samples, n_features)
+
+        Returns
+        -------
+        log_density : ndarray of shape (n_samples,)
+        """
+        return self._score_encoded(self._encode_predict(X))
+
+    @available_if(_density_available)
+    def score(self, X: Any, y: Any = None) -> float:
+        """Mean log predictive density of the records of X (the held-out likelihood per record)."""
+        return float(np.mean(self.score_samples(X)))
+
+    def _predict_encoded(self, Xa: FloatArray) -> IntArray:
+        """MAP cluster of each encoded record (seed 000 eq. 3.5); -1 where a new cluster is the
+        most probable."""
+        return self._dpm_predictive(Xa)[0]
+
+    def _score_encoded(self, Xa: FloatArray) -> FloatArray:
+        """log sum_k N_k / (N + alpha) p(x | X_k) + alpha / (N + alpha) p(x) (seed 000 eq. 3.4)."""
+        return self._dpm_predictive(Xa)[1]
+
+    def _dpm_predictive(self, Xa: FloatArray) -> tuple[IntArray, FloatArray]:
+        labels, logdens = kmapdp.predict(
+            Xa,
+            self.cluster_stats_,
+            self._cache,
+            self.cluster_sizes_.astype(np.float64),
+            self.family_.spec,
+            self.family_.prior,
+            self._empty_cache,
+            float(self.alpha_),
+        )
+        return labels, logdens
+
+    # -- common fitted attributes -----------------------------------------------------------
+    def _set_clusters(
+        self,
+        labels: IntArray,
+        alpha: float,
+        *,
+        Xa: FloatArray | None = None,
+        leaf_stats: FloatArray | None = None,
+    ) -> None:
+        """labels_, n_clusters_, cluster_stats_, cluster_sizes_, alpha_ of a partition 0..K-1 of
+        the encoded training records ``Xa`` (n, D) or of leaves with statistics ``leaf_stats``
+        (n, S), and the caches the predictive needs."""
+        labels = np.asarray(labels, dtype=np.int64)
+        K = int(labels.max()) + 1
+        fam = self.family_
+        if leaf_stats is not None:
+            cluster_stats = np.zeros((K, fam.n_stats))
+            np.add.at(cluster_stats, labels, leaf_stats)
+        else:
+            assert Xa is not None
+            cluster_stats = fam.stats_of(Xa, labels, K)
+        self.labels_ = labels
+        self.n_clusters_ = K
+        self.cluster_stats_ = cluster_stats
+        self.cluster_sizes_ = np.rint(cluster_stats[:, 0]).astype(np.int64)
+        self.alpha_ = float(alpha)
+        self._cache = fam.cache_of(cluster_stats)
+        self._empty_cache = fam.empty_cache()
+
+    def save(self, path: Any, *, overwrite: bool = False) -> Any:
+        """Write the fitted model as the directory ``path`` (``pipeline.estimators.model.save_model``:
+        JSON plus arrays, no pickle); ``pipeline.load_model(path)`` reads it back.
+
+        Returns
+        -------
+        Path, ``path``.
+        """
+        from pipeline.estimators.model import save_model
+
+        return save_model(self, path, overwrite=overwrite)
+
+    def cluster_summary(self) -> pd.DataFrame:
+        """One row per cluster: size, weight N_k / (N + N0), log marginal and each family's
+        posterior parameters (the table a run writes to ``clusters.parquet``)."""
+        from pipeline.ops.report import cluster_table
+
+        check_is_fitted(self, "cluster_stats_")
+        return cluster_table(self.cluster_stats_, self.alpha_, self.family_, self.schema_)
+
+    def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = False
+        tags.non_deterministic = False
+        return tags

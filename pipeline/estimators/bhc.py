@@ -1,0 +1,377 @@
+"""Bayesian hierarchical clustering of records or of cluster summaries (seed 001).
+
+``BHC`` is stage 2 of the pipeline (DESIGN.md): its leaves are either single records or
+summaries, i.e. additive sufficient-statistics rows of groups of records. A leaf summarising n
+records enters the BHC recursion with d = alpha Gamma(n) and pi = 1, so that the tree's
+p(D | T), the lower bound of eq. 9 and the alternative-tree bound of Theorem 1 are about the DPM
+restricted to partitions that keep every summary whole. Only ``fit(X)`` reads records, and it
+first turns each record into a one-record summary.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy.special import logsumexp
+
+from kernels import bayes_kmeans as kbk
+from kernels import bhc as kbhc
+from kernels.alloc import crp
+from kernels.obs import product as kproduct
+from pipeline.core import config
+from pipeline.estimators.base import MixtureEstimator
+from pipeline.families import Family, ProductFamily, as_product, check_summaries
+from pipeline.models.mapdp import as_seed_sequence
+from pipeline.models.tree import Tree, tree_dtype
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+_METHODS = ("bhc", "bayes-kmeans")
+
+
+BHC_FIELDS = ("log_r", "log_pi", "log_p", "log_ph1", "log_omega")
+"""The fields a BHC tree adds to ``pipeline.models.tree.BASE_FIELDS`` (n_nodes = 2M - 1): log r_k =
+log p(H_1^k | D_k) (eq. 8, 0 at leaves); log pi_k (Section 3; a leaf of n records has
+d = alpha Gamma(n), pi = 1); log p(D_k | T_k) (eq. 7); log p(D_k | H_1^k) (eq. 6, the log marginal
+of the node's statistics); log omega_k, the posterior probability that D_k is one block of the
+partition (r_k times prod over the strict ancestors i of (1 - r_i)). Leaves are nodes 0 .. M-1 in
+input order; the node made by the t-th merge is M + t, so the root is 2M - 2."""
+
+
+class BHC(MixtureEstimator):
+    """Bayesian hierarchical clustering and its DPM bounds (Xu, Heller & Ghahramani 2009).
+
+    Parameters
+    ----------
+    alpha : float, default 1.0
+        DP concentration.
+    family : str, dict, Family or ProductFamily, default 'gaussian'
+        Likelihood family with its prior. A name or a {column: name} mapping (as ``MAPDP``'s
+        ``family``; 'gaussian' is ``GaussianNW.empirical_bayes(X)``) fits the prior to X at
+        ``fit(X)``; ``fit_summaries`` needs an instance.
+    method : {'bhc', 'bayes-kmeans'}, default 'bhc'
+        'bhc': the greedy BHC of Section 3 on the leaves. 'bayes-kmeans': Bayes K-means BHC
+        (Section 5): Bayes K-means groups the leaves, then BHC runs on the groups, O(M k + k^2).
+    random_state : None, int, SeedSequence or Generator
+        Visiting order and initial clusters of Bayes K-means (unused by 'bhc').
+    alt_start : int or None, default None
+        Starting node l of the alternative-tree algorithm (Fig. 4): relocations at nodes l,
+        l + 1, ..., root (merge order). None: the lowest internal node (every internal node).
+    k_init : int or None, default None
+        Clusters Bayes K-means opens from its first leaves; None: ceil(sqrt(M)).
+    kmeans_sweeps : int, default 0
+        Bayes K-means reassignment sweeps after its first pass, K-means style, stopping when no
+        leaf moves. 0 is the single pass Section 5 describes (O(M k)), which can leave records
+        of different clusters together when a cluster opened by one record draws in records of
+        a cluster not opened yet; sweeps cost O(M k) each and usually raise log p(D | T).
+    n_top : int, default 16
+        Candidate partners cached per node during agglomeration (memory O(M n_top)); does not
+        change the result.
+    parallel : bool, default False
+        Score candidate pairs on numba's threads (``NUMBA_NUM_THREADS``) in passes of at least
+        ``kernels.bhc.MIN_PARALLEL`` pairs. Off by default: each merge is one short pass, and a
+        thread-parallel pass per merge was slower (wall and CPU) than one thread on a shared
+        2-core machine. Same result either way.
+    prior_scale : float in (0, 1) or None, default=None
+    tune : {None, "cv"}, default=None
+        As ``MAPDP``: the empirical-Bayes prior's scale; "cv" chooses ``alpha``, ``prior_scale``
+        and the covariance by 5-fold held-out density before the fit (``pipeline.estimators.tuning``).
+
+    Attributes
+    ----------
+    labels_ : ndarray of shape (n_leaves,), int64
+        Cluster of each leaf given to ``fit`` / ``fit_summaries``: the tree cut at r_k = 0.5.
+    tree_ : pipeline.models.tree.Tree
+        Leaves of the tree are the input leaves ('bhc') or the Bayes K-means clusters; fields
+        ``BHC_FIELDS`` after the common ones, ``stats`` the statistics row of every node.
+    log_evidence_ : float
+        log p(D | T) at the root (eq. 7).
+    lower_bound_ : float
+        log of the BHC lower bound of eq. 9 on the DPM marginal likelihood.
+    alt_lower_bound_ : float
+        log of Theorem 1's bound (eq. 9 plus the alternative trees' increments, eq. 12).
+    alt_increments_ : ndarray of shape (2M - 1, 2)
+        log delta_LB of the two alternative trees at each node (-inf where none).
+    n_clusters_ : int
+    cluster_nodes_ : ndarray of shape (n_clusters_,), int64
+        Tree node of each cluster of ``labels_``.
+    leaf_groups_ : ndarray of shape (n_leaves,), int64
+        Tree leaf holding each input leaf (Bayes K-means cluster; the identity for 'bhc').
+    family_ : ProductFamily
+    n_leaves_in_ : int
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when fitted on a DataFrame.
+    """
+
+    # a given prior needs no data to be set, and one leaf is a (trivial) tree
+    _always_informative = False
+    # the predictive of a BHC model is the tree's (``_score_encoded``), not the flat one
+    _model_attrs: ClassVar[tuple[str, ...]] = ("n_clusters_", "tree_", "cluster_nodes_")
+    _model_extras: ClassVar[tuple[str, ...]] = (
+        "n_leaves_in_",
+        "log_evidence_",
+        "lower_bound_",
+        "alpha_",
+    )
+
+    def __init__(
+        self,
+        alpha: float = 1.0,
+        family: str | Family | ProductFamily = "gaussian",
+        method: str = "bhc",
+        random_state: Any = None,
+        alt_start: int | None = None,
+        k_init: int | None = None,
+        kmeans_sweeps: int = 0,
+        n_top: int = 16,
+        parallel: bool = False,
+        prior_scale: float | None = None,
+        tune: str | None = None,
+    ) -> None:
+        self.alpha = alpha
+        self.family = family
+        self.method = method
+        self.random_state = random_state
+        self.alt_start = alt_start
+        self.k_init = k_init
+        self.kmeans_sweeps = kmeans_sweeps
+        self.n_top = n_top
+        self.parallel = parallel
+        self.prior_scale = prior_scale
+        self.tune = tune
+
+    # -- fitting ----------------------------------------------------------------------------
+    def _check_params(self) -> float:
+        alpha = config.check_positive(self.alpha, "alpha")
+        config.check_choice(self.method, _METHODS, "method")
+        config.check_int(self.kmeans_sweeps, "kmeans_sweeps", minimum=0)
+        config.check_int(self.n_top, "n_top")
+        if self.k_init is not None:
+            config.check_int(self.k_init, "k_init")
+        self._check_tuning()
+        return alpha
+
+    def _fit(self, Xa: FloatArray, alpha: float) -> None:
+        """Every encoded record becomes a one-record leaf."""
+        fam = self.family_
+        m = Xa.shape[0]
+        self._fit_stats(fam.stats_of(Xa, np.arange(m, dtype=np.int64), m), fam, alpha)
+
+    def fit_summaries(self, stats: ArrayLike, family: Family | ProductFamily | None = None) -> BHC:
+        """Fit on leaf summaries: rows of additive sufficient statistics of ``family``.
+
+        Parameters
+        ----------
+        stats : array-like of shape (n_leaves, S)
+            ``stats[:, 0]`` is the number of records each leaf summarises (> 0).
+        family : Family or ProductFamily, optional
+            The family (with its prior) the rows belong to; default ``self.family``.
+
+        Returns
+        -------
+        self
+        """
+        fam_in = self.family if family is None else family
+        if isinstance(fam_in, str):
+            raise ValueError(
+                "fit_summaries needs a Family or ProductFamily instance (the prior cannot be "
+                "fitted to summaries by name)"
+            )
+        alpha = self._check_params()
+        fam = as_product(fam_in)
+        st = check_summaries(stats, fam)
+        self._set_summaries_input(fam)
+        self._fit_stats(st, fam, alpha)
+        return self
+
+    def _min_parallel(self) -> int | None:
+        # None, not a huge int: the serial kernels are then compiled without the threaded ones
+        return int(kbhc.MIN_PARALLEL) if self.parallel else None
+
+    def _fit_stats(self, stats: FloatArray, fam: ProductFamily, alpha: float) -> None:
+        self.alpha_ = float(alpha)
+        log_alpha = math.log(alpha)
+        m = stats.shape[0]
+        if self.method == "bayes-kmeans":
+            rng = np.random.default_rng(as_seed_sequence(self.random_state))
+            order = rng.permutation(m).astype(np.int64)
+            k_init = math.ceil(math.sqrt(m)) if self.k_init is None else int(self.k_init)
+            if not 1 <= k_init <= m:
+                raise ValueError(f"k_init must be in [1, {m}], got {k_init}")
+            groups, leaves = kbk.bayes_kmeans(
+                stats, fam.spec, fam.prior, log_alpha, order, k_init, int(self.kmeans_sweeps)
+            )
+        else:
+            groups = np.arange(m, dtype=np.int64)
+            leaves = stats
+        self.n_leaves_in_ = m
+        self.leaf_groups_ = groups
+        self.tree_ = _build_tree(leaves, fam, log_alpha, int(self.n_top), self._min_parallel())
+        tree = self.tree_
+        root = tree.root
+        labels, nodes = kbhc.cut(tree.left, tree.right, tree.log_r, tree.n_leaves)
+        self.labels_ = labels[groups]
+        self.cluster_nodes_ = nodes
+        self.n_clusters_ = int(nodes.shape[0])
+        self.log_evidence_ = float(tree.log_p[root])
+        self.lower_bound_ = float(
+            kbhc.log_lower_bound(tree.log_d[root], tree.log_p[root], tree.n[root], log_alpha)
+        )
+        self.alt_lower_bound_, self.alt_increments_ = self.alternative_bound(self.alt_start)
+
+    # -- bounds -----------------------------------------------------------------------------
+    def alternative_bound(
+        self, start: int | None = None, path_only: bool = False
+    ) -> tuple[float, FloatArray]:
+        """Theorem 1's lower bound from relocations starting at node ``start`` (Section 4).
+
+        Parameters
+        ----------
+        start : int or None
+            Starting node l (an internal node id, M <= l <= 2M - 2); None: the lowest internal
+            node M.
+        path_only : bool
+            False: relocate at l, l + 1, ..., root in merge order, as Fig. 4 iterates (with
+            l = M every internal node, which gives the n - 2 alternatives of a balanced tree
+            counted in Section 4 and the exact marginal for three leaves, Section 6.2). True:
+            only on the path from l to the root, as the text of Section 4 reads. Both are valid
+            bounds: the alternative trees at distinct nodes share no partition. The root is
+            included in both (Fig. 4's loop reads ``while i < R``, but without the root three
+            leaves would not give the exact marginal that Section 6.2 reports).
+
+        Returns
+        -------
+        log_bound : float
+            log of eq. 9 plus the sum of the increments delta_LB (eq. 12).
+        log_delta : ndarray of shape (2M - 1, 2)
+            log delta_LB of each node's two alternative trees (-inf where none).
+        """
+        tree = self.tree_
+        M = tree.n_leaves
+        root = tree.root
+        relocate = np.zeros(len(tree), dtype=np.bool_)
+        if M >= 3:
+            l = M if start is None else int(start)
+            if not M <= l <= root:
+                raise ValueError(f"start must be an internal node id in [{M}, {root}], got {l}")
+            if path_only:
+                k = l
+                while k >= 0:
+                    relocate[k] = True
+                    k = int(tree.parent[k])
+            else:
+                relocate[l:] = True
+        log_delta = kbhc.alternative_tree_increments(
+            tree.left,
+            tree.right,
+            tree.n,
+            tree.log_d,
+            tree.log_p,
+            tree.stats,
+            self.family_.spec,
+            self.family_.prior,
+            math.log(float(self.alpha)),
+            relocate,
+        )
+        terms = np.concatenate([[self.lower_bound_], log_delta[np.isfinite(log_delta)]])
+        return float(logsumexp(terms)), log_delta
+
+    # -- prediction -------------------------------------------------------------------------
+    def _score_encoded(self, Xa: FloatArray) -> FloatArray:
+        """log p(x | D, T): the predictive density of new records under the tree.
+
+        The DPM predictive of each tree-consistent partition (n_b / (N + alpha) p(x | D_b) per
+        block, alpha / (N + alpha) p(x) for a new block) averaged over the tree's posterior on
+        partitions, whose block probabilities are Heller & Ghahramani's (2005, Section 4)
+        omega_k: sum_k omega_k n_k / (N + alpha) p(x | D_k) + alpha / (N + alpha) p(x). It
+        integrates to one. Seed 001 uses but does not state it.
+
+        Parameters
+        ----------
+        Xa : ndarray of shape (n_samples, n_features)
+            Encoded records (``score_samples`` encodes and checks X).
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+        """
+        fam = self.family_
+        tree = self.tree_
+        # the concentration of the fit (a tuned fit's choice, not the parameter; a model saved
+        # before ``alpha_`` existed has the parameter)
+        alpha = float(getattr(self, "alpha_", self.alpha))
+        log_norm = math.log(float(tree.n[-1]) + alpha)
+        log_w = tree.log_omega + np.log(tree.n) - log_norm
+        log_w_new = math.log(alpha) - log_norm
+        return kbhc.log_predictive_density(Xa, tree.stats, log_w, fam.spec, fam.prior, log_w_new)
+
+    def _predict_encoded(self, Xa: FloatArray) -> IntArray:
+        """The cluster of ``labels_`` each new record most probably joins.
+
+        argmax_c log n_c + log p(x | D_c) over the clusters of the r_k = 0.5 cut (the CRP weight
+        times the cluster's posterior predictive; a new cluster is not offered).
+
+        Parameters
+        ----------
+        Xa : ndarray of shape (n_samples, n_features)
+            Encoded records (``predict`` encodes and checks X).
+
+        Returns
+        -------
+        ndarray of shape (n_samples,), int64
+        """
+        fam = self.family_
+        stats = np.ascontiguousarray(self.tree_.stats[self.cluster_nodes_])
+        lp = kbhc.log_predictive_matrix(Xa, stats, fam.spec, fam.prior)
+        return np.argmax(lp + np.log(stats[:, 0])[None, :], axis=1).astype(np.int64)
+
+
+def _build_tree(
+    leaves: FloatArray, fam: ProductFamily, log_alpha: float, n_top: int, min_parallel: int | None
+) -> Tree:
+    left, right, n, log_r, log_d, log_pi, log_p, log_ph1, node_stats = kbhc.bhc(
+        leaves, fam.spec, fam.prior, log_alpha, n_top, min_parallel
+    )
+    cap = left.shape[0]
+    M = (cap + 1) // 2
+    table = np.zeros(cap, dtype=tree_dtype(*BHC_FIELDS))
+    table["node"] = np.arange(cap)
+    table["parent"] = -1
+    table["n_leaves_below"] = 1
+    for k in range(M, cap):
+        table["parent"][left[k]] = k
+        table["parent"][right[k]] = k
+        table["n_leaves_below"][k] = (
+            table["n_leaves_below"][left[k]] + table["n_leaves_below"][right[k]]
+        )
+    table["left"], table["right"], table["n"] = left, right, n
+    table["log_d"], table["log_r"], table["log_pi"] = log_d, log_r, log_pi
+    table["log_p"], table["log_ph1"] = log_p, log_ph1
+    table["log_omega"] = kbhc.log_block_posterior(left, right, log_d, log_p, log_r)
+    return Tree(table, node_stats)
+
+
+def dpm_log_joint(stats: ArrayLike, family: Family | ProductFamily, alpha: float) -> float:
+    """log of eq. 5's summand for one partition: log p(v | alpha) + sum_l log p(D_l^v), the
+    CRP's ``kernels.alloc.crp.log_eppf`` plus ``kernels.obs.product.log_marginals``.
+
+    Parameters
+    ----------
+    stats : array-like of shape (K, S)
+        One statistics row per block.
+    family : Family or ProductFamily
+    alpha : float
+
+    Returns
+    -------
+    float
+    """
+    fam = as_product(family)
+    S = np.ascontiguousarray(np.atleast_2d(np.asarray(stats, dtype=np.float64)))
+    lm = float(kproduct.log_marginals(S, fam.spec, fam.prior).sum())
+    return float(crp.log_eppf(np.ascontiguousarray(S[:, 0]), S.shape[0], float(alpha))) + lm

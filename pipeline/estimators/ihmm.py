@@ -1,0 +1,565 @@
+"""``MAPiHMM`` and ``IHMMGibbs``: the infinite hidden Markov model of seed 000 Section 6,
+scikit-learn style, with hmmlearn's convention for many sequences in one array (``lengths``).
+
+Emissions are the project's likelihood families (``family="auto"`` picks one per column as
+``MAPDP`` does); the kernels are ``kernels.ihmm``, the runs ``pipeline.models.ihmm``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils.validation import check_is_fitted
+
+from pipeline.core import config
+from pipeline.core.errors import InputError
+from pipeline.estimators.base import MixtureEstimator
+from pipeline.families import FloatArray
+from pipeline.families.gaussian import check_scale
+from pipeline.models.ihmm import (
+    M_COUNTS,
+    PRIOR_SCALE,
+    HmmState,
+    IhmmResult,
+    IntArray,
+    decode,
+    log_likelihood,
+    run_gibbs,
+    run_map_ihmm,
+    starts_of,
+)
+from pipeline.models.mapdp import as_seed_sequence, seed_state
+
+
+def sequence_order(
+    df: pd.DataFrame, sequence_column: str, time_column: str | None
+) -> tuple[IntArray, IntArray, pd.Index]:
+    """Rows of a long table grouped into sequences, ordered by time within each.
+
+    Sequences come in the order of their first row; rows keep their order within a sequence
+    unless ``time_column`` is given, which must then be strictly increasing within each
+    sequence as the rows come (a sorted time column is checked, not silently sorted: an
+    unsorted file is more often a wrong join than a wish). Errors name the column and the
+    0-based row.
+
+    Returns
+    -------
+    order : ndarray of shape (n_rows,), int64
+        Row i of the sequence-ordered data is row order[i] of df.
+    lengths : ndarray of shape (n_sequences,), int64
+    ids : Index
+        Sequence id of each sequence.
+    """
+    if sequence_column not in df.columns:
+        raise InputError(f"sequence column {sequence_column!r} is not a column of the data")
+    seq = df[sequence_column]
+    missing = seq.isna().to_numpy()
+    if missing.any():
+        row = int(np.flatnonzero(missing)[0])
+        raise InputError(f"column {sequence_column!r}, row {row}: missing sequence id")
+    codes, ids = pd.factorize(seq, sort=False)
+    if time_column is not None:
+        if time_column not in df.columns:
+            raise InputError(f"time column {time_column!r} is not a column of the data")
+        tcol = df[time_column]
+        if tcol.isna().any():
+            row = int(np.flatnonzero(tcol.isna().to_numpy())[0])
+            raise InputError(f"column {time_column!r}, row {row}: missing time stamp")
+        if pd.api.types.is_datetime64_any_dtype(tcol):
+            tv = tcol.to_numpy().astype("datetime64[ns]").astype(np.int64).astype(np.float64)
+        else:
+            num = pd.to_numeric(tcol, errors="coerce")
+            if num.isna().any():
+                row = int(np.flatnonzero(num.isna().to_numpy())[0])
+                raise InputError(
+                    f"column {time_column!r}, row {row}: time stamp {tcol.iloc[row]!r} is not "
+                    "a number or a date"
+                )
+            tv = num.to_numpy(dtype=np.float64)
+    order = np.argsort(codes, kind="stable").astype(np.int64)
+    lengths = np.bincount(codes, minlength=len(ids)).astype(np.int64)
+    if time_column is not None:
+        ts = tv[order]
+        cs = codes[order]
+        same = cs[1:] == cs[:-1]
+        dup = same & (ts[1:] == ts[:-1])
+        back = same & (ts[1:] < ts[:-1])
+        for bad, what in ((dup, "duplicated time stamp"), (back, "time goes backwards")):
+            if bad.any():
+                row = int(order[np.flatnonzero(bad)[0] + 1])
+                raise InputError(
+                    f"column {time_column!r}, row {row}: {what} within sequence "
+                    f"{ids[cs[np.flatnonzero(bad)[0] + 1]]!r} (rows of a sequence must be in "
+                    "strictly increasing time)"
+                )
+    return order, lengths, pd.Index(ids)
+
+
+def check_lengths(lengths: Any, n: int) -> IntArray:
+    """hmmlearn's ``lengths``: positive integers summing to the number of rows."""
+    arr = np.asarray(lengths)
+    if arr.ndim != 1 or arr.shape[0] == 0 or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError("lengths must be a non-empty 1-D array of integers")
+    if arr.min() < 1:
+        raise ValueError(f"lengths must be >= 1, got {int(arr.min())}")
+    if int(arr.sum()) != n:
+        raise ValueError(f"lengths sum to {int(arr.sum())} but X has {n} rows")
+    return arr.astype(np.int64)
+
+
+class _SequenceEstimator(MixtureEstimator):
+    """Shared by the two iHMM estimators: sequences in, encoded records in sequence order."""
+
+    #: what a saved model keeps (``pipeline.estimators.model``): the MAP state (emission statistics,
+    #: transition and start counts, kappa) that ``predict`` and ``score_samples`` decode with,
+    #: and the fitted attributes derived from it
+    _model_attrs: ClassVar[tuple[str, ...]] = (
+        *MixtureEstimator._model_attrs,
+        "n_states_",
+        "state_",
+        "gamma_",
+        "state_stats_",
+        "state_sizes_",
+        "kappa_",
+        "transition_counts_",
+        "start_counts_",
+        "transmat_",
+        "startprob_",
+    )
+    _model_extras: ClassVar[tuple[str, ...]] = (
+        "objective_",
+        "objective_history_",
+        "n_iter_",
+        "restart_objectives_",
+    )
+
+    def _sequences(
+        self,
+        X: Any,
+        lengths: Any,
+        sequence_column: str | None,
+        time_column: str | None,
+    ) -> tuple[Any, IntArray | None, IntArray]:
+        """(features, permutation to sequence order or None, starts)."""
+        if sequence_column is not None:
+            if not isinstance(X, pd.DataFrame):
+                raise ValueError("sequence_column needs X as a pandas DataFrame")
+            if lengths is not None:
+                raise ValueError("give lengths or sequence_column, not both")
+            order, seq_lengths, _ids = sequence_order(X, sequence_column, time_column)
+            drop = [sequence_column] + ([time_column] if time_column else [])
+            feats = X.drop(columns=drop).iloc[order].reset_index(drop=True)
+            return feats, order, starts_of(seq_lengths, len(X))
+        n = len(X) if hasattr(X, "__len__") else np.asarray(X).shape[0]
+        checked = None if lengths is None else check_lengths(lengths, n)
+        return X, None, starts_of(checked, n)
+
+    def _fit_params(self) -> tuple[float, float]:
+        alpha = config.check_positive(self.alpha, "alpha")  # type: ignore[attr-defined]
+        gamma = config.check_positive(self.gamma, "gamma")  # type: ignore[attr-defined]
+        if self.prior_scale is not None:  # type: ignore[attr-defined]
+            check_scale(self.prior_scale)  # type: ignore[attr-defined]
+        return alpha, gamma
+
+    def _set_states(self, res_labels: IntArray, st: HmmState, order: IntArray | None) -> None:
+        labels = res_labels
+        if order is not None:
+            labels = np.empty_like(res_labels)
+            labels[order] = res_labels
+        self.labels_ = labels
+        self._set_model(st)
+
+    def _set_model(self, st: HmmState) -> None:
+        """The fitted attributes of the MAP state ``st`` (``alpha_`` and ``family_`` set)."""
+        self.state_ = st
+        K = st.n_states
+        self.n_states_ = K
+        self.n_clusters_ = K
+        self.state_stats_ = st.stats
+        self.state_sizes_ = np.rint(st.nk).astype(np.int64)
+        self.cluster_stats_ = st.stats
+        self.cluster_sizes_ = self.state_sizes_
+        self.kappa_ = np.append(st.kappa, st.ku)
+        self.transition_counts_ = st.trans
+        self.start_counts_ = st.start
+        a = self.alpha_
+        A = st.trans + a * st.kappa[None, :]
+        self.transmat_ = A / A.sum(axis=1, keepdims=True)
+        pi = st.start + a * st.kappa
+        self.startprob_ = pi / pi.sum()
+        self._cache = self.family_.cache_of(st.stats)
+        self._empty_cache = self.family_.empty_cache()
+
+    # -- prediction: per sequence --------------------------------------------------------------
+    def _encode_sequences(
+        self, X: Any, lengths: Any, sequence_column: str | None, time_column: str | None
+    ) -> tuple[FloatArray, IntArray | None, IntArray]:
+        # state_, not labels_: a loaded model has no training labels (``pipeline.estimators.model``)
+        check_is_fitted(self, "state_")
+        feats, order, starts = self._sequences(X, lengths, sequence_column, time_column)
+        return self._encode_predict(feats), order, starts
+
+    def predict(  # type: ignore[override]
+        self,
+        X: Any,
+        lengths: Any = None,
+        sequence_column: str | None = None,
+        time_column: str | None = None,
+    ) -> IntArray:
+        """Most probable state of every time step of new sequences (Viterbi under the MAP
+        transition matrix and the posterior-predictive emissions, eq. 6.4); -1 where an
+        unrepresented state is the most probable.
+
+        Parameters
+        ----------
+        X : array-like or DataFrame of shape (n_samples, n_features)
+        lengths : array-like of int, optional
+            Lengths of the sequences X holds one after the other (hmmlearn); None: one sequence.
+        sequence_column, time_column : str, optional
+            The DataFrame form: sequence ids (and time stamps) as columns of X.
+
+        Returns
+        -------
+        labels : ndarray of shape (n_samples,), in the rows' order
+        """
+        Xa, order, starts = self._encode_sequences(X, lengths, sequence_column, time_column)
+        path, _best = decode(Xa, starts, self.state_, self.family_, self.alpha_)
+        path = np.where(path == self.n_states_, -1, path)
+        if order is not None:
+            out = np.empty_like(path)
+            out[order] = path
+            return out
+        return path
+
+    def score_samples(  # type: ignore[override]
+        self,
+        X: Any,
+        lengths: Any = None,
+        sequence_column: str | None = None,
+        time_column: str | None = None,
+    ) -> FloatArray:
+        """Held-out log likelihood log p(x_1..x_T) of each sequence by the forward algorithm
+        under the MAP model (transition matrix (N_pk + N0 kappa_k) / (N_p. + N0) with the
+        unrepresented states as one more state, posterior-predictive emissions).
+
+        Returns
+        -------
+        log_likelihood : ndarray of shape (n_sequences,)
+            In order of the sequences (of their first row in the DataFrame form).
+        """
+        Xa, _order, starts = self._encode_sequences(X, lengths, sequence_column, time_column)
+        return log_likelihood(Xa, starts, self.state_, self.family_, self.alpha_)
+
+    def score(  # type: ignore[override]
+        self,
+        X: Any,
+        lengths: Any = None,
+        sequence_column: str | None = None,
+        time_column: str | None = None,
+    ) -> float:
+        """Total log likelihood of the sequences of X (hmmlearn's ``score``)."""
+        return float(np.sum(self.score_samples(X, lengths, sequence_column, time_column)))
+
+    def fit_predict(  # type: ignore[override]
+        self, X: Any, lengths: Any = None, **kwargs: Any
+    ) -> IntArray:
+        return np.asarray(self.fit(X, lengths, **kwargs).labels_)
+
+    def state_summary(self) -> pd.DataFrame:
+        """One row per state: size, log marginal and each family's posterior parameters."""
+        from pipeline.ops.report import cluster_table
+
+        check_is_fitted(self, "state_stats_")
+        return cluster_table(self.state_stats_, self.alpha_, self.family_, self.schema_)
+
+
+class MAPiHMM(_SequenceEstimator):
+    """MAP-iHMM: approximate MAP inference for the infinite HMM (seed 000, Section 6.2).
+
+    Iterated conditional modes on the direct-assignment HDP-HMM: every time step in turn goes
+    to the state, or a new one, of eq. 6.7, the state's emission parameters and the transition
+    matrix integrated out; then the global weights kappa take the mode of eq. 6.6 given the
+    expected table counts m_pk. Between sweeps, Viterbi re-segmentation, merges and splits of
+    states are tried; every step is taken only if the objective E(z, kappa) = -log p(X, z,
+    kappa) (``kernels.ihmm``) falls, so ``objective_history_`` never increases.
+
+    Parameters
+    ----------
+    alpha : float, default=1.0
+        N0, the concentration of each row of the transition matrix around kappa.
+    gamma : float, default=2.0
+        M0, the top-level concentration. New states open in the sweeps only for M0 > 1 (the
+        mode of eq. 6.6 leaves no unrepresented mass otherwise); splits still can.
+    family : "auto", str, dict, Family or ProductFamily, default="auto"
+        Emission family per column, as ``MAPDP``'s.
+    prior_scale : float in (0, 1) or None, default=0.1
+        The share of the data's variance one state is expected to carry under the
+        empirical-Bayes prior of the Gaussian columns (``family="auto"`` or a kind name; ignored
+        when ``family`` is a ``Family`` / ``ProductFamily``); None keeps each family's default
+        (0.3). 0.1 (``pipeline.models.ihmm.PRIOR_SCALE``, the ``ihmm`` engine's too) is the scale
+        the defaults were measured with.
+    n_restarts : int, default=1
+        Runs; the first starts with a sequential sweep, the others from random piecewise-
+        constant labellings. The lowest objective wins.
+    max_iter : int, default=100
+        Maximum iterations (sweeps) per run.
+    tol : float, default=1e-6
+        Relative decrease of E below which an iteration counts as stalled (moves are then tried).
+    m_counts : {"expectation", "urn"}, default="expectation"
+        Table counts m_pk for the kappa step: their expectation under the Polya urn (an EM step
+        for kappa, so E never increases), or the paper's draw by the urn of eq. 6.2 (E then
+        fluctuates; the kappa step is always taken).
+    moves : bool, default=True
+        Viterbi, merge and split moves.
+    random_state : int, SeedSequence, Generator or None
+    verbose : int, default=0
+
+    Attributes
+    ----------
+    labels_ : ndarray of shape (n_samples,)
+        State of every time step, 0..K-1, in the rows' order.
+    n_states_ : int
+    transmat_ : ndarray of shape (n_states, n_states)
+        MAP transition matrix of the represented states, (N_pk + N0 kappa_k) normalised over
+        them.
+    startprob_ : ndarray of shape (n_states,)
+    kappa_ : ndarray of shape (n_states + 1,)
+        Global weights; the last is kappa_{K+1}, the unrepresented mass.
+    objective_ : float
+    objective_history_ : list of float
+    n_iter_ : int
+    restart_objectives_ : list of float
+    state_stats_ : ndarray of shape (n_states, n_stats)
+        Emission sufficient statistics of each state.
+    state_sizes_ : ndarray of shape (n_states,)
+    transition_counts_ : ndarray of shape (n_states, n_states)
+    start_counts_ : ndarray of shape (n_states,)
+    family_ : ProductFamily
+    alpha_, gamma_ : float
+    """
+
+    def __init__(
+        self,
+        alpha: float = 1.0,
+        gamma: float = 2.0,
+        family: Any = "auto",
+        prior_scale: float | None = PRIOR_SCALE,
+        n_restarts: int = 1,
+        max_iter: int = 100,
+        tol: float = 1e-6,
+        m_counts: str = "expectation",
+        moves: bool = True,
+        random_state: Any = None,
+        verbose: int = 0,
+    ):
+        self.alpha = alpha
+        self.gamma = gamma
+        self.family = family
+        self.prior_scale = prior_scale
+        self.n_restarts = n_restarts
+        self.max_iter = max_iter
+        self.tol = tol
+        self.m_counts = m_counts
+        self.moves = moves
+        self.random_state = random_state
+        self.verbose = verbose
+
+    def fit(  # type: ignore[override]
+        self,
+        X: Any,
+        lengths: Any = None,
+        sequence_column: str | None = None,
+        time_column: str | None = None,
+    ) -> MAPiHMM:
+        """Fit MAP-iHMM to the sequences of X.
+
+        Parameters
+        ----------
+        X : array-like or DataFrame of shape (n_samples, n_features)
+        lengths : array-like of int, optional
+            Lengths of the sequences X holds one after the other (hmmlearn's convention); None:
+            X is one sequence.
+        sequence_column : str, optional
+            DataFrame form: the column of sequence ids (rows of a sequence need not be adjacent).
+        time_column : str, optional
+            DataFrame form: time stamps, strictly increasing within each sequence.
+
+        Returns
+        -------
+        self
+        """
+        alpha, gamma = self._fit_params()
+        config.check_int(self.n_restarts, "n_restarts")
+        config.check_int(self.max_iter, "max_iter")
+        config.check_tol(self.tol)
+        config.check_choice(self.m_counts, M_COUNTS, "m_counts")
+        feats, order, starts = self._sequences(X, lengths, sequence_column, time_column)
+        Xa = self._encode_fit(feats)
+        seq = as_seed_sequence(self.random_state)
+        best: IhmmResult | None = None
+        objectives = []
+        for r, child in enumerate(seq.spawn(int(self.n_restarts))):
+            z0 = None if r == 0 else random_segments(starts, np.random.default_rng(child))
+            cb = None
+            if self.verbose:
+
+                def cb(it: int, e: float, k: int, r: int = r) -> None:
+                    print(f"restart {r} iteration {it}: objective {e:.6g}, {k} states")
+
+            res = run_map_ihmm(
+                Xa,
+                starts,
+                self.family_,
+                alpha,
+                gamma,
+                int(self.max_iter),
+                float(self.tol),
+                self.m_counts,
+                seed_state(child),
+                z0=z0,
+                moves=bool(self.moves),
+                callback=cb,
+            )
+            objectives.append(res.objective)
+            if best is None or res.objective < best.objective:
+                best = res
+        assert best is not None
+        if not best.converged:
+            warnings.warn(
+                f"MAP-iHMM did not converge in max_iter={self.max_iter} iterations",
+                ConvergenceWarning,
+                stacklevel=2,
+            )
+        self.alpha_ = alpha
+        self.gamma_ = gamma
+        self._set_states(best.labels, best.state, order)
+        self.objective_ = best.objective
+        self.objective_history_ = best.history
+        self.n_iter_ = best.n_iter
+        self.restart_objectives_ = objectives
+        return self
+
+
+def random_segments(starts: IntArray, rng: np.random.Generator, k0: int = 10) -> IntArray:
+    """A random start for a restart: each sequence cut into stretches of geometric length
+    (mean 20) labelled uniformly among ``k0`` states, relabelled 0..K-1."""
+    N = int(starts[-1])
+    z = np.empty(N, dtype=np.int64)
+    for s in range(starts.shape[0] - 1):
+        t = int(starts[s])
+        while t < starts[s + 1]:
+            n = int(rng.geometric(1.0 / 20.0))
+            z[t : min(t + n, int(starts[s + 1]))] = rng.integers(k0)
+            t += n
+    return np.unique(z, return_inverse=True)[1].astype(np.int64)
+
+
+class IHMMGibbs(_SequenceEstimator):
+    """The direct-assignment Gibbs sampler of the infinite HMM (seed 000, Section 6.1).
+
+    Each sweep draws every z_t from eq. 6.3 (predictive emission of eq. 6.4 times the
+    transition conditional of eq. 6.5), then the table counts by the Polya urn (eq. 6.2) and
+    kappa from eq. 6.1. The same kernels as ``MAPiHMM`` (``kernels.ihmm.sweep``).
+
+    Parameters
+    ----------
+    alpha, gamma, family, prior_scale : as ``MAPiHMM``.
+    n_sweeps : int, default=1000
+    burn_in : int, default=200
+        Sweeps before the first kept sample.
+    random_state : int, SeedSequence, Generator or None
+
+    Attributes
+    ----------
+    labels_ : ndarray of shape (n_samples,)
+        The kept sample with the lowest E(z, kappa) (the paper evaluates "the state assignments
+        that maximise the model likelihood").
+    n_states_trace_ : ndarray of shape (n_sweeps,)
+    objective_trace_ : ndarray of shape (n_sweeps,)
+    Others as ``MAPiHMM`` (of the retained sample).
+    """
+
+    def __init__(
+        self,
+        alpha: float = 1.0,
+        gamma: float = 2.0,
+        family: Any = "auto",
+        prior_scale: float | None = PRIOR_SCALE,
+        n_sweeps: int = 1000,
+        burn_in: int = 200,
+        random_state: Any = None,
+    ):
+        self.alpha = alpha
+        self.gamma = gamma
+        self.family = family
+        self.prior_scale = prior_scale
+        self.n_sweeps = n_sweeps
+        self.burn_in = burn_in
+        self.random_state = random_state
+
+    def fit(  # type: ignore[override]
+        self,
+        X: Any,
+        lengths: Any = None,
+        sequence_column: str | None = None,
+        time_column: str | None = None,
+    ) -> IHMMGibbs:
+        """Run the sampler on the sequences of X (arguments as ``MAPiHMM.fit``)."""
+        alpha, gamma = self._fit_params()
+        config.check_int(self.n_sweeps, "n_sweeps")
+        config.check_int(self.burn_in, "burn_in", minimum=0)
+        if self.burn_in >= self.n_sweeps:
+            raise ValueError(f"burn_in must be < n_sweeps, got {self.burn_in}")
+        feats, order, starts = self._sequences(X, lengths, sequence_column, time_column)
+        Xa = self._encode_fit(feats)
+        fam = self.family_
+        n_states = np.zeros(self.n_sweeps, dtype=np.int64)
+        energy = np.zeros(self.n_sweeps)
+        kept: dict[str, Any] = {"e": np.inf}
+
+        def record(i: int, z: IntArray, st: HmmState) -> None:
+            e = st.objective(fam, alpha, gamma)
+            n_states[i] = st.n_states
+            energy[i] = e
+            if i >= self.burn_in and e < kept["e"]:
+                kept.update(e=e, z=z.copy(), st=st)
+
+        run_gibbs(
+            Xa,
+            starts,
+            fam,
+            alpha,
+            gamma,
+            int(self.n_sweeps),
+            as_seed_sequence(self.random_state),
+            record,
+        )
+        self.alpha_ = alpha
+        self.gamma_ = gamma
+        self._set_states(kept["z"], kept["st"], order)
+        self.objective_ = float(kept["e"])
+        self.n_states_trace_ = n_states
+        self.objective_trace_ = energy
+        return self
+
+
+def model_from_state(
+    schema: Any, family: Any, st: HmmState, alpha: float, gamma: float, params: dict[str, Any]
+) -> MAPiHMM:
+    """The ``MAPiHMM`` of a distributed run's final state ``st`` (the ``ihmm`` engine's):
+    ``predict`` / ``score_samples`` are the run's write-out (Viterbi labels, forward-algorithm
+    log likelihoods) under these states; ``params`` are the estimator's parameters."""
+    est = MAPiHMM(**params)
+    est.schema_ = schema
+    est.family_ = family
+    est.n_features_in_ = len(schema.columns)
+    if schema.from_frame:
+        est.feature_names_in_ = np.asarray(schema.columns, dtype=object)
+    est.alpha_ = float(alpha)
+    est.gamma_ = float(gamma)
+    est._set_model(st)
+    return est

@@ -1,0 +1,410 @@
+"""``MixedEffectsDP``: the scikit-learn style estimator of the semiparametric mixed-effects
+model of seed 000 Section 7 (the model, its start and the driver step shared with the distributed
+engine are in ``pipeline.models.mixed_effects``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+from numpy.typing import NDArray
+from sklearn.base import BaseEstimator
+from sklearn.utils.validation import check_is_fitted
+
+from kernels import mixed_effects as kme
+from pipeline.core.config import (
+    ALPHA_PRIOR,
+    MAX_PASSES,
+    MIN_CHANGE,
+    TOL,
+    check_alpha,
+    check_alpha_prior,
+    check_choice,
+    check_fraction,
+    check_int,
+    check_positive,
+    check_tol,
+)
+from pipeline.core.errors import InputError
+from pipeline.families.schema import Schema
+from pipeline.models.mapdp import seed_entropy
+from pipeline.models.mixed_effects import (
+    DEFAULT_SHRINK,
+    DEFAULT_TAU_PRIOR,
+    MIXED_INITS,
+    FloatArray,
+    IntArray,
+    MixedModel,
+    MixedPrior,
+    StartState,
+    SubjectFit,
+    Subjects,
+    _as_numeric_column,
+    final_effects,
+    icm_record,
+    predictive_components,
+    should_stop,
+    start,
+    start_labels,
+    sweep_subjects,
+    update,
+)
+
+
+@dataclass
+class _Data:
+    X: FloatArray  # (n, p) design, intercept first when fitted
+    y: FloatArray
+    codes: IntArray
+    subjects: NDArray[Any]
+
+
+class MixedEffectsDP(BaseEstimator):
+    """Semiparametric linear mixed-effects model with a DP mixture of Gaussians as the random
+    effects' distribution (seed 000 Section 7), fitted by iterated conditional modes.
+
+    Parameters
+    ----------
+    alpha : float or "learn"
+        DP concentration N0; "learn": its MAP under Gamma(``alpha_prior``) (eq. A.1) each pass.
+    alpha_prior : (float, float)
+        Shape and rate of the concentration's Gamma prior.
+    fit_intercept : bool
+        Prepend an intercept column to X (a random intercept).
+    shrink : float > 1
+        Empirical-Bayes prior: a cluster's expected covariance of beta_i is 1/shrink of the
+        subjects' (``empirical_prior``).
+    prior : dict, optional
+        Normal-Wishart prior of the clusters ``{"m0", "c0", "B0", "a0"}`` (Appendix B); any key
+        left out takes its empirical-Bayes value.
+    tau_prior : (float, float or None)
+        Shape and rate of tau's Gamma prior (eq. 7.3); rate None: 1e-3 times the starting noise
+        variance.
+    max_iter, tol, min_change
+        Stop after ``max_iter`` passes, when a pass lowers the objective by at most
+        ``tol * |objective|``, or when at most ``min_change`` of the subjects changed cluster.
+    init : {"auto", "one-cluster"}
+        "auto": start from collapsed MAP-DP on the subjects' ridge-shrunk effects (a sample of
+        at most 20,000 subjects); "one-cluster": Algorithm 1's single cluster.
+    random_state : int, optional
+        Seeds the start's MAP-DP (None: as 0, the seed ``dpmm longitudinal`` uses by default).
+        None visits the subjects in the order of ``np.unique(groups)``; an int visits them in a
+        random permutation (fixed for the fit; Section 3.1's restarts).
+
+    Attributes
+    ----------
+    labels_ : (n_subjects,) int64, subjects in the order of ``subjects_ = np.unique(groups)``
+    random_effects_ : (n_subjects, p) eq. 7.2 modes
+    cluster_means_ : (K, p), cluster_covariances_ : (K, p, p), cluster_sizes_ : (K,)
+    fixed_effects_ : (p,) the population mean of beta, sum_k N_k mu_k / N
+    noise_precision_ : float, tau
+    alpha_ : float
+    objective_history_ : list of float, the objective E after each pass (never increasing)
+    n_iter_ : int
+    coef_names_ : list of str, the names of beta's coordinates ("intercept", then X's columns)
+    prior_ : MixedPrior
+    """
+
+    # what a saved model keeps (``pipeline.estimators.model``): the global fit predicts and scores; the
+    # per-subject results (labels, random effects) are the training data's, not the model's
+    _model_attrs: ClassVar[tuple[str, ...]] = ("n_clusters_", "model_", "prior_")
+    _model_extras: ClassVar[tuple[str, ...]] = ("objective_history_", "n_iter_", "gaussian_")
+
+    def __init__(
+        self,
+        alpha: float | str = "learn",
+        *,
+        alpha_prior: tuple[float, float] = ALPHA_PRIOR,
+        fit_intercept: bool = True,
+        shrink: float = DEFAULT_SHRINK,
+        prior: dict[str, Any] | None = None,
+        tau_prior: tuple[float, float | None] = (DEFAULT_TAU_PRIOR[0], None),
+        max_iter: int = MAX_PASSES,
+        tol: float = TOL,
+        min_change: float = MIN_CHANGE,
+        init: str = "auto",
+        random_state: int | None = None,
+    ) -> None:
+        self.init = init
+        self.alpha = alpha
+        self.alpha_prior = alpha_prior
+        self.fit_intercept = fit_intercept
+        self.shrink = shrink
+        self.prior = prior
+        self.tau_prior = tau_prior
+        self.max_iter = max_iter
+        self.tol = tol
+        self.min_change = min_change
+        self.random_state = random_state
+
+    # -- input -----------------------------------------------------------------------------
+    def _design(self, X: Any, y: Any, groups: Any, fitting: bool) -> _Data:
+        if isinstance(X, pd.Series):
+            X = X.to_frame()
+        if isinstance(X, pd.DataFrame):
+            names = [str(c) for c in X.columns]
+            cols = [X[c].to_numpy() for c in X.columns]
+        else:
+            arr = np.asarray(X)
+            if arr.ndim == 1:
+                arr = arr[:, None]
+            if arr.ndim != 2:
+                raise InputError(f"X must be 2-D (n_observations, p), got shape {arr.shape}")
+            names = [f"x{j}" for j in range(arr.shape[1])]
+            cols = [arr[:, j] for j in range(arr.shape[1])]
+        n = len(cols[0]) if cols else np.asarray(X).shape[0]
+        if n == 0:
+            raise InputError("X has no rows (0 observations); at least 1 is required")
+        y_name = str(y.name) if isinstance(y, pd.Series) and y.name is not None else "y"
+        if isinstance(y, pd.Series) and y.name is not None and y_name in names:
+            raise InputError(
+                f"column {y_name!r} is both the response and a covariate; drop it from X"
+            )
+        y_arr = np.asarray(y)
+        if y_arr.ndim != 1 or y_arr.shape[0] != n:
+            raise InputError(f"y must have shape ({n},) like X's rows, got {y_arr.shape}")
+        g_arr = np.asarray(groups)
+        if g_arr.ndim != 1 or g_arr.shape[0] != n:
+            raise InputError(f"groups must have shape ({n},) like X's rows, got {g_arr.shape}")
+        missing = np.flatnonzero(pd.isna(pd.Series(g_arr, dtype=object)).to_numpy())
+        if missing.size:
+            raise InputError(f"groups, row {int(missing[0])}: missing subject id")
+        Xc = [_as_numeric_column(c, nm, "covariate") for c, nm in zip(cols, names, strict=True)]
+        yv = _as_numeric_column(y_arr, y_name, "response")
+        if fitting:
+            self.feature_names_in_ = np.array(names, dtype=object)
+            self.n_features_in_ = len(names)
+            # the covariates' names for a saved model (their values are numbers; the kind is
+            # the schema's numeric one)
+            self.schema_ = Schema(
+                list(names),
+                dict.fromkeys(names, "gaussian"),
+                from_frame=isinstance(X, pd.DataFrame),
+            )
+            if self.fit_intercept:
+                for c, nm in zip(Xc, names, strict=True):
+                    if n > 1 and np.ptp(c) == 0:
+                        raise InputError(
+                            f"covariate {nm!r} is constant ({c[0]:g}) over all rows: it "
+                            "duplicates the intercept (drop it, or fit_intercept=False)"
+                        )
+        else:
+            if len(names) != self.n_features_in_:
+                raise InputError(
+                    f"X has {len(names)} covariates, but the model was fitted on "
+                    f"{self.n_features_in_}"
+                )
+            if isinstance(X, pd.DataFrame) and list(self.feature_names_in_) != names:
+                raise InputError(
+                    f"X's columns {names} are not those of the fit {list(self.feature_names_in_)}"
+                )
+        parts = ([np.ones(n)] if self.fit_intercept else []) + Xc
+        if not parts:
+            raise InputError("X has no covariates and fit_intercept=False: nothing to fit")
+        design = np.ascontiguousarray(np.column_stack(parts))
+        try:
+            subjects, codes = np.unique(g_arr, return_inverse=True)
+        except TypeError as err:  # mixed types that do not sort
+            raise InputError(f"groups: subject ids must be of one type ({err})") from None
+        return _Data(design, yv, codes.astype(np.int64).reshape(-1), subjects)
+
+    def _moments(self, d: _Data) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+        out = kme.subject_moments(d.X, d.y, d.codes, len(d.subjects))
+        return out  # type: ignore[no-any-return]
+
+    def _check_params(self) -> tuple[float, bool]:
+        start, learn = check_alpha(self.alpha)
+        check_alpha_prior(self.alpha_prior)
+        if not float(self.shrink) > 1.0:
+            raise ValueError(f"shrink must be > 1, got {self.shrink!r}")
+        check_int(self.max_iter, "max_iter")
+        check_tol(self.tol)
+        check_fraction(self.min_change, "min_change")
+        check_choice(self.init, MIXED_INITS, "init")
+        a, b = self.tau_prior
+        check_positive(a, "tau_prior shape")
+        if b is not None:
+            check_positive(b, "tau_prior rate")
+        return start, learn
+
+    # -- fit --------------------------------------------------------------------------------
+    def fit(self, X: Any, y: Any, groups: Any) -> MixedEffectsDP:
+        """Fit to the observations X (n_observations, p), responses y (n_observations,) and the
+        subject of each row ``groups`` (n_observations,)."""
+        _, learn = self._check_params()
+        d = self._design(X, y, groups, fitting=True)
+        G = len(d.subjects)
+        if G < 2:
+            raise InputError(f"groups has {G} subject; at least 2 are required")
+        XtX, Xty, yty, n_obs = self._moments(d)
+        order = np.arange(G)
+        if self.random_state is not None:
+            order = np.random.default_rng(self.random_state).permutation(G)
+        sub = Subjects(
+            XtX[order],
+            Xty[order],
+            yty[order],
+            n_obs[order],
+            np.ones(G, dtype=bool),
+            order.astype(np.int64),
+        )
+
+        def map_chunks(fn: Callable[..., Any], *args: Any) -> list[Any]:
+            return [fn(sub, *args)]
+
+        # the start's seed as the distributed engine's (``FitParams.seed`` of ``dpmm
+        # longitudinal --seed N``, default 0)
+        seed = seed_entropy(0 if self.random_state is None else self.random_state)
+        st = start(
+            map_chunks,
+            G,
+            self.alpha,
+            float(self.shrink),
+            self.tau_prior,
+            self.alpha_prior,
+            self.prior,
+            self.init,
+            seed,
+        )
+        fit = fit_subjects(
+            sub, st, learn, int(self.max_iter), float(self.tol), float(self.min_change)
+        )
+        inv = np.empty(G, dtype=np.int64)
+        inv[order] = np.arange(G)
+        self.subjects_ = d.subjects
+        self.labels_ = fit.z[inv]
+        self.random_effects_ = fit.beta[inv]
+        self.gaussian_ = st.gaussian
+        self._set_model(fit.model, st.prior)
+        self.objective_history_ = [float(h["objective"]) for h in fit.model.history]
+        self.n_iter_ = len(fit.model.history)
+        return self
+
+    def _set_model(self, model: MixedModel, prior: MixedPrior) -> None:
+        self.model_ = model
+        self.prior_ = prior
+        self.n_clusters_ = model.n_clusters
+        self.cluster_means_ = model.mu.copy()
+        self.cluster_covariances_ = np.linalg.inv(model.R)
+        self.cluster_sizes_ = model.n.astype(np.int64)
+        self.fixed_effects_ = (model.n[:, None] * model.mu).sum(axis=0) / model.n.sum()
+        self.noise_precision_ = float(model.tau)
+        self.alpha_ = float(model.alpha)
+        self.coef_names_ = (["intercept"] if self.fit_intercept else []) + [
+            str(c) for c in self.feature_names_in_
+        ]
+
+    def _after_load(self) -> None:
+        """The attributes derived from ``model_`` and ``prior_``, for a model read back by
+        ``pipeline.load_model`` (which restores those two and the schema)."""
+        self.feature_names_in_ = np.asarray(self.schema_.columns, dtype=object)
+        self.n_features_in_ = len(self.schema_.columns)
+        self._set_model(self.model_, self.prior_)
+
+    def save(self, path: Any, *, overwrite: bool = False) -> Any:
+        """Write the fitted model as the directory ``path`` (``pipeline.estimators.model.save_model``:
+        JSON plus arrays, no pickle); ``pipeline.load_model(path)`` reads it back, and its
+        ``predict`` / ``score_samples`` give what this one gives.
+
+        Returns
+        -------
+        Path, ``path``.
+        """
+        from pipeline.estimators.model import save_model
+
+        return save_model(self, path, overwrite=overwrite)
+
+    def fit_predict(self, X: Any, y: Any, groups: Any) -> IntArray:
+        return self.fit(X, y, groups).labels_  # type: ignore[no-any-return]
+
+    # -- prediction ---------------------------------------------------------------------------
+    def _components(self, X: Any, y: Any, groups: Any) -> tuple[NDArray[Any], Any, Any]:
+        check_is_fitted(self, "model_")
+        d = self._design(X, y, groups, fitting=False)
+        XtX, Xty, yty, n_obs = self._moments(d)
+        mu, R, ld, log_w = predictive_components(self.model_, self.prior_)
+        comp, mix = kme.mixture_log_predictive(
+            XtX, Xty, yty, n_obs, self.model_.tau, mu, R, ld, log_w
+        )
+        return d.subjects, comp + log_w, mix
+
+    def predict(self, X: Any, y: Any, groups: Any) -> IntArray:
+        """MAP cluster of each subject of ``np.unique(groups)`` (eq. 3.5's analogue, beta_i
+        integrated out); -1 where a new cluster is the most probable. A subject's responses y
+        are what place it, so they are needed as in ``score_samples``."""
+        _, joint, _ = self._components(X, y, groups)
+        k = np.argmax(joint, axis=1)
+        return np.where(k == joint.shape[1] - 1, -1, k).astype(np.int64)
+
+    def predict_proba(self, X: Any, y: Any, groups: Any) -> FloatArray:
+        """Posterior probability of each fitted cluster and (last column) a new one, per
+        subject: (n_subjects, K + 1)."""
+        _, joint, mix = self._components(X, y, groups)
+        return np.exp(joint - mix[:, None])  # type: ignore[no-any-return]
+
+    def score_samples(self, X: Any, y: Any, groups: Any) -> FloatArray:
+        """Each subject's log predictive density of its responses, log p(y_i | X_i) =
+        log sum_k w_k N(y_i | X_i mu_k, X_i R_k^-1 X_i^T + tau^-1 I) over the fitted clusters and a
+        new one (eq. 3.4's analogue, beta_i integrated out); subjects as ``np.unique(groups)``."""
+        return self._components(X, y, groups)[2]  # type: ignore[no-any-return]
+
+    def score(self, X: Any, y: Any, groups: Any) -> float:
+        """Mean held-out log predictive density per subject (``score_samples``)."""
+        return float(np.mean(self.score_samples(X, y, groups)))
+
+
+def fit_subjects(
+    sub: Subjects,
+    st: StartState,
+    learn_alpha: bool,
+    max_iter: int,
+    tol: float,
+    min_change: float,
+) -> SubjectFit:
+    """ICM passes over all subjects in memory (the distributed engine with one chunk)."""
+    n_train = int(sub.train.sum())
+    model, prior = st.model, st.prior
+    z = start_labels(sub, st.codes, st.labels)
+    e_old = math.inf
+    for p in range(1, max_iter + 1):
+        z, _, changed, stats = sweep_subjects(
+            sub.XtX, sub.Xty, sub.yty, sub.n_obs, sub.train, z, model, prior
+        )
+        new, mapping, e, merges = update(stats, model, prior, learn_alpha)
+        z = np.where(z >= 0, mapping[np.maximum(z, 0)], -1)
+        moved = changed + int(merges > 0) * n_train
+        stop = should_stop(e_old, e, moved, n_train, tol, min_change)
+        new.history = [*model.history, icm_record(p, e, new, changed, merges, stop)]
+        model = new
+        e_old = e
+        if stop is not None:
+            break
+    beta = final_effects(sub.XtX, sub.Xty, sub.yty, sub.n_obs, sub.train, z, model)
+    return SubjectFit(model, z, beta)
+
+
+def model_from_state(
+    model: MixedModel,
+    prior: MixedPrior,
+    gaussian: Any,
+    covariates: list[str],
+    params: dict[str, Any],
+    history: list[dict[str, Any]],
+) -> MixedEffectsDP:
+    """The ``MixedEffectsDP`` of a distributed run's final model (``dpmm longitudinal``): its
+    ``predict`` / ``score_samples`` of a DataFrame of the ``covariates`` (in that order, an
+    intercept added) are the run's per-subject clusters and log densities. ``params``: the
+    estimator's parameters; ``history``: the run's passes (each with its ``objective``)."""
+    est = MixedEffectsDP(**params)
+    est.schema_ = Schema(list(covariates), dict.fromkeys(covariates, "gaussian"), from_frame=True)
+    est.model_ = model
+    est.prior_ = prior
+    est.gaussian_ = gaussian
+    est.objective_history_ = [float(h["objective"]) for h in history]
+    est.n_iter_ = len(history)
+    est._after_load()
+    return est

@@ -1,0 +1,605 @@
+"""Cross-validated hyperparameter search on Dask, in scikit-learn's ``GridSearchCV`` conventions.
+
+Seed 000, Appendix A, option 4: over a finite set of hyperparameter values, choose the one with
+the largest mean out-of-sample likelihood across the cross-validation folds. ``GridSearch`` takes
+any of the project's estimators (``MAPDP``, ``CollapsedGibbs``, ``BHC``, ...) and a parameter
+grid, fits one clone per (candidate, fold) as a Dask task - the records are scattered to the
+workers once - and scores each fit by the estimator's ``score``: the mean held-out log
+predictive density per record (eq. 3.4). No label is ever used.
+
+Selection
+---------
+``select="best"`` takes the candidate with the largest mean held-out density. ``select="one-se"``
+is the one-standard-error rule (Hastie, Tibshirani and Friedman, *Elements of Statistical
+Learning*, 7.10): among the candidates whose mean lies within one standard error of the best
+one's, the simplest, i.e. the one with the fewest clusters found (mean over folds); ties go to
+the larger mean. The standard error of a candidate is the standard deviation of its fold scores
+over sqrt(n_folds), ``se_test_score``.
+
+``select="given"`` keeps the estimator's own parameters (which must be one of the candidates)
+unless the best candidate beats them by more than the standard error of their difference, fold
+by fold (both are scored on the same folds, so the difference is paired and its spread is far
+smaller than either score's). The maximum of many noisy means is biased upwards (each fold fit
+is one restart of a local search); this rule moves away from a reasoned default, such as the
+empirical-Bayes prior, only on evidence. ``tune="cv"`` uses it (``pipeline.estimators.tuning``).
+
+Checks before any work
+----------------------
+An empty grid, a parameter the estimator does not have, a value the estimator refuses (alpha <= 0,
+prior_scale <= 0, ...: each candidate is validated by the estimator's own ``_check_params``), an
+estimator without a density, and more folds than records (or than groups) raise a ValueError
+before a single fit is submitted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone
+from sklearn.model_selection import GroupKFold, KFold, ParameterGrid
+from sklearn.utils.metaestimators import available_if
+from sklearn.utils.validation import check_is_fitted
+
+from pipeline.core.config import SEARCH_SELECT
+from pipeline.core.errors import InputError
+
+CV_SEED = 0
+
+
+class SearchError(InputError):
+    """A search that cannot start: empty grid, a value out of range, too many folds."""
+
+
+# -- the grid ----------------------------------------------------------------------------------
+
+
+def check_grid(param_grid: Any) -> list[dict[str, Any]]:
+    """The candidates of ``param_grid`` (a dict of lists, or a list of such dicts), in
+    ``sklearn.model_selection.ParameterGrid`` order, or a ``SearchError`` for an empty grid."""
+    if isinstance(param_grid, Mapping):
+        grids: list[Mapping[str, Any]] = [param_grid]
+    elif isinstance(param_grid, Sequence) and not isinstance(param_grid, str):
+        grids = list(param_grid)
+    else:
+        raise SearchError(f"param_grid must be a dict or a list of dicts, got {param_grid!r}")
+    if not grids or any(not isinstance(g, Mapping) or not g for g in grids):
+        raise SearchError("the parameter grid is empty: give at least one parameter and value")
+    for g in grids:
+        for name, values in g.items():
+            if isinstance(values, str) or not isinstance(values, Iterable):
+                raise SearchError(f"grid parameter {name!r}: expected a list of values")
+            if len(list(values)) == 0:
+                raise SearchError(f"grid parameter {name!r} has no values")
+    return list(ParameterGrid(grids))
+
+
+def check_candidates(estimator: Any, candidates: list[dict[str, Any]]) -> None:
+    """Every candidate is a valid configuration of ``estimator`` (its own parameter checks:
+    alpha > 0, prior_scale > 0, ...); a ``SearchError`` names the first that is not."""
+    valid = set(estimator.get_params(deep=True))
+    for cand in candidates:
+        unknown = sorted(set(cand) - valid)
+        if unknown:
+            raise SearchError(
+                f"{type(estimator).__name__} has no parameter {unknown[0]!r} "
+                f"(it has: {', '.join(sorted(valid))})"
+            )
+        est = clone(estimator).set_params(**cand)
+        check = getattr(est, "_check_params", None)
+        try:
+            if check is not None:
+                check()
+        except (ValueError, TypeError) as err:
+            raise SearchError(f"grid value {_show(cand)}: {err}") from None
+
+
+def _show(cand: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in sorted(cand.items()))
+
+
+def same_param(a: Any, b: Any) -> bool:
+    """Whether two parameter values are equal (``GridSearch``'s and ``tune``'s test)."""
+    # parameters are numbers, strings, None or dicts of them; == on arrays would not be a bool
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return a is b
+
+
+def _same_candidate(cand: Mapping[str, Any], params: Mapping[str, Any]) -> bool:
+    """Whether every parameter of ``cand`` has the same value in ``params``."""
+    return all(k in params and same_param(params[k], v) for k, v in cand.items())
+
+
+def make_splits(
+    n_samples: int,
+    cv: Any,
+    groups: Any = None,
+    random_state: Any = CV_SEED,
+) -> list[tuple[NDArray[np.int64], NDArray[np.int64]]]:
+    """The (train, test) index pairs of ``cv``: an int K (shuffled ``KFold``, or ``GroupKFold``
+    when ``groups`` are given), a scikit-learn splitter, or an iterable of pairs.
+
+    Raises ``SearchError`` when K < 2 or K exceeds the records (or the groups).
+    """
+    X_dummy = np.zeros((n_samples, 1))
+    if isinstance(cv, (int, np.integer)) and not isinstance(cv, bool):
+        k = int(cv)
+        if k < 2:
+            raise SearchError(f"cv must be at least 2 folds, got {k}")
+        if groups is not None:
+            n_groups = len(np.unique(np.asarray(groups)))
+            if k > n_groups:
+                raise SearchError(f"{k} folds but only {n_groups} groups: use at most {n_groups}")
+            splitter: Any = GroupKFold(n_splits=k)
+        else:
+            if k > n_samples:
+                raise SearchError(
+                    f"{k} folds but only {n_samples} records: use at most {n_samples} folds"
+                )
+            # shuffled: data sets are often sorted by class or time, and an unshuffled fold
+            # would then hold out a whole cluster
+            splitter = KFold(n_splits=k, shuffle=True, random_state=random_state)
+        pairs = splitter.split(X_dummy, groups=groups)
+    elif hasattr(cv, "split"):
+        n_splits = cv.get_n_splits(X_dummy, groups=groups)
+        if groups is None and n_splits > n_samples:
+            raise SearchError(
+                f"{n_splits} folds but only {n_samples} records: use at most {n_samples} folds"
+            )
+        pairs = cv.split(X_dummy, groups=groups)
+    else:
+        pairs = cv
+    try:
+        out = [(np.asarray(tr, dtype=np.int64), np.asarray(te, dtype=np.int64)) for tr, te in pairs]
+    except ValueError as err:
+        raise SearchError(f"cv: {err}") from None
+    if len(out) < 1:
+        raise SearchError("cv gave no (train, test) split")
+    for i, (tr, te) in enumerate(out):
+        if tr.size == 0 or te.size == 0:
+            raise SearchError(f"cv split {i} has an empty training or test set")
+    return out
+
+
+# -- one cell of one fold, on a worker ----------------------------------------------------------
+
+
+def fit_and_score(
+    estimator: Any,
+    params: dict[str, Any],
+    X: Any,
+    train: Any,
+    test: Any,
+    error_score: Any = "raise",
+) -> dict[str, Any]:
+    """Fit a clone of ``estimator`` with ``params`` on the rows ``train`` of X and score the rows
+    ``test``: mean held-out log predictive density per record, clusters found, fit and score
+    seconds. Runs in a Dask worker. Unless ``error_score == "raise"``, a fit that fails scores
+    ``error_score`` and its message is returned as ``"error"``."""
+    est = clone(estimator).set_params(**params)
+    Xtr, Xte = _rows(X, train), _rows(X, test)
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            # a fold fit that stops at max_iter is still a fit to score; the refit warns
+            warnings.simplefilter("ignore", category=_convergence_warning())
+            est.fit(Xtr)
+        t1 = time.perf_counter()
+        score = float(est.score(Xte))
+    except (ValueError, ArithmeticError) as err:
+        if isinstance(error_score, str) and error_score == "raise":
+            raise
+        t = time.perf_counter() - t0
+        return {
+            "score": float(error_score),
+            "n_clusters": math.nan,
+            "fit_time": t,
+            "score_time": 0.0,
+            "error": f"{type(err).__name__}: {err}",
+        }
+    t2 = time.perf_counter()
+    return {
+        "score": score,
+        "n_clusters": float(getattr(est, "n_clusters_", math.nan)),
+        "fit_time": t1 - t0,
+        "score_time": t2 - t1,
+        "error": "",
+    }
+
+
+def _convergence_warning() -> type[Warning]:
+    from sklearn.exceptions import ConvergenceWarning
+
+    return ConvergenceWarning
+
+
+def _rows(X: Any, idx: Any) -> Any:
+    if hasattr(X, "iloc"):
+        return X.iloc[idx]
+    return X[idx]
+
+
+# -- the search -------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _client(client: Any) -> Any:
+    """The given client, else the current one, else a LocalCluster for the search."""
+    if client is not None:
+        yield client
+        return
+    try:
+        from distributed import get_client
+
+        yield get_client()
+        return
+    except ValueError:
+        pass
+    from pipeline.distributed.client import dask_client
+
+    with dask_client(dashboard_address=None, quiet=True) as c:
+        yield c
+
+
+def run_grid(
+    estimator: Any,
+    candidates: list[dict[str, Any]],
+    X: Any,
+    splits: list[tuple[NDArray[np.int64], NDArray[np.int64]]],
+    client: Any = None,
+    error_score: Any = "raise",
+    known: Mapping[int, list[dict[str, Any]]] | None = None,
+) -> list[list[dict[str, Any]]]:
+    """``fit_and_score`` of every (candidate, fold) as Dask tasks on ``client``; results[i][j]
+    of candidate i on fold j. X and the splits are scattered once. ``known[i]``: candidate i's
+    results on these splits, already computed, taken as they are instead of fitted again."""
+    known = known or {}
+    todo = [i for i in range(len(candidates)) if i not in known]
+    if client is None or not todo:
+        # a serial reference (and the path when no Dask is wanted, or nothing is left to fit)
+        done = {
+            i: [
+                fit_and_score(estimator, candidates[i], X, tr, te, error_score) for tr, te in splits
+            ]
+            for i in todo
+        }
+    else:
+        X_f = client.scatter(X, broadcast=True, hash=False)
+        est_f = client.scatter(estimator, broadcast=True, hash=False)
+        split_f = [
+            (client.scatter(tr, hash=False), client.scatter(te, hash=False)) for tr, te in splits
+        ]
+        futs = {
+            i: [
+                client.submit(
+                    fit_and_score, est_f, candidates[i], X_f, tr, te, error_score, pure=False
+                )
+                for tr, te in split_f
+            ]
+            for i in todo
+        }
+        done = {i: client.gather(row) for i, row in futs.items()}
+    return [known[i] if i in known else done[i] for i in range(len(candidates))]
+
+
+def select_index(
+    mean: NDArray[np.float64],
+    se: NDArray[np.float64],
+    clusters: Any,
+    rule: str,
+    scores: NDArray[np.float64] | None = None,
+    given: int | None = None,
+) -> int:
+    """The chosen candidate: the largest mean (``"best"``), the one-standard-error rule
+    (``"one-se"``) with the fewest mean clusters as the simplest, or candidate ``given`` unless
+    the best beats it by more than one paired standard error (``"given"``; ``scores`` of shape
+    (n_candidates, n_folds) are the fold scores). Module docstring."""
+    finite = np.where(np.isfinite(mean), mean, -np.inf)
+    best = int(np.argmax(finite))
+    if rule == "best":
+        return best
+    if rule == "given":
+        if scores is None or given is None:
+            raise ValueError("select='given' needs the fold scores and the given candidate")
+        diff = np.asarray(scores[best], dtype=np.float64) - scores[given]
+        diff = diff[np.isfinite(diff)]
+        if best == given or not np.isfinite(finite[given]):
+            return best
+        if diff.size < 2:
+            # one usable fold measures no spread: no evidence to move on
+            return given
+        return best if diff.mean() > diff.std(ddof=1) / math.sqrt(diff.size) else given
+    within = np.flatnonzero(finite >= finite[best] - (se[best] if np.isfinite(se[best]) else 0.0))
+    k = np.asarray(clusters, dtype=np.float64)[within]
+    k = np.where(np.isfinite(k), k, np.inf)
+    # fewest clusters first, then the larger mean
+    order = np.lexsort((-finite[within], k))
+    return int(within[order[0]])
+
+
+def results_table(
+    candidates: list[dict[str, Any]], results: list[list[dict[str, Any]]]
+) -> dict[str, Any]:
+    """``cv_results_`` in scikit-learn's layout, plus the standard error of the mean score and
+    the clusters found per fold."""
+    n_c = len(candidates)
+    failed = [j for j in range(len(results[0])) if all(row[j]["error"] for row in results)]
+    if failed:
+        # a fold on which every candidate fails (a column constant in its training rows, say)
+        # says nothing about the candidates: it is left out of every mean
+        warnings.warn(
+            f"cv: every candidate failed on fold(s) {failed} ({results[0][failed[0]]['error']}); "
+            "those folds are left out",
+            UserWarning,
+            stacklevel=3,
+        )
+        results = [[r for j, r in enumerate(row) if j not in failed] for row in results]
+        if not results[0]:
+            raise SearchError(f"every fit failed: {results and failed}")
+    n_s = len(results[0]) if results else 0
+    table: dict[str, Any] = {"params": candidates}
+    names = sorted({k for c in candidates for k in c})
+    for name in names:
+        col = np.ma.MaskedArray(np.empty(n_c, dtype=object), mask=True)
+        for i, c in enumerate(candidates):
+            if name in c:
+                col[i] = c[name]
+        table[f"param_{name}"] = col
+    for key, out in (("score", "test_score"), ("n_clusters", "n_clusters")):
+        arr = np.array([[r[key] for r in row] for row in results], dtype=np.float64)
+        for j in range(n_s):
+            table[f"split{j}_{out}"] = arr[:, j]
+        table[f"mean_{out}"] = arr.mean(axis=1)
+        table[f"std_{out}"] = arr.std(axis=1)
+        if key == "score":
+            table["se_test_score"] = (
+                arr.std(axis=1, ddof=1) / math.sqrt(n_s) if n_s > 1 else (np.full(n_c, np.nan))
+            )
+    for key in ("fit_time", "score_time"):
+        arr = np.array([[r[key] for r in row] for row in results], dtype=np.float64)
+        table[f"mean_{key}"] = arr.mean(axis=1)
+        table[f"std_{key}"] = arr.std(axis=1)
+        table[f"total_{key}"] = arr.sum(axis=1)
+    table["n_folds_used"] = np.full(n_c, n_s)
+    table["rank_test_score"] = rank_scores(table["mean_test_score"])
+    return table
+
+
+def rank_scores(mean: NDArray[np.float64]) -> NDArray[np.int32]:
+    """scikit-learn's ``rank_test_score``: 1 for the largest mean, ties share the smallest
+    rank, a candidate without a finite mean last."""
+    m = np.where(np.isfinite(mean), mean, -np.inf)
+    return np.searchsorted(np.sort(-m), -m, side="left").astype(np.int32) + 1
+
+
+def _estimator_has(attr: str) -> Any:
+    def check(self: GridSearch) -> bool:
+        if hasattr(self, "best_estimator_"):
+            return hasattr(self.best_estimator_, attr)
+        return hasattr(self.estimator, attr)
+
+    return check
+
+
+class GridSearch(MetaEstimatorMixin, BaseEstimator):
+    """Exhaustive search over a parameter grid by K-fold held-out log predictive density, each
+    (candidate, fold) fit a Dask task (module docstring).
+
+    Parameters
+    ----------
+    estimator : a clustering estimator of the project with ``score`` (MAPDP, CollapsedGibbs,
+        UncollapsedGibbs, BHC, TreeGuidedMCMC)
+    param_grid : dict of lists, or list of such dicts
+        As ``sklearn.model_selection.GridSearchCV``: e.g. ``{"alpha": [0.1, 1, 10],
+        "prior_scale": [0.1, 0.3], "family": ["gaussian", "diag-gaussian"]}``.
+    cv : int, cross-validation splitter or iterable of (train, test), default=5
+        An int K is a shuffled ``KFold(K, random_state=random_state)``, or ``GroupKFold(K)``
+        when ``fit`` is given groups. (scikit-learn does not shuffle by default; data sorted by
+        class would then hold out a whole cluster per fold.)
+    select : {"best", "one-se", "given"}, default="best"
+        The largest mean held-out density, the one-standard-error rule (fewest clusters
+        within one standard error of the best), or the estimator's own parameters (one of the
+        candidates) unless the best beats them by more than one paired standard error.
+    refit : bool, default=True
+        Refit the chosen candidate on all of X as ``best_estimator_``.
+    client : distributed.Client, optional
+        Where the fits run; default the current client, else a LocalCluster for the search.
+        ``False`` runs the fits serially in this process (the reference).
+    random_state : int, default=0
+        Shuffles the folds of an int ``cv``.
+    error_score : "raise" or float, default="raise"
+        What a fit that fails scores (as scikit-learn's). A fold on which every candidate fails
+        (a column constant in its training rows) is left out of the means, with a warning.
+
+    Attributes
+    ----------
+    cv_results_ : dict of arrays
+        scikit-learn's keys (``params``, ``param_<name>``, ``split<j>_test_score``,
+        ``mean_test_score``, ``std_test_score``, ``rank_test_score``, ``mean_fit_time``,
+        ``std_fit_time``, ``mean_score_time``, ``std_score_time``) plus ``se_test_score`` (the
+        standard error of the mean over folds), ``split<j>_n_clusters``, ``mean_n_clusters``,
+        ``std_n_clusters``, ``total_fit_time``.
+    best_index_ : int
+    best_params_ : dict
+    best_score_ : float
+        Mean held-out log predictive density per record of the chosen candidate.
+    best_estimator_ : estimator
+        Refitted on all of X (``refit=True``).
+    refit_time_ : float
+    n_splits_ : int
+    fold_results_ : list of lists of dict
+        ``fold_results_[i][j]``: candidate i on fold j (``fit_and_score``'s dict: score,
+        clusters, fit and score seconds, error), before failed folds are left out.
+    wall_time_ : float
+        Seconds from the first submitted fit to the last result (``total_fit_time`` summed over
+        candidates is the serial cost; their ratio is the fan-out's efficiency).
+    """
+
+    def __init__(
+        self,
+        estimator: Any,
+        param_grid: Any,
+        *,
+        cv: Any = 5,
+        select: str = "best",
+        refit: bool = True,
+        client: Any = None,
+        random_state: Any = CV_SEED,
+        error_score: Any = "raise",
+    ):
+        self.estimator = estimator
+        self.param_grid = param_grid
+        self.cv = cv
+        self.select = select
+        self.refit = refit
+        self.client = client
+        self.random_state = random_state
+        self.error_score = error_score
+
+    def _check(self, X: Any, groups: Any) -> tuple[list[dict[str, Any]], list[Any]]:
+        if self.select not in SEARCH_SELECT:
+            raise SearchError(f"select must be one of {SEARCH_SELECT}, got {self.select!r}")
+        est = self.estimator
+        if not hasattr(est, "score") or not callable(getattr(type(est), "score", None)):
+            raise SearchError(f"{type(est).__name__} has no held-out density (score)")
+        if hasattr(est, "_has_density") and not est._has_density():
+            raise SearchError(
+                f"{type(est).__name__} with these parameters has no held-out density (score)"
+            )
+        candidates = check_grid(self.param_grid)
+        check_candidates(est, candidates)
+        if self.select == "given":
+            self._given_index(candidates)
+        n = len(X) if not hasattr(X, "shape") else int(X.shape[0])
+        splits = make_splits(n, self.cv, groups, self.random_state)
+        return candidates, splits
+
+    def fit(
+        self,
+        X: Any,
+        y: Any = None,
+        groups: Any = None,
+        known: Sequence[tuple[Mapping[str, Any], list[dict[str, Any]]]] = (),
+    ) -> GridSearch:
+        """Run the search on X (y is ignored: no label is ever used).
+
+        Parameters
+        ----------
+        X : array-like or DataFrame of shape (n_samples, n_features)
+        y : ignored
+        groups : array-like of shape (n_samples,), optional
+            Group of each record: the folds of an int ``cv`` then hold out whole groups.
+        known : sequence of (candidate, fold results)
+            Configurations already fitted and scored on these folds: the estimator with the
+            candidate's parameters set, on the same X, ``cv``, ``groups`` and
+            ``random_state`` (a row of an earlier search's ``fold_results_``). A candidate
+            equal to one of them takes its results as they are instead of being fitted again.
+
+        Returns
+        -------
+        self
+        """
+        if not hasattr(X, "iloc"):
+            X = np.asarray(X)
+        candidates, splits = self._check(X, groups)
+        reuse = {
+            i: list(res)
+            for i, cand in enumerate(candidates)
+            for done, res in known
+            if len(res) == len(splits) and set(cand) == set(done) and _same_candidate(cand, done)
+        }
+        t0 = time.perf_counter()
+        if self.client is False:
+            results = run_grid(self.estimator, candidates, X, splits, None, self.error_score, reuse)
+        else:
+            with _client(self.client) as client:
+                results = run_grid(
+                    self.estimator, candidates, X, splits, client, self.error_score, reuse
+                )
+        self.wall_time_ = time.perf_counter() - t0
+        self.fold_results_ = results
+        table = results_table(candidates, results)
+        self.cv_results_ = table
+        self.n_splits_ = len(splits)
+        n_s = int(table["n_folds_used"][0]) if candidates else 0
+        self.best_index_ = select_index(
+            table["mean_test_score"],
+            table["se_test_score"],
+            table["mean_n_clusters"],
+            self.select,
+            np.array([table[f"split{j}_test_score"] for j in range(n_s)]).T,
+            self._given_index(candidates) if self.select == "given" else None,
+        )
+        self.best_params_ = dict(candidates[self.best_index_])
+        self.best_score_ = float(table["mean_test_score"][self.best_index_])
+        self.scorer_ = "score"
+        self.multimetric_ = False
+        if self.refit:
+            t1 = time.perf_counter()
+            self.best_estimator_ = clone(self.estimator).set_params(**self.best_params_).fit(X)
+            self.refit_time_ = time.perf_counter() - t1
+        return self
+
+    def _given_index(self, candidates: list[dict[str, Any]]) -> int:
+        """The candidate equal to the estimator's own parameters (``select="given"``)."""
+        own = self.estimator.get_params(deep=False)
+        for i, cand in enumerate(candidates):
+            if _same_candidate(cand, own):
+                return i
+        keys = sorted({k for c in candidates for k in c})
+        raise SearchError(
+            "select='given' needs the estimator's own parameters among the candidates: "
+            + _show({k: own.get(k) for k in keys})
+            + " is not one of them"
+        )
+
+    def to_frame(self) -> Any:
+        """``cv_results_`` as a pandas DataFrame, one row per candidate (the parameters as
+        columns, unmasked)."""
+        import pandas as pd
+
+        check_is_fitted(self, "cv_results_")
+        res = self.cv_results_
+        cols: dict[str, Any] = {}
+        for k, v in res.items():
+            if k == "params":
+                continue
+            if k.startswith("param_"):
+                cols[k[len("param_") :]] = [
+                    None if np.ma.is_masked(x) else x for x in np.ma.asarray(v).tolist()
+                ]
+            else:
+                cols[k] = v
+        return pd.DataFrame(cols)
+
+    # -- delegation to the refitted estimator -------------------------------------------------
+    def _best(self) -> Any:
+        check_is_fitted(self, "best_estimator_")
+        return self.best_estimator_
+
+    @property
+    def labels_(self) -> Any:
+        """The refitted estimator's labels of the training records."""
+        return self._best().labels_
+
+    @available_if(_estimator_has("predict"))
+    def predict(self, X: Any) -> Any:
+        """``best_estimator_.predict``."""
+        return self._best().predict(X)
+
+    @available_if(_estimator_has("score_samples"))
+    def score_samples(self, X: Any) -> Any:
+        """``best_estimator_.score_samples``: log predictive density per record."""
+        return self._best().score_samples(X)
+
+    def score(self, X: Any, y: Any = None) -> float:
+        """``best_estimator_.score``: mean log predictive density per record."""
+        return float(self._best().score(X))

@@ -1,0 +1,663 @@
+"""Tree-guided MCMC for NRM mixtures (seed 004) and its reference samplers, over leaf summaries.
+
+``TreeGuidedMCMC`` samples partitions of *leaves* under a DP or NGGP mixture with a conjugate
+likelihood family. A leaf is either one record (``fit(X)``) or a summary, the additive sufficient
+statistics of a group of records held together (``fit_summaries(stats, family)``); a leaf
+summarising n records is an atomic block of size n. Three samplers share the priors and leaves:
+
+``method="tgmcmc"``
+    tree-guided MCMC (``kernels.tgmcmc``): G global split/merge moves guided by the clusters'
+    trees, one sweep of local moves, u resampled (NGGP).
+``method="gibbs"``
+    the marginal Gibbs sampler (``kernels.samplers``).
+``method="split-merge"``
+    Jain and Neal's restricted Gibbs split-merge sampler, G moves then one Gibbs sweep.
+
+Every sampler leaves p(Pi, u | X) exactly invariant (tgMCMC through canonical trees, see
+``kernels.tgmcmc``); ``tests/pipeline/test_tgmcmc.py`` checks each against the enumerated posterior.
+``pipeline.models.ibhc.run_ibhc`` is incremental BHC (seed 004, Section 2.3), the default initialisation.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from scipy import sparse
+
+from kernels import alloc as prior_kernels
+from kernels import samplers as sampler_kernels
+from kernels import tgmcmc as tg_kernels
+from kernels.alloc import nggp
+from pipeline.core import config
+from pipeline.estimators.base import MixtureEstimator
+from pipeline.families import Family, ProductFamily, as_product, check_summaries
+from pipeline.models.ibhc import (
+    canonical,
+    leaf_log_marginals,
+    prior_array,
+    run_ibhc,
+    seed_sequence,
+)
+from pipeline.models.mapdp import seed_state
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+METHODS = ("tgmcmc", "gibbs", "split-merge")
+INITS = ("ibhc", "top", "one", "singletons")
+_MOVES = {"tgmcmc": ("all", "global", "local"), "gibbs": ("all",), "split-merge": ("all", "global")}
+
+
+# -------------------------------------------------------------------------------------------------
+# helpers
+
+
+def effective_sample_size(x: ArrayLike) -> float:
+    """Effective sample size of a scalar chain: n / tau with tau = -1 + 2 sum_k Gamma_k, Geyer's
+    initial monotone sequence estimator over sums of adjacent autocorrelations
+    Gamma_k = rho_{2k} + rho_{2k+1} (autocorrelations by FFT). A constant chain returns n."""
+    a = np.asarray(x, dtype=np.float64).ravel()
+    n = a.shape[0]
+    if n < 4:
+        return float(n)
+    a = a - a.mean()
+    var = float(np.dot(a, a)) / n
+    if var <= 0.0:
+        return float(n)
+    f = np.fft.rfft(a, 2 * n)
+    acov = np.fft.irfft(f * np.conj(f), 2 * n)[:n] / n
+    rho = acov / acov[0]
+    total = 0.0
+    prev = np.inf
+    for k in range(n // 2):
+        g = float(rho[2 * k] + rho[2 * k + 1])
+        if g <= 0.0:
+            break
+        g = min(g, prev)
+        total += g
+        prev = g
+    tau = max(-1.0 + 2.0 * total, 1.0 / n)
+    return float(n / tau)
+
+
+def coclustering(samples: IntArray) -> FloatArray:
+    """Fraction of samples (n_samples, L) in which leaves i and j share a cluster, (L, L)."""
+    samples = np.asarray(samples, dtype=np.int64)
+    n_s, L = samples.shape
+    if n_s == 0:
+        return np.eye(L)
+    uniq, counts = np.unique(samples, axis=0, return_counts=True)
+    rows: list[IntArray] = []
+    cols: list[IntArray] = []
+    vals: list[FloatArray] = []
+    offset = 0
+    for z, c in zip(uniq, counts):
+        rows.append(np.arange(L, dtype=np.int64))
+        cols.append(offset + z)
+        vals.append(np.full(L, math.sqrt(c / n_s)))
+        offset += int(z.max()) + 1
+    Z = sparse.csr_matrix(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(L, offset)
+    )
+    out = np.asarray((Z @ Z.T).toarray(), dtype=np.float64)
+    np.fill_diagonal(out, 1.0)
+    return out
+
+
+# -------------------------------------------------------------------------------------------------
+# the estimator
+
+
+@dataclass
+class _Settings:
+    """Sampler settings handed to the kernels."""
+
+    method: str
+    G: int
+    D: int
+    n_local: int
+    moves: str
+    n_launch: int
+    n_u_steps: int
+    max_depth: int
+    local_tree: bool
+    tree: str
+    stoc_new: bool
+    tree_d: bool
+    redraw: bool
+
+
+class _Chain:
+    """One running chain of one of the three samplers (kernel state plus counters)."""
+
+    def __init__(
+        self,
+        cfg: _Settings,
+        stats: FloatArray,
+        lm: FloatArray,
+        z0: IntArray,
+        pp: FloatArray,
+        prod: ProductFamily,
+        u0: float,
+        rank: IntArray,
+        state: NDArray[np.uint64],
+    ) -> None:
+        self.cfg = cfg
+        self.method = cfg.method
+        self.stats = stats
+        self.pp = pp
+        self.prod = prod
+        self.state = state
+        self.acc = np.zeros((3, 4))
+        self.L = stats.shape[0]
+        if self.method == "tgmcmc":
+            self.fu = np.array([u0])
+            self.P = (stats, lm, rank.copy(), pp, prod.spec, prod.prior)
+            kind = tg_kernels.CASCADE if cfg.tree == "cascade" else tg_kernels.SEQINSERT
+            self.kcfg = np.array(
+                [
+                    cfg.D,
+                    cfg.max_depth,
+                    int(cfg.local_tree),
+                    kind,
+                    int(cfg.stoc_new),
+                    int(cfg.tree_d),
+                    int(cfg.redraw),
+                ],
+                dtype=np.int64,
+            )
+            self.F, self.C = tg_kernels.init_chain(stats, lm, z0, prod.spec, prod.prior)
+        else:
+            self.fu = np.array([u0])
+            self.lm = lm
+            self.slots = sampler_kernels.init_slots(stats, z0, prod.spec, prod.prior)
+
+    def run(
+        self,
+        n_iter: int,
+        record_from: int,
+        thin: int,
+        out_z: IntArray,
+        out_lj: FloatArray,
+        out_K: IntArray,
+        out_u: FloatArray,
+    ) -> float:
+        c = self.cfg
+        if self.method == "tgmcmc":
+            return float(
+                tg_kernels.run(
+                    self.C, self.F, self.P, self.state, self.fu, self.kcfg, n_iter, c.G,
+                    c.n_local, c.moves != "local", c.moves != "global", c.n_u_steps,
+                    record_from, thin, out_z, out_lj, out_K, out_u, self.acc,
+                )
+            )  # fmt: skip
+        z, cst, clm, cnl = self.slots
+        p = self.prod
+        n_sm = c.G if self.method == "split-merge" else 0
+        do_gibbs = self.method == "gibbs" or c.moves == "all"
+        return float(
+            sampler_kernels.run(
+                z, cst, clm, cnl, self.stats, self.lm, self.state, self.fu, self.pp, p.spec,
+                p.prior, n_iter, n_sm, c.n_launch, do_gibbs, c.n_u_steps, record_from,
+                thin, out_z, out_lj, out_K, out_u, self.acc,
+            )
+        )  # fmt: skip
+
+    def check(self) -> int:
+        """Number of violated invariants of the tgMCMC state (0 for the other samplers)."""
+        if self.method != "tgmcmc":
+            return 0
+        return int(tg_kernels.check_state(self.C, self.F, self.P, float(self.fu[0])))
+
+
+class TreeGuidedMCMC(MixtureEstimator):
+    """Posterior sampling of partitions of leaves under a DP or NGGP mixture (seed 004).
+
+    Parameters
+    ----------
+    prior : {"dp", "nggp"}
+        Dirichlet process (CRP, u integrated out) or normalized generalized gamma process with
+        Levy intensity alpha / Gamma(1 - sigma) w^(-1-sigma) e^(-w) (u sampled).
+    alpha : float
+        Concentration (mass) parameter, > 0.
+    sigma : float
+        NGGP discount, 0 < sigma < 1 (ignored for the DP).
+    family : str, dict, Family or ProductFamily
+        Likelihood family with its prior. A name or a {column: name} mapping (as ``MAPDP``'s
+        ``family``; "gaussian" is ``GaussianNW.empirical_bayes(X)``) fits the prior to X
+        (``fit`` only).
+    method : {"tgmcmc", "gibbs", "split-merge"}
+    n_iter : int
+        Iterations in total (burn-in included). One iteration: tgMCMC = G global moves, a sweep of
+        ``n_local`` local moves and an update of u; Gibbs = one scan of every leaf; split-merge =
+        G split-merge moves and one Gibbs scan.
+    burn_in : int
+        Iterations discarded before samples are kept.
+    thin : int
+        Keep every ``thin``-th iteration after burn-in.
+    G : int
+        Global (or split-merge) moves per iteration (seed 004: G = 20).
+    D : int
+        Rounds of SampleSub choosing the leaf of a local move (seed 004: D = 2).
+    n_local : int or None
+        Local moves per sweep; default ceil(n_leaves / 2^D) (seed 004: a smaller D resamples
+        more points).
+    local : {"uniform", "tree"}
+        How a local move picks its leaf: uniformly (random-scan collapsed Gibbs, no trees), or
+        through the trees as in seed 004, Section 3.3 (a cluster uniformly, D rounds of
+        SampleSub, a leaf of the subtree uniformly, with the Metropolis-Hastings correction that
+        makes it exact; every proposed move builds the target cluster's tree, so it is slower).
+    tree : {"seqinsert", "cascade"}
+        The clusters' canonical trees (``kernels.tgmcmc``): their leaves inserted by IBHC's
+        SeqInsert in a random order (redrawn every iteration by default), or put on top of each
+        other in that order (the trees of seed 004, Section 4.1's initialisation; cheap, but
+        their potentials carry little structure).
+    max_depth : int
+        Levels SeqInsert may descend (building "seqinsert" trees, and inside StocInsert).
+    split_new : bool
+        Whether StocInsert may open new clusters during a split (seed 004) or only regroup the
+        pieces into l(c*) and r(c*), so that every split is in two.
+    dissimilarity : {"tree", "hypothesis"}
+        d(c, c') between clusters in the choice of M and in eq. 11: from their trees' potentials,
+        phi(X_c | t_c) phi(X_c' | t_c') / phi(X_{c u c'} | h) (seed 004), or from the
+        single-cluster potentials phi(X_c | h_c) (no trees needed to score a proposal).
+    redraw : bool
+        Redraw the order that shapes the canonical trees every iteration (else once per chain).
+    moves : {"all", "global", "local"}
+        Restrict tgMCMC to one move type ("global" also runs split-merge without Gibbs scans).
+    n_launch : int
+        Intermediate restricted Gibbs scans of the split-merge sampler.
+    init : {"ibhc", "top", "one", "singletons"} or array-like of shape (n_leaves,)
+        Initial partition: IBHC (seed 004's default; three passes, u resampled in between, the
+        best bound of eq. 10 kept), one pass of the "put on top" sequential initialisation of
+        seed 004, Section 4.1, one cluster, one cluster per leaf, or given labels.
+    n_u_steps : int
+        Slice-sampling updates of u per iteration (NGGP).
+    random_state : None, int or numpy.random.SeedSequence
+    prior_scale : float in (0, 1) or None, default=None
+    tune : {None, "cv"}, default=None
+        As ``MAPDP``: the empirical-Bayes prior's scale; "cv" chooses ``alpha``, ``prior_scale``
+        and the covariance by 5-fold held-out density before the fit (``pipeline.estimators.tuning``).
+
+    Attributes
+    ----------
+    samples_ : ndarray of shape (n_kept, n_leaves)
+        Kept partitions as labels, clusters numbered in order of their first leaf.
+    log_joint_ : ndarray of shape (n_iter,)
+        log p(X, Pi, u) after every iteration (seed 004's "joint log-likelihood", eq. 4 with the
+        likelihoods; for the DP u is integrated out).
+    log_joint_marginal_ : ndarray of shape (n_iter,)
+        log p(X, Pi) with u integrated out (equals ``log_joint_`` for the DP).
+    n_clusters_trace_ : ndarray of shape (n_iter,)
+    u_trace_ : ndarray of shape (n_iter,)
+    acceptance_rate_ : dict
+        Accepted / proposed per move type ("split", "merge", "local"; "gibbs" is 1).
+    mean_log_acceptance_ : dict
+        Mean of min(log r, 0) per move type over the proposals whose reverse move is possible
+        (seed 004 reports the mean log r).
+    labels_ : ndarray of shape (n_leaves,)
+        The kept sample with the highest ``log_joint_marginal_``.
+    coclustering_ : ndarray of shape (n_leaves, n_leaves)
+        Fraction of kept samples in which two leaves share a cluster.
+    ess_n_clusters_ : float
+        Effective sample size of the number of clusters over the kept samples.
+    init_labels_ : ndarray of shape (n_leaves,)
+    family_ : ProductFamily
+    n_leaves_ : int
+    wall_trace_ : ndarray of shape (n, 2)
+        (seconds, log joint) after each iteration; set by ``fit_for``.
+    n_clusters_ : int
+    cluster_stats_ : ndarray of shape (n_clusters, n_stats)
+        Statistics of the clusters of ``labels_``; with ``cluster_sizes_`` and ``alpha_`` they
+        give ``predict`` / ``score_samples`` the DPM predictive (``prior="dp"`` only).
+    cluster_sizes_ : ndarray of shape (n_clusters,)
+    alpha_ : float
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when fitted on a DataFrame.
+    """
+
+    # a given prior needs no data to be set, and one leaf is a (trivial) chain
+    _always_informative = False
+    _model_extras: ClassVar[tuple[str, ...]] = ("ess_n_clusters_",)
+
+    def __init__(
+        self,
+        prior: str = "dp",
+        alpha: float = 1.0,
+        sigma: float = 0.5,
+        family: str | Family | ProductFamily = "gaussian",
+        method: str = "tgmcmc",
+        n_iter: int = 200,
+        burn_in: int = 50,
+        thin: int = 1,
+        G: int = 20,
+        D: int = 2,
+        n_local: int | None = None,
+        local: str = "uniform",
+        tree: str = "seqinsert",
+        max_depth: int = 32,
+        split_new: bool = True,
+        dissimilarity: str = "tree",
+        redraw: bool = True,
+        moves: str = "all",
+        n_launch: int = 5,
+        init: str | ArrayLike = "ibhc",
+        n_u_steps: int = 5,
+        random_state: Any = None,
+        prior_scale: float | None = None,
+        tune: str | None = None,
+    ) -> None:
+        self.prior = prior
+        self.alpha = alpha
+        self.sigma = sigma
+        self.family = family
+        self.method = method
+        self.n_iter = n_iter
+        self.burn_in = burn_in
+        self.thin = thin
+        self.G = G
+        self.D = D
+        self.n_local = n_local
+        self.local = local
+        self.tree = tree
+        self.max_depth = max_depth
+        self.split_new = split_new
+        self.dissimilarity = dissimilarity
+        self.redraw = redraw
+        self.moves = moves
+        self.n_launch = n_launch
+        self.init = init
+        self.n_u_steps = n_u_steps
+        self.random_state = random_state
+        self.prior_scale = prior_scale
+        self.tune = tune
+
+    # -- public API ------------------------------------------------------------------------------
+    def _fit(self, Xa: FloatArray, pp: FloatArray) -> None:
+        """Sample partitions of the encoded records: each record is a leaf."""
+        prod = self.family_
+        n = Xa.shape[0]
+        self._sample(prod.stats_of(Xa, np.arange(n, dtype=np.int64), n), prod, pp)
+
+    def fit_summaries(
+        self, stats: ArrayLike, family: Family | ProductFamily | None = None
+    ) -> TreeGuidedMCMC:
+        """Sample partitions of leaf summaries.
+
+        Parameters
+        ----------
+        stats : array-like of shape (n_leaves, n_stats)
+            Additive sufficient statistics of each leaf in the family's layout; ``stats[:, 0]`` is
+            the number of records it summarises.
+        family : Family or ProductFamily, optional
+            Defaults to the ``family`` parameter, which must then be an object.
+        """
+        pp = self._check_params()
+        prod = self._summaries_family(family)
+        st = check_summaries(stats, prod)
+        self._set_summaries_input(prod)
+        self._sample(st, prod, pp)
+        return self
+
+    def _sample(self, st: FloatArray, prod: ProductFamily, pp: FloatArray) -> None:
+        chain = self._start(st, prod, pp)
+        n_kept = len(range(self.burn_in, self.n_iter, self.thin))
+        out_z = np.zeros((n_kept, chain.L), dtype=np.int64)
+        out_lj = np.zeros(self.n_iter)
+        out_K = np.zeros(self.n_iter, dtype=np.int64)
+        out_u = np.zeros(self.n_iter)
+        chain.run(self.n_iter, self.burn_in, self.thin, out_z, out_lj, out_K, out_u)
+        self._finish(
+            chain,
+            prod,
+            out_z,
+            out_lj,
+            out_K,
+            out_u,
+            kept_idx=np.arange(self.burn_in, self.n_iter, self.thin),
+        )
+
+    def fit_for(
+        self,
+        seconds: float,
+        X: ArrayLike | None = None,
+        *,
+        stats: ArrayLike | None = None,
+        family: Family | ProductFamily | None = None,
+        max_iter: int = 1_000_000,
+    ) -> TreeGuidedMCMC:
+        """Run for a wall-time budget, one iteration at a time, recording (time, log joint).
+
+        Give either records ``X`` or leaf ``stats`` (with ``family``). Kernels are compiled (or
+        loaded from numba's cache) on a tiny problem first, so the clock measures sampling only.
+        ``burn_in`` and ``thin`` count iterations as in ``fit``; ``n_iter`` is ignored.
+        Sets ``wall_trace_`` (n, 2) and the attributes of ``fit``.
+        """
+        if (X is None) == (stats is None):
+            raise ValueError("give exactly one of X or stats")
+        if not seconds > 0:
+            raise ValueError(f"seconds must be > 0; got {seconds}")
+        pp = self._check_params()
+        if X is not None:
+            Xa = self._encode_fit(X)
+            prod = self.family_
+            n = Xa.shape[0]
+            st = prod.stats_of(Xa, np.arange(n, dtype=np.int64), n)
+        else:
+            assert stats is not None  # exactly one of X and stats, checked above
+            prod = self._summaries_family(family)
+            st = check_summaries(stats, prod)
+            self._set_summaries_input(prod)
+        chain = self._start(st, prod, pp)
+        self._warm_up(chain.stats, prod)
+        lj_list: list[float] = []
+        k_list: list[int] = []
+        u_list: list[float] = []
+        z_list: list[IntArray] = []
+        times: list[float] = []
+        one_z = np.zeros((1, chain.L), dtype=np.int64)
+        no_z = np.zeros((0, chain.L), dtype=np.int64)
+        lj1 = np.zeros(1)
+        k1 = np.zeros(1, dtype=np.int64)
+        u1 = np.zeros(1)
+        t0 = time.perf_counter()
+        it = 0
+        while it < max_iter:
+            keep = it >= self.burn_in and (it - self.burn_in) % self.thin == 0
+            chain.run(1, 0, 1, one_z if keep else no_z, lj1, k1, u1)
+            elapsed = time.perf_counter() - t0
+            times.append(elapsed)
+            lj_list.append(float(lj1[0]))
+            k_list.append(int(k1[0]))
+            u_list.append(float(u1[0]))
+            if keep:
+                z_list.append(one_z[0].copy())
+            it += 1
+            if elapsed >= seconds:
+                break
+        out_z = np.array(z_list, dtype=np.int64).reshape(-1, chain.L)
+        kept_idx = np.array(
+            [t for t in range(it) if t >= self.burn_in and (t - self.burn_in) % self.thin == 0],
+            dtype=np.int64,
+        )
+        self._finish(
+            chain, prod, out_z, np.array(lj_list), np.array(k_list, dtype=np.int64),
+            np.array(u_list), kept_idx=kept_idx,
+        )  # fmt: skip
+        self.wall_trace_ = np.column_stack([np.array(times), np.array(lj_list)])
+        return self
+
+    # -- internals -------------------------------------------------------------------------------
+    def _check_params(self) -> FloatArray:
+        """Every parameter that needs no data; returns the kernels' prior array."""
+        pp = prior_array(self.prior, self.alpha, self.sigma)
+        n_iter = config.check_int(self.n_iter, "n_iter")
+        if not 0 <= int(self.burn_in) < n_iter:
+            raise ValueError(f"burn_in must lie in [0, n_iter); got {self.burn_in}")
+        config.check_int(self.thin, "thin")
+        config.check_choice(self.method, METHODS, "method")
+        if self.moves not in _MOVES[self.method]:
+            raise ValueError(
+                f"moves must be one of {_MOVES[self.method]} for {self.method!r}; "
+                f"got {self.moves!r}"
+            )
+        for name in ("G", "D", "n_launch", "n_u_steps"):
+            config.check_int(getattr(self, name), name, minimum=0)
+        if self.n_local is not None:
+            config.check_int(self.n_local, "n_local", minimum=0)
+        config.check_int(self.max_depth, "max_depth")
+        config.check_choice(self.local, ("tree", "uniform"), "local")
+        config.check_choice(self.dissimilarity, ("tree", "hypothesis"), "dissimilarity")
+        config.check_choice(self.tree, ("cascade", "seqinsert"), "tree")
+        if isinstance(self.init, str):
+            config.check_choice(self.init, INITS, "init")
+        self._check_tuning()
+        return pp
+
+    def _summaries_family(self, family: Family | ProductFamily | None) -> ProductFamily:
+        if family is None:
+            if isinstance(self.family, (str, dict)):
+                raise ValueError("fit_summaries needs a Family or ProductFamily")
+            family = self.family
+        return as_product(family)
+
+    def _start(self, st: FloatArray, prod: ProductFamily, pp: FloatArray) -> _Chain:
+        L = st.shape[0]
+        n_local = math.ceil(L / 2 ** int(self.D)) if self.n_local is None else int(self.n_local)
+        lm = leaf_log_marginals(st, prod)
+        seq = seed_sequence(self.random_state)
+        s_init, s_rank, s_chain = seq.spawn(3)
+        n_tot = float(st[:, 0].sum())
+        z0, u0 = self._initial_labels(st, prod, s_init)
+        state = seed_state(s_chain)
+        if pp[0] == prior_kernels.NGGP:
+            u0 = float(prior_kernels.sample_u(state, u0, n_tot, float(z0.max() + 1), pp, 20))
+        rank = np.random.default_rng(s_rank).permutation(L).astype(np.int64)
+        self._settings = _Settings(
+            self.method, int(self.G), int(self.D), n_local, self.moves, int(self.n_launch),
+            int(self.n_u_steps), int(self.max_depth), self.local == "tree", self.tree,
+            bool(self.split_new), self.dissimilarity == "tree", bool(self.redraw),
+        )  # fmt: skip
+        chain = _Chain(self._settings, st, lm, z0, pp, prod, u0, rank, state)
+        self.init_labels_ = z0
+        self.n_leaves_ = L
+        self._pp = pp
+        self._n_records = n_tot
+        return chain
+
+    def _initial_labels(
+        self, st: FloatArray, prod: ProductFamily, seq: np.random.SeedSequence
+    ) -> tuple[IntArray, float]:
+        """Initial labels and u (u = 1 unless IBHC chose one)."""
+        L = st.shape[0]
+        init = self.init
+        if isinstance(init, str):
+            if init not in INITS:
+                raise ValueError(f"init must be one of {INITS} or labels; got {init!r}")
+            if init == "one":
+                return np.zeros(L, dtype=np.int64), 1.0
+            if init == "singletons":
+                return np.arange(L, dtype=np.int64), 1.0
+            res = run_ibhc(
+                st, prod, self.prior, self.alpha, self.sigma,
+                mode="ibhc" if init == "ibhc" else "top", n_restarts=3 if init == "ibhc" else 1,
+                random_state=seq,
+            )  # fmt: skip
+            return res.labels, res.u
+        z = np.asarray(init)
+        if z.shape != (L,) or not np.issubdtype(z.dtype, np.integer):
+            raise ValueError(f"init labels must be integers of shape ({L},)")
+        return canonical(z), 1.0
+
+    def _warm_up(self, stats: FloatArray, prod: ProductFamily) -> None:
+        """Compile (or load from numba's cache) the kernels on the first two leaves."""
+        st = np.ascontiguousarray(stats[: min(2, stats.shape[0])])
+        m = st.shape[0]
+        lm = leaf_log_marginals(st, prod)
+        cfg = _Settings(**{**self._settings.__dict__, "G": 1, "n_local": 1})
+        chain = _Chain(
+            cfg, st, lm, np.zeros(m, dtype=np.int64), self._pp, prod, 1.0,
+            np.arange(m, dtype=np.int64), np.array([1], dtype=np.uint64),
+        )  # fmt: skip
+        chain.run(
+            1, 0, 1, np.zeros((1, m), dtype=np.int64), np.zeros(1), np.zeros(1, dtype=np.int64),
+            np.zeros(1),
+        )  # fmt: skip
+
+    def _finish(
+        self,
+        chain: _Chain,
+        prod: ProductFamily,
+        out_z: IntArray,
+        out_lj: FloatArray,
+        out_K: IntArray,
+        out_u: FloatArray,
+        kept_idx: IntArray,
+    ) -> None:
+        self.samples_ = out_z
+        self.log_joint_ = out_lj
+        self.n_clusters_trace_ = out_K
+        self.u_trace_ = out_u
+        self.log_joint_marginal_ = self._marginal_joint(out_lj, out_K, out_u)
+        acc = chain.acc
+        names = ("split", "merge", "local") if chain.method == "tgmcmc" else ("split", "merge")
+        if chain.method == "gibbs":
+            self.acceptance_rate_ = {"gibbs": 1.0}
+            self.mean_log_acceptance_ = {"gibbs": 0.0}
+        else:
+            self.acceptance_rate_ = {
+                nm: float(acc[k, 1] / acc[k, 0]) if acc[k, 0] > 0 else float("nan")
+                for k, nm in enumerate(names)
+            }
+            self.mean_log_acceptance_ = {
+                nm: float(acc[k, 2] / (acc[k, 0] - acc[k, 3]))
+                if acc[k, 0] > acc[k, 3]
+                else float("nan")
+                for k, nm in enumerate(names)
+            }
+        self.n_proposed_ = {nm: int(acc[k, 0]) for k, nm in enumerate(names)}
+        self._chain = chain
+        if out_z.shape[0] > 0:
+            kept_marg = self.log_joint_marginal_[kept_idx]
+            self.labels_ = out_z[int(np.argmax(kept_marg))].copy()
+            self.coclustering_ = coclustering(out_z)
+            self.ess_n_clusters_ = effective_sample_size(out_K[kept_idx])
+        else:
+            self.labels_ = self.init_labels_.copy()
+            self.coclustering_ = coclustering(self.init_labels_[None, :])
+            self.ess_n_clusters_ = 0.0
+        self._set_clusters(self.labels_, float(self.alpha), leaf_stats=chain.stats)
+
+    def _has_density(self) -> bool:
+        return bool(self.prior == "dp")
+
+    def _predict_encoded(self, Xa: FloatArray) -> IntArray:
+        """The DPM's MAP cluster of each record given ``labels_`` (seed 000 eq. 3.5); -1 where
+        a new cluster is the most probable. The NGGP's predictive needs u and is not offered."""
+        if self.prior != "dp":
+            raise ValueError("predict needs prior='dp' (the NGGP predictive is not implemented)")
+        return super()._predict_encoded(Xa)
+
+    def _marginal_joint(self, lj: FloatArray, K: IntArray, u: FloatArray) -> FloatArray:
+        """log p(X, Pi) from log p(X, Pi, u): remove eq. 4's u terms, add the u integral."""
+        pp = self._pp
+        if pp[0] == prior_kernels.DP:
+            return lj.copy()
+        n = self._n_records
+        s = float(pp[2])
+        out = np.empty_like(lj)
+        cache: dict[int, float] = {}
+        for t in range(lj.shape[0]):
+            k = int(K[t])
+            if k not in cache:
+                cache[k] = float(nggp.log_u_integral(n, float(k), pp[1], s))
+            ut = float(u[t])
+            u_terms = float(nggp.log_u_factor(n, ut, pp[1], s)) + (k * s - n) * math.log1p(ut)
+            out[t] = lj[t] - u_terms + cache[k]
+        return out

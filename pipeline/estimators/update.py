@@ -1,0 +1,89 @@
+"""Model updates from new batches (``dpmm update``): one ASUGS-PM pass (seed 002, Algorithm 1
+with Section 6's pruning and merging) of new records into a fitted model's clusters.
+
+The model's clusters become the stream's classes, with the records they summarise counted as
+seen (``pipeline.ASUGS.start_from``); each new record joins the class (or a new one) with the
+largest m(h) L(y) of eq. 1 under alpha_i = k_i / (lambda + log i), its class's statistics gain
+it, and pruning and merging run on the stream's schedule. The updated model is the same kind of
+estimator as the one given, with the stream's clusters; its concentration is set as that
+estimator sets it: the MAP value of eq. A.1 for the new N and K when the model learned it,
+unchanged when it was fixed, ASUGS's own alpha_n for an ``ASUGS`` model.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+from kernels import mapdp as kmapdp
+from pipeline.estimators.asugs import ASUGS, DEFAULT_LAM, PM_INTERVAL, PRUNE_WEIGHT
+from pipeline.models.concentration import log_gamma_prior, map_concentration
+
+
+def update_model(
+    model: Any,
+    X: Any,
+    *,
+    lam: float = DEFAULT_LAM,
+    select: str = "greedy",
+    prune_merge: bool = True,
+    pm_interval: int = PM_INTERVAL,
+    prune_weight: float = PRUNE_WEIGHT,
+    random_state: Any = None,
+) -> tuple[Any, ASUGS]:
+    """The model updated by one ASUGS-PM pass of the records X (module docstring).
+
+    Parameters
+    ----------
+    model : fitted estimator with clusters (``MAPDP``, ``ASUGS``, ...)
+        Left unchanged.
+    X : array-like or DataFrame of shape (n_samples, n_features)
+        New records with the model's columns (encoded by its schema: the same names, the
+        categories seen in fit); a ValueError names the column and row of a bad value.
+    lam, select, prune_merge, pm_interval, prune_weight, random_state : as ``ASUGS``.
+
+    Returns
+    -------
+    new_model : the same kind of estimator, with the updated clusters; its ``labels_`` are
+        the new records' classes (-1: a pruned class).
+    stream : ASUGS
+        The pass itself (``n_pruned_``, ``n_merged_``, ``alpha_``, ...).
+    """
+    stream = ASUGS(
+        lam=lam,
+        select=select,
+        prune_merge=prune_merge,
+        family=getattr(model, "family_", "auto"),
+        pm_interval=pm_interval,
+        prune_weight=prune_weight,
+        random_state=random_state,
+    ).start_from(model)
+    stream.partial_fit(X)
+    if isinstance(model, ASUGS):
+        return stream, stream
+    new = copy.deepcopy(model)
+    fam = model.family_
+    stats = stream.cluster_stats_
+    K = int(stats.shape[0])
+    n = float(stats[:, 0].sum())
+    alpha = float(model.alpha_)
+    learned = getattr(model, "alpha", None) == "learn"
+    a, b = (float(v) for v in getattr(model, "alpha_prior", (2.0, 1.0)))
+    if learned:
+        alpha = map_concentration(round(n), K, a, b, start=alpha)
+    new.labels_ = stream.labels_
+    new.cluster_stats_ = stats
+    new.cluster_sizes_ = np.rint(stats[:, 0]).astype(np.int64)
+    new.n_clusters_ = K
+    new.alpha_ = alpha
+    new._cache = fam.cache_of(stats)
+    new._empty_cache = fam.empty_cache()
+    if hasattr(new, "objective_"):
+        nk = np.ascontiguousarray(stats[:, 0])
+        e = float(kmapdp.objective(stats, nk, K, fam.spec, fam.prior, alpha))
+        if learned:
+            e -= log_gamma_prior(alpha, a, b)
+        new.objective_ = e
+    return new, stream

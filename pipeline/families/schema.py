@@ -1,0 +1,391 @@
+"""From user data to the float matrix and product family the kernels see.
+
+A ``Schema`` is learned at fit time: the feature names, a family kind per column (``family="auto"``
+rules below, or the user's choice), the categories of categorical columns and the number of trials
+of binomial columns. It encodes the same columns at predict time and refuses anything else.
+
+``family="auto"`` rules, per column
+-----------------------------------
+* bool, or integers taking only the values 0 and 1: ``bernoulli`` (Beta prior);
+* pandas ``category``, strings or other non-numeric objects: ``categorical`` (Dirichlet prior);
+* integers taking at most ``MAX_LEVELS`` (10) distinct values: ``categorical`` over the values
+  seen. Such a column is a code or a score on a short scale; a Gaussian on a lattice of a few
+  values rewards clusters that collapse onto one level (the density grows without bound as the
+  variance shrinks);
+* other integers: ``gaussian``, the same as floats. Integer-valued measurements (ages, counts of
+  hundreds) are rarely Poisson within a cluster, and a Poisson family forced on over-dispersed
+  data splits it into many clusters; ask for ``poisson`` (or ``geometric``, ``binomial``)
+  explicitly for true counts;
+* floats: ``gaussian`` (all such columns share one full-covariance Normal-Wishart group).
+
+Two kinds of text column are refused by ``auto`` rather than guessed (``check_auto_text``): one
+whose values are numbers but for a few (at least ``NUMERIC_SHARE``, 90%: a numeric column with a
+typo, which would otherwise become a categorical column of as many levels as distinct numbers),
+and one whose distinct values are nearly as many as its rows (more than ``ID_SHARE`` of them and
+more than ``ID_LEVELS``: an identifier, one cluster per record). Naming the column's family
+(``family={"id": "categorical"}``) accepts either.
+
+Any column can be overridden: ``family={"visits": "poisson"}`` keeps ``auto`` for the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipeline import families as fam_mod
+from pipeline.core.errors import InputError
+from pipeline.core.persist import register
+from pipeline.families import Family, FloatArray, ProductFamily
+
+KINDS = (
+    "gaussian",
+    "diag-gaussian",
+    "categorical",
+    "poisson",
+    "bernoulli",
+    "binomial",
+    "exponential",
+    "geometric",
+)
+NUMERIC_KINDS = {"gaussian", "diag-gaussian", "exponential"}
+MAX_LEVELS = 10
+# ``check_auto_text``: a text column with at least this share of numbers is a numeric column with
+# typos; one with more than this share of distinct values and more than this many levels is an
+# identifier
+NUMERIC_SHARE = 0.9
+ID_SHARE = 0.5
+ID_LEVELS = 50
+COUNT_KINDS = {"poisson", "bernoulli", "binomial", "geometric"}
+
+
+def _is_sparse(X: Any) -> bool:
+    return hasattr(X, "tocsr") or (hasattr(X, "sparse") and hasattr(X.sparse, "to_dense"))
+
+
+def as_frame(X: Any, feature_names: Sequence[str] | None = None) -> tuple[pd.DataFrame, bool]:
+    """X as a DataFrame with string column names; whether the caller passed a DataFrame."""
+    if _is_sparse(X) and not isinstance(X, pd.DataFrame):
+        raise TypeError(
+            "sparse input is not supported: pass a dense array (X.toarray()) or a DataFrame"
+        )
+    if isinstance(X, pd.DataFrame):
+        df = X.copy(deep=False)
+        df.columns = [str(c) for c in df.columns]
+        if len(set(df.columns)) != df.shape[1]:
+            raise ValueError("column names must be unique")
+        return df, True
+    if isinstance(X, pd.Series):
+        raise ValueError("X must be 2-D (n_samples, n_features); got a Series")
+    arr = np.asarray(X)
+    if np.iscomplexobj(arr):
+        raise ValueError("Complex data not supported: X has a complex dtype")
+    if arr.dtype == object:
+        # numbers held in an object array are numbers (scikit-learn's convention): anything that is
+        # not is reported by float() with the TypeError scikit-learn's checks expect
+        arr = arr.astype(np.float64)
+    if arr.ndim != 2:
+        raise ValueError(
+            f"X must be 2-D (n_samples, n_features); got an array of shape {arr.shape}. "
+            "Reshape your data with X.reshape(-1, 1) for a single feature or X.reshape(1, -1) "
+            "for a single sample."
+        )
+    names = (
+        list(feature_names) if feature_names is not None else [f"x{j}" for j in range(arr.shape[1])]
+    )
+    # no copy: the frame is only read (encode copies each column out once)
+    return pd.DataFrame(arr, columns=names, copy=False), False
+
+
+def _first_bad_row(mask: np.ndarray) -> int:
+    return int(np.flatnonzero(mask)[0])
+
+
+def _numeric_column(s: pd.Series, name: str) -> np.ndarray:
+    """Column as float64, or a ValueError naming the first row that is not a number."""
+    if pd.api.types.is_bool_dtype(s.dtype):
+        return s.to_numpy(dtype=np.float64)
+    if pd.api.types.is_numeric_dtype(s.dtype):
+        vals = s.to_numpy(dtype=np.float64, na_value=np.nan)
+    else:
+        conv = pd.to_numeric(s, errors="coerce")
+        bad = conv.isna().to_numpy() & s.notna().to_numpy()
+        if bad.any():
+            i = _first_bad_row(bad)
+            raise ValueError(f"column '{name}': row {i} has {s.iloc[i]!r}, which is not a number")
+        vals = conv.to_numpy(dtype=np.float64, na_value=np.nan)
+    nan = np.isnan(vals)
+    if nan.any():
+        raise ValueError(f"column '{name}': row {_first_bad_row(nan)} is NaN (missing value)")
+    inf = np.isinf(vals)
+    if inf.any():
+        i = _first_bad_row(inf)
+        raise ValueError(f"column '{name}': row {i} is {vals[i]} (inf is not a valid value)")
+    return vals
+
+
+def auto_kind(s: pd.Series) -> str:
+    """The ``family="auto"`` kind of one column (module docstring)."""
+    dt = s.dtype
+    if pd.api.types.is_bool_dtype(dt):
+        return "bernoulli"
+    if isinstance(dt, pd.CategoricalDtype) or not pd.api.types.is_numeric_dtype(dt):
+        return "categorical"
+    if pd.api.types.is_integer_dtype(dt):
+        vals = s.to_numpy()
+        if vals.size and np.isin(vals, (0, 1)).all():
+            return "bernoulli"
+        if np.unique(vals).size <= MAX_LEVELS:
+            return "categorical"
+    return "gaussian"
+
+
+def _is_text(s: pd.Series) -> bool:
+    """Strings or other objects: what ``auto_kind`` makes categorical without being told."""
+    dt = s.dtype
+    return not (
+        pd.api.types.is_numeric_dtype(dt)
+        or pd.api.types.is_bool_dtype(dt)
+        or isinstance(dt, pd.CategoricalDtype)
+    )
+
+
+def check_auto_text(s: pd.Series, name: str) -> None:
+    """Refuse a text column that ``family="auto"`` would wrongly make categorical.
+
+    Parameters
+    ----------
+    s : Series of shape (n_rows,)
+        The column as read (a numeric, bool or ``category`` column passes unchecked).
+    name : str
+        The column's name, for the message.
+
+    Raises
+    ------
+    InputError
+        When at least ``NUMERIC_SHARE`` of the values present are numbers (the message names the
+        first 0-based row that is not), or when more than ``ID_SHARE`` of the rows and more than
+        ``ID_LEVELS`` values are distinct (an identifier).
+    """
+    if not _is_text(s):
+        return
+    present = s.notna().to_numpy()
+    n_present = int(present.sum())
+    if n_present == 0:
+        return
+    is_num = pd.to_numeric(s, errors="coerce").notna().to_numpy()
+    n_num = int(is_num.sum())
+    if n_num < n_present and n_num >= NUMERIC_SHARE * n_present:
+        i = _first_bad_row(present & ~is_num)
+        raise InputError(
+            f"column '{name}': row {i} is {s.iloc[i]!r}, not a number ({n_num:,} of "
+            f"{n_present:,} values are numbers)"
+        )
+    n_levels = int(s.nunique(dropna=True))
+    n = int(s.shape[0])
+    if n_levels > ID_LEVELS and n_levels > ID_SHARE * n:
+        raise InputError(
+            f"column '{name}': {n_levels:,} distinct values in {n:,} rows; an identifier? drop "
+            "it or name its family"
+        )
+
+
+def constant_columns(df: pd.DataFrame) -> dict[str, Any]:
+    """The columns of ``df`` holding one value in every row (no missing value), with that value
+    (a numpy scalar as the Python one, for run.json)."""
+    out = {}
+    for c in df.columns:
+        s = df[c]
+        if s.notna().all() and s.nunique() == 1:
+            v = s.iloc[0]
+            out[str(c)] = v.item() if isinstance(v, np.generic) else v
+    return out
+
+
+@register
+@dataclass
+class Schema:
+    """Feature names, per-column family kinds and encodings fixed at fit time."""
+
+    columns: list[str]
+    kinds: dict[str, str]
+    categories: dict[str, list[Any]] = field(default_factory=dict)
+    n_trials: dict[str, int] = field(default_factory=dict)
+    from_frame: bool = False
+
+    @classmethod
+    def infer(cls, df: pd.DataFrame, family: Any, from_frame: bool) -> Schema:
+        """Kinds per column from ``family`` ("auto", a kind name, or a {column: kind} mapping)."""
+        if df.shape[1] == 0:
+            raise ValueError(
+                f"X has no columns: 0 feature(s) (shape=({df.shape[0]}, 0)) while a minimum of 1 "
+                "is required."
+            )
+        cols = list(df.columns)
+        if isinstance(family, str):
+            if family == "auto":
+                for c in cols:
+                    check_auto_text(df[c], c)
+                kinds = {c: auto_kind(df[c]) for c in cols}
+            elif family in KINDS:
+                kinds = dict.fromkeys(cols, family)
+            else:
+                raise ValueError(f"unknown family {family!r}; choose 'auto' or one of {KINDS}")
+        elif isinstance(family, Mapping):
+            unknown = [c for c in family if str(c) not in cols]
+            if unknown:
+                raise ValueError(f"family names columns not in the data: {unknown}")
+            named = {str(c) for c in family}
+            for c in cols:
+                if c not in named:
+                    check_auto_text(df[c], c)
+            kinds = {c: auto_kind(df[c]) for c in cols}
+            for c, k in family.items():
+                if k not in KINDS:
+                    raise ValueError(f"column '{c}': unknown family {k!r}; choose one of {KINDS}")
+                kinds[str(c)] = k
+        else:
+            raise ValueError(
+                "family must be 'auto', a family name, a {column: family} mapping, or a "
+                "Family / ProductFamily instance"
+            )
+        schema = cls(columns=cols, kinds=kinds, from_frame=from_frame)
+        for c in cols:
+            if kinds[c] == "categorical":
+                s = df[c]
+                if s.isna().any():
+                    i = _first_bad_row(s.isna().to_numpy())
+                    raise ValueError(f"column '{c}': row {i} is missing (NaN)")
+                if isinstance(s.dtype, pd.CategoricalDtype):
+                    schema.categories[c] = list(s.cat.categories)
+                else:
+                    schema.categories[c] = sorted(pd.unique(s), key=lambda v: (str(type(v)), v))
+            elif kinds[c] == "binomial":
+                vals = _numeric_column(df[c], c)
+                schema.n_trials[c] = int(max(np.max(vals), 1)) if vals.size else 1
+        return schema
+
+    # -- encoding ------------------------------------------------------------------------------
+    def check_columns(self, df: pd.DataFrame, from_frame: bool, who: str) -> pd.DataFrame:
+        """The fitted columns of df, in fit order, or a ValueError saying what differs."""
+        if from_frame and self.from_frame:
+            missing = [c for c in self.columns if c not in df.columns]
+            extra = [c for c in df.columns if c not in self.columns]
+            if missing or extra:
+                parts = []
+                if missing:
+                    parts.append(f"missing {missing}")
+                if extra:
+                    parts.append(f"unexpected {extra}")
+                raise ValueError(
+                    f"the columns differ from those {who} was fitted with: " + "; ".join(parts)
+                )
+            return df[self.columns]
+        if df.shape[1] != len(self.columns):
+            raise ValueError(
+                f"X has {df.shape[1]} features, but {who} is expecting {len(self.columns)} "
+                "features as input"
+            )
+        df = df.copy(deep=False)
+        df.columns = self.columns
+        return df
+
+    def encode(self, df: pd.DataFrame, fitting: bool) -> FloatArray:
+        """The (n, n_columns) float64 matrix of df's columns; categoricals become codes 0..C-1."""
+        if df.shape[0] == 0:
+            raise ValueError("X has no rows (0 samples); at least 1 is required")
+        cols = df[self.columns]
+        if "categorical" not in self.kinds.values() and all(
+            pd.api.types.is_numeric_dtype(dt) for dt in cols.dtypes
+        ):
+            # numbers only: one copy of the block; the column-by-column pass below runs only to
+            # name the first NaN or inf
+            out = cols.to_numpy(dtype=np.float64, na_value=np.nan, copy=True)
+            if np.isfinite(out).all():
+                return out
+        out = np.empty((df.shape[0], len(self.columns)), dtype=np.float64)
+        for j, c in enumerate(self.columns):
+            kind = self.kinds[c]
+            s = df[c]
+            if kind == "categorical":
+                cats = self.categories[c]
+                lookup = {v: i for i, v in enumerate(cats)}
+                codes = s.map(lookup)
+                bad = codes.isna().to_numpy()
+                if bad.any():
+                    i = _first_bad_row(bad)
+                    what = "is missing" if pd.isna(s.iloc[i]) else f"has category {s.iloc[i]!r}"
+                    raise ValueError(
+                        f"column '{c}': row {i} {what}, not one of the {len(cats)} categories "
+                        "seen in fit"
+                    )
+                out[:, j] = codes.to_numpy(dtype=np.float64)
+            else:
+                out[:, j] = _numeric_column(s, c)
+        return out
+
+    def check_informative(self, X: FloatArray) -> None:
+        """Fit-time checks: enough rows, and no column of one constant value."""
+        n = X.shape[0]
+        if n < 2:
+            raise ValueError(f"n_samples = {n}: clustering needs at least 2 samples, got 1 sample")
+        # one vectorised pass over the rows, not one strided pass per column
+        constant = np.flatnonzero(np.all(X == X[0], axis=0))
+        if constant.size:
+            j = int(constant[0])
+            c = self.columns[j]
+            first = X[0, j]
+            shown = self.categories[c][int(first)] if c in self.categories else first
+            shown = shown.item() if isinstance(shown, np.generic) else shown
+            raise ValueError(
+                f"column '{c}' is constant (every row is {shown!r}): it cannot inform the "
+                "clustering and its empirical-Bayes prior is degenerate; drop the column"
+            )
+
+    # -- families ----------------------------------------------------------------------------
+    def groups(self) -> list[tuple[str, list[int]]]:
+        """(kind, column indices): one group per kind, one per categorical column."""
+        out: list[tuple[str, list[int]]] = []
+        by_kind: dict[str, list[int]] = {}
+        for j, c in enumerate(self.columns):
+            k = self.kinds[c]
+            if k == "categorical":
+                out.append((k, [j]))
+            else:
+                by_kind.setdefault(k, []).append(j)
+        return [(k, cols) for k, cols in by_kind.items()] + out
+
+    def build_family(self, X: FloatArray, scale: float | None = None) -> ProductFamily:
+        """Empirical-Bayes priors per group (seed 000, Appendix A, option 1); ``scale`` is the
+        prior scale of the Gaussian groups (``GaussianNW.empirical_bayes``; None: their
+        default)."""
+        groups: list[tuple[Family, list[int]]] = []
+        for kind, cols in self.groups():
+            # one group over all the columns in order (the common numeric case) needs no copy
+            Xg = X if cols == list(range(X.shape[1])) else X[:, cols]
+            names = [self.columns[j] for j in cols]
+            fam: Family
+            if kind == "categorical":
+                n_cat = len(self.categories[names[0]])
+                fam = fam_mod.Categorical.empirical_bayes(Xg, n_categories=n_cat)
+            elif kind == "binomial":
+                trials = np.array([self.n_trials[nm] for nm in names], dtype=np.float64)
+                fam = fam_mod.Binomial.empirical_bayes(Xg, n_trials=trials)
+            elif kind in ("gaussian", "diag-gaussian") and scale is not None:
+                fam = fam_mod.FAMILIES[kind].empirical_bayes(Xg, scale=scale)  # type: ignore[call-arg]
+            else:
+                fam = fam_mod.FAMILIES[kind].empirical_bayes(Xg)
+            fam.check_values(Xg, names)
+            groups.append((fam, cols))
+        return ProductFamily(groups)
+
+    def check_values(self, family: ProductFamily, X: FloatArray) -> None:
+        for fam, cols in family.groups:
+            fam.check_values(X[:, cols], [self.columns[j] for j in cols])
+
+    def names_of(self, family: ProductFamily) -> list[list[str]]:
+        return [[self.columns[j] for j in cols] for _f, cols in family.groups]

@@ -1,0 +1,253 @@
+"""Algorithm 1 of seed 000 in memory (``run_mapdp``: sweeps, split and merge moves, learned
+concentration) and the seeding helpers shared by every sampler.
+
+Kept apart from the scikit-learn estimator (``pipeline.estimators.mapdp``) so that Dask workers running
+the distributed passes never import scikit-learn: a worker process's first task would pay for
+it (about a second) before sweeping a single record.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kernels import mapdp as kmapdp
+from kernels import partition as kpartition
+from pipeline.families import FloatArray, ProductFamily
+from pipeline.models.concentration import log_gamma_prior, map_concentration
+
+IntArray = NDArray[np.int64]
+# the logdens of a sweep that scores nothing
+_NO_SCORES = np.empty(0)
+
+
+def seed_state(seq: np.random.SeedSequence) -> NDArray[np.uint64]:
+    """A kernel RNG state (uint64 array of shape (1,)) from a SeedSequence."""
+    return np.asarray(seq.generate_state(1, dtype=np.uint64), dtype=np.uint64)
+
+
+def as_seed_sequence(random_state: Any) -> np.random.SeedSequence:
+    """``random_state`` (None, int, SeedSequence or Generator) as a SeedSequence."""
+    if isinstance(random_state, np.random.SeedSequence):
+        return random_state
+    if isinstance(random_state, np.random.Generator):
+        return np.random.SeedSequence(int(random_state.integers(2**63)))
+    if isinstance(random_state, np.random.RandomState):
+        return np.random.SeedSequence(int(random_state.randint(2**31)))
+    return np.random.SeedSequence(random_state)
+
+
+@dataclass
+class MapdpResult:
+    """One MAP-DP run: labels 0..K-1 and the cluster statistics (K, S)."""
+
+    labels: IntArray
+    stats: FloatArray
+    alpha: float
+    objective: float
+    history: list[float] = field(default_factory=list)
+    n_iter: int = 0
+    converged: bool = False
+    seconds: float = 0.0
+
+    @property
+    def nk(self) -> FloatArray:
+        """Cluster sizes (K,): the statistics' counts."""
+        return np.ascontiguousarray(self.stats[:, 0])
+
+
+def try_split(
+    Xa: FloatArray,
+    members: IntArray,
+    family: ProductFamily,
+    log_alpha: float,
+    empty_c: FloatArray,
+    max_sweeps: int = 10,
+) -> tuple[float, IntArray, FloatArray] | None:
+    """A split move for one cluster: two halves along its principal axis, refined by MAP-DP
+    sweeps restricted to the two halves (no new cluster), scored by the exact objective.
+
+    Returns
+    -------
+    (gain, side, stats2) or None
+        ``gain`` is the decrease of E (eq. 3.3) if the cluster is replaced by the two halves
+        (= -merge_gap of the halves), ``side`` (n_members,) in {0, 1}, ``stats2`` (2, S).
+        None when the cluster is too small or a half empties.
+    """
+    n = members.shape[0]
+    if n < 4:
+        return None
+    Xs = np.ascontiguousarray(Xa[members])
+    Xc = Xs - Xs.mean(axis=0)
+    cov = Xc.T @ Xc / n
+    if not np.all(np.isfinite(cov)):
+        return None
+    axis = np.linalg.eigh(cov)[1][:, -1]
+    side = (Xc @ axis > 0).astype(np.int64)
+    if side.min() == side.max():
+        return None
+    stats2 = family.stats_of(Xs, side, 2)
+    cache2 = family.cache_of(stats2)
+    nk2 = stats2[:, 0].copy()
+    order = np.arange(n, dtype=np.int64)
+    n_slots = 2
+    for _ in range(max_sweeps):
+        # N0 = 0 (log N0 = -inf): a new cluster is never an option inside the restricted sweep
+        stats2, cache2, nk2, n_slots, changed = kmapdp.sweep(
+            Xs,
+            order,
+            side,
+            stats2,
+            cache2,
+            nk2,
+            n_slots,
+            family.spec,
+            family.prior,
+            empty_c,
+            0.0,
+            _NO_SCORES,
+        )
+        if changed == 0:
+            break
+    if n_slots != 2 or nk2[0] == 0 or nk2[1] == 0:
+        return None
+    gain = -float(kpartition.merge_gap(stats2[0], stats2[1], family.spec, family.prior, log_alpha))
+    return gain, side, stats2[:2].copy()
+
+
+def split_merge(
+    Xa: FloatArray, z: IntArray, stats: FloatArray, family: ProductFamily, alpha: float
+) -> tuple[FloatArray, bool]:
+    """One round of split moves (``try_split`` on every cluster) then greedy merges
+    (``kernels.partition.greedy_merge``); a move is taken only if it lowers E (eq. 3.3).
+
+    ICM sweeps cannot split a cluster that holds two groups, nor merge two clusters, one
+    record at a time; these moves can, and keep the objective monotone. ``z`` is relabelled in
+    place; returns the new statistics (K', S) and whether anything changed.
+    """
+    log_alpha = math.log(alpha)
+    empty_c = family.empty_cache()
+    K = stats.shape[0]
+    rows = [stats[k] for k in range(K)]
+    changed = False
+    order = np.argsort(z, kind="stable")
+    bounds = np.searchsorted(z[order], np.arange(K + 1))
+    for k in range(K):
+        members = order[bounds[k] : bounds[k + 1]]
+        res = try_split(Xa, members, family, log_alpha, empty_c)
+        if res is not None and res[0] > 1e-9:
+            _gain, side, stats2 = res
+            rows[k] = stats2[0]
+            rows.append(stats2[1])
+            z[members[side == 1]] = len(rows) - 1
+            changed = True
+    new_stats = np.vstack(rows)
+    target, merged, n_merges = kpartition.greedy_merge(
+        new_stats, new_stats[:, 0].copy(), family.spec, family.prior, log_alpha
+    )
+    if n_merges:
+        z[:] = target[z]
+        changed = True
+    return merged, changed
+
+
+def run_mapdp(
+    Xa: FloatArray,
+    family: ProductFamily,
+    order: IntArray,
+    alpha: float,
+    learn_alpha: bool,
+    alpha_prior: tuple[float, float],
+    max_iter: int,
+    tol: float,
+    init: str,
+    callback: Callable[[int, float, int], None] | None = None,
+    max_moves: int = 10,
+) -> MapdpResult:
+    """Algorithm 1 of seed 000 on arranged records ``Xa`` (N, D), visiting them in ``order``.
+
+    Each iteration is one ``kernels.mapdp.sweep``; with ``learn_alpha`` the concentration is then
+    set to the mode of eq. A.1 given N and K. The objective is -log p(X, z | N0) (eq. 3.3), plus
+    -log p(N0) when N0 is learned, so that both steps can only lower it. When the sweeps have
+    converged, up to ``max_moves`` rounds of split and merge moves (``split_merge``) are tried;
+    if one is taken, sweeping resumes. Every step lowers the objective or leaves it.
+    """
+    t0 = time.perf_counter()
+    N = Xa.shape[0]
+    spec, prior = family.spec, family.prior
+    empty_c = family.empty_cache()
+    if init == "one-cluster":
+        # Algorithm 1 starts with K = 1 and every record in it
+        z = np.zeros(N, dtype=np.int64)
+        stats = family.stats_of(Xa, z, 1)
+        nk = np.array([float(N)])
+        n_slots = 1
+    elif init == "sequential":
+        z = np.full(N, -1, dtype=np.int64)
+        stats = np.zeros((8, family.n_stats))
+        nk = np.zeros(8)
+        n_slots = 0
+    else:
+        raise ValueError(f"init must be 'one-cluster' or 'sequential', got {init!r}")
+    cache = family.cache_of(stats)
+    a, b = alpha_prior
+
+    def energy(stats_: FloatArray, nk_: FloatArray, n_slots_: int, alpha_: float) -> float:
+        e = float(kmapdp.objective(stats_, nk_, n_slots_, spec, prior, alpha_))
+        return e - log_gamma_prior(alpha_, a, b) if learn_alpha else e
+
+    history: list[float] = []
+    e_old = math.inf
+    converged = False
+    moves = 0
+    it = 0
+    for it in range(1, max_iter + 1):
+        stats, cache, nk, n_slots, n_changed = kmapdp.sweep(
+            Xa, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, alpha, _NO_SCORES
+        )
+        stats, cache, nk = kmapdp.compact(z, stats, cache, nk, n_slots)
+        n_slots = stats.shape[0]
+        if learn_alpha:
+            alpha = map_concentration(N, n_slots, a, b, start=alpha)
+        e_new = energy(stats, nk, n_slots, alpha)
+        stalled = n_changed == 0 or e_old - e_new < tol * abs(e_new)
+        if stalled and moves < max_moves:
+            moves += 1
+            stats, moved = split_merge(Xa, z, stats, family, alpha)
+            if moved:
+                n_slots = stats.shape[0]
+                nk = stats[:, 0].copy()
+                cache = family.cache_of(stats)
+                if learn_alpha:
+                    alpha = map_concentration(N, n_slots, a, b, start=alpha)
+                e_new = energy(stats, nk, n_slots, alpha)
+                stalled = False
+        history.append(e_new)
+        if callback is not None:
+            callback(it, e_new, n_slots)
+        if stalled:
+            converged = True
+            break
+        e_old = e_new
+    return MapdpResult(
+        labels=z,
+        stats=stats,
+        alpha=alpha,
+        objective=history[-1],
+        history=history,
+        n_iter=it,
+        converged=converged,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def seed_entropy(random_state: Any) -> int:
+    """One integer of entropy from ``random_state`` (None draws a fresh one)."""
+    seq = as_seed_sequence(random_state)
+    return int(seq.generate_state(2, dtype=np.uint64).view(np.uint64)[0])

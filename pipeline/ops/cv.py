@@ -1,0 +1,309 @@
+"""The pipeline side of ``dpmm cv``: a grid of MAP-DP configurations scored by K-fold held-out
+log predictive density over the folds of a dataset store (seed 000, Appendix A, option 4).
+
+The dataset store is ingested once (``pipeline.data.dataset.open_dataset``) with K fold ids per row
+(or per group); every (cell, fold) fit reads the store's records and folds (``fold_fit``, a
+Dask task), fits MAP-DP to the rows of the other folds and scores the rows of fold j: no
+re-ingest per cell. The results of finished fits persist as one small JSON file each
+(``ResultLog``), so a rerun after a crash skips them. ``summarise`` gives one row per cell (the
+mean held-out log predictive density per record over folds, its standard error, clusters found,
+fit seconds), ``pipeline.estimators.search.select_index`` picks the cell (largest mean, or the
+one-standard-error rule), ``refit`` fits all the records with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipeline.core import storage
+from pipeline.core.errors import InputError
+from pipeline.core.paths import safe_name
+from pipeline.data.store import Store, StoreInfo
+from pipeline.estimators.search import select_index
+from pipeline.families.gaussian import check_scale
+
+GAUSSIAN_VARIANTS = ("gaussian", "diag-gaussian")
+
+
+class GridError(InputError):
+    """A grid that cannot run: empty, a value out of range, more folds than records."""
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The cells of a CV grid: every (alpha, prior scale, family variant)."""
+
+    alphas: tuple[float, ...]
+    scales: tuple[float, ...]
+    families: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        for what, values in (
+            ("--alpha", self.alphas),
+            ("--prior-scale", self.scales),
+            ("--family", self.families),
+        ):
+            if not values:
+                raise GridError(f"{what}: the grid is empty (give at least one value)")
+        for a in self.alphas:
+            if not (isinstance(a, (int, float)) and a > 0 and math.isfinite(a)):
+                raise GridError(f"--alpha {a!r}: a concentration must be > 0")
+        for s in self.scales:
+            try:
+                check_scale(s)
+            except ValueError as err:
+                raise GridError(f"--prior-scale {s!r}: {err}") from None
+        for f in self.families:
+            if f not in GAUSSIAN_VARIANTS:
+                raise GridError(f"--family {f!r}: choose among {', '.join(GAUSSIAN_VARIANTS)}")
+
+    def cells(self) -> list[dict[str, Any]]:
+        """One parameter dict per cell, in (family, prior scale, alpha) order."""
+        return [
+            {"family": f, "prior_scale": float(s), "alpha": float(a)}
+            for f in self.families
+            for s in self.scales
+            for a in self.alphas
+        ]
+
+
+def cell_id(params: dict[str, Any]) -> str:
+    """A short stable name of a cell (file names of its results)."""
+    text = json.dumps(params, sort_keys=True)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def check_folds(store: Store, info: StoreInfo, n_folds: int) -> NDArrayInt:
+    """Records per fold (K,), or a ``GridError`` when there are more folds than records (or
+    groups) or a fold has no record."""
+    n_units = info.n_groups if info.grouped else info.n_rows
+    unit = "groups" if info.grouped else "records"
+    if n_folds < 2:
+        raise GridError(f"--folds {n_folds}: at least 2 folds are needed")
+    if n_folds > n_units:
+        raise GridError(f"--folds {n_folds}: more folds than {unit} ({n_units})")
+    fold = np.asarray(store.array("fold")[:])
+    counts = np.bincount(fold[fold >= 0], minlength=n_folds)[:n_folds]
+    empty = np.flatnonzero(counts == 0)
+    if empty.size:
+        raise GridError(
+            f"--folds {n_folds}: fold {int(empty[0])} has no {unit} among {n_units} "
+            "(folds are drawn by a hash of the row); use fewer folds"
+        )
+    return counts
+
+
+NDArrayInt = np.ndarray
+
+
+def family_spec(info: StoreInfo, variant: str) -> dict[str, str]:
+    """The store's column kinds with every Gaussian column made ``variant`` (full or diagonal
+    covariance); other columns keep their kind."""
+    kinds = dict(info.schema.kinds)
+    return {c: (variant if k in GAUSSIAN_VARIANTS else k) for c, k in kinds.items()}
+
+
+def _frame(X: np.ndarray, info: StoreInfo) -> pd.DataFrame:
+    """Store rows (family order) as a DataFrame of the schema's columns, categorical codes as
+    integers (so ``family_spec`` names them)."""
+    df = pd.DataFrame(X, columns=info.names)
+    for c, k in info.schema.kinds.items():
+        if k not in GAUSSIAN_VARIANTS:
+            df[c] = df[c].astype(np.int64)
+    return df[list(info.schema.columns)]
+
+
+def _read_rows(store_path: str) -> tuple[np.ndarray, np.ndarray, StoreInfo]:
+    store = Store(store_path)
+    info = store.info
+    X = np.asarray(store.array("X")[:])
+    fold = np.asarray(store.array("fold")[:])
+    if info.grouped:
+        real = np.asarray(store.array("row")[:]) >= 0
+        X, fold = X[real], fold[real]
+    return X, fold, info
+
+
+def estimator(info: StoreInfo, params: dict[str, Any], seed: int, max_iter: int) -> Any:
+    """The MAP-DP of a cell: one restart (a fold fit is a score, not the model)."""
+    from pipeline.estimators.mapdp import MAPDP
+
+    return MAPDP(
+        alpha=float(params["alpha"]),
+        prior_scale=float(params["prior_scale"]),
+        family=family_spec(info, params["family"]),
+        n_restarts=1,
+        max_iter=int(max_iter),
+        random_state=int(seed),
+    )
+
+
+def fold_fit(
+    store_path: str, params: dict[str, Any], fold: int, seed: int, max_iter: int
+) -> dict[str, Any]:
+    """One (cell, fold) fit, in a Dask worker: MAP-DP with ``params`` on the store's rows of the
+    other folds, scored on the rows of ``fold``: mean held-out log predictive density per record
+    (eq. 3.4), clusters found, seconds."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, folds, info = _read_rows(store_path)
+    est = estimator(info, params, seed, max_iter)
+    test = folds == fold
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(_frame(X[~test], info))
+    t1 = time.perf_counter()
+    try:
+        dens = est.score_samples(_frame(X[test], info))
+        score, error = float(np.mean(dens)), ""
+    except ValueError as err:
+        # a category of the held-out rows that the training folds never saw
+        score, error = math.nan, " ".join(str(err).split())
+    return {
+        "cell": cell_id(params),
+        "fold": int(fold),
+        "score": score,
+        "n_test": int(test.sum()),
+        "n_clusters": int(est.n_clusters_),
+        "fit_seconds": t1 - t0,
+        "score_seconds": time.perf_counter() - t1,
+        "error": error,
+    }
+
+
+def refit(store_path: str, params: dict[str, Any], seed: int, max_iter: int) -> Any:
+    """MAP-DP with the chosen cell on every record of the store (the estimator's default
+    restarts); returns the fitted estimator."""
+    from pipeline.estimators.mapdp import MAPDP
+
+    X, _folds, info = _read_rows(store_path)
+    est = estimator(info, params, seed, max_iter)
+    est.set_params(n_restarts="auto")
+    assert isinstance(est, MAPDP)
+    return est.fit(_frame(X, info))
+
+
+class ResultLog:
+    """Finished (cell, fold) results, one JSON file each in ``directory`` (a path or an object
+    storage prefix), each written whole: what a rerun after a crash skips."""
+
+    def __init__(self, directory: storage.Where):
+        self.dir = storage.location(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, cell: str, fold: int) -> storage.Loc:
+        return self.dir / safe_name(f"{cell}-fold{int(fold)}.json", "cell")
+
+    def get(self, cell: str, fold: int) -> dict[str, Any] | None:
+        p = self._path(cell, fold)
+        try:
+            out: dict[str, Any] = json.loads(p.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return out
+
+    def put(self, result: dict[str, Any]) -> None:
+        text = json.dumps(result, allow_nan=True)
+        storage.write_atomic(self._path(result["cell"], int(result["fold"])), text.encode())
+
+
+def summarise(
+    cells: Sequence[dict[str, Any]], results: Sequence[dict[str, Any]], n_folds: int
+) -> pd.DataFrame:
+    """``cv.parquet``: one row per cell with its parameters, the mean held-out log predictive
+    density per record over folds (``mean_log_density``), its standard error
+    (``se_log_density``: standard deviation over folds / sqrt(K)), the clusters found (mean,
+    min, max over folds), the fit seconds (sum and mean over folds) and the fold scores."""
+    by = {(r["cell"], int(r["fold"])): r for r in results}
+    rows = []
+    for p in cells:
+        cid = cell_id(p)
+        rs = [by[(cid, j)] for j in range(n_folds)]
+        s = np.array([r["score"] for r in rs], dtype=np.float64)
+        k = np.array([r["n_clusters"] for r in rs], dtype=np.float64)
+        t = np.array([r["fit_seconds"] for r in rs], dtype=np.float64)
+        row: dict[str, Any] = {"cell": cid, **p}
+        row["mean_log_density"] = float(np.mean(s))
+        row["se_log_density"] = (
+            float(np.std(s, ddof=1) / math.sqrt(n_folds)) if n_folds > 1 else 0.0
+        )
+        row["n_clusters"] = float(np.mean(k))
+        row["n_clusters_min"] = int(k.min())
+        row["n_clusters_max"] = int(k.max())
+        row["fit_seconds"] = float(t.sum())
+        row["fit_seconds_mean"] = float(t.mean())
+        for j in range(n_folds):
+            row[f"fold{j}_log_density"] = float(s[j])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def choose(table: pd.DataFrame, rule: str) -> int:
+    """Row of the chosen cell (``pipeline.estimators.search.select_index``)."""
+    return select_index(
+        table["mean_log_density"].to_numpy(dtype=np.float64),
+        table["se_log_density"].to_numpy(dtype=np.float64),
+        table["n_clusters"].to_numpy(dtype=np.float64),
+        rule,
+    )
+
+
+def plot_grid(table: pd.DataFrame, best: int, path: str | Path) -> None:
+    """``cv.png``: one heat map per family variant, prior scale x alpha, coloured by the mean
+    held-out log predictive density per record and annotated with it, its standard error and the
+    mean clusters; the chosen cell outlined."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
+    fams = list(dict.fromkeys(table["family"]))
+    alphas = sorted(set(table["alpha"]))
+    scales = sorted(set(table["prior_scale"]))
+    lo = float(np.nanmin(table["mean_log_density"]))
+    hi = float(np.nanmax(table["mean_log_density"]))
+    fig = Figure(figsize=(1.6 + 1.7 * len(alphas) * len(fams), 1.6 + 0.8 * len(scales)))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(fams), squeeze=False)
+    chosen = table.iloc[best]
+    im = None
+    for ax, fam in zip(axes[0], fams, strict=True):
+        sub = table[table["family"] == fam]
+        Z = np.full((len(scales), len(alphas)), np.nan)
+        for _, r in sub.iterrows():
+            i, j = scales.index(r["prior_scale"]), alphas.index(r["alpha"])
+            Z[i, j] = r["mean_log_density"]
+            ax.text(
+                j,
+                i,
+                f"{r['mean_log_density']:.3g}\n±{r['se_log_density']:.2g}\nK={r['n_clusters']:.1f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+            )
+        im = ax.imshow(Z, vmin=lo, vmax=hi, cmap="viridis", aspect="auto", origin="lower")
+        ax.set_xticks(range(len(alphas)), [f"{a:g}" for a in alphas])
+        ax.set_yticks(range(len(scales)), [f"{s:g}" for s in scales])
+        ax.set_xlabel("alpha (N0)")
+        ax.set_ylabel("prior scale")
+        ax.set_title(fam)
+        if chosen["family"] == fam:
+            i, j = scales.index(chosen["prior_scale"]), alphas.index(chosen["alpha"])
+            ax.add_patch(
+                Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2)
+            )
+    if im is not None:
+        fig.colorbar(im, ax=list(axes[0]), label="held-out log density / record")
+    fig.suptitle("K-fold held-out log predictive density (chosen cell outlined)", fontsize=9)
+    fig.savefig(path, dpi=110, bbox_inches="tight")

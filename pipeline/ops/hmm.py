@@ -1,0 +1,259 @@
+"""The steps of ``dpmm hmm`` that are not the pass loop's: reading and checking the sequences,
+and the outputs of an infinite HMM (state per row, log likelihood per sequence, states with their
+emission parameters, the transition matrix, run.json and the report with its pictures).
+
+The input is a long table: one row per time step, a sequence-id column and a time column. The
+time column must be strictly increasing within each sequence in file order (checked, not
+sorted: an unsorted file more often means a wrong join than a wish); the dataset store then keeps
+each sequence's rows together in file order (``--group-column``), which is time order. A sequence
+of one step is kept (an observation of the start row); a missing sequence id or time stamp, a
+duplicated or decreasing time stamp, and NaN in a feature are errors naming the row and column.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipeline.core import storage
+from pipeline.core.errors import InputError
+from pipeline.data.io import read_table, versions, write_json
+from pipeline.data.store import Store, StoreInfo, input_positions
+
+
+def read_sequences(
+    path: str, sequence_column: str, time_column: str
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The features with the sequence column (time column dropped), rows in file order, and the
+    (sequence, time) of every row; ``InputError`` naming the row and column otherwise."""
+    from pipeline.estimators.ihmm import sequence_order
+
+    if sequence_column == time_column:
+        raise InputError(f"the sequence and time columns are both {sequence_column!r}")
+    df = read_table(path)
+    for col, what in ((sequence_column, "--sequence-column"), (time_column, "--time-column")):
+        if col not in df.columns:
+            raise InputError(
+                f"{path}: {what} {col!r} is not a column; columns are {list(df.columns)}"
+            )
+    try:
+        sequence_order(df, sequence_column, time_column)
+    except InputError as err:
+        raise InputError(f"{path}: {err}") from None
+    if df.shape[1] < 3:
+        raise InputError(
+            f"{path}: no feature columns besides {sequence_column!r} and {time_column!r}"
+        )
+    meta = df[[sequence_column, time_column]].copy()
+    return df.drop(columns=[time_column]), meta
+
+
+def hmm_outputs(
+    partial: storage.Loc,
+    data: Store,
+    info: StoreInfo,
+    state: Any,
+    meta: pd.DataFrame,
+    sequence_column: str,
+    time_column: str,
+) -> tuple[dict[str, Any], pd.DataFrame, np.ndarray]:
+    """``rows.parquet`` (state and log p(x_t | x_<t) per input row), ``sequences.parquet``
+    (length, held out or not, log likelihood of each sequence by the forward algorithm),
+    ``states.parquet`` (size, weight, emission parameters) and ``transitions.csv`` (the MAP
+    transition matrix of the states, start row first) from the write-out in
+    ``partial/labels.zarr``; returns the metrics for run.json, the rows' table and the
+    transition matrix."""
+    import zarr
+
+    from pipeline.ops.report import cluster_table
+
+    def read(name: str) -> np.ndarray:
+        return np.asarray(zarr.open_array(str(partial / "labels.zarr" / name), mode="r")[:])
+
+    pos = input_positions(data, info)
+    state_of = read("label")[pos]
+    logd = read("log_density")[pos]
+    hold = read("holdout")[pos].astype(bool)
+    rows = pd.DataFrame(
+        {
+            "row": np.arange(info.n_rows),
+            sequence_column: meta[sequence_column].to_numpy(),
+            time_column: meta[time_column].to_numpy(),
+            "state": state_of,
+            "log_density": logd,
+            "heldout": hold,
+        }
+    )
+    seqs = (
+        rows.groupby(sequence_column, sort=False)
+        .agg(
+            length=("row", "size"),
+            heldout=("heldout", "first"),
+            log_likelihood=("log_density", "sum"),
+        )
+        .reset_index()
+    )
+    K = state.n_clusters
+    alpha = state.alpha
+    A = state.trans + alpha * state.kappa[None, :]
+    A = A / A.sum(axis=1, keepdims=True)
+    pi = state.start + alpha * state.kappa
+    pi = pi / pi.sum()
+    table = cluster_table(state.stats, alpha, info.family, info.schema).rename(
+        columns={"cluster": "state"}
+    )
+    table.insert(2, "kappa", state.kappa)
+    table.insert(3, "self_transition", np.diag(A) if K else np.zeros(0))
+    table.insert(4, "start_probability", pi)
+    names = [f"state {k}" for k in range(K)]
+    trans = pd.DataFrame(np.vstack([pi[None, :], A]), columns=names, index=["start", *names])
+    # pandas wants a path: on object storage a local directory is uploaded
+    with storage.local_dir(partial) as files:
+        rows.to_parquet(files / "rows.parquet", index=False)
+        seqs.to_parquet(files / "sequences.parquet", index=False)
+        table.to_parquet(files / "states.parquet", index=False)
+        trans.to_csv(files / "transitions.csv", index_label="from")
+    held = seqs[seqs.heldout]
+    return (
+        {
+            "n_states": int(K),
+            "n_sequences": len(seqs),
+            "n_heldout_sequences": len(held),
+            "heldout_log_likelihood": float(held.log_likelihood.sum()) if len(held) else None,
+            "heldout_log_likelihood_per_step": float(held.log_likelihood.sum() / held.length.sum())
+            if len(held)
+            else None,
+            "train_log_likelihood_per_step": float(
+                seqs[~seqs.heldout].log_likelihood.sum() / max(seqs[~seqs.heldout].length.sum(), 1)
+            ),
+            "kappa_unrepresented": float(state.ku),
+            "sizes": [int(v) for v in np.rint(state.stats[:, 0])],
+        },
+        rows,
+        A,
+    )
+
+
+def write_hmm_model(
+    directory: storage.Loc,
+    info: StoreInfo,
+    state: Any,
+    params: dict[str, Any],
+    metadata: dict[str, Any],
+) -> None:
+    """``OUT/model`` (``pipeline.estimators.model``): the ``MAPiHMM`` of the run's final states, whose
+    ``predict`` / ``score_samples`` are the write-out's Viterbi labels and per-sequence log
+    likelihoods; ``pipeline.load_model`` reads it back. ``params``: the estimator's."""
+    from pipeline.estimators.ihmm import model_from_state
+    from pipeline.estimators.model import write_model
+
+    est = model_from_state(info.schema, info.family, state.hmm, state.alpha, state.gamma, params)
+    directory.mkdir(exist_ok=True)
+    write_model(directory, est, engine="ihmm", metadata=metadata)
+
+
+def hmm_figures(
+    out: Path,
+    rows: pd.DataFrame,
+    X: pd.DataFrame,
+    A: np.ndarray,
+    sizes: np.ndarray,
+    sequence_column: str,
+    time_column: str,
+    n_show: int = 6,
+) -> list[str]:
+    """``sequences.png`` (the first feature of a few sequences against time, coloured by
+    decoded state), ``transitions.png`` (the transition matrix as a heatmap) and ``sizes.png``
+    (steps per state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    names = []
+    ids = rows[sequence_column].drop_duplicates().to_numpy()[:n_show]
+    fig = Figure(figsize=(9, 1.6 * max(len(ids), 1)))
+    FigureCanvasAgg(fig)
+    feat = X.columns[0]
+    for i, sid in enumerate(ids):
+        ax = fig.add_subplot(max(len(ids), 1), 1, i + 1)
+        m = (rows[sequence_column] == sid).to_numpy()
+        t = rows[time_column].to_numpy()[m]
+        ax.plot(t, X[feat].to_numpy()[m], color="0.7", lw=0.8)
+        ax.scatter(t, X[feat].to_numpy()[m], c=rows.state.to_numpy()[m], cmap="tab10", s=6)
+        ax.set_ylabel(f"{sid}", fontsize=7)
+    fig.suptitle(f"decoded states ({feat} against {time_column})")
+    fig.savefig(out / "sequences.png", dpi=100)
+    names.append("sequences.png")
+    fig = Figure(figsize=(5, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    im = ax.imshow(A, cmap="viridis", vmin=0, vmax=1)
+    fig.colorbar(im, ax=ax)
+    ax.set_xlabel("to state")
+    ax.set_ylabel("from state")
+    ax.set_title("MAP transition matrix")
+    fig.savefig(out / "transitions.png", dpi=100)
+    names.append("transitions.png")
+    fig = Figure(figsize=(5, 3.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    ax.bar(np.arange(sizes.shape[0]), sizes)
+    ax.set_xlabel("state")
+    ax.set_ylabel("time steps")
+    ax.set_title("state sizes")
+    fig.savefig(out / "sizes.png", dpi=100)
+    names.append("sizes.png")
+    return names
+
+
+def finish_hmm(
+    partial: storage.Loc,
+    out: str,
+    overwrite: bool,
+    run: dict[str, Any],
+    report: bool,
+    rows: pd.DataFrame,
+    X: pd.DataFrame,
+    A: np.ndarray,
+    sizes: np.ndarray,
+    sequence_column: str,
+    time_column: str,
+) -> dict[str, Any]:
+    """run.json and the report, then ``partial`` published as ``out``
+    (``pipeline.core.storage.publish_output``)."""
+    import html
+
+    # matplotlib and the report want a path: on object storage a local directory is uploaded
+    with storage.local_dir(partial) as files:
+        pictures = (
+            hmm_figures(files, rows, X, A, sizes, sequence_column, time_column) if report else []
+        )
+        run["versions"] = versions()
+        write_json(files / "run.json", run)
+        if report:
+            m = run["metrics"]
+            lines = [
+                ("input", run["input"]),
+                ("time steps", f"{run['n_rows']:,} in {m['n_sequences']:,} sequences"),
+                ("states", m["n_states"]),
+                ("passes", m["passes"]),
+                ("objective", f"{m['objective']:.6g}"),
+                ("held-out log likelihood per step", m["heldout_log_likelihood_per_step"]),
+                ("total time", f"{run['timing']['total']:.2f} s"),
+            ]
+            body = ["<h1>dpmm hmm report</h1>", "<ul>"]
+            body += [f"<li><b>{html.escape(k)}</b>: {html.escape(str(v))}</li>" for k, v in lines]
+            body += ["</ul>"] + [
+                f'<img src="{p}" alt="{p}" style="max-width:48%">' for p in pictures
+            ]
+            (files / "report.html").write_text(
+                "<!doctype html><html><head><meta charset='utf-8'><title>dpmm hmm report</title>"
+                "</head><body>" + "\n".join(body) + "</body></html>\n"
+            )
+            md = ["# dpmm hmm report", ""] + [f"- **{k}**: {v}" for k, v in lines]
+            md += [""] + [f"![{p}]({p})" for p in pictures]
+            (files / "report.md").write_text("\n".join(md) + "\n")
+    storage.publish_output(partial, out, overwrite, kind="hmm")
+    return run

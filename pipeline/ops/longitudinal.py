@@ -1,0 +1,420 @@
+"""``dpmm longitudinal``'s steps outside the flow: the input table checked and cut to the
+model's columns, the distributed fit of the mixed-effects engine
+(``pipeline.engines.mixed_effects``) on a grouped dataset store, the per-subject results, the
+K-fold cross-validation over subjects (Table 5's protocol), and the outputs (subjects.parquet,
+clusters.parquet, run.json, a report with pictures)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipeline.core import storage
+from pipeline.core.config import MAX_PASSES, MIN_CHANGE, TOL, FitParams
+from pipeline.core.errors import InputError
+from pipeline.data.store import Store, StoreInfo, iter_chunks
+from pipeline.distributed import loop
+from pipeline.engines import get_engine
+from pipeline.engines.base import Chunk, RunContext
+from pipeline.models.mixed_effects import _bad_value
+
+ENGINE = "mixed_effects"
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The user's columns: subject id, response, covariates (the time among them)."""
+
+    subject: str
+    response: str
+    covariates: tuple[str, ...]
+    time: str | None = None
+
+    def check(self, columns: list[str], label: str) -> None:
+        """Refuse a missing column, or a column in two roles."""
+        for what, c in (("subject", self.subject), ("response", self.response)):
+            if c not in columns:
+                raise InputError(f"{label}: no {what} column {c!r} (columns: {columns})")
+        for c in self.covariates:
+            if c not in columns:
+                raise InputError(f"{label}: no covariate column {c!r} (columns: {columns})")
+        if self.response in self.covariates:
+            raise InputError(
+                f"{label}: column {self.response!r} is both the response and a covariate"
+            )
+        if self.subject in self.covariates or self.subject == self.response:
+            raise InputError(f"{label}: the subject column {self.subject!r} is also modelled")
+        if len(set(self.covariates)) != len(self.covariates):
+            raise InputError(f"{label}: a covariate is listed twice: {list(self.covariates)}")
+
+
+def read_input(path: str, cols: Columns) -> pd.DataFrame:
+    """The input's subject, covariates and response (in that order), every value checked: a
+    missing subject id, or a value of y or X that is missing or not a finite number, is an
+    ``InputError`` naming the column and the 0-based data row; so is a covariate constant over
+    all rows (it would duplicate the intercept)."""
+    from pipeline.data import io as pio
+
+    pio.check_file(path)
+    df = pio.read_table(path)
+    cols.check([str(c) for c in df.columns], path)
+    df = df[[cols.subject, *cols.covariates, cols.response]].reset_index(drop=True)
+    if df.shape[0] == 0:
+        raise InputError(f"{path}: no rows")
+    miss = np.flatnonzero(df[cols.subject].isna().to_numpy())
+    if miss.size:
+        raise InputError(f"{path}: column {cols.subject!r}, row {int(miss[0])}: missing subject id")
+    for c, what in [*((c, "covariate") for c in cols.covariates), (cols.response, "response")]:
+        v = df[c]
+        if not pd.api.types.is_numeric_dtype(v) or not np.isfinite(v.to_numpy(float)).all():
+            try:
+                _bad_value(v.to_numpy(), c, what)
+            except InputError as err:
+                raise InputError(f"{path}: {err}") from None
+        df[c] = v.astype(np.float64)
+    for c in cols.covariates:
+        if df.shape[0] > 1 and np.ptp(df[c].to_numpy()) == 0:
+            raise InputError(
+                f"{path}: covariate {c!r} is constant ({df[c].iloc[0]:g}) over all rows: it "
+                "duplicates the intercept"
+            )
+    if df[cols.subject].nunique() < 2:
+        raise InputError(f"{path}: column {cols.subject!r} holds one subject; at least 2 needed")
+    return df
+
+
+def fit_context(
+    store: Store,
+    state_dir: storage.Loc,
+    info: StoreInfo,
+    params: FitParams,
+    cols: Columns,
+    fold: int | None = None,
+    progress: bool = False,
+) -> RunContext:
+    """The ``RunContext`` of a fit of the mixed-effects engine (``fold``: held out)."""
+    ctx = loop.context(store, state_dir, info, params, progress)
+    ctx.options = {
+        "response": cols.response,
+        "covariates": list(cols.covariates),
+        "fold": fold,
+    }
+    loop.create_record_arrays(ctx, get_engine(ENGINE))
+    return ctx
+
+
+def _subject_task(data: str, state: str, c: int, a: int, b: int, p: int, msg: Any) -> Any:
+    engine: Any = get_engine(ENGINE)
+    return engine.subject_results(Chunk(data, state, c, a, b, p), msg)
+
+
+def subject_results(client: Any, ctx: RunContext, state: Any) -> dict[str, np.ndarray]:
+    """Every subject's final results (``MixedEffectsEngine.subject_results``), one task per
+    chunk, in store order."""
+    engine = get_engine(ENGINE)
+    msg = engine.write_input(state, np.arange(state.n_clusters), ctx)
+    data, st = str(ctx.data.path), str(ctx.state.path)
+    args = [(data, st, c, a, b, state.pass_no + 1, msg) for c, a, b in iter_chunks(ctx.info)]
+    if client is None:
+        parts = [_subject_task(*a) for a in args]
+    else:
+        msg_f = client.scatter(msg, broadcast=True, hash=False)
+        futs = [client.submit(_subject_task, *a[:-1], msg_f, pure=False) for a in args]
+        parts = list(client.gather(futs))
+    return {k: np.concatenate([r[k] for r in parts]) for k in parts[0]}
+
+
+def subjects_table(
+    res: dict[str, np.ndarray], info: StoreInfo, coef_names: list[str], subject: str
+) -> pd.DataFrame:
+    ids = info.group_ids or []
+    df = pd.DataFrame({subject: [ids[int(c)] for c in res["code"]]})
+    df["cluster"] = res["label"]
+    df["n_obs"] = res["n_obs"].astype(np.int64)
+    df["log_density"] = res["log_density"]
+    for j, name in enumerate(coef_names):
+        df[f"beta_{name}"] = res["beta"][:, j]
+    return df
+
+
+def clusters_table(model: Any, coef_names: list[str]) -> pd.DataFrame:
+    """One row per cluster: size, weight N_k / (N + N0), mean and covariance of beta."""
+    N = float(model.n.sum())
+    cov = np.linalg.inv(model.R)
+    rows = []
+    for k in range(model.n_clusters):
+        row: dict[str, Any] = {"cluster": k, "size": round(float(model.n[k]))}
+        row["weight"] = float(model.n[k] / (N + model.alpha))
+        for j, a in enumerate(coef_names):
+            row[f"mean_{a}"] = float(model.mu[k, j])
+        for j, a in enumerate(coef_names):
+            for i, b in enumerate(coef_names[: j + 1]):
+                row[f"cov_{b}_{a}"] = float(cov[k, i, j])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def cv_summary(heldout: np.ndarray) -> dict[str, float]:
+    """Mean held-out log predictive density per subject and its standard error."""
+    x = heldout[np.isfinite(heldout)]
+    n = x.size
+    se = float(x.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+    return {"mean_heldout_log_density": float(x.mean()), "se": se, "n_subjects": int(n)}
+
+
+# -- the report -----------------------------------------------------------------------------------
+
+
+def write_report(
+    out: Path,
+    df: pd.DataFrame,
+    cols: Columns,
+    subjects: pd.DataFrame,
+    model: Any,
+    coef_names: list[str],
+    history: list[dict[str, Any]],
+    run: dict[str, Any],
+    n_trajectories: int = 60,
+    seed: int = 0,
+    n_points: int = 20_000,
+) -> list[str]:
+    """report.md and report.html with four pictures: trajectories of a sample of subjects
+    coloured by cluster with each cluster's mean trajectory, the random effects in 2-D, the
+    cluster sizes and the objective per pass."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = plt.get_cmap("tab10")
+    pics = []
+    # trajectories: response against time (or the observation's index within the subject)
+    rng = np.random.default_rng(seed)
+    ids = subjects[cols.subject].to_numpy()
+    at = rng.choice(ids.size, size=min(n_trajectories, ids.size), replace=False)
+    pick = set(ids[at].tolist())
+    label_of = dict(zip(ids[at].tolist(), subjects["cluster"].to_numpy()[at].tolist(), strict=True))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    tcol = cols.time
+    sample = df[df[cols.subject].isin(pick)]
+    for sid, g in sample.groupby(cols.subject, sort=False):
+        t = g[tcol].to_numpy() if tcol else np.arange(len(g), dtype=float)
+        k = int(label_of.get(sid, -1))
+        ax.plot(t, g[cols.response], color=colors(k % 10) if k >= 0 else "grey", alpha=0.35, lw=1)
+    if tcol:
+        grid = np.linspace(df[tcol].min(), df[tcol].max(), 50)
+        means = df[list(cols.covariates)].mean()
+        for k in range(model.n_clusters):
+            x = np.column_stack(
+                [np.ones(grid.size)]
+                + [grid if c == tcol else np.full(grid.size, means[c]) for c in cols.covariates]
+            )
+            ax.plot(grid, x @ model.mu[k], color=colors(k % 10), lw=3, label=f"cluster {k}")
+        ax.legend(fontsize=8)
+    ax.set_xlabel(tcol or "observation")
+    ax.set_ylabel(cols.response)
+    ax.set_title("trajectories of sampled subjects; thick: cluster mean trajectory")
+    fig.tight_layout()
+    fig.savefig(out / "trajectories.png", dpi=90)
+    plt.close(fig)
+    pics.append("trajectories.png")
+    # random effects in 2-D: the time slope against the intercept when there is a time, else
+    # the first two coefficients
+    # at most n_points subjects drawn (a seeded sample): a million points draw no better than
+    # 20,000 and cost a minute and a colour per point
+    rows = np.arange(len(subjects))
+    if rows.size > n_points:
+        rows = np.sort(rng.choice(rows, size=n_points, replace=False))
+    beta = subjects[[f"beta_{c}" for c in coef_names]].to_numpy()[rows]
+    palette = np.asarray([colors(k) for k in range(10)])
+    label = subjects["cluster"].to_numpy()[rows]
+    j2 = coef_names.index(tcol) if tcol in coef_names else min(1, len(coef_names) - 1)
+    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    ax.scatter(beta[:, 0], beta[:, j2], s=4, c=palette[label % 10])
+    ax.set_xlabel(f"beta {coef_names[0]}")
+    ax.set_ylabel(f"beta {coef_names[j2]}")
+    ax.set_title("random effects (eq. 7.2 modes) by cluster")
+    fig.tight_layout()
+    fig.savefig(out / "random_effects.png", dpi=90)
+    plt.close(fig)
+    pics.append("random_effects.png")
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    ax.bar(
+        np.arange(model.n_clusters),
+        model.n,
+        color=[colors(k % 10) for k in range(model.n_clusters)],
+    )
+    ax.set_xlabel("cluster")
+    ax.set_ylabel("subjects")
+    ax.set_title("cluster sizes")
+    fig.tight_layout()
+    fig.savefig(out / "sizes.png", dpi=90)
+    plt.close(fig)
+    pics.append("sizes.png")
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    ax.plot([h["pass"] for h in history], [h["objective"] for h in history], marker="o")
+    ax.set_xlabel("pass")
+    ax.set_ylabel("objective (negative log posterior)")
+    ax.set_title("objective per pass")
+    fig.tight_layout()
+    fig.savefig(out / "objective.png", dpi=90)
+    plt.close(fig)
+    pics.append("objective.png")
+    m = run["metrics"]
+    lines = [
+        "# dpmm longitudinal",
+        "",
+        f"{m['n_subjects']:,} subjects, {m['n_observations']:,} observations; "
+        f"{m['n_clusters']} clusters; noise precision tau {m['noise_precision']:.4g}; "
+        f"alpha {m['alpha']:.4g}; {m['passes']} passes.",
+    ]
+    if "cv" in run:
+        cv = run["cv"]
+        lines.append(
+            f"{cv['folds']}-fold cross-validation over subjects: mean held-out log predictive "
+            f"density per subject {cv['mean_heldout_log_density']:.4f} "
+            f"(standard error {cv['se']:.4f})."
+        )
+    lines.append("")
+    for pic in pics:
+        lines += [f"![{pic}]({pic})", ""]
+    (out / "report.md").write_text("\n".join(lines))
+    body = "\n".join(
+        f"<p>{ln}</p>" if not ln.startswith("![") else f'<img src="{ln[ln.index("(") + 1 : -1]}">'
+        for ln in lines[1:]
+        if ln
+    )
+    (out / "report.html").write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>dpmm longitudinal</title>"
+        f"</head><body><h1>dpmm longitudinal</h1>{body}</body></html>\n"
+    )
+    return ["report.md", "report.html", *pics]
+
+
+def write_json(path: Path, obj: dict[str, Any]) -> None:
+    path.write_text(json.dumps(obj, indent=1, default=float) + "\n")
+
+
+def write_mixed_model(
+    directory: Path,
+    state: Any,
+    cols: Columns,
+    parameters: dict[str, Any],
+    metrics: dict[str, Any],
+) -> None:
+    """``OUT/model`` (``pipeline.estimators.model``): the ``MixedEffectsDP`` of the run's final model, whose
+    ``predict`` / ``score_samples`` of the subjects' covariates (a DataFrame of ``cols``'
+    covariates), responses and ids are the run's clusters and log densities;
+    ``pipeline.load_model`` reads it back."""
+    from pipeline.estimators.mixed_effects import model_from_state
+    from pipeline.estimators.model import write_model
+
+    alpha = parameters.get("alpha", "learn")
+    params = {
+        "alpha": alpha if isinstance(alpha, str) else float(alpha),
+        "init": "one-cluster" if parameters.get("init") == "one-cluster" else "auto",
+        "max_iter": int(parameters.get("max_passes", MAX_PASSES)),
+        "tol": float(parameters.get("tol", TOL)),
+        "min_change": float(parameters.get("min_change", MIN_CHANGE)),
+        "random_state": parameters.get("random_state"),
+    }
+    est = model_from_state(
+        state.model, state.prior, state.gaussian, list(cols.covariates), params, state.history
+    )
+    metadata = {
+        "input": str(parameters.get("input")),
+        "subject": cols.subject,
+        "response": cols.response,
+        "time": cols.time,
+        **{k: metrics[k] for k in ("n_subjects", "n_observations", "passes", "objective")},
+        "converged": bool(metrics["converged"]),
+    }
+    directory.mkdir(exist_ok=True)
+    write_model(directory, est, engine=ENGINE, metadata=metadata)
+
+
+def finish(
+    partial: storage.Loc,
+    df: pd.DataFrame,
+    cols: Columns,
+    info: StoreInfo,
+    state: Any,
+    res: dict[str, np.ndarray],
+    cv: dict[str, np.ndarray] | None,
+    parameters: dict[str, Any],
+    timing: dict[str, float],
+    report: bool,
+) -> dict[str, Any]:
+    """subjects.parquet, clusters.parquet, model/, run.json and the report into ``partial``
+    (a local directory or an object-storage prefix, ``pipeline.core.storage.prepare_output``); the
+    scratch stores removed. Returns run.json's content."""
+    coef = ["intercept", *cols.covariates]
+    subjects = subjects_table(res, info, coef, cols.subject)
+    model = state.model
+    run: dict[str, Any] = {
+        "command": "longitudinal",
+        "parameters": parameters,
+        "metrics": {
+            "n_subjects": len(subjects),
+            "n_observations": len(df),
+            "n_clusters": model.n_clusters,
+            "noise_precision": float(model.tau),
+            "alpha": float(model.alpha),
+            "objective": float(state.objective),
+            "passes": int(state.pass_no),
+            "converged": bool(state.converged),
+            "mean_log_density": float(subjects["log_density"].mean()),
+            "fixed_effects": dict(
+                zip(coef, (model.n @ model.mu / model.n.sum()).tolist(), strict=True)
+            ),
+        },
+        "clusters": [
+            {
+                "cluster": k,
+                "size": round(float(model.n[k])),
+                "mean": model.mu[k].tolist(),
+                "covariance": np.linalg.inv(model.R[k]).tolist(),
+            }
+            for k in range(model.n_clusters)
+        ],
+        "history": state.history,
+        "gaussian_fit": {
+            "mean": state.gaussian.mu.tolist(),
+            "covariance": state.gaussian.cov.tolist(),
+            "noise_precision": state.gaussian.tau,
+            "passes": len(state.gaussian.history),
+        },
+        "timing_seconds": timing,
+    }
+    if cv is not None:
+        ids = info.group_ids or []
+        held = pd.DataFrame(
+            {
+                cols.subject: [ids[int(c)] for c in cv["code"]],
+                "heldout_log_density": cv["log_density"],
+            }
+        )
+        subjects = subjects.merge(held, on=cols.subject, how="left")
+        run["cv"] = {"folds": int(parameters.get("folds") or 0), **cv_summary(cv["log_density"])}
+    # pandas, matplotlib and the report want a path: on object storage a local directory is
+    # uploaded (``storage.local_dir``)
+    with storage.local_dir(partial) as files_dir:
+        subjects.to_parquet(files_dir / "subjects.parquet", index=False)
+        clusters_table(model, coef).to_parquet(files_dir / "clusters.parquet", index=False)
+        write_mixed_model(files_dir / "model", state, cols, parameters, run["metrics"])
+        files = ["subjects.parquet", "clusters.parquet", "run.json", "model"]
+        if report:
+            files += write_report(files_dir, df, cols, subjects, model, coef, state.history, run)
+        run["files"] = files
+        write_json(files_dir / "run.json", run)
+    scratch: list[storage.Loc] = list(partial.iterdir())
+    for loc in scratch:
+        if loc.name.endswith(".zarr"):
+            storage.rmtree(loc, ignore_errors=True)
+    return run

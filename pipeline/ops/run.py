@@ -1,0 +1,319 @@
+"""A whole run (``dpmm run``), step by step: the Prefect flow ``flows.cluster`` calls these as
+tasks. A local run writes into a temporary sibling of OUT (``temp_sibling``) that is renamed
+when complete; a run whose OUT is on object storage writes under OUT itself and is made visible
+by OUT's manifest, written last (``pipeline.core.storage.commit``). Running the same command again
+after a crash resumes from the last checkpoint."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from pipeline.core import storage
+from pipeline.core.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE, FitParams
+from pipeline.data import dataset
+from pipeline.data.io import versions, write_json
+from pipeline.data.store import Store, StoreInfo
+from pipeline.distributed.loop import context
+from pipeline.distributed.writeout import WriteSummary
+from pipeline.engines.base import RunContext
+from pipeline.engines.mixture_state import PassState
+from pipeline.families.stats import Stats
+
+IntArray = NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything ``dpmm run`` is given, except where it runs (scheduler, workers)."""
+
+    out: str
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    holdout: float = 0.0
+    family: Any = "auto"
+    prior_sample: int = PRIOR_SAMPLE
+    params: FitParams = field(default_factory=FitParams)
+    overwrite: bool = False
+    report: bool = True
+    label_column: str | None = None
+    n_folds: int = N_FOLDS
+    group_column: str | None = None
+    # where shared dataset stores live (None: ``pipeline.data.dataset.default_root``)
+    data_dir: str | None = None
+    summaries: int = 0
+    stage2: str = "none"
+    mcmc: int = 0
+    # a model directory to start the passes from (``--warm-start``)
+    warm_start: str | None = None
+    # engine-specific settings (``RunContext.options``: the asugs engine's ``lam``, ...)
+    engine_options: dict[str, Any] = field(default_factory=dict)
+
+    def ingest_options(self) -> dict[str, Any]:
+        """The options that decide what ingest writes (``pipeline.data.dataset.ingest_options``)."""
+        return {
+            "family": self.family,
+            "chunk_rows": self.chunk_rows,
+            "holdout": self.holdout,
+            "n_folds": self.n_folds,
+            "prior_sample": self.prior_sample,
+            "label_column": self.label_column,
+            "group_column": self.group_column,
+        }
+
+
+def fingerprint(source: Any, cfg: RunConfig) -> str | None:
+    """A run's identity: the same command on the same input resumes, anything else restarts;
+    None for an in-memory input (such a run never resumes)."""
+    if not dataset.is_path_source(source):
+        return None
+    import json
+
+    params = replace(cfg.params, max_passes=0, tol=0.0, min_change=0.0)
+    return json.dumps(
+        {
+            "input": dataset.fingerprint(source),
+            "options": dataset.ingest_options(**cfg.ingest_options()),
+            "params": repr(params),
+            "engine_options": repr(sorted(cfg.engine_options.items())),
+            "warm_start": cfg.warm_start,
+        },
+        sort_keys=True,
+    )
+
+
+def prepare_output(source: Any, cfg: RunConfig) -> tuple[storage.Loc, bool]:
+    """Where the run writes until it is complete, and whether it resumes an earlier attempt of
+    the same command (same input files and parameters): ``storage.prepare_output``."""
+    return storage.prepare_output(cfg.out, fingerprint(source, cfg), cfg.overwrite)
+
+
+def discard_output(partial: storage.Loc) -> None:
+    """Remove a partial output (after bad input: nothing to resume)."""
+    storage.rmtree(partial, ignore_errors=True)
+
+
+def open_warm_start(cfg: RunConfig) -> Any:
+    """The model of ``--warm-start`` (``pipeline.ops.score.open_model``), or None."""
+    if cfg.warm_start is None:
+        return None
+    if not (isinstance(cfg.family, str) and cfg.family == "auto"):
+        raise ValueError(
+            f"--warm-start {cfg.warm_start}: the model's family and prior are used; leave "
+            "--family out"
+        )
+    from pipeline.ops.score import open_model
+
+    return open_model(cfg.warm_start)
+
+
+def warm_start_of(model: Any, info: StoreInfo) -> tuple[Stats, float] | None:
+    """``ctx.options[WARM_START]`` of a warm-started run: the model's clusters and concentration
+    (``pipeline.engines.mixture_start.warm_state``)."""
+    if model is None:
+        return None
+    return Stats(model.cluster_stats_, info.family), float(model.alpha_)
+
+
+def step_ingest(
+    client: Any,
+    source: Any,
+    cfg: RunConfig,
+    partial: storage.Loc,
+    progress: bool = False,
+    model: Any = None,
+) -> tuple[Store, StoreInfo, bool]:
+    """The dataset store of the input (``pipeline.data.dataset.open_dataset``): a file's store is
+    shared by every run of the same input and ingest options (reused: True); an in-memory
+    input is ingested into ``partial/store.zarr``. With a warm-start ``model`` the records must
+    have its columns, kinds and categories and keep its family and prior."""
+
+    def tell(what: str, done: int, total: int) -> None:
+        if progress and done == total:
+            print(f"ingest: {total} {what} tasks done", file=sys.stderr)
+
+    path = None if dataset.is_path_source(source) else partial / "store.zarr"
+    root: Any = cfg.data_dir
+    if root is None and isinstance(partial, storage.RemotePath) and not dataset.env_root():
+        # OUT on object storage and no --data-dir: the workers may share no disk, so the
+        # dataset store goes with OUT rather than to this machine's cache
+        root = partial / "datasets"
+    options = cfg.ingest_options()
+    if model is not None:
+        # the records are encoded as the model's and keep its prior
+        options.update(family=model.family_, schema=model.schema_)
+    store, info, reused = dataset.open_dataset(
+        source,
+        client=client,
+        root=root,
+        progress=tell,
+        path=path,
+        **options,
+    )
+    if reused and progress:
+        print(f"ingest: reusing the dataset store {store.path}", file=sys.stderr)
+    return store, info, reused
+
+
+def run_context(
+    partial: storage.Loc,
+    data: Store,
+    info: StoreInfo,
+    params: FitParams,
+    progress: bool,
+    options: dict[str, Any] | None = None,
+) -> RunContext:
+    """The run's ``RunContext``: the dataset store and the run's state store under
+    ``partial``, with the engine's ``options``."""
+    ctx = context(data, partial / "state.zarr", info, params, progress)
+    ctx.options.update(options or {})
+    return ctx
+
+
+def write_run_model(
+    directory: storage.Loc,
+    cfg: RunConfig,
+    info: StoreInfo,
+    stats: NDArray[np.float64],
+    alpha: float,
+    metrics: dict[str, Any],
+) -> None:
+    """The run's model (``pipeline.estimators.model``): a ``MAPDP`` of the final clusters ``stats`` (K, S)
+    whose ``predict`` / ``score_samples`` are the write-out's labels of held-out rows and log
+    densities of every row; ``dpmm score`` and ``--warm-start`` read it."""
+    from pipeline.estimators.model import run_model_record, write_record
+
+    p = cfg.params
+    directory.mkdir(exist_ok=True)
+    record = run_model_record(
+        info.schema,
+        info.family,
+        stats,
+        alpha,
+        {"alpha": p.alpha, "family": cfg.family, "alpha_prior": tuple(p.alpha_prior), "tol": p.tol},
+        engine=p.engine,
+        metadata={
+            "input": info.source,
+            "n_rows": info.n_rows,
+            "n_train": info.n_train,
+            "passes": metrics["passes"],
+            "objective": metrics["objective"],
+            "converged": bool(metrics["converged"]),
+        },
+    )
+    write_record(directory, record)
+
+
+def finish(
+    source: Any,
+    cfg: RunConfig,
+    partial: storage.Loc,
+    info: StoreInfo,
+    state: PassState,
+    mapping: IntArray,
+    written: WriteSummary,
+    timing: dict[str, float],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``clusters.parquet``, ``model/``, ``run.json`` and the report, then rename ``partial``
+    to ``out`` (local), or write OUT's manifest (object storage: ``partial`` is OUT)."""
+    from pipeline.ops import report as rep
+
+    final = Stats(state.stats, info.family).merged(mapping).array
+    clusters = rep.cluster_table(final, state.alpha, info.family, info.schema)
+    total = sum(timing.values())
+    pass_seconds = sum(h.get("seconds", 0.0) for h in state.history)
+    n_passes = len(state.history)
+    extra = dict(extra or {})
+    out_loc = storage.location(cfg.out)
+    data = extra.get("dataset")
+    if partial != out_loc and isinstance(data, dict) and isinstance(partial, storage.RemotePath):
+        # a store under the staged prefix ends up under OUT after the swap
+        staged = storage.redact(str(partial))
+        if str(data.get("path", "")).startswith(staged + "/"):
+            rest = data["path"][len(staged) :]
+            extra["dataset"] = {**data, "path": storage.redact(str(out_loc)) + rest}
+    metrics = {
+        "n_clusters": int(final.shape[0]),
+        "n_clusters_stage1": int(extra.pop("n_clusters_stage1", state.n_clusters)),
+        "n_summaries": int(state.n_clusters) if cfg.summaries > 0 else None,
+        "passes": n_passes,
+        "converged": state.converged,
+        "objective": state.objective,
+        "alpha": state.alpha,
+        "heldout_mean_log_density": written.heldout_mean_log_density,
+        "train_mean_log_density": written.train_mean_log_density,
+        "n_heldout": written.n_heldout,
+        "heldout_new_cluster": written.heldout_new_cluster,
+        "records_per_second": info.n_rows / total if total > 0 else None,
+        "sweep_records_per_second": info.n_train * n_passes / pass_seconds
+        if pass_seconds > 0
+        else None,
+        "stop": state.history[-1].get("stop") if state.history else None,
+        # the pass that also wrote the output, when it moved no record (no write-out tasks)
+        "written_by_pass": written.by_pass,
+    }
+    if written.scores is not None:
+        metrics.update(written.scores)
+    run = {
+        "input": info.source,
+        "out": storage.redact(str(storage.location(cfg.out))),
+        "n_rows": info.n_rows,
+        "n_cols": info.n_cols,
+        "n_train": info.n_train,
+        "columns": info.schema.columns,
+        "kinds": info.schema.kinds,
+        "family": repr(info.family),
+        "parameters": {
+            "chunk_rows": cfg.chunk_rows,
+            "n_chunks": info.n_chunks,
+            "holdout": cfg.holdout,
+            "engine": cfg.params.engine,
+            "alpha": cfg.params.alpha,
+            "alpha_prior": cfg.params.alpha_prior,
+            "init": cfg.params.start,
+            "n_seeds": cfg.params.n_seeds,
+            "max_passes": cfg.params.max_passes,
+            "tol": cfg.params.tol,
+            "min_change": cfg.params.min_change,
+            "init_sample": cfg.params.init_sample,
+            "seed": cfg.params.seed,
+            "prior_sample": cfg.prior_sample,
+            "label_column": cfg.label_column,
+            "summaries": cfg.summaries,
+            "stage2": cfg.stage2,
+            "mcmc": cfg.mcmc,
+            "warm_start": None if cfg.warm_start is None else storage.redact(cfg.warm_start),
+            "engine_options": cfg.engine_options,
+        },
+        "notes": info.notes,
+        "versions": versions(),
+        "init": state.init_record,
+        "passes": state.history,
+        "timing": {**timing, "total": total},
+        "metrics": metrics,
+        **extra,
+    }
+    pictures: list[str] = []
+    # the small files are written by libraries that want a path: on object storage they go
+    # to a local directory uploaded in one go (``storage.local_dir``)
+    with storage.local_dir(partial) as files:
+        clusters.to_parquet(files / "clusters.parquet", index=False)
+        if cfg.report:
+            pictures = rep.figures(
+                files,
+                state.history,
+                final[:, 0],
+                written.plot_X,
+                written.plot_labels,
+                info.moments.mean,
+                info.moments.cov,
+            )
+            rep.write_report(files, run, clusters, pictures)
+        write_run_model(files / "model", cfg, info, final, state.alpha, metrics)
+        write_json(files / "run.json", run)
+    storage.publish_output(partial, cfg.out, cfg.overwrite, kind="run")
+    return run

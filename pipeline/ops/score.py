@@ -1,0 +1,177 @@
+"""Scoring new records with a fitted model (``dpmm score``), step by step: the Prefect flow
+``flows.score`` calls these as tasks.
+
+The records are validated and encoded against the model's schema by ingest (``schema=``: same
+columns and kinds, categories seen at fit time; an ``InputError`` naming the file, the column and
+the row otherwise) into a store under the temporary sibling of OUT; then one write-out task per
+chunk writes each record's eq. 3.5 label (-1: a new cluster is the most probable) and eq. 3.4 log
+predictive density (``pipeline.engines.mixture.predict``, the run's write-out) into
+``labels.zarr``, in input order. The encoded store is removed and the sibling renamed to OUT, so
+OUT is complete or absent.
+
+Unseen categories are refused, not guessed: the model's Dirichlet posterior has no level for
+them (a category the model never saw has no code in its encoder). Refit, or warm-start a refit
+(``dpmm run --warm-start``), on data that has it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from pipeline.core import storage
+from pipeline.data.io import versions, write_json
+from pipeline.data.store import Store, StoreInfo, iter_chunks
+from pipeline.distributed.writeout import WriteResult, create_labels, emit_chunk
+from pipeline.families import FloatArray, ProductFamily
+
+
+def open_model(model: str | Path) -> Any:
+    """The fitted estimator of ``model`` (``pipeline.estimators.model.load_model``); a ``PersistError``
+    (a ``ValueError``) naming the file when it cannot be read. It must score with flat
+    clusters (statistics and a concentration): a run's model, MAPDP, the Gibbs samplers or
+    tree-guided MCMC."""
+    from pipeline.estimators.model import load_model
+
+    # a model on object storage counts only once its output is committed (its manifest)
+    storage.require_visible(storage.location(model), "model")
+    est = load_model(model)
+    where = storage.redact(str(storage.location(model) / "model.json"))
+    if not hasattr(est, "cluster_stats_") or not hasattr(est, "family_"):
+        raise ValueError(
+            f"{where}: a {type(est).__name__} model has no cluster "
+            "statistics to score with (dpmm score needs a run's model, MAPDP, CollapsedGibbs, "
+            "UncollapsedGibbs or TreeGuidedMCMC)"
+        )
+    if hasattr(est, "state_"):
+        # record by record, as a mixture, would ignore the transitions: not the HMM's density
+        raise ValueError(
+            f"{where}: a {type(est).__name__} model scores whole sequences "
+            "(its score_samples(X, lengths)), not records one by one as dpmm score does"
+        )
+    return est
+
+
+def prepare(out: str | Path, overwrite: bool) -> storage.Loc:
+    """Where the scores are written until complete (``storage.prepare_output``; never
+    resumed): an existing ``out`` is refused unless ``overwrite``, and replaced only once the
+    new scores are complete."""
+    return storage.prepare_output(out, None, overwrite)[0]
+
+
+def discard(partial: storage.Loc) -> None:
+    storage.rmtree(partial, ignore_errors=True)
+
+
+def step_ingest(
+    client: Any, est: Any, source: Any, partial: storage.Loc, chunk_rows: int
+) -> StoreInfo:
+    """Validate and encode ``source`` against the model's schema into ``partial/store.zarr``."""
+    from pipeline.data.ingest import ingest
+
+    return ingest(
+        source,
+        Store(partial / "store.zarr"),
+        client=client,
+        family=est.family_,
+        schema=est.schema_,
+        chunk_rows=chunk_rows,
+    )
+
+
+def score_chunk_task(
+    store: str,
+    labels: str,
+    c: int,
+    a: int,
+    b: int,
+    stats: FloatArray,
+    alpha: float,
+    family: ProductFamily,
+) -> WriteResult:
+    """Label (eq. 3.5) and log density (eq. 3.4) of the stored rows [a, b), written to
+    ``labels``; the chunk's write-out summary."""
+    from pipeline.engines.mixture import predict
+
+    X = np.ascontiguousarray(zarr.open_array(f"{store}/X", mode="r")[a:b])
+    label, logdens = predict(X, stats, alpha, family)
+    hold = np.zeros(b - a, dtype=bool)
+    res = emit_chunk(store, labels, c, a, X, hold, label, logdens, 0.0, False)
+    # no record is held out here: count the new-cluster labels of all of them
+    return replace(res, new_cluster=int((label < 0).sum()))
+
+
+def write_scores(
+    client: Any, est: Any, info: StoreInfo, partial: storage.Loc, progress: bool = False
+) -> dict[str, Any]:
+    """One task per chunk writes ``partial/labels.zarr``; the summary of what was written."""
+    from distributed import as_completed
+
+    t0 = time.perf_counter()
+    store = str(partial / "store.zarr")
+    labels = str(partial / "labels.zarr")
+    create_labels(labels, info, overwrite=True)
+    model = client.scatter(
+        (np.ascontiguousarray(est.cluster_stats_), float(est.alpha_), est.family_),
+        broadcast=True,
+        hash=False,
+    )
+    futs = [
+        client.submit(_score_chunk_packed, store, labels, c, a, b, model, pure=False)
+        for c, a, b in iter_chunks(info)
+    ]
+    results: list[WriteResult] = [fut.result() for fut in as_completed(futs)]
+    n = sum(r.train_n for r in results)
+    if progress:
+        print(f"write-out: {n:,} records scored", file=sys.stderr)
+    return {
+        "mean_log_density": sum(r.train_sum for r in results) / max(n, 1),
+        "new_cluster": sum(r.new_cluster for r in results),
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def _score_chunk_packed(
+    store: str, labels: str, c: int, a: int, b: int, model: tuple[Any, ...]
+) -> WriteResult:
+    stats, alpha, family = model
+    return score_chunk_task(store, labels, c, a, b, stats, alpha, family)
+
+
+def finish(
+    model: str | Path,
+    source: Any,
+    out: str | Path,
+    partial: storage.Loc,
+    est: Any,
+    info: StoreInfo,
+    written: dict[str, Any],
+    timing: dict[str, float],
+) -> dict[str, Any]:
+    """``score.json``, the encoded store removed, then ``partial`` renamed to ``out``."""
+    storage.rmtree(partial / "store.zarr", ignore_errors=True)
+    total = sum(timing.values())
+    record = {
+        "model": storage.redact(str(model)),
+        "input": info.source,
+        "out": storage.redact(str(out)),
+        "n_rows": info.n_rows,
+        "columns": info.schema.columns,
+        "n_clusters": int(est.n_clusters_),
+        "alpha": float(est.alpha_),
+        "metrics": {
+            **written,
+            "records_per_second": info.n_rows / total if total > 0 else None,
+        },
+        "timing": {**timing, "total": total},
+        "versions": versions(),
+    }
+    write_json(partial / "score.json", record)
+    storage.publish_output(partial, out, overwrite=True, kind="score")
+    return record
