@@ -28,10 +28,9 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.heartbeats import run_flow, with_heartbeats
-from pipeline.core import storage
+from pipeline.core import outputs, storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, SELECT
 from pipeline.data import dataset
-from pipeline.data import io as pio
 from pipeline.distributed.client import dask_client
 from pipeline.distributed.loop import InjectedFault
 from pipeline.estimators.model import save_model
@@ -243,9 +242,9 @@ def cv(
             "model": artifact,
             "metrics": metrics,
             "timing": timing,
-            "versions": pio.versions(),
+            "versions": outputs.versions(),
         }
-        pio.write_json(partial / "cv.json", run)
+        outputs.write_json(partial / "cv.json", run)
         storage.rmtree(partial / "fits", ignore_errors=True)
         storage.rmtree(partial / "store.zarr", ignore_errors=True)
         storage.publish_output(partial, out, overwrite, kind="cv")

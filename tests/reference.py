@@ -9,8 +9,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import gammaln, multigammaln
 from scipy.stats import multivariate_t
+
+from kernels.alloc import crp
+from kernels.obs import product as kproduct
+from pipeline.families import Family, ProductFamily, as_product
 
 
 def nw_posterior(X: np.ndarray, m0, c0, B0, a0):
@@ -122,3 +127,24 @@ def mapdp_reference(X, order, alpha, prior, max_iter=100, tol=1e-6, init="one-cl
             break
         e_old = e
     return z, history
+
+
+def dpm_log_joint(stats: ArrayLike, family: Family | ProductFamily, alpha: float) -> float:
+    """log of eq. 5's summand for one partition: log p(v | alpha) + sum_l log p(D_l^v), the
+    CRP's ``kernels.alloc.crp.log_eppf`` plus ``kernels.obs.product.log_marginals``.
+
+    Parameters
+    ----------
+    stats : array-like of shape (K, S)
+        One statistics row per block.
+    family : Family or ProductFamily
+    alpha : float
+
+    Returns
+    -------
+    float
+    """
+    fam = as_product(family)
+    S = np.ascontiguousarray(np.atleast_2d(np.asarray(stats, dtype=np.float64)))
+    lm = float(kproduct.log_marginals(S, fam.spec, fam.prior).sum())
+    return float(crp.log_eppf(np.ascontiguousarray(S[:, 0]), S.shape[0], float(alpha))) + lm

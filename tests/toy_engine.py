@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pipeline.core.persist import register
-from pipeline.distributed.writeout import emit_chunk
+from pipeline.data.labels import emit_chunk
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext, stop_reason
 
 WIDTH = 3

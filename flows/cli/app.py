@@ -59,9 +59,10 @@ from flows.cli.types import alpha as _alpha
 from flows.cli.types import family as _family
 from flows.cli.types import positive_int as _positive_int
 from flows.cli.update import add_update_parser
-from pipeline.core import storage
+from pipeline.core import outputs, storage
 from pipeline.core.errors import InputError
 from pipeline.data import io as pio
+from pipeline.data import sources
 
 PROG = "dpmm"
 
@@ -288,7 +289,7 @@ class ClusterResult:
 
 
 def _version() -> str:
-    return pio.versions()["dpmm-pipeline"]
+    return outputs.versions()["dpmm-pipeline"]
 
 
 def _say(opts: ClusterOptions, msg: str) -> None:
@@ -305,7 +306,7 @@ def run_cluster(
 ) -> ClusterResult:
     """Read ``input_path``, fit MAP-DP, write labels / clusters / run.json into ``out_dir``.
 
-    ``out_dir`` should be a staging directory (``pipeline.data.io.staged_dir``). ``shown_input`` /
+    ``out_dir`` should be a staging directory (``pipeline.core.outputs.staged_dir``). ``shown_input`` /
     ``shown_out`` are the paths named in messages and run.json (default: the real ones).
     Problems with the input raise ``InputError``.
     """
@@ -328,7 +329,7 @@ def run_cluster(
         columns = [*columns, label]
     _say(opts, f"reading {name}")
     with bad_input(prefix=name):
-        df = pio.read_table(path, columns=columns)
+        df = sources.read_table(path, columns=columns)
     y = None
     if label is not None:
         if label not in df.columns:
@@ -410,7 +411,7 @@ def run_cluster(
             "log_density": np.asarray(log_density, dtype=np.float64),
         }
     )
-    files = pio.write_outputs(
+    files = outputs.write_outputs(
         out_dir, tables={"labels": labels, "clusters": model.cluster_summary()}
     )
     timings["write"] = time.perf_counter() - t0
@@ -435,14 +436,14 @@ def run_cluster(
             "families": dict(model.schema_.kinds),
             "dropped_constant_columns": dropped,
         },
-        "versions": pio.versions(),
+        "versions": outputs.versions(),
         "objective_history": [float(v) for v in model.objective_history_],
         "restart_objectives": [float(v) for v in model.restart_objectives_],
         "timings_seconds": timings,
         "metrics": metrics,
         "warnings": warned,
     }
-    files += pio.write_outputs(out_dir, json_files={"run": run})
+    files += outputs.write_outputs(out_dir, json_files={"run": run})
     return ClusterResult(run=run, files=files)
 
 
@@ -487,7 +488,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     opts = ClusterOptions.from_args(args)
     with contextlib.ExitStack() as stack:
         with bad_input(prefix=f"--out {out}"):
-            tmp = stack.enter_context(pio.staged_dir(out))
+            tmp = stack.enter_context(outputs.staged_dir(out))
         res = run_cluster(inp, tmp, opts, shown_out=out)
     _summary(res, out)
     return 0
@@ -521,7 +522,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     # second demo ingests nothing
     spec = {"rows": n, "d": 10, "k": k, "seed": int(args.seed)}
     marker = out / "input.json"
-    same = (out / "input.parquet").exists() and marker.exists() and pio.read_json(marker) == spec
+    same = (
+        (out / "input.parquet").exists() and marker.exists() and outputs.read_json(marker) == spec
+    )
     if not same:
         X, y = sample_mixture(n, d=10, k=k, seed=args.seed)
         df = pd.DataFrame(X, columns=[f"x{j}" for j in range(X.shape[1])])
@@ -531,7 +534,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         tmp = out / ".input.parquet.partial"
         df.to_parquet(tmp, index=False, row_group_size=50_000)
         tmp.replace(out / "input.parquet")
-        pio.write_json(marker, spec)
+        outputs.write_json(marker, spec)
     if not args.quiet:
         print(
             f"{'wrote' if not same else 'reusing'} demo data ({n:,} rows x 10 columns, {k} "
@@ -593,7 +596,7 @@ def _demo_in_memory(args: argparse.Namespace) -> int:
     opts = ClusterOptions(label_column=LABEL_COLUMN, seed=args.seed, quiet=args.quiet)
     with contextlib.ExitStack() as stack:
         with bad_input(prefix=f"--out {out}"):
-            tmp = stack.enter_context(pio.staged_dir(out))
+            tmp = stack.enter_context(outputs.staged_dir(out))
         df = make_demo(n_rows=int(args.rows or 5000), random_state=args.seed)
         df.to_csv(tmp / "input.csv", index=False)
         _say(opts, f"wrote demo data ({df.shape[0]} rows, 6 clusters) to {out / 'input.csv'}")

@@ -30,7 +30,7 @@ positive_float = _checked(float, lambda v: config.check_positive(v, "F"), "a pos
 
 def prior_scale(text: str) -> float:
     """A prior scale in (0, 1) (``pipeline.families.gaussian.check_scale``)."""
-    from pipeline.families.gaussian import check_scale
+    from pipeline.core.config import check_scale
 
     return float(_checked(float, check_scale, "a number in (0, 1)")(text))
 

@@ -20,7 +20,7 @@ from typing import Any
 from flows.cli.types import positive_float as _positive_float
 from pipeline.core import storage
 from pipeline.core.errors import InputError
-from pipeline.data import io as pio
+from pipeline.data import sources
 
 
 def add_update_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -82,7 +82,7 @@ def cmd_update(args: argparse.Namespace) -> int:
     with bad_input(prefix=str(model_path)):
         model = load_model(model_path)
     with bad_input(prefix=str(inp)):
-        df = pio.read_table(inp)
+        df = sources.read_table(inp)
     with bad_input(prefix=str(inp), rows_of=None if storage.is_url(inp) else inp):
         new, stream = update_model(
             model,

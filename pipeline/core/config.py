@@ -23,6 +23,10 @@ ALPHA_PRIOR = (2.0, 1.0)
 N_FOLDS = 10
 INITS = ("auto", "sample", "sequential", "one-cluster", "seeds", "asugs", "asugs-sample")
 MAX_SEEDS = 100
+#: the engines of the pass loop by name (``pipeline.engines`` maps each to its module)
+ENGINES = ("mapdp", "kmeans", "mixed_effects", "ihmm", "asugs")
+#: the engines whose records are subjects (whole groups), not single records
+SUBJECT_ENGINES = ("mixed_effects",)
 #: ASUGS's lambda (``pipeline.estimators.asugs.DEFAULT_LAM``): the paper does not give its value; 0.3 (a
 #: prior mean of alpha of 1 / lambda = 3.3) found as many or more of the true classes than 1.0
 #: on every data set of ``bench_asugs`` and the tests
@@ -148,10 +152,7 @@ class FitParams:
     prior_scale: float | None = None
 
     def checked(self) -> FitParams:
-        from pipeline.engines import ENGINE_MODULES
-        from pipeline.families.gaussian import check_scale
-
-        check_choice(self.engine, tuple(ENGINE_MODULES), "engine")
+        check_choice(self.engine, ENGINES, "engine")
         check_choice(self.init, INITS, "init")
         check_alpha(self.alpha)
         check_int(self.max_passes, "max_passes")
@@ -172,3 +173,18 @@ class FitParams:
     @property
     def start(self) -> str:
         return "sample" if self.init == "auto" else self.init
+
+
+def check_scale(scale: float) -> float:
+    """A prior scale: the share of the data's variance a cluster is expected to carry, in
+    (0, 1)."""
+    try:
+        s = float(scale)
+    except (TypeError, ValueError):
+        raise ValueError(f"prior_scale must be a number in (0, 1), got {scale!r}") from None
+    if not 0.0 < s < 1.0:
+        raise ValueError(
+            f"prior_scale must be in (0, 1) (the share of the data's variance one cluster is "
+            f"expected to carry), got {scale!r}"
+        )
+    return s

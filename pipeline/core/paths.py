@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -130,3 +131,31 @@ def check_separate(
                 f"{o_opt} {o}: {problem} {i_opt} {i}; an output must be separate from its "
                 "inputs (replacing it would delete them, writing into them would change them)"
             )
+
+
+# -- output ------------------------------------------------------------------------------------
+def temp_sibling(path: str | os.PathLike[str]) -> Path:
+    """The name an output ``path`` is written under until it is complete: ``.<name>.partial``
+    in the same directory (same file system, so the final rename is atomic; hidden, so that a
+    half-written output is not mistaken for a result)."""
+    p = Path(path)
+    return p.parent / f".{p.name}.partial"
+
+
+def commit_dir(tmp: Path, out: Path) -> None:
+    """Rename the complete output ``tmp`` to ``out``, replacing an existing ``out``: the one
+    last step of every staged output (``staged_dir``, a run's ``finish``)."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    # rename() cannot replace a non-empty directory: move the old one aside first
+    old = out.parent / f".{out.name}.old"
+    if old.exists():
+        shutil.rmtree(old)
+    os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -21,7 +21,7 @@ recorded.
 Atomic visibility without rename
 --------------------------------
 Object stores have no atomic rename of a prefix. A local output is written beside its final
-name and renamed into place (``pipeline.data.io.commit_dir``); an output on object storage is
+name and renamed into place (``pipeline.core.paths.commit_dir``); an output on object storage is
 written under its own prefix and becomes visible when its manifest (``MANIFEST``, the list of
 its objects and their sizes) is written, last: ``commit``. Readers call ``require_visible``:
 a prefix counts only when a manifest at it or above it lists it, so a run that is still writing
@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 from pipeline.core.errors import InputError
+from pipeline.core.paths import commit_dir, temp_sibling
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "dpmm-manifest"
@@ -497,8 +498,6 @@ def prepare_output(
     holds ``MARKER`` from the start: a prefix without it holds objects that are not a dpmm
     output and is never touched.
     """
-    from pipeline.data.io import temp_sibling
-
     where = location(out)
     if isinstance(where, RemotePath):
         return _prepare_remote_output(where, fingerprint, overwrite, what)
@@ -560,8 +559,6 @@ def publish_output(
     """Make the complete ``partial`` (``prepare_output``) the output ``out``: a local rename
     (replacing ``out`` only with ``overwrite``), OUT's manifest written last, or the staged
     output swapped in (``replace``)."""
-    from pipeline.data.io import commit_dir
-
     with contextlib.suppress(FileNotFoundError):
         (partial / MARKER).unlink()
     dest = location(out)

@@ -1,6 +1,6 @@
-"""Reading input tables and writing a run's output directory.
+"""Input files: their formats, checks and parsing, with errors that name the file and row.
 
-``read_table`` turns a CSV / TSV (optionally gzip-compressed), Parquet (a file or a directory of
+``pipeline.data.sources.read_table`` turns a CSV / TSV (optionally gzip-compressed), Parquet (a file or a directory of
 files) or NumPy ``.npy`` file into a DataFrame. Every problem with the file is a
 ``pipeline.core.errors.InputError`` (a ``ValueError``) whose message starts with the file name and
 says what is wrong, e.g. ``"data.csv: line 7 has 5 fields, expected 4"``; a missing file is
@@ -8,26 +8,16 @@ says what is wrong, e.g. ``"data.csv: line 7 has 5 fields, expected 4"``; a miss
 
 Row numbers in ``pipeline.families.schema`` messages are 0-based data-row positions; ``describe_row``
 turns one into something a person can find in the file (for CSV, the physical line number).
-
-``staged_dir`` and ``write_outputs`` write a run's results into a temporary sibling directory
-(``temp_sibling``: ``.<name>.partial`` next to it, the name the distributed run uses too) that is
-renamed into place only when everything has been written: a failure leaves no partial output
-directory, and an existing one is replaced only on success. ``versions`` is what run.json
-records of the software.
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import gzip
 import io
-import json
-import math
 import os
 import re
-import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,7 +25,6 @@ import numpy as np
 import pandas as pd
 
 from pipeline.core.errors import InputError
-from pipeline.core.paths import safe_name
 
 CSV_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".tsv.gz")
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -87,103 +76,12 @@ def _open_text(path: Path | bytes) -> IO[str]:
     return open(path, encoding="utf-8-sig", newline="")
 
 
-def _check_columns(name: str, available: Sequence[str], columns: Sequence[str] | None) -> None:
+def check_columns(name: str, available: Sequence[str], columns: Sequence[str] | None) -> None:
     if columns is None:
         return
     for c in columns:
         if c not in available:
             raise InputError(f"{name}: no column {c!r}; columns are {list(available)}")
-
-
-def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> pd.DataFrame:
-    """The records of a CSV / TSV / Parquet / NumPy file as a DataFrame.
-
-    Parameters
-    ----------
-    path : str or path-like
-        ``.csv``, ``.csv.gz``, ``.tsv``, ``.tsv.gz`` (first line is the header),
-        ``.parquet`` / ``.pq`` (a file, or a directory of Parquet files read as one table) or
-        ``.npy`` (a 2-D numeric array, columns named ``x0, x1, ...``; or a structured array,
-        columns named by its fields).
-    columns : sequence of str, optional
-        Keep only these columns, in this order.
-
-    Returns
-    -------
-    DataFrame of shape (n_rows, n_columns), with a default RangeIndex (row i is the i-th data
-    record of the file).
-
-    Raises
-    ------
-    InputFileNotFoundError
-        The path does not exist.
-    InputError
-        Anything else wrong with the file: the message starts with the path and names the
-        problem (empty file, header only, wrong field count with its line, not really a Parquet
-        / NumPy file, a requested column that is not there, ...).
-    """
-    from pipeline.core import storage
-
-    if storage.is_url(path):
-        return _read_remote_table(str(path), columns)
-    p = Path(path)
-    name = str(path)
-    kind = file_format(p)
-    if not p.exists():
-        raise InputFileNotFoundError(f"{name}: no such file")
-    if columns is not None:
-        columns = list(columns)
-        dupes = sorted({c for c in columns if columns.count(c) > 1})
-        if dupes:
-            raise InputError(f"{name}: columns requested more than once: {dupes}")
-    if kind == "parquet":
-        check_parquet_files(p, name)
-    else:
-        if p.is_dir():
-            raise InputError(f"{name}: is a directory, not a {kind.upper()} file")
-        if p.stat().st_size == 0:
-            raise InputError(f"{name}: the file is empty")
-        if kind == "csv":
-            _check_csv_head(p, name)
-        else:
-            _check_npy_table(p, name)
-    # the records themselves are read as ingest reads them: piece by piece, one reader
-    from pipeline.data.sources import read_file
-
-    df = read_file(p)
-    if df.shape[0] == 0:
-        what = "header only" if kind == "csv" else f"{df.shape[1]} columns, 0 rows"
-        raise InputError(f"{name}: no data rows ({what})")
-    _check_columns(name, list(df.columns), columns)
-    if columns is not None:
-        df = df[list(columns)]
-    return df.reset_index(drop=True)
-
-
-def _read_remote_table(url: str, columns: Sequence[str] | None) -> pd.DataFrame:
-    """``read_table`` of a file on object storage: copied to a local temporary file of the
-    same name (the checks that name lines and rows read a file), with the URL in messages."""
-    import tempfile
-
-    from pipeline.core import storage
-
-    check_url(url)
-    loc = storage.location(url)
-    assert isinstance(loc, storage.RemotePath)
-    shown = storage.redact(url)
-    with tempfile.TemporaryDirectory(prefix="dpmm-read-") as tmp:
-        local = Path(tmp) / loc.name
-        try:
-            if loc.is_dir():  # a directory of Parquet parts
-                loc.fs.get(loc.key + "/", str(local), recursive=True)
-            else:
-                loc.fs.get_file(loc.key, str(local))
-        except Exception as err:
-            raise storage.fs_error(url, err) from err
-        try:
-            return read_table(local, columns)
-        except InputError as err:
-            raise type(err)(str(err).replace(str(local), shown)) from None
 
 
 def check_file(path: str | os.PathLike[str]) -> None:
@@ -234,7 +132,7 @@ def check_url(url: str) -> None:
         raise InputFileNotFoundError(f"{storage.redact(url)}: no such file or directory")
 
 
-def _check_csv_head(p: Path, name: str) -> None:
+def check_csv_head(p: Path, name: str) -> None:
     """A CSV file's first bytes: not Parquet, NumPy or gzip data under a CSV name."""
     head = _head(p)
     if not _is_gz(p):
@@ -451,7 +349,7 @@ def check_npy(path: str | os.PathLike[str]) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(int(v) for v in shape), dtype
 
 
-def _check_npy_table(p: Path, name: str) -> None:
+def check_npy_table(p: Path, name: str) -> None:
     """A ``.npy`` file that holds a table: 2-D real numbers, or a 1-D structured array."""
     shape, dtype = check_npy(p)
     if dtype.names is not None:
@@ -464,143 +362,3 @@ def _check_npy_table(p: Path, name: str) -> None:
         dtype, np.complexfloating
     ):
         raise InputError(f"{name}: expected a real numeric array, got dtype {dtype}")
-
-
-# -- output ------------------------------------------------------------------------------------
-def temp_sibling(path: str | os.PathLike[str]) -> Path:
-    """The name an output ``path`` is written under until it is complete: ``.<name>.partial``
-    in the same directory (same file system, so the final rename is atomic; hidden, so that a
-    half-written output is not mistaken for a result)."""
-    p = Path(path)
-    return p.parent / f".{p.name}.partial"
-
-
-@contextlib.contextmanager
-def staged_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
-    """A temporary sibling of ``out`` to write into; renamed to ``out`` if the block succeeds.
-
-    The temporary directory is ``temp_sibling(out)``. On any exception it is removed and
-    ``out`` is left as it was; on success an existing ``out`` is replaced.
-    """
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out}: exists and is not a directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_sibling(out)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        yield tmp
-        commit_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def commit_dir(tmp: Path, out: Path) -> None:
-    """Rename the complete output ``tmp`` to ``out``, replacing an existing ``out``: the one
-    last step of every staged output (``staged_dir``, a run's ``finish``)."""
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    # rename() cannot replace a non-empty directory: move the old one aside first
-    old = out.parent / f".{out.name}.old"
-    if old.exists():
-        shutil.rmtree(old)
-    os.replace(out, old)
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        os.replace(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _jsonable(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, np.bool_):
-        return bool(obj)
-    if isinstance(obj, np.integer):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
-        v = float(obj)
-        return v if math.isfinite(v) else None
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
-
-
-def read_json(path: str | os.PathLike[str]) -> Any:
-    """The JSON in ``path``; None when it is missing or does not parse."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def write_json(path: Any, obj: Mapping[str, Any]) -> None:
-    """``obj`` as indented JSON; numpy scalars / arrays become numbers / lists, NaN and inf null.
-    ``path`` may be an object on object storage (``pipeline.core.storage``): one PUT."""
-    from pipeline.core import storage
-
-    loc = storage.location(path)
-    if isinstance(loc, storage.RemotePath):
-        loc.write_text(json.dumps(_jsonable(obj), indent=2, allow_nan=False) + "\n")
-        return
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(_jsonable(obj), f, indent=2, allow_nan=False)
-        f.write("\n")
-
-
-def write_outputs(
-    directory: str | os.PathLike[str],
-    tables: Mapping[str, pd.DataFrame] | None = None,
-    json_files: Mapping[str, Mapping[str, Any]] | None = None,
-) -> list[Path]:
-    """Write ``tables`` as ``<directory>/<name>.parquet`` and ``json_files`` as ``<name>.json``.
-
-    ``directory`` is normally the path yielded by ``staged_dir``. Returns the files written.
-    """
-    d = Path(directory)
-    written = []
-    for stem, df in (tables or {}).items():
-        f = d / f"{safe_name(stem, 'table')}.parquet"
-        df.to_parquet(f, index=False)
-        written.append(f)
-    for stem, obj in (json_files or {}).items():
-        f = d / f"{safe_name(stem, 'record')}.json"
-        write_json(f, obj)
-        written.append(f)
-    return written
-
-
-def versions() -> dict[str, str]:
-    """Versions of Python and of what a run depends on, for run.json ("not installed" for a
-    distribution that is absent)."""
-    import importlib.metadata as md
-    import platform
-
-    out = {"python": platform.python_version()}
-    for dist in (
-        "dpmm-pipeline",
-        "numpy",
-        "numba",
-        "pandas",
-        "scikit-learn",
-        "dask",
-        "distributed",
-        "zarr",
-        "prefect",
-    ):
-        try:
-            out[dist] = md.version(dist)
-        except md.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out

@@ -101,7 +101,7 @@ IN_MEMORY = ("frame", "array", "delayed")
 
 def read_file(path: str | os.PathLike[str]) -> pd.DataFrame:
     """All records of a file as one DataFrame, read piece by piece as ingest reads them: the
-    one table reader (``pipeline.data.io.read_table`` adds the checks and messages of a whole
+    one table reader (``pipeline.data.sources.read_table`` adds the checks and messages of a whole
     file)."""
     src = open_source(path, chunk_rows=2**40)
     frames = [read_piece(piece, None)[0] for piece in src.pieces]
@@ -462,3 +462,88 @@ def _listed_source(files: Sequence[Any], chunk_rows: int) -> Source:
             pieces.append(p)
     desc = labels[0] if len(labels) == 1 else f"{len(labels)} files ({labels[0]} ... {labels[-1]})"
     return Source(desc, pieces, aligned=False, from_frame=True)
+
+
+def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> pd.DataFrame:
+    """The records of a CSV / TSV / Parquet / NumPy file as a DataFrame.
+
+    Parameters
+    ----------
+    path : str or path-like
+        ``.csv``, ``.csv.gz``, ``.tsv``, ``.tsv.gz`` (first line is the header),
+        ``.parquet`` / ``.pq`` (a file, or a directory of Parquet files read as one table) or
+        ``.npy`` (a 2-D numeric array, columns named ``x0, x1, ...``; or a structured array,
+        columns named by its fields).
+    columns : sequence of str, optional
+        Keep only these columns, in this order.
+
+    Returns
+    -------
+    DataFrame of shape (n_rows, n_columns), with a default RangeIndex (row i is the i-th data
+    record of the file).
+
+    Raises
+    ------
+    pio.InputFileNotFoundError
+        The path does not exist.
+    InputError
+        Anything else wrong with the file: the message starts with the path and names the
+        problem (empty file, header only, wrong field count with its line, not really a Parquet
+        / NumPy file, a requested column that is not there, ...).
+    """
+    if storage.is_url(path):
+        return _read_remote_table(str(path), columns)
+    p = Path(path)
+    name = str(path)
+    kind = pio.file_format(p)
+    if not p.exists():
+        raise pio.InputFileNotFoundError(f"{name}: no such file")
+    if columns is not None:
+        columns = list(columns)
+        dupes = sorted({c for c in columns if columns.count(c) > 1})
+        if dupes:
+            raise InputError(f"{name}: columns requested more than once: {dupes}")
+    if kind == "parquet":
+        pio.check_parquet_files(p, name)
+    else:
+        if p.is_dir():
+            raise InputError(f"{name}: is a directory, not a {kind.upper()} file")
+        if p.stat().st_size == 0:
+            raise InputError(f"{name}: the file is empty")
+        if kind == "csv":
+            pio.check_csv_head(p, name)
+        else:
+            pio.check_npy_table(p, name)
+    # the records themselves are read as ingest reads them: piece by piece, one reader
+    df = read_file(p)
+    if df.shape[0] == 0:
+        what = "header only" if kind == "csv" else f"{df.shape[1]} columns, 0 rows"
+        raise InputError(f"{name}: no data rows ({what})")
+    pio.check_columns(name, list(df.columns), columns)
+    if columns is not None:
+        df = df[list(columns)]
+    return df.reset_index(drop=True)
+
+
+def _read_remote_table(url: str, columns: Sequence[str] | None) -> pd.DataFrame:
+    """``read_table`` of a file on object storage: copied to a local temporary file of the
+    same name (the checks that name lines and rows read a file), with the URL in messages."""
+    import tempfile
+
+    pio.check_url(url)
+    loc = storage.location(url)
+    assert isinstance(loc, storage.RemotePath)
+    shown = storage.redact(url)
+    with tempfile.TemporaryDirectory(prefix="dpmm-read-") as tmp:
+        local = Path(tmp) / loc.name
+        try:
+            if loc.is_dir():  # a directory of Parquet parts
+                loc.fs.get(loc.key + "/", str(local), recursive=True)
+            else:
+                loc.fs.get_file(loc.key, str(local))
+        except Exception as err:
+            raise storage.fs_error(url, err) from err
+        try:
+            return read_table(local, columns)
+        except InputError as err:
+            raise type(err)(str(err).replace(str(local), shown)) from None

@@ -185,7 +185,7 @@ def run_pass(
     """
     from distributed import as_completed
 
-    from pipeline.distributed.writeout import create_labels
+    from pipeline.data.labels import create_labels
 
     engine = get_engine(ctx.params.engine)
     info = ctx.info

@@ -10,7 +10,7 @@ Only the run's engine is loaded: ``dask_client(warm=...)`` names it to the worke
 ``WARM_ENV`` (unset: every registered engine, for a cluster started by hand with
 ``dask worker --preload pipeline.distributed.worker_setup``). With an empty numba cache the kernels compile,
 which takes far longer than loading them: each warm-up step (``Engine.warm_steps``) is then
-compiled by one process only (``compile_once``, a lock file in the numba cache directory), and
+compiled by one process only (``warmup.compile_once``, a lock file in the numba cache directory), and
 the processes first take the steps nobody is compiling yet, so that two workers compile two
 different groups of kernels at once and then load each other's from the cache.
 """
@@ -18,122 +18,27 @@ different groups of kernels at once and then load each other's from the cache.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import importlib.util
 import logging
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pipeline.families import FloatArray, ProductFamily
+from pipeline.engines import warmup
+from pipeline.families import ProductFamily
 
 logger = logging.getLogger(__name__)
 
 # comma-separated engine names whose kernels a worker loads when it starts
 WARM_ENV = "DPMM_WARM_ENGINES"
-#: names in the warm-up's list: its steps with the toy family's spec of another type
-#: (``kernels.obs.product``), for the kernels of other records than continuous Gaussian ones
-#: (``warm_names``): int64 for any product (categorical or count columns), int16 for
-#: Normal-Wishart columns recorded on a grid (integer-valued)
-EVERY_FAMILY = "every-family"
-NW_CELLS = "nw-cells"
-
-
-def _spec_kinds() -> dict[str, Any]:
-    from kernels.obs.product import ANY_DTYPE, NW_CELLS_DTYPE
-
-    return {EVERY_FAMILY: np.dtype(ANY_DTYPE), NW_CELLS: np.dtype(NW_CELLS_DTYPE)}
-
-
-# the spec type of ``toy_family``: None keeps the family's own (int32, Normal-Wishart only);
-# ``warm_kernels(every_product=True)`` sets the others for more rounds
-_toy_spec_dtype: Any = None
-
-
-def toy_family() -> tuple[FloatArray, ProductFamily]:
-    """40 records (40, 2) of two Gaussian blobs and their empirical-Bayes family.
-
-    The kernels compile per spec type (``kernels.obs.product``): this family's int32 spec
-    gives the Normal-Wishart-only kernels; with ``EVERY_FAMILY`` or ``NW_CELLS`` in the
-    warm-up's list (and in ``warm_kernels(every_product=True)``'s later rounds) its spec is
-    int64, whose kernels dispatch over all families, or int16, the Normal-Wishart kernels with
-    the recording cells' code."""
-    from pipeline.families import GaussianNW
-
-    rng = np.random.default_rng(0)
-    X = np.vstack([rng.normal(-4.0, 1.0, (20, 2)), rng.normal(4.0, 1.0, (20, 2))])
-    family = GaussianNW.empirical_bayes(X).as_product()
-    if _toy_spec_dtype is not None:
-        family.spec = family.spec.astype(_toy_spec_dtype)
-    return X, family
-
-
-def warm_observation_models() -> None:
-    """Load the observation models' kernels a sweep calls (``kernels.obs.product`` over rows of
-    2-D arrays, as its callers pass them): the predictive densities and the statistics'
-    updates. Compiled first and once, they are loaded from the cache, not compiled again, by
-    the larger kernels that call them, which can then compile in several processes at once
-    without doing the same work twice."""
-    from kernels.obs import product
-
-    X, family = toy_family()
-    z = np.zeros(X.shape[0], dtype=np.int64)
-    stats = product.build_stats(X, z, 2, family.spec, family.n_stats)
-    cache = family.cache_of(stats)
-    spec, prior = family.spec, family.prior
-    scratch_s, scratch_c = np.empty_like(stats[0]), np.empty_like(cache[0])
-    x, s, c = X[0], stats[0], cache[0]
-    product.refresh(stats[1], cache[1], spec, prior)
-    product.update(x, stats[1], cache[1], spec, prior, 1.0)
-    product.add_stats(x, stats[1], spec, 1.0)
-    product.log_predictive(x, s, c, spec, prior)
-    product.log_predictive_loo(x, s, c, spec, prior, scratch_s, scratch_c)
-
-
-def warm_observation_factors() -> None:
-    """Load the Normal-Wishart factors' rank-one change (``gaussian_nw._change_factors``),
-    which ``update`` calls for every spec type: the warm-up's helper compiles it first, on a
-    row it builds without any other kernel, so that the process compiling the observation
-    models (``update`` among them, seconds later) loads it rather than compiling it too."""
-    from kernels.obs import gaussian_nw
-
-    d = 2
-    rows = np.zeros((3, 2 * d * d + 2 * d + 4))
-    x, s, c = rows[0, :d], rows[1, : 1 + d + d * d], rows[2]
-    # L = U = I, m = b = 0, c_k = 1, a_k = d + 2: a valid cache row
-    for i in range(d):
-        c[i * d + i] = c[d * d + d + i * d + i] = 1.0
-    c[2 * d * d + 2 * d] = 1.0
-    c[2 * d * d + 2 * d + 1] = d + 2.0
-    gaussian_nw._change_factors(x, s, c, 1.0, np.empty(4 * d))
-
-
-def warm_observation_marginals() -> None:
-    """Load the observation models' marginal likelihoods (the merge tests, the objective, BHC),
-    which no sweep calls: a second process compiles them while the first compiles the sweep's
-    (``warm_observation_models``)."""
-    from kernels.obs import product
-
-    # empty clusters' statistics: the records' (``build_stats``) are the other process's to
-    # compile, at the same moment, in the observation models' step
-    _, family = toy_family()
-    stats = np.zeros((2, family.n_stats))
-    spec, prior = family.spec, family.prior
-    s, scratch_s = stats[0], np.empty_like(stats[0])
-    product.log_marginal(s, spec, prior)
-    product.log_marginals(stats, spec, prior)
-    product.log_marginal_gap(s, stats[1], 0.0, 0.0, scratch_s, spec, prior)
 
 
 def warm_stage2_bhc() -> None:
@@ -141,14 +46,16 @@ def warm_stage2_bhc() -> None:
     stage 2's BHC over them (``pipeline.ops.stage2.run_stage2``) for the toy family: compiled by a
     worker while the other compiles the engine's sweep, instead of by the driver after stage 1,
     when nothing else runs."""
-    from pipeline.estimators.bhc import BHC
+    from kernels import bhc as kbhc
     from pipeline.families.stats import Stats
+    from pipeline.models.bhc import build_tree
 
-    X, family = toy_family()
+    X, family = warmup.toy_family()
     z = (X[:, 0] > 0).astype(np.int64) * 3 + np.arange(X.shape[0]) % 3
     stats = family.stats_of(X, z, 6)
     Stats(stats, family).moments(family)
-    BHC(alpha=1.0, family=family).fit_summaries(stats, family)
+    tree = build_tree(stats, family, 0.0, 16, None)
+    kbhc.cut(tree.left, tree.right, tree.log_r, tree.n_leaves)
 
 
 # warm-up steps of a stage 2, by the name ``dask_client(warm=...)`` gives it next to the engine
@@ -160,114 +67,23 @@ def stage2_step(name: str) -> str:
     return f"stage2-{name}"
 
 
-def _kernels_dir() -> Path:
-    """The kernels' sources (found without importing them)."""
-    spec = importlib.util.find_spec("kernels")
-    assert spec is not None and spec.submodule_search_locations is not None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _cache_dir() -> Path:
-    """Where numba keeps the kernels' cache: ``NUMBA_CACHE_DIR``, else next to their sources."""
-    given = os.environ.get("NUMBA_CACHE_DIR")
-    return Path(given) if given else _kernels_dir() / "__pycache__"
-
-
-def _warm_marker(names: list[str]) -> Path:
-    """The file a complete warm-up of ``names`` leaves in the numba cache: named after the
-    engines and the kernels' sources (their paths, sizes and modification times, which numba's
-    own index checks too), so that changed kernels or another cache have none."""
-    root = _kernels_dir()
-    h = hashlib.sha256(",".join(sorted(set(names))).encode())
-    for path in sorted(root.rglob("*.py")):
-        st = path.stat()
-        h.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns};".encode())
-    return _cache_dir() / f"dpmm-warm-{h.hexdigest()[:20]}.done"
-
-
-def kernels_cached(names: list[str]) -> bool:
-    """Whether a warm-up of the engines (and stage 2) ``names`` completed with this numba cache
-    and these kernel sources: loading them then takes a second or two, compiling them a minute.
-    A wrong answer (a cache emptied by hand but for the marker) costs speed, nothing else."""
-    return _warm_marker(names).exists()
-
-
-def _lock_dir() -> Path:
-    # the lock guards what is written into the numba cache, so it lives next to it
-    path = Path(os.environ.get("NUMBA_CACHE_DIR") or tempfile.gettempdir())
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-@contextlib.contextmanager
-def _step_lock(key: str, blocking: bool) -> Iterator[bool]:
-    """Hold the lock file of warm-up step ``key``; yields False when ``blocking`` is False and
-    another process holds it."""
-    with open(_lock_dir() / f"dpmm-warm-{key}.lock", "a+b") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def compile_once(key: str, step: Callable[[], object]) -> None:
-    """Run warm-up ``step`` under its lock: a process that finds another one at it waits and
-    then loads the kernels that process put in the numba cache instead of compiling them too."""
-    with _step_lock(key, blocking=True):
-        step()
-
-
-def await_step(key: str) -> None:
-    """Wait until no process of this machine is at warm-up step ``key``: kernels about to be
-    used that another process is compiling are then loaded from the cache, not compiled again
-    alongside it (stage 2 in a command whose warm-up helper compiles it during the flow)."""
-    try:
-        with _step_lock(key, blocking=True):
-            pass
-    except OSError:
-        # no lock file can be made there (a read-only cache): no process compiles into it
-        return
-
-
-def run_steps(steps: list[tuple[str, Callable[[], None]]], load: bool = True) -> None:
-    """Run named warm-up steps, first those no other process is running, then the rest (each
-    waiting for the process at it, then loading its kernels; ``load`` False: only waiting, for a
-    process that will not use them). A step shared by two engines runs once."""
-    steps = list(dict(steps).items())
-    waiting = []
-    for key, step in steps:
-        with _step_lock(key, blocking=False) as mine:
-            if mine:
-                step()
-            else:
-                waiting.append((key, step))
-    for key, step in waiting:
-        if load:
-            compile_once(key, step)
-        else:
-            await_step(key)
-
-
 def warm_engines() -> list[str]:
     """The engines (and stage 2, ``STAGE2_STEPS``) a worker loads: ``WARM_ENV``'s names, else
     every registered engine."""
     from pipeline.engines import ENGINES
 
     names = [n.strip() for n in os.environ.get(WARM_ENV, "").split(",") if n.strip()]
-    known = [n for n in names if n in ENGINES or n in STAGE2_STEPS or n in _spec_kinds()]
+    known = [n for n in names if n in ENGINES or n in STAGE2_STEPS or n in warmup.spec_kinds()]
     return known if names else list(ENGINES)
 
 
 def warm_names(engines: list[str], family: ProductFamily | None) -> list[str]:
     """The warm-up list of a run of ``engines`` on records of ``family`` (``peek_family``;
-    None: unknown, the Normal-Wishart-only kernels): ``EVERY_FAMILY`` or ``NW_CELLS`` added
+    None: unknown, the Normal-Wishart-only kernels): ``warmup.EVERY_FAMILY`` or ``warmup.NW_CELLS`` added
     when its spec is of their type, so that the workers compile the kernels the run calls."""
-    kind = [k for k, t in _spec_kinds().items() if family is not None and family.spec.dtype == t]
+    kind = [
+        k for k, t in warmup.spec_kinds().items() if family is not None and family.spec.dtype == t
+    ]
     return [*engines, *kind]
 
 
@@ -281,35 +97,24 @@ def warm_kernels(
     process of ``warm_here_with_helper``, which compiles and does not load."""
     _warm_kernels(names, helper)
     if every_product:
-        for dtype in _spec_kinds().values():
-            with _toy_spec(dtype):
+        for dtype in warmup.spec_kinds().values():
+            with warmup.toy_spec(dtype):
                 _warm_kernels(names, helper)
-
-
-@contextlib.contextmanager
-def _toy_spec(dtype: Any) -> Iterator[None]:
-    """``toy_family``'s spec of type ``dtype`` while inside."""
-    global _toy_spec_dtype
-    _toy_spec_dtype = dtype
-    try:
-        yield
-    finally:
-        _toy_spec_dtype = None
 
 
 def _warm_kernels(names: list[str] | None, helper: bool = False) -> None:
     names = names or warm_engines()
-    kinds = _spec_kinds()
+    kinds = warmup.spec_kinds()
     engines = [n for n in names if n not in kinds]
     kind = [kinds[n] for n in names if n in kinds]
-    if kind and _toy_spec_dtype is None:
-        with _toy_spec(kind[0]):
+    if kind and warmup.toy_spec_dtype() is None:
+        with warmup.toy_spec(kind[0]):
             _warm_steps(engines, helper)
     else:
         _warm_steps(engines, helper)
-        if _toy_spec_dtype is not None:  # a later round (``every_product``): no marker
+        if warmup.toy_spec_dtype() is not None:  # a later round (``every_product``): no marker
             return
-    marker = _warm_marker(names)
+    marker = warmup.warm_marker(names)
     # a cache that cannot be written (an image's, read-only) has its kernels, not a marker
     with contextlib.suppress(OSError):
         marker.parent.mkdir(parents=True, exist_ok=True)
@@ -321,15 +126,15 @@ def _warm_steps(names: list[str], helper: bool = False) -> None:
 
     steps = [s for n in names if n not in STAGE2_STEPS for s in get_engine(n).warm_steps()]
     stage2 = [(stage2_step(n), STAGE2_STEPS[n]) for n in names if n in STAGE2_STEPS]
-    obs = ("observation-models", warm_observation_models)
-    marginals = ("observation-marginals", warm_observation_marginals)
-    factors = ("observation-factors", warm_observation_factors)
+    obs = ("observation-models", warmup.warm_observation_models)
+    marginals = ("observation-marginals", warmup.warm_observation_marginals)
+    factors = ("observation-factors", warmup.warm_observation_factors)
     load = not helper
     if not stage2:
         # every engine's sweep calls the observation models: loaded first, they are compiled
         # once; the process that finds them taken waits, then compiles the marginals or a step
-        compile_once(*obs)
-        run_steps([marginals, *steps], load)
+        warmup.compile_once(*obs)
+        warmup.run_steps([marginals, *steps], load)
     elif helper:
         # the helper of a command whose workers are its threads: that process compiles the
         # observation models, then the engine's first step (its sweep) and its last (the start,
@@ -339,12 +144,12 @@ def _warm_steps(names: list[str], helper: bool = False) -> None:
         # it is as early as that process, which must take the observation models its own steps
         # call (and loads the factors' change when it gets to ``update``); it then takes what
         # is left
-        run_steps([factors, marginals, *steps[1:-1], *stage2, obs, *steps], load)
+        warmup.run_steps([factors, marginals, *steps[1:-1], *stage2, obs, *steps], load)
     else:
         # a stage 2 (BHC over summaries) calls the marginals, not the sweep's kernels: the
         # process that finds the observation models taken compiles the marginals and stage 2
         # meanwhile, then each goes on to the engine's steps
-        run_steps([obs, marginals, *stage2, *steps], load)
+        warmup.run_steps([obs, marginals, *stage2, *steps], load)
 
 
 def warm_here(names: list[str] | None = None, helper: bool = False) -> None:
@@ -370,19 +175,19 @@ def warm_here_with_helper(names: list[str]) -> Iterator[None]:
 
     Numba compiles under one lock per process (``numba.core.compiler_lock``), so threads
     compile one after the other, on one core. A helper process takes the warm-up steps this
-    one is not at (``run_steps``: the Normal-Wishart factors' change, the marginals, the
+    one is not at (``warmup.run_steps``: the Normal-Wishart factors' change, the marginals, the
     sweep's packed predictives, the engine's reduce and stage 2's BHC while this one compiles
     the observation models, the sweep and the start) and writes them to the numba cache, from
     which this process loads them. Stage 2 runs last: this process does not
     wait for its kernels before the run starts, the stage waits for the helper instead
-    (``pipeline.ops.stage2.run_stage2``, ``await_step``), so that the helper's last and longest
+    (``pipeline.ops.stage2.run_stage2``, ``warmup.await_step``), so that the helper's last and longest
     step overlaps the flow's start and passes. The helper is a fork of this process
     (``_start_helper``), so it imports nothing. With a warm cache, or one core, no helper
     starts. The helper is a speed-up only: if it fails or dies, its locks are released and this
     process compiles what it left; it is waited for (``HELPER_GRACE``, then killed) when the
     run is over."""
     finish = None
-    if (os.cpu_count() or 1) > 1 and not kernels_cached(names):
+    if (os.cpu_count() or 1) > 1 and not warmup.kernels_cached(names):
         finish = _start_helper(names)
     try:
         warm_here([n for n in names if n not in STAGE2_STEPS] if finish else names)
@@ -459,7 +264,7 @@ def _import_warm_up(names: list[str]) -> None:
     for name in names:
         if name in STAGE2_STEPS:
             importlib.import_module("pipeline.ops.stage2")
-        elif name not in _spec_kinds():
+        elif name not in warmup.spec_kinds():
             get_engine(name)
 
 
@@ -495,7 +300,7 @@ def warm_fork_server() -> None:
     each at every run's start, while the driver waits for its cluster. Meanwhile the driver
     imports Prefect: the server is ready long before the cluster starts.
 
-    Only kernels that a complete warm-up left in the cache (``kernels_cached``) are loaded.
+    Only kernels that a complete warm-up left in the cache (``warmup.kernels_cached``) are loaded.
     With an empty cache the workers compile them as before, two groups at once, instead of this
     one process compiling all of them while they wait. Stage 2's kernels are left to the
     workers too: some are numba ``parallel=True`` functions, and numba's threading layer must
@@ -505,7 +310,7 @@ def warm_fork_server() -> None:
     names = [n.strip() for n in os.environ.get(FORK_WARM_ENV, "").split(",") if n.strip()]
     names = [n for n in names if n not in STAGE2_STEPS]
     try:
-        cached = bool(names) and kernels_cached(names)
+        cached = bool(names) and warmup.kernels_cached(names)
     except OSError:
         # the fork server must start whatever happens here: its workers then load the kernels
         logger.warning("dpmm fork server warm-up skipped", exc_info=True)

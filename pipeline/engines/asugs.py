@@ -30,8 +30,8 @@ import numpy as np
 from kernels import asugs as kasugs
 from kernels import mapdp as kmapdp
 from pipeline.core.persist import register
+from pipeline.data.labels import WriteResult, emit_chunk
 from pipeline.data.store import StoreInfo, iter_chunks
-from pipeline.distributed.writeout import WriteResult, emit_chunk
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext
 from pipeline.engines.mixture import plot_rate, predict
 from pipeline.engines.mixture_state import IntArray, chunk_seed
@@ -239,7 +239,7 @@ class AsugsEngine(Engine):
 
     def warm_up(self) -> None:
         """Load the stream's kernels on toy records."""
-        from pipeline.distributed.worker_setup import toy_family
+        from pipeline.engines.warmup import toy_family
 
         X, family = toy_family()
         sp = check_stream_params(DEFAULT_LAM, None, "greedy", True, 4, PRUNE_WEIGHT)

@@ -37,7 +37,7 @@ import numpy as np
 from kernels import bayes_kmeans as kbk
 from kernels import ihmm as kihmm
 from pipeline.core.persist import register
-from pipeline.distributed.writeout import WriteResult, emit_chunk
+from pipeline.data.labels import WriteResult, emit_chunk
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext, stop_reason
 from pipeline.engines.mixture_state import IntArray, current_labels
 from pipeline.families import FloatArray, ProductFamily
@@ -398,7 +398,7 @@ class IhmmEngine(Engine):
 
     def warm_up(self) -> None:
         """Load the sweep, the deltas and the write-out's kernels on toy records."""
-        from pipeline.distributed.worker_setup import toy_family
+        from pipeline.engines.warmup import toy_family
 
         X, family = toy_family()
         starts = starts_of(None, X.shape[0])

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from kernels import mapdp as kmapdp
-from pipeline.distributed.writeout import emit_chunk
+from pipeline.data.labels import emit_chunk
 from pipeline.engines.base import Chunk
 from pipeline.engines.mixture import IntArray, MixtureEngine, PassInput, Sweep, predict
 

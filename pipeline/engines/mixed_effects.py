@@ -40,8 +40,8 @@ import numpy as np
 
 from kernels import mixed_effects as kme
 from pipeline.core.persist import register
+from pipeline.data.labels import emit_chunk
 from pipeline.data.store import iter_chunks
-from pipeline.distributed.writeout import emit_chunk
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext
 from pipeline.models.mixed_effects import (
     DEFAULT_SHRINK,

@@ -40,8 +40,8 @@ from kernels import partition as kpartition
 from kernels.obs import gaussian_nw
 from kernels.rng import shuffle
 from pipeline.core.config import FitParams
+from pipeline.data.labels import WriteResult, emit_chunk
 from pipeline.data.store import StoreInfo
-from pipeline.distributed.writeout import WriteResult, emit_chunk
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext, stop_reason
 from pipeline.engines.mixture_start import MIXTURE_REDUCE_STEP, initial_state, warm_reduce
 from pipeline.engines.mixture_state import (
@@ -387,7 +387,7 @@ class MixtureEngine(Engine):
             step()
 
     def _warm_sweep(self) -> None:
-        from pipeline.distributed.worker_setup import toy_family
+        from pipeline.engines.warmup import toy_family
 
         X, family = toy_family()
         n = X.shape[0]
@@ -412,7 +412,7 @@ def _warm_packed() -> None:
     (``kernels.mapdp.pack_slots``, ``gaussian_nw.packed_log_predictives``), with the argument
     types of those calls: a step of their own, which the other process compiles while this
     one compiles the observation models, so that the sweep's compile loads them."""
-    from pipeline.distributed.worker_setup import toy_family
+    from pipeline.engines.warmup import toy_family
 
     X, family = toy_family()
     stats = family.stats_of(X, np.zeros(X.shape[0], dtype=np.int64), 1)
@@ -433,7 +433,7 @@ def _warm_packed() -> None:
 
 
 def _warm_start() -> None:
-    from pipeline.distributed.worker_setup import compile_once, toy_family
+    from pipeline.engines.warmup import compile_once, toy_family
 
     X, family = toy_family()
     order = np.arange(X.shape[0], dtype=np.int64)
@@ -469,6 +469,6 @@ def predict(
 
 def plot_rate(info: StoreInfo) -> float:
     """Share of rows (by a hash of the row index) kept for the report's projection."""
-    from pipeline.distributed.writeout import PLOT_POINTS
+    from pipeline.data.labels import PLOT_POINTS
 
     return min(1.0, PLOT_POINTS / max(info.n_rows, 1))

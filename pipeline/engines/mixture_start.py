@@ -22,6 +22,7 @@ from kernels import mapdp as kmapdp
 from kernels import partition as kpartition
 from pipeline.core.config import MAX_SEEDS, FitParams
 from pipeline.data.store import StoreInfo, iter_chunks, row_uniform
+from pipeline.engines import warmup
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.engines.mixture_state import IntArray, PassState, chunk_seed
 from pipeline.families import FloatArray, ProductFamily
@@ -157,7 +158,7 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
     )
 
 
-#: the warm-up step of ``warm_reduce``'s kernels (``pipeline.distributed.worker_setup.compile_once``)
+#: the warm-up step of ``warm_reduce``'s kernels (``pipeline.engines.warmup.compile_once``)
 MIXTURE_REDUCE_STEP = "mixture-reduce"
 
 
@@ -165,19 +166,18 @@ def warm_driver(X: FloatArray | None = None, family: ProductFamily | None = None
     """Load the numba kernels ``reduce_pass`` calls and the report's matplotlib, so that their
     first real use does not pay for loading them; the kernels on records X (n, D) of the run's
     own ``family`` when given (its spec type picks them: ``kernels.obs.product``). They are
-    compiled by one process of the run only (``pipeline.distributed.worker_setup.compile_once``): a worker
+    compiled by one process of the run only (``pipeline.engines.warmup.compile_once``): a worker
     may be at it already."""
-    from pipeline.distributed.worker_setup import compile_once
-    from pipeline.ops import report
+    from pipeline.engines.warmup import compile_once
 
     compile_once(MIXTURE_REDUCE_STEP, lambda: warm_reduce(X, family))
-    report.load_matplotlib()
+    warmup.load_matplotlib()
 
 
 def warm_reduce(X: FloatArray | None = None, family: ProductFamily | None = None) -> None:
     """Load the kernels of ``reduce_pass`` (the merge test, the objective from statistics, the
     concentration's MAP) on records X of ``family``, by default toy ones."""
-    from pipeline.distributed.worker_setup import toy_family
+    from pipeline.engines.warmup import toy_family
 
     if X is None or family is None:
         X, family = toy_family()

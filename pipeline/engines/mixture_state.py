@@ -14,8 +14,8 @@ import zarr
 from numpy.typing import NDArray
 
 from pipeline.core.persist import register
+from pipeline.data.labels import WriteResult
 from pipeline.data.store import iter_chunks
-from pipeline.distributed.writeout import WriteResult
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.families import FloatArray
 

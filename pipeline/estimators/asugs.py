@@ -17,10 +17,10 @@ from numpy.typing import NDArray
 
 from kernels import asugs as kasugs
 from pipeline.core import config
+from pipeline.core.config import check_scale
 from pipeline.core.persist import register
 from pipeline.estimators.base import MixtureEstimator
 from pipeline.families import FloatArray, ProductFamily
-from pipeline.families.gaussian import check_scale
 from pipeline.models.mapdp import as_seed_sequence, seed_state
 
 IntArray = NDArray[np.int64]

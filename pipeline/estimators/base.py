@@ -116,8 +116,8 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
     def _check_tuning(self) -> None:
         """``prior_scale`` and ``tune`` (``pipeline.estimators.tuning``), for the estimators that take
         them."""
+        from pipeline.core.config import check_scale
         from pipeline.estimators.tuning import check_tune
-        from pipeline.families.gaussian import check_scale
 
         if getattr(self, "prior_scale", None) is not None:
             check_scale(self.prior_scale)
@@ -287,7 +287,7 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
     def cluster_summary(self) -> pd.DataFrame:
         """One row per cluster: size, weight N_k / (N + N0), log marginal and each family's
         posterior parameters (the table a run writes to ``clusters.parquet``)."""
-        from pipeline.ops.report import cluster_table
+        from pipeline.families.schema import cluster_table
 
         check_is_fitted(self, "cluster_stats_")
         return cluster_table(self.cluster_stats_, self.alpha_, self.family_, self.schema_)

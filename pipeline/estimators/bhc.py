@@ -19,13 +19,11 @@ from scipy.special import logsumexp
 
 from kernels import bayes_kmeans as kbk
 from kernels import bhc as kbhc
-from kernels.alloc import crp
-from kernels.obs import product as kproduct
 from pipeline.core import config
 from pipeline.estimators.base import MixtureEstimator
 from pipeline.families import Family, ProductFamily, as_product, check_summaries
+from pipeline.models.bhc import build_tree
 from pipeline.models.mapdp import as_seed_sequence
-from pipeline.models.tree import Tree, tree_dtype
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -33,7 +31,6 @@ IntArray = NDArray[np.int64]
 _METHODS = ("bhc", "bayes-kmeans")
 
 
-BHC_FIELDS = ("log_r", "log_pi", "log_p", "log_ph1", "log_omega")
 """The fields a BHC tree adds to ``pipeline.models.tree.BASE_FIELDS`` (n_nodes = 2M - 1): log r_k =
 log p(H_1^k | D_k) (eq. 8, 0 at leaves); log pi_k (Section 3; a leaf of n records has
 d = alpha Gamma(n), pi = 1); log p(D_k | T_k) (eq. 7); log p(D_k | H_1^k) (eq. 6, the log marginal
@@ -211,7 +208,7 @@ class BHC(MixtureEstimator):
             leaves = stats
         self.n_leaves_in_ = m
         self.leaf_groups_ = groups
-        self.tree_ = _build_tree(leaves, fam, log_alpha, int(self.n_top), self._min_parallel())
+        self.tree_ = build_tree(leaves, fam, log_alpha, int(self.n_top), self._min_parallel())
         tree = self.tree_
         root = tree.root
         labels, nodes = kbhc.cut(tree.left, tree.right, tree.log_r, tree.n_leaves)
@@ -329,49 +326,3 @@ class BHC(MixtureEstimator):
         stats = np.ascontiguousarray(self.tree_.stats[self.cluster_nodes_])
         lp = kbhc.log_predictive_matrix(Xa, stats, fam.spec, fam.prior)
         return np.argmax(lp + np.log(stats[:, 0])[None, :], axis=1).astype(np.int64)
-
-
-def _build_tree(
-    leaves: FloatArray, fam: ProductFamily, log_alpha: float, n_top: int, min_parallel: int | None
-) -> Tree:
-    left, right, n, log_r, log_d, log_pi, log_p, log_ph1, node_stats = kbhc.bhc(
-        leaves, fam.spec, fam.prior, log_alpha, n_top, min_parallel
-    )
-    cap = left.shape[0]
-    M = (cap + 1) // 2
-    table = np.zeros(cap, dtype=tree_dtype(*BHC_FIELDS))
-    table["node"] = np.arange(cap)
-    table["parent"] = -1
-    table["n_leaves_below"] = 1
-    for k in range(M, cap):
-        table["parent"][left[k]] = k
-        table["parent"][right[k]] = k
-        table["n_leaves_below"][k] = (
-            table["n_leaves_below"][left[k]] + table["n_leaves_below"][right[k]]
-        )
-    table["left"], table["right"], table["n"] = left, right, n
-    table["log_d"], table["log_r"], table["log_pi"] = log_d, log_r, log_pi
-    table["log_p"], table["log_ph1"] = log_p, log_ph1
-    table["log_omega"] = kbhc.log_block_posterior(left, right, log_d, log_p, log_r)
-    return Tree(table, node_stats)
-
-
-def dpm_log_joint(stats: ArrayLike, family: Family | ProductFamily, alpha: float) -> float:
-    """log of eq. 5's summand for one partition: log p(v | alpha) + sum_l log p(D_l^v), the
-    CRP's ``kernels.alloc.crp.log_eppf`` plus ``kernels.obs.product.log_marginals``.
-
-    Parameters
-    ----------
-    stats : array-like of shape (K, S)
-        One statistics row per block.
-    family : Family or ProductFamily
-    alpha : float
-
-    Returns
-    -------
-    float
-    """
-    fam = as_product(family)
-    S = np.ascontiguousarray(np.atleast_2d(np.asarray(stats, dtype=np.float64)))
-    lm = float(kproduct.log_marginals(S, fam.spec, fam.prior).sum())
-    return float(crp.log_eppf(np.ascontiguousarray(S[:, 0]), S.shape[0], float(alpha))) + lm

@@ -16,10 +16,10 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
 
 from pipeline.core import config
+from pipeline.core.config import check_scale
 from pipeline.core.errors import InputError
 from pipeline.estimators.base import MixtureEstimator
 from pipeline.families import FloatArray
-from pipeline.families.gaussian import check_scale
 from pipeline.models.ihmm import (
     M_COUNTS,
     PRIOR_SCALE,
@@ -271,7 +271,7 @@ class _SequenceEstimator(MixtureEstimator):
 
     def state_summary(self) -> pd.DataFrame:
         """One row per state: size, log marginal and each family's posterior parameters."""
-        from pipeline.ops.report import cluster_table
+        from pipeline.families.schema import cluster_table
 
         check_is_fitted(self, "state_stats_")
         return cluster_table(self.state_stats_, self.alpha_, self.family_, self.schema_)

@@ -22,7 +22,7 @@ A model is a directory holding one ``pipeline.core.persist`` record, ``model.jso
 ``fitted``          the fitted attributes the estimator predicts and scores with (cluster
                     statistics and sizes, a BHC tree as its columns and node statistics, ...)
 ``metadata``        free-form (a run's input, passes, ...)
-``versions``        Python and package versions that wrote it (``pipeline.data.io.versions``)
+``versions``        Python and package versions that wrote it (``pipeline.core.outputs.versions``)
 ==================  ===========================================================================
 
 The arrays (cluster statistics, tree columns) are members of ``model.npz``; the JSON records
@@ -48,8 +48,9 @@ from typing import Any
 import numpy as np
 
 from pipeline.core import persist, storage
+from pipeline.core.outputs import versions
+from pipeline.core.paths import commit_dir, temp_sibling
 from pipeline.core.persist import PersistError
-from pipeline.data.io import commit_dir, temp_sibling, versions
 
 MODEL_FORMAT = "dpmm-pipeline model"
 MODEL_VERSION = 1

@@ -12,6 +12,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from kernels.obs import product
+from pipeline.core.config import check_scale
 from pipeline.core.persist import register
 from pipeline.families.base import (
     Family,
@@ -26,21 +27,6 @@ from pipeline.families.base import (
 
 #: the default prior scale of ``GaussianNW.empirical_bayes`` (its docstring says why)
 DEFAULT_SCALE = 0.3
-
-
-def check_scale(scale: float) -> float:
-    """A prior scale: the share of the data's variance a cluster is expected to carry, in
-    (0, 1)."""
-    try:
-        s = float(scale)
-    except (TypeError, ValueError):
-        raise ValueError(f"prior_scale must be a number in (0, 1), got {scale!r}") from None
-    if not 0.0 < s < 1.0:
-        raise ValueError(
-            f"prior_scale must be in (0, 1) (the share of the data's variance one cluster is "
-            f"expected to carry), got {scale!r}"
-        )
-    return s
 
 
 #: the finest recording grid ``recording_step`` looks for: 10^-MAX_DECIMALS

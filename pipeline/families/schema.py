@@ -389,3 +389,22 @@ class Schema:
 
     def names_of(self, family: ProductFamily) -> list[list[str]]:
         return [[self.columns[j] for j in cols] for _f, cols in family.groups]
+
+
+def cluster_table(
+    stats: FloatArray, alpha: float, family: ProductFamily, schema: Schema
+) -> pd.DataFrame:
+    """One row per cluster: size, weight N_k / (N + N0) and each family's posterior summary
+    (as ``MAPDP.cluster_summary``)."""
+    names = schema.names_of(family)
+    slices = family.stat_slices()
+    n = float(stats[:, 0].sum())
+    rows = []
+    for k in range(stats.shape[0]):
+        row: dict[str, Any] = {"cluster": k, "size": round(float(stats[k, 0]))}
+        row["weight"] = float(stats[k, 0] / (n + alpha))
+        row["log_marginal"] = family.log_marginal_stats(stats[k])
+        for (fam, _cols), nm, sl in zip(family.groups, names, slices):
+            row.update(fam.posterior_summary(stats[k, sl], nm))
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -27,11 +27,11 @@ import numpy as np
 import pandas as pd
 
 from pipeline.core import storage
+from pipeline.core.config import check_scale
 from pipeline.core.errors import InputError
 from pipeline.core.paths import safe_name
 from pipeline.data.store import Store, StoreInfo
 from pipeline.estimators.search import select_index
-from pipeline.families.gaussian import check_scale
 
 GAUSSIAN_VARIANTS = ("gaussian", "diag-gaussian")
 

@@ -20,7 +20,8 @@ import pandas as pd
 
 from pipeline.core import storage
 from pipeline.core.errors import InputError
-from pipeline.data.io import read_table, versions, write_json
+from pipeline.core.outputs import versions, write_json
+from pipeline.data.sources import read_table
 from pipeline.data.store import Store, StoreInfo, input_positions
 
 
@@ -68,7 +69,7 @@ def hmm_outputs(
     transition matrix."""
     import zarr
 
-    from pipeline.ops.report import cluster_table
+    from pipeline.families.schema import cluster_table
 
     def read(name: str) -> np.ndarray:
         return np.asarray(zarr.open_array(str(partial / "labels.zarr" / name), mode="r")[:])

@@ -18,6 +18,7 @@ import pandas as pd
 from pipeline.core import storage
 from pipeline.core.config import MAX_PASSES, MIN_CHANGE, TOL, FitParams
 from pipeline.core.errors import InputError
+from pipeline.data import sources
 from pipeline.data.store import Store, StoreInfo, iter_chunks
 from pipeline.distributed import loop
 from pipeline.engines import get_engine
@@ -62,7 +63,7 @@ def read_input(path: str, cols: Columns) -> pd.DataFrame:
     from pipeline.data import io as pio
 
     pio.check_file(path)
-    df = pio.read_table(path)
+    df = sources.read_table(path)
     cols.check([str(c) for c in df.columns], path)
     df = df[[cols.subject, *cols.covariates, cols.response]].reset_index(drop=True)
     if df.shape[0] == 0:

@@ -11,27 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.families import FloatArray, ProductFamily
-from pipeline.families.schema import Schema
-
-
-def cluster_table(
-    stats: FloatArray, alpha: float, family: ProductFamily, schema: Schema
-) -> pd.DataFrame:
-    """One row per cluster: size, weight N_k / (N + N0) and each family's posterior summary
-    (as ``MAPDP.cluster_summary``)."""
-    names = schema.names_of(family)
-    slices = family.stat_slices()
-    n = float(stats[:, 0].sum())
-    rows = []
-    for k in range(stats.shape[0]):
-        row: dict[str, Any] = {"cluster": k, "size": round(float(stats[k, 0]))}
-        row["weight"] = float(stats[k, 0] / (n + alpha))
-        row["log_marginal"] = family.log_marginal_stats(stats[k])
-        for (fam, _cols), nm, sl in zip(family.groups, names, slices):
-            row.update(fam.posterior_summary(stats[k, sl], nm))
-        rows.append(row)
-    return pd.DataFrame(rows)
+from pipeline.families import FloatArray
 
 
 def _projection(X: FloatArray, cov: FloatArray, mean: FloatArray) -> FloatArray:
@@ -41,12 +21,6 @@ def _projection(X: FloatArray, cov: FloatArray, mean: FloatArray) -> FloatArray:
     w, V = np.linalg.eigh(0.5 * (cov + cov.T))
     axes = V[:, np.argsort(w)[::-1][:2]]
     return (X - mean) @ axes
-
-
-def load_matplotlib() -> None:
-    """Import what ``figures`` draws with (most of its first call's time)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
-    from matplotlib.figure import Figure  # noqa: F401
 
 
 def figures(

@@ -15,13 +15,14 @@ from numpy.typing import NDArray
 
 from pipeline.core import storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE, FitParams
+from pipeline.core.outputs import versions, write_json
 from pipeline.data import dataset
-from pipeline.data.io import versions, write_json
 from pipeline.data.store import Store, StoreInfo
 from pipeline.distributed.loop import context
 from pipeline.distributed.writeout import WriteSummary
 from pipeline.engines.base import RunContext
 from pipeline.engines.mixture_state import PassState
+from pipeline.families import schema
 from pipeline.families.stats import Stats
 
 IntArray = NDArray[np.int64]
@@ -223,7 +224,7 @@ def finish(
     from pipeline.ops import report as rep
 
     final = Stats(state.stats, info.family).merged(mapping).array
-    clusters = rep.cluster_table(final, state.alpha, info.family, info.schema)
+    clusters = schema.cluster_table(final, state.alpha, info.family, info.schema)
     total = sum(timing.values())
     pass_seconds = sum(h.get("seconds", 0.0) for h in state.history)
     n_passes = len(state.history)

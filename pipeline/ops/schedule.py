@@ -47,9 +47,9 @@ from typing import Any
 
 from pipeline.core import storage
 from pipeline.core.errors import InputError
+from pipeline.core.outputs import write_json
 from pipeline.core.paths import safe_name
 from pipeline.core.storage import Loc, RemotePath
-from pipeline.data.io import write_json
 
 PARTITION = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
 POINTER = "LATEST"

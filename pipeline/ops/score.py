@@ -26,9 +26,9 @@ import numpy as np
 import zarr
 
 from pipeline.core import storage
-from pipeline.data.io import versions, write_json
+from pipeline.core.outputs import versions, write_json
+from pipeline.data.labels import WriteResult, create_labels, emit_chunk
 from pipeline.data.store import Store, StoreInfo, iter_chunks
-from pipeline.distributed.writeout import WriteResult, create_labels, emit_chunk
 from pipeline.families import FloatArray, ProductFamily
 
 

@@ -18,7 +18,8 @@ import pandas as pd
 from numpy.typing import NDArray
 
 from kernels import partition as kpartition
-from pipeline.distributed.worker_setup import await_step, stage2_step
+from pipeline.distributed.worker_setup import stage2_step
+from pipeline.engines.warmup import await_step
 from pipeline.estimators.bhc import BHC
 from pipeline.families import ProductFamily
 

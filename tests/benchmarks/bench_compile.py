@@ -69,11 +69,12 @@ event.register("numba:llvm_lock", Llvm())
 
 from pipeline.distributed import worker_setup as ws
 from pipeline.engines import get_engine
+from pipeline.engines import warmup
 
 steps = [
-    ("observation-factors", ws.warm_observation_factors),
-    ("observation-models", ws.warm_observation_models),
-    ("observation-marginals", ws.warm_observation_marginals),
+    ("observation-factors", warmup.warm_observation_factors),
+    ("observation-models", warmup.warm_observation_models),
+    ("observation-marginals", warmup.warm_observation_marginals),
     ("stage2-bhc", ws.STAGE2_STEPS["bhc"]),
     *get_engine("mapdp").warm_steps(),
 ]

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from flows.cli import main
-from pipeline.data import io as pio
+from pipeline.data import sources
 from pipeline.estimators.mapdp import MAPDP
 
 
@@ -68,7 +68,7 @@ def fit(df: pd.DataFrame, **kw: object) -> Callable[[Path], object]:
 
 
 def read(name: str) -> Callable[[Path], object]:
-    return lambda d: pio.read_table(d / name)
+    return lambda d: sources.read_table(d / name)
 
 
 NAN = with_value("b", 5, np.nan)
@@ -207,7 +207,7 @@ CASES = [
         csv_of(good_frame()),
         ["data.csv", "no column 'zz'", "columns are"],
         args=["--columns", "a,zz"],
-        library=lambda d: pio.read_table(d / "data.csv", columns=["a", "zz"]),
+        library=lambda d: sources.read_table(d / "data.csv", columns=["a", "zz"]),
     ),
     Case(
         "missing-label-column",

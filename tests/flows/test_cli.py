@@ -13,7 +13,10 @@ import pandas as pd
 import pytest
 
 from flows.cli import build_parser, main
+from pipeline.core import outputs as core_outputs
+from pipeline.core import paths
 from pipeline.data import io as pio
+from pipeline.data import sources
 
 CENTERS = np.array([[0.0, 0.0], [30.0, 30.0], [-30.0, 30.0]])
 
@@ -39,7 +42,7 @@ def outputs(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
 
 
 def no_leftovers(out: Path) -> bool:
-    return not pio.temp_sibling(out).exists() and not (out.parent / f".{out.name}.old").exists()
+    return not paths.temp_sibling(out).exists() and not (out.parent / f".{out.name}.old").exists()
 
 
 @pytest.fixture
@@ -100,7 +103,7 @@ def test_other_formats(form: str, tmp_path: Path, capsys) -> None:
         p = tmp_path / "data.csv.gz"
         df.to_csv(p, index=False)
     label = "x2" if form == "npy" else "truth"
-    read = pio.read_table(p)
+    read = sources.read_table(p)
     assert read.shape == (300, 3)
     np.testing.assert_allclose(read.to_numpy(dtype=float), df.to_numpy(dtype=float))
     out = tmp_path / "out"
@@ -312,24 +315,26 @@ def test_real_subprocess(csv_path: Path, tmp_path: Path) -> None:
 def test_read_table_columns_and_rows(tmp_path: Path) -> None:
     p = tmp_path / "d.csv"
     p.write_text('a,b,c\n1,2,3\n\n4,5,6\n"7",8,9\n')
-    df = pio.read_table(p, columns=["c", "a"])
+    df = sources.read_table(p, columns=["c", "a"])
     assert list(df.columns) == ["c", "a"] and df.shape == (3, 2)
     assert pio.describe_row(p, 0) == "row 0 (line 2)"
     assert pio.describe_row(p, 1) == "row 1 (line 4)"  # the blank line is skipped
     assert pio.describe_row(tmp_path / "d.parquet", 1) == "row 1 (0-based)"
     st = np.zeros(3, dtype=[("u", "f8"), ("v", "i4")])
     np.save(tmp_path / "s.npy", st)
-    assert list(pio.read_table(tmp_path / "s.npy").columns) == ["u", "v"]
+    assert list(sources.read_table(tmp_path / "s.npy").columns) == ["u", "v"]
 
 
 def test_staged_dir_failure_leaves_nothing(tmp_path: Path) -> None:
     out = tmp_path / "res"
-    with pytest.raises(RuntimeError), pio.staged_dir(out) as tmp:
+    with pytest.raises(RuntimeError), core_outputs.staged_dir(out) as tmp:
         (tmp / "x.txt").write_text("half")
         raise RuntimeError("boom")
     assert not out.exists() and no_leftovers(out)
-    with pio.staged_dir(out) as tmp:
-        pio.write_outputs(tmp, {"t": pd.DataFrame({"a": [1]})}, {"run": {"v": np.float64(1)}})
+    with core_outputs.staged_dir(out) as tmp:
+        core_outputs.write_outputs(
+            tmp, {"t": pd.DataFrame({"a": [1]})}, {"run": {"v": np.float64(1)}}
+        )
     assert sorted(f.name for f in out.iterdir()) == ["run.json", "t.parquet"]
     assert json.loads((out / "run.json").read_text()) == {"v": 1.0}
 

@@ -14,7 +14,7 @@ from prefect.testing.utilities import prefect_test_harness
 
 from flows.cli import main
 from flows.cv import FAULT_ENV, run_cv_flow
-from pipeline.data.io import temp_sibling
+from pipeline.core.paths import temp_sibling
 from pipeline.data.store import Store
 from pipeline.distributed.loop import InjectedFault
 from pipeline.estimators.mapdp import MAPDP

@@ -23,7 +23,7 @@ from flows.cli import main
 from flows.cli.run import add_run_parser
 from flows.cluster import cluster
 from pipeline.core.config import INIT_SAMPLE
-from pipeline.data.io import temp_sibling
+from pipeline.core.paths import temp_sibling
 from pipeline.data.store import Store
 from pipeline.distributed import loop
 

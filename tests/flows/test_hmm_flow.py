@@ -16,7 +16,7 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from flows.cli import main
 from flows.hmm import hmm
-from pipeline.data.io import temp_sibling
+from pipeline.core.paths import temp_sibling
 from tests.pipeline.test_ihmm_engine import sequences_frame
 
 

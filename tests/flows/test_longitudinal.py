@@ -17,7 +17,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from flows.cli import main
 from flows.longitudinal import longitudinal
 from pipeline import MixedEffectsDP
-from pipeline.data.io import temp_sibling
+from pipeline.core.paths import temp_sibling
 from pipeline.data.synthetic import sample_longitudinal
 from pipeline.estimators.model import load_model
 

@@ -16,7 +16,7 @@ from prefect.testing.utilities import prefect_test_harness
 from flows.cli import main
 from flows.cluster import cluster
 from flows.score import score
-from pipeline.data.io import temp_sibling
+from pipeline.core.paths import temp_sibling
 from pipeline.estimators.model import load_model
 from tests.flows.test_run_model import write_mixed
 

@@ -30,9 +30,9 @@ import psutil
 import pytest
 
 from flows.cli import main
+from pipeline.core import outputs
 from pipeline.core.errors import InputError
 from pipeline.core.paths import check_separate, child, safe_name
-from pipeline.data import io as pio
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -329,7 +329,7 @@ def test_generated_names_are_one_plain_component(name: str, tmp_path: Path):
     with pytest.raises(ValueError, match="file name"):
         child(tmp_path, name)
     with pytest.raises(ValueError):
-        pio.write_outputs(tmp_path / "out", json_files={name: {"a": 1}})
+        outputs.write_outputs(tmp_path / "out", json_files={name: {"a": 1}})
     assert not any(tmp_path.parent.rglob("passwd.json")) and not (tmp_path / "x.json").exists()
 
 

@@ -24,9 +24,10 @@ from scipy.special import logsumexp
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
 from kernels import bhc as kbhc
-from pipeline.estimators.bhc import BHC, dpm_log_joint
+from pipeline.estimators.bhc import BHC
 from pipeline.families import GaussianNW, ProductFamily
 from pipeline.models.exact import exact_log_marginal, restricted_growth_strings
+from tests.reference import dpm_log_joint
 
 # -- helpers -------------------------------------------------------------------------------
 

@@ -563,10 +563,9 @@ def test_default_root_follows_the_environment(monkeypatch, tmp_path: Path):
 
 
 def test_read_table_reads_as_ingest_reads(tmp_path: Path, monkeypatch):
-    """``pipeline.data.io.read_table`` (``dpmm cluster``) reads a file through ingest's pieces
+    """``pipeline.data.sources.read_table`` (``dpmm cluster``) reads a file through ingest's pieces
     (``pipeline.data.sources.read_file``): CSV in many pieces, TSV, Parquet directories, 2-D and
     structured ``.npy`` give the file's records exactly."""
-    from pipeline.data import io as pio
     from pipeline.data import sources
 
     monkeypatch.setattr(sources, "CSV_BLOCK_BYTES", 100)  # many CSV pieces
@@ -578,17 +577,17 @@ def test_read_table_reads_as_ingest_reads(tmp_path: Path, monkeypatch):
     df.iloc[:25].to_parquet(tmp_path / "pq.parquet" / "part-0.parquet")
     df.iloc[25:].to_parquet(tmp_path / "pq.parquet" / "part-1.parquet")
     for name in ("x.csv", "x.tsv", "pq.parquet"):
-        got = pio.read_table(tmp_path / name)
+        got = sources.read_table(tmp_path / name)
         pd.testing.assert_frame_equal(got.reset_index(drop=True), df, check_dtype=False)
     np.save(tmp_path / "x.npy", df.to_numpy(dtype=float))
-    got = pio.read_table(tmp_path / "x.npy")
+    got = sources.read_table(tmp_path / "x.npy")
     assert list(got.columns) == ["x0", "x1"]
     np.testing.assert_array_equal(got.to_numpy(), df.to_numpy(dtype=float))
     rec = np.zeros(40, dtype=[("a", "f8"), ("b", "i8")])
     rec["a"], rec["b"] = df["a"], df["b"]
     np.save(tmp_path / "rec.npy", rec)
-    pd.testing.assert_frame_equal(pio.read_table(tmp_path / "rec.npy"), df, check_dtype=False)
-    assert pio.read_table(tmp_path / "x.csv", columns=["b"]).columns.tolist() == ["b"]
+    pd.testing.assert_frame_equal(sources.read_table(tmp_path / "rec.npy"), df, check_dtype=False)
+    assert sources.read_table(tmp_path / "x.csv", columns=["b"]).columns.tolist() == ["b"]
 
 
 # -- the run's prior ------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from pipeline.distributed import loop
 from pipeline.distributed.summaries import identity_stage2, split_summaries, summary_counts
 from pipeline.distributed.writeout import label_scores
 from pipeline.distributed.writeout import write_out as _write_out
-from pipeline.engines import get_engine
+from pipeline.engines import get_engine, warmup
 from pipeline.engines.base import stop_reason
 from pipeline.engines.mixture import ChunkResult, reduce_pass
 from pipeline.engines.mixture_start import init_sample_rows, sample_state
@@ -312,7 +312,7 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
 
     monkeypatch.setenv(worker_setup.WARM_ENV, "mapdp, bhc, nosuch")
     # the steps are not run: no marker of a complete warm-up in the real cache
-    monkeypatch.setattr(worker_setup, "_warm_marker", lambda names: tmp_path / "marker")
+    monkeypatch.setattr(warmup, "warm_marker", lambda names: tmp_path / "marker")
     assert worker_setup.warm_engines() == ["mapdp", "bhc"]
     ran: list[str] = []
     loads: list[bool] = []
@@ -321,7 +321,7 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
         ran.extend(k for k, _ in steps)
         loads.append(load)
 
-    monkeypatch.setattr(worker_setup, "run_steps", run_steps)
+    monkeypatch.setattr(warmup, "run_steps", run_steps)
     worker_setup.warm_kernels()
     assert ran == [
         "observation-models",
@@ -366,9 +366,9 @@ def test_the_factors_step_compiles_what_update_calls(tmp_path: Path) -> None:
     code = (
         "from pipeline import worker_setup as ws\n"
         "from kernels.obs import gaussian_nw as g\n"
-        "ws.warm_observation_factors()\n"
+        "warmup.warm_observation_factors()\n"
         "assert len(g._change_factors.signatures) == 1\n"
-        "ws.warm_observation_models()\n"
+        "warmup.warm_observation_models()\n"
         "print(len(g._change_factors.signatures))\n"
     )
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
@@ -384,23 +384,23 @@ def test_a_complete_warm_up_leaves_its_marker(monkeypatch, tmp_path: Path):
     none (``warm_here_with_helper`` then starts a helper process to compile alongside)."""
     from pipeline.distributed import worker_setup
 
-    marker = worker_setup._warm_marker
+    marker = warmup.warm_marker
     assert marker(["bhc", "mapdp"]) == marker(["mapdp", "bhc"]) != marker(["mapdp"])
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
     assert marker(["mapdp"]).parent == tmp_path
-    assert not worker_setup.kernels_cached(["mapdp"])
-    monkeypatch.setattr(worker_setup, "run_steps", lambda steps, load=True: None)
-    monkeypatch.setattr(worker_setup, "compile_once", lambda key, step: None)
+    assert not warmup.kernels_cached(["mapdp"])
+    monkeypatch.setattr(warmup, "run_steps", lambda steps, load=True: None)
+    monkeypatch.setattr(warmup, "compile_once", lambda key, step: None)
     worker_setup.warm_kernels(["mapdp"])
-    assert worker_setup.kernels_cached(["mapdp"])
-    assert not worker_setup.kernels_cached(["mapdp", "bhc"])
+    assert warmup.kernels_cached(["mapdp"])
+    assert not warmup.kernels_cached(["mapdp", "bhc"])
 
     def fail(steps, load=True):
         raise RuntimeError("compilation failed")
 
-    monkeypatch.setattr(worker_setup, "run_steps", fail)
+    monkeypatch.setattr(warmup, "run_steps", fail)
     worker_setup.warm_here(["mapdp", "bhc"])  # logged: it only costs the speed-up
-    assert not worker_setup.kernels_cached(["mapdp", "bhc"])
+    assert not warmup.kernels_cached(["mapdp", "bhc"])
 
 
 _HELPER_STARTS = """
@@ -410,7 +410,7 @@ from pipeline.distributed import worker_setup as ws
 
 out, mode = Path(sys.argv[1]), sys.argv[2]
 os.cpu_count = lambda: 2
-ws.kernels_cached = lambda names: False
+warmup.kernels_cached = lambda names: False
 
 
 def seen(names=None, helper=False):
@@ -489,7 +489,7 @@ def step():
     time.sleep(0.5)
     Path(sys.argv[1]).touch()
 
-worker_setup.compile_once(worker_setup.stage2_step("bhc"), step)
+warmup.compile_once(worker_setup.stage2_step("bhc"), step)
 """
 
 
@@ -510,22 +510,22 @@ def test_await_step_waits_for_the_process_at_the_step(monkeypatch, tmp_path: Pat
     try:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "holding"
         assert not done.exists()
-        worker_setup.await_step(worker_setup.stage2_step("bhc"))
+        warmup.await_step(worker_setup.stage2_step("bhc"))
         assert done.exists()
     finally:
         assert proc.wait(timeout=60) == 0
-    worker_setup.await_step("a-step-nobody-is-at")
+    warmup.await_step("a-step-nobody-is-at")
     # a cache directory where no lock file can be made (read-only, or not a directory): the
     # stage does not fail, it has nothing to wait for
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "file" / "cache"))
-    worker_setup.await_step(worker_setup.stage2_step("bhc"))
+    warmup.await_step(worker_setup.stage2_step("bhc"))
 
 
 _CACHE_HITS = """
 import numba, sys
 from pipeline.distributed import worker_setup
-assert worker_setup.kernels_cached(["mapdp", "bhc"]), "no marker of a complete warm-up"
+assert warmup.kernels_cached(["mapdp", "bhc"]), "no marker of a complete warm-up"
 worker_setup.warm_kernels(["mapdp", "bhc"])
 hits = misses = 0
 for name, mod in list(sys.modules.items()):
@@ -554,7 +554,7 @@ event.register("numba:compile", Seen())
 from pipeline.distributed import worker_setup
 with worker_setup.warm_here_with_helper(["mapdp", "bhc"]):
     # the run's stage 2 waits for the helper at its kernels, then loads them
-    worker_setup.await_step(worker_setup.stage2_step("bhc"))
+    warmup.await_step(worker_setup.stage2_step("bhc"))
     worker_setup.STAGE2_STEPS["bhc"]()
 print(sum(n.startswith("ol_raise_with_shape_context") for n in compiled), len(compiled))
 """
@@ -618,10 +618,10 @@ def test_the_warm_up_follows_the_inputs_family(monkeypatch, tmp_path: Path) -> N
     assert worker_setup.warm_names(["mapdp"], None) == ["mapdp"]
     assert worker_setup.warm_names(["mapdp"], peek_family(cats)) == [
         "mapdp",
-        worker_setup.EVERY_FAMILY,
+        warmup.EVERY_FAMILY,
     ]
     names = worker_setup.warm_names(["mapdp", "bhc"], grid)
-    assert names == ["mapdp", "bhc", worker_setup.NW_CELLS]
+    assert names == ["mapdp", "bhc", warmup.NW_CELLS]
     monkeypatch.setenv(worker_setup.WARM_ENV, ",".join(names))
     assert worker_setup.warm_engines() == names
 
@@ -629,16 +629,16 @@ def test_the_warm_up_follows_the_inputs_family(monkeypatch, tmp_path: Path) -> N
     seen: list[tuple[list[str], np.dtype]] = []
 
     def record(steps, load=True):
-        seen.append(([k for k, _ in steps], worker_setup.toy_family()[1].spec.dtype))
+        seen.append(([k for k, _ in steps], warmup.toy_family()[1].spec.dtype))
 
-    monkeypatch.setattr(worker_setup, "run_steps", record)
+    monkeypatch.setattr(warmup, "run_steps", record)
     worker_setup.warm_kernels(names)
     steps = ["observation-models", "observation-marginals", "stage2-bhc", "mapdp-sweep"]
     want = [*steps, "mixture-packed", "mixture-reduce", "mixture-start"]
     assert seen == [(want, np.dtype(NW_CELLS_DTYPE))]
-    assert worker_setup.toy_family()[1].spec.dtype == NW_ONLY_DTYPE
-    assert worker_setup.kernels_cached(names)
-    assert not worker_setup.kernels_cached(["mapdp", "bhc"])
+    assert warmup.toy_family()[1].spec.dtype == NW_ONLY_DTYPE
+    assert warmup.kernels_cached(names)
+    assert not warmup.kernels_cached(["mapdp", "bhc"])
 
 
 def test_worker_warm_up_of_every_product_widens_the_toy_spec(monkeypatch, tmp_path: Path):
@@ -651,14 +651,14 @@ def test_worker_warm_up_of_every_product_widens_the_toy_spec(monkeypatch, tmp_pa
     seen: list[np.dtype] = []
 
     def record(steps, load=True):
-        seen.append(worker_setup.toy_family()[1].spec.dtype)
+        seen.append(warmup.toy_family()[1].spec.dtype)
 
-    monkeypatch.setattr(worker_setup, "run_steps", record)
-    monkeypatch.setattr(worker_setup, "compile_once", lambda key, step: None)
-    monkeypatch.setattr(worker_setup, "_warm_marker", lambda names: tmp_path / "marker")
+    monkeypatch.setattr(warmup, "run_steps", record)
+    monkeypatch.setattr(warmup, "compile_once", lambda key, step: None)
+    monkeypatch.setattr(warmup, "warm_marker", lambda names: tmp_path / "marker")
     worker_setup.warm_kernels(["mapdp"], every_product=True)
     assert seen == [np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.int16)]
-    assert worker_setup.toy_family()[1].spec.dtype == np.int32
+    assert warmup.toy_family()[1].spec.dtype == np.int32
 
 
 def test_checkpoint_resume_gives_the_same_labels(client, tmp_path: Path, monkeypatch):
@@ -935,7 +935,8 @@ def test_worker_processes_fork_from_a_server_started_with_the_cluster(monkeypatc
     import multiprocessing.forkserver
 
     from pipeline.distributed.client import dask_client
-    from pipeline.distributed.worker_setup import FORK_WARM_ENV, kernels_cached, warm_here
+    from pipeline.distributed.worker_setup import FORK_WARM_ENV, warm_here
+    from pipeline.engines.warmup import kernels_cached
 
     warm_here(["mapdp"])  # the cache a first run leaves (its marker)
     assert kernels_cached(["mapdp"])
@@ -1018,6 +1019,7 @@ import os
 
 from pipeline.distributed import worker_setup
 from pipeline.distributed.client import dask_client, start_fork_server
+from pipeline.engines import warmup
 
 if __name__ == "__main__":
     worker_setup.warm_here(["mapdp"])  # the cache a first run leaves

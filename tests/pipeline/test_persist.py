@@ -226,8 +226,8 @@ def test_fit_params_and_moments_round_trip(tmp_path: Path):
 def test_a_checkpoint_round_trips(tmp_path: Path):
     """The pass loop's checkpoint: ``PassState`` with its history, start record and scored
     write-out results, next to the ``FitParams`` it was computed with."""
+    from pipeline.data.labels import WriteResult
     from pipeline.distributed.loop import load_checkpoint, save_checkpoint
-    from pipeline.distributed.writeout import WriteResult
     from pipeline.engines.base import RunContext
     from pipeline.engines.mixture_state import PassState
 

@@ -1,0 +1,235 @@
+"""Loading the engines' numba kernels before their first real use (the warm-up steps of
+``Engine.warm_steps``), on toy records, with each step compiled by one process only.
+
+With an empty numba cache the kernels compile, which takes far longer than loading them: each
+warm-up step is then compiled by one process only (``compile_once``, a lock file in the numba
+cache directory), and the processes first take the steps nobody is compiling yet, so that two
+processes compile two different groups of kernels at once and then load each other's from the
+cache. The Dask workers' preload (``pipeline.distributed.worker_setup``) runs these steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline.families import FloatArray, ProductFamily
+
+#: names in the warm-up's list: its steps with the toy family's spec of another type
+#: (``kernels.obs.product``), for the kernels of other records than continuous Gaussian ones
+#: (``warm_names``): int64 for any product (categorical or count columns), int16 for
+#: Normal-Wishart columns recorded on a grid (integer-valued)
+EVERY_FAMILY = "every-family"
+
+
+NW_CELLS = "nw-cells"
+
+
+def spec_kinds() -> dict[str, Any]:
+    from kernels.obs.product import ANY_DTYPE, NW_CELLS_DTYPE
+
+    return {EVERY_FAMILY: np.dtype(ANY_DTYPE), NW_CELLS: np.dtype(NW_CELLS_DTYPE)}
+
+
+# the spec type of ``toy_family``: None keeps the family's own (int32, Normal-Wishart only);
+# ``warm_kernels(every_product=True)`` sets the others for more rounds
+_toy_spec_dtype: Any = None
+
+
+def toy_family() -> tuple[FloatArray, ProductFamily]:
+    """40 records (40, 2) of two Gaussian blobs and their empirical-Bayes family.
+
+    The kernels compile per spec type (``kernels.obs.product``): this family's int32 spec
+    gives the Normal-Wishart-only kernels; with ``EVERY_FAMILY`` or ``NW_CELLS`` in the
+    warm-up's list (and in ``warm_kernels(every_product=True)``'s later rounds) its spec is
+    int64, whose kernels dispatch over all families, or int16, the Normal-Wishart kernels with
+    the recording cells' code."""
+    from pipeline.families import GaussianNW
+
+    rng = np.random.default_rng(0)
+    X = np.vstack([rng.normal(-4.0, 1.0, (20, 2)), rng.normal(4.0, 1.0, (20, 2))])
+    family = GaussianNW.empirical_bayes(X).as_product()
+    if _toy_spec_dtype is not None:
+        family.spec = family.spec.astype(_toy_spec_dtype)
+    return X, family
+
+
+def warm_observation_models() -> None:
+    """Load the observation models' kernels a sweep calls (``kernels.obs.product`` over rows of
+    2-D arrays, as its callers pass them): the predictive densities and the statistics'
+    updates. Compiled first and once, they are loaded from the cache, not compiled again, by
+    the larger kernels that call them, which can then compile in several processes at once
+    without doing the same work twice."""
+    from kernels.obs import product
+
+    X, family = toy_family()
+    z = np.zeros(X.shape[0], dtype=np.int64)
+    stats = product.build_stats(X, z, 2, family.spec, family.n_stats)
+    cache = family.cache_of(stats)
+    spec, prior = family.spec, family.prior
+    scratch_s, scratch_c = np.empty_like(stats[0]), np.empty_like(cache[0])
+    x, s, c = X[0], stats[0], cache[0]
+    product.refresh(stats[1], cache[1], spec, prior)
+    product.update(x, stats[1], cache[1], spec, prior, 1.0)
+    product.add_stats(x, stats[1], spec, 1.0)
+    product.log_predictive(x, s, c, spec, prior)
+    product.log_predictive_loo(x, s, c, spec, prior, scratch_s, scratch_c)
+
+
+def warm_observation_factors() -> None:
+    """Load the Normal-Wishart factors' rank-one change (``gaussian_nw._change_factors``),
+    which ``update`` calls for every spec type: the warm-up's helper compiles it first, on a
+    row it builds without any other kernel, so that the process compiling the observation
+    models (``update`` among them, seconds later) loads it rather than compiling it too."""
+    from kernels.obs import gaussian_nw
+
+    d = 2
+    rows = np.zeros((3, 2 * d * d + 2 * d + 4))
+    x, s, c = rows[0, :d], rows[1, : 1 + d + d * d], rows[2]
+    # L = U = I, m = b = 0, c_k = 1, a_k = d + 2: a valid cache row
+    for i in range(d):
+        c[i * d + i] = c[d * d + d + i * d + i] = 1.0
+    c[2 * d * d + 2 * d] = 1.0
+    c[2 * d * d + 2 * d + 1] = d + 2.0
+    gaussian_nw._change_factors(x, s, c, 1.0, np.empty(4 * d))
+
+
+def warm_observation_marginals() -> None:
+    """Load the observation models' marginal likelihoods (the merge tests, the objective, BHC),
+    which no sweep calls: a second process compiles them while the first compiles the sweep's
+    (``warm_observation_models``)."""
+    from kernels.obs import product
+
+    # empty clusters' statistics: the records' (``build_stats``) are the other process's to
+    # compile, at the same moment, in the observation models' step
+    _, family = toy_family()
+    stats = np.zeros((2, family.n_stats))
+    spec, prior = family.spec, family.prior
+    s, scratch_s = stats[0], np.empty_like(stats[0])
+    product.log_marginal(s, spec, prior)
+    product.log_marginals(stats, spec, prior)
+    product.log_marginal_gap(s, stats[1], 0.0, 0.0, scratch_s, spec, prior)
+
+
+def _kernels_dir() -> Path:
+    """The kernels' sources (found without importing them)."""
+    spec = importlib.util.find_spec("kernels")
+    assert spec is not None and spec.submodule_search_locations is not None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _cache_dir() -> Path:
+    """Where numba keeps the kernels' cache: ``NUMBA_CACHE_DIR``, else next to their sources."""
+    given = os.environ.get("NUMBA_CACHE_DIR")
+    return Path(given) if given else _kernels_dir() / "__pycache__"
+
+
+def warm_marker(names: list[str]) -> Path:
+    """The file a complete warm-up of ``names`` leaves in the numba cache: named after the
+    engines and the kernels' sources (their paths, sizes and modification times, which numba's
+    own index checks too), so that changed kernels or another cache have none."""
+    root = _kernels_dir()
+    h = hashlib.sha256(",".join(sorted(set(names))).encode())
+    for path in sorted(root.rglob("*.py")):
+        st = path.stat()
+        h.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns};".encode())
+    return _cache_dir() / f"dpmm-warm-{h.hexdigest()[:20]}.done"
+
+
+def kernels_cached(names: list[str]) -> bool:
+    """Whether a warm-up of the engines (and stage 2) ``names`` completed with this numba cache
+    and these kernel sources: loading them then takes a second or two, compiling them a minute.
+    A wrong answer (a cache emptied by hand but for the marker) costs speed, nothing else."""
+    return warm_marker(names).exists()
+
+
+def _lock_dir() -> Path:
+    # the lock guards what is written into the numba cache, so it lives next to it
+    path = Path(os.environ.get("NUMBA_CACHE_DIR") or tempfile.gettempdir())
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def _step_lock(key: str, blocking: bool) -> Iterator[bool]:
+    """Hold the lock file of warm-up step ``key``; yields False when ``blocking`` is False and
+    another process holds it."""
+    with open(_lock_dir() / f"dpmm-warm-{key}.lock", "a+b") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def compile_once(key: str, step: Callable[[], object]) -> None:
+    """Run warm-up ``step`` under its lock: a process that finds another one at it waits and
+    then loads the kernels that process put in the numba cache instead of compiling them too."""
+    with _step_lock(key, blocking=True):
+        step()
+
+
+def await_step(key: str) -> None:
+    """Wait until no process of this machine is at warm-up step ``key``: kernels about to be
+    used that another process is compiling are then loaded from the cache, not compiled again
+    alongside it (stage 2 in a command whose warm-up helper compiles it during the flow)."""
+    try:
+        with _step_lock(key, blocking=True):
+            pass
+    except OSError:
+        # no lock file can be made there (a read-only cache): no process compiles into it
+        return
+
+
+def run_steps(steps: list[tuple[str, Callable[[], None]]], load: bool = True) -> None:
+    """Run named warm-up steps, first those no other process is running, then the rest (each
+    waiting for the process at it, then loading its kernels; ``load`` False: only waiting, for a
+    process that will not use them). A step shared by two engines runs once."""
+    steps = list(dict(steps).items())
+    waiting = []
+    for key, step in steps:
+        with _step_lock(key, blocking=False) as mine:
+            if mine:
+                step()
+            else:
+                waiting.append((key, step))
+    for key, step in waiting:
+        if load:
+            compile_once(key, step)
+        else:
+            await_step(key)
+
+
+@contextlib.contextmanager
+def toy_spec(dtype: Any) -> Iterator[None]:
+    """``toy_family``'s spec of type ``dtype`` while inside."""
+    global _toy_spec_dtype
+    _toy_spec_dtype = dtype
+    try:
+        yield
+    finally:
+        _toy_spec_dtype = None
+
+
+def load_matplotlib() -> None:
+    """Import what ``figures`` draws with (most of its first call's time)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
+    from matplotlib.figure import Figure  # noqa: F401
+
+
+def toy_spec_dtype() -> Any:
+    """The spec type ``toy_family`` gives now (None: the family's own)."""
+    return _toy_spec_dtype
