@@ -94,3 +94,95 @@ def test_the_check_sees_a_slice_assignment(tmp_path: Path) -> None:
     bad = tmp_path / "k.py"
     bad.write_text("def f(a, b, i):\n    a[:] = 0.0\n    a[i, :] = -np.inf\n    a[i, :] += b\n")
     assert [s.split(": ", 1)[1] for s in slice_assignments(bad)] == ["a[i, :] += b"]
+
+
+def import_circles(graph) -> list[list[str]]:
+    """The strongly connected components of more than one module of an import graph (Tarjan):
+    each is a circle of modules that import each other, directly or not."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        # iterative DFS: the graph is deep enough to exhaust the recursion limit
+        work = [(v, iter(sorted(graph.find_modules_directly_imported_by(v))))]
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        while work:
+            node, children = work[-1]
+            for w in children:
+                if w not in graph.modules:
+                    continue
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.find_modules_directly_imported_by(w)))))
+                    break
+                if w in on:
+                    low[node] = min(low[node], index[w])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == node:
+                            break
+                    if len(comp) > 1:
+                        found.append(sorted(comp))
+
+    for v in sorted(graph.modules):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle() -> None:
+    """No two modules of the product import each other, directly or through others, counting
+    imports inside functions (a circle closed in a function is still a circle); an import for
+    an annotation only (``if TYPE_CHECKING:``) is not one."""
+    import grimp
+
+    graph = grimp.build_graph("pipeline", "flows", "kernels", exclude_type_checking_imports=True)
+    assert import_circles(graph) == []
+
+
+def test_the_circle_check_sees_a_circle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import grimp
+
+    pkg = tmp_path / "circ"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from circ import b\n")
+    (pkg / "b.py").write_text("from circ import c\n")
+    (pkg / "c.py").write_text("import circ.a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    graph = grimp.build_graph("circ", cache_dir=None)
+    assert import_circles(graph) == [["circ.a", "circ.b", "circ.c"]]
+
+
+def test_ruff_checks_every_tracked_python_file() -> None:
+    """A folder named like a build output (``dist``, ``build``) is skipped by ruff's defaults:
+    every file git tracks must be among those ruff checks."""
+    import subprocess
+    import sys
+
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    if not tracked:
+        pytest.fail("git ls-files listed no Python file: not a checkout?")
+    ruff = Path(sys.executable).parent / "ruff"
+    shown = subprocess.run(
+        [str(ruff), "check", "--show-files", "."], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
+    checked = {str(Path(p).resolve().relative_to(ROOT)) for p in shown if p.endswith(".py")}
+    assert sorted(set(tracked) - checked) == []

@@ -39,7 +39,7 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -51,6 +51,7 @@ from flows.cli import prefect_api
 from flows.cli.cv import add_cv_parser
 from flows.cli.hmm import add_hmm_parser
 from flows.cli.longitudinal import add_longitudinal_parser
+from flows.cli.options import bad_input, one_line
 from flows.cli.run import add_log_options, add_run_parser
 from flows.cli.score import add_score_parser
 from flows.cli.serve import add_serve_parser
@@ -72,33 +73,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise InputError(f"{message} (see '{self.prog} --help')")
-
-
-def _one_line(msg: str) -> str:
-    return " ".join(msg.split())
-
-
-@contextlib.contextmanager
-def bad_input(prefix: str | None = None, rows_of: str | Path | None = None) -> Iterator[None]:
-    """Turn ``ValueError`` / ``TypeError`` / ``OSError`` raised in the block into ``InputError``.
-
-    Parameters
-    ----------
-    prefix : str, optional
-        Put in front of the message (``"<prefix>: <message>"``) unless already there.
-    rows_of : path, optional
-        The input file: a 0-based ``row N`` in the message is rewritten to where that record
-        is in the file (``pipeline.data.io.locate_rows``).
-    """
-    try:
-        yield
-    except (ValueError, TypeError, OSError) as err:
-        msg = str(err) or type(err).__name__
-        if rows_of is not None:
-            msg = pio.locate_rows(msg, rows_of)
-        if prefix and not msg.startswith(prefix):
-            msg = f"{prefix}: {msg}"
-        raise InputError(_one_line(msg)) from err
 
 
 # -- option parsing ----------------------------------------------------------------------------
@@ -660,5 +634,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_paths(args)
         return int(args.func(args))
     except InputError as err:
-        print(f"{PROG}: error: {_one_line(str(err))}", file=sys.stderr, flush=True)
+        print(f"{PROG}: error: {one_line(str(err))}", file=sys.stderr, flush=True)
         return 2

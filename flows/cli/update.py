@@ -64,7 +64,7 @@ def add_update_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_update(args: argparse.Namespace) -> int:
     """``dpmm update`` (module docstring)."""
-    from flows.cli.app import bad_input
+    from flows.cli.options import bad_input
     from pipeline.estimators.model import load_model, save_model
     from pipeline.estimators.update import update_model
 

@@ -27,7 +27,7 @@ MAX_SEEDS = 100
 ENGINES = ("mapdp", "kmeans", "mixed_effects", "ihmm", "asugs")
 #: the engines whose records are subjects (whole groups), not single records
 SUBJECT_ENGINES = ("mixed_effects",)
-#: ASUGS's lambda (``pipeline.estimators.asugs.DEFAULT_LAM``): the paper does not give its value; 0.3 (a
+#: ASUGS's lambda (``pipeline.models.asugs.DEFAULT_LAM``): the paper does not give its value; 0.3 (a
 #: prior mean of alpha of 1 / lambda = 3.3) found as many or more of the true classes than 1.0
 #: on every data set of ``bench_asugs`` and the tests
 ASUGS_LAM = 0.3

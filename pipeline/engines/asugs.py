@@ -12,7 +12,7 @@ MAP class of eq. 3.5).
 
 The concentration: ``FitParams.alpha == "learn"`` is ASUGS's adaptive alpha_i = k_i /
 (lambda + log i) with ``lam`` (``RunContext.options["lam"]``, default
-``pipeline.estimators.asugs.DEFAULT_LAM``); a number is SUGS with that fixed alpha.
+``pipeline.models.asugs.DEFAULT_LAM``); a number is SUGS with that fixed alpha.
 
 ``stream_chunks`` runs the same chain without writing labels: the ``"asugs"`` start of the
 MAP-DP passes (``pipeline.engines.mixture_start``).
@@ -33,9 +33,16 @@ from pipeline.core.persist import register
 from pipeline.data.labels import WriteResult, emit_chunk
 from pipeline.data.store import StoreInfo, iter_chunks
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext
-from pipeline.engines.mixture import plot_rate, predict
-from pipeline.engines.mixture_state import IntArray, chunk_seed
-from pipeline.estimators.asugs import (
+from pipeline.engines.mixture_state import (
+    IntArray,
+    chunk_seed,
+    init_sample_rows,
+    plot_rate,
+    predict,
+)
+from pipeline.families import FloatArray, ProductFamily
+from pipeline.families.stats import Stats
+from pipeline.models.asugs import (
     DEFAULT_LAM,
     PM_INTERVAL,
     PRIOR_SCALE,
@@ -45,8 +52,6 @@ from pipeline.estimators.asugs import (
     advance,
     check_stream_params,
 )
-from pipeline.families import FloatArray, ProductFamily
-from pipeline.families.stats import Stats
 from pipeline.models.mapdp import seed_state
 
 #: ``RunContext.options`` keys of the engine (defaults from ``pipeline.estimators.asugs``)
@@ -291,7 +296,6 @@ def stream_chunks(
 def stream_sample(info: StoreInfo, n: int, sp: StreamParams, rng: Any) -> StreamState:
     """One ASUGS pass over the hash sample of ``n`` training rows of the "sample" start
     (``mixture_start.init_sample_rows``), in row order, in this process."""
-    from pipeline.engines.mixture_start import init_sample_rows
 
     fam = info.family
     pos = init_sample_rows(info, int(n))

@@ -194,7 +194,7 @@ class IhmmEngine(Engine):
         )
 
     def _input(self, state: Any, ctx: RunContext, p: int) -> IhmmInput:
-        from pipeline.engines.mixture import plot_rate
+        from pipeline.engines.mixture_state import plot_rate
 
         info = ctx.info
         return IhmmInput(

@@ -16,7 +16,8 @@ import numpy as np
 from kernels import mapdp as kmapdp
 from pipeline.data.labels import emit_chunk
 from pipeline.engines.base import Chunk
-from pipeline.engines.mixture import IntArray, MixtureEngine, PassInput, Sweep, predict
+from pipeline.engines.mixture import IntArray, MixtureEngine, PassInput, Sweep
+from pipeline.engines.mixture_state import predict
 
 
 class MapdpEngine(MixtureEngine):

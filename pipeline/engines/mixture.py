@@ -41,7 +41,6 @@ from kernels.obs import gaussian_nw
 from kernels.rng import shuffle
 from pipeline.core.config import FitParams
 from pipeline.data.labels import WriteResult, emit_chunk
-from pipeline.data.store import StoreInfo
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext, stop_reason
 from pipeline.engines.mixture_start import MIXTURE_REDUCE_STEP, initial_state, warm_reduce
 from pipeline.engines.mixture_state import (
@@ -49,6 +48,8 @@ from pipeline.engines.mixture_state import (
     PassState,
     chunk_seed,
     current_labels,
+    plot_rate,
+    predict,
 )
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.stats import Stats
@@ -447,28 +448,3 @@ def _warm_start() -> None:
         MAPDP_SWEEP_STEP,
         lambda: run_mapdp(X, family, order, 1.0, True, (2.0, 1.0), 5, 1e-6, "sequential"),
     )
-
-
-def predict(
-    X: FloatArray, stats: FloatArray, alpha: float, family: ProductFamily
-) -> tuple[IntArray, FloatArray]:
-    """eq. 3.5 MAP cluster (-1: a new one) and eq. 3.4 log predictive density of each record
-    of X (n, D) under clusters ``stats`` (K, S) and concentration ``alpha``."""
-    pred, logdens = kmapdp.predict(
-        X,
-        stats,
-        family.cache_of(stats),
-        np.ascontiguousarray(stats[:, 0]),
-        family.spec,
-        family.prior,
-        family.empty_cache(),
-        alpha,
-    )
-    return pred, logdens
-
-
-def plot_rate(info: StoreInfo) -> float:
-    """Share of rows (by a hash of the row index) kept for the report's projection."""
-    from pipeline.data.labels import PLOT_POINTS
-
-    return min(1.0, PLOT_POINTS / max(info.n_rows, 1))

@@ -21,17 +21,14 @@ import numpy as np
 from kernels import mapdp as kmapdp
 from kernels import partition as kpartition
 from pipeline.core.config import MAX_SEEDS, FitParams
-from pipeline.data.store import StoreInfo, iter_chunks, row_uniform
+from pipeline.data.store import StoreInfo, iter_chunks
 from pipeline.engines import warmup
 from pipeline.engines.base import Chunk, RunContext
-from pipeline.engines.mixture_state import IntArray, PassState, chunk_seed
+from pipeline.engines.mixture_state import IntArray, PassState, chunk_seed, init_sample_rows
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.stats import Stats
 from pipeline.models.concentration import map_concentration
 from pipeline.models.mapdp import run_mapdp, seed_state
-
-INIT_SALT = 0x5EED_0004
-
 
 WARM_START = "warm_start"
 
@@ -85,16 +82,6 @@ def initial_state(client: Any, ctx: RunContext) -> PassState:
         init_rows=seed_rows,
         init_labels=labels,
     )
-
-
-def init_sample_rows(info: StoreInfo, n: int) -> IntArray:
-    """Positions in ``info.sample`` of the "sample" start: the ``n`` prior-sample rows with the
-    smallest hash ``row_uniform(row, INIT_SALT)``, in row order (all of them when fewer)."""
-    rows = np.asarray(info.sample_rows, dtype=np.int64)
-    if rows.shape[0] <= n:
-        return np.arange(rows.shape[0], dtype=np.int64)
-    pick = np.argsort(row_uniform(rows, INIT_SALT), kind="stable")[:n]
-    return np.sort(pick).astype(np.int64)
 
 
 def _sample_fit_task(
@@ -201,10 +188,10 @@ def asugs_state(client: Any, ctx: RunContext) -> PassState:
     taken as a warm start (``warm_state``): pass 1 assigns every training record against
     them, then their statistics are the data's own. ASUGS's own concentration alpha_n =
     k_n / (lambda + log n) starts a learned alpha. The stream runs under ASUGS's own prior
-    scale (``pipeline.estimators.asugs.PRIOR_SCALE``) unless the run gives one; its clusters'
+    scale (``pipeline.models.asugs.PRIOR_SCALE``) unless the run gives one; its clusters'
     statistics do not depend on the prior."""
     from pipeline.engines.asugs import stream_chunks, stream_sample
-    from pipeline.estimators.asugs import (
+    from pipeline.models.asugs import (
         DEFAULT_LAM,
         PM_INTERVAL,
         PRIOR_SCALE,

@@ -13,11 +13,12 @@ import numpy as np
 import zarr
 from numpy.typing import NDArray
 
+from kernels import mapdp as kmapdp
 from pipeline.core.persist import register
-from pipeline.data.labels import WriteResult
-from pipeline.data.store import iter_chunks
+from pipeline.data.labels import PLOT_POINTS, WriteResult
+from pipeline.data.store import StoreInfo, iter_chunks, row_uniform
 from pipeline.engines.base import Chunk, RunContext
-from pipeline.families import FloatArray
+from pipeline.families import FloatArray, ProductFamily
 
 IntArray = NDArray[np.int64]
 
@@ -108,3 +109,39 @@ def read_labels(ctx: RunContext, state: PassState) -> IntArray:
         off = int(state.offsets[c]) if state.offsets.size else 0
         out[a:b] = decode_labels(raw[a:b], state.remap, state.k_written, off)
     return out
+
+
+def predict(
+    X: FloatArray, stats: FloatArray, alpha: float, family: ProductFamily
+) -> tuple[IntArray, FloatArray]:
+    """eq. 3.5 MAP cluster (-1: a new one) and eq. 3.4 log predictive density of each record
+    of X (n, D) under clusters ``stats`` (K, S) and concentration ``alpha``."""
+    pred, logdens = kmapdp.predict(
+        X,
+        stats,
+        family.cache_of(stats),
+        np.ascontiguousarray(stats[:, 0]),
+        family.spec,
+        family.prior,
+        family.empty_cache(),
+        alpha,
+    )
+    return pred, logdens
+
+
+def plot_rate(info: StoreInfo) -> float:
+    """Share of rows (by a hash of the row index) kept for the report's projection."""
+    return min(1.0, PLOT_POINTS / max(info.n_rows, 1))
+
+
+INIT_SALT = 0x5EED_0004
+
+
+def init_sample_rows(info: StoreInfo, n: int) -> IntArray:
+    """Positions in ``info.sample`` of the "sample" start: the ``n`` prior-sample rows with the
+    smallest hash ``row_uniform(row, INIT_SALT)``, in row order (all of them when fewer)."""
+    rows = np.asarray(info.sample_rows, dtype=np.int64)
+    if rows.shape[0] <= n:
+        return np.arange(rows.shape[0], dtype=np.int64)
+    pick = np.argsort(row_uniform(rows, INIT_SALT), kind="stable")[:n]
+    return np.sort(pick).astype(np.int64)

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from kernels import mapdp as kmapdp
-from pipeline.estimators.asugs import ASUGS, DEFAULT_LAM, PM_INTERVAL, PRUNE_WEIGHT
+from pipeline.estimators.asugs import ASUGS
+from pipeline.models.asugs import DEFAULT_LAM, PM_INTERVAL, PRUNE_WEIGHT
 from pipeline.models.concentration import log_gamma_prior, map_concentration
 
 

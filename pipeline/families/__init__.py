@@ -9,7 +9,7 @@ is built from them over additive sufficient statistics.
 
 from __future__ import annotations
 
-from pipeline.families.base import Family, FloatArray
+from pipeline.families.base import Family, FloatArray, ProductFamily, as_product, check_summaries
 from pipeline.families.counts import (
     Bernoulli,
     Binomial,
@@ -19,7 +19,6 @@ from pipeline.families.counts import (
     Poisson,
 )
 from pipeline.families.gaussian import GaussianNW, NormalGamma
-from pipeline.families.product import ProductFamily, as_product, check_summaries
 
 FAMILIES: dict[str, type[Family]] = {
     "gaussian": GaussianNW,

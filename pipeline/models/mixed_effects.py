@@ -521,22 +521,22 @@ def empirical_prior(
 def start_clusters(
     effects: FloatArray, prior: MixedPrior, alpha: float | str, seed: int
 ) -> IntArray:
-    """The start's partition of the sampled subjects: collapsed MAP-DP (Algorithm 1, the
-    project's ``MAPDP``) on their random effects' conditional means in the Gaussian fit, under
+    """The start's partition of the sampled subjects: collapsed MAP-DP (Algorithm 1,
+    ``pipeline.models.mapdp.run_mapdp``, as one restart of ``MAPDP``) on their random effects' conditional means in the Gaussian fit, under
     the model's own Normal-Wishart prior; labels 0..K-1."""
-    from pipeline.estimators.mapdp import MAPDP
-    from pipeline.families import GaussianNW
+    from pipeline.core.config import check_alpha
+    from pipeline.families import GaussianNW, as_product
+    from pipeline.models.mapdp import as_seed_sequence, run_mapdp
 
     B0 = np.linalg.inv(prior.T0)
-    fam = GaussianNW(m0=prior.m0, c0=prior.c0, B0=0.5 * (B0 + B0.T), a0=prior.a0)
-    est = MAPDP(
-        alpha=alpha,
-        family=fam,
-        n_restarts=1,
-        random_state=seed,
-        alpha_prior=(prior.alpha_a, prior.alpha_b),
-    )
-    labels = np.asarray(est.fit(effects).labels_, dtype=np.int64)
+    fam = as_product(GaussianNW(m0=prior.m0, c0=prior.c0, B0=0.5 * (B0 + B0.T), a0=prior.a0))
+    alpha0, learn = check_alpha(alpha)
+    # as ``MAPDP(n_restarts=1, random_state=seed)``: the order is the first child seed's
+    child = as_seed_sequence(seed).spawn(1)[0]
+    order = np.random.default_rng(child).permutation(effects.shape[0]).astype(np.int64)
+    ab = (float(prior.alpha_a), float(prior.alpha_b))
+    res = run_mapdp(fam.arrange(effects), fam, order, alpha0, learn, ab, 100, 1e-6, "sequential")
+    labels = np.asarray(res.labels, dtype=np.int64)
     return np.searchsorted(np.unique(labels), labels).astype(np.int64)
 
 

@@ -5,7 +5,7 @@ The records are validated and encoded against the model's schema by ingest (``sc
 columns and kinds, categories seen at fit time; an ``InputError`` naming the file, the column and
 the row otherwise) into a store under the temporary sibling of OUT; then one write-out task per
 chunk writes each record's eq. 3.5 label (-1: a new cluster is the most probable) and eq. 3.4 log
-predictive density (``pipeline.engines.mixture.predict``, the run's write-out) into
+predictive density (``pipeline.engines.mixture_state.predict``, the run's write-out) into
 ``labels.zarr``, in input order. The encoded store is removed and the sibling renamed to OUT, so
 OUT is complete or absent.
 
@@ -97,7 +97,7 @@ def score_chunk_task(
 ) -> WriteResult:
     """Label (eq. 3.5) and log density (eq. 3.4) of the stored rows [a, b), written to
     ``labels``; the chunk's write-out summary."""
-    from pipeline.engines.mixture import predict
+    from pipeline.engines.mixture_state import predict
 
     X = np.ascontiguousarray(zarr.open_array(f"{store}/X", mode="r")[a:b])
     label, logdens = predict(X, stats, alpha, family)

@@ -237,7 +237,7 @@ def test_throughput_1m(data_dir: Path, prefect_server: float) -> None:  # noqa: 
     est = ASUGS().fit(X)
     t_fit, c_fit = time.perf_counter() - t0, time.process_time() - c0
     # the pass itself, without encoding the records and fitting the prior
-    from pipeline.estimators.asugs import StreamState, advance
+    from pipeline.models.asugs import StreamState, advance
 
     Xa = est.family_.arrange(X)
     st = StreamState.empty(est.family_, np.zeros(1, dtype=np.uint64))

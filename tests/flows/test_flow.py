@@ -336,7 +336,7 @@ def test_dpmm_run_engine_asugs_is_one_streaming_pass(tmp_path: Path, capsys):
     """``dpmm run --engine asugs``: one pass over the chunks in order, every row labelled and
     scored; the state is ``pipeline.ASUGS`` streaming the chunks' training rows."""
     from pipeline import ASUGS
-    from pipeline.estimators.asugs import PRIOR_SCALE
+    from pipeline.models.asugs import PRIOR_SCALE
 
     y = write_blobs(tmp_path / "in.csv", n=3000, seed=7, label="truth")
     out = tmp_path / "out"

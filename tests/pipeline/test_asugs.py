@@ -28,8 +28,8 @@ from sklearn.metrics import normalized_mutual_info_score
 from kernels.alloc import crp
 from kernels.obs import product
 from pipeline import ASUGS
-from pipeline.estimators.asugs import PRIOR_SCALE
 from pipeline.families import GaussianNW, Poisson, ProductFamily
+from pipeline.models.asugs import PRIOR_SCALE
 
 
 def grid16(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

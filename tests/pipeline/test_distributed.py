@@ -34,8 +34,8 @@ from pipeline.distributed.writeout import write_out as _write_out
 from pipeline.engines import get_engine, warmup
 from pipeline.engines.base import stop_reason
 from pipeline.engines.mixture import ChunkResult, reduce_pass
-from pipeline.engines.mixture_start import init_sample_rows, sample_state
-from pipeline.engines.mixture_state import PassState, read_labels
+from pipeline.engines.mixture_start import sample_state
+from pipeline.engines.mixture_state import PassState, init_sample_rows, read_labels
 from pipeline.estimators.mapdp import MAPDP
 from pipeline.families.stats import Stats
 from tests.conftest import local_client
