@@ -35,6 +35,7 @@ from pipeline.core.config import (
     TOL,
     FitParams,
 )
+from pipeline.core.seeds import seed_entropy
 from pipeline.core.storage import Loc, local_dir, redact
 from pipeline.data.store import Store, StoreInfo
 from pipeline.distributed import loop
@@ -45,7 +46,6 @@ from pipeline.engines import get_engine
 from pipeline.engines.base import LoopState, RunContext
 from pipeline.engines.mixture_start import WARM_START
 from pipeline.families import ProductFamily
-from pipeline.models.mapdp import seed_entropy
 from pipeline.ops import run as dist
 
 STAGE2 = ("none", "bhc")

@@ -28,12 +28,12 @@ from pipeline.core.config import (
     TOL,
     FitParams,
 )
+from pipeline.core.seeds import seed_entropy
 from pipeline.data.store import Store, StoreInfo
 from pipeline.distributed import loop
 from pipeline.distributed.client import dask_client
 from pipeline.distributed.summaries import identity_stage2
 from pipeline.models.ihmm import PRIOR_SCALE
-from pipeline.models.mapdp import seed_entropy
 from pipeline.ops import hmm as dhmm
 from pipeline.ops import run as dist
 

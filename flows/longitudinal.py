@@ -21,12 +21,12 @@ from prefect.cache_policies import NO_CACHE
 from flows.heartbeats import run_flow, with_heartbeats
 from pipeline.core import storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL, FitParams
+from pipeline.core.seeds import seed_entropy
 from pipeline.data.ingest import ingest
 from pipeline.data.store import Store, StoreInfo
 from pipeline.distributed import loop
 from pipeline.distributed.client import dask_client
 from pipeline.engines.base import LoopState, RunContext
-from pipeline.models.mapdp import seed_entropy
 from pipeline.ops import longitudinal as lon
 
 

@@ -67,6 +67,19 @@ _STORABLE = (
 
 _REGISTRY: dict[str, type] = {}
 
+#: the modules that held registered classes before ``pipeline/`` was laid out by role, and where
+#: those classes live now: records written then (checkpoints, models) load unchanged
+MOVED_MODULES = {
+    "pipeline.config": "pipeline.core.config",
+    "pipeline.stats": "pipeline.families.stats",
+    "pipeline.schema": "pipeline.families.schema",
+    "pipeline.families.product": "pipeline.families.base",
+    "pipeline.ihmm_core": "pipeline.models.ihmm",
+    "pipeline.mixed_effects": "pipeline.models.mixed_effects",
+    "pipeline.asugs": "pipeline.models.asugs",
+    "pipeline.dist.writeout": "pipeline.data.labels",
+}
+
 C = TypeVar("C", bound=type)
 T = TypeVar("T")
 
@@ -79,6 +92,13 @@ class PersistError(ValueError):
 def type_name(cls: type) -> str:
     """The name a class is registered and stored under: ``module.QualifiedName``."""
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def current_name(name: str) -> str:
+    """The registered name of a class stored as ``name``, which may be its name before the move
+    of its module (``MOVED_MODULES``)."""
+    module, _, qualname = name.rpartition(".")
+    return f"{MOVED_MODULES[module]}.{qualname}" if module in MOVED_MODULES else name
 
 
 def _has_state(cls: type) -> bool:
@@ -372,7 +392,7 @@ class _Reader:
 
     def instance(self, node: Mapping[str, Any], where: str) -> Any:
         name = node.get("class")
-        cls = _REGISTRY.get(name) if isinstance(name, str) else None
+        cls = _REGISTRY.get(current_name(name)) if isinstance(name, str) else None
         if cls is None or not isinstance(name, str):
             raise self.fail(
                 where,

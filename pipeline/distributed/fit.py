@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 
 from pipeline.core import config
 from pipeline.core.config import FitParams
+from pipeline.core.seeds import seed_entropy
 from pipeline.data.ingest import ingest
 from pipeline.data.store import Store, StoreInfo
 from pipeline.distributed.client import dask_client
@@ -28,7 +29,6 @@ from pipeline.engines.mixture_start import WARM_START
 from pipeline.engines.mixture_state import PassState, read_labels
 from pipeline.families import FloatArray
 from pipeline.families.stats import Stats
-from pipeline.models.mapdp import seed_entropy
 
 IntArray = NDArray[np.int64]
 

@@ -30,6 +30,7 @@ import numpy as np
 from kernels import asugs as kasugs
 from kernels import mapdp as kmapdp
 from pipeline.core.persist import register
+from pipeline.core.seeds import seed_state
 from pipeline.data.labels import WriteResult, emit_chunk
 from pipeline.data.store import StoreInfo, iter_chunks
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext
@@ -52,7 +53,6 @@ from pipeline.models.asugs import (
     advance,
     check_stream_params,
 )
-from pipeline.models.mapdp import seed_state
 
 #: ``RunContext.options`` keys of the engine (defaults from ``pipeline.estimators.asugs``)
 OPTIONS = ("lam", "select", "prune_merge", "pm_interval", "prune_weight")

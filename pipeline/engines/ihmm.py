@@ -431,8 +431,8 @@ def sample_start(ctx: RunContext, alpha: float, gamma: float) -> IhmmPassState:
     chunks, about ``init_sample`` rows: the moves the passes do not have find the states once."""
     import time as _time
 
+    from pipeline.core.seeds import seed_state
     from pipeline.models.ihmm import run_map_ihmm
-    from pipeline.models.mapdp import seed_state
 
     t0 = _time.perf_counter()
     info, params = ctx.info, ctx.params

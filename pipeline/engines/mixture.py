@@ -40,6 +40,7 @@ from kernels import partition as kpartition
 from kernels.obs import gaussian_nw
 from kernels.rng import shuffle
 from pipeline.core.config import FitParams
+from pipeline.core.seeds import seed_state
 from pipeline.data.labels import WriteResult, emit_chunk
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext, stop_reason
 from pipeline.engines.mixture_start import MIXTURE_REDUCE_STEP, initial_state, warm_reduce
@@ -54,7 +55,7 @@ from pipeline.engines.mixture_state import (
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.stats import Stats
 from pipeline.models.concentration import log_gamma_prior, map_concentration
-from pipeline.models.mapdp import run_mapdp, seed_state
+from pipeline.models.mapdp import run_mapdp
 
 # -- the chunk task ----------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ import numpy as np
 from kernels import mapdp as kmapdp
 from kernels import partition as kpartition
 from pipeline.core.config import MAX_SEEDS, FitParams
+from pipeline.core.seeds import seed_state
 from pipeline.data.store import StoreInfo, iter_chunks
 from pipeline.engines import warmup
 from pipeline.engines.base import Chunk, RunContext
@@ -28,7 +29,7 @@ from pipeline.engines.mixture_state import IntArray, PassState, chunk_seed, init
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.stats import Stats
 from pipeline.models.concentration import map_concentration
-from pipeline.models.mapdp import run_mapdp, seed_state
+from pipeline.models.mapdp import run_mapdp
 
 WARM_START = "warm_start"
 

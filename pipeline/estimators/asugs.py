@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pipeline.core.config import check_scale
+from pipeline.core.seeds import as_seed_sequence, seed_state
 from pipeline.estimators.base import MixtureEstimator
 from pipeline.families import FloatArray
 from pipeline.models.asugs import (
@@ -25,7 +26,6 @@ from pipeline.models.asugs import (
     advance,
     check_stream_params,
 )
-from pipeline.models.mapdp import as_seed_sequence, seed_state
 
 
 class ASUGS(MixtureEstimator):

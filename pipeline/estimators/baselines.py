@@ -14,9 +14,9 @@ from kernels import mapdp as kmapdp
 from kernels import partition as kpartition
 from kernels import uncollapsed as kunc
 from pipeline.core import config
+from pipeline.core.seeds import as_seed_sequence, seed_state
 from pipeline.estimators.base import IntArray, MixtureEstimator
 from pipeline.families import FloatArray
-from pipeline.models.mapdp import as_seed_sequence, seed_state
 
 
 class DPMeans(MixtureEstimator):

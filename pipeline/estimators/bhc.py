@@ -20,10 +20,10 @@ from scipy.special import logsumexp
 from kernels import bayes_kmeans as kbk
 from kernels import bhc as kbhc
 from pipeline.core import config
+from pipeline.core.seeds import as_seed_sequence
 from pipeline.estimators.base import MixtureEstimator
 from pipeline.families import Family, ProductFamily, as_product, check_summaries
 from pipeline.models.bhc import build_tree
-from pipeline.models.mapdp import as_seed_sequence
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]

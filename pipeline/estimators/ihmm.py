@@ -18,6 +18,7 @@ from sklearn.utils.validation import check_is_fitted
 from pipeline.core import config
 from pipeline.core.config import check_scale
 from pipeline.core.errors import InputError
+from pipeline.core.seeds import as_seed_sequence, seed_state
 from pipeline.estimators.base import MixtureEstimator
 from pipeline.families import FloatArray
 from pipeline.models.ihmm import (
@@ -32,7 +33,6 @@ from pipeline.models.ihmm import (
     run_map_ihmm,
     starts_of,
 )
-from pipeline.models.mapdp import as_seed_sequence, seed_state
 
 
 def sequence_order(

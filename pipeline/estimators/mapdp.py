@@ -9,10 +9,11 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
 from pipeline.core import config
+from pipeline.core.seeds import as_seed_sequence
 from pipeline.estimators.base import MixtureEstimator
 from pipeline.estimators.tuning import tune_cv
 from pipeline.families import FloatArray
-from pipeline.models.mapdp import MapdpResult, as_seed_sequence, run_mapdp
+from pipeline.models.mapdp import MapdpResult, run_mapdp
 
 AUTO_RESTARTS_MAX_N = 20_000
 

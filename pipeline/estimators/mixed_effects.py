@@ -30,8 +30,8 @@ from pipeline.core.config import (
     check_tol,
 )
 from pipeline.core.errors import InputError
+from pipeline.core.seeds import seed_entropy
 from pipeline.families.schema import Schema
-from pipeline.models.mapdp import seed_entropy
 from pipeline.models.mixed_effects import (
     DEFAULT_SHRINK,
     DEFAULT_TAU_PRIOR,

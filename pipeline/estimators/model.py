@@ -505,7 +505,7 @@ def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
 
 
 #: ``MAPDP``'s constructor parameters at their defaults, for ``run_model_record``, which does not
-#: import the class (``tests/pipeline/test_model.py`` checks them against it)
+#: import the class (``tests/pipeline/estimators/test_model.py`` checks them against it)
 MAPDP_DEFAULTS: dict[str, Any] = {
     "alpha": "learn",
     "alpha_prior": (2.0, 1.0),

@@ -14,7 +14,7 @@ summarising n records is an atomic block of size n. Three samplers share the pri
     Jain and Neal's restricted Gibbs split-merge sampler, G moves then one Gibbs sweep.
 
 Every sampler leaves p(Pi, u | X) exactly invariant (tgMCMC through canonical trees, see
-``kernels.tgmcmc``); ``tests/pipeline/test_tgmcmc.py`` checks each against the enumerated posterior.
+``kernels.tgmcmc``); ``tests/pipeline/estimators/test_tgmcmc.py`` checks each against the enumerated posterior.
 ``pipeline.models.ibhc.run_ibhc`` is incremental BHC (seed 004, Section 2.3), the default initialisation.
 """
 
@@ -34,6 +34,7 @@ from kernels import samplers as sampler_kernels
 from kernels import tgmcmc as tg_kernels
 from kernels.alloc import nggp
 from pipeline.core import config
+from pipeline.core.seeds import seed_state
 from pipeline.estimators.base import MixtureEstimator
 from pipeline.families import Family, ProductFamily, as_product, check_summaries
 from pipeline.models.ibhc import (
@@ -43,7 +44,6 @@ from pipeline.models.ibhc import (
     run_ibhc,
     seed_sequence,
 )
-from pipeline.models.mapdp import seed_state
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]

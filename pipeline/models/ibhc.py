@@ -14,8 +14,8 @@ from kernels import ibhc as ibhc_kernels
 from kernels import partition as kpartition
 from kernels.obs import product as kproduct
 from pipeline.core import config
+from pipeline.core.seeds import as_seed_sequence, seed_state
 from pipeline.families import Family, ProductFamily, as_product, check_summaries
-from pipeline.models.mapdp import as_seed_sequence, seed_state
 from pipeline.models.tree import Tree, tree_dtype
 
 FloatArray = NDArray[np.float64]

@@ -12,7 +12,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -25,22 +24,6 @@ from pipeline.models.concentration import log_gamma_prior, map_concentration
 IntArray = NDArray[np.int64]
 # the logdens of a sweep that scores nothing
 _NO_SCORES = np.empty(0)
-
-
-def seed_state(seq: np.random.SeedSequence) -> NDArray[np.uint64]:
-    """A kernel RNG state (uint64 array of shape (1,)) from a SeedSequence."""
-    return np.asarray(seq.generate_state(1, dtype=np.uint64), dtype=np.uint64)
-
-
-def as_seed_sequence(random_state: Any) -> np.random.SeedSequence:
-    """``random_state`` (None, int, SeedSequence or Generator) as a SeedSequence."""
-    if isinstance(random_state, np.random.SeedSequence):
-        return random_state
-    if isinstance(random_state, np.random.Generator):
-        return np.random.SeedSequence(int(random_state.integers(2**63)))
-    if isinstance(random_state, np.random.RandomState):
-        return np.random.SeedSequence(int(random_state.randint(2**31)))
-    return np.random.SeedSequence(random_state)
 
 
 @dataclass
@@ -245,9 +228,3 @@ def run_mapdp(
         converged=converged,
         seconds=time.perf_counter() - t0,
     )
-
-
-def seed_entropy(random_state: Any) -> int:
-    """One integer of entropy from ``random_state`` (None draws a fresh one)."""
-    seq = as_seed_sequence(random_state)
-    return int(seq.generate_state(2, dtype=np.uint64).view(np.uint64)[0])

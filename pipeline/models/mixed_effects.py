@@ -525,8 +525,9 @@ def start_clusters(
     ``pipeline.models.mapdp.run_mapdp``, as one restart of ``MAPDP``) on their random effects' conditional means in the Gaussian fit, under
     the model's own Normal-Wishart prior; labels 0..K-1."""
     from pipeline.core.config import check_alpha
+    from pipeline.core.seeds import as_seed_sequence
     from pipeline.families import GaussianNW, as_product
-    from pipeline.models.mapdp import as_seed_sequence, run_mapdp
+    from pipeline.models.mapdp import run_mapdp
 
     B0 = np.linalg.inv(prior.T0)
     fam = as_product(GaussianNW(m0=prior.m0, c0=prior.c0, B0=0.5 * (B0 + B0.T), a0=prior.a0))

@@ -17,7 +17,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from flows.cli import main
 from flows.hmm import hmm
 from pipeline.core.paths import temp_sibling
-from tests.pipeline.test_ihmm_engine import sequences_frame
+from tests.pipeline.engines.test_ihmm_engine import sequences_frame
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -267,7 +267,7 @@ def test_dpmm_hmm_and_update_on_s3_equal_the_local_runs(s3_bucket: str, tmp_path
     commands write locally; ``update --overwrite`` of a committed model swaps it whole."""
     from pipeline.estimators.mapdp import MAPDP
     from pipeline.estimators.model import save_model
-    from tests.pipeline.test_ihmm_engine import sequences_frame
+    from tests.pipeline.engines.test_ihmm_engine import sequences_frame
 
     b = f"s3://{s3_bucket}"
     df, _ = sequences_frame(600, seed=2)

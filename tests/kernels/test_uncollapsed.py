@@ -14,9 +14,9 @@ from scipy.special import logsumexp
 
 from kernels import uncollapsed as kunc
 from pipeline import families as F
+from pipeline.core.seeds import as_seed_sequence, seed_state
 from pipeline.estimators.baselines import UncollapsedGibbs
 from pipeline.models.exact import restricted_growth_strings
-from pipeline.models.mapdp import as_seed_sequence, seed_state
 
 N_DRAWS = 20_000
 # KS tests at a fixed seed: a wrong shape or rate moves the p-value to ~0 at 20,000 draws

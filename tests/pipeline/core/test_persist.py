@@ -427,7 +427,7 @@ def test_unknown_and_missing_fields(record: Path):
 
 
 def test_a_result_of_another_type(record: Path):
-    with pytest.raises(PersistError, match=r"not a pipeline\.store\.StoreInfo") as info:
+    with pytest.raises(PersistError, match=r"not a pipeline\.data\.store\.StoreInfo") as info:
         persist.load(record, "rec", StoreInfo)
     assert str(record / "rec.json") in str(info.value)
 

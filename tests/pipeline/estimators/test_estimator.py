@@ -114,7 +114,7 @@ def test_gibbs_matches_exact_posterior() -> None:
     counts: dict[tuple[int, ...], int] = {}
     # one long chain: fit runs scans; keep each state by refitting from the sampler's internals
     from kernels import mapdp as kmapdp
-    from pipeline.models.mapdp import as_seed_sequence, seed_state
+    from pipeline.core.seeds import as_seed_sequence, seed_state
 
     g.fit(X)
     prod = g.family_

@@ -50,7 +50,10 @@ class TestToyEngine(EngineContract):
 
     @pytest.fixture(autouse=True)
     def _registered(self, monkeypatch):
+        from pipeline.core import config
+
         monkeypatch.setitem(ENGINE_MODULES, "toy", "tests.toy_engine")
+        monkeypatch.setattr(config, "ENGINES", (*config.ENGINES, "toy"))
 
 
 class TestMixedEffectsEngine(EngineContract):
@@ -108,7 +111,7 @@ def test_a_checkpoint_written_by_format_version_1_reads_back():
     from pipeline.engines.base import RunContext
     from pipeline.engines.mixture_state import PassState
 
-    here = Store(Path(__file__).resolve().parents[1] / "data" / "checkpoint_v1")
+    here = Store(Path(__file__).resolve().parents[2] / "data" / "checkpoint_v1")
     params = FitParams(seed=3, init="sequential", max_passes=2)
     info: Any = None  # a checkpoint does not depend on the data
     state = loop.load_checkpoint(RunContext(here, here, info, params))
