@@ -20,7 +20,8 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")
 @contextlib.contextmanager
 def local_client(n_workers: int = 2) -> Iterator[Client]:
     """A real Dask client of ``n_workers`` single-threaded workers in this process."""
-    # without Dask's profiler, as ``pipeline.distributed.client.dask_client`` starts its clusters (its
+    # without Dask's profiler, as ``pipeline.distributed.client.dask_client`` starts its clusters
+    # (its
     # sys._current_frames() can deadlock CPython 3.11 before 3.11.9)
     with dask.config.set({PROFILE_KEY: False}):
         cluster = LocalCluster(

@@ -280,7 +280,8 @@ def run_cluster(
 ) -> ClusterResult:
     """Read ``input_path``, fit MAP-DP, write labels / clusters / run.json into ``out_dir``.
 
-    ``out_dir`` should be a staging directory (``pipeline.core.outputs.staged_dir``). ``shown_input`` /
+    ``out_dir`` should be a staging directory (``pipeline.core.outputs.staged_dir``).
+    ``shown_input`` /
     ``shown_out`` are the paths named in messages and run.json (default: the real ones).
     Problems with the input raise ``InputError``.
     """

@@ -11,7 +11,8 @@
 INPUT is a CSV file, a Parquet file or directory, a ``.npy`` file or a zarr array. Bad input
 exits with status 2 and one line on stderr naming the file and the row (``dpmm: error: ...``);
 nothing is left at OUT nor at its temporary sibling. Running the same command again after a
-crash resumes from the last completed pass. Defaults come from ``pipeline.core.config``, engine names
+crash resumes from the last completed pass. Defaults come from ``pipeline.core.config``, engine
+names
 from ``pipeline.engines.ENGINES``.
 
 Prefect's and Dask's log lines (with the traceback of a failed task) go to a temporary log file
@@ -278,7 +279,8 @@ def start_flow(
     kwargs : dict
         The flow's keyword arguments.
     rows_of : str, optional
-        The input file: a 0-based ``row N`` in a refusal is shown as ``pipeline.data.io.locate_rows``
+        The input file: a 0-based ``row N`` in a refusal is shown as
+        ``pipeline.data.io.locate_rows``
         finds it in the file (the line of a CSV record).
     runner : callable, optional
         The flow to run with ``kwargs`` (default ``flows.cluster.run_cluster_flow``).

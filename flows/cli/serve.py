@@ -1,7 +1,8 @@
 """``dpmm serve INPUT --models DIR``: the ``scheduled-clustering`` flow (``flows.scheduled``) on a
 cron schedule (``flow.serve``: this process polls for scheduled runs and runs them until
 stopped). ``--once`` runs the flow once now instead. INPUT, MODELS and ``--scores`` are local
-paths or object-storage URLs (``pipeline.core.storage``; ``pipeline.ops.schedule`` says how a version
+paths or object-storage URLs (``pipeline.core.storage``; ``pipeline.ops.schedule`` says how a
+version
 becomes visible there without a rename). A schedule needs a Prefect server that outlives
 one flow run: with ``PREFECT_API_URL`` set, that server (``dpmm server`` or any Prefect server),
 where the deployment and its runs show in the UI; without it, ``dpmm serve`` starts its own

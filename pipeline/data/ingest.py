@@ -1,7 +1,8 @@
 """Ingest: records into a dataset store (``pipeline.data.store``).
 
 Ingest runs as Dask tasks, one per piece of the input: a piece is read, validated with the rules
-and messages of ``pipeline.families.schema`` / the families (prefixed with the file and the row in that
+and messages of ``pipeline.families.schema`` / the families (prefixed with the file and the row in
+that
 file), encoded and written by the task; the driver only adds the pieces' row counts and
 additive moments (count, sum, sum of outer products, minimum and maximum over the training rows)
 and never holds the whole input. Sources of known length (``.npy``, zarr, numpy / pandas /

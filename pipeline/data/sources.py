@@ -208,7 +208,8 @@ def open_source(obj: Any, chunk_rows: int) -> Source:
     """Cut an input into ingest pieces.
 
     ``obj`` is a path (CSV; Parquet file or directory; ``.npy``; a zarr array), a URL of one
-    (``pipeline.core.storage``), a list of paths or URLs of tables (CSV, Parquet: ``_listed_source``)
+    (``pipeline.core.storage``), a list of paths or URLs of tables (CSV, Parquet:
+    ``_listed_source``)
     or, from Python, a numpy array, pandas DataFrame, dask array or dask DataFrame.
     """
     # a dask collection can only come from an imported dask; importing dask.array and

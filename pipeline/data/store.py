@@ -21,7 +21,8 @@ Layout of a store (a zarr v3 group; rows chunked by ``chunk_rows`` = R)
     The true labels' codes (``label_codes``).
 ``info.json`` + ``info.npz``
     What ingest learned (``StoreInfo``: schema, family, sizes, data moments, the prior's sample,
-    the chunk plan of a grouped store), a ``pipeline.core.persist`` record (JSON plus arrays, never a
+    the chunk plan of a grouped store), a ``pipeline.core.persist`` record (JSON plus arrays, never
+    a
     pickle) written last: its presence means ingest completed.
 
 A fit's per-record state (labels, random effects...) and its checkpoints live in the fit's own

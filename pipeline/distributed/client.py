@@ -1,5 +1,6 @@
 """The Dask client a fit runs on: an existing scheduler, or a LocalCluster of single-threaded
-worker processes whose preload (``pipeline.distributed.worker_setup``) loads the engines' kernels."""
+worker processes whose preload (``pipeline.distributed.worker_setup``) loads the engines'
+kernels."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Stage 1 on Dask from Python: ``fit_distributed`` and ``MAPDP.fit`` on a dask collection.
 
 The records are ingested into a dataset store (``pipeline.data.store``), then the pass loop
-(``pipeline.distributed.loop``) runs the chosen engine (``pipeline.engines``) over its chunks with the
+(``pipeline.distributed.loop``) runs the chosen engine (``pipeline.engines``) over its chunks with
+the
 run's per-record state in a separate state store; see those modules for what a pass does.
 """
 
@@ -99,7 +100,8 @@ def fit_distributed(
     store_path : path, optional
         Where to write the store; default a temporary directory, removed afterwards.
     warm_start : (Stats, float), optional
-        The clusters (``pipeline.families.stats.Stats`` of ``family``: pass the fitted model's family,
+        The clusters (``pipeline.families.stats.Stats`` of ``family``: pass the fitted model's
+        family,
         not "auto") and concentration of a fitted model to start from instead of ``init``
         (``pipeline.engines.mixture_start.warm_state``).
 

@@ -2,8 +2,10 @@
 
 One pass is one Dask task per chunk (``chunk_task`` -> ``Engine.chunk_step``), then the engine's
 reduce on the driver (a sequential engine's tasks run as a chain in chunk order, each given the
-previous one's state: ``submit_chunks``); the loop checkpoints the state after every pass (the record
-``checkpoint``: JSON plus arrays, ``pipeline.core.persist``, in the run's state store), stops on the engine's stop rule or after ``max_passes``, and
+previous one's state: ``submit_chunks``); the loop checkpoints the state after every pass (the
+record
+``checkpoint``: JSON plus arrays, ``pipeline.core.persist``, in the run's state store), stops on the
+engine's stop rule or after ``max_passes``, and
 resumes from the checkpoint of the same parameters. It knows nothing of clusters: what a chunk
 task sweeps and what a reduce adds is the engine's.
 

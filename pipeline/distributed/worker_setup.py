@@ -8,9 +8,11 @@ anyway.
 
 Only the run's engine is loaded: ``dask_client(warm=...)`` names it to the workers in
 ``WARM_ENV`` (unset: every registered engine, for a cluster started by hand with
-``dask worker --preload pipeline.distributed.worker_setup``). With an empty numba cache the kernels compile,
+``dask worker --preload pipeline.distributed.worker_setup``). With an empty numba cache the kernels
+compile,
 which takes far longer than loading them: each warm-up step (``Engine.warm_steps``) is then
-compiled by one process only (``warmup.compile_once``, a lock file in the numba cache directory), and
+compiled by one process only (``warmup.compile_once``, a lock file in the numba cache directory),
+and
 the processes first take the steps nobody is compiling yet, so that two workers compile two
 different groups of kernels at once and then load each other's from the cache.
 """
@@ -79,7 +81,8 @@ def warm_engines() -> list[str]:
 
 def warm_names(engines: list[str], family: ProductFamily | None) -> list[str]:
     """The warm-up list of a run of ``engines`` on records of ``family`` (``peek_family``;
-    None: unknown, the Normal-Wishart-only kernels): ``warmup.EVERY_FAMILY`` or ``warmup.NW_CELLS`` added
+    None: unknown, the Normal-Wishart-only kernels): ``warmup.EVERY_FAMILY`` or ``warmup.NW_CELLS``
+    added
     when its spec is of their type, so that the workers compile the kernels the run calls."""
     kind = [
         k for k, t in warmup.spec_kinds().items() if family is not None and family.spec.dtype == t
@@ -164,7 +167,10 @@ def warm_here(names: list[str] | None = None, helper: bool = False) -> None:
 
 #: seconds the helper of ``warm_here_with_helper`` gets to finish once this process is done
 HELPER_GRACE = 10.0
-_HELPER = "import sys; from pipeline.distributed.worker_setup import warm_here; warm_here(sys.argv[1:], True)"
+_HELPER = (
+    "import sys; from pipeline.distributed.worker_setup import warm_here; "
+    "warm_here(sys.argv[1:], True)"
+)
 
 
 @contextlib.contextmanager
@@ -180,7 +186,8 @@ def warm_here_with_helper(names: list[str]) -> Iterator[None]:
     the observation models, the sweep and the start) and writes them to the numba cache, from
     which this process loads them. Stage 2 runs last: this process does not
     wait for its kernels before the run starts, the stage waits for the helper instead
-    (``pipeline.ops.stage2.run_stage2``, ``warmup.await_step``), so that the helper's last and longest
+    (``pipeline.ops.stage2.run_stage2``, ``warmup.await_step``), so that the helper's last and
+    longest
     step overlaps the flow's start and passes. The helper is a fork of this process
     (``_start_helper``), so it imports nothing. With a warm cache, or one core, no helper
     starts. The helper is a speed-up only: if it fails or dies, its locks are released and this

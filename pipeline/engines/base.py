@@ -184,7 +184,8 @@ class Engine(ABC):
     def warm_steps(self) -> list[tuple[str, Callable[[], None]]]:
         """The warm-up as named steps, each loading (or compiling, when the numba cache lacks
         them) a group of kernels; default: ``warm_up`` as one step named after the engine. A
-        worker preload (``pipeline.distributed.worker_setup``) runs the run's engine's steps with one process
+        worker preload (``pipeline.distributed.worker_setup``) runs the run's engine's steps with
+        one process
         per step compiling and the others loading its result from the cache: a step's name is
         unique among all engines unless two engines share the step itself. The order matters
         where a command's threads are the workers (``warm_here_with_helper``): that process

@@ -1,4 +1,5 @@
-"""The mixed-effects engine: seed 000 Section 7 (``pipeline.models.mixed_effects``) over the subjects of
+"""The mixed-effects engine: seed 000 Section 7 (``pipeline.models.mixed_effects``) over the
+subjects of
 a grouped dataset store.
 
 Subjects are the store's groups (``ingest(..., group_column=...)``), so a subject never straddles
@@ -11,11 +12,13 @@ fold and held-out flag are its group's; held-out subjects are not fitted, only s
 A pass is one task per chunk: it computes its subjects' moments from the rows, takes each
 subject's cluster as the previous pass left it, sweeps them against a copy of the global model
 (``kernels.mixed_effects.sweep``: clusters, tau, counts), writes the new per-record state and
-returns additive statistics (``pipeline.models.mixed_effects.SweepStats``: per cluster slot the count,
+returns additive statistics (``pipeline.models.mixed_effects.SweepStats``: per cluster slot the
+count,
 sum of E[beta_i] and of E[beta_i beta_i^T]; the expected residual sum of squares and the number
 of observations for tau; -log p(y_i) for the objective). Clusters a chunk opens get slots after
 the model's K; the driver appends every chunk's new slots in chunk order, adds the statistics
-and takes the modes (``pipeline.models.mixed_effects.update``: merges, Normal-Wishart modes, eq. 7.3,
+and takes the modes (``pipeline.models.mixed_effects.update``: merges, Normal-Wishart modes, eq.
+7.3,
 eq. A.1).
 
 Per-record state, on every row of a subject (the loop's arrays are per row of the store, the

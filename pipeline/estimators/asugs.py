@@ -94,7 +94,8 @@ class ASUGS(MixtureEstimator):
     """
 
     _always_informative: ClassVar[bool] = False
-    # a saved model (``pipeline.estimators.model``) keeps the records seen, so that a loaded one streams on
+    # a saved model (``pipeline.estimators.model``) keeps the records seen, so that a loaded one
+    # streams on
     # with alpha_i = k_i / (lambda + log i) where it stopped (``partial_fit``)
     _model_attrs: ClassVar[tuple[str, ...]] = (*MixtureEstimator._model_attrs, "n_seen_")
     _model_extras: ClassVar[tuple[str, ...]] = ("pruned_stats_", "n_pruned_", "n_merged_")
@@ -161,7 +162,8 @@ class ASUGS(MixtureEstimator):
         """
         sp = self._check_params()
         if getattr(self, "_stream", None) is None and hasattr(self, "cluster_stats_"):
-            # a model read back from disk (``pipeline.estimators.model``): the stream goes on from its
+            # a model read back from disk (``pipeline.estimators.model``): the stream goes on from
+            # its
             # clusters
             self.start_from(self)
         if getattr(self, "_stream", None) is None:

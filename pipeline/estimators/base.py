@@ -2,7 +2,8 @@
 
 ``MixtureEstimator.fit`` is a template: check the parameters (``_check_params``, built on the
 checks of ``pipeline.core.config``), encode X through the schema and the likelihood family
-(``pipeline.families.schema``, ``pipeline.families``), run the subclass's ``_fit`` hook on the encoded
+(``pipeline.families.schema``, ``pipeline.families``), run the subclass's ``_fit`` hook on the
+encoded
 matrix, and leave the common fitted attributes. ``predict`` / ``score_samples`` / ``score`` encode
 new records with the fitted schema (same columns, same categories, values in the families'
 support) and call the subclass's hooks; by default they are the DPM posterior predictive given a
@@ -114,7 +115,8 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         return None
 
     def _check_tuning(self) -> None:
-        """``prior_scale`` and ``tune`` (``pipeline.estimators.tuning``), for the estimators that take
+        """``prior_scale`` and ``tune`` (``pipeline.estimators.tuning``), for the estimators that
+        take
         them."""
         from pipeline.core.config import check_scale
         from pipeline.estimators.tuning import check_tune
@@ -174,7 +176,8 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
 
     def _encode_predict(self, X: Any) -> FloatArray:
         """New records encoded as at fit time, or a ValueError naming the column and row."""
-        # n_clusters_, not labels_: a loaded model has no training labels (``pipeline.estimators.model``)
+        # n_clusters_, not labels_: a loaded model has no training labels
+        # (``pipeline.estimators.model``)
         check_is_fitted(self, "n_clusters_")
         df, from_frame = as_frame(X)
         df = self.schema_.check_columns(df, from_frame, type(self).__name__)
@@ -273,7 +276,8 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         self._empty_cache = fam.empty_cache()
 
     def save(self, path: Any, *, overwrite: bool = False) -> Any:
-        """Write the fitted model as the directory ``path`` (``pipeline.estimators.model.save_model``:
+        """Write the fitted model as the directory ``path``
+        (``pipeline.estimators.model.save_model``:
         JSON plus arrays, no pickle); ``pipeline.load_model(path)`` reads it back.
 
         Returns

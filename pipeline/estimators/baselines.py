@@ -179,7 +179,8 @@ class CollapsedGibbs(_GibbsBase):
     prior_scale : float in (0, 1) or None, default=None
     tune : {None, "cv"}, default=None
         As ``MAPDP``: the empirical-Bayes prior's scale; "cv" chooses ``alpha``, ``prior_scale``
-        and the covariance by 5-fold held-out density before the fit (``pipeline.estimators.tuning``).
+        and the covariance by 5-fold held-out density before the fit
+        (``pipeline.estimators.tuning``).
 
     Attributes
     ----------
@@ -250,7 +251,8 @@ class UncollapsedGibbs(_GibbsBase):
     prior_scale : float in (0, 1) or None, default=None
     tune : {None, "cv"}, default=None
         As ``MAPDP``: the empirical-Bayes prior's scale; "cv" chooses ``alpha``, ``prior_scale``
-        and the covariance by 5-fold held-out density before the fit (``pipeline.estimators.tuning``).
+        and the covariance by 5-fold held-out density before the fit
+        (``pipeline.estimators.tuning``).
 
     Attributes
     ----------

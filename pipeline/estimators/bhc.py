@@ -76,7 +76,8 @@ class BHC(MixtureEstimator):
     prior_scale : float in (0, 1) or None, default=None
     tune : {None, "cv"}, default=None
         As ``MAPDP``: the empirical-Bayes prior's scale; "cv" chooses ``alpha``, ``prior_scale``
-        and the covariance by 5-fold held-out density before the fit (``pipeline.estimators.tuning``).
+        and the covariance by 5-fold held-out density before the fit
+        (``pipeline.estimators.tuning``).
 
     Attributes
     ----------

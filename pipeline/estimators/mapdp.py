@@ -66,7 +66,8 @@ class MAPDP(MixtureEstimator):
         order, the covariance of the Gaussian columns (full or diagonal), the concentration
         and the prior scale by 5-fold held-out log predictive density (seed 000, Appendix A:
         option 2's greedy search scored as option 4 recommends), each over its values in
-        ``pipeline.estimators.tuning.TUNE_GRID`` plus the value given, with ``pipeline.estimators.search.GridSearch``:
+        ``pipeline.estimators.tuning.TUNE_GRID`` plus the value given, with
+        ``pipeline.estimators.search.GridSearch``:
         the current value is kept unless another beats it by more than the paired standard
         error of their fold-by-fold difference (``select="given"``). Then it fits all of X with
         the choice (``best_params_``, ``cv_results_``). No label is used. With the defaults it

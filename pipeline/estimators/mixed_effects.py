@@ -109,7 +109,8 @@ class MixedEffectsDP(BaseEstimator):
     prior_ : MixedPrior
     """
 
-    # what a saved model keeps (``pipeline.estimators.model``): the global fit predicts and scores; the
+    # what a saved model keeps (``pipeline.estimators.model``): the global fit predicts and scores;
+    # the
     # per-subject results (labels, random effects) are the training data's, not the model's
     _model_attrs: ClassVar[tuple[str, ...]] = ("n_clusters_", "model_", "prior_")
     _model_extras: ClassVar[tuple[str, ...]] = ("objective_history_", "n_iter_", "gaussian_")
@@ -306,7 +307,8 @@ class MixedEffectsDP(BaseEstimator):
         self._set_model(self.model_, self.prior_)
 
     def save(self, path: Any, *, overwrite: bool = False) -> Any:
-        """Write the fitted model as the directory ``path`` (``pipeline.estimators.model.save_model``:
+        """Write the fitted model as the directory ``path``
+        (``pipeline.estimators.model.save_model``:
         JSON plus arrays, no pickle); ``pipeline.load_model(path)`` reads it back, and its
         ``predict`` / ``score_samples`` give what this one gives.
 

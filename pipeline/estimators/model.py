@@ -14,7 +14,7 @@ A model is a directory holding one ``pipeline.core.persist`` record, ``model.jso
                     ``dpmm longitudinal`` (``mixed_effects``)
 ``params``          the estimator's parameters (``get_params``; a ``random_state`` that is not an
                     int is stored as None)
-``schema``          the column schema and its encoders (``pipeline.families.schema.Schema``: names, kinds,
+``schema`` the column schema and its encoders (``pipeline.families.schema.Schema``: names, kinds,
                     categories in code order, binomial trials; a ``MixedEffectsDP``'s covariates)
 ``family``          the likelihood family with its prior (``ProductFamily``), and
                     ``family_description``, its repr

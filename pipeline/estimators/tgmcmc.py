@@ -14,8 +14,10 @@ summarising n records is an atomic block of size n. Three samplers share the pri
     Jain and Neal's restricted Gibbs split-merge sampler, G moves then one Gibbs sweep.
 
 Every sampler leaves p(Pi, u | X) exactly invariant (tgMCMC through canonical trees, see
-``kernels.tgmcmc``); ``tests/pipeline/estimators/test_tgmcmc.py`` checks each against the enumerated posterior.
-``pipeline.models.ibhc.run_ibhc`` is incremental BHC (seed 004, Section 2.3), the default initialisation.
+``kernels.tgmcmc``); ``tests/pipeline/estimators/test_tgmcmc.py`` checks each against the enumerated
+posterior.
+``pipeline.models.ibhc.run_ibhc`` is incremental BHC (seed 004, Section 2.3), the default
+initialisation.
 """
 
 from __future__ import annotations
@@ -282,7 +284,8 @@ class TreeGuidedMCMC(MixtureEstimator):
     prior_scale : float in (0, 1) or None, default=None
     tune : {None, "cv"}, default=None
         As ``MAPDP``: the empirical-Bayes prior's scale; "cv" chooses ``alpha``, ``prior_scale``
-        and the covariance by 5-fold held-out density before the fit (``pipeline.estimators.tuning``).
+        and the covariance by 5-fold held-out density before the fit
+        (``pipeline.estimators.tuning``).
 
     Attributes
     ----------

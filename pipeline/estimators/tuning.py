@@ -9,7 +9,8 @@ folds. The hyperparameters are taken in ``TUNE_ORDER``: first the covariance of 
 columns (full Normal-Wishart or diagonal Normal-Gamma: the model), then the concentration N0,
 then the prior scale (the share of the data's variance one cluster is expected to carry), each
 over its values in ``TUNE_GRID`` plus its current value. Each step is a
-``pipeline.estimators.search.GridSearch`` on the same folds with ``select="given"``: the current value is
+``pipeline.estimators.search.GridSearch`` on the same folds with ``select="given"``: the current
+value is
 kept unless the step's best beats it by more than the paired standard error of their
 fold-by-fold difference.
 

@@ -288,7 +288,8 @@ class ProductFamily:
         c = self.cache_of(s[None, :])[0]
         return float(product.log_predictive(xa, s, c, self.spec, self.prior))
 
-    # -- on disk (``pipeline.core.persist``) --------------------------------------------------------
+    # -- on disk (``pipeline.core.persist``)
+    # --------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
         """The constructor's argument: ``{"groups": [(family, column indices), ...]}``."""
         return {"groups": [(fam, list(cols)) for fam, cols in self.groups]}

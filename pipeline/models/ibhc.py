@@ -1,5 +1,6 @@
 """Incremental BHC (seed 004, Section 2.3) over leaf summaries, tree-guided MCMC's default
-initialisation, and the prior and leaf pieces the samplers of ``pipeline.estimators.tgmcmc`` share."""
+initialisation, and the prior and leaf pieces the samplers of ``pipeline.estimators.tgmcmc``
+share."""
 
 from __future__ import annotations
 

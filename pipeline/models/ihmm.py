@@ -1,7 +1,8 @@
 """MAP-iHMM and the direct-assignment Gibbs sampler of seed 000 Section 6 in memory.
 
 The state of a fit is an ``HmmState`` (compact: K represented states), the kernels are
-``kernels.ihmm``. Kept apart from the scikit-learn estimators (``pipeline.estimators.ihmm``) so that the
+``kernels.ihmm``. Kept apart from the scikit-learn estimators (``pipeline.estimators.ihmm``) so that
+the
 distributed engine's workers never import scikit-learn.
 
 The MAP objective E(z, kappa) is ``kernels.ihmm.objective``. Every step of ``run_map_ihmm``

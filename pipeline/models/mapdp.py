@@ -1,7 +1,8 @@
 """Algorithm 1 of seed 000 in memory (``run_mapdp``: sweeps, split and merge moves, learned
 concentration) and the seeding helpers shared by every sampler.
 
-Kept apart from the scikit-learn estimator (``pipeline.estimators.mapdp``) so that Dask workers running
+Kept apart from the scikit-learn estimator (``pipeline.estimators.mapdp``) so that Dask workers
+running
 the distributed passes never import scikit-learn: a worker process's first task would pay for
 it (about a second) before sweeping a single record.
 """

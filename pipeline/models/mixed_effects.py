@@ -522,7 +522,8 @@ def start_clusters(
     effects: FloatArray, prior: MixedPrior, alpha: float | str, seed: int
 ) -> IntArray:
     """The start's partition of the sampled subjects: collapsed MAP-DP (Algorithm 1,
-    ``pipeline.models.mapdp.run_mapdp``, as one restart of ``MAPDP``) on their random effects' conditional means in the Gaussian fit, under
+    ``pipeline.models.mapdp.run_mapdp``, as one restart of ``MAPDP``) on their random effects'
+    conditional means in the Gaussian fit, under
     the model's own Normal-Wishart prior; labels 0..K-1."""
     from pipeline.core.config import check_alpha
     from pipeline.core.seeds import as_seed_sequence

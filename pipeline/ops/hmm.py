@@ -145,7 +145,8 @@ def write_hmm_model(
     params: dict[str, Any],
     metadata: dict[str, Any],
 ) -> None:
-    """``OUT/model`` (``pipeline.estimators.model``): the ``MAPiHMM`` of the run's final states, whose
+    """``OUT/model`` (``pipeline.estimators.model``): the ``MAPiHMM`` of the run's final states,
+    whose
     ``predict`` / ``score_samples`` are the write-out's Viterbi labels and per-sequence log
     likelihoods; ``pipeline.load_model`` reads it back. ``params``: the estimator's."""
     from pipeline.estimators.ihmm import model_from_state

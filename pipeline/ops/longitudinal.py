@@ -309,7 +309,8 @@ def write_mixed_model(
     parameters: dict[str, Any],
     metrics: dict[str, Any],
 ) -> None:
-    """``OUT/model`` (``pipeline.estimators.model``): the ``MixedEffectsDP`` of the run's final model, whose
+    """``OUT/model`` (``pipeline.estimators.model``): the ``MixedEffectsDP`` of the run's final
+    model, whose
     ``predict`` / ``score_samples`` of the subjects' covariates (a DataFrame of ``cols``'
     covariates), responses and ids are the run's clusters and log densities;
     ``pipeline.load_model`` reads it back."""

@@ -182,7 +182,8 @@ def write_run_model(
     alpha: float,
     metrics: dict[str, Any],
 ) -> None:
-    """The run's model (``pipeline.estimators.model``): a ``MAPDP`` of the final clusters ``stats`` (K, S)
+    """The run's model (``pipeline.estimators.model``): a ``MAPDP`` of the final clusters ``stats``
+    (K, S)
     whose ``predict`` / ``score_samples`` are the write-out's labels of held-out rows and log
     densities of every row; ``dpmm score`` and ``--warm-start`` read it."""
     from pipeline.estimators.model import run_model_record, write_record

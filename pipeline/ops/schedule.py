@@ -10,7 +10,8 @@ Layout
     One partition per day (tables ``pipeline.data.sources`` reads: Parquet parts, CSV files; names
     starting with ``_`` or ``.``, such as ``_SUCCESS``, are not records).
 ``MODELS/vN/``
-    Model version N: ``model/`` (``pipeline.estimators.model``), ``run.json`` and ``clusters.parquet`` of
+    Model version N: ``model/`` (``pipeline.estimators.model``), ``run.json`` and
+    ``clusters.parquet`` of
     the refit, and ``version.json`` (the partition date it was refitted for, the window of dates,
     the version it was warm-started from, the partition's fingerprint).
 ``MODELS/LATEST``
@@ -143,7 +144,8 @@ def fingerprint(path: Loc) -> list[list[Any]]:
 
 def window_files(parts: list[tuple[str, Loc]]) -> list[str]:
     """The files of the partitions ``parts`` (date, path), in date order then name order, as
-    paths or URLs: the input of a refit on the rolling window (``pipeline.data.sources`` reads such a
+    paths or URLs: the input of a refit on the rolling window (``pipeline.data.sources`` reads such
+    a
     list as one input; nothing is linked or copied). Names starting with ``_`` or ``.`` (markers
     such as ``_SUCCESS``) are left out."""
     out = []

@@ -1,6 +1,7 @@
 """Where an empty numba cache's compile time goes (issue 13, "Cold start and fixed costs").
 
-The worker warm-up's steps of a Gaussian demo (``pipeline.distributed.worker_setup``: the observation
+The worker warm-up's steps of a Gaussian demo (``pipeline.distributed.worker_setup``: the
+observation
 models, their marginals, stage 2's BHC, the MAP-DP sweep, the sample start) run one after another
 in a fresh process with an empty ``NUMBA_CACHE_DIR``. Reported: the CPU seconds of each step, the
 seconds spent in LLVM (numba's ``numba:llvm_lock`` events), how many numba functions compiled and

@@ -311,7 +311,8 @@ def test_real_subprocess(csv_path: Path, tmp_path: Path) -> None:
     assert not (tmp_path / "out2").exists()
 
 
-# -- pipeline.data.io -------------------------------------------------------------------------------
+# -- pipeline.data.io
+# -------------------------------------------------------------------------------
 def test_read_table_columns_and_rows(tmp_path: Path) -> None:
     p = tmp_path / "d.csv"
     p.write_text('a,b,c\n1,2,3\n\n4,5,6\n"7",8,9\n')

@@ -1,5 +1,6 @@
 """``dpmm update MODEL INPUT --out NEW_MODEL``: one ASUGS-PM pass of new records into a saved
-model (``pipeline.estimators.update``, ``flows.cli.update``), end to end through the model artifact."""
+model (``pipeline.estimators.update``, ``flows.cli.update``), end to end through the model
+artifact."""
 
 from __future__ import annotations
 

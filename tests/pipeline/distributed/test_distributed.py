@@ -1,4 +1,5 @@
-"""The distributed stage 1 (``pipeline.distributed.fit``) and ingest (``pipeline.data.ingest``) on a real
+"""The distributed stage 1 (``pipeline.distributed.fit``) and ingest (``pipeline.data.ingest``) on a
+real
 ``distributed.LocalCluster`` and real zarr stores: determinism across worker counts, agreement
 with the in-memory MAP-DP, every input format, bad input, held-out scoring, a killed worker."""
 

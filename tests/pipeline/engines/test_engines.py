@@ -15,7 +15,7 @@ from pipeline.distributed import loop
 from pipeline.engines import ENGINE_MODULES, ENGINES, get_engine
 from pipeline.engines.base import RunContext
 from tests.engine_contract import EngineContract
-from tests.pipeline import test_ihmm_engine  # its engine's contract class (grouped stores)
+from tests.pipeline.engines import test_ihmm_engine  # its engine's contract class (grouped stores)
 
 
 class TestMapdpEngine(EngineContract):

@@ -1,4 +1,5 @@
-"""Model artifacts (``pipeline.estimators.model``): every estimator with clusters saved and loaded back
+"""Model artifacts (``pipeline.estimators.model``): every estimator with clusters saved and loaded
+back
 predicts and scores exactly as before; damaged or foreign models are refused naming the file."""
 
 from __future__ import annotations

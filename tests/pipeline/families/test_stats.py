@@ -1,4 +1,5 @@
-"""``pipeline.families.stats.Stats``, the one currency: additive statistics that refuse to add across
+"""``pipeline.families.stats.Stats``, the one currency: additive statistics that refuse to add
+across
 families, column groups or priors; sizes and moments from the statistics alone; independent of
 chunking and order (Hypothesis)."""
 
