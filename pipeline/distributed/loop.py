@@ -95,7 +95,7 @@ def create_record_arrays(ctx: RunContext, engine: Engine) -> None:
             if (path / name / "zarr.json").exists():
                 continue
             shape: tuple[int, ...] = (n,) if rec.width == 0 else (n, rec.width)
-            chunks: tuple[int, ...] = (info.chunk_rows,) + shape[1:]
+            chunks: tuple[int, ...] = (info.chunk_rows, *shape[1:])
             zarr.create_array(
                 str(path / name),
                 shape=shape,
