@@ -30,8 +30,8 @@ run: $(STAMP)
 	$(BIN)/dpmm demo --out out/demo
 
 test: $(STAMP)
-	$(BIN)/ruff check pipeline kernels flows tests
-	$(BIN)/ruff format --check pipeline kernels flows tests
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache --no-logo
 	$(BIN)/pytest -q
@@ -40,13 +40,13 @@ bench: $(STAMP)
 	$(BIN)/pytest -q -m bench tests/benchmarks -s -p no:cacheprovider
 
 lint: $(STAMP)
-	$(BIN)/ruff check pipeline kernels flows tests
+	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache --no-logo
 
 format: $(STAMP)
-	$(BIN)/ruff format pipeline kernels flows tests
-	$(BIN)/ruff check --fix pipeline kernels flows tests
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache
