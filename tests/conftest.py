@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import dask
@@ -15,6 +18,14 @@ from pipeline.distributed.client import PROFILE_KEY
 # Prefect's temporary servers (the test harness's, a subprocess's) give up after 30 s by default;
 # a machine busy with other tests can take longer to start one
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")
+
+# Prefect's database for the commands the tests run (subprocesses inherit it): one of this test
+# process's own, not the user's, and not shared with the other process of ``pytest -n 2``, whose
+# temporary servers would write the same SQLite file at once
+if "PREFECT_HOME" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
+    _prefect_home = tempfile.mkdtemp(prefix="dpmm-tests-prefect-")
+    atexit.register(shutil.rmtree, _prefect_home, ignore_errors=True)
+    os.environ["PREFECT_HOME"] = _prefect_home
 
 
 @contextlib.contextmanager
