@@ -263,14 +263,6 @@ def free_tree(r, ni, free, meta, work):
 
 
 @njit(cache=True, nogil=True)
-def refresh_tree(r, ni, nf, st, u, pp, work):
-    """Recompute every potential of the tree rooted at r at a new u (no log marginals)."""
-    n = preorder(r, ni, work)
-    for k in range(n - 1, -1, -1):
-        refresh_node(work[k], ni, nf, st, u, pp)
-
-
-@njit(cache=True, nogil=True)
 def _copy_node(v, ni, nf, st, free, meta):
     c = alloc(ni, free, meta)
     ni[c, LEAF] = ni[v, LEAF]

@@ -45,11 +45,13 @@ from pipeline.models.ihmm import (
     PRIOR_SCALE,
     HmmState,
     b_new_of,
-    greedy_merges,
+    empty_state,
     kappa_step,
     starts_of,
+    sweep_slots,
     sweep_state,
 )
+from pipeline.models.ihmm_map import greedy_merges
 
 DEFAULT_GAMMA = 2.0
 
@@ -404,17 +406,7 @@ class IhmmEngine(Engine):
         starts = starts_of(None, X.shape[0])
         z = np.full(X.shape[0], -1, dtype=np.int64)
         st, _ = sweep_state(
-            X,
-            starts,
-            z,
-            HmmState(
-                np.zeros((0, family.n_stats)), np.zeros((0, 0)), np.zeros(0), np.zeros(0), 1.0
-            ),
-            family,
-            1.0,
-            2.0,
-            False,
-            np.zeros(1, np.uint64),
+            X, starts, z, empty_state(family), family, 1.0, 2.0, False, np.zeros(1, np.uint64)
         )
         kihmm.count_transitions(z, starts, st.n_states)
         log_pi, log_a = st.log_params(1.0)
@@ -427,12 +419,12 @@ class IhmmEngine(Engine):
 
 def sample_start(ctx: RunContext, alpha: float, gamma: float) -> IhmmPassState:
     """The state before pass 1 from in-memory MAP-iHMM (sweeps, kappa step, Viterbi, merge and
-    split moves: ``pipeline.models.ihmm.run_map_ihmm``) on the training sequences of the first
+    split moves: ``pipeline.models.ihmm_map.run_map_ihmm``) on the training sequences of the first
     chunks, about ``init_sample`` rows: the moves the passes do not have find the states once."""
     import time as _time
 
     from pipeline.core.seeds import seed_state
-    from pipeline.models.ihmm import run_map_ihmm
+    from pipeline.models.ihmm_map import run_map_ihmm
 
     t0 = _time.perf_counter()
     info, params = ctx.info, ctx.params
@@ -498,45 +490,9 @@ def sweep_chunk(
     """One MAP sweep of a chunk's sequences against a copy of the K global states: labels with
     the states the chunk opened numbered K, K + 1, ..., their number, records moved."""
     K = st.n_states
-    cap = K + 8
-    stats = np.zeros((cap, family.n_stats))
-    stats[:K] = st.stats
-    cache = np.zeros((cap, family.n_cache))
-    if K:
-        cache[:K] = family.cache_of(st.stats)
-    nk = np.zeros(cap)
-    nk[:K] = st.nk
-    trans = np.zeros((cap, cap))
-    trans[:K, :K] = st.trans
-    start = np.zeros(cap)
-    start[:K] = st.start
-    rows = np.zeros(cap)
-    rows[:K] = st.rows
-    kappa = np.zeros(cap)
-    kappa[:K] = st.kappa
-    ku = np.array([st.ku])
-    _s, _c, nk, _t, _st, _r, _k, n_slots, n_changed = kihmm.sweep(
-        X,
-        starts,
-        z,
-        stats,
-        cache,
-        nk,
-        trans,
-        start,
-        rows,
-        kappa,
-        ku,
-        K,
-        family.spec,
-        family.prior,
-        family.empty_cache(),
-        msg.alpha,
-        msg.gamma,
-        b_new_of(msg.gamma),
-        False,
-        np.zeros(1, np.uint64),
-        K,
+    # the K global states keep their slots (n_fixed = K): the chunk's new ones follow them
+    _s, _c, nk, _t, _st, _r, _k, _ku, n_slots, n_changed = sweep_slots(
+        X, starts, z, st, family, msg.alpha, msg.gamma, K + 8, False, np.zeros(1, np.uint64), K
     )
     slot_map = np.arange(max(n_slots, K), dtype=np.int64)
     new_slots = [s for s in range(K, n_slots) if nk[s] > 0]

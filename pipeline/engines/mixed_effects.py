@@ -29,7 +29,8 @@ pass numbered it (the next pass maps slots to clusters through ``MixedState.slot
 
 The start (``init_state``) runs over the chunks too: the subjects' least-squares moments, EM of
 the Gaussian random-effects model, the empirical prior, MAP-DP on a hash sample of subjects
-(``pipeline.models.mixed_effects.start``); with a Dask client as tasks, without one in process.
+(``pipeline.models.mixed_effects_start.start``); with a Dask client as tasks, without one in
+process.
 """
 
 from __future__ import annotations
@@ -47,8 +48,6 @@ from pipeline.data.labels import emit_chunk
 from pipeline.data.store import iter_chunks
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext
 from pipeline.models.mixed_effects import (
-    DEFAULT_SHRINK,
-    DEFAULT_TAU_PRIOR,
     GaussianFit,
     MixedModel,
     MixedPrior,
@@ -58,11 +57,11 @@ from pipeline.models.mixed_effects import (
     icm_record,
     predictive_components,
     should_stop,
-    start,
     start_labels,
     sweep_subjects,
     update,
 )
+from pipeline.models.mixed_effects_start import DEFAULT_SHRINK, DEFAULT_TAU_PRIOR, start
 
 FloatArray = np.ndarray
 IntArray = np.ndarray

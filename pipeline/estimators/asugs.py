@@ -130,35 +130,18 @@ class ASUGS(MixtureEstimator):
 
     # -- fitting -----------------------------------------------------------------------------
     def fit(self, X: Any, y: Any = None) -> ASUGS:
-        """One pass over the records of X in order, from an empty stream.
-
-        Parameters
-        ----------
-        X : array-like or DataFrame of shape (n_samples, n_features)
-        y : ignored
-
-        Returns
-        -------
-        self
-        """
+        """``MixtureEstimator.fit``: one pass over the records of X (n_samples, n_features) in
+        order, from an empty stream (y is ignored); returns self."""
         self._stream: StreamState | None = None
         return super().fit(X)  # type: ignore[no-any-return]
 
     def partial_fit(self, X: Any, y: Any = None) -> ASUGS:
-        """Continue the stream with the records of X, in order.
+        """Continue the stream with the records of X (n_samples, n_features), in order (y is
+        ignored); returns self.
 
         The first call on an unfitted estimator learns the columns and the family (``fit``
         starts a new stream, which later ``partial_fit`` calls continue); later batches must
         have the same columns, encoded the same way, or a ValueError names what differs.
-
-        Parameters
-        ----------
-        X : array-like or DataFrame of shape (n_samples, n_features)
-        y : ignored
-
-        Returns
-        -------
-        self
         """
         sp = self._check_params()
         if getattr(self, "_stream", None) is None and hasattr(self, "cluster_stats_"):

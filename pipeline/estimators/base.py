@@ -20,13 +20,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
 from kernels import mapdp as kmapdp
-from pipeline.families import Family, FloatArray, ProductFamily, as_product
+from pipeline.families import Family, FloatArray, ProductFamily, as_product, check_summaries
 from pipeline.families.schema import Schema, as_frame
 
 IntArray = NDArray[np.int64]
@@ -173,6 +173,43 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         self.n_features_in_ = family.n_cols
         if hasattr(self, "feature_names_in_"):
             del self.feature_names_in_
+
+    def _summaries_input(
+        self, stats: ArrayLike, family: Family | ProductFamily | None
+    ) -> tuple[FloatArray, ProductFamily]:
+        """The input of ``fit_summaries``: leaf summaries checked against their family, which
+        new records are then encoded for (``_set_summaries_input``).
+
+        Parameters
+        ----------
+        stats : array-like of shape (n_leaves, n_stats)
+            Additive sufficient statistics of each leaf; ``stats[:, 0]`` is the number of
+            records it summarises.
+        family : Family, ProductFamily or None
+            Their family with its prior; None: the ``family`` parameter, which must then be an
+            object.
+
+        Returns
+        -------
+        stats : ndarray of shape (n_leaves, n_stats)
+        family : ProductFamily
+        """
+        given = getattr(self, "family", None) if family is None else family
+        if isinstance(given, (str, dict)):
+            raise ValueError(
+                "fit_summaries needs a Family or ProductFamily instance (the prior cannot be "
+                "fitted to summaries by name)"
+            )
+        prod = as_product(given)  # type: ignore[arg-type]
+        st = check_summaries(stats, prod)
+        self._set_summaries_input(prod)
+        return st, prod
+
+    def _record_leaves(self, Xa: FloatArray) -> FloatArray:
+        """Every encoded record (n, D) a leaf of its own: statistics (n, n_stats) of
+        ``family_``, for the estimators over leaves (``BHC``, ``TreeGuidedMCMC``)."""
+        n = Xa.shape[0]
+        return self.family_.stats_of(Xa, np.arange(n, dtype=np.int64), n)
 
     def _encode_predict(self, X: Any) -> FloatArray:
         """New records encoded as at fit time, or a ValueError naming the column and row."""

@@ -176,11 +176,7 @@ class CollapsedGibbs(_GibbsBase):
         Gibbs scans.
     burn_in : int, default=50
     random_state : int or None
-    prior_scale : float in (0, 1) or None, default=None
-    tune : {None, "cv"}, default=None
-        As ``MAPDP``: the empirical-Bayes prior's scale; "cv" chooses ``alpha``, ``prior_scale``
-        and the covariance by 5-fold held-out density before the fit
-        (``pipeline.estimators.tuning``).
+    prior_scale, tune : as ``MAPDP`` (the empirical-Bayes prior's scale; 5-fold tuning)
 
     Attributes
     ----------
@@ -242,17 +238,9 @@ class UncollapsedGibbs(_GibbsBase):
 
     Parameters
     ----------
-    alpha : float, default=1.0
-    family : as MAPDP
+    alpha, family, burn_in, random_state, prior_scale, tune : as ``CollapsedGibbs``
     n_iter : int, default=200
         Scans (assignments, then parameters).
-    burn_in : int, default=50
-    random_state : int or None
-    prior_scale : float in (0, 1) or None, default=None
-    tune : {None, "cv"}, default=None
-        As ``MAPDP``: the empirical-Bayes prior's scale; "cv" chooses ``alpha``, ``prior_scale``
-        and the covariance by 5-fold held-out density before the fit
-        (``pipeline.estimators.tuning``).
 
     Attributes
     ----------

@@ -22,7 +22,7 @@ from kernels import bhc as kbhc
 from pipeline.core import config
 from pipeline.core.seeds import as_seed_sequence
 from pipeline.estimators.base import MixtureEstimator
-from pipeline.families import Family, ProductFamily, as_product, check_summaries
+from pipeline.families import Family, ProductFamily
 from pipeline.models.bhc import build_tree
 
 FloatArray = NDArray[np.float64]
@@ -73,11 +73,7 @@ class BHC(MixtureEstimator):
         ``kernels.bhc.MIN_PARALLEL`` pairs. Off by default: each merge is one short pass, and a
         thread-parallel pass per merge was slower (wall and CPU) than one thread on a shared
         2-core machine. Same result either way.
-    prior_scale : float in (0, 1) or None, default=None
-    tune : {None, "cv"}, default=None
-        As ``MAPDP``: the empirical-Bayes prior's scale; "cv" chooses ``alpha``, ``prior_scale``
-        and the covariance by 5-fold held-out density before the fit
-        (``pipeline.estimators.tuning``).
+    prior_scale, tune : as ``MAPDP`` (the empirical-Bayes prior's scale; 5-fold tuning)
 
     Attributes
     ----------
@@ -156,9 +152,7 @@ class BHC(MixtureEstimator):
 
     def _fit(self, Xa: FloatArray, alpha: float) -> None:
         """Every encoded record becomes a one-record leaf."""
-        fam = self.family_
-        m = Xa.shape[0]
-        self._fit_stats(fam.stats_of(Xa, np.arange(m, dtype=np.int64), m), fam, alpha)
+        self._fit_stats(self._record_leaves(Xa), self.family_, alpha)
 
     def fit_summaries(self, stats: ArrayLike, family: Family | ProductFamily | None = None) -> BHC:
         """Fit on leaf summaries: rows of additive sufficient statistics of ``family``.
@@ -174,16 +168,8 @@ class BHC(MixtureEstimator):
         -------
         self
         """
-        fam_in = self.family if family is None else family
-        if isinstance(fam_in, str):
-            raise ValueError(
-                "fit_summaries needs a Family or ProductFamily instance (the prior cannot be "
-                "fitted to summaries by name)"
-            )
         alpha = self._check_params()
-        fam = as_product(fam_in)
-        st = check_summaries(stats, fam)
-        self._set_summaries_input(fam)
+        st, fam = self._summaries_input(stats, family)
         self._fit_stats(st, fam, alpha)
         return self
 

@@ -2,13 +2,14 @@
 scikit-learn style, with hmmlearn's convention for many sequences in one array (``lengths``).
 
 Emissions are the project's likelihood families (``family="auto"`` picks one per column as
-``MAPDP`` does); the kernels are ``kernels.ihmm``, the runs ``pipeline.models.ihmm``.
+``MAPDP`` does); the kernels are ``kernels.ihmm``, the runs ``pipeline.models.ihmm`` (the Gibbs
+sampler) and ``pipeline.models.ihmm_map`` (MAP-iHMM).
 """
 
 from __future__ import annotations
 
 import warnings
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import pandas as pd
@@ -25,14 +26,13 @@ from pipeline.models.ihmm import (
     M_COUNTS,
     PRIOR_SCALE,
     HmmState,
-    IhmmResult,
     IntArray,
     decode,
     log_likelihood,
     run_gibbs,
-    run_map_ihmm,
     starts_of,
 )
+from pipeline.models.ihmm_map import IhmmResult, run_map_ihmm
 
 
 def sequence_order(
@@ -158,12 +158,59 @@ class _SequenceEstimator(MixtureEstimator):
         checked = None if lengths is None else check_lengths(lengths, n)
         return X, None, starts_of(checked, n)
 
+    def fit(  # type: ignore[override]
+        self,
+        X: Any,
+        lengths: Any = None,
+        sequence_column: str | None = None,
+        time_column: str | None = None,
+    ) -> Self:
+        """Fit to the sequences of X (``_run``: MAP-iHMM's restarts, or the Gibbs sampler).
+
+        Parameters
+        ----------
+        X : array-like or DataFrame of shape (n_samples, n_features)
+        lengths : array-like of int, optional
+            Lengths of the sequences X holds one after the other (hmmlearn's convention); None:
+            X is one sequence.
+        sequence_column : str, optional
+            DataFrame form: the column of sequence ids (rows of a sequence need not be adjacent).
+        time_column : str, optional
+            DataFrame form: time stamps, strictly increasing within each sequence.
+
+        Returns
+        -------
+        self
+        """
+        alpha, gamma = self._fit_params()
+        feats, order, starts = self._sequences(X, lengths, sequence_column, time_column)
+        Xa = self._encode_fit(feats)
+        labels, st = self._run(Xa, starts, alpha, gamma)
+        self.alpha_ = alpha
+        self.gamma_ = gamma
+        self._set_states(labels, st, order)
+        return self
+
     def _fit_params(self) -> tuple[float, float]:
+        """alpha (N0) and gamma (M0), once every parameter is checked (``_check_run``: the
+        run's own)."""
         alpha = config.check_positive(self.alpha, "alpha")  # type: ignore[attr-defined]
         gamma = config.check_positive(self.gamma, "gamma")  # type: ignore[attr-defined]
         if self.prior_scale is not None:  # type: ignore[attr-defined]
             check_scale(self.prior_scale)  # type: ignore[attr-defined]
+        self._check_run()
         return alpha, gamma
+
+    def _check_run(self) -> None:
+        """The parameters of the run itself."""
+
+    def _run(
+        self, Xa: FloatArray, starts: IntArray, alpha: float, gamma: float
+    ) -> tuple[IntArray, HmmState]:
+        """The fit on the encoded records Xa (N, D) of the sequences ``starts`` (n_seq + 1,):
+        labels (N,) 0..K-1 in sequence order and the MAP state; sets the run's own fitted
+        attributes."""
+        raise NotImplementedError
 
     def _set_states(self, res_labels: IntArray, st: HmmState, order: IntArray | None) -> None:
         labels = res_labels
@@ -368,37 +415,16 @@ class MAPiHMM(_SequenceEstimator):
         self.random_state = random_state
         self.verbose = verbose
 
-    def fit(  # type: ignore[override]
-        self,
-        X: Any,
-        lengths: Any = None,
-        sequence_column: str | None = None,
-        time_column: str | None = None,
-    ) -> MAPiHMM:
-        """Fit MAP-iHMM to the sequences of X.
-
-        Parameters
-        ----------
-        X : array-like or DataFrame of shape (n_samples, n_features)
-        lengths : array-like of int, optional
-            Lengths of the sequences X holds one after the other (hmmlearn's convention); None:
-            X is one sequence.
-        sequence_column : str, optional
-            DataFrame form: the column of sequence ids (rows of a sequence need not be adjacent).
-        time_column : str, optional
-            DataFrame form: time stamps, strictly increasing within each sequence.
-
-        Returns
-        -------
-        self
-        """
-        alpha, gamma = self._fit_params()
+    def _check_run(self) -> None:
         config.check_int(self.n_restarts, "n_restarts")
         config.check_int(self.max_iter, "max_iter")
         config.check_tol(self.tol)
         config.check_choice(self.m_counts, M_COUNTS, "m_counts")
-        feats, order, starts = self._sequences(X, lengths, sequence_column, time_column)
-        Xa = self._encode_fit(feats)
+
+    def _run(
+        self, Xa: FloatArray, starts: IntArray, alpha: float, gamma: float
+    ) -> tuple[IntArray, HmmState]:
+        """``n_restarts`` runs of ``run_map_ihmm``; the lowest objective wins."""
         seq = as_seed_sequence(self.random_state)
         best: IhmmResult | None = None
         objectives = []
@@ -432,16 +458,14 @@ class MAPiHMM(_SequenceEstimator):
             warnings.warn(
                 f"MAP-iHMM did not converge in max_iter={self.max_iter} iterations",
                 ConvergenceWarning,
-                stacklevel=2,
+                # the caller of fit
+                stacklevel=3,
             )
-        self.alpha_ = alpha
-        self.gamma_ = gamma
-        self._set_states(best.labels, best.state, order)
         self.objective_ = best.objective
         self.objective_history_ = best.history
         self.n_iter_ = best.n_iter
         self.restart_objectives_ = objectives
-        return self
+        return best.labels, best.state
 
 
 def random_segments(starts: IntArray, rng: np.random.Generator, k0: int = 10) -> IntArray:
@@ -501,21 +525,16 @@ class IHMMGibbs(_SequenceEstimator):
         self.burn_in = burn_in
         self.random_state = random_state
 
-    def fit(  # type: ignore[override]
-        self,
-        X: Any,
-        lengths: Any = None,
-        sequence_column: str | None = None,
-        time_column: str | None = None,
-    ) -> IHMMGibbs:
-        """Run the sampler on the sequences of X (arguments as ``MAPiHMM.fit``)."""
-        alpha, gamma = self._fit_params()
+    def _check_run(self) -> None:
         config.check_int(self.n_sweeps, "n_sweeps")
         config.check_int(self.burn_in, "burn_in", minimum=0)
         if self.burn_in >= self.n_sweeps:
             raise ValueError(f"burn_in must be < n_sweeps, got {self.burn_in}")
-        feats, order, starts = self._sequences(X, lengths, sequence_column, time_column)
-        Xa = self._encode_fit(feats)
+
+    def _run(
+        self, Xa: FloatArray, starts: IntArray, alpha: float, gamma: float
+    ) -> tuple[IntArray, HmmState]:
+        """``n_sweeps`` sweeps of ``run_gibbs``; the kept sample of lowest E."""
         fam = self.family_
         n_states = np.zeros(self.n_sweeps, dtype=np.int64)
         energy = np.zeros(self.n_sweeps)
@@ -538,13 +557,10 @@ class IHMMGibbs(_SequenceEstimator):
             as_seed_sequence(self.random_state),
             record,
         )
-        self.alpha_ = alpha
-        self.gamma_ = gamma
-        self._set_states(kept["z"], kept["st"], order)
         self.objective_ = float(kept["e"])
         self.n_states_trace_ = n_states
         self.objective_trace_ = energy
-        return self
+        return kept["z"], kept["st"]
 
 
 def model_from_state(

@@ -1,6 +1,6 @@
 """``MixedEffectsDP``: the scikit-learn style estimator of the semiparametric mixed-effects
-model of seed 000 Section 7 (the model, its start and the driver step shared with the distributed
-engine are in ``pipeline.models.mixed_effects``)."""
+model of seed 000 Section 7 (the model and the driver step shared with the distributed engine
+are in ``pipeline.models.mixed_effects``, its start in ``pipeline.models.mixed_effects_start``)."""
 
 from __future__ import annotations
 
@@ -33,9 +33,6 @@ from pipeline.core.errors import InputError
 from pipeline.core.seeds import seed_entropy
 from pipeline.families.schema import Schema
 from pipeline.models.mixed_effects import (
-    DEFAULT_SHRINK,
-    DEFAULT_TAU_PRIOR,
-    MIXED_INITS,
     FloatArray,
     IntArray,
     MixedModel,
@@ -48,10 +45,15 @@ from pipeline.models.mixed_effects import (
     icm_record,
     predictive_components,
     should_stop,
-    start,
     start_labels,
     sweep_subjects,
     update,
+)
+from pipeline.models.mixed_effects_start import (
+    DEFAULT_SHRINK,
+    DEFAULT_TAU_PRIOR,
+    MIXED_INITS,
+    start,
 )
 
 
@@ -77,7 +79,7 @@ class MixedEffectsDP(BaseEstimator):
         Prepend an intercept column to X (a random intercept).
     shrink : float > 1
         Empirical-Bayes prior: a cluster's expected covariance of beta_i is 1/shrink of the
-        subjects' (``empirical_prior``).
+        subjects' (``pipeline.models.mixed_effects_start.empirical_prior``).
     prior : dict, optional
         Normal-Wishart prior of the clusters ``{"m0", "c0", "B0", "a0"}`` (Appendix B); any key
         left out takes its empirical-Bayes value.

@@ -14,8 +14,8 @@ summarising n records is an atomic block of size n. Three samplers share the pri
     Jain and Neal's restricted Gibbs split-merge sampler, G moves then one Gibbs sweep.
 
 Every sampler leaves p(Pi, u | X) exactly invariant (tgMCMC through canonical trees, see
-``kernels.tgmcmc``); ``tests/pipeline/estimators/test_tgmcmc.py`` checks each against the enumerated
-posterior.
+``kernels.tgmcmc``); ``tests/pipeline/estimators/test_tgmcmc.py`` checks each against the
+enumerated posterior. The running chain is ``pipeline.models.tgmcmc.Chain``;
 ``pipeline.models.ibhc.run_ibhc`` is incremental BHC (seed 004, Section 2.3), the default
 initialisation.
 """
@@ -24,21 +24,17 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import sparse
 
 from kernels import alloc as prior_kernels
-from kernels import samplers as sampler_kernels
-from kernels import tgmcmc as tg_kernels
 from kernels.alloc import nggp
 from pipeline.core import config
 from pipeline.core.seeds import seed_state
 from pipeline.estimators.base import MixtureEstimator
-from pipeline.families import Family, ProductFamily, as_product, check_summaries
+from pipeline.families import Family, ProductFamily
 from pipeline.models.ibhc import (
     canonical,
     leaf_log_marginals,
@@ -46,6 +42,7 @@ from pipeline.models.ibhc import (
     run_ibhc,
     seed_sequence,
 )
+from pipeline.models.tgmcmc import Chain, ChainSettings, coclustering, effective_sample_size
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -53,168 +50,6 @@ IntArray = NDArray[np.int64]
 METHODS = ("tgmcmc", "gibbs", "split-merge")
 INITS = ("ibhc", "top", "one", "singletons")
 _MOVES = {"tgmcmc": ("all", "global", "local"), "gibbs": ("all",), "split-merge": ("all", "global")}
-
-
-# -------------------------------------------------------------------------------------------------
-# helpers
-
-
-def effective_sample_size(x: ArrayLike) -> float:
-    """Effective sample size of a scalar chain: n / tau with tau = -1 + 2 sum_k Gamma_k, Geyer's
-    initial monotone sequence estimator over sums of adjacent autocorrelations
-    Gamma_k = rho_{2k} + rho_{2k+1} (autocorrelations by FFT). A constant chain returns n."""
-    a = np.asarray(x, dtype=np.float64).ravel()
-    n = a.shape[0]
-    if n < 4:
-        return float(n)
-    a = a - a.mean()
-    var = float(np.dot(a, a)) / n
-    if var <= 0.0:
-        return float(n)
-    f = np.fft.rfft(a, 2 * n)
-    acov = np.fft.irfft(f * np.conj(f), 2 * n)[:n] / n
-    rho = acov / acov[0]
-    total = 0.0
-    prev = np.inf
-    for k in range(n // 2):
-        g = float(rho[2 * k] + rho[2 * k + 1])
-        if g <= 0.0:
-            break
-        g = min(g, prev)
-        total += g
-        prev = g
-    tau = max(-1.0 + 2.0 * total, 1.0 / n)
-    return float(n / tau)
-
-
-def coclustering(samples: IntArray) -> FloatArray:
-    """Fraction of samples (n_samples, L) in which leaves i and j share a cluster, (L, L)."""
-    samples = np.asarray(samples, dtype=np.int64)
-    n_s, L = samples.shape
-    if n_s == 0:
-        return np.eye(L)
-    uniq, counts = np.unique(samples, axis=0, return_counts=True)
-    rows: list[IntArray] = []
-    cols: list[IntArray] = []
-    vals: list[FloatArray] = []
-    offset = 0
-    for z, c in zip(uniq, counts):
-        rows.append(np.arange(L, dtype=np.int64))
-        cols.append(offset + z)
-        vals.append(np.full(L, math.sqrt(c / n_s)))
-        offset += int(z.max()) + 1
-    Z = sparse.csr_matrix(
-        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(L, offset)
-    )
-    out = np.asarray((Z @ Z.T).toarray(), dtype=np.float64)
-    np.fill_diagonal(out, 1.0)
-    return out
-
-
-# -------------------------------------------------------------------------------------------------
-# the estimator
-
-
-@dataclass
-class _Settings:
-    """Sampler settings handed to the kernels."""
-
-    method: str
-    G: int
-    D: int
-    n_local: int
-    moves: str
-    n_launch: int
-    n_u_steps: int
-    max_depth: int
-    local_tree: bool
-    tree: str
-    stoc_new: bool
-    tree_d: bool
-    redraw: bool
-
-
-class _Chain:
-    """One running chain of one of the three samplers (kernel state plus counters)."""
-
-    def __init__(
-        self,
-        cfg: _Settings,
-        stats: FloatArray,
-        lm: FloatArray,
-        z0: IntArray,
-        pp: FloatArray,
-        prod: ProductFamily,
-        u0: float,
-        rank: IntArray,
-        state: NDArray[np.uint64],
-    ) -> None:
-        self.cfg = cfg
-        self.method = cfg.method
-        self.stats = stats
-        self.pp = pp
-        self.prod = prod
-        self.state = state
-        self.acc = np.zeros((3, 4))
-        self.L = stats.shape[0]
-        if self.method == "tgmcmc":
-            self.fu = np.array([u0])
-            self.P = (stats, lm, rank.copy(), pp, prod.spec, prod.prior)
-            kind = tg_kernels.CASCADE if cfg.tree == "cascade" else tg_kernels.SEQINSERT
-            self.kcfg = np.array(
-                [
-                    cfg.D,
-                    cfg.max_depth,
-                    int(cfg.local_tree),
-                    kind,
-                    int(cfg.stoc_new),
-                    int(cfg.tree_d),
-                    int(cfg.redraw),
-                ],
-                dtype=np.int64,
-            )
-            self.F, self.C = tg_kernels.init_chain(stats, lm, z0, prod.spec, prod.prior)
-        else:
-            self.fu = np.array([u0])
-            self.lm = lm
-            self.slots = sampler_kernels.init_slots(stats, z0, prod.spec, prod.prior)
-
-    def run(
-        self,
-        n_iter: int,
-        record_from: int,
-        thin: int,
-        out_z: IntArray,
-        out_lj: FloatArray,
-        out_K: IntArray,
-        out_u: FloatArray,
-    ) -> float:
-        c = self.cfg
-        if self.method == "tgmcmc":
-            return float(
-                tg_kernels.run(
-                    self.C, self.F, self.P, self.state, self.fu, self.kcfg, n_iter, c.G,
-                    c.n_local, c.moves != "local", c.moves != "global", c.n_u_steps,
-                    record_from, thin, out_z, out_lj, out_K, out_u, self.acc,
-                )
-            )  # fmt: skip
-        z, cst, clm, cnl = self.slots
-        p = self.prod
-        n_sm = c.G if self.method == "split-merge" else 0
-        do_gibbs = self.method == "gibbs" or c.moves == "all"
-        return float(
-            sampler_kernels.run(
-                z, cst, clm, cnl, self.stats, self.lm, self.state, self.fu, self.pp, p.spec,
-                p.prior, n_iter, n_sm, c.n_launch, do_gibbs, c.n_u_steps, record_from,
-                thin, out_z, out_lj, out_K, out_u, self.acc,
-            )
-        )  # fmt: skip
-
-    def check(self) -> int:
-        """Number of violated invariants of the tgMCMC state (0 for the other samplers)."""
-        if self.method != "tgmcmc":
-            return 0
-        return int(tg_kernels.check_state(self.C, self.F, self.P, float(self.fu[0])))
 
 
 class TreeGuidedMCMC(MixtureEstimator):
@@ -281,11 +116,7 @@ class TreeGuidedMCMC(MixtureEstimator):
     n_u_steps : int
         Slice-sampling updates of u per iteration (NGGP).
     random_state : None, int or numpy.random.SeedSequence
-    prior_scale : float in (0, 1) or None, default=None
-    tune : {None, "cv"}, default=None
-        As ``MAPDP``: the empirical-Bayes prior's scale; "cv" chooses ``alpha``, ``prior_scale``
-        and the covariance by 5-fold held-out density before the fit
-        (``pipeline.estimators.tuning``).
+    prior_scale, tune : as ``MAPDP`` (the empirical-Bayes prior's scale; 5-fold tuning)
 
     Attributes
     ----------
@@ -384,9 +215,7 @@ class TreeGuidedMCMC(MixtureEstimator):
     # -- public API ------------------------------------------------------------------------------
     def _fit(self, Xa: FloatArray, pp: FloatArray) -> None:
         """Sample partitions of the encoded records: each record is a leaf."""
-        prod = self.family_
-        n = Xa.shape[0]
-        self._sample(prod.stats_of(Xa, np.arange(n, dtype=np.int64), n), prod, pp)
+        self._sample(self._record_leaves(Xa), self.family_, pp)
 
     def fit_summaries(
         self, stats: ArrayLike, family: Family | ProductFamily | None = None
@@ -402,9 +231,7 @@ class TreeGuidedMCMC(MixtureEstimator):
             Defaults to the ``family`` parameter, which must then be an object.
         """
         pp = self._check_params()
-        prod = self._summaries_family(family)
-        st = check_summaries(stats, prod)
-        self._set_summaries_input(prod)
+        st, prod = self._summaries_input(stats, family)
         self._sample(st, prod, pp)
         return self
 
@@ -448,15 +275,11 @@ class TreeGuidedMCMC(MixtureEstimator):
             raise ValueError(f"seconds must be > 0; got {seconds}")
         pp = self._check_params()
         if X is not None:
-            Xa = self._encode_fit(X)
+            st = self._record_leaves(self._encode_fit(X))
             prod = self.family_
-            n = Xa.shape[0]
-            st = prod.stats_of(Xa, np.arange(n, dtype=np.int64), n)
         else:
             assert stats is not None  # exactly one of X and stats, checked above
-            prod = self._summaries_family(family)
-            st = check_summaries(stats, prod)
-            self._set_summaries_input(prod)
+            st, prod = self._summaries_input(stats, family)
         chain = self._start(st, prod, pp)
         self._warm_up(chain.stats, prod)
         lj_list: list[float] = []
@@ -523,14 +346,7 @@ class TreeGuidedMCMC(MixtureEstimator):
         self._check_tuning()
         return pp
 
-    def _summaries_family(self, family: Family | ProductFamily | None) -> ProductFamily:
-        if family is None:
-            if isinstance(self.family, (str, dict)):
-                raise ValueError("fit_summaries needs a Family or ProductFamily")
-            family = self.family
-        return as_product(family)
-
-    def _start(self, st: FloatArray, prod: ProductFamily, pp: FloatArray) -> _Chain:
+    def _start(self, st: FloatArray, prod: ProductFamily, pp: FloatArray) -> Chain:
         L = st.shape[0]
         n_local = math.ceil(L / 2 ** int(self.D)) if self.n_local is None else int(self.n_local)
         lm = leaf_log_marginals(st, prod)
@@ -542,12 +358,12 @@ class TreeGuidedMCMC(MixtureEstimator):
         if pp[0] == prior_kernels.NGGP:
             u0 = float(prior_kernels.sample_u(state, u0, n_tot, float(z0.max() + 1), pp, 20))
         rank = np.random.default_rng(s_rank).permutation(L).astype(np.int64)
-        self._settings = _Settings(
+        self._settings = ChainSettings(
             self.method, int(self.G), int(self.D), n_local, self.moves, int(self.n_launch),
             int(self.n_u_steps), int(self.max_depth), self.local == "tree", self.tree,
             bool(self.split_new), self.dissimilarity == "tree", bool(self.redraw),
         )  # fmt: skip
-        chain = _Chain(self._settings, st, lm, z0, pp, prod, u0, rank, state)
+        chain = Chain(self._settings, st, lm, z0, pp, prod, u0, rank, state)
         self.init_labels_ = z0
         self.n_leaves_ = L
         self._pp = pp
@@ -583,8 +399,8 @@ class TreeGuidedMCMC(MixtureEstimator):
         st = np.ascontiguousarray(stats[: min(2, stats.shape[0])])
         m = st.shape[0]
         lm = leaf_log_marginals(st, prod)
-        cfg = _Settings(**{**self._settings.__dict__, "G": 1, "n_local": 1})
-        chain = _Chain(
+        cfg = ChainSettings(**{**self._settings.__dict__, "G": 1, "n_local": 1})
+        chain = Chain(
             cfg, st, lm, np.zeros(m, dtype=np.int64), self._pp, prod, 1.0,
             np.arange(m, dtype=np.int64), np.array([1], dtype=np.uint64),
         )  # fmt: skip
@@ -595,7 +411,7 @@ class TreeGuidedMCMC(MixtureEstimator):
 
     def _finish(
         self,
-        chain: _Chain,
+        chain: Chain,
         prod: ProductFamily,
         out_z: IntArray,
         out_lj: FloatArray,

@@ -88,7 +88,7 @@ def tune_steps(est: Any, X: Any) -> list[tuple[str, list[Any]]]:
     own value unless it is one of them. The covariance and the scale are left out when ``est``
     has a given prior (a ``Family`` instance) or X no Gaussian column; a family variant that
     is ``est``'s own family (``"auto"`` on all-real columns is full covariance) is tried once."""
-    from pipeline.estimators.search import same_param
+    from pipeline.estimators.grid import same_param
 
     variants = _variants(est.family, X)
     own = est.get_params(deep=False)

@@ -1,26 +1,18 @@
-"""MAP-iHMM and the direct-assignment Gibbs sampler of seed 000 Section 6 in memory.
+"""The infinite HMM of seed 000 Section 6 in memory: the state, the sweep, decoding, and the
+direct-assignment Gibbs sampler (6.1). MAP-iHMM's moves and run (6.2) are
+``pipeline.models.ihmm_map``.
 
 The state of a fit is an ``HmmState`` (compact: K represented states), the kernels are
 ``kernels.ihmm``. Kept apart from the scikit-learn estimators (``pipeline.estimators.ihmm``) so that
-the
-distributed engine's workers never import scikit-learn.
-
-The MAP objective E(z, kappa) is ``kernels.ihmm.objective``. Every step of ``run_map_ihmm``
-takes a move only when E does not rise: the sweeps (eq. 6.7, each q_{t,k} the exact change of
-E), the kappa step (eq. 6.6 with the expected table counts, an EM step for kappa with the counts
-m_pk the missing data, so it cannot raise E; checked all the same, since the mode is floored
-away from the simplex's boundary), Viterbi re-segmentation of the sequences under the MAP
-parameters, and split and merge moves over states. With ``m_counts="urn"`` the table counts are
-drawn by the Polya urn of eq. 6.2 as in the paper, and the kappa step is then always taken: E
-fluctuates, as the paper notes.
+the distributed engine's workers never import scikit-learn. The MAP objective E(z, kappa) is
+``kernels.ihmm.objective`` (``HmmState.objective``).
 """
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -198,8 +190,59 @@ def sweep_state(
 ) -> tuple[HmmState, int]:
     """One ``kernels.ihmm.sweep`` over the sequences from a compact state; returns the compact
     state after it and the number of records that changed state."""
+    # room for as many new states as there are now: the kernel reallocates when they run out
+    cap = max(2 * st.n_states, 8)
+    stats, _cache, nk, trans, start, _rows, kappa, ku, n_slots, n_changed = sweep_slots(
+        Xa, starts, z, st, family, alpha, gamma, cap, gibbs, rng_state, 0
+    )
+    return compact(z, stats, nk, trans, start, kappa, ku, n_slots), int(n_changed)
+
+
+def sweep_slots(
+    Xa: FloatArray,
+    starts: IntArray,
+    z: IntArray,
+    st: HmmState,
+    family: ProductFamily,
+    alpha: float,
+    gamma: float,
+    cap: int,
+    gibbs: bool,
+    rng_state: NDArray[np.uint64],
+    n_fixed: int,
+) -> tuple[Any, ...]:
+    """``kernels.ihmm.sweep`` from the compact state ``st`` laid out in ``cap`` >= K slots, the
+    K states first (the in-memory runs' ``sweep_state`` and the ``ihmm`` engine's chunk sweep).
+
+    Parameters
+    ----------
+    Xa : ndarray of shape (N, D)
+        Arranged records of the sequences, one after the other.
+    starts : ndarray of shape (n_seq + 1,), int64
+    z : ndarray of shape (N,), int64
+        Slot of each record, -1 if none; updated in place.
+    st : HmmState
+    family : ProductFamily
+    alpha, gamma : float
+        N0 and M0.
+    cap : int
+        Slots to start with.
+    gibbs : bool
+        A draw from eq. 6.3 instead of the argmin of eq. 6.7.
+    rng_state : ndarray of shape (1,), uint64
+    n_fixed : int
+        Slots never reused for a new state (``kernels.ihmm.sweep``).
+
+    Returns
+    -------
+    stats, cache, nk, trans, start, rows, kappa : ndarrays
+        The slot arrays after the sweep (reallocated when the slots ran out).
+    ku : float
+        kappa_{K+1} after the sweep.
+    n_slots, n_changed : int
+        Slots in use, and records whose state changed.
+    """
     K = st.n_states
-    cap = max(2 * K, 8)
     stats = np.zeros((cap, family.n_stats))
     stats[:K] = st.stats
     cache = np.zeros((cap, family.n_cache))
@@ -216,7 +259,7 @@ def sweep_state(
     kappa = np.zeros(cap)
     kappa[:K] = st.kappa
     ku = np.array([st.ku])
-    stats, cache, nk, trans, start, rows, kappa, n_slots, n_changed = kihmm.sweep(
+    out = kihmm.sweep(
         Xa,
         starts,
         z,
@@ -237,9 +280,9 @@ def sweep_state(
         b_new_of(gamma),
         gibbs,
         rng_state,
-        0,
+        n_fixed,
     )
-    return compact(z, stats, nk, trans, start, kappa, float(ku[0]), n_slots), int(n_changed)
+    return (*out[:7], float(ku[0]), *out[7:])
 
 
 def empty_state(family: ProductFamily) -> HmmState:
@@ -270,301 +313,6 @@ def log_likelihood(
     )
     log_pi, log_a = st.log_params(alpha)
     return np.asarray(kihmm.forward(log_b, starts, log_pi, log_a))
-
-
-def relabel(
-    Xa: FloatArray,
-    starts: IntArray,
-    path: IntArray,
-    st: HmmState,
-    family: ProductFamily,
-    gamma: float,
-) -> tuple[IntArray, HmmState]:
-    """The compact state of Viterbi paths decoded under ``st`` (path K: one new state, taking
-    its share of kappa_{K+1}); states left empty give their weight back to kappa_{K+1}."""
-    K = st.n_states
-    kappa, ku = st.kappa, st.ku
-    if np.any(path == K):
-        b = b_new_of(gamma)
-        kappa = np.append(kappa, b * ku)
-        ku = (1.0 - b) * ku
-    cand = state_from_labels(Xa, path, starts, kappa.shape[0], family, kappa, ku)
-    z_new = path.copy()
-    empty = cand.nk == 0
-    cand = compact(
-        z_new,
-        cand.stats,
-        cand.nk,
-        cand.trans,
-        cand.start,
-        cand.kappa,
-        cand.ku + float(cand.kappa[empty].sum()),
-        cand.n_states,
-    )
-    return z_new, cand
-
-
-def viterbi_move(
-    Xa: FloatArray,
-    starts: IntArray,
-    z: IntArray,
-    st: HmmState,
-    family: ProductFamily,
-    alpha: float,
-    gamma: float,
-    e_now: float,
-    n_rounds: int = 3,
-) -> tuple[HmmState, float, bool]:
-    """Re-segment every sequence by Viterbi under the MAP model (``decode``), ``n_rounds`` times
-    (each round decodes under the parameters of the last); taken if E falls below ``e_now``."""
-    cand, z_new = st, z
-    for _ in range(n_rounds):
-        path, _best = decode(Xa, starts, cand, family, alpha)
-        if np.array_equal(path, z_new):
-            break
-        z_new, cand = relabel(Xa, starts, path, cand, family, gamma)
-    if cand is st:
-        return st, e_now, False
-    e_new = cand.objective(family, alpha, gamma)
-    if e_new < e_now - 1e-9 * abs(e_now):
-        z[:] = z_new
-        return cand, e_new, True
-    return st, e_now, False
-
-
-def merge_states(st: HmmState, a: int, b: int) -> HmmState:
-    """States a and b (a < b) as one: statistics, counts and weights add; b's row dropped."""
-    keep = np.array([k for k in range(st.n_states) if k != b], dtype=np.int64)
-    stats = st.stats.copy()
-    stats[a] += stats[b]
-    trans = st.trans.copy()
-    trans[a] += trans[b]
-    trans[:, a] += trans[:, b]
-    start = st.start.copy()
-    start[a] += start[b]
-    kappa = st.kappa.copy()
-    kappa[a] += kappa[b]
-    return HmmState(
-        np.ascontiguousarray(stats[keep]),
-        np.ascontiguousarray(trans[np.ix_(keep, keep)]),
-        np.ascontiguousarray(start[keep]),
-        np.ascontiguousarray(kappa[keep]),
-        st.ku,
-    )
-
-
-def greedy_merges(
-    st: HmmState, family: ProductFamily, alpha: float, gamma: float, e_now: float
-) -> tuple[HmmState, float, IntArray]:
-    """Greedy merges over pairs of states: the pair whose merge lowers E most
-    (``kernels.ihmm.merge_deltas``), while one does; each merge's E is recomputed in full.
-
-    Returns the new state, its E and ``target`` (K,): the new number of each old state.
-    """
-    target = np.arange(st.n_states, dtype=np.int64)
-    while st.n_states > 1:
-        deltas = kihmm.merge_deltas(
-            st.stats, st.trans, st.start, st.kappa, family.spec, family.prior, alpha, gamma
-        )
-        a, b = np.unravel_index(int(np.argmin(deltas)), deltas.shape)
-        if not deltas[a, b] < -1e-9 * abs(e_now):
-            break
-        cand = merge_states(st, int(a), int(b))
-        e = cand.objective(family, alpha, gamma)
-        if not e < e_now:
-            break
-        st, e_now = cand, e
-        target[target == b] = a
-        target[target > b] -= 1
-    return st, e_now, target
-
-
-def merge_round(
-    z: IntArray, st: HmmState, family: ProductFamily, alpha: float, gamma: float, e_now: float
-) -> tuple[HmmState, float, bool]:
-    """``greedy_merges`` with the labels z relabelled in place."""
-    K = st.n_states
-    st, e_now, target = greedy_merges(st, family, alpha, gamma, e_now)
-    if st.n_states == K:
-        return st, e_now, False
-    z[:] = target[z]
-    return st, e_now, True
-
-
-def two_means(P: FloatArray, w: FloatArray, n_iter: int = 20) -> IntArray | None:
-    """Two groups of points P (n, D) with weights w (n,): halves along the weighted principal
-    axis refined by weighted 2-means; None when a group empties."""
-    n = P.shape[0]
-    if n < 2:
-        return None
-    mean = (w[:, None] * P).sum(axis=0) / w.sum()
-    Pc = P - mean
-    cov = (w[:, None] * Pc).T @ Pc / w.sum()
-    if not np.all(np.isfinite(cov)):
-        return None
-    axis = np.linalg.eigh(cov)[1][:, -1]
-    side = (Pc @ axis > 0).astype(np.int64)
-    for _ in range(n_iter):
-        if side.min() == side.max():
-            return None
-        c0 = np.average(P[side == 0], axis=0, weights=w[side == 0])
-        c1 = np.average(P[side == 1], axis=0, weights=w[side == 1])
-        new = (((P - c1) ** 2).sum(axis=1) < ((P - c0) ** 2).sum(axis=1)).astype(np.int64)
-        if np.array_equal(new, side):
-            break
-        side = new
-    if side.min() == side.max():
-        return None
-    return side
-
-
-def split_labels(
-    Xa: FloatArray, starts: IntArray, z: IntArray, k: int
-) -> tuple[IntArray, IntArray] | None:
-    """A proposal to split state k in two, by its runs (maximal stretches of k within a
-    sequence): the runs' means grouped by weighted 2-means, so that a state holding runs of two
-    overlapping emissions splits along time, where records one by one could not. A state of one
-    run splits its records instead. Returns (members, side) or None."""
-    members = np.flatnonzero(z == k)
-    if members.shape[0] < 4:
-        return None
-    seq_of = np.searchsorted(starts, members, side="right")
-    new_run = np.ones(members.shape[0], dtype=bool)
-    new_run[1:] = (np.diff(members) != 1) | (np.diff(seq_of) != 0)
-    run = np.cumsum(new_run) - 1
-    n_runs = int(run[-1]) + 1
-    if n_runs >= 4:
-        length = np.bincount(run).astype(np.float64)
-        means = np.zeros((n_runs, Xa.shape[1]))
-        np.add.at(means, run, Xa[members])
-        means /= length[:, None]
-        side_runs = two_means(means, length)
-        if side_runs is not None:
-            return members, side_runs[run]
-    side = two_means(Xa[members], np.ones(members.shape[0]))
-    return None if side is None else (members, side)
-
-
-def split_round(
-    Xa: FloatArray,
-    starts: IntArray,
-    z: IntArray,
-    st: HmmState,
-    family: ProductFamily,
-    alpha: float,
-    gamma: float,
-    e_now: float,
-) -> tuple[HmmState, float, bool]:
-    """Try to split every state in two; each split taken if E falls.
-
-    The proposal halves a state's runs (``split_labels``), then re-segments the sequences by
-    Viterbi under the K + 1 states (``viterbi_move``).
-    """
-    moved = False
-    K0 = st.n_states
-    for k in range(K0):
-        proposal = split_labels(Xa, starts, z, k)
-        if proposal is None:
-            continue
-        members, side = proposal
-        K = st.n_states
-        z_new = z.copy()
-        z_new[members[side == 1]] = K
-        share = float(side.sum()) / members.shape[0]
-        kappa = np.append(st.kappa, st.kappa[k] * share)
-        kappa[k] *= 1.0 - share
-        cand = state_from_labels(Xa, z_new, starts, K + 1, family, kappa, st.ku)
-        e = cand.objective(family, alpha, gamma)
-        cand, e, _ = viterbi_move(Xa, starts, z_new, cand, family, alpha, gamma, e)
-        if e < e_now - 1e-9 * abs(e_now):
-            st, e_now = cand, e
-            z[:] = z_new
-            moved = True
-    return st, e_now, moved
-
-
-@dataclass
-class IhmmResult:
-    """One MAP-iHMM run: labels 0..K-1 of every record and the state."""
-
-    labels: IntArray
-    state: HmmState
-    objective: float
-    history: list[float] = field(default_factory=list)
-    n_iter: int = 0
-    converged: bool = False
-    seconds: float = 0.0
-
-
-def run_map_ihmm(
-    Xa: FloatArray,
-    starts: IntArray,
-    family: ProductFamily,
-    alpha: float,
-    gamma: float,
-    max_iter: int,
-    tol: float,
-    m_counts: str,
-    rng_state: NDArray[np.uint64],
-    z0: IntArray | None = None,
-    moves: bool = True,
-    callback: Callable[[int, float, int], None] | None = None,
-) -> IhmmResult:
-    """MAP-iHMM (seed 000, Section 6.2) on arranged records of the sequences ``starts``.
-
-    Starts from labels z0 (0..K0-1) or, without them, with no state: the first sweep is then
-    sequential, each record going to the argmin of eq. 6.7 given the ones before it. Each
-    iteration is a sweep, then the kappa step. When an iteration stalls (no record moved or E fell
-    by less than ``tol * |E|``), Viterbi re-segmentation, merges and splits are tried in turn;
-    the run ends when none of them lowers E.
-    """
-    t0 = time.perf_counter()
-    N = Xa.shape[0]
-    if z0 is None:
-        z = np.full(N, -1, dtype=np.int64)
-        st = empty_state(family)
-    else:
-        z = np.asarray(z0, dtype=np.int64).copy()
-        K0 = int(z.max()) + 1
-        st = state_from_labels(
-            Xa, z, starts, K0, family, np.full(K0, 1.0 / (K0 + 1)), 1.0 / (K0 + 1)
-        )
-        st = compact(z, st.stats, st.nk, st.trans, st.start, st.kappa, st.ku, K0)
-    history: list[float] = []
-    e_old = math.inf
-    converged = False
-    it = 0
-    for it in range(1, max_iter + 1):
-        st, n_changed = sweep_state(Xa, starts, z, st, family, alpha, gamma, False, rng_state)
-        e_new = st.objective(family, alpha, gamma)
-        cand = kappa_step(st, alpha, gamma, m_counts, rng_state)
-        e_cand = cand.objective(family, alpha, gamma)
-        if m_counts == "urn" or e_cand <= e_new:
-            st, e_new = cand, e_cand
-        stalled = n_changed == 0 or e_old - e_new < tol * abs(e_new)
-        if stalled and moves:
-            st, e_new, moved = viterbi_move(Xa, starts, z, st, family, alpha, gamma, e_new)
-            if not moved:
-                st, e_new, moved = merge_round(z, st, family, alpha, gamma, e_new)
-            if not moved:
-                st, e_new, moved = split_round(Xa, starts, z, st, family, alpha, gamma, e_new)
-            stalled = not moved
-        history.append(e_new)
-        if callback is not None:
-            callback(it, e_new, st.n_states)
-        if stalled:
-            converged = True
-            break
-        e_old = e_new
-    return IhmmResult(
-        labels=z,
-        state=st,
-        objective=history[-1],
-        history=history,
-        n_iter=it,
-        converged=converged,
-        seconds=time.perf_counter() - t0,
-    )
 
 
 def gibbs_step_kappa(

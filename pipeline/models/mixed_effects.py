@@ -15,12 +15,15 @@ the same driver step (``update``) serves this in-memory estimator and the distri
 The driver step also merges two clusters when that lowers the objective with the beta_i fixed
 (computed from the statistics alone): chunks of a distributed pass may each open a cluster for
 the same subgroup, and the merge joins them.
+
+Here: the records a fit persists (prior, moments, model, the start's Gaussian fit and state), the
+objective and the driver's step, and the sweep. The start (the Gaussian random-effects fit, the
+empirical-Bayes prior, the first partition) is ``pipeline.models.mixed_effects_start``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,23 +33,13 @@ from numpy.typing import NDArray
 from scipy.special import gammaln
 
 from kernels import mixed_effects as kme
-from pipeline.core.config import (
-    ALPHA_PRIOR,
-    INIT_SAMPLE,
-    check_alpha,
-    check_positive,
-)
+from pipeline.core.config import ALPHA_PRIOR
 from pipeline.core.errors import InputError
 from pipeline.core.persist import register
 from pipeline.models.concentration import log_gamma_prior, map_concentration
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
-LOG_2PI = math.log(2.0 * math.pi)
-DEFAULT_SHRINK = 10.0
-DEFAULT_TAU_PRIOR = (1.0, 1e-3)
-MIXED_INITS = ("auto", "one-cluster")
-GAUSSIAN_PASSES = 30
 
 
 class ArrayEq:
@@ -187,23 +180,6 @@ class MixedModel(ArrayEq):
         nk = np.zeros(K + extra)
         mu[:K], R[:K], ld[:K], lnw[:K], nk[:K] = self.mu, self.R, self.logdet_R, self.log_nw, self.n
         return mu, R, ld, lnw, nk
-
-
-def one_cluster_model(prior: MixedPrior, n_subjects: int, tau: float, alpha: float) -> MixedModel:
-    """Algorithm 1's start: every subject in one cluster whose parameters are the prior's mode."""
-    mu0, R0, ld0 = prior.mode()
-    p = prior.p
-    return MixedModel(
-        np.array([float(n_subjects)]),
-        np.zeros((1, p)),
-        np.zeros((1, p, p)),
-        mu0[None],
-        R0[None],
-        np.array([ld0]),
-        np.array([prior.log_nw(mu0, R0, ld0)]),
-        float(tau),
-        float(alpha),
-    )
 
 
 def _cluster_mode(prior: MixedPrior, n: float, s: FloatArray, ss: FloatArray) -> tuple[Any, ...]:
@@ -368,7 +344,7 @@ def predictive_components(model: MixedModel, prior: MixedPrior) -> tuple[Any, ..
     return mu, R, ld, log_w
 
 
-# -- the start: the Gaussian random-effects fit, the prior, the first partition -----------------
+# -- the subjects, and the records of the start (``pipeline.models.mixed_effects_start``) ----
 
 
 @dataclass
@@ -385,54 +361,6 @@ class Subjects:
     codes: IntArray
 
 
-MapChunks = Callable[..., list[Any]]
-
-
-def start_moments(sub: Subjects) -> OLSMoments:
-    return OLSMoments.of(sub.XtX, sub.Xty, sub.yty, sub.n_obs, sub.train)
-
-
-def gaussian_estep(sub: Subjects, mu: FloatArray, R: FloatArray, tau: float) -> SweepStats:
-    """E-step statistics of the one-cluster (Gaussian random effects) model: ``estep_sums`` with
-    every training subject in the one cluster."""
-    z = np.zeros(sub.Xty.shape[0], dtype=np.int64)
-    beta = np.full(sub.Xty.shape, np.nan)
-    ld = np.array([np.linalg.slogdet(R)[1]])
-    out = kme.estep_sums(
-        sub.XtX, sub.Xty, sub.yty, sub.n_obs, sub.train, z, mu[None], R[None], ld, tau, 1, beta
-    )
-    return SweepStats(out[0], out[1], out[2], np.zeros(1), *(float(v) for v in out[3:]))
-
-
-def posterior_sample(
-    sub: Subjects, mu: FloatArray, R: FloatArray, tau: float, n_total: int, size: int
-) -> tuple[IntArray, FloatArray, FloatArray]:
-    """The start's sample of training subjects (``sample_mask``) with the mean and covariance of
-    their random effects' conditional (eq. 7.2) in the one-cluster fit: codes (S,), means (S, p),
-    covariances (S, p, p)."""
-    pick = sub.train & sample_mask(sub.codes, n_total, size)
-    A = sub_precision(sub, R, tau, pick)
-    V = np.linalg.inv(A)
-    h = tau * sub.Xty[pick] + (R @ mu)[None]
-    m = np.einsum("gab,gb->ga", V, h)
-    return sub.codes[pick], np.asarray(m, dtype=np.float64), np.asarray(V, dtype=np.float64)
-
-
-def sub_precision(sub: Subjects, R: FloatArray, tau: float, pick: NDArray[np.bool_]) -> FloatArray:
-    """tau X_i^T X_i + R of the picked subjects (the conditional precision of eq. 7.2)."""
-    return tau * sub.XtX[pick] + R[None]  # type: ignore[no-any-return]
-
-
-def sample_mask(codes: IntArray, n_codes: int, size: int) -> NDArray[np.bool_]:
-    """Subjects of the start's sample: all when there are at most ``size``, else those whose
-    hash uniform of their code is below size / n (independent of the chunking)."""
-    from pipeline.data.store import SAMPLE_SALT, row_uniform
-
-    if n_codes <= size:
-        return np.ones(codes.shape[0], dtype=bool)
-    return row_uniform(codes, SAMPLE_SALT) < size / n_codes  # type: ignore[no-any-return]
-
-
 @register
 @dataclass(eq=False)
 class GaussianFit(ArrayEq):
@@ -443,129 +371,6 @@ class GaussianFit(ArrayEq):
     cov: FloatArray
     tau: float
     history: list[float] = field(default_factory=list)
-
-
-def _floor_cov(cov: FloatArray, rel: float = 1e-6) -> FloatArray:
-    cov = 0.5 * (cov + cov.T)
-    w, V = np.linalg.eigh(cov)
-    return (V * np.maximum(w, max(float(w.max()), 1e-12) * rel)) @ V.T  # type: ignore[no-any-return]
-
-
-def fit_gaussian(
-    map_chunks: MapChunks, mom: OLSMoments, max_iter: int = GAUSSIAN_PASSES, tol: float = 1e-6
-) -> GaussianFit:
-    """Maximum likelihood of the one-cluster model by EM over the chunks (``gaussian_estep``):
-    mu = mean E[beta_i], Sigma = mean E[beta_i beta_i^T] - mu mu^T, tau = n_obs / E[RSS]. It
-    starts from the pooled least-squares fit and the (noise-inflated) covariance of the subjects'
-    own least-squares fits, so that the covariance shrinks from above: EM for variance
-    components started too small crawls. Stops when -log p(y) falls by at most ``tol``
-    relative."""
-    p = mom.s.shape[0]
-    mu = np.linalg.lstsq(mom.XtX, mom.Xty, rcond=None)[0]
-    tau = mom.start_tau()
-    if mom.count >= p + 1:
-        m = mom.s / mom.count
-        cov = (mom.ss - mom.count * np.outer(m, m)) / (mom.count - 1.0)
-    else:
-        cov = np.asarray(np.linalg.pinv(mom.XtX) * mom.n_obs / tau, dtype=np.float64)
-    cov = _floor_cov(cov, 1e-3)
-    history: list[float] = []
-    for _ in range(max_iter):
-        R = np.linalg.inv(cov)
-        st = _add_stats(map_chunks(gaussian_estep, mu, 0.5 * (R + R.T), tau))
-        history.append(st.nll)
-        mu = st.s[0] / st.n[0]
-        cov = _floor_cov(st.ss[0] / st.n[0] - np.outer(mu, mu))
-        tau = st.n_obs / max(st.rss, 1e-300)
-        if len(history) > 1 and history[-2] - history[-1] <= tol * abs(history[-1]):
-            break
-    return GaussianFit(np.asarray(mu, dtype=np.float64), cov, float(tau), history)
-
-
-def _add_stats(results: list[SweepStats]) -> SweepStats:
-    out = results[0]
-    for r in results[1:]:
-        out = SweepStats(
-            out.n + r.n,
-            out.s + r.s,
-            out.ss + r.ss,
-            out.log_nw,
-            out.rss + r.rss,
-            out.n_obs + r.n_obs,
-            out.nll + r.nll,
-        )
-    return out
-
-
-def empirical_prior(
-    g: GaussianFit,
-    shrink: float = DEFAULT_SHRINK,
-    tau_prior: tuple[float, float | None] = (DEFAULT_TAU_PRIOR[0], None),
-    alpha_prior: tuple[float, float] = ALPHA_PRIOR,
-) -> MixedPrior:
-    """The empirical-Bayes prior (Appendix A, option 1) from the Gaussian random-effects fit, as
-    ``GaussianNW.empirical_bayes`` does for records: m0 = its mean, a0 = p + 2,
-    E[R_k] = a0 B0 = (Sigma / shrink)^-1 (a cluster carries 1/shrink of the random effects'
-    covariance Sigma), c0 = 1 / (shrink - 1) (the spread of the cluster means makes up the rest).
-    ``tau_prior``'s rate None is 1e-3 / tau (weak, in y's units)."""
-    p = g.mu.shape[0]
-    a0 = p + 2.0
-    T0 = a0 * g.cov / shrink
-    a_tau, b_tau = tau_prior
-    b = DEFAULT_TAU_PRIOR[1] / g.tau if b_tau is None else float(b_tau)
-    return MixedPrior(
-        g.mu.copy(), 1.0 / (shrink - 1.0), 0.5 * (T0 + T0.T), a0, float(a_tau), b, *alpha_prior
-    )
-
-
-def start_clusters(
-    effects: FloatArray, prior: MixedPrior, alpha: float | str, seed: int
-) -> IntArray:
-    """The start's partition of the sampled subjects: collapsed MAP-DP (Algorithm 1,
-    ``pipeline.models.mapdp.run_mapdp``, as one restart of ``MAPDP``) on their random effects'
-    conditional means in the Gaussian fit, under
-    the model's own Normal-Wishart prior; labels 0..K-1."""
-    from pipeline.core.config import check_alpha
-    from pipeline.core.seeds import as_seed_sequence
-    from pipeline.families import GaussianNW, as_product
-    from pipeline.models.mapdp import run_mapdp
-
-    B0 = np.linalg.inv(prior.T0)
-    fam = as_product(GaussianNW(m0=prior.m0, c0=prior.c0, B0=0.5 * (B0 + B0.T), a0=prior.a0))
-    alpha0, learn = check_alpha(alpha)
-    # as ``MAPDP(n_restarts=1, random_state=seed)``: the order is the first child seed's
-    child = as_seed_sequence(seed).spawn(1)[0]
-    order = np.random.default_rng(child).permutation(effects.shape[0]).astype(np.int64)
-    ab = (float(prior.alpha_a), float(prior.alpha_b))
-    res = run_mapdp(fam.arrange(effects), fam, order, alpha0, learn, ab, 100, 1e-6, "sequential")
-    labels = np.asarray(res.labels, dtype=np.int64)
-    return np.searchsorted(np.unique(labels), labels).astype(np.int64)
-
-
-def start_model(
-    m: FloatArray,
-    V: FloatArray,
-    labels: IntArray,
-    prior: MixedPrior,
-    tau: float,
-    alpha: float | str,
-) -> MixedModel:
-    """The first model: the M-step (``update``, no merges) of the start's partition of the
-    sample, from the conditional means and covariances of the Gaussian fit; its counts are the
-    sample's (pseudo-counts for the first sweep)."""
-    K = int(labels.max()) + 1
-    p = prior.p
-    n = np.bincount(labels, minlength=K).astype(np.float64)
-    s = np.zeros((K, p))
-    np.add.at(s, labels, m)
-    ss = np.zeros((K, p, p))
-    np.add.at(ss, labels, m[:, :, None] * m[:, None, :] + V)
-    start_alpha, learn = check_alpha(alpha)
-    placeholder = MixedModel(n, s, ss, s, ss, np.zeros(K), np.zeros(K), tau, start_alpha)
-    stats = SweepStats(n, s, ss, np.zeros(K), 0.0, 0.0, 0.0)
-    model = update(stats, placeholder, prior, learn, merge=False)[0]
-    model.tau = float(tau)
-    return model
 
 
 @register
@@ -579,69 +384,6 @@ class StartState(ArrayEq):
     model: MixedModel
     codes: IntArray
     labels: IntArray
-
-
-def start(
-    map_chunks: MapChunks,
-    n_train: int,
-    alpha: float | str,
-    shrink: float = DEFAULT_SHRINK,
-    tau_prior: tuple[float, float | None] = (DEFAULT_TAU_PRIOR[0], None),
-    alpha_prior: tuple[float, float] = ALPHA_PRIOR,
-    prior_overrides: dict[str, Any] | None = None,
-    init: str = "auto",
-    seed: int = 0,
-    init_sample: int = INIT_SAMPLE,
-) -> StartState:
-    """Everything before the first ICM pass, over the chunks (``map_chunks(fn, *args)`` runs
-    ``fn(subjects, *args)`` on every chunk's ``Subjects`` and returns the results in chunk
-    order): the subjects' least-squares moments, the Gaussian random-effects fit (EM), the
-    empirical prior, and the first partition ("auto": MAP-DP on a sample's conditional means;
-    "one-cluster": Algorithm 1's single cluster)."""
-    moms = map_chunks(start_moments)
-    mom = moms[0]
-    for other in moms[1:]:
-        mom = mom + other
-    g = fit_gaussian(map_chunks, mom)
-    prior = override_prior(empirical_prior(g, shrink, tau_prior, alpha_prior), prior_overrides)
-    R = np.linalg.inv(g.cov)
-    R = 0.5 * (R + R.T)
-    parts = map_chunks(posterior_sample, g.mu, R, g.tau, n_train, init_sample)
-    codes = np.concatenate([c for c, _, _ in parts])
-    m = np.concatenate([x for _, x, _ in parts])
-    V = np.concatenate([v for _, _, v in parts])
-    order = np.argsort(codes, kind="stable")
-    codes, m, V = codes[order], m[order], V[order]
-    if init == "one-cluster":
-        labels = np.zeros(codes.shape[0], dtype=np.int64)
-    else:
-        labels = start_clusters(m, prior, alpha, seed)
-    model = start_model(m, V, labels, prior, g.tau, alpha)
-    return StartState(g, prior, model, codes, labels)
-
-
-def override_prior(prior: MixedPrior, given: dict[str, Any] | None) -> MixedPrior:
-    """The prior with the user's Normal-Wishart values ``{"m0", "c0", "B0", "a0"}`` in place of
-    the empirical ones."""
-    given = dict(given or {})
-    unknown = set(given) - {"m0", "c0", "B0", "a0"}
-    if unknown:
-        raise ValueError(f"prior: unknown keys {sorted(unknown)} (m0, c0, B0, a0)")
-    p = prior.p
-    if "m0" in given:
-        prior.m0 = np.asarray(given["m0"], dtype=np.float64).reshape(p)
-    if "c0" in given:
-        prior.c0 = check_positive(given["c0"], "prior c0")
-    if "a0" in given:
-        a0 = float(given["a0"])
-        if not a0 > p:
-            raise ValueError(f"prior a0 must exceed p = {p}, got {given['a0']!r}")
-        prior.T0 = prior.T0 * a0 / prior.a0  # keep E[R] = a0 B0
-        prior.a0 = a0
-    if "B0" in given:
-        B0 = np.asarray(given["B0"], dtype=np.float64).reshape(p, p)
-        prior.T0 = np.asarray(np.linalg.inv(0.5 * (B0 + B0.T)), dtype=np.float64)
-    return prior
 
 
 # -- input checks shared by the estimator and ``dpmm longitudinal`` ---------------------

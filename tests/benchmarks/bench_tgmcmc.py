@@ -26,8 +26,9 @@ import numpy as np
 import pytest
 from sklearn.metrics import adjusted_rand_score
 
-from pipeline.estimators.tgmcmc import TreeGuidedMCMC, effective_sample_size
+from pipeline.estimators.tgmcmc import TreeGuidedMCMC
 from pipeline.families import GaussianNW
+from pipeline.models.tgmcmc import effective_sample_size
 from tests.benchmarks.common import out_dir, save, table
 
 pytestmark = pytest.mark.bench

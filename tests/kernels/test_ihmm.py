@@ -18,11 +18,11 @@ from pipeline.models.ihmm import (
     HmmState,
     kappa_step,
     run_gibbs,
-    run_map_ihmm,
     starts_of,
     state_from_labels,
     sweep_state,
 )
+from pipeline.models.ihmm_map import run_map_ihmm
 
 
 def random_hmm(rng, K, T_total):
@@ -270,7 +270,7 @@ def test_product_family_emissions():
 
 def test_merge_deltas_equal_full_objective_differences():
     """The O(K) merge change of E against the objective recomputed after each merge."""
-    from pipeline.models.ihmm import merge_states
+    from pipeline.models.ihmm_map import merge_states
 
     rng = np.random.default_rng(11)
     for _rep in range(10):

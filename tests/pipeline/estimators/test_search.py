@@ -16,8 +16,9 @@ from pipeline.core.config import TUNE_GRID
 from pipeline.core.errors import InputError
 from pipeline.estimators.baselines import CollapsedGibbs
 from pipeline.estimators.bhc import BHC
+from pipeline.estimators.grid import SearchError
 from pipeline.estimators.mapdp import MAPDP
-from pipeline.estimators.search import GridSearch, SearchError, select_index
+from pipeline.estimators.search import GridSearch, select_index
 from pipeline.estimators.tgmcmc import TreeGuidedMCMC
 from pipeline.estimators.tuning import family_variants
 

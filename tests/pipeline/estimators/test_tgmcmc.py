@@ -25,9 +25,10 @@ from sklearn.metrics import adjusted_rand_score
 from kernels import alloc as priors
 from kernels import ibhc as ibhc_kernels
 from kernels import tgmcmc as tg_kernels
-from pipeline.estimators.tgmcmc import TreeGuidedMCMC, coclustering, effective_sample_size
+from pipeline.estimators.tgmcmc import TreeGuidedMCMC
 from pipeline.families import GaussianNW
 from pipeline.models.ibhc import leaf_log_marginals, prior_array, run_ibhc
+from pipeline.models.tgmcmc import coclustering, effective_sample_size
 from tests.reference import log_crp, nw_log_marginal
 
 TV_MAX = 0.05

@@ -1,0 +1,330 @@
+"""MAP-iHMM (seed 000, Section 6.2) in memory: its moves over states and its run.
+
+The MAP objective E(z, kappa) is ``kernels.ihmm.objective``. Every step of ``run_map_ihmm``
+takes a move only when E does not rise: the sweeps (eq. 6.7, each q_{t,k} the exact change of
+E), the kappa step (eq. 6.6 with the expected table counts, an EM step for kappa with the counts
+m_pk the missing data, so it cannot raise E; checked all the same, since the mode is floored
+away from the simplex's boundary), Viterbi re-segmentation of the sequences under the MAP
+parameters, and split and merge moves over states. With ``m_counts="urn"`` the table counts are
+drawn by the Polya urn of eq. 6.2 as in the paper, and the kappa step is then always taken: E
+fluctuates, as the paper notes. The state, the sweep and decoding are ``pipeline.models.ihmm``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kernels import ihmm as kihmm
+from pipeline.families import FloatArray, ProductFamily
+from pipeline.models.ihmm import (
+    HmmState,
+    IntArray,
+    b_new_of,
+    compact,
+    decode,
+    empty_state,
+    kappa_step,
+    state_from_labels,
+    sweep_state,
+)
+
+
+def relabel(
+    Xa: FloatArray,
+    starts: IntArray,
+    path: IntArray,
+    st: HmmState,
+    family: ProductFamily,
+    gamma: float,
+) -> tuple[IntArray, HmmState]:
+    """The compact state of Viterbi paths decoded under ``st`` (path K: one new state, taking
+    its share of kappa_{K+1}); states left empty give their weight back to kappa_{K+1}."""
+    K = st.n_states
+    kappa, ku = st.kappa, st.ku
+    if np.any(path == K):
+        b = b_new_of(gamma)
+        kappa = np.append(kappa, b * ku)
+        ku = (1.0 - b) * ku
+    cand = state_from_labels(Xa, path, starts, kappa.shape[0], family, kappa, ku)
+    z_new = path.copy()
+    empty = cand.nk == 0
+    cand = compact(
+        z_new,
+        cand.stats,
+        cand.nk,
+        cand.trans,
+        cand.start,
+        cand.kappa,
+        cand.ku + float(cand.kappa[empty].sum()),
+        cand.n_states,
+    )
+    return z_new, cand
+
+
+def viterbi_move(
+    Xa: FloatArray,
+    starts: IntArray,
+    z: IntArray,
+    st: HmmState,
+    family: ProductFamily,
+    alpha: float,
+    gamma: float,
+    e_now: float,
+    n_rounds: int = 3,
+) -> tuple[HmmState, float, bool]:
+    """Re-segment every sequence by Viterbi under the MAP model (``decode``), ``n_rounds`` times
+    (each round decodes under the parameters of the last); taken if E falls below ``e_now``."""
+    cand, z_new = st, z
+    for _ in range(n_rounds):
+        path, _best = decode(Xa, starts, cand, family, alpha)
+        if np.array_equal(path, z_new):
+            break
+        z_new, cand = relabel(Xa, starts, path, cand, family, gamma)
+    if cand is st:
+        return st, e_now, False
+    e_new = cand.objective(family, alpha, gamma)
+    if e_new < e_now - 1e-9 * abs(e_now):
+        z[:] = z_new
+        return cand, e_new, True
+    return st, e_now, False
+
+
+def merge_states(st: HmmState, a: int, b: int) -> HmmState:
+    """States a and b (a < b) as one: statistics, counts and weights add; b's row dropped."""
+    keep = np.array([k for k in range(st.n_states) if k != b], dtype=np.int64)
+    stats = st.stats.copy()
+    stats[a] += stats[b]
+    trans = st.trans.copy()
+    trans[a] += trans[b]
+    trans[:, a] += trans[:, b]
+    start = st.start.copy()
+    start[a] += start[b]
+    kappa = st.kappa.copy()
+    kappa[a] += kappa[b]
+    return HmmState(
+        np.ascontiguousarray(stats[keep]),
+        np.ascontiguousarray(trans[np.ix_(keep, keep)]),
+        np.ascontiguousarray(start[keep]),
+        np.ascontiguousarray(kappa[keep]),
+        st.ku,
+    )
+
+
+def greedy_merges(
+    st: HmmState, family: ProductFamily, alpha: float, gamma: float, e_now: float
+) -> tuple[HmmState, float, IntArray]:
+    """Greedy merges over pairs of states: the pair whose merge lowers E most
+    (``kernels.ihmm.merge_deltas``), while one does; each merge's E is recomputed in full.
+
+    Returns the new state, its E and ``target`` (K,): the new number of each old state.
+    """
+    target = np.arange(st.n_states, dtype=np.int64)
+    while st.n_states > 1:
+        deltas = kihmm.merge_deltas(
+            st.stats, st.trans, st.start, st.kappa, family.spec, family.prior, alpha, gamma
+        )
+        a, b = np.unravel_index(int(np.argmin(deltas)), deltas.shape)
+        if not deltas[a, b] < -1e-9 * abs(e_now):
+            break
+        cand = merge_states(st, int(a), int(b))
+        e = cand.objective(family, alpha, gamma)
+        if not e < e_now:
+            break
+        st, e_now = cand, e
+        target[target == b] = a
+        target[target > b] -= 1
+    return st, e_now, target
+
+
+def merge_round(
+    z: IntArray, st: HmmState, family: ProductFamily, alpha: float, gamma: float, e_now: float
+) -> tuple[HmmState, float, bool]:
+    """``greedy_merges`` with the labels z relabelled in place."""
+    K = st.n_states
+    st, e_now, target = greedy_merges(st, family, alpha, gamma, e_now)
+    if st.n_states == K:
+        return st, e_now, False
+    z[:] = target[z]
+    return st, e_now, True
+
+
+def two_means(P: FloatArray, w: FloatArray, n_iter: int = 20) -> IntArray | None:
+    """Two groups of points P (n, D) with weights w (n,): halves along the weighted principal
+    axis refined by weighted 2-means; None when a group empties."""
+    n = P.shape[0]
+    if n < 2:
+        return None
+    mean = (w[:, None] * P).sum(axis=0) / w.sum()
+    Pc = P - mean
+    cov = (w[:, None] * Pc).T @ Pc / w.sum()
+    if not np.all(np.isfinite(cov)):
+        return None
+    axis = np.linalg.eigh(cov)[1][:, -1]
+    side = (Pc @ axis > 0).astype(np.int64)
+    for _ in range(n_iter):
+        if side.min() == side.max():
+            return None
+        c0 = np.average(P[side == 0], axis=0, weights=w[side == 0])
+        c1 = np.average(P[side == 1], axis=0, weights=w[side == 1])
+        new = (((P - c1) ** 2).sum(axis=1) < ((P - c0) ** 2).sum(axis=1)).astype(np.int64)
+        if np.array_equal(new, side):
+            break
+        side = new
+    if side.min() == side.max():
+        return None
+    return side
+
+
+def split_labels(
+    Xa: FloatArray, starts: IntArray, z: IntArray, k: int
+) -> tuple[IntArray, IntArray] | None:
+    """A proposal to split state k in two, by its runs (maximal stretches of k within a
+    sequence): the runs' means grouped by weighted 2-means, so that a state holding runs of two
+    overlapping emissions splits along time, where records one by one could not. A state of one
+    run splits its records instead. Returns (members, side) or None."""
+    members = np.flatnonzero(z == k)
+    if members.shape[0] < 4:
+        return None
+    seq_of = np.searchsorted(starts, members, side="right")
+    new_run = np.ones(members.shape[0], dtype=bool)
+    new_run[1:] = (np.diff(members) != 1) | (np.diff(seq_of) != 0)
+    run = np.cumsum(new_run) - 1
+    n_runs = int(run[-1]) + 1
+    if n_runs >= 4:
+        length = np.bincount(run).astype(np.float64)
+        means = np.zeros((n_runs, Xa.shape[1]))
+        np.add.at(means, run, Xa[members])
+        means /= length[:, None]
+        side_runs = two_means(means, length)
+        if side_runs is not None:
+            return members, side_runs[run]
+    side = two_means(Xa[members], np.ones(members.shape[0]))
+    return None if side is None else (members, side)
+
+
+def split_round(
+    Xa: FloatArray,
+    starts: IntArray,
+    z: IntArray,
+    st: HmmState,
+    family: ProductFamily,
+    alpha: float,
+    gamma: float,
+    e_now: float,
+) -> tuple[HmmState, float, bool]:
+    """Try to split every state in two; each split taken if E falls.
+
+    The proposal halves a state's runs (``split_labels``), then re-segments the sequences by
+    Viterbi under the K + 1 states (``viterbi_move``).
+    """
+    moved = False
+    K0 = st.n_states
+    for k in range(K0):
+        proposal = split_labels(Xa, starts, z, k)
+        if proposal is None:
+            continue
+        members, side = proposal
+        K = st.n_states
+        z_new = z.copy()
+        z_new[members[side == 1]] = K
+        share = float(side.sum()) / members.shape[0]
+        kappa = np.append(st.kappa, st.kappa[k] * share)
+        kappa[k] *= 1.0 - share
+        cand = state_from_labels(Xa, z_new, starts, K + 1, family, kappa, st.ku)
+        e = cand.objective(family, alpha, gamma)
+        cand, e, _ = viterbi_move(Xa, starts, z_new, cand, family, alpha, gamma, e)
+        if e < e_now - 1e-9 * abs(e_now):
+            st, e_now = cand, e
+            z[:] = z_new
+            moved = True
+    return st, e_now, moved
+
+
+@dataclass
+class IhmmResult:
+    """One MAP-iHMM run: labels 0..K-1 of every record and the state."""
+
+    labels: IntArray
+    state: HmmState
+    objective: float
+    history: list[float] = field(default_factory=list)
+    n_iter: int = 0
+    converged: bool = False
+    seconds: float = 0.0
+
+
+def run_map_ihmm(
+    Xa: FloatArray,
+    starts: IntArray,
+    family: ProductFamily,
+    alpha: float,
+    gamma: float,
+    max_iter: int,
+    tol: float,
+    m_counts: str,
+    rng_state: NDArray[np.uint64],
+    z0: IntArray | None = None,
+    moves: bool = True,
+    callback: Callable[[int, float, int], None] | None = None,
+) -> IhmmResult:
+    """MAP-iHMM (seed 000, Section 6.2) on arranged records of the sequences ``starts``.
+
+    Starts from labels z0 (0..K0-1) or, without them, with no state: the first sweep is then
+    sequential, each record going to the argmin of eq. 6.7 given the ones before it. Each
+    iteration is a sweep, then the kappa step. When an iteration stalls (no record moved or E fell
+    by less than ``tol * |E|``), Viterbi re-segmentation, merges and splits are tried in turn;
+    the run ends when none of them lowers E.
+    """
+    t0 = time.perf_counter()
+    N = Xa.shape[0]
+    if z0 is None:
+        z = np.full(N, -1, dtype=np.int64)
+        st = empty_state(family)
+    else:
+        z = np.asarray(z0, dtype=np.int64).copy()
+        K0 = int(z.max()) + 1
+        st = state_from_labels(
+            Xa, z, starts, K0, family, np.full(K0, 1.0 / (K0 + 1)), 1.0 / (K0 + 1)
+        )
+        st = compact(z, st.stats, st.nk, st.trans, st.start, st.kappa, st.ku, K0)
+    history: list[float] = []
+    e_old = math.inf
+    converged = False
+    it = 0
+    for it in range(1, max_iter + 1):
+        st, n_changed = sweep_state(Xa, starts, z, st, family, alpha, gamma, False, rng_state)
+        e_new = st.objective(family, alpha, gamma)
+        cand = kappa_step(st, alpha, gamma, m_counts, rng_state)
+        e_cand = cand.objective(family, alpha, gamma)
+        if m_counts == "urn" or e_cand <= e_new:
+            st, e_new = cand, e_cand
+        stalled = n_changed == 0 or e_old - e_new < tol * abs(e_new)
+        if stalled and moves:
+            st, e_new, moved = viterbi_move(Xa, starts, z, st, family, alpha, gamma, e_new)
+            if not moved:
+                st, e_new, moved = merge_round(z, st, family, alpha, gamma, e_new)
+            if not moved:
+                st, e_new, moved = split_round(Xa, starts, z, st, family, alpha, gamma, e_new)
+            stalled = not moved
+        history.append(e_new)
+        if callback is not None:
+            callback(it, e_new, st.n_states)
+        if stalled:
+            converged = True
+            break
+        e_old = e_new
+    return IhmmResult(
+        labels=z,
+        state=st,
+        objective=history[-1],
+        history=history,
+        n_iter=it,
+        converged=converged,
+        seconds=time.perf_counter() - t0,
+    )
