@@ -132,7 +132,7 @@ def cv(
         with dask_client(scheduler, n_workers, processes, dashboard_address, quiet=True) as client:
             t = time.perf_counter()
             path = None if dataset.is_path_source(input) else partial / "store.zarr"
-            # OUT on object storage and no --data-dir: the store goes with OUT (as ``dpmm run``)
+            # the workers may share no disk: a store may go with OUT (as in ``dpmm run``)
             root = dataset.root_for(partial, data_dir)
             store, info, reused = dataset.open_dataset(
                 input,

@@ -137,7 +137,7 @@ def step_ingest(
             print(f"ingest: {total} {what} tasks done", file=sys.stderr)
 
     path = None if dataset.is_path_source(source) else partial / "store.zarr"
-    # OUT on object storage and no --data-dir: the dataset store goes with OUT
+    # the workers may share no disk: the dataset store may go with OUT (``dataset.root_for``)
     root = dataset.root_for(partial, cfg.data_dir)
     options = cfg.ingest_options()
     if model is not None:
