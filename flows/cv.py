@@ -132,10 +132,8 @@ def cv(
         with dask_client(scheduler, n_workers, processes, dashboard_address, quiet=True) as client:
             t = time.perf_counter()
             path = None if dataset.is_path_source(input) else partial / "store.zarr"
-            root: Any = data_dir
-            if root is None and storage.is_url(partial) and not dataset.env_root():
-                # workers may share no disk: the dataset store goes with OUT (as ``dpmm run``)
-                root = partial / "datasets"
+            # the workers may share no disk: a store may go with OUT (as in ``dpmm run``)
+            root = dataset.root_for(partial, data_dir)
             store, info, reused = dataset.open_dataset(
                 input,
                 client=client,

@@ -162,7 +162,7 @@ def scheduled_clustering(
             storage.rmtree(staged, ignore_errors=True)
             raise
         for name in ("model", "run.json", "clusters.parquet"):
-            schedule.move(staged / "run" / name, staged / name)
+            storage.move(staged / "run" / name, staged / name)
         for name in ("run", "datasets"):
             storage.rmtree(staged / name, ignore_errors=True)
         final = reg.publish(

@@ -51,9 +51,14 @@ def serial_passes(ctx: RunContext) -> LoopState:
     return state
 
 
+def read_record_array(ctx: RunContext, name: str, state: LoopState) -> np.ndarray:
+    """The per-record array ``name`` as the last pass wrote it (its pass-parity copy)."""
+    return np.asarray(ctx.state.array(f"{name}{state.pass_no % 2}")[:])
+
+
 def record_arrays(ctx: RunContext, state: LoopState) -> dict[str, np.ndarray]:
     arrays = get_engine(ctx.params.engine).record_arrays_of(ctx)
-    return {r.name: loop.read_record_array(ctx, r.name, state) for r in arrays}
+    return {r.name: read_record_array(ctx, r.name, state) for r in arrays}
 
 
 def assert_same_arrays(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:

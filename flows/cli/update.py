@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
 from flows.cli.types import positive_float as _positive_float
@@ -73,17 +72,13 @@ def cmd_update(args: argparse.Namespace) -> int:
     if storage.committed(out_loc) and not args.overwrite:
         shown = storage.redact(str(out))
         raise InputError(f"--out {shown}: already exists (pass --overwrite to replace it)")
-    if storage.location(model_path) == out_loc or (
-        isinstance(out_loc, Path)
-        and out_loc.exists()
-        and out_loc.resolve() == Path(model_path).resolve()
-    ):
+    if storage.same_place(model_path, out_loc):
         raise InputError(f"--out {out}: is MODEL itself; write the update to a new path")
     with bad_input(prefix=str(model_path)):
         model = load_model(model_path)
     with bad_input(prefix=str(inp)):
         df = sources.read_table(inp)
-    with bad_input(prefix=str(inp), rows_of=None if storage.is_url(inp) else inp):
+    with bad_input(prefix=str(inp), rows_of=inp):
         new, stream = update_model(
             model,
             df,

@@ -80,14 +80,8 @@ def read_json(path: str | os.PathLike[str]) -> Any:
 def write_json(path: Any, obj: Mapping[str, Any]) -> None:
     """``obj`` as indented JSON; numpy scalars / arrays become numbers / lists, NaN and inf null.
     ``path`` may be an object on object storage (``pipeline.core.storage``): one PUT."""
-
-    loc = storage.location(path)
-    if isinstance(loc, storage.RemotePath):
-        loc.write_text(json.dumps(_jsonable(obj), indent=2, allow_nan=False) + "\n")
-        return
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(_jsonable(obj), f, indent=2, allow_nan=False)
-        f.write("\n")
+    text = json.dumps(_jsonable(obj), indent=2, allow_nan=False) + "\n"
+    storage.location(path).write_text(text, encoding="utf-8")
 
 
 def write_outputs(

@@ -266,9 +266,7 @@ def save(directory: storage.Where, name: str, obj: Any) -> None:
         numpy arrays and scalars, and instances of registered classes.
     """
     json_path, npz_path = _paths(directory, name)
-    d = storage.location(directory)
-    # an object store's prefix exists once something is written under it
-    if isinstance(d, Path) and not d.is_dir():
+    if not storage.can_hold_files(storage.location(directory)):
         raise PersistError(f"{json_path}: cannot write: {directory} is not a directory")
     w = _Writer(json_path)
     try:

@@ -8,6 +8,10 @@ INPUT, OUT, the dataset stores (``--data-dir``) and models may be local paths or
 ``write_bytes``, ...) over fsspec. zarr opens the same URLs itself (``str(loc)``: zarr's
 ``FsspecStore``), in the driver and in every worker.
 
+This module is the one place that tells the two apart: what differs between a directory and a
+prefix (listing, visibility, replacing an output, a local copy for a reader that needs a file)
+is a function here that takes either, so the modules above never ask which one they hold.
+
 Credentials
 -----------
 They come from the standard environment of each process (driver and Dask workers), never from
@@ -39,7 +43,8 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -64,6 +69,11 @@ def scheme(x: Any) -> str | None:
         return None
     m = _SCHEME.match(x)
     return m.group(1).lower() if m else None
+
+
+def is_where(x: Any) -> bool:
+    """Whether ``x`` names a place (``Where``): a path, a URL or a ``RemotePath``."""
+    return isinstance(x, (str, os.PathLike, RemotePath))
 
 
 def is_url(x: Any) -> bool:
@@ -128,6 +138,13 @@ class RemotePath:
     @property
     def bucket(self) -> str:
         return self.key.split("/", 1)[0]
+
+    def expanduser(self) -> RemotePath:
+        return self
+
+    def resolve(self) -> RemotePath:
+        """Itself: a URL has no links or relative parts to resolve."""
+        return self
 
     def relative_to(self, other: RemotePath) -> str:
         if self == other:
@@ -212,12 +229,114 @@ def location(x: Where) -> Loc:
     return Path(x)
 
 
-def local_path(x: Where) -> Path:
-    """A path or ``file://`` URL as a ``Path`` (a ``ValueError`` for a remote URL)."""
+def shared(loc: Loc) -> bool:
+    """Whether every machine of a cluster reaches ``loc``: a prefix of object storage does; a
+    local path is taken to be this machine's own disk (what a worker writes there may be out of
+    the driver's reach)."""
+    return isinstance(loc, RemotePath)
+
+
+def folder(loc: Loc) -> str:
+    """What a message calls ``loc`` when it holds files: "directory", or "prefix"."""
+    return "prefix" if isinstance(loc, RemotePath) else "directory"
+
+
+def can_hold_files(loc: Loc) -> bool:
+    """Whether files can be written under ``loc`` as it is: an existing local directory, or
+    any prefix (a prefix exists once an object is written under it)."""
+    return isinstance(loc, RemotePath) or loc.is_dir()
+
+
+def size(loc: Loc) -> int:
+    """The size in bytes of the file or object ``loc``."""
+    return loc.stat_size() if isinstance(loc, RemotePath) else loc.stat().st_size
+
+
+def stamp(info: dict[str, Any]) -> str:
+    """What changes when an object is rewritten, from its fsspec info: S3's ETag, else its
+    modification time."""
+    for k in ("ETag", "etag", "mtime", "LastModified", "last_modified", "created"):
+        if info.get(k) is not None:
+            return str(info[k])
+    return ""
+
+
+def file_stamps(loc: Loc) -> dict[str, tuple[int, int | str]]:
+    """Every file under ``loc`` (or ``loc`` itself, named "."): relative path -> (size, what
+    changes when it is rewritten: the mtime in ns of a local file, ``stamp`` of an object)."""
+    if isinstance(loc, RemotePath):
+        return {rel: (int(info.get("size") or 0), stamp(info)) for rel, info in loc.files().items()}
+    files = sorted(p for p in loc.rglob("*") if p.is_file()) if loc.is_dir() else [loc]
+    out: dict[str, tuple[int, int | str]] = {}
+    for f in files:
+        st = f.stat()
+        out["." if f == loc else f.relative_to(loc).as_posix()] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def subdirs(loc: Loc) -> list[Loc]:
+    """The directories (or sub-prefixes) right under ``loc``."""
+    if isinstance(loc, Path):
+        return [p for p in loc.iterdir() if p.is_dir()]
+    found: list[Loc] = []
+    for e in loc.fs.ls(loc.key, detail=True):
+        key = str(e["name"]).rstrip("/")
+        if e.get("type") == "directory" and key != loc.key:
+            found.append(RemotePath(f"{loc.protocol}://{key}"))
+    return found
+
+
+def same_place(a: Where, b: Where) -> bool:
+    """Whether ``a`` and ``b`` name the same place: the same URL, or local paths that resolve
+    to one existing file or directory."""
+    la, lb = location(a), location(b)
+    if la == lb:
+        return True
+    return (
+        isinstance(la, Path)
+        and isinstance(lb, Path)
+        and lb.exists()
+        and la.resolve() == lb.resolve()
+    )
+
+
+@contextlib.contextmanager
+def fs_errors(x: Where, what: str = "") -> Iterator[None]:
+    """Turn a remote file system's failure in the block (no bucket, no credentials, access
+    denied) into a one-line ``InputError`` naming ``x`` (``fs_error``). An ``InputError``, and
+    any error about a local path, passes as it is."""
+    try:
+        yield
+    except InputError:
+        raise
+    except Exception as err:
+        if not is_url(x):
+            raise
+        raise fs_error(str(x), err, what) from err
+
+
+@contextlib.contextmanager
+def local_copy(x: Where) -> Iterator[Path]:
+    """A local path of ``x`` for a reader that needs a real file: ``x`` itself when local; else
+    a temporary copy of the same name (a directory's objects too), removed after the block, and
+    the ``InputError`` messages of the block name the URL rather than the copy. When ``x`` does
+    not exist, neither does the path (the caller says so, as for a missing local path)."""
     loc = location(x)
-    if not isinstance(loc, Path):
-        raise ValueError(f"{redact(str(x))}: expected a local path")
-    return loc
+    if isinstance(loc, Path):
+        yield loc
+        return
+    check_reachable(loc)
+    with tempfile.TemporaryDirectory(prefix="dpmm-read-") as tmp:
+        local = Path(tmp) / loc.name
+        with fs_errors(str(x)):
+            if loc.is_dir():  # a directory of Parquet parts
+                loc.fs.get(loc.key + "/", str(local), recursive=True)
+            elif loc.exists():
+                loc.fs.get_file(loc.key, str(local))
+        try:
+            yield local
+        except InputError as err:
+            raise type(err)(str(err).replace(str(local), redact(str(x)))) from None
 
 
 def filesystem(protocol: str, url: str) -> Any:
@@ -362,6 +481,21 @@ def upload(src: Path, dest: RemotePath) -> None:
         dest.fs.put_file(str(f), (dest / f.relative_to(src).as_posix()).key)
 
 
+def move(src: Loc, dest: Loc) -> None:
+    """Move the file or directory ``src`` to ``dest`` on the same file system: a rename
+    locally; on object storage a server-side copy of each object, then ``src`` removed (the
+    place they are moved within is not visible yet, so no reader sees the copy half done)."""
+    if isinstance(src, Path) and isinstance(dest, Path):
+        src.rename(dest)
+        return
+    if not (isinstance(src, RemotePath) and isinstance(dest, RemotePath)):
+        raise ValueError(f"{src} -> {dest}: not on the same file system")
+    for rel in src.files():
+        target = dest if rel == "." else dest / rel
+        src.fs.copy((src if rel == "." else src / rel).key, target.key)
+    rmtree(src)
+
+
 # -- visibility by manifest ------------------------------------------------------------------
 
 
@@ -471,14 +605,188 @@ def _swap(staged: RemotePath, out: RemotePath) -> None:
     rmtree(staged, ignore_errors=True)
 
 
-def finish_replace(out: RemotePath) -> bool:
+def finish_replace(out: Loc) -> bool:
     """Complete a swap of ``out`` that a crash interrupted (its staged output is committed);
-    True if there was one."""
+    True if there was one. A local output has no swap: it is renamed into place."""
+    if isinstance(out, Path):
+        return False
     staged = staging(out)
     if staged is None or not committed(staged):
         return False
     _swap(staged, out)
     return True
+
+
+# -- an output built beside its final place ---------------------------------------------------
+
+
+def stage(out: Loc) -> Loc:
+    """An empty place to build the output ``out`` in, invisible until ``publish``: locally the
+    hidden sibling ``.<name>.partial`` (its parent created); on object storage ``out``'s own
+    prefix (what an uncommitted attempt left there removed), or, when ``out`` is committed, its
+    staging sibling, so that the output it replaces stays visible and whole until the swap."""
+    if isinstance(out, Path):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_sibling(out)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        return tmp
+    staged = staging(out) if committed(out) else None
+    if staged is None:
+        uncommit(out)
+        return out
+    rmtree(staged, ignore_errors=True)
+    return staged
+
+
+def publish(staged: Loc, out: Loc, **extra: Any) -> None:
+    """Make the complete ``staged`` (``stage``) the output ``out``: a rename locally (replacing
+    an existing ``out``); on object storage its manifest (``extra`` recorded in it), written
+    last, or the swap of a staged replacement (``replace``)."""
+    if isinstance(staged, Path):
+        assert isinstance(out, Path)
+        commit_dir(staged, out)
+    elif staged == out:
+        commit(out, **extra)
+    else:
+        assert isinstance(out, RemotePath)
+        replace(staged, out, **extra)
+
+
+def discard(staged: Loc) -> None:
+    """Remove what a failed attempt built at ``staged`` (``stage``); a committed staged
+    replacement on object storage is kept: the next command on its output completes the swap."""
+    if isinstance(staged, Path) or not committed(staged):
+        rmtree(staged, ignore_errors=True)
+
+
+# -- a store shared by the commands that need it ----------------------------------------------
+# Written by whichever command needs it first, read by all; concurrent writers each write their
+# own copy, and the first complete one is the store. Locally the copy is a hidden sibling
+# ``.<name>.partial-<pid>-<tag>`` renamed into place (a rename does not replace a directory
+# another writer put there first); one left by a process that is gone is removed. On object
+# storage (no rename) ``final`` is a prefix of attempts ``attempt-<UTC time>-<tag>``, each
+# visible once committed; readers take the newest committed one, and an uncommitted one a day
+# old (a crash) is removed.
+PARTIAL = ".partial-"
+ATTEMPT = "attempt-"
+STALE_SECONDS = 24 * 3600
+# local partials being written by this process (its threads may write concurrently)
+_ACTIVE: set[str] = set()
+
+
+def shared_copy(final: Loc) -> Loc | None:
+    """Where the complete shared store ``final`` is (``write_shared``), or None: ``final``
+    itself locally; its newest committed attempt on object storage."""
+    if isinstance(final, Path):
+        return final if final.exists() else None
+    for attempt in reversed(_attempts(final)):
+        if committed(attempt):
+            return attempt
+    return None
+
+
+def write_shared(final: Loc, write: Callable[[Loc], None], replace: bool, **extra: Any) -> Loc:
+    """Write the shared store ``final`` with ``write(place)`` into a new copy and make that
+    copy visible; returns where the complete store is. A store already there is replaced only
+    if ``replace``: else it is a concurrent writer's, the same, and kept (the new copy is
+    dropped). On any failure the new copy is removed and the error re-raised. ``extra`` is
+    recorded in an attempt's manifest."""
+    if isinstance(final, RemotePath):
+        return _write_attempt(final, write, replace, **extra)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_partials(final)
+    partial = final.parent / f".{final.name}{PARTIAL}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    _ACTIVE.add(str(partial))
+    try:
+        write(partial)
+        if replace and final.exists():
+            shutil.rmtree(final)
+        try:
+            os.rename(partial, final)
+        except OSError:
+            if not final.exists():
+                raise
+            # a concurrent writer completed first: its store is the same
+            shutil.rmtree(partial, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    finally:
+        _ACTIVE.discard(str(partial))
+    return final
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_partials(final: Path) -> list[Path]:
+    """Remove the partial siblings ``.<name>.partial-<pid>[-<tag>]`` of ``final`` whose writer
+    is gone: another process that no longer runs, or this one when no thread of it writes there
+    (a leftover of a process that had our pid). Returns what was removed."""
+    removed: list[Path] = []
+    prefix = f".{final.name}{PARTIAL}"
+    if not final.parent.is_dir():
+        return removed
+    for p in final.parent.iterdir():
+        if not p.name.startswith(prefix):
+            continue
+        try:
+            pid = int(p.name[len(prefix) :].split("-")[0])
+        except ValueError:
+            continue
+        mine = pid == os.getpid()
+        if (mine and str(p) not in _ACTIVE) or (not mine and not _pid_alive(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
+
+
+def _attempts(final: RemotePath) -> list[RemotePath]:
+    try:
+        children = list(final.iterdir()) if final.exists() else []
+    except FileNotFoundError:
+        return []
+    return sorted((c for c in children if c.name.startswith(ATTEMPT)), key=lambda c: c.name)
+
+
+def _write_attempt(
+    final: RemotePath, write: Callable[[Loc], None], replace: bool, **extra: Any
+) -> Loc:
+    import calendar
+
+    now = time.time()
+    for old in _attempts(final):
+        tag = old.name[len(ATTEMPT) :].split("-")[0]
+        try:
+            age = now - calendar.timegm(time.strptime(tag, "%Y%m%dT%H%M%S"))
+        except ValueError:
+            continue
+        if replace or (not committed(old) and age > STALE_SECONDS):
+            uncommit(old)
+    tag = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
+    attempt = final / f"{ATTEMPT}{tag}-{uuid.uuid4().hex[:8]}"
+    try:
+        write(attempt)
+        if not replace:
+            won = shared_copy(final)
+            if won is not None:
+                # a concurrent writer committed first: its store is the same
+                rmtree(attempt, ignore_errors=True)
+                return won
+        commit(attempt, **extra)
+    except BaseException:
+        rmtree(attempt, ignore_errors=True)
+        raise
+    return attempt
 
 
 # -- a command's output, local or on object storage ------------------------------------------
@@ -562,14 +870,8 @@ def publish_output(
     with contextlib.suppress(FileNotFoundError):
         (partial / MARKER).unlink()
     dest = location(out)
-    if isinstance(partial, RemotePath):
-        assert isinstance(dest, RemotePath)
-        if partial == dest:
-            commit(partial, kind=kind)
-        else:
-            replace(partial, dest, kind=kind)
-        return
-    assert isinstance(dest, Path)
-    if dest.exists() and not overwrite:
+    # a local OUT may have appeared since ``prepare_output``; a remote one was checked there
+    # and is swapped whole
+    if isinstance(dest, Path) and dest.exists() and not overwrite:
         raise ValueError(f"{what} {dest}: already exists (pass --overwrite to replace it)")
-    commit_dir(partial, dest)
+    publish(partial, dest, kind=kind)

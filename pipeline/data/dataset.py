@@ -5,11 +5,13 @@ hashes the input's fingerprint (its resolved path and each of its files' size an
 every ingest option. A second fit of the same input with the same options reuses the store
 without running a task; a changed file or option gets another key, hence a new ingest.
 
-An ingest writes into a hidden sibling ``.<key>.partial-<pid>-<tag>`` that is renamed into
-place only when complete, so a crashed or concurrent ingest never leaves a half store where a
-reader looks, and bad input leaves nothing behind. A partial whose process is gone is removed by
-the next ``open_dataset`` of that key. Of concurrent ingests of one key, the first to finish
-wins; the others discard their copy and open the winner's.
+An ingest writes its own copy of the store and makes it visible only when complete
+(``pipeline.core.storage.write_shared``: a hidden sibling ``.<key>.partial-<pid>-<tag>``
+renamed into place, or a committed attempt under the key's prefix on object storage), so a
+crashed or concurrent ingest never leaves a half store where a reader looks, and bad input
+leaves nothing behind. What a crashed ingest left is removed by a later one of that key. Of
+concurrent ingests of one key, the first to finish wins; the others discard their copy and
+open the winner's.
 
 In-memory inputs (numpy, pandas, dask) have no fingerprint: they are ingested into ``path`` (or
 into a new temporary directory that the caller owns) every time.
@@ -24,7 +26,6 @@ import os
 import re
 import shutil
 import tempfile
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,6 @@ from pipeline.data.sources import is_file_list
 from pipeline.data.store import FORMAT_VERSION, INFO_FILE, Store, StoreInfo
 
 DATA_DIR_ENV = "DPMM_DATA_DIR"
-PARTIAL = ".partial-"
 
 
 def env_root() -> str | None:
@@ -49,9 +49,18 @@ def default_root() -> storage.Loc:
     """Where shared dataset stores live: ``$DPMM_DATA_DIR``, else ``~/.cache/dpmm/datasets``."""
     env = env_root()
     if env:
-        loc = storage.location(env)
-        return loc.expanduser() if isinstance(loc, Path) else loc
+        return storage.location(env).expanduser()
     return Path.home() / ".cache" / "dpmm" / "datasets"
+
+
+def root_for(out: storage.Loc, data_dir: storage.Where | None) -> storage.Where | None:
+    """The folder of shared dataset stores of a command that writes ``out``: ``data_dir`` when
+    given; else, without ``$DPMM_DATA_DIR`` and with ``out`` where every worker reaches it
+    (``storage.shared``: object storage), ``out/datasets``, since the workers may share no
+    disk with this machine's cache; else None (``default_root``)."""
+    if data_dir is None and not env_root() and storage.shared(out):
+        return out / "datasets"
+    return data_dir
 
 
 def is_path_source(source: Any) -> bool:
@@ -60,7 +69,7 @@ def is_path_source(source: Any) -> bool:
     return isinstance(source, (str, os.PathLike)) or is_file_list(source)
 
 
-def fingerprint(source: str | os.PathLike[str]) -> dict[str, Any]:
+def fingerprint(source: storage.Where) -> dict[str, Any]:
     """The input's resolved path and each of its files' (relative path, size, mtime_ns).
 
     A directory (Parquet parts, a zarr array) lists every file under it, so that adding,
@@ -69,39 +78,16 @@ def fingerprint(source: str | os.PathLike[str]) -> dict[str, Any]:
     modification time). A list of inputs: the list of their fingerprints.
     """
     if isinstance(source, (list, tuple)):
-        fps = [fingerprint(str(s) if isinstance(s, storage.RemotePath) else s) for s in source]
+        fps = [fingerprint(s) for s in source]
         return {"path": [fp["path"] for fp in fps], "files": [fp["files"] for fp in fps]}
-    loc = storage.location(source)
-    if isinstance(loc, storage.RemotePath):
-        return _remote_fingerprint(loc)
-    path = loc.expanduser()
-    if not path.exists():
-        raise InputError(f"{path}: no such file or directory")
-    path = path.resolve()
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file())
-    else:
-        files = [path]
-    entries = []
-    for f in files:
-        st = f.stat()
-        rel = "." if f == path else f.relative_to(path).as_posix()
-        entries.append([rel, st.st_size, st.st_mtime_ns])
-    return {"path": str(path), "files": entries}
-
-
-def _remote_fingerprint(loc: storage.RemotePath) -> dict[str, Any]:
-    try:
-        files = loc.files() if loc.exists() else {}
-    except Exception as err:  # the file system's errors: no bucket, no credentials...
-        raise storage.fs_error(loc.url, err) from err
-    if not files:
-        raise InputError(f"{storage.redact(loc.url)}: no such file or directory")
-    entries = [
-        [rel, int(info.get("size") or 0), str(info.get("ETag") or info.get("mtime") or "")]
-        for rel, info in files.items()
-    ]
-    return {"path": storage.redact(loc.url), "files": entries}
+    loc = storage.location(source).expanduser()
+    with storage.fs_errors(loc):
+        if not loc.exists():
+            raise InputError(f"{storage.redact(str(loc))}: no such file or directory")
+        loc = loc.resolve()
+        files = storage.file_stamps(loc)
+    entries = [[rel, size, stamp] for rel, (size, stamp) in files.items()]
+    return {"path": storage.redact(str(loc)), "files": entries}
 
 
 def ingest_options(
@@ -153,42 +139,6 @@ def dataset_key(fp: dict[str, Any], options: dict[str, Any]) -> str:
     return f"{stem}-{digest}"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-# partials being written by this process (its threads may ingest concurrently)
-_ACTIVE: set[str] = set()
-
-
-def remove_stale_partials(final: Path) -> list[Path]:
-    """Remove the partial siblings ``.<name>.partial-<pid>[-<tag>]`` of ``final`` whose ingest
-    is gone: another process that no longer runs, or this one when no thread of it writes there
-    (a leftover of a process that had our pid). Returns what was removed."""
-    removed: list[Path] = []
-    prefix = f".{final.name}{PARTIAL}"
-    if not final.parent.is_dir():
-        return removed
-    for p in final.parent.iterdir():
-        if not p.name.startswith(prefix):
-            continue
-        try:
-            pid = int(p.name[len(prefix) :].split("-")[0])
-        except ValueError:
-            continue
-        mine = pid == os.getpid()
-        if (mine and str(p) not in _ACTIVE) or (not mine and not _pid_alive(pid)):
-            shutil.rmtree(p, ignore_errors=True)
-            removed.append(p)
-    return removed
-
-
 def _open_complete(path: storage.Loc) -> tuple[Store, StoreInfo]:
     """A completed store at ``path``, checked; a ValueError naming the path otherwise."""
     store = Store.open_checked(path)
@@ -197,35 +147,6 @@ def _open_complete(path: storage.Loc) -> tuple[Store, StoreInfo]:
             f"{path}: an incomplete dataset store (no {INFO_FILE}); remove it to ingest again"
         )
     return store, store.info
-
-
-def _ingest_into(
-    final: Path, source: Any, ingest_kw: dict[str, Any], key: str | None, replace: bool
-) -> tuple[Store, StoreInfo]:
-    """Ingest into a partial sibling of ``final`` and rename it into place when complete (a
-    store already at ``final`` is replaced only if ``replace``: else it is a concurrent
-    ingest's, of the same key); on any failure remove the partial and re-raise."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_partials(final)
-    partial = final.parent / f".{final.name}{PARTIAL}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    _ACTIVE.add(str(partial))
-    try:
-        ingest(source, Store(partial), format_extra={"key": key}, **ingest_kw)
-        if replace and final.exists():
-            shutil.rmtree(final)
-        try:
-            os.rename(partial, final)
-        except OSError:
-            if not final.exists():
-                raise
-            # a concurrent ingest of the same key completed first: its store is the same
-            shutil.rmtree(partial, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    finally:
-        _ACTIVE.discard(str(partial))
-    return _open_complete(final)
 
 
 def open_dataset(
@@ -303,13 +224,11 @@ def open_dataset(
                 raise
             store, info = _open_complete(tmp)
             return store, info, False
-        final_at = storage.location(path)
-        if isinstance(final_at, storage.RemotePath):
-            store, info = _remote_ingest(final_at, source, ingest_kw, None, replace=True)
-            return store, info, False
-        final = final_at
-        _refuse_foreign(final)
-        store, info = _ingest_into(final, source, ingest_kw, None, replace=True)
+        final = storage.location(path)
+        found = storage.shared_copy(final)
+        if found is not None:
+            _refuse_foreign(found)
+        store, info = _ingest_shared(final, source, ingest_kw, None, replace=True)
         return store, info, False
 
     options = ingest_options(
@@ -328,86 +247,30 @@ def open_dataset(
         if path is not None
         else storage.location(root or default_root()) / key
     )
-    if isinstance(where, storage.RemotePath):
-        found = _remote_open(where)
-        if found is not None and (path is None or found[0].read_format().get("key") == key):
-            return found[0], found[1], True
-        store, info = _remote_ingest(where, source, ingest_kw, key, replace=path is not None)
-        return store, info, False
-    final = where
-    if final.exists():
-        if path is None or _recorded_key(final) == key:
-            store, info = _open_complete(final)
+    found = storage.shared_copy(where)
+    if found is not None:
+        if path is None or _recorded_key(found) == key:
+            store, info = _open_complete(found)
             return store, info, True
-        _refuse_foreign(final)
-    store, info = _ingest_into(final, source, ingest_kw, key, replace=path is not None)
+        _refuse_foreign(found)
+    store, info = _ingest_shared(where, source, ingest_kw, key, replace=path is not None)
     return store, info, False
 
 
-# -- dataset stores on object storage ------------------------------------------------------------
-# No rename there: the keyed prefix ``root/key`` holds attempts ``attempt-<UTC time>-<tag>``, each
-# one ingest's own prefix, made visible by its manifest (``pipeline.core.storage.commit``) written
-# when complete. Readers take the newest committed attempt; concurrent ingests of one key each
-# write their own and the first committed is used by both; an attempt left uncommitted by a
-# crash is invisible and removed by a later ingest of the key once a day old.
-ATTEMPT = "attempt-"
-STALE_SECONDS = 24 * 3600
-
-
-def _attempts(final: storage.RemotePath) -> list[storage.RemotePath]:
-    try:
-        children = list(final.iterdir()) if final.exists() else []
-    except FileNotFoundError:
-        return []
-    return sorted((c for c in children if c.name.startswith(ATTEMPT)), key=lambda c: c.name)
-
-
-def _remote_open(final: storage.RemotePath) -> tuple[Store, StoreInfo] | None:
-    """The newest committed attempt's store under the key prefix ``final`` (None if none)."""
-    for attempt in reversed(_attempts(final)):
-        if storage.committed(attempt):
-            return _open_complete(attempt)
-    return None
-
-
-def _remote_ingest(
-    final: storage.RemotePath,
-    source: Any,
-    ingest_kw: dict[str, Any],
-    key: str | None,
-    replace: bool,
+def _ingest_shared(
+    final: storage.Loc, source: Any, ingest_kw: dict[str, Any], key: str | None, replace: bool
 ) -> tuple[Store, StoreInfo]:
-    """Ingest into a new attempt under ``final`` and commit it; on failure remove it."""
-    import calendar
-    import time
+    """Ingest into a new copy of the store ``final`` and make it visible when complete
+    (``storage.write_shared``: a store already there is replaced only if ``replace``, else it
+    is a concurrent ingest's, of the same key); on any failure the copy is removed."""
 
-    now = time.time()
-    for old in _attempts(final):
-        stamp = old.name[len(ATTEMPT) :].split("-")[0]
-        try:
-            age = now - calendar.timegm(time.strptime(stamp, "%Y%m%dT%H%M%S"))
-        except ValueError:
-            continue
-        if replace or (not storage.committed(old) and age > STALE_SECONDS):
-            storage.uncommit(old)
-    tag = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now))
-    attempt = final / f"{ATTEMPT}{tag}-{uuid.uuid4().hex[:8]}"
-    try:
-        ingest(source, Store(attempt), format_extra={"key": key}, **ingest_kw)
-        if not replace:
-            won = _remote_open(final)
-            if won is not None:
-                # a concurrent ingest of the same key committed first: its store is the same
-                storage.rmtree(attempt, ignore_errors=True)
-                return won
-        storage.commit(attempt, kind="dataset", key=key)
-    except BaseException:
-        storage.rmtree(attempt, ignore_errors=True)
-        raise
-    return _open_complete(attempt)
+    def write(place: storage.Loc) -> None:
+        ingest(source, Store(place), format_extra={"key": key}, **ingest_kw)
+
+    return _open_complete(storage.write_shared(final, write, replace, kind="dataset", key=key))
 
 
-def _recorded_key(path: Path) -> str | None:
+def _recorded_key(path: storage.Loc) -> str | None:
     """The key in the ``format.json`` at ``path`` (None if none)."""
     try:
         key = Store(path).read_format().get("key")
@@ -416,7 +279,7 @@ def _recorded_key(path: Path) -> str | None:
     return key if isinstance(key, str) else None
 
 
-def _refuse_foreign(path: Path) -> None:
+def _refuse_foreign(path: storage.Loc) -> None:
     """A ValueError if ``path`` holds something other than a dataset store: never replace a
     user's files."""
     if not path.exists():

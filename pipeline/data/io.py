@@ -86,10 +86,11 @@ def check_columns(name: str, available: Sequence[str], columns: Sequence[str] | 
             raise InputError(f"{name}: no column {c!r}; columns are {list(available)}")
 
 
-def check_file(path: str | os.PathLike[str]) -> None:
+def check_file(path: Any) -> None:
     """What can be checked of an input without reading its records: that it exists, is not
     empty, and that a ``.parquet`` / ``.npy`` file is one (``check_npy``: not an array of Python
-    objects). A directory (Parquet files, a zarr array) and other names pass.
+    objects). A directory (Parquet files, a zarr array) and other names pass. ``path`` may be a
+    URL (``pipeline.core.storage``).
 
     Raises
     ------
@@ -100,38 +101,23 @@ def check_file(path: str | os.PathLike[str]) -> None:
     """
     from pipeline.core import storage
 
-    if storage.is_url(path):
-        check_url(str(path))
-        return
-    p = storage.local_path(path)
-    name = str(path)
-    if not p.exists():
-        raise InputFileNotFoundError(f"{name}: no such file or directory")
-    if p.is_dir():
-        return
-    if p.stat().st_size == 0:
-        raise InputError(f"{name}: the file is empty")
-    low = p.name.lower()
-    if low.endswith(PARQUET_SUFFIXES):
-        check_parquet_file(p, name)
-    elif low.endswith(NPY_SUFFIXES):
-        check_npy(p)
-
-
-def check_url(url: str) -> None:
-    """An input on object storage (``pipeline.core.storage``): its scheme is known and installed,
-    its bucket can be listed with the environment's credentials, and the object or prefix
-    exists; an ``InputError`` naming the URL otherwise."""
-    from pipeline.core import storage
-
-    storage.check_reachable(url)
-    loc = storage.location(url)
-    try:
-        found = loc.exists()
-    except Exception as err:
-        raise storage.fs_error(url, err) from err
-    if not found:
-        raise InputFileNotFoundError(f"{storage.redact(url)}: no such file or directory")
+    p = storage.location(path)
+    name = storage.redact(str(path))
+    # on object storage: the scheme is known and installed, the bucket can be listed with the
+    # environment's credentials
+    storage.check_reachable(p)
+    with storage.fs_errors(path):
+        if not p.exists():
+            raise InputFileNotFoundError(f"{name}: no such file or directory")
+        if p.is_dir():
+            return
+        if storage.size(p) == 0:
+            raise InputError(f"{name}: the file is empty")
+        low = p.name.lower()
+        if low.endswith(PARQUET_SUFFIXES):
+            check_parquet_file(p, name)
+        elif low.endswith(NPY_SUFFIXES):
+            check_npy(p)
 
 
 def check_csv_head(p: Path, name: str) -> None:
@@ -244,15 +230,18 @@ def _first_bad_record(p: Path | bytes, sep: str) -> tuple[int, int, int] | None:
     return None
 
 
-def csv_line_of_row(path: str | os.PathLike[str], row: int) -> int | None:
-    """The physical line (1-based) where data row ``row`` (0-based) of a CSV file starts."""
-    p = Path(path)
-    sep = csv_sep(p)
+def csv_line_of_row(path: Any, row: int) -> int | None:
+    """The physical line (1-based) where data row ``row`` (0-based) of a CSV file (or object:
+    ``pipeline.core.storage``) starts."""
+    from pipeline.core import storage
+
+    sep = csv_sep(path)
     try:
-        for i, (line, _rec) in enumerate(_records(p, sep)):
-            if i == row + 1:  # record 0 is the header
-                return line
-    except (OSError, csv.Error, UnicodeDecodeError):
+        with storage.local_copy(path) as p:
+            for i, (line, _rec) in enumerate(_records(p, sep)):
+                if i == row + 1:  # record 0 is the header
+                    return line
+    except (OSError, ValueError, csv.Error):  # UnicodeDecodeError and InputError are ValueErrors
         return None
     return None
 
@@ -288,12 +277,19 @@ def locate_rows(msg: str, path: str | os.PathLike[str]) -> str:
     return msg[: m.start()] + describe_row(path, int(m.group(1))) + msg[m.end() :]
 
 
-def parquet_files(p: Path, name: str) -> list[Path]:
-    """The Parquet files of a file or a directory (every file below it but those whose names
-    start with "_" or ".", as pyarrow's datasets read them)."""
+def parquet_files(p: Any, name: str) -> list[Any]:
+    """The Parquet files of a file or a directory, or of an object or prefix of object storage
+    (``pipeline.core.storage``): every file below it but those with a part of the path below it
+    starting with "_" or "." (``_SUCCESS``, ``_temporary/``), as pyarrow's datasets read them."""
+    from pipeline.core import storage
+
     if not p.is_dir():
         return [p]
-    files = [f for f in sorted(p.rglob("*")) if f.is_file() and not f.name.startswith(("_", "."))]
+    files = [
+        p / rel
+        for rel in storage.file_stamps(p)
+        if not any(part.startswith(("_", ".")) for part in rel.split("/"))
+    ]
     if not files:
         raise InputError(f"{name}: directory holds no Parquet files")
     return files
@@ -305,12 +301,16 @@ def check_parquet_files(p: Path, name: str) -> None:
         check_parquet_file(f, name if f == p else f"{name}/{f.relative_to(p)}")
 
 
-def check_parquet_file(f: Path, name: str) -> None:
-    """A Parquet file, by its size and magic bytes at both ends (InputError naming ``name``)."""
-    size = f.stat().st_size
+def check_parquet_file(f: Any, name: str) -> None:
+    """A Parquet file (or object), by its size and magic bytes at both ends (InputError naming
+    ``name``)."""
+    from pipeline.core import storage
+
+    loc = storage.location(f)
+    size = storage.size(loc)
     if size == 0:
         raise InputError(f"{name}: the file is empty")
-    with open(f, "rb") as fh:
+    with loc.open("rb") as fh:
         head = fh.read(4)
         fh.seek(max(size - 4, 0))
         tail = fh.read(4)
@@ -318,8 +318,22 @@ def check_parquet_file(f: Path, name: str) -> None:
         raise InputError(f"{name}: not a Parquet file (bad magic bytes)")
 
 
-def check_npy(path: str | os.PathLike[str]) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype of a ``.npy`` file from its header, without reading the data.
+def read_npy_header(f: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
+    """(shape, Fortran order, dtype) from the header at the start of an open ``.npy`` file,
+    left positioned at the first byte of the data: the one parse of a ``.npy`` header."""
+    version = np.lib.format.read_magic(f)
+    read = (
+        np.lib.format.read_array_header_1_0
+        if version == (1, 0)
+        else np.lib.format.read_array_header_2_0
+    )
+    shape, fortran, dtype = read(f)
+    return tuple(int(v) for v in shape), bool(fortran), dtype
+
+
+def check_npy(path: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """Shape and dtype of a ``.npy`` file (or object: ``pipeline.core.storage``) from its
+    header, without reading the data.
 
     Raises
     ------
@@ -327,18 +341,15 @@ def check_npy(path: str | os.PathLike[str]) -> tuple[tuple[int, ...], np.dtype]:
         Naming the file: not a ``.npy`` file (magic bytes, header), or an array of Python
         objects (which only unpickling could read, and this package never unpickles).
     """
-    p = Path(path)
-    name = str(path)
+    from pipeline.core import storage
+
+    name = storage.redact(str(path))
     try:
-        with open(p, "rb") as f:
+        with storage.location(path).open("rb") as f:
             if not f.read(len(_NPY_MAGIC)).startswith(_NPY_MAGIC):
                 raise InputError(f"{name}: not a NumPy .npy file (bad magic bytes)")
             f.seek(0)
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, _fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            else:
-                shape, _fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            shape, _fortran, dtype = read_npy_header(f)
     except InputError:
         raise
     except (ValueError, OSError, EOFError) as err:
@@ -348,7 +359,7 @@ def check_npy(path: str | os.PathLike[str]) -> tuple[tuple[int, ...], np.dtype]:
             f"{name}: holds Python objects (dtype {dtype}); only numeric arrays are read "
             "(save the array with a numeric dtype, e.g. arr.astype(float))"
         )
-    return tuple(int(v) for v in shape), dtype
+    return shape, dtype
 
 
 def check_npy_table(p: Path, name: str) -> None:

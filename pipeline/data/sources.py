@@ -54,21 +54,6 @@ class Piece:
     n: int | None = None
 
 
-def _npy_source(path: Path) -> tuple[int, int]:
-    # the header's checks of ``read_table`` (magic bytes, no Python objects), then the shape: a
-    # 2-D array, or a 1-D structured array (a column a field)
-    shape, dtype = pio.check_npy(path)
-    if dtype.names is not None and len(shape) == 1:
-        return int(shape[0]), len(dtype.names)
-    if len(shape) != 2 or dtype.names is not None:
-        raise InputError(f"{path}: expected a 2-D array (n_samples, n_features), got {shape}")
-    return int(shape[0]), int(shape[1])
-
-
-def _size(loc: storage.Loc) -> int:
-    return loc.stat().st_size if isinstance(loc, Path) else loc.stat_size()
-
-
 def _open_rb(path: str) -> Any:
     """A local file or an object (``pipeline.core.storage``), opened for reading bytes."""
     return storage.location(path).open("rb")
@@ -77,7 +62,7 @@ def _open_rb(path: str) -> Any:
 def _csv_blocks(path: storage.Loc, block: int) -> list[tuple[int, int]]:
     """Byte ranges of the data lines of a CSV file, split at line ends near multiples of
     ``block`` (quoted fields holding line breaks are not supported)."""
-    size = _size(path)
+    size = storage.size(path)
     with path.open("rb") as fh:
         header = fh.readline()
         start = len(header)
@@ -127,14 +112,10 @@ def read_piece(
     try:
         if kind == "npy":
             path, a, b = piece.args
-            arr = (
-                np.load(path, mmap_mode="r", allow_pickle=False)[a:b]
-                if not storage.is_url(path)
-                else _npy_rows(path, a, b)
-            )
-            if arr.dtype.names is not None:
-                return pd.DataFrame({f: np.asarray(arr[f]) for f in arr.dtype.names}), True
-            return as_frame(np.asarray(arr), columns)[0], False
+            rows = _npy_rows(path, a, b)
+            if rows.dtype.names is not None:
+                return pd.DataFrame({f: np.asarray(rows[f]) for f in rows.dtype.names}), True
+            return as_frame(rows, columns)[0], False
         if kind == "zarr":
             path, a, b = piece.args
             arr = zarr.open_array(path, mode="r")[a:b]
@@ -143,13 +124,9 @@ def read_piece(
             path, a, b = piece.args
             dtype = {c: str for c in text_columns} if text_columns else None
             sep = pio.csv_sep(path)
-            if a < 0:  # a compressed file: one piece
-                if storage.is_url(path):
-                    import gzip
-
-                    raw = gzip.decompress(storage.location(path).read_bytes())
-                    return pio.parse_csv(raw, piece.label, sep, dtype=dtype), True
-                return pio.parse_csv(Path(path), piece.label, sep, dtype=dtype), True
+            if a < 0:  # a compressed file: one piece, parsed from a file
+                with storage.local_copy(path) as local:
+                    return pio.parse_csv(local, piece.label, sep, dtype=dtype), True
             with _open_rb(path) as fh:
                 header = fh.readline()
                 fh.seek(a)
@@ -216,54 +193,10 @@ def open_source(obj: Any, chunk_rows: int) -> Source:
     # dask.dataframe just to test for one costs the driver most of a second
     da = sys.modules.get("dask.array")
     dd = sys.modules.get("dask.dataframe")
-    if storage.is_url(obj):
-        return _remote_source(storage.location(obj), chunk_rows)
     if is_file_list(obj):
         return _listed_source(obj, chunk_rows)
-    if isinstance(obj, (str, os.PathLike)):
-        path = storage.local_path(obj)
-        if not path.exists():
-            raise InputError(f"{path}: no such file or directory")
-        name = path.name.lower()
-        if name.endswith(".npy"):
-            n, _d = _npy_source(path)
-            return _aligned(str(path), n, chunk_rows, "npy", str(path), from_frame=False)
-        if (path / "zarr.json").exists() or (path / ".zarray").exists():
-            try:
-                arr = zarr.open_array(str(path), mode="r")
-            except Exception as err:
-                raise InputError(f"{path}: not a readable zarr array ({err})") from err
-            if arr.ndim != 2:
-                raise InputError(f"{path}: expected a 2-D zarr array, got shape {arr.shape}")
-            return _aligned(str(path), int(arr.shape[0]), chunk_rows, "zarr", str(path), False)
-        if name.endswith((".parquet", ".pq")) or path.is_dir():
-            import pyarrow.parquet as pq
-
-            pieces: list[Piece] = []
-            for f in pio.parquet_files(path, str(path)):
-                pio.check_parquet_file(f, str(f))
-                try:
-                    meta = pq.ParquetFile(f).metadata
-                except Exception as err:  # pyarrow raises its own errors
-                    raise InputError(f"{f}: not a readable Parquet file ({err})") from err
-                _row_group_pieces(pieces, meta, str(f), str(f))
-            if not pieces or sum(p.n or 0 for p in pieces) == 0:
-                raise InputError(f"{path}: {NO_ROWS}")
-            return Source(str(path), pieces, aligned=False, from_frame=True)
-        if (
-            name.endswith((".csv", ".csv.txt", ".txt", ".tsv", ".csv.gz", ".tsv.gz"))
-            or path.is_file()
-        ):
-            if path.stat().st_size == 0:
-                raise InputError(f"{path}: the file is empty")
-            # a compressed file cannot be cut at byte offsets: one piece
-            blocks = [(-1, -1)] if name.endswith(".gz") else _csv_blocks(path, CSV_BLOCK_BYTES)
-            pieces = [
-                Piece(i, str(path), "csv", (str(path), a, b), 0 if i == 0 else None)
-                for i, (a, b) in enumerate(blocks)
-            ]
-            return Source(str(path), pieces, aligned=False, from_frame=True)
-        raise InputError(f"{path}: unrecognised input (expected CSV, Parquet, .npy or zarr)")
+    if storage.is_where(obj):
+        return _file_source(obj, chunk_rows)
     if da is not None and isinstance(obj, da.Array):
         if obj.ndim != 2:
             raise InputError(f"dask array: expected 2-D (n_samples, n_features), got {obj.shape}")
@@ -301,57 +234,41 @@ def open_source(obj: Any, chunk_rows: int) -> Source:
     return Source("array", pieces, aligned=True, from_frame=False)
 
 
-def _remote_source(loc: storage.Loc, chunk_rows: int) -> Source:
-    """The pieces of an input on object storage (``pipeline.core.storage``): a CSV, Parquet file or
-    prefix of Parquet files, ``.npy`` file or zarr array, read by the workers through fsspec."""
-    assert isinstance(loc, storage.RemotePath)
-    label = storage.redact(loc.url)
-    try:
+def _file_source(obj: storage.Where, chunk_rows: int) -> Source:
+    """The pieces of a file or directory, local or on object storage (``pipeline.core.storage``:
+    the workers read it through fsspec): a CSV, Parquet file or directory of Parquet files,
+    ``.npy`` file or zarr array."""
+    loc = storage.location(obj)
+    label = storage.redact(str(loc))
+    with storage.fs_errors(loc):
         if not loc.exists():
             raise InputError(f"{label}: no such file or directory")
         name = loc.name.lower()
         if name.endswith(".npy"):
-            shape, dtype = _remote_npy_header(loc)
-            if dtype.names is not None and len(shape) == 1:
-                n = int(shape[0])
-            elif len(shape) != 2 or dtype.names is not None:
-                raise InputError(f"{label}: expected a 2-D array (n_samples, n_features)")
-            else:
-                n = int(shape[0])
-            return _aligned(label, n, chunk_rows, "npy", loc.url, from_frame=False)
+            # the header's checks of ``read_table`` (magic bytes, no Python objects), then the
+            # shape: a 2-D array, or a 1-D structured array (a column a field)
+            shape, dtype = pio.check_npy(loc)
+            if (len(shape), dtype.names is not None) not in ((2, False), (1, True)):
+                raise InputError(
+                    f"{label}: expected a 2-D array (n_samples, n_features), got {shape}"
+                )
+            return _aligned(label, int(shape[0]), chunk_rows, "npy", str(loc), from_frame=False)
         if (loc / "zarr.json").exists() or (loc / ".zarray").exists():
             try:
-                arr = zarr.open_array(loc.url, mode="r")
+                arr = zarr.open_array(str(loc), mode="r")
             except Exception as err:
                 raise InputError(f"{label}: not a readable zarr array ({err})") from err
             if arr.ndim != 2:
                 raise InputError(f"{label}: expected a 2-D zarr array, got shape {arr.shape}")
-            return _aligned(label, int(arr.shape[0]), chunk_rows, "zarr", loc.url, False)
+            return _aligned(label, int(arr.shape[0]), chunk_rows, "zarr", str(loc), False)
         if name.endswith((".parquet", ".pq")) or loc.is_dir():
             import pyarrow.parquet as pq
 
-            files = (
-                [loc]
-                if loc.is_file()
-                else [
-                    loc / k
-                    for k in loc.files()
-                    if not any(part.startswith(("_", ".")) for part in k.split("/"))
-                ]
-            )
-            if not files:
-                raise InputError(f"{label}: directory holds no Parquet files")
             pieces: list[Piece] = []
-            for f in files:
+            for f in pio.parquet_files(loc, label):
                 flabel = storage.redact(str(f))
-                size = _size(f)
+                pio.check_parquet_file(f, flabel)
                 with f.open("rb") as fh:
-                    head = fh.read(4)
-                    fh.seek(max(size - 4, 0))
-                    tail = fh.read(4)
-                    if size < 12 or head != b"PAR1" or tail != b"PAR1":
-                        raise InputError(f"{flabel}: not a Parquet file (bad magic bytes)")
-                    fh.seek(0)
                     try:
                         meta = pq.ParquetFile(fh).metadata
                     except Exception as err:  # pyarrow raises its own errors
@@ -360,48 +277,19 @@ def _remote_source(loc: storage.Loc, chunk_rows: int) -> Source:
             if not pieces or sum(p.n or 0 for p in pieces) == 0:
                 raise InputError(f"{label}: {NO_ROWS}")
             return Source(label, pieces, aligned=False, from_frame=True)
-        if _size(loc) == 0:
-            raise InputError(f"{label}: the file is empty")
-        blocks = [(-1, -1)] if name.endswith(".gz") else _csv_blocks(loc, CSV_BLOCK_BYTES)
-        pieces = [
-            Piece(i, label, "csv", (loc.url, a, b), 0 if i == 0 else None)
-            for i, (a, b) in enumerate(blocks)
-        ]
-        return Source(label, pieces, aligned=False, from_frame=True)
-    except InputError:
-        raise
-    except Exception as err:  # the file system's own errors: no bucket, no credentials...
-        raise storage.fs_error(loc.url, err) from err
-
-
-def _read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
-    """(shape, Fortran order, dtype) from the header at the start of an open ``.npy`` file,
-    left positioned at the first byte of the data."""
-    version = np.lib.format.read_magic(f)
-    read = (
-        np.lib.format.read_array_header_1_0
-        if version == (1, 0)
-        else np.lib.format.read_array_header_2_0
-    )
-    return read(f)  # type: ignore[no-any-return]
-
-
-def _remote_npy_header(loc: storage.RemotePath) -> tuple[tuple[int, ...], np.dtype[Any]]:
-    """Shape and dtype of a ``.npy`` object from its header (as ``pipeline.data.io.check_npy``)."""
-    label = storage.redact(loc.url)
-    with loc.open("rb") as f:
-        if not f.read(6).startswith(b"\x93NUMPY"):
-            raise InputError(f"{label}: not a NumPy .npy file (bad magic bytes)")
-        f.seek(0)
-        try:
-            shape, fortran, dtype = _read_npy_header(f)
-        except (ValueError, OSError, EOFError) as err:
-            raise InputError(f"{label}: not a valid NumPy .npy file ({err})") from None
-    if dtype.hasobject:
-        raise InputError(f"{label}: holds Python objects (dtype {dtype}); only numbers are read")
-    if fortran and len(shape) > 1:
-        raise InputError(f"{label}: a Fortran-ordered array; save it in C order to read it")
-    return tuple(int(v) for v in shape), dtype
+        if name.endswith((".csv", ".csv.txt", ".txt", ".tsv", ".csv.gz", ".tsv.gz")) or (
+            loc.is_file()
+        ):
+            if storage.size(loc) == 0:
+                raise InputError(f"{label}: the file is empty")
+            # a compressed file cannot be cut at byte offsets: one piece
+            blocks = [(-1, -1)] if name.endswith(".gz") else _csv_blocks(loc, CSV_BLOCK_BYTES)
+            pieces = [
+                Piece(i, label, "csv", (str(loc), a, b), 0 if i == 0 else None)
+                for i, (a, b) in enumerate(blocks)
+            ]
+            return Source(label, pieces, aligned=False, from_frame=True)
+        raise InputError(f"{label}: unrecognised input (expected CSV, Parquet, .npy or zarr)")
 
 
 def _row_group_pieces(pieces: list[Piece], meta: Any, label: str, key: str) -> None:
@@ -414,14 +302,24 @@ def _row_group_pieces(pieces: list[Piece], meta: Any, label: str, key: str) -> N
         row0 += n
 
 
-def _npy_rows(url: str, a: int, b: int) -> np.ndarray:
-    """Rows a..b-1 of a C-ordered ``.npy`` object, read as one byte range."""
-    with _open_rb(url) as f:
-        shape, _fortran, dtype = _read_npy_header(f)
-        row = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
-        f.seek(f.tell() + a * row)
-        data = f.read((b - a) * row)
-    return np.frombuffer(data, dtype=dtype).reshape((b - a, *shape[1:]))
+def _npy_rows(path: str, a: int, b: int) -> np.ndarray:
+    """Rows a..b-1 of a ``.npy`` file or object, read as byte ranges: one for a C-ordered
+    array, one a column for a Fortran-ordered one."""
+    with _open_rb(path) as f:
+        shape, fortran, dtype = pio.read_npy_header(f)
+        start = f.tell()
+        inner = shape[1:]
+        width = int(np.prod(inner, dtype=np.int64))
+        if not fortran or not inner:
+            f.seek(start + a * width * dtype.itemsize)
+            data = f.read((b - a) * width * dtype.itemsize)
+            return np.frombuffer(data, dtype=dtype).reshape((b - a, *inner))
+        cols = []
+        for j in range(width):
+            f.seek(start + (j * shape[0] + a) * dtype.itemsize)
+            cols.append(np.frombuffer(f.read((b - a) * dtype.itemsize), dtype=dtype))
+    # the columns' order over the inner axes is Fortran's too
+    return np.stack(cols, axis=1).reshape((b - a, *inner), order="F")
 
 
 def _aligned(label: str, n: int, chunk_rows: int, kind: str, path: str, from_frame: bool) -> Source:
@@ -436,11 +334,7 @@ def _aligned(label: str, n: int, chunk_rows: int, kind: str, path: str, from_fra
 
 def is_file_list(obj: Any) -> bool:
     """Whether ``obj`` is a list (or tuple) of paths or URLs: one input made of several files."""
-    return (
-        isinstance(obj, (list, tuple))
-        and len(obj) > 0
-        and all(isinstance(x, (str, os.PathLike, storage.RemotePath)) for x in obj)
-    )
+    return isinstance(obj, (list, tuple)) and len(obj) > 0 and all(storage.is_where(x) for x in obj)
 
 
 def _listed_source(files: Sequence[Any], chunk_rows: int) -> Source:
@@ -451,7 +345,7 @@ def _listed_source(files: Sequence[Any], chunk_rows: int) -> Source:
     pieces: list[Piece] = []
     labels = []
     for f in files:
-        src = open_source(str(f) if isinstance(f, storage.RemotePath) else f, chunk_rows)
+        src = open_source(f, chunk_rows)
         if not src.from_frame:
             raise InputError(
                 f"{src.description}: a list of inputs holds tables (CSV, Parquet) only, not "
@@ -492,10 +386,14 @@ def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = Non
         problem (empty file, header only, wrong field count with its line, not really a Parquet
         / NumPy file, a requested column that is not there, ...).
     """
-    if storage.is_url(path):
-        return _read_remote_table(str(path), columns)
-    p = Path(path)
-    name = str(path)
+    name = storage.redact(str(path))
+    # a file on object storage is read from a local copy (the checks that name lines and rows
+    # read a file); the messages name its URL
+    with storage.local_copy(path) as p:
+        return _read_local_table(p, name, columns)
+
+
+def _read_local_table(p: Path, name: str, columns: Sequence[str] | None) -> pd.DataFrame:
     kind = pio.file_format(p)
     if not p.exists():
         raise pio.InputFileNotFoundError(f"{name}: no such file")
@@ -524,27 +422,3 @@ def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = Non
     if columns is not None:
         df = df[list(columns)]
     return df.reset_index(drop=True)
-
-
-def _read_remote_table(url: str, columns: Sequence[str] | None) -> pd.DataFrame:
-    """``read_table`` of a file on object storage: copied to a local temporary file of the
-    same name (the checks that name lines and rows read a file), with the URL in messages."""
-    import tempfile
-
-    pio.check_url(url)
-    loc = storage.location(url)
-    assert isinstance(loc, storage.RemotePath)
-    shown = storage.redact(url)
-    with tempfile.TemporaryDirectory(prefix="dpmm-read-") as tmp:
-        local = Path(tmp) / loc.name
-        try:
-            if loc.is_dir():  # a directory of Parquet parts
-                loc.fs.get(loc.key + "/", str(local), recursive=True)
-            else:
-                loc.fs.get_file(loc.key, str(local))
-        except Exception as err:
-            raise storage.fs_error(url, err) from err
-        try:
-            return read_table(local, columns)
-        except InputError as err:
-            raise type(err)(str(err).replace(str(local), shown)) from None

@@ -91,11 +91,6 @@ def row_uniform(rows: IntArray, salt: int) -> FloatArray:
     return (z >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
 
 
-def holdout_mask(start: int, stop: int, fraction: float) -> BoolArray:
-    """Held-out flags of rows start..stop-1 (see the module docstring)."""
-    return holdout_mask_of(np.arange(start, stop), fraction)
-
-
 def holdout_mask_of(rows: IntArray, fraction: float) -> BoolArray:
     """Held-out flags of the given row indices (or group codes of a grouped store)."""
     if fraction <= 0.0:
@@ -401,9 +396,6 @@ class Store:
     def remove(self, name: str) -> None:
         """Delete the record ``name`` if present."""
         persist.remove(self.path, name)
-
-    def save_text(self, name: str, text: str) -> None:
-        self._write_atomic(name, text.encode())
 
     @property
     def info(self) -> StoreInfo:

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import zarr
 
 from pipeline.core import storage
@@ -278,8 +277,3 @@ def check_fault(state: LoopState) -> None:
     fault = os.environ.get(FAULT_ENV)
     if fault and int(fault) == state.pass_no:
         raise InjectedFault(f"fault injected after pass {state.pass_no} (${FAULT_ENV})")
-
-
-def read_record_array(ctx: RunContext, name: str, state: LoopState) -> np.ndarray:
-    """The per-record array ``name`` as the last pass wrote it, in memory (the estimator API)."""
-    return np.asarray(ctx.state.array(f"{name}{state.pass_no % 2}")[:])

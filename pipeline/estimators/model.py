@@ -41,7 +41,6 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,6 @@ import numpy as np
 
 from pipeline.core import persist, storage
 from pipeline.core.outputs import versions
-from pipeline.core.paths import commit_dir, temp_sibling
 from pipeline.core.persist import PersistError
 
 MODEL_FORMAT = "dpmm-pipeline model"
@@ -196,71 +194,32 @@ def save_model(
     -------
     Path, ``path``.
     """
-    where = storage.location(path)
-    if isinstance(where, storage.RemotePath):
-        return _save_remote(where, estimator, overwrite, engine, metadata)  # type: ignore[return-value]
-    out = where
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out}: already exists (pass overwrite=True to replace it)")
-    record = model_record(estimator, engine=engine, metadata=metadata)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_sibling(out)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        persist.save(tmp, RECORD, record)
-        commit_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
-def _save_remote(
-    out: storage.RemotePath,
-    estimator: Any,
-    overwrite: bool,
-    engine: str | None,
-    metadata: dict[str, Any] | None,
-) -> storage.RemotePath:
-    """``save_model`` to object storage: no rename there, so the model is written under its
-    own prefix and made visible by its manifest, written last (``pipeline.core.storage.commit``);
-    a committed model it replaces is swapped out only once the new one is complete
-    (``pipeline.core.storage.replace``)."""
+    out = storage.location(path)
+    # a replacement of it that a crash interrupted is completed first (object storage)
     storage.finish_replace(out)
+    shown = storage.redact(str(out))
     if storage.committed(out) and not overwrite:
-        raise FileExistsError(
-            f"{storage.redact(out.url)}: already exists (pass overwrite=True to replace it)"
-        )
+        raise FileExistsError(f"{shown}: already exists (pass overwrite=True to replace it)")
     if not storage.committed(out) and out.exists():
-        # only a crashed save's files may be replaced: never a user's other objects
-        others = set(out.files()) - {f"{RECORD}.json", f"{RECORD}.npz"}
+        # a prefix written but never committed: only a crashed save's files may be replaced,
+        # never a user's other objects (a local directory that exists is committed)
+        others = set(storage.file_stamps(out)) - {f"{RECORD}.json", f"{RECORD}.npz"}
         if others:
             raise FileExistsError(
-                f"{storage.redact(out.url)}: holds objects that are not a model "
-                f"({sorted(others)[0]}, ...); refusing to replace them"
+                f"{shown}: holds objects that are not a model ({sorted(others)[0]}, ...); "
+                "refusing to replace them"
             )
     record = model_record(estimator, engine=engine, metadata=metadata)
-    target = out
-    staged = storage.staging(out) if storage.committed(out) else None
-    if staged is not None:
-        # the model it replaces stays visible and whole until the new one is swapped in
-        storage.rmtree(staged, ignore_errors=True)
-        target = staged
-    else:
-        storage.uncommit(out)
+    # built beside ``out`` and published whole: the model it replaces stays until then
+    staged = storage.stage(out)
     try:
-        persist.save(target, RECORD, record)
-        if target == out:
-            storage.commit(out, kind="model")
-        else:
-            storage.replace(target, out, kind="model")
+        persist.save(staged, RECORD, record)
+        storage.publish(staged, out, kind="model")
     except BaseException:
-        if not storage.committed(target):  # a committed staged model completes a swap later
-            storage.rmtree(target, ignore_errors=True)
+        storage.discard(staged)
         raise
-    return out
+    # a Path for a local model (a URL's is its place on object storage: ``storage.Loc``)
+    return out  # type: ignore[return-value]
 
 
 def write_model(directory: storage.Where, estimator: Any, **kwargs: Any) -> None:

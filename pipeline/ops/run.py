@@ -137,11 +137,8 @@ def step_ingest(
             print(f"ingest: {total} {what} tasks done", file=sys.stderr)
 
     path = None if dataset.is_path_source(source) else partial / "store.zarr"
-    root: Any = cfg.data_dir
-    if root is None and isinstance(partial, storage.RemotePath) and not dataset.env_root():
-        # OUT on object storage and no --data-dir: the workers may share no disk, so the
-        # dataset store goes with OUT rather than to this machine's cache
-        root = partial / "datasets"
+    # the workers may share no disk: the dataset store may go with OUT (``dataset.root_for``)
+    root = dataset.root_for(partial, cfg.data_dir)
     options = cfg.ingest_options()
     if model is not None:
         # the records are encoded as the model's and keep its prior
@@ -232,8 +229,8 @@ def finish(
     extra = dict(extra or {})
     out_loc = storage.location(cfg.out)
     data = extra.get("dataset")
-    if partial != out_loc and isinstance(data, dict) and isinstance(partial, storage.RemotePath):
-        # a store under the staged prefix ends up under OUT after the swap
+    if partial != out_loc and isinstance(data, dict):
+        # a store under the staged place ends up under OUT once published
         staged = storage.redact(str(partial))
         if str(data.get("path", "")).startswith(staged + "/"):
             rest = data["path"][len(staged) :]

@@ -40,17 +40,15 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
-import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from pipeline.core import storage
 from pipeline.core.errors import InputError
 from pipeline.core.outputs import write_json
 from pipeline.core.paths import safe_name
-from pipeline.core.storage import Loc, RemotePath
+from pipeline.core.storage import Loc
 
 PARTITION = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
 POINTER = "LATEST"
@@ -71,30 +69,17 @@ def partitions(root: storage.Where) -> list[tuple[str, Loc]]:
     date. An ``InputError`` (a ``ValueError``) naming ``root`` when it does not exist or cannot
     be listed (no such bucket, no credentials)."""
     loc = storage.location(root)
-    if isinstance(loc, Path):
+    with storage.fs_errors(loc, "INPUT"):
+        storage.check_reachable(loc, "INPUT")
         if not loc.is_dir():
-            raise InputError(f"{loc}: no such input directory of date=YYYY-MM-DD partitions")
-        found: list[tuple[str, Loc]] = [(p.name, p) for p in loc.iterdir() if p.is_dir()]
-    else:
-        label = storage.redact(loc.url)
-        try:
-            storage.check_reachable(loc, "INPUT")
-            if not loc.is_dir():
-                raise InputError(f"{label}: no such input prefix of date=YYYY-MM-DD partitions")
-            entries = loc.fs.ls(loc.key, detail=True)
-        except InputError:
-            raise
-        except Exception as err:  # the file system's own: access denied, unreachable...
-            raise storage.fs_error(loc.url, err, "INPUT") from err
-        found = []
-        for e in entries:
-            key = str(e["name"]).rstrip("/")
-            if e.get("type") == "directory" and key != loc.key:
-                child = RemotePath(f"{loc.protocol}://{key}")
-                found.append((child.name, child))
+            raise InputError(
+                f"{storage.redact(str(loc))}: no such input {storage.folder(loc)} of "
+                "date=YYYY-MM-DD partitions"
+            )
+        found = storage.subdirs(loc)
     out: list[tuple[str, Loc]] = []
-    for name, p in found:
-        m = PARTITION.match(name)
+    for p in found:
+        m = PARTITION.match(p.name)
         if m and _is_date(m.group(1)):
             out.append((m.group(1), p))
     return sorted(out, key=lambda dp: dp[0])
@@ -111,35 +96,17 @@ def require_partitions(root: storage.Where) -> list[tuple[str, Loc]]:
     return parts
 
 
-def _files(path: Loc) -> dict[str, dict[str, Any]]:
-    """Every file under a partition: relative path -> (size, version stamp) as fsspec or the
-    file system gives it."""
-    if isinstance(path, Path):
-        out = {}
-        for f in sorted(path.rglob("*")):
-            if f.is_file():
-                st = f.stat()
-                out[f.relative_to(path).as_posix()] = {"size": st.st_size, "stamp": st.st_mtime_ns}
-        return out
-    with _fs_errors(path):
-        return {
-            rel: {"size": int(info.get("size") or 0), "stamp": _stamp(info)}
-            for rel, info in path.files().items()
-        }
-
-
-def _stamp(info: dict[str, Any]) -> str:
-    # what changes when an object is rewritten: S3's ETag, else the modification time
-    for k in ("ETag", "etag", "mtime", "LastModified", "last_modified", "created"):
-        if info.get(k) is not None:
-            return str(info[k])
-    return ""
+def _files(path: Loc) -> dict[str, tuple[int, int | str]]:
+    """Every file under a partition: relative path -> (size, version stamp)
+    (``storage.file_stamps``)."""
+    with storage.fs_errors(path):
+        return storage.file_stamps(path)
 
 
 def fingerprint(path: Loc) -> list[list[Any]]:
     """The partition's files as (relative path, size, stamp): what makes it the same. The stamp
     is the mtime in ns of a local file, the ETag (or modification time) of an object."""
-    return [[rel, f["size"], f["stamp"]] for rel, f in _files(path).items()]
+    return [[rel, size, stamp] for rel, (size, stamp) in _files(path).items()]
 
 
 def window_files(parts: list[tuple[str, Loc]]) -> list[str]:
@@ -173,7 +140,6 @@ class Registry:
 
     def __init__(self, root: storage.Where) -> None:
         self.root: Loc = storage.location(root)
-        self.remote = isinstance(self.root, RemotePath)
 
     def __repr__(self) -> str:
         return f"Registry({storage.redact(str(self.root))!r})"
@@ -182,10 +148,9 @@ class Registry:
         return self.root / f"v{int(n)}"
 
     def _published(self, p: Loc) -> bool:
-        # a local vN is renamed into place whole; a remote one counts once its manifest is there
-        if self.remote:
-            return storage.committed(p)
-        return (p / RECORD).is_file()
+        # a vN is renamed into place whole, or counts once its manifest is there; the record
+        # tells it from a folder of that name that is not a version
+        return storage.committed(p) and (p / RECORD).is_file()
 
     def versions(self) -> list[int]:
         """Published version numbers, ascending (module docstring: a ``vN`` still being written,
@@ -245,21 +210,13 @@ class Registry:
         return self.root / "rejected" / safe_name(f"date={date}.json", "partition")
 
     def stage(self) -> tuple[int, Loc]:
-        """The next version number and an empty place to build it in: ``.vN.partial`` locally,
-        the prefix ``vN`` itself on object storage (invisible until ``publish`` writes its
-        manifest). What a crashed attempt left there is removed first."""
+        """The next version number and an empty place to build it in (``storage.stage``:
+        ``.vN.partial`` locally, the prefix ``vN`` itself on object storage, invisible until
+        ``publish`` writes its manifest). What a crashed attempt left there is removed first."""
         self.root.mkdir(parents=True, exist_ok=True)
         n = max(self.versions(), default=0) + 1
-        if self.remote:
-            staged = self.version_dir(n)
-            # never a published version: versions() would have counted it
-            storage.rmtree(staged)
-            return n, staged
-        staged = self.root / f".v{n}.partial"
-        if staged.exists():
-            storage.rmtree(staged)
-        staged.mkdir()
-        return n, staged
+        # never a published version: versions() would have counted it
+        return n, storage.stage(self.version_dir(n))
 
     def publish(self, n: int, staged: Loc, record: dict[str, Any]) -> Loc:
         """Write ``version.json`` into ``staged``, make the version visible (local: rename to
@@ -274,12 +231,7 @@ class Registry:
         switched yet (what a crash between the two leaves; ``finish_publish`` completes it)."""
         write_json(staged / RECORD, {"version": n, **record})
         final = self.version_dir(n)
-        if isinstance(staged, Path) and isinstance(final, Path):
-            os.replace(staged, final)
-        else:
-            if staged != final:
-                raise ValueError(f"{staged}: a version on object storage is built in place")
-            storage.commit(staged)
+        storage.publish(staged, final)
         return final
 
     def _point_to(self, n: int) -> None:
@@ -297,21 +249,6 @@ class Registry:
             return None
         self._point_to(versions[-1])
         return versions[-1]
-
-
-def move(src: Loc, dest: Loc) -> None:
-    """Move the file or directory ``src`` to ``dest`` on the same file system: a rename
-    locally; on object storage a server-side copy of each object, then ``src`` removed (the
-    place they are moved within is not visible yet, so no reader sees the copy half done)."""
-    if isinstance(src, Path) and isinstance(dest, Path):
-        src.rename(dest)
-        return
-    if not (isinstance(src, RemotePath) and isinstance(dest, RemotePath)):
-        raise ValueError(f"{src} -> {dest}: not on the same file system")
-    for rel in src.files():
-        target = dest if rel == "." else dest / rel
-        src.fs.copy((src if rel == "." else src / rel).key, target.key)
-    storage.rmtree(src)
 
 
 def window_dates(all_dates: list[str], done: set[str], date: str, window: int) -> list[str]:

@@ -23,7 +23,6 @@ from pipeline.data.store import (
     HOLDOUT_SALT,
     Store,
     fold_of,
-    holdout_mask,
     holdout_mask_of,
     input_positions,
     iter_chunks,
@@ -100,7 +99,7 @@ def test_folds_do_not_depend_on_the_chunking_or_the_format(client, tmp_path: Pat
         fold = np.asarray(store.array("fold")[:])
         hold = np.asarray(store.array("holdout")[:])
         # today's held-out rows, unchanged; with holdout = 1/F they are fold 0
-        np.testing.assert_array_equal(hold, holdout_mask(0, 1000, 0.1))
+        np.testing.assert_array_equal(hold, holdout_mask_of(np.arange(1000), 0.1))
         np.testing.assert_array_equal(hold, fold == 0)
         folds.append(fold)
     for f in folds[1:]:

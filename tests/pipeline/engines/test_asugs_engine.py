@@ -22,6 +22,7 @@ from pipeline.distributed.writeout import write_out
 from pipeline.engines import get_engine
 from pipeline.engines.asugs import AsugsState
 from tests.conftest import local_client
+from tests.engine_contract import read_record_array
 
 
 def mixture(n: int, seed: int = 0, d: int = 3, k: int = 5) -> tuple[np.ndarray, np.ndarray]:
@@ -88,7 +89,7 @@ def test_the_chunks_run_in_order_whatever_the_workers(tmp_path: Path) -> None:
         with local_client(n) as c:
             ctx, state = run_engine(c, tmp_path / f"w{n}", X, 200, holdout=0.0)
             got.append(state.stats)
-            z = loop.read_record_array(ctx, "z", state)
+            z = read_record_array(ctx, "z", state)
             rows = state.stream.rows_of_ids()
             assert normalized_mutual_info_score(y, rows[z]) > 0.95
     np.testing.assert_array_equal(got[0], got[1])
@@ -129,7 +130,7 @@ def test_mapdp_passes_start_from_an_asugs_pass(client, tmp_path: Path, init: str
     assert state.converged
     # the ASUGS statistics left after pass 1: the clusters hold the data's own
     assert state.nk.sum() == info.n_train
-    z = loop.read_record_array(ctx, "z", state)
+    z = read_record_array(ctx, "z", state)
     assert normalized_mutual_info_score(y, z) > 0.95
     # the "asugs" start's stream is the engine's over the same chunks
     if init == "asugs":

@@ -22,7 +22,7 @@ from pipeline.engines import get_engine
 from pipeline.engines.base import RunContext
 from pipeline.engines.mixture_state import decode_labels
 from pipeline.models.ihmm import log_likelihood, starts_of
-from tests.engine_contract import EngineContract
+from tests.engine_contract import EngineContract, read_record_array
 
 
 def sequences_frame(n: int, seed: int, length: int = 40) -> tuple[pd.DataFrame, np.ndarray]:
@@ -97,7 +97,7 @@ def test_engine_recovers_states(client, tmp_path: Path) -> None:
     state: Any = loop.run_passes(client, ctx)
     assert state.n_clusters == 3
 
-    raw = loop.read_record_array(ctx, "z", state)
+    raw = read_record_array(ctx, "z", state)
     labels = np.full(raw.shape[0], -1, dtype=np.int64)
     for c in range(info.n_chunks):
         a, b = info.chunk_bounds(c)

@@ -169,8 +169,8 @@ def test_rejections_and_moves_on_an_object_store(mem: str) -> None:
     _put(f"{src}/model/a.json", b"a")
     _put(f"{src}/model/arrays/b.npy", b"bb")
     _put(f"{src}/run.json", b"{}")
-    schedule.move(src / "model", storage.location(f"{mem}/x/model"))
-    schedule.move(src / "run.json", storage.location(f"{mem}/x/run.json"))
+    storage.move(src / "model", storage.location(f"{mem}/x/model"))
+    storage.move(src / "run.json", storage.location(f"{mem}/x/run.json"))
     x = storage.location(f"{mem}/x")
     assert sorted(x.files()) == ["model/a.json", "model/arrays/b.npy", "run.json"]
     assert (x / "model" / "arrays" / "b.npy").read_bytes() == b"bb"
