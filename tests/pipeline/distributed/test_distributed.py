@@ -365,7 +365,7 @@ def test_the_factors_step_compiles_what_update_calls(tmp_path: Path) -> None:
     a second compile on the cold demo's critical path). In a fresh process with an empty numba
     cache, so that ``update`` compiles (a cached one would not look for its callee)."""
     code = (
-        "from pipeline import worker_setup as ws\n"
+        "from pipeline.engines import warmup\n"
         "from kernels.obs import gaussian_nw as g\n"
         "warmup.warm_observation_factors()\n"
         "assert len(g._change_factors.signatures) == 1\n"
@@ -408,6 +408,7 @@ _HELPER_STARTS = """
 import atexit, os, sys, threading
 from pathlib import Path
 from pipeline.distributed import worker_setup as ws
+from pipeline.engines import warmup
 
 out, mode = Path(sys.argv[1]), sys.argv[2]
 os.cpu_count = lambda: 2
@@ -484,6 +485,7 @@ _HOLD_A_STEP = """
 import sys, time
 from pathlib import Path
 from pipeline.distributed import worker_setup
+from pipeline.engines import warmup
 
 def step():
     print("holding", flush=True)
@@ -526,6 +528,7 @@ def test_await_step_waits_for_the_process_at_the_step(monkeypatch, tmp_path: Pat
 _CACHE_HITS = """
 import numba, sys
 from pipeline.distributed import worker_setup
+from pipeline.engines import warmup
 assert warmup.kernels_cached(["mapdp", "bhc"]), "no marker of a complete warm-up"
 worker_setup.warm_kernels(["mapdp", "bhc"])
 hits = misses = 0
@@ -553,6 +556,7 @@ class Seen(event.Listener):
 
 event.register("numba:compile", Seen())
 from pipeline.distributed import worker_setup
+from pipeline.engines import warmup
 with worker_setup.warm_here_with_helper(["mapdp", "bhc"]):
     # the run's stage 2 waits for the helper at its kernels, then loads them
     warmup.await_step(worker_setup.stage2_step("bhc"))
