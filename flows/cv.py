@@ -24,10 +24,10 @@ import time
 from typing import Any
 
 import numpy as np
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 
 from flows.heartbeats import run_flow, with_heartbeats
+from flows.tasks import step
 from pipeline.core import outputs, storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, SELECT
 from pipeline.data import dataset
@@ -40,13 +40,7 @@ from pipeline.ops import cv as pcv
 FAULT_ENV = "DPMM_FAULT_AFTER_FITS"
 
 
-@task(
-    name="cv-fit",
-    task_run_name="fit-{cell}-fold{fold}",
-    retries=1,
-    retry_delay_seconds=1,
-    cache_policy=NO_CACHE,
-)
+@step("cv-fit", task_run_name="fit-{cell}-fold{fold}", retries=1)
 def fit_task(
     client: Any,
     store_path: str,
@@ -64,7 +58,7 @@ def fit_task(
     return res
 
 
-@task(name="refit", cache_policy=NO_CACHE)
+@step("refit", retries=0)
 def refit_task(
     client: Any, store_path: str, params: dict[str, Any], seed: int, max_iter: int
 ) -> Any:
