@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
 from flows.cli.prefect_api import prestart
@@ -30,8 +29,6 @@ from pipeline.core.config import DEFAULT_CHUNK_ROWS, SELECT, TUNE_GRID
 from pipeline.core.errors import InputError
 from pipeline.data import io as pio
 from pipeline.data.dataset import DATA_DIR_ENV
-
-PROG = "dpmm"
 
 
 def _floats(text: str) -> list[float]:
@@ -144,7 +141,6 @@ def add_cv_parser(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_cv(args: argparse.Namespace) -> int:
     """Run the ``cv`` flow; exit status 2 with one line on bad input (``InputError``)."""
     from flows.cv import run_cv_flow
-    from pipeline.distributed.loop import InjectedFault
     from pipeline.ops.cv import Grid
 
     # the grid and the file are refused before a Dask cluster and Prefect start
@@ -173,11 +169,7 @@ def cmd_cv(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     rows_of = args.input if os.path.isfile(args.input) else None
-    try:
-        run = start_flow(args, kwargs, rows_of=rows_of, runner=run_cv_flow)
-    except InjectedFault as err:
-        print(f"{PROG} cv: {err}", file=sys.stderr)
-        return 1
+    run = start_flow(args, kwargs, rows_of=rows_of, runner=run_cv_flow)
     if not args.quiet:
         m = run["metrics"]
         g = run["grid"]

@@ -452,8 +452,6 @@ def _threads(args: argparse.Namespace) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the ``cluster`` flow; exit status 2 with one line on bad input (``InputError``)."""
-    from pipeline.distributed.loop import InjectedFault
-
     # what can be seen of the file itself is refused before a Dask cluster and Prefect start
     pio.check_file(args.input)
     _hpc_of(args)  # a bad --cluster-config is refused before anything starts
@@ -495,9 +493,5 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     rows_of = args.input if os.path.isfile(args.input) else None
-    try:
-        start_flow(args, kwargs, rows_of=rows_of)
-    except InjectedFault as err:
-        print(f"{PROG} run: {err}", file=sys.stderr)
-        return 1
+    start_flow(args, kwargs, rows_of=rows_of)
     return 0
