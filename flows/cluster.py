@@ -4,7 +4,8 @@ Every step is a Prefect task around a ``pipeline.distributed`` function; the pas
 loop (``pipeline.distributed.loop.run_passes``) with each pass run as a Prefect task; the Dask work
 runs on
 the client the flow opens (a ``LocalCluster`` of one process per core, or ``scheduler``). Tasks
-that do I/O retry (bad input, a ``ValueError``, does not: it is reported as it is). After each
+that do I/O retry (``flows.tasks.step``; bad input, a ``ValueError``, does not: it is reported as
+it is). After each
 pass the driver's state is checkpointed in the output store, so running the same command again
 after a crash resumes from the last completed pass and gives the same labels.
 
@@ -25,10 +26,11 @@ import time
 from typing import Any
 
 import numpy as np
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 
 from flows.heartbeats import run_flow, with_heartbeats
+from flows.params import run_config
+from flows.tasks import step
 from pipeline.core.config import (
     DEFAULT_CHUNK_ROWS,
     INIT_SAMPLE,
@@ -36,9 +38,7 @@ from pipeline.core.config import (
     MIN_CHANGE,
     N_FOLDS,
     TOL,
-    FitParams,
 )
-from pipeline.core.seeds import seed_entropy
 from pipeline.core.storage import Loc, local_dir, redact
 from pipeline.data.store import Store, StoreInfo
 from pipeline.distributed import loop
@@ -54,68 +54,29 @@ from pipeline.ops import run as dist
 STAGE2 = ("none", "bhc")
 
 
-def _retry_unless_bad_input(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry a failed I/O task unless the failure is bad input (``ValueError``)."""
-    try:
-        state.result(raise_on_failure=True)
-    except ValueError:
-        return False
-    except BaseException:  # any other failure is worth a retry
-        return True
-    return True
-
-
-RETRIES = 2
-
-
-@task(
-    name="ingest",
-    retries=RETRIES,
-    retry_delay_seconds=1,
-    retry_condition_fn=_retry_unless_bad_input,
-    cache_policy=NO_CACHE,
-)
+@step("ingest")
 def ingest_task(
     client: Any, source: Any, cfg: dist.RunConfig, partial: Loc, progress: bool, model: Any
 ) -> tuple[Store, StoreInfo, bool]:
     return dist.step_ingest(client, source, cfg, partial, progress, model)
 
 
-@task(
-    name="start",
-    retries=RETRIES,
-    retry_delay_seconds=1,
-    retry_condition_fn=_retry_unless_bad_input,
-    cache_policy=NO_CACHE,
-)
+@step("start")
 def start_task(client: Any, ctx: RunContext) -> LoopState:
     return loop.start(client, ctx)
 
 
-@task(
-    name="pass",
-    task_run_name="pass-{p}",
-    retries=RETRIES,
-    retry_delay_seconds=1,
-    retry_condition_fn=_retry_unless_bad_input,
-    cache_policy=NO_CACHE,
-)
+@step("pass", task_run_name="pass-{p}")
 def pass_task(client: Any, ctx: RunContext, state: LoopState, p: int, labels_out: Loc) -> LoopState:
     return loop.run_pass(client, ctx, state, labels_out)
 
 
-@task(
-    name="summaries",
-    retries=RETRIES,
-    retry_delay_seconds=1,
-    retry_condition_fn=_retry_unless_bad_input,
-    cache_policy=NO_CACHE,
-)
+@step("summaries")
 def summaries_task(client: Any, ctx: RunContext, state: Any, M: int) -> Summaries:
     return split_summaries(client, ctx, state, M)
 
 
-@task(name="stage2", cache_policy=NO_CACHE)
+@step("stage2", retries=0)
 def stage2_task(
     stats: np.ndarray,
     family: ProductFamily,
@@ -145,26 +106,14 @@ def stage2_task(
     return mapping, info
 
 
-@task(
-    name="write-out",
-    retries=RETRIES,
-    retry_delay_seconds=1,
-    retry_condition_fn=_retry_unless_bad_input,
-    cache_policy=NO_CACHE,
-)
+@step("write-out")
 def write_task(
     client: Any, ctx: RunContext, state: LoopState, mapping: np.ndarray, labels: Loc
 ) -> WriteSummary:
     return write_out(client, ctx, get_engine(ctx.params.engine), state, mapping, labels)
 
 
-@task(
-    name="finish",
-    retries=RETRIES,
-    retry_delay_seconds=1,
-    retry_condition_fn=_retry_unless_bad_input,
-    cache_policy=NO_CACHE,
-)
+@step("finish")
 def finish_task(
     source: Any,
     cfg: dist.RunConfig,
@@ -239,7 +188,7 @@ def cluster(
         raise ValueError(f"summaries and mcmc must be >= 0, got {summaries} and {mcmc}")
     if int(summaries) > 0 and not get_engine(engine).summaries:
         raise ValueError(f"--summaries: the {engine} engine has no summaries pass; drop it")
-    params = FitParams(
+    fit = dict(
         engine=engine,
         alpha=alpha,
         init=init,
@@ -248,15 +197,15 @@ def cluster(
         max_passes=max_passes,
         tol=tol,
         min_change=min_change,
-        seed=seed_entropy(random_state),
         prior_scale=prior_scale,
-    ).checked()
-    cfg = dist.RunConfig(
-        out=str(out),
-        chunk_rows=int(chunk_rows),
-        holdout=float(holdout),
+    )
+    cfg = run_config(
+        out,
+        random_state,
+        fit,
+        chunk_rows=chunk_rows,
+        holdout=holdout,
         family=family,
-        params=params,
         overwrite=overwrite,
         report=report,
         label_column=label_column,
@@ -269,6 +218,7 @@ def cluster(
         warm_start=None if warm_start is None else str(warm_start),
         engine_options=dict(engine_options or {}),
     )
+    params = cfg.params
     t0 = time.perf_counter()
     model = dist.open_warm_start(cfg)
     partial, resumed = dist.prepare_output(input, cfg)

@@ -24,29 +24,19 @@ import time
 from typing import Any
 
 import numpy as np
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 
 from flows.heartbeats import run_flow, with_heartbeats
+from flows.tasks import step
 from pipeline.core import outputs, storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, SELECT
 from pipeline.data import dataset
 from pipeline.distributed.client import dask_client
-from pipeline.distributed.loop import InjectedFault
 from pipeline.estimators.model import save_model
 from pipeline.ops import cv as pcv
 
-#: raise after this many new fits were persisted (crash-and-resume tests)
-FAULT_ENV = "DPMM_FAULT_AFTER_FITS"
 
-
-@task(
-    name="cv-fit",
-    task_run_name="fit-{cell}-fold{fold}",
-    retries=1,
-    retry_delay_seconds=1,
-    cache_policy=NO_CACHE,
-)
+@step("cv-fit", task_run_name="fit-{cell}-fold{fold}", retries=1)
 def fit_task(
     client: Any,
     store_path: str,
@@ -64,7 +54,7 @@ def fit_task(
     return res
 
 
-@task(name="refit", cache_policy=NO_CACHE)
+@step("refit", retries=0)
 def refit_task(
     client: Any, store_path: str, params: dict[str, Any], seed: int, max_iter: int
 ) -> Any:
@@ -160,7 +150,6 @@ def cv(
                     file=sys.stderr,
                 )
             t = time.perf_counter()
-            fault = int(os.environ.get(FAULT_ENV, "0") or 0)
             futs = [
                 fit_task.submit(
                     client,
@@ -174,10 +163,8 @@ def cv(
                 )
                 for p, cid, j in todo
             ]
-            for k, f in enumerate(futs, start=1):
+            for f in futs:
                 f.result()
-                if fault and k >= fault:
-                    raise InjectedFault(f"fault injected after {k} fits (${FAULT_ENV})")
             timing["fits_wall"] = time.perf_counter() - t
             results = [log.get(pcv.cell_id(p), j) for p in cells for j in range(int(n_folds))]
             assert all(r is not None for r in results)

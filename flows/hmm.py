@@ -14,21 +14,14 @@ import time
 from typing import Any
 
 import pandas as pd
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 
 from flows.cluster import pass_task, start_task, write_task
 from flows.heartbeats import run_flow, with_heartbeats
+from flows.params import run_config
+from flows.tasks import step
 from pipeline.core import storage
-from pipeline.core.config import (
-    DEFAULT_CHUNK_ROWS,
-    INIT_SAMPLE,
-    MAX_PASSES,
-    MIN_CHANGE,
-    TOL,
-    FitParams,
-)
-from pipeline.core.seeds import seed_entropy
+from pipeline.core.config import DEFAULT_CHUNK_ROWS, INIT_SAMPLE, MAX_PASSES, MIN_CHANGE, TOL
 from pipeline.data.store import Store, StoreInfo
 from pipeline.distributed import loop
 from pipeline.distributed.client import dask_client
@@ -38,14 +31,14 @@ from pipeline.ops import hmm as dhmm
 from pipeline.ops import run as dist
 
 
-@task(name="read-sequences", cache_policy=NO_CACHE)
+@step("read-sequences", retries=0)
 def read_task(
     path: str, sequence_column: str, time_column: str
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     return dhmm.read_sequences(path, sequence_column, time_column)
 
 
-@task(name="ingest", cache_policy=NO_CACHE)
+@step("ingest", retries=0)
 def ingest_task(
     client: Any, source: Any, cfg: dist.RunConfig, partial: storage.Loc, progress: bool
 ) -> tuple[Store, StoreInfo, bool]:
@@ -83,7 +76,7 @@ def hmm(
 
     Returns the content of ``out/run.json``.
     """
-    params = FitParams(
+    fit = dict(
         engine="ihmm",
         alpha=float(alpha),
         init=init,
@@ -91,19 +84,20 @@ def hmm(
         max_passes=max_passes,
         tol=tol,
         min_change=min_change,
-        seed=seed_entropy(random_state),
         prior_scale=prior_scale,
-    ).checked()
-    cfg = dist.RunConfig(
-        out=str(out),
-        chunk_rows=int(chunk_rows),
-        holdout=float(holdout),
+    )
+    cfg = run_config(
+        out,
+        random_state,
+        fit,
+        chunk_rows=chunk_rows,
+        holdout=holdout,
         family=family,
-        params=params,
         overwrite=overwrite,
         report=report,
         group_column=sequence_column,
     )
+    params = cfg.params
     t0 = time.perf_counter()
     if storage.committed(storage.location(out)) and not overwrite:
         # before reading the input: refused at once, as the other commands

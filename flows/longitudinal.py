@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 
 from flows.heartbeats import run_flow, with_heartbeats
+from flows.params import fit_params
+from flows.tasks import step
 from pipeline.core import storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL, FitParams
-from pipeline.core.seeds import seed_entropy
 from pipeline.data.ingest import ingest
 from pipeline.data.store import Store, StoreInfo
 from pipeline.distributed import loop
@@ -30,12 +30,12 @@ from pipeline.engines.base import LoopState, RunContext
 from pipeline.ops import longitudinal as lon
 
 
-@task(name="read-input", cache_policy=NO_CACHE)
+@step("read-input", retries=0)
 def read_task(path: str, cols: lon.Columns) -> pd.DataFrame:
     return lon.read_input(path, cols)
 
 
-@task(name="ingest", cache_policy=NO_CACHE)
+@step("ingest", retries=0)
 def ingest_task(
     client: Any, df: pd.DataFrame, store: Store, cols: lon.Columns, chunk_rows: int, folds: int
 ) -> StoreInfo:
@@ -50,17 +50,17 @@ def ingest_task(
     )
 
 
-@task(name="start", cache_policy=NO_CACHE)
+@step("start", retries=0)
 def start_task(client: Any, ctx: RunContext) -> LoopState:
     return loop.start(client, ctx)
 
 
-@task(name="pass", task_run_name="pass-{p}", cache_policy=NO_CACHE)
+@step("pass", task_run_name="pass-{p}", retries=0)
 def pass_task(client: Any, ctx: RunContext, state: LoopState, p: int) -> LoopState:
     return loop.run_pass(client, ctx, state)
 
 
-@task(name="cv-fold", task_run_name="cv-fold-{fold}", cache_policy=NO_CACHE)
+@step("cv-fold", task_run_name="cv-fold-{fold}", retries=0)
 def fold_task(
     client: Any,
     store: Store,
@@ -112,15 +112,15 @@ def longitudinal(
     cols = lon.Columns(subject, response, tuple(covs), time_column)
     if folds is not None and int(folds) < 2:
         raise ValueError(f"--folds must be at least 2, got {folds}")
-    params = FitParams(
+    params = fit_params(
+        random_state,
         engine=lon.ENGINE,
         alpha=alpha,
         init="one-cluster" if init == "one-cluster" else "auto",
         max_passes=max_passes,
         tol=tol,
         min_change=min_change,
-        seed=seed_entropy(random_state),
-    ).checked()
+    )
     # OUT appears only when complete: a renamed sibling, or a manifest on object storage
     partial, _ = storage.prepare_output(out, None, overwrite)
     t0 = time.perf_counter()

@@ -13,11 +13,10 @@ import sys
 import time
 from typing import Any
 
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 
-from flows.cluster import RETRIES, _retry_unless_bad_input
 from flows.heartbeats import run_flow, with_heartbeats
+from flows.tasks import step
 from pipeline.core.config import DEFAULT_CHUNK_ROWS
 from pipeline.core.storage import Loc
 from pipeline.data.store import StoreInfo
@@ -25,24 +24,12 @@ from pipeline.distributed.client import dask_client
 from pipeline.ops import score as sc
 
 
-@task(
-    name="ingest",
-    retries=RETRIES,
-    retry_delay_seconds=1,
-    retry_condition_fn=_retry_unless_bad_input,
-    cache_policy=NO_CACHE,
-)
+@step("ingest")
 def ingest_task(client: Any, est: Any, source: Any, partial: Loc, chunk_rows: int) -> StoreInfo:
     return sc.step_ingest(client, est, source, partial, chunk_rows)
 
 
-@task(
-    name="write-out",
-    retries=RETRIES,
-    retry_delay_seconds=1,
-    retry_condition_fn=_retry_unless_bad_input,
-    cache_policy=NO_CACHE,
-)
+@step("write-out")
 def write_task(
     client: Any, est: Any, info: StoreInfo, partial: Loc, progress: bool
 ) -> dict[str, Any]:

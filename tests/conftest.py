@@ -113,3 +113,61 @@ def s3_bucket(s3_server: str, request: pytest.FixtureRequest) -> str:
     bucket = f"{name}-{uuid.uuid4().hex[:8]}"
     boto3.client("s3").create_bucket(Bucket=bucket)
     return bucket
+
+
+class Crash(RuntimeError):
+    """The crash a test injects into a run (``crash_after_pass``, ``crash_after_fits``)."""
+
+
+@pytest.fixture
+def crash_after_pass(monkeypatch: pytest.MonkeyPatch):
+    """``with crash_after_pass(n): ...``: every pass loop the block runs
+    (``pipeline.distributed.loop.run_passes``, a flow's included) crashes once pass ``n`` is
+    checkpointed, as a driver killed there would; the block must end in that crash."""
+    from pipeline.distributed import loop
+
+    @contextlib.contextmanager
+    def armed(n: int) -> Iterator[None]:
+        run_passes = loop.run_passes
+
+        def crashing(*args, on_pass=None, **kwargs):
+            def after(state):
+                if on_pass is not None:
+                    on_pass(state)
+                if state.pass_no == n:
+                    raise Crash(f"crash after pass {n}")
+
+            return run_passes(*args, on_pass=after, **kwargs)
+
+        with monkeypatch.context() as m:
+            m.setattr(loop, "run_passes", crashing)
+            with pytest.raises(Crash):
+                yield
+
+    return armed
+
+
+@pytest.fixture
+def crash_after_fits(monkeypatch: pytest.MonkeyPatch):
+    """``with crash_after_fits(n): ...``: a ``cv`` flow run in the block crashes once ``n`` fold
+    fits are persisted (``pipeline.ops.cv.ResultLog.put``: each fit after the n-1th fails once
+    its result is written, and so does the flow); the block must end in that crash."""
+    from pipeline.ops import cv as pcv
+
+    @contextlib.contextmanager
+    def armed(n: int) -> Iterator[None]:
+        put = pcv.ResultLog.put
+        done = []
+
+        def crashing(self, res):
+            put(self, res)
+            done.append(res)
+            if len(done) >= n:
+                raise Crash(f"crash after {len(done)} fits")
+
+        with monkeypatch.context() as m:
+            m.setattr(pcv.ResultLog, "put", crashing)
+            with pytest.raises(Crash):
+                yield
+
+    return armed

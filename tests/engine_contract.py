@@ -139,15 +139,13 @@ class EngineContract:
                 np.testing.assert_array_equal(value, getattr(again, field), err_msg=field)
 
     def test_a_resumed_run_equals_an_uninterrupted_one(
-        self, client, tmp_path: Path, monkeypatch
+        self, client, tmp_path: Path, crash_after_pass
     ) -> None:
         ref_ctx = self.context(client, tmp_path, "whole", tol=0.0, min_change=0.0, max_passes=3)
         ref = loop.run_passes(client, ref_ctx)
         ctx = self.context(client, tmp_path, "crash", tol=0.0, min_change=0.0, max_passes=3)
-        monkeypatch.setenv(loop.FAULT_ENV, "1")
-        with pytest.raises(loop.InjectedFault):
+        with crash_after_pass(1):
             loop.run_passes(client, ctx)
-        monkeypatch.delenv(loop.FAULT_ENV)
         resumed = loop.run_passes(client, ctx)
         assert resumed.pass_no == ref.pass_no
         assert resumed.objective == ref.objective

@@ -1,7 +1,10 @@
 """The ``dpmm`` command line (console script ``dpmm = flows.cli:main``; ``python -m flows.cli``).
 
-* ``flows.cli.app`` - the parser, ``main``, ``dpmm cluster`` and ``dpmm demo``;
+* ``flows.cli.app`` - the parser and ``main``: the subcommands, each in its own module;
+* ``flows.cli.cluster`` - ``dpmm cluster``: MAP-DP in this process (and ``dpmm demo --in-memory``);
+* ``flows.cli.demo`` - ``dpmm demo``: ``dpmm run`` on a generated, labelled data set;
 * ``flows.cli.run`` - ``dpmm run``: the Prefect flow ``flows.cluster`` from the command line;
+* ``flows.cli.options`` - the option blocks the subcommands share, and bad input as one line;
 * ``flows.cli.logs`` - where Prefect's and Dask's log lines go while the CLI runs a flow;
 * ``flows.cli.types`` - argparse value types checked by ``pipeline.core.config``.
 

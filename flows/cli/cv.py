@@ -20,18 +20,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
+from flows.cli.options import FLOW, flow_kwargs
 from flows.cli.prefect_api import prestart
-from flows.cli.run import add_log_options, start_flow
+from flows.cli.run import start_flow
 from flows.cli.types import positive_int as _positive_int
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, SELECT, TUNE_GRID
 from pipeline.core.errors import InputError
 from pipeline.data import io as pio
 from pipeline.data.dataset import DATA_DIR_ENV
-
-PROG = "dpmm"
 
 
 def _floats(text: str) -> list[float]:
@@ -66,6 +64,7 @@ def add_cv_parser(subparsers: Any) -> argparse.ArgumentParser:
         "fold of INPUT's dataset store, score it by the mean held-out log predictive density "
         "per record, choose a cell and refit it on all records. Writes OUT/cv.parquet, "
         "OUT/cv.png, OUT/cv.json and the refitted model.",
+        parents=FLOW,
     )
     p.add_argument("input", metavar="INPUT", help="CSV, Parquet file or directory, .npy, zarr")
     p.add_argument("--out", required=True, metavar="OUT", help="output directory")
@@ -109,7 +108,6 @@ def add_cv_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="fits in flight at once (default: one per worker)",
     )
     p.add_argument("--label-column", metavar="COL", help="true labels: never used to choose")
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
     p.add_argument(
         "--max-iter", type=_positive_int, default=100, metavar="N", help="iterations per fit"
     )
@@ -126,17 +124,6 @@ def add_cv_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="DIR",
         help=f"where dataset stores are shared (default ${DATA_DIR_ENV} or ~/.cache/dpmm/datasets)",
     )
-    p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="a Dask scheduler")
-    p.add_argument(
-        "--workers",
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help="LocalCluster worker processes (default: one per core)",
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    add_log_options(p)
     p.set_defaults(func=cmd_cv)
     return p
 
@@ -144,7 +131,6 @@ def add_cv_parser(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_cv(args: argparse.Namespace) -> int:
     """Run the ``cv`` flow; exit status 2 with one line on bad input (``InputError``)."""
     from flows.cv import run_cv_flow
-    from pipeline.distributed.loop import InjectedFault
     from pipeline.ops.cv import Grid
 
     # the grid and the file are refused before a Dask cluster and Prefect start
@@ -164,20 +150,12 @@ def cmd_cv(args: argparse.Namespace) -> int:
         label_column=args.label_column,
         chunk_rows=args.chunk_rows,
         data_dir=args.data_dir,
-        random_state=args.seed,
         max_iter=args.max_iter,
         concurrency=args.concurrency,
-        scheduler=args.scheduler,
-        n_workers=args.workers,
-        overwrite=args.overwrite,
-        progress=not args.quiet,
+        **flow_kwargs(args),
     )
     rows_of = args.input if os.path.isfile(args.input) else None
-    try:
-        run = start_flow(args, kwargs, rows_of=rows_of, runner=run_cv_flow)
-    except InjectedFault as err:
-        print(f"{PROG} cv: {err}", file=sys.stderr)
-        return 1
+    run = start_flow(args, kwargs, rows_of=rows_of, runner=run_cv_flow)
     if not args.quiet:
         m = run["metrics"]
         g = run["grid"]

@@ -19,6 +19,7 @@ import argparse
 import os
 from typing import Any
 
+from flows.cli.options import FLOW, flow_kwargs
 from flows.cli.types import family as _family
 from flows.cli.types import fraction as _fraction
 from flows.cli.types import nonneg_float as _nonneg_float
@@ -40,14 +41,13 @@ def _positive_float(text: str) -> float:
 
 def add_hmm_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``hmm`` to an ``argparse`` subparsers object; it sets ``func=cmd_hmm``."""
-    from flows.cli.run import add_log_options
-
     p = subparsers.add_parser(
         "hmm",
         help="fit an infinite HMM (MAP-iHMM) to many sequences with Dask under Prefect",
         description="Fit MAP-iHMM (seed 000 Section 6) to the sequences of INPUT (one row per "
         "time step) and write OUT/rows.parquet, sequences.parquet, states.parquet, "
         "transitions.csv, run.json, a report and model/ (pipeline.load_model).",
+        parents=FLOW,
     )
     p.add_argument("input", metavar="INPUT", help="CSV or Parquet file")
     p.add_argument("--out", required=True, metavar="OUT", help="output directory")
@@ -113,13 +113,7 @@ def add_hmm_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-passes", type=_positive_int, default=MAX_PASSES, metavar="N")
     p.add_argument("--tol", type=_nonneg_float, default=TOL, metavar="F")
     p.add_argument("--min-change", type=_fraction, default=MIN_CHANGE, metavar="F")
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
-    p.add_argument("--scheduler", default=None, metavar="ADDRESS")
-    p.add_argument("--workers", type=_positive_int, default=None, metavar="N")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     p.add_argument("--no-report", action="store_true", help="skip the report pictures")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    add_log_options(p)
     p.set_defaults(func=cmd_hmm)
     return p
 
@@ -148,12 +142,8 @@ def cmd_hmm(args: argparse.Namespace) -> int:
         max_passes=args.max_passes,
         tol=args.tol,
         min_change=args.min_change,
-        random_state=args.seed,
-        scheduler=args.scheduler,
-        n_workers=args.workers,
-        overwrite=args.overwrite,
         report=not args.no_report,
-        progress=not args.quiet,
+        **flow_kwargs(args),
     )
     rows_of = args.input if os.path.isfile(args.input) else None
     start_flow(args, kwargs, rows_of=rows_of, runner=run_hmm_flow, engine="ihmm")

@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from flows.cli.options import FLOW, flow_kwargs
 from flows.cli.prefect_api import prestart
-from flows.cli.run import add_log_options, start_flow
+from flows.cli.run import start_flow
 from flows.cli.types import alpha as _alpha
 from flows.cli.types import fraction as _fraction
 from flows.cli.types import nonneg_float as _nonneg_float
@@ -47,6 +48,7 @@ def add_longitudinal_parser(subparsers: Any) -> argparse.ArgumentParser:
         "from a Dirichlet-process mixture of Gaussians (seed 000 Section 7), to the subjects of "
         "INPUT; write OUT/subjects.parquet, OUT/clusters.parquet, OUT/run.json, a report and "
         "OUT/model (pipeline.load_model).",
+        parents=FLOW,
     )
     p.add_argument("input", metavar="INPUT", help="CSV or Parquet, one row per observation")
     p.add_argument("--subject", required=True, metavar="COL", help="subject id column")
@@ -84,13 +86,7 @@ def add_longitudinal_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-passes", type=_positive_int, default=MAX_PASSES, metavar="N")
     p.add_argument("--tol", type=_nonneg_float, default=TOL, metavar="F")
     p.add_argument("--min-change", type=_fraction, default=MIN_CHANGE, metavar="F")
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
-    p.add_argument("--scheduler", default=None, metavar="ADDRESS")
-    p.add_argument("--workers", type=_positive_int, default=None, metavar="N")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     p.add_argument("--no-report", action="store_true", help="skip the report pictures")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    add_log_options(p)
     p.set_defaults(func=cmd_longitudinal)
     return p
 
@@ -116,12 +112,8 @@ def cmd_longitudinal(args: argparse.Namespace) -> int:
         max_passes=args.max_passes,
         tol=args.tol,
         min_change=args.min_change,
-        random_state=args.seed,
-        scheduler=args.scheduler,
-        n_workers=args.workers,
-        overwrite=args.overwrite,
         report=not args.no_report,
-        progress=not args.quiet,
+        **flow_kwargs(args),
     )
     run = start_flow(args, kwargs, runner=run_longitudinal_flow, engine="mixed_effects")
     if not args.quiet:

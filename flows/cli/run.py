@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from flows.cli.options import FLOW, flow_kwargs
 from flows.cli.prefect_api import flow_api, prestart
 from flows.cli.types import alpha as _alpha
 from flows.cli.types import family as _family
@@ -66,6 +67,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Cluster the records of INPUT with distributed MAP-DP, Bayes K-means or "
         "one streaming ASUGS-PM pass (--engine asugs) and write OUT/labels.zarr, "
         "OUT/clusters.parquet, OUT/run.json and a report.",
+        parents=FLOW,
     )
     p.add_argument("input", metavar="INPUT", help="CSV, Parquet file or directory, .npy, zarr")
     p.add_argument("--out", required=True, metavar="OUT", help="output directory")
@@ -193,20 +195,6 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="ITER",
         help="tree-guided MCMC iterations after BHC in stage 2 (default 0)",
     )
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
-    p.add_argument(
-        "--scheduler",
-        default=None,
-        metavar="ADDRESS",
-        help="join this Dask scheduler instead of starting a LocalCluster",
-    )
-    p.add_argument(
-        "--workers",
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help="LocalCluster worker processes (default: one per core)",
-    )
     p.add_argument(
         "--cluster",
         choices=("local", "slurm", "pbs"),
@@ -236,28 +224,9 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="start the passes from a fitted model's clusters (a model directory, e.g. an "
         "earlier run's OUT/model); the input must have the model's columns and kinds",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     p.add_argument("--no-report", action="store_true", help="skip the report pictures")
-    p.add_argument("--quiet", action="store_true", help="no progress lines, no dashboard line")
-    add_log_options(p)
     p.set_defaults(func=cmd_run)
     return p
-
-
-def add_log_options(p: argparse.ArgumentParser) -> None:
-    """``--verbose`` and ``--log-file``, for the subcommands that run a flow."""
-    p.add_argument(
-        "--verbose",
-        action="store_true",
-        help="show Prefect's and Dask's log lines (and a failed task's traceback) on stderr",
-    )
-    p.add_argument(
-        "--log-file",
-        default=None,
-        metavar="PATH",
-        help="keep Prefect's and Dask's log lines in PATH (default: a temporary file, deleted "
-        "unless the run fails for another reason than its input)",
-    )
 
 
 def start_flow(
@@ -452,8 +421,6 @@ def _threads(args: argparse.Namespace) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the ``cluster`` flow; exit status 2 with one line on bad input (``InputError``)."""
-    from pipeline.distributed.loop import InjectedFault
-
     # what can be seen of the file itself is refused before a Dask cluster and Prefect start
     pio.check_file(args.input)
     _hpc_of(args)  # a bad --cluster-config is refused before anything starts
@@ -477,7 +444,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         tol=args.tol,
         min_change=args.min_change,
         prior_scale=args.prior_scale,
-        random_state=args.seed,
         label_column=args.label_column,
         group_column=args.group_column,
         n_folds=args.folds,
@@ -487,17 +453,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         mcmc=args.mcmc,
         warm_start=args.warm_start,
         engine_options={} if args.lam is None else {"lam": args.lam},
-        scheduler=args.scheduler,
-        n_workers=args.workers,
         processes=not _threads(args),
-        overwrite=args.overwrite,
         report=not args.no_report,
-        progress=not args.quiet,
+        **flow_kwargs(args),
     )
     rows_of = args.input if os.path.isfile(args.input) else None
-    try:
-        start_flow(args, kwargs, rows_of=rows_of)
-    except InjectedFault as err:
-        print(f"{PROG} run: {err}", file=sys.stderr)
-        return 1
+    start_flow(args, kwargs, rows_of=rows_of)
     return 0

@@ -13,7 +13,8 @@ import argparse
 import os
 from typing import Any
 
-from flows.cli.run import add_log_options, start_flow
+from flows.cli.options import LOGS, OVERWRITE, QUIET, SCHEDULER, WORKERS, flow_kwargs
+from flows.cli.run import start_flow
 from flows.cli.types import positive_int as _positive_int
 from pipeline.core import storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS
@@ -28,6 +29,7 @@ def add_score_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Write OUT/labels.zarr (label: the most probable cluster, -1 for a new one, "
         "eq. 3.5; log_density: the log predictive density, eq. 3.4; one row per record of "
         "INPUT, in order) and OUT/score.json. Categories the model never saw are refused.",
+        parents=[SCHEDULER, WORKERS, OVERWRITE, QUIET, LOGS],
     )
     p.add_argument("model", metavar="MODEL", help="model directory (a run's OUT/model)")
     p.add_argument("input", metavar="INPUT", help="CSV, Parquet file or directory, .npy, zarr")
@@ -39,17 +41,6 @@ def add_score_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help=f"rows per chunk, one Dask task each (default {DEFAULT_CHUNK_ROWS:,})",
     )
-    p.add_argument("--scheduler", default=None, metavar="ADDRESS", help="join this scheduler")
-    p.add_argument(
-        "--workers",
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help="LocalCluster worker processes (default: one per core)",
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-    add_log_options(p)
     p.set_defaults(func=cmd_score)
     return p
 
@@ -70,10 +61,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         input=args.input,
         out=args.out,
         chunk_rows=args.chunk_rows,
-        scheduler=args.scheduler,
-        n_workers=args.workers,
-        overwrite=args.overwrite,
-        progress=not args.quiet,
+        **flow_kwargs(args),
     )
     rows_of = args.input if os.path.isfile(args.input) else None
     start_flow(args, kwargs, rows_of=rows_of, runner=run_score_flow)

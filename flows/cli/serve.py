@@ -22,7 +22,8 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from flows.cli.run import add_log_options, start_flow
+from flows.cli.options import LOGS, WORKERS
+from flows.cli.run import start_flow
 from flows.cli.types import positive_int as _positive_int
 from pipeline.core.config import DEFAULT_CHUNK_ROWS
 
@@ -44,6 +45,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "the model is refitted, warm-started, on the last --window partitions and published as "
         "MODELS/vN (MODELS/LATEST names it). Partitions that fail validation are reported in "
         "MODELS/rejected/ and skipped.",
+        parents=[WORKERS, LOGS],
     )
     p.add_argument(
         "input", metavar="INPUT", help="directory or URL (s3://...) of date=YYYY-MM-DD partitions"
@@ -62,9 +64,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--name", default=DEPLOYMENT, help=f"deployment name (default {DEPLOYMENT})")
     p.add_argument("--chunk-rows", type=_positive_int, default=DEFAULT_CHUNK_ROWS, metavar="N")
-    p.add_argument("--workers", type=_positive_int, default=None, metavar="N")
     p.add_argument("--once", action="store_true", help="run the flow once now and exit")
-    add_log_options(p)
     p.set_defaults(func=cmd_serve)
     return p
 

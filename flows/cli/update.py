@@ -16,6 +16,7 @@ import argparse
 import sys
 from typing import Any
 
+from flows.cli.options import SEED
 from flows.cli.types import positive_float as _positive_float
 from pipeline.core import storage
 from pipeline.core.errors import InputError
@@ -32,6 +33,7 @@ def add_update_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Stream the records of INPUT, once and in order, into the clusters of the "
         "saved MODEL with ASUGS-PM (adaptive sequential updating and greedy search with pruning "
         "and merging) and save the updated model to NEW_MODEL.",
+        parents=[SEED],
     )
     p.add_argument("model", metavar="MODEL", help="a saved model directory")
     p.add_argument("input", metavar="INPUT", help=".csv, .csv.gz, .tsv, .parquet, .pq or .npy")
@@ -54,7 +56,6 @@ def add_update_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="plain ASUGS: no pruning of small classes, no merging",
     )
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing NEW_MODEL")
     p.add_argument("--quiet", action="store_true", help="no summary line")
     p.set_defaults(func=cmd_update)

@@ -17,7 +17,6 @@ checkpoint. The dataset store is only read, so many fits can share it.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -32,12 +31,7 @@ from pipeline.data.store import Store, StoreInfo, iter_chunks
 from pipeline.engines import get_engine
 from pipeline.engines.base import Chunk, Engine, LoopState, RunContext
 
-FAULT_ENV = "DPMM_FAULT_AFTER_PASS"
 CHECKPOINT = "checkpoint"
-
-
-class InjectedFault(RuntimeError):
-    """Raised after the pass named by ``$DPMM_FAULT_AFTER_PASS`` (crash-and-resume tests)."""
 
 
 # -- worker tasks ------------------------------------------------------------------------------
@@ -266,14 +260,6 @@ def run_passes(
     step = step or one
     while not state.converged and state.pass_no < ctx.params.max_passes:
         state = step(state)
-        check_fault(state)
         if on_pass is not None:
             on_pass(state)
     return state
-
-
-def check_fault(state: LoopState) -> None:
-    """Raise ``InjectedFault`` after the pass named by ``$DPMM_FAULT_AFTER_PASS`` (tests)."""
-    fault = os.environ.get(FAULT_ENV)
-    if fault and int(fault) == state.pass_no:
-        raise InjectedFault(f"fault injected after pass {state.pass_no} (${FAULT_ENV})")

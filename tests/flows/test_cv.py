@@ -13,10 +13,9 @@ import pytest
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.cli import main
-from flows.cv import FAULT_ENV, run_cv_flow
+from flows.cv import run_cv_flow
 from pipeline.core.paths import temp_sibling
 from pipeline.data.store import Store
-from pipeline.distributed.loop import InjectedFault
 from pipeline.estimators.mapdp import MAPDP
 from pipeline.estimators.model import load_model
 from pipeline.ops import cv as pcv
@@ -101,20 +100,18 @@ def test_cv_flow_outputs_and_reference(tmp_path: Path) -> None:
     assert len(y) == info.n_rows
 
 
-def test_cv_resumes_after_a_crash(tmp_path: Path, monkeypatch) -> None:
+def test_cv_resumes_after_a_crash(tmp_path: Path, crash_after_fits) -> None:
     write_blobs(tmp_path / "in.csv", seed=1)
     kw = dict(input=str(tmp_path / "in.csv"), n_folds=3, data_dir=str(tmp_path / "d"))
     grid = {"alphas": [0.5, 5.0], "scales": [0.2], "families": ["gaussian"]}
     full = run_cv_flow(out=str(tmp_path / "ref"), **kw, **grid, **LOCAL)
     assert full["fits_run"] == 6
     out = tmp_path / "out"
-    monkeypatch.setenv(FAULT_ENV, "2")
-    with pytest.raises(InjectedFault):
+    with crash_after_fits(2):
         run_cv_flow(out=str(out), **kw, **grid, **LOCAL)
     assert not out.exists()
     done = list((temp_sibling(out) / "fits").glob("*.json"))
     assert len(done) >= 2
-    monkeypatch.delenv(FAULT_ENV)
     run = run_cv_flow(out=str(out), **kw, **grid, **LOCAL)
     assert run["resumed"] and run["fits_reused"] == len(done) and run["fits_run"] == 6 - len(done)
     a = pd.read_parquet(tmp_path / "ref" / "cv.parquet")

@@ -78,15 +78,13 @@ def test_flow_writes_every_output(tmp_path: Path):
     assert clusters["size"].sum() == saved["n_train"]
 
 
-def test_rerun_after_a_crash_resumes_with_the_same_labels(tmp_path: Path, monkeypatch):
+def test_rerun_after_a_crash_resumes_with_the_same_labels(tmp_path: Path, crash_after_pass):
     write_blobs(tmp_path / "in.csv", n=2000, seed=3)
     args = {"chunk_rows": 250, "random_state": 4, "report": False, "init": "sequential", **LOCAL}
     cluster(str(tmp_path / "in.csv"), str(tmp_path / "ref"), **args)
     out = tmp_path / "out"
-    monkeypatch.setenv(loop.FAULT_ENV, "2")
-    with pytest.raises(loop.InjectedFault):
+    with crash_after_pass(2):
         cluster(str(tmp_path / "in.csv"), str(out), **args)
-    monkeypatch.delenv(loop.FAULT_ENV)
     assert not out.exists()
     ck = Store(temp_sibling(out) / "state.zarr").load(loop.CHECKPOINT)
     assert ck["state"].pass_no == 2

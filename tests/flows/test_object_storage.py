@@ -101,7 +101,7 @@ def test_dpmm_run_and_score_on_s3(s3_bucket: str, tmp_path: Path, monkeypatch, c
 
 
 def test_a_killed_run_on_s3_is_invisible_and_resumes(
-    s3_bucket: str, tmp_path: Path, monkeypatch, capfd
+    s3_bucket: str, tmp_path: Path, crash_after_pass, capfd
 ) -> None:
     b = f"s3://{s3_bucket}"
     df = blobs(2000, 3)
@@ -110,10 +110,8 @@ def test_a_killed_run_on_s3_is_invisible_and_resumes(
     args = {"chunk_rows": 250, "random_state": 4, "report": False, "init": "sequential"}
     cluster(str(tmp_path / "in.parquet"), str(tmp_path / "ref"), **args, **LOCAL)
     data_dir = f"{b}/datasets"
-    monkeypatch.setenv(loop.FAULT_ENV, "2")
-    with pytest.raises(loop.InjectedFault):
+    with crash_after_pass(2):
         cluster(f"{b}/in.parquet", f"{b}/out", data_dir=data_dir, **args, **LOCAL)
-    monkeypatch.delenv(loop.FAULT_ENV)
     out = storage.location(f"{b}/out")
     # objects were written under OUT, but without a manifest nothing is visible
     assert objects(f"{b}/out") and not storage.committed(out)
@@ -139,7 +137,7 @@ def etags(url: str) -> dict[str, str]:
 
 
 def test_overwrite_on_s3_keeps_the_old_output_until_the_new_one_is_complete(
-    s3_bucket: str, tmp_path: Path, monkeypatch, capfd
+    s3_bucket: str, tmp_path: Path, crash_after_pass, capfd
 ) -> None:
     """``--overwrite`` of a committed OUT: the new run is staged beside it; killed after a pass,
     the old output is still visible and unchanged; run again, it resumes and is swapped in.
@@ -154,10 +152,8 @@ def test_overwrite_on_s3_keeps_the_old_output_until_the_new_one_is_complete(
     data_dir = f"{b}/datasets"
     cluster(f"{b}/d1.parquet", f"{b}/out", data_dir=data_dir, **args, **LOCAL)
     before = etags(f"{b}/out")
-    monkeypatch.setenv(loop.FAULT_ENV, "1")
-    with pytest.raises(loop.InjectedFault):
+    with crash_after_pass(1):
         cluster(f"{b}/d2.parquet", f"{b}/out", overwrite=True, data_dir=data_dir, **args, **LOCAL)
-    monkeypatch.delenv(loop.FAULT_ENV)
     out = storage.location(f"{b}/out")
     assert storage.committed(out) and etags(f"{b}/out") == before
     storage.require_visible(out / "model")
@@ -183,11 +179,11 @@ def test_overwrite_on_s3_keeps_the_old_output_until_the_new_one_is_complete(
 
 
 def test_dpmm_cv_on_s3_resumes_and_equals_the_local_grid(
-    s3_bucket: str, tmp_path: Path, monkeypatch
+    s3_bucket: str, tmp_path: Path, monkeypatch, crash_after_fits
 ) -> None:
     """``dpmm cv`` with INPUT, OUT and the dataset store on S3: killed after a fit, nothing is
     visible; run again, it skips the fits done and its table equals the local grid's."""
-    from flows.cv import FAULT_ENV, run_cv_flow
+    from flows.cv import run_cv_flow
 
     b = f"s3://{s3_bucket}"
     df = blobs(600, 11)
@@ -197,10 +193,8 @@ def test_dpmm_cv_on_s3_resumes_and_equals_the_local_grid(
     kw = {**grid, "processes": False, "n_workers": 2, "progress": False, "chunk_rows": 200}
     ref = run_cv_flow(input=str(tmp_path / "cvin.parquet"), out=str(tmp_path / "cvref"), **kw)
     monkeypatch.delenv(DATA_DIR_ENV)
-    monkeypatch.setenv(FAULT_ENV, "2")
-    with pytest.raises(loop.InjectedFault):
+    with crash_after_fits(2):
         run_cv_flow(input=f"{b}/cvin.parquet", out=f"{b}/cv", **kw)
-    monkeypatch.delenv(FAULT_ENV)
     out = storage.location(f"{b}/cv")
     done = [k for k in objects(f"{b}/cv") if k.startswith("fits/")]
     assert len(done) >= 2 and not storage.committed(out)

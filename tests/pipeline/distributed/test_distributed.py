@@ -666,18 +666,16 @@ def test_worker_warm_up_of_every_product_widens_the_toy_spec(monkeypatch, tmp_pa
     assert warmup.toy_family()[1].spec.dtype == np.int32
 
 
-def test_checkpoint_resume_gives_the_same_labels(client, tmp_path: Path, monkeypatch):
+def test_checkpoint_resume_gives_the_same_labels(client, tmp_path: Path, crash_after_pass):
     X, _ = blobs(2000, seed=8)
     params = FitParams(seed=11, init="sequential").checked()
     runs = []
-    for name, fault in (("a", None), ("b", "2")):
+    for name, crash in (("a", None), ("b", 2)):
         store = Store(tmp_path / name)
         info = ingest(X, store, client=client, chunk_rows=250)
-        if fault:
-            monkeypatch.setenv(loop.FAULT_ENV, fault)
-            with pytest.raises(loop.InjectedFault):
+        if crash:
+            with crash_after_pass(crash):
                 loop.run_passes(client, ctx_of(store, info, params))
-            monkeypatch.delenv(loop.FAULT_ENV)
             assert loop.load_checkpoint(ctx_of(store, info, params)).pass_no == 2
         ctx = ctx_of(store, info, params)
         state = loop.run_passes(client, ctx)

@@ -1,0 +1,62 @@
+"""The Prefect task that every step of a flow is: ``step``, one decorator with the project's
+options, so that a flow's tasks differ only in their names and in how often they are retried.
+
+A step's arguments are a Dask client, stores and engine states: Prefect neither hashes them into a
+cache key nor persists its result (``NO_CACHE``). A failed step is retried, one second later,
+unless the failure is bad input (a ``ValueError``: the same input fails again; it is reported as
+it is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ParamSpec, TypeVar
+
+from prefect import Task, task
+from prefect.cache_policies import NO_CACHE
+
+__all__ = ["RETRIES", "retry_unless_bad_input", "step"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: retries of a step that reads or writes a store, after its first attempt
+RETRIES = 2
+
+
+def retry_unless_bad_input(task: Any, task_run: Any, state: Any) -> bool:
+    """Retry a failed step unless the failure is bad input (``ValueError``)."""
+    try:
+        state.result(raise_on_failure=True)
+    except ValueError:
+        return False
+    except BaseException:  # any other failure is worth a retry
+        return True
+    return True
+
+
+def step(
+    name: str, *, task_run_name: str | None = None, retries: int = RETRIES
+) -> Callable[[Callable[P, R]], Task[P, R]]:
+    """``prefect.task`` with the flows' options.
+
+    Parameters
+    ----------
+    name : str
+        The task's name.
+    task_run_name : str, optional
+        The name of each run, formatted with the task's arguments (``"pass-{p}"``).
+    retries : int
+        Retries after a failure that is not bad input (default ``RETRIES``); 0: Prefect's default
+        (none), for a step that reads no store or whose retry would only repeat the failure.
+    """
+    if retries > 0:
+        return task(
+            name=name,
+            task_run_name=task_run_name,
+            retries=retries,
+            retry_delay_seconds=1,
+            retry_condition_fn=retry_unless_bad_input,
+            cache_policy=NO_CACHE,
+        )
+    return task(name=name, task_run_name=task_run_name, cache_policy=NO_CACHE)
