@@ -675,7 +675,8 @@ def write_report(
         sec.text(
             f"Against the label column '{label}' (not used by the fit): NMI {m['nmi']:.3f}, "
             f"ARI {m['ari']:.3f} (1 is perfect agreement, 0 what chance gives); "
-            f"{C.shape[0]} labels, {C.shape[1]} clusters."
+            f"{C.shape[0]} labels, {C.shape[1]} clusters, over every record (held-out ones "
+            "included)."
         )
         written.append(contingency_picture(out, C, [*prof.shown, *prof.rest]))
         sec.pictures(Picture("contingency.png"))

@@ -112,7 +112,13 @@ def _tree_picture(
     else:
         ax = fig.add_subplot()
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.22, top=0.92)
-    kw: dict[str, Any] = {"ax": ax, "leaf_rotation": 90, "above_threshold_color": _ABOVE_CUT}
+    n_leaves = cut.shape[0] if collapse else M
+    # a few leaves' labels read across, many only upright
+    kw: dict[str, Any] = {
+        "ax": ax,
+        "leaf_rotation": 0 if n_leaves <= 12 else 90,
+        "above_threshold_color": _ABOVE_CUT,
+    }
     if collapse:
         Zc = _collapsed_linkage(Z, M, owner, cut)
         finals = [np.unique(mapping[owner[:M] == c]) for c in range(cut.shape[0])]
@@ -122,7 +128,7 @@ def _tree_picture(
         out = dendrogram(
             Zc,
             labels=names,
-            leaf_font_size=7 if cut.shape[0] <= 60 else 6,
+            leaf_font_size=9 if n_leaves <= 12 else 7 if n_leaves <= 60 else 6,
             link_color_func=lambda k: _ABOVE_CUT,
             **kw,
         )
