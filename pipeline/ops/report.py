@@ -17,6 +17,7 @@ costs the same for a thousand records as for a billion.
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,36 @@ class RunData:
 
 
 # -- small helpers of the pictures -----------------------------------------------------------------
+
+_preload: threading.Thread | None = None
+
+
+def _warm_matplotlib() -> None:
+    import io
+
+    try:
+        fig = _figure(1, 1)
+        fig.text(0.5, 0.5, "0")
+        fig.savefig(io.BytesIO(), format="png", dpi=10)
+    except Exception:  # a warm-up only: the report draws (and fails) for real
+        pass
+
+
+def preload() -> None:
+    """Import matplotlib and load its fonts in a background thread, so that a run's report,
+    written at its end, does not wait for them (about half its time). Call it when the run
+    starts; ``write_report`` waits for it to finish before drawing (matplotlib is not made for
+    two threads drawing at once)."""
+    global _preload
+    if _preload is None:
+        _preload = threading.Thread(target=_warm_matplotlib, name="dpmm-report-preload")
+        _preload.daemon = True
+        _preload.start()
+
+
+def _await_preload() -> None:
+    if _preload is not None:
+        _preload.join()
 
 
 def _figure(width: float, height: float) -> Any:
@@ -435,7 +466,7 @@ def largest_table(
             "records": round(float(sizes[k])),
             "share": f"{sizes[k] / total:.1%}",
             "stands out by": "; ".join(
-                f"{prof.names[j]} {fmt(float(prof.means[k, j]), 3)} ({z[j]:+.1f} sd)" for j in far
+                f"{prof.names[j]} = {fmt(float(prof.means[k, j]), 3)} ({z[j]:+.1f} sd)" for j in far
             ),
         }
         if shares:
@@ -477,11 +508,12 @@ def contingency_picture(out: Path, C: pd.DataFrame, cluster_ids: list[int]) -> s
     sub = C.loc[labels, cols].to_numpy(dtype=np.float64)
     share = sub / np.maximum(C.loc[labels].sum(axis=1).to_numpy()[:, None], 1)
     n_r, n_c = share.shape
-    fig = _figure(6.2, 1.4 + 0.2 * max(n_r, 4))
-    fig.subplots_adjust(left=0.16, right=0.98, bottom=0.9 / (1.4 + 0.2 * max(n_r, 4)), top=0.9)
-    ax = fig.add_subplot()
+    height = 1.4 + 0.2 * max(n_r, 4)
+    fig = _figure(6.4, height)
+    ax = fig.add_axes((0.14, 0.9 / height, 0.72, 1 - 1.35 / height))
     im = ax.imshow(share, aspect="auto", cmap="Blues", norm=mcolors.Normalize(0, 1))
-    fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02).ax.tick_params(labelsize=7)
+    cax = fig.add_axes((0.88, 0.9 / height, 0.025, 1 - 1.35 / height))
+    fig.colorbar(im, cax=cax).ax.tick_params(labelsize=7)
     if n_r * n_c <= 225:
         for i, j in zip(*np.nonzero(sub), strict=True):
             ax.text(
@@ -588,6 +620,7 @@ def write_report(
 ) -> list[str]:
     """The pictures, ``report.html`` and ``report.md`` of a run into ``out``; the names of the
     files written."""
+    _await_preload()
     m = run.get("metrics", {})
     s2 = run.get("stage2_info") or {}
     names = [data.schema.columns[j] for j in data.family.column_order]

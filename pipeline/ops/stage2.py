@@ -111,9 +111,10 @@ def _tree_picture(
         ax_k = fig.add_subplot(grid[1])
     else:
         ax = fig.add_subplot()
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.22, top=0.92)
     n_leaves = cut.shape[0] if collapse else M
     # a few leaves' labels read across, many only upright
+    # room below the axes for upright labels, then the legend
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.18 if n_leaves <= 12 else 0.27, top=0.92)
     kw: dict[str, Any] = {
         "ax": ax,
         "leaf_rotation": 0 if n_leaves <= 12 else 90,
@@ -166,7 +167,7 @@ def _tree_picture(
         ]
     else:
         handles = [Line2D([], [], color=_MERGED, lw=2, label="merged (one cluster)")]
-    ax.legend(handles=handles, fontsize=7, loc="upper right", framealpha=0.8)
+    fig.legend(handles=handles, fontsize=7, loc="lower left", ncol=2, frameon=False)
     if posterior is not None:
         ks = posterior["n_clusters"].to_numpy()
         ax_k.barh(ks, posterior["probability"], height=0.7, color="tab:blue")
