@@ -33,7 +33,7 @@ from pipeline.core.errors import InputError
 from pipeline.core.paths import safe_name
 from pipeline.data.store import Store, StoreInfo
 from pipeline.estimators.search import select_index
-from pipeline.ops.page import Page, Picture, fmt
+from pipeline.ops.page import Page, Picture, fmt, new_figure
 
 GAUSSIAN_VARIANTS = ("gaussian", "diag-gaussian")
 
@@ -266,8 +266,6 @@ def plot_grid(table: pd.DataFrame, best: int, path: str | Path) -> None:
     """``cv.png``: one heat map per family variant, prior scale x alpha, coloured by the mean
     held-out log predictive density per record and annotated with it, its standard error and the
     mean clusters; the chosen cell outlined."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
     fams = list(dict.fromkeys(table["family"]))
@@ -275,8 +273,7 @@ def plot_grid(table: pd.DataFrame, best: int, path: str | Path) -> None:
     scales = sorted(set(table["prior_scale"]))
     lo = float(np.nanmin(table["mean_log_density"]))
     hi = float(np.nanmax(table["mean_log_density"]))
-    fig = Figure(figsize=(1.6 + 1.7 * len(alphas) * len(fams), 1.6 + 0.8 * len(scales)))
-    FigureCanvasAgg(fig)
+    fig = new_figure(1.6 + 1.7 * len(alphas) * len(fams), 1.6 + 0.8 * len(scales))
     axes = fig.subplots(1, len(fams), squeeze=False)
     chosen = table.iloc[best]
     im = None

@@ -24,7 +24,7 @@ from pipeline.core.errors import InputError
 from pipeline.core.outputs import versions, write_json
 from pipeline.data.sources import read_table
 from pipeline.data.store import Store, StoreInfo, input_positions
-from pipeline.ops.page import Page, Picture, fmt
+from pipeline.ops.page import Page, Picture, fmt, new_figure
 
 
 def read_sequences(
@@ -172,15 +172,12 @@ def hmm_figures(
     """``sequences.png`` (the first feature of a few sequences against time, coloured by
     decoded state, the same colour for a state in every panel), ``transitions.png`` (the
     transition matrix as a heatmap) and ``sizes.png`` (steps per state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     names = []
     K = int(sizes.shape[0])
     ids = rows[sequence_column].drop_duplicates().to_numpy()[:n_show]
-    fig = Figure(figsize=(12, 0.8 + 1.4 * max(len(ids), 1)))
-    FigureCanvasAgg(fig)
+    fig = new_figure(12, 0.8 + 1.4 * max(len(ids), 1))
     fig.subplots_adjust(left=0.08, right=0.86, bottom=0.6 / fig.get_figheight(), top=0.92)
     feat = X.columns[0]
     seq = rows[sequence_column].to_numpy()
@@ -200,8 +197,7 @@ def hmm_figures(
     fig.suptitle(f"decoded states of {len(ids)} sequences ({feat} against {time_column})")
     fig.savefig(out / "sequences.png", dpi=100)
     names.append("sequences.png")
-    fig = Figure(figsize=(5, 4.2))
-    FigureCanvasAgg(fig)
+    fig = new_figure(5, 4.2)
     ax = fig.add_subplot(1, 1, 1)
     im = ax.imshow(A, cmap="viridis", vmin=0, vmax=1)
     fig.colorbar(im, ax=ax)
@@ -213,8 +209,7 @@ def hmm_figures(
     ax.set_title("MAP transition matrix")
     fig.savefig(out / "transitions.png", dpi=100)
     names.append("transitions.png")
-    fig = Figure(figsize=(5, 4.2))
-    FigureCanvasAgg(fig)
+    fig = new_figure(5, 4.2)
     ax = fig.add_subplot(1, 1, 1)
     ax.bar(np.arange(K), sizes, color=[f"C{k % 10}" for k in range(K)])
     if K <= 30:

@@ -25,7 +25,7 @@ from pipeline.distributed import loop
 from pipeline.engines import get_engine
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.models.mixed_effects import _bad_value
-from pipeline.ops.page import Page, Picture, fmt
+from pipeline.ops.page import Page, Picture, fmt, new_figure
 
 ENGINE = "mixed_effects"
 
@@ -174,16 +174,6 @@ def cv_summary(heldout: np.ndarray) -> dict[str, float]:
 # -- the report -----------------------------------------------------------------------------------
 
 
-def _figure(width: float, height: float) -> Any:
-    """A matplotlib figure on the Agg canvas (no pyplot: its set-up costs more than a picture)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height))
-    FigureCanvasAgg(fig)
-    return fig
-
-
 def trajectories_picture(
     out: Path,
     df: pd.DataFrame,
@@ -213,7 +203,7 @@ def trajectories_picture(
     n_col = min(4, max(len(shown), 1))
     n_row = -(-max(len(shown), 1) // n_col)
     height = 0.9 + 2.4 * n_row
-    fig = _figure(12, height)
+    fig = new_figure(12, height)
     fig.subplots_adjust(
         left=0.06,
         right=0.99,
@@ -282,7 +272,7 @@ def write_report(
     beta = subjects[[f"beta_{c}" for c in coef_names]].to_numpy()[rows]
     label = subjects["cluster"].to_numpy()[rows]
     j2 = coef_names.index(tcol) if tcol in coef_names else min(1, len(coef_names) - 1)
-    fig = _figure(5.5, 4.2)
+    fig = new_figure(5.5, 4.2)
     ax = fig.add_subplot()
     ax.scatter(beta[:, 0], beta[:, j2], s=4, c=label % 10, cmap="tab10", vmin=0, vmax=9)
     ax.set_xlabel(f"beta {coef_names[0]}")
@@ -291,7 +281,7 @@ def write_report(
     fig.subplots_adjust(left=0.15, right=0.96, bottom=0.13, top=0.92)
     fig.savefig(out / "random_effects.png", dpi=90)
     pics.append("random_effects.png")
-    fig = _figure(5.5, 4.2)
+    fig = new_figure(5.5, 4.2)
     ax = fig.add_subplot()
     ax.bar(
         np.arange(model.n_clusters),
@@ -305,7 +295,7 @@ def write_report(
     fig.subplots_adjust(left=0.15, right=0.96, bottom=0.13, top=0.92)
     fig.savefig(out / "sizes.png", dpi=90)
     pics.append("sizes.png")
-    fig = _figure(5.5, 4.2)
+    fig = new_figure(5.5, 4.2)
     ax = fig.add_subplot()
     ax.plot([h["pass"] for h in history], [h["objective"] for h in history], marker="o")
     ax.set_xlabel("pass")

@@ -51,6 +51,18 @@ summary{cursor:pointer;color:#245;margin-bottom:.3em}
 """.strip()
 
 
+def new_figure(width: float, height: float) -> Any:
+    """A matplotlib figure of ``width`` x ``height`` inches on the Agg canvas, for a report's
+    picture: no pyplot (whose import and backend set-up cost more than drawing a picture, and
+    whose global figures a server process would keep)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
 def fmt(value: Any, digits: int = 4) -> str:
     """A number rounded for reading: ``digits`` significant digits (-17.18765 -> "-17.19"),
     thousands separated and no exponent from 1,000 up (328123.7 -> "328,124"), an exponent below

@@ -31,7 +31,7 @@ from pipeline.core.diagnose import degenerate_fit
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.profile import category_shares, column_means
 from pipeline.families.schema import Schema
-from pipeline.ops.page import Page, Picture, fmt
+from pipeline.ops.page import Page, Picture, fmt, new_figure
 
 IntArray = NDArray[np.int64]
 
@@ -78,7 +78,7 @@ def _warm_matplotlib() -> None:
     import io
 
     try:
-        fig = _figure(1, 1)
+        fig = new_figure(1, 1)
         fig.text(0.5, 0.5, "0")
         fig.savefig(io.BytesIO(), format="png", dpi=10)
     except Exception:  # a warm-up only: the report draws (and fails) for real
@@ -102,20 +102,9 @@ def _await_preload() -> None:
         _preload.join()
 
 
-def _figure(width: float, height: float) -> Any:
-    """A matplotlib figure on the Agg canvas: no pyplot (whose import and backend set-up cost
-    more than drawing the pictures)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height))
-    FigureCanvasAgg(fig)
-    return fig
-
-
 def _new_axes(height: float) -> tuple[Any, Any]:
     # fixed margins instead of tight_layout, which draws each figure twice
-    fig = _figure(5, height)
+    fig = new_figure(5, height)
     fig.subplots_adjust(left=0.17, right=0.96, bottom=0.15, top=0.9)
     return fig, fig.add_subplot()
 
@@ -289,7 +278,7 @@ def profile_picture(out: Path, prof: Profile, ordered_by_tree: bool) -> str:
     row_h = 0.22 if n_rows > 20 else 0.3
     top_in, bottom_in = 0.55, 1.25 if n_feat > 10 else 0.6
     height = top_in + bottom_in + row_h * n_rows
-    fig = _figure(12, height)
+    fig = new_figure(12, height)
     left, right, gap, bar_w = 0.09, 0.98, 0.015, 0.13
     heat_w = right - left - gap - bar_w
     b, h = bottom_in / height, row_h * n_rows / height
@@ -396,7 +385,7 @@ def categories_picture(
     n = len(shown)
     height = 1.5 + (0.22 if n > 20 else 0.3) * n
     bottom, top_m = 1.0 / height, 1 - 0.35 / height
-    fig = _figure(12, height)
+    fig = new_figure(12, height)
     fig.subplots_adjust(left=0.06, right=0.99, bottom=bottom, top=top_m, wspace=0.08)
     axes = fig.subplots(1, len(cols), squeeze=False)[0]
     total = data.stats[:, 0].sum()
@@ -509,7 +498,7 @@ def contingency_picture(out: Path, C: pd.DataFrame, cluster_ids: list[int]) -> s
     share = sub / np.maximum(C.loc[labels].sum(axis=1).to_numpy()[:, None], 1)
     n_r, n_c = share.shape
     height = 1.4 + 0.2 * max(n_r, 4)
-    fig = _figure(6.4, height)
+    fig = new_figure(6.4, height)
     ax = fig.add_axes((0.14, 0.9 / height, 0.72, 1 - 1.35 / height))
     im = ax.imshow(share, aspect="auto", cmap="Blues", norm=mcolors.Normalize(0, 1))
     cax = fig.add_axes((0.88, 0.9 / height, 0.025, 1 - 1.35 / height))

@@ -22,6 +22,7 @@ from pipeline.distributed.worker_setup import stage2_step
 from pipeline.engines.warmup import await_step
 from pipeline.estimators.bhc import BHC
 from pipeline.families import ProductFamily
+from pipeline.ops.page import new_figure
 
 IntArray = NDArray[np.int64]
 
@@ -79,8 +80,6 @@ def _tree_picture(
     it. A cut of one cluster (nothing split) draws the whole tree over the summaries instead.
     Returns the final clusters in the order of the drawn leaves (the report's cluster
     order)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from scipy.cluster.hierarchy import dendrogram
 
@@ -103,8 +102,7 @@ def _tree_picture(
         return f"{ids} · {n:,.0f}"
 
     collapse = cut.shape[0] >= 2
-    fig = Figure(figsize=(12, 4.8))
-    FigureCanvasAgg(fig)
+    fig = new_figure(12, 4.8)
     if posterior is not None:
         grid = fig.add_gridspec(1, 2, width_ratios=[5, 1], wspace=0.12)
         ax = fig.add_subplot(grid[0])
