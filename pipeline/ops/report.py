@@ -182,6 +182,9 @@ def figures(
     log = bool(sizes.size and sizes.max() > 100 * max(sizes.min(), 1))
     # on a log axis the bars start at 1 record (0 has no place there)
     _bars(ax, np.arange(sizes.shape[0]), sizes[order] - log, start=float(log))
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("cluster (by size)")
     ax.set_ylabel("records")
     if log:
