@@ -220,6 +220,10 @@ def cluster(
     )
     params = cfg.params
     t0 = time.perf_counter()
+    if report:
+        from pipeline.ops.report import preload
+
+        preload()  # the report's drawing library loads while the run works
     model = dist.open_warm_start(cfg)
     partial, resumed = dist.prepare_output(input, cfg)
     if resumed and progress:

@@ -230,6 +230,8 @@ def cv(
             "versions": outputs.versions(),
         }
         outputs.write_json(partial / "cv.json", run)
+        with storage.local_dir(partial) as files:
+            pcv.write_report(files, run, table)
         storage.rmtree(partial / "fits", ignore_errors=True)
         storage.rmtree(partial / "store.zarr", ignore_errors=True)
         storage.publish_output(partial, out, overwrite, kind="cv")

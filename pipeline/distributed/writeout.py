@@ -72,6 +72,9 @@ class WriteSummary:
     seconds: float
     scores: dict[str, float] | None = None
     by_pass: int | None = None  # the pass that wrote everything (no write-out tasks ran)
+    # (3, P): (true label code, label, count) over every chunk, each pair once (the report's
+    # contingency table); None without a label column
+    contingency: IntArray | None = None
 
 
 def write_out(
@@ -138,9 +141,12 @@ def summarize_written(
     results = sorted(results, key=lambda r: r.c)
     n_hold = sum(r.heldout_n for r in results)
     n_train = sum(r.train_n for r in results)
-    scores = None
+    scores = contingency = None
     if info.label_column is not None:
-        scores = label_scores(np.hstack([r.pairs for r in results if r.pairs is not None]))
+        pairs = np.hstack([r.pairs for r in results if r.pairs is not None])
+        scores = label_scores(pairs)
+        both, at = np.unique(pairs[:2], axis=1, return_inverse=True)
+        contingency = np.vstack([both, np.bincount(at.ravel(), weights=pairs[2]).astype(np.int64)])
     return WriteSummary(
         heldout_mean_log_density=(sum(r.heldout_sum for r in results) / n_hold) if n_hold else None,
         train_mean_log_density=sum(r.train_sum for r in results) / max(n_train, 1),
@@ -151,4 +157,5 @@ def summarize_written(
         seconds=seconds,
         scores=scores,
         by_pass=by_pass,
+        contingency=contingency,
     )

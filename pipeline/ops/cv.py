@@ -28,10 +28,12 @@ import pandas as pd
 
 from pipeline.core import storage
 from pipeline.core.config import check_scale
+from pipeline.core.diagnose import degenerate_fit
 from pipeline.core.errors import InputError
 from pipeline.core.paths import safe_name
 from pipeline.data.store import Store, StoreInfo
 from pipeline.estimators.search import select_index
+from pipeline.ops.page import Page, Picture, fmt, new_figure
 
 GAUSSIAN_VARIANTS = ("gaussian", "diag-gaussian")
 
@@ -264,8 +266,6 @@ def plot_grid(table: pd.DataFrame, best: int, path: str | Path) -> None:
     """``cv.png``: one heat map per family variant, prior scale x alpha, coloured by the mean
     held-out log predictive density per record and annotated with it, its standard error and the
     mean clusters; the chosen cell outlined."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
     from matplotlib.patches import Rectangle
 
     fams = list(dict.fromkeys(table["family"]))
@@ -273,8 +273,7 @@ def plot_grid(table: pd.DataFrame, best: int, path: str | Path) -> None:
     scales = sorted(set(table["prior_scale"]))
     lo = float(np.nanmin(table["mean_log_density"]))
     hi = float(np.nanmax(table["mean_log_density"]))
-    fig = Figure(figsize=(1.6 + 1.7 * len(alphas) * len(fams), 1.6 + 0.8 * len(scales)))
-    FigureCanvasAgg(fig)
+    fig = new_figure(1.6 + 1.7 * len(alphas) * len(fams), 1.6 + 0.8 * len(scales))
     axes = fig.subplots(1, len(fams), squeeze=False)
     chosen = table.iloc[best]
     im = None
@@ -296,7 +295,8 @@ def plot_grid(table: pd.DataFrame, best: int, path: str | Path) -> None:
         ax.set_xticks(range(len(alphas)), [f"{a:g}" for a in alphas])
         ax.set_yticks(range(len(scales)), [f"{s:g}" for s in scales])
         ax.set_xlabel("alpha (N0)")
-        ax.set_ylabel("prior scale")
+        if ax is axes[0][0]:
+            ax.set_ylabel("prior scale")
         ax.set_title(fam)
         if chosen["family"] == fam:
             i, j = scales.index(chosen["prior_scale"]), alphas.index(chosen["alpha"])
@@ -307,3 +307,84 @@ def plot_grid(table: pd.DataFrame, best: int, path: str | Path) -> None:
         fig.colorbar(im, ax=list(axes[0]), label="held-out log density / record")
     fig.suptitle("K-fold held-out log predictive density (chosen cell outlined)", fontsize=9)
     fig.savefig(path, dpi=110, bbox_inches="tight")
+
+
+def write_report(out: Path, run: dict[str, Any], table: pd.DataFrame) -> list[str]:
+    """``report.html`` and ``report.md`` of a ``dpmm cv`` run into ``out`` (``cv.png``, drawn by
+    ``plot_grid``, is already there): the grid's cells by held-out density, the chosen one and
+    its refit, and a warning box when the refit looks degenerate."""
+    m = run["metrics"]
+    c = run["chosen"]
+    g = run["grid"]
+    n_rows = int(run.get("dataset", {}).get("n_rows") or 0)
+    n_cells = len(table)
+    facts: list[tuple[str, Any]] = [
+        ("input", run["input"]),
+        ("records", n_rows),
+        (
+            "grid",
+            f"{n_cells} cells: alpha {{{', '.join(fmt(a) for a in g['alpha'])}}} x prior scale "
+            f"{{{', '.join(fmt(s) for s in g['prior_scale'])}}} x family "
+            f"{{{', '.join(g['family'])}}}",
+        ),
+        (
+            "folds",
+            f"{run['n_folds']} (records per fold {', '.join(fmt(n) for n in run['fold_sizes'])})",
+        ),
+        ("selection", "largest mean" if run["select"] == "best" else "one-standard-error rule"),
+        (
+            "chosen",
+            f"family {c['family']}, prior scale {fmt(c['prior_scale'])}, alpha {fmt(c['alpha'])}",
+        ),
+        (
+            "its held-out log density per record",
+            f"{fmt(m['mean_log_density'])} ± {fmt(m['se_log_density'], 2)}",
+        ),
+        ("refit on every record", f"{m['n_clusters']} clusters, alpha {fmt(m['alpha'])}"),
+    ]
+    if "nmi" in m:
+        facts.append(("refit against the labels", f"NMI {m['nmi']:.3f}, ARI {m['ari']:.3f}"))
+    facts += [
+        ("fits", f"{run['fits_run']} run, {run['fits_reused']} reused"),
+        ("total time", f"{run['timing']['total']:.1f} s"),
+    ]
+    warn = degenerate_fit(m["n_clusters"], n_rows)
+    page = Page("dpmm cv report", facts, [warn] if warn else [])
+    sec = page.section("The grid")
+    sec.text(
+        f"Each cell was fitted {run['n_folds']} times, each time on all folds but one, and scored "
+        "by the mean log predictive density of the held-out fold's records (higher is better); "
+        "the chosen cell is outlined."
+    )
+    sec.pictures(Picture("cv.png", wide=True))
+    ranked = table.sort_values("mean_log_density", ascending=False)
+    sec.table(
+        pd.DataFrame(
+            {
+                "family": ranked["family"],
+                "prior scale": ranked["prior_scale"],
+                "alpha": ranked["alpha"],
+                "held-out log density": ranked["mean_log_density"],
+                "± se": [_round(v, 2) for v in ranked["se_log_density"]],
+                "clusters": [
+                    f"{fmt(k, 3)} ({lo}-{hi})"
+                    for k, lo, hi in zip(
+                        ranked["n_clusters"],
+                        ranked["n_clusters_min"],
+                        ranked["n_clusters_max"],
+                        strict=True,
+                    )
+                ],
+                "fit seconds": [_round(v, 2) for v in ranked["fit_seconds"]],
+                "chosen": ["yes" if v else "" for v in ranked["chosen"]],
+            }
+        ),
+        "cells, best first",
+    )
+    sec.text("Full precision: cv.json and cv.parquet; the refitted model: model/.")
+    return page.write(out)
+
+
+def _round(v: float, digits: int) -> float:
+    """``v`` to ``digits`` significant digits (a number still, so that the table aligns it)."""
+    return float(f"{v:.{digits}g}")

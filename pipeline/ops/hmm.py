@@ -19,10 +19,12 @@ import numpy as np
 import pandas as pd
 
 from pipeline.core import storage
+from pipeline.core.diagnose import degenerate_fit
 from pipeline.core.errors import InputError
 from pipeline.core.outputs import versions, write_json
 from pipeline.data.sources import read_table
 from pipeline.data.store import Store, StoreInfo, input_positions
+from pipeline.ops.page import Page, Picture, fmt, new_figure
 
 
 def read_sequences(
@@ -168,46 +170,111 @@ def hmm_figures(
     n_show: int = 6,
 ) -> list[str]:
     """``sequences.png`` (the first feature of a few sequences against time, coloured by
-    decoded state), ``transitions.png`` (the transition matrix as a heatmap) and ``sizes.png``
-    (steps per state)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    decoded state, the same colour for a state in every panel), ``transitions.png`` (the
+    transition matrix as a heatmap) and ``sizes.png`` (steps per state)."""
+    from matplotlib.lines import Line2D
 
     names = []
+    K = int(sizes.shape[0])
     ids = rows[sequence_column].drop_duplicates().to_numpy()[:n_show]
-    fig = Figure(figsize=(9, 1.6 * max(len(ids), 1)))
-    FigureCanvasAgg(fig)
+    fig = new_figure(12, 0.8 + 1.4 * max(len(ids), 1))
+    fig.subplots_adjust(left=0.08, right=0.86, bottom=0.6 / fig.get_figheight(), top=0.92)
     feat = X.columns[0]
+    seq = rows[sequence_column].to_numpy()
+    t_all, x_all, z_all = rows[time_column].to_numpy(), X[feat].to_numpy(), rows.state.to_numpy()
     for i, sid in enumerate(ids):
         ax = fig.add_subplot(max(len(ids), 1), 1, i + 1)
-        m = (rows[sequence_column] == sid).to_numpy()
-        t = rows[time_column].to_numpy()[m]
-        ax.plot(t, X[feat].to_numpy()[m], color="0.7", lw=0.8)
-        ax.scatter(t, X[feat].to_numpy()[m], c=rows.state.to_numpy()[m], cmap="tab10", s=6)
-        ax.set_ylabel(f"{sid}", fontsize=7)
-    fig.suptitle(f"decoded states ({feat} against {time_column})")
+        m = seq == sid
+        ax.plot(t_all[m], x_all[m], color="0.7", lw=0.8)
+        ax.scatter(t_all[m], x_all[m], c=z_all[m] % 10, cmap="tab10", vmin=0, vmax=9, s=8)
+        ax.set_ylabel(f"sequence {sid}", fontsize=7)
+        ax.tick_params(labelsize=7)
+    handles = [
+        Line2D([], [], marker="o", ls="", color=f"C{k % 10}", label=f"state {k}")
+        for k in range(min(K, 10))
+    ]
+    fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
+    fig.suptitle(f"decoded states of {len(ids)} sequences ({feat} against {time_column})")
     fig.savefig(out / "sequences.png", dpi=100)
     names.append("sequences.png")
-    fig = Figure(figsize=(5, 4.5))
-    FigureCanvasAgg(fig)
+    fig = new_figure(5, 4.2)
     ax = fig.add_subplot(1, 1, 1)
     im = ax.imshow(A, cmap="viridis", vmin=0, vmax=1)
     fig.colorbar(im, ax=ax)
+    if K <= 30:
+        ax.set_xticks(range(K))
+        ax.set_yticks(range(K))
     ax.set_xlabel("to state")
     ax.set_ylabel("from state")
     ax.set_title("MAP transition matrix")
     fig.savefig(out / "transitions.png", dpi=100)
     names.append("transitions.png")
-    fig = Figure(figsize=(5, 3.5))
-    FigureCanvasAgg(fig)
+    fig = new_figure(5, 4.2)
     ax = fig.add_subplot(1, 1, 1)
-    ax.bar(np.arange(sizes.shape[0]), sizes)
+    ax.bar(np.arange(K), sizes, color=[f"C{k % 10}" for k in range(K)])
+    if K <= 30:
+        ax.set_xticks(range(K))
     ax.set_xlabel("state")
     ax.set_ylabel("time steps")
     ax.set_title("state sizes")
     fig.savefig(out / "sizes.png", dpi=100)
     names.append("sizes.png")
     return names
+
+
+def hmm_page(run: dict[str, Any], A: np.ndarray, sizes: np.ndarray, pictures: list[str]) -> Page:
+    """The report of a ``dpmm hmm`` run (``pipeline.ops.page``)."""
+    m = run["metrics"]
+    p = run.get("parameters", {})
+    K = int(sizes.shape[0])
+    facts: list[tuple[str, Any]] = [
+        ("input", run["input"]),
+        (
+            "time steps",
+            f"{fmt(run['n_rows'])} in {fmt(m['n_sequences'])} sequences "
+            f"({fmt(m.get('n_heldout_sequences'))} held out)",
+        ),
+        ("states", K),
+        ("alpha, gamma", f"{fmt(p.get('alpha'))}, {fmt(p.get('gamma'))}"),
+        ("passes", f"{m['passes']} ({'converged' if m.get('converged') else 'not converged'})"),
+        ("objective", m.get("objective")),
+        ("held-out log likelihood per step", m.get("heldout_log_likelihood_per_step")),
+        ("fitted log likelihood per step", m.get("train_log_likelihood_per_step")),
+        ("total time", f"{run['timing']['total']:.1f} s"),
+    ]
+    warn = degenerate_fit(K, int(run.get("n_train") or run["n_rows"]), "time steps")
+    page = Page("dpmm hmm report", facts, [warn] if warn else [])
+    pics = dict.fromkeys(pictures)
+    sec = page.section("States over time")
+    sec.text(
+        "A few sequences' first feature against time, each step coloured by its decoded "
+        "(Viterbi) state."
+    )
+    if "sequences.png" in pics:
+        sec.pictures(Picture("sequences.png", wide=True))
+    sec = page.section("The states")
+    sec.pictures(*(Picture(n) for n in ("transitions.png", "sizes.png") if n in pics))
+    total = max(float(sizes.sum()), 1e-300)
+    sec.table(
+        pd.DataFrame(
+            {
+                "state": np.arange(K),
+                "time steps": np.rint(sizes).astype(np.int64),
+                "share": [f"{v / total:.1%}" for v in sizes],
+                "P(stay)": [f"{A[k, k]:.3f}" for k in range(K)],
+                "most likely next": [
+                    int(np.argmax(np.where(np.arange(K) == k, -1.0, A[k]))) if K > 1 else 0
+                    for k in range(K)
+                ],
+            }
+        ),
+        "states",
+    )
+    sec.text(
+        "Full precision: run.json; emission parameters: states.parquet; transitions: "
+        "transitions.csv; every step's state: rows.parquet."
+    )
+    return page
 
 
 def finish_hmm(
@@ -225,37 +292,12 @@ def finish_hmm(
 ) -> dict[str, Any]:
     """run.json and the report, then ``partial`` published as ``out``
     (``pipeline.core.storage.publish_output``)."""
-    import html
-
     # matplotlib and the report want a path: on object storage a local directory is uploaded
     with storage.local_dir(partial) as files:
-        pictures = (
-            hmm_figures(files, rows, X, A, sizes, sequence_column, time_column) if report else []
-        )
+        if report:
+            pictures = hmm_figures(files, rows, X, A, sizes, sequence_column, time_column)
+            hmm_page(run, A, sizes, pictures).write(files)
         run["versions"] = versions()
         write_json(files / "run.json", run)
-        if report:
-            m = run["metrics"]
-            lines = [
-                ("input", run["input"]),
-                ("time steps", f"{run['n_rows']:,} in {m['n_sequences']:,} sequences"),
-                ("states", m["n_states"]),
-                ("passes", m["passes"]),
-                ("objective", f"{m['objective']:.6g}"),
-                ("held-out log likelihood per step", m["heldout_log_likelihood_per_step"]),
-                ("total time", f"{run['timing']['total']:.2f} s"),
-            ]
-            body = ["<h1>dpmm hmm report</h1>", "<ul>"]
-            body += [f"<li><b>{html.escape(k)}</b>: {html.escape(str(v))}</li>" for k, v in lines]
-            body += ["</ul>"] + [
-                f'<img src="{p}" alt="{p}" style="max-width:48%">' for p in pictures
-            ]
-            (files / "report.html").write_text(
-                "<!doctype html><html><head><meta charset='utf-8'><title>dpmm hmm report</title>"
-                "</head><body>" + "\n".join(body) + "</body></html>\n"
-            )
-            md = ["# dpmm hmm report", ""] + [f"- **{k}**: {v}" for k, v in lines]
-            md += [""] + [f"![{p}]({p})" for p in pictures]
-            (files / "report.md").write_text("\n".join(md) + "\n")
     storage.publish_output(partial, out, overwrite, kind="hmm")
     return run

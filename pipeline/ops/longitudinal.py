@@ -17,6 +17,7 @@ import pandas as pd
 
 from pipeline.core import storage
 from pipeline.core.config import MAX_PASSES, MIN_CHANGE, TOL, FitParams
+from pipeline.core.diagnose import degenerate_fit
 from pipeline.core.errors import InputError
 from pipeline.data import sources
 from pipeline.data.store import Store, StoreInfo, iter_chunks
@@ -24,6 +25,7 @@ from pipeline.distributed import loop
 from pipeline.engines import get_engine
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.models.mixed_effects import _bad_value
+from pipeline.ops.page import Page, Picture, fmt, new_figure
 
 ENGINE = "mixed_effects"
 
@@ -172,6 +174,75 @@ def cv_summary(heldout: np.ndarray) -> dict[str, float]:
 # -- the report -----------------------------------------------------------------------------------
 
 
+def trajectories_picture(
+    out: Path,
+    df: pd.DataFrame,
+    cols: Columns,
+    subjects: pd.DataFrame,
+    model: Any,
+    rng: np.random.Generator,
+    per_cluster: int,
+    n_panels: int = 8,
+) -> str:
+    """``trajectories.png``: one panel per subgroup (the ``n_panels`` largest clusters), each
+    with the response of up to ``per_cluster`` of its subjects (a seeded sample) against time
+    (or the observation's index within the subject) and the cluster's mean trajectory (the
+    other covariates at their means), on a shared response axis."""
+    tcol = cols.time
+    sizes = np.asarray(model.n, dtype=np.float64)
+    shown = [int(k) for k in np.argsort(-sizes, kind="stable")[:n_panels]]
+    ids = subjects[cols.subject].to_numpy()
+    label = subjects["cluster"].to_numpy()
+    pick: dict[Any, int] = {}
+    for k in shown:
+        members = ids[label == k]
+        if members.size > per_cluster:
+            members = rng.choice(members, size=per_cluster, replace=False)
+        pick.update(dict.fromkeys(members.tolist(), k))
+    sample = df[df[cols.subject].isin(list(pick))]
+    n_col = min(4, max(len(shown), 1))
+    n_row = -(-max(len(shown), 1) // n_col)
+    height = 0.9 + 2.4 * n_row
+    fig = new_figure(12, height)
+    fig.subplots_adjust(
+        left=0.06,
+        right=0.99,
+        bottom=0.45 / height,
+        top=1 - 0.65 / height,
+        hspace=0.45,
+        wspace=0.08,
+    )
+    axes = fig.subplots(n_row, n_col, sharex=True, sharey=True, squeeze=False).ravel()
+    panel = {k: axes[i] for i, k in enumerate(shown)}
+    for sid, g in sample.groupby(cols.subject, sort=False):
+        k = pick[sid]
+        t = g[tcol].to_numpy() if tcol else np.arange(len(g), dtype=float)
+        panel[k].plot(t, g[cols.response], color=f"C{k % 10}", alpha=0.35, lw=1)
+    if tcol:
+        grid = np.linspace(df[tcol].min(), df[tcol].max(), 50)
+        means = df[list(cols.covariates)].mean()
+        x = np.column_stack(
+            [np.ones(grid.size)]
+            + [grid if c == tcol else np.full(grid.size, means[c]) for c in cols.covariates]
+        )
+        for k in shown:
+            panel[k].plot(grid, x @ model.mu[k], color="k", lw=2.5)
+    for k, ax in panel.items():
+        ax.set_title(f"cluster {k} ({sizes[k]:,.0f} subjects)", fontsize=9)
+        ax.tick_params(labelsize=7)
+    for ax in axes[len(shown) :]:
+        ax.set_visible(False)
+    for ax in axes[::n_col]:
+        ax.set_ylabel(cols.response, fontsize=8)
+    fig.suptitle(
+        f"trajectories of up to {per_cluster} subjects per cluster"
+        + ("; black: the cluster's mean trajectory" if tcol else ""),
+        fontsize=10,
+    )
+    fig.savefig(out / "trajectories.png", dpi=90)
+    return "trajectories.png"
+
+
 def write_report(
     out: Path,
     df: pd.DataFrame,
@@ -181,50 +252,16 @@ def write_report(
     coef_names: list[str],
     history: list[dict[str, Any]],
     run: dict[str, Any],
-    n_trajectories: int = 60,
+    n_trajectories: int = 12,
     seed: int = 0,
     n_points: int = 20_000,
 ) -> list[str]:
-    """report.md and report.html with four pictures: trajectories of a sample of subjects
-    coloured by cluster with each cluster's mean trajectory, the random effects in 2-D, the
-    cluster sizes and the objective per pass."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    colors = plt.get_cmap("tab10")
-    pics = []
-    # trajectories: response against time (or the observation's index within the subject)
+    """report.md and report.html with four pictures: trajectories per subgroup (up to
+    ``n_trajectories`` sampled subjects per cluster with the cluster's mean trajectory), the
+    random effects in 2-D, the cluster sizes and the objective per pass."""
     rng = np.random.default_rng(seed)
-    ids = subjects[cols.subject].to_numpy()
-    at = rng.choice(ids.size, size=min(n_trajectories, ids.size), replace=False)
-    pick = set(ids[at].tolist())
-    label_of = dict(zip(ids[at].tolist(), subjects["cluster"].to_numpy()[at].tolist(), strict=True))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    pics = [trajectories_picture(out, df, cols, subjects, model, rng, n_trajectories)]
     tcol = cols.time
-    sample = df[df[cols.subject].isin(pick)]
-    for sid, g in sample.groupby(cols.subject, sort=False):
-        t = g[tcol].to_numpy() if tcol else np.arange(len(g), dtype=float)
-        k = int(label_of.get(sid, -1))
-        ax.plot(t, g[cols.response], color=colors(k % 10) if k >= 0 else "grey", alpha=0.35, lw=1)
-    if tcol:
-        grid = np.linspace(df[tcol].min(), df[tcol].max(), 50)
-        means = df[list(cols.covariates)].mean()
-        for k in range(model.n_clusters):
-            x = np.column_stack(
-                [np.ones(grid.size)]
-                + [grid if c == tcol else np.full(grid.size, means[c]) for c in cols.covariates]
-            )
-            ax.plot(grid, x @ model.mu[k], color=colors(k % 10), lw=3, label=f"cluster {k}")
-        ax.legend(fontsize=8)
-    ax.set_xlabel(tcol or "observation")
-    ax.set_ylabel(cols.response)
-    ax.set_title("trajectories of sampled subjects; thick: cluster mean trajectory")
-    fig.tight_layout()
-    fig.savefig(out / "trajectories.png", dpi=90)
-    plt.close(fig)
-    pics.append("trajectories.png")
     # random effects in 2-D: the time slope against the intercept when there is a time, else
     # the first two coefficients
     # at most n_points subjects drawn (a seeded sample): a million points draw no better than
@@ -233,69 +270,89 @@ def write_report(
     if rows.size > n_points:
         rows = np.sort(rng.choice(rows, size=n_points, replace=False))
     beta = subjects[[f"beta_{c}" for c in coef_names]].to_numpy()[rows]
-    palette = np.asarray([colors(k) for k in range(10)])
     label = subjects["cluster"].to_numpy()[rows]
     j2 = coef_names.index(tcol) if tcol in coef_names else min(1, len(coef_names) - 1)
-    fig, ax = plt.subplots(figsize=(5.5, 4.5))
-    ax.scatter(beta[:, 0], beta[:, j2], s=4, c=palette[label % 10])
+    fig = new_figure(5.5, 4.2)
+    ax = fig.add_subplot()
+    ax.scatter(beta[:, 0], beta[:, j2], s=4, c=label % 10, cmap="tab10", vmin=0, vmax=9)
     ax.set_xlabel(f"beta {coef_names[0]}")
     ax.set_ylabel(f"beta {coef_names[j2]}")
     ax.set_title("random effects (eq. 7.2 modes) by cluster")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.15, right=0.96, bottom=0.13, top=0.92)
     fig.savefig(out / "random_effects.png", dpi=90)
-    plt.close(fig)
     pics.append("random_effects.png")
-    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    fig = new_figure(5.5, 4.2)
+    ax = fig.add_subplot()
     ax.bar(
         np.arange(model.n_clusters),
         model.n,
-        color=[colors(k % 10) for k in range(model.n_clusters)],
+        color=[f"C{k % 10}" for k in range(model.n_clusters)],
     )
+    ax.set_xticks(np.arange(model.n_clusters))
     ax.set_xlabel("cluster")
     ax.set_ylabel("subjects")
     ax.set_title("cluster sizes")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.15, right=0.96, bottom=0.13, top=0.92)
     fig.savefig(out / "sizes.png", dpi=90)
-    plt.close(fig)
     pics.append("sizes.png")
-    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    fig = new_figure(5.5, 4.2)
+    ax = fig.add_subplot()
     ax.plot([h["pass"] for h in history], [h["objective"] for h in history], marker="o")
     ax.set_xlabel("pass")
     ax.set_ylabel("objective (negative log posterior)")
     ax.set_title("objective per pass")
-    fig.tight_layout()
+    fig.subplots_adjust(left=0.2, right=0.96, bottom=0.13, top=0.92)
     fig.savefig(out / "objective.png", dpi=90)
-    plt.close(fig)
     pics.append("objective.png")
+
     m = run["metrics"]
-    lines = [
-        "# dpmm longitudinal",
-        "",
-        f"{m['n_subjects']:,} subjects, {m['n_observations']:,} observations; "
-        f"{m['n_clusters']} clusters; noise precision tau {m['noise_precision']:.4g}; "
-        f"alpha {m['alpha']:.4g}; {m['passes']} passes.",
+    facts: list[tuple[str, Any]] = [
+        ("input", str(run["parameters"].get("input"))),
+        ("subjects", m["n_subjects"]),
+        ("observations", m["n_observations"]),
+        ("model", f"{cols.response} ~ " + " + ".join(coef_names)),
+        ("clusters", m["n_clusters"]),
+        ("alpha", m["alpha"]),
+        ("noise precision tau", m["noise_precision"]),
+        ("passes", f"{m['passes']} ({'converged' if m.get('converged') else 'not converged'})"),
+        ("objective", m["objective"]),
+        ("mean log density per subject", m.get("mean_log_density")),
     ]
     if "cv" in run:
         cv = run["cv"]
-        lines.append(
-            f"{cv['folds']}-fold cross-validation over subjects: mean held-out log predictive "
-            f"density per subject {cv['mean_heldout_log_density']:.4f} "
-            f"(standard error {cv['se']:.4f})."
+        facts.append(
+            (
+                f"{cv['folds']}-fold held-out log density per subject",
+                f"{fmt(cv['mean_heldout_log_density'])} (standard error {fmt(cv['se'], 2)})",
+            )
         )
-    lines.append("")
-    for pic in pics:
-        lines += [f"![{pic}]({pic})", ""]
-    (out / "report.md").write_text("\n".join(lines))
-    body = "\n".join(
-        f"<p>{ln}</p>" if not ln.startswith("![") else f'<img src="{ln[ln.index("(") + 1 : -1]}">'
-        for ln in lines[1:]
-        if ln
+    facts.append(("total time", f"{run['timing_seconds'].get('total', 0):.1f} s"))
+    warn = degenerate_fit(m["n_clusters"], m["n_subjects"], "subjects", tunable=("alpha",))
+    page = Page("dpmm longitudinal report", facts, [warn] if warn else [])
+    sec = page.section("Trajectories per subgroup")
+    sec.text(
+        "Each panel is a cluster of subjects (the largest first): sampled subjects' "
+        f"{cols.response} over {tcol or 'their observations'}"
+        + (", with the cluster's mean trajectory." if tcol else ".")
     )
-    (out / "report.html").write_text(
-        f"<!doctype html><html><head><meta charset='utf-8'><title>dpmm longitudinal</title>"
-        f"</head><body><h1>dpmm longitudinal</h1>{body}</body></html>\n"
+    sec.pictures(Picture("trajectories.png", wide=True))
+    sec = page.section("The clusters")
+    total = max(float(np.sum(model.n)), 1e-300)
+    table = pd.DataFrame(
+        {
+            "cluster": np.arange(model.n_clusters),
+            "subjects": np.rint(model.n).astype(np.int64),
+            "share": [f"{v / total:.1%}" for v in model.n],
+            **{f"mean {c}": model.mu[:, j] for j, c in enumerate(coef_names)},
+        }
     )
-    return ["report.md", "report.html", *pics]
+    sec.table(table, "each cluster's mean coefficients (intercept and covariate slopes)")
+    sec.pictures(*(Picture(p) for p in pics[1:]))
+    sec.text(
+        "Full precision: run.json; each subject's cluster and random effects: "
+        "subjects.parquet; each cluster's coefficients and covariance: clusters.parquet."
+    )
+    return [*page.write(out), *pics]
 
 
 def write_json(path: Path, obj: dict[str, Any]) -> None:

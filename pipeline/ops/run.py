@@ -7,6 +7,7 @@ after a crash resumes from the last checkpoint."""
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -296,22 +297,26 @@ def finish(
         "metrics": metrics,
         **extra,
     }
-    pictures: list[str] = []
     # the small files are written by libraries that want a path: on object storage they go
     # to a local directory uploaded in one go (``storage.local_dir``)
     with storage.local_dir(partial) as files:
         clusters.to_parquet(files / "clusters.parquet", index=False)
         if cfg.report:
-            pictures = rep.figures(
-                files,
-                state.history,
-                final[:, 0],
-                written.plot_X,
-                written.plot_labels,
-                info.moments.mean,
-                info.moments.cov,
+            t0 = time.perf_counter()
+            data = rep.RunData(
+                history=state.history,
+                stats=final,
+                family=info.family,
+                schema=info.schema,
+                mean=info.moments.mean,
+                cov=info.moments.cov,
+                plot_X=written.plot_X,
+                plot_labels=written.plot_labels,
+                contingency=written.contingency,
             )
-            rep.write_report(files, run, clusters, pictures)
+            rep.write_report(files, run, clusters, data)
+            # after "total": the report is timed but is not part of the records per second
+            run["timing"]["report"] = time.perf_counter() - t0
         write_run_model(files / "model", cfg, info, final, state.alpha, metrics)
         write_json(files / "run.json", run)
     storage.publish_output(partial, cfg.out, cfg.overwrite, kind="run")

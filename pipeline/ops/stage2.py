@@ -22,6 +22,7 @@ from pipeline.distributed.worker_setup import stage2_step
 from pipeline.engines.warmup import await_step
 from pipeline.estimators.bhc import BHC
 from pipeline.families import ProductFamily
+from pipeline.ops.page import new_figure
 
 IntArray = NDArray[np.int64]
 
@@ -38,25 +39,148 @@ class Stage2Result:
     files: list[Path] = field(default_factory=list)
 
 
-def _dendrogram(linkage: NDArray[np.float64], path: Path, n_leaves: int) -> None:
-    import matplotlib
+# the most leaves a dendrogram labels one by one (a larger tree is truncated to its last merges)
+TREE_LEAVES = 100
+_MERGED = "#1f77b4"
+_ABOVE_CUT = "#222222"
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def _collapsed_linkage(
+    Z: NDArray[np.float64], M: int, owner: IntArray, cut: IntArray
+) -> NDArray[np.float64]:
+    """The linkage ``Z`` (M - 1, 4) of a tree of M leaves with every subtree of the cut made one
+    leaf: leaf c is the subtree of node ``cut[c]`` (``owner``: the cut cluster of every node, -1
+    above the cut), the internal nodes are the merges above the cut, in their order."""
+    new_id = np.full(2 * M - 1, -1, dtype=np.int64)
+    n_under = np.zeros(2 * M - 1)
+    new_id[cut] = np.arange(cut.shape[0])
+    n_under[cut] = 1.0
+    rows: list[tuple[float, float, float, float]] = []
+    for t in range(M - 1):
+        k = M + t
+        if owner[k] >= 0:
+            continue
+        a, b = int(Z[t, 0]), int(Z[t, 1])
+        new_id[k] = cut.shape[0] + len(rows)
+        n_under[k] = n_under[a] + n_under[b]
+        rows.append((new_id[a], new_id[b], Z[t, 2], n_under[k]))
+    return np.asarray(rows, dtype=np.float64).reshape(-1, 4)
+
+
+def _tree_picture(
+    bhc: BHC,
+    sizes: NDArray[np.float64],
+    mapping: IntArray,
+    posterior: pd.DataFrame | None,
+    path: Path,
+) -> list[int]:
+    """``dendrogram.png``: the BHC tree down to its r_k < 0.5 cut, each subtree of the cut one
+    leaf (a dot) labelled with its final cluster and records, the merges above the cut (the
+    splits) drawn; with ``posterior`` (tgMCMC) the posterior over the number of clusters beside
+    it. A cut of one cluster (nothing split) draws the whole tree over the summaries instead.
+    Returns the final clusters in the order of the drawn leaves (the report's cluster
+    order)."""
+    from matplotlib.lines import Line2D
     from scipy.cluster.hierarchy import dendrogram
 
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    kw: dict[str, Any] = {"no_labels": n_leaves > 60}
-    if n_leaves > 60:
-        kw.update(truncate_mode="lastp", p=60)
-    dendrogram(linkage, ax=ax, color_threshold=0, above_threshold_color="#444", **kw)
+    tree = bhc.tree_
+    M = tree.n_leaves
+    Z = tree.linkage()
+    left, right = tree.left, tree.right
+    cut = np.asarray(bhc.cluster_nodes_, dtype=np.int64)
+    owner = np.full(2 * M - 1, -1, dtype=np.int64)
+    for c, node in enumerate(cut):
+        stack = [int(node)]
+        while stack:
+            k = stack.pop()
+            owner[k] = c
+            if left[k] >= 0:
+                stack += [int(left[k]), int(right[k])]
+
+    def label(finals: np.ndarray, n: float) -> str:
+        ids = "+".join(str(int(f)) for f in finals[:3]) + ("+…" if finals.size > 3 else "")
+        return f"{ids} · {n:,.0f}"
+
+    collapse = cut.shape[0] >= 2
+    fig = new_figure(12, 4.8)
+    if posterior is not None:
+        grid = fig.add_gridspec(1, 2, width_ratios=[5, 1], wspace=0.12)
+        ax = fig.add_subplot(grid[0])
+        ax_k = fig.add_subplot(grid[1])
+    else:
+        ax = fig.add_subplot()
+    n_leaves = cut.shape[0] if collapse else M
+    # a few leaves' labels read across, many only upright
+    # room below the axes for upright labels, then the legend
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.18 if n_leaves <= 12 else 0.27, top=0.92)
+    kw: dict[str, Any] = {
+        "ax": ax,
+        "leaf_rotation": 0 if n_leaves <= 12 else 90,
+        "above_threshold_color": _ABOVE_CUT,
+    }
+    if collapse:
+        Zc = _collapsed_linkage(Z, M, owner, cut)
+        finals = [np.unique(mapping[owner[:M] == c]) for c in range(cut.shape[0])]
+        names = [label(f, float(sizes[owner[:M] == c].sum())) for c, f in enumerate(finals)]
+        if cut.shape[0] > TREE_LEAVES:
+            kw.update(truncate_mode="lastp", p=TREE_LEAVES)
+        out = dendrogram(
+            Zc,
+            labels=names,
+            leaf_font_size=9 if n_leaves <= 12 else 7 if n_leaves <= 60 else 6,
+            link_color_func=lambda k: _ABOVE_CUT,
+            **kw,
+        )
+        order = [int(f) for c in out["leaves"] if c < len(finals) for f in finals[c]]
+        # the cut: a dot at every leaf, each a subtree of summaries merged with r_k > 0.5
+        xs = 5.0 + 10.0 * np.arange(len(out["leaves"]))
+        ax.plot(xs, np.zeros_like(xs), "o", color="#d62728", ms=4, clip_on=False, zorder=3)
+        what = f"{M} summaries; each dot: one subtree of the cut"
+    else:
+        names = [label(mapping[i : i + 1], float(sizes[i])) for i in range(M)]
+        if M > TREE_LEAVES:
+            kw.update(truncate_mode="lastp", p=TREE_LEAVES)
+        out = dendrogram(
+            Z,
+            labels=names,
+            leaf_font_size=7,
+            link_color_func=lambda k: _MERGED,
+            **kw,
+        )
+        order = [int(mapping[i]) for i in out["leaves"] if i < M]
+        what = f"leaves: the {M} summaries"
     # -log r spans from ~0 inside clusters to millions at the top merges: a symlog axis shows both
     ax.set_yscale("symlog", linthresh=1.0)
-    ax.set_title(f"BHC tree over {n_leaves} cluster summaries (cut at r_k < 0.5)")
     ax.set_ylabel("cumulative -log r_k (symlog)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ax.set_xlabel("final cluster · records", fontsize=8)
+    ax.set_title(
+        f"BHC tree: {int(mapping.max()) + 1 if mapping.size else 0} clusters at the r_k < 0.5 "
+        f"cut ({what})",
+        fontsize=10,
+    )
+    if collapse:
+        handles = [
+            Line2D([], [], color=_ABOVE_CUT, lw=2, label="split (r_k < 0.5)"),
+            Line2D([], [], color="#d62728", marker="o", ls="", label="a cluster of the cut"),
+        ]
+    else:
+        handles = [Line2D([], [], color=_MERGED, lw=2, label="merged (one cluster)")]
+    fig.legend(handles=handles, fontsize=7, loc="lower left", ncol=2, frameon=False)
+    if posterior is not None:
+        ks = posterior["n_clusters"].to_numpy()
+        ax_k.barh(ks, posterior["probability"], height=0.7, color="tab:blue")
+        if ks.size <= 15:
+            ax_k.set_yticks(ks)
+        ax_k.set_ylim(ks.min() - 1, ks.max() + 1)
+        ax_k.set_xlabel("posterior probability", fontsize=8)
+        ax_k.set_ylabel("K (tgMCMC)", fontsize=8)
+        ax_k.set_title("posterior over K", fontsize=10)
+        ax_k.tick_params(labelsize=7)
+    fig.savefig(path, dpi=100)
+    # every final cluster once, in leaf order (one missing from the drawing goes last)
+    K = int(mapping.max()) + 1 if mapping.size else 0
+    seen = list(dict.fromkeys(order))
+    return seen + [k for k in range(K) if k not in set(seen)]
 
 
 def run_stage2(
@@ -80,7 +204,8 @@ def run_stage2(
         DP concentration (stage 1's learned value).
     out_dir : path
         Receives ``tree.parquet`` (one row per node: node, parent, left, right, n, log r, ...),
-        ``linkage.npy`` (SciPy linkage), ``dendrogram.png``; with ``mcmc_iter`` also
+        ``linkage.npy`` (SciPy linkage), ``dendrogram.png`` (``_tree_picture``); with
+        ``mcmc_iter`` also
         ``posterior_k.parquet`` (posterior over the number of clusters), ``coclustering.npy``
         (M, M) and ``mcmc_trace.parquet`` (log joint and K per iteration).
     method : {"bhc", "none"}
@@ -109,7 +234,6 @@ def run_stage2(
     bhc.tree_.to_pandas().to_parquet(files[0], index=False)
     linkage = bhc.tree_.linkage()
     np.save(files[1], linkage)
-    _dendrogram(linkage, files[2], M)
     info: dict[str, Any] = {
         "method": "bhc",
         "n_summaries": M,
@@ -120,6 +244,7 @@ def run_stage2(
         "seconds_bhc": t_bhc,
     }
     labels = np.asarray(bhc.labels_, dtype=np.int64)
+    post: pd.DataFrame | None = None
     if mcmc_iter > 0:
         from pipeline.estimators.tgmcmc import TreeGuidedMCMC
 
@@ -156,4 +281,7 @@ def run_stage2(
     mapping = np.array(labels, dtype=np.int64)
     kpartition.canonical_labels(mapping, mapping)
     info["n_clusters"] = int(mapping.max()) + 1
+    # the picture is drawn last: its leaves carry the final clusters
+    info["cluster_order"] = _tree_picture(bhc, stats[:, 0], mapping, post, files[2])
+    info["pictures"] = [files[2].name]
     return Stage2Result(mapping, info, files)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy.cluster.hierarchy import is_valid_linkage
+from scipy.cluster.hierarchy import dendrogram, is_valid_linkage
 from sklearn.metrics import adjusted_rand_score
 
 from pipeline.families import GaussianNW
@@ -34,6 +34,14 @@ def test_bhc_maps_pieces_back_to_blobs(tmp_path) -> None:
     assert len(tree) == 2 * 12 - 1
     assert is_valid_linkage(np.load(tmp_path / "linkage.npy"))
     assert (tmp_path / "dendrogram.png").stat().st_size > 1000
+    assert res.info["pictures"] == ["dendrogram.png"]
+    # the report's cluster order: the clusters in the order of the tree's leaves, each once; the
+    # tree's leaves are the cut's subtrees, so each cluster's summaries are together in the
+    # order of the full dendrogram's leaves
+    order = res.info["cluster_order"]
+    leaves = dendrogram(np.load(tmp_path / "linkage.npy"), no_plot=True)["leaves"]
+    assert order == list(dict.fromkeys(int(res.mapping[i]) for i in leaves))
+    assert sorted(order) == [0, 1, 2]
 
 
 def test_tgmcmc_after_bhc_writes_posterior(tmp_path) -> None:
@@ -42,6 +50,8 @@ def test_tgmcmc_after_bhc_writes_posterior(tmp_path) -> None:
     assert adjusted_rand_score(truth, res.mapping) == 1.0
     post = pd.read_parquet(tmp_path / "posterior_k.parquet")
     assert abs(post["probability"].sum() - 1.0) < 1e-12
+    assert sorted(res.info["cluster_order"]) == list(range(res.info["n_clusters"]))
+    assert (tmp_path / "dendrogram.png").stat().st_size > 1000
     co = np.load(tmp_path / "coclustering.npy")
     assert co.shape == (12, 12)
     np.testing.assert_allclose(np.diag(co), 1.0)

@@ -1,0 +1,73 @@
+"""When a fit looks degenerate: one rule, shared by the reports (``pipeline.ops``) and any
+estimator that wants to warn at ``fit``.
+
+A Dirichlet-process mixture that puts every record in one cluster, or that finds more clusters
+than one per ``RECORDS_PER_CLUSTER`` records, is rarely what a user wants: the first usually
+means the prior expects clusters as wide as the data (``prior_scale`` too large) or a
+concentration too small; the second the opposite. The rule names the parameter to change.
+"""
+
+from __future__ import annotations
+
+# a fit with more clusters than n / RECORDS_PER_CLUSTER is called degenerate (over-segmented)
+RECORDS_PER_CLUSTER = 10
+
+
+# what to change, per parameter: (when there is one cluster, when there are too many)
+_ADVICE = {
+    "alpha": ("raise alpha (--alpha, e.g. 10)", "lower alpha (--alpha, e.g. 0.1)"),
+    "prior_scale": (
+        "lower prior_scale (--prior-scale, e.g. 0.1)",
+        "raise prior_scale (--prior-scale, e.g. 0.5)",
+    ),
+}
+_SCALE_MEANS = "; prior_scale is the share of the data's variance one cluster is expected to carry"
+
+
+def degenerate_fit(
+    n_clusters: int,
+    n_records: int,
+    unit: str = "records",
+    tunable: tuple[str, ...] = ("alpha", "prior_scale"),
+) -> str | None:
+    """What is wrong with a fit of ``n_clusters`` clusters over ``n_records`` records and which
+    parameter to change, as one sentence; None when the fit does not look degenerate.
+
+    Parameters
+    ----------
+    n_clusters : int
+        Clusters (or states) found.
+    n_records : int
+        Records (or subjects, time steps) fitted.
+    unit : str
+        What a record is called in the sentence.
+    tunable : tuple of {"alpha", "prior_scale"}
+        The parameters the command that fitted has (the sentence names only those).
+
+    Returns
+    -------
+    str or None
+        One cluster for two records or more: raise ``alpha`` or lower ``prior_scale``; more
+        clusters than ``n_records / RECORDS_PER_CLUSTER``: lower ``alpha`` or raise
+        ``prior_scale``.
+    """
+    k, n = int(n_clusters), int(n_records)
+    if n < 2:
+        return None
+    if k <= 1:
+        what, side = f"one cluster holds all {n:,} {unit}: the fit found no structure", 0
+    elif k * RECORDS_PER_CLUSTER > n:
+        what = (
+            f"{k:,} clusters for {n:,} {unit}, more than one per {RECORDS_PER_CLUSTER}: "
+            "the fit is over-segmented"
+        )
+        side = 1
+    else:
+        return None
+    advice = " or ".join(_ADVICE[p][side] for p in tunable if p in _ADVICE)
+    if not advice:
+        return f"{what}."
+    tail = _SCALE_MEANS if "prior_scale" in tunable else ""
+    lead = "If you expect groups, " if side == 0 else ""
+    sentence = f"{lead}{advice}{tail}."
+    return f"{what}. {sentence[0].upper()}{sentence[1:]}"
