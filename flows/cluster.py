@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 from prefect import flow
 
-from flows.heartbeats import run_flow, with_heartbeats
 from flows.params import run_config
 from flows.tasks import step
 from pipeline.core.config import (
@@ -129,7 +128,6 @@ def finish_task(
 
 
 @flow(name="cluster", validate_parameters=False)
-@with_heartbeats
 def cluster(
     input: Any,
     out: str,
@@ -296,4 +294,4 @@ def cluster(
 
 def run_cluster_flow(**kwargs: Any) -> dict[str, Any]:
     """Run the ``cluster`` flow as ``dpmm run`` does (keyword arguments as ``cluster``)."""
-    return run_flow(cluster, **kwargs)
+    return cluster(**kwargs)

@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 from prefect import flow
 
-from flows.heartbeats import run_flow, with_heartbeats
 from flows.tasks import step
 from pipeline.core import outputs, storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, SELECT
@@ -72,7 +71,6 @@ def _prepare(
 
 
 @flow(name="cv", validate_parameters=False)
-@with_heartbeats
 def cv(
     input: Any,
     out: str,
@@ -253,10 +251,10 @@ def cv(
 
 def run_cv_flow(**kwargs: Any) -> dict[str, Any]:
     """Run the ``cv`` flow (keyword arguments as ``cv``) as ``dpmm cv`` does
-    (``flows.heartbeats.run_flow``)."""
+    ."""
     from prefect.task_runners import ThreadPoolTaskRunner
 
     limit = kwargs.get("concurrency") or kwargs.get("n_workers") or os.cpu_count() or 1
     kwargs["concurrency"] = int(limit)
     runner: Any = ThreadPoolTaskRunner(max_workers=int(limit))
-    return run_flow(cv.with_options(task_runner=runner), **kwargs)  # type: ignore[no-any-return]
+    return cv.with_options(task_runner=runner)(**kwargs)  # type: ignore[no-any-return]

@@ -17,7 +17,6 @@ import pandas as pd
 from prefect import flow
 
 from flows.cluster import pass_task, start_task, write_task
-from flows.heartbeats import run_flow, with_heartbeats
 from flows.params import run_config
 from flows.tasks import step
 from pipeline.core import storage
@@ -46,7 +45,6 @@ def ingest_task(
 
 
 @flow(name="hmm", validate_parameters=False)
-@with_heartbeats
 def hmm(
     input: str,
     out: str,
@@ -222,5 +220,5 @@ def hmm(
 
 
 def run_hmm_flow(**kwargs: Any) -> dict[str, Any]:
-    """Run the ``hmm`` flow as ``dpmm hmm`` does (``flows.heartbeats.run_flow``)."""
-    return run_flow(hmm, **kwargs)  # type: ignore[no-any-return]
+    """Run the ``hmm`` flow as ``dpmm hmm`` does."""
+    return hmm(**kwargs)  # type: ignore[no-any-return]

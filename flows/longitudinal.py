@@ -17,7 +17,6 @@ import numpy as np
 import pandas as pd
 from prefect import flow
 
-from flows.heartbeats import run_flow, with_heartbeats
 from flows.params import fit_params
 from flows.tasks import step
 from pipeline.core import storage
@@ -79,7 +78,6 @@ def fold_task(
 
 
 @flow(name="longitudinal", validate_parameters=False)
-@with_heartbeats
 def longitudinal(
     input: str,
     out: str,
@@ -183,5 +181,5 @@ def longitudinal(
 
 
 def run_longitudinal_flow(**kwargs: Any) -> dict[str, Any]:
-    """Run the flow as ``dpmm longitudinal`` does (``flows.heartbeats.run_flow``)."""
-    return run_flow(longitudinal, **kwargs)  # type: ignore[no-any-return]
+    """Run the flow as ``dpmm longitudinal`` does."""
+    return longitudinal(**kwargs)  # type: ignore[no-any-return]

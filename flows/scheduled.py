@@ -30,7 +30,6 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.cluster import cluster
-from flows.heartbeats import with_heartbeats
 from flows.score import score
 from pipeline.core import storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, MAX_PASSES
@@ -45,7 +44,6 @@ WINDOW = 7
 
 
 @flow(name="scheduled-clustering", validate_parameters=False)
-@with_heartbeats
 def scheduled_clustering(
     input: str,
     models: str,

@@ -15,7 +15,6 @@ from typing import Any
 
 from prefect import flow
 
-from flows.heartbeats import run_flow, with_heartbeats
 from flows.tasks import step
 from pipeline.core.config import DEFAULT_CHUNK_ROWS
 from pipeline.core.storage import Loc
@@ -37,7 +36,6 @@ def write_task(
 
 
 @flow(name="score", validate_parameters=False)
-@with_heartbeats
 def score(
     model: str,
     input: Any,
@@ -86,4 +84,4 @@ def score(
 
 def run_score_flow(**kwargs: Any) -> dict[str, Any]:
     """Run the ``score`` flow as ``dpmm score`` does (keyword arguments as ``score``)."""
-    return run_flow(score, **kwargs)  # type: ignore[no-any-return]
+    return score(**kwargs)  # type: ignore[no-any-return]

@@ -223,7 +223,7 @@ def flow_api() -> Iterator[str | None]:
     )
 
     # heartbeats let a long-lived server notice a crashed run; this one ends with the command,
-    # so none is sent (``flows.heartbeats.run_flow`` reads the setting)
+    # so none is sent
     updates = {PREFECT_API_URL: url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     with temporary_settings(updates=updates):
         yield url

@@ -117,7 +117,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.scores is not None:
         storage.check_reachable(args.scores, "--scores")
     if args.once:
-        from flows.heartbeats import run_flow
         from pipeline.ops.schedule import require_partitions
 
         # nothing to run: one line before Prefect starts (served, partitions may come later)
@@ -126,7 +125,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         start_flow(
             args,
             flow_parameters(args),
-            runner=lambda **kw: run_flow(scheduled_clustering, **kw),
+            runner=scheduled_clustering,
         )
         return 0
     with schedule_api(quiet=bool(getattr(args, "quiet", False))):

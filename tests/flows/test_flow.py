@@ -14,11 +14,9 @@ import numpy as np
 import pandas as pd
 import pytest
 import zarr
-from prefect import flow
 from prefect.testing.utilities import prefect_test_harness
 from sklearn.metrics import normalized_mutual_info_score
 
-from flows import heartbeats
 from flows.cli import main
 from flows.cli.run import add_run_parser
 from flows.cluster import cluster
@@ -384,39 +382,3 @@ def test_dpmm_run_init_asugs_starts_the_mapdp_passes(tmp_path: Path):
     label = zarr.open_array(str(out / "labels.zarr/label"))[:]
     assert normalized_mutual_info_score(y, label) > 0.99
     assert run["metrics"]["converged"]
-
-
-def _flow_view() -> dict:
-    import threading
-
-    from prefect.settings import get_current_settings
-
-    return {
-        "prefect_heartbeats": get_current_settings().flows.heartbeat_frequency,
-        "ours": [t.name for t in threading.enumerate() if t.name == heartbeats.THREAD_NAME],
-    }
-
-
-@flow(name="heartbeat-probe")
-@heartbeats.with_heartbeats
-def _probe() -> dict:
-    return _flow_view()
-
-
-def test_run_flow_sends_heartbeats_that_end_with_the_run():
-    """``run_flow`` against an API (the harness's server) switches Prefect's own heartbeats
-    off, whose thread holds up the end of each flow run by up to a second, and the flow sends
-    the same events from its own thread, gone as soon as the flow returns; a flow called
-    directly keeps Prefect's own, and none of ours."""
-    import threading
-
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-
-    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: 30}):
-        inside = heartbeats.run_flow(_probe)
-        direct = _probe()
-    assert inside == {"prefect_heartbeats": None, "ours": [heartbeats.THREAD_NAME]}
-    assert direct == {"prefect_heartbeats": 30, "ours": []}
-    assert not [t for t in threading.enumerate() if t.name == heartbeats.THREAD_NAME]
-    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-        assert heartbeats.run_flow(_probe) == {"prefect_heartbeats": None, "ours": []}

@@ -97,8 +97,8 @@ def test_runs_against_a_long_lived_server(tmp_path: Path):
         assert [(r["name"] != "", r["state_type"]) for r in runs] == [(True, "COMPLETED")]
         flows = httpx.post(f"{api}/flows/filter", json={}, timeout=30).json()
         assert [f["name"] for f in flows] == ["cluster"]
-        # the run sent the server its heartbeat (``flows.heartbeats``: what tells it a crashed
-        # run from a long one), as Prefect's own would have
+        # the run sent the server its heartbeat (Prefect's own: what tells it a crashed
+        # run from a long one)
         beats = _events(api, "prefect.flow-run.heartbeat", f"prefect.flow-run.{runs[0]['id']}")
         assert beats and beats[0]["related"][0]["prefect.resource.name"] == "cluster"
     finally:
