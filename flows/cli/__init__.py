@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["build_parser", "main", "worker_engines"]
+__all__ = ["build_parser", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,12 +38,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         prefect_api.set_defaults()
         if prefect_api.wants_server(sys.argv[1:]):
             prefect_api.prestart()
-        engines = worker_engines(sys.argv[1:])
-        if engines:
-            # the workers' fork server imports while this process does
-            from pipeline.distributed.client import start_fork_server
-
-            start_fork_server(engines)
     from flows.cli.app import main as run
 
     if argv is not None:
@@ -55,33 +49,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         status[0] = 0 if err.code is None else err.code if isinstance(err.code, int) else 1
         raise
     return code
-
-
-# the engine of the local cluster of worker processes each command starts by default
-_WORKER_ENGINES = {
-    "run": "mapdp",
-    "demo": "mapdp",
-    "score": "mapdp",
-    "cv": "mapdp",
-    "hmm": "ihmm",
-    "longitudinal": "mixed_effects",
-}
-
-
-def worker_engines(argv: Sequence[str]) -> list[str]:
-    """The engines of the local cluster of worker processes the ``dpmm`` command line ``argv``
-    (without the program) will start, as far as can be told before it is parsed, for the early
-    start of their fork server (``pipeline.distributed.client.start_fork_server``); [] for none or
-    when only the parser can tell (workers as threads, another scheduler or a batch cluster,
-    another engine, help)."""
-    if not argv or argv[0] not in _WORKER_ENGINES:
-        return []
-    opts = {a.split("=", 1)[0] for a in argv[1:] if a.startswith("-")}
-    if opts & {"-h", "--help", "--scheduler", "--cluster", "--engine", "--threads", "--in-memory"}:
-        return []
-    if argv[0] == "demo" and "--no-threads" not in opts:
-        return []
-    return [_WORKER_ENGINES[argv[0]]]
 
 
 def _exit_now(status: list[int | None]) -> None:

@@ -17,6 +17,11 @@ pipeline, Dask and Prefect are imported), and points its flow at it (``flow_api`
 the command). Nothing changes in what the flow records. If that server does not come up, the
 flow falls back to Prefect's own temporary server, which reports what goes wrong.
 
+Measured (issue 35: alternating runs with and without ``prestart`` on the 2-core machine,
+medians): it saves 3.7 s of ``dpmm demo`` with an empty numba cache (25.4 s against 29.0 s),
+4.3 s of a warm ``dpmm demo`` (8.8 s against 13.1 s) and 4.1 s of a fresh ``dpmm run`` of 1M x
+10 records (9.8 s against 13.8 s).
+
 For repeated and scheduled runs, ``dpmm server`` (``prefect server start`` on 127.0.0.1) keeps a
 server running; with ``PREFECT_API_URL`` pointing at it every command skips the start altogether
 and its flow runs are kept in one place, to be seen in the Prefect UI.

@@ -247,40 +247,6 @@ def test_run_workers_are_threads_for_a_sequential_engine(argv: list[str], thread
     assert _threads(args) is threads
 
 
-@pytest.mark.parametrize(
-    ("argv", "engines"),
-    [
-        (["run", "in.parquet", "--out", "o"], ["mapdp"]),
-        (["run", "in.parquet", "--out", "o", "--no-threads"], ["mapdp"]),
-        (["run", "in.parquet", "--out", "o", "--threads"], []),
-        (["run", "in.parquet", "--out", "o", "--engine", "asugs"], []),
-        (["run", "in.parquet", "--out", "o", "--engine=kmeans"], []),
-        (["run", "in.parquet", "--out", "o", "--scheduler", "tcp://h:8786"], []),
-        (["run", "--help"], []),
-        (["demo", "--out", "d"], []),
-        (["demo", "--out", "d", "--no-threads"], ["mapdp"]),
-        (["cluster", "in.csv", "--out", "o"], []),
-        (["hmm", "in.csv", "--out", "o"], ["ihmm"]),
-        (["longitudinal", "in.csv", "--out", "o"], ["mixed_effects"]),
-        ([], []),
-    ],
-)
-def test_the_early_fork_server_is_for_worker_processes_of_the_parsed_engine(
-    argv: list[str], engines: list[str]
-) -> None:
-    """``worker_engines`` guesses from the raw command line; where it names an engine, the
-    parser agrees that the command's workers are processes of that engine."""
-    from flows.cli import worker_engines
-    from flows.cli.run import _threads
-
-    assert worker_engines(argv) == engines
-    if engines and argv[0] == "run":
-        args = build_parser().parse_args(argv)
-        assert not _threads(args) and args.engine == engines[0] and args.scheduler is None
-    if engines and argv[0] == "demo":
-        assert build_parser().parse_args(argv).threads is False
-
-
 def test_real_subprocess(csv_path: Path, tmp_path: Path) -> None:
     exe = Path(sys.executable).with_name("dpmm")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "flows.cli"]
