@@ -29,7 +29,7 @@ import numpy as np
 from prefect import flow
 
 from flows.params import run_config
-from flows.tasks import step
+from flows.tasks import run_flow, step
 from pipeline.core.config import (
     DEFAULT_CHUNK_ROWS,
     INIT_SAMPLE,
@@ -219,7 +219,7 @@ def cluster(
     params = cfg.params
     t0 = time.perf_counter()
     if report:
-        from pipeline.ops.report import preload
+        from pipeline.ops.page import preload
 
         preload()  # the report's drawing library loads while the run works
     model = dist.open_warm_start(cfg)
@@ -294,4 +294,4 @@ def cluster(
 
 def run_cluster_flow(**kwargs: Any) -> dict[str, Any]:
     """Run the ``cluster`` flow as ``dpmm run`` does (keyword arguments as ``cluster``)."""
-    return cluster(**kwargs)
+    return run_flow(cluster, **kwargs)

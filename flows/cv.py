@@ -9,7 +9,7 @@ cluster; default one per worker) -> ``cv.parquet``,
 
 Each finished fit's result is written at once into the partial output
 (``pipeline.ops.cv.ResultLog``); running the same command again after a crash skips the fits done.
-The output appears at ``OUT`` only when complete (``pipeline.core.storage.prepare_output``: a
+The output appears at ``OUT`` only when complete (``pipeline.core.outputs.prepare_output``: a
 temporary sibling renamed at the end, or on object storage OUT's manifest written last). Bad
 input (an empty grid, a value out of range, more folds than records) is a ``ValueError`` before
 any fit, and leaves nothing behind.
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from prefect import flow
 
-from flows.tasks import step
+from flows.tasks import run_flow, step
 from pipeline.core import outputs, storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, SELECT
 from pipeline.data import dataset
@@ -67,7 +67,7 @@ def _prepare(
     fp = None
     if dataset.is_path_source(input):
         fp = json.dumps({"input": dataset.fingerprint(input), **key}, sort_keys=True, default=str)
-    return storage.prepare_output(out, fp, overwrite)
+    return outputs.prepare_output(out, fp, overwrite)
 
 
 @flow(name="cv", validate_parameters=False)
@@ -232,7 +232,7 @@ def cv(
             pcv.write_report(files, run, table)
         storage.rmtree(partial / "fits", ignore_errors=True)
         storage.rmtree(partial / "store.zarr", ignore_errors=True)
-        storage.publish_output(partial, out, overwrite, kind="cv")
+        outputs.publish_output(partial, out, overwrite, kind="cv")
     except (ValueError, TypeError):
         # bad input: nothing to resume, nothing left behind
         storage.rmtree(partial, ignore_errors=True)
@@ -257,4 +257,4 @@ def run_cv_flow(**kwargs: Any) -> dict[str, Any]:
     limit = kwargs.get("concurrency") or kwargs.get("n_workers") or os.cpu_count() or 1
     kwargs["concurrency"] = int(limit)
     runner: Any = ThreadPoolTaskRunner(max_workers=int(limit))
-    return cv.with_options(task_runner=runner)(**kwargs)  # type: ignore[no-any-return]
+    return run_flow(cv.with_options(task_runner=runner), **kwargs)  # type: ignore[no-any-return]

@@ -18,8 +18,8 @@ from prefect import flow
 
 from flows.cluster import pass_task, start_task, write_task
 from flows.params import run_config
-from flows.tasks import step
-from pipeline.core import storage
+from flows.tasks import run_flow, step
+from pipeline.core import outputs, storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, INIT_SAMPLE, MAX_PASSES, MIN_CHANGE, TOL
 from pipeline.data.store import Store, StoreInfo
 from pipeline.distributed import loop
@@ -97,7 +97,7 @@ def hmm(
     )
     params = cfg.params
     t0 = time.perf_counter()
-    if storage.committed(storage.location(out)) and not overwrite:
+    if outputs.committed(storage.location(out)) and not overwrite:
         # before reading the input: refused at once, as the other commands
         raise ValueError(
             f"--out {storage.redact(str(out))}: already exists (pass --overwrite to replace it)"
@@ -221,4 +221,4 @@ def hmm(
 
 def run_hmm_flow(**kwargs: Any) -> dict[str, Any]:
     """Run the ``hmm`` flow as ``dpmm hmm`` does."""
-    return hmm(**kwargs)  # type: ignore[no-any-return]
+    return run_flow(hmm, **kwargs)  # type: ignore[no-any-return]

@@ -18,8 +18,8 @@ import pandas as pd
 from prefect import flow
 
 from flows.params import fit_params
-from flows.tasks import step
-from pipeline.core import storage
+from flows.tasks import run_flow, step
+from pipeline.core import outputs, storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL, FitParams
 from pipeline.data.ingest import ingest
 from pipeline.data.store import Store, StoreInfo
@@ -120,7 +120,7 @@ def longitudinal(
         min_change=min_change,
     )
     # OUT appears only when complete: a renamed sibling, or a manifest on object storage
-    partial, _ = storage.prepare_output(out, None, overwrite)
+    partial, _ = outputs.prepare_output(out, None, overwrite)
     t0 = time.perf_counter()
     timing: dict[str, float] = {}
     try:
@@ -176,10 +176,10 @@ def longitudinal(
     }
     timing["total"] = time.perf_counter() - t0
     run = lon.finish(partial, df, cols, info, state, res, cv, parameters, timing, report)
-    storage.publish_output(partial, out, overwrite, kind="longitudinal")
+    outputs.publish_output(partial, out, overwrite, kind="longitudinal")
     return run
 
 
 def run_longitudinal_flow(**kwargs: Any) -> dict[str, Any]:
     """Run the flow as ``dpmm longitudinal`` does."""
-    return longitudinal(**kwargs)  # type: ignore[no-any-return]
+    return run_flow(longitudinal, **kwargs)  # type: ignore[no-any-return]

@@ -31,7 +31,7 @@ from prefect import flow, get_run_logger
 
 from flows.cluster import cluster
 from flows.score import score
-from pipeline.core import storage
+from pipeline.core import outputs, storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, MAX_PASSES
 from pipeline.core.errors import InputError
 from pipeline.core.paths import safe_name
@@ -127,7 +127,7 @@ def scheduled_clustering(
             if not own:
                 raise InputError(f"{storage.redact(str(path))}: the partition holds no records")
             scored = scores_root / safe_name(f"date={date}", "partition")
-            if current is not None and not storage.committed(scored):
+            if current is not None and not outputs.committed(scored):
                 score(
                     model=str(current / "model"),
                     input=own,

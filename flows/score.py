@@ -15,7 +15,7 @@ from typing import Any
 
 from prefect import flow
 
-from flows.tasks import step
+from flows.tasks import run_flow, step
 from pipeline.core.config import DEFAULT_CHUNK_ROWS
 from pipeline.core.storage import Loc
 from pipeline.data.store import StoreInfo
@@ -84,4 +84,4 @@ def score(
 
 def run_score_flow(**kwargs: Any) -> dict[str, Any]:
     """Run the ``score`` flow as ``dpmm score`` does (keyword arguments as ``score``)."""
-    return score(**kwargs)  # type: ignore[no-any-return]
+    return run_flow(score, **kwargs)  # type: ignore[no-any-return]

@@ -1,5 +1,6 @@
 """The Prefect task that every step of a flow is: ``step``, one decorator with the project's
-options, so that a flow's tasks differ only in their names and in how often they are retried.
+options, so that a flow's tasks differ only in their names and in how often they are retried;
+and ``run_flow``, how every flow of this package is run (the command line, ``run_*_flow``).
 
 A step's arguments are a Dask client, stores and engine states: Prefect neither hashes them into a
 cache key nor persists its result (``NO_CACHE``). A failed step is retried, one second later,
@@ -15,7 +16,7 @@ from typing import Any, ParamSpec, TypeVar
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
 
-__all__ = ["RETRIES", "retry_unless_bad_input", "step"]
+__all__ = ["RETRIES", "retry_unless_bad_input", "run_flow", "step"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -60,3 +61,21 @@ def step(
             cache_policy=NO_CACHE,
         )
     return task(name=name, task_run_name=task_run_name, cache_policy=NO_CACHE)
+
+
+def run_flow(flow_fn: Any, **kwargs: Any) -> Any:
+    """Run ``flow_fn(**kwargs)``. Against Prefect's temporary server (no ``PREFECT_API_URL``),
+    which lives and dies with this process, flow-run heartbeats are off: Prefect 3.8 joins their
+    thread when the run ends, which holds up the end by up to a second, and no long-lived
+    server is there to tell a crashed run from a long one by them. Against a configured server
+    Prefect's own heartbeats are sent as configured."""
+    from prefect.settings import (
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        get_current_settings,
+        temporary_settings,
+    )
+
+    if get_current_settings().api.url is not None:
+        return flow_fn(**kwargs)
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        return flow_fn(**kwargs)

@@ -41,7 +41,7 @@ from flows.cli.types import nonneg_int as _nonneg_int
 from flows.cli.types import positive_float as _positive_float
 from flows.cli.types import positive_int as _positive_int
 from flows.cli.types import prior_scale as _prior_scale
-from pipeline.core import storage
+from pipeline.core import outputs, storage
 from pipeline.core.config import (
     DEFAULT_CHUNK_ROWS,
     INIT_SAMPLE,
@@ -426,7 +426,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _hpc_of(args)  # a bad --cluster-config is refused before anything starts
     # and an OUT or --data-dir on object storage that cannot be reached (``pipeline.core.storage``)
     storage.check_reachable(args.out, "--out")
-    storage.check_new_output(args.out, args.overwrite)
+    outputs.check_new_output(args.out, args.overwrite)
     if args.data_dir is not None:
         storage.check_reachable(args.data_dir, "--data-dir")
     prestart()  # Prefect's temporary server boots while the flow's modules load

@@ -16,7 +16,7 @@ from typing import Any
 from flows.cli.options import LOGS, OVERWRITE, QUIET, SCHEDULER, WORKERS, flow_kwargs
 from flows.cli.run import start_flow
 from flows.cli.types import positive_int as _positive_int
-from pipeline.core import storage
+from pipeline.core import outputs, storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS
 from pipeline.data import io as pio
 
@@ -53,7 +53,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     pio.check_file(args.input)
     # a model or OUT on object storage that cannot be reached (``pipeline.core.storage``)
     storage.check_reachable(args.model, "model")
-    storage.require_visible(storage.location(args.model), "model")
+    outputs.require_visible(storage.location(args.model), "model")
     storage.check_reachable(args.out, "--out")
     prestart()  # Prefect's temporary server boots while the flow's modules load
     kwargs = dict(

@@ -122,10 +122,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # nothing to run: one line before Prefect starts (served, partitions may come later)
         require_partitions(args.input)
 
+        from flows.tasks import run_flow
+
         start_flow(
             args,
             flow_parameters(args),
-            runner=scheduled_clustering,
+            runner=lambda **kw: run_flow(scheduled_clustering, **kw),
         )
         return 0
     with schedule_api(quiet=bool(getattr(args, "quiet", False))):

@@ -18,7 +18,7 @@ from typing import Any
 
 from flows.cli.options import SEED
 from flows.cli.types import positive_float as _positive_float
-from pipeline.core import storage
+from pipeline.core import outputs, storage
 from pipeline.core.errors import InputError
 from pipeline.data import sources
 
@@ -70,7 +70,7 @@ def cmd_update(args: argparse.Namespace) -> int:
 
     model_path, inp, out = args.model, args.input, args.out
     out_loc = storage.location(out)
-    if storage.committed(out_loc) and not args.overwrite:
+    if outputs.committed(out_loc) and not args.overwrite:
         shown = storage.redact(str(out))
         raise InputError(f"--out {shown}: already exists (pass --overwrite to replace it)")
     if storage.same_place(model_path, out_loc):

@@ -6,7 +6,7 @@ every ingest option. A second fit of the same input with the same options reuses
 without running a task; a changed file or option gets another key, hence a new ingest.
 
 An ingest writes its own copy of the store and makes it visible only when complete
-(``pipeline.core.storage.write_shared``: a hidden sibling ``.<key>.partial-<pid>-<tag>``
+(``pipeline.core.outputs.write_shared``: a hidden sibling ``.<key>.partial-<pid>-<tag>``
 renamed into place, or a committed attempt under the key's prefix on object storage), so a
 crashed or concurrent ingest never leaves a half store where a reader looks, and bad input
 leaves nothing behind. What a crashed ingest left is removed by a later one of that key. Of
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pipeline.core import storage
+from pipeline.core import outputs, storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE
 from pipeline.core.errors import InputError
 from pipeline.data.ingest import ingest
@@ -225,7 +225,7 @@ def open_dataset(
             store, info = _open_complete(tmp)
             return store, info, False
         final = storage.location(path)
-        found = storage.shared_copy(final)
+        found = outputs.shared_copy(final)
         if found is not None:
             _refuse_foreign(found)
         store, info = _ingest_shared(final, source, ingest_kw, None, replace=True)
@@ -247,7 +247,7 @@ def open_dataset(
         if path is not None
         else storage.location(root or default_root()) / key
     )
-    found = storage.shared_copy(where)
+    found = outputs.shared_copy(where)
     if found is not None:
         if path is None or _recorded_key(found) == key:
             store, info = _open_complete(found)
@@ -261,13 +261,13 @@ def _ingest_shared(
     final: storage.Loc, source: Any, ingest_kw: dict[str, Any], key: str | None, replace: bool
 ) -> tuple[Store, StoreInfo]:
     """Ingest into a new copy of the store ``final`` and make it visible when complete
-    (``storage.write_shared``: a store already there is replaced only if ``replace``, else it
+    (``outputs.write_shared``: a store already there is replaced only if ``replace``, else it
     is a concurrent ingest's, of the same key); on any failure the copy is removed."""
 
     def write(place: storage.Loc) -> None:
         ingest(source, Store(place), format_extra={"key": key}, **ingest_kw)
 
-    return _open_complete(storage.write_shared(final, write, replace, kind="dataset", key=key))
+    return _open_complete(outputs.write_shared(final, write, replace, kind="dataset", key=key))
 
 
 def _recorded_key(path: storage.Loc) -> str | None:

@@ -23,7 +23,6 @@ from kernels import partition as kpartition
 from pipeline.core.config import MAX_SEEDS, FitParams
 from pipeline.core.seeds import seed_state
 from pipeline.data.store import StoreInfo, iter_chunks
-from pipeline.engines import warmup
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.engines.mixture_state import IntArray, PassState, chunk_seed, init_sample_rows
 from pipeline.families import FloatArray, ProductFamily
@@ -151,15 +150,14 @@ MIXTURE_REDUCE_STEP = "mixture-reduce"
 
 
 def warm_driver(X: FloatArray | None = None, family: ProductFamily | None = None) -> None:
-    """Load the numba kernels ``reduce_pass`` calls and the report's matplotlib, so that their
-    first real use does not pay for loading them; the kernels on records X (n, D) of the run's
-    own ``family`` when given (its spec type picks them: ``kernels.obs.product``). They are
-    compiled by one process of the run only (``pipeline.engines.warmup.compile_once``): a worker
-    may be at it already."""
+    """Load the numba kernels ``reduce_pass`` calls, so that their first real use does not pay
+    for loading them, on records X (n, D) of the run's own ``family`` when given (its spec type
+    picks them: ``kernels.obs.product``). They are compiled by one process of the run only
+    (``pipeline.engines.warmup.compile_once``): a worker may be at it already. (The report's
+    matplotlib is ``pipeline.ops.page.preload``'s.)"""
     from pipeline.engines.warmup import compile_once
 
     compile_once(MIXTURE_REDUCE_STEP, lambda: warm_reduce(X, family))
-    warmup.load_matplotlib()
 
 
 def warm_reduce(X: FloatArray | None = None, family: ProductFamily | None = None) -> None:

@@ -224,12 +224,6 @@ def toy_spec(dtype: Any) -> Iterator[None]:
         _toy_spec_dtype = None
 
 
-def load_matplotlib() -> None:
-    """Import what ``figures`` draws with (most of its first call's time)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: F401
-    from matplotlib.figure import Figure  # noqa: F401
-
-
 def toy_spec_dtype() -> Any:
     """The spec type ``toy_family`` gives now (None: the family's own)."""
     return _toy_spec_dtype

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.core import persist, storage
+from pipeline.core import outputs, persist, storage
 from pipeline.core.outputs import versions
 from pipeline.core.persist import PersistError
 
@@ -196,11 +196,11 @@ def save_model(
     """
     out = storage.location(path)
     # a replacement of it that a crash interrupted is completed first (object storage)
-    storage.finish_replace(out)
+    outputs.finish_replace(out)
     shown = storage.redact(str(out))
-    if storage.committed(out) and not overwrite:
+    if outputs.committed(out) and not overwrite:
         raise FileExistsError(f"{shown}: already exists (pass overwrite=True to replace it)")
-    if not storage.committed(out) and out.exists():
+    if not outputs.committed(out) and out.exists():
         # a prefix written but never committed: only a crashed save's files may be replaced,
         # never a user's other objects (a local directory that exists is committed)
         others = set(storage.file_stamps(out)) - {f"{RECORD}.json", f"{RECORD}.npz"}
@@ -211,12 +211,12 @@ def save_model(
             )
     record = model_record(estimator, engine=engine, metadata=metadata)
     # built beside ``out`` and published whole: the model it replaces stays until then
-    staged = storage.stage(out)
+    staged = outputs.stage(out)
     try:
         persist.save(staged, RECORD, record)
-        storage.publish(staged, out, kind="model")
+        outputs.publish(staged, out, kind="model")
     except BaseException:
-        storage.discard(staged)
+        outputs.discard(staged)
         raise
     # a Path for a local model (a URL's is its place on object storage: ``storage.Loc``)
     return out  # type: ignore[return-value]
@@ -410,8 +410,8 @@ def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
     """
     d = storage.location(path)
     json_path = d / f"{RECORD}.json"
-    # on object storage a model counts only once a manifest lists it (``storage.commit``)
-    storage.require_visible(d, "model")
+    # on object storage a model counts only once a manifest lists it (``outputs.commit``)
+    outputs.require_visible(d, "model")
     if not d.is_dir():
         raise PersistError(f"{d}: no such model directory")
     _import_estimator_of(json_path)

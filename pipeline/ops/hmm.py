@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.core import storage
+from pipeline.core import outputs, storage
 from pipeline.core.diagnose import degenerate_fit
 from pipeline.core.errors import InputError
 from pipeline.core.outputs import versions, write_json
@@ -291,7 +291,7 @@ def finish_hmm(
     time_column: str,
 ) -> dict[str, Any]:
     """run.json and the report, then ``partial`` published as ``out``
-    (``pipeline.core.storage.publish_output``)."""
+    (``pipeline.core.outputs.publish_output``)."""
     # matplotlib and the report want a path: on object storage a local directory is uploaded
     with storage.local_dir(partial) as files:
         if report:
@@ -299,5 +299,5 @@ def finish_hmm(
             hmm_page(run, A, sizes, pictures).write(files)
         run["versions"] = versions()
         write_json(files / "run.json", run)
-    storage.publish_output(partial, out, overwrite, kind="hmm")
+    outputs.publish_output(partial, out, overwrite, kind="hmm")
     return run

@@ -411,7 +411,7 @@ def finish(
     report: bool,
 ) -> dict[str, Any]:
     """subjects.parquet, clusters.parquet, model/, run.json and the report into ``partial``
-    (a local directory or an object-storage prefix, ``pipeline.core.storage.prepare_output``); the
+    (a local directory or an object-storage prefix, ``pipeline.core.outputs.prepare_output``); the
     scratch stores removed. Returns run.json's content."""
     coef = ["intercept", *cols.covariates]
     subjects = subjects_table(res, info, coef, cols.subject)

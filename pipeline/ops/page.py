@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import math
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -245,3 +246,79 @@ def _md_table(frame: pd.DataFrame) -> str:
     ]
     lines += ["| " + " | ".join(cell(v) for v, _ in cells) + " |" for cells in _cells(frame)]
     return "\n".join(lines)
+
+
+_preload: threading.Thread | None = None
+
+
+def _warm_matplotlib() -> None:
+    import io
+
+    try:
+        fig = new_figure(1, 1)
+        fig.text(0.5, 0.5, "0")
+        fig.savefig(io.BytesIO(), format="png", dpi=10)
+    except Exception:  # a warm-up only: the report draws (and fails) for real
+        pass
+
+
+def preload() -> None:
+    """Import matplotlib and load its fonts in a background thread, so that a run's report,
+    written at its end, does not wait for them (about half its time). Call it when the run
+    starts; ``write_report`` waits for it to finish before drawing (matplotlib is not made for
+    two threads drawing at once)."""
+    global _preload
+    if _preload is None:
+        _preload = threading.Thread(target=_warm_matplotlib, name="dpmm-report-preload")
+        _preload.daemon = True
+        _preload.start()
+
+
+def await_preload() -> None:
+    if _preload is not None:
+        _preload.join()
+
+
+def new_axes(height: float) -> tuple[Any, Any]:
+    # fixed margins instead of tight_layout, which draws each figure twice
+    fig = new_figure(5, height)
+    fig.subplots_adjust(left=0.17, right=0.96, bottom=0.15, top=0.9)
+    return fig, fig.add_subplot()
+
+
+def draw_bars(
+    ax: Any,
+    at: Any,
+    length: Any,
+    start: Any = 0.0,
+    color: Any = "tab:blue",
+    width: float = 0.8,
+    horizontal: bool = False,
+) -> Any:
+    """Bars as one collection: ``Axes.bar`` makes an artist per bar, whose drawing costs more
+    than everything else in a picture of a hundred clusters."""
+    from matplotlib.collections import PolyCollection
+
+    at = np.asarray(at, dtype=np.float64)
+    lo = np.broadcast_to(np.asarray(start, dtype=np.float64), at.shape)
+    hi = lo + np.asarray(length, dtype=np.float64)
+    a, b = at - width / 2, at + width / 2
+    corners = np.stack([np.stack(p, axis=-1) for p in ((lo, a), (hi, a), (hi, b), (lo, b))], 1)
+    if not horizontal:
+        corners = corners[..., ::-1]
+    bars = PolyCollection(list(corners), facecolors=color, edgecolors="none")
+    ax.add_collection(bars)
+    ax.autoscale_view()
+    return bars
+
+
+def plain_log_axis(axis: Any) -> None:
+    """Tick labels of a log axis as plain numbers: the default's mathtext costs a parse."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def short_name(name: str, n: int = 18) -> str:
+    return name if len(name) <= n else name[: n - 1] + "…"

@@ -1,7 +1,7 @@
 """A whole run (``dpmm run``), step by step: the Prefect flow ``flows.cluster`` calls these as
 tasks. A local run writes into a temporary sibling of OUT (``temp_sibling``) that is renamed
 when complete; a run whose OUT is on object storage writes under OUT itself and is made visible
-by OUT's manifest, written last (``pipeline.core.storage.commit``). Running the same command again
+by OUT's manifest, written last (``pipeline.core.outputs.commit``). Running the same command again
 after a crash resumes from the last checkpoint."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from pipeline.core import storage
+from pipeline.core import outputs, storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE, FitParams
 from pipeline.core.outputs import versions, write_json
 from pipeline.data import dataset
@@ -89,8 +89,8 @@ def fingerprint(source: Any, cfg: RunConfig) -> str | None:
 
 def prepare_output(source: Any, cfg: RunConfig) -> tuple[storage.Loc, bool]:
     """Where the run writes until it is complete, and whether it resumes an earlier attempt of
-    the same command (same input files and parameters): ``storage.prepare_output``."""
-    return storage.prepare_output(cfg.out, fingerprint(source, cfg), cfg.overwrite)
+    the same command (same input files and parameters): ``outputs.prepare_output``."""
+    return outputs.prepare_output(cfg.out, fingerprint(source, cfg), cfg.overwrite)
 
 
 def discard_output(partial: storage.Loc) -> None:
@@ -221,6 +221,7 @@ def finish(
     """``clusters.parquet``, ``model/``, ``run.json`` and the report, then rename ``partial``
     to ``out`` (local), or write OUT's manifest (object storage: ``partial`` is OUT)."""
     from pipeline.ops import report as rep
+    from pipeline.ops.profile import RunData
 
     final = Stats(state.stats, info.family).merged(mapping).array
     clusters = schema.cluster_table(final, state.alpha, info.family, info.schema)
@@ -303,7 +304,7 @@ def finish(
         clusters.to_parquet(files / "clusters.parquet", index=False)
         if cfg.report:
             t0 = time.perf_counter()
-            data = rep.RunData(
+            data = RunData(
                 history=state.history,
                 stats=final,
                 family=info.family,
@@ -319,5 +320,5 @@ def finish(
             run["timing"]["report"] = time.perf_counter() - t0
         write_run_model(files / "model", cfg, info, final, state.alpha, metrics)
         write_json(files / "run.json", run)
-    storage.publish_output(partial, cfg.out, cfg.overwrite, kind="run")
+    outputs.publish_output(partial, cfg.out, cfg.overwrite, kind="run")
     return run

@@ -26,7 +26,7 @@ Visibility
 Local: a version is built in ``MODELS/.vN.partial`` and renamed to ``vN`` when complete; the
 pointer and the rejection records are replaced by a rename (``storage.write_atomic``).
 Object storage, which has no rename: a version is built under its own prefix ``MODELS/vN/``
-and becomes visible when its manifest (``storage.commit``: every object and its size) is
+and becomes visible when its manifest (``outputs.commit``: every object and its size) is
 written, last; a ``vN`` without one (a crashed attempt) is no version: it is ignored, and the
 next attempt at that number removes it before writing anything. The pointer and the rejection
 records are single small objects, each written by one PUT, which S3 applies whole. So in both
@@ -44,7 +44,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from pipeline.core import storage
+from pipeline.core import outputs, storage
 from pipeline.core.errors import InputError
 from pipeline.core.outputs import write_json
 from pipeline.core.paths import safe_name
@@ -150,7 +150,7 @@ class Registry:
     def _published(self, p: Loc) -> bool:
         # a vN is renamed into place whole, or counts once its manifest is there; the record
         # tells it from a folder of that name that is not a version
-        return storage.committed(p) and (p / RECORD).is_file()
+        return outputs.committed(p) and (p / RECORD).is_file()
 
     def versions(self) -> list[int]:
         """Published version numbers, ascending (module docstring: a ``vN`` still being written,
@@ -210,13 +210,13 @@ class Registry:
         return self.root / "rejected" / safe_name(f"date={date}.json", "partition")
 
     def stage(self) -> tuple[int, Loc]:
-        """The next version number and an empty place to build it in (``storage.stage``:
+        """The next version number and an empty place to build it in (``outputs.stage``:
         ``.vN.partial`` locally, the prefix ``vN`` itself on object storage, invisible until
         ``publish`` writes its manifest). What a crashed attempt left there is removed first."""
         self.root.mkdir(parents=True, exist_ok=True)
         n = max(self.versions(), default=0) + 1
         # never a published version: versions() would have counted it
-        return n, storage.stage(self.version_dir(n))
+        return n, outputs.stage(self.version_dir(n))
 
     def publish(self, n: int, staged: Loc, record: dict[str, Any]) -> Loc:
         """Write ``version.json`` into ``staged``, make the version visible (local: rename to
@@ -231,7 +231,7 @@ class Registry:
         switched yet (what a crash between the two leaves; ``finish_publish`` completes it)."""
         write_json(staged / RECORD, {"version": n, **record})
         final = self.version_dir(n)
-        storage.publish(staged, final)
+        outputs.publish(staged, final)
         return final
 
     def _point_to(self, n: int) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from pipeline.core import storage
+from pipeline.core import outputs, storage
 from pipeline.core.outputs import versions, write_json
 from pipeline.data.labels import WriteResult, create_labels, emit_chunk
 from pipeline.data.store import Store, StoreInfo, iter_chunks
@@ -41,7 +41,7 @@ def open_model(model: str | Path) -> Any:
     from pipeline.estimators.model import load_model
 
     # a model on object storage counts only once its output is committed (its manifest)
-    storage.require_visible(storage.location(model), "model")
+    outputs.require_visible(storage.location(model), "model")
     est = load_model(model)
     where = storage.redact(str(storage.location(model) / "model.json"))
     if not hasattr(est, "cluster_stats_") or not hasattr(est, "family_"):
@@ -60,10 +60,10 @@ def open_model(model: str | Path) -> Any:
 
 
 def prepare(out: str | Path, overwrite: bool) -> storage.Loc:
-    """Where the scores are written until complete (``storage.prepare_output``; never
+    """Where the scores are written until complete (``outputs.prepare_output``; never
     resumed): an existing ``out`` is refused unless ``overwrite``, and replaced only once the
     new scores are complete."""
-    return storage.prepare_output(out, None, overwrite)[0]
+    return outputs.prepare_output(out, None, overwrite)[0]
 
 
 def discard(partial: storage.Loc) -> None:
@@ -174,5 +174,5 @@ def finish(
         "versions": versions(),
     }
     write_json(partial / "score.json", record)
-    storage.publish_output(partial, out, overwrite=True, kind="score")
+    outputs.publish_output(partial, out, overwrite=True, kind="score")
     return record

@@ -28,7 +28,7 @@ import zarr
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.cluster import cluster
-from pipeline.core import storage
+from pipeline.core import outputs, storage
 
 BIN = Path(sys.executable).parent
 
@@ -250,7 +250,7 @@ def test_separate_processes_lose_a_worker_mid_pass(
         _wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, 60, "w0 still seen")
         client.close()
     got = json.loads(storage.location(f"{out}/run.json").read_text())
-    assert storage.committed(storage.location(out))
+    assert outputs.committed(storage.location(out))
     assert got["metrics"]["passes"] == undisturbed["passes"]
     assert got["dataset"]["reused"]
     np.testing.assert_array_equal(labels_of(out), undisturbed["labels"])

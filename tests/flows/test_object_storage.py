@@ -17,7 +17,7 @@ from prefect.testing.utilities import prefect_test_harness
 from flows.cli import main
 from flows.cli.app import URL_COMMANDS
 from flows.cluster import cluster
-from pipeline.core import storage
+from pipeline.core import outputs, storage
 from pipeline.data.dataset import DATA_DIR_ENV
 from pipeline.data.store import Store
 from pipeline.distributed import loop
@@ -69,7 +69,7 @@ def test_dpmm_run_and_score_on_s3(s3_bucket: str, tmp_path: Path, monkeypatch, c
     code = main([*argv, "--seed", "1", "--workers", "2", "--quiet"])
     assert code == 0, capfd.readouterr().err
     out = storage.location(f"{b}/out")
-    manifest = json.loads((out / storage.MANIFEST).read_text())
+    manifest = json.loads((out / outputs.MANIFEST).read_text())
     listed = set(manifest["objects"])
     assert {"run.json", "clusters.parquet", "model/model.json", "report.html"} <= listed
     assert "fingerprint.json" not in listed and "labels.zarr/label/zarr.json" in listed
@@ -89,7 +89,7 @@ def test_dpmm_run_and_score_on_s3(s3_bucket: str, tmp_path: Path, monkeypatch, c
     np.testing.assert_array_equal(labels_of(f"{b}/scores"), model.predict(day2))
     logd = zarr.open_array(f"{b}/scores/labels.zarr/log_density", mode="r")[:]
     np.testing.assert_allclose(logd, model.score_samples(day2))
-    assert storage.committed(storage.location(f"{b}/scores"))
+    assert outputs.committed(storage.location(f"{b}/scores"))
     assert not any(k.startswith("store.zarr") for k in objects(f"{b}/scores"))
     # a second run to the same OUT is refused; with --overwrite it replaces it
     capfd.readouterr()
@@ -114,7 +114,7 @@ def test_a_killed_run_on_s3_is_invisible_and_resumes(
         cluster(f"{b}/in.parquet", f"{b}/out", data_dir=data_dir, **args, **LOCAL)
     out = storage.location(f"{b}/out")
     # objects were written under OUT, but without a manifest nothing is visible
-    assert objects(f"{b}/out") and not storage.committed(out)
+    assert objects(f"{b}/out") and not outputs.committed(out)
     ck = Store(out / "state.zarr").load(loop.CHECKPOINT)
     assert ck["state"].pass_no == 2
     capfd.readouterr()
@@ -124,7 +124,7 @@ def test_a_killed_run_on_s3_is_invisible_and_resumes(
     assert err.startswith(f"dpmm: error: model {b}/out/model: not a committed output"), err
     assert objects(f"{b}/s") == []
     run = cluster(f"{b}/in.parquet", f"{b}/out", data_dir=data_dir, **args, **LOCAL)
-    assert run["resumed"] and storage.committed(out)
+    assert run["resumed"] and outputs.committed(out)
     assert run["dataset"]["reused"]
     ref = json.loads((tmp_path / "ref" / "run.json").read_text())
     assert run["metrics"]["passes"] == ref["metrics"]["passes"]
@@ -155,18 +155,18 @@ def test_overwrite_on_s3_keeps_the_old_output_until_the_new_one_is_complete(
     with crash_after_pass(1):
         cluster(f"{b}/d2.parquet", f"{b}/out", overwrite=True, data_dir=data_dir, **args, **LOCAL)
     out = storage.location(f"{b}/out")
-    assert storage.committed(out) and etags(f"{b}/out") == before
-    storage.require_visible(out / "model")
-    assert objects(f"{b}/.out.partial") and not storage.committed(
+    assert outputs.committed(out) and etags(f"{b}/out") == before
+    outputs.require_visible(out / "model")
+    assert objects(f"{b}/.out.partial") and not outputs.committed(
         storage.location(f"{b}/.out.partial")
     )
     run = cluster(f"{b}/d2.parquet", f"{b}/out", overwrite=True, data_dir=data_dir, **args, **LOCAL)
-    assert run["resumed"] and storage.committed(out)
+    assert run["resumed"] and outputs.committed(out)
     assert objects(f"{b}/.out.partial") == []
     assert json.loads((out / "run.json").read_text())["input"] == f"{b}/d2.parquet"
     np.testing.assert_array_equal(labels_of(out), labels_of(tmp_path / "ref"))
-    manifest = json.loads((out / storage.MANIFEST).read_text())
-    assert set(manifest["objects"]) == set(objects(f"{b}/out")) - {storage.MANIFEST}
+    manifest = json.loads((out / outputs.MANIFEST).read_text())
+    assert set(manifest["objects"]) == set(objects(f"{b}/out")) - {outputs.MANIFEST}
 
     model = load_model(f"{b}/out/model")
     score = ["score", f"{b}/out/model", "--out", f"{b}/s", "--workers", "1", "--quiet"]
@@ -175,7 +175,7 @@ def test_overwrite_on_s3_keeps_the_old_output_until_the_new_one_is_complete(
     assert "already exists" in capfd.readouterr().err
     assert main([*score[:2], f"{b}/d2.parquet", *score[2:], "--overwrite"]) == 0
     np.testing.assert_array_equal(labels_of(f"{b}/s"), model.predict(day2))
-    assert objects(f"{b}/.s.partial") == [] and storage.committed(storage.location(f"{b}/s"))
+    assert objects(f"{b}/.s.partial") == [] and outputs.committed(storage.location(f"{b}/s"))
 
 
 def test_dpmm_cv_on_s3_resumes_and_equals_the_local_grid(
@@ -197,7 +197,7 @@ def test_dpmm_cv_on_s3_resumes_and_equals_the_local_grid(
         run_cv_flow(input=f"{b}/cvin.parquet", out=f"{b}/cv", **kw)
     out = storage.location(f"{b}/cv")
     done = [k for k in objects(f"{b}/cv") if k.startswith("fits/")]
-    assert len(done) >= 2 and not storage.committed(out)
+    assert len(done) >= 2 and not outputs.committed(out)
     argv = ["cv", f"{b}/cvin.parquet", "--out", f"{b}/cv", "--alpha", "0.5,5", "--folds", "3"]
     argv += ["--prior-scale", "0.2", "--family", "gaussian", "--chunk-rows", "200"]
     assert main([*argv, "--workers", "2", "--quiet"]) == 0
@@ -205,7 +205,7 @@ def test_dpmm_cv_on_s3_resumes_and_equals_the_local_grid(
     assert run["resumed"] and run["fits_reused"] == len(done) and run["fits_run"] == 6 - len(done)
     assert run["out"] == f"{b}/cv" and run["dataset"]["path"].startswith(f"{b}/cv/datasets/")
     assert run["chosen"] == ref["chosen"]
-    listed = set(json.loads((out / storage.MANIFEST).read_text())["objects"])
+    listed = set(json.loads((out / outputs.MANIFEST).read_text())["objects"])
     assert {"cv.parquet", "cv.png", "cv.json", "model/model.json"} <= listed
     assert not any(k.startswith(("fits/", "fingerprint")) for k in listed)
     with (out / "cv.parquet").open("rb") as fh:
@@ -236,7 +236,7 @@ def test_dpmm_longitudinal_on_s3_equals_the_local_run(
         capfd.readouterr().err
     )
     out = storage.location(f"{b}/lon")
-    listed = set(json.loads((out / storage.MANIFEST).read_text())["objects"])
+    listed = set(json.loads((out / outputs.MANIFEST).read_text())["objects"])
     assert {"subjects.parquet", "clusters.parquet", "run.json", "model/model.json"} <= listed
     assert not any(".zarr/" in k or k.startswith("fingerprint") for k in listed)
     with (out / "subjects.parquet").open("rb") as fh:
@@ -272,7 +272,7 @@ def test_dpmm_hmm_and_update_on_s3_equal_the_local_runs(s3_bucket: str, tmp_path
     assert main(["hmm", str(tmp_path / "seq.csv"), "--out", str(tmp_path / "h"), *hmm_args]) == 0
     assert main(["hmm", f"{b}/seq.csv", "--out", f"{b}/h", *hmm_args]) == 0
     out = storage.location(f"{b}/h")
-    listed = set(json.loads((out / storage.MANIFEST).read_text())["objects"])
+    listed = set(json.loads((out / outputs.MANIFEST).read_text())["objects"])
     assert {"rows.parquet", "states.parquet", "run.json", "model/model.json"} <= listed
     for name in ("rows.parquet", "sequences.parquet"):
         with (out / name).open("rb") as fh:

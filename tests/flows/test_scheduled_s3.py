@@ -18,7 +18,7 @@ from prefect.testing.utilities import prefect_test_harness
 
 from flows.cli import main
 from flows.scheduled import scheduled_clustering
-from pipeline.core import storage
+from pipeline.core import outputs, storage
 from pipeline.estimators.model import load_model
 from pipeline.ops import schedule
 from tests.flows.test_run_model import write_mixed
@@ -74,7 +74,7 @@ def test_scheduled_flow_on_s3(
     assert first["published"] == {DAYS[0]: "v1"} and first["rejected"] == {}
     assert first["latest"] == f"{models}/v1"
     assert _text(f"{models}/LATEST").strip() == "v1"
-    manifest = json.loads(_text(f"{models}/v1/{storage.MANIFEST}"))
+    manifest = json.loads(_text(f"{models}/v1/{outputs.MANIFEST}"))
     listed = set(manifest["objects"])
     assert {"version.json", "run.json", "clusters.parquet", "model/model.json"} <= listed
     # nothing of the refit's scratch (its run prefix, the dataset store) is in the version
@@ -102,7 +102,7 @@ def test_scheduled_flow_on_s3(
     assert tops == {"LATEST", "rejected", "v1"}
     rec = json.loads(_text(f"{models}/rejected/date={DAYS[1]}.json"))
     assert rec["error"] == msg and rec["partition"] == f"{src}/date={DAYS[1]}"
-    assert not storage.committed(storage.location(f"{scores}/date={DAYS[1]}"))
+    assert not outputs.committed(storage.location(f"{scores}/date={DAYS[1]}"))
 
     third = scheduled_clustering(**kw)
     assert third["published"] == {DAYS[2]: "v2"} and third["skipped"] == DAYS[:2]
@@ -115,7 +115,7 @@ def test_scheduled_flow_on_s3(
     assert run["parameters"]["warm_start"] == f"{models}/v1/model"
     # day 3 was scored with v1, the model published when it arrived
     scored = storage.location(f"{scores}/date={DAYS[2]}")
-    assert storage.committed(scored)
+    assert outputs.committed(scored)
     np.testing.assert_array_equal(
         zarr.open_array(f"{scored}/labels.zarr/log_density", mode="r")[:],
         v1.score_samples(frames[DAYS[2]]),
@@ -136,7 +136,7 @@ def test_scheduled_flow_on_s3(
         with pytest.raises(KeyboardInterrupt):
             scheduled_clustering(**kw)
     assert _text(f"{models}/LATEST").strip() == "v2"
-    assert storage.committed(storage.location(f"{models}/v3"))
+    assert outputs.committed(storage.location(f"{models}/v3"))
     reg = schedule.Registry(models)
     assert reg.versions() == [1, 2, 3] and reg.latest() == storage.location(f"{models}/v2")
 

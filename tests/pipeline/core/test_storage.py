@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import zarr
 
-from pipeline.core import persist, storage
+from pipeline.core import outputs, persist, storage
 from pipeline.core.errors import InputError
 from pipeline.data.dataset import open_dataset
 from pipeline.estimators.mapdp import MAPDP
@@ -69,27 +69,27 @@ def test_files_commit_and_visibility(s3_bucket: str) -> None:
     assert (out / "a.json").read_text() == '{"a": 1}' and out.is_dir()
     assert sorted(p.name for p in out.iterdir()) == ["a.json", "sub"]
     # written but not committed: invisible to readers, at any depth
-    assert not storage.committed(out)
+    assert not outputs.committed(out)
     for loc in (out, out / "sub", out / "sub" / "b.bin"):
         with pytest.raises(InputError, match="not a committed output"):
-            storage.require_visible(loc)
-    storage.commit(out, kind="test")
-    doc = json.loads((out / storage.MANIFEST).read_text())
+            outputs.require_visible(loc)
+    outputs.commit(out, kind="test")
+    doc = json.loads((out / outputs.MANIFEST).read_text())
     assert doc["objects"] == {"a.json": 8, "sub/b.bin": 3} and doc["kind"] == "test"
     for loc in (out, out / "sub", out / "sub" / "b.bin"):
-        storage.require_visible(loc)
+        outputs.require_visible(loc)
     with pytest.raises(InputError, match="not a committed output"):
-        storage.require_visible(out / "other")
-    storage.uncommit(out)
-    assert not out.exists() and not storage.committed(out)
+        outputs.require_visible(out / "other")
+    outputs.uncommit(out)
+    assert not out.exists() and not outputs.committed(out)
     # a local directory is visible once it exists (it is renamed into place)
-    storage.require_visible(Path("/nonexistent"))
+    outputs.require_visible(Path("/nonexistent"))
 
 
 def test_replacing_a_committed_output_never_shows_half_of_either(
     s3_bucket: str, monkeypatch
 ) -> None:
-    """``storage.replace``: the old output stays visible until the staged one is committed; a
+    """``outputs.replace``: the old output stays visible until the staged one is committed; a
     swap interrupted half-way leaves OUT invisible (never a mix) and ``finish_replace``
     completes it."""
     b = f"s3://{s3_bucket}"
@@ -97,15 +97,15 @@ def test_replacing_a_committed_output_never_shows_half_of_either(
     assert isinstance(out, storage.RemotePath)
     (out / "old.bin").write_bytes(b"old")
     (out / "same.json").write_bytes(b"1")
-    storage.commit(out, kind="run")
-    staged = storage.staging(out)
+    outputs.commit(out, kind="run")
+    staged = outputs.staging(out)
     assert staged is not None and str(staged) == f"{b}/rep/.out.partial"
-    assert storage.staging(storage.RemotePath(f"{b}")) is None
+    assert outputs.staging(storage.RemotePath(f"{b}")) is None
     for rel, data in (("new/a.bin", b"aa"), ("new/b.bin", b"bbb"), ("same.json", b"22")):
         (staged / rel).write_bytes(data)
     # staged but not swapped: OUT is still the old output, whole
-    assert not storage.finish_replace(out)
-    assert sorted(json.loads((out / storage.MANIFEST).read_text())["objects"]) == [
+    assert not outputs.finish_replace(out)
+    assert sorted(json.loads((out / outputs.MANIFEST).read_text())["objects"]) == [
         "old.bin",
         "same.json",
     ]
@@ -122,18 +122,18 @@ def test_replacing_a_committed_output_never_shows_half_of_either(
 
     monkeypatch.setattr(fs, "copy", failing_copy)
     with pytest.raises(OSError, match="connection reset"):
-        storage.replace(staged, out, kind="run")
+        outputs.replace(staged, out, kind="run")
     monkeypatch.undo()
-    assert storage.committed(staged) and not storage.committed(out)
+    assert outputs.committed(staged) and not outputs.committed(out)
     with pytest.raises(InputError, match="not a committed output"):
-        storage.require_visible(out / "new" / "a.bin")
+        outputs.require_visible(out / "new" / "a.bin")
     # the next command on OUT completes the swap
-    assert storage.finish_replace(out)
-    doc = json.loads((out / storage.MANIFEST).read_text())
+    assert outputs.finish_replace(out)
+    doc = json.loads((out / outputs.MANIFEST).read_text())
     assert doc["objects"] == {"new/a.bin": 2, "new/b.bin": 3, "same.json": 2}
     assert doc["kind"] == "run"
     assert (out / "same.json").read_bytes() == b"22" and not (out / "old.bin").exists()
-    assert not staged.exists() and not storage.finish_replace(out)
+    assert not staged.exists() and not outputs.finish_replace(out)
 
 
 def test_records_and_models_on_s3(s3_bucket: str, tmp_path: Path) -> None:
@@ -151,7 +151,7 @@ def test_records_and_models_on_s3(s3_bucket: str, tmp_path: Path) -> None:
     est = MAPDP(random_state=0).fit(X)
     url = f"s3://{s3_bucket}/models/m1"
     save_model(est, url)
-    assert storage.committed(storage.location(url))
+    assert outputs.committed(storage.location(url))
     with pytest.raises(FileExistsError):
         save_model(est, url)
     back = load_model(url)
@@ -180,7 +180,7 @@ def test_dataset_store_on_s3_is_shared_and_committed(s3_bucket: str, client, tmp
     X = zarr.open_array(str(store.path / "X"), mode="r")[:]
     np.testing.assert_array_equal(X[:, np.argsort(info.family.column_order)], df.to_numpy())
     # the store is its own committed attempt under the key; no staging left
-    assert storage.committed(store.path) and store.path.name.startswith("attempt-")
+    assert outputs.committed(store.path) and store.path.name.startswith("attempt-")
     assert not (store.path / "staging").exists()
     again, _, reused = open_dataset(src, client=client, root=root, chunk_rows=100)
     assert reused and again.path == store.path

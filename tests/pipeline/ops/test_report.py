@@ -17,6 +17,7 @@ from pipeline.core.diagnose import degenerate_fit
 from pipeline.data.labels import WriteResult
 from pipeline.distributed.writeout import summarize_written
 from pipeline.families.schema import Schema, cluster_table
+from pipeline.ops import profile
 from pipeline.ops import report as rep
 from pipeline.ops.page import Page, Picture, fmt
 from tests.browser import check_page, chromium_or_skip, image_sources
@@ -99,7 +100,7 @@ def synthetic_run(K: int, d: int, n: int = 20_000, seed: int = 0) -> tuple[dict,
     stats = fam.stats_of(Xa, y.astype(np.int64), K)
     pick = rng.choice(n, min(n, 2000), replace=False)
     both, counts = np.unique(np.vstack([y, y]), axis=1, return_counts=True)
-    data = rep.RunData(
+    data = profile.RunData(
         history=[{"pass": 1, "objective": 2e5}, {"pass": 2, "objective": 1.9e5}],
         stats=stats,
         family=fam,
@@ -148,7 +149,7 @@ def test_a_hundred_clusters_of_fifty_features_fit_the_window(tmp_path: Path) -> 
     check_page(tmp_path / "report.html", browser, tmp_path / "browser-profile")
     text = html.unescape((tmp_path / "report.html").read_text())
     sizes = data.stats[:, 0]
-    rest = np.argsort(-sizes, kind="stable")[rep.PROFILE_CLUSTERS :]
+    rest = np.argsort(-sizes, kind="stable")[profile.PROFILE_CLUSTERS :]
     share = sizes[rest].sum() / sizes.sum()
     assert f"The {len(rest)} smallest clusters ({share:.1%} of the records) are pooled" in text
     assert "-17.19" in text and "-17.18765752969187" not in text
@@ -158,12 +159,12 @@ def test_a_hundred_clusters_of_fifty_features_fit_the_window(tmp_path: Path) -> 
 
 def test_the_profile_follows_the_tree_and_keeps_the_largest() -> None:
     sizes = np.array([5.0, 50.0, 1.0, 30.0, 20.0])
-    assert rep.cluster_order(sizes, None) == [1, 3, 4, 0, 2]
-    assert rep.cluster_order(sizes, [2, 4, 0, 1, 3]) == [2, 4, 0, 1, 3]
-    big = np.arange(1.0, rep.PROFILE_CLUSTERS + 6)  # cluster k holds k + 1 records
+    assert profile.cluster_order(sizes, None) == [1, 3, 4, 0, 2]
+    assert profile.cluster_order(sizes, [2, 4, 0, 1, 3]) == [2, 4, 0, 1, 3]
+    big = np.arange(1.0, profile.PROFILE_CLUSTERS + 6)  # cluster k holds k + 1 records
     order = list(range(len(big)))[::-1]
-    shown = rep.cluster_order(big, order)
-    assert shown == order[: rep.PROFILE_CLUSTERS]  # the 5 smallest (ids 0..4) left out
+    shown = profile.cluster_order(big, order)
+    assert shown == order[: profile.PROFILE_CLUSTERS]  # the 5 smallest (ids 0..4) left out
 
 
 @pytest.mark.parametrize("K", [1, 30])

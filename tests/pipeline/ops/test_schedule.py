@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core import storage
+from pipeline.core import outputs, storage
 from pipeline.ops import schedule
 
 
@@ -129,7 +129,7 @@ def test_versions_are_visible_by_their_manifest_and_the_pointer_goes_last(mem: s
     assert reg.versions() == [] and reg.latest() is None
     v1 = reg.publish(n, staged, {"date": "2026-01-01"})
     assert reg.latest() == v1 and reg.done() == {"2026-01-01": 1}
-    manifest = json.loads((v1 / storage.MANIFEST).read_text())
+    manifest = json.loads((v1 / outputs.MANIFEST).read_text())
     assert set(manifest["objects"]) == {"model/model.json", "version.json"}
 
     # interrupted after the version's manifest, before the pointer
