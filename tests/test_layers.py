@@ -186,3 +186,42 @@ def test_ruff_checks_every_tracked_python_file() -> None:
     ).stdout.split()
     checked = {str(Path(p).resolve().relative_to(ROOT)) for p in shown if p.endswith(".py")}
     assert sorted(set(tracked) - checked) == []
+
+
+PIPELINE_LAYERS = [
+    "core",
+    "families",
+    "data",
+    "models",
+    "engines",
+    "distributed",
+    "estimators",
+    "ops",
+]
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    if len(parts) > 1 and parts[0] == "pipeline" and parts[1] in PIPELINE_LAYERS:
+        return PIPELINE_LAYERS.index(parts[1])
+    return None
+
+
+def test_no_module_imported_by_name_from_a_higher_layer() -> None:
+    """``importlib.import_module("pipeline....")`` with a literal name is an import that
+    import-linter cannot see: it too points down (or stays in its layer)."""
+    found = []
+    for f in sorted((ROOT / "pipeline").rglob("*.py")):
+        here = _layer(".".join(f.relative_to(ROOT).with_suffix("").parts))
+        for node in ast.walk(ast.parse(f.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                there = _layer(node.args[0].value)
+                if here is not None and there is not None and there > here:
+                    found.append(f"{f.relative_to(ROOT)}:{node.lineno} -> {node.args[0].value}")
+    assert found == []

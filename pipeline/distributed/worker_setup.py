@@ -26,7 +26,6 @@ process compiles alongside), 0.8 s of a fresh ``dpmm run`` of 1M x 10 records (9
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import signal
@@ -276,7 +275,8 @@ def _import_warm_up(names: list[str]) -> None:
 
     for name in names:
         if name in STAGE2_STEPS:
-            importlib.import_module("pipeline.ops.stage2")
+            # what stage 2's step (``warm_stage2_bhc``) calls
+            from pipeline.models import bhc  # noqa: F401
         elif name not in warmup.spec_kinds():
             get_engine(name)
 
