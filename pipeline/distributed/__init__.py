@@ -1,1 +1,3 @@
-"""The distributed pass loop and what runs around it: Dask client, write-out, summaries, runs."""
+"""The distributed layer: the pass loop on Dask (``loop``), the Dask client and HPC clusters,
+the workers' preload, write-out, summaries, and ``fit_distributed``. Imports the layers below
+(core ... engines)."""

@@ -5,6 +5,11 @@ hands flat arrays to the numba kernels in ``kernels/obs``. ``log_marginal(X)`` a
 ``log_predictive(x, X)`` are the two questions every family answers; everything else in the
 project (MAP-DP costs, BHC merge probabilities, Metropolis-Hastings ratios, held-out densities)
 is built from them over additive sufficient statistics.
+
+The layer also holds ``Stats`` (``stats.py``: those statistics carried with their family, the
+one currency), the column schema from user data to the float matrix the kernels see
+(``schema.py``) and cluster profiles read from statistics (``profile.py``). It imports only
+``pipeline.core``.
 """
 
 from __future__ import annotations
