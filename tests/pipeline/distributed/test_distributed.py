@@ -433,7 +433,7 @@ with ws.warm_here_with_helper(["mapdp", "bhc"]):
     pass
 if mode == "thread":
     stop.set()
-print(os.getpid(), "pipeline.ops.stage2" in sys.modules)
+print(os.getpid(), "pipeline.models.bhc" in sys.modules)
 """
 
 
