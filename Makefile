@@ -34,7 +34,7 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache --no-logo
-	$(BIN)/pytest -q -n 2 --dist loadfile
+	$(BIN)/pytest -q -n 2 --dist worksteal
 
 bench: $(STAMP)
 	$(BIN)/pytest -q -m bench tests/benchmarks -s -p no:cacheprovider
