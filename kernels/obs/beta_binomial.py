@@ -20,10 +20,11 @@ Layouts for d columns, H = max_j N_j + 1
 ----------------------------------------
 stats ``s`` (1 + d + d H): n, sum x (d), hist (d * H, row j = the counts of x_j = 0..H-1).
 prior ``p`` (3 d + d H): N (d), a (d), b (d), log C(N_j, v) (d * H, row major; 0 for v > N_j).
-cache ``c`` (2 d + 1): a_n (d), b_n (d), and the summed constant
-sum_j [lgamma(a_n + b_n) - lgamma(a_n + b_n + N_j) - lgamma(a_n) - lgamma(b_n)],
-so that log p(x | X) = const + sum_j [log C(N_j, x_j) + lgamma(a_n + x_j)
-+ lgamma(b_n + N_j - x_j)].
+cache ``c`` (2 d + 1 + d H): a_n (d), b_n (d), the summed constant
+sum_j [lgamma(a_n + b_n) - lgamma(a_n + b_n + N_j) - lgamma(a_n) - lgamma(b_n)], and the table
+of each column's predictive log p(x_j = v | X) over v = 0..H-1 (row major; -inf for v > N_j), so
+that a record's predictive is d table reads: no ``lgamma`` per record and column (``refresh``
+pays d H of them once per change of the cluster).
 
 d and H follow from the lengths: d = (len(p) - len(s) + 1) / 2, H = (len(s) - 1 - d) / d.
 """
@@ -60,7 +61,7 @@ def add_stats(x, s, w):
 @njit(cache=True, nogil=True)
 def refresh(s, c, p):
     """Posterior (a_n, b_n) per column and the summed beta-binomial constant."""
-    d, _H = _dims(s, p)
+    d, H = _dims(s, p)
     n = s[0]
     const = 0.0
     for j in range(d):
@@ -69,28 +70,65 @@ def refresh(s, c, p):
         bn = p[2 * d + j] + n * N - s[1 + j]
         c[j] = an
         c[d + j] = bn
-        const += math.lgamma(an + bn) - math.lgamma(an + bn + N) - math.lgamma(an) - math.lgamma(bn)
+        cj = math.lgamma(an + bn) - math.lgamma(an + bn + N) - math.lgamma(an) - math.lgamma(bn)
+        const += cj
+        row = 2 * d + 1 + j * H
+        for v in range(H):
+            if v <= N:
+                c[row + v] = cj + p[3 * d + j * H + v] + math.lgamma(an + v) + math.lgamma(bn + N - v)
+            else:
+                c[row + v] = -np.inf
     c[2 * d] = const
 
 
 @njit(cache=True, nogil=True)
 def update(x, s, c, p, w):
-    """add_stats then refresh: O(d)."""
+    """add_stats then refresh: O(d H)."""
     add_stats(x, s, w)
     refresh(s, c, p)
 
 
 @njit(cache=True, nogil=True)
 def log_predictive(x, s, c, p):
-    """Beta-binomial log probability of the counts x (-inf outside 0..N_j or non-integer)."""
+    """Beta-binomial log probability of the counts x (-inf outside 0..N_j or non-integer), read
+    from the cached table: O(d)."""
     d, H = _dims(s, p)
-    out = c[2 * d]
+    out = 0.0
     for j in range(d):
-        N = p[j]
+        xj = x[j]
+        if not (xj >= 0.0 and xj < H) or xj != math.floor(xj):
+            return -np.inf
+        out += c[2 * d + 1 + j * H + int(xj)]
+    return out
+
+
+@njit(cache=True, nogil=True)
+def log_predictive_loo(x, s, c, p):
+    """log p(x | X without x) for a member x of the records summarised by (s, c), from the
+    cache: the posterior without x is (a_n - x, b_n - N + x), and the beta-binomial ratio
+    B(a_n, b_n) / B(a_n - x, b_n - N + x) is a product of N + 1 terms, so this is O(d N) logs
+    with no copy of the statistics.
+
+    log p = sum_j [log C(N_j, x_j) + sum_{i=1..x_j} log(a_n - i)
+            + sum_{i=1..N_j-x_j} log(b_n - i) - sum_{i=1..N_j} log(a_n + b_n - i)]
+    """
+    d, H = _dims(s, p)
+    out = 0.0
+    for j in range(d):
+        N = int(p[j])
         xj = x[j]
         if not (xj >= 0.0 and xj <= N) or xj != math.floor(xj):
             return -np.inf
-        out += p[3 * d + j * H + int(xj)] + math.lgamma(c[j] + xj) + math.lgamma(c[d + j] + N - xj)
+        xi = int(xj)
+        an = c[j]
+        bn = c[d + j]
+        out += p[3 * d + j * H + xi]
+        for i in range(1, xi + 1):
+            out += math.log(an - i)
+        for i in range(1, N - xi + 1):
+            out += math.log(bn - i)
+        for i in range(1, N + 1):
+            out -= math.log(an + bn - i)
     return out
 
 

@@ -347,7 +347,8 @@ def log_predictive(x, s, c, spec, prior):
 def log_predictive_loo(x, s, c, spec, prior, scratch_s, scratch_c):
     """log p(x | X_k without x) for a member x of the cluster (s, c), leaving s and c unchanged.
 
-    The Normal-Wishart group uses its closed form (``gaussian_nw.log_predictive_loo``); other
+    The Normal-Wishart and beta-binomial groups use their closed forms
+    (``gaussian_nw.log_predictive_loo``, ``beta_binomial.log_predictive_loo``); other
     groups, whose statistics are O(d), remove x from a copy in ``scratch_s`` / ``scratch_c``
     (work arrays at least as long as a statistics / cache row).
     """
@@ -364,6 +365,9 @@ def log_predictive_loo(x, s, c, spec, prior, scratch_s, scratch_c):
             if v == v:
                 out += v
                 continue
+        elif code == BETA_BINOMIAL:
+            out += beta_binomial.log_predictive_loo(xg, sg, cg, pg)
+            continue
         r = spec[g]
         ss = _span(scratch_s, r[STAT0], r[NSTAT])
         cc = _span(scratch_c, r[CACHE0], r[NCACHE])

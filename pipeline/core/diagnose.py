@@ -9,6 +9,11 @@ concentration too small; the second the opposite. The rule names the parameter t
 
 from __future__ import annotations
 
+
+class DegenerateFitWarning(UserWarning):
+    """A fit that looks degenerate (``degenerate_fit``): one cluster, or too many."""
+
+
 # a fit with more clusters than n / RECORDS_PER_CLUSTER is called degenerate (over-segmented)
 RECORDS_PER_CLUSTER = 10
 

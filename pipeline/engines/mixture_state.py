@@ -13,12 +13,12 @@ import numpy as np
 import zarr
 from numpy.typing import NDArray
 
-from kernels import mapdp as kmapdp
 from pipeline.core.persist import register
 from pipeline.data.labels import PLOT_POINTS, WriteResult
 from pipeline.data.store import StoreInfo, iter_chunks, row_uniform
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.families import FloatArray, ProductFamily
+from pipeline.models.mapdp import dpm_predict
 
 IntArray = NDArray[np.int64]
 
@@ -115,18 +115,10 @@ def predict(
     X: FloatArray, stats: FloatArray, alpha: float, family: ProductFamily
 ) -> tuple[IntArray, FloatArray]:
     """eq. 3.5 MAP cluster (-1: a new one) and eq. 3.4 log predictive density of each record
-    of X (n, D) under clusters ``stats`` (K, S) and concentration ``alpha``."""
-    pred, logdens = kmapdp.predict(
-        X,
-        stats,
-        family.cache_of(stats),
-        np.ascontiguousarray(stats[:, 0]),
-        family.spec,
-        family.prior,
-        family.empty_cache(),
-        alpha,
-    )
-    return pred, logdens
+    of X (n, D) under clusters ``stats`` (K, S) and concentration ``alpha``
+    (``pipeline.models.mapdp.dpm_predict``: records with missing cells on their observed
+    ones)."""
+    return dpm_predict(X, stats, alpha, family)
 
 
 def plot_rate(info: StoreInfo) -> float:

@@ -16,6 +16,7 @@ Subclasses: ``MAPDP``, ``CollapsedGibbs``, ``UncollapsedGibbs``, ``DPMeans``, ``
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, ClassVar
 
 import numpy as np
@@ -25,9 +26,9 @@ from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
-from kernels import mapdp as kmapdp
 from pipeline.families import Family, FloatArray, ProductFamily, as_product, check_summaries
 from pipeline.families.schema import Schema, as_frame
+from pipeline.models.mapdp import dpm_predict
 
 IntArray = NDArray[np.int64]
 
@@ -37,6 +38,16 @@ def numeric_schema(n_cols: int) -> Schema:
     fitted on summaries, whose records are already the family's encoded values)."""
     cols = [f"x{j}" for j in range(n_cols)]
     return Schema(columns=cols, kinds=dict.fromkeys(cols, "gaussian"), from_frame=False)
+
+
+MISSING = ("latent", "refuse")
+
+
+def check_missing(missing: Any) -> str:
+    """``missing`` checked: "latent" (missing cells kept and modelled) or "refuse"."""
+    if missing not in MISSING:
+        raise ValueError(f"missing must be one of {MISSING}, got {missing!r}")
+    return str(missing)
 
 
 def _density_available(est: Any) -> bool:
@@ -143,11 +154,20 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
             if self._always_informative:
                 schema.check_informative(Xe)
         else:
-            schema = Schema.infer(df, family, from_frame)
+            missing = check_missing(getattr(self, "missing", "refuse")) == "latent"
+            schema = Schema.infer(df, family, from_frame, missing=missing)
             Xe = schema.encode(df, fitting=True)
-            schema.check_informative(Xe)
+            Xe = schema.check_informative(Xe, strict=bool(getattr(self, "strict", True)))
+            if schema.dropped:
+                warnings.warn(
+                    "constant columns dropped (they cannot inform the clustering): "
+                    + ", ".join(f"{c!r} (every value {v!r})" for c, v in schema.dropped.items())
+                    + "; strict=True refuses them instead",
+                    UserWarning,
+                    stacklevel=3,
+                )
         self.schema_ = schema
-        self.n_features_in_ = Xe.shape[1]
+        self.n_features_in_ = len(schema.columns)
         if from_frame:
             self.feature_names_in_ = np.asarray(schema.columns, dtype=object)
         elif hasattr(self, "feature_names_in_"):
@@ -271,17 +291,15 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         return self._dpm_predictive(Xa)[1]
 
     def _dpm_predictive(self, Xa: FloatArray) -> tuple[IntArray, FloatArray]:
-        labels, logdens = kmapdp.predict(
+        # records with missing cells are scored on their observed cells (``dpm_predict``)
+        return dpm_predict(
             Xa,
             self.cluster_stats_,
-            self._cache,
-            self.cluster_sizes_.astype(np.float64),
-            self.family_.spec,
-            self.family_.prior,
-            self._empty_cache,
             float(self.alpha_),
+            self.family_,
+            cache=self._cache,
+            empty_c=self._empty_cache,
         )
-        return labels, logdens
 
     # -- common fitted attributes -----------------------------------------------------------
     def _set_clusters(

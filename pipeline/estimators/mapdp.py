@@ -9,11 +9,12 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
 from pipeline.core import config
+from pipeline.core.diagnose import DegenerateFitWarning, degenerate_fit
 from pipeline.core.seeds import as_seed_sequence
-from pipeline.estimators.base import MixtureEstimator
+from pipeline.estimators.base import MixtureEstimator, check_missing
 from pipeline.estimators.tuning import tune_cv
 from pipeline.families import FloatArray
-from pipeline.models.mapdp import MapdpResult, run_mapdp
+from pipeline.models.mapdp import IntArray, MapdpResult, fit_missing, run_mapdp
 
 AUTO_RESTARTS_MAX_N = 20_000
 
@@ -61,6 +62,18 @@ class MAPDP(MixtureEstimator):
         empirical-Bayes prior of the Gaussian columns (``GaussianNW.empirical_bayes``,
         ``NormalGamma.empirical_bayes``); None keeps each family's default. Ignored when
         ``family`` is a ``Family`` / ``ProductFamily`` instance (its prior is given).
+    missing : {"latent", "refuse"}, default="latent"
+        Missing cells (NaN, or empty in a CSV): "latent" clusters every record on the cells it
+        has. ``fit`` treats a missing cell as a latent variable set by iterated conditional
+        modes, like the assignments: its conditional mode given the record's observed cells and
+        cluster, alternated with the sweeps until no cell changes
+        (``pipeline.models.mapdp.fit_missing``); ``predict`` and ``score_samples`` use the
+        predictive marginalised over the missing columns, exactly
+        (``pipeline.models.mapdp.dpm_predict``). "refuse" makes a missing cell an error naming
+        its column and row.
+    strict : bool, default=False
+        A column holding one value is dropped with a warning naming it (it is recorded in
+        ``schema_.dropped`` and left out at predict time too); ``strict=True`` refuses it.
     tune : {None, "cv"}, default=None
         None fits the configuration given. "cv" first chooses, one at a time and in this
         order, the covariance of the Gaussian columns (full or diagonal), the concentration
@@ -120,6 +133,8 @@ class MAPDP(MixtureEstimator):
         verbose: int = 0,
         prior_scale: float | None = None,
         tune: str | None = None,
+        missing: str = "latent",
+        strict: bool = False,
     ):
         self.alpha = alpha
         self.family = family
@@ -132,10 +147,13 @@ class MAPDP(MixtureEstimator):
         self.verbose = verbose
         self.prior_scale = prior_scale
         self.tune = tune
+        self.missing = missing
+        self.strict = strict
 
     # -- fitting -----------------------------------------------------------------------------
     def _check_params(self) -> tuple[float, bool, tuple[float, float]]:
         alpha, learn = config.check_alpha(self.alpha)
+        check_missing(self.missing)
         if self.n_restarts != "auto":
             if isinstance(self.n_restarts, str):
                 raise ValueError(f"n_restarts must be 'auto' or >= 1, got {self.n_restarts!r}")
@@ -181,30 +199,46 @@ class MAPDP(MixtureEstimator):
             if self.n_restarts == "auto"
             else int(self.n_restarts)
         )
-        for r, child in enumerate(seq.spawn(n_restarts)):
-            order = np.random.default_rng(child).permutation(N).astype(np.int64)
-            cb = None
-            if self.verbose:
+        orders = [
+            np.random.default_rng(child).permutation(N).astype(np.int64)
+            for child in seq.spawn(n_restarts)
+        ]
 
-                def cb(it: int, e: float, k: int, r: int = r) -> None:
-                    print(f"restart {r} iteration {it}: objective {e:.6g}, {k} clusters")
+        def fit(X: FloatArray, z0: IntArray | None) -> MapdpResult:
+            nonlocal best
+            best = None
+            objectives.clear()
+            # a warm start (missing cells' later rounds) continues the winning run only
+            for r, order in enumerate(orders if z0 is None else orders[:1]):
+                cb = None
+                if self.verbose:
 
-            res = run_mapdp(
-                Xa,
-                self.family_,
-                order,
-                alpha0,
-                learn,
-                alpha_prior,
-                int(self.max_iter),
-                float(self.tol),
-                self.init,
-                cb,
-            )
-            objectives.append(res.objective)
-            if best is None or res.objective < best.objective:
-                best = res
-        assert best is not None
+                    def cb(it: int, e: float, k: int, r: int = r) -> None:
+                        print(f"restart {r} iteration {it}: objective {e:.6g}, {k} clusters")
+
+                res = run_mapdp(
+                    X,
+                    self.family_,
+                    order,
+                    alpha0,
+                    learn,
+                    alpha_prior,
+                    int(self.max_iter),
+                    float(self.tol),
+                    self.init,
+                    cb,
+                    z0=z0,
+                )
+                objectives.append(res.objective)
+                if best is None or res.objective < best.objective:
+                    best = res
+            assert best is not None
+            return best
+
+        if np.isnan(Xa).any():
+            best = fit_missing(Xa, self.family_, fit)
+        else:
+            best = fit(Xa, None)
         if not best.converged:
             warnings.warn(
                 f"MAP-DP did not converge in max_iter={self.max_iter} iterations; "
@@ -223,3 +257,6 @@ class MAPDP(MixtureEstimator):
         self.alpha_ = best.alpha
         self._cache = self.family_.cache_of(best.stats)
         self._empty_cache = self.family_.empty_cache()
+        bad = degenerate_fit(self.n_clusters_, N)
+        if bad is not None:
+            warnings.warn(f"MAPDP: {bad}", DegenerateFitWarning, stacklevel=3)

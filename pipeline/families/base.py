@@ -72,6 +72,24 @@ class Family(ABC):
     def posterior_summary(self, s: FloatArray, names: Sequence[str]) -> dict[str, Any]:
         """Posterior parameters / means of one cluster from its statistics row, for reports."""
 
+    # -- missing cells (``ProductFamily.restrict`` / ``ProductFamily.impute``) ---------------
+    def restrict(self, cols: Sequence[int]) -> tuple[Family, list[int]]:
+        """The family of the columns ``cols`` alone (indices into this family's columns, in
+        order), with the prior that is this prior's marginal on them, and where their
+        statistics lie in a statistics row: ``(family, stat_index)`` with
+        ``s[stat_index]`` the restricted family's statistics row.
+
+        The predictive of the restricted family is this family's predictive marginalised over
+        the other columns (exact: the other columns are integrated out of the model)."""
+        raise NotImplementedError(f"{type(self).__name__} does not take missing values")
+
+    def impute(self, X: FloatArray, s: FloatArray) -> FloatArray:
+        """X (m, n_cols) with its NaN cells set to their conditional mode given the observed
+        cells of the row, under the cluster with statistics row s (S,): the iterated conditional
+        modes step of a missing cell treated as latent (seed 000's MAP-DP treats the
+        assignments the same way). Rows without a NaN are returned unchanged."""
+        raise NotImplementedError(f"{type(self).__name__} does not take missing values")
+
     # -- the two questions -----------------------------------------------------------------
     def as_product(self) -> ProductFamily:
         return ProductFamily([(self, list(range(self.n_cols)))])
@@ -308,6 +326,65 @@ class ProductFamily:
         ):
             raise ValueError("groups must be a list of (Family, list of column indices) pairs")
         return cls(groups)
+
+    def restrict(self, observed: NDArray[np.bool_]) -> tuple[ProductFamily, NDArray[np.int64]]:
+        """The product family of the observed arranged columns and where their statistics lie.
+
+        Parameters
+        ----------
+        observed : ndarray of bool, shape (n_cols,)
+            Which arranged columns (group order, as ``arrange`` returns them) are observed; at
+            least one.
+
+        Returns
+        -------
+        family : ProductFamily
+            Over the observed columns, renumbered 0..d'-1 in order; each group is
+            ``Family.restrict`` of its observed columns, groups with none are left out.
+        stat_index : ndarray of shape (S',)
+            ``stats[:, stat_index]`` are the restricted family's statistics rows.
+        """
+        observed = np.asarray(observed, dtype=bool)
+        groups: list[tuple[Family, list[int]]] = []
+        index: list[int] = []
+        col = 0
+        for r, (fam, _cols) in zip(self.spec, self.groups):
+            c0, stat0 = int(r[product.COL0]), int(r[product.STAT0])
+            local = [j for j in range(fam.n_cols) if observed[c0 + j]]
+            if not local:
+                continue
+            sub, idx = (
+                (fam, list(range(fam.stat_size())))
+                if len(local) == fam.n_cols
+                else (fam.restrict(local))
+            )
+            groups.append((sub, list(range(col, col + len(local)))))
+            index.extend(stat0 + i for i in idx)
+            col += len(local)
+        if not groups:
+            raise ValueError("a record needs at least one observed column")
+        return ProductFamily(groups), np.asarray(index, dtype=np.int64)
+
+    def impute(self, Xa: FloatArray, stats: FloatArray, z: NDArray[np.int64]) -> FloatArray:
+        """Arranged records Xa (n, n_cols) with every NaN cell set to its conditional mode given
+        the row's observed cells and its cluster (``Family.impute``); z (n,) are the clusters
+        (rows of ``stats`` (K, S)), -1 for a record in none (the prior's mode)."""
+        out = np.array(Xa, dtype=np.float64)
+        miss = np.isnan(out)
+        rows = np.flatnonzero(miss.any(axis=1))
+        if rows.size == 0:
+            return out
+        full = np.vstack([stats, np.zeros((1, self.n_stats))])
+        zz = np.where(z[rows] < 0, full.shape[0] - 1, z[rows])
+        for r, (fam, _cols), sl in zip(self.spec, self.groups, self.stat_slices()):
+            c0, n_c = int(r[product.COL0]), int(r[product.NCOL])
+            block = out[rows, c0 : c0 + n_c]
+            hit = np.isnan(block).any(axis=1)
+            for k in np.unique(zz[hit]):
+                sel = hit & (zz == k)
+                block[sel] = fam.impute(block[sel], full[k, sl])
+            out[rows, c0 : c0 + n_c] = block
+        return out
 
     def stat_slices(self) -> list[slice]:
         """Where each group's part lies in a statistics row, in group order."""

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 
 from kernels.obs import product
 from pipeline.core.config import check_scale
@@ -87,6 +87,31 @@ def _recording_cells(
         raise ValueError(f"{owner}: step must be finite and >= 0, got {q.tolist()}")
     q = np.array(np.broadcast_to(q, (d,)))
     return q, q**2 / 12.0
+
+
+def _available_case_moments(
+    X: FloatArray, miss: NDArray[np.bool_]
+) -> tuple[FloatArray, FloatArray]:
+    """Mean (d,) and covariance (d, d) of X (n, d) with missing cells (``miss``): each mean over
+    the column's values present, each covariance over the rows where both columns are
+    (pairwise-complete), then made positive definite by raising the eigenvalues to at least
+    1e-6 of their mean (pairwise estimates need not be). A column with fewer than two values
+    gets variance 1 and no covariance."""
+    d = X.shape[1]
+    good = ~miss
+    cnt = good.sum(axis=0).astype(np.float64)
+    m0 = np.divide(np.where(good, X, 0.0).sum(axis=0), cnt, out=np.zeros(d), where=cnt > 0)
+    Xc = np.where(good, X - m0, 0.0)
+    G = good.astype(np.float64)
+    pairs = G.T @ G
+    cov = np.divide(Xc.T @ Xc, pairs - 1.0, out=np.zeros((d, d)), where=pairs > 1.0)
+    few = cnt < 2
+    cov[few, :] = 0.0
+    cov[:, few] = 0.0
+    cov[few, few] = 1.0
+    w, V = np.linalg.eigh(0.5 * (cov + cov.T))
+    w = np.maximum(w, 1e-6 * max(float(w.mean()), 1e-300))
+    return m0, (V * w) @ V.T
 
 
 @register
@@ -193,12 +218,16 @@ class GaussianNW(Family):
             shrink = 1.0 / DEFAULT_SCALE
         if not shrink > 1:
             raise ValueError(f"GaussianNW.empirical_bayes: shrink must be > 1, got {shrink}")
-        m0 = X.mean(axis=0)
-        if n > 1:
+        miss = np.isnan(X)
+        if miss.any():
+            m0, cov = _available_case_moments(X, miss)
+        elif n > 1:
+            m0 = X.mean(axis=0)
             # np.cov's value with one centred copy of X instead of two
             Xc = X - m0
             cov = (Xc.T @ Xc) / (n - 1.0)
         else:
+            m0 = X.mean(axis=0)
             cov = np.eye(d)
         step = recording_step(X)
         # the covariance of the records with their cells (what the likelihood counts)
@@ -209,20 +238,71 @@ class GaussianNW(Family):
         B0 = np.linalg.inv(cov / shrink) / a0
         return cls(m0=m0, c0=c0, B0=0.5 * (B0 + B0.T), a0=a0, step=step if step.any() else None)
 
-    def posterior_summary(self, s: FloatArray, names: Sequence[str]) -> dict[str, Any]:
+    def posterior(self, s: FloatArray) -> tuple[FloatArray, FloatArray, float, float]:
+        """(m_k, T_k, c_k, a_k) of eq. B.1' from a statistics row s (1 + d + d^2,)."""
         d = self.n_cols
-        n = s[0]
-        c0, a0 = self.c0, self.a0
+        n = float(s[0])
+        c0 = self.c0
         m0 = np.asarray(self.m0)
-        ck, ak = c0 + n, a0 + n
+        ck = c0 + n
         mk = (c0 * m0 + s[1 : 1 + d]) / ck
         T = (
             np.linalg.inv(np.asarray(self.B0))
-            + s[1 + d :].reshape(d, d)
+            + s[1 + d : 1 + d + d * d].reshape(d, d)
             + c0 * np.outer(m0, m0)
             - ck * np.outer(mk, mk)
             + n * np.diag(self._h)
         )
+        return mk, T, ck, self.a0 + n
+
+    def restrict(self, cols: Sequence[int]) -> tuple[GaussianNW, list[int]]:
+        """The Normal-Wishart prior's marginal on the columns ``cols`` (``Family.restrict``).
+
+        If the precision is Wishart(B0, a0) in d dimensions, the precision of the covariance's
+        block over d' of them is Wishart(((B0^{-1})_oo)^{-1}, a0 - (d - d')) (the Wishart's
+        marginal property, e.g. Gupta & Nagar 2000, Theorem 3.3.9), and the mean's block stays
+        Normal(m0_o, (c0 Lambda_oo)^{-1}); the predictive then has the same degrees of freedom
+        nu = a - d + 1 and the block of the Student-t's location and scale: exactly the
+        full predictive's marginal.
+        """
+        o = np.asarray(cols, dtype=np.int64)
+        d = self.n_cols
+        T0 = np.linalg.inv(np.asarray(self.B0))
+        B0o = np.linalg.inv(T0[np.ix_(o, o)])
+        sub = GaussianNW(
+            m0=np.asarray(self.m0)[o],
+            c0=self.c0,
+            B0=0.5 * (B0o + B0o.T),
+            a0=self.a0 - (d - o.shape[0]),
+            step=None if self.step is None else np.asarray(self.step)[o],
+        )
+        index = [0, *(1 + o).tolist(), *(1 + d + (o[:, None] * d + o[None, :])).ravel().tolist()]
+        return sub, index
+
+    def impute(self, X: FloatArray, s: FloatArray) -> FloatArray:
+        """NaN cells set to the conditional location of the cluster's Student-t predictive given
+        the row's observed cells, m_m + T_mo T_oo^{-1} (x_o - m_o) (the scale nu / (nu - 2) and
+        the factor c / (c + 1) cancel; it is the conditional mode)."""
+        out = np.array(X, dtype=np.float64)
+        mk, T, _ck, _ak = self.posterior(s)
+        miss = np.isnan(out)
+        patterns, inverse = np.unique(miss, axis=0, return_inverse=True)
+        for p, pattern in enumerate(patterns):
+            if not pattern.any():
+                continue
+            rows = np.flatnonzero(inverse.ravel() == p)
+            m, o = np.flatnonzero(pattern), np.flatnonzero(~pattern)
+            fill = np.broadcast_to(mk[m], (rows.shape[0], m.shape[0])).copy()
+            if o.size:
+                dev = out[np.ix_(rows, o)] - mk[o]
+                coef = np.linalg.solve(T[np.ix_(o, o)], T[np.ix_(o, m)])
+                fill += dev @ coef
+            out[np.ix_(rows, m)] = fill
+        return out
+
+    def posterior_summary(self, s: FloatArray, names: Sequence[str]) -> dict[str, Any]:
+        d = self.n_cols
+        mk, T, _ck, ak = self.posterior(s)
         # posterior mean of the covariance, E[Lambda^{-1}] = T / (a - d - 1)
         cov = T / max(ak - d - 1.0, 1e-12)
         out: dict[str, Any] = {}
@@ -332,6 +412,22 @@ class NormalGamma(Family):
         X = _as_data(X, self.n_cols)
         names = _check_names(names, self.n_cols)
         _raise_first_bad(X, ~np.isfinite(X), names, "Gaussian values must be finite")
+
+    def restrict(self, cols: Sequence[int]) -> tuple[NormalGamma, list[int]]:
+        """The columns ``cols`` alone (``Family.restrict``): the columns are independent, so
+        the marginal prior is the same priors of those columns."""
+        o = np.asarray(cols, dtype=np.int64)
+        d = self.n_cols
+        m0, c0, a0, b0 = self._params()
+        step = None if self.step is None else np.asarray(self.step)[o]
+        sub = NormalGamma(m0=m0[o], c0=c0[o], a0=a0[o], b0=b0[o], step=step)
+        return sub, [0, *(1 + o).tolist(), *(1 + d + o).tolist()]
+
+    def impute(self, X: FloatArray, s: FloatArray) -> FloatArray:
+        """NaN cells set to the posterior mean m_n of their column (independent columns: the
+        conditional mode is the marginal one)."""
+        mn = self.posterior(s)[0]
+        return np.where(np.isnan(X), mn[None, :], X)
 
     def posterior(self, s: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
         """(m_n, c_n, a_n, b_n) per column from a statistics row s (1 + 2 d,)."""

@@ -18,6 +18,25 @@ of binomial columns. It encodes the same columns at predict time and refuses any
   explicitly for true counts;
 * floats: ``gaussian`` (all such columns share one full-covariance Normal-Wishart group).
 
+A wide table, more than ``WIDE_COLS`` (50) such columns or fewer than two rows per column,
+gets ``diag-gaussian`` for them instead (``Schema.notes`` says so): a full covariance has
+d (d + 1) / 2 parameters per cluster, and its Normal-Wishart prior then needs a0 > d - 1
+pseudo-records, more than a whole cluster holds, so every split costs more than it explains (a
+microarray of 500 genes in 189 samples came out as one cluster); independent columns need 2 d.
+
+Missing values
+--------------
+With ``missing=True`` (the estimators' default ``missing="latent"``) an empty cell is kept as NaN
+through the encoding (a categorical column's missing cell too); ``constant_columns`` and
+``check_informative`` look at the values present. Otherwise the first missing cell is an error
+naming its column and row.
+
+Constant columns
+----------------
+``check_informative`` refuses a column of one value (``strict=True``); otherwise the column is
+dropped (``Schema.dropped``, with its value): it carries no information and its
+empirical-Bayes prior is degenerate. ``encode`` then leaves it out at fit and predict time.
+
 Two kinds of text column are refused by ``auto`` rather than guessed (``check_auto_text``): one
 whose values are numbers but for a few (at least ``NUMERIC_SHARE``, 90%: a numeric column with a
 typo, which would otherwise become a categorical column of as many levels as distinct numbers),
@@ -30,6 +49,7 @@ Any column can be overridden: ``family={"visits": "poisson"}`` keeps ``auto`` fo
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,6 +81,8 @@ NUMERIC_SHARE = 0.9
 ID_SHARE = 0.5
 ID_LEVELS = 50
 COUNT_KINDS = {"poisson", "bernoulli", "binomial", "geometric"}
+#: ``family="auto"`` makes the Gaussian columns diagonal above this many (module docstring)
+WIDE_COLS = 50
 
 
 def _is_sparse(X: Any) -> bool:
@@ -105,8 +127,9 @@ def _first_bad_row(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
-def _numeric_column(s: pd.Series, name: str) -> np.ndarray:
-    """Column as float64, or a ValueError naming the first row that is not a number."""
+def _numeric_column(s: pd.Series, name: str, missing: bool = False) -> np.ndarray:
+    """Column as float64, or a ValueError naming the first row that is not a number (or is
+    missing, unless ``missing``: then NaN)."""
     if pd.api.types.is_bool_dtype(s.dtype):
         return s.to_numpy(dtype=np.float64)
     if pd.api.types.is_numeric_dtype(s.dtype):
@@ -119,7 +142,7 @@ def _numeric_column(s: pd.Series, name: str) -> np.ndarray:
             raise ValueError(f"column '{name}': row {i} has {s.iloc[i]!r}, which is not a number")
         vals = conv.to_numpy(dtype=np.float64, na_value=np.nan)
     nan = np.isnan(vals)
-    if nan.any():
+    if nan.any() and not missing:
         raise ValueError(f"column '{name}': row {_first_bad_row(nan)} is NaN (missing value)")
     inf = np.isinf(vals)
     if inf.any():
@@ -195,13 +218,13 @@ def check_auto_text(s: pd.Series, name: str) -> None:
 
 
 def constant_columns(df: pd.DataFrame) -> dict[str, Any]:
-    """The columns of ``df`` holding one value in every row (no missing value), with that value
+    """The columns of ``df`` holding one value in every row where they have one, with that value
     (a numpy scalar as the Python one, for run.json)."""
     out = {}
     for c in df.columns:
         s = df[c]
-        if s.notna().all() and s.nunique() == 1:
-            v = s.iloc[0]
+        if s.notna().any() and s.nunique(dropna=True) == 1:
+            v = s.dropna().iloc[0]
             out[str(c)] = v.item() if isinstance(v, np.generic) else v
     return out
 
@@ -216,10 +239,24 @@ class Schema:
     categories: dict[str, list[Any]] = field(default_factory=dict)
     n_trials: dict[str, int] = field(default_factory=dict)
     from_frame: bool = False
+    #: constant columns left out of the model, with their value (module docstring)
+    dropped: dict[str, Any] = field(default_factory=dict)
+    #: what ``family="auto"`` chose beyond the per-column rules, in words
+    notes: list[str] = field(default_factory=list)
+    #: whether missing cells are kept (as NaN) rather than refused
+    missing: bool = False
+
+    @property
+    def features(self) -> list[str]:
+        """The columns the model sees: ``columns`` without the ``dropped`` ones."""
+        return [c for c in self.columns if c not in self.dropped]
 
     @classmethod
-    def infer(cls, df: pd.DataFrame, family: Any, from_frame: bool) -> Schema:
-        """Kinds per column from ``family`` ("auto", a kind name, or a {column: kind} mapping)."""
+    def infer(
+        cls, df: pd.DataFrame, family: Any, from_frame: bool, missing: bool = False
+    ) -> Schema:
+        """Kinds per column from ``family`` ("auto", a kind name, or a {column: kind} mapping);
+        ``missing``: keep missing cells (module docstring)."""
         if df.shape[1] == 0:
             raise ValueError(
                 f"X has no columns: 0 feature(s) (shape=({df.shape[0]}, 0)) while a minimum of 1 "
@@ -253,20 +290,39 @@ class Schema:
                 "family must be 'auto', a family name, a {column: family} mapping, or a "
                 "Family / ProductFamily instance"
             )
-        schema = cls(columns=cols, kinds=kinds, from_frame=from_frame)
+        named = set(family) if isinstance(family, Mapping) else set()
+        auto_gauss = [c for c in cols if kinds[c] == "gaussian" and c not in named]
+        notes = []
+        if (
+            family != "gaussian"
+            and auto_gauss
+            and (len(auto_gauss) > WIDE_COLS or df.shape[0] < 2 * len(auto_gauss))
+        ):
+            for c in auto_gauss:
+                kinds[c] = "diag-gaussian"
+            notes.append(
+                f"{len(auto_gauss)} numeric columns in {df.shape[0]:,} rows: diagonal covariance "
+                f"(diag-gaussian) for them, since a full covariance needs far more rows per "
+                f"cluster; name the family to override"
+            )
+        schema = cls(columns=cols, kinds=kinds, from_frame=from_frame, notes=notes)
+        schema.missing = bool(missing)
         for c in cols:
             if kinds[c] == "categorical":
                 s = df[c]
-                if s.isna().any():
+                if s.isna().any() and not missing:
                     i = _first_bad_row(s.isna().to_numpy())
                     raise ValueError(f"column '{c}': row {i} is missing (NaN)")
                 if isinstance(s.dtype, pd.CategoricalDtype):
                     schema.categories[c] = list(s.cat.categories)
                 else:
-                    schema.categories[c] = sorted(pd.unique(s), key=lambda v: (str(type(v)), v))
+                    schema.categories[c] = sorted(
+                        pd.unique(s.dropna()), key=lambda v: (str(type(v)), v)
+                    )
             elif kinds[c] == "binomial":
-                vals = _numeric_column(df[c], c)
-                schema.n_trials[c] = int(max(np.max(vals), 1)) if vals.size else 1
+                vals = _numeric_column(df[c], c, missing)
+                present = vals[~np.isnan(vals)]
+                schema.n_trials[c] = int(max(np.max(present), 1)) if present.size else 1
         return schema
 
     # -- encoding ------------------------------------------------------------------------------
@@ -298,24 +354,27 @@ class Schema:
         """The (n, n_columns) float64 matrix of df's columns; categoricals become codes 0..C-1."""
         if df.shape[0] == 0:
             raise ValueError("X has no rows (0 samples); at least 1 is required")
-        cols = df[self.columns]
+        features = self.features
+        cols = df[features]
         if "categorical" not in self.kinds.values() and all(
             pd.api.types.is_numeric_dtype(dt) for dt in cols.dtypes
         ):
             # numbers only: one copy of the block; the column-by-column pass below runs only to
             # name the first NaN or inf
             out = cols.to_numpy(dtype=np.float64, na_value=np.nan, copy=True)
-            if np.isfinite(out).all():
+            if np.isfinite(out).all() or (self.missing and not np.isinf(out).any()):
                 return out
-        out = np.empty((df.shape[0], len(self.columns)), dtype=np.float64)
-        for j, c in enumerate(self.columns):
+        out = np.empty((df.shape[0], len(features)), dtype=np.float64)
+        for j, c in enumerate(features):
             kind = self.kinds[c]
             s = df[c]
             if kind == "categorical":
                 cats = self.categories[c]
                 lookup = {v: i for i, v in enumerate(cats)}
                 codes = s.map(lookup)
-                bad = codes.isna().to_numpy()
+                bad = codes.isna().to_numpy().copy()
+                if self.missing:
+                    bad &= s.notna().to_numpy()
                 if bad.any():
                     i = _first_bad_row(bad)
                     what = "is missing" if pd.isna(s.iloc[i]) else f"has category {s.iloc[i]!r}"
@@ -323,35 +382,60 @@ class Schema:
                         f"column '{c}': row {i} {what}, not one of the {len(cats)} categories "
                         "seen in fit"
                     )
-                out[:, j] = codes.to_numpy(dtype=np.float64)
+                out[:, j] = codes.to_numpy(dtype=np.float64, na_value=np.nan)
             else:
-                out[:, j] = _numeric_column(s, c)
+                out[:, j] = _numeric_column(s, c, self.missing)
         return out
 
-    def check_informative(self, X: FloatArray) -> None:
-        """Fit-time checks: enough rows, and no column of one constant value."""
+    def check_informative(self, X: FloatArray, strict: bool = True) -> FloatArray:
+        """Fit-time checks of the encoded records X (n, n_features): enough rows, and no column
+        of one constant value (among the values present).
+
+        A constant column is an error with ``strict``; otherwise it is dropped: recorded in
+        ``dropped`` (with its value) and left out of the returned X and of later encodings.
+
+        Returns
+        -------
+        ndarray of shape (n, n_features - n_dropped)
+        """
         n = X.shape[0]
         if n < 2:
             raise ValueError(f"n_samples = {n}: clustering needs at least 2 samples, got 1 sample")
-        # one vectorised pass over the rows, not one strided pass per column
-        constant = np.flatnonzero(np.all(X == X[0], axis=0))
-        if constant.size:
-            j = int(constant[0])
-            c = self.columns[j]
-            first = X[0, j]
-            shown = self.categories[c][int(first)] if c in self.categories else first
-            shown = shown.item() if isinstance(shown, np.generic) else shown
+        features = self.features
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            # an all-missing column is constant too (nothing to tell its rows apart)
+            warnings.simplefilter("ignore", RuntimeWarning)
+            lo, hi = np.nanmin(X, axis=0), np.nanmax(X, axis=0)
+        constant = np.flatnonzero(~(lo < hi))
+        if not constant.size:
+            return X
+        values = {}
+        for j in constant.tolist():
+            c = features[j]
+            first = lo[j]
+            shown = (
+                self.categories[c][int(first)] if c in self.categories and first == first else first
+            )
+            values[c] = shown.item() if isinstance(shown, np.generic) else shown
+        if strict:
+            c, shown = next(iter(values.items()))
             raise ValueError(
                 f"column '{c}' is constant (every row is {shown!r}): it cannot inform the "
                 "clustering and its empirical-Bayes prior is degenerate; drop the column"
             )
+        if constant.size == len(features):
+            raise ValueError(
+                f"every column is constant ({', '.join(map(repr, values))}): nothing to cluster on"
+            )
+        self.dropped.update(values)
+        return np.ascontiguousarray(np.delete(X, constant, axis=1))
 
     # -- families ----------------------------------------------------------------------------
     def groups(self) -> list[tuple[str, list[int]]]:
         """(kind, column indices): one group per kind, one per categorical column."""
         out: list[tuple[str, list[int]]] = []
         by_kind: dict[str, list[int]] = {}
-        for j, c in enumerate(self.columns):
+        for j, c in enumerate(self.features):
             k = self.kinds[c]
             if k == "categorical":
                 out.append((k, [j]))
@@ -367,7 +451,7 @@ class Schema:
         for kind, cols in self.groups():
             # one group over all the columns in order (the common numeric case) needs no copy
             Xg = X if cols == list(range(X.shape[1])) else X[:, cols]
-            names = [self.columns[j] for j in cols]
+            names = [self.features[j] for j in cols]
             fam: Family
             if kind == "categorical":
                 n_cat = len(self.categories[names[0]])
@@ -379,16 +463,22 @@ class Schema:
                 fam = fam_mod.FAMILIES[kind].empirical_bayes(Xg, scale=scale)  # type: ignore[call-arg]
             else:
                 fam = fam_mod.FAMILIES[kind].empirical_bayes(Xg)
-            fam.check_values(Xg, names)
+            fam.check_values(np.where(np.isnan(Xg), 0.0, Xg) if self.missing else Xg, names)
             groups.append((fam, cols))
         return ProductFamily(groups)
 
     def check_values(self, family: ProductFamily, X: FloatArray) -> None:
+        """Each family's support check of its columns of X (n, n_features); a missing cell
+        (NaN, with ``missing``) is not a value and is not checked."""
+        if self.missing:
+            X = np.where(np.isnan(X), 0.0, X)
+        feats = self.features
         for fam, cols in family.groups:
-            fam.check_values(X[:, cols], [self.columns[j] for j in cols])
+            fam.check_values(X[:, cols], [feats[j] for j in cols])
 
     def names_of(self, family: ProductFamily) -> list[list[str]]:
-        return [[self.columns[j] for j in cols] for _f, cols in family.groups]
+        feats = self.features
+        return [[feats[j] for j in cols] for _f, cols in family.groups]
 
 
 def cluster_table(

@@ -46,6 +46,40 @@ class MapdpResult:
         return np.ascontiguousarray(self.stats[:, 0])
 
 
+#: above this many columns ``principal_axis`` iterates instead of decomposing the covariance
+EIGH_MAX_COLS = 64
+POWER_STEPS = 30
+
+
+def principal_axis(Xc: FloatArray) -> FloatArray | None:
+    """The direction of largest variance of the centred rows Xc (n, d), shape (d,); None when
+    the rows are not finite.
+
+    Up to ``EIGH_MAX_COLS`` columns: the top eigenvector of the covariance (O(d^3)). Wider rows
+    (microarrays, one-hot sequences) take ``POWER_STEPS`` power iterations Xc^T (Xc v) from the
+    column of largest variance, O(n d) each: a split only needs a direction that separates the
+    cluster roughly, and the sweeps that follow refine the halves.
+    """
+    d = Xc.shape[1]
+    if d <= EIGH_MAX_COLS:
+        cov = Xc.T @ Xc / Xc.shape[0]
+        if not np.all(np.isfinite(cov)):
+            return None
+        return np.linalg.eigh(cov)[1][:, -1]
+    if not np.all(np.isfinite(Xc)):
+        return None
+    var = np.einsum("ij,ij->j", Xc, Xc)
+    v = np.zeros(d)
+    v[int(np.argmax(var))] = 1.0
+    for _ in range(POWER_STEPS):
+        w = Xc.T @ (Xc @ v)
+        norm = float(np.linalg.norm(w))
+        if not norm > 0:
+            break
+        v = w / norm
+    return v
+
+
 def try_split(
     Xa: FloatArray,
     members: IntArray,
@@ -69,10 +103,9 @@ def try_split(
         return None
     Xs = np.ascontiguousarray(Xa[members])
     Xc = Xs - Xs.mean(axis=0)
-    cov = Xc.T @ Xc / n
-    if not np.all(np.isfinite(cov)):
+    axis = principal_axis(Xc)
+    if axis is None:
         return None
-    axis = np.linalg.eigh(cov)[1][:, -1]
     side = (Xc @ axis > 0).astype(np.int64)
     if side.min() == side.max():
         return None
@@ -153,6 +186,7 @@ def run_mapdp(
     init: str,
     callback: Callable[[int, float, int], None] | None = None,
     max_moves: int = 10,
+    z0: IntArray | None = None,
 ) -> MapdpResult:
     """Algorithm 1 of seed 000 on arranged records ``Xa`` (N, D), visiting them in ``order``.
 
@@ -160,13 +194,20 @@ def run_mapdp(
     set to the mode of eq. A.1 given N and K. The objective is -log p(X, z | N0) (eq. 3.3), plus
     -log p(N0) when N0 is learned, so that both steps can only lower it. When the sweeps have
     converged, up to ``max_moves`` rounds of split and merge moves (``split_merge``) are tried;
-    if one is taken, sweeping resumes. Every step lowers the objective or leaves it.
+    if one is taken, sweeping resumes. Every step lowers the objective or leaves it. ``z0``
+    (N,), labels 0..K-1, starts from that partition instead of ``init``.
     """
     t0 = time.perf_counter()
     N = Xa.shape[0]
     spec, prior = family.spec, family.prior
     empty_c = family.empty_cache()
-    if init == "one-cluster":
+    if z0 is not None:
+        # a warm start from labels 0..K-1 (the missing cells' ICM rounds, ``fit_missing``)
+        z = np.array(z0, dtype=np.int64)
+        stats = family.stats_of(Xa, z, int(z.max()) + 1)
+        nk = stats[:, 0].copy()
+        n_slots = stats.shape[0]
+    elif init == "one-cluster":
         # Algorithm 1 starts with K = 1 and every record in it
         z = np.zeros(N, dtype=np.int64)
         stats = family.stats_of(Xa, z, 1)
@@ -229,3 +270,102 @@ def run_mapdp(
         converged=converged,
         seconds=time.perf_counter() - t0,
     )
+
+
+#: at most this many rounds of imputation and sweeps (``fit_missing``)
+MAX_ICM_ROUNDS = 10
+
+
+def fit_missing(
+    Xa: FloatArray, family: ProductFamily, fit: Callable[[FloatArray, IntArray | None], MapdpResult]
+) -> MapdpResult:
+    """MAP-DP with missing cells (NaN in ``Xa`` (N, D)) treated as latent variables and set by
+    iterated conditional modes, as Algorithm 1 sets the assignments (seed 000, Section 3: ICM
+    on the joint; Besag 1986 for ICM itself).
+
+    The cells start at the prior predictive's conditional mode given the row's observed cells
+    (``ProductFamily.impute`` with no cluster: for Gaussian columns the regression on the
+    observed ones under the empirical-Bayes covariance); then, in turn, ``fit(X, z0)`` sweeps
+    with the cells fixed (``z0`` None: a fresh fit; else a warm start from those labels) and
+    each missing cell is set to its conditional mode given its record's cluster. It stops when
+    a round changes no cell, or after ``MAX_ICM_ROUNDS``. The statistics stay additive: they are
+    those of the completed records. Prediction and scoring do not impute: they use the
+    predictive marginalised over the missing columns (``dpm_predict``).
+    """
+    none = np.full(Xa.shape[0], -1, dtype=np.int64)
+    Xf = family.impute(Xa, family.empty_stats(), none)
+    res = fit(Xf, None)
+    for _ in range(MAX_ICM_ROUNDS):
+        Xn = family.impute(Xa, res.stats, res.labels)
+        if np.array_equal(Xn, Xf):
+            break
+        Xf = Xn
+        res = fit(Xf, res.labels)
+    return res
+
+
+def dpm_predict(
+    Xa: FloatArray,
+    stats: FloatArray,
+    alpha: float,
+    family: ProductFamily,
+    cache: FloatArray | None = None,
+    empty_c: FloatArray | None = None,
+) -> tuple[IntArray, FloatArray]:
+    """Eq. 3.5's MAP cluster (-1: a new one) and eq. 3.4's log predictive density of each
+    arranged record of Xa (n, D) under clusters ``stats`` (K, S) and concentration ``alpha``.
+
+    A record with missing cells (NaN) is scored on its observed cells alone: every cluster's
+    predictive is marginalised over the missing columns (``ProductFamily.restrict``: exact for
+    every family, the Normal-Wishart Student-t included), so its density is that of the
+    observed sub-vector. Records are grouped by their pattern of missing cells. A record with
+    no observed cell has density 1 (log 0) and the cluster of largest weight.
+
+    ``cache`` (K, C) and ``empty_c`` (C,) may be passed when already computed.
+    """
+    nk = np.ascontiguousarray(stats[:, 0])
+    miss = np.isnan(Xa)
+    partial = miss.any(axis=1)
+    n = Xa.shape[0]
+    labels = np.empty(n, dtype=np.int64)
+    logdens = np.empty(n)
+    full = np.flatnonzero(~partial)
+    if full.size:
+        Xc = Xa if full.size == n else np.ascontiguousarray(Xa[full])
+        lab, ld = kmapdp.predict(
+            Xc,
+            stats,
+            family.cache_of(stats) if cache is None else cache,
+            nk,
+            family.spec,
+            family.prior,
+            family.empty_cache() if empty_c is None else empty_c,
+            float(alpha),
+        )
+        if full.size == n:
+            return lab, ld
+        labels[full], logdens[full] = lab, ld
+    rows_p = np.flatnonzero(partial)
+    patterns, inverse = np.unique(miss[rows_p], axis=0, return_inverse=True)
+    for p, pattern in enumerate(patterns):
+        rows = rows_p[inverse.ravel() == p]
+        if pattern.all():
+            weights = np.append(nk, alpha)
+            best = int(np.argmax(weights))
+            labels[rows] = best if best < nk.shape[0] else -1
+            logdens[rows] = 0.0
+            continue
+        sub, index = family.restrict(~pattern)
+        st = np.ascontiguousarray(stats[:, index])
+        lab, ld = kmapdp.predict(
+            np.ascontiguousarray(Xa[np.ix_(rows, np.flatnonzero(~pattern))]),
+            st,
+            sub.cache_of(st),
+            nk,
+            sub.spec,
+            sub.prior,
+            sub.empty_cache(),
+            float(alpha),
+        )
+        labels[rows], logdens[rows] = lab, ld
+    return labels, logdens

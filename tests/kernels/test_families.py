@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from scipy import integrate, special, stats
 
 from kernels.obs import product
+from pipeline.families.counts import DISCRETE_SHARE
 from pipeline.families import (
     FAMILIES,
     Bernoulli,
@@ -525,9 +526,10 @@ class TestCategorical(FamilyContract):
 
     def check_empirical_bayes(self, fam: Categorical, X: np.ndarray) -> None:
         alpha = np.asarray(fam.alpha)
-        assert alpha.sum() == pytest.approx(1.0)
+        kappa = max(1.0, DISCRETE_SHARE * X.shape[0])
+        assert alpha.sum() == pytest.approx(kappa)
         counts = np.bincount(X[:, 0].astype(int), minlength=4)
-        np.testing.assert_allclose(alpha, (counts + 0.25) / (X.shape[0] + 1.0))
+        np.testing.assert_allclose(alpha, kappa * (counts + 0.25) / (X.shape[0] + 1.0))
         wider = Categorical.empirical_bayes(X, n_categories=6)
         assert wider.n_categories == 6 and np.all(np.asarray(wider.alpha) > 0)
 
@@ -632,7 +634,7 @@ class TestBinomial(FamilyContract):
         N = np.asarray(fam.n_trials)
         np.testing.assert_allclose(N, np.maximum(X.max(axis=0), 1.0))  # the default
         a, b = np.asarray(fam.a), np.asarray(fam.b)
-        np.testing.assert_allclose(a + b, N)
+        np.testing.assert_allclose(a + b, N * max(1.0, DISCRETE_SHARE * X.shape[0]))
         np.testing.assert_allclose(a / (a + b), X.mean(axis=0) / N, atol=2e-3)
         given_trials = Binomial.empirical_bayes(X, n_trials=[10, 10])
         np.testing.assert_allclose(given_trials.n_trials, [10.0, 10.0])
@@ -668,8 +670,9 @@ class TestBernoulli(TestBinomial):
     def check_empirical_bayes(self, fam: Bernoulli, X: np.ndarray) -> None:
         np.testing.assert_allclose(fam.n_trials, 1.0)
         a, b = np.asarray(fam.a), np.asarray(fam.b)
-        np.testing.assert_allclose(a + b, 1.0)
-        np.testing.assert_allclose(a, (X.sum(axis=0) + 0.5) / (X.shape[0] + 1.0))
+        kappa = max(1.0, DISCRETE_SHARE * X.shape[0])
+        np.testing.assert_allclose(a + b, kappa)
+        np.testing.assert_allclose(a, kappa * (X.sum(axis=0) + 0.5) / (X.shape[0] + 1.0))
         with pytest.raises(ValueError, match="n_trials"):
             Bernoulli.empirical_bayes(X, n_trials=3)
 
