@@ -157,15 +157,12 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
             missing = check_missing(getattr(self, "missing", "refuse")) == "latent"
             schema = Schema.infer(df, family, from_frame, missing=missing)
             Xe = schema.encode(df, fitting=True)
-            Xe = schema.check_informative(Xe, strict=bool(getattr(self, "strict", True)))
-            if schema.dropped:
-                warnings.warn(
-                    "constant columns dropped (they cannot inform the clustering): "
-                    + ", ".join(f"{c!r} (every value {v!r})" for c, v in schema.dropped.items())
-                    + "; strict=True refuses them instead",
-                    UserWarning,
-                    stacklevel=3,
-                )
+            strict = bool(getattr(self, "strict", True))
+            Xe = schema.check_informative(Xe, strict=strict)
+            if not strict:
+                Xe = schema.drop_collinear(Xe)
+            for line in schema.dropped_lines():
+                warnings.warn(line, UserWarning, stacklevel=3)
         self.schema_ = schema
         self.n_features_in_ = len(schema.columns)
         if from_frame:

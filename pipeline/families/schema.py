@@ -35,7 +35,9 @@ Constant columns
 ----------------
 ``check_informative`` refuses a column of one value (``strict=True``); otherwise the column is
 dropped (``Schema.dropped``, with its value): it carries no information and its
-empirical-Bayes prior is degenerate. ``encode`` then leaves it out at fit and predict time.
+empirical-Bayes prior is degenerate. Likewise ``drop_collinear`` leaves out full-covariance
+Gaussian columns that are exact linear combinations of others (``Schema.collinear``). ``encode``
+then leaves them out at fit and predict time.
 
 Two kinds of text column are refused by ``auto`` rather than guessed (``check_auto_text``): one
 whose values are numbers but for a few (at least ``NUMERIC_SHARE``, 90%: a numeric column with a
@@ -56,6 +58,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import scipy.linalg
 
 from pipeline import families as fam_mod
 from pipeline.core.errors import InputError
@@ -83,6 +86,8 @@ ID_LEVELS = 50
 COUNT_KINDS = {"poisson", "bernoulli", "binomial", "geometric"}
 #: ``family="auto"`` makes the Gaussian columns diagonal above this many (module docstring)
 WIDE_COLS = 50
+#: ``Schema.drop_collinear``: a QR pivot below this share of the largest marks a dependent column
+COLLINEAR_TOL = 1e-6
 
 
 def _is_sparse(X: Any) -> bool:
@@ -241,6 +246,8 @@ class Schema:
     from_frame: bool = False
     #: constant columns left out of the model, with their value (module docstring)
     dropped: dict[str, Any] = field(default_factory=dict)
+    #: full-covariance Gaussian columns left out as exact linear combinations of the others
+    collinear: list[str] = field(default_factory=list)
     #: what ``family="auto"`` chose beyond the per-column rules, in words
     notes: list[str] = field(default_factory=list)
     #: whether missing cells are kept (as NaN) rather than refused
@@ -248,8 +255,9 @@ class Schema:
 
     @property
     def features(self) -> list[str]:
-        """The columns the model sees: ``columns`` without the ``dropped`` ones."""
-        return [c for c in self.columns if c not in self.dropped]
+        """The columns the model sees: ``columns`` without the ``dropped`` and ``collinear``
+        ones."""
+        return [c for c in self.columns if c not in self.dropped and c not in self.collinear]
 
     @classmethod
     def infer(
@@ -429,6 +437,55 @@ class Schema:
             )
         self.dropped.update(values)
         return np.ascontiguousarray(np.delete(X, constant, axis=1))
+
+    def dropped_lines(self) -> list[str]:
+        """One sentence per kind of column left out (constant, collinear), for warnings and
+        run.json; empty when none was."""
+        out = []
+        if self.dropped:
+            out.append(
+                "constant columns dropped (they cannot inform the clustering): "
+                + ", ".join(f"{c!r} (every value {v!r})" for c, v in self.dropped.items())
+                + "; strict=True (--strict) refuses them instead"
+            )
+        if self.collinear:
+            out.append(
+                "columns dropped as exact linear combinations of the other numeric columns: "
+                + ", ".join(map(repr, self.collinear))
+            )
+        return out
+
+    def drop_collinear(self, X: FloatArray) -> FloatArray:
+        """Leave out the full-covariance Gaussian columns of X (n, n_features) that are exact
+        linear combinations of the others (recorded in ``collinear``); returns the rest.
+
+        Such a column (an average of others, a difference of two) carries no information the
+        others lack, and makes every cluster's scatter singular along one direction, where the
+        Normal-Wishart density then grows with how tightly a cluster hugs that plane rather than
+        with how well it fits the data (image segmentation's 18 attributes hold 4 such columns:
+        NMI 0.44 with them, 0.56 without). Found by QR with column pivoting of the standardised
+        columns over the complete rows: a pivot below ``COLLINEAR_TOL`` of the largest marks a
+        column the earlier ones span.
+        """
+        feats = self.features
+        cols = [j for j, c in enumerate(feats) if self.kinds[c] == "gaussian"]
+        if len(cols) < 2:
+            return X
+        Z = X[:, cols]
+        Z = Z[~np.isnan(Z).any(axis=1)]
+        if Z.shape[0] <= len(cols):
+            return X
+        sd = Z.std(axis=0)
+        Z = (Z - Z.mean(axis=0)) / np.where(sd > 0, sd, 1.0)
+        _q, r, piv = scipy.linalg.qr(Z, mode="economic", pivoting=True)
+        pivots = np.abs(np.diag(r))
+        dep = sorted(
+            int(cols[piv[i]]) for i in range(len(cols)) if pivots[i] < COLLINEAR_TOL * pivots[0]
+        )
+        if not dep:
+            return X
+        self.collinear.extend(feats[j] for j in dep)
+        return np.ascontiguousarray(np.delete(X, dep, axis=1))
 
     # -- families ----------------------------------------------------------------------------
     def groups(self) -> list[tuple[str, list[int]]]:

@@ -286,21 +286,31 @@ def fit_missing(
     The cells start at the prior predictive's conditional mode given the row's observed cells
     (``ProductFamily.impute`` with no cluster: for Gaussian columns the regression on the
     observed ones under the empirical-Bayes covariance); then, in turn, ``fit(X, z0)`` sweeps
-    with the cells fixed (``z0`` None: a fresh fit; else a warm start from those labels) and
-    each missing cell is set to its conditional mode given its record's cluster. It stops when
-    a round changes no cell, or after ``MAX_ICM_ROUNDS``. The statistics stay additive: they are
+    with the cells fixed (``z0`` None: a fresh fit; else a warm start from those labels), each
+    record with missing cells is moved to its MAP cluster on its observed cells
+    (``dpm_predict``), and each missing cell is set to its conditional mode given its record's
+    cluster. It stops when a round changes no cell and no label, or after
+    ``MAX_ICM_ROUNDS``. The statistics stay additive: they are
     those of the completed records. Prediction and scoring do not impute: they use the
     predictive marginalised over the missing columns (``dpm_predict``).
     """
     none = np.full(Xa.shape[0], -1, dtype=np.int64)
     Xf = family.impute(Xa, family.empty_stats(), none)
     res = fit(Xf, None)
+    partial = np.flatnonzero(np.isnan(Xa).any(axis=1))
     for _ in range(MAX_ICM_ROUNDS):
-        Xn = family.impute(Xa, res.stats, res.labels)
-        if np.array_equal(Xn, Xf):
+        # records with missing cells choose their cluster on their observed cells: scored on
+        # the completed record, records imputed onto one cluster's regression plane would make
+        # a tight cluster of their own
+        z = res.labels.copy()
+        lab = dpm_predict(np.ascontiguousarray(Xa[partial]), res.stats, res.alpha, family)[0]
+        z[partial] = np.where(lab >= 0, lab, z[partial])
+        z = np.unique(z, return_inverse=True)[1].ravel().astype(np.int64)
+        Xn = family.impute(Xa, family.stats_of(Xf, z, int(z.max()) + 1), z)
+        if np.array_equal(Xn, Xf) and np.array_equal(z, res.labels):
             break
         Xf = Xn
-        res = fit(Xf, res.labels)
+        res = fit(Xf, z)
     return res
 
 
