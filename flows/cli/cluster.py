@@ -108,7 +108,19 @@ def add_cluster_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--drop-constant",
         action="store_true",
-        help="drop columns holding one value (reporting them) instead of failing",
+        help="drop columns holding one value, reporting them (the default; kept for scripts)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a column holding one value instead of dropping it",
+    )
+    p.add_argument(
+        "--missing",
+        choices=("latent", "refuse"),
+        default="latent",
+        help="missing cells: cluster each record on the cells it has (latent, the default) or "
+        "refuse them (refuse)",
     )
     add_fit_options(p)
     p.set_defaults(func=cmd_cluster)
@@ -128,6 +140,8 @@ class ClusterOptions:
     max_iter: int = 100
     seed: int | None = None
     drop_constant: bool = False
+    strict: bool = False
+    missing: str = "latent"
     quiet: bool = False
 
     @classmethod
@@ -141,6 +155,8 @@ class ClusterOptions:
             max_iter=getattr(args, "max_iter", 100),
             seed=getattr(args, "seed", None),
             drop_constant=getattr(args, "drop_constant", False),
+            strict=getattr(args, "strict", False),
+            missing=getattr(args, "missing", "latent"),
             quiet=getattr(args, "quiet", False),
         )
 
@@ -211,7 +227,7 @@ def run_cluster(
     # -- validate ----------------------------------------------------------------------------
     family = opts.family
     dropped: dict[str, Any] = {}
-    if opts.drop_constant:
+    if not opts.strict:
         dropped = constant_columns(df)
         if dropped:
             if len(dropped) == df.shape[1]:
@@ -231,6 +247,8 @@ def run_cluster(
         max_iter=opts.max_iter,
         random_state=seed,
         verbose=0 if opts.quiet else 1,
+        missing=opts.missing,
+        strict=opts.strict,
     )
     _say(opts, f"fitting MAP-DP ({opts.restarts} restarts, seed {seed})")
     t0 = time.perf_counter()
@@ -241,9 +259,11 @@ def run_cluster(
                 model.fit(df)
         except InputError as err:
             msg = str(err)
-            if "is constant" in msg and not opts.drop_constant:
+            if "is constant" in msg:
                 sep = " " if msg.endswith("drop the column") else "; "
-                raise InputError(f"{msg}{sep}or pass --drop-constant") from err.__cause__
+                raise InputError(f"{msg}{sep}or leave out --strict") from err.__cause__
+            if "is NaN" in msg and opts.missing == "refuse":
+                raise InputError(f"{msg}; or leave out --missing refuse") from err.__cause__
             raise
         timings["fit"] = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -289,14 +309,18 @@ def run_cluster(
             "restarts": opts.restarts,
             "max_iter": opts.max_iter,
             "seed": seed,
-            "drop_constant": opts.drop_constant,
+            "strict": opts.strict,
+            "missing": opts.missing,
         },
         "data": {
             "n_rows": int(df.shape[0]),
             "n_columns": int(df.shape[1]),
             "columns": list(df.columns),
             "families": dict(model.schema_.kinds),
-            "dropped_constant_columns": dropped,
+            "dropped_constant_columns": {**dropped, **model.schema_.dropped},
+            "dropped_collinear_columns": list(model.schema_.collinear),
+            "missing_cells": int(df.isna().to_numpy().sum()),
+            "family_notes": list(model.schema_.notes),
         },
         "versions": outputs.versions(),
         "objective_history": [float(v) for v in model.objective_history_],

@@ -350,6 +350,7 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
 
     def __sklearn_tags__(self):  # type: ignore[no-untyped-def]
         tags = super().__sklearn_tags__()
-        tags.input_tags.allow_nan = False
+        # missing cells are modelled where the estimator has missing="latent" (MAPDP)
+        tags.input_tags.allow_nan = getattr(self, "missing", "refuse") == "latent"
         tags.non_deterministic = False
         return tags

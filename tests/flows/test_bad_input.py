@@ -105,12 +105,19 @@ IDS = id_frame()
 
 CASES = [
     # row 5 of the data is line 7 of the CSV (header on line 1)
-    Case("nan", csv_of(NAN), ["column 'b'", "row 5 (line 7)", "NaN"], library=fit(NAN)),
+    Case(
+        "nan",
+        csv_of(NAN),
+        ["column 'b'", "row 5 (line 7)", "NaN", "--missing refuse"],
+        args=["--missing", "refuse"],
+        library=fit(NAN, missing="refuse"),
+    ),
     Case("inf", csv_of(INF), ["column 'a'", "row 9 (line 11)", "inf"], library=fit(INF)),
     Case(
         "nan-parquet",
         lambda d: (NAN.to_parquet(d / "data.parquet"), d / "data.parquet")[1],
         ["data.parquet", "column 'b'", "row 5", "NaN"],
+        args=["--missing", "refuse"],
     ),
     Case("empty-csv", raw("data.csv", b""), ["data.csv", "empty"], library=read("data.csv")),
     Case("empty-npy", raw("x.npy", b""), ["x.npy", "empty"], library=read("x.npy")),
@@ -149,8 +156,9 @@ CASES = [
     Case(
         "constant-column",
         csv_of(CONST),
-        ["column 'b'", "constant", "--drop-constant"],
-        library=fit(CONST),
+        ["column 'b'", "constant", "--strict"],
+        args=["--strict"],
+        library=fit(CONST, strict=True),
     ),
     Case(
         "wrong-field-count",
@@ -279,7 +287,7 @@ def test_library_bad_input(case: Case, tmp_path: Path) -> None:
     for w in case.words:
         if "(line" in w:
             w = w.split(" (line")[0]
-        if w == "--drop-constant":
+        if w.startswith("--"):
             continue
         assert w in msg, msg
 
@@ -294,7 +302,9 @@ def test_predict_with_other_columns() -> None:
     with pytest.raises(ValueError, match="X has 2 features, but MAPDP is expecting 3"):
         model.predict(df[["a", "b"]].to_numpy())
     with pytest.raises(ValueError, match=r"column 'b': row 2 is NaN"):
-        model.predict(with_value("b", 2, np.nan))
+        MAPDP(n_restarts=1, random_state=0, missing="refuse").fit(df).predict(
+            with_value("b", 2, np.nan)
+        )
     arr_model = MAPDP(n_restarts=1, random_state=0).fit(df.to_numpy())
     with pytest.raises(ValueError, match="X has 4 features, but MAPDP is expecting 3"):
         arr_model.predict(np.zeros((3, 4)))

@@ -189,7 +189,7 @@ def test_rerun_replaces_only_on_success(csv_path: Path, tmp_path: Path, capsys) 
     assert not (out / "stale.txt").exists()  # replaced, not merged
     before = (out / "run.json").read_bytes()
     bad = tmp_path / "bad.csv"
-    bad.write_text("a,b\n1,2\n3,nan\n")
+    bad.write_text("a,b\n1,2\n3,inf\n")
     capsys.readouterr()
     assert run(["cluster", bad, "--out", out, "--quiet"]) == 2
     assert (out / "run.json").read_bytes() == before  # a failed run leaves the old results

@@ -171,8 +171,13 @@ def test_one_alpha_check_and_the_same_column_checks(name: str) -> None:
     assert est.predict(df).shape == (30,)
     with pytest.raises(ValueError, match=r"missing \['b'\]; unexpected \['c'\]"):
         est.predict(df.rename(columns={"b": "c"}))
+    holed = df.assign(b=np.where(np.arange(30) == 3, np.nan, df["b"]))
+    if est.get_params().get("missing", "refuse") == "latent":
+        # missing cells are modelled: the record is scored on its observed cell
+        assert est.predict(holed).shape == (30,)
+        est.set_params(missing="refuse").fit(df)
     with pytest.raises(ValueError, match="column 'b': row 3 is NaN"):
-        est.predict(df.assign(b=np.where(np.arange(30) == 3, np.nan, df["b"])))
+        est.predict(holed)
 
 
 def test_tree_guided_mcmc_predicts_only_under_the_dp() -> None:
