@@ -36,6 +36,12 @@ Dirichlet(M_1 + 1, ..., M_K + 1, M0), eq. 6.1 with a uniform base, and its mode
 kappa_k = M_k / (M + M0 - 1), kappa_{K+1} = (M0 - 1) / (M + M0 - 1) is eq. 6.6's. MAP over
 a density of kappa whose dimension changes with K needs this choice: under the top-level DP's
 own measure (prod_k kappa_k^{-1}) opening a state would cost nothing for its weight.
+
+Tempered emissions (``temper`` w < 1, ``MAPiHMM(temper=...)``): log p(X_k) becomes log p(w S_k),
+the marginal of the power likelihood prod_t p(x_t | theta_k)^w (for an exponential family, the
+conjugate marginal with every record's sufficient statistics, base measure included, counting
+w). The statistics rows stay unweighted; ``tempered_log_predictive`` is the change of
+log p(w S_k) when a record joins, in place of the caches' predictive.
 """
 
 import math
@@ -121,6 +127,7 @@ def sweep(
     gibbs,
     state,
     n_fixed,
+    temper=1.0,
 ):
     """One sweep over every time step of every sequence: the argmin of eq. 6.7 (MAP-iHMM,
     seed 000 Section 6.2) or, with ``gibbs``, a draw from eq. 6.3 (the Gibbs sampler of 6.1).
@@ -164,6 +171,9 @@ def sweep(
     n_fixed : int
         Slots below it are never reused for a new state even when empty (a chunk's copy of
         the global states keeps their numbers); new states go to free slots from there on.
+    temper : float in (0, 1], default=1.0
+        w: each record's emission counts w (``tempered_log_predictive``); the statistics stay
+        unweighted. 1 is eq. 6.4's predictive, through the caches.
 
     Returns
     -------
@@ -174,6 +184,13 @@ def sweep(
     """
     costs = np.empty(stats.shape[0] + 2)
     empty_s = np.zeros(stats.shape[1])
+    tempered = temper != 1.0
+    scratch = np.empty(stats.shape[1])
+    # log p(w S_k) of every slot, kept up to date as records move (tempered sweeps only)
+    lmw = np.zeros(stats.shape[0])
+    if tempered:
+        for k in range(n_slots):
+            lmw[k] = tempered_log_marginal(stats[k], scratch, spec, prior, temper)
     log_ag = math.log(alpha * b_new) + math.log(gamma) + (gamma - 1.0) * math.log1p(-b_new)
     n_changed = 0
     n_seq = starts.shape[0] - 1
@@ -199,14 +216,23 @@ def sweep(
                     if gibbs:
                         ku[0] += kappa[k0]
                         kappa[k0] = 0.0
+                if tempered:
+                    lmw[k0] = tempered_log_marginal(stats[k0], scratch, spec, prior, temper)
             if costs.shape[0] < n_slots + 2:
                 costs = np.empty(2 * n_slots + 2)
-            lp0 = product.log_predictive(x, empty_s, empty_c, spec, prior)
+            if tempered:
+                lp0 = tempered_log_predictive(x, empty_s, 0.0, scratch, spec, prior, temper)
+            else:
+                lp0 = product.log_predictive(x, empty_s, empty_c, spec, prior)
             for k in range(n_slots):
                 if nk[k] > 0.0:
-                    costs[k] = -product.log_predictive(
-                        x, stats[k], cache[k], spec, prior
-                    ) - log_transition_gain(a, k, c, trans, start, rows, kappa, alpha)
+                    if tempered:
+                        lp = tempered_log_predictive(
+                            x, stats[k], lmw[k], scratch, spec, prior, temper
+                        )
+                    else:
+                        lp = product.log_predictive(x, stats[k], cache[k], spec, prior)
+                    costs[k] = -lp - log_transition_gain(a, k, c, trans, start, rows, kappa, alpha)
                 elif k == k0 and alone and not gibbs:
                     # stay alone: restoring the state's weight kappa_k0 (top-level measure)
                     g = log_transition_gain(a, k, c, trans, start, rows, kappa, alpha)
@@ -250,6 +276,9 @@ def sweep(
                         stats, cache, nk, trans, start, rows, kappa = _grow(
                             stats, cache, nk, trans, start, rows, kappa
                         )
+                        lmw2 = np.zeros(stats.shape[0])
+                        copy_vector(lmw2, lmw)
+                        lmw = lmw2
                     free = n_slots
                     n_slots += 1
                 b = b_new
@@ -265,6 +294,8 @@ def sweep(
                 ku[0] += kappa[k0]
                 kappa[k0] = 0.0
             product.update(x, stats[best], cache[best], spec, prior, 1.0)
+            if tempered:
+                lmw[best] = tempered_log_marginal(stats[best], scratch, spec, prior, temper)
             nk[best] += 1.0
             _link(a, best, trans, start, rows, 1.0)
             if c >= 0:
@@ -398,6 +429,74 @@ def emission_matrix(X, stats, cache, spec, prior, empty_c):
         for k in range(K):
             out[t, k] = product.log_predictive(X[t], stats[k], cache[k], spec, prior)
         out[t, K] = product.log_predictive(X[t], empty_s, empty_c, spec, prior)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def tempered_log_predictive(x, s, lm_s, scratch, spec, prior, temper):
+    """log p_w(x | X_k) = log p(w (S_k + g(x))) - log p(w S_k): the change of the tempered
+    emission marginal when x joins the state with statistics s (w = ``temper``; each record's
+    sufficient statistics count w, which for an exponential family is the marginal of the
+    power likelihood prod_t p(x_t | theta)^w, base measure included).
+
+    Parameters
+    ----------
+    x : ndarray of shape (D,)
+    s : ndarray of shape (S,)
+        The state's unweighted statistics.
+    lm_s : float
+        log p(w S_k) (``product.log_marginal`` of w s; 0 for an empty state).
+    scratch : ndarray of shape (S,)
+    spec, prior : the observation model
+    temper : float in (0, 1]
+
+    Returns
+    -------
+    float
+    """
+    for j in range(s.shape[0]):
+        scratch[j] = temper * s[j]
+    product.add_stats(x, scratch, spec, temper)
+    return product.log_marginal(scratch, spec, prior) - lm_s
+
+
+@njit(cache=True, nogil=True)
+def tempered_log_marginal(s, scratch, spec, prior, temper):
+    """log p(w S_k): ``product.log_marginal`` of the statistics s (S,) weighted by w (0 for
+    an empty state's zero statistics)."""
+    for j in range(s.shape[0]):
+        scratch[j] = temper * s[j]
+    return product.log_marginal(scratch, spec, prior)
+
+
+@njit(cache=True, nogil=True)
+def emission_matrix_tempered(X, stats, spec, prior, temper):
+    """``emission_matrix`` under the tempered emissions of ``tempered_log_predictive``: the
+    emission factor of MAP-iHMM's objective when records count w (``temper``) each.
+
+    Parameters
+    ----------
+    X : ndarray of shape (N, D)
+    stats : ndarray of shape (K, S)
+    temper : float in (0, 1]
+
+    Returns
+    -------
+    ndarray of shape (N, K + 1)
+    """
+    N = X.shape[0]
+    K = stats.shape[0]
+    S = stats.shape[1]
+    out = np.empty((N, K + 1))
+    scratch = np.empty(S)
+    empty_s = np.zeros(S)
+    lm = np.empty(K)
+    for k in range(K):
+        lm[k] = tempered_log_marginal(stats[k], scratch, spec, prior, temper)
+    for t in range(N):
+        for k in range(K):
+            out[t, k] = tempered_log_predictive(X[t], stats[k], lm[k], scratch, spec, prior, temper)
+        out[t, K] = tempered_log_predictive(X[t], empty_s, 0.0, scratch, spec, prior, temper)
     return out
 
 

@@ -10,6 +10,7 @@ the distributed engine's workers never import scikit-learn. The MAP objective E(
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,81 @@ KAPPA_FLOOR = 1e-3
 #: >= 0.90 with 5 states, ``bench_ihmm``; the engine's recovery of the states of a simulated
 #: HMM, which failed under 0.3) were measured with 0.1
 PRIOR_SCALE = 0.1
+
+
+#: the smallest emission weight ``ess_share`` returns: a numerical guard (a lag-1
+#: autocorrelation of 0.98), not a belief
+MIN_TEMPER = 0.01
+
+
+def residual_autocorrelation(
+    Xa: FloatArray, z: IntArray, starts: IntArray, family: ProductFamily
+) -> float:
+    """Lag-1 autocorrelation of the records around their state's mean, pooled over the
+    non-categorical columns (each scaled by its within-state standard deviation) and over the
+    pairs of consecutive steps of a sequence that share their state.
+
+    The HMM's emissions are independent given the states; this is what is left of the
+    dependence between neighbouring steps once the states are accounted for. NaN when no
+    column or no pair can measure it.
+
+    Parameters
+    ----------
+    Xa : ndarray of shape (N, D)
+        Arranged records (``ProductFamily.arrange``).
+    z : ndarray of shape (N,), int64
+        States 0..K-1.
+    starts : ndarray of shape (n_seq + 1,), int64
+    family : ProductFamily
+
+    Returns
+    -------
+    float
+    """
+    cols = [
+        c for fam, group_cols in zip_groups(family) if fam.name != "categorical" for c in group_cols
+    ]
+    if not cols or Xa.shape[0] < 2:
+        return math.nan
+    X = Xa[:, cols]
+    K = int(z.max()) + 1
+    counts = np.bincount(z, minlength=K).astype(np.float64)
+    means = np.zeros((K, X.shape[1]))
+    np.add.at(means, z, X)
+    means /= counts[:, None]
+    r = X - means[z]
+    sd = np.sqrt((r * r).mean(axis=0))
+    keep = sd > 0
+    if not keep.any():
+        return math.nan
+    r = r[:, keep] / sd[keep]
+    pair = z[1:] == z[:-1]
+    # the last step of a sequence and the first of the next are no pair
+    pair[starts[1:-1] - 1] = False
+    if not pair.any():
+        return math.nan
+    a, b = r[:-1][pair], r[1:][pair]
+    den = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum() / den) if den > 0 else math.nan
+
+
+def zip_groups(family: ProductFamily) -> list[tuple[Any, list[int]]]:
+    """(family, positions in the arranged records) of each column group of the product."""
+    out = []
+    pos = 0
+    for fam, cols in family.groups:
+        out.append((fam, list(range(pos, pos + len(cols)))))
+        pos += len(cols)
+    return out
+
+
+def ess_share(rho: float) -> float:
+    """The share of the records' evidence an autocorrelated sequence carries:
+    (1 - rho) / (1 + rho), the effective sample size of an AR(1) series with lag-1
+    autocorrelation rho over its length, in [``MIN_TEMPER``, 1]; 1 for rho <= 0 or NaN."""
+    if not rho > 0:
+        return 1.0
+    return max((1.0 - rho) / (1.0 + rho), MIN_TEMPER)
 
 
 def b_new_of(gamma: float) -> float:
@@ -76,11 +152,15 @@ class HmmState:
     def rows(self) -> FloatArray:
         return np.ascontiguousarray(self.trans.sum(axis=1))
 
-    def objective(self, family: ProductFamily, alpha: float, gamma: float) -> float:
-        """E(z, kappa) (``kernels.ihmm.objective``)."""
+    def objective(
+        self, family: ProductFamily, alpha: float, gamma: float, temper: float = 1.0
+    ) -> float:
+        """E(z, kappa) (``kernels.ihmm.objective``); with ``temper`` w < 1, of the tempered
+        emissions (every record's statistics counting w, ``kernels.ihmm.tempered_log_predictive``).
+        """
         return float(
             kihmm.objective(
-                self.stats,
+                self.stats if temper == 1.0 else temper * self.stats,
                 self.nk,
                 self.trans,
                 self.start,
@@ -187,13 +267,14 @@ def sweep_state(
     gamma: float,
     gibbs: bool,
     rng_state: NDArray[np.uint64],
+    temper: float = 1.0,
 ) -> tuple[HmmState, int]:
     """One ``kernels.ihmm.sweep`` over the sequences from a compact state; returns the compact
     state after it and the number of records that changed state."""
     # room for as many new states as there are now: the kernel reallocates when they run out
     cap = max(2 * st.n_states, 8)
     stats, _cache, nk, trans, start, _rows, kappa, ku, n_slots, n_changed = sweep_slots(
-        Xa, starts, z, st, family, alpha, gamma, cap, gibbs, rng_state, 0
+        Xa, starts, z, st, family, alpha, gamma, cap, gibbs, rng_state, 0, temper
     )
     return compact(z, stats, nk, trans, start, kappa, ku, n_slots), int(n_changed)
 
@@ -210,6 +291,7 @@ def sweep_slots(
     gibbs: bool,
     rng_state: NDArray[np.uint64],
     n_fixed: int,
+    temper: float = 1.0,
 ) -> tuple[Any, ...]:
     """``kernels.ihmm.sweep`` from the compact state ``st`` laid out in ``cap`` >= K slots, the
     K states first (the in-memory runs' ``sweep_state`` and the ``ihmm`` engine's chunk sweep).
@@ -232,6 +314,8 @@ def sweep_slots(
     rng_state : ndarray of shape (1,), uint64
     n_fixed : int
         Slots never reused for a new state (``kernels.ihmm.sweep``).
+    temper : float in (0, 1], default=1.0
+        The weight of each record's emission (``kernels.ihmm.sweep``).
 
     Returns
     -------
@@ -281,6 +365,7 @@ def sweep_slots(
         gibbs,
         rng_state,
         n_fixed,
+        temper,
     )
     return (*out[:7], float(ku[0]), *out[7:])
 
@@ -291,14 +376,22 @@ def empty_state(family: ProductFamily) -> HmmState:
 
 
 def decode(
-    Xa: FloatArray, starts: IntArray, st: HmmState, family: ProductFamily, alpha: float
+    Xa: FloatArray,
+    starts: IntArray,
+    st: HmmState,
+    family: ProductFamily,
+    alpha: float,
+    temper: float = 1.0,
 ) -> tuple[IntArray, FloatArray]:
     """Viterbi paths under the MAP model (``HmmState.log_params``, posterior-predictive emissions
-    of eq. 6.4); state K is an unrepresented one. Returns the paths (N,) and the best log joint
-    of each sequence."""
-    log_b = kihmm.emission_matrix(
-        Xa, st.stats, family.cache_of(st.stats), family.spec, family.prior, family.empty_cache()
-    )
+    of eq. 6.4, tempered by ``temper`` < 1 as in the fit); state K is an unrepresented one.
+    Returns the paths (N,) and the best log joint of each sequence."""
+    if temper == 1.0:
+        log_b = kihmm.emission_matrix(
+            Xa, st.stats, family.cache_of(st.stats), family.spec, family.prior, family.empty_cache()
+        )
+    else:
+        log_b = kihmm.emission_matrix_tempered(Xa, st.stats, family.spec, family.prior, temper)
     log_pi, log_a = st.log_params(alpha)
     path, best = kihmm.viterbi(log_b, starts, log_pi, log_a)
     return path, best

@@ -77,18 +77,19 @@ def viterbi_move(
     gamma: float,
     e_now: float,
     n_rounds: int = 3,
+    temper: float = 1.0,
 ) -> tuple[HmmState, float, bool]:
     """Re-segment every sequence by Viterbi under the MAP model (``decode``), ``n_rounds`` times
     (each round decodes under the parameters of the last); taken if E falls below ``e_now``."""
     cand, z_new = st, z
     for _ in range(n_rounds):
-        path, _best = decode(Xa, starts, cand, family, alpha)
+        path, _best = decode(Xa, starts, cand, family, alpha, temper)
         if np.array_equal(path, z_new):
             break
         z_new, cand = relabel(Xa, starts, path, cand, family, gamma)
     if cand is st:
         return st, e_now, False
-    e_new = cand.objective(family, alpha, gamma)
+    e_new = cand.objective(family, alpha, gamma, temper)
     if e_new < e_now - 1e-9 * abs(e_now):
         z[:] = z_new
         return cand, e_new, True
@@ -117,7 +118,12 @@ def merge_states(st: HmmState, a: int, b: int) -> HmmState:
 
 
 def greedy_merges(
-    st: HmmState, family: ProductFamily, alpha: float, gamma: float, e_now: float
+    st: HmmState,
+    family: ProductFamily,
+    alpha: float,
+    gamma: float,
+    e_now: float,
+    temper: float = 1.0,
 ) -> tuple[HmmState, float, IntArray]:
     """Greedy merges over pairs of states: the pair whose merge lowers E most
     (``kernels.ihmm.merge_deltas``), while one does; each merge's E is recomputed in full.
@@ -127,13 +133,20 @@ def greedy_merges(
     target = np.arange(st.n_states, dtype=np.int64)
     while st.n_states > 1:
         deltas = kihmm.merge_deltas(
-            st.stats, st.trans, st.start, st.kappa, family.spec, family.prior, alpha, gamma
+            st.stats if temper == 1.0 else temper * st.stats,
+            st.trans,
+            st.start,
+            st.kappa,
+            family.spec,
+            family.prior,
+            alpha,
+            gamma,
         )
         a, b = np.unravel_index(int(np.argmin(deltas)), deltas.shape)
         if not deltas[a, b] < -1e-9 * abs(e_now):
             break
         cand = merge_states(st, int(a), int(b))
-        e = cand.objective(family, alpha, gamma)
+        e = cand.objective(family, alpha, gamma, temper)
         if not e < e_now:
             break
         st, e_now = cand, e
@@ -143,11 +156,17 @@ def greedy_merges(
 
 
 def merge_round(
-    z: IntArray, st: HmmState, family: ProductFamily, alpha: float, gamma: float, e_now: float
+    z: IntArray,
+    st: HmmState,
+    family: ProductFamily,
+    alpha: float,
+    gamma: float,
+    e_now: float,
+    temper: float = 1.0,
 ) -> tuple[HmmState, float, bool]:
     """``greedy_merges`` with the labels z relabelled in place."""
     K = st.n_states
-    st, e_now, target = greedy_merges(st, family, alpha, gamma, e_now)
+    st, e_now, target = greedy_merges(st, family, alpha, gamma, e_now, temper)
     if st.n_states == K:
         return st, e_now, False
     z[:] = target[z]
@@ -217,6 +236,7 @@ def split_round(
     alpha: float,
     gamma: float,
     e_now: float,
+    temper: float = 1.0,
 ) -> tuple[HmmState, float, bool]:
     """Try to split every state in two; each split taken if E falls.
 
@@ -237,8 +257,8 @@ def split_round(
         kappa = np.append(st.kappa, st.kappa[k] * share)
         kappa[k] *= 1.0 - share
         cand = state_from_labels(Xa, z_new, starts, K + 1, family, kappa, st.ku)
-        e = cand.objective(family, alpha, gamma)
-        cand, e, _ = viterbi_move(Xa, starts, z_new, cand, family, alpha, gamma, e)
+        e = cand.objective(family, alpha, gamma, temper)
+        cand, e, _ = viterbi_move(Xa, starts, z_new, cand, family, alpha, gamma, e, temper=temper)
         if e < e_now - 1e-9 * abs(e_now):
             st, e_now = cand, e
             z[:] = z_new
@@ -272,6 +292,7 @@ def run_map_ihmm(
     z0: IntArray | None = None,
     moves: bool = True,
     callback: Callable[[int, float, int], None] | None = None,
+    temper: float = 1.0,
 ) -> IhmmResult:
     """MAP-iHMM (seed 000, Section 6.2) on arranged records of the sequences ``starts``.
 
@@ -279,7 +300,9 @@ def run_map_ihmm(
     sequential, each record going to the argmin of eq. 6.7 given the ones before it. Each
     iteration is a sweep, then the kappa step. When an iteration stalls (no record moved or E fell
     by less than ``tol * |E|``), Viterbi re-segmentation, merges and splits are tried in turn;
-    the run ends when none of them lowers E.
+    the run ends when none of them lowers E. With ``temper`` w < 1 every step minimises the
+    objective of the tempered emissions (each record's statistics counting w,
+    ``kernels.ihmm.tempered_log_predictive``).
     """
     t0 = time.perf_counter()
     N = Xa.shape[0]
@@ -298,19 +321,25 @@ def run_map_ihmm(
     converged = False
     it = 0
     for it in range(1, max_iter + 1):
-        st, n_changed = sweep_state(Xa, starts, z, st, family, alpha, gamma, False, rng_state)
-        e_new = st.objective(family, alpha, gamma)
+        st, n_changed = sweep_state(
+            Xa, starts, z, st, family, alpha, gamma, False, rng_state, temper
+        )
+        e_new = st.objective(family, alpha, gamma, temper)
         cand = kappa_step(st, alpha, gamma, m_counts, rng_state)
-        e_cand = cand.objective(family, alpha, gamma)
+        e_cand = cand.objective(family, alpha, gamma, temper)
         if m_counts == "urn" or e_cand <= e_new:
             st, e_new = cand, e_cand
         stalled = n_changed == 0 or e_old - e_new < tol * abs(e_new)
         if stalled and moves:
-            st, e_new, moved = viterbi_move(Xa, starts, z, st, family, alpha, gamma, e_new)
+            st, e_new, moved = viterbi_move(
+                Xa, starts, z, st, family, alpha, gamma, e_new, temper=temper
+            )
             if not moved:
-                st, e_new, moved = merge_round(z, st, family, alpha, gamma, e_new)
+                st, e_new, moved = merge_round(z, st, family, alpha, gamma, e_new, temper)
             if not moved:
-                st, e_new, moved = split_round(Xa, starts, z, st, family, alpha, gamma, e_new)
+                st, e_new, moved = split_round(
+                    Xa, starts, z, st, family, alpha, gamma, e_new, temper
+                )
             stalled = not moved
         history.append(e_new)
         if callback is not None:

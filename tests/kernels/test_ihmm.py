@@ -289,3 +289,98 @@ def test_merge_deltas_equal_full_objective_differences():
             for b in range(a + 1, K):
                 e1 = merge_states(st, a, b).objective(fam, 1.7, 2.5)
                 assert d[a, b] == pytest.approx(e1 - e0, rel=1e-9, abs=1e-8)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_tempered_map_objective_never_increases(family):
+    """The tempered run (every record's emission counting w < 1, ``MAPiHMM(temper=w)``): every
+    step lowers the tempered objective, and its last value is the tempered objective of the
+    final state recomputed from the labels."""
+    rng = np.random.default_rng(sorted(FAMILIES).index(family) + 40)
+    for rep in range(6):
+        X, lengths = random_sequences(rng, family, int(rng.integers(1, 5)))
+        fam = FAMILIES[family](X)
+        Xa = fam.arrange(X)
+        starts = starts_of(lengths, X.shape[0])
+        alpha, gamma = float(rng.uniform(0.3, 5)), float(rng.uniform(1.0, 4.0))
+        w = float(rng.uniform(0.05, 0.9))
+        res = run_map_ihmm(
+            Xa,
+            starts,
+            fam,
+            alpha,
+            gamma,
+            100,
+            0.0,
+            "expectation",
+            np.array([rep], np.uint64),
+            temper=w,
+        )
+        h = np.asarray(res.history)
+        assert np.all(np.diff(h) <= 1e-9 * np.abs(h[:-1])), (rep, h)
+        st = res.state
+        again = state_from_labels(Xa, res.labels, starts, st.n_states, fam, st.kappa, st.ku)
+        assert again.objective(fam, alpha, gamma, w) == pytest.approx(h[-1], rel=1e-9)
+
+
+def test_tempered_marginal_is_the_power_likelihood():
+    """The tempered emission marginal log p(w S) of ``kernels.ihmm`` against
+    log int prior(mu, tau) prod_i N(x_i | mu, 1 / tau)^w by numerical integration (SciPy), for
+    a Normal-Gamma state at 1e-9; the Normal-Wishart of the same prior gives the same value;
+    the tempered predictives chain to it; w = 1 is the untempered predictive at 1e-10."""
+    from scipy import integrate
+
+    from kernels.obs import product
+
+    m0, c0, a0, b0 = 0.5, 1.3, 2.0, 1.5
+    x = np.array([0.3, -1.2, 2.0])
+    w = 0.4
+    ng = NormalGamma(m0=m0, c0=c0, a0=a0, b0=b0).as_product()
+    nw = GaussianNW(m0=[m0], c0=c0, B0=[[1.0 / (2.0 * b0)]], a0=2.0 * a0).as_product()
+
+    def integrand(u, tau):
+        # mu = m0 + u / sqrt(tau): the prior's spread of mu at small tau stays in range
+        mu = m0 + u / math.sqrt(tau)
+        log_prior = (
+            a0 * math.log(b0)
+            - math.lgamma(a0)
+            + (a0 - 1) * math.log(tau)
+            - b0 * tau
+            + 0.5 * math.log(c0 / (2 * math.pi))
+            - 0.5 * c0 * u * u
+        )
+        log_lik = w * (
+            0.5 * x.size * math.log(tau / (2 * math.pi)) - 0.5 * tau * ((x - mu) ** 2).sum()
+        )
+        return math.exp(log_prior + log_lik)
+
+    ref, _err = integrate.dblquad(integrand, 0.0, 60.0, -40.0, 40.0, epsabs=1e-13, epsrel=1e-11)
+    X = x[:, None]
+    z = np.zeros(3, dtype=np.int64)
+    scratch = np.empty(ng.n_stats)
+    got = {}
+    for name, fam in (("ng", ng), ("nw", nw)):
+        s = fam.stats_of(X, z, 1)[0]
+        got[name] = kihmm.tempered_log_marginal(s, np.empty(fam.n_stats), fam.spec, fam.prior, w)
+        assert got[name] == pytest.approx(math.log(ref), abs=1e-9)
+    assert got["nw"] == pytest.approx(got["ng"], abs=1e-10)
+    # the chain of tempered predictives, record by record
+    s = np.zeros(ng.n_stats)
+    chain = 0.0
+    for i in range(3):
+        lm = kihmm.tempered_log_marginal(s, scratch, ng.spec, ng.prior, w)
+        xi = x[i : i + 1]
+        chain += kihmm.tempered_log_predictive(xi, s, lm, scratch, ng.spec, ng.prior, w)
+        product.add_stats(xi, s, ng.spec, 1.0)
+    assert chain == pytest.approx(got["ng"], abs=1e-10)
+    # w = 1: the emission matrix of the caches
+    rng = np.random.default_rng(2)
+    Xr = rng.normal(size=(30, 2))
+    fam = FAMILIES["gaussian"](Xr)
+    zr = rng.integers(0, 3, size=30)
+    stats = fam.stats_of(Xr, zr, 3)
+    plain = kihmm.emission_matrix(
+        Xr, stats, fam.cache_of(stats), fam.spec, fam.prior, fam.empty_cache()
+    )
+    tempered = kihmm.emission_matrix_tempered(Xr, stats, fam.spec, fam.prior, 1.0)
+    np.testing.assert_allclose(tempered, plain, rtol=1e-10, atol=1e-10)
