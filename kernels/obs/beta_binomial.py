@@ -75,7 +75,8 @@ def refresh(s, c, p):
         row = 2 * d + 1 + j * H
         for v in range(H):
             if v <= N:
-                c[row + v] = cj + p[3 * d + j * H + v] + math.lgamma(an + v) + math.lgamma(bn + N - v)
+                log_c = p[3 * d + j * H + v]
+                c[row + v] = cj + log_c + math.lgamma(an + v) + math.lgamma(bn + N - v)
             else:
                 c[row + v] = -np.inf
     c[2 * d] = const

@@ -193,7 +193,7 @@ class MAPDP(MixtureEstimator):
         N = Xa.shape[0]
         seq = as_seed_sequence(self.random_state)
         best: MapdpResult | None = None
-        objectives = []
+        objectives: list[float] = []
         n_restarts = (
             (3 if N <= AUTO_RESTARTS_MAX_N else 1)
             if self.n_restarts == "auto"

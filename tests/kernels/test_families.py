@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from scipy import integrate, special, stats
 
 from kernels.obs import product
-from pipeline.families.counts import DISCRETE_SHARE
 from pipeline.families import (
     FAMILIES,
     Bernoulli,
@@ -32,6 +31,7 @@ from pipeline.families import (
     Poisson,
     ProductFamily,
 )
+from pipeline.families.counts import DISCRETE_SHARE
 
 RTOL_QUAD = 1e-6  # log marginal vs numerical integration
 RTOL_CHAIN = 1e-9  # log marginal vs the chain rule of predictives
