@@ -38,7 +38,16 @@ def located(label: str, row0: int | None, err: Exception) -> InputError:
     msg = " ".join(str(err).split())
     if row0:
         msg = shift_row(msg, row0)
+    if "NaN" in msg and "missing" in msg:
+        msg += MISSING_HINT
     return InputError(f"{label}: {msg}")
+
+
+#: what a refused missing cell's message adds where the distributed passes read the records
+MISSING_HINT = (
+    "; the distributed passes do not take missing cells yet: `dpmm cluster` and MAPDP() cluster "
+    "such a table in memory, each record on the cells it has"
+)
 
 
 @dataclass

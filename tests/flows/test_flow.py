@@ -22,6 +22,7 @@ from flows.cli.run import add_run_parser
 from flows.cluster import cluster
 from pipeline.core.config import INIT_SAMPLE
 from pipeline.core.paths import temp_sibling
+from pipeline.data.sources import MISSING_HINT
 from pipeline.data.store import Store
 from pipeline.distributed import loop
 
@@ -96,7 +97,7 @@ def test_rerun_after_a_crash_resumes_with_the_same_labels(tmp_path: Path, crash_
 
 
 BAD_CSV = "a,b\n1,2\n3,4\n5,\n7,8\n"
-BAD_LINE = "column 'b': row 2 (line 4) is NaN (missing value)"
+BAD_LINE = "column 'b': row 2 (line 4) is NaN (missing value)" + MISSING_HINT
 
 
 def test_cli_bad_input_exits_2_and_leaves_nothing(tmp_path: Path, capfd):
