@@ -35,7 +35,8 @@ PRUNE_WEIGHT = 0.01
 DEFAULT_LAM = config.ASUGS_LAM
 #: the prior scale the stream's empirical-Bayes prior is fitted at before ``choose_prior``
 #: rescales it, and the scale of a stream whose first batch is too short to choose one
-#: (``EB_MIN_RECORDS``), of the ``asugs`` engine and of the ``asugs`` starts of MAP-DP
+#: (``EB_MIN_RECORDS``) and of the ``asugs`` starts of MAP-DP (``pipeline.engines.mixture_start``,
+#: whose MAP-DP passes follow under the run's own prior)
 PRIOR_SCALE = 0.1
 #: the prior scales (the share of the data's variance one class is expected to carry) and
 #: strengths (the pseudo-records of the prior on the classes' covariance: a0 - d - 1 of the
