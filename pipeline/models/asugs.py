@@ -1,6 +1,7 @@
 """ASUGS-PM in memory (seed 002, Algorithm 1 with Section 6's pruning and merging): the state of
 a stream as plain arrays (``StreamState``), its parameters and one step over a batch of records
-(``advance``, over the numba loop ``kernels.asugs``).
+(``advance``, over the numba loop ``kernels.asugs``), and the stream's prior, chosen by empirical
+Bayes on its first records (``choose_prior``).
 
 The estimator ``ASUGS`` (``pipeline.estimators.asugs``) keeps one ``StreamState``, and the
 ``asugs`` engine of the pass loop (``pipeline.engines.asugs``) hands one from chunk to chunk.
