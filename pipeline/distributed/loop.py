@@ -116,12 +116,10 @@ def context(
 
 
 def with_prior_scale(info: StoreInfo, params: FitParams) -> StoreInfo:
-    """``info`` with the run's empirical-Bayes prior (``StoreInfo.with_prior_scale``) at
-    ``params.prior_scale``, else the engine's ``prior_scale``, else the family default."""
-    scale = params.prior_scale
-    if scale is None:
-        scale = get_engine(params.engine).prior_scale
-    return info.with_prior_scale(scale)
+    """``info`` with the run's empirical-Bayes prior (``Engine.run_info``: at
+    ``params.prior_scale``, else the engine's ``prior_scale``, else the family default; the
+    ``asugs`` engine chooses its own)."""
+    return get_engine(params.engine).run_info(info, params)
 
 
 # -- checkpoints ------------------------------------------------------------------------------

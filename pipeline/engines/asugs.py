@@ -29,6 +29,7 @@ import numpy as np
 
 from kernels import asugs as kasugs
 from kernels import mapdp as kmapdp
+from pipeline.core.config import FitParams
 from pipeline.core.persist import register
 from pipeline.core.seeds import seed_state
 from pipeline.data.labels import WriteResult, emit_chunk
@@ -45,6 +46,7 @@ from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.stats import Stats
 from pipeline.models.asugs import (
     DEFAULT_LAM,
+    EB_RECORDS,
     PM_INTERVAL,
     PRIOR_SCALE,
     PRUNE_WEIGHT,
@@ -52,6 +54,7 @@ from pipeline.models.asugs import (
     StreamState,
     advance,
     check_stream_params,
+    choose_prior,
 )
 
 #: ``RunContext.options`` keys of the engine (defaults from ``pipeline.estimators.asugs``)
@@ -163,6 +166,29 @@ class AsugsEngine(Engine):
     prior_scale: ClassVar[float | None] = PRIOR_SCALE  # as ``pipeline.estimators.asugs.ASUGS``'s
     sequential: ClassVar[bool] = True
     record_arrays: ClassVar[tuple[RecordArray, ...]] = (RecordArray("z", "int64", -1),)
+
+    def run_info(self, info: StoreInfo, params: FitParams) -> StoreInfo:
+        """The run's prior as ``pipeline.ASUGS`` chooses it (``choose_prior``) when the run
+        gives no prior scale and ingest no prior: fitted to the store's prior sample at
+        ``PRIOR_SCALE``, then the scale and strength under which a stream with the default
+        options (``lam`` from ``alpha``) predicts the sample's first records best."""
+        base = super().run_info(info, params)
+        if info.prior_fixed or params.prior_scale is not None:
+            return base
+        learn = params.learn_alpha
+        sp = check_stream_params(
+            DEFAULT_LAM if learn else None,
+            None if learn else params.alpha,
+            "greedy",
+            True,
+            PM_INTERVAL,
+            PRUNE_WEIGHT,
+        )
+        fam = base.family
+        rng = seed_state(chunk_seed(params.seed, params.restart, 0, 0))
+        Xs = fam.arrange(np.asarray(info.sample)[:EB_RECORDS])
+        chosen, _scale, _strength = choose_prior(fam, PRIOR_SCALE, Xs, sp, rng)
+        return replace(base, family=chosen)
 
     def init_state(self, ctx: RunContext, client: Any) -> AsugsState:
         params = ctx.params

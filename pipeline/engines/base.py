@@ -131,6 +131,14 @@ class Engine(ABC):
     # sample with it (``pipeline.ops.run.step_ingest``)
     prior_scale: ClassVar[float | None] = None
 
+    def run_info(self, info: StoreInfo, params: FitParams) -> StoreInfo:
+        """``info`` with the run's empirical-Bayes prior (``StoreInfo.with_prior_scale``) at
+        ``params.prior_scale``, else the engine's ``prior_scale``, else the family default."""
+        scale = params.prior_scale
+        if scale is None:
+            scale = self.prior_scale
+        return info.with_prior_scale(scale)
+
     @abstractmethod
     def init_state(self, ctx: RunContext, client: Any) -> LoopState:
         """The state before pass 1 (``FitParams.start``: a sample fit, a given start...)."""

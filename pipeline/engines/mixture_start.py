@@ -186,14 +186,13 @@ def asugs_state(client: Any, ctx: RunContext) -> PassState:
     ``pipeline.engines.asugs``) over every chunk in order, or over the sample start's rows,
     taken as a warm start (``warm_state``): pass 1 assigns every training record against
     them, then their statistics are the data's own. ASUGS's own concentration alpha_n =
-    k_n / (lambda + log n) starts a learned alpha. The stream runs under ASUGS's own prior
-    scale (``pipeline.models.asugs.PRIOR_SCALE``) unless the run gives one; its clusters'
+    k_n / (lambda + log n) starts a learned alpha. The stream runs under the prior ASUGS
+    chooses (``AsugsEngine.run_info``) unless the run gives a prior scale; its clusters'
     statistics do not depend on the prior."""
-    from pipeline.engines.asugs import stream_chunks, stream_sample
+    from pipeline.engines.asugs import ENGINE, stream_chunks, stream_sample
     from pipeline.models.asugs import (
         DEFAULT_LAM,
         PM_INTERVAL,
-        PRIOR_SCALE,
         PRUNE_WEIGHT,
         check_stream_params,
     )
@@ -209,7 +208,7 @@ def asugs_state(client: Any, ctx: RunContext) -> PassState:
         opts.get("prune_weight", PRUNE_WEIGHT),
     )
     rng = seed_state(chunk_seed(params.seed, params.restart, 0, 0))
-    sinfo = info if params.prior_scale is not None else info.with_prior_scale(PRIOR_SCALE)
+    sinfo = info if params.prior_scale is not None else ENGINE.run_info(info, params)
     if params.start == "asugs":
         st, task_seconds = stream_chunks(client, str(ctx.data.path), sinfo, sp, rng)
     else:

@@ -15,9 +15,10 @@ import numpy as np
 from pipeline.core.config import check_scale
 from pipeline.core.seeds import as_seed_sequence, seed_state
 from pipeline.estimators.base import MixtureEstimator
-from pipeline.families import FloatArray
+from pipeline.families import Family, FloatArray, ProductFamily
 from pipeline.models.asugs import (
     DEFAULT_LAM,
+    EB_RECORDS,
     PM_INTERVAL,
     PRIOR_SCALE,
     PRUNE_WEIGHT,
@@ -25,6 +26,7 @@ from pipeline.models.asugs import (
     StreamState,
     advance,
     check_stream_params,
+    choose_prior,
 )
 
 
@@ -55,10 +57,14 @@ class ASUGS(MixtureEstimator):
         the *first batch* in ``partial_fit``; pass a ``Family`` to fix it for a stream.
     alpha : float or None, default=None
         SUGS's fixed concentration (only with ``lam=None``).
-    prior_scale : float in (0, 1), default=0.1
+    prior_scale : float in (0, 1) or None, default=None
         The share of the data's variance one class is expected to carry under the
-        empirical-Bayes prior (``family="auto"``; ``PRIOR_SCALE`` says why it is below
-        ``MAPDP``'s).
+        empirical-Bayes prior (``family`` a name or "auto"). None chooses it, with the
+        strength of the prior on the classes' covariance, by empirical Bayes on the stream's
+        first records (``pipeline.models.asugs.choose_prior``: the scale and strength under
+        which the stream predicts its first 1,000 records best, each from the records before
+        it; a first batch of fewer than 50 records keeps 0.1 and the weakest Wishart). A
+        number fixes the scale, with the weakest Wishart (a0 = d + 2).
     pm_interval : int, default=250
         Records between pruning/merging rounds at first; the rounds then thin out
         geometrically (``kernels.asugs.pm_due``), O(log n) of them in all.
@@ -80,6 +86,9 @@ class ASUGS(MixtureEstimator):
         statistics of every record seen.
     alpha_ : float
         alpha_n = k_n / (lambda + log n) after the last record (SUGS: the fixed alpha).
+    prior_scale_, prior_strength_ : float
+        The prior scale and strength (pseudo-records of the covariance prior, a0 - d - 1)
+        of ``family_`` (``family`` a name or "auto"; chosen when ``prior_scale`` is None).
     alpha_history_ : ndarray of shape (n_seen_,)
         alpha_i after each record i of the stream (its trajectory; after ``start_from``, of
         the records streamed since).
@@ -98,7 +107,13 @@ class ASUGS(MixtureEstimator):
     # streams on
     # with alpha_i = k_i / (lambda + log i) where it stopped (``partial_fit``)
     _model_attrs: ClassVar[tuple[str, ...]] = (*MixtureEstimator._model_attrs, "n_seen_")
-    _model_extras: ClassVar[tuple[str, ...]] = ("pruned_stats_", "n_pruned_", "n_merged_")
+    _model_extras: ClassVar[tuple[str, ...]] = (
+        "pruned_stats_",
+        "n_pruned_",
+        "n_merged_",
+        "prior_scale_",
+        "prior_strength_",
+    )
 
     def __init__(
         self,
@@ -107,7 +122,7 @@ class ASUGS(MixtureEstimator):
         prune_merge: bool = True,
         family: Any = "auto",
         alpha: float | None = None,
-        prior_scale: float = PRIOR_SCALE,
+        prior_scale: float | None = None,
         pm_interval: int = PM_INTERVAL,
         prune_weight: float = PRUNE_WEIGHT,
         random_state: Any = None,
@@ -123,7 +138,8 @@ class ASUGS(MixtureEstimator):
         self.random_state = random_state
 
     def _check_params(self) -> StreamParams:
-        check_scale(self.prior_scale)
+        if self.prior_scale is not None:
+            check_scale(self.prior_scale)
         return check_stream_params(
             self.lam, self.alpha, self.select, self.prune_merge, self.pm_interval, self.prune_weight
         )
@@ -219,10 +235,10 @@ class ASUGS(MixtureEstimator):
         self._empty_cache = fam.empty_cache()
 
     def _fit(self, Xa: FloatArray, params: StreamParams) -> None:
-        fam = self.family_
         if getattr(self, "_stream", None) is None:
             rng = seed_state(as_seed_sequence(self.random_state))
-            self._stream = StreamState.empty(fam, rng)
+            self._new_prior(Xa, params, rng)
+            self._stream = StreamState.empty(self.family_, rng)
             self._params = params
             self._alpha_parts = []
         elif params != self._params:
@@ -230,11 +246,34 @@ class ASUGS(MixtureEstimator):
                 "the parameters changed since the stream started; call fit to start a new one"
             )
         assert self._stream is not None
-        st, z, trace = advance(self._stream, Xa, fam, params, trace=True)
+        st, z, trace = advance(self._stream, Xa, self.family_, params, trace=True)
         self._alpha_parts.append(trace)
         rows = st.rows_of_ids()
         self.labels_ = np.where(z >= 0, rows[np.maximum(z, 0)], -1).astype(np.int64)
         self._set_fitted(st, params)
+
+    def _prior_scale(self) -> float | None:
+        """The empirical-Bayes prior is fitted at ``PRIOR_SCALE`` when it is to be chosen
+        (``_new_prior`` rescales it)."""
+        return PRIOR_SCALE if self.prior_scale is None else float(self.prior_scale)
+
+    def _new_prior(self, Xa: FloatArray, params: StreamParams, rng: Any) -> None:
+        """A new stream's prior: ``family_`` as ``_encode_fit`` fitted it, or, for a prior
+        fitted to the data at no given ``prior_scale``, the one ``choose_prior`` picks on the
+        first ``EB_RECORDS`` records of Xa."""
+        if isinstance(self.family, (Family, ProductFamily)) or not hasattr(self, "family_"):
+            for name in ("prior_scale_", "prior_strength_"):
+                if hasattr(self, name):
+                    delattr(self, name)
+            return
+        if self.prior_scale is None:
+            self.family_, scale, strength = choose_prior(
+                self.family_, PRIOR_SCALE, Xa[:EB_RECORDS], params, rng
+            )
+        else:
+            scale, strength = float(self.prior_scale), 1.0
+        self.prior_scale_ = scale
+        self.prior_strength_ = strength
 
     @property
     def alpha_history_(self) -> FloatArray:

@@ -136,6 +136,10 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
             check_scale(self.prior_scale)
         check_tune(getattr(self, "tune", None))
 
+    def _prior_scale(self) -> float | None:
+        """The prior scale ``_encode_fit`` fits the empirical-Bayes prior at."""
+        return getattr(self, "prior_scale", None)
+
     def _fit(self, Xa: FloatArray, params: Any) -> None:
         """Fit on the encoded records Xa (n_samples, n_cols), columns in the family's group
         order."""
@@ -179,7 +183,7 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
                 )
             schema.check_values(prod, Xe)
         else:
-            prod = schema.build_family(Xe, scale=getattr(self, "prior_scale", None))
+            prod = schema.build_family(Xe, scale=self._prior_scale())
         self.family_ = prod
         return prod.arrange(Xe)
 

@@ -1,6 +1,7 @@
 """ASUGS-PM in memory (seed 002, Algorithm 1 with Section 6's pruning and merging): the state of
 a stream as plain arrays (``StreamState``), its parameters and one step over a batch of records
-(``advance``, over the numba loop ``kernels.asugs``).
+(``advance``, over the numba loop ``kernels.asugs``), and the stream's prior, chosen by empirical
+Bayes on its first records (``choose_prior``).
 
 The estimator ``ASUGS`` (``pipeline.estimators.asugs``) keeps one ``StreamState``, and the
 ``asugs`` engine of the pass loop (``pipeline.engines.asugs``) hands one from chunk to chunk.
@@ -9,7 +10,9 @@ The estimator ``ASUGS`` (``pipeline.estimators.asugs``) keeps one ``StreamState`
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -18,7 +21,7 @@ from numpy.typing import NDArray
 from kernels import asugs as kasugs
 from pipeline.core import config
 from pipeline.core.persist import register
-from pipeline.families import FloatArray, ProductFamily
+from pipeline.families import FloatArray, GaussianNW, NormalGamma, ProductFamily
 
 IntArray = NDArray[np.int64]
 
@@ -31,11 +34,22 @@ PM_INTERVAL = 250
 #: a class holding less than this share of the records seen since it opened is pruned
 PRUNE_WEIGHT = 0.01
 DEFAULT_LAM = config.ASUGS_LAM
-#: the empirical-Bayes prior scale of a stream (``GaussianNW.empirical_bayes``): a greedy
-#: one-pass stream cannot split a class later, and the batch default 0.3 (clusters expected to
-#: carry 30% of the data's variance) lets early classes absorb their neighbours; the defaults
-#: above were measured with 0.1
+#: the prior scale the stream's empirical-Bayes prior is fitted at before ``choose_prior``
+#: rescales it, and the scale of a stream whose first batch is too short to choose one
+#: (``EB_MIN_RECORDS``) and of the ``asugs`` starts of MAP-DP (``pipeline.engines.mixture_start``,
+#: whose MAP-DP passes follow under the run's own prior)
 PRIOR_SCALE = 0.1
+#: the prior scales (the share of the data's variance one class is expected to carry) and
+#: strengths (the pseudo-records of the prior on the classes' covariance: a0 - d - 1 of the
+#: Normal-Wishart) ``choose_prior`` compares; 1 is the weakest Wishart with a finite mean
+#: covariance (a0 = d + 2), the batch default
+EB_SCALES = (0.5, 0.3, 0.2, 0.1, 0.05, 0.03, 0.02, 0.01, 0.005, 0.002)
+EB_STRENGTHS = (1.0, 3.0, 10.0, 30.0, 100.0)
+#: the records at the start of a stream that ``choose_prior`` streams (at most)
+EB_RECORDS = 1000
+#: a first batch shorter than this keeps ``PRIOR_SCALE`` and strength 1: a handful of records
+#: cannot tell the scales apart
+EB_MIN_RECORDS = 50
 
 
 @register
@@ -270,3 +284,128 @@ def check_stream_params(
         pm_interval=interval if prune_merge else 0,
         prune_weight=pw,
     )
+
+
+def with_prior(
+    family: ProductFamily, base_scale: float, scale: float, strength: float
+) -> ProductFamily:
+    """``family``'s empirical-Bayes prior (fitted at ``base_scale``, ``Schema.build_family``)
+    at another prior scale and strength, without the data: each Gaussian group's expected
+    class covariance is multiplied by scale / base_scale, its mean's strength becomes
+    c0 = scale / (1 - scale) (``GaussianNW.empirical_bayes``), and its covariance prior counts
+    ``strength`` pseudo-records: a0 = d + 1 + strength with E[precision] = a0 B0 kept (the
+    Normal-Gamma columns: a0 + (strength - 1) / 2, from the weakest a0 = 1, with a0 / b0 kept).
+    The other groups are kept as they are.
+
+    Parameters
+    ----------
+    family : ProductFamily
+    base_scale, scale : float in (0, 1)
+    strength : float > 0
+
+    Returns
+    -------
+    ProductFamily
+        Over the same column groups (records arranged for ``family`` fit it).
+    """
+    groups: list[tuple[Any, list[int]]] = []
+    c0 = scale / (1.0 - scale)
+    for fam, cols in family.groups:
+        if isinstance(fam, GaussianNW):
+            a0 = fam.n_cols + 1.0 + strength
+            B0 = np.asarray(fam.B0) * (fam.a0 * base_scale) / (a0 * scale)
+            fam = GaussianNW(m0=fam.m0, c0=c0, B0=0.5 * (B0 + B0.T), a0=a0, step=fam.step)
+        elif isinstance(fam, NormalGamma):
+            a_base = np.asarray(fam.a0, dtype=np.float64)
+            a0v = a_base + 0.5 * (strength - 1.0)
+            b0 = np.asarray(fam.b0, dtype=np.float64) * (a0v * scale) / (a_base * base_scale)
+            fam = NormalGamma(m0=fam.m0, c0=np.full(fam.n_cols, c0), a0=a0v, b0=b0, step=fam.step)
+        groups.append((fam, cols))
+    return ProductFamily(groups)
+
+
+def choose_prior(
+    family: ProductFamily,
+    base_scale: float,
+    Xa: FloatArray,
+    sp: StreamParams,
+    rng: NDArray[np.uint64],
+) -> tuple[ProductFamily, float, float]:
+    """The stream's prior chosen by empirical Bayes on its first records (seed 000, Appendix A,
+    option 2, on the stream's own criterion): the prior scale and strength (``with_prior``)
+    under which the stream's sequential log joint of its first ``EB_RECORDS`` records,
+    sum_i log [L_{i,gamma_i}(y_i) pi_{i,gamma_i}(alpha_{i-1})] (seed 002 eq. 1 times eq. 3, each
+    record predicted from the records before it), is largest: one parameter at a time
+    (coordinate ascent from the value of ``EB_SCALES`` nearest ``base_scale`` and strength 1:
+    the best of ``EB_SCALES``, then of ``EB_STRENGTHS``, then climbs to the neighbouring values
+    while the joint rises) until neither changes.
+
+    Why: the batch default (a class expected to carry 30% of the data's variance, the weakest
+    Wishart) suits MAP-DP, whose sweeps split and move records again; a one-pass stream decides
+    each record once, while its classes are young, and a class whose Student-t predictive is
+    too broad or too heavy-tailed then absorbs its neighbours for good (seed 002 Section 6.1:
+    whole rows of the 4 x 4 grid merged, 16 classes in 0 of 20 trials with the fixed 0.1). A
+    prior chosen this way also removes a stated belief that no single value fits: the share of
+    the variance a class carries falls with the number of classes and with the dimension.
+
+    Parameters
+    ----------
+    family : ProductFamily
+        The empirical-Bayes prior fitted at ``base_scale``.
+    base_scale : float
+    Xa : ndarray of shape (n, D)
+        The first records, arranged for ``family``; fewer than ``EB_MIN_RECORDS``, or no
+        Gaussian group: ``family`` is kept.
+    sp : StreamParams
+        The stream's parameters (the candidates are streamed as the stream will be).
+    rng : ndarray of shape (1,), uint64
+        The stream's RNG state (copied; each candidate starts from it).
+
+    Returns
+    -------
+    family : ProductFamily
+    scale, strength : float
+        The choice (``base_scale`` and 1 when ``family`` is kept).
+    """
+    gaussian = any(isinstance(f, (GaussianNW, NormalGamma)) for f, _ in family.groups)
+    if Xa.shape[0] < EB_MIN_RECORDS or not gaussian:
+        return family, float(base_scale), 1.0
+    Xs = np.ascontiguousarray(Xa[:EB_RECORDS], dtype=np.float64)
+    seen: dict[tuple[float, float], tuple[float, ProductFamily]] = {}
+
+    def joint(scale: float, strength: float) -> float:
+        if (scale, strength) not in seen:
+            fam = with_prior(family, base_scale, scale, strength)
+            st, _, _ = advance(StreamState.empty(fam, rng), Xs, fam, sp)
+            seen[scale, strength] = (st.log_joint, fam)
+        return seen[scale, strength][0]
+
+    def climb(values: tuple[float, ...], i: int, f: Callable[[float], float]) -> int:
+        """From values[i], neighbour by neighbour while f rises (first up the list, else down)."""
+        start = i
+        for step in (1, -1):
+            while 0 <= i + step < len(values) and f(values[i + step]) > f(values[i]):
+                i += step
+            if i != start:
+                break
+        return i
+
+    def scan(values: tuple[float, ...], i: int, f: Callable[[float], float]) -> int:
+        """The arg max of f over values (i on ties)."""
+        best = max(range(len(values)), key=lambda j: f(values[j]))
+        return best if f(values[best]) > f(values[i]) else i
+
+    si = int(np.argmin(np.abs(np.log(EB_SCALES) - math.log(base_scale))))
+    ai = 0
+    # the first round scans every value (the joint need not be unimodal far from the optimum:
+    # too broad a prior merges whole groups of classes at once), later rounds climb from there;
+    # each round raises the joint or stops, and the cap only bounds the rounds
+    move = scan
+    for _ in range(len(EB_SCALES) + len(EB_STRENGTHS)):
+        si2 = move(EB_SCALES, si, partial(joint, strength=EB_STRENGTHS[ai]))
+        ai2 = move(EB_STRENGTHS, ai, partial(joint, EB_SCALES[si2]))
+        if (si2, ai2) == (si, ai):
+            break
+        si, ai, move = si2, ai2, climb
+    scale, strength = EB_SCALES[si], EB_STRENGTHS[ai]
+    return seen[scale, strength][1], scale, strength

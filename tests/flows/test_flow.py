@@ -333,7 +333,8 @@ def test_dpmm_run_engine_asugs_is_one_streaming_pass(tmp_path: Path, capsys):
     """``dpmm run --engine asugs``: one pass over the chunks in order, every row labelled and
     scored; the state is ``pipeline.ASUGS`` streaming the chunks' training rows."""
     from pipeline import ASUGS
-    from pipeline.models.asugs import PRIOR_SCALE
+    from pipeline.core.config import FitParams
+    from pipeline.engines.asugs import ENGINE
 
     y = write_blobs(tmp_path / "in.csv", n=3000, seed=7, label="truth")
     out = tmp_path / "out"
@@ -355,8 +356,8 @@ def test_dpmm_run_engine_asugs_is_one_streaming_pass(tmp_path: Path, capsys):
     data = Store(run["dataset"]["path"])
     X = np.asarray(data.array("X")[:])
     hold = np.asarray(data.array("holdout")[:], dtype=bool)
-    # the run's prior: the store's sample refitted at ASUGS's prior scale
-    fam = data.load("info").with_prior_scale(PRIOR_SCALE).family
+    # the run's prior: chosen on the store's sample as ``pipeline.ASUGS`` chooses it
+    fam = ENGINE.run_info(data.load("info"), FitParams(engine="asugs")).family
     ref = ASUGS(lam=2.0, family=fam).fit(X[~hold])
     clusters = pd.read_parquet(out / "clusters.parquet")
     np.testing.assert_array_equal(np.sort(clusters["size"]), np.sort(ref.cluster_sizes_))

@@ -594,7 +594,8 @@ def test_read_table_reads_as_ingest_reads(tmp_path: Path, monkeypatch):
 
 def test_each_run_refits_the_prior_to_the_stores_sample_at_its_scale(client, tmp_path: Path):
     """The store keeps the prior's sample; ``loop.context`` refits the empirical-Bayes prior at
-    the run's ``prior_scale``, else the engine's (asugs: 0.1), else the family default (0.3);
+    the run's ``prior_scale``, else the engine's (asugs: its own choice), else the family
+    default (0.3);
     a prior given to ingest is kept whatever the run asks."""
     from dataclasses import replace
 
@@ -617,7 +618,14 @@ def test_each_run_refits_the_prior_to_the_stores_sample_at_its_scale(client, tmp
 
     np.testing.assert_allclose(prior_of(FitParams()), expected(None), rtol=1e-12)
     np.testing.assert_allclose(prior_of(FitParams(prior_scale=0.05)), expected(0.05), rtol=1e-12)
-    np.testing.assert_allclose(prior_of(FitParams(engine="asugs")), expected(0.1), rtol=1e-12)
+    np.testing.assert_allclose(
+        prior_of(FitParams(engine="asugs", prior_scale=0.1)), expected(0.1), rtol=1e-12
+    )
+    # the asugs engine without a scale: the prior ``pipeline.ASUGS`` chooses on the sample
+    from pipeline.engines.asugs import ENGINE as ASUGS_ENGINE
+
+    chosen = ASUGS_ENGINE.run_info(info, FitParams(engine="asugs")).family.prior
+    np.testing.assert_allclose(prior_of(FitParams(engine="asugs")), chosen, rtol=1e-12)
     assert not np.allclose(expected(None), expected(0.1))
     # a stale prior in the store (ingested under another default) is not what a run uses
     stale = replace(info, family=GaussianNW.empirical_bayes(info.sample, scale=0.5).as_product())

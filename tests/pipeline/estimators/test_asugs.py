@@ -350,6 +350,71 @@ def test_asugs_pm_finds_the_16_classes_of_section_6_1() -> None:
     assert min(nmis) > 0.9, nmis
 
 
+def test_defaults_find_the_16_classes_of_section_6_1_in_batches() -> None:
+    """Issue 36: ``ASUGS()`` as a user runs it, 500 records in 5 ``partial_fit`` batches (the
+    prior fitted to the first 100 and chosen by empirical Bayes on them): the 16 classes and a
+    test log likelihood per record within 5% of the true mixture's (the fixed scale 0.1 finds
+    3-8 classes, 1.41x)."""
+    g = np.arange(4.0) - 1.5
+    means = np.array([(a, b) for a in g for b in g])
+    found, ratios = [], []
+    for seed in range(4):
+        X, _ = grid16(500, seed=200 + seed)
+        Xt, yt = grid16(1000, seed=300 + seed)
+        m = ASUGS()
+        for b in range(5):
+            m.partial_fit(X[100 * b : 100 * (b + 1)])
+        d2 = ((Xt[:, None, :] - means[None]) ** 2).sum(axis=2)
+        truth = np.logaddexp.reduce(-d2 / 0.05 - math.log(2 * math.pi * 0.025 * 16), axis=1)
+        found.append(m.n_clusters_)
+        ratios.append(m.score(Xt) / truth.mean())
+        assert normalized_mutual_info_score(yt, m.predict(Xt)) > 0.98
+    assert sum(k == 16 for k in found) >= 3, found
+    assert np.mean(ratios) < 1.05, ratios
+
+
+def test_with_prior_is_the_empirical_bayes_prior_at_another_scale() -> None:
+    """``with_prior`` rescales a prior without the data: at strength 1 it is
+    ``empirical_bayes`` at the new scale (both Gaussian kinds); a strength keeps E[precision]."""
+    from pipeline.families import NormalGamma
+    from pipeline.models.asugs import with_prior
+
+    X, _ = grid16(200, seed=21)
+    X = np.column_stack([X, np.round(X[:, 0] * 10.0)])  # a column on a grid (its cells count)
+    for kind in (GaussianNW, NormalGamma):
+        base = kind.empirical_bayes(X, scale=0.1).as_product()
+        got = with_prior(base, 0.1, 0.02, 1.0)
+        want = kind.empirical_bayes(X, scale=0.02).as_product()
+        np.testing.assert_allclose(got.prior, want.prior, rtol=1e-12, atol=1e-15)
+    fam = with_prior(GaussianNW.empirical_bayes(X, scale=0.1).as_product(), 0.1, 0.1, 30.0)
+    (g, _cols), (b, _) = (
+        fam.groups[0],
+        GaussianNW.empirical_bayes(X, scale=0.1).as_product().groups[0],
+    )
+    assert g.a0 == 3 + 1 + 30.0
+    np.testing.assert_allclose(g.a0 * np.asarray(g.B0), b.a0 * np.asarray(b.B0), rtol=1e-12)
+
+
+def test_the_prior_is_chosen_on_the_first_batch_only() -> None:
+    """The choice is made once, on the first batch (a batch too short to choose from keeps the
+    fixed scale and the weakest Wishart); a given prior_scale or family is not changed."""
+    from pipeline.models.asugs import EB_MIN_RECORDS, PRIOR_SCALE
+
+    X, _ = grid16(400, seed=22)
+    m = ASUGS().partial_fit(X[:200])
+    fam = m.family_
+    m.partial_fit(X[200:])
+    assert m.family_ is fam and m.prior_scale_ < PRIOR_SCALE
+    short = ASUGS().partial_fit(X[: EB_MIN_RECORDS - 1])
+    assert (short.prior_scale_, short.prior_strength_) == (PRIOR_SCALE, 1.0)
+    fixed = ASUGS(prior_scale=0.05).fit(X)
+    assert (fixed.prior_scale_, fixed.prior_strength_) == (0.05, 1.0)
+    want = GaussianNW.empirical_bayes(X, scale=0.05).as_product().prior
+    np.testing.assert_allclose(fixed.family_.prior, want, rtol=1e-12)
+    given = ASUGS(family=GaussianNW.empirical_bayes(X)).fit(X)
+    assert not hasattr(given, "prior_scale_")
+
+
 def test_sample_selection_is_reproducible() -> None:
     X, _ = grid16(300, seed=13)
     a = ASUGS(select="sample", random_state=4).fit(X)
