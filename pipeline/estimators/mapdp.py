@@ -76,6 +76,11 @@ class MAPDP(MixtureEstimator):
         wine, 0.4 s on iris, 26 s on digits on 2 workers, against 0.3, 0.01 and 5.4 s for a
         default fit (``bench_cv.py::test_nmi_table``), on the current Dask client if there is
         one, else in this process; so it is not the default.
+    device : {"cpu", "gpu"}, default="cpu"
+        "gpu" fits with the distributed passes on NVIDIA GPUs (``pipeline.engines.gpu``:
+        parallel assignment on the card, new clusters resolved by sequential MAP-DP on the
+        host), whatever X is; needs numba-cuda and a GPU (``DeviceError`` otherwise, never a
+        CPU fit instead) and continuous columns.
 
     Attributes
     ----------
@@ -120,6 +125,7 @@ class MAPDP(MixtureEstimator):
         verbose: int = 0,
         prior_scale: float | None = None,
         tune: str | None = None,
+        device: str = "cpu",
     ):
         self.alpha = alpha
         self.family = family
@@ -132,6 +138,7 @@ class MAPDP(MixtureEstimator):
         self.verbose = verbose
         self.prior_scale = prior_scale
         self.tune = tune
+        self.device = device
 
     # -- fitting -----------------------------------------------------------------------------
     def _check_params(self) -> tuple[float, bool, tuple[float, float]]:
@@ -159,10 +166,11 @@ class MAPDP(MixtureEstimator):
         """
         import dask
 
+        config.check_choice(self.device, config.DEVICES, "device")
         if self.tune is not None:
             self._check_params()
             return tune_cv(self, X)
-        if dask.is_dask_collection(X):
+        if dask.is_dask_collection(X) or self.device == "gpu":
             self._check_params()
             # the distributed code path: one Dask task per chunk per pass (pipeline.distributed.fit)
             from pipeline.distributed.fit import fit_estimator
