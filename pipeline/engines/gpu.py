@@ -30,7 +30,15 @@ are validated serially):
    lowers eq. 3.3 exactly: its cost is the move's change of the objective), and
    ``ChunkResult.fallback`` says so (the pass's record counts them: ``"fallbacks"``). A chunk
    alone in the data therefore never raises the objective, as on the CPU; chunks' changes add
-   up as the CPU engine's do.
+   up as the CPU engine's do. The guard applies when every training record of the chunk was
+   in a cluster before the step: a record in none (pass 1 of the "sample" or "sequential"
+   start) adds terms of its own to eq. 3.3, so there is no objective before the step to keep
+   to (the CPU engine's pass 1 raises it too).
+
+Fixed points (no record moves) are the same for the parallel and the sequential step, but the
+paths differ: from the default "sample" start the GPU engines gave the CPU engines' clusters on
+the UCI sets (NMI 1 between the two, under the simulator); from the "sequential" start they may
+stop in another local optimum.
 
 The records are read, rounded to float32, once per chunk and kept on the worker's card
 (``resident``): every number of the fit (statistics, deltas, the host's step) comes from the
@@ -279,7 +287,9 @@ class GpuPass(MixtureEngine):
         else:
             new_stats = np.zeros((0, fam.n_stats))
         fallback = False
-        if self._rises(msg, delta, new_stats):
+        # records in no cluster before the step (pass 1) add their own terms to eq. 3.3: the
+        # objective before the step is only comparable when every training record had a cluster
+        if (z_old[order] >= 0).all() and self._rises(msg, delta, new_stats):
             fallback = True
             X = host_records(chunk) if X is None else X
             z = z_old.copy()

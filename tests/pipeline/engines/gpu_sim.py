@@ -176,3 +176,29 @@ def test_records_stay_on_the_card_and_the_fit_matches_the_cpu(client, tmp_path: 
 
     assert len(set(labels["gpu"])) == len(set(labels["cpu"]))
     assert normalized_mutual_info_score(labels["cpu"], labels["gpu"]) > 0.99
+
+
+def test_a_store_beyond_the_resident_budget_streams_with_the_same_result(
+    client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``DPMM_GPU_RESIDENT_BYTES`` below one chunk nothing stays on the card: every pass
+    reads its chunks again, and the fit is the same bit for bit."""
+    from pipeline.core.config import FitParams
+    from pipeline.data.ingest import ingest
+    from pipeline.data.store import Store
+    from pipeline.engines.gpu import RESIDENT_ENV, clear_resident
+    from pipeline.engines.mixture_state import read_labels
+
+    store = Store(tmp_path / "data")
+    info = ingest(blobs(160, seed=9), store, client=client, chunk_rows=40, holdout=0.0)
+    params = FitParams(engine="mapdp", init="sequential", seed=2, device="gpu").checked()
+    got = []
+    for budget in ("1000000", "100"):
+        monkeypatch.setenv(RESIDENT_ENV, budget)
+        clear_resident()
+        ctx = loop.context(store, tmp_path / f"state-{budget}", info, params)
+        state: Any = loop.run_passes(client, ctx)
+        got.append((state.objective, read_labels(ctx, state), resident_chunks()))
+    assert got[0][2] == 4 and got[1][2] == 0
+    assert got[0][0] == got[1][0]
+    np.testing.assert_array_equal(got[0][1], got[1][1])

@@ -99,3 +99,33 @@ def test_under_the_cuda_simulator() -> None:
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-3000:]
     assert " passed" in res.stdout and "skipped" not in res.stdout, res.stdout[-2000:]
+
+
+def test_the_objective_guard_sees_a_step_that_raises_eq_3_3() -> None:
+    """``GpuPass._rises``: a chunk's change that moves a record of one blob into the other
+    raises eq. 3.3 (the chunk is then redone sequentially); no change, or the move back, does
+    not."""
+    from pipeline.engines.gpu import GpuPass
+    from pipeline.engines.mixture import PassInput
+    from pipeline.families import GaussianNW
+
+    rng = np.random.default_rng(0)
+    X = np.vstack([rng.normal(-5.0, 1.0, (30, 2)), rng.normal(5.0, 1.0, (30, 2))])
+    fam = GaussianNW.empirical_bayes(X).as_product()
+    z = np.repeat([0, 1], 30)
+    stats = fam.stats_of(X, z, 2)
+    none = np.zeros(0, dtype=np.int64)
+    msg = PassInput(2, stats, 1.0, np.arange(2), 2, none, fam, 0, 0, none, none, -1)
+    one = fam.stats_of(X[:1], np.zeros(1, dtype=np.int64), 1)[0]
+    wrong = np.vstack([-one, one])  # record 0 from blob 0's cluster to blob 1's
+    empty = np.zeros((0, stats.shape[1]))
+    assert GpuPass._rises(msg, wrong, empty)
+    assert not GpuPass._rises(msg, np.zeros_like(stats), empty)
+    bad = replace_stats(msg, stats + wrong)
+    assert not GpuPass._rises(bad, -wrong, empty)
+
+
+def replace_stats(msg, stats):
+    from dataclasses import replace
+
+    return replace(msg, stats=stats)
