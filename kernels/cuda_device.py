@@ -1,10 +1,11 @@
 """numba's CUDA target (the ``numba-cuda`` package) imported once, and what a GPU run lacks.
 
-numba-cuda 0.30.4 registers an overload of ``np.row_stack`` when it is imported, and numpy 2.5
-removed that function, so ``import numba.cuda`` raises AttributeError there. ``import_cuda``
-lends numpy the alias (``np.vstack``, which ``row_stack`` always was) for the import only and
-takes it back afterwards, so that no user code has to patch numpy and no other module sees the
-alias.
+numba-cuda 0.30.4 registers an overload of ``np.row_stack``, and numpy 2.5 removed that
+function, so ``import numba.cuda`` raises AttributeError there. ``import_cuda`` gives numpy the
+alias back (``np.vstack``, which ``row_stack`` always was) before the import, only where numpy
+lacks it, and leaves it: numba-cuda loads the module holding the overload again when it builds
+its CUDA target, at the first kernel compile (``numba.cuda.target``), not only at import. So no
+user code has to patch numpy.
 
 Under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` in the environment before numba is
 imported) the simulated card counts as a device: the GPU engines then run, slowly, on the CPU,
@@ -19,14 +20,10 @@ ROW_STACK = "row_stack"
 
 def import_cuda():
     """The ``numba.cuda`` module (raises ImportError when numba-cuda is missing)."""
-    lent = ROW_STACK not in np.__dict__
-    if lent:
+    if ROW_STACK not in np.__dict__:
         setattr(np, ROW_STACK, np.vstack)
-    try:
-        from numba import cuda
-    finally:
-        if lent and np.__dict__.get(ROW_STACK) is np.vstack:
-            delattr(np, ROW_STACK)
+    from numba import cuda
+
     return cuda
 
 

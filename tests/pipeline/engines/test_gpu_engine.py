@@ -129,3 +129,24 @@ def replace_stats(msg, stats):
     from dataclasses import replace
 
     return replace(msg, stats=stats)
+
+
+@pytest.mark.skipif(not HAS_NUMBA_CUDA, reason="numba-cuda is not installed")
+def test_numba_cuda_imports_where_numpy_has_no_row_stack() -> None:
+    """numpy 2.5 removed ``np.row_stack``, which numba-cuda 0.30.4 overloads when it imports
+    ``numba.cuda`` and again when it builds its CUDA target (``numba.cuda.np.arrayobj``):
+    ``kernels.cuda_device.import_cuda`` makes both work, in a process whose numpy lacks it."""
+    code = (
+        "import numpy as np\n"
+        "np.__dict__.pop('row_stack', None)\n"
+        "from kernels.cuda_device import import_cuda\n"
+        "import_cuda()\n"
+        "from numba.cuda.np import arrayobj\n"
+        "import kernels.cuda_mapdp\n"
+        "print('ok')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-3000:]
