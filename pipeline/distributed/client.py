@@ -48,7 +48,7 @@ def dask_client(
         client = Client(scheduler)
         cluster = None
     elif device == "gpu":
-        cluster = gpu_cluster(n_workers, processes, dashboard_address)
+        cluster = gpu_cluster(n_workers, processes, dashboard_address, warm)
         client = Client(cluster)
     else:
         n = int(n_workers or os.cpu_count() or 1)
@@ -85,7 +85,12 @@ def dask_client(
             cluster.close()
 
 
-def gpu_cluster(n_workers: int | None, processes: bool, dashboard_address: str | None) -> Any:
+def gpu_cluster(
+    n_workers: int | None,
+    processes: bool,
+    dashboard_address: str | None,
+    warm: Sequence[str] | None = None,
+) -> Any:
     """A local cluster of one single-threaded worker per GPU: dask-cuda's ``LocalCUDACluster``
     (each worker sees its own card through ``CUDA_VISIBLE_DEVICES``); under numba's CUDA
     simulator ``n_workers`` (default 1) ordinary workers, which share the simulated card.
@@ -96,6 +101,7 @@ def gpu_cluster(n_workers: int | None, processes: bool, dashboard_address: str |
     from distributed import LocalCluster
 
     from kernels.cuda_device import simulated
+    from pipeline.distributed.worker_setup import WARM_ENV
     from pipeline.engines.gpu import DeviceError, require_device
 
     require_device()
@@ -121,6 +127,8 @@ def gpu_cluster(n_workers: int | None, processes: bool, dashboard_address: str |
         dashboard_address=dashboard_address,
         memory_limit=0,
         host="127.0.0.1",
+        # the host step's kernels (the CPU engines'), not every engine's
+        env={WARM_ENV: ",".join(warm)} if warm else {},
         preload=["pipeline.distributed.worker_setup"],
     )
 

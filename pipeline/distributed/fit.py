@@ -137,7 +137,12 @@ def fit_distributed(
     with contextlib.ExitStack() as stack:
         if client is None:
             client = stack.enter_context(
-                dask_client(dashboard_address=None, quiet=True, device=device)
+                dask_client(
+                    dashboard_address=None,
+                    quiet=True,
+                    device=device,
+                    warm=[engine] if device == "gpu" else None,
+                )
             )
         if store_path is None:
             store_path = stack.enter_context(tempfile.TemporaryDirectory(prefix="dpmm-")) + "/s"
