@@ -109,7 +109,8 @@ def stage2_task(
 def write_task(
     client: Any, ctx: RunContext, state: LoopState, mapping: np.ndarray, labels: Loc
 ) -> WriteSummary:
-    return write_out(client, ctx, get_engine(ctx.params.engine), state, mapping, labels)
+    engine = get_engine(ctx.params.engine, ctx.params.device)
+    return write_out(client, ctx, engine, state, mapping, labels)
 
 
 @step("finish")
@@ -153,6 +154,7 @@ def cluster(
     mcmc: int = 0,
     warm_start: str | None = None,
     engine_options: dict[str, Any] | None = None,
+    device: str = "cpu",
     scheduler: str | None = None,
     n_workers: int | None = None,
     processes: bool = True,
@@ -196,6 +198,7 @@ def cluster(
         tol=tol,
         min_change=min_change,
         prior_scale=prior_scale,
+        device=device,
     )
     cfg = run_config(
         out,
@@ -227,7 +230,9 @@ def cluster(
     if resumed and progress:
         print(f"resuming the run in {partial}", file=sys.stderr)
     timing: dict[str, float] = {}
-    with dask_client(scheduler, n_workers, processes, dashboard_address, warm=[engine]) as client:
+    with dask_client(
+        scheduler, n_workers, processes, dashboard_address, warm=[engine], device=device
+    ) as client:
         timing["cluster_start"] = time.perf_counter() - t0
         t = time.perf_counter()
         try:

@@ -36,7 +36,7 @@ def serial_passes(ctx: RunContext) -> LoopState:
     """The reference: the engine's own methods called in this process, chunk by chunk in
     order, with no Dask and no pass loop (a sequential engine's chunks each get the previous
     one's ``carry``)."""
-    engine = get_engine(ctx.params.engine)
+    engine = get_engine(ctx.params.engine, ctx.params.device)
     state = engine.init_state(ctx, None)
     data, st = str(ctx.data.path), str(ctx.state.path)
     while not state.converged and state.pass_no < ctx.params.max_passes:
@@ -57,7 +57,7 @@ def read_record_array(ctx: RunContext, name: str, state: LoopState) -> np.ndarra
 
 
 def record_arrays(ctx: RunContext, state: LoopState) -> dict[str, np.ndarray]:
-    arrays = get_engine(ctx.params.engine).record_arrays_of(ctx)
+    arrays = get_engine(ctx.params.engine, ctx.params.device).record_arrays_of(ctx)
     return {r.name: read_record_array(ctx, r.name, state) for r in arrays}
 
 
@@ -68,15 +68,18 @@ def assert_same_arrays(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> No
 
 
 class EngineContract:
-    """Subclass with ``engine`` (a registered name) and optionally ``init`` and ``alpha``."""
+    """Subclass with ``engine`` (a registered name) and optionally ``init``, ``alpha`` and
+    ``device``."""
 
     engine: ClassVar[str]
+    device: ClassVar[str] = "cpu"
     init: ClassVar[str] = "sequential"
     alpha: ClassVar[float | str] = "learn"
 
     def params(self, **kw: Any) -> FitParams:
         kw.setdefault("seed", 5)
         kw.setdefault("max_passes", 8)
+        kw.setdefault("device", self.device)
         return FitParams(engine=self.engine, init=self.init, alpha=self.alpha, **kw).checked()
 
     def context(
@@ -118,7 +121,7 @@ class EngineContract:
 
     def test_a_re_executed_chunk_task_is_idempotent(self, client, tmp_path: Path) -> None:
         ctx = self.context(client, tmp_path, "idem")
-        engine = get_engine(ctx.params.engine)
+        engine = get_engine(ctx.params.engine, ctx.params.device)
         state = loop.run_pass(client, ctx, loop.start(client, ctx))
         msg = engine.pass_input(state, ctx, state.pass_no + 1, None)
         c, a, b = next(iter(iter_chunks(ctx.info)))
@@ -168,7 +171,7 @@ class EngineContract:
 
     def test_the_write_out_scores_every_row(self, client, tmp_path: Path) -> None:
         ctx = self.context(client, tmp_path, "wo")
-        engine = get_engine(ctx.params.engine)
+        engine = get_engine(ctx.params.engine, ctx.params.device)
         state: Any = loop.run_passes(client, ctx)
         k = getattr(state, "n_clusters", 1)
         mapping = identity_stage2(np.zeros((k, 1)), ctx.info.family)

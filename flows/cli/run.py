@@ -1,6 +1,7 @@
 """``dpmm run``: the whole pipeline (Prefect flow ``flows.cluster``) from the command line.
 
     dpmm run INPUT --out OUT [--chunk-rows N] [--holdout F] [--engine mapdp|kmeans|asugs]
+             [--device cpu|gpu]
              [--family SPEC] [--prior-scale F] [--alpha FLOAT|learn] [--max-passes N] [--tol F]
              [--min-change F] [--lam F] [--seed N] [--label-column COL] [--summaries M]
              [--stage2 none|bhc] [--mcmc ITER] [--warm-start MODEL]
@@ -44,6 +45,8 @@ from flows.cli.types import prior_scale as _prior_scale
 from pipeline.core import outputs, storage
 from pipeline.core.config import (
     DEFAULT_CHUNK_ROWS,
+    DEVICES,
+    GPU_ENGINES,
     INIT_SAMPLE,
     INITS,
     MAX_PASSES,
@@ -86,6 +89,13 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="fraction of rows held out of the fit and scored (default 0)",
     )
     p.add_argument("--engine", choices=MIXTURE_ENGINES, default="mapdp", help="stage-1 sweep")
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="where the passes run: cpu (default), or gpu: NVIDIA GPUs, one Dask worker per "
+        "GPU (engines mapdp and kmeans; needs the GPU extra: pip install -e '.[gpu]')",
+    )
     p.add_argument(
         "--family",
         type=_family,
@@ -348,6 +358,7 @@ def _local_cluster(
         dashboard_address=dashboard,
         quiet=True,  # the flow prints the dashboard of the cluster it joins
         warm=_warm_names(kwargs, engine),
+        device=kwargs.get("device", "cpu"),
     ) as client:
         yield {**kwargs, "scheduler": client.scheduler.address}
 
@@ -419,10 +430,27 @@ def _threads(args: argparse.Namespace) -> bool:
     return bool(get_engine(args.engine).sequential)
 
 
+def _check_device(args: argparse.Namespace) -> None:
+    """``--device gpu`` on a machine without a GPU, numba-cuda or a driver: one line naming what
+    is missing (exit status 2), never a run on the CPU instead."""
+    if args.device != "gpu":
+        return
+    if args.engine not in GPU_ENGINES:
+        raise InputError(f"--device gpu: engine {args.engine!r} has no GPU version ({GPU_ENGINES})")
+    if getattr(args, "scheduler", None):
+        return  # the workers of an existing cluster have the cards; its tasks check them
+    from pipeline.engines.gpu import missing_device
+
+    why = missing_device()
+    if why is not None:
+        raise InputError(f"--device gpu: {why}")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the ``cluster`` flow; exit status 2 with one line on bad input (``InputError``)."""
     # what can be seen of the file itself is refused before a Dask cluster and Prefect start
     pio.check_file(args.input)
+    _check_device(args)
     _hpc_of(args)  # a bad --cluster-config is refused before anything starts
     # and an OUT or --data-dir on object storage that cannot be reached (``pipeline.core.storage``)
     storage.check_reachable(args.out, "--out")
@@ -453,6 +481,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         mcmc=args.mcmc,
         warm_start=args.warm_start,
         engine_options={} if args.lam is None else {"lam": args.lam},
+        device=args.device,
         processes=not _threads(args),
         report=not args.no_report,
         **flow_kwargs(args),

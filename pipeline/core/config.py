@@ -27,6 +27,9 @@ MAX_SEEDS = 100
 ENGINES = ("mapdp", "kmeans", "mixed_effects", "ihmm", "asugs")
 #: the engines whose records are subjects (whole groups), not single records
 SUBJECT_ENGINES = ("mixed_effects",)
+#: where a fit's passes run; "gpu" takes the engines with a GPU version (``pipeline.engines.gpu``)
+DEVICES = ("cpu", "gpu")
+GPU_ENGINES = ("mapdp", "kmeans")
 #: ASUGS's lambda (``pipeline.models.asugs.DEFAULT_LAM``): the paper does not give its value; 0.3 (a
 #: prior mean of alpha of 1 / lambda = 3.3) found as many or more of the true classes than 1.0
 #: on every data set of ``bench_asugs`` and the tests
@@ -136,6 +139,8 @@ class FitParams:
     prior_scale : the share of the data's variance one cluster is expected to carry under the
         empirical-Bayes prior (``GaussianNW.empirical_bayes``), in (0, 1); None is the engine's
         own default (``Engine.prior_scale``, else the family's ``DEFAULT_SCALE``).
+    device : "cpu", or "gpu": the passes on NVIDIA GPUs (``pipeline.engines.gpu``; engines
+        ``GPU_ENGINES``).
     """
 
     engine: str = "mapdp"
@@ -150,9 +155,13 @@ class FitParams:
     seed: int = 0
     restart: int = 0
     prior_scale: float | None = None
+    device: str = "cpu"
 
     def checked(self) -> FitParams:
         check_choice(self.engine, ENGINES, "engine")
+        check_choice(self.device, DEVICES, "device")
+        if self.device == "gpu":
+            check_choice(self.engine, GPU_ENGINES, "the engine of device='gpu'")
         check_choice(self.init, INITS, "init")
         check_alpha(self.alpha)
         check_int(self.max_passes, "max_passes")

@@ -26,13 +26,15 @@ def dask_client(
     dashboard_address: str | None = "127.0.0.1:8787",
     quiet: bool = False,
     warm: Sequence[str] | None = None,
+    device: str = "cpu",
 ) -> Iterator[Any]:
     """A ``distributed.Client``: to ``scheduler`` when given, else to a new ``LocalCluster`` of
     ``n_workers`` single-threaded workers (default: one per core) listening on 127.0.0.1 only.
     Prints the dashboard.
 
     ``warm``: the engines whose kernels the new workers load while they start (default: every
-    registered engine; ``pipeline.distributed.worker_setup``)."""
+    registered engine; ``pipeline.distributed.worker_setup``). ``device="gpu"``: the new
+    cluster is ``gpu_cluster``'s, one worker per GPU."""
     import logging
 
     import dask
@@ -45,6 +47,9 @@ def dask_client(
     if scheduler:
         client = Client(scheduler)
         cluster = None
+    elif device == "gpu":
+        cluster = gpu_cluster(n_workers, processes, dashboard_address, warm)
+        client = Client(cluster)
     else:
         n = int(n_workers or os.cpu_count() or 1)
         # no statistical profiler in the workers (the dashboard's Profile page stays empty):
@@ -78,6 +83,54 @@ def dask_client(
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+def gpu_cluster(
+    n_workers: int | None,
+    processes: bool,
+    dashboard_address: str | None,
+    warm: Sequence[str] | None = None,
+) -> Any:
+    """A local cluster of one single-threaded worker per GPU: dask-cuda's ``LocalCUDACluster``
+    (each worker sees its own card through ``CUDA_VISIBLE_DEVICES``); under numba's CUDA
+    simulator ``n_workers`` (default 1) ordinary workers, which share the simulated card.
+    Raises ``DeviceError`` when the machine has no GPU (``pipeline.engines.gpu``) or
+    dask-cuda is missing."""
+    import importlib.util
+
+    from distributed import LocalCluster
+
+    from kernels.cuda_device import simulated
+    from pipeline.distributed.worker_setup import WARM_ENV
+    from pipeline.engines.gpu import DeviceError, require_device
+
+    require_device()
+    if simulated():
+        return LocalCluster(
+            n_workers=n_workers or 1,
+            threads_per_worker=1,
+            processes=processes,
+            dashboard_address=dashboard_address,
+            memory_limit=0,
+            **({"host": "127.0.0.1"} if processes else {}),
+        )
+    if importlib.util.find_spec("dask_cuda") is None:
+        raise DeviceError(
+            "device 'gpu': dask-cuda is not installed (one Dask worker per GPU); "
+            "install the GPU extra: pip install -e '.[gpu]', or give --scheduler"
+        )
+    from dask_cuda import LocalCUDACluster
+
+    return LocalCUDACluster(
+        n_workers=n_workers,
+        threads_per_worker=1,
+        dashboard_address=dashboard_address,
+        memory_limit=0,
+        host="127.0.0.1",
+        # the host step's kernels (the CPU engines'), not every engine's
+        env={WARM_ENV: ",".join(warm)} if warm else {},
+        preload=["pipeline.distributed.worker_setup"],
+    )
 
 
 #: whether Dask workers sample their threads' stacks (``dask_client``'s clusters: off)

@@ -79,6 +79,7 @@ def fit_distributed(
     store_path: str | Path | None = None,
     progress: bool = False,
     warm_start: tuple[Stats, float] | None = None,
+    device: str = "cpu",
 ) -> DistributedResult:
     """Stage 1 of the pipeline on records that may not fit in one process.
 
@@ -104,6 +105,10 @@ def fit_distributed(
         family,
         not "auto") and concentration of a fitted model to start from instead of ``init``
         (``pipeline.engines.mixture_start.warm_state``).
+    device : "cpu" or "gpu"
+        "gpu": the passes on NVIDIA GPUs (``pipeline.engines.gpu``; engines "mapdp" and
+        "kmeans"), on ``client``'s workers or a new cluster of one worker per GPU; a machine
+        without a GPU or numba-cuda raises ``DeviceError`` (never a CPU fallback).
 
     Returns
     -------
@@ -122,11 +127,23 @@ def fit_distributed(
         init_sample=init_sample,
         seed=seed_entropy(random_state),
         prior_scale=prior_scale,
+        device=device,
     ).checked()
     config.check_int(n_restarts, "n_restarts")
+    if device == "gpu":
+        from pipeline.engines.gpu import require_device
+
+        require_device()
     with contextlib.ExitStack() as stack:
         if client is None:
-            client = stack.enter_context(dask_client(dashboard_address=None, quiet=True))
+            client = stack.enter_context(
+                dask_client(
+                    dashboard_address=None,
+                    quiet=True,
+                    device=device,
+                    warm=[engine] if device == "gpu" else None,
+                )
+            )
         if store_path is None:
             store_path = stack.enter_context(tempfile.TemporaryDirectory(prefix="dpmm-")) + "/s"
         store = Store(store_path)
@@ -189,6 +206,7 @@ def fit_estimator(est: Any, X: Any, client: Any = None) -> Any:
         n_restarts=1 if est.n_restarts == "auto" else int(est.n_restarts),
         random_state=est.random_state,
         client=client,
+        device=getattr(est, "device", "cpu"),
     )
     if not res.converged:
         warnings.warn(

@@ -111,7 +111,7 @@ def context(
     st = state if isinstance(state, Store) else Store(state)
     params = params.checked()
     ctx = RunContext(data, st, with_prior_scale(info, params), params, progress)
-    create_record_arrays(ctx, get_engine(params.engine))
+    create_record_arrays(ctx, get_engine(params.engine, params.device))
     return ctx
 
 
@@ -119,7 +119,7 @@ def with_prior_scale(info: StoreInfo, params: FitParams) -> StoreInfo:
     """``info`` with the run's empirical-Bayes prior (``Engine.run_info``: at
     ``params.prior_scale``, else the engine's ``prior_scale``, else the family default; the
     ``asugs`` engine chooses its own)."""
-    return get_engine(params.engine).run_info(info, params)
+    return get_engine(params.engine, params.device).run_info(info, params)
 
 
 # -- checkpoints ------------------------------------------------------------------------------
@@ -180,7 +180,7 @@ def run_pass(
 
     from pipeline.data.labels import create_labels
 
-    engine = get_engine(ctx.params.engine)
+    engine = get_engine(ctx.params.engine, ctx.params.device)
     info = ctx.info
     t0 = time.perf_counter()
     p = state.pass_no + 1
@@ -228,7 +228,7 @@ def start(client: Any, ctx: RunContext, resume: bool = True) -> LoopState:
     """The checkpointed state of a resumed fit, or the engine's state before pass 1."""
     state = load_checkpoint(ctx) if resume else None
     if state is None:
-        return get_engine(ctx.params.engine).init_state(ctx, client)
+        return get_engine(ctx.params.engine, ctx.params.device).init_state(ctx, client)
     if ctx.progress:
         print(f"resuming after pass {state.pass_no}", file=sys.stderr)
     return state

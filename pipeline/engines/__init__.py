@@ -10,9 +10,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from pipeline.core.config import ENGINES, SUBJECT_ENGINES
+from pipeline.core.config import ENGINES, GPU_ENGINES, SUBJECT_ENGINES
 
-__all__ = ["ENGINES", "ENGINE_MODULES", "MIXTURE_ENGINES", "SUBJECT_ENGINES", "get_engine"]
+__all__ = [
+    "ENGINES",
+    "ENGINE_MODULES",
+    "GPU_ENGINES",
+    "MIXTURE_ENGINES",
+    "SUBJECT_ENGINES",
+    "get_engine",
+]
 
 if TYPE_CHECKING:
     from pipeline.engines.base import Engine
@@ -22,8 +29,14 @@ ENGINE_MODULES: dict[str, str] = {name: f"pipeline.engines.{name}" for name in E
 MIXTURE_ENGINES: tuple[str, ...] = tuple(e for e in ENGINES if e not in SUBJECT_ENGINES)
 
 
-def get_engine(name: str) -> Engine:
-    """The engine registered as ``name``."""
+def get_engine(name: str, device: str = "cpu") -> Engine:
+    """The engine registered as ``name``; with ``device="gpu"`` its GPU version, whose own name
+    is ``NAME-gpu`` (``pipeline.engines.gpu``; the chunk tasks find it by that name)."""
+    if device == "gpu":
+        name = f"{name}-gpu"
+    if name.endswith("-gpu") and name[:-4] in GPU_ENGINES:
+        gpu: Engine = importlib.import_module("pipeline.engines.gpu").ENGINES[name]
+        return gpu
     if name not in ENGINE_MODULES:
         raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")
     engine: Engine = importlib.import_module(ENGINE_MODULES[name]).ENGINE

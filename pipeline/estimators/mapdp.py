@@ -89,6 +89,11 @@ class MAPDP(MixtureEstimator):
         wine, 0.4 s on iris, 26 s on digits on 2 workers, against 0.3, 0.01 and 5.4 s for a
         default fit (``bench_cv.py::test_nmi_table``), on the current Dask client if there is
         one, else in this process; so it is not the default.
+    device : {"cpu", "gpu"}, default="cpu"
+        "gpu" fits with the distributed passes on NVIDIA GPUs (``pipeline.engines.gpu``:
+        parallel assignment on the card, new clusters resolved by sequential MAP-DP on the
+        host), whatever X is; needs numba-cuda and a GPU (``DeviceError`` otherwise, never a
+        CPU fit instead) and continuous columns.
 
     Attributes
     ----------
@@ -135,6 +140,7 @@ class MAPDP(MixtureEstimator):
         tune: str | None = None,
         missing: str = "latent",
         strict: bool = False,
+        device: str = "cpu",
     ):
         self.alpha = alpha
         self.family = family
@@ -149,6 +155,7 @@ class MAPDP(MixtureEstimator):
         self.tune = tune
         self.missing = missing
         self.strict = strict
+        self.device = device
 
     # -- fitting -----------------------------------------------------------------------------
     def _check_params(self) -> tuple[float, bool, tuple[float, float]]:
@@ -177,10 +184,11 @@ class MAPDP(MixtureEstimator):
         """
         import dask
 
+        config.check_choice(self.device, config.DEVICES, "device")
         if self.tune is not None:
             self._check_params()
             return tune_cv(self, X)
-        if dask.is_dask_collection(X):
+        if dask.is_dask_collection(X) or self.device == "gpu":
             self._check_params()
             # the distributed code path: one Dask task per chunk per pass (pipeline.distributed.fit)
             from pipeline.distributed.fit import fit_estimator

@@ -468,6 +468,7 @@ def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
 MAPDP_DEFAULTS: dict[str, Any] = {
     "alpha": "learn",
     "alpha_prior": (2.0, 1.0),
+    "device": "cpu",
     "family": "auto",
     "init": "sequential",
     "max_iter": 100,

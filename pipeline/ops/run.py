@@ -273,6 +273,7 @@ def finish(
             "n_chunks": info.n_chunks,
             "holdout": cfg.holdout,
             "engine": cfg.params.engine,
+            "device": cfg.params.device,
             "alpha": cfg.params.alpha,
             "alpha_prior": cfg.params.alpha_prior,
             "init": cfg.params.start,

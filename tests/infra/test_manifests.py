@@ -357,3 +357,28 @@ def test_dockerfile_builds_the_make_install_environment():
     assert inspect.signature(worker_setup.warm_kernels).parameters["names"].default is None
     env = " ".join(rest for word, rest in steps if word == "ENV")
     assert "NUMBA_CACHE_DIR=" in env
+
+
+def test_the_gpu_workers_ask_for_one_gpu_each_and_join_the_scheduler():
+    """infra/k8s/dask-gpu-workers.yaml: one worker process per pod and one card per pod (a
+    limit), on GPU nodes, joining the DaskCluster's scheduler Service, allowed by the
+    NetworkPolicy, in the image built with the GPU extra."""
+    (cluster,) = by_kind("DaskCluster")
+    (gpu,) = [d for d in by_kind("Deployment") if d["metadata"]["name"] == "dpmm-gpu-worker"]
+    pod = gpu["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    res = container["resources"]
+    assert res["limits"]["nvidia.com/gpu"] == 1 == res["requests"]["nvidia.com/gpu"]
+    args = image_argv(container)
+    assert args[args.index("--nworkers") + 1] == "1"
+    assert f"tcp://{cluster['metadata']['name']}-scheduler:8786" in args
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    (policy,) = by_kind("NetworkPolicy")
+    allowed = policy["spec"]["podSelector"]["matchLabels"].items()
+    assert allowed <= gpu["spec"]["template"]["metadata"]["labels"].items()
+    # the image with the GPU extra: the Dockerfile's build argument installs it
+    assert container["image"] == f"{IMAGE}:gpu"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    gpu_extra = {re.split(r"[<>=!~\[ ;]", r)[0] for r in project["optional-dependencies"]["gpu"]}
+    assert {"numba-cuda", "cupy-cuda12x", "dask-cuda"} <= gpu_extra
+    assert any("pip install '.[gpu]'" in rest for word, rest in dockerfile() if word == "RUN")

@@ -1,0 +1,359 @@
+"""The GPU engines: MAP-DP and Bayes K-means passes on NVIDIA GPUs (``device="gpu"``).
+
+``mapdp-gpu`` and ``kmeans-gpu`` are the MAP-DP and Bayes K-means engines
+(``pipeline.engines.mapdp``, ``pipeline.engines.kmeans``) with another chunk step; their
+starts, reduce (deltas added in chunk order, emptied clusters dropped, greedy merges, the
+concentration's MAP step), stop rule and write-out are the CPU engines'. ``get_engine(name,
+"gpu")`` finds them.
+
+A chunk's step (optimistic concurrency control, Pan et al. 2013, "Optimistic Concurrency
+Control for Distributed Unsupervised Learning", NIPS: every record decides in parallel against
+a frozen state, and only the decisions that may conflict, here the proposals of new clusters,
+are validated serially):
+
+1. Parallel assignment (``kernels.cuda_mapdp.assign``): every training record takes the
+   argmin of the MAP-DP cost (seed 000, eqs. 3.1-3.2; Bayes K-means', seed 001 Section 5)
+   over the K clusters frozen at the start of the pass (its own by the leave-one-out
+   predictive) and a new cluster, one thread per record.
+2. The statistics of the records that moved between frozen clusters are summed on the card
+   (``kernels.cuda_mapdp.label_deltas``): only the labels and K x S values leave it.
+3. The records that proposed a new cluster (and the rare ones whose leave-one-out predictive
+   needs a downdate) are resolved on the host, in the chunk's random visiting order, by the
+   CPU engine's own sequential step over them alone: MAP-DP's sweep (seed 000, Algorithm 1)
+   against the frozen statistics plus step 2's change, Bayes K-means' assignment step against
+   the frozen statistics (its Lloyd step: ``kernels.bayes_kmeans.assign``). Records that
+   propose new clusters in the same pass thus gather in one new cluster instead of one each.
+4. The objective guard: the chunk's change is kept only if the objective of eq. 3.3 computed
+   from the statistics (``kernels.mapdp.objective``) of the frozen clusters plus this chunk's
+   change is not above that of the frozen clusters. Otherwise the chunk is redone by the CPU
+   engine's step over all its records (for MAP-DP a sequential sweep, each of whose moves
+   lowers eq. 3.3 exactly: its cost is the move's change of the objective), and
+   ``ChunkResult.fallback`` says so (the pass's record counts them: ``"fallbacks"``). A chunk
+   alone in the data therefore never raises the objective, as on the CPU; chunks' changes add
+   up as the CPU engine's do. The guard applies when every training record of the chunk was
+   in a cluster before the step: a record in none (pass 1 of the "sample" or "sequential"
+   start) adds terms of its own to eq. 3.3, so there is no objective before the step to keep
+   to (the CPU engine's pass 1 raises it too).
+
+Fixed points (no record moves) are the same for the parallel and the sequential step, but the
+paths differ: from the default "sample" start the GPU engines gave the CPU engines' clusters on
+the UCI sets (NMI 1 between the two, under the simulator); from the "sequential" start they may
+stop in another local optimum.
+
+The records are read, rounded to float32, once per chunk and kept on the worker's card
+(``resident``): every number of the fit (statistics, deltas, the host's step) comes from the
+float32 records, so the statistics stay consistent with the labels. Later passes move only the
+labels (int32 both ways) and the packed clusters. Memory: a chunk takes rows x (4 d + 1)
+bytes resident, plus 12 bytes a row and the packed clusters while its step runs; the resident
+chunks of a worker are bounded by ``DPMM_GPU_RESIDENT_BYTES`` (default half the card's
+memory), least recently used first out: a store larger than that streams its chunks from the
+store every pass.
+
+The step is deterministic (no atomic adds: ``kernels.cuda_mapdp``), so a re-executed task gives
+the same labels and statistics bit for bit and a resumed run equals an uninterrupted one.
+The records must be continuous columns of one Normal-Wishart group (``GaussianNW``, with or
+without recording cells); another family is refused with its name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import math
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import numpy as np
+
+from kernels import bayes_kmeans as kbk
+from kernels import cuda_device
+from kernels import mapdp as kmapdp
+from kernels.obs import gaussian_nw, product
+from kernels.rng import shuffle
+from pipeline.core.errors import InputError
+from pipeline.core.seeds import seed_state
+from pipeline.engines.base import Chunk, RunContext
+from pipeline.engines.kmeans import KmeansEngine
+from pipeline.engines.mapdp import MapdpEngine
+from pipeline.engines.mixture import ChunkResult, MixtureEngine, PassInput
+from pipeline.engines.mixture_state import PassState, chunk_seed, current_labels
+from pipeline.families import FloatArray, ProductFamily
+from pipeline.families.stats import Stats
+
+#: the bytes of resident chunks a worker keeps on its card (default: half the card's memory)
+RESIDENT_ENV = "DPMM_GPU_RESIDENT_BYTES"
+#: under numba's simulator, which reports no memory
+SIMULATED_RESIDENT = 1 << 30
+
+
+class DeviceError(InputError):
+    """``device="gpu"`` where the machine lacks a GPU, numba-cuda or a driver."""
+
+
+def missing_device() -> str | None:
+    """What a GPU run lacks here, as one line (None: nothing; numba's CUDA simulator,
+    ``NUMBA_ENABLE_CUDASIM=1``, counts as a device). CuPy and dask-cuda are not asked for:
+    the engine moves its arrays with numba's device arrays, and a Dask cluster of one worker
+    per GPU can be any cluster (``pipeline.distributed.client.gpu_cluster``)."""
+    # numba itself still ships a deprecated numba.cuda of its own: ask for the package
+    if importlib.util.find_spec("numba_cuda") is None:
+        return "numba-cuda is not installed; install the GPU extra: pip install -e '.[gpu]'"
+    try:
+        ok = cuda_device.available()
+    except ImportError as e:
+        return f"numba.cuda cannot be imported: {e}"
+    except Exception as e:  # a driver that cannot be loaded raises instead of answering
+        return f"no usable CUDA driver ({type(e).__name__}: {e})"
+    if not ok:
+        return "no CUDA GPU found (numba.cuda.is_available() is False: no NVIDIA driver or card)"
+    return None
+
+
+def require_device() -> None:
+    """Raise ``DeviceError`` naming what is missing; never falls back to the CPU."""
+    why = missing_device()
+    if why is not None:
+        raise DeviceError(f"device 'gpu': {why}")
+
+
+def check_family(family: ProductFamily) -> None:
+    """The kernels score one continuous Normal-Wishart group."""
+    spec = np.asarray(family.spec)
+    if spec.shape[0] != 1 or int(spec[0, 0]) != product.GAUSSIAN_NW:
+        raise InputError(
+            f"device 'gpu' clusters continuous records (family GaussianNW) only, got {family!r}"
+        )
+
+
+# -- the records on the card ----------------------------------------------------------------
+
+
+@dataclass
+class Resident:
+    """A chunk on the card: records (n, d) float32, training mask (n,) uint8."""
+
+    X: Any
+    train: Any
+    hold: np.ndarray
+    nbytes: int
+
+
+_RESIDENT: OrderedDict[tuple[str, int, int, int], Resident] = OrderedDict()
+# worker threads of one process share the resident chunks
+_LOCK = threading.Lock()
+# numba's simulator swaps the ``cuda`` of a kernel's module for a fake one while it runs a kernel:
+# there, one thread of a process at a time touches the device (Dask worker threads share it); a
+# card takes calls from any thread
+_SIM_LOCK = threading.Lock()
+
+
+def launching() -> Any:
+    """The context the kernels of a chunk step run in."""
+    return _SIM_LOCK if cuda_device.simulated() else contextlib.nullcontext()
+
+
+def resident_budget() -> int:
+    """Bytes of resident chunks a worker keeps (``RESIDENT_ENV``)."""
+    if RESIDENT_ENV in os.environ:
+        return int(os.environ[RESIDENT_ENV])
+    _free, total = cuda_device.memory()
+    return total // 2 if total else SIMULATED_RESIDENT
+
+
+def resident(chunk: Chunk) -> tuple[Resident, FloatArray | None]:
+    """The chunk's records on the card, and, when they were read now, on the host too (float32
+    values as float64); chunks beyond the budget are evicted least recently used first."""
+    from kernels import cuda_mapdp
+
+    key = (chunk.data, chunk.c, chunk.a, chunk.b)
+    with _LOCK:
+        got = _RESIDENT.get(key)
+        if got is not None:
+            _RESIDENT.move_to_end(key)
+            return got, None
+    X32 = np.ascontiguousarray(chunk.X, dtype=np.float32)
+    hold = np.asarray(chunk.holdout, dtype=np.bool_)
+    cuda_mapdp.check_width(X32.shape[1])
+    with launching():
+        r = Resident(
+            cuda_mapdp.to_device(X32),
+            cuda_mapdp.to_device((~hold).astype(np.uint8)),
+            hold,
+            X32.nbytes + hold.shape[0],
+        )
+    budget = resident_budget()
+    with _LOCK:
+        while _RESIDENT and sum(v.nbytes for v in _RESIDENT.values()) + r.nbytes > budget:
+            _RESIDENT.popitem(last=False)
+        if r.nbytes <= budget:
+            _RESIDENT[key] = r
+    return r, X32.astype(np.float64)
+
+
+def host_records(chunk: Chunk) -> FloatArray:
+    """The chunk's records as the card holds them (float32), in float64."""
+    return np.asarray(chunk.X, dtype=np.float32).astype(np.float64)
+
+
+# -- the engines ------------------------------------------------------------------------------
+
+
+@dataclass
+class GpuChunkResult(ChunkResult):
+    """A chunk's part of a pass, and whether the objective guard redid it on the host."""
+
+    fallback: bool = False
+
+
+class GpuPass(MixtureEngine):
+    """The chunk step of the module docstring over a CPU engine's ``sweep`` (its host step)."""
+
+    fused_write_out: ClassVar[bool] = False
+    # step 3's statistics: the frozen ones plus step 2's change (MAP-DP), or the frozen ones
+    # (Bayes K-means)
+    host_sees_moves: ClassVar[bool] = True
+
+    def init_state(self, ctx: RunContext, client: Any) -> PassState:
+        require_device()
+        check_family(ctx.info.family)
+        return super().init_state(ctx, client)
+
+    def chunk_step(self, chunk: Chunk, msg: PassInput) -> GpuChunkResult:
+        from kernels import cuda_mapdp
+
+        require_device()
+        t0 = time.perf_counter()
+        fam = msg.family
+        dev, X = resident(chunk)
+        hold = dev.hold
+        K = msg.stats.shape[0]
+        if msg.p == 1:
+            z_old = np.full(chunk.b - chunk.a, -1, dtype=np.int64)
+            if msg.init_label >= 0:
+                z_old[~hold] = msg.init_label
+            sel = (msg.init_rows >= chunk.a) & (msg.init_rows < chunk.b)
+            z_old[msg.init_rows[sel] - chunk.a] = msg.init_labels[sel]
+        else:
+            z_old = current_labels(chunk, msg)
+        order = np.flatnonzero(~hold).astype(np.int64)
+        shuffle(seed_state(chunk_seed(msg.seed, msg.restart, msg.p, chunk.c)), order)
+        host_msg = replace(msg, scores_into=None)
+        if K > 0:
+            cache = fam.cache_of(msg.stats)
+            d = int(dev.X.shape[1])
+            P = cuda_mapdp.pack(
+                cache,
+                np.ascontiguousarray(msg.stats[:, 0]),
+                K,
+                fam.empty_cache(),
+                fam.prior,
+                d,
+            )
+            with launching():
+                z_par, dz_old, dz_new = cuda_mapdp.assign(
+                    dev.X,
+                    dev.train,
+                    z_old.astype(np.int32),
+                    P,
+                    K,
+                    math.log(msg.alpha),
+                    bool(gaussian_nw.has_cells(fam.prior, d)),
+                )
+                delta = cuda_mapdp.label_deltas(dev.X, dz_old, dz_new, K)
+            z = z_par.astype(np.int64)
+        else:
+            # no cluster yet: every record proposes a new one
+            z = z_old.copy()
+            z[order] = K
+            delta = np.zeros((0, fam.n_stats))
+        proposers = order[z[order] >= K]
+        z[proposers] = z_old[proposers]
+        n_new = 0
+        if proposers.size:
+            X = host_records(chunk) if X is None else X
+            base = msg.stats + delta if self.host_sees_moves else msg.stats.copy()
+            # a cluster the moves emptied is a free slot: no rounding residue in its sums
+            base[base[:, 0] == 0.0] = 0.0
+            swept = self.sweep(chunk, replace(host_msg, stats=base), X, hold, proposers, z)
+            z, n_new = swept.z, swept.n_new
+            d2, new_stats = kbk.label_deltas(
+                X, proposers, z_old, z, K, n_new, fam.spec, fam.n_stats
+            )
+            delta = delta + d2
+        else:
+            new_stats = np.zeros((0, fam.n_stats))
+        fallback = False
+        # records in no cluster before the step (pass 1) add their own terms to eq. 3.3: the
+        # objective before the step is only comparable when every training record had a cluster
+        if (z_old[order] >= 0).all() and self._rises(msg, delta, new_stats):
+            fallback = True
+            X = host_records(chunk) if X is None else X
+            z = z_old.copy()
+            swept = self.sweep(chunk, host_msg, X, hold, order, z)
+            z = swept.z
+            delta, new_stats = kbk.label_deltas(
+                X, order, z_old, z, K, swept.n_new, fam.spec, fam.n_stats
+            )
+        n_changed = int(np.count_nonzero(z[order] != z_old[order]))
+        z[hold] = -1
+        chunk.write("z", z)
+        return GpuChunkResult(
+            chunk.c,
+            Stats(delta, fam),
+            Stats(new_stats, fam),
+            n_changed,
+            int(order.shape[0]),
+            time.perf_counter() - t0,
+            None,
+            fallback,
+        )
+
+    @staticmethod
+    def _rises(msg: PassInput, delta: FloatArray, new_stats: FloatArray) -> bool:
+        """Whether eq. 3.3 of the frozen clusters plus the chunk's change is above that of the
+        frozen clusters (the module docstring's guard)."""
+        fam = msg.family
+        before = msg.stats
+        after = np.ascontiguousarray(np.vstack([msg.stats + delta, new_stats]))
+
+        def e(s: FloatArray) -> float:
+            nk = np.ascontiguousarray(s[:, 0])
+            return float(kmapdp.objective(s, nk, s.shape[0], fam.spec, fam.prior, msg.alpha))
+
+        return e(after) > e(before)
+
+    def reduce(
+        self, state: Any, results: list[Any], ctx: RunContext, scores_into: str | None
+    ) -> tuple[PassState, dict[str, Any]]:
+        new, record = super().reduce(state, results, ctx, scores_into)
+        record["fallbacks"] = int(sum(bool(getattr(r, "fallback", False)) for r in results))
+        record["device"] = "gpu"
+        return new, record
+
+
+class MapdpGpuEngine(GpuPass, MapdpEngine):
+    name: ClassVar[str] = "mapdp-gpu"
+    fused_write_out: ClassVar[bool] = False
+
+
+class KmeansGpuEngine(GpuPass, KmeansEngine):
+    name: ClassVar[str] = "kmeans-gpu"
+    host_sees_moves: ClassVar[bool] = False
+
+
+ENGINES: dict[str, MixtureEngine] = {e.name: e for e in (MapdpGpuEngine(), KmeansGpuEngine())}
+
+
+def resident_chunks() -> int:
+    """Chunks this process keeps on its card (tests, benchmarks)."""
+    return len(_RESIDENT)
+
+
+def clear_resident() -> None:
+    """Forget the resident chunks (their device memory is freed with them)."""
+    with _LOCK:
+        _RESIDENT.clear()
