@@ -166,3 +166,24 @@ def test_warm_start_refuses_other_columns(
     assert main([*argv, str(day1 / "model"), "--family", "gaussian", "--quiet"]) == 2
     assert "the model's family and prior are used" in capfd.readouterr().err
     _nothing_left(out)
+
+
+def test_score_records_with_missing_cells(tmp_path: Path) -> None:
+    """A model fitted in memory on a real table with holes (``missing="latent"``) scores a file
+    with holes through the flow exactly as ``predict`` / ``score_samples``: each record on the
+    cells it has (issue 36)."""
+    import pandas as pd
+
+    from pipeline.estimators.mapdp import MAPDP
+
+    src = Path(__file__).resolve().parents[1] / "data" / "real" / "clust_housevotes84.csv"
+    df = pd.read_csv(src).drop(columns=["label"])
+    model = MAPDP(random_state=0, n_restarts=1).fit(df)
+    model.save(tmp_path / "model")
+    df.to_csv(tmp_path / "in.csv", index=False)
+    out = tmp_path / "scored"
+    score(str(tmp_path / "model"), str(tmp_path / "in.csv"), str(out), chunk_rows=200, **LOCAL)
+    label = zarr.open_array(str(out / "labels.zarr/label"))[:]
+    logd = zarr.open_array(str(out / "labels.zarr/log_density"))[:]
+    np.testing.assert_array_equal(label, model.predict(df))
+    np.testing.assert_allclose(logd, model.score_samples(df), rtol=1e-12)
