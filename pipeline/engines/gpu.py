@@ -79,8 +79,8 @@ from pipeline.core.seeds import seed_state
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.engines.kmeans import KmeansEngine
 from pipeline.engines.mapdp import MapdpEngine
-from pipeline.engines.mixture import ChunkResult, MixtureEngine, PassInput
-from pipeline.engines.mixture_state import PassState, chunk_seed, current_labels
+from pipeline.engines.mixture import ChunkResult, MixtureEngine, PassInput, pass_labels
+from pipeline.engines.mixture_state import PassState, chunk_seed
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.stats import Stats
 
@@ -231,14 +231,7 @@ class GpuPass(MixtureEngine):
         dev, X = resident(chunk)
         hold = dev.hold
         K = msg.stats.shape[0]
-        if msg.p == 1:
-            z_old = np.full(chunk.b - chunk.a, -1, dtype=np.int64)
-            if msg.init_label >= 0:
-                z_old[~hold] = msg.init_label
-            sel = (msg.init_rows >= chunk.a) & (msg.init_rows < chunk.b)
-            z_old[msg.init_rows[sel] - chunk.a] = msg.init_labels[sel]
-        else:
-            z_old = current_labels(chunk, msg)
+        z_old = pass_labels(chunk, msg, hold)
         order = np.flatnonzero(~hold).astype(np.int64)
         shuffle(seed_state(chunk_seed(msg.seed, msg.restart, msg.p, chunk.c)), order)
         host_msg = replace(msg, scores_into=None)

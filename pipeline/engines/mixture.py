@@ -108,6 +108,20 @@ class Sweep:
     written: WriteResult | None = None
 
 
+def pass_labels(chunk: Chunk, msg: PassInput, hold: NDArray[np.bool_]) -> IntArray:
+    """The chunk's labels (n,) at the start of pass ``msg.p``: pass 1's start (``init_label``
+    for every training row, then the sampled rows' ``init_labels``; -1 for none), later the
+    labels the previous pass wrote (``current_labels``)."""
+    if msg.p != 1:
+        return current_labels(chunk, msg)
+    z = np.full(chunk.b - chunk.a, -1, dtype=np.int64)
+    if msg.init_label >= 0:
+        z[~hold] = msg.init_label
+    sel = (msg.init_rows >= chunk.a) & (msg.init_rows < chunk.b)
+    z[msg.init_rows[sel] - chunk.a] = msg.init_labels[sel]
+    return z
+
+
 # -- the driver ----------------------------------------------------------------------------------
 
 
@@ -277,14 +291,7 @@ class MixtureEngine(Engine):
         fam = msg.family
         X, hold = chunk.X, chunk.holdout
         K = msg.stats.shape[0]
-        if msg.p == 1:
-            z = np.full(chunk.b - chunk.a, -1, dtype=np.int64)
-            if msg.init_label >= 0:
-                z[~hold] = msg.init_label
-            sel = (msg.init_rows >= chunk.a) & (msg.init_rows < chunk.b)
-            z[msg.init_rows[sel] - chunk.a] = msg.init_labels[sel]
-        else:
-            z = current_labels(chunk, msg)
+        z = pass_labels(chunk, msg, hold)
         order = np.flatnonzero(~hold).astype(np.int64)
         shuffle(seed_state(chunk_seed(msg.seed, msg.restart, msg.p, chunk.c)), order)
         z_old = z.copy()
