@@ -112,14 +112,16 @@ def _remove_row(h, K, stats, cache, nk, lognk, born, ids):
 
 
 @njit(cache=True, nogil=True)
-def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy):
+def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy, ub, bs):
     """log [m(h) L_{i,h}(y_i)] for h < K and log [alpha L_{i,K+1}(y_i)] (h = K) into logw
     (eq. 1 times eq. 3, as ``stream`` step (b)).
 
-    For the arg max (``greedy``) a class is skipped (-inf) when an upper bound of its weight is
-    below the weight of the class with the highest bound: log1p(y) >= 2 y / (2 + y) for y >= 0
-    bounds the Student-t from above; the margin 1e-9 (|best| + 1) covers rounding, so the arg
-    max (ties included) is that of the full evaluation.
+    For the arg max (``greedy``) a class is skipped (-inf) when an upper bound of its weight
+    (``gaussian_nw.packed_log_predictive_bounds``: no logarithm, within about 1.3e-5 (nu + d) / 2
+    of the predictive; ub and bs its scratch) is below the weight of the class with the highest
+    bound; the margin 1e-9 (|best| + 1) covers rounding, so the arg max (ties included) is that
+    of the full evaluation. The bound was log1p(y) >= 2 y / (2 + y) before, which let through
+    every class of more than a few records.
     """
     n = K + 1
     gaussian_nw.quad_forms(x, P, n, d, acc, qv)
@@ -130,12 +132,11 @@ def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy):
                 P, h, qv[h], e0
             )
         return
+    gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, ub, bs[0], bs[1], bs[2], bs[3])
     top = 0
     for h in range(n):
-        y = qv[h] * P[e0 + 1, h]
-        ub = (lognk[h] if h < K else log_alpha) + P[e0, h] - P[e0 + 2, h] * (2.0 * y / (2.0 + y))
-        acc[h] = ub
-        if ub > acc[top]:
+        ub[h] += lognk[h] if h < K else log_alpha
+        if ub[h] > ub[top]:
             top = h
     best = (lognk[top] if top < K else log_alpha) + gaussian_nw.packed_log_predictive(
         P, top, qv[top], e0
@@ -144,7 +145,7 @@ def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy):
     for h in range(n):
         if h == top:
             logw[h] = best
-        elif acc[h] >= thr:
+        elif ub[h] >= thr:
             logw[h] = (lognk[h] if h < K else log_alpha) + gaussian_nw.packed_log_predictive(
                 P, h, qv[h], e0
             )
@@ -342,6 +343,8 @@ def stream(
         P = np.empty((0, 0))
         acc = np.empty(0)
         qv = np.empty(0)
+    ub = np.empty(acc.shape[0])
+    bs = gaussian_nw.bound_scratch(acc.shape[0])
     trace = alpha_trace.shape[0] > 0
     want_q = logq.shape[0] > 0
     n_pruned = 0
@@ -359,7 +362,7 @@ def stream(
             log_alpha = math.log(alpha)
             # (b) log [m_{i-1}(h) L_{i,h}(y_i)] and log [alpha L_{i,k+1}(y_i)]
             if fast:
-                _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, not sample)
+                _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, not sample, ub, bs)
             else:
                 for h in range(K):
                     logw[h] = lognk[h] + product.log_predictive(x, stats[h], cache[h], spec, prior)
@@ -382,6 +385,8 @@ def stream(
                     P = P2
                     acc = np.empty(stats.shape[0] + 1)
                     qv = np.empty(stats.shape[0] + 1)
+                    ub = np.empty(acc.shape[0])
+                    bs = gaussian_nw.bound_scratch(acc.shape[0])
             if n_ids == alias.shape[0]:
                 alias = _grow_ids(alias)
             stats[K, :] = 0.0

@@ -22,12 +22,15 @@ the frozen set gather in one new cluster.
 Clusters are rows of ``stats`` (K, S), ``cache`` (K, C) and ``nk`` (K,) as in ``kernels.mapdp``.
 """
 
+import math
+
 import numpy as np
 from numba import njit
 
 from kernels.alloc import crp
 from kernels.arrays import copy_rows, copy_vector
-from kernels.obs import product
+from kernels.mapdp import _pruned_costs
+from kernels.obs import gaussian_nw, product
 from kernels.partition import canonical_labels, greedy_merge, merge_gap_cached
 
 
@@ -42,6 +45,26 @@ def _grow(stats, cache, nk):
     copy_rows(c2, cache)
     copy_vector(n2, nk)
     return s2, c2, n2
+
+
+_BLOCK = 64
+
+
+@njit(cache=True, nogil=True)
+def _loo(x, k0, stats, cache, spec, prior, loo, loo_ok, scratch_s, scratch_c, d):
+    """log p(x | X_k0 without x) of a frozen cluster from its cached terms
+    (``gaussian_nw.loo_constants``); the downdated copy where rounding leaves the closed form
+    no positive determinant ratio."""
+    if not loo_ok[k0]:
+        gaussian_nw.loo_constants(cache[k0], d, loo[k0])
+        loo_ok[k0] = True
+    one_minus = 1.0 - loo[k0, 2] * gaussian_nw._mahalanobis(x, cache[k0], d)
+    if one_minus > 0.0:
+        return loo[k0, 0] + loo[k0, 1] * math.log(one_minus)
+    copy_vector(scratch_s, stats[k0])
+    copy_vector(scratch_c, cache[k0])
+    product.update(x, scratch_s, scratch_c, spec, prior, -1.0)
+    return product.log_predictive(x, scratch_s, scratch_c, spec, prior)
 
 
 @njit(cache=True, nogil=True)
@@ -86,13 +109,61 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
     nn = np.zeros(4)
     M = 0
     n_changed = 0
-    for t in range(order.shape[0]):
+    d = X.shape[1]
+    # Normal-Wishart records without recording cells: the frozen clusters packed with the empty
+    # one in column K, a block of records' quadratic forms at once, a logarithm only where a
+    # cost can be the least, and the leave-one-out predictive of k0 in closed form
+    # (``kernels.mapdp._scan``'s hot path; the clusters never change here, so every block is
+    # computed once)
+    hot = (
+        spec.shape[0] == 1
+        and spec[0, 0] == product.GAUSSIAN_NW
+        and not gaussian_nw.has_cells(prior, d)
+    )
+    nb = _BLOCK if hot else 0
+    P = np.empty((d * (d + 1) // 2 + d + 3, K + 1 if hot else 0))
+    if hot:
+        gaussian_nw.pack_columns(P, cache, K, empty_c, d)
+    e0 = d * (d + 1) // 2 + d
+    XT = np.empty((d, nb))
+    Q = np.empty((K + 1, nb))
+    bacc = np.empty(nb)
+    qv = np.empty(K + 1)
+    costs = np.empty(K + 1)
+    ub = np.empty(K + 1)
+    bs = gaussian_nw.bound_scratch(K + 1)
+    loo = np.empty((K, 4))
+    loo_ok = np.zeros(K, dtype=np.bool_)
+    log_new = crp.log_new(log_alpha)
+    N = order.shape[0]
+    for t in range(N):
         i = order[t]
         x = X[i]
         k0 = z[i]
         best = -1
         best_cost = np.inf
-        for k in range(K):
+        if hot:
+            u = t % nb
+            if u == 0:
+                b1 = min(t + nb, N)
+                for v in range(b1 - t):
+                    j = order[t + v]
+                    for c in range(d):
+                        XT[c, v] = X[j, c]
+                gaussian_nw.block_quad_forms(XT, 0, b1 - t, P, K + 1, d, bacc, Q)
+            for h in range(K + 1):
+                qv[h] = Q[h, u]
+            cost0 = np.inf
+            if k0 >= 0 and nk[k0] > 1.0:
+                cost0 = -_loo(
+                    x, k0, stats, cache, spec, prior, loo, loo_ok, scratch_s, scratch_c, d
+                ) - crp.log_join(nk[k0] - 1.0)
+            _pruned_costs(k0, lognk, K, log_new, P, e0, qv, ub, bs, costs, cost0)
+            for k in range(K):
+                if costs[k] < best_cost:
+                    best_cost = costs[k]
+                    best = k
+        for k in range(0 if not hot else K, K):
             if k == k0:
                 if nk[k] <= 1.0:
                     continue
@@ -114,9 +185,12 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
             if cost < best_cost:
                 best_cost = cost
                 best = K + j
-        cost_new = -product.log_predictive(x, empty_s, empty_c, spec, prior) - crp.log_new(
-            log_alpha
-        )
+        if hot:
+            cost_new = costs[K]
+        else:
+            cost_new = -product.log_predictive(x, empty_s, empty_c, spec, prior) - crp.log_new(
+                log_alpha
+            )
         if cost_new < best_cost or best < 0:
             if k0 >= 0 and nk[k0] <= 1.0:
                 # alone in its cluster, which would be opened anew: stay

