@@ -95,7 +95,7 @@ class MixedPrior(ArrayEq):
 
     def log_nw(self, mu: FloatArray, R: FloatArray, logdet_R: float) -> float:
         return float(
-            kme.nw_log_density(mu, R, logdet_R, self.m0, self.c0, self.T0, self.a0, self.logdet_T0)
+            kme.nw_log_prior(mu, R, logdet_R, self.m0, self.c0, self.T0, self.a0, self.logdet_T0)
         )
 
 
