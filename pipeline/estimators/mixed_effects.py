@@ -38,6 +38,7 @@ from pipeline.models.mixed_effects import (
     MixedPrior,
     Subjects,
     _as_numeric_column,
+    check_within_subject,
     fit_subjects,
     predictive_components,
 )
@@ -197,6 +198,8 @@ class MixedEffectsDP(BaseEstimator):
                 raise InputError(
                     f"X's columns {names} are not those of the fit {list(self.feature_names_in_)}"
                 )
+        if fitting:
+            check_within_subject(names, Xc, g_arr)
         parts = ([np.ones(n)] if self.fit_intercept else []) + Xc
         if not parts:
             raise InputError("X has no covariates and fit_intercept=False: nothing to fit")

@@ -412,6 +412,27 @@ def _as_numeric_column(values: Any, name: str, what: str) -> FloatArray:
     return np.asarray(values, dtype=np.float64)
 
 
+def check_within_subject(names: list[str], columns: list[Any], subjects: Any) -> None:
+    """InputError for a covariate that varies within no subject (one observed more than once):
+    a subject-level covariate (sex, treatment arm) duplicates the intercept inside every
+    subject, so its coefficient, a random effect here like every coefficient of eq. 7.1, is
+    not fitted by the subject's data; fixed-effect-only covariates are not part of the model.
+    """
+    frame = pd.DataFrame(dict(zip(names, columns, strict=True)))
+    groups = frame.groupby(np.asarray(subjects), sort=False)
+    repeated = (groups.size() > 1).to_numpy()
+    if not repeated.any():
+        return
+    span = (groups.max() - groups.min()).to_numpy()[repeated]
+    for j, nm in enumerate(names):
+        if (span[:, j] == 0).all():
+            raise InputError(
+                f"covariate {nm!r} does not vary within any subject: a subject-level covariate "
+                "(sex, treatment arm) is not supported, every coefficient is a random effect "
+                "fitted within subjects; leave it out or fit each of its levels apart"
+            )
+
+
 # -- the ICM loop shared by the estimator -----------------------------------------------------
 
 

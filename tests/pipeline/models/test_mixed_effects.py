@@ -324,6 +324,10 @@ def test_unusual_but_valid_subjects() -> None:
     ("change", "message"),
     [
         (lambda d: d.assign(adl=3.0), "covariate 'adl' is constant"),
+        (
+            lambda d: d.assign(adl=(d.subject % 2).astype(float)),
+            "covariate 'adl' does not vary within any subject",
+        ),
         (lambda d: d.assign(qol=d.qol.where(d.index != 7)), "response 'qol', row 7: missing"),
         (
             lambda d: d.assign(adl=d.adl.astype(object).where(d.index != 5, "abc")),
