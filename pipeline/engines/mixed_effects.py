@@ -29,10 +29,12 @@ random effects' eq. 7.2 modes are not kept per pass: nothing reads them before t
 which computes them from the final model (``subject_results``), and writing p floats per row
 every pass cost more than the rest of the pass's writing.
 
-The start (``init_state``) runs over the chunks too: the subjects' least-squares moments, EM of
-the Gaussian random-effects model, the empirical prior, MAP-DP on a hash sample of subjects
-(``pipeline.models.mixed_effects_start.start``); with a Dask client as tasks, without one in
-process.
+The start (``init_state``) reads the chunks twice (with a Dask client as tasks, without one in
+process): the pooled least-squares moments, and the moments of a hash sample of subjects; on the
+sample, in the driver: EM of the Gaussian random-effects model, the empirical prior, MAP-DP and
+ICM passes to the stop rule (``pipeline.models.mixed_effects_start.start``). The passes over all
+subjects start from that fit (on the survey generator at 1,000,000 subjects: 10 passes where a
+start from the sample's MAP-DP partition took 34).
 """
 
 from __future__ import annotations

@@ -83,8 +83,10 @@ class MixedEffectsDP(BaseEstimator):
         Stop after ``max_iter`` passes, when a pass lowers the objective by at most
         ``tol * |objective|``, or when at most ``min_change`` of the subjects changed cluster.
     init : {"auto", "one-cluster"}
-        "auto": start from collapsed MAP-DP on the subjects' ridge-shrunk effects (a sample of
-        at most 20,000 subjects); "one-cluster": Algorithm 1's single cluster.
+        "auto": start from collapsed MAP-DP on the subjects' ridge-shrunk effects; "one-cluster":
+        Algorithm 1's single cluster. Either way the start, and the ICM passes to the stop rule
+        after it, run on a hash sample of at most 20,000 subjects; the passes over all subjects
+        start from that fit.
     random_state : int, optional
         Seeds the start's MAP-DP (None: as 0, the seed ``dpmm longitudinal`` uses by default).
         None visits the subjects in the order of ``np.unique(groups)``; an int visits them in a
