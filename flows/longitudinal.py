@@ -156,7 +156,9 @@ def longitudinal(
             if folds:
                 t = time.perf_counter()
                 futs = [
-                    fold_task.submit(client, store, info, params, cols, partial / f"cv-{f}.zarr", f)
+                    fold_task.submit(  # type: ignore[call-overload]
+                        client, store, quote(info), params, cols, partial / f"cv-{f}.zarr", f
+                    )
                     for f in range(int(folds))
                 ]
                 parts = [f.result() for f in futs]
