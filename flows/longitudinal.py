@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from prefect import flow
+from prefect.utilities.annotations import quote
 
 from flows.params import fit_params
 from flows.tasks import run_flow, step
@@ -139,8 +140,13 @@ def longitudinal(
             state: Any = loop.run_passes(
                 client,
                 ctx,
-                state=start_task(client, ctx),
-                step=lambda s: pass_task(client, ctx, s, s.pass_no + 1),
+                # quoted: Prefect walks a task's parameters looking for futures, and the
+                # context's store info lists every subject id (at 1,000,000 subjects 10 s a
+                # task, more than a pass)
+                state=start_task(client, quote(ctx)),  # type: ignore[call-overload]
+                step=lambda s: pass_task(  # type: ignore[call-overload]
+                    client, quote(ctx), s, s.pass_no + 1
+                ),
             )
             timing["fit"] = time.perf_counter() - t
             t = time.perf_counter()
@@ -150,7 +156,9 @@ def longitudinal(
             if folds:
                 t = time.perf_counter()
                 futs = [
-                    fold_task.submit(client, store, info, params, cols, partial / f"cv-{f}.zarr", f)
+                    fold_task.submit(  # type: ignore[call-overload]
+                        client, store, quote(info), params, cols, partial / f"cv-{f}.zarr", f
+                    )
                     for f in range(int(folds))
                 ]
                 parts = [f.result() for f in futs]

@@ -174,20 +174,51 @@ def subject_cost(XtX, Xty, yty, n_obs, tau, mu, R, logdet_R, beta, A, L, h):
         -log N(y_i | X_i mu, X_i R^-1 X_i^T + tau^-1 I) (inf when A is not positive definite).
     """
     p = XtX.shape[0]
+    Rmu = np.empty(p)
     for a in range(p):
         t = 0.0
         for b in range(p):
-            A[a, b] = tau * XtX[a, b] + R[a, b]
             t += R[a, b] * mu[b]
-        h[a] = tau * Xty[a] + t
+        Rmu[a] = t
+    muRmu = 0.0
+    for a in range(p):
+        muRmu += mu[a] * Rmu[a]
+    return subject_cost_pre(
+        XtX, Xty, yty, n_obs, tau, math.log(tau), Rmu, muRmu, R, logdet_R, beta, A, L, h
+    )
+
+
+@njit(cache=True, nogil=True)
+def subject_cost_pre(XtX, Xty, yty, n_obs, tau, log_tau, Rmu, muRmu, R, logdet_R, beta, A, L, h):
+    """``subject_cost`` with the cluster's R mu (p,) and mu^T R mu, and log tau, computed once
+    per cluster and pass by the caller rather than once per subject and cluster."""
+    p = XtX.shape[0]
+    for a in range(p):
+        for b in range(p):
+            A[a, b] = tau * XtX[a, b] + R[a, b]
+        h[a] = tau * Xty[a] + Rmu[a]
     if not cholesky(A, L):
         return np.inf
     chol_solve(L, h, beta)
     hb = 0.0
     for a in range(p):
         hb += h[a] * beta[a]
-    g = 0.5 * tau * yty + 0.5 * quad(R, mu, mu) - 0.5 * hb
-    return 0.5 * n_obs * (LOG_2PI - math.log(tau)) + 0.5 * chol_logdet(L) - 0.5 * logdet_R + g
+    g = 0.5 * tau * yty + 0.5 * muRmu - 0.5 * hb
+    return 0.5 * n_obs * (LOG_2PI - log_tau) + 0.5 * chol_logdet(L) - 0.5 * logdet_R + g
+
+
+@njit(cache=True, nogil=True)
+def _rmu(R, mu, out):
+    """out = R mu; returns mu^T R mu."""
+    p = mu.shape[0]
+    q = 0.0
+    for a in range(p):
+        t = 0.0
+        for b in range(p):
+            t += R[a, b] * mu[b]
+        out[a] = t
+        q += mu[a] * t
+    return q
 
 
 @njit(cache=True, nogil=True)
@@ -217,18 +248,25 @@ def nw_mode(n, s, ss, m0, c0, T0, a0, mu, R, L):
         log|R| (nan if the posterior scale is not positive definite).
     """
     p = m0.shape[0]
+    return nw_mode_into(
+        n, s, ss, m0, c0, T0, a0, mu, R, L, np.empty((p, p)), np.empty(p), np.empty(p)
+    )
+
+
+@njit(cache=True, nogil=True)
+def nw_mode_into(n, s, ss, m0, c0, T0, a0, mu, R, L, Binv, e, col):
+    """``nw_mode`` with its scratch given (Binv (p, p), e and col (p,)): the sweep calls it once
+    per subject, where an allocation would cost more than the arithmetic."""
+    p = m0.shape[0]
     c = c0 + n
     for a in range(p):
         mu[a] = (c0 * m0[a] + s[a]) / c
     # R = (a - p) (B^-1)^-1, through the Cholesky factor of B^-1
-    Binv = np.empty((p, p))
     for a in range(p):
         for b in range(p):
             Binv[a, b] = T0[a, b] + ss[a, b] + c0 * m0[a] * m0[b] - c * mu[a] * mu[b]
     if not cholesky(Binv, L):
         return np.nan
-    e = np.zeros(p)
-    col = np.empty(p)
     for b in range(p):
         e[:] = 0.0
         e[b] = 1.0
@@ -242,8 +280,13 @@ def nw_mode(n, s, ss, m0, c0, T0, a0, mu, R, L):
 def nw_log_density(mu, R, logdet_R, m0, c0, T0, a0, logdet_T0):
     """log NW(mu, R | m0, c0, B0, a0) = log N(mu | m0, (c0 R)^-1) + log W(R | B0, a0)."""
     p = m0.shape[0]
-    d = mu - m0
-    out = 0.5 * p * math.log(c0) - 0.5 * p * LOG_2PI + 0.5 * logdet_R - 0.5 * c0 * quad(R, d, d)
+    qd = 0.0
+    for a in range(p):
+        t = 0.0
+        for b in range(p):
+            t += R[a, b] * (mu[b] - m0[b])
+        qd += (mu[a] - m0[a]) * t
+    out = 0.5 * p * math.log(c0) - 0.5 * p * LOG_2PI + 0.5 * logdet_R - 0.5 * c0 * qd
     tr = 0.0
     for a in range(p):
         for b in range(p):
@@ -257,6 +300,25 @@ def nw_log_density(mu, R, logdet_R, m0, c0, T0, a0, logdet_T0):
         - lmvgamma(0.5 * a0, p)
     )
     return out
+
+
+@njit(cache=True, nogil=True)
+def nw_log_prior(mu, R, logdet_R, m0, c0, T0, a0, logdet_T0):
+    """The objective's log NW(mu, R) per cluster: ``nw_log_density`` (Appendix B, mu (p,),
+    R (p, p)) as a density in the prior's own units, coordinates of beta in which |T0| = 1.
+
+    A density of (mu, R) carries units: with beta -> D beta (the response or a covariate in
+    other units) it gains p log|D| (mu: -log|D|, R: (p + 1) log|D|), so the objective's
+    -log NW per cluster would shift by that much, as a change of N0 would. A response in grams
+    then opens one cluster per subject where the same response in kilograms has one cluster.
+    Subtracting p/2 log|T0| (T0 = B0^-1 scales as beta beta^T, empirically from the data) makes
+    it unit-free, so the fit follows the response's and the covariates' scales as the
+    empirical-Bayes prior does (on the real panel of 16 rats' body weights in grams: one
+    cluster per rat without it, the two diet groups with it).
+    """
+    return (
+        nw_log_density(mu, R, logdet_R, m0, c0, T0, a0, logdet_T0) - 0.5 * m0.shape[0] * logdet_T0
+    )
 
 
 @njit(cache=True, nogil=True)
@@ -309,16 +371,26 @@ def sweep(
     R0,
     tau,
     log_alpha,
+    n_st,
+    s_st,
+    ss_st,
+    beta,
 ):
     """One ICM pass over a chunk's subjects: each training subject's cluster z_i replaced by its
     conditional mode given the cluster parameters, tau and the other assignments, with beta_i
-    integrated out (module docstring).
+    integrated out (module docstring); and, in the same loop, the E-step statistics of
+    ``estep_sums`` in the chosen cluster.
 
     The cost of cluster k for subject i is -log N(y_i | X_i mu_k, X_i R_k^-1 X_i^T + tau^-1 I)
     - log N_{k,-i} (``subject_cost``); a new cluster costs the same at a candidate (mu*, R*) minus
-    log N0 and log NW(mu*, R*); a subject alone in its cluster pays those too for staying. The
-    candidate is the NW mode (``nw_mode``) given one point, the eq. 7.2 mode of beta_i under the
-    prior's mode (mu0, R0).
+    log N0 and log NW(mu*, R*) (``nw_log_prior``); a subject alone in its cluster pays those too
+    for staying. The candidate is the NW mode (``nw_mode``) given one point, the eq. 7.2 mode of
+    beta_i under the prior's mode (mu0, R0).
+
+    The E-step is exact here: a slot's parameters change only when a subject opens a new
+    cluster in it, and then the slot holds no other subject, so every subject's cluster keeps
+    the parameters it was scored with until the sweep ends (``estep_sums`` after the sweep gives
+    the same sums, at the cost of a second pass over the subjects).
 
     Parameters
     ----------
@@ -329,7 +401,8 @@ def sweep(
     z : (G,) int64
         In: the current cluster slot of each subject (-1: none); out: the new one.
     mu : (K_cap, p), R : (K_cap, p, p), logdet_R, log_nw : (K_cap,)
-        Cluster parameters by slot (log_nw: log NW(mu_k, R_k)); new clusters fill free slots.
+        Cluster parameters by slot (log_nw: ``nw_log_prior`` of mu_k, R_k); new clusters fill
+        free slots.
     nk : (K_cap,) float64
         Subjects per slot, counting every subject's current cluster (in and out).
     n_slots : int
@@ -340,6 +413,11 @@ def sweep(
         The prior's mode.
     tau, log_alpha : float
         Noise precision and log N0.
+    n_st : (K_cap,), s_st : (K_cap, p), ss_st : (K_cap, p, p)
+        Zeros in; out: per slot the count, sum of E[beta_i] and of E[beta_i beta_i^T] of its
+        training subjects (``estep_sums``).
+    beta : (G, p)
+        Out: the eq. 7.2 mode of each training subject in its new cluster (others untouched).
 
     Returns
     -------
@@ -347,20 +425,62 @@ def sweep(
         Slots in use after the sweep (some may have emptied: nk == 0).
     n_changed : int
         Subjects whose cluster changed.
+    rss, n_obs_total, nll : float
+        The E-step's expected residual sum of squares, number of observations and
+        sum_i -log N(y_i | X_i mu_{z_i}, X_i R_{z_i}^-1 X_i^T + tau^-1 I) (``estep_sums``).
     """
     G, p = Xty.shape
     A = np.empty((p, p))
     L = np.empty((p, p))
+    L_best = np.empty((p, p))
     h = np.empty(p)
     b_try = np.empty(p)
+    b_best = np.empty(p)
     b_new = np.empty(p)
     mu_new = np.empty(p)
     R_new = np.empty((p, p))
-    ss1 = np.empty((p, p))
+    Rmu_new = np.empty(p)
+    u = np.empty(p)
+    e = np.zeros(p)
+    col = np.empty(p)
+    log_tau = math.log(tau)
+    # per slot R_k mu_k and mu_k^T R_k mu_k (a new cluster's are set where it opens)
+    Rmu = np.empty((mu.shape[0], p))
+    muRmu = np.empty(mu.shape[0])
+    for k in range(n_slots):
+        muRmu[k] = _rmu(R[k], mu[k], Rmu[k])
+    Rmu0 = np.empty(p)
+    muRmu0 = _rmu(R0, mu0, Rmu0)
     ld0 = 0.0
     if cholesky(R0, L):
         ld0 = chol_logdet(L)
+    # the new cluster's candidate in closed form: nw_mode given one point b is mu* = (c0 m0 +
+    # b) / (c0 + 1), R* = (a0 + 1 - p) (T0 + w d d^T)^-1 with d = b - m0, w = c0 / (c0 + 1);
+    # by Sherman-Morrison everything but R* itself is a function of q = d^T T0^-1 d
+    T0inv = np.empty((p, p))
+    if not cholesky(T0, L):
+        return -1, 0, np.nan, np.nan, np.nan
+    for j in range(p):
+        e[:] = 0.0
+        e[j] = 1.0
+        chol_solve(L, e, col)
+        for a in range(p):
+            T0inv[a, j] = col[a]
+    w = c0 / (c0 + 1.0)
+    a1 = a0 + 1.0 - p
+    # nw_log_prior's terms that do not depend on (mu, R)
+    lnw_const = (
+        0.5 * p * math.log(c0)
+        - 0.5 * p * LOG_2PI
+        - 0.5 * a0 * p * math.log(2.0)
+        + 0.5 * a0 * logdet_T0
+        - lmvgamma(0.5 * a0, p)
+        - 0.5 * p * logdet_T0
+    )
     changed = 0
+    rss = 0.0
+    nob = 0.0
+    nll = 0.0
     for i in range(G):
         if not train[i]:
             continue
@@ -368,13 +488,16 @@ def sweep(
         if k0 >= 0:
             nk[k0] -= 1.0
         best = np.inf
+        raw_best = np.inf
         kbest = -1
         for k in range(n_slots):
             if nk[k] <= 0.0 and k != k0:
                 continue
-            c = subject_cost(
-                XtX[i], Xty[i], yty[i], n_obs[i], tau, mu[k], R[k], logdet_R[k], b_try, A, L, h
-            )
+            raw = subject_cost_pre(
+                XtX[i], Xty[i], yty[i], n_obs[i], tau, log_tau, Rmu[k], muRmu[k], R[k],
+                logdet_R[k], b_try, A, L, h,
+            )  # fmt: skip
+            c = raw
             if nk[k] > 0.0:
                 c -= math.log(nk[k])
             else:  # i alone in k0: staying keeps the cluster, its NW prior and N0
@@ -382,36 +505,81 @@ def sweep(
             # ties keep the current cluster (the first one scored wins otherwise)
             if c < best or (c == best and k == k0):
                 best = c
+                raw_best = raw
                 kbest = k
-        # a new cluster's candidate
-        subject_cost(XtX[i], Xty[i], yty[i], n_obs[i], tau, mu0, R0, ld0, b_new, A, L, h)
+                copy_vector(b_best, b_try)
+                copy_rows(L_best, L)
+        # a new cluster's candidate: the NW mode given the eq. 7.2 mode under the prior's mode
+        subject_cost_pre(
+            XtX[i], Xty[i], yty[i], n_obs[i], tau, log_tau, Rmu0, muRmu0, R0, ld0, b_new, A, L, h
+        )
+        q = 0.0
         for a in range(p):
+            t = 0.0
             for b in range(p):
-                ss1[a, b] = b_new[a] * b_new[b]
-        ld_new = nw_mode(1.0, b_new, ss1, m0, c0, T0, a0, mu_new, R_new, L)
-        if np.isfinite(ld_new):
-            lnw = nw_log_density(mu_new, R_new, ld_new, m0, c0, T0, a0, logdet_T0)
-            c = subject_cost(
-                XtX[i], Xty[i], yty[i], n_obs[i], tau, mu_new, R_new, ld_new, b_try, A, L, h
-            )
-            c -= log_alpha + lnw
-            if c < best:
-                best = c
-                # reuse the subject's own slot when it was alone there
-                if k0 >= 0 and nk[k0] <= 0.0:
-                    kbest = k0
-                else:
-                    kbest = n_slots
-                    n_slots += 1
-                copy_vector(mu[kbest], mu_new)
-                copy_rows(R[kbest], R_new)
-                logdet_R[kbest] = ld_new
-                log_nw[kbest] = lnw
+                t += T0inv[a, b] * (b_new[b] - m0[b])
+            u[a] = t
+            q += (b_new[a] - m0[a]) * t
+        den = 1.0 + w * q
+        for a in range(p):
+            mu_new[a] = (c0 * m0[a] + b_new[a]) / (c0 + 1.0)
+            for b in range(p):
+                R_new[a, b] = a1 * (T0inv[a, b] - w * u[a] * u[b] / den)
+        ld_new = p * math.log(a1) - logdet_T0 - math.log(den)
+        # nw_log_prior at (mu*, R*): (mu* - m0)^T R* (mu* - m0) = a1 q / (den (c0 + 1)^2),
+        # tr(T0 R*) = a1 (p - w q / den)
+        lnw = (
+            lnw_const
+            + 0.5 * (a0 - p) * ld_new
+            - 0.5 * c0 * a1 * q / (den * (c0 + 1.0) ** 2)
+            - 0.5 * a1 * (p - w * q / den)
+        )
+        muRmu_new = _rmu(R_new, mu_new, Rmu_new)
+        raw = subject_cost_pre(
+            XtX[i], Xty[i], yty[i], n_obs[i], tau, log_tau, Rmu_new, muRmu_new, R_new, ld_new,
+            b_try, A, L, h,
+        )  # fmt: skip
+        c = raw - (log_alpha + lnw)
+        if c < best:
+            best = c
+            raw_best = raw
+            copy_vector(b_best, b_try)
+            copy_rows(L_best, L)
+            # reuse the subject's own slot when it was alone there
+            if k0 >= 0 and nk[k0] <= 0.0:
+                kbest = k0
+            else:
+                kbest = n_slots
+                n_slots += 1
+            copy_vector(mu[kbest], mu_new)
+            copy_rows(R[kbest], R_new)
+            copy_vector(Rmu[kbest], Rmu_new)
+            muRmu[kbest] = muRmu_new
+            logdet_R[kbest] = ld_new
+            log_nw[kbest] = lnw
         nk[kbest] += 1.0
         if kbest != k0:
             changed += 1
         z[i] = kbest
-    return n_slots, changed
+        # the E-step in the chosen cluster, as ``estep_sums``
+        nll += raw_best
+        copy_vector(beta[i], b_best)
+        r = yty[i] - 2.0 * (b_best @ Xty[i]) + quad(XtX[i], b_best, b_best)
+        n_st[kbest] += 1.0
+        for c1 in range(p):
+            s_st[kbest, c1] += b_best[c1]
+            for d in range(p):
+                ss_st[kbest, c1, d] += b_best[c1] * b_best[d]
+        for d in range(p):
+            e[:] = 0.0
+            e[d] = 1.0
+            chol_solve(L_best, e, col)
+            for c1 in range(p):
+                ss_st[kbest, c1, d] += col[c1]
+                r += XtX[i, d, c1] * col[c1]
+        rss += r
+        nob += n_obs[i]
+    return n_slots, changed, rss, nob, nll
 
 
 @njit(cache=True, nogil=True)

@@ -4,7 +4,6 @@ are in ``pipeline.models.mixed_effects``, its start in ``pipeline.models.mixed_e
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -37,17 +36,11 @@ from pipeline.models.mixed_effects import (
     IntArray,
     MixedModel,
     MixedPrior,
-    StartState,
-    SubjectFit,
     Subjects,
     _as_numeric_column,
-    final_effects,
-    icm_record,
+    check_within_subject,
+    fit_subjects,
     predictive_components,
-    should_stop,
-    start_labels,
-    sweep_subjects,
-    update,
 )
 from pipeline.models.mixed_effects_start import (
     DEFAULT_SHRINK,
@@ -90,8 +83,10 @@ class MixedEffectsDP(BaseEstimator):
         Stop after ``max_iter`` passes, when a pass lowers the objective by at most
         ``tol * |objective|``, or when at most ``min_change`` of the subjects changed cluster.
     init : {"auto", "one-cluster"}
-        "auto": start from collapsed MAP-DP on the subjects' ridge-shrunk effects (a sample of
-        at most 20,000 subjects); "one-cluster": Algorithm 1's single cluster.
+        "auto": start from collapsed MAP-DP on the subjects' ridge-shrunk effects; "one-cluster":
+        Algorithm 1's single cluster. Either way the start, and the ICM passes to the stop rule
+        after it, run on a hash sample of at most 20,000 subjects; the passes over all subjects
+        start from that fit.
     random_state : int, optional
         Seeds the start's MAP-DP (None: as 0, the seed ``dpmm longitudinal`` uses by default).
         None visits the subjects in the order of ``np.unique(groups)``; an int visits them in a
@@ -205,6 +200,8 @@ class MixedEffectsDP(BaseEstimator):
                 raise InputError(
                     f"X's columns {names} are not those of the fit {list(self.feature_names_in_)}"
                 )
+        if fitting:
+            check_within_subject(names, Xc, g_arr)
         parts = ([np.ones(n)] if self.fit_intercept else []) + Xc
         if not parts:
             raise InputError("X has no covariates and fit_intercept=False: nothing to fit")
@@ -262,7 +259,7 @@ class MixedEffectsDP(BaseEstimator):
         # the start's seed as the distributed engine's (``FitParams.seed`` of ``dpmm
         # longitudinal --seed N``, default 0)
         seed = seed_entropy(0 if self.random_state is None else self.random_state)
-        st = start(
+        st, _ = start(
             map_chunks,
             G,
             self.alpha,
@@ -272,7 +269,13 @@ class MixedEffectsDP(BaseEstimator):
             self.prior,
             self.init,
             seed,
+            max_iter=int(self.max_iter),
+            tol=float(self.tol),
+            min_change=float(self.min_change),
         )
+        # the sample's fit starts the passes over all subjects, as in ``dpmm longitudinal``
+        # (its passes are not theirs: the objective counts other subjects)
+        st.model.history = []
         fit = fit_subjects(
             sub, st, learn, int(self.max_iter), float(self.tol), float(self.min_change)
         )
@@ -359,36 +362,6 @@ class MixedEffectsDP(BaseEstimator):
     def score(self, X: Any, y: Any, groups: Any) -> float:
         """Mean held-out log predictive density per subject (``score_samples``)."""
         return float(np.mean(self.score_samples(X, y, groups)))
-
-
-def fit_subjects(
-    sub: Subjects,
-    st: StartState,
-    learn_alpha: bool,
-    max_iter: int,
-    tol: float,
-    min_change: float,
-) -> SubjectFit:
-    """ICM passes over all subjects in memory (the distributed engine with one chunk)."""
-    n_train = int(sub.train.sum())
-    model, prior = st.model, st.prior
-    z = start_labels(sub, st.codes, st.labels)
-    e_old = math.inf
-    for p in range(1, max_iter + 1):
-        z, _, changed, stats = sweep_subjects(
-            sub.XtX, sub.Xty, sub.yty, sub.n_obs, sub.train, z, model, prior
-        )
-        new, mapping, e, merges = update(stats, model, prior, learn_alpha)
-        z = np.where(z >= 0, mapping[np.maximum(z, 0)], -1)
-        moved = changed + int(merges > 0) * n_train
-        stop = should_stop(e_old, e, moved, n_train, tol, min_change)
-        new.history = [*model.history, icm_record(p, e, new, changed, merges, stop)]
-        model = new
-        e_old = e
-        if stop is not None:
-            break
-    beta = final_effects(sub.XtX, sub.Xty, sub.yty, sub.n_obs, sub.train, z, model)
-    return SubjectFit(model, z, beta)
 
 
 def model_from_state(

@@ -95,7 +95,7 @@ class MixedPrior(ArrayEq):
 
     def log_nw(self, mu: FloatArray, R: FloatArray, logdet_R: float) -> float:
         return float(
-            kme.nw_log_density(mu, R, logdet_R, self.m0, self.c0, self.T0, self.a0, self.logdet_T0)
+            kme.nw_log_prior(mu, R, logdet_R, self.m0, self.c0, self.T0, self.a0, self.logdet_T0)
         )
 
 
@@ -412,6 +412,27 @@ def _as_numeric_column(values: Any, name: str, what: str) -> FloatArray:
     return np.asarray(values, dtype=np.float64)
 
 
+def check_within_subject(names: list[str], columns: list[Any], subjects: Any) -> None:
+    """InputError for a covariate that varies within no subject (one observed more than once):
+    a subject-level covariate (sex, treatment arm) duplicates the intercept inside every
+    subject, so its coefficient, a random effect here like every coefficient of eq. 7.1, is
+    not fitted by the subject's data; fixed-effect-only covariates are not part of the model.
+    """
+    frame = pd.DataFrame(dict(zip(names, columns, strict=True)))
+    groups = frame.groupby(np.asarray(subjects), sort=False)
+    repeated = (groups.size() > 1).to_numpy()
+    if not repeated.any():
+        return
+    span = (groups.max() - groups.min()).to_numpy()[repeated]
+    for j, nm in enumerate(names):
+        if (span[:, j] == 0).all():
+            raise InputError(
+                f"covariate {nm!r} does not vary within any subject: a subject-level covariate "
+                "(sex, treatment arm) is not supported, every coefficient is a random effect "
+                "fitted within subjects; leave it out or fit each of its levels apart"
+            )
+
+
 # -- the ICM loop shared by the estimator -----------------------------------------------------
 
 
@@ -436,10 +457,15 @@ def sweep_subjects(
     (slots: the model's K, then the clusters the sweep opened), their eq. 7.2 modes in those
     clusters, the number that changed cluster, and the additive statistics."""
     G, p = Xty.shape
-    mu, R, ld, lnw, nk = model.slots(int(train.sum()) + 1)
+    cap = model.n_clusters + int(train.sum()) + 1
+    mu, R, ld, lnw, nk = model.slots(cap - model.n_clusters)
     mu0, R0, _ = prior.mode()
     z = z.copy()
-    n_slots, changed = kme.sweep(
+    # zeros, not empty: a page of the (mostly unused) new-cluster capacity costs nothing until
+    # written
+    n, s, ss = np.zeros(cap), np.zeros((cap, p)), np.zeros((cap, p, p))
+    beta = np.full((G, p), np.nan)
+    n_slots, changed, rss, nob, nll = kme.sweep(
         XtX,
         Xty,
         yty,
@@ -461,12 +487,20 @@ def sweep_subjects(
         R0,
         model.tau,
         math.log(model.alpha),
+        n,
+        s,
+        ss,
+        beta,
     )
-    beta = np.full((G, p), np.nan)
-    n, s, ss, rss, nob, nll = kme.estep_sums(
-        XtX, Xty, yty, n_obs, train, z, mu, R, ld, model.tau, n_slots, beta
+    stats = SweepStats(
+        n[:n_slots].copy(),
+        s[:n_slots].copy(),
+        ss[:n_slots].copy(),
+        lnw[:n_slots].copy(),
+        float(rss),
+        float(nob),
+        float(nll),
     )
-    stats = SweepStats(n, s, ss, lnw[:n_slots].copy(), float(rss), float(nob), float(nll))
     return z, beta, int(changed), stats
 
 
@@ -523,3 +557,33 @@ def icm_record(
         "alpha": new.alpha,
         "stop": stop,
     }
+
+
+def fit_subjects(
+    sub: Subjects,
+    st: StartState,
+    learn_alpha: bool,
+    max_iter: int,
+    tol: float,
+    min_change: float,
+) -> SubjectFit:
+    """ICM passes over all subjects in memory (the distributed engine with one chunk)."""
+    n_train = int(sub.train.sum())
+    model, prior = st.model, st.prior
+    z = start_labels(sub, st.codes, st.labels)
+    e_old = math.inf
+    for p in range(1, max_iter + 1):
+        z, _, changed, stats = sweep_subjects(
+            sub.XtX, sub.Xty, sub.yty, sub.n_obs, sub.train, z, model, prior
+        )
+        new, mapping, e, merges = update(stats, model, prior, learn_alpha)
+        z = np.where(z >= 0, mapping[np.maximum(z, 0)], -1)
+        moved = changed + int(merges > 0) * n_train
+        stop = should_stop(e_old, e, moved, n_train, tol, min_change)
+        new.history = [*model.history, icm_record(p, e, new, changed, merges, stop)]
+        model = new
+        e_old = e
+        if stop is not None:
+            break
+    beta = final_effects(sub.XtX, sub.Xty, sub.yty, sub.n_obs, sub.train, z, model)
+    return SubjectFit(model, z, beta)

@@ -1,10 +1,11 @@
 """The start of the mixed-effects model of seed 000 Section 7 (the model, its records and the
 sweep are ``pipeline.models.mixed_effects``): everything before the first ICM pass.
 
-Over the chunks of subjects (``MapChunks``): the subjects' least-squares moments, the Gaussian
-random-effects model (one cluster: what MixedLM fits) by EM, the empirical-Bayes prior from it
-(Appendix A, option 1), and the first partition, by MAP-DP on a sample of the subjects'
-conditional means in the Gaussian fit (or Algorithm 1's single cluster).
+Over the chunks of subjects (``MapChunks``): the subjects' pooled least-squares moments and a
+hash sample of subjects; in memory on the sample: the Gaussian random-effects model (one
+cluster: what MixedLM fits) by EM, the empirical-Bayes prior from it (Appendix A, option 1),
+the first partition, by MAP-DP on the sample's conditional means in the Gaussian fit (or
+Algorithm 1's single cluster), and the ICM passes of the sample to the stop rule.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kernels import mixed_effects as kme
-from pipeline.core.config import ALPHA_PRIOR, INIT_SAMPLE, check_alpha, check_positive
+from pipeline.core.config import (
+    ALPHA_PRIOR,
+    INIT_SAMPLE,
+    MAX_PASSES,
+    MIN_CHANGE,
+    TOL,
+    check_alpha,
+    check_positive,
+)
 from pipeline.models.mixed_effects import (
     FloatArray,
     GaussianFit,
@@ -25,8 +34,10 @@ from pipeline.models.mixed_effects import (
     MixedPrior,
     OLSMoments,
     StartState,
+    SubjectFit,
     Subjects,
     SweepStats,
+    fit_subjects,
     update,
 )
 
@@ -205,6 +216,26 @@ def start_model(
     return model
 
 
+def sample_subjects(sub: Subjects, n_total: int, size: int) -> Subjects:
+    """A chunk's part of the start's hash sample of training subjects (``sample_mask``): their
+    moments and codes, in the chunk's order."""
+    pick = sub.train & sample_mask(sub.codes, n_total, size)
+    return Subjects(
+        sub.XtX[pick],
+        sub.Xty[pick],
+        sub.yty[pick],
+        sub.n_obs[pick],
+        sub.train[pick],
+        sub.codes[pick],
+    )
+
+
+def concat_subjects(parts: list[Subjects]) -> Subjects:
+    return Subjects(
+        *(np.concatenate([getattr(q, f) for q in parts]) for f in Subjects.__dataclass_fields__)
+    )
+
+
 def start(
     map_chunks: MapChunks,
     n_train: int,
@@ -216,24 +247,46 @@ def start(
     init: str = "auto",
     seed: int = 0,
     init_sample: int = INIT_SAMPLE,
-) -> StartState:
-    """Everything before the first ICM pass, over the chunks (``map_chunks(fn, *args)`` runs
-    ``fn(subjects, *args)`` on every chunk's ``Subjects`` and returns the results in chunk
-    order): the subjects' least-squares moments, the Gaussian random-effects fit (EM), the
-    empirical prior, and the first partition ("auto": MAP-DP on a sample's conditional means;
-    "one-cluster": Algorithm 1's single cluster)."""
+    max_iter: int = MAX_PASSES,
+    tol: float = TOL,
+    min_change: float = MIN_CHANGE,
+) -> tuple[StartState, SubjectFit]:
+    """Everything before the first ICM pass over all subjects, over the chunks
+    (``map_chunks(fn, *args)`` runs ``fn(subjects, *args)`` on every chunk's ``Subjects`` and
+    returns the results in chunk order): the pooled least-squares moments of all training
+    subjects, then, in memory on a hash sample of at most ``init_sample`` of them (as MAP-DP's
+    stage 1 starts from a fit on a sample): the Gaussian random-effects fit (EM), the empirical
+    prior, the first partition ("auto": MAP-DP on the conditional means; "one-cluster":
+    Algorithm 1's single cluster) and the ICM passes to the stop rule.
+
+    The passes over all subjects then start from a fitted model: they only refine what the
+    sample left (on the survey generator, 2-3 passes instead of 30), and where the sample is
+    every training subject the sample's fit is the fit.
+
+    Returns
+    -------
+    StartState
+        The Gaussian fit, the prior, the sample's fitted model (its counts are the sample's:
+        pseudo-counts for the first sweep) and the sample's clusters (codes sorted).
+    SubjectFit
+        The sample's fit, its subjects in chunk order (``z``, ``beta``: those of
+        ``concat_subjects`` of the chunks' ``sample_subjects``).
+    """
     moms = map_chunks(start_moments)
     mom = moms[0]
     for other in moms[1:]:
         mom = mom + other
-    g = fit_gaussian(map_chunks, mom)
+    sample = concat_subjects(map_chunks(sample_subjects, n_train, init_sample))
+
+    def local(fn: Callable[..., Any], *args: Any) -> list[Any]:
+        return [fn(sample, *args)]
+
+    g = fit_gaussian(local, mom)
     prior = override_prior(empirical_prior(g, shrink, tau_prior, alpha_prior), prior_overrides)
     R = np.linalg.inv(g.cov)
     R = 0.5 * (R + R.T)
-    parts = map_chunks(posterior_sample, g.mu, R, g.tau, n_train, init_sample)
-    codes = np.concatenate([c for c, _, _ in parts])
-    m = np.concatenate([x for _, x, _ in parts])
-    V = np.concatenate([v for _, _, v in parts])
+    n_s = sample.codes.shape[0]
+    codes, m, V = posterior_sample(sample, g.mu, R, g.tau, n_s, n_s)
     order = np.argsort(codes, kind="stable")
     codes, m, V = codes[order], m[order], V[order]
     if init == "one-cluster":
@@ -241,7 +294,11 @@ def start(
     else:
         labels = start_clusters(m, prior, alpha, seed)
     model = start_model(m, V, labels, prior, g.tau, alpha)
-    return StartState(g, prior, model, codes, labels)
+    learn = check_alpha(alpha)[1]
+    fit = fit_subjects(
+        sample, StartState(g, prior, model, codes, labels), learn, max_iter, tol, min_change
+    )
+    return StartState(g, prior, fit.model, codes, fit.z[order]), fit
 
 
 def override_prior(prior: MixedPrior, given: dict[str, Any] | None) -> MixedPrior:

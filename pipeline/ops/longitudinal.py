@@ -24,7 +24,7 @@ from pipeline.data.store import Store, StoreInfo, iter_chunks
 from pipeline.distributed import loop
 from pipeline.engines import get_engine
 from pipeline.engines.base import Chunk, RunContext
-from pipeline.models.mixed_effects import _bad_value
+from pipeline.models.mixed_effects import _bad_value, check_within_subject
 from pipeline.ops.page import Page, Picture, fmt, new_figure
 
 ENGINE = "mixed_effects"
@@ -87,6 +87,12 @@ def read_input(path: str, cols: Columns) -> pd.DataFrame:
                 f"{path}: covariate {c!r} is constant ({df[c].iloc[0]:g}) over all rows: it "
                 "duplicates the intercept"
             )
+    try:
+        check_within_subject(
+            list(cols.covariates), [df[c].to_numpy() for c in cols.covariates], df[cols.subject]
+        )
+    except InputError as err:
+        raise InputError(f"{path}: {err}") from None
     if df[cols.subject].nunique() < 2:
         raise InputError(f"{path}: column {cols.subject!r} holds one subject; at least 2 needed")
     return df

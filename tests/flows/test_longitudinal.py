@@ -130,6 +130,11 @@ def test_the_distributed_fit_equals_the_in_memory_one(tmp_path: Path) -> None:
         ),
         (lambda d: d.assign(qol=d.qol.where(d.index != 9)), [], "response 'qol', row 9: missing"),
         (lambda d: d.assign(adl=2.0), [], "covariate 'adl' is constant"),
+        (
+            lambda d: d.assign(adl=(d.subject % 3).astype(float)),
+            [],
+            "covariate 'adl' does not vary within any subject: a subject-level covariate",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_leaves_nothing(

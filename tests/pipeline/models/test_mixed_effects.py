@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,6 +21,7 @@ from pipeline.core.errors import InputError
 from pipeline.data.synthetic import sample_longitudinal
 
 COVS = ["wave", "depression", "adl"]
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def spd(rng: np.random.Generator, p: int) -> np.ndarray:
@@ -216,6 +218,29 @@ def test_numpy_pandas_and_row_order_give_the_same_fit() -> None:
     assert list(c.subjects_[:2]) == ["s0000", "s0001"]
 
 
+def test_the_fit_follows_the_units_of_the_response_and_covariates() -> None:
+    """The same data in other units (the response in thousandths or thousands, wave in months)
+    gives the same partition: the objective's NW term is unit-free (``kme.nw_log_prior``)."""
+    df = sample_longitudinal(300, seed=3)
+    a = fit(df)
+    assert a.n_clusters_ > 1
+    for fy, fw in [(1e3, 1.0), (1e-3, 12.0)]:
+        other = df.assign(qol=df["qol"] * fy, wave=df["wave"] * fw)
+        b = fit(other)
+        assert normalized_mutual_info_score(a.labels_, b.labels_) == pytest.approx(1.0)
+
+
+def test_real_panel_chickweight_in_grams_and_kilograms() -> None:
+    """The README's real example (``tests/data/panel_chickweight.md``): 50 chicks' weights,
+    response ~ 1 + standardised day. Grams and kilograms give the same fit; before the unit-free
+    NW term, grams times 1000 gave one cluster per chick."""
+    df = pd.read_csv(DATA / "panel_chickweight.csv")
+    day = pd.DataFrame({"time": (df["time"] - df["time"].mean()) / df["time"].std()})
+    fits = [MixedEffectsDP().fit(day, df["weight_g"] * f, df["subject"]) for f in (1e-3, 1e3)]
+    assert fits[0].n_clusters_ == fits[1].n_clusters_ < 5
+    np.testing.assert_array_equal(fits[0].labels_, fits[1].labels_)
+
+
 def test_predict_and_scores_on_new_subjects() -> None:
     df = sample_longitudinal(600, seed=6)
     train, test = df[df.subject < 500], df[df.subject >= 500]
@@ -299,6 +324,10 @@ def test_unusual_but_valid_subjects() -> None:
     ("change", "message"),
     [
         (lambda d: d.assign(adl=3.0), "covariate 'adl' is constant"),
+        (
+            lambda d: d.assign(adl=(d.subject % 2).astype(float)),
+            "covariate 'adl' does not vary within any subject",
+        ),
         (lambda d: d.assign(qol=d.qol.where(d.index != 7)), "response 'qol', row 7: missing"),
         (
             lambda d: d.assign(adl=d.adl.astype(object).where(d.index != 5, "abc")),
