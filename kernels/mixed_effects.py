@@ -564,22 +564,32 @@ def sweep(
         # the E-step in the chosen cluster, as ``estep_sums``
         nll += raw_best
         copy_vector(beta[i], b_best)
-        r = yty[i] - 2.0 * (b_best @ Xty[i]) + quad(XtX[i], b_best, b_best)
-        n_st[kbest] += 1.0
-        for c1 in range(p):
-            s_st[kbest, c1] += b_best[c1]
-            for d in range(p):
-                ss_st[kbest, c1, d] += b_best[c1] * b_best[d]
-        for d in range(p):
-            e[:] = 0.0
-            e[d] = 1.0
-            chol_solve(L_best, e, col)
-            for c1 in range(p):
-                ss_st[kbest, c1, d] += col[c1]
-                r += XtX[i, d, c1] * col[c1]
-        rss += r
+        rss += _add_estep(XtX[i], Xty[i], yty[i], b_best, L_best, kbest, n_st, s_st, ss_st, e, col)
         nob += n_obs[i]
     return n_slots, changed, rss, nob, nll
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _add_estep(XtX_i, Xty_i, yty_i, b, L, k, n, s, ss, e, col):
+    """One subject's E-step statistics added to slot k: the count, its mode b (p,) to s, and
+    E[beta beta^T] = b b^T + V to ss, with V = A^-1 from A's Cholesky factor L (p, p) column by
+    column (e, col: work vectors of length p). Returns the subject's expected residual sum of
+    squares ||y - X b||^2 + tr(X^T X V) (eq. 7.3's statistic)."""
+    p = b.shape[0]
+    r = yty_i - 2.0 * (b @ Xty_i) + quad(XtX_i, b, b)
+    n[k] += 1.0
+    for c in range(p):
+        s[k, c] += b[c]
+        for d in range(p):
+            ss[k, c, d] += b[c] * b[d]
+    for d in range(p):
+        e[:] = 0.0
+        e[d] = 1.0
+        chol_solve(L, e, col)
+        for c in range(p):
+            ss[k, c, d] += col[c]
+            r += XtX_i[d, c] * col[c]
+    return r
 
 
 @njit(cache=True, nogil=True)
@@ -618,21 +628,7 @@ def estep_sums(XtX, Xty, yty, n_obs, train, z, mu, R, logdet_R, tau, n_slots, be
         nll += subject_cost(XtX[i], Xty[i], yty[i], n_obs[i], tau, mu[k], R[k], logdet_R[k],
                             b, A, L, h)  # fmt: skip
         beta[i] = b
-        r = yty[i] - 2.0 * (b @ Xty[i]) + quad(XtX[i], b, b)
-        n[k] += 1.0
-        for c in range(p):
-            s[k, c] += b[c]
-            for d in range(p):
-                ss[k, c, d] += b[c] * b[d]
-        # V_i = A^-1 column by column, added to ss and tr(X^T X V) to the rss
-        for d in range(p):
-            e[:] = 0.0
-            e[d] = 1.0
-            chol_solve(L, e, col)
-            for c in range(p):
-                ss[k, c, d] += col[c]
-                r += XtX[i, d, c] * col[c]
-        rss += r
+        rss += _add_estep(XtX[i], Xty[i], yty[i], b, L, k, n, s, ss, e, col)
         nob += n_obs[i]
     return n, s, ss, rss, nob, nll
 

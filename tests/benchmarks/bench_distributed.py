@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ import zarr
 from numpy.lib.format import open_memmap
 from sklearn.metrics import normalized_mutual_info_score
 
-from tests.benchmarks.common import save, table
+from tests.benchmarks.common import PeakSampler, save, table
 
 pytestmark = pytest.mark.bench
 
@@ -79,34 +78,18 @@ def mixture_npy(path: Path, n: int, seed: int = 0, chunk: int = 500_000, draw: i
     return path
 
 
-class PeakRSS:
+class PeakRSS(PeakSampler):
     """Peak of the summed RSS of this process and all its descendants, sampled in a thread."""
 
-    def __init__(self, every: float = 0.05):
-        self.every = every
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
+    def sample(self) -> int:
         me = psutil.Process()
-        while not self._stop.is_set():
-            total = 0
-            for p in [me, *me.children(recursive=True)]:
-                try:
-                    total += p.memory_info().rss
-                except (psutil.NoSuchProcess, psutil.AccessDenied):
-                    pass
-            self.peak = max(self.peak, total)
-            time.sleep(self.every)
-
-    def __enter__(self) -> PeakRSS:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
+        total = 0
+        for p in [me, *me.children(recursive=True)]:
+            try:
+                total += p.memory_info().rss
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        return total
 
 
 @pytest.fixture(scope="module")

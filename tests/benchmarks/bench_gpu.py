@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.benchmarks.common import save, table
+from tests.benchmarks.common import PeakSampler, save, table
 
 pytestmark = pytest.mark.bench
 
@@ -67,33 +67,15 @@ def card() -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-class DevicePeak:
+class DevicePeak(PeakSampler):
     """Peak of the card's memory in use (total - free, every process's), sampled in a thread;
     0 under the simulator."""
 
-    def __init__(self, every: float = 0.05):
-        import threading
-
-        self.every = every
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
+    def sample(self) -> int:
         from kernels.cuda_device import memory
 
-        while not self._stop.is_set():
-            free, total = memory()
-            self.peak = max(self.peak, total - free)
-            time.sleep(self.every)
-
-    def __enter__(self) -> DevicePeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
+        free, total = memory()
+        return int(total - free)
 
 
 def mixture(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -73,3 +73,32 @@ def run_peak_rss(cmd: list[str], every: float = 0.05) -> tuple[int, float, int]:
         peak = max(peak, total)
         time.sleep(every)
     return proc.wait(), time.perf_counter() - t0, peak
+
+
+class PeakSampler:
+    """The peak of ``sample()`` (bytes in use), read every ``every`` seconds in a thread while
+    the ``with`` block runs; subclasses say what is sampled."""
+
+    def __init__(self, every: float = 0.05):
+        import threading
+
+        self.every = every
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> int:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.sample())
+            time.sleep(self.every)
+
+    def __enter__(self) -> Any:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
