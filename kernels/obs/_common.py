@@ -31,6 +31,25 @@ def any_negative(x):
     return False
 
 
+COUNT_TABLE = 32
+"""Counts 0..COUNT_TABLE-1 have their predictive cached per cluster and column (Poisson and
+geometric): most real count columns stay below it, and a larger count falls back to lgamma."""
+
+
+@njit(cache=True, nogil=True)
+def table_width(c, d):
+    """T of a cache laid out as 2 d + 1 numbers then a d x T table (``COUNT_TABLE`` or 0)."""
+    return (c.shape[0] - 2 * d - 1) // d
+
+
+@njit(cache=True, nogil=True)
+def table_index(xj, T):
+    """The table column of the count xj, or -1 when it is not an integer in 0..T-1."""
+    if xj >= 0.0 and xj < T and xj == math.floor(xj):
+        return int(xj)
+    return -1
+
+
 @njit(cache=True, nogil=True)
 def count_sum_posterior(s, p, j):
     """(a + n, b + sum x_j) of column j for a prior layout a (d), b (d)."""

@@ -14,8 +14,13 @@ Layouts for d columns
 ---------------------
 stats ``s`` (1 + d): n, sum x (d).
 prior ``p`` (2 d): a (d), b (d).
-cache ``c`` (2 d + 1): b_n (d), a_n + b_n + 1 (d),
-sum_j [log a_n + lgamma(a_n + b_n) - lgamma(b_n)].
+cache ``c`` (2 d + 1 + d T): b_n (d), a_n + b_n + 1 (d),
+sum_j [log a_n + lgamma(a_n + b_n) - lgamma(b_n)], and each column's count-dependent term
+lgamma(b_n + v) - lgamma(a_n + b_n + 1 + v) over v = 0..T-1 (row major, T = ``COUNT_TABLE``),
+so that a record whose counts are below T is scored by d table reads: no ``lgamma`` per record
+and column. ``refresh`` fills the table by the ratio of consecutive terms,
+(b_n + v) / (a_n + b_n + 1 + v): d T logarithms once per change of the cluster. A larger or
+non-integer count is scored by lgamma.
 """
 
 import math
@@ -29,6 +34,8 @@ from kernels.obs._common import (
     beta_log_evidence,
     count_sum_moments,
     count_sum_posterior,
+    table_index,
+    table_width,
 )
 
 add_stats = add_count_sum
@@ -37,33 +44,47 @@ add_stats = add_count_sum
 
 @njit(cache=True, nogil=True)
 def refresh(s, c, p):
-    """Posterior b_n, a_n + b_n + 1 and the summed constant."""
+    """Posterior b_n, a_n + b_n + 1, the summed constant and the predictive table."""
     d = p.shape[0] // 2
+    T = table_width(c, d)
     const = 0.0
     for j in range(d):
         an, bn = count_sum_posterior(s, p, j)
         c[j] = bn
         c[d + j] = an + bn + 1.0
-        const += math.log(an) + math.lgamma(an + bn) - math.lgamma(bn)
+        lg_b = math.lgamma(bn)
+        const += math.log(an) + math.lgamma(an + bn) - lg_b
+        row = 2 * d + 1 + j * T
+        t = lg_b - math.lgamma(an + bn + 1.0)
+        for v in range(T):
+            c[row + v] = t
+            t += math.log((bn + v) / (an + bn + 1.0 + v))
     c[2 * d] = const
 
 
 @njit(cache=True, nogil=True)
 def update(x, s, c, p, w):
-    """add_stats then refresh: O(d)."""
+    """add_stats then refresh: O(d T)."""
     add_stats(x, s, w)
     refresh(s, c, p)
 
 
 @njit(cache=True, nogil=True)
 def log_predictive(x, s, c, p):
-    """log B(a_n + 1, b_n + x) - log B(a_n, b_n) summed over columns (-inf for x < 0)."""
+    """log B(a_n + 1, b_n + x) - log B(a_n, b_n) summed over columns (-inf for x < 0): a table
+    read per column for counts below T, lgamma beyond."""
     if any_negative(x):
         return -np.inf
     d = x.shape[0]
+    T = table_width(c, d)
     out = c[2 * d]
     for j in range(d):
-        out += math.lgamma(c[j] + x[j]) - math.lgamma(c[d + j] + x[j])
+        xj = x[j]
+        v = table_index(xj, T)
+        if v >= 0:
+            out += c[2 * d + 1 + j * T + v]
+        else:
+            out += math.lgamma(c[j] + xj) - math.lgamma(c[d + j] + xj)
     return out
 
 

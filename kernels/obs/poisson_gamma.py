@@ -15,8 +15,13 @@ Layouts for d columns
 ---------------------
 stats ``s`` (1 + 2 d): n, sum x (d), sum lgamma(x + 1) (d).
 prior ``p`` (2 d): a (d), b (d).
-cache ``c`` (2 d + 1): a_n (d), log(b_n + 1) (d),
-sum_j [a_n log(b_n / (b_n + 1)) - lgamma(a_n)].
+cache ``c`` (2 d + 1 + d T): a_n (d), log(b_n + 1) (d),
+sum_j [a_n log(b_n / (b_n + 1)) - lgamma(a_n)], and each column's count-dependent term
+lgamma(a_n + v) - lgamma(v + 1) - v log(b_n + 1) over v = 0..T-1 (row major,
+T = ``COUNT_TABLE``), so that a record whose counts are below T is scored by d table reads: no
+``lgamma`` per record and column. ``refresh`` fills the table by the ratio of consecutive
+negative binomial terms, (a_n + v) / ((v + 1) (b_n + 1)): d T logarithms once per change of
+the cluster. A larger or non-integer count is scored by lgamma.
 """
 
 import math
@@ -29,6 +34,8 @@ from kernels.obs._common import (
     any_negative,
     count_sum_moments,
     gamma_log_evidence,
+    table_index,
+    table_width,
 )
 
 
@@ -43,8 +50,9 @@ def add_stats(x, s, w):
 
 @njit(cache=True, nogil=True)
 def refresh(s, c, p):
-    """Posterior shape, log(rate + 1) and the summed constant."""
+    """Posterior shape, log(rate + 1), the summed constant and the predictive table."""
     d = p.shape[0] // 2
+    T = table_width(c, d)
     n = s[0]
     const = 0.0
     for j in range(d):
@@ -53,27 +61,39 @@ def refresh(s, c, p):
         l1 = math.log1p(bn)
         c[j] = an
         c[d + j] = l1
-        const += an * (math.log(bn) - l1) - math.lgamma(an)
+        lg = math.lgamma(an)
+        const += an * (math.log(bn) - l1) - lg
+        row = 2 * d + 1 + j * T
+        t = lg
+        for v in range(T):
+            c[row + v] = t
+            t += math.log((an + v) / (v + 1.0)) - l1
     c[2 * d] = const
 
 
 @njit(cache=True, nogil=True)
 def update(x, s, c, p, w):
-    """add_stats then refresh: O(d)."""
+    """add_stats then refresh: O(d T)."""
     add_stats(x, s, w)
     refresh(s, c, p)
 
 
 @njit(cache=True, nogil=True)
 def log_predictive(x, s, c, p):
-    """Negative binomial log probability of the counts x (-inf for a negative count)."""
+    """Negative binomial log probability of the counts x (-inf for a negative count): a table
+    read per column for counts below T, lgamma beyond."""
     if any_negative(x):
         return -np.inf
     d = x.shape[0]
+    T = table_width(c, d)
     out = c[2 * d]
     for j in range(d):
         xj = x[j]
-        out += math.lgamma(c[j] + xj) - math.lgamma(xj + 1.0) - xj * c[d + j]
+        v = table_index(xj, T)
+        if v >= 0:
+            out += c[2 * d + 1 + j * T + v]
+        else:
+            out += math.lgamma(c[j] + xj) - math.lgamma(xj + 1.0) - xj * c[d + j]
     return out
 
 

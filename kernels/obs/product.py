@@ -36,6 +36,7 @@ from kernels.obs import (
     normal_gamma,
     poisson_gamma,
 )
+from kernels.obs._common import COUNT_TABLE as COUNT_TABLE
 
 GAUSSIAN_NW = 0
 NORMAL_GAMMA = 1

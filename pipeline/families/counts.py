@@ -183,6 +183,8 @@ class _RateFamily(Family):
     b: ArrayLike
     n_cols: int = 0
     _support: ClassVar[str]
+    # the width of the kernel's per-column table of count predictives (0: none)
+    _table: ClassVar[int] = 0
 
     def __post_init__(self) -> None:
         owner = type(self).__name__
@@ -198,7 +200,7 @@ class _RateFamily(Family):
         return 1 + self.n_cols
 
     def cache_size(self) -> int:
-        return 2 * self.n_cols + 1
+        return (2 + self._table) * self.n_cols + 1
 
     @staticmethod
     def _bad(X: FloatArray) -> NDArray[np.bool_]:
@@ -263,6 +265,7 @@ class Poisson(_RateFamily):
     code: ClassVar[int] = product.POISSON_GAMMA
     name: ClassVar[str] = "poisson"
     _support: ClassVar[str] = "Poisson counts must be non-negative integers"
+    _table: ClassVar[int] = product.COUNT_TABLE
 
     def stat_size(self) -> int:
         return 1 + 2 * self.n_cols
@@ -533,6 +536,7 @@ class Geometric(_RateFamily):
     code: ClassVar[int] = product.GEOMETRIC_BETA
     name: ClassVar[str] = "geometric"
     _support: ClassVar[str] = "geometric counts must be non-negative integers"
+    _table: ClassVar[int] = product.COUNT_TABLE
 
     @classmethod
     def empirical_bayes(cls, X: FloatArray) -> Geometric:

@@ -762,6 +762,23 @@ class TestGeometric(FamilyContract):
 # -- the product family -------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("family", ["poisson", "geometric"])
+def test_count_predictive_table_and_its_fallback_match_scipy(family: str) -> None:
+    """Counts below ``COUNT_TABLE`` are read from the cached table, larger ones and the table's
+    edge by lgamma: both equal SciPy's predictive (negative binomial, ratio of betas)."""
+    T = product.COUNT_TABLE
+    X = np.array([[3.0, 0.0], [40.0, 1.0], [7.0, 2.0]])
+    contract: TestPoisson | TestGeometric = (
+        TestPoisson() if family == "poisson" else TestGeometric()
+    )
+    fam = contract.make_family()
+    for x0 in (0.0, 1.0, T - 1.0, float(T), T + 5.0, 250.0):
+        x = np.array([x0, 2.0])
+        got = fam.log_predictive(x, X)
+        want = contract.reference_log_predictive(fam, x, X)  # type: ignore[arg-type]
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
 def test_product_of_families_adds_log_terms() -> None:
     """GaussianNW on columns (0, 3), Categorical on 1, Poisson on (2, 4): the product's log
     marginal and log predictive are the sums of the parts'."""
