@@ -12,6 +12,8 @@ of binomial columns. It encodes the same columns at predict time and refuses any
   seen. Such a column is a code or a score on a short scale; a Gaussian on a lattice of a few
   values rewards clusters that collapse onto one level (the density grows without bound as the
   variance shrinks);
+* a float column with missing cells whose values present are all integers follows the two
+  integer rules above (a CSV reader makes such a column float because of its empty cells);
 * other integers: ``gaussian``, the same as floats. Integer-valued measurements (ages, counts of
   hundreds) are rarely Poisson within a cluster, and a Poisson family forced on over-dispersed
   data splits it into many clusters; ask for ``poisson`` (or ``geometric``, ``binomial``)
@@ -163,12 +165,19 @@ def auto_kind(s: pd.Series) -> str:
         return "bernoulli"
     if isinstance(dt, pd.CategoricalDtype) or not pd.api.types.is_numeric_dtype(dt):
         return "categorical"
-    if pd.api.types.is_integer_dtype(dt):
-        vals = s.to_numpy()
-        if vals.size and np.isin(vals, (0, 1)).all():
-            return "bernoulli"
-        if np.unique(vals).size <= MAX_LEVELS:
-            return "categorical"
+    vals = s.to_numpy()
+    if pd.api.types.is_float_dtype(dt) and s.isna().any():
+        # a CSV reader turns an integer column with an empty cell into floats: the values
+        # present decide, as they would have without the holes
+        vals = vals[~np.isnan(vals)]
+        if not np.array_equal(vals, np.floor(vals)):
+            return "gaussian"
+    elif not pd.api.types.is_integer_dtype(dt):
+        return "gaussian"
+    if vals.size and np.isin(vals, (0, 1)).all():
+        return "bernoulli"
+    if np.unique(vals).size <= MAX_LEVELS:
+        return "categorical"
     return "gaussian"
 
 

@@ -140,6 +140,30 @@ def test_missing_categorical_and_model_round_trip(tmp_path: Path) -> None:
     np.testing.assert_allclose(back.score_samples(X), m.score_samples(X), rtol=1e-12)
 
 
+def test_integer_columns_with_holes_keep_their_discrete_family(tmp_path: Path) -> None:
+    """A CSV integer column with an empty cell is read as floats; ``family="auto"`` judges it by
+    the values present, as the same column without holes (a 0/1 vote stays Bernoulli, a short
+    score scale stays categorical), while a float column with holes stays Gaussian."""
+    rng = np.random.default_rng(4)
+    df = pd.DataFrame(
+        {
+            "vote": rng.integers(0, 2, 120),
+            "score": rng.integers(1, 6, 120),
+            "size": rng.normal(size=120),
+        }
+    )
+    full = MAPDP(random_state=0).fit(df).schema_.kinds
+    holed = df.astype(float)
+    holed.iloc[[3, 50], 0] = np.nan
+    holed.iloc[[7], 1] = np.nan
+    holed.iloc[[9], 2] = np.nan
+    holed.to_csv(tmp_path / "t.csv", index=False)
+    back = pd.read_csv(tmp_path / "t.csv")
+    assert back["vote"].dtype == np.float64
+    kinds = MAPDP(random_state=0).fit(back).schema_.kinds
+    assert kinds == full == {"vote": "bernoulli", "score": "categorical", "size": "gaussian"}
+
+
 # -- constant columns, wide tables, degenerate fits ------------------------------------------------
 
 
