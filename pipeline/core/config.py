@@ -19,7 +19,12 @@ INIT_SAMPLE = 20_000
 MAX_PASSES = 50
 TOL = 1e-5
 MIN_CHANGE = 1e-3
-ALPHA_PRIOR = (2.0, 1.0)
+#: Gamma(shape, rate) prior on the concentration N0 when it is learned (eq. A.1): shape 2 keeps
+#: the mode away from 0 at K = 1; rate 5 (prior mean 0.4) because outlying records of real tables
+#: open singleton clusters, each raising the learned N0, which opens more: ionosphere (351 x 34)
+#: gave 39 clusters, 22 of them singletons, with rate 1 and 26 with rate 5; on 23 real tables
+#: the mean NMI moved 0.001 up (letter 0.582 -> 0.611, sonar and Pima 0.01 down), K never up
+ALPHA_PRIOR = (2.0, 5.0)
 N_FOLDS = 10
 INITS = ("auto", "sample", "sequential", "one-cluster", "seeds", "asugs", "asugs-sample")
 MAX_SEEDS = 100

@@ -50,9 +50,10 @@ class MAPDP(MixtureEstimator):
         iteration is then a sequential MAP pass); "one-cluster" starts with every record in one
         cluster, as Algorithm 1 writes it. Iterated conditional modes rarely leaves that start:
         a single record never gains by leaving a cluster that holds all the data.
-    alpha_prior : (float, float), default=(2.0, 1.0)
+    alpha_prior : (float, float), default=(2.0, 5.0)
         Shape and rate of the Gamma prior on N0 when ``alpha="learn"``. A shape above 1 keeps
-        the mode of eq. A.1 away from 0 when K = 1, which would otherwise be absorbing.
+        the mode of eq. A.1 away from 0 when K = 1, which would otherwise be absorbing; the rate
+        (prior mean 0.4) is ``pipeline.core.config.ALPHA_PRIOR``'s, where the reason is given.
     random_state : int, SeedSequence, Generator or None
         Seeds the permutations; a fixed value makes ``fit`` reproducible.
     verbose : int, default=0
@@ -133,7 +134,7 @@ class MAPDP(MixtureEstimator):
         max_iter: int = 100,
         tol: float = 1e-6,
         init: str = "sequential",
-        alpha_prior: tuple[float, float] = (2.0, 1.0),
+        alpha_prior: tuple[float, float] = config.ALPHA_PRIOR,
         random_state: Any = None,
         verbose: int = 0,
         prior_scale: float | None = None,

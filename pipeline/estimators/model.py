@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.core import outputs, persist, storage
+from pipeline.core import config, outputs, persist, storage
 from pipeline.core.outputs import versions
 from pipeline.core.persist import PersistError
 
@@ -467,7 +467,7 @@ def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
 #: import the class (``tests/pipeline/estimators/test_model.py`` checks them against it)
 MAPDP_DEFAULTS: dict[str, Any] = {
     "alpha": "learn",
-    "alpha_prior": (2.0, 1.0),
+    "alpha_prior": config.ALPHA_PRIOR,
     "device": "cpu",
     "family": "auto",
     "init": "sequential",

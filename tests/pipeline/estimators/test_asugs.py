@@ -28,6 +28,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from kernels.alloc import crp
 from kernels.obs import product
 from pipeline import ASUGS
+from pipeline.core.config import ALPHA_PRIOR
 from pipeline.families import GaussianNW, Poisson, ProductFamily
 from pipeline.models.asugs import PRIOR_SCALE
 
@@ -498,7 +499,7 @@ def test_update_model_streams_new_records_into_a_fitted_mapdp() -> None:
     # the learned concentration is eq. A.1's mode for the new N and K
     from pipeline.models.concentration import map_concentration
 
-    assert new.alpha_ == pytest.approx(map_concentration(1400, 5, 2.0, 1.0), rel=1e-8)
+    assert new.alpha_ == pytest.approx(map_concentration(1400, 5, *ALPHA_PRIOR), rel=1e-8)
     Xt = pd.DataFrame(means[[4]] + rng.normal(size=(20, 2)), columns=["a", "b"])
     assert (model.predict(Xt) == -1).mean() > 0.9 and (new.predict(Xt) >= 0).all()
     assert new.score(Xt) > model.score(Xt)
