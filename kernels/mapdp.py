@@ -226,6 +226,12 @@ def _log_mixture(lp, lognk, K, log_norm, log_alpha, terms):
     for k in range(1, K + 1):
         if terms[k] > terms[best]:
             best = k
+    return best, _log_sum(terms, K, best)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _log_sum(terms, K, best):
+    """log sum_k exp(terms[k]) for k <= K, from the largest term terms[best] (``_log_mixture``)."""
     m = terms[best]
     acc = 0.0
     for k in range(K + 1):
@@ -238,8 +244,8 @@ def _log_mixture(lp, lognk, K, log_norm, log_alpha, terms):
             acc += math.exp(e)
     if acc == 1.0:
         # log(1) = 0 exactly: a record that only its own cluster explains, the common case
-        return best, m
-    return best, m + math.log(acc)
+        return m
+    return m + math.log(acc)
 
 
 @njit(cache=True, nogil=True)
@@ -280,13 +286,28 @@ def _pruned_log_mixture_from(qv, P, e0, lognk, K, log_norm, log_alpha, lpb, ub, 
     lp[top] = gaussian_nw.packed_log_predictive_exact(P, top, qv[top], e0)
     m = ((lognk[top] if top < K else log_alpha) - log_norm) + lp[top]
     thr = m - 40.0 - 1e-9 * (abs(m) + 1.0)
+    # the terms of ``_log_mixture`` and their arg max (the lowest index of the largest) along
+    # the way, -inf for the columns left out (their ub: -inf for a free slot); a NaN or an
+    # infinite term takes ``_log_mixture`` itself
+    plain = m > -np.inf and m < np.inf
+    terms[top] = m
+    best = top
     for k in range(n):
         if k != top:
             if ub[k] <= thr:
                 lp[k] = -np.inf
+                terms[k] = -np.inf
             else:
                 lp[k] = gaussian_nw.packed_log_predictive_exact(P, k, qv[k], e0)
-    return _log_mixture(lp, lognk, K, log_norm, log_alpha, terms)
+                t = ((lognk[k] if k < K else log_alpha) - log_norm) + lp[k]
+                terms[k] = t
+                if not (t > -np.inf and t < np.inf):
+                    plain = False
+                elif t > terms[best] or (t == terms[best] and k < best):
+                    best = k
+    if not plain:
+        return _log_mixture(lp, lognk, K, log_norm, log_alpha, terms)
+    return best, _log_sum(terms, K, best)
 
 
 @njit(cache=True, nogil=True, inline="always")
