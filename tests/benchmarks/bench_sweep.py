@@ -1,5 +1,6 @@
-"""Issue 38 figures: the per-record sweep of the Gaussian paths in records per second per core,
-side by side with scikit-learn's ``KMeans.predict`` (one thread) on the same records and
+"""Issue 38 figures: the per-record sweep of the Gaussian paths (MAP-DP's sweep, its write-out
+pass, ``predict``, Bayes K-means' assignment; ASUGS in ``bench_asugs``) in records per second per
+core, side by side with scikit-learn's ``KMeans.predict`` (one thread) on the same records and
 clusters: 200,000 x 10 records, K = 20, visited in a random order, after the first sweep (the
 records stay where they are, as in every pass after the first). CPU time of this process, best
 of three. And the distributed passes' scaling with the number of worker processes
