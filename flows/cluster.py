@@ -148,6 +148,7 @@ def cluster(
     label_column: str | None = None,
     n_folds: int = N_FOLDS,
     group_column: str | None = None,
+    dtype: str = "float64",
     data_dir: str | None = None,
     summaries: int = 0,
     stage2: str | None = None,
@@ -171,11 +172,12 @@ def cluster(
     are reported. The input is ingested once into a dataset store under ``data_dir`` (default
     ``$DPMM_DATA_DIR`` or ``~/.cache/dpmm/datasets``) that later runs of the same input and
     ingest options reuse; ``n_folds`` fold ids are drawn per row, or per group of
-    ``group_column`` (whose rows then share a chunk). ``warm_start``, a model directory (an
-    earlier run's ``OUT/model``): the input is encoded with the model's schema and family
-    (its columns, kinds, categories and prior) and pass 1 starts from its clusters and
-    concentration (``pipeline.engines.mixture_start.warm_state``) instead of ``init``.
-    ``engine_options`` are the engine's own
+    ``group_column`` (whose rows then share a chunk); ``dtype`` "float32" stores the records
+    as float32 (half the store and the reads; statistics stay float64). ``warm_start``, a
+    model directory (an earlier run's ``OUT/model``): the input is encoded with the model's
+    schema and family (its columns, kinds, categories and prior) and pass 1 starts from its
+    clusters and concentration (``pipeline.engines.mixture_start.warm_state``) instead of
+    ``init``. ``engine_options`` are the engine's own
     settings (``RunContext.options``; the asugs engine and start read ``lam``).
 
     Returns the content of ``out/run.json``.
@@ -212,6 +214,7 @@ def cluster(
         label_column=label_column,
         n_folds=int(n_folds),
         group_column=group_column,
+        dtype=dtype,
         data_dir=data_dir,
         summaries=int(summaries),
         stage2=stage2,

@@ -1,4 +1,4 @@
-"""Copies between arrays, written as loops.
+"""Copies between arrays, written as loops, and a prefetch hint for the random-order scans.
 
 Numba lowers ``a[index] = b`` with an array ``b`` through its slice assignment, whose
 shape-mismatch message is formatted by compiled code (string joins and integer formatting):
@@ -7,7 +7,10 @@ whole warm-up. The kernels copy with these loops instead; a slice assigned a sca
 (``a[k, :] = 0.0``) does not take that path and stays as it is.
 """
 
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 
 @njit(cache=True, nogil=True)
@@ -50,3 +53,38 @@ def add_vector(dst, src, w):
     """
     for t in range(src.shape[0]):
         dst[t] += w * src[t]
+
+
+@intrinsic
+def prefetch(typingctx, arr, i):
+    """Ask the CPU to bring a[i] (a 1-D array) or row a[i] (2-D, C-contiguous: its first and
+    last element, which cover a row of up to 8 cache lines' span with two requests for d <= 16
+    of float64) into its caches, without waiting for it: ``llvm.prefetch``, read, high
+    locality. A sweep in random order issues it some records ahead, so that the record's row,
+    label and score are in cache when it gets there (a miss each otherwise: 130 of 570 ns per
+    record over 200,000 x 10 records in random order)."""
+    if not (isinstance(arr, types.Array) and arr.ndim in (1, 2) and isinstance(i, types.Integer)):
+        return None
+    sig = types.void(arr, i)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        idx = context.cast(builder, args[1], signature.args[1], types.intp)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        if aryty.ndim == 1:
+            cols = [None]
+        else:
+            shape = cgutils.unpack_tuple(builder, ary.shape, 2)
+            last = builder.sub(shape[1], context.get_constant(types.intp, 1))
+            cols = [context.get_constant(types.intp, 0), last]
+        for col in cols:
+            ind = [idx] if col is None else [idx, col]
+            ptr = cgutils.get_item_pointer(context, builder, aryty, ary, ind, wraparound=False)
+            builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen

@@ -28,8 +28,8 @@ import numpy as np
 from numba import njit
 
 from kernels.alloc import crp
-from kernels.arrays import copy_rows, copy_vector
-from kernels.mapdp import _pruned_costs
+from kernels.arrays import copy_rows, copy_vector, prefetch
+from kernels.mapdp import _AHEAD, _pruned_costs
 from kernels.obs import gaussian_nw, product
 from kernels.partition import canonical_labels, greedy_merge, merge_gap_cached
 
@@ -51,14 +51,15 @@ _BLOCK = 64
 
 
 @njit(cache=True, nogil=True)
-def _loo(x, k0, stats, cache, spec, prior, loo, loo_ok, scratch_s, scratch_c, d):
+def _loo(x, k0, stats, cache, spec, prior, loo, loo_ok, scratch_s, scratch_c, d, r):
     """log p(x | X_k0 without x) of a frozen cluster from its cached terms
-    (``gaussian_nw.loo_constants``); the downdated copy where rounding leaves the closed form
-    no positive determinant ratio."""
+    (``gaussian_nw.loo_constants``) and r = |L_k0^{-1} (x - m_k0)|^2, the record's quadratic
+    form under k0's packed column (``kernels.mapdp._loo_cost``); the downdated copy where
+    rounding leaves the closed form no positive determinant ratio."""
     if not loo_ok[k0]:
         gaussian_nw.loo_constants(cache[k0], d, loo[k0])
         loo_ok[k0] = True
-    one_minus = 1.0 - loo[k0, 2] * gaussian_nw._mahalanobis(x, cache[k0], d)
+    one_minus = 1.0 - loo[k0, 2] * r
     if one_minus > 0.0:
         return loo[k0, 0] + loo[k0, 1] * math.log(one_minus)
     copy_vector(scratch_s, stats[k0])
@@ -137,6 +138,10 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
     log_new = crp.log_new(log_alpha)
     N = order.shape[0]
     for t in range(N):
+        if t + _AHEAD < N:
+            # the rows and labels of a block ahead, visited in random order
+            prefetch(X, order[t + _AHEAD])
+            prefetch(z, order[t + _AHEAD])
         i = order[t]
         x = X[i]
         k0 = z[i]
@@ -156,7 +161,7 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
             cost0 = np.inf
             if k0 >= 0 and nk[k0] > 1.0:
                 cost0 = -_loo(
-                    x, k0, stats, cache, spec, prior, loo, loo_ok, scratch_s, scratch_c, d
+                    x, k0, stats, cache, spec, prior, loo, loo_ok, scratch_s, scratch_c, d, qv[k0]
                 ) - crp.log_join(nk[k0] - 1.0)
             _pruned_costs(k0, lognk, K, log_new, P, e0, qv, ub, bs, costs, cost0)
             for k in range(K):

@@ -57,6 +57,7 @@ from pipeline.core.config import (
 from pipeline.core.errors import InputError
 from pipeline.data import io as pio
 from pipeline.data.dataset import DATA_DIR_ENV
+from pipeline.data.store import STORE_DTYPES
 from pipeline.engines import MIXTURE_ENGINES
 
 PROG = "dpmm"
@@ -89,6 +90,13 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="fraction of rows held out of the fit and scored (default 0)",
     )
     p.add_argument("--engine", choices=MIXTURE_ENGINES, default="mapdp", help="stage-1 sweep")
+    p.add_argument(
+        "--dtype",
+        choices=STORE_DTYPES,
+        default="float64",
+        help="what the dataset store holds: float64 (default), or float32 (half the store and "
+        "the passes' reads; the records rounded to float32, statistics stay float64)",
+    )
     p.add_argument(
         "--device",
         choices=DEVICES,
@@ -474,6 +482,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         prior_scale=args.prior_scale,
         label_column=args.label_column,
         group_column=args.group_column,
+        dtype=args.dtype,
         n_folds=args.folds,
         data_dir=args.data_dir,
         summaries=args.summaries,

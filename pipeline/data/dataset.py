@@ -100,6 +100,7 @@ def ingest_options(
     label_column: str | None,
     group_column: str | None,
     schema: Any = None,
+    dtype: str = "float64",
 ) -> dict[str, Any]:
     """The options that change what ingest writes, as text (the key's other half)."""
     if schema is not None:
@@ -113,11 +114,15 @@ def ingest_options(
                 prior_sample=prior_sample,
                 label_column=label_column,
                 group_column=group_column,
+                dtype=dtype,
             ),
             "family": family.signature(),
             "schema": repr(schema),
         }
+    # the default dtype is left out, so that the keys of the stores written before it stay
+    more = {} if dtype == "float64" else {"dtype": repr(dtype)}
     return {
+        **more,
         "family": repr(family),
         "chunk_rows": repr(int(chunk_rows)),
         "holdout": repr(float(holdout)),
@@ -164,6 +169,7 @@ def open_dataset(
     progress: Callable[[str, int, int], None] | None = None,
     path: storage.Where | None = None,
     schema: Any = None,
+    dtype: str = "float64",
 ) -> tuple[Store, StoreInfo, bool]:
     """The dataset store of ``source``: reused when an ingest with the same input and options
     completed before, else ingested now (``pipeline.data.ingest.ingest``).
@@ -177,7 +183,7 @@ def open_dataset(
         Runs the ingest tasks.
     root : path, optional
         The folder of shared stores; default ``default_root()``.
-    family, chunk_rows, holdout, n_folds, prior_sample, label_column, group_column, progress
+    family, chunk_rows, holdout, n_folds, prior_sample, label_column, group_column, progress, dtype
         As ``pipeline.data.ingest.ingest``; all but ``progress`` are part of the key.
     schema : Schema, optional
         A fitted model's schema, ``family`` its ``ProductFamily`` (``pipeline.data.ingest.ingest``:
@@ -211,6 +217,7 @@ def open_dataset(
         "label_column": label_column,
         "group_column": group_column,
         "progress": progress,
+        "dtype": dtype,
     }
     if schema is not None:
         ingest_kw["schema"] = schema
@@ -240,6 +247,7 @@ def open_dataset(
         label_column=label_column,
         group_column=group_column,
         schema=schema,
+        dtype=dtype,
     )
     key = dataset_key(fingerprint(source), options)
     where = (

@@ -45,6 +45,7 @@ from pipeline.data.sources import (
 from pipeline.data.store import (
     INFO_FILE,
     NO_ROWS,
+    STORE_DTYPES,
     IntArray,
     Moments,
     Store,
@@ -168,6 +169,7 @@ def ingest(
     group_column: str | None = None,
     format_extra: dict[str, Any] | None = None,
     schema: Schema | None = None,
+    dtype: str = "float64",
 ) -> StoreInfo:
     """Validate, encode and write ``source`` into ``store`` with Dask tasks; fit the prior.
 
@@ -205,6 +207,10 @@ def ingest(
         have its columns, kinds and categories (an ``InputError`` naming the file, column and
         row otherwise) and are encoded as at fit time; a column may be constant (new records
         are scored, not fitted).
+    dtype : {"float64", "float32"}
+        What the store's X holds (``STORE_DTYPES``): float32 halves the store and the passes'
+        reads, the records rounded to float32 (as the prior's sample; the moments are those of
+        the float64 values); readers hand the kernels float64 rows either way.
 
     Returns
     -------
@@ -215,6 +221,8 @@ def ingest(
         raise ValueError(f"holdout must be in [0, 1), got {holdout}")
     if int(chunk_rows) < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    if dtype not in STORE_DTYPES:
+        raise ValueError(f"dtype must be one of {STORE_DTYPES}, got {dtype!r}")
     chunk_rows = int(chunk_rows)
     n_folds = check_folds(n_folds)
     if group_column is not None and group_column == label_column:
@@ -246,6 +254,7 @@ def ingest(
         prior_sample=int(prior_sample),
         label_column=label_column,
         group_column=group_column,
+        dtype=dtype,
         **(format_extra or {}),
     )
 
@@ -259,7 +268,7 @@ def ingest(
         n_rows = sum(int(p.n or 0) for p in src.pieces)
         if n_rows == 0:
             raise InputError(f"{src.description}: {NO_ROWS}")
-        store.create_arrays(n_rows, D, chunk_rows, labels=labels)
+        store.create_arrays(n_rows, D, chunk_rows, labels=labels, dtype=dtype)
         rate = min(1.0, prior_sample / max(n_rows * (1.0 - holdout), 1.0))
         enc_f = client.scatter(enc, broadcast=True, hash=False)
         futs = [
@@ -300,7 +309,7 @@ def ingest(
         ends = np.cumsum(counts)
         starts = ends - np.asarray(counts)
         if group_column is None:
-            store.create_arrays(n_rows, D, chunk_rows, labels=labels)
+            store.create_arrays(n_rows, D, chunk_rows, labels=labels, dtype=dtype)
             rate = min(1.0, prior_sample / max(n_rows * (1.0 - holdout), 1.0))
             futs = []
             for a in range(0, n_rows, chunk_rows):
@@ -331,7 +340,7 @@ def ingest(
             _check_group_sizes(plan, group_ids, group_column, chunk_rows, src.description)
             chunk_counts = [int(n) for n in plan.chunk_counts]
             n_stored = (len(chunk_counts) - 1) * chunk_rows + chunk_counts[-1]
-            store.create_arrays(n_stored, D, chunk_rows, labels=labels, grouped=True)
+            store.create_arrays(n_stored, D, chunk_rows, labels=labels, grouped=True, dtype=dtype)
             # the hold-out is drawn per group: the training rows are known only from the
             # groups' sizes and flags
             hold_g = holdout_mask_of(np.arange(len(group_ids)), holdout)
@@ -371,6 +380,10 @@ def ingest(
         _check_global(schema, checker, mom, src.description)
     sample = np.concatenate([r.sample for r in results if r.sample is not None])
     sample_rows = np.concatenate([r.sample_rows for r in results if r.sample_rows is not None])
+    if dtype != "float64":
+        # the sample start fits these rows in memory: the values the store holds, as every pass
+        # reads them
+        sample = sample.astype(dtype).astype(np.float64)
     if fixed is not None:
         prod = fixed
     else:

@@ -5,7 +5,7 @@ Layout of a store (a zarr v3 group; rows chunked by ``chunk_rows`` = R)
 ``format.json``
     ``{"format": "dpmm-dataset", "version": FORMAT_VERSION, ...}`` and the ingest options,
     written first: ``Store.open_checked`` refuses a store of another version.
-``X`` (n_stored, D) float64
+``X`` (n_stored, D) float64, or float32 (``STORE_DTYPES``, ingest's ``dtype``)
     The encoded records, columns in the family's group order (``ProductFamily.arrange``), so a
     chunk is handed to the kernels as it is read.
 ``fold`` (n_stored,) int16
@@ -263,6 +263,11 @@ class StoreInfo:
         return [self.schema.columns[j] for j in self.family.column_order]
 
 
+# what X may hold: float32 halves the store and every pass's reads; readers hand the kernels
+# float64 rows either way (``Chunk.X``), and every statistic stays float64
+STORE_DTYPES = ("float64", "float32")
+
+
 class Store:
     """A dataset store (module docstring)."""
 
@@ -330,17 +335,20 @@ class Store:
         chunk_rows: int,
         labels: bool = False,
         grouped: bool = False,
+        dtype: str = "float64",
     ) -> None:
         """Create the per-row arrays, ``n_rows`` (= ``StoreInfo.n_stored``) rows chunked by
-        ``chunk_rows``: X, fold, holdout, and y (``labels``), group and row
-        (``grouped``)."""
+        ``chunk_rows``: X (of ``dtype``, one of ``STORE_DTYPES``), fold, holdout, and y
+        (``labels``), group and row (``grouped``)."""
+        if dtype not in STORE_DTYPES:
+            raise ValueError(f"dtype must be one of {STORE_DTYPES}, got {dtype!r}")
         self.path.mkdir(parents=True, exist_ok=True)
         zarr.open_group(str(self.path), mode="a")
         zarr.create_array(
             str(self.path / "X"),
             shape=(n_rows, n_cols),
             chunks=(chunk_rows, n_cols),
-            dtype="float64",
+            dtype=dtype,
             compressors=None,
             overwrite=True,
         )

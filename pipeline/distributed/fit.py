@@ -80,6 +80,7 @@ def fit_distributed(
     progress: bool = False,
     warm_start: tuple[Stats, float] | None = None,
     device: str = "cpu",
+    dtype: str = "float64",
 ) -> DistributedResult:
     """Stage 1 of the pipeline on records that may not fit in one process.
 
@@ -100,6 +101,8 @@ def fit_distributed(
         Default: a LocalCluster of one single-threaded worker process per core.
     store_path : path, optional
         Where to write the store; default a temporary directory, removed afterwards.
+    dtype : {"float64", "float32"}
+        What the store's X holds (``pipeline.data.ingest.ingest``); statistics stay float64.
     warm_start : (Stats, float), optional
         The clusters (``pipeline.families.stats.Stats`` of ``family``: pass the fitted model's
         family,
@@ -154,6 +157,7 @@ def fit_distributed(
             family=family,
             chunk_rows=chunk_rows,
             prior_sample=prior_sample,
+            dtype=dtype,
         )
         best: tuple[PassState, IntArray] | None = None
         objectives = []

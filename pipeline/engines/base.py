@@ -94,7 +94,9 @@ class Chunk:
 
     @property
     def X(self) -> FloatArray:
-        return np.ascontiguousarray(self.read("X"))
+        """The chunk's records, float64 whatever the store holds (a float32 store's rows
+        widened here: the kernels compile for float64 only)."""
+        return np.ascontiguousarray(self.read("X"), dtype=np.float64)
 
     @property
     def holdout(self) -> np.ndarray:

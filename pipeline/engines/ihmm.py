@@ -433,7 +433,7 @@ def sample_start(ctx: RunContext, alpha: float, gamma: float) -> IhmmPassState:
     lengths: list[int] = []
     for c in range(info.n_chunks):
         a, b = info.chunk_bounds(c)
-        X = np.asarray(ctx.data.array("X")[a:b])
+        X = np.asarray(ctx.data.array("X")[a:b], dtype=np.float64)
         hold = np.asarray(ctx.data.array("holdout")[a:b]).astype(bool)
         group = np.asarray(ctx.data.array("group")[a:b], dtype=np.int64)
         order = np.argsort(group, kind="stable")

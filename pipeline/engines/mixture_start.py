@@ -69,7 +69,9 @@ def initial_state(client: Any, ctx: RunContext) -> PassState:
         train &= np.asarray(ctx.data.array("row")[:]) >= 0
     cand = cand[train[cand]]
     seed_rows = np.sort(cand[:n_seeds])
-    Xs = np.asarray(ctx.data.array("X").get_orthogonal_selection((seed_rows, slice(None))))
+    Xs = np.asarray(
+        ctx.data.array("X").get_orthogonal_selection((seed_rows, slice(None))), dtype=np.float64
+    )
     labels = np.arange(seed_rows.shape[0], dtype=np.int64)
     stats = fam.stats_of(np.ascontiguousarray(Xs), labels, seed_rows.shape[0])
     return PassState(

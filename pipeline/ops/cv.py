@@ -129,7 +129,7 @@ def _frame(X: np.ndarray, info: StoreInfo) -> pd.DataFrame:
 def _read_rows(store_path: str) -> tuple[np.ndarray, np.ndarray, StoreInfo]:
     store = Store(store_path)
     info = store.info
-    X = np.asarray(store.array("X")[:])
+    X = np.asarray(store.array("X")[:], dtype=np.float64)
     fold = np.asarray(store.array("fold")[:])
     if info.grouped:
         real = np.asarray(store.array("row")[:]) >= 0

@@ -44,6 +44,8 @@ class RunConfig:
     label_column: str | None = None
     n_folds: int = N_FOLDS
     group_column: str | None = None
+    # what the dataset store's X holds (``pipeline.data.store.STORE_DTYPES``)
+    dtype: str = "float64"
     # where shared dataset stores live (None: ``pipeline.data.dataset.default_root``)
     data_dir: str | None = None
     summaries: int = 0
@@ -64,6 +66,7 @@ class RunConfig:
             "prior_sample": self.prior_sample,
             "label_column": self.label_column,
             "group_column": self.group_column,
+            "dtype": self.dtype,
         }
 
 

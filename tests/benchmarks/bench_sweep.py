@@ -1,5 +1,6 @@
-"""Issue 38 figures: the per-record sweep of the Gaussian paths in records per second per core,
-side by side with scikit-learn's ``KMeans.predict`` (one thread) on the same records and
+"""Issue 38 figures: the per-record sweep of the Gaussian paths (MAP-DP's sweep, its write-out
+pass, ``predict``, Bayes K-means' assignment; ASUGS in ``bench_asugs``) in records per second per
+core, side by side with scikit-learn's ``KMeans.predict`` (one thread) on the same records and
 clusters: 200,000 x 10 records, K = 20, visited in a random order, after the first sweep (the
 records stay where they are, as in every pass after the first). CPU time of this process, best
 of three. And the distributed passes' scaling with the number of worker processes
@@ -20,6 +21,7 @@ import pytest
 from sklearn.cluster import KMeans
 from threadpoolctl import threadpool_limits
 
+from kernels import bayes_kmeans as kbk
 from kernels import mapdp as kmapdp
 from pipeline.data.synthetic import sample_mixture
 from pipeline.families import GaussianNW
@@ -70,6 +72,13 @@ def test_sweep_records_per_core() -> None:
 
     predict()
     t_predict = _cpu_best(predict)
+
+    def assign() -> Any:
+        z = z0.copy()
+        return kbk.assign(Xa, order, z, stats0, cache0, nk0, K, fam.spec, fam.prior, empty_c, 0.0)
+
+    assign()
+    t_assign = _cpu_best(assign)
     km = KMeans(n_clusters=K, n_init=1, random_state=0).fit(X[:20_000])
     with threadpool_limits(1):
         km.predict(X[:1000])
@@ -78,6 +87,7 @@ def test_sweep_records_per_core() -> None:
         {"path": "MAP-DP sweep (argmin, eqs. 3.1-3.2)", "s": t_sweep},
         {"path": "MAP-DP sweep scoring eq. 3.4 (write-out pass)", "s": t_scored},
         {"path": "MAP-DP predict (eqs. 3.4-3.5)", "s": t_predict},
+        {"path": "Bayes K-means assignment (frozen clusters)", "s": t_assign},
         {"path": "KMeans.predict, 1 thread (peer)", "s": t_km},
     ]
     for r in rows:

@@ -15,6 +15,7 @@ import pytest
 from flows.cli import build_parser, main
 from pipeline.core import outputs as core_outputs
 from pipeline.core import paths
+from pipeline.core.errors import InputError
 from pipeline.data import io as pio
 from pipeline.data import sources
 
@@ -245,6 +246,16 @@ def test_run_workers_are_threads_for_a_sequential_engine(argv: list[str], thread
 
     args = build_parser().parse_args(["run", "in.parquet", "--out", "o", *argv])
     assert _threads(args) is threads
+
+
+def test_run_dtype_option() -> None:
+    """``--dtype float32`` (a float32 dataset store, ``cluster(dtype=...)``); float64 by
+    default, nothing else accepted."""
+    args = build_parser().parse_args(["run", "in.parquet", "--out", "o", "--dtype", "float32"])
+    assert args.dtype == "float32"
+    assert build_parser().parse_args(["run", "in.parquet", "--out", "o"]).dtype == "float64"
+    with pytest.raises(InputError, match="--dtype"):
+        build_parser().parse_args(["run", "in.parquet", "--out", "o", "--dtype", "float16"])
 
 
 def test_real_subprocess(csv_path: Path, tmp_path: Path) -> None:

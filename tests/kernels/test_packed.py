@@ -155,3 +155,36 @@ def test_a_sweep_whose_slots_grow_repacks_them_without_changing_a_result() -> No
     )
     np.testing.assert_array_equal(logdens, want)
     np.testing.assert_array_equal(labels, z1)
+
+
+def test_pruned_eq_3_4_is_the_full_mixture_ties_to_the_lowest_slot() -> None:
+    """``predict``'s eq. 3.4-3.5 (pruned: a logarithm only for the columns whose term can
+    count, the terms' arg max found along the way) against the full mixture of every cluster's
+    Student-t (``gaussian_nw.log_predictive``, log-sum-exp in NumPy): densities to 1e-12
+    relative, labels equal; a cluster present twice ties, and the lower slot wins."""
+    X, fam = _clusters(11, 3, 4, n=30)
+    z = np.repeat(np.arange(4), 30).astype(np.int64)
+    stats, cache, empty_c = _caches(X, fam, z, 4)
+    # slot 4 is slot 2 again: every record of cluster 2 ties between slots 2 and 4
+    stats = np.vstack([stats, stats[2:3]])
+    cache = np.vstack([cache, cache[2:3]])
+    nk = stats[:, 0].copy()
+    alpha = 0.5
+    rng = np.random.default_rng(3)
+    Xq = np.vstack([X, rng.normal(X.mean(axis=0), 25.0, (40, 3))])  # far records: new clusters
+    labels, logdens = kmapdp.predict(Xq, stats, cache, nk, fam.spec, fam.prior, empty_c, alpha)
+    p = fam.prior
+    lp = np.array(
+        [
+            [gaussian_nw.log_predictive(x, stats[k], cache[k], p) for k in range(5)]
+            + [gaussian_nw.log_predictive(x, np.zeros(fam.n_stats), empty_c, p)]
+            for x in Xq
+        ]
+    )
+    w = np.log(np.append(nk, alpha)) - np.log(alpha + nk.sum())
+    terms = lp + w
+    want = np.logaddexp.reduce(terms, axis=1)
+    np.testing.assert_allclose(logdens, want, rtol=1e-12)
+    best = np.argmax(terms, axis=1)  # the first of equal maxima
+    np.testing.assert_array_equal(labels, np.where(best < 5, best, -1))
+    assert np.all(labels[60:90] == 2) and np.any(labels == -1)

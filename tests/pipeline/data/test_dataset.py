@@ -414,6 +414,7 @@ def test_the_key_covers_the_input_and_every_option(tmp_path: Path):
         prior_sample=10,
         label_column="c",
         group_column="c",
+        dtype="float32",
     )
     keys = {key}
     for name, value in changes.items():

@@ -108,6 +108,25 @@ def test_statistics_are_those_of_the_labels(client):
     np.testing.assert_allclose(res.stats, direct, rtol=1e-9, atol=1e-6)
 
 
+def test_a_float32_store_gives_the_float64_partition(client, tmp_path: Path):
+    """``dtype="float32"`` (``dpmm run --dtype float32``): the store holds float32 records, the
+    fit the float64 one's partition on well-separated clusters, and statistics stay float64:
+    those of the float32 records summed in float64 (rtol 1e-9)."""
+    X, _ = blobs(1500, seed=4)
+    r64 = _fit(X, client, store_path=tmp_path / "a")
+    r32 = _fit(X, client, store_path=tmp_path / "b", dtype="float32")
+    assert Store(tmp_path / "b").array("X").dtype == np.float32
+    assert Store(tmp_path / "a").array("X").dtype == np.float64
+    assert np.array_equal(r32.labels, r64.labels)
+    assert r32.stats.dtype == np.float64
+    fam = r32.info.family
+    X32 = fam.arrange(X).astype(np.float32).astype(np.float64)
+    direct = fam.stats_of(X32, r32.labels, r32.stats.shape[0])
+    np.testing.assert_allclose(r32.stats, direct, rtol=1e-9, atol=1e-6)
+    with pytest.raises(ValueError, match="dtype"):
+        _fit(X, client, store_path=tmp_path / "c", dtype="float16")
+
+
 def test_every_input_format_gives_the_same_store(client, tmp_path: Path):
     X, _ = blobs(1000, seed=5)
     cols = ["a", "b", "c"]
