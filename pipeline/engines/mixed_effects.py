@@ -47,6 +47,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from kernels import mixed_effects as kme
+from kernels.moments import group_gram
 from pipeline.core.persist import register
 from pipeline.data.labels import emit_chunk
 from pipeline.data.store import iter_chunks, read_group_moments
@@ -458,6 +459,8 @@ class MixedEffectsEngine(Engine):
     def warm_up(self) -> None:
         rng = np.random.default_rng(0)
         X = np.column_stack([np.ones(6), rng.normal(size=6)])
+        # the ingest of a grouped store computes its groups' moments (``pipeline.data.store``)
+        group_gram(X, np.arange(0, 7, 2, dtype=np.int64))
         XtX, Xty, yty, n_obs = kme.subject_moments(X, rng.normal(size=6), np.arange(6) % 2, 2)
         kme.ols_moments(XtX, Xty, yty, n_obs, np.ones(2, dtype=bool))
 
