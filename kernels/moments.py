@@ -5,7 +5,8 @@ data only through X_i^T X_i, X_i^T y_i, y_i^T y_i and n_i (eqs. 7.2 and 7.3, and
 likelihood with beta_i integrated out). Which stored columns are the response and which the
 covariates is a fit's choice, not the store's, so the store keeps the Gram matrix of each group's
 rows with a column of ones in front, W_g = [1, X_g]: every one of those moments, for any choice
-of response, covariates and intercept, is a block of W_g^T W_g.
+of response, covariates and intercept, is a block of W_g^T W_g. It is symmetric, so only its upper
+triangle is kept.
 """
 
 import numpy as np
@@ -14,12 +15,14 @@ from numba import njit
 
 @njit(cache=True, nogil=True)
 def group_gram(X, starts):
-    """W_g^T W_g of every group g, W_g = [1, X_g] (the moments of eqs. 7.1-7.3 of seed 000).
+    """The upper triangle of W_g^T W_g of every group g, W_g = [1, X_g] (the moments of
+    eqs. 7.1-7.3 of seed 000), row by row: entries (a, b), b >= a, of the (q, q) matrix,
+    q = D + 1, at a q - a (a - 1) / 2 + (b - a).
 
-    Entry (0, 0) is the group's number of rows, (0, 1 + j) and (1 + j, 0) the sum of column j,
-    (1 + j, 1 + l) the sum of products of columns j and l. Rows are added in their stored
-    order, with the same products as ``kernels.mixed_effects.subject_moments``, so each block
-    equals that kernel's result on the same rows bit for bit.
+    Entry (0, 0) is the group's number of rows, (0, 1 + j) the sum of column j, (1 + j, 1 + l)
+    the sum of products of columns j and l. Rows are added in their stored order, with the same
+    products as ``kernels.mixed_effects.subject_moments``, so each block equals that kernel's
+    result on the same rows bit for bit.
 
     Parameters
     ----------
@@ -30,20 +33,22 @@ def group_gram(X, starts):
 
     Returns
     -------
-    (G, D + 1, D + 1) float64
+    (G, q (q + 1) / 2) float64
     """
     d = X.shape[1]
     G = starts.shape[0] - 1
     q = d + 1
-    out = np.zeros((G, q, q))
+    out = np.zeros((G, q * (q + 1) // 2))
     w = np.empty(q)
     w[0] = 1.0
     for g in range(G):
         for r in range(starts[g], starts[g + 1]):
             for a in range(d):
                 w[a + 1] = X[r, a]
+            t = 0
             for a in range(q):
                 wa = w[a]
-                for b in range(q):
-                    out[g, a, b] += wa * w[b]
+                for b in range(a, q):
+                    out[g, t] += wa * w[b]
+                    t += 1
     return out

@@ -19,15 +19,16 @@ Layout of a store (a zarr v3 group; rows chunked by ``chunk_rows`` = R)
     input; -1 on padding.
 ``y`` (n_stored,) int64, with a label column only
     The true labels' codes (``label_codes``).
-``group_gram`` (C, G_max, D + 1, D + 1) float64, ``group_code`` (C, G_max) int64,
+``group_gram`` (C, G_max, (D + 1)(D + 2) / 2) float64, ``group_code`` (C, G_max) int64,
 ``group_holdout`` (C, G_max) bool, ``group_fold`` (C, G_max) int16: grouped stores of at most
 ``MAX_GRAM_COLS`` columns (``StoreInfo.group_moments``)
     Per chunk c, its groups in stored order (codes ascending; -1 past the chunk's last group):
-    the Gram matrix W_g^T W_g of the group's rows with a column of ones in front,
-    W_g = [1, X_g] (``kernels.moments.group_gram``), its code, held-out flag and fold. Additive
-    statistics computed once at ingest, so that a model that reads groups through their moments
-    (the mixed-effects engine: X_i^T X_i, X_i^T y_i, y_i^T y_i, n_i are blocks of it) need not
-    read and reduce the rows on every pass. One zarr chunk per task chunk.
+    the Gram matrix W_g^T W_g of the group's rows with a column of ones in front, W_g =
+    [1, X_g], its upper triangle row by row (``kernels.moments.group_gram``), its code, held-out
+    flag and fold. Additive statistics computed once at ingest, so that a model that reads
+    groups through their moments (the mixed-effects engine: X_i^T X_i, X_i^T y_i, y_i^T y_i, n_i
+    are blocks of it) need not read and reduce the rows on every pass. One zarr chunk per task
+    chunk.
 ``info.json`` + ``info.npz``
     What ingest learned (``StoreInfo``: schema, family, sizes, data moments, the prior's sample,
     the chunk plan of a grouped store), a ``pipeline.core.persist`` record (JSON plus arrays, never
@@ -54,6 +55,7 @@ Ingest (``pipeline.data.ingest``) writes a store; ``pipeline.data.dataset`` shar
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, overload
@@ -393,7 +395,7 @@ class Store:
         of ``max_groups`` groups, one zarr chunk per task chunk."""
         q = n_cols + 1
         specs = (
-            ("group_gram", (q, q), "float64", 0.0),
+            ("group_gram", (q * (q + 1) // 2,), "float64", 0.0),
             ("group_code", (), "int64", -1),
             ("group_holdout", (), "bool", False),
             ("group_fold", (), "int16", -1),
@@ -460,7 +462,7 @@ def input_positions(store: Store, info: StoreInfo) -> IntArray:
 class GroupMoments:
     """A chunk's groups as ingest summarised them (``read_group_moments``)."""
 
-    gram: FloatArray  # (G, D + 1, D + 1): W_g^T W_g, W_g = [1, X_g]
+    gram: FloatArray  # (G, q (q + 1) / 2): W_g^T W_g's upper triangle, W_g = [1, X_g]
     code: IntArray  # (G,) group codes, ascending
     holdout: BoolArray  # (G,)
     fold: FoldArray  # (G,)
@@ -468,7 +470,22 @@ class GroupMoments:
     @property
     def n_rows(self) -> IntArray:
         """(G,) rows of each group."""
-        return np.rint(self.gram[:, 0, 0]).astype(np.int64)
+        return np.rint(self.gram[:, 0]).astype(np.int64)
+
+    def full(self) -> FloatArray:
+        """(G, q, q): every W_g^T W_g."""
+        return self.gram[:, packed_index(self.gram.shape[1])]
+
+
+def packed_index(n_packed: int) -> IntArray:
+    """(q, q): where entry (a, b) of a symmetric q x q matrix is in its upper triangle kept row
+    by row in ``n_packed`` = q (q + 1) / 2 numbers (``kernels.moments.group_gram``)."""
+    q = math.isqrt(8 * n_packed + 1) // 2
+    a, b = np.triu_indices(q)
+    out = np.empty((q, q), dtype=np.int64)
+    out[a, b] = np.arange(a.shape[0])
+    out[b, a] = out[a, b]
+    return out
 
 
 def read_group_moments(path: str, c: int) -> GroupMoments:

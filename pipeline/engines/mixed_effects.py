@@ -50,7 +50,7 @@ from kernels import mixed_effects as kme
 from kernels.moments import group_gram
 from pipeline.core.persist import register
 from pipeline.data.labels import emit_chunk
-from pipeline.data.store import iter_chunks, read_group_moments
+from pipeline.data.store import iter_chunks, packed_index, read_group_moments
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext
 from pipeline.models.mixed_effects import (
     GaussianFit,
@@ -152,10 +152,11 @@ def read_subjects(
 
 
 def _subjects_of_moments(chunk: Chunk, cols: Columns, heldout_fold: int | None) -> ChunkSubjects:
-    """``read_subjects`` from the store's per-group Gram matrices of W = [1, X] (a grouped
-    store keeps each group's rows together, groups in code order): X_i^T X_i, X_i^T y_i,
-    y_i^T y_i and n_i are its blocks, equal bit for bit to ``kernels.mixed_effects.
-    subject_moments`` on the rows (``kernels.moments.group_gram``)."""
+    """``read_subjects`` from the store's per-group Gram matrices of W = [1, X] (their upper
+    triangles: ``pipeline.data.store.packed_index``; a grouped store keeps each group's rows
+    together, groups in code order): X_i^T X_i, X_i^T y_i, y_i^T y_i and n_i are its blocks,
+    equal bit for bit to ``kernels.mixed_effects.subject_moments`` on the rows
+    (``kernels.moments.group_gram``)."""
     gm = read_group_moments(chunk.data, chunk.c)
     hold = gm.holdout
     if heldout_fold is not None:
@@ -164,11 +165,14 @@ def _subjects_of_moments(chunk: Chunk, cols: Columns, heldout_fold: int | None) 
         ([0] if cols.intercept else []) + [1 + j for j in cols.covariates], dtype=np.int64
     )
     r = 1 + cols.response
+    at = packed_index(gm.gram.shape[1])
     g = gm.gram
-    XtX = np.ascontiguousarray(g[:, idx[:, None], idx[None, :]])
-    Xty = np.ascontiguousarray(g[:, idx, r])
-    yty = np.ascontiguousarray(g[:, r, r])
-    n_obs = np.ascontiguousarray(g[:, 0, 0])
+    # an index array after a slice can give a result that is not C-ordered: the kernels are
+    # compiled for C-ordered arrays
+    XtX = np.ascontiguousarray(g[:, at[idx[:, None], idx[None, :]]])
+    Xty = np.ascontiguousarray(g[:, at[idx, r]])
+    yty = np.ascontiguousarray(g[:, at[r, r]])
+    n_obs = np.ascontiguousarray(g[:, 0])
     sizes = gm.n_rows
     if int(sizes.sum()) != chunk.b - chunk.a:
         raise ValueError(

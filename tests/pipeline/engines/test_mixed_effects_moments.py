@@ -47,7 +47,7 @@ def test_the_stored_moments_are_the_rows_moments(client, tmp_path: Path) -> None
         for g, code in enumerate(gm.code):
             rows = df[df["subject"] == info.group_ids[code]]  # type: ignore[index]
             W = np.column_stack([np.ones(len(rows)), rows[names].to_numpy(float)])
-            np.testing.assert_allclose(gm.gram[g], W.T @ W, rtol=1e-10, atol=1e-10)
+            np.testing.assert_allclose(gm.full()[g], W.T @ W, rtol=1e-10, atol=1e-10)
         np.testing.assert_array_equal(gm.holdout, holdout_mask_of(gm.code, 0.2))
         np.testing.assert_array_equal(gm.fold, fold_of(gm.code, 5))
     np.testing.assert_array_equal(np.concatenate(seen), np.arange(info.n_groups))
