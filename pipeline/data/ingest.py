@@ -44,6 +44,7 @@ from pipeline.data.sources import (
 )
 from pipeline.data.store import (
     INFO_FILE,
+    MAX_GRAM_COLS,
     NO_ROWS,
     STORE_DTYPES,
     IntArray,
@@ -264,6 +265,7 @@ def ingest(
 
     group_ids: list[Any] | None = None
     chunk_counts: list[int] | None = None
+    group_moments = False
     if src.aligned and group_column is None:
         n_rows = sum(int(p.n or 0) for p in src.pieces)
         if n_rows == 0:
@@ -341,6 +343,9 @@ def ingest(
             chunk_counts = [int(n) for n in plan.chunk_counts]
             n_stored = (len(chunk_counts) - 1) * chunk_rows + chunk_counts[-1]
             store.create_arrays(n_stored, D, chunk_rows, labels=labels, grouped=True, dtype=dtype)
+            group_moments = D <= MAX_GRAM_COLS
+            if group_moments:
+                store.create_group_arrays(len(chunk_counts), int(plan.chunk_groups.max()), D)
             # the hold-out is drawn per group: the training rows are known only from the
             # groups' sizes and flags
             hold_g = holdout_mask_of(np.arange(len(group_ids)), holdout)
@@ -364,6 +369,7 @@ def ingest(
                         rate,
                         unarrange,
                         labels,
+                        group_moments,
                         pure=False,
                     )
                 )
@@ -417,6 +423,7 @@ def ingest(
         group_column=group_column,
         group_ids=group_ids,
         chunk_counts=chunk_counts,
+        group_moments=group_moments,
     )
     store.save(INFO_FILE, info)
     return info
@@ -460,12 +467,14 @@ class GroupPlan:
         rows in input order).
     chunk_counts, chunk_offsets : (C,) real rows of each chunk, and where its rows start in
         ``order``.
+    chunk_groups : (C,) groups of each chunk.
     """
 
     sizes: IntArray
     order: IntArray
     chunk_counts: IntArray
     chunk_offsets: IntArray
+    chunk_groups: IntArray
 
 
 def _group_plan(codes: IntArray, n_groups: int, chunk_rows: int) -> GroupPlan:
@@ -473,17 +482,23 @@ def _group_plan(codes: IntArray, n_groups: int, chunk_rows: int) -> GroupPlan:
     group larger than that gets a chunk of its own: ``_check_group_sizes`` refuses it)."""
     sizes = np.bincount(codes, minlength=n_groups).astype(np.int64)
     counts: list[int] = []
+    groups: list[int] = []
     cur = 0
+    m = 0
     for s in sizes.tolist():
         if cur and cur + s > chunk_rows:
             counts.append(cur)
+            groups.append(m)
             cur = 0
+            m = 0
         cur += s
+        m += 1
     counts.append(cur)
+    groups.append(m)
     chunk_counts = np.asarray(counts, dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(chunk_counts)[:-1]]).astype(np.int64)
     order = np.argsort(codes, kind="stable").astype(np.int64)
-    return GroupPlan(sizes, order, chunk_counts, offsets)
+    return GroupPlan(sizes, order, chunk_counts, offsets, np.asarray(groups, dtype=np.int64))
 
 
 def _check_group_sizes(

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import zarr
 
+from kernels.moments import group_gram
 from pipeline.core.config import N_FOLDS
 from pipeline.core.errors import InputError
 from pipeline.data.sources import (
@@ -308,8 +309,10 @@ def gather_group_chunk_task(
     sample_rate: float,
     unarrange: IntArray,
     labels: bool = False,
+    group_moments: bool = False,
 ) -> PieceResult:
     """Gather a grouped store's chunk c from the staging area and write it at stored rows a...
+    (``group_moments``: and its groups' moments, ``pipeline.data.store``).
 
     Parameters
     ----------
@@ -333,4 +336,24 @@ def gather_group_chunk_task(
     positions = np.arange(a, a + rows.shape[0])
     summ = _chunk_summary(Xa, codes, rows, positions, holdout, n_folds, sample_rate, unarrange)
     _write_chunk(store, a, Xa, summ, y, (codes, rows))
+    if group_moments:
+        _write_group_moments(store, c, Xa, codes, summ)
     return _result(c, rows.shape[0], summ)
+
+
+def _write_group_moments(
+    store: str, c: int, Xa: FloatArray, codes: IntArray, summ: ChunkSummary
+) -> None:
+    """Chunk c's per-group arrays: each group's Gram matrix (``kernels.moments.group_gram``),
+    code, held-out flag and fold (its rows': they are drawn per group)."""
+    starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    stored = zarr.open_array(f"{store}/X", mode="r").dtype
+    if stored != Xa.dtype:
+        # the moments of the records as stored (``--dtype float32`` rounds them)
+        Xa = Xa.astype(stored).astype(np.float64)
+    gram = group_gram(Xa, np.r_[starts, codes.shape[0]].astype(np.int64))
+    n = starts.shape[0]
+    zarr.open_array(f"{store}/group_gram", mode="r+")[c, :n] = gram
+    zarr.open_array(f"{store}/group_code", mode="r+")[c, :n] = codes[starts]
+    zarr.open_array(f"{store}/group_holdout", mode="r+")[c, :n] = summ.hold[starts]
+    zarr.open_array(f"{store}/group_fold", mode="r+")[c, :n] = summ.fold[starts]

@@ -19,6 +19,16 @@ Layout of a store (a zarr v3 group; rows chunked by ``chunk_rows`` = R)
     input; -1 on padding.
 ``y`` (n_stored,) int64, with a label column only
     The true labels' codes (``label_codes``).
+``group_gram`` (C, G_max, (D + 1)(D + 2) / 2) float64, ``group_code`` (C, G_max) int64,
+``group_holdout`` (C, G_max) bool, ``group_fold`` (C, G_max) int16: grouped stores of at most
+``MAX_GRAM_COLS`` columns (``StoreInfo.group_moments``)
+    Per chunk c, its groups in stored order (codes ascending; -1 past the chunk's last group):
+    the Gram matrix W_g^T W_g of the group's rows with a column of ones in front, W_g =
+    [1, X_g], its upper triangle row by row (``kernels.moments.group_gram``), its code, held-out
+    flag and fold. Additive statistics computed once at ingest, so that a model that reads
+    groups through their moments (the mixed-effects engine: X_i^T X_i, X_i^T y_i, y_i^T y_i, n_i
+    are blocks of it) need not read and reduce the rows on every pass. One zarr chunk per task
+    chunk.
 ``info.json`` + ``info.npz``
     What ingest learned (``StoreInfo``: schema, family, sizes, data moments, the prior's sample,
     the chunk plan of a grouped store), a ``pipeline.core.persist`` record (JSON plus arrays, never
@@ -45,6 +55,7 @@ Ingest (``pipeline.data.ingest``) writes a store; ``pipeline.data.dataset`` shar
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, overload
@@ -64,10 +75,16 @@ SAMPLE_SALT = 0x5EED_0002
 PLOT_SALT = 0x5EED_0003
 NO_ROWS = "X has no rows (0 samples); at least 1 is required"
 FORMAT_NAME = "dpmm-dataset"
-FORMAT_VERSION = 1
+# 2: grouped stores keep their groups' moments (``group_gram``); a store of version 1 is refused
+# (``Store.check_format``) and a shared one is ingested again under its new key
+FORMAT_VERSION = 2
 FORMAT_FILE = "format.json"
 INFO_FILE = "info"
 MAX_FOLDS = 2**15 - 1  # fold ids are int16
+# the widest store whose groups' Gram matrices ingest keeps: (D + 1)^2 floats per group, and as
+# many products per row, stay small beside the rows
+MAX_GRAM_COLS = 15
+GROUP_ARRAYS = ("group_gram", "group_code", "group_holdout", "group_fold")
 
 BoolArray = NDArray[np.bool_]
 IntArray = NDArray[np.int64]
@@ -213,6 +230,8 @@ class StoreInfo:
     # the family was given to ingest (a user's prior, a warm-start model's): runs keep it
     # instead of refitting the empirical-Bayes prior to ``sample`` at their prior scale
     prior_fixed: bool = False
+    # the store keeps its groups' moments (``group_gram`` and its companions: module docstring)
+    group_moments: bool = False
 
     def with_prior_scale(self, scale: float | None) -> StoreInfo:
         """This info with the empirical-Bayes prior refitted to the prior's ``sample`` at
@@ -379,6 +398,27 @@ class Store:
                 overwrite=True,
             )
 
+    def create_group_arrays(self, n_chunks: int, max_groups: int, n_cols: int) -> None:
+        """Create the per-group arrays of a grouped store (module docstring): ``n_chunks`` rows
+        of ``max_groups`` groups, one zarr chunk per task chunk."""
+        q = n_cols + 1
+        specs = (
+            ("group_gram", (q * (q + 1) // 2,), "float64", 0.0),
+            ("group_code", (), "int64", -1),
+            ("group_holdout", (), "bool", False),
+            ("group_fold", (), "int16", -1),
+        )
+        for name, tail, dtype, fill in specs:
+            zarr.create_array(
+                str(self.path / name),
+                shape=(n_chunks, max_groups, *tail),
+                chunks=(1, max_groups, *tail),
+                dtype=dtype,
+                fill_value=fill,
+                compressors=None,
+                overwrite=True,
+            )
+
     # small files, replaced atomically -------------------------------------------------------
     def _write_atomic(self, name: str, data: bytes) -> None:
         persist.write_atomic(self.path / name, data)
@@ -424,6 +464,46 @@ def input_positions(store: Store, info: StoreInfo) -> IntArray:
     out = np.empty(info.n_rows, dtype=np.int64)
     out[row[pos]] = pos
     return out
+
+
+@dataclass
+class GroupMoments:
+    """A chunk's groups as ingest summarised them (``read_group_moments``)."""
+
+    gram: FloatArray  # (G, q (q + 1) / 2): W_g^T W_g's upper triangle, W_g = [1, X_g]
+    code: IntArray  # (G,) group codes, ascending
+    holdout: BoolArray  # (G,)
+    fold: FoldArray  # (G,)
+
+    @property
+    def n_rows(self) -> IntArray:
+        """(G,) rows of each group."""
+        return np.rint(self.gram[:, 0]).astype(np.int64)
+
+    def full(self) -> FloatArray:
+        """(G, q, q): every W_g^T W_g."""
+        return self.gram[:, packed_index(self.gram.shape[1])]
+
+
+def packed_index(n_packed: int) -> IntArray:
+    """(q, q): where entry (a, b) of a symmetric q x q matrix is in its upper triangle kept row
+    by row in ``n_packed`` = q (q + 1) / 2 numbers (``kernels.moments.group_gram``)."""
+    q = math.isqrt(8 * n_packed + 1) // 2
+    a, b = np.triu_indices(q)
+    out = np.empty((q, q), dtype=np.int64)
+    out[a, b] = np.arange(a.shape[0])
+    out[b, a] = out[a, b]
+    return out
+
+
+def read_group_moments(path: str, c: int) -> GroupMoments:
+    """Chunk c's per-group arrays of the grouped store at ``path`` (``StoreInfo.group_moments``),
+    without the padding past its last group."""
+    code = np.asarray(zarr.open_array(f"{path}/group_code", mode="r")[c], dtype=np.int64)
+    n = int(np.count_nonzero(code >= 0))
+    arrays = [zarr.open_array(f"{path}/{name}", mode="r") for name in GROUP_ARRAYS]
+    gram, hold, fold = (np.asarray(arrays[i][c, :n]) for i in (0, 2, 3))
+    return GroupMoments(gram, code[:n], hold, fold)
 
 
 def iter_chunks(info: StoreInfo) -> Iterator[tuple[int, int, int]]:

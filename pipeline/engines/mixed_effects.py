@@ -9,17 +9,17 @@ them (``response``, ``covariates``; default: the last column is the response, th
 covariates) and says whether an intercept is added (``intercept``, default True). A subject's
 fold and held-out flag are its group's; held-out subjects are not fitted, only scored.
 
-A pass is one task per chunk: it computes its subjects' moments from the rows, takes each
-subject's cluster as the previous pass left it, sweeps them against a copy of the global model
+A pass is one task per chunk: it reads its subjects' moments (blocks of the Gram matrices that
+ingest keeps per group, ``pipeline.data.store``, so no pass reads or reduces the rows; from the
+rows in a store without them: ungrouped, or wider than ``MAX_GRAM_COLS``), takes each subject's
+cluster as the previous pass left it, sweeps them against a copy of the global model
 (``kernels.mixed_effects.sweep``: clusters, tau, counts), writes the new per-record state and
 returns additive statistics (``pipeline.models.mixed_effects.SweepStats``: per cluster slot the
-count,
-sum of E[beta_i] and of E[beta_i beta_i^T]; the expected residual sum of squares and the number
-of observations for tau; -log p(y_i) for the objective). Clusters a chunk opens get slots after
-the model's K; the driver appends every chunk's new slots in chunk order, adds the statistics
-and takes the modes (``pipeline.models.mixed_effects.update``: merges, Normal-Wishart modes, eq.
-7.3,
-eq. A.1).
+count, sum of E[beta_i] and of E[beta_i beta_i^T]; the expected residual sum of squares and the
+number of observations for tau; -log p(y_i) for the objective). Clusters a chunk opens get slots
+after the model's K; the driver appends every chunk's new slots in chunk order, adds the
+statistics and takes the modes (``pipeline.models.mixed_effects.update``: merges, Normal-Wishart
+modes, eq. 7.3, eq. A.1).
 
 Per-record state, on every row of a subject (the loop's arrays are per row of the store, the
 model's unknowns per subject; repeating a subject's values on each of its rows keeps a chunk's
@@ -47,9 +47,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from kernels import mixed_effects as kme
+from kernels.moments import group_gram
 from pipeline.core.persist import register
 from pipeline.data.labels import emit_chunk
-from pipeline.data.store import iter_chunks
+from pipeline.data.store import iter_chunks, packed_index, read_group_moments
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext
 from pipeline.models.mixed_effects import (
     GaussianFit,
@@ -116,10 +117,17 @@ class ChunkSubjects:
 
 
 def read_subjects(
-    chunk: Chunk, cols: Columns, grouped: bool, heldout_fold: int | None = None
+    chunk: Chunk,
+    cols: Columns,
+    grouped: bool,
+    heldout_fold: int | None = None,
+    moments: bool = False,
 ) -> ChunkSubjects:
     """The chunk's subjects; held out (not fitted): the store's held-out rows and, for a
-    cross-validation fit, the subjects of fold ``heldout_fold``."""
+    cross-validation fit, the subjects of fold ``heldout_fold``. ``moments``: from the moments
+    the store keeps per group (``StoreInfo.group_moments``) rather than from the rows."""
+    if moments:
+        return _subjects_of_moments(chunk, cols, heldout_fold)
     X = chunk.X
     hold = chunk.holdout
     if heldout_fold is not None:
@@ -141,6 +149,41 @@ def read_subjects(
     XtX, Xty, yty, n_obs = kme.subject_moments(design, y, inv.astype(np.int64), uniq.size)
     sub = Subjects(XtX, Xty, yty, n_obs, ~hold[first], uniq.astype(np.int64))
     return ChunkSubjects(sub, inv.astype(np.int64), first.astype(np.int64))
+
+
+def _subjects_of_moments(chunk: Chunk, cols: Columns, heldout_fold: int | None) -> ChunkSubjects:
+    """``read_subjects`` from the store's per-group Gram matrices of W = [1, X] (their upper
+    triangles: ``pipeline.data.store.packed_index``; a grouped store keeps each group's rows
+    together, groups in code order): X_i^T X_i, X_i^T y_i, y_i^T y_i and n_i are its blocks,
+    equal bit for bit to ``kernels.mixed_effects.subject_moments`` on the rows
+    (``kernels.moments.group_gram``)."""
+    gm = read_group_moments(chunk.data, chunk.c)
+    hold = gm.holdout
+    if heldout_fold is not None:
+        hold = hold | (gm.fold == heldout_fold)
+    idx = np.asarray(
+        ([0] if cols.intercept else []) + [1 + j for j in cols.covariates], dtype=np.int64
+    )
+    r = 1 + cols.response
+    at = packed_index(gm.gram.shape[1])
+    g = gm.gram
+    # an index array after a slice can give a result that is not C-ordered: the kernels are
+    # compiled for C-ordered arrays
+    XtX = np.ascontiguousarray(g[:, at[idx[:, None], idx[None, :]]])
+    Xty = np.ascontiguousarray(g[:, at[idx, r]])
+    yty = np.ascontiguousarray(g[:, at[r, r]])
+    n_obs = np.ascontiguousarray(g[:, 0])
+    sizes = gm.n_rows
+    if int(sizes.sum()) != chunk.b - chunk.a:
+        raise ValueError(
+            f"{chunk.data}: chunk {chunk.c}'s group moments cover {int(sizes.sum())} rows, its "
+            f"rows are {chunk.b - chunk.a}; ingest the data again"
+        )
+    first = np.zeros(sizes.shape[0], dtype=np.int64)
+    np.cumsum(sizes[:-1], out=first[1:])
+    row_subject = np.repeat(np.arange(sizes.shape[0], dtype=np.int64), sizes)
+    sub = Subjects(XtX, Xty, yty, n_obs, ~hold, gm.code)
+    return ChunkSubjects(sub, row_subject, first)
 
 
 @register
@@ -182,6 +225,8 @@ class MixedInput:
     start_labels: np.ndarray | None = None
     plot_rate: float = 0.0
     has_y: bool = False
+    # read the subjects from the store's group moments (``StoreInfo.group_moments``)
+    moments: bool = False
 
 
 @dataclass
@@ -216,14 +261,13 @@ class MixedEffectsEngine(Engine):
         info = ctx.info
         data = str(ctx.data.path)
         chunks = list(iter_chunks(info))
+        how = (info.grouped, _moments(ctx))
 
         def map_chunks(fn: Any, *args: Any) -> list[Any]:
             if client is None:
-                return [
-                    _on_chunk(data, c, a, b, cols, info.grouped, fn, *args) for c, a, b in chunks
-                ]
+                return [_on_chunk(data, c, a, b, cols, how, fn, *args) for c, a, b in chunks]
             futs = [
-                client.submit(_on_chunk, data, c, a, b, cols, info.grouped, fn, *args, pure=False)
+                client.submit(_on_chunk, data, c, a, b, cols, how, fn, *args, pure=False)
                 for c, a, b in chunks
             ]
             return list(client.gather(futs))
@@ -272,6 +316,7 @@ class MixedEffectsEngine(Engine):
             state.slot_bounds,
             state.start_codes if first else None,
             state.start_labels if first else None,
+            moments=_moments(ctx),
         )
 
     def reduce(
@@ -345,12 +390,13 @@ class MixedEffectsEngine(Engine):
             state.slot_maps,
             state.slot_bounds,
             has_y=ctx.info.label_column is not None,
+            moments=_moments(ctx),
         )
 
     # -- workers -------------------------------------------------------------------------------
     def chunk_step(self, chunk: Chunk, msg: MixedInput) -> MixedResult:
         t0 = time.perf_counter()
-        cs = read_subjects(chunk, msg.columns, msg.grouped, msg.columns.heldout_fold)
+        cs = _read(chunk, msg)
         sub = cs.sub
         z = current_clusters(cs, chunk, msg)
         z, _, changed, stats = sweep_subjects(
@@ -359,12 +405,16 @@ class MixedEffectsEngine(Engine):
         chunk.write("z", z[cs.row_subject])
         return MixedResult(chunk.c, stats, changed, int(sub.train.sum()), time.perf_counter() - t0)
 
-    def subject_results(self, chunk: Chunk, msg: MixedInput) -> dict[str, np.ndarray]:
+    def subject_results(
+        self, chunk: Chunk, msg: MixedInput, cs: ChunkSubjects | None = None
+    ) -> dict[str, np.ndarray]:
         """The final per-subject results of a chunk: subject codes, training flag, cluster
         (held-out subjects: the MAP cluster with beta integrated out, -1 for a new one), the
         eq. 7.2 modes given the final model, and the log predictive density of the subject's
-        responses (the eq. 3.4 analogue) and the number of its observations."""
-        cs = read_subjects(chunk, msg.columns, msg.grouped, msg.columns.heldout_fold)
+        responses (the eq. 3.4 analogue) and the number of its observations (``cs``: the
+        chunk's subjects, when the caller has read them)."""
+        if cs is None:
+            cs = _read(chunk, msg)
         sub = cs.sub
         z = current_clusters(cs, chunk, msg)
         mu, R, ld, log_w = predictive_components(msg.model, msg.prior)
@@ -392,8 +442,8 @@ class MixedEffectsEngine(Engine):
     def score_chunk(self, chunk: Chunk, labels: str, msg: MixedInput) -> Any:
         """Each row's subject's final cluster and the log predictive density of the subject's
         responses divided among its rows (so that sums over rows are sums over subjects)."""
-        cs = read_subjects(chunk, msg.columns, msg.grouped, msg.columns.heldout_fold)
-        res = self.subject_results(chunk, msg)
+        cs = _read(chunk, msg)
+        res = self.subject_results(chunk, msg, cs)
         per_row = res["log_density"] / res["n_obs"]
         X = chunk.X
         hold = chunk.holdout
@@ -413,16 +463,39 @@ class MixedEffectsEngine(Engine):
     def warm_up(self) -> None:
         rng = np.random.default_rng(0)
         X = np.column_stack([np.ones(6), rng.normal(size=6)])
+        # the ingest of a grouped store computes its groups' moments (``pipeline.data.store``)
+        group_gram(X, np.arange(0, 7, 2, dtype=np.int64))
         XtX, Xty, yty, n_obs = kme.subject_moments(X, rng.normal(size=6), np.arange(6) % 2, 2)
         kme.ols_moments(XtX, Xty, yty, n_obs, np.ones(2, dtype=bool))
 
 
+def _moments(ctx: RunContext) -> bool:
+    """Whether the subjects are read from the store's group moments: a grouped store that
+    keeps them (an ungrouped store's subjects are its rows, whose moments cost no more than
+    reading them)."""
+    return ctx.info.grouped and ctx.info.group_moments
+
+
+def _read(chunk: Chunk, msg: MixedInput) -> ChunkSubjects:
+    return read_subjects(
+        chunk, msg.columns, msg.grouped, msg.columns.heldout_fold, moments=msg.moments
+    )
+
+
 def _on_chunk(
-    data: str, c: int, a: int, b: int, cols: Columns, grouped: bool, fn: Any, *args: Any
+    data: str,
+    c: int,
+    a: int,
+    b: int,
+    cols: Columns,
+    how: tuple[bool, bool],
+    fn: Any,
+    *args: Any,
 ) -> Any:
-    """``fn(subjects of chunk c, *args)`` (the start's passes)."""
+    """``fn(subjects of chunk c, *args)`` (the start's passes; ``how``: grouped store, read
+    from its group moments)."""
     chunk = Chunk(data, "", c, a, b, 0)
-    return fn(read_subjects(chunk, cols, grouped, cols.heldout_fold).sub, *args)
+    return fn(read_subjects(chunk, cols, how[0], cols.heldout_fold, moments=how[1]).sub, *args)
 
 
 ENGINE = MixedEffectsEngine()

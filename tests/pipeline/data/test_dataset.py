@@ -314,15 +314,17 @@ def test_format_json_and_another_version_is_refused(client, tmp_path: Path):
     store = Store(tmp_path / "s")
     ingest(X, store, client=client, chunk_rows=20)
     meta = json.loads((store.path / "format.json").read_text())
-    assert meta["format"] == "dpmm-dataset" and meta["version"] == FORMAT_VERSION == 1
+    assert meta["format"] == "dpmm-dataset" and meta["version"] == FORMAT_VERSION == 2
     assert meta["chunk_rows"] == 20 and meta["n_folds"] == N_FOLDS
     assert Store.open_checked(store.path).info.n_rows == 50
-    meta["version"] = 2
+    # a store of version 1 (grouped stores without their groups' moments) is ingested again
+    meta["version"] = 1
     (store.path / "format.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError) as err:
         Store.open_checked(store.path)
     msg = str(err.value)
-    assert str(store.path) in msg and "version 2" in msg and "version 1" in msg
+    assert str(store.path) in msg and "version 1" in msg and "version 2" in msg
+    assert "ingest the data again" in msg
     (store.path / "format.json").unlink()
     with pytest.raises(ValueError, match=r"no format.json"):
         Store.open_checked(store.path)
