@@ -234,6 +234,18 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="start the passes from a fitted model's clusters (a model directory, e.g. an "
         "earlier run's OUT/model); the input must have the model's columns and kinds",
     )
+    p.add_argument(
+        "--missing",
+        choices=("latent", "refuse"),
+        default="latent",
+        help="missing cells: filled by iterated conditional modes and each record scored on "
+        "the cells it has (latent, the default; --engine mapdp only) or refused (refuse)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a column holding one value instead of dropping it",
+    )
     p.add_argument("--no-report", action="store_true", help="skip the report pictures")
     p.set_defaults(func=cmd_run)
     return p
@@ -481,6 +493,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         mcmc=args.mcmc,
         warm_start=args.warm_start,
         engine_options={} if args.lam is None else {"lam": args.lam},
+        missing=args.missing,
+        strict=args.strict,
         device=args.device,
         processes=not _threads(args),
         report=not args.no_report,
