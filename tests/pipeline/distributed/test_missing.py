@@ -139,3 +139,18 @@ def test_other_engines_refuse_missing_cells_naming_mapdp(client, engine: str) ->
         fit_distributed(X, client=client, engine=engine, chunk_rows=100, random_state=0)
     msg = str(err.value)
     assert "\n" not in msg and "(NaN)" in msg and "--engine mapdp" in msg, msg
+
+
+def test_summaries_are_of_the_completed_records(client, tmp_path: Path) -> None:
+    """``--summaries``: the sub-clusters' statistics add up to the stage-1 clusters' (those
+    of the completed records), holes included."""
+    from pipeline.distributed.summaries import split_summaries
+
+    store = Store(tmp_path / "data")
+    info = ingest(holes(blobs(900, seed=3)), store, client=client, chunk_rows=300, missing=True)
+    params = FitParams(engine="mapdp", init="sample", seed=5, max_passes=4).checked()
+    ctx = loop.context(store, tmp_path / "state", info, params)
+    state: Any = loop.run_passes(client, ctx)
+    split = split_summaries(client, ctx, state, 12)
+    assert np.isfinite(split.state.stats).all()
+    np.testing.assert_allclose(split.state.stats.sum(axis=0), state.stats.sum(axis=0), rtol=1e-9)
