@@ -230,7 +230,7 @@ def fit_estimator(est: Any, X: Any, client: Any = None) -> Any:
     info = res.info
     est.schema_ = info.schema
     est.family_ = info.family
-    est.n_features_in_ = info.n_cols
+    est.n_features_in_ = len(info.schema.columns)
     if info.schema.from_frame:
         est.feature_names_in_ = np.asarray(info.schema.columns, dtype=object)
     elif hasattr(est, "feature_names_in_"):
