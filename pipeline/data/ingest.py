@@ -176,7 +176,8 @@ def _drop_columns(
         str(store.path / "X"),
         shape=(n_stored, len(feats)),
         chunks=(chunk_rows, len(feats)),
-        dtype="float64",
+        # the store's own dtype, whatever ingest wrote it in
+        dtype=store.array("X_all").dtype,
         compressors=None,
         overwrite=True,
     )
