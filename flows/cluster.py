@@ -155,6 +155,8 @@ def cluster(
     mcmc: int = 0,
     warm_start: str | None = None,
     engine_options: dict[str, Any] | None = None,
+    missing: str = "latent",
+    strict: bool = False,
     device: str = "cpu",
     scheduler: str | None = None,
     n_workers: int | None = None,
@@ -177,7 +179,8 @@ def cluster(
     model directory (an earlier run's ``OUT/model``): the input is encoded with the model's
     schema and family (its columns, kinds, categories and prior) and pass 1 starts from its
     clusters and concentration (``pipeline.engines.mixture_start.warm_state``) instead of
-    ``init``. ``engine_options`` are the engine's own
+    ``init``. ``missing`` ("latent" or "refuse") and ``strict`` as ``dpmm run --missing`` and
+    ``--strict``. ``engine_options`` are the engine's own
     settings (``RunContext.options``; the asugs engine and start read ``lam``).
 
     Returns the content of ``out/run.json``.
@@ -221,6 +224,8 @@ def cluster(
         mcmc=int(mcmc),
         warm_start=None if warm_start is None else str(warm_start),
         engine_options=dict(engine_options or {}),
+        missing=missing,
+        strict=bool(strict),
     )
     params = cfg.params
     t0 = time.perf_counter()
@@ -240,12 +245,13 @@ def cluster(
         t = time.perf_counter()
         try:
             data, info, reused = ingest_task(client, input, cfg, partial, progress, model)
+            # an engine that does not take the records' missing cells refuses them here
+            ctx = dist.run_context(partial, data, info, params, progress, cfg.engine_options)
         except ValueError:
             dist.discard_output(partial)
             raise
         timing["ingest"] = time.perf_counter() - t
         t = time.perf_counter()
-        ctx = dist.run_context(partial, data, info, params, progress, cfg.engine_options)
         info = ctx.info  # with the run's prior (``pipeline.distributed.loop.with_prior_scale``)
         ctx.options[WARM_START] = dist.warm_start_of(model, info)
         labels = partial / "labels.zarr"

@@ -30,6 +30,7 @@ from flows.tasks import run_flow, step
 from pipeline.core import outputs, storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, SELECT
 from pipeline.data import dataset
+from pipeline.data.sources import REFUSE_HINT
 from pipeline.distributed.client import dask_client
 from pipeline.estimators.model import save_model
 from pipeline.ops import cv as pcv
@@ -82,6 +83,8 @@ def cv(
     label_column: str | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     data_dir: str | None = None,
+    missing: str = "latent",
+    strict: bool = False,
     random_state: int = 0,
     max_iter: int = 100,
     concurrency: int | None = None,
@@ -95,6 +98,9 @@ def cv(
     """Score every cell of the grid (alphas x scales x families) by ``n_folds``-fold held-out
     log predictive density on the dataset store of ``input``, choose one (``select``: "best" or
     "one-se"), refit it on all records; write ``out``. Returns the content of ``out/cv.json``.
+    ``missing`` ("latent" or "refuse") and ``strict`` as ``dpmm run``'s: a constant column is
+    dropped at ingest, and missing cells are latent in every fold fit while the held-out
+    records are scored on their observed cells (``pipeline.ops.cv.fold_fit``).
     """
     t_start = time.perf_counter()
     grid = pcv.Grid(tuple(alphas), tuple(scales), tuple(families))
@@ -130,6 +136,9 @@ def cv(
                 n_folds=int(n_folds),
                 label_column=label_column,
                 path=path,
+                missing=missing == "latent",
+                strict=bool(strict),
+                missing_hint=REFUSE_HINT if missing == "refuse" else None,
             )
             timing["ingest"] = time.perf_counter() - t
             counts = pcv.check_folds(store, info, int(n_folds))

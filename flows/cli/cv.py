@@ -124,6 +124,18 @@ def add_cv_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="DIR",
         help=f"where dataset stores are shared (default ${DATA_DIR_ENV} or ~/.cache/dpmm/datasets)",
     )
+    p.add_argument(
+        "--missing",
+        choices=("latent", "refuse"),
+        default="latent",
+        help="missing cells: each fold fitted with them latent and scored on the cells a record "
+        "has (latent, the default) or refused (refuse)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a column holding one value instead of dropping it",
+    )
     p.set_defaults(func=cmd_cv)
     return p
 
@@ -149,6 +161,8 @@ def cmd_cv(args: argparse.Namespace) -> int:
         select=args.select,
         label_column=args.label_column,
         chunk_rows=args.chunk_rows,
+        missing=args.missing,
+        strict=args.strict,
         data_dir=args.data_dir,
         max_iter=args.max_iter,
         concurrency=args.concurrency,

@@ -5,13 +5,18 @@
              [--family SPEC] [--prior-scale F] [--alpha FLOAT|learn] [--max-passes N] [--tol F]
              [--min-change F] [--lam F] [--seed N] [--label-column COL] [--summaries M]
              [--stage2 none|bhc] [--mcmc ITER] [--warm-start MODEL]
+             [--missing latent|refuse] [--strict]
              [--scheduler ADDRESS] [--workers N] [--threads | --no-threads]
              [--cluster slurm|pbs --cluster-config FILE]
              [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
 
 INPUT is a CSV file, a Parquet file or directory, a ``.npy`` file or a zarr array. Bad input
 exits with status 2 and one line on stderr naming the file and the row (``dpmm: error: ...``);
-nothing is left at OUT nor at its temporary sibling. Running the same command again after a
+nothing is left at OUT nor at its temporary sibling. Missing cells are kept and filled by
+iterated conditional modes in the MAP-DP engine's passes, each record scored on the cells it has
+(``pipeline.engines.mapdp``; the other engines refuse them with one line; ``--missing refuse``
+refuses them in every engine); a constant column is dropped and named in run.json and the model
+(``--strict`` refuses it). Running the same command again after a
 crash resumes from the last completed pass. Defaults come from ``pipeline.core.config``, engine
 names
 from ``pipeline.engines.ENGINES``.
@@ -241,6 +246,18 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="MODEL",
         help="start the passes from a fitted model's clusters (a model directory, e.g. an "
         "earlier run's OUT/model); the input must have the model's columns and kinds",
+    )
+    p.add_argument(
+        "--missing",
+        choices=("latent", "refuse"),
+        default="latent",
+        help="missing cells: filled by iterated conditional modes and each record scored on "
+        "the cells it has (latent, the default; --engine mapdp only) or refused (refuse)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a column holding one value instead of dropping it",
     )
     p.add_argument("--no-report", action="store_true", help="skip the report pictures")
     p.set_defaults(func=cmd_run)
@@ -490,6 +507,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         mcmc=args.mcmc,
         warm_start=args.warm_start,
         engine_options={} if args.lam is None else {"lam": args.lam},
+        missing=args.missing,
+        strict=args.strict,
         device=args.device,
         processes=not _threads(args),
         report=not args.no_report,

@@ -101,8 +101,25 @@ def ingest_options(
     group_column: str | None,
     schema: Any = None,
     dtype: str = "float64",
+    missing: bool = False,
+    strict: bool = True,
 ) -> dict[str, Any]:
-    """The options that change what ingest writes, as text (the key's other half)."""
+    """The options that change what ingest writes, as text (the key's other half); ``missing``
+    and ``strict`` only when not their defaults, so that older keys stay."""
+    if schema is None and (missing or not strict):
+        return {
+            **ingest_options(
+                family=family,
+                chunk_rows=chunk_rows,
+                holdout=holdout,
+                n_folds=n_folds,
+                prior_sample=prior_sample,
+                label_column=label_column,
+                group_column=group_column,
+            ),
+            "missing": repr(bool(missing)),
+            "strict": repr(bool(strict)),
+        }
     if schema is not None:
         # a model's schema and family (a warm start): the key holds the prior's values too
         return {
@@ -170,6 +187,9 @@ def open_dataset(
     path: storage.Where | None = None,
     schema: Any = None,
     dtype: str = "float64",
+    missing: bool = False,
+    strict: bool = True,
+    missing_hint: str | None = None,
 ) -> tuple[Store, StoreInfo, bool]:
     """The dataset store of ``source``: reused when an ingest with the same input and options
     completed before, else ingested now (``pipeline.data.ingest.ingest``).
@@ -188,6 +208,8 @@ def open_dataset(
     schema : Schema, optional
         A fitted model's schema, ``family`` its ``ProductFamily`` (``pipeline.data.ingest.ingest``:
         the records are encoded and checked as the model's); part of the key.
+    missing, strict, missing_hint
+        As ``pipeline.data.ingest.ingest``; ``missing`` and ``strict`` are part of the key.
     path : path, optional
         Where to keep the store instead of ``root / key``. A path input's store there is reused
         when its recorded key matches; an in-memory input is ingested there, replacing a store
@@ -218,6 +240,9 @@ def open_dataset(
         "group_column": group_column,
         "progress": progress,
         "dtype": dtype,
+        "missing": missing,
+        "strict": strict,
+        "missing_hint": missing_hint,
     }
     if schema is not None:
         ingest_kw["schema"] = schema
@@ -248,6 +273,8 @@ def open_dataset(
         group_column=group_column,
         schema=schema,
         dtype=dtype,
+        missing=missing,
+        strict=strict,
     )
     key = dataset_key(fingerprint(source), options)
     where = (

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import zarr
 
 from pipeline.core import storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE
@@ -54,7 +55,7 @@ from pipeline.data.store import (
     check_folds,
     holdout_mask_of,
 )
-from pipeline.families import Family, ProductFamily
+from pipeline.families import Family, FloatArray, ProductFamily
 from pipeline.families.schema import Schema
 
 # -- the driver of ingest ----------------------------------------------------------------------
@@ -72,9 +73,11 @@ def _infer(
     family: Any,
     label: str,
     schema: Schema | None = None,
+    missing: bool = False,
+    hint: str | None = None,
 ) -> tuple[Schema, ProductFamily, ProductFamily | None]:
     """Schema from the first piece (or the given one), the checker families, and the fixed
-    family if given."""
+    family if given; ``missing``: missing cells are kept as NaN (``Schema.missing``)."""
     fixed: ProductFamily | None = None
     try:
         if schema is not None:
@@ -84,7 +87,7 @@ def _infer(
             schema.check_values(family, schema.encode(df, fitting=False))
             return schema, family, family
         if isinstance(family, (Family, ProductFamily)):
-            schema = Schema.infer(first, "gaussian", from_frame)
+            schema = Schema.infer(first, "gaussian", from_frame, missing=missing)
             fixed = family.as_product() if isinstance(family, Family) else family
             if fixed.n_cols != first.shape[1]:
                 raise ValueError(
@@ -94,11 +97,11 @@ def _infer(
             schema.check_values(fixed, Xe)
             checker = fixed
         else:
-            schema = Schema.infer(first, family, from_frame)
+            schema = Schema.infer(first, family, from_frame, missing=missing)
             Xe = schema.encode(first, fitting=True)
             checker = schema.build_family(Xe)
     except ValueError as err:
-        raise located(label, 0, err) from err
+        raise located(label, 0, err, hint) from err
     return schema, checker, fixed
 
 
@@ -127,18 +130,66 @@ def peek_family(
         return None
 
 
-def _check_global(schema: Schema, family: ProductFamily, mom: Moments, label: str) -> None:
+def _check_global(
+    schema: Schema, family: ProductFamily, mom: Moments, label: str, strict: bool = True
+) -> None:
     """``Schema.check_informative`` over all chunks, from the moments: enough rows, and no
-    column of one constant value."""
+    column of one constant value (among the training rows' cells present); without
+    ``strict`` such columns are recorded in ``schema.dropped`` instead (``_drop_columns``)."""
     n = int(mom.n)
     unarrange = np.argsort(family.column_order)
     extremes = np.vstack([mom.lo, mom.hi])[:, unarrange]
     try:
         if n < 2:
             schema.check_informative(extremes[:n] if n else np.empty((0, extremes.shape[1])))
-        schema.check_informative(extremes)
+        schema.check_informative(extremes, strict=strict)
     except (ValueError, IndexError) as err:
         raise InputError(f"{label}: {' '.join(str(err).split())}") from err
+
+
+def _copy_columns_task(store: str, a: int, b: int, cols: IntArray) -> None:
+    X = np.asarray(zarr.open_array(f"{store}/X_all", mode="r")[a:b])
+    zarr.open_array(f"{store}/X", mode="r+")[a:b] = X[:, cols]
+
+
+def _drop_columns(
+    client: Any,
+    store: Store,
+    old_features: list[str],
+    schema: Schema,
+    checker: ProductFamily,
+    sample: FloatArray,
+    mom: Moments,
+    n_stored: int,
+    chunk_rows: int,
+) -> tuple[ProductFamily, FloatArray, Moments]:
+    """The store without the columns ``_check_global`` dropped: the family refitted to the
+    sample's other columns, X rewritten by one task per chunk in the new family's column
+    order, and the moments of the columns kept (a store with a dropped column is a rare input:
+    one more pass over it, never a second copy in memory)."""
+    feats = schema.features
+    keep = [old_features.index(c) for c in feats]
+    sample = np.ascontiguousarray(sample[:, keep])
+    prod = schema.build_family(sample)
+    inv = np.argsort(np.argsort(checker.column_order))  # old feature -> old arranged position
+    cols = np.asarray([inv[keep[j]] for j in prod.column_order], dtype=np.int64)
+    storage.move(store.path / "X", store.path / "X_all")
+    zarr.create_array(
+        str(store.path / "X"),
+        shape=(n_stored, len(feats)),
+        chunks=(chunk_rows, len(feats)),
+        # the store's own dtype, whatever ingest wrote it in
+        dtype=store.array("X_all").dtype,
+        compressors=None,
+        overwrite=True,
+    )
+    futs = [
+        client.submit(_copy_columns_task, str(store.path), a, min(a + chunk_rows, n_stored), cols)
+        for a in range(0, n_stored, chunk_rows)
+    ]
+    client.gather(futs)
+    storage.rmtree(store.path / "X_all", ignore_errors=True)
+    return prod, sample, mom.keep(cols)
 
 
 def _named_column(first: pd.DataFrame, from_frame: bool, label: str, col: str, what: str) -> None:
@@ -171,6 +222,9 @@ def ingest(
     format_extra: dict[str, Any] | None = None,
     schema: Schema | None = None,
     dtype: str = "float64",
+    missing: bool = False,
+    strict: bool = True,
+    missing_hint: str | None = None,
 ) -> StoreInfo:
     """Validate, encode and write ``source`` into ``store`` with Dask tasks; fit the prior.
 
@@ -207,11 +261,19 @@ def ingest(
         A fitted model's schema (``family`` is then its ``ProductFamily``): the records must
         have its columns, kinds and categories (an ``InputError`` naming the file, column and
         row otherwise) and are encoded as at fit time; a column may be constant (new records
-        are scored, not fitted).
+        are scored, not fitted). Its ``missing`` decides whether missing cells are kept.
     dtype : {"float64", "float32"}
         What the store's X holds (``STORE_DTYPES``): float32 halves the store and the passes'
         reads, the records rounded to float32 (as the prior's sample; the moments are those of
         the float64 values); readers hand the kernels float64 rows either way.
+    missing : bool
+        Keep missing cells (NaN) in X, counted per column (``StoreInfo.missing_cells``), rather
+        than refuse the first with a message naming its file, column and row, ending with
+        ``missing_hint`` (default ``pipeline.data.sources.MISSING_HINT``).
+    strict : bool
+        Refuse a column holding one value among the training rows (as ``Schema.check_informative``);
+        otherwise it is dropped (``schema.dropped``), X is written without it and ``dpmm score``
+        of the run's model drops it too. A family given to ingest keeps every column (strict).
 
     Returns
     -------
@@ -237,12 +299,16 @@ def ingest(
             _named_column(first, from_frame, src.pieces[0].label, col, what)
             first = first.drop(columns=[col])
     given = schema is not None
-    schema, checker, fixed = _infer(first, from_frame, family, src.pieces[0].label, schema)
+    schema, checker, fixed = _infer(
+        first, from_frame, family, src.pieces[0].label, schema, missing, missing_hint
+    )
     del first
     who = "the model" if given else "the first chunk"
     enc = Encoder(schema, checker, from_frame, label_column, group_column, who)
+    if missing_hint is not None:
+        enc.hint = missing_hint
     unarrange = np.argsort(checker.column_order)
-    D = len(schema.columns)
+    D = len(schema.features)
     labels = label_column is not None
     if store.path.exists():
         storage.rmtree(store.path)
@@ -382,15 +448,37 @@ def ingest(
     for r in results[1:]:
         assert r.moments is not None
         mom = mom + r.moments
+    old_features = schema.features
     if not given:
-        _check_global(schema, checker, mom, src.description)
+        _check_global(schema, checker, mom, src.description, strict or fixed is not None)
     sample = np.concatenate([r.sample for r in results if r.sample is not None])
     sample_rows = np.concatenate([r.sample_rows for r in results if r.sample_rows is not None])
     if dtype != "float64":
         # the sample start fits these rows in memory: the values the store holds, as every pass
         # reads them
         sample = sample.astype(dtype).astype(np.float64)
-    if fixed is not None:
+    miss = np.sum([r.missing for r in results if r.missing is not None], axis=0)
+    firsts = [r.first_missing for r in results if r.first_missing is not None]
+    if schema.features != old_features:
+        try:
+            prod, sample, mom = _drop_columns(
+                client,
+                store,
+                old_features,
+                schema,
+                checker,
+                sample,
+                mom,
+                n_rows
+                if chunk_counts is None
+                else (len(chunk_counts) - 1) * chunk_rows + chunk_counts[-1],
+                chunk_rows,
+            )
+        except ValueError as err:
+            raise InputError(f"{src.description}: {' '.join(str(err).split())}") from err
+        # the groups' moments were taken over the dropped columns too: readers use the rows
+        group_moments = False
+    elif fixed is not None:
         prod = fixed
     else:
         try:
@@ -403,10 +491,17 @@ def ingest(
             f"empirical-Bayes prior fitted to a hash sample of {sample.shape[0]} of "
             f"{int(mom.n)} training rows"
         )
+    notes.extend(schema.dropped_lines())
+    arranged = [old_features[j] for j in checker.column_order]
+    missing_cells = {arranged[j]: int(miss[j]) for j in np.flatnonzero(miss)} if firsts else {}
+    first_missing = None
+    if firsts:
+        row, col = min(firsts)
+        first_missing = [row, arranged[col]]
     info = StoreInfo(
         source=src.description,
         n_rows=n_rows,
-        n_cols=D,
+        n_cols=len(schema.features),
         chunk_rows=chunk_rows,
         holdout=float(holdout),
         schema=schema,
@@ -424,6 +519,8 @@ def ingest(
         group_ids=group_ids,
         chunk_counts=chunk_counts,
         group_moments=group_moments,
+        missing_cells={c: missing_cells[c] for c in schema.columns if c in missing_cells},
+        first_missing=first_missing,
     )
     store.save(INFO_FILE, info)
     return info

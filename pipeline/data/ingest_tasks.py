@@ -14,6 +14,7 @@ from kernels.moments import group_gram
 from pipeline.core.config import N_FOLDS
 from pipeline.core.errors import InputError
 from pipeline.data.sources import (
+    MISSING_HINT,
     Piece,
     located,
     read_piece,
@@ -76,6 +77,8 @@ class Encoder:
     group_column: str | None = None
     # who the schema belongs to, in a message about columns that differ
     who: str = "the first chunk"
+    # what a refused missing cell's message adds (``pipeline.data.sources.located``)
+    hint: str = MISSING_HINT
 
     def take_labels(self, df: pd.DataFrame, label: str) -> IntArray | None:
         """Remove the label column from ``df`` (in place) and return its codes
@@ -118,7 +121,7 @@ class Encoder:
             Xe = self.schema.encode(df, fitting=False)
             self.schema.check_values(self.checker, Xe)
         except ValueError as err:
-            raise located(label, row0, err) from err
+            raise located(label, row0, err, self.hint) from err
         return self.checker.arrange(Xe)
 
 
@@ -131,6 +134,10 @@ class ChunkSummary:
     moments: Moments
     sample: FloatArray
     sample_rows: IntArray
+    # missing cells per (arranged) column over every row, and the first one as (input row,
+    # arranged column)
+    missing: FloatArray | None = None
+    first_missing: tuple[int, int] | None = None
 
 
 def _chunk_summary(
@@ -153,12 +160,19 @@ def _chunk_summary(
     hold = u < holdout if holdout > 0.0 else np.zeros(Xa.shape[0], dtype=bool)
     train = Xa[~hold]
     pick = row_uniform(rows[~hold], SAMPLE_SALT) < sample_rate
+    miss = np.isnan(Xa)
+    first = None
+    if miss.any():
+        i = int(np.argmin(np.where(miss.any(axis=1), rows, np.iinfo(np.int64).max)))
+        first = (int(rows[i]), int(np.argmax(miss[i])))
     return ChunkSummary(
         hold,
         folds_of_uniform(u, n_folds),
         Moments.of(train),
         train[pick][:, unarrange],
         positions[~hold][pick],
+        miss.sum(axis=0).astype(np.float64),
+        first,
     )
 
 
@@ -174,10 +188,21 @@ class PieceResult:
     # row's index into them
     group_values: list[Any] | None = None
     group_index: IntArray | None = None
+    missing: FloatArray | None = None
+    first_missing: tuple[int, int] | None = None
 
 
 def _result(index: int, n: int, summ: ChunkSummary) -> PieceResult:
-    return PieceResult(index, n, None, summ.moments, summ.sample, summ.sample_rows)
+    return PieceResult(
+        index,
+        n,
+        None,
+        summ.moments,
+        summ.sample,
+        summ.sample_rows,
+        missing=summ.missing,
+        first_missing=summ.first_missing,
+    )
 
 
 def _write_chunk(

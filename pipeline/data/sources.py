@@ -33,21 +33,25 @@ def shift_row(msg: str, offset: int) -> str:
     return _ROW.sub(lambda m: f"row {int(m.group(1)) + offset}", msg, count=1)
 
 
-def located(label: str, row0: int | None, err: Exception) -> InputError:
-    """``err``'s message (one line) with the file prefixed and chunk-local rows made file rows."""
+def located(label: str, row0: int | None, err: Exception, hint: str | None = None) -> InputError:
+    """``err``'s message (one line) with the file prefixed and chunk-local rows made file rows;
+    a refused missing cell's message ends with ``hint`` (default ``MISSING_HINT``)."""
     msg = " ".join(str(err).split())
     if row0:
         msg = shift_row(msg, row0)
     if "NaN" in msg and "missing" in msg:
-        msg += MISSING_HINT
+        msg += MISSING_HINT if hint is None else hint
     return InputError(f"{label}: {msg}")
 
 
-#: what a refused missing cell's message adds where the distributed passes read the records
+#: what a refused missing cell's message adds where the records go to an engine that does not
+#: take missing cells
 MISSING_HINT = (
-    "; the distributed passes do not take missing cells yet: `dpmm cluster` and MAPDP() cluster "
-    "such a table in memory, each record on the cells it has"
+    "; of the distributed engines only MAP-DP (--engine mapdp) takes missing cells; "
+    "`dpmm cluster` and MAPDP() take them in memory"
 )
+#: what it adds when missing cells were refused on request (``--missing refuse``)
+REFUSE_HINT = "; or leave out --missing refuse"
 
 
 @dataclass

@@ -166,21 +166,58 @@ class Moments:
     outer: FloatArray
     lo: FloatArray
     hi: FloatArray
+    # missing cells (NaN) per column; sums, products and extremes are of the cells present
+    n_missing: FloatArray | None = None
 
     @classmethod
     def of(cls, X: FloatArray) -> Moments:
         d = X.shape[1]
         if X.shape[0] == 0:
-            return cls(0.0, np.zeros(d), np.zeros((d, d)), np.full(d, np.inf), np.full(d, -np.inf))
-        return cls(float(X.shape[0]), X.sum(axis=0), X.T @ X, X.min(axis=0), X.max(axis=0))
+            return cls(
+                0.0,
+                np.zeros(d),
+                np.zeros((d, d)),
+                np.full(d, np.inf),
+                np.full(d, -np.inf),
+                np.zeros(d),
+            )
+        miss = np.isnan(X)
+        if not miss.any():
+            return cls(
+                float(X.shape[0]), X.sum(axis=0), X.T @ X, X.min(axis=0), X.max(axis=0), np.zeros(d)
+            )
+        X0 = np.where(miss, 0.0, X)
+        return cls(
+            float(X.shape[0]),
+            X0.sum(axis=0),
+            X0.T @ X0,
+            np.where(miss, np.inf, X).min(axis=0),
+            np.where(miss, -np.inf, X).max(axis=0),
+            miss.sum(axis=0).astype(np.float64),
+        )
 
     def __add__(self, other: Moments) -> Moments:
+        d = self.total.shape[0]
+        a = self.n_missing if self.n_missing is not None else np.zeros(d)
+        b = other.n_missing if other.n_missing is not None else np.zeros(d)
         return Moments(
             self.n + other.n,
             self.total + other.total,
             self.outer + other.outer,
             np.minimum(self.lo, other.lo),
             np.maximum(self.hi, other.hi),
+            a + b,
+        )
+
+    def keep(self, cols: IntArray) -> Moments:
+        """The moments of the columns ``cols`` only."""
+        return Moments(
+            self.n,
+            self.total[cols],
+            self.outer[np.ix_(cols, cols)],
+            self.lo[cols],
+            self.hi[cols],
+            None if self.n_missing is None else self.n_missing[cols],
         )
 
     @property
@@ -232,6 +269,10 @@ class StoreInfo:
     prior_fixed: bool = False
     # the store keeps its groups' moments (``group_gram`` and its companions: module docstring)
     group_moments: bool = False
+    # missing cells (NaN) of every row, per column that has any (schema order); the first
+    # one as [input row, column]
+    missing_cells: dict[str, int] = field(default_factory=dict)
+    first_missing: list[Any] | None = None
 
     def with_prior_scale(self, scale: float | None) -> StoreInfo:
         """This info with the empirical-Bayes prior refitted to the prior's ``sample`` at
@@ -246,6 +287,13 @@ class StoreInfo:
         except ValueError as err:
             raise InputError(f"{self.source}: {' '.join(str(err).split())}") from err
         return replace(self, family=family)
+
+    @property
+    def train_missing(self) -> bool:
+        """Whether a training row has a missing cell (the MAP-DP engine then keeps them filled:
+        ``pipeline.engines.mapdp``)."""
+        m = self.moments.n_missing
+        return m is not None and bool(np.any(m > 0))
 
     @property
     def grouped(self) -> bool:
@@ -279,7 +327,7 @@ class StoreInfo:
     @property
     def names(self) -> list[str]:
         """Column names in the store's (arranged) order."""
-        return [self.schema.columns[j] for j in self.family.column_order]
+        return [self.schema.features[j] for j in self.family.column_order]
 
 
 # what X may hold: float32 halves the store and every pass's reads; readers hand the kernels

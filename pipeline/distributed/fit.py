@@ -81,6 +81,8 @@ def fit_distributed(
     warm_start: tuple[Stats, float] | None = None,
     device: str = "cpu",
     dtype: str = "float64",
+    missing: str = "latent",
+    strict: bool = False,
 ) -> DistributedResult:
     """Stage 1 of the pipeline on records that may not fit in one process.
 
@@ -112,6 +114,13 @@ def fit_distributed(
         "gpu": the passes on NVIDIA GPUs (``pipeline.engines.gpu``; engines "mapdp" and
         "kmeans"), on ``client``'s workers or a new cluster of one worker per GPU; a machine
         without a GPU or numba-cuda raises ``DeviceError`` (never a CPU fallback).
+    missing : "latent" or "refuse"
+        "latent": a record's missing cells (NaN) are filled by iterated conditional modes in
+        the passes and it is scored on the cells it has (``pipeline.engines.mapdp``; the other
+        engines refuse them, ``pipeline.engines.base.check_missing``); "refuse": the first
+        missing cell is an error.
+    strict : bool
+        Refuse a constant column instead of dropping it (``StoreInfo.schema.dropped``).
 
     Returns
     -------
@@ -158,6 +167,8 @@ def fit_distributed(
             chunk_rows=chunk_rows,
             prior_sample=prior_sample,
             dtype=dtype,
+            missing=missing == "latent",
+            strict=strict,
         )
         best: tuple[PassState, IntArray] | None = None
         objectives = []
@@ -211,6 +222,8 @@ def fit_estimator(est: Any, X: Any, client: Any = None) -> Any:
         random_state=est.random_state,
         client=client,
         device=getattr(est, "device", "cpu"),
+        missing=getattr(est, "missing", "latent"),
+        strict=bool(getattr(est, "strict", False)),
     )
     if not res.converged:
         warnings.warn(
@@ -221,7 +234,7 @@ def fit_estimator(est: Any, X: Any, client: Any = None) -> Any:
     info = res.info
     est.schema_ = info.schema
     est.family_ = info.family
-    est.n_features_in_ = info.n_cols
+    est.n_features_in_ = len(info.schema.columns)
     if info.schema.from_frame:
         est.feature_names_in_ = np.asarray(info.schema.columns, dtype=object)
     elif hasattr(est, "feature_names_in_"):

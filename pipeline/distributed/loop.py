@@ -29,7 +29,7 @@ from pipeline.core import storage
 from pipeline.core.config import FitParams
 from pipeline.data.store import Store, StoreInfo, iter_chunks
 from pipeline.engines import get_engine
-from pipeline.engines.base import Chunk, Engine, LoopState, RunContext
+from pipeline.engines.base import Chunk, Engine, LoopState, RunContext, check_missing
 
 CHECKPOINT = "checkpoint"
 
@@ -107,11 +107,14 @@ def context(
     progress: bool = False,
 ) -> RunContext:
     """The ``RunContext`` of a fit, its state store ready for the engine's per-record arrays;
-    its ``info`` carries the run's prior (``with_prior_scale``)."""
+    its ``info`` carries the run's prior (``with_prior_scale``). A store with missing cells and
+    an engine that does not take them is an ``InputError`` (``check_missing``)."""
     st = state if isinstance(state, Store) else Store(state)
     params = params.checked()
+    engine = get_engine(params.engine, params.device)
+    check_missing(engine, info)
     ctx = RunContext(data, st, with_prior_scale(info, params), params, progress)
-    create_record_arrays(ctx, get_engine(params.engine, params.device))
+    create_record_arrays(ctx, engine)
     return ctx
 
 

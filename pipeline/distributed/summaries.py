@@ -44,6 +44,9 @@ class SplitInput:
     cuts: FloatArray  # (K, max m_k - 1), +inf padded
     base: IntArray  # (K,) first sub-cluster of each cluster
     n_sub: int
+    # the MAP-DP engine's buffer of the filled missing cells the last pass wrote (None: no
+    # training row has one), so that the sub-clusters' statistics are of the completed records
+    fill_buffer: str | None = None
 
 
 def _split_input(
@@ -65,6 +68,7 @@ def _split_input(
         cuts=cuts,
         base=np.asarray(base, dtype=np.int64),
         n_sub=int(np.sum(m)) if K else 0,
+        fill_buffer=f"fill{state.pass_no % 2}" if ctx.info.train_missing else None,
     )
 
 
@@ -73,6 +77,9 @@ def _split_chunk_task(data: str, state: str, c: int, a: int, b: int, msg: SplitI
     cluster's principal axis), written to ``out_buffer``; returns the sub-clusters' statistics."""
     chunk = Chunk(data, state, c, a, b, 0)
     X = chunk.X
+    if msg.fill_buffer is not None:
+        filled = zarr.open_array(f"{state}/{msg.fill_buffer}", mode="r")[a:b]
+        X = np.where(np.isnan(X), np.asarray(filled), X)
     z = current_labels(chunk, msg, msg.buffer)
     m = z >= 0
     sub = np.full(z.shape[0], -1, dtype=np.int64)

@@ -132,6 +132,9 @@ class Engine(ABC):
     # none (None: the family's ``DEFAULT_SCALE``); the run's prior is rebuilt from the store's
     # sample with it (``pipeline.ops.run.step_ingest``)
     prior_scale: ClassVar[float | None] = None
+    # it takes records with missing cells (NaN in the store's X; ``StoreInfo.first_missing``):
+    # the others refuse them before pass 1 (``check_missing``)
+    takes_missing: ClassVar[bool] = False
 
     def run_info(self, info: StoreInfo, params: FitParams) -> StoreInfo:
         """``info`` with the run's empirical-Bayes prior (``StoreInfo.with_prior_scale``) at
@@ -202,6 +205,22 @@ class Engine(ABC):
         compiles the first step (the sweep's kernels) and the last (which may wait for the
         others), while its helper compiles the steps in between."""
         return [(self.name, self.warm_up)]
+
+
+def check_missing(engine: Engine, info: StoreInfo) -> None:
+    """An ``InputError`` (one line, naming the first missing cell's column and row and the
+    engine that takes missing cells) when the store has a missing cell and ``engine`` does not
+    take them."""
+    if info.first_missing is None or engine.takes_missing:
+        return
+    from pipeline.core.errors import InputError
+
+    row, col = info.first_missing
+    raise InputError(
+        f"{info.source}: column {col!r}: row {row} is missing (NaN), and the {engine.name} "
+        "engine does not take missing cells: the MAP-DP engine (--engine mapdp, on the CPU) "
+        "does, or --missing refuse names every such cell as an error"
+    )
 
 
 def stop_reason(

@@ -331,6 +331,7 @@ class GpuPass(MixtureEngine):
 class MapdpGpuEngine(GpuPass, MapdpEngine):
     name: ClassVar[str] = "mapdp-gpu"
     fused_write_out: ClassVar[bool] = False
+    takes_missing: ClassVar[bool] = False  # the missing cells' fills are the CPU engine's
 
 
 class KmeansGpuEngine(GpuPass, KmeansEngine):

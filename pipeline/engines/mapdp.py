@@ -5,24 +5,57 @@ was given while sweeping (eq. 3.4, the same terms the argmin used); it scores it
 against the same statistics and writes the chunk's final labels and densities into the run's
 write-out group itself. When a whole pass moved nothing and left the model bit for bit as it was,
 the write-out has nothing left to do (``PassState.scored``).
+
+Missing cells (NaN in the training rows) are latent variables set by iterated conditional
+modes, as ``pipeline.models.mapdp.fit_missing`` sets them in memory (seed 000, Section 3: ICM on
+the joint, as Algorithm 1 sets the assignments). Each chunk keeps its records' filled cells in a
+per-record buffer ``fill`` beside the labels (double-buffered like them), so the statistics are
+always those of the completed records and a chunk's delta (new completed records minus old
+ones) is exact; a retried task or a resumed run reads the same buffers and gives the same
+result. Per pass and chunk: the MAP-DP sweep on the completed records; then each record with
+holes moved to its MAP cluster on its observed cells alone (eq. 3.5 with the predictive
+marginalised over the missing columns, ``dpm_predict``) under the global statistics with the
+chunk's moves; then its holes set to their conditional mode given that cluster
+(``ProductFamily.impute``). Pass 1 starts from the sample start's filled cells for its rows
+(``fit_missing`` on the sample) and the prior's conditional mode for the others. The write-out
+scores every record on its observed cells (``predict``: exact marginal densities), never on
+filled ones.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import numpy as np
+from numpy.typing import NDArray
 
+from kernels import bayes_kmeans as kbk
 from kernels import mapdp as kmapdp
+from kernels.rng import shuffle
+from pipeline.core.seeds import seed_state
 from pipeline.data.labels import emit_chunk
-from pipeline.engines.base import Chunk
-from pipeline.engines.mixture import IntArray, MixtureEngine, PassInput, Sweep
-from pipeline.engines.mixture_state import predict
+from pipeline.engines.base import Chunk, RecordArray, RunContext
+from pipeline.engines.mixture import (
+    ChunkResult,
+    IntArray,
+    MixtureEngine,
+    PassInput,
+    Sweep,
+    pass_labels,
+)
+from pipeline.engines.mixture_start import prior_filled
+from pipeline.engines.mixture_state import chunk_seed, predict
+from pipeline.families import FloatArray, ProductFamily
+from pipeline.families.stats import Stats
+from pipeline.models.mapdp import dpm_predict
 
 
 class MapdpEngine(MixtureEngine):
     name: ClassVar[str] = "mapdp"
     fused_write_out: ClassVar[bool] = True
+    takes_missing: ClassVar[bool] = True
 
     def sweep(
         self, chunk: Chunk | None, msg: PassInput, X: Any, hold: Any, order: IntArray, z: IntArray
@@ -70,6 +103,112 @@ class MapdpEngine(MixtureEngine):
             slot_map[s] = K + j
         z[:] = np.where(z >= K, slot_map[np.maximum(z, 0)], z)
         return Sweep(z, len(new_slots), int(n_changed), written)
+
+    def record_arrays_of(self, ctx: RunContext) -> tuple[RecordArray, ...]:
+        """The labels, and with missing cells in the training rows their filled values
+        (``fill``: (n, D), NaN where the record has a value; module docstring)."""
+        if not ctx.info.train_missing:
+            return self.record_arrays
+        return (*self.record_arrays, RecordArray("fill", "float64", np.nan, ctx.info.family.n_cols))
+
+    def pass_input(self, state: Any, ctx: RunContext, p: int, scores_into: str | None) -> PassInput:
+        msg = super().pass_input(state, ctx, p, scores_into)
+        if ctx.info.train_missing:
+            msg.fills = True
+            msg.init_fill = getattr(state, "init_fill", None)
+        return msg
+
+    def chunk_step(self, chunk: Chunk, msg: PassInput) -> ChunkResult:
+        if not msg.fills:
+            return super().chunk_step(chunk, msg)
+        return self._chunk_step_missing(chunk, msg)
+
+    def _chunk_step_missing(self, chunk: Chunk, msg: PassInput) -> ChunkResult:
+        """A pass over a chunk whose records may have missing cells (module docstring): the
+        sweep on the completed records, the records with holes moved to their MAP cluster on
+        their observed cells, their holes set to the conditional mode of that cluster; the
+        delta is new completed records minus old ones. Idempotent as the other chunk steps:
+        reads the buffers z and fill of pass p - 1, writes those of pass p."""
+        t0 = time.perf_counter()
+        fam = msg.family
+        X, hold = chunk.X, chunk.holdout
+        K = msg.stats.shape[0]
+        z = pass_labels(chunk, msg, hold)
+        order = np.flatnonzero(~hold).astype(np.int64)
+        shuffle(seed_state(chunk_seed(msg.seed, msg.restart, msg.p, chunk.c)), order)
+        miss = np.isnan(X) & ~hold[:, None]
+        part = np.flatnonzero(miss.any(axis=1))
+        Xf = completed_records(chunk, msg, X, miss, part)
+        z_old = z.copy()
+        # the fused write-out scores completed records: records with holes are scored on
+        # their observed cells by the write-out tasks instead
+        swept = self.sweep(chunk, replace(msg, scores_into=None), Xf, hold, order, z)
+        M = swept.n_new
+        z_new = swept.z
+        if part.size:
+            local = _local_stats(fam, msg.stats, Xf, order, z_old, z_new, K, M)
+            live = np.flatnonzero(local[:, 0] > 0.5)
+            lab = dpm_predict(np.ascontiguousarray(X[part]), local[live], msg.alpha, fam)[0]
+            z_new[part] = np.where(lab >= 0, live[np.maximum(lab, 0)], z_new[part])
+            local = _local_stats(fam, msg.stats, Xf, order, z_old, z_new, K, M)
+            Xn = Xf.copy()
+            Xn[part] = fam.impute(np.ascontiguousarray(X[part]), local, z_new[part])
+        else:
+            Xn = Xf
+        train = ~hold
+        moved = train & (z_new != z_old)
+        changed = moved | (train & np.any(Xn != Xf, axis=1))
+        ch = np.flatnonzero(changed)
+        old = fam.stats_of(np.ascontiguousarray(Xf[ch]), z_old[ch], K)
+        new = fam.stats_of(np.ascontiguousarray(Xn[ch]), z_new[ch], K + M)
+        z_new[hold] = -1
+        chunk.write("z", z_new)
+        chunk.write("fill", np.where(miss, Xn, np.nan))
+        return ChunkResult(
+            chunk.c,
+            Stats(new[:K] - old, fam),
+            Stats(np.ascontiguousarray(new[K:]), fam),
+            int(moved.sum()),
+            int(order.shape[0]),
+            time.perf_counter() - t0,
+        )
+
+
+def completed_records(
+    chunk: Chunk, msg: PassInput, X: FloatArray, miss: NDArray[np.bool_], part: IntArray
+) -> FloatArray:
+    """The chunk's records X (n, D) with the training rows' missing cells (``miss``, in rows
+    ``part``) as the previous pass filled them; in pass 1, the sample start's fill for its
+    rows and the prior's conditional mode for the others (``prior_filled``, as the starts
+    that count them)."""
+    if not part.size:
+        return X
+    if msg.p != 1:
+        return np.where(miss, chunk.previous("fill"), X)
+    Xf = X.copy()
+    Xf[part] = prior_filled(np.ascontiguousarray(X[part]), msg.family)
+    if msg.init_fill is not None:
+        sel = (msg.init_rows >= chunk.a) & (msg.init_rows < chunk.b)
+        at = msg.init_rows[sel] - chunk.a
+        given = msg.init_fill[sel]
+        Xf[at] = np.where(np.isnan(given), Xf[at], given)
+    return np.where(miss, Xf, X)
+
+
+def _local_stats(
+    fam: ProductFamily,
+    stats: FloatArray,
+    Xf: FloatArray,
+    order: IntArray,
+    z_old: IntArray,
+    z_new: IntArray,
+    K: int,
+    M: int,
+) -> FloatArray:
+    """The global statistics (K, S) with this chunk's relabelling z_old -> z_new of the
+    completed records Xf, and the M clusters it opened: (K + M, S)."""
+    delta, new = kbk.label_deltas(Xf, order, z_old, z_new, K, M, fam.spec, fam.n_stats)
+    return np.ascontiguousarray(np.vstack([stats + delta, new]))
 
 
 ENGINE = MapdpEngine()

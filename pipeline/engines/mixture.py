@@ -81,6 +81,10 @@ class PassInput:
     scores_into: str | None = None
     plot_rate: float = 0.0
     has_y: bool = False
+    # missing cells kept filled (``pipeline.engines.mapdp``): whether the training rows have
+    # any, and the sample start's rows' filled cells (``PassState.init_fill``)
+    fills: bool = False
+    init_fill: FloatArray | None = None
 
 
 @dataclass

@@ -28,7 +28,7 @@ from pipeline.engines.mixture_state import IntArray, PassState, chunk_seed, init
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.stats import Stats
 from pipeline.models.concentration import map_concentration
-from pipeline.models.mapdp import run_mapdp
+from pipeline.models.mapdp import fit_missing, run_mapdp
 
 WARM_START = "warm_start"
 
@@ -46,6 +46,13 @@ def initial_state(client: Any, ctx: RunContext) -> PassState:
     if start == "sample":
         return sample_state(client, info, params)
     if start in ("asugs", "asugs-sample"):
+        if info.train_missing:
+            from pipeline.core.errors import InputError
+
+            raise InputError(
+                f"{info.source}: --init {start} does not take missing cells (column "
+                f"{info.first_missing[1] if info.first_missing else '?'!r}); leave --init out"
+            )
         return asugs_state(client, ctx)
     if start == "sequential":
         stats = np.zeros((0, fam.n_stats))
@@ -73,7 +80,7 @@ def initial_state(client: Any, ctx: RunContext) -> PassState:
         ctx.data.array("X").get_orthogonal_selection((seed_rows, slice(None))), dtype=np.float64
     )
     labels = np.arange(seed_rows.shape[0], dtype=np.int64)
-    stats = fam.stats_of(np.ascontiguousarray(Xs), labels, seed_rows.shape[0])
+    stats = fam.stats_of(prior_filled(np.ascontiguousarray(Xs), fam), labels, seed_rows.shape[0])
     return PassState(
         0,
         stats,
@@ -86,21 +93,42 @@ def initial_state(client: Any, ctx: RunContext) -> PassState:
     )
 
 
+def prior_filled(X: FloatArray, fam: ProductFamily) -> FloatArray:
+    """Records X (n, D) with each missing cell at its conditional mode under the prior
+    predictive given the row's other cells (``ProductFamily.impute`` with no cluster): the
+    completed records of rows no start has placed (``pipeline.engines.mapdp``)."""
+    if not np.isnan(X).any():
+        return X
+    return fam.impute(X, fam.empty_stats(), np.full(X.shape[0], -1, dtype=np.int64))
+
+
 def _sample_fit_task(
     Xs: FloatArray, fam: ProductFamily, order: IntArray, alpha: float, params: FitParams
-) -> tuple[IntArray, FloatArray, float, int, float]:
-    res = run_mapdp(
-        Xs,
-        fam,
-        order,
-        alpha,
-        params.learn_alpha,
-        params.alpha_prior,
-        100,
-        1e-6,
-        "sequential",
-    )
-    return res.labels, res.stats, float(res.alpha), res.n_iter, res.objective
+) -> tuple[IntArray, FloatArray, float, int, float, FloatArray | None]:
+    def fit(X: FloatArray, z0: IntArray | None) -> Any:
+        return run_mapdp(
+            X,
+            fam,
+            order,
+            alpha,
+            params.learn_alpha,
+            params.alpha_prior,
+            100,
+            1e-6,
+            "sequential",
+            z0=z0,
+        )
+
+    miss = np.isnan(Xs)
+    if not miss.any():
+        res = fit(Xs, None)
+        return res.labels, res.stats, float(res.alpha), res.n_iter, res.objective, None
+    # missing cells by the in-memory ICM (``fit_missing``); the filled cells go with the
+    # labels, so that pass 1 starts from the completed records the statistics are of
+    res = fit_missing(Xs, fam, fit)
+    assert res.completed is not None
+    fill = np.where(miss, res.completed, np.nan)
+    return res.labels, res.stats, float(res.alpha), res.n_iter, res.objective, fill
 
 
 def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
@@ -119,8 +147,10 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
     fut = client.submit(_sample_fit_task, Xs_f, fam, order, alpha, params, pure=False)
     # the fit keeps one worker busy and the driver idle: the driver loads what it will need
     # meanwhile (workers did so when they started: ``pipeline.distributed.worker_setup``)
-    threading.Thread(target=warm_driver, args=(Xs[:40], fam), daemon=True).start()
-    labels, stats, alpha, n_iter, e = fut.result()
+    threading.Thread(
+        target=warm_driver, args=(prior_filled(Xs[:40], fam), fam), daemon=True
+    ).start()
+    labels, stats, alpha, n_iter, e, fill = fut.result()
     K = int(stats.shape[0])
     record = {
         "pass": 0,
@@ -144,6 +174,7 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
         init_record=record,
         # a sample of every training row fitted alpha for (n_train, K) already
         alpha_k=K if params.learn_alpha and rows.shape[0] == info.n_train else -1,
+        init_fill=fill,
     )
 
 
@@ -180,7 +211,7 @@ def warm_reduce(X: FloatArray | None = None, family: ProductFamily | None = None
 def _train_stats_task(data: str, a: int, b: int, fam: ProductFamily) -> FloatArray:
     chunk = Chunk(data, "", 0, a, b, 0)
     X, hold = chunk.X, chunk.holdout
-    return fam.stats_of(np.ascontiguousarray(X[~hold]))[0]
+    return fam.stats_of(prior_filled(np.ascontiguousarray(X[~hold]), fam))[0]
 
 
 def asugs_state(client: Any, ctx: RunContext) -> PassState:

@@ -56,6 +56,9 @@ class PassState:
     # a warm start's clusters (K, S) from another fit: pass 1 assigns the records against them,
     # then they are taken out again, so that the statistics are the data's own
     warm: FloatArray | None = None
+    # the "sample" start's filled missing cells (len(init_rows), D), arranged, NaN where the
+    # row has a value: pass 1's completed records of the sample (``pipeline.engines.mapdp``)
+    init_fill: FloatArray | None = None
 
     @property
     def n_clusters(self) -> int:

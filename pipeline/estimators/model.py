@@ -255,7 +255,7 @@ def _check_fitted(json_path: storage.Loc, rec: dict[str, Any], cls: type) -> Non
     family = rec["family"]
     if not isinstance(schema, Schema):
         raise _fail(json_path, "'schema' is not a column schema")
-    n_cols = len(schema.columns)
+    n_cols = len(schema.features)
     if family is not None:
         if not isinstance(family, ProductFamily):
             raise _fail(json_path, "'family' is not a ProductFamily")

@@ -39,6 +39,8 @@ class MapdpResult:
     n_iter: int = 0
     converged: bool = False
     seconds: float = 0.0
+    # with missing cells (``fit_missing``): the completed records (N, D) the statistics are of
+    completed: FloatArray | None = None
 
     @property
     def nk(self) -> FloatArray:
@@ -352,6 +354,7 @@ def fit_missing(
             break
         Xf = Xn
         res = fit(Xf, z)
+    res.completed = Xf
     return res
 
 

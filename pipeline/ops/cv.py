@@ -112,18 +112,20 @@ NDArrayInt = np.ndarray
 def family_spec(info: StoreInfo, variant: str) -> dict[str, str]:
     """The store's column kinds with every Gaussian column made ``variant`` (full or diagonal
     covariance); other columns keep their kind."""
-    kinds = dict(info.schema.kinds)
+    kinds = {c: info.schema.kinds[c] for c in info.schema.features}
     return {c: (variant if k in GAUSSIAN_VARIANTS else k) for c, k in kinds.items()}
 
 
 def _frame(X: np.ndarray, info: StoreInfo) -> pd.DataFrame:
-    """Store rows (family order) as a DataFrame of the schema's columns, categorical codes as
-    integers (so ``family_spec`` names them)."""
+    """Store rows (family order) as a DataFrame of the schema's columns (without those ingest
+    dropped), categorical codes as integers (so ``family_spec`` names them); a missing cell
+    stays NaN (a fold fit takes it as latent and scores the record on its other cells:
+    ``MAPDP.score_samples``, the marginal on the observed columns)."""
     df = pd.DataFrame(X, columns=info.names)
-    for c, k in info.schema.kinds.items():
-        if k not in GAUSSIAN_VARIANTS:
+    for c in info.schema.features:
+        if info.schema.kinds[c] not in GAUSSIAN_VARIANTS and not df[c].isna().any():
             df[c] = df[c].astype(np.int64)
-    return df[list(info.schema.columns)]
+    return df[list(info.schema.features)]
 
 
 def _read_rows(store_path: str) -> tuple[np.ndarray, np.ndarray, StoreInfo]:

@@ -55,6 +55,10 @@ class RunConfig:
     warm_start: str | None = None
     # engine-specific settings (``RunContext.options``: the asugs engine's ``lam``, ...)
     engine_options: dict[str, Any] = field(default_factory=dict)
+    # missing cells: "latent" (kept, the MAP-DP engine fills them by ICM) or "refuse"
+    missing: str = "latent"
+    # refuse a constant column rather than drop it
+    strict: bool = False
 
     def ingest_options(self) -> dict[str, Any]:
         """The options that decide what ingest writes (``pipeline.data.dataset.ingest_options``)."""
@@ -67,6 +71,11 @@ class RunConfig:
             "label_column": self.label_column,
             "group_column": self.group_column,
             "dtype": self.dtype,
+            # kept by ingest unless refused; an engine that does not take them refuses them
+            # before pass 1 (``pipeline.engines.base.check_missing``), so that engines share
+            # the store
+            "missing": self.missing == "latent",
+            "strict": self.strict,
         }
 
 
@@ -147,12 +156,15 @@ def step_ingest(
     if model is not None:
         # the records are encoded as the model's and keep its prior
         options.update(family=model.family_, schema=model.schema_)
+    from pipeline.data.sources import MISSING_HINT, REFUSE_HINT
+
     store, info, reused = dataset.open_dataset(
         source,
         client=client,
         root=root,
         progress=tell,
         path=path,
+        missing_hint=REFUSE_HINT if cfg.missing == "refuse" else MISSING_HINT,
         **options,
     )
     if reused and progress:
@@ -270,6 +282,8 @@ def finish(
         "n_train": info.n_train,
         "columns": info.schema.columns,
         "kinds": info.schema.kinds,
+        "dropped_constant_columns": info.schema.dropped,
+        "missing_cells": info.missing_cells,
         "family": repr(info.family),
         "parameters": {
             "chunk_rows": cfg.chunk_rows,
@@ -293,6 +307,8 @@ def finish(
             "mcmc": cfg.mcmc,
             "warm_start": None if cfg.warm_start is None else storage.redact(cfg.warm_start),
             "engine_options": cfg.engine_options,
+            "missing": cfg.missing,
+            "strict": cfg.strict,
         },
         "notes": info.notes,
         "versions": versions(),

@@ -73,7 +73,9 @@ def discard(partial: storage.Loc) -> None:
 def step_ingest(
     client: Any, est: Any, source: Any, partial: storage.Loc, chunk_rows: int
 ) -> StoreInfo:
-    """Validate and encode ``source`` against the model's schema into ``partial/store.zarr``."""
+    """Validate and encode ``source`` against the model's schema into ``partial/store.zarr``:
+    the columns the fit dropped (constant) are left out, and missing cells are kept (each record
+    scored on the cells it has) unless the model refuses them (``Schema.missing``)."""
     from pipeline.data.ingest import ingest
 
     return ingest(
@@ -83,6 +85,7 @@ def step_ingest(
         family=est.family_,
         schema=est.schema_,
         chunk_rows=chunk_rows,
+        missing_hint="; the model refuses missing cells (fitted with --missing refuse)",
     )
 
 

@@ -22,7 +22,7 @@ from flows.cli.run import add_run_parser
 from flows.cluster import cluster
 from pipeline.core.config import INIT_SAMPLE
 from pipeline.core.paths import temp_sibling
-from pipeline.data.sources import MISSING_HINT
+from pipeline.data.sources import REFUSE_HINT
 from pipeline.data.store import Store
 from pipeline.distributed import loop
 
@@ -97,14 +97,19 @@ def test_rerun_after_a_crash_resumes_with_the_same_labels(tmp_path: Path, crash_
 
 
 BAD_CSV = "a,b\n1,2\n3,4\n5,\n7,8\n"
-BAD_LINE = "column 'b': row 2 (line 4) is NaN (missing value)" + MISSING_HINT
+# refused on request: by default the MAP-DP engine takes missing cells (tests/pipeline/
+# distributed/test_missing.py)
+BAD_LINE = "column 'b': row 2 (line 4) is NaN (missing value)" + REFUSE_HINT
+REFUSE = ["--missing", "refuse"]
 
 
 def test_cli_bad_input_exits_2_and_leaves_nothing(tmp_path: Path, capfd):
     path = tmp_path / "bad.csv"
     path.write_text(BAD_CSV)
     out = tmp_path / "out"
-    code = main(["run", str(path), "--out", str(out), "--workers", "1", "--quiet"])
+    code = main(
+        ["run", str(path), "--out", str(out), "--workers", "1", "--quiet", "--missing", "refuse"]
+    )
     captured = capfd.readouterr()
     assert code == 2
     # the failed task's traceback and Prefect's lines went to the log file, not to stderr
@@ -114,6 +119,7 @@ def test_cli_bad_input_exits_2_and_leaves_nothing(tmp_path: Path, capfd):
     # without --quiet, progress lines (the dashboard) may come first, and nothing else
     log_file = tmp_path / "run.log"
     argv = ["run", str(path), "--out", str(out), "--workers", "1", "--log-file", str(log_file)]
+    argv += ["--missing", "refuse"]
     code = main(argv)
     lines = capfd.readouterr().err.splitlines()
     assert code == 2
@@ -139,7 +145,7 @@ def test_dpmm_run_program_on_bad_input_prints_one_line(tmp_path: Path):
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "600",
     }
     proc = subprocess.run(
-        [*cmd, "run", str(path), "--out", str(out), "--workers", "1", "--quiet"],
+        [*cmd, "run", str(path), "--out", str(out), "--workers", "1", "--quiet", *REFUSE],
         capture_output=True,
         text=True,
         env=env,

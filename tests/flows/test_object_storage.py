@@ -329,7 +329,8 @@ def test_dpmm_hmm_and_update_on_s3_equal_the_local_runs(s3_bucket: str, tmp_path
             "--out s3://no-such-bucket-x/out: the bucket 'no-such-bucket-x' does not exist",
         ),
         (
-            ["run", "{b}/bad.csv", "--out", "{b}/out"],
+            # refused on request (missing cells are latent by default)
+            ["run", "{b}/bad.csv", "--out", "{b}/out", "--missing", "refuse"],
             "{b}/bad.csv: column 'b': row 2 is NaN (missing value)",
         ),
         (
