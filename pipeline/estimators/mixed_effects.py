@@ -104,6 +104,16 @@ class MixedEffectsDP(BaseEstimator):
     n_iter_ : int
     coef_names_ : list of str, the names of beta's coordinates ("intercept", then X's columns)
     prior_ : MixedPrior
+
+    Notes
+    -----
+    Groups that overlap in their random effects are reported as one cluster, as the objective and
+    the held-out density both prefer: on ``datasets::ChickWeight`` (50 chicks, 4 diets; diet
+    explains about 30% of the variance of the chicks' least-squares intercepts and slopes) the
+    diet partition lowers -log p(y) by 19 nats where the CRP's prior on that partition costs 72
+    (eq. 2.3), and priors that force clusters there lower the 5-fold held-out log density by
+    about 300 nats (issue 37). Well separated groups are found: the 3 diets of
+    ``nlme::BodyWeight``'s 16 rats as 2 clusters (NMI 0.80; ``tests/data/panel_bodyweight.md``).
     """
 
     # what a saved model keeps (``pipeline.estimators.model``): the global fit predicts and scores;
