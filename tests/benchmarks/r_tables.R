@@ -1,0 +1,21 @@
+# Labelled real tables from R packages (bench_real.py::test_r_package_tables): each written to
+# the folder given as the first argument as clust_<name>.csv with its class in `label`.
+# Debian: apt-get install r-cran-mlbench r-cran-mclust r-cran-mass r-cran-kernlab
+args <- commandArgs(trailingOnly = TRUE)
+setwd(args[1])
+suppressMessages({library(mlbench); library(mclust); library(MASS); library(kernlab)})
+w <- function(df, name) write.csv(df, paste0(name, ".csv"), row.names = FALSE)
+data(Ionosphere); d <- Ionosphere; names(d)[names(d)=="Class"] <- "label"; d$V1 <- as.numeric(as.character(d$V1)); w(d, "clust_ionosphere")
+data(Sonar); d <- Sonar; names(d)[names(d)=="Class"] <- "label"; w(d, "clust_sonar")
+data(Vehicle); d <- Vehicle; names(d)[names(d)=="Class"] <- "label"; w(d, "clust_vehicle")
+data(Zoo); d <- Zoo; names(d)[names(d)=="type"] <- "label"; for (c in names(d)) if (is.logical(d[[c]])) d[[c]] <- as.integer(d[[c]]); w(d, "clust_zoo")
+data(Soybean, package="mlbench"); d <- Soybean; names(d)[names(d)=="Class"] <- "label"; w(d, "clust_soybean")
+data(BreastCancer); d <- BreastCancer; d$Id <- NULL; names(d)[names(d)=="Class"] <- "label"; for (c in names(d)) if (c != "label") d[[c]] <- as.numeric(as.character(d[[c]])); w(d, "clust_breastcancer")
+data(PimaIndiansDiabetes2); d <- PimaIndiansDiabetes2; names(d)[names(d)=="diabetes"] <- "label"; w(d, "clust_pima2")
+data(Satellite); d <- Satellite; names(d)[names(d)=="classes"] <- "label"; w(d, "clust_satellite")
+data(banknote); d <- banknote; names(d)[names(d)=="Status"] <- "label"; w(d, "clust_banknote")
+data(thyroid); d <- thyroid; names(d)[names(d)=="Diagnosis"] <- "label"; w(d, "clust_thyroid")
+data(diabetes); d <- diabetes; names(d)[names(d)=="class"] <- "label"; w(d, "clust_diabetes")
+data(wdbc); d <- wdbc; d$ID <- NULL; names(d)[names(d)=="Diagnosis"] <- "label"; w(d, "clust_wdbc")
+d <- crabs; d$label <- paste(d$sp, d$sex); d$sp <- NULL; d$sex <- NULL; d$index <- NULL; w(d, "clust_crabs")
+data(spam); d <- spam; names(d)[names(d)=="type"] <- "label"; w(d, "clust_spam")
