@@ -329,7 +329,7 @@ class Schema:
                 s = df[c]
                 if s.isna().any() and not missing:
                     i = _first_bad_row(s.isna().to_numpy())
-                    raise ValueError(f"column '{c}': row {i} is missing (NaN)")
+                    raise ValueError(f"column '{c}': row {i} is NaN (missing value)")
                 if isinstance(s.dtype, pd.CategoricalDtype):
                     schema.categories[c] = list(s.cat.categories)
                 else:

@@ -112,7 +112,9 @@ def test_a_checkpoint_written_by_format_version_1_reads_back():
     from pipeline.engines.mixture_state import PassState
 
     here = Store(Path(__file__).resolve().parents[2] / "data" / "checkpoint_v1")
-    params = FitParams(seed=3, init="sequential", max_passes=2)
+    params = FitParams(
+        seed=3, init="sequential", max_passes=2, alpha_prior=(2.0, 1.0)
+    )  # 2026-11-26 default
     info: Any = None  # a checkpoint does not depend on the data
     state = loop.load_checkpoint(RunContext(here, here, info, params))
     assert isinstance(state, PassState)
