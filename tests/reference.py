@@ -148,3 +148,22 @@ def dpm_log_joint(stats: ArrayLike, family: Family | ProductFamily, alpha: float
     S = np.ascontiguousarray(np.atleast_2d(np.asarray(stats, dtype=np.float64)))
     lm = float(kproduct.log_marginals(S, fam.spec, fam.prior).sum())
     return float(crp.log_eppf(np.ascontiguousarray(S[:, 0]), S.shape[0], float(alpha))) + lm
+
+
+def dpm_observed_log_density(fam, stats: np.ndarray, alpha: float, x: np.ndarray) -> float:
+    """log of the DP mixture's predictive density of x (d,) on its observed (non-NaN) cells: each
+    cluster's Normal-Wishart Student-t (from ``fam.posterior`` of its statistics row; a zero row
+    is the new cluster, weighted alpha) marginalised onto the observed dimensions by SciPy."""
+    d = x.shape[0]
+    o = np.flatnonzero(~np.isnan(x))
+    N = float(stats[:, 0].sum())
+    rows = [*stats, np.zeros_like(stats[0])]
+    weights = [*stats[:, 0], alpha]
+    terms = []
+    for s, w in zip(rows, weights, strict=True):
+        mk, T, ck, ak = fam.posterior(s)
+        nu = ak - d + 1
+        shape = T * (ck + 1) / (ck * nu)
+        t = multivariate_t(loc=mk[o], shape=shape[np.ix_(o, o)], df=nu)
+        terms.append(np.log(w / (N + alpha)) + t.logpdf(x[o]))
+    return float(np.logaddexp.reduce(terms))

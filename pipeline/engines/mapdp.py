@@ -33,8 +33,6 @@ from numpy.typing import NDArray
 
 from kernels import bayes_kmeans as kbk
 from kernels import mapdp as kmapdp
-from kernels.rng import shuffle
-from pipeline.core.seeds import seed_state
 from pipeline.data.labels import emit_chunk
 from pipeline.engines.base import Chunk, RecordArray, RunContext
 from pipeline.engines.mixture import (
@@ -43,10 +41,9 @@ from pipeline.engines.mixture import (
     MixtureEngine,
     PassInput,
     Sweep,
-    pass_labels,
 )
 from pipeline.engines.mixture_start import prior_filled
-from pipeline.engines.mixture_state import chunk_seed, predict
+from pipeline.engines.mixture_state import predict
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.stats import Stats
 from pipeline.models.mapdp import dpm_predict
@@ -133,9 +130,7 @@ class MapdpEngine(MixtureEngine):
         fam = msg.family
         X, hold = chunk.X, chunk.holdout
         K = msg.stats.shape[0]
-        z = pass_labels(chunk, msg, hold)
-        order = np.flatnonzero(~hold).astype(np.int64)
-        shuffle(seed_state(chunk_seed(msg.seed, msg.restart, msg.p, chunk.c)), order)
+        z, order = self.pass_start(chunk, msg)
         miss = np.isnan(X) & ~hold[:, None]
         part = np.flatnonzero(miss.any(axis=1))
         Xf = completed_records(chunk, msg, X, miss, part)

@@ -288,6 +288,16 @@ class MixtureEngine(Engine):
             has_y=info.label_column is not None,
         )
 
+    @staticmethod
+    def pass_start(chunk: Chunk, msg: PassInput) -> tuple[IntArray, IntArray]:
+        """The chunk's labels of pass p - 1 (z (n,), -1 for held-out rows) and the random
+        order (training rows) of pass p, which depends only on (seed, restart, p, c)."""
+        hold = chunk.holdout
+        z = pass_labels(chunk, msg, hold)
+        order = np.flatnonzero(~hold).astype(np.int64)
+        shuffle(seed_state(chunk_seed(msg.seed, msg.restart, msg.p, chunk.c)), order)
+        return z, order
+
     def chunk_step(self, chunk: Chunk, msg: PassInput) -> ChunkResult:
         """One chunk of one pass (module docstring). Idempotent: reads buffer z[(p-1) % 2],
         writes buffer z[p % 2], and its random order depends only on (seed, restart, p, c)."""
@@ -295,9 +305,7 @@ class MixtureEngine(Engine):
         fam = msg.family
         X, hold = chunk.X, chunk.holdout
         K = msg.stats.shape[0]
-        z = pass_labels(chunk, msg, hold)
-        order = np.flatnonzero(~hold).astype(np.int64)
-        shuffle(seed_state(chunk_seed(msg.seed, msg.restart, msg.p, chunk.c)), order)
+        z, order = self.pass_start(chunk, msg)
         z_old = z.copy()
         swept = self.sweep(chunk, msg, X, hold, order, z)
         delta, new_stats = kbk.label_deltas(
