@@ -29,6 +29,8 @@ Runs only under ``make bench`` (marker ``bench``); prints tables, asserts nothin
 from __future__ import annotations
 
 import math
+import shutil
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -309,3 +311,55 @@ def test_1m_subjects_end_to_end(tmp_path: Path) -> None:
     print("\n1,000,000 subjects x 5 waves end to end (dpmm longitudinal, its own process)")
     print(table([row]))
     save("longitudinal_1m", row)
+
+
+def _r_panels(folder: Path) -> str | None:
+    """Write ``r_panels.R``'s panels into ``folder``; why not, or None."""
+    if shutil.which("Rscript") is None:
+        return "Rscript is not installed"
+    script = Path(__file__).with_name("r_panels.R")
+    done = subprocess.run(
+        ["Rscript", str(script), str(folder)], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        return "an R package is missing (Debian: apt-get install r-cran-nlme r-cran-mass " + (
+            "r-cran-geepack)"
+        )
+    return None
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_real_panels(tmp_path: Path) -> None:
+    """Issue 37: ``MixedEffectsDP()`` with its defaults on every real panel with known subject
+    groups (``../shared/data/real/panel_*.csv`` and, where R has them, ``r_panels.R``'s), response
+    ~ 1 + standardised time, NMI of the subjects' clusters against the groups, beside the
+    two-stage baseline (k-means told the number of groups on per-subject least-squares lines)."""
+    from tests.benchmarks.common import DATA
+    from tests.reference import two_stage_baseline
+
+    why = _r_panels(tmp_path)
+    if why is not None:
+        print(f"R panels skipped: {why}")
+    rows = []
+    for path in sorted((DATA / "real").glob("panel_*.csv")) + sorted(tmp_path.glob("panel_*.csv")):
+        df = pd.read_csv(path)
+        if "group" not in df.columns:
+            continue
+        response = next(c for c in df.columns if c not in ("subject", "time", "group"))
+        t = (df["time"] - df["time"].mean()) / df["time"].std()
+        base, truth = two_stage_baseline(df, response, t)
+        t0 = time.perf_counter()
+        m = MixedEffectsDP().fit(t.to_frame("time"), df[response], df["subject"])
+        rows.append(
+            {
+                "panel": path.stem.removeprefix("panel_"),
+                "subjects": len(truth),
+                "groups": len(set(truth)),
+                "ours NMI": normalized_mutual_info_score(truth, m.labels_),
+                "K": m.n_clusters_,
+                "s": time.perf_counter() - t0,
+                "two-stage NMI": base,
+            }
+        )
+    print("\nReal panels, defaults (issue 37)\n" + table(rows))
+    save("real_panels", {"rows": rows, "r_panels_skipped": why})

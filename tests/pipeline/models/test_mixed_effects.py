@@ -13,13 +13,13 @@ import pandas as pd
 import pytest
 from scipy import integrate, optimize, stats
 from sklearn.base import clone
-from sklearn.cluster import KMeans
 from sklearn.metrics import normalized_mutual_info_score
 
 from kernels import mixed_effects as kme
 from pipeline import MixedEffectsDP
 from pipeline.core.errors import InputError
 from pipeline.data.synthetic import sample_longitudinal
+from tests.reference import two_stage_baseline
 
 COVS = ["wave", "depression", "adl"]
 DATA = Path(__file__).resolve().parents[2] / "data"
@@ -240,25 +240,6 @@ def test_real_panel_chickweight_in_grams_and_kilograms() -> None:
     fits = [MixedEffectsDP().fit(day, df["weight_g"] * f, df["subject"]) for f in (1e-3, 1e3)]
     assert fits[0].n_clusters_ == fits[1].n_clusters_ < 5
     np.testing.assert_array_equal(fits[0].labels_, fits[1].labels_)
-
-
-def two_stage_baseline(
-    df: pd.DataFrame, response: str, time: pd.Series
-) -> tuple[float, np.ndarray]:
-    """The panels' baseline (``shared/data/real/README.md``): k-means told the true number of
-    groups on each subject's least-squares intercept and slope, its NMI averaged over 5 seeds
-    (n_init=10); and the group of each subject (subjects sorted, as ``subjects_``)."""
-    coef, truth = [], []
-    for _, g in df.assign(t=time).groupby("subject", sort=True):
-        A = np.column_stack([np.ones(len(g)), g["t"]])
-        coef.append(np.linalg.lstsq(A, g[response].to_numpy(float), rcond=None)[0])
-        truth.append(g["group"].iloc[0])
-    k = len(set(truth))
-    nmis = [
-        normalized_mutual_info_score(truth, KMeans(k, n_init=10, random_state=r).fit_predict(coef))
-        for r in range(5)
-    ]
-    return float(np.mean(nmis)), np.asarray(truth)
 
 
 def test_real_panel_bodyweight_at_or_above_the_two_stage_baseline() -> None:
