@@ -25,7 +25,7 @@ from pipeline.data.store import Store, StoreInfo
 from pipeline.distributed import loop
 from pipeline.distributed.client import dask_client
 from pipeline.distributed.summaries import identity_stage2
-from pipeline.models.ihmm import PRIOR_SCALE
+from pipeline.models.ihmm import PRIOR_SCALE, check_temper
 from pipeline.ops import hmm as dhmm
 from pipeline.ops import run as dist
 
@@ -62,6 +62,7 @@ def hmm(
     tol: float = TOL,
     min_change: float = MIN_CHANGE,
     random_state: int | None = 0,
+    temper: Any = "auto",
     scheduler: str | None = None,
     n_workers: int | None = None,
     processes: bool = True,
@@ -74,6 +75,7 @@ def hmm(
 
     Returns the content of ``out/run.json``.
     """
+    temper = check_temper(temper)
     fit = dict(
         engine="ihmm",
         alpha=float(alpha),
@@ -118,6 +120,7 @@ def hmm(
             ctx = dist.run_context(partial, data, info, params, progress)
             info = ctx.info  # with the run's prior (``pipeline.distributed.loop.with_prior_scale``)
             ctx.options["gamma"] = float(gamma)
+            ctx.options["temper"] = temper
             labels = partial / "labels.zarr"
             state: Any = loop.run_passes(
                 client,
@@ -145,6 +148,7 @@ def hmm(
             "gamma": float(gamma),
             "family": family,
             "prior_scale": PRIOR_SCALE if prior_scale is None else float(prior_scale),
+            "temper": temper,
         },
         {
             "input": storage.redact(str(input)),
@@ -187,6 +191,13 @@ def hmm(
             "tol": tol,
             "min_change": min_change,
             "seed": params.seed,
+            "temper": temper,
+        },
+        # the emission weight w of the passes and the write-out, and the residual lag-1
+        # autocorrelation rho of the sample start's untempered states it was measured from
+        "temper": {
+            "w": float(state.temper),
+            "rho": state.rho,
         },
         "init": state.init_record,
         "passes": state.history,

@@ -3,8 +3,8 @@ Prefect flow ``flows.hmm``, on ``dpmm run``'s defaults.
 
     dpmm hmm INPUT --sequence-column COL --time-column COL --out OUT [--alpha N0] [--gamma M0]
              [--family SPEC] [--prior-scale F] [--chunk-rows N] [--holdout F] [--max-passes N]
-             [--tol F] [--min-change F] [--seed N] [--scheduler ADDRESS] [--workers N]
-             [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
+             [--tol F] [--min-change F] [--temper auto|W] [--seed N] [--scheduler ADDRESS]
+             [--workers N] [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
 
 OUT: rows.parquet (state and log p(x_t | x_<t) of every row), sequences.parquet (held-out flag
 and log likelihood of every sequence), states.parquet (states with their emission parameters),
@@ -37,6 +37,15 @@ def _positive_float(text: str) -> float:
     if not v > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return v
+
+
+def _temper(text: str) -> str | float:
+    from pipeline.models.ihmm import check_temper
+
+    try:
+        return check_temper(text if text == "auto" else _positive_float(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_hmm_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -113,6 +122,15 @@ def add_hmm_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-passes", type=_positive_int, default=MAX_PASSES, metavar="N")
     p.add_argument("--tol", type=_nonneg_float, default=TOL, metavar="F")
     p.add_argument("--min-change", type=_fraction, default=MIN_CHANGE, metavar="F")
+    p.add_argument(
+        "--temper",
+        type=_temper,
+        default="auto",
+        metavar="auto|W",
+        help="emission weight w in (0, 1] of every record (MAPiHMM's temper): auto (default) "
+        "measures the lag-1 autocorrelation rho of the records within the sample start's states "
+        "and, where significant, weighs them by (1 - rho) / (1 + rho); 1 = untempered",
+    )
     p.add_argument("--no-report", action="store_true", help="skip the report pictures")
     p.set_defaults(func=cmd_hmm)
     return p
@@ -142,6 +160,7 @@ def cmd_hmm(args: argparse.Namespace) -> int:
         max_passes=args.max_passes,
         tol=args.tol,
         min_change=args.min_change,
+        temper=args.temper,
         report=not args.no_report,
         **flow_kwargs(args),
     )

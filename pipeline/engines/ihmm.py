@@ -22,6 +22,15 @@ estimator's (``pipeline.estimators.ihmm.MAPiHMM``); the engine's moves are merge
 The write-out labels every sequence (trained on or held out) by Viterbi under the final MAP
 model and gives every row its forward-filtering term log p(x_t | x_1..x_{t-1}), so that a
 sequence's rows sum to its held-out log likelihood (the chain rule).
+
+Tempered emissions (``MAPiHMM``'s ``temper``, option ``temper`` of the run context, "auto" by
+default): the sample start measures the residual lag-1 autocorrelation rho of the records within
+its untempered states and, where significant, refits with each record's emission counting
+w = (1 - rho) / (1 + rho) (``pipeline.models.ihmm.temper_of``, the estimator's code). The state
+carries w: every pass sweeps, reduces and merges on the tempered objective, pass 1 takes the
+Viterbi paths under the sample's states (``viterbi_chunk``), and the write-out decodes with w as
+``MAPiHMM.predict`` does; the log densities stay untempered, as ``MAPiHMM.score_samples``. The
+sequential start has no states to measure rho on and stays untempered under "auto".
 """
 
 from __future__ import annotations
@@ -45,11 +54,14 @@ from pipeline.models.ihmm import (
     PRIOR_SCALE,
     HmmState,
     b_new_of,
+    check_temper,
+    decode,
     empty_state,
     kappa_step,
     starts_of,
     sweep_slots,
     sweep_state,
+    temper_of,
 )
 from pipeline.models.ihmm_map import greedy_merges
 
@@ -79,6 +91,11 @@ class IhmmPassState:
     # against them, then the sample's own counts are taken out again
     warm: HmmState | None = None
     init_record: dict[str, Any] | None = None
+    # the emission weight w of every pass and of the write-out (``MAPiHMM``'s ``temper_``; the
+    # sample start measures it) and the rho it was measured from (None: not measured; not NaN,
+    # so that a checkpoint read back compares equal)
+    temper: float = 1.0
+    rho: float | None = None
 
     @property
     def n_clusters(self) -> int:
@@ -111,6 +128,10 @@ class IhmmInput:
     family: ProductFamily
     plot_rate: float = 0.0
     has_y: bool = False
+    temper: float = 1.0
+    # pass 1 of a tempered sample start: the records take the Viterbi paths under the sample's
+    # states instead of a sweep from no labels (``viterbi_chunk`` says why)
+    viterbi: bool = False
 
     @property
     def hmm(self) -> HmmState:
@@ -156,8 +177,10 @@ def _train_sequences(
     return rows.astype(np.int64), starts_of(lengths, int(lengths.sum()))
 
 
-def objective_of(st: HmmState, family: ProductFamily, alpha: float, gamma: float) -> float:
-    return st.objective(family, alpha, gamma) if st.n_states else 0.0
+def objective_of(
+    st: HmmState, family: ProductFamily, alpha: float, gamma: float, temper: float = 1.0
+) -> float:
+    return st.objective(family, alpha, gamma, temper) if st.n_states else 0.0
 
 
 class IhmmEngine(Engine):
@@ -178,9 +201,13 @@ class IhmmEngine(Engine):
         if params.start not in ("sequential", "sample"):
             raise ValueError(f"the ihmm engine starts 'sequential', got init={params.init!r}")
         gamma = float(ctx.options.get("gamma", DEFAULT_GAMMA))
+        temper = check_temper(ctx.options.get("temper", "auto"))
         S = ctx.info.family.n_stats
         if params.start == "sample":
-            return sample_start(ctx, float(params.alpha), gamma)  # type: ignore[arg-type]
+            return sample_start(ctx, float(params.alpha), gamma, temper)  # type: ignore[arg-type]
+        if temper == "auto":
+            # nothing to measure rho on before pass 1: the sequential start stays untempered
+            temper = 1.0
         return IhmmPassState(
             pass_no=0,
             stats=np.zeros((0, S)),
@@ -193,6 +220,7 @@ class IhmmEngine(Engine):
             remap=np.zeros(0, dtype=np.int64),
             k_written=0,
             offsets=np.zeros(0, dtype=np.int64),
+            temper=float(temper),
         )
 
     def _input(self, state: Any, ctx: RunContext, p: int) -> IhmmInput:
@@ -214,6 +242,8 @@ class IhmmEngine(Engine):
             family=info.family,
             plot_rate=plot_rate(info),
             has_y=info.label_column is not None,
+            temper=state.temper,
+            viterbi=p == 1 and state.warm is not None and state.temper < 1.0,
         )
 
     def pass_input(self, state: Any, ctx: RunContext, p: int, scores_into: str | None) -> Any:
@@ -234,7 +264,10 @@ class IhmmEngine(Engine):
         z_old = z_all[rows].copy()
         z = z_old.copy()
         K = msg.stats.shape[0]
-        z_new, n_new, n_changed = sweep_chunk(Xs, tstarts, z, msg.hmm, fam, msg)
+        if msg.viterbi:
+            z_new, n_new, n_changed = viterbi_chunk(Xs, tstarts, msg.hmm, fam, msg)
+        else:
+            z_new, n_new, n_changed = sweep_chunk(Xs, tstarts, z, msg.hmm, fam, msg)
         delta, new_stats = kbk.label_deltas(
             Xs,
             np.arange(Xs.shape[0], dtype=np.int64),
@@ -315,13 +348,13 @@ class IhmmEngine(Engine):
             np.ascontiguousarray(kappa[keep]),
             float(ku),
         )
-        alpha, gamma = state.alpha, state.gamma
-        e = objective_of(st, fam, alpha, gamma)
+        alpha, gamma, w = state.alpha, state.gamma, state.temper
+        e = objective_of(st, fam, alpha, gamma, w)
         cand = kappa_step(st, alpha, gamma, "expectation", np.zeros(1, np.uint64))
-        e_cand = objective_of(cand, fam, alpha, gamma)
+        e_cand = objective_of(cand, fam, alpha, gamma, w)
         if e_cand <= e:
             st, e = cand, e_cand
-        st, e, target = greedy_merges(st, fam, alpha, gamma, e)
+        st, e, target = greedy_merges(st, fam, alpha, gamma, e, w)
         remap = np.where(new_id >= 0, target[np.maximum(new_id, 0)], -1).astype(np.int64)
         n_changed = sum(r.n_changed for r in results)
         n_train = sum(r.n_train for r in results)
@@ -353,6 +386,8 @@ class IhmmEngine(Engine):
             history=[*state.history, record],
             converged=reason is not None,
             init_record=state.init_record,
+            temper=w,
+            rho=state.rho,
         )
         return new, record
 
@@ -374,12 +409,18 @@ class IhmmEngine(Engine):
         order, starts = chunk_sequences(chunk)
         Xs = np.ascontiguousarray(X[order])
         st = msg.hmm
+        # Viterbi under the fit's tempered emissions (``decode``), as ``MAPiHMM.predict``; the
+        # forward terms under the untempered ones, a density of the records (tempered
+        # emissions do not integrate to 1), as ``MAPiHMM.score_samples``
         log_b = kihmm.emission_matrix(
             Xs, st.stats, fam.cache_of(st.stats), fam.spec, fam.prior, fam.empty_cache()
         )
         log_pi, log_a = st.log_params(msg.alpha)
         steps = kihmm.forward_steps(log_b, starts, log_pi, log_a)
-        path, _ = kihmm.viterbi(log_b, starts, log_pi, log_a)
+        if msg.temper == 1.0:
+            path, _ = kihmm.viterbi(log_b, starts, log_pi, log_a)
+        else:
+            path, _ = decode(Xs, starts, st, fam, msg.alpha, msg.temper)
         path = np.where(path == st.n_states, -1, path)
         logdens = np.empty(X.shape[0])
         logdens[order] = steps
@@ -417,10 +458,18 @@ class IhmmEngine(Engine):
         kihmm.viterbi(log_b, starts, log_pi, log_a)
 
 
-def sample_start(ctx: RunContext, alpha: float, gamma: float) -> IhmmPassState:
+def sample_start(
+    ctx: RunContext, alpha: float, gamma: float, temper: str | float = 1.0
+) -> IhmmPassState:
     """The state before pass 1 from in-memory MAP-iHMM (sweeps, kappa step, Viterbi, merge and
     split moves: ``pipeline.models.ihmm_map.run_map_ihmm``) on the training sequences of the first
-    chunks, about ``init_sample`` rows: the moves the passes do not have find the states once."""
+    chunks, about ``init_sample`` rows: the moves the passes do not have find the states once.
+
+    ``temper`` is the emission weight w of the run (``MAPiHMM``'s ``temper``). "auto" does what
+    ``MAPiHMM._run`` does with one restart: an untempered run, w and rho from its states
+    (``pipeline.models.ihmm.temper_of``), and where w < 1 two tempered runs, one from a fresh
+    sequential start and one from the untempered states; the lower tempered objective wins.
+    Every pass and the write-out then use that w."""
     import time as _time
 
     from pipeline.core.seeds import seed_state
@@ -452,7 +501,33 @@ def sample_start(ctx: RunContext, alpha: float, gamma: float) -> IhmmPassState:
     Xs = np.ascontiguousarray(np.vstack(parts))
     starts = starts_of(np.asarray(lengths, dtype=np.int64), Xs.shape[0])
     seq = np.random.SeedSequence(params.seed, spawn_key=(params.restart, 0))
-    res = run_map_ihmm(Xs, starts, fam, alpha, gamma, 100, 1e-6, "expectation", seed_state(seq))
+    auto = temper == "auto"
+    w = 1.0 if auto else float(temper)
+    res = run_map_ihmm(
+        Xs, starts, fam, alpha, gamma, 100, 1e-6, "expectation", seed_state(seq), temper=w
+    )
+    rho = math.nan
+    if auto:
+        w, rho = temper_of(Xs, res.labels, starts, fam)
+        if w < 1.0:
+            # the seed's next children, as ``MAPiHMM``'s second round
+            runs = [
+                run_map_ihmm(
+                    Xs,
+                    starts,
+                    fam,
+                    alpha,
+                    gamma,
+                    100,
+                    1e-6,
+                    "expectation",
+                    seed_state(child),
+                    z0=z0,
+                    temper=w,
+                )
+                for child, z0 in zip(seq.spawn(2), (None, res.labels), strict=True)
+            ]
+            res = min(runs, key=lambda r: r.objective)
     st = res.state
     K = st.n_states
     return IhmmPassState(
@@ -474,8 +549,12 @@ def sample_start(ctx: RunContext, alpha: float, gamma: float) -> IhmmPassState:
             "sequences": len(lengths),
             "n_states": K,
             "iterations": res.n_iter,
+            "temper": w,
+            "residual_autocorrelation": None if math.isnan(rho) else rho,
             "seconds": _time.perf_counter() - t0,
         },
+        temper=w,
+        rho=None if math.isnan(rho) else rho,
     )
 
 
@@ -492,7 +571,18 @@ def sweep_chunk(
     K = st.n_states
     # the K global states keep their slots (n_fixed = K): the chunk's new ones follow them
     _s, _c, nk, _t, _st, _r, _k, _ku, n_slots, n_changed = sweep_slots(
-        X, starts, z, st, family, msg.alpha, msg.gamma, K + 8, False, np.zeros(1, np.uint64), K
+        X,
+        starts,
+        z,
+        st,
+        family,
+        msg.alpha,
+        msg.gamma,
+        K + 8,
+        False,
+        np.zeros(1, np.uint64),
+        K,
+        msg.temper,
     )
     slot_map = np.arange(max(n_slots, K), dtype=np.int64)
     new_slots = [s for s in range(K, n_slots) if nk[s] > 0]
@@ -500,6 +590,27 @@ def sweep_chunk(
         slot_map[s] = K + j
     z[:] = np.where(z >= K, slot_map[np.maximum(z, 0)], z)
     return z, len(new_slots), int(n_changed)
+
+
+def viterbi_chunk(
+    X: FloatArray, starts: IntArray, st: HmmState, family: ProductFamily, msg: IhmmInput
+) -> tuple[IntArray, int, int]:
+    """Pass 1 of a tempered sample start: every training sequence of the chunk labelled by its
+    Viterbi path under the sample's states (``decode`` with the tempered emissions, as
+    ``MAPiHMM.predict``); the records the path gives the unrepresented state open one new
+    state, numbered K. Same returns as ``sweep_chunk``.
+
+    A sweep from no labels sets each record against its predecessor alone, so a record pays
+    the whole cost of leaving a sticky state; tempered emissions (w < 1) rarely repay it, and
+    the sweep puts every record in one state (``seq_beavers``: 1 state where the sample start
+    found 2). The in-memory run escapes the same trap by its Viterbi moves, which the passes do
+    not have; the untempered start keeps its sweep."""
+    K = st.n_states
+    if X.shape[0] == 0:
+        return np.zeros(0, dtype=np.int64), 0, 0
+    path, _ = decode(X, starts, st, family, msg.alpha, msg.temper)
+    path = np.ascontiguousarray(path, dtype=np.int64)
+    return path, int((path == K).any()), int(path.shape[0])
 
 
 ENGINE = IhmmEngine()

@@ -28,12 +28,12 @@ from pipeline.models.ihmm import (
     PRIOR_SCALE,
     HmmState,
     IntArray,
+    check_temper,
     decode,
-    ess_share,
     log_likelihood,
-    residual_autocorrelation,
     run_gibbs,
     starts_of,
+    temper_of,
 )
 from pipeline.models.ihmm_map import IhmmResult, run_map_ihmm
 
@@ -452,12 +452,7 @@ class MAPiHMM(_SequenceEstimator):
         config.check_int(self.max_iter, "max_iter")
         config.check_tol(self.tol)
         config.check_choice(self.m_counts, M_COUNTS, "m_counts")
-        if not (isinstance(self.temper, str) and self.temper == "auto"):
-            w = config.check_positive(self.temper, "temper")
-            if w > 1.0:
-                raise ValueError(
-                    f"temper must be 'auto' or a number in (0, 1], got {self.temper!r}"
-                )
+        check_temper(self.temper)
 
     def _run(
         self, Xa: FloatArray, starts: IntArray, alpha: float, gamma: float
@@ -473,10 +468,8 @@ class MAPiHMM(_SequenceEstimator):
         best, objectives = self._runs(Xa, starts, alpha, gamma, seq, w, None)
         rho = math.nan
         if auto:
-            rho = residual_autocorrelation(Xa, best.labels, starts, self.family_)
-            n_pairs = Xa.shape[0] - (starts.shape[0] - 1)
-            if rho > 2.0 / math.sqrt(max(n_pairs, 1)):
-                w = ess_share(rho)
+            w, rho = temper_of(Xa, best.labels, starts, self.family_)
+            if w < 1.0:
                 best, objectives = self._runs(Xa, starts, alpha, gamma, seq, w, best.labels)
         if not best.converged:
             warnings.warn(
@@ -641,12 +634,22 @@ class IHMMGibbs(_SequenceEstimator):
 
 
 def model_from_state(
-    schema: Any, family: Any, st: HmmState, alpha: float, gamma: float, params: dict[str, Any]
+    schema: Any,
+    family: Any,
+    st: HmmState,
+    alpha: float,
+    gamma: float,
+    params: dict[str, Any],
+    temper: float = 1.0,
+    rho: float = math.nan,
 ) -> MAPiHMM:
     """The ``MAPiHMM`` of a distributed run's final state ``st`` (the ``ihmm`` engine's):
     ``predict`` / ``score_samples`` are the run's write-out (Viterbi labels, forward-algorithm
-    log likelihoods) under these states; ``params`` are the estimator's parameters."""
+    log likelihoods) under these states; ``params`` are the estimator's, ``temper`` the run's
+    emission weight w (``temper_``, which ``predict`` decodes with) measured from ``rho``."""
     est = MAPiHMM(**params)
+    est.temper_ = float(temper)
+    est.residual_autocorrelation_ = float(rho)
     est.schema_ = schema
     est.family_ = family
     est.n_features_in_ = len(schema.columns)

@@ -91,6 +91,51 @@ def residual_autocorrelation(
     return float((a * b).sum() / den) if den > 0 else math.nan
 
 
+def temper_of(
+    Xa: FloatArray, z: IntArray, starts: IntArray, family: ProductFamily
+) -> tuple[float, float]:
+    """The emission weight of ``temper="auto"`` (``MAPiHMM`` and the ``ihmm`` engine's sample
+    start): (w, rho), rho the ``residual_autocorrelation`` of the records within the states z,
+    w = ``ess_share(rho)`` when rho is significant and 1 otherwise.
+
+    rho is significant above 2 / sqrt(n_pairs), twice the standard error of a lag-1
+    autocorrelation of independent records (n_pairs: consecutive steps within a sequence), so
+    that data independent within their states keep w = 1.
+
+    Parameters
+    ----------
+    Xa : ndarray of shape (N, D)
+        Arranged records.
+    z : ndarray of shape (N,), int64
+        States 0..K-1 of an untempered run.
+    starts : ndarray of shape (n_seq + 1,), int64
+    family : ProductFamily
+
+    Returns
+    -------
+    w, rho : float
+        rho is NaN where unmeasured (then w = 1).
+    """
+    rho = residual_autocorrelation(Xa, z, starts, family)
+    n_pairs = Xa.shape[0] - (starts.shape[0] - 1)
+    if rho > 2.0 / math.sqrt(max(n_pairs, 1)):
+        return ess_share(rho), rho
+    return 1.0, rho
+
+
+def check_temper(temper: Any) -> str | float:
+    """``temper`` checked: "auto", or a number in (0, 1] as a float; ``ValueError`` otherwise."""
+    if isinstance(temper, str) and temper == "auto":
+        return "auto"
+    try:
+        w = float(temper)
+    except (TypeError, ValueError):
+        w = math.nan
+    if isinstance(temper, bool) or not 0.0 < w <= 1.0:
+        raise ValueError(f"temper must be 'auto' or a number in (0, 1], got {temper!r}")
+    return w
+
+
 def zip_groups(family: ProductFamily) -> list[tuple[Any, list[int]]]:
     """(family, positions in the arranged records) of each column group of the product."""
     out = []

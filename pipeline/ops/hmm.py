@@ -12,6 +12,7 @@ duplicated or decreasing time stamp, and NaN in a feature are errors naming the 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +155,16 @@ def write_hmm_model(
     from pipeline.estimators.ihmm import model_from_state
     from pipeline.estimators.model import write_model
 
-    est = model_from_state(info.schema, info.family, state.hmm, state.alpha, state.gamma, params)
+    est = model_from_state(
+        info.schema,
+        info.family,
+        state.hmm,
+        state.alpha,
+        state.gamma,
+        params,
+        state.temper,
+        math.nan if state.rho is None else state.rho,
+    )
     directory.mkdir(exist_ok=True)
     write_model(directory, est, engine="ihmm", metadata=metadata)
 

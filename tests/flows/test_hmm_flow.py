@@ -91,12 +91,14 @@ def test_flow_writes_every_output(tmp_path: Path) -> None:
     np.testing.assert_allclose(trans.to_numpy().sum(axis=1), 1.0)
     assert len(saved["passes"]) == m["passes"]
     assert saved["parameters"]["prior_scale"] == 0.1
+    # emissions independent given the state: the sample start's rho is not significant
+    assert saved["parameters"]["temper"] == "auto" and saved["temper"]["w"] == 1.0
     # OUT/model: the final MAP model; its Viterbi labels and forward log likelihoods are the
     # write-out's
     from pipeline import MAPiHMM, load_model
 
     model = load_model(out / "model", expect=MAPiHMM)
-    assert model.engine_ == "ihmm" and model.prior_scale == 0.1
+    assert model.engine_ == "ihmm" and model.prior_scale == 0.1 and model.temper_ == 1.0
     assert model.n_states_ == m["n_states"]
     feats = df.drop(columns=["t"])
     np.testing.assert_array_equal(
@@ -175,3 +177,69 @@ def test_bad_input_exits_2_and_leaves_nothing(tmp_path: Path, capsys, frame, wor
     for w in words:
         assert w in err[0], (w, err[0])
     assert not out.exists() and not temp_sibling(out).exists()
+
+
+def beavers(tmp_path: Path) -> tuple[Path, pd.DataFrame]:
+    """tests/data/seq_beavers.csv without its ``label`` (two beavers as two sequences)."""
+    df = pd.read_csv(Path(__file__).parents[1] / "data" / "seq_beavers.csv", comment="#")
+    path = tmp_path / "beavers.csv"
+    df.drop(columns=["label"]).to_csv(path, index=False)
+    return path, df
+
+
+def test_flow_tempers_a_real_sequence_as_the_estimator(tmp_path: Path) -> None:
+    """Issue 36: on the beavers' temperatures (autocorrelated within their states) ``dpmm hmm``
+    with its defaults finds what ``MAPiHMM()`` in memory finds (2 states, NMI 0.704; untempered,
+    the flow found 5 states, NMI 0.436): the sample start measures rho, the passes and the
+    write-out weigh the emissions by w, and OUT/model decodes with the same w."""
+    from pipeline import MAPiHMM, load_model
+
+    path, df = beavers(tmp_path)
+    out = tmp_path / "out"
+    run = hmm(str(path), str(out), "beaver", "t", report=False, **LOCAL)
+    m = MAPiHMM(random_state=0).fit(
+        df[["beaver", "t", "temp"]], sequence_column="beaver", time_column="t"
+    )
+    rows = pd.read_parquet(out / "rows.parquet")
+    assert run["metrics"]["n_states"] == m.n_states_ == 2
+    assert normalized_mutual_info_score(df.label, rows.state) >= 0.65
+    saved = json.loads((out / "run.json").read_text())
+    assert saved["temper"]["w"] == pytest.approx(m.temper_, rel=1e-12) and m.temper_ < 0.5
+    assert saved["temper"]["rho"] == pytest.approx(m.residual_autocorrelation_, rel=1e-12)
+    model = load_model(out / "model", expect=MAPiHMM)
+    assert model.temper_ == saved["temper"]["w"]
+    feats = df[["beaver", "t", "temp"]]
+    np.testing.assert_array_equal(
+        model.predict(feats, sequence_column="beaver", time_column="t"), rows.state.to_numpy()
+    )
+    seqs = pd.read_parquet(out / "sequences.parquet")
+    np.testing.assert_allclose(
+        model.score_samples(feats, sequence_column="beaver", time_column="t"),
+        seqs.log_likelihood.to_numpy(),
+        rtol=1e-9,
+    )
+
+
+def test_cli_temper_1_keeps_the_untempered_run(tmp_path: Path) -> None:
+    """``--temper 1``: today's untempered run (5 states, NMI 0.436 on the beavers before
+    issue 36's tempering reached ``dpmm hmm``), w = 1 in run.json and the model."""
+    from pipeline import MAPiHMM, load_model
+
+    path, df = beavers(tmp_path)
+    out = tmp_path / "out"
+    argv = ["hmm", str(path), "--sequence-column", "beaver", "--time-column", "t"]
+    argv += ["--out", str(out), "--temper", "1", "--workers", "1", "--quiet", "--no-report"]
+    assert main(argv) == 0
+    saved = json.loads((out / "run.json").read_text())
+    assert saved["temper"] == {"w": 1.0, "rho": None} and saved["parameters"]["temper"] == 1.0
+    rows = pd.read_parquet(out / "rows.parquet")
+    assert saved["metrics"]["n_states"] == 5
+    assert normalized_mutual_info_score(df.label, rows.state) == pytest.approx(0.4361, abs=1e-4)
+    assert load_model(out / "model", expect=MAPiHMM).temper_ == 1.0
+
+
+@pytest.mark.parametrize("bad", ["0", "1.5", "-0.2", "on"])
+def test_cli_temper_is_checked(capsys, bad: str) -> None:
+    argv = ["hmm", "x.csv", "--sequence-column", "s", "--time-column", "t", "--out", "o"]
+    assert main([*argv, "--temper", bad]) == 2
+    assert "--temper" in capsys.readouterr().err
