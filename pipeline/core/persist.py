@@ -43,6 +43,7 @@ import io
 import json
 import math
 import re
+import threading
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -54,6 +55,12 @@ from pipeline.core import storage
 
 FORMAT_VERSION: int = 1
 FORMAT = "dpmm-pipeline record"
+
+# np.load parses each array's header with ast.literal_eval, and CPython 3.11's AST constructor
+# keeps one recursion counter per interpreter: two threads parsing at once (a Dask worker's tasks
+# reading a store's info together) can fail with "SystemError: AST constructor recursion depth
+# mismatch" (python/cpython#106905). Reads of a record's arrays take turns.
+_NPY_HEADER_LOCK = threading.Lock()
 
 # numbers, booleans, datetimes and durations: np.load(allow_pickle=False) reads these dtypes
 # without constructing any Python object
@@ -334,7 +341,8 @@ class _Reader:
         if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
             raise self.fail(where, f"shape {shape!r} is not a list of sizes")
         try:
-            arr = self.npz[key]
+            with _NPY_HEADER_LOCK:
+                arr = self.npz[key]
         except KeyError:
             raise PersistError(
                 f"{self.npz_path}: no array {key!r}, which {self.json_path} refers to at {where}"
