@@ -104,42 +104,11 @@ def ingest_options(
     missing: bool = False,
     strict: bool = True,
 ) -> dict[str, Any]:
-    """The options that change what ingest writes, as text (the key's other half); ``missing``
-    and ``strict`` only when not their defaults, so that older keys stay."""
-    if schema is None and (missing or not strict):
-        return {
-            **ingest_options(
-                family=family,
-                chunk_rows=chunk_rows,
-                holdout=holdout,
-                n_folds=n_folds,
-                prior_sample=prior_sample,
-                label_column=label_column,
-                group_column=group_column,
-            ),
-            "missing": repr(bool(missing)),
-            "strict": repr(bool(strict)),
-        }
-    if schema is not None:
-        # a model's schema and family (a warm start): the key holds the prior's values too
-        return {
-            **ingest_options(
-                family=None,
-                chunk_rows=chunk_rows,
-                holdout=holdout,
-                n_folds=n_folds,
-                prior_sample=prior_sample,
-                label_column=label_column,
-                group_column=group_column,
-                dtype=dtype,
-            ),
-            "family": family.signature(),
-            "schema": repr(schema),
-        }
-    # the default dtype is left out, so that the keys of the stores written before it stay
-    more = {} if dtype == "float64" else {"dtype": repr(dtype)}
-    return {
-        **more,
+    """The options that change what ingest writes, as text (the key's other half). ``dtype``,
+    ``missing`` and ``strict`` enter only when not their defaults, so that the keys of stores
+    written before them stay; a model's schema and family (a warm start) enter with the prior's
+    values (its family's signature), and then ``missing`` and ``strict`` do not."""
+    out = {
         "family": repr(family),
         "chunk_rows": repr(int(chunk_rows)),
         "holdout": repr(float(holdout)),
@@ -149,6 +118,15 @@ def ingest_options(
         "group_column": repr(group_column),
         "format_version": repr(FORMAT_VERSION),
     }
+    if dtype != "float64":
+        out["dtype"] = repr(dtype)
+    if schema is not None:
+        out["family"] = family.signature()
+        out["schema"] = repr(schema)
+    elif missing or not strict:
+        out["missing"] = repr(bool(missing))
+        out["strict"] = repr(bool(strict))
+    return out
 
 
 def dataset_key(fp: dict[str, Any], options: dict[str, Any]) -> str:

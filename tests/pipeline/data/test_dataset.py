@@ -424,6 +424,9 @@ def test_the_key_covers_the_input_and_every_option(tmp_path: Path):
     write_csv(src, n=401)  # another size
     keys.add(ds.dataset_key(ds.fingerprint(src), ds.ingest_options(**base)))
     assert len(keys) == len(changes) + 2
+    # as ``dpmm run`` asks (holes kept, constant columns dropped), the dtype still counts
+    run = {**base, "missing": True, "strict": False}
+    assert ds.ingest_options(**run) != ds.ingest_options(**{**run, "dtype": "float32"})
     # a directory: every file counts
     d = tmp_path / "pq"
     d.mkdir()
