@@ -52,3 +52,38 @@ def group_gram(X, starts):
                     out[g, t] += wa * w[b]
                     t += 1
     return out
+
+
+@njit(cache=True, nogil=True)
+def column_summary(X):
+    """Per column of X, in one pass over the rows: missing cells (NaN), and the sum, minimum
+    and maximum of the cells present (the additive moments of ``pipeline.data.store.Moments``
+    besides the cross products). The sums add row by row in stored order, as NumPy's
+    ``sum(axis=0)`` of a C-ordered array does, so they equal it bit for bit.
+
+    Parameters
+    ----------
+    X : (n, D) float64 or float32
+
+    Returns
+    -------
+    n_missing, total, lo, hi : (D,) float64
+        lo = +inf and hi = -inf for a column with no cell present.
+    """
+    n, d = X.shape
+    n_missing = np.zeros(d)
+    total = np.zeros(d)
+    lo = np.full(d, np.inf)
+    hi = np.full(d, -np.inf)
+    for i in range(n):
+        for j in range(d):
+            v = np.float64(X[i, j])
+            if v != v:
+                n_missing[j] += 1.0
+                continue
+            total[j] += v
+            if v < lo[j]:
+                lo[j] = v
+            if v > hi[j]:
+                hi[j] = v
+    return n_missing, total, lo, hi

@@ -160,18 +160,20 @@ def _chunk_summary(
     hold = u < holdout if holdout > 0.0 else np.zeros(Xa.shape[0], dtype=bool)
     train = Xa[~hold]
     pick = row_uniform(rows[~hold], SAMPLE_SALT) < sample_rate
-    miss = np.isnan(Xa)
+    moments = Moments.of(train)
+    missing = np.asarray(moments.n_missing) + np.asarray(Moments.of(Xa[hold]).n_missing)
     first = None
-    if miss.any():
+    if missing.any():
+        miss = np.isnan(Xa)
         i = int(np.argmin(np.where(miss.any(axis=1), rows, np.iinfo(np.int64).max)))
         first = (int(rows[i]), int(np.argmax(miss[i])))
     return ChunkSummary(
         hold,
         folds_of_uniform(u, n_folds),
-        Moments.of(train),
+        moments,
         train[pick][:, unarrange],
         positions[~hold][pick],
-        miss.sum(axis=0).astype(np.float64),
+        missing,
         first,
     )
 

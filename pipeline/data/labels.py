@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 
 from pipeline.core import storage
 from pipeline.core.persist import register
-from pipeline.data.store import PLOT_SALT, BoolArray, StoreInfo, row_uniform
+from pipeline.data.store import PLOT_SALT, BoolArray, StoreInfo, record_codec, row_uniform
 from pipeline.families import FloatArray
 
 IntArray = NDArray[np.int64]
@@ -104,5 +104,6 @@ def create_labels(labels_path: str, info: StoreInfo, overwrite: bool) -> None:
             chunks=(info.chunk_rows,),
             dtype=dtype,
             fill_value=fill,
+            compressors=record_codec(),
             overwrite=True,
         )

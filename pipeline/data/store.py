@@ -56,19 +56,26 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import numpy as np
 import zarr
 from numpy.typing import NDArray
+from zarr.codecs import BloscCodec, BytesCodec
 
+from kernels import moments as kmoments
 from pipeline.core import persist, storage
 from pipeline.core.config import N_FOLDS
 from pipeline.core.errors import InputError
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.schema import Schema
+
+_NATIVE = sys.byteorder
 
 HOLDOUT_SALT = 0x5EED_0001
 SAMPLE_SALT = 0x5EED_0002
@@ -123,8 +130,13 @@ def folds_of_uniform(u: FloatArray, n_folds: int) -> FoldArray:
     ``u * F``: then fold 0 is exactly ``u < 1 / F``, the held-out test of ``holdout = 1 / F``,
     bit for bit.
     """
-    edges = np.arange(1, int(n_folds), dtype=np.float64) / float(n_folds)
-    return np.searchsorted(edges, np.asarray(u, dtype=np.float64), side="right").astype(np.int16)
+    u = np.asarray(u, dtype=np.float64)
+    fold = np.zeros(u.shape, dtype=np.int16)
+    # the number of edges j / F at or below u (searchsorted's answer; a few comparisons per
+    # row cost a tenth of its binary search)
+    for j in range(1, int(n_folds)):
+        fold += u >= j / float(n_folds)
+    return fold
 
 
 def fold_of(rows_or_group_codes: IntArray, n_folds: int = N_FOLDS) -> FoldArray:
@@ -152,6 +164,46 @@ def check_folds(n_folds: Any) -> int:
     return int(n_folds)
 
 
+# -- reading and writing records ------------------------------------------------------------
+
+
+def record_codec() -> Any:
+    """The compressor of the per-record arrays a pass rewrites (a run's label buffers, the
+    write-out's labels and densities): LZ4 over bit-shuffled bytes (Blosc). Measured on 100,000
+    int64 labels: written in 1.9 ms and read in 1.4 ms against 3.9 and 2.8 ms with zarr's
+    default Zstandard, for about the same size (66 kB against 70 kB); zarr reads either."""
+    return BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle")
+
+
+def read_rows(path: str, a: int, b: int) -> np.ndarray:
+    """Rows a..b of the zarr array at ``path``.
+
+    Rows that are one whole stored chunk (or its first rows) of an uncompressed array on a
+    local disk are read from the chunk's file in one ``np.fromfile``: zarr's own read copies
+    them three times (file, codec buffer, output) and costs 3.4 ms for a 100,000 x 10 float64
+    chunk against 0.6 ms (the dataset's X, read by every chunk task of every pass). Anything
+    else (object storage, compressed, a range across chunks, a chunk never written) goes
+    through zarr."""
+    arr = zarr.open_array(path, mode="r")
+    cr = arr.chunks[0]
+    rest = arr.shape[1:]
+    loc = storage.location(path)
+    plain = (
+        not arr.compressors
+        and not arr.filters
+        and isinstance(arr.serializer, BytesCodec)
+        and getattr(arr.serializer.endian, "value", None) in (None, _NATIVE)
+        and arr.chunks[1:] == rest
+    )
+    if isinstance(loc, Path) and plain and b > a and a % cr == 0 and b - a <= cr:
+        key = arr.metadata.encode_chunk_key((a // cr, *(0,) * len(rest)))
+        f = os.path.join(loc, *key.split("/"))
+        if os.path.exists(f):
+            count = (b - a) * math.prod(rest)
+            return np.fromfile(f, dtype=arr.dtype, count=count).reshape(b - a, *rest)
+    return np.asarray(arr[a:b])
+
+
 # -- moments -------------------------------------------------------------------------------
 
 
@@ -171,30 +223,12 @@ class Moments:
 
     @classmethod
     def of(cls, X: FloatArray) -> Moments:
-        d = X.shape[1]
-        if X.shape[0] == 0:
-            return cls(
-                0.0,
-                np.zeros(d),
-                np.zeros((d, d)),
-                np.full(d, np.inf),
-                np.full(d, -np.inf),
-                np.zeros(d),
-            )
-        miss = np.isnan(X)
-        if not miss.any():
-            return cls(
-                float(X.shape[0]), X.sum(axis=0), X.T @ X, X.min(axis=0), X.max(axis=0), np.zeros(d)
-            )
-        X0 = np.where(miss, 0.0, X)
-        return cls(
-            float(X.shape[0]),
-            X0.sum(axis=0),
-            X0.T @ X0,
-            np.where(miss, np.inf, X).min(axis=0),
-            np.where(miss, -np.inf, X).max(axis=0),
-            miss.sum(axis=0).astype(np.float64),
-        )
+        """The moments of the rows of X (n, D); n = 0 gives the moments of no rows."""
+        n_missing, total, lo, hi = kmoments.column_summary(X)
+        if not n_missing.any():
+            return cls(float(X.shape[0]), total, X.T @ X, lo, hi, n_missing)
+        X0 = np.where(np.isnan(X), 0.0, X)
+        return cls(float(X.shape[0]), total, X0.T @ X0, lo, hi, n_missing)
 
     def __add__(self, other: Moments) -> Moments:
         d = self.total.shape[0]
@@ -425,6 +459,7 @@ class Store:
             chunks=(chunk_rows,),
             dtype="bool",
             fill_value=False,
+            compressors=None,
             overwrite=True,
         )
         zarr.create_array(
@@ -433,6 +468,7 @@ class Store:
             chunks=(chunk_rows,),
             dtype="int16",
             fill_value=-1,
+            compressors=None,
             overwrite=True,
         )
         names = (*(("y",) if labels else ()), *(("group", "row") if grouped else ()))

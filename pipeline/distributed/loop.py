@@ -27,7 +27,7 @@ import zarr
 
 from pipeline.core import storage
 from pipeline.core.config import FitParams
-from pipeline.data.store import Store, StoreInfo, iter_chunks
+from pipeline.data.store import Store, StoreInfo, iter_chunks, record_codec
 from pipeline.engines import get_engine
 from pipeline.engines.base import Chunk, Engine, LoopState, RunContext, check_missing
 
@@ -95,6 +95,7 @@ def create_record_arrays(ctx: RunContext, engine: Engine) -> None:
                 chunks=chunks,
                 dtype=rec.dtype,
                 fill_value=rec.fill,
+                compressors=record_codec(),
                 overwrite=True,
             )
 

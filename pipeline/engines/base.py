@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import numpy as np
 import zarr
 
+from pipeline.data.store import read_rows
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -90,7 +92,7 @@ class Chunk:
 
     def read(self, name: str) -> np.ndarray:
         """Rows a..b of an array of the dataset store (``X``, ``holdout``, ``fold``, ``y``)."""
-        return np.asarray(zarr.open_array(os.path.join(self.data, name), mode="r")[self.a : self.b])
+        return read_rows(os.path.join(self.data, name), self.a, self.b)
 
     @property
     def X(self) -> FloatArray:

@@ -536,11 +536,12 @@ class Schema:
     def check_values(self, family: ProductFamily, X: FloatArray) -> None:
         """Each family's support check of its columns of X (n, n_features); a missing cell
         (NaN, with ``missing``) is not a value and is not checked."""
-        if self.missing:
+        if self.missing and np.isnan(X).any():
             X = np.where(np.isnan(X), 0.0, X)
         feats = self.features
         for fam, cols in family.groups:
-            fam.check_values(X[:, cols], [feats[j] for j in cols])
+            whole = list(cols) == list(range(X.shape[1]))
+            fam.check_values(X if whole else X[:, cols], [feats[j] for j in cols])
 
     def names_of(self, family: ProductFamily) -> list[list[str]]:
         feats = self.features
