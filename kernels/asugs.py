@@ -349,6 +349,9 @@ def stream(
     want_q = logq.shape[0] > 0
     n_pruned = 0
     n_merged = 0
+    # log(i - 1) for alpha_{i-1} is the log(i) of alpha_i after record i - 1 (the same float):
+    # one logarithm a record for both
+    log_prev = math.log(float(n_seen))
     for t in range(N):
         x = X[t]
         i = n_seen + 1
@@ -358,7 +361,7 @@ def stream(
             q = product.log_predictive(x, empty_s, empty_c, spec, prior)
         else:
             # (a) alpha_{i-1}
-            alpha = concentration(K, i - 1.0, lam) if adaptive else alpha_fixed
+            alpha = K / (lam + log_prev) if adaptive else alpha_fixed
             log_alpha = math.log(alpha)
             # (b) log [m_{i-1}(h) L_{i,h}(y_i)] and log [alpha L_{i,k+1}(y_i)]
             if fast:
@@ -401,7 +404,7 @@ def stream(
                 gaussian_nw.pack_column(P, K, empty_c, d)
         # (c) the posterior update of class gamma_i
         if fast:
-            gaussian_nw.add_record(x, stats[best], cache[best], prior, work, True)
+            gaussian_nw.add_record(x, stats[best], cache[best], prior, work, True, False)
             gaussian_nw.pack_column(P, best, cache[best], d)
         else:
             product.update(x, stats[best], cache[best], spec, prior, 1.0)
@@ -431,10 +434,15 @@ def stream(
             n_merged += nm_
             if fast and np_ + nm_ > 0:
                 gaussian_nw.pack_columns(P, cache, K, empty_c, d)
+        log_prev = math.log(float(i))
         if trace:
-            alpha_trace[t] = concentration(K, i, lam) if adaptive else alpha_fixed
+            alpha_trace[t] = K / (lam + log_prev) if adaptive else alpha_fixed
         if want_q:
             logq[t] = q
+    if fast:
+        # the factors L that add_record left behind (it keeps U, which is all a record reads)
+        for h in range(K):
+            gaussian_nw.restore_factor(cache[h], d)
     return stats, cache, nk, born, ids, K, alias, n_ids, n_seen, n_pruned, n_merged
 
 

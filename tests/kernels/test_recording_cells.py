@@ -42,6 +42,20 @@ def test_recording_step_finds_the_grid() -> None:
     np.testing.assert_allclose(recording_step(X), [1.0, 0.1, 0.01, 0.0, 1.0])
 
 
+def test_recording_step_reads_past_its_first_values() -> None:
+    """The first values (``_GRID_PROBE``) only rule grids out: a column on the integer grid up
+    to them and off it later is on the 0.5 grid (0.1 is the answer), one all-missing at first
+    is judged by the rest, and one with no finite value has no grid."""
+    n = 600
+    x = np.arange(n, dtype=np.float64) % 10.0
+    late = x.copy()
+    late[-1] += 0.5
+    holes = x.copy()
+    holes[:300] = np.nan
+    X = np.column_stack([x, late, holes, np.full(n, np.nan)])
+    np.testing.assert_allclose(recording_step(X), [1.0, 0.1, 1.0, 0.0])
+
+
 def test_a_grid_fine_against_the_spread_counts_as_continuous() -> None:
     """Six decimals on a spread of about 1 (the demo's records, many CSV exports): step 0; the
     same decimals on a spread of 1e-4 are a grid."""

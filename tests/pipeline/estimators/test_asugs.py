@@ -153,6 +153,31 @@ def test_the_streams_add_record_is_the_familys_update() -> None:
         np.testing.assert_allclose(c2, want, rtol=1e-10, atol=1e-12)
 
 
+def test_a_stream_without_its_factor_ends_with_the_familys_cache() -> None:
+    """``add_record`` with factor=False changes U, b and the constants as with the factor (L is
+    read only by its own update), and ``restore_factor`` gives back L; ``ASUGS``'s stream, which
+    adds records that way, ends with the caches of its statistics."""
+    from kernels.obs import gaussian_nw
+
+    fam, _ = paper_prior(3, seed=3)
+    prod = fam.as_product()
+    d = 3
+    s1, s2 = np.zeros(prod.n_stats), np.zeros(prod.n_stats)
+    c1, c2 = prod.empty_cache().copy(), prod.empty_cache().copy()
+    work = np.empty(4 * d)
+    for x in np.random.default_rng(5).normal(size=(100, d)) * 3.0:
+        gaussian_nw.add_record(x, s1, c1, prod.prior, work)
+        gaussian_nw.add_record(x, s2, c2, prod.prior, work, None, False)
+        np.testing.assert_array_equal(c1[d * d :], c2[d * d :])
+    gaussian_nw.restore_factor(c2, d)
+    np.testing.assert_allclose(c2, c1, rtol=1e-10, atol=1e-12)
+    X, _ = grid16(400, seed=6)
+    fam2 = GaussianNW.empirical_bayes(X, scale=0.1)
+    est = ASUGS(family=fam2).fit(X)
+    want = fam2.as_product().cache_of(est.cluster_stats_)
+    np.testing.assert_allclose(est._cache, want, rtol=1e-9, atol=1e-12)
+
+
 def test_greedy_asugs_equals_algorithm_1_in_the_papers_parameterisation() -> None:
     fam, prior = paper_prior(2, seed=7)
     Y, _ = grid16(300, seed=1)
