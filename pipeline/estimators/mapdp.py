@@ -216,9 +216,7 @@ class MAPDP(MixtureEstimator):
         seq = as_seed_sequence(self.random_state)
         best: MapdpResult | None = None
         objectives: list[float] = []
-        n_restarts = (
-            auto_restarts(N) if self.n_restarts == "auto" else int(self.n_restarts)
-        )
+        n_restarts = auto_restarts(N) if self.n_restarts == "auto" else int(self.n_restarts)
         orders = [
             np.random.default_rng(child).permutation(N).astype(np.int64)
             for child in seq.spawn(n_restarts)
