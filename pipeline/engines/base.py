@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
@@ -94,13 +95,15 @@ class Chunk:
         """Rows a..b of an array of the dataset store (``X``, ``holdout``, ``fold``, ``y``)."""
         return read_rows(os.path.join(self.data, name), self.a, self.b)
 
-    @property
+    # X and holdout are read once per task (a chunk step and its helpers ask for them more
+    # than once); callers never write into them
+    @cached_property
     def X(self) -> FloatArray:
         """The chunk's records, float64 whatever the store holds (a float32 store's rows
         widened here: the kernels compile for float64 only)."""
         return np.ascontiguousarray(self.read("X"), dtype=np.float64)
 
-    @property
+    @cached_property
     def holdout(self) -> np.ndarray:
         return self.read("holdout")
 

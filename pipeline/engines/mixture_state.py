@@ -81,6 +81,10 @@ class PassState:
 def decode_labels(raw: IntArray, remap: IntArray, k_written: int, offset: int) -> IntArray:
     """Labels as a pass wrote them for a chunk (0..K-1 for the clusters the pass started with,
     K.. for those the chunk opened) as the current cluster numbers; -1 stays -1."""
+    K = remap.shape[0]
+    if K == k_written and raw.max(initial=-1) < K and np.array_equal(remap, np.arange(K)):
+        # a pass that opened, merged and dropped nothing: the labels are the current ones
+        return raw.astype(np.int64, copy=True)
     out = np.full(raw.shape[0], -1, dtype=np.int64)
     m = raw >= 0
     lab = raw[m]
