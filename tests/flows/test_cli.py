@@ -18,6 +18,7 @@ from pipeline.core import paths
 from pipeline.core.errors import InputError
 from pipeline.data import io as pio
 from pipeline.data import sources
+from pipeline.estimators.mapdp import auto_restarts
 
 CENTERS = np.array([[0.0, 0.0], [30.0, 30.0], [-30.0, 30.0]])
 
@@ -79,7 +80,7 @@ def test_cluster_csv_with_label_column(csv_path: Path, tmp_path: Path, capsys) -
     assert set(info["timings_seconds"]) >= {"read", "fit", "write"}
     hist = info["objective_history"]
     assert hist and hist[-1] == pytest.approx(m["objective"])
-    assert len(info["restart_objectives"]) == 3
+    assert len(info["restart_objectives"]) == auto_restarts(300)  # n_restarts="auto"
     assert no_leftovers(out)
 
 
