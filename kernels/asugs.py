@@ -63,7 +63,14 @@ def concentration(k, i, lam):
     -------
     float
     """
-    return k / (lam + math.log(i))
+    return concentration_of_log(k, math.log(i), lam)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def concentration_of_log(k, log_i, lam):
+    """``concentration`` from log i (a stream takes one logarithm a record for both alpha_i
+    and alpha_{i-1})."""
+    return k / (lam + log_i)
 
 
 @njit(cache=True, nogil=True)
@@ -361,7 +368,7 @@ def stream(
             q = product.log_predictive(x, empty_s, empty_c, spec, prior)
         else:
             # (a) alpha_{i-1}
-            alpha = K / (lam + log_prev) if adaptive else alpha_fixed
+            alpha = concentration_of_log(K, log_prev, lam) if adaptive else alpha_fixed
             log_alpha = math.log(alpha)
             # (b) log [m_{i-1}(h) L_{i,h}(y_i)] and log [alpha L_{i,k+1}(y_i)]
             if fast:
@@ -436,7 +443,7 @@ def stream(
                 gaussian_nw.pack_columns(P, cache, K, empty_c, d)
         log_prev = math.log(float(i))
         if trace:
-            alpha_trace[t] = K / (lam + log_prev) if adaptive else alpha_fixed
+            alpha_trace[t] = concentration_of_log(K, log_prev, lam) if adaptive else alpha_fixed
         if want_q:
             logq[t] = q
     if fast:

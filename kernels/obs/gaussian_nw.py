@@ -157,19 +157,26 @@ def _tail(d):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _invert_lower(c, src, dst, d):
+    """c[dst:dst + d d] = the inverse of the lower-triangular d x d matrix at c[src:] (both row
+    major), by forward substitution column by column."""
+    for j in range(d):
+        c[dst + j * d + j] = 1.0 / c[src + j * d + j]
+        for i in range(j + 1, d):
+            acc = 0.0
+            for k in range(j, i):
+                acc -= c[src + i * d + k] * c[dst + k * d + j]
+            c[dst + i * d + j] = acc / c[src + i * d + i]
+        for i in range(j):
+            c[dst + i * d + j] = 0.0
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _invert_factor(c, d):
     """U = L^{-1} (lower triangular) and b = U m from the L and m stored in the cache."""
     o = d * d
     u0 = o + d
-    for j in range(d):
-        c[u0 + j * d + j] = 1.0 / c[j * d + j]
-        for i in range(j + 1, d):
-            acc = 0.0
-            for k in range(j, i):
-                acc -= c[i * d + k] * c[u0 + k * d + j]
-            c[u0 + i * d + j] = acc / c[i * d + i]
-        for i in range(j):
-            c[u0 + i * d + j] = 0.0
+    _invert_lower(c, 0, u0, d)
     b0 = u0 + d * d
     for i in range(d):
         acc = 0.0
@@ -716,17 +723,7 @@ def add_record(x, s, c, p, work, cells=None, factor=True):
 def restore_factor(c, d):
     """L = U^{-1} (lower triangular) in the cache from its U: the L that ``add_record`` with
     factor=False left behind, up to rounding."""
-    o = d * d
-    u0 = o + d
-    for j in range(d):
-        c[j * d + j] = 1.0 / c[u0 + j * d + j]
-        for i in range(j + 1, d):
-            acc = 0.0
-            for k in range(j, i):
-                acc -= c[u0 + i * d + k] * c[k * d + j]
-            c[i * d + j] = acc / c[u0 + i * d + i]
-        for i in range(j):
-            c[i * d + j] = 0.0
+    _invert_lower(c, d * d + d, 0, d)
 
 
 @njit(cache=True, nogil=True)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import zarr
 
-from kernels.moments import group_gram
+from kernels.moments import column_summary, group_gram
 from pipeline.core.config import N_FOLDS
 from pipeline.core.errors import InputError
 from pipeline.data.sources import (
@@ -161,7 +161,7 @@ def _chunk_summary(
     train = Xa[~hold]
     pick = row_uniform(rows[~hold], SAMPLE_SALT) < sample_rate
     moments = Moments.of(train)
-    missing = np.asarray(moments.n_missing) + np.asarray(Moments.of(Xa[hold]).n_missing)
+    missing = np.asarray(moments.n_missing) + column_summary(Xa[hold])[0]
     first = None
     if missing.any():
         miss = np.isnan(Xa)

@@ -53,7 +53,6 @@ Any column can be overridden: ``family={"visits": "poisson"}`` keeps ``auto`` fo
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +61,7 @@ import numpy as np
 import pandas as pd
 import scipy.linalg
 
+from kernels import moments as kmoments
 from pipeline import families as fam_mod
 from pipeline.core.errors import InputError
 from pipeline.core.persist import register
@@ -128,21 +128,6 @@ def as_frame(X: Any, feature_names: Sequence[str] | None = None) -> tuple[pd.Dat
     )
     # no copy: the frame is only read (encode copies each column out once)
     return pd.DataFrame(arr, columns=names, copy=False), False
-
-
-def _column_extreme(X: FloatArray, op: np.ufunc) -> FloatArray:
-    """``op.reduce(X, axis=0)`` of X (n, d) (np.minimum or np.maximum: the same values in any
-    order, NaN included), a tenth of the time: the reduce over axis 0 of a C-ordered X runs
-    d wide, so the rows are first reduced in blocks of ``64 d`` contiguous values."""
-    X = np.ascontiguousarray(X)
-    n, d = X.shape
-    m = n - n % 64
-    if m == 0 or d == 0:
-        return op.reduce(X, axis=0)  # type: ignore[no-any-return]
-    out = op.reduce(op.reduce(X[:m].reshape(-1, 64 * d), axis=0).reshape(64, d), axis=0)
-    if m < n:
-        out = op(out, op.reduce(X[m:], axis=0))
-    return out  # type: ignore[no-any-return]
 
 
 def _first_bad_row(mask: np.ndarray) -> int:
@@ -434,14 +419,10 @@ class Schema:
         if n < 2:
             raise ValueError(f"n_samples = {n}: clustering needs at least 2 samples, got 1 sample")
         features = self.features
-        # min and max are nanmin and nanmax where no value is missing (a NaN in lo or hi means
-        # the column has one)
-        lo, hi = _column_extreme(X, np.minimum), _column_extreme(X, np.maximum)
-        if np.isnan(lo).any() or np.isnan(hi).any():
-            with np.errstate(invalid="ignore"), warnings.catch_warnings():
-                # an all-missing column is constant too (nothing to tell its rows apart)
-                warnings.simplefilter("ignore", RuntimeWarning)
-                lo, hi = np.nanmin(X, axis=0), np.nanmax(X, axis=0)
+        # the extremes of the cells present, in one pass over the rows
+        n_missing, _, lo, hi = kmoments.column_summary(np.ascontiguousarray(X))
+        # an all-missing column is constant too (nothing to tell its rows apart); its value NaN
+        lo[n_missing == n] = np.nan
         constant = np.flatnonzero(~(lo < hi))
         if not constant.size:
             return X
