@@ -36,7 +36,7 @@ import math
 import numpy as np
 from numba import njit
 
-from kernels.arrays import copy_rows, copy_vector
+from kernels.arrays import borrowed, copy_vector
 from kernels.mapdp import _grow as mapdp_grow
 from kernels.obs import gaussian_nw, product
 from kernels.partition import greedy_merge
@@ -118,44 +118,51 @@ def _remove_row(h, K, stats, cache, nk, lognk, born, ids):
     return last
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy, ub, bs):
     """log [m(h) L_{i,h}(y_i)] for h < K and log [alpha L_{i,K+1}(y_i)] (h = K) into logw
     (eq. 1 times eq. 3, as ``stream`` step (b)).
 
-    For the arg max (``greedy``) a class is skipped (-inf) when an upper bound of its weight
-    (``gaussian_nw.packed_log_predictive_bounds``: no logarithm, within about 1.3e-5 (nu + d) / 2
-    of the predictive; ub and bs its scratch) is below the weight of the class with the highest
-    bound; the margin 1e-9 (|best| + 1) covers rounding, so the arg max (ties included) is that
-    of the full evaluation. The bound was log1p(y) >= 2 y / (2 + y) before, which let through
-    every class of more than a few records.
+    For the arg max (``greedy``) a class is skipped (-inf) when an upper bound of its weight is
+    below the weight of a class already evaluated; the margin 1e-9 (|best| + 1) covers
+    rounding, so the arg max (ties included) is that of the full evaluation. The bound is that
+    of ``gaussian_nw.packed_log_predictive_bounds`` (no logarithm, within about
+    1.3e-5 (nu + d) / 2 of the predictive; ub and bs its scratch) on the quadratic form's leading
+    rows (``gaussian_nw.leading_quad_forms``, a lower bound of it): the class with the highest
+    bound is evaluated first, its quadratic form finished (``finish_quad_form``), then every
+    class whose bound reaches the best weight so far.
     """
     n = K + 1
-    gaussian_nw.quad_forms(x, P, n, d, acc, qv)
     e0 = d * (d + 1) // 2 + d
     if not greedy:
+        gaussian_nw.quad_forms(x, P, n, d, acc, qv)
         for h in range(n):
             logw[h] = (lognk[h] if h < K else log_alpha) + gaussian_nw.packed_log_predictive(
                 P, h, qv[h], e0
             )
         return
+    rows = gaussian_nw.leading_rows(d)
+    gaussian_nw.leading_quad_forms(x, P, n, d, rows, acc, qv)
     gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, ub, bs[0], bs[1], bs[2], bs[3])
     top = 0
     for h in range(n):
         ub[h] += lognk[h] if h < K else log_alpha
         if ub[h] > ub[top]:
             top = h
-    best = (lognk[top] if top < K else log_alpha) + gaussian_nw.packed_log_predictive(
-        P, top, qv[top], e0
-    )
+    q = gaussian_nw.finish_quad_form(x, P, top, d, rows, qv[top])
+    best = (lognk[top] if top < K else log_alpha) + gaussian_nw.packed_log_predictive(P, top, q, e0)
+    logw[top] = best
     thr = best - 1e-9 * (abs(best) + 1.0)
     for h in range(n):
         if h == top:
-            logw[h] = best
-        elif ub[h] >= thr:
-            logw[h] = (lognk[h] if h < K else log_alpha) + gaussian_nw.packed_log_predictive(
-                P, h, qv[h], e0
-            )
+            continue
+        if ub[h] >= thr:
+            q = gaussian_nw.finish_quad_form(x, P, h, d, rows, qv[h])
+            w = (lognk[h] if h < K else log_alpha) + gaussian_nw.packed_log_predictive(P, h, q, e0)
+            logw[h] = w
+            if w > best:
+                best = w
+                thr = best - 1e-9 * (abs(best) + 1.0)
         else:
             logw[h] = -np.inf
 
@@ -330,38 +337,134 @@ def stream(
         Classes pruned and merges made by the PM rounds of this call.
     """
     N = X.shape[0]
-    S = stats.shape[1]
-    adaptive = lam > 0.0
+    d = X.shape[1]
     fast = spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
-    empty_s = np.zeros(S)
     lognk = np.full(stats.shape[0], -np.inf)
     for h in range(K):
         lognk[h] = math.log(nk[h])
     logw = np.empty(stats.shape[0] + 1)
-    work = np.empty(4 * X.shape[1])
-    d = X.shape[1]
+    P, acc, qv, ub, bs = _packed(cache, K, empty_c, d, stats.shape[0] + 1, fast)
+    counts = np.zeros(2, dtype=np.int64)
+    empty_s = np.zeros(stats.shape[1])
+    work = np.empty(4 * d)
+    # the record copied into one buffer: a row view X[t] would take and drop a reference
+    x = np.empty(d)
+    t = 0
+    while True:
+        t, K, n_ids, n_seen = _run(
+            X, t, z, alpha_trace, logq, stats, cache, nk, lognk, born, ids, K, alias, n_ids,
+            pruned, n_seen, spec, prior, empty_c, lam, alpha_fixed, sample, state, pm_interval,
+            prune_weight, fast, P, acc, qv, ub, bs, logw, counts, empty_s, work, x,
+        )  # fmt: skip
+        if t == N:
+            break
+        # a full table: grown here, outside ``_run``'s loop (module docstring of ``_run``)
+        if K == stats.shape[0]:
+            stats, cache, nk, lognk, born, ids = _grow(stats, cache, nk, lognk, born, ids)
+            logw = np.empty(stats.shape[0] + 1)
+            P, acc, qv, ub, bs = _packed(cache, K, empty_c, d, stats.shape[0] + 1, fast)
+        if n_ids == alias.shape[0]:
+            alias = _grow_ids(alias)
     if fast:
-        # the classes' predictives class-major, the empty class in column K (_fast_weights)
-        P = np.empty((d * (d + 1) // 2 + d + 3, stats.shape[0] + 1))
-        gaussian_nw.pack_columns(P, cache, K, empty_c, d)
-        acc = np.empty(stats.shape[0] + 1)
-        qv = np.empty(stats.shape[0] + 1)
-    else:
-        P = np.empty((0, 0))
-        acc = np.empty(0)
-        qv = np.empty(0)
-    ub = np.empty(acc.shape[0])
-    bs = gaussian_nw.bound_scratch(acc.shape[0])
+        # the factors L that add_record left behind (it keeps U, which is all a record reads)
+        for h in range(K):
+            gaussian_nw.restore_factor(cache[h], d)
+    return stats, cache, nk, born, ids, K, alias, n_ids, n_seen, counts[0], counts[1]
+
+
+@njit(cache=True, nogil=True)
+def _packed(cache, K, empty_c, d, cols, fast):
+    """The classes' predictives class-major with the empty class in column K (``_fast_weights``;
+    P with ``cols`` columns) and the scratch of a record's weights; empty arrays unless ``fast``
+    (a Normal-Wishart-only family)."""
+    if not fast:
+        return (
+            np.empty((0, 0)),
+            np.empty(0),
+            np.empty(0),
+            np.empty(0),
+            gaussian_nw.bound_scratch(0),
+        )
+    P = np.empty((d * (d + 1) // 2 + d + 3, cols))
+    gaussian_nw.pack_columns(P, cache, K, empty_c, d)
+    return P, np.empty(cols), np.empty(cols), np.empty(cols), gaussian_nw.bound_scratch(cols)
+
+
+@njit(cache=True, nogil=True)
+def _run(
+    X,
+    t,
+    z,
+    alpha_trace,
+    logq,
+    stats,
+    cache,
+    nk,
+    lognk,
+    born,
+    ids,
+    K,
+    alias,
+    n_ids,
+    pruned,
+    n_seen,
+    spec,
+    prior,
+    empty_c,
+    lam,
+    alpha_fixed,
+    sample,
+    state,
+    pm_interval,
+    prune_weight,
+    fast,
+    P,
+    acc,
+    qv,
+    ub,
+    bs,
+    logw,
+    counts,
+    empty_s,
+    work,
+    x,
+):
+    """``stream``'s records from t on, until the last or until a record is to open a class with
+    no row for it: returns (the next record, K, n_ids, n_seen).
+
+    No array is assigned in this loop, and every array is borrowed: numba takes a reference (an
+    atomic increment, later a decrement) for every array variable assigned in a branch of a
+    loop at each pass, and for every array argument of an inlined or called function, about a
+    hundred atomic operations a record when the growth was written inline (``_scan_run`` of
+    ``kernels.mapdp`` says more); ``stream`` grows the tables between calls instead. counts (2,)
+    gains the classes pruned and merged; empty_s (S,), work (4 d,) and x (d,) are scratch.
+    """
+    # every array borrowed (``kernels.arrays.borrowed``): the caller owns them all for the call
+    X, z, alpha_trace, logq, stats, cache, nk, lognk, born, ids = (
+        borrowed(X), borrowed(z), borrowed(alpha_trace), borrowed(logq), borrowed(stats),
+        borrowed(cache), borrowed(nk), borrowed(lognk), borrowed(born), borrowed(ids),
+    )  # fmt: skip
+    alias, pruned, spec, prior, empty_c, state, P, acc, qv, ub = (
+        borrowed(alias), borrowed(pruned), borrowed(spec), borrowed(prior), borrowed(empty_c),
+        borrowed(state), borrowed(P), borrowed(acc), borrowed(qv), borrowed(ub),
+    )  # fmt: skip
+    logw, counts, empty_s, work, x = (
+        borrowed(logw), borrowed(counts), borrowed(empty_s), borrowed(work), borrowed(x),
+    )  # fmt: skip
+    bs = (borrowed(bs[0]), borrowed(bs[1]), borrowed(bs[2]), borrowed(bs[3]))
+    N = X.shape[0]
+    d = X.shape[1]
+    adaptive = lam > 0.0
     trace = alpha_trace.shape[0] > 0
     want_q = logq.shape[0] > 0
-    n_pruned = 0
-    n_merged = 0
     # log(i - 1) for alpha_{i-1} is the log(i) of alpha_i after record i - 1 (the same float):
     # one logarithm a record for both
     log_prev = math.log(float(n_seen))
-    for t in range(N):
-        x = X[t]
+    while t < N:
+        for c in range(d):
+            x[c] = X[t, c]
         i = n_seen + 1
+        drawn_from = state[0]
         if K == 0:
             # record 1 (or the first after everything was pruned) opens class 1: pi = 1
             best = 0
@@ -386,19 +489,11 @@ def stream(
                         best = h
             q = logw[best] - math.log(i - 1.0 + alpha)
         if best == K:
-            if K == stats.shape[0]:
-                stats, cache, nk, lognk, born, ids = _grow(stats, cache, nk, lognk, born, ids)
-                logw = np.empty(stats.shape[0] + 1)
-                if fast:
-                    P2 = np.empty((P.shape[0], stats.shape[0] + 1))
-                    copy_rows(P2, P[:, : K + 1])
-                    P = P2
-                    acc = np.empty(stats.shape[0] + 1)
-                    qv = np.empty(stats.shape[0] + 1)
-                    ub = np.empty(acc.shape[0])
-                    bs = gaussian_nw.bound_scratch(acc.shape[0])
-            if n_ids == alias.shape[0]:
-                alias = _grow_ids(alias)
+            if K == stats.shape[0] or n_ids == alias.shape[0]:
+                # no row for the new class: back to ``stream`` to grow, and this record again
+                # from the same RNG state (its draw repeated), so nothing of it is committed
+                state[0] = drawn_from
+                return t, K, n_ids, n_seen
             stats[K, :] = 0.0
             copy_vector(cache[K], empty_c)
             nk[K] = 0.0
@@ -437,8 +532,8 @@ def stream(
                 math.log(a_i),
                 prune_weight,
             )
-            n_pruned += np_
-            n_merged += nm_
+            counts[0] += np_
+            counts[1] += nm_
             if fast and np_ + nm_ > 0:
                 gaussian_nw.pack_columns(P, cache, K, empty_c, d)
         log_prev = math.log(float(i))
@@ -446,11 +541,8 @@ def stream(
             alpha_trace[t] = concentration_of_log(K, log_prev, lam) if adaptive else alpha_fixed
         if want_q:
             logq[t] = q
-    if fast:
-        # the factors L that add_record left behind (it keeps U, which is all a record reads)
-        for h in range(K):
-            gaussian_nw.restore_factor(cache[h], d)
-    return stats, cache, nk, born, ids, K, alias, n_ids, n_seen, n_pruned, n_merged
+        t += 1
+    return t, K, n_ids, n_seen
 
 
 @njit(cache=True, nogil=True)

@@ -163,7 +163,7 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
                 cost0 = -_loo(
                     x, k0, stats, cache, spec, prior, loo, loo_ok, scratch_s, scratch_c, d, qv[k0]
                 ) - crp.log_join(nk[k0] - 1.0)
-            _pruned_costs(k0, lognk, K, log_new, P, e0, qv, ub, bs, costs, cost0)
+            _pruned_costs(k0, lognk, K, log_new, P, e0, qv, ub, bs, costs, cost0, x)
             for k in range(K):
                 if costs[k] < best_cost:
                     best_cost = costs[k]

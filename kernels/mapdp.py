@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from kernels.alloc import crp
-from kernels.arrays import copy_rows, copy_vector, prefetch
+from kernels.arrays import borrowed, copy_rows, copy_vector, prefetch
 from kernels.obs import gaussian_nw, product
 from kernels.rng import sample_log_weights
 
@@ -50,12 +50,18 @@ def pack_slots(P, cache, nk, n_slots, k0, knew, grew, empty_c, d):
             gaussian_nw.pack_column(P, k, cache[k], d)
         gaussian_nw.pack_column(P, n_slots, empty_c, d)
         return P
+    pack_move(P, cache, nk, n_slots, k0, knew, grew, empty_c, d)
+    return P
+
+
+@njit(cache=True, nogil=True)
+def pack_move(P, cache, nk, n_slots, k0, knew, grew, empty_c, d):
+    """``pack_slots`` after a record's move, in a P with a column for every slot."""
     if k0 >= 0 and nk[k0] > 0.0:
         gaussian_nw.pack_column(P, k0, cache[k0], d)
     gaussian_nw.pack_column(P, knew, cache[knew], d)
     if grew:
         gaussian_nw.pack_column(P, n_slots, empty_c, d)
-    return P
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -154,29 +160,34 @@ def _loo_cost(x, k0, stats, cache, lognk, spec, prior, loo, loo_ok, scratch_s, s
 
 
 @njit(cache=True, nogil=True)
-def _pruned_costs(k0, lognk, n_slots, log_new, P, e0, qv, ub, bs, costs, cost0):
+def _pruned_costs(k0, lognk, n_slots, log_new, P, e0, qv, ub, bs, costs, cost0, x):
     """costs[k] of ``_costs`` (hot path, k != k0) where it can be the arg min, inf elsewhere,
-    from the record's quadratic forms qv (``gaussian_nw.quad_forms``, or a block's): the arg
+    from the record x's quadratic forms qv (``gaussian_nw.quad_forms``, or a block's): the arg
     min over costs, ties included, is the full evaluation's.
 
     Every column gets an upper bound of its log predictive without a logarithm
     (``gaussian_nw.packed_log_predictive_bounds``), hence a lower bound of its cost; the
     exact cost (the same operations as ``_costs``) is computed only where that bound is within
     1e-9 (|m| + 1) of m, the smallest exact cost known: the record's own cluster's (cost0, eq.
-    3.1 leave-one-out), else that of the column with the lowest bound. At K = 20, d = 10 that
-    is one or two logarithms per record instead of 21.
+    3.1 leave-one-out), else that of the column with the lowest bound, then each lower one
+    found. At K = 20, d = 10 that is one or two logarithms per record instead of 21.
     """
     n = n_slots + 1
+    d = x.shape[0]
     gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, ub, bs[0], bs[1], bs[2], bs[3])
-    _pruned_costs_from(k0, lognk, n_slots, log_new, P, e0, qv, ub, ub, costs, cost0)
+    _pruned_costs_from(k0, lognk, n_slots, log_new, P, e0, qv, ub, ub, costs, cost0, x, d, d)
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _pruned_costs_from(k0, lognk, n_slots, log_new, P, e0, qv, lpb, ub, costs, cost0):
+def _pruned_costs_from(k0, lognk, n_slots, log_new, P, e0, qv, lpb, ub, costs, cost0, x, d, rows):
     """``_pruned_costs`` from the bounds lpb (``gaussian_nw.packed_log_predictive_bounds`` of
     the n_slots + 1 columns), kept unchanged unless ub is lpb (ub: scratch, the costs' lower
     bounds): a sweep that scores the record afterwards (``_pruned_log_mixture_from``) reuses
-    them instead of computing them again."""
+    them instead of computing them again.
+
+    qv may hold the quadratic forms' first ``rows`` rows only (``gaussian_nw.leading_quad_forms``,
+    lower bounds, so the bounds stay bounds; qv[k0] complete): a column whose exact cost is
+    computed is finished first (``gaussian_nw.finish_quad_form``, qv[h] updated)."""
     n = n_slots + 1
     low = np.inf
     top = -1
@@ -192,14 +203,24 @@ def _pruned_costs_from(k0, lognk, n_slots, log_new, P, e0, qv, lpb, ub, costs, c
     m = cost0
     if not m < np.inf and top >= 0:
         pt = lognk[top] if top < n_slots else log_new
+        qv[top] = gaussian_nw.finish_quad_form(x, P, top, d, rows, qv[top])
         m = -gaussian_nw.packed_log_predictive_exact(P, top, qv[top], e0) - pt
     thr = m + 1e-9 * (abs(m) + 1.0)
+    # the threshold falls with each lower cost found: a column left out has a bound above the
+    # threshold of its turn, hence a cost above the final minimum
     for h in range(n):
         if h == k0:
             costs[h] = cost0
+        elif h == top and not cost0 < np.inf:
+            costs[h] = m
         elif ub[h] <= thr:
             pt = lognk[h] if h < n_slots else log_new
-            costs[h] = -gaussian_nw.packed_log_predictive_exact(P, h, qv[h], e0) - pt
+            qv[h] = gaussian_nw.finish_quad_form(x, P, h, d, rows, qv[h])
+            c = -gaussian_nw.packed_log_predictive_exact(P, h, qv[h], e0) - pt
+            costs[h] = c
+            if c < m:
+                m = c
+                thr = m + 1e-9 * (abs(m) + 1.0)
         else:
             costs[h] = np.inf
 
@@ -311,32 +332,60 @@ def _pruned_log_mixture_from(qv, P, e0, lognk, K, log_norm, log_alpha, lpb, ub, 
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _move(x, i, k0, knew, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c):
-    """Commit record i's move from slot k0 (-1: none) to slot knew (n_slots: a new cluster)."""
+def _move(
+    x, i, k0, knew, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c, hot, work, touched
+):
+    """Commit record i's move from slot k0 (-1: none) to slot knew (n_slots: a new cluster, in
+    the lowest free slot, else slot n_slots, which the caller has made room for: ``_room``);
+    returns n_slots. ``hot``: one Normal-Wishart group, updated with the scratch work (>= 4 d)
+    without its factor L (``_update``), the slots marked in touched."""
     if k0 >= 0:
-        product.update(x, stats[k0], cache[k0], spec, prior, -1.0)
+        _update(x, stats[k0], cache[k0], spec, prior, -1.0, hot, work)
+        touched[k0] = True
         nk[k0] -= 1.0
         lognk[k0] = crp.log_join(nk[k0]) if nk[k0] > 0.0 else -np.inf
     if knew == n_slots:
-        # reuse the lowest free slot; grow only when none is free
-        free = -1
-        for k in range(n_slots):
-            if nk[k] == 0.0:
-                free = k
-                break
+        free = _free_slot(nk, n_slots)
         if free < 0:
-            if n_slots == stats.shape[0]:
-                stats, cache, nk, lognk = _grow(stats, cache, nk, lognk)
             free = n_slots
             n_slots += 1
         stats[free, :] = 0.0
         copy_vector(cache[free], empty_c)
         knew = free
-    product.update(x, stats[knew], cache[knew], spec, prior, 1.0)
+    _update(x, stats[knew], cache[knew], spec, prior, 1.0, hot, work)
+    touched[knew] = True
     nk[knew] += 1.0
     lognk[knew] = crp.log_join(nk[knew])
     z[i] = knew
-    return stats, cache, nk, lognk, n_slots
+    return n_slots
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _update(x, s, c, spec, prior, w, hot, work):
+    """``product.update``; a one-group Normal-Wishart spec (``hot``) without its allocation and
+    without its factor L: a sweep reads U = L^{-1}, which changes without L, and ``_scan``
+    rebuilds L from U at its end (``gaussian_nw.restore_factor``), 55 multiply-adds a change
+    fewer at d = 10."""
+    if hot:
+        gaussian_nw.update_with(x, s, c, prior, w, work, True, False)
+    else:
+        product.update(x, s, c, spec, prior, w)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _free_slot(nk, n_slots):
+    """The lowest free slot below n_slots, -1 if none."""
+    for k in range(n_slots):
+        if nk[k] == 0.0:
+            return k
+    return -1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _room(nk, n_slots):
+    """Whether a record can open a new cluster without growing the slot arrays (a free slot, or
+    a row beyond n_slots)."""
+    return n_slots < nk.shape[0] or _free_slot(nk, n_slots) >= 0
 
 
 _BLOCK = 64
@@ -357,6 +406,11 @@ def _mark_dirty(dirty, n_dirty, h):
             return n_dirty
     dirty[n_dirty] = h
     return n_dirty + 1
+
+
+# _scan_run's position, carried between its calls: the next record, n_slots, the block's first
+# and end record, whether it is batched, its moves, its recomputed columns, the moves in all
+_T, _SLOTS, _BLK0, _BLK1, _BATCH, _BLK_MOVES, _N_DIRTY, _CHANGED = range(8)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -382,58 +436,172 @@ def _scan(
     With logdens of shape (N,), each record visited before the first move also gets its log
     mixture density (eq. 3.4) under the statistics of that moment, which until then are the
     ones the scan started from (log_norm: their ``log_norm_of``); logdens.shape[0] == 0 turns
-    this off.
+    this off. The records go through ``_scan_run``, which stops at a record that is to open a
+    cluster with no row left for it; the slot arrays grow here, between its calls.
     """
-    S = stats.shape[1]
-    empty_s = np.zeros(S)
-    scratch_s = np.empty(S)
-    scratch_c = np.empty(cache.shape[1])
+    d = X.shape[1]
     lognk = np.full(stats.shape[0], -np.inf)
     for k in range(n_slots):
         if nk[k] > 0.0:
             lognk[k] = crp.log_join(nk[k])
-    costs = np.empty(stats.shape[0] + order.shape[0] + 1)
-    lp = np.empty(costs.shape[0])
-    terms = np.empty(costs.shape[0])
-    acc = np.empty(costs.shape[0])
-    qv = np.empty(costs.shape[0])
+    M = order.shape[0]
+    # sized for every slot the scan can open
+    size = stats.shape[0] + M + 1
+    costs = np.empty(size)
+    lp = np.empty(size)
+    terms = np.empty(size)
+    acc = np.empty(size)
+    qv = np.empty(size)
     # one full-covariance group: the slots' predictives packed (``_costs``), kept in step with
     # every move
     hot = spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
     P = np.empty((0, 0))
     none = np.int64(-1)
     if hot:
-        P = pack_slots(P, cache, nk, n_slots, none, none, none > 0, empty_c, X.shape[1])
-    scoring = logdens.shape[0] > 0
-    d = X.shape[1]
+        P = pack_slots(P, cache, nk, n_slots, none, none, none > 0, empty_c, d)
     # the arg min and the scores of eq. 3.4 without most logarithms (``_pruned_costs``,
     # ``_loo_cost``, ``_pruned_log_mixture``) for a sweep without recording cells; a Gibbs scan
     # draws from every cost
     pruned = hot and not gibbs and not gaussian_nw.has_cells(prior, d)
-    e0 = d * (d + 1) // 2 + d
-    ub = np.empty(costs.shape[0] if pruned else 0)
+    ub = np.empty(size if pruned else 0)
     lpb = np.empty(ub.shape[0])
     bs = gaussian_nw.bound_scratch(ub.shape[0])
     loo = np.empty((ub.shape[0], 4))
     loo_ok = np.zeros(ub.shape[0], dtype=np.bool_)
-    log_new = crp.log_new(log_alpha)
-    # the quadratic forms of a block of records at once (``gaussian_nw.block_quad_forms``) while
-    # records rarely move: a move changes two columns (three when it opens a cluster), which
-    # the block's later records then compute one by one (``dirty``), and the block's rest is
-    # recomputed when more than _MAX_DIRTY are. After a block with more than _MAX_BLOCK_MOVES
-    # moves (a first pass, where every record moves), records are scored one at a time.
-    M = order.shape[0]
     XT = np.empty((d, _BLOCK if pruned else 0))
     Q = np.empty((P.shape[1] if pruned else 0, _BLOCK))
     bacc = np.empty(_BLOCK)
     dirty = np.empty(_MAX_DIRTY + 3, dtype=np.int64)
-    n_dirty = 0
-    blk0 = 0
-    blk1 = 0
-    batch = False
-    blk_moves = _MAX_BLOCK_MOVES + 1
-    n_changed = 0
-    for t in range(M):
+    empty_s = np.zeros(stats.shape[1])
+    scratch_s = np.empty(stats.shape[1])
+    scratch_c = np.empty(cache.shape[1])
+    x = np.empty(d)
+    work = np.empty(4 * d)
+    touched = np.zeros(size, dtype=np.bool_)
+    pos = np.zeros(8, dtype=np.int64)
+    pos[_SLOTS] = n_slots
+    pos[_BLK_MOVES] = _MAX_BLOCK_MOVES + 1
+    while True:
+        _scan_run(
+            X, order, z, stats, cache, nk, lognk, spec, prior, empty_c, log_alpha, gibbs, state,
+            logdens, log_norm, hot, pruned, P, costs, lp, terms, acc, qv, ub, lpb, bs, loo,
+            loo_ok, XT, Q, bacc, dirty, empty_s, scratch_s, scratch_c, x, work, touched, pos,
+        )  # fmt: skip
+        if pos[_T] == M:
+            break
+        stats, cache, nk, lognk = _grow(stats, cache, nk, lognk)
+        if hot:
+            P = pack_slots(P, cache, nk, pos[_SLOTS], none, none, none > 0, empty_c, d)
+        if pruned:
+            Q = np.empty((P.shape[1], _BLOCK))
+            if pos[_BATCH] and pos[_T] < pos[_BLK1]:
+                # the block's remaining records against the repacked columns
+                gaussian_nw.block_quad_forms(
+                    XT, pos[_T] - pos[_BLK0], pos[_BLK1] - pos[_BLK0], P, pos[_SLOTS] + 1, d,
+                    bacc, Q,
+                )  # fmt: skip
+                pos[_N_DIRTY] = 0
+    if hot:
+        for k in range(pos[_SLOTS]):
+            if touched[k]:
+                gaussian_nw.restore_factor(cache[k], d)
+    return stats, cache, nk, pos[_SLOTS], pos[_CHANGED]
+
+
+@njit(cache=True, nogil=True)
+def _scan_run(
+    X,
+    order,
+    z,
+    stats,
+    cache,
+    nk,
+    lognk,
+    spec,
+    prior,
+    empty_c,
+    log_alpha,
+    gibbs,
+    state,
+    logdens,
+    log_norm,
+    hot,
+    pruned,
+    P,
+    costs,
+    lp,
+    terms,
+    acc,
+    qv,
+    ub,
+    lpb,
+    bs,
+    loo,
+    loo_ok,
+    XT,
+    Q,
+    bacc,
+    dirty,
+    empty_s,
+    scratch_s,
+    scratch_c,
+    x,
+    work,
+    touched,
+    pos,
+):
+    """``_scan``'s records from pos[_T] on, until the last or until a record is to open a
+    cluster with no row for it (``_room``); its position is kept in pos.
+
+    No array is assigned in this loop, and every array is borrowed (``kernels.arrays.borrowed``):
+    numba takes a reference (an atomic increment, later a decrement) for every array variable
+    assigned in a branch of a loop at each pass, for every array argument of an inlined
+    function and at the entry of a called one, and for a row view: about a hundred atomic
+    operations a record on a first pass (every record moves), sixty on a confirming one, a
+    sixth of the time, when the slot arrays' growth was written inline. ``_scan`` grows them
+    between calls instead, and the record is copied into a buffer.
+
+    The quadratic forms of a block of records at once (``gaussian_nw.block_quad_forms``) while
+    records rarely move: a move changes two columns (three when it opens a cluster), which the
+    block's later records then compute one by one (``dirty``), and the block's rest is
+    recomputed when more than _MAX_DIRTY are. After a block with more than _MAX_BLOCK_MOVES
+    moves (a first pass, where every record moves), records are scored one at a time, their
+    quadratic forms on the leading rows first (``gaussian_nw.leading_quad_forms``), finished
+    only for the clusters that can win (``_pruned_costs_from``).
+    """
+    # every array borrowed (``kernels.arrays.borrowed``): the caller owns them all for the call
+    X, order, z, stats, cache, nk, lognk = (
+        borrowed(X), borrowed(order), borrowed(z), borrowed(stats), borrowed(cache),
+        borrowed(nk), borrowed(lognk),
+    )  # fmt: skip
+    spec, prior, empty_c, logdens, P, costs, lp, terms = (
+        borrowed(spec), borrowed(prior), borrowed(empty_c), borrowed(logdens), borrowed(P),
+        borrowed(costs), borrowed(lp), borrowed(terms),
+    )  # fmt: skip
+    acc, qv, ub, lpb, loo, loo_ok, XT, Q, bacc, dirty = (
+        borrowed(acc), borrowed(qv), borrowed(ub), borrowed(lpb), borrowed(loo),
+        borrowed(loo_ok), borrowed(XT), borrowed(Q), borrowed(bacc), borrowed(dirty),
+    )  # fmt: skip
+    empty_s, scratch_s, scratch_c, x, work, touched, pos = (
+        borrowed(empty_s), borrowed(scratch_s), borrowed(scratch_c), borrowed(x), borrowed(work),
+        borrowed(touched), borrowed(pos),
+    )  # fmt: skip
+    bs0, bs1, bs2, bs3 = borrowed(bs[0]), borrowed(bs[1]), borrowed(bs[2]), borrowed(bs[3])
+    d = X.shape[1]
+    scoring = logdens.shape[0] > 0
+    e0 = d * (d + 1) // 2 + d
+    rows = gaussian_nw.leading_rows(d)
+    log_new = crp.log_new(log_alpha)
+    M = order.shape[0]
+    t = pos[_T]
+    n_slots = pos[_SLOTS]
+    blk0 = pos[_BLK0]
+    blk1 = pos[_BLK1]
+    batch = pos[_BATCH] != 0
+    blk_moves = pos[_BLK_MOVES]
+    n_dirty = pos[_N_DIRTY]
+    n_changed = pos[_CHANGED]
+    while t < M:
         if t + _AHEAD < M:
             j = order[t + _AHEAD]
             prefetch(X, j)
@@ -441,7 +609,8 @@ def _scan(
             if scoring:
                 prefetch(logdens, j)
         i = order[t]
-        x = X[i]
+        for c in range(d):
+            x[c] = X[i, c]
         k0 = z[i]
         if pruned:
             if t >= blk1:
@@ -455,9 +624,10 @@ def _scan(
                         j = order[blk0 + v]
                         for c in range(d):
                             XT[c, v] = X[j, c]
-                    if Q.shape[0] < n_slots + 1:
-                        Q = np.empty((P.shape[1], _BLOCK))
                     gaussian_nw.block_quad_forms(XT, 0, blk1 - blk0, P, n_slots + 1, d, bacc, Q)
+            # a record scored before any move needs every column's full quadratic form
+            # (``_pruned_log_mixture_from``)
+            r = d if batch or (scoring and n_changed == 0) else rows
             if batch:
                 u = t - blk0
                 for h in range(n_slots + 1):
@@ -465,9 +635,10 @@ def _scan(
                 for q in range(n_dirty):
                     qv[dirty[q]] = gaussian_nw.quad_form(x, P, dirty[q], d)
             else:
-                gaussian_nw.quad_forms(x, P, n_slots + 1, d, acc, qv)
+                gaussian_nw.leading_quad_forms(x, P, n_slots + 1, d, r, acc, qv)
             cost0 = np.inf
             if k0 >= 0:
+                qv[k0] = gaussian_nw.finish_quad_form(x, P, k0, d, r, qv[k0])
                 cost0 = _loo_cost(
                     x,
                     k0,
@@ -484,8 +655,10 @@ def _scan(
                     qv[k0],
                 )
             n = n_slots + 1
-            gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, lpb, bs[0], bs[1], bs[2], bs[3])
-            _pruned_costs_from(k0, lognk, n_slots, log_new, P, e0, qv, lpb, ub, costs, cost0)
+            gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, lpb, bs0, bs1, bs2, bs3)
+            _pruned_costs_from(
+                k0, lognk, n_slots, log_new, P, e0, qv, lpb, ub, costs, cost0, x, d, r
+            )
         else:
             _costs(
                 x,
@@ -507,6 +680,7 @@ def _scan(
                 acc,
                 qv,
             )
+        drawn_from = state[0]
         if gibbs:
             for k in range(n_slots + 1):
                 costs[k] = -costs[k]
@@ -524,22 +698,29 @@ def _scan(
                     logdens[i] = _pruned_log_mixture_from(
                         qv, P, e0, lognk, n_slots, log_norm, log_alpha, lpb, ub, lp, terms
                     )[1]
-                    continue
-                if not hot:
-                    lp[k0] = product.log_predictive(x, stats[k0], cache[k0], spec, prior)
-                logdens[i] = _log_mixture(lp, lognk, n_slots, log_norm, log_alpha, terms)[1]
+                else:
+                    if not hot:
+                        lp[k0] = product.log_predictive(x, stats[k0], cache[k0], spec, prior)
+                    logdens[i] = _log_mixture(lp, lognk, n_slots, log_norm, log_alpha, terms)[1]
+            t += 1
             continue
+        if best == n_slots and not _room(nk, n_slots):
+            # no row for the new cluster: back to ``_scan`` to grow, and this record again
+            # from the same RNG state (its draw repeated), so nothing of it is committed
+            state[0] = drawn_from
+            break
         before = n_slots
-        stats, cache, nk, lognk, n_slots = _move(
-            x, i, k0, best, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c
-        )
+        n_slots = _move(
+            x, i, k0, best, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c, hot, work,
+            touched,
+        )  # fmt: skip
         n_changed += 1
         if pruned:
             if k0 >= 0:
                 loo_ok[k0] = False
             loo_ok[z[i]] = False
         if hot:
-            P = pack_slots(P, cache, nk, n_slots, k0, z[i], n_slots > before, empty_c, X.shape[1])
+            pack_move(P, cache, nk, n_slots, k0, z[i], n_slots > before, empty_c, d)
         if pruned:
             blk_moves += 1
             if batch and t + 1 < blk1:
@@ -547,15 +728,20 @@ def _scan(
                 n_dirty = _mark_dirty(dirty, n_dirty, z[i])
                 if n_slots > before:
                     n_dirty = _mark_dirty(dirty, n_dirty, n_slots)
-                if n_dirty > _MAX_DIRTY or Q.shape[0] < n_slots + 1:
-                    if Q.shape[0] < n_slots + 1:
-                        Q2 = np.empty((P.shape[1], _BLOCK))
-                        Q = Q2
+                if n_dirty > _MAX_DIRTY:
                     gaussian_nw.block_quad_forms(
                         XT, t + 1 - blk0, blk1 - blk0, P, n_slots + 1, d, bacc, Q
                     )
                     n_dirty = 0
-    return stats, cache, nk, n_slots, n_changed
+        t += 1
+    pos[_T] = t
+    pos[_SLOTS] = n_slots
+    pos[_BLK0] = blk0
+    pos[_BLK1] = blk1
+    pos[_BATCH] = 1 if batch else 0
+    pos[_BLK_MOVES] = blk_moves
+    pos[_N_DIRTY] = n_dirty
+    pos[_CHANGED] = n_changed
 
 
 @njit(cache=True, nogil=True)

@@ -25,9 +25,11 @@ from threadpoolctl import threadpool_limits
 
 from kernels import bayes_kmeans as kbk
 from kernels import mapdp as kmapdp
+from pipeline.core.seeds import as_seed_sequence, seed_state
 from pipeline.data.synthetic import sample_mixture
 from pipeline.estimators.asugs import ASUGS
 from pipeline.families import GaussianNW
+from pipeline.models.asugs import StreamState, advance
 from tests.benchmarks.common import save, table
 
 pytestmark = pytest.mark.bench
@@ -91,6 +93,17 @@ def test_sweep_records_per_core() -> None:
             est.partial_fit(X[b : b + 20_000])
 
     t_asugs_stream = _cpu_best(asugs_stream)
+    # the stream alone (seed 002 Algorithm 1 over the records), with the prior fit chose: what
+    # every record costs once the columns are encoded and the prior is picked
+    est = ASUGS().fit(X)
+    Xs = est.family_.arrange(X)
+    params = est._check_params()
+
+    def asugs_kernel() -> None:
+        st = StreamState.empty(est.family_, seed_state(as_seed_sequence(0)))
+        advance(st, Xs, est.family_, params)
+
+    t_asugs_kernel = _cpu_best(asugs_kernel)
     km = KMeans(n_clusters=K, n_init=1, random_state=0).fit(X[:20_000])
     with threadpool_limits(1):
         km.predict(X[:1000])
@@ -102,6 +115,7 @@ def test_sweep_records_per_core() -> None:
         {"path": "Bayes K-means assignment (frozen clusters)", "s": t_assign},
         {"path": "ASUGS().fit, one pass (seed 002, Algorithm 1)", "s": t_asugs},
         {"path": "ASUGS().partial_fit, batches of 20,000", "s": t_asugs_stream},
+        {"path": "ASUGS stream alone (models.asugs.advance)", "s": t_asugs_kernel},
         {"path": "KMeans.predict, 1 thread (peer)", "s": t_km},
     ]
     for r in rows:

@@ -188,3 +188,52 @@ def test_pruned_eq_3_4_is_the_full_mixture_ties_to_the_lowest_slot() -> None:
     best = np.argmax(terms, axis=1)  # the first of equal maxima
     np.testing.assert_array_equal(labels, np.where(best < 5, best, -1))
     assert np.all(labels[60:90] == 2) and np.any(labels == -1)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), d=st.integers(1, 12), K=st.integers(1, 6))
+def test_leading_rows_bound_the_quadratic_forms_and_finish_to_them(
+    seed: int, d: int, K: int
+) -> None:
+    """The quadratic forms' leading rows (``leading_quad_forms``) are lower bounds of the full
+    forms (each row adds a square), and ``finish_quad_form`` completes a column to exactly the
+    value ``quad_forms`` gives, for every number of leading rows."""
+    X, fam = _clusters(seed, d, K, n=15)
+    z = np.repeat(np.arange(K), 15).astype(np.int64)
+    _, cache, empty_c = _caches(X, fam, z, K)
+    P = np.empty((d * (d + 1) // 2 + d + 3, K + 1))
+    gaussian_nw.pack_columns(P, cache, K, empty_c, d)
+    acc, full, part = np.empty(K + 1), np.empty(K + 1), np.empty(K + 1)
+    rng = np.random.default_rng(seed)
+    for x in (X[0], X[-1], rng.normal(0.0, 10.0, d)):
+        gaussian_nw.quad_forms(x, P, K + 1, d, acc, full)
+        for rows in range(d + 1):
+            gaussian_nw.leading_quad_forms(x, P, K + 1, d, rows, acc, part)
+            assert np.all(part <= full * (1 + 1e-12) + 1e-300)
+            done = [gaussian_nw.finish_quad_form(x, P, h, d, rows, part[h]) for h in range(K + 1)]
+            np.testing.assert_allclose(done, full, rtol=1e-12, atol=1e-300)
+    assert 1 <= gaussian_nw.leading_rows(d) <= d
+
+
+def test_a_borrowed_array_is_the_same_array_without_an_owner() -> None:
+    """``kernels.arrays.borrowed``: the same data, shape and strides (writes go through to the
+    owner's array, a row view reads the owner's row), in a jitted function."""
+    from numba import njit
+
+    from kernels.arrays import borrowed
+
+    @njit
+    def fill(a, v):
+        b = borrowed(a)
+        row = b[1]
+        for j in range(row.shape[0]):
+            row[j] = v + j
+        return b.shape[0], b.shape[1], b[1, 2]
+
+    a = np.zeros((3, 4))
+    assert fill(a, 5.0) == (3, 4, 7.0)
+    np.testing.assert_array_equal(a[1], [5.0, 6.0, 7.0, 8.0])
+    np.testing.assert_array_equal(a[[0, 2]], 0.0)
+    col = np.zeros((4, 3))[:, 1]
+    assert not col.flags.c_contiguous
+    assert njit(lambda v: borrowed(v)[2])(np.arange(6.0)[::2]) == 4.0
