@@ -592,6 +592,11 @@ def block_quad_forms(XT, r0, r1, P, n, d, acc, Q):
     """Q[h, r] = |L_h^{-1} (x_r - m_h)|^2 for the columns h < n of P and the records
     r0 <= r < r1 of the block XT (d, B), one record a column.
 
+    Four terms of a row of the triangular solve are added to the running sum at a time, so
+    that the running sums (a memory array: the records are the vectorised loop) are read and
+    written once for four multiply-adds instead of each: the loop was bound by those loads and
+    stores (a fifth of a confirming sweep's time at K = 20, d = 10).
+
     Parameters
     ----------
     XT : ndarray of shape (d, B)
@@ -608,11 +613,24 @@ def block_quad_forms(XT, r0, r1, P, n, d, acc, Q):
             bi = P[b0 + i, h]
             for r in range(r0, r1):
                 acc[r] = -bi
-            for j in range(i + 1):
+            j = 0
+            while j + 4 <= i + 1:
+                u0 = P[e, h]
+                u1 = P[e + 1, h]
+                u2 = P[e + 2, h]
+                u3 = P[e + 3, h]
+                for r in range(r0, r1):
+                    acc[r] += (u0 * XT[j, r] + u1 * XT[j + 1, r]) + (
+                        u2 * XT[j + 2, r] + u3 * XT[j + 3, r]
+                    )
+                e += 4
+                j += 4
+            while j <= i:
                 u = P[e, h]
                 for r in range(r0, r1):
                     acc[r] += u * XT[j, r]
                 e += 1
+                j += 1
             for r in range(r0, r1):
                 Q[h, r] += acc[r] * acc[r]
 
@@ -625,9 +643,17 @@ def quad_form(x, P, h, d):
     e = 0
     for i in range(d):
         a = -P[b0 + i, h]
-        for j in range(i + 1):
+        j = 0
+        while j + 4 <= i + 1:
+            a += (P[e, h] * x[j] + P[e + 1, h] * x[j + 1]) + (
+                P[e + 2, h] * x[j + 2] + P[e + 3, h] * x[j + 3]
+            )
+            e += 4
+            j += 4
+        while j <= i:
             a += P[e, h] * x[j]
             e += 1
+            j += 1
         q += a * a
     return q
 

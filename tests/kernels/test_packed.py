@@ -237,3 +237,25 @@ def test_a_borrowed_array_is_the_same_array_without_an_owner() -> None:
     col = np.zeros((4, 3))[:, 1]
     assert not col.flags.c_contiguous
     assert njit(lambda v: borrowed(v)[2])(np.arange(6.0)[::2]) == 4.0
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), d=st.integers(1, 12), K=st.integers(1, 6))
+def test_a_block_of_quadratic_forms_is_each_records_own(seed: int, d: int, K: int) -> None:
+    """``block_quad_forms`` over a block of records equals ``quad_form`` of each record bit for
+    bit (a sweep recomputes a changed column one record at a time and mixes both), and
+    ``quad_forms`` up to rounding."""
+    X, fam = _clusters(seed, d, K, n=15)
+    z = np.repeat(np.arange(K), 15).astype(np.int64)
+    _, cache, empty_c = _caches(X, fam, z, K)
+    P = np.empty((d * (d + 1) // 2 + d + 3, K + 1))
+    gaussian_nw.pack_columns(P, cache, K, empty_c, d)
+    B = X.shape[0]
+    Q = np.empty((K + 1, B))
+    gaussian_nw.block_quad_forms(np.ascontiguousarray(X.T), 0, B, P, K + 1, d, np.empty(B), Q)
+    acc, qv = np.empty(K + 1), np.empty(K + 1)
+    for r in range(0, B, 7):
+        one = [gaussian_nw.quad_form(X[r], P, h, d) for h in range(K + 1)]
+        np.testing.assert_array_equal(Q[:, r], one)
+        gaussian_nw.quad_forms(X[r], P, K + 1, d, acc, qv)
+        np.testing.assert_allclose(Q[:, r], qv, rtol=1e-11)
