@@ -7,6 +7,7 @@ whole warm-up. The kernels copy with these loops instead; a slice assigned a sca
 (``a[k, :] = 0.0``) does not take that path and stays as it is.
 """
 
+import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
@@ -115,3 +116,30 @@ def borrowed(typingctx, arr):
         return ary._getvalue()
 
     return sig, codegen
+
+
+# The block loops (``gaussian_nw.block_quad_forms``) run over rows of 64 records in 512-bit
+# vectors; a row that starts off a 64-byte line splits every load and store in two. NRT's
+# allocations are 16-byte aligned, so whether a sweep's scratch was aligned depended on the heap
+# (the same write-out sweep at 447-460 or 551 ns a record from one process to the next).
+_LINE = 64
+
+
+@njit(cache=True, nogil=True)
+def aligned_matrix(rows, cols):
+    """An uninitialised float64 (rows, cols) C-contiguous array whose first element starts a
+    64-byte line (a view into a slightly longer allocation): with cols a multiple of 8, every
+    row does.
+
+    Parameters
+    ----------
+    rows, cols : int
+
+    Returns
+    -------
+    ndarray of shape (rows, cols), float64
+    """
+    n = rows * cols
+    raw = np.empty(n + _LINE // 8)
+    skip = ((-raw.ctypes.data) % _LINE) // 8
+    return raw[skip : skip + n].reshape((rows, cols))

@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit
 
 from kernels.alloc import crp
-from kernels.arrays import copy_rows, copy_vector, prefetch
+from kernels.arrays import aligned_matrix, copy_rows, copy_vector, prefetch
 from kernels.mapdp import _AHEAD, _pruned_costs
 from kernels.obs import gaussian_nw, product
 from kernels.partition import canonical_labels, greedy_merge, merge_gap_cached
@@ -126,9 +126,9 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
     if hot:
         gaussian_nw.pack_columns(P, cache, K, empty_c, d)
     e0 = d * (d + 1) // 2 + d
-    XT = np.empty((d, nb))
-    Q = np.empty((K + 1, nb))
-    bacc = np.empty(nb)
+    XT = aligned_matrix(d, nb)
+    Q = aligned_matrix(K + 1, nb)
+    bacc = aligned_matrix(1, nb)[0]
     qv = np.empty(K + 1)
     costs = np.empty(K + 1)
     ub = np.empty(K + 1)

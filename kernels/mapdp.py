@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from kernels.alloc import crp
-from kernels.arrays import borrowed, copy_rows, copy_vector, prefetch
+from kernels.arrays import aligned_matrix, borrowed, copy_rows, copy_vector, prefetch
 from kernels.obs import gaussian_nw, product
 from kernels.rng import sample_log_weights
 
@@ -468,9 +468,9 @@ def _scan(
     bs = gaussian_nw.bound_scratch(ub.shape[0])
     loo = np.empty((ub.shape[0], 4))
     loo_ok = np.zeros(ub.shape[0], dtype=np.bool_)
-    XT = np.empty((d, _BLOCK if pruned else 0))
-    Q = np.empty((P.shape[1] if pruned else 0, _BLOCK))
-    bacc = np.empty(_BLOCK)
+    XT = aligned_matrix(d, _BLOCK if pruned else 0)
+    Q = aligned_matrix(P.shape[1] if pruned else 0, _BLOCK)
+    bacc = aligned_matrix(1, _BLOCK)[0]
     dirty = np.empty(_MAX_DIRTY + 3, dtype=np.int64)
     empty_s = np.zeros(stats.shape[1])
     scratch_s = np.empty(stats.shape[1])
@@ -493,7 +493,7 @@ def _scan(
         if hot:
             P = pack_slots(P, cache, nk, pos[_SLOTS], none, none, none > 0, empty_c, d)
         if pruned:
-            Q = np.empty((P.shape[1], _BLOCK))
+            Q = aligned_matrix(P.shape[1], _BLOCK)
             if pos[_BATCH] and pos[_T] < pos[_BLK1]:
                 # the block's remaining records against the repacked columns
                 gaussian_nw.block_quad_forms(
@@ -918,9 +918,9 @@ def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
         # a block of records at a time, and a logarithm only where a term counts (``_scan``)
         d = X.shape[1]
         e0 = d * (d + 1) // 2 + d
-        XT = np.empty((d, _BLOCK))
-        Q = np.empty((K + 1, _BLOCK))
-        bacc = np.empty(_BLOCK)
+        XT = aligned_matrix(d, _BLOCK)
+        Q = aligned_matrix(K + 1, _BLOCK)
+        bacc = aligned_matrix(1, _BLOCK)[0]
         ub = np.empty(K + 1)
         bs = gaussian_nw.bound_scratch(K + 1)
         for b0 in range(0, N, _BLOCK):
