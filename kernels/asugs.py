@@ -392,43 +392,10 @@ def _packed(cache, K, empty_c, d, cols, fast):
 
 @njit(cache=True, nogil=True)
 def _run(
-    X,
-    t,
-    z,
-    alpha_trace,
-    logq,
-    stats,
-    cache,
-    nk,
-    lognk,
-    born,
-    ids,
-    K,
-    alias,
-    n_ids,
-    pruned,
-    n_seen,
-    spec,
-    prior,
-    empty_c,
-    lam,
-    alpha_fixed,
-    sample,
-    state,
-    pm_interval,
-    prune_weight,
-    fast,
-    P,
-    acc,
-    qv,
-    ub,
-    bs,
-    logw,
-    counts,
-    empty_s,
-    work,
-    x,
-):
+    X, t, z, alpha_trace, logq, stats, cache, nk, lognk, born, ids, K, alias, n_ids, pruned,
+    n_seen, spec, prior, empty_c, lam, alpha_fixed, sample, state, pm_interval, prune_weight,
+    fast, P, acc, qv, ub, bs, logw, counts, empty_s, work, x,
+):  # fmt: skip
     """``stream``'s records from t on, until the last or until a record is to open a class with
     no row for it: returns (the next record, K, n_ids, n_seen).
 
