@@ -339,7 +339,7 @@ def update(x, s, c, p, w, cells=None):
     U = L^{-1} change together in O(d^2) (``_change_factors``). With recording cells (H > 0,
     not rank one) the cache is rebuilt instead, O(d^3).
     """
-    update_with(x, s, c, p, w, np.empty(4 * x.shape[0]), cells)
+    update_with(x, s, c, p, w, np.empty(4 * x.shape[0]), cells, True)
 
 
 @njit(cache=True, nogil=True)
@@ -353,7 +353,9 @@ def update_with(x, s, c, p, w, work, cells=None, factor=True):
             add_stats(x, s, w)
             refresh(s, c, p, cells)
             return
-    if _change_factors(x, s, c, w, work, factor):
+    # bool(): one specialisation of _change_factors for every caller (a literal True or False
+    # would be a type, and a compile, of its own; ``warmup.warm_observation_factors``)
+    if _change_factors(x, s, c, w, work, bool(factor)):
         return
     # a removal that leaves T_k nearly singular, or indefinite by rounding: rebuild from the
     # statistics (without cells as refresh's default, not a None argument: that would be a
@@ -790,7 +792,7 @@ def add_record(x, s, c, p, work, cells=None, factor=True):
             # recording cells make the change more than rank one (module docstring)
             update(x, s, c, p, 1.0, cells)
             return
-    _change_factors(x, s, c, 1.0, work, factor)
+    _change_factors(x, s, c, 1.0, work, bool(factor))
 
 
 @njit(cache=True, nogil=True)

@@ -100,7 +100,7 @@ def warm_observation_factors() -> None:
         c[i * d + i] = c[d * d + d + i * d + i] = 1.0
     c[2 * d * d + 2 * d] = 1.0
     c[2 * d * d + 2 * d + 1] = d + 2.0
-    gaussian_nw._change_factors(x, s, c, 1.0, np.empty(4 * d))
+    gaussian_nw._change_factors(x, s, c, 1.0, np.empty(4 * d), True)
 
 
 def warm_observation_marginals() -> None:
