@@ -34,29 +34,21 @@ def _grow(stats, cache, nk, lognk):
 
 
 @njit(cache=True, nogil=True)
-def pack_slots(P, cache, nk, n_slots, k0, knew, grew, empty_c, d):
+def pack_slots(cache, n_slots, empty_c, d):
     """The packed predictives (``gaussian_nw.pack_column``) of the slots 0..n_slots-1 of
-    ``cache`` and of the empty cache (column n_slots), for records of d columns.
-
-    P with fewer columns than ``cache`` has rows, plus one (a new scan's (0, 0)): all of them in
-    a new P. Otherwise P after a record's move from slot k0 (-1: none) to slot knew: those
-    columns and, if the move opened a new slot (``grew``), the empty cache's. Callers pass
-    k0, knew and grew as variables, never as constants: a constant argument is a type of its
-    own to numba, and would compile this once more.
-    """
-    if P.shape[1] < cache.shape[0] + 1:
-        P = np.empty((d * (d + 1) // 2 + d + 3, cache.shape[0] + 1))
-        for k in range(n_slots):
-            gaussian_nw.pack_column(P, k, cache[k], d)
-        gaussian_nw.pack_column(P, n_slots, empty_c, d)
-        return P
-    pack_move(P, cache, nk, n_slots, k0, knew, grew, empty_c, d)
+    ``cache`` and of the empty cache (column n_slots), for records of d columns, in a new P
+    with a column for every row of ``cache`` plus one (``pack_move`` keeps it in step)."""
+    P = np.empty((d * (d + 1) // 2 + d + 3, cache.shape[0] + 1))
+    for k in range(n_slots):
+        gaussian_nw.pack_column(P, k, cache[k], d)
+    gaussian_nw.pack_column(P, n_slots, empty_c, d)
     return P
 
 
 @njit(cache=True, nogil=True)
 def pack_move(P, cache, nk, n_slots, k0, knew, grew, empty_c, d):
-    """``pack_slots`` after a record's move, in a P with a column for every slot."""
+    """P (``pack_slots``) after a record's move from slot k0 (-1: none) to slot knew: those
+    columns and, if the move opened a new slot (``grew``), the empty cache's."""
     if k0 >= 0 and nk[k0] > 0.0:
         gaussian_nw.pack_column(P, k0, cache[k0], d)
     gaussian_nw.pack_column(P, knew, cache[knew], d)
@@ -456,9 +448,8 @@ def _scan(
     # every move
     hot = spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
     P = np.empty((0, 0))
-    none = np.int64(-1)
     if hot:
-        P = pack_slots(P, cache, nk, n_slots, none, none, none > 0, empty_c, d)
+        P = pack_slots(cache, n_slots, empty_c, d)
     # the arg min and the scores of eq. 3.4 without most logarithms (``_pruned_costs``,
     # ``_loo_cost``, ``_pruned_log_mixture``) for a sweep without recording cells; a Gibbs scan
     # draws from every cost
@@ -491,7 +482,7 @@ def _scan(
             break
         stats, cache, nk, lognk = _grow(stats, cache, nk, lognk)
         if hot:
-            P = pack_slots(P, cache, nk, pos[_SLOTS], none, none, none > 0, empty_c, d)
+            P = pack_slots(cache, pos[_SLOTS], empty_c, d)
         if pruned:
             Q = aligned_matrix(P.shape[1], _BLOCK)
             if pos[_BATCH] and pos[_T] < pos[_BLK1]:
@@ -874,9 +865,8 @@ def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
     hot = spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
     # as the sweep computes them (``_costs``): packed, the empty cache in column K
     P = np.empty((0, 0))
-    none = np.int64(-1)
     if hot:
-        P = pack_slots(P, cache, nk, K, none, none, none > 0, empty_c, X.shape[1])
+        P = pack_slots(cache, K, empty_c, X.shape[1])
     qv = np.empty(K + 1)
     if hot:
         # a block of records at a time, and a logarithm only where a term counts (``_scan``)

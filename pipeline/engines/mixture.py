@@ -437,18 +437,7 @@ def _warm_packed() -> None:
 
     X, family = toy_family()
     stats = family.stats_of(X, np.zeros(X.shape[0], dtype=np.int64), 1)
-    none = np.int64(-1)
-    P = kmapdp.pack_slots(
-        np.empty((0, 0)),
-        family.cache_of(stats),
-        np.ascontiguousarray(stats[:, 0]),
-        1,
-        none,
-        none,
-        False,
-        family.empty_cache(),
-        X.shape[1],
-    )
+    P = kmapdp.pack_slots(family.cache_of(stats), 1, family.empty_cache(), X.shape[1])
     scratch = np.empty((3, 2))
     gaussian_nw.packed_log_predictives(X[0], P, 2, scratch[0], scratch[1], scratch[2])
 

@@ -39,17 +39,7 @@ def test_each_packed_column_is_the_cluster_predictive(seed: int, d: int, K: int)
     X, fam = _clusters(seed, d, K, n=12)
     z = np.repeat(np.arange(K), 12).astype(np.int64)
     stats, cache, empty_c = _caches(X, fam, z, K)
-    P = kmapdp.pack_slots(
-        np.empty((0, 0)),
-        cache,
-        stats[:, 0].copy(),
-        K,
-        np.int64(-1),
-        np.int64(-1),
-        False,
-        empty_c,
-        d,
-    )
+    P = kmapdp.pack_slots(cache, K, empty_c, d)
     assert P.shape == (d * (d + 1) // 2 + d + 3, K + 1)
     rng = np.random.default_rng(seed + 1)
     acc, qv, lp = np.empty(K + 1), np.empty(K + 1), np.empty(K + 1)
