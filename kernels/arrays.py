@@ -1,4 +1,5 @@
-"""Copies between arrays, written as loops, and a prefetch hint for the random-order scans.
+"""Copies between arrays, written as loops, a prefetch hint for the random-order scans, and the
+bits of a float.
 
 Numba lowers ``a[index] = b`` with an array ``b`` through its slice assignment, whose
 shape-mismatch message is formatted by compiled code (string joins and integer formatting):
@@ -116,6 +117,32 @@ def borrowed(typingctx, arr):
         return ary._getvalue()
 
     return sig, codegen
+
+
+@intrinsic
+def float_bits(typingctx, x):
+    """The IEEE 754 bits of the float64 x as an int64 (a bit cast: no conversion, no memory),
+    which a loop over columns can take in its vectorised body where an integer view of a float
+    array would take a loop of its own (``gaussian_nw.packed_log_predictive_bounds``)."""
+    if not isinstance(x, types.Float) or x.bitwidth != 64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return types.int64(types.float64), codegen
+
+
+@intrinsic
+def bits_float(typingctx, b):
+    """The float64 whose IEEE 754 bits are the int64 b (``float_bits``' inverse)."""
+    if not isinstance(b, types.Integer) or b.bitwidth != 64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(types.int64), codegen
 
 
 # The block loops (``gaussian_nw.block_quad_forms``) run over rows of 64 records in 512-bit

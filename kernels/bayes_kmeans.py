@@ -132,7 +132,6 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
     qv = np.empty(K + 1)
     costs = np.empty(K + 1)
     ub = np.empty(K + 1)
-    bs = gaussian_nw.bound_scratch(K + 1)
     loo = np.empty((K, 4))
     loo_ok = np.zeros(K, dtype=np.bool_)
     log_new = crp.log_new(log_alpha)
@@ -163,7 +162,7 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
                 cost0 = -_loo(
                     x, k0, stats, cache, spec, prior, loo, loo_ok, scratch_s, scratch_c, d, qv[k0]
                 ) - crp.log_join(nk[k0] - 1.0)
-            _pruned_costs(k0, lognk, K, log_new, P, e0, qv, ub, bs, costs, cost0, x)
+            _pruned_costs(k0, lognk, K, log_new, P, e0, qv, ub, costs, cost0, x)
             for k in range(K):
                 if costs[k] < best_cost:
                     best_cost = costs[k]

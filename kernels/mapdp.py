@@ -152,7 +152,7 @@ def _loo_cost(x, k0, stats, cache, lognk, spec, prior, loo, loo_ok, scratch_s, s
 
 
 @njit(cache=True, nogil=True)
-def _pruned_costs(k0, lognk, n_slots, log_new, P, e0, qv, ub, bs, costs, cost0, x):
+def _pruned_costs(k0, lognk, n_slots, log_new, P, e0, qv, ub, costs, cost0, x):
     """costs[k] of ``_costs`` (hot path, k != k0) where it can be the arg min, inf elsewhere,
     from the record x's quadratic forms qv (``gaussian_nw.quad_forms``, or a block's): the arg
     min over costs, ties included, is the full evaluation's.
@@ -166,7 +166,7 @@ def _pruned_costs(k0, lognk, n_slots, log_new, P, e0, qv, ub, bs, costs, cost0, 
     """
     n = n_slots + 1
     d = x.shape[0]
-    gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, ub, bs[0], bs[1], bs[2], bs[3])
+    gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, ub)
     _pruned_costs_from(k0, lognk, n_slots, log_new, P, e0, qv, ub, ub, costs, cost0, x, d, d)
 
 
@@ -262,7 +262,7 @@ def _log_sum(terms, K, best):
 
 
 @njit(cache=True, nogil=True)
-def _pruned_log_mixture(qv, P, e0, lognk, K, log_norm, log_alpha, ub, bs, lp, terms):
+def _pruned_log_mixture(qv, P, e0, lognk, K, log_norm, log_alpha, ub, lp, terms):
     """``_log_mixture`` of the packed predictives from the record's quadratic forms qv, with
     lp[k] computed only where the term can count: a term more than 40 below the largest adds
     nothing to the sum (``_log_mixture`` skips it), so a column whose term's upper bound
@@ -270,7 +270,7 @@ def _pruned_log_mixture(qv, P, e0, lognk, K, log_norm, log_alpha, ub, bs, lp, te
     lp[k] = -inf, which ``_log_mixture`` skips as well. Same arg max and same sum, term for
     term, as with every lp computed; a NaN bound still computes its column."""
     n = K + 1
-    gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, ub, bs[0], bs[1], bs[2], bs[3])
+    gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, ub)
     return _pruned_log_mixture_from(qv, P, e0, lognk, K, log_norm, log_alpha, ub, ub, lp, terms)
 
 
@@ -456,7 +456,6 @@ def _scan(
     pruned = hot and not gibbs and not gaussian_nw.has_cells(prior, d)
     ub = np.empty(size if pruned else 0)
     lpb = np.empty(ub.shape[0])
-    bs = gaussian_nw.bound_scratch(ub.shape[0])
     loo = np.empty((ub.shape[0], 4))
     loo_ok = np.zeros(ub.shape[0], dtype=np.bool_)
     XT = aligned_matrix(d, _BLOCK if pruned else 0)
@@ -475,8 +474,8 @@ def _scan(
     while True:
         _scan_run(
             X, order, z, stats, cache, nk, lognk, spec, prior, empty_c, log_alpha, gibbs, state,
-            logdens, log_norm, hot, pruned, P, costs, lp, terms, acc, qv, ub, lpb, bs, loo,
-            loo_ok, XT, Q, bacc, dirty, empty_s, scratch_s, scratch_c, x, work, touched, pos,
+            logdens, log_norm, hot, pruned, P, costs, lp, terms, acc, qv, ub, lpb, loo, loo_ok,
+            XT, Q, bacc, dirty, empty_s, scratch_s, scratch_c, x, work, touched, pos,
         )  # fmt: skip
         if pos[_T] == M:
             break
@@ -502,8 +501,8 @@ def _scan(
 @njit(cache=True, nogil=True)
 def _scan_run(
     X, order, z, stats, cache, nk, lognk, spec, prior, empty_c, log_alpha, gibbs, state, logdens,
-    log_norm, hot, pruned, P, costs, lp, terms, acc, qv, ub, lpb, bs, loo, loo_ok, XT, Q, bacc,
-    dirty, empty_s, scratch_s, scratch_c, x, work, touched, pos,
+    log_norm, hot, pruned, P, costs, lp, terms, acc, qv, ub, lpb, loo, loo_ok, XT, Q, bacc, dirty,
+    empty_s, scratch_s, scratch_c, x, work, touched, pos,
 ):  # fmt: skip
     """``_scan``'s records from pos[_T] on, until the last or until a record is to open a
     cluster with no row for it (``_room``); its position is kept in pos.
@@ -541,7 +540,6 @@ def _scan_run(
         borrowed(empty_s), borrowed(scratch_s), borrowed(scratch_c), borrowed(x), borrowed(work),
         borrowed(touched), borrowed(pos),
     )  # fmt: skip
-    bs0, bs1, bs2, bs3 = borrowed(bs[0]), borrowed(bs[1]), borrowed(bs[2]), borrowed(bs[3])
     d = X.shape[1]
     scoring = logdens.shape[0] > 0
     e0 = d * (d + 1) // 2 + d
@@ -610,7 +608,7 @@ def _scan_run(
                     qv[k0],
                 )
             n = n_slots + 1
-            gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, lpb, bs0, bs1, bs2, bs3)
+            gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, lpb)
             _pruned_costs_from(
                 k0, lognk, n_slots, log_new, P, e0, qv, lpb, ub, costs, cost0, x, d, r
             )
@@ -876,7 +874,6 @@ def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
         Q = aligned_matrix(K + 1, _BLOCK)
         bacc = aligned_matrix(1, _BLOCK)[0]
         ub = np.empty(K + 1)
-        bs = gaussian_nw.bound_scratch(K + 1)
         for b0 in range(0, N, _BLOCK):
             b1 = min(b0 + _BLOCK, N)
             for v in range(b1 - b0):
@@ -887,7 +884,7 @@ def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
                 for h in range(K + 1):
                     qv[h] = Q[h, v]
                 best, logdens[b0 + v] = _pruned_log_mixture(
-                    qv, P, e0, lognk, K, log_norm, log_alpha, ub, bs, lp, terms
+                    qv, P, e0, lognk, K, log_norm, log_alpha, ub, lp, terms
                 )
                 labels[b0 + v] = best if best < K else -1
         return labels, logdens
