@@ -427,6 +427,100 @@ def log_marginal_with(s, p, T, m, lmv0):
 
 
 @njit(cache=True, nogil=True)
+def scatter_logdet(s, p, W):
+    """log|S + n H| for the records summarised by s: S their scatter about their mean, H the
+    recording cells' variances (module docstring); -inf where it is singular (n <= d, or
+    rounding). W (d, d) is scratch. ``merged_log_marginal_bound``'s second term."""
+    d = W.shape[0]
+    n = s[0]
+    if not n > 0.0:
+        return -np.inf
+    base = 1 + d
+    base_h = d + 3 + d * d
+    for i in range(d):
+        for j in range(d):
+            W[i, j] = s[base + i * d + j] - s[1 + i] * s[1 + j] / n
+        W[i, i] += n * p[base_h + i]
+    if not cholesky_inplace(W):
+        return -np.inf
+    out = 0.0
+    for i in range(d):
+        out += 2.0 * math.log(W[i, i])
+    return out
+
+
+@njit(cache=True, nogil=True)
+def merged_logdet_lower(mean_b, sd_b, nb, L, inv_diag, m, ck, logdet, y):
+    """A lower bound of log|T_ab|, the posterior inverse scale of two clusters' records merged,
+    from cluster a's posterior (the Cholesky factor L of T_a, m_a, c_a, log|T_a|) and b's mean,
+    size and ``scatter_logdet``: O(d^2) where log|T_ab| itself is O(d^3).
+
+    T_a is T0 plus the scatter of a's records and c0 pseudo-records at m0 about their mean m_a,
+    plus n_a H. Merged with b's records, that scatter gains b's own scatter S_b and the between
+    term beta v v^T (beta = c_a n_b / (c_a + n_b), v = m_a - mean_b), so
+    T_ab = (T_a + beta v v^T) + (S_b + n_b H), two positive semi-definite matrices, and by
+    Minkowski's determinant inequality |T_ab|^(1/d) >= |T_a + beta v v^T|^(1/d) +
+    |S_b + n_b H|^(1/d), where log|T_a + beta v v^T| = log|T_a| + log(1 + beta |L^{-1} v|^2)
+    (determinant lemma).
+
+    Parameters
+    ----------
+    mean_b : ndarray of shape (d,)
+    sd_b : float
+        ``scatter_logdet`` of b (-inf: singular).
+    nb : float
+        n_b > 0.
+    L : ndarray of shape (d, d)
+        Lower Cholesky factor of T_a; inv_diag (d,) the inverses of its diagonal.
+    m : ndarray of shape (d,)
+        m_a.
+    ck, logdet : float
+        c_a and log|T_a|.
+    y : ndarray of shape (d,), scratch.
+
+    Returns
+    -------
+    float
+    """
+    d = m.shape[0]
+    beta = ck * nb / (ck + nb)
+    q = 0.0
+    for i in range(d):
+        acc = m[i] - mean_b[i]
+        for j in range(i):
+            acc -= L[i, j] * y[j]
+        y[i] = acc * inv_diag[i]
+        q += y[i] * y[i]
+    r1 = (logdet + math.log1p(beta * q)) / d
+    r2 = sd_b / d
+    if r2 == -np.inf:
+        return d * r1
+    hi = max(r1, r2)
+    return d * (hi + math.log(math.exp(r1 - hi) + math.exp(r2 - hi)))
+
+
+@njit(cache=True, nogil=True)
+def merged_log_marginal_bound(n_ab, d, p, lmv0):
+    """(B, scale) with ``log_marginal(s_ab, p)`` <= B - (a0 + n_ab) / 2 low for n_ab records
+    and any lower bound low of their log|T_ab| (``merged_logdet_lower``): the log marginal's
+    other terms, log Gamma_d(a_ab / 2) bounded by d log Gamma(a_ab / 2) + d (d - 1) / 4 log pi
+    when its smallest argument a_ab / 2 - (d - 1) / 2 is at least 1.5 (log Gamma increases
+    above 1.4616), exact otherwise; scale is the sum of the terms' magnitudes (rounding is a
+    few ulps of it, and of (a0 + n_ab) / 2 |low|). lmv0: ``log_marginal_prior_term``."""
+    c0 = p[d]
+    a0 = p[d + 1]
+    ak = a0 + n_ab
+    if 0.5 * ak - 0.5 * (d - 1) >= 1.5:
+        lmv = d * math.lgamma(0.5 * ak) + 0.25 * d * (d - 1) * LOG_PI
+    else:
+        lmv = lmvgamma(0.5 * ak, d)
+    t0 = -0.5 * n_ab * d * LOG_PI
+    t1 = 0.5 * a0 * p[d + 2]
+    t3 = 0.5 * d * (math.log(c0) - math.log(c0 + n_ab))
+    return t0 + lmv - lmv0 + t1 + t3, abs(t0) + abs(lmv) + abs(lmv0) + abs(t1) + abs(t3)
+
+
+@njit(cache=True, nogil=True)
 def log_predictive_loo(x, s, c, p, cells=None):
     """log p(x | X_k without x) for a record x that is a member of the cluster (s, c).
 

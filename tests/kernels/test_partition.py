@@ -13,9 +13,12 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernels import alloc, bayes_kmeans, mapdp, partition
 from kernels.alloc import crp, nggp
+from kernels.obs import gaussian_nw
 from pipeline.families import GaussianNW, ProductFamily
 from tests.reference import log_crp
 
@@ -142,6 +145,97 @@ def test_greedy_merge_rejoins_an_over_split_partition():
     for a in range(3):
         for b in range(a + 1, 3):
             assert partition.merge_gap(merged[a], merged[b], fam.spec, fam.prior, la) <= 0.0
+
+
+def _two_clusters(seed: int, d: int, cells: bool) -> tuple[np.ndarray, np.ndarray, ProductFamily]:
+    """Two clusters of 1-40 records at a random distance (0 to 8 spreads), on a grid of step 1
+    when ``cells`` (the prior then records H > 0)."""
+    rng = np.random.default_rng(seed)
+    na, nb = rng.integers(1, 41, size=2)
+    shift = rng.uniform(0.0, 8.0) * rng.normal(size=d)
+    Xa = rng.normal(size=(na, d)) * rng.uniform(0.3, 3.0, size=d)
+    Xb = rng.normal(size=(nb, d)) * rng.uniform(0.3, 3.0, size=d) + shift
+    if cells:
+        Xa, Xb = np.round(4 * Xa), np.round(4 * Xb)
+    X = np.vstack([Xa, Xb])
+    fam = GaussianNW.empirical_bayes(X).as_product()
+    z = np.repeat([0, 1], [na, nb])
+    return fam.stats_of(fam.arrange(X), z, 2), X, fam
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 100_000), d=st.sampled_from([1, 2, 3, 6]), cells=st.booleans())
+def test_the_merged_log_marginal_bound_bounds_it(seed: int, d: int, cells: bool) -> None:
+    """``merged_logdet_lower`` (determinant lemma and Minkowski's inequality) is below the
+    merged clusters' log|T_ab| and ``merged_log_marginal_bound`` with it above their log
+    marginal, from either cluster's factor (1e-9 of the terms for rounding)."""
+    stats, _, fam = _two_clusters(seed, d, cells)
+    p = fam.prior
+    nw, T, m, lmv0, fac = partition._marginal_scratch(stats[0], 2, fam.spec, p)
+    assert nw
+    Ls, inv_diag, ms, means, scal, y, _ = fac
+    for k in range(2):
+        partition._log_marginal(stats[k], fam.spec, p, nw, T, m, lmv0)
+        partition._keep_factor(k, stats[k], p, T, m, fac)
+    s_ab = stats[0] + stats[1]
+    exact = gaussian_nw.log_marginal(s_ab, p)
+    T_ab, m_ab = np.empty((d, d)), np.empty(d)
+    _, ak = gaussian_nw.posterior_inverse_scale(s_ab, p, T_ab, m_ab)
+    logdet_ab = np.linalg.slogdet(T_ab)[1]
+    top, scale = gaussian_nw.merged_log_marginal_bound(s_ab[0], d, p, lmv0)
+    for u, v in ((0, 1), (1, 0)):
+        low = gaussian_nw.merged_logdet_lower(
+            means[v], scal[v, 2], stats[v, 0], Ls[u], inv_diag[u], ms[u], scal[u, 0],
+            scal[u, 1], y,
+        )  # fmt: skip
+        assert low <= logdet_ab + 1e-9 * abs(logdet_ab) + 1e-12
+        bound = top - 0.5 * ak * low
+        assert bound >= exact - 1e-9 * (scale + abs(0.5 * ak * low))
+
+
+def _greedy_merge_reference(stats: np.ndarray, fam: ProductFamily, la: float) -> np.ndarray:
+    """Every pair's ``merge_gap`` recomputed after each merge, the largest positive merged
+    (ties: the first pair in row-major order): the final group of each row."""
+    groups = [[k] for k in range(stats.shape[0])]
+    rows = [r.copy() for r in stats]
+    while True:
+        best, pair = 0.0, None
+        for a in range(len(rows)):
+            for b in range(a + 1, len(rows)):
+                g = partition.merge_gap(rows[a], rows[b], fam.spec, fam.prior, la)
+                if g > best:
+                    best, pair = g, (a, b)
+        if pair is None:
+            break
+        a, b = pair
+        rows[a] = rows[a] + rows[b]
+        groups[a] += groups.pop(b)
+        rows.pop(b)
+    target = np.empty(stats.shape[0], dtype=np.int64)
+    for g, members in enumerate(groups):
+        target[members] = g
+    return target
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 100_000), pieces=st.integers(1, 4), la=st.sampled_from([-2.0, 0.0, 3.0]))
+def test_greedy_merge_is_the_full_evaluations(seed: int, pieces: int, la: float) -> None:
+    """The pairs whose bound proves their gap negative are left out without changing a merge:
+    ``greedy_merge`` merges as the full evaluation of every gap after every merge does, on
+    blobs cut into up to four pieces at random (some pieces far apart, some to rejoin)."""
+    rng = np.random.default_rng(seed)
+    X = blobs(int(rng.integers(4, 13)), seed=seed)
+    fam = gaussian(X)
+    z = rng.integers(0, 3 * pieces, size=X.shape[0])
+    z = np.unique(z, return_inverse=True)[1].astype(np.int64)
+    K = int(z.max()) + 1
+    stats = fam.stats_of(X, z, K)
+    target, _, n_merges = partition.greedy_merge(
+        stats, np.ascontiguousarray(stats[:, 0]), fam.spec, fam.prior, la
+    )
+    want = _greedy_merge_reference(stats, fam, la)
+    np.testing.assert_array_equal(target, want)
+    assert n_merges == K - (int(want.max()) + 1)
 
 
 # -- Bayes K-means --------------------------------------------------------------------------------
