@@ -131,6 +131,10 @@ def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy, ub):
     rows (``gaussian_nw.leading_quad_forms``, a lower bound of it): the class with the highest
     bound is evaluated first, its quadratic form finished (``finish_quad_form``), then every
     class whose bound reaches the best weight so far.
+
+    Returns the arg max for ``greedy`` (the lowest column of the largest weight, as a loop
+    over logw would find it; only the evaluated columns of logw are written), else -1 (every
+    column of logw written).
     """
     n = K + 1
     e0 = d * (d + 1) // 2 + d
@@ -140,7 +144,7 @@ def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy, ub):
             logw[h] = (lognk[h] if h < K else log_alpha) + gaussian_nw.packed_log_predictive(
                 P, h, qv[h], e0
             )
-        return
+        return -1
     rows = gaussian_nw.leading_rows(d)
     gaussian_nw.leading_quad_forms(x, P, n, d, rows, acc, qv)
     gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, ub)
@@ -156,19 +160,21 @@ def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy, ub):
     q = gaussian_nw.finish_quad_form(x, P, top, d, rows, qv[top])
     best = (lognk[top] if top < K else log_alpha) + gaussian_nw.packed_log_predictive(P, top, q, e0)
     logw[top] = best
+    arg = top
     thr = best - 1e-9 * (abs(best) + 1.0)
     for h in range(n):
-        if h == top:
+        if h == top or ub[h] < thr:
             continue
-        if ub[h] >= thr:
-            q = gaussian_nw.finish_quad_form(x, P, h, d, rows, qv[h])
-            w = (lognk[h] if h < K else log_alpha) + gaussian_nw.packed_log_predictive(P, h, q, e0)
-            logw[h] = w
-            if w > best:
-                best = w
-                thr = best - 1e-9 * (abs(best) + 1.0)
-        else:
-            logw[h] = -np.inf
+        q = gaussian_nw.finish_quad_form(x, P, h, d, rows, qv[h])
+        w = (lognk[h] if h < K else log_alpha) + gaussian_nw.packed_log_predictive(P, h, q, e0)
+        logw[h] = w
+        if w > best:
+            best = w
+            arg = h
+            thr = best - 1e-9 * (abs(best) + 1.0)
+        elif w == best and h < arg:
+            arg = h
+    return arg
 
 
 @njit(cache=True, nogil=True)
@@ -439,14 +445,15 @@ def _run(
             log_alpha = math.log(alpha)
             # (b) log [m_{i-1}(h) L_{i,h}(y_i)] and log [alpha L_{i,k+1}(y_i)]
             if fast:
-                _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, not sample, ub)
+                best = _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, not sample, ub)
             else:
                 for h in range(K):
                     logw[h] = lognk[h] + product.log_predictive(x, stats[h], cache[h], spec, prior)
                 logw[K] = log_alpha + product.log_predictive(x, empty_s, empty_c, spec, prior)
+                best = -1
             if sample:
                 best = sample_log_weights(state, logw, K + 1)
-            else:
+            elif best < 0:
                 best = 0
                 for h in range(1, K + 1):
                     if logw[h] > logw[best]:
