@@ -136,7 +136,8 @@ def pack(cache, nk, K, empty_c, prior, d):
 @cuda.jit(device=True)
 def _quad(x, P, C, k, base, d):
     """|W (x - m)|^2 for the lower factor W packed in rows base.. of column k of P (flat, C
-    columns), with b = W m after it (``gaussian_nw.quad_forms``, same order of operations)."""
+    columns), with b = W m after it (``gaussian_nw.quad_forms``' sums, each row's terms in
+    order)."""
     T = d * (d + 1) // 2
     q = 0.0
     e = base

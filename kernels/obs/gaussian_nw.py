@@ -430,7 +430,7 @@ def log_marginal_with(s, p, T, m, lmv0):
 def scatter_logdet(s, p, W):
     """log|S + n H| for the records summarised by s: S their scatter about their mean, H the
     recording cells' variances (module docstring); -inf where it is singular (n <= d, or
-    rounding). W (d, d) is scratch. ``merged_log_marginal_bound``'s second term."""
+    rounding). W (d, d) is scratch. ``merged_logdet_lower``'s second term."""
     d = W.shape[0]
     n = s[0]
     if not n > 0.0:
