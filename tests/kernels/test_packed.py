@@ -205,6 +205,58 @@ def test_leading_rows_bound_the_quadratic_forms_and_finish_to_them(
     assert 1 <= gaussian_nw.leading_rows(d) <= d
 
 
+@settings(max_examples=50, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 40),
+    scale=st.sampled_from([1e-12, 1e-3, 1.0, 1e3, 1e8]),
+)
+def test_the_bounds_are_upper_bounds_of_the_packed_predictives_within_their_slack(
+    seed: int, n: int, scale: float
+) -> None:
+    """``packed_log_predictive_bounds`` (exponent and mantissa from the bits): at least the
+    exact Student-t of every column, by at most 1.3e-5 (nu + d) / 2 plus its rounding margin, on
+    quadratic forms from 0 through powers of two to 1e8 times a spread of scales."""
+    rng = np.random.default_rng(seed)
+    d = 3
+    e0 = d * (d + 1) // 2 + d
+    P = np.zeros((e0 + 3, n))
+    P[e0] = rng.normal(0.0, 50.0, n)
+    P[e0 + 1] = rng.uniform(0.01, 1.0, n)
+    P[e0 + 2] = rng.uniform(2.0, 5e4, n)
+    qv = rng.exponential(scale, n)
+    qv[0] = 0.0
+    if n > 2:
+        qv[1] = 2.0 ** rng.integers(-20, 40) / P[e0 + 1, 1] - 1.0 / P[e0 + 1, 1]
+        qv[1] = max(qv[1], 0.0)
+    ub = np.empty(n)
+    gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, ub)
+    exact = P[e0] - P[e0 + 2] * np.log1p(qv * P[e0 + 1])
+    slack = 1.3e-5 * P[e0 + 2] + 1e-9 * (np.abs(P[e0]) + np.abs(exact)) + 1e-9
+    assert np.all(ub >= exact)
+    assert np.all(ub - exact <= slack)
+
+
+def test_float_bits_are_numpys_views() -> None:
+    """``kernels.arrays.float_bits`` / ``bits_float``: the int64 view of a float64 and back,
+    as NumPy's ``view`` gives them, for signs, zeros, subnormals, infinities and NaN."""
+    from numba import njit
+
+    from kernels.arrays import bits_float, float_bits
+
+    @njit
+    def both(x, out_bits, out_back):
+        for i in range(x.shape[0]):
+            out_bits[i] = float_bits(x[i])
+            out_back[i] = bits_float(out_bits[i])
+
+    x = np.array([0.0, -0.0, 1.0, -2.5, 5e-324, 1e308, np.inf, -np.inf, np.nan, 3.14159])
+    bits, back = np.empty(x.shape[0], dtype=np.int64), np.empty(x.shape[0])
+    both(x, bits, back)
+    np.testing.assert_array_equal(bits, x.view(np.int64))
+    np.testing.assert_array_equal(back.view(np.int64), x.view(np.int64))
+
+
 def test_a_borrowed_array_is_the_same_array_without_an_owner() -> None:
     """``kernels.arrays.borrowed``: the same data, shape and strides (writes go through to the
     owner's array, a row view reads the owner's row), in a jitted function."""
