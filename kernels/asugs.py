@@ -148,8 +148,9 @@ def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy, ub):
     rows = gaussian_nw.leading_rows(d)
     gaussian_nw.leading_quad_forms(x, P, n, d, rows, acc, qv)
     gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, ub)
-    # the prior terms added without a branch, then the arg max: one loop of both was a
-    # branch per column that did not vectorise (35-40 ns of 21 columns, 10-15 after)
+    # the prior terms added without a branch, then the arg max: one loop of both took a
+    # branch per column and did not vectorise (38 ns a record for the 19 columns of the
+    # 20-cluster benchmark's stream)
     for h in range(K):
         ub[h] += lognk[h]
     ub[K] += log_alpha

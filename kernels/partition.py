@@ -109,16 +109,16 @@ def merge_gap(sa, sb, spec, prior, log_alpha):
 # the same values); 684 ns a log marginal before, for d = 10 (ASUGS-PM's rounds, issue 38). Each
 # cluster's posterior factor and scatter determinant are kept (``_keep_factor``, O(d^3) a
 # cluster), and a pair whose gap an upper bound from either cluster's factor proves negative
-# (``gaussian_nw.merged_log_marginal_bound``: O(d^2) and one log gamma) gets -inf without its
-# merged log marginal: such a pair never merges, so the merges are those of the full
-# evaluation. An ASUGS-PM round's greedy_merge of 18 clusters of d = 10 (the 20-cluster
+# (``gaussian_nw.merged_logdet_lower``, O(d^2), in ``merged_log_marginal_bound``, one log gamma)
+# gets -inf without its merged log marginal: such a pair never merges, so the merges are those
+# of the full evaluation. An ASUGS-PM round's greedy_merge of 18 clusters of d = 10 (the 20-cluster
 # benchmark): 101 us before, 58 us with the bound and ``_merges``' borrowed arrays.
 @njit(cache=True, nogil=True)
 def _marginal_scratch(row, K, spec, prior):
     """(Normal-Wishart only, T (d, d), m (d,), log Gamma_d(a0 / 2), the clusters' factors
     ``fac``: L (K, d, d), the inverses of its diagonal (K, d), m_k (K, d), the means (K, d),
-    c_k (K,), log|T_k| (K,), log|S_k + n_k H| (K,), scratch (d,) and (d, d)) for K rows like
-    row (S,)."""
+    (c_k, log|T_k|, log|S_k + n_k H|) (K, 3), scratch (d,) and (d, d)) for K rows like row
+    (S,)."""
     nw = spec.shape[0] == 1 and spec[0, product.CODE] == product.GAUSSIAN_NW
     d = gaussian_nw.dim_of_stats(row) if nw else 0
     lmv0 = gaussian_nw.log_marginal_prior_term(prior, d) if nw else 0.0
