@@ -123,10 +123,10 @@ def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy, ub):
     """log [m(h) L_{i,h}(y_i)] for h < K and log [alpha L_{i,K+1}(y_i)] (h = K) into logw
     (eq. 1 times eq. 3, as ``stream`` step (b)).
 
-    For the arg max (``greedy``) a class is skipped (-inf) when an upper bound of its weight is
-    below the weight of a class already evaluated; the margin 1e-9 (|best| + 1) covers
-    rounding, so the arg max (ties included) is that of the full evaluation. The bound is that
-    of ``gaussian_nw.packed_log_predictive_bounds`` (no logarithm, within about
+    For the arg max (``greedy``) a class is skipped (its weight not computed) when an upper
+    bound of it is below the weight of a class already evaluated; the margin 1e-9 (|best| + 1)
+    covers rounding, so the arg max (ties included) is that of the full evaluation. The bound
+    is that of ``gaussian_nw.packed_log_predictive_bounds`` (no logarithm, within about
     1.3e-5 (nu + d) / 2 of the predictive; ub its scratch) on the quadratic form's leading
     rows (``gaussian_nw.leading_quad_forms``, a lower bound of it): the class with the highest
     bound is evaluated first, its quadratic form finished (``finish_quad_form``), then every

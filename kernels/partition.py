@@ -112,21 +112,18 @@ def merge_gap(sa, sb, spec, prior, log_alpha):
 # (``gaussian_nw.merged_logdet_lower``, O(d^2), in ``merged_log_marginal_bound``, one log gamma)
 # gets -inf without its merged log marginal: such a pair never merges, so the merges are those
 # of the full evaluation. An ASUGS-PM round's greedy_merge of 18 clusters of d = 10 (the 20-cluster
-# benchmark): 101 us before, 58 us with the bound and ``_merges``' borrowed arrays.
+# benchmark): 101 us before, 53-58 us with the bound and ``_merges``' borrowed arrays.
 @njit(cache=True, nogil=True)
 def _marginal_scratch(row, K, spec, prior):
     """(Normal-Wishart only, T (d, d), m (d,), log Gamma_d(a0 / 2), the clusters' factors
-    ``fac``: L (K, d, d), the inverses of its diagonal (K, d), m_k (K, d), the means (K, d),
-    (c_k, log|T_k|, log|S_k + n_k H|) (K, 3), scratch (d,) and (d, d)) for K rows like row
-    (S,)."""
+    ``fac``: L (K, d, d), m_k (K, d), (c_k, log|T_k|, log|S_k + n_k H|) (K, 3), scratch (d,)
+    and (d, d)) for K rows like row (S,)."""
     nw = spec.shape[0] == 1 and spec[0, product.CODE] == product.GAUSSIAN_NW
     d = gaussian_nw.dim_of_stats(row) if nw else 0
     lmv0 = gaussian_nw.log_marginal_prior_term(prior, d) if nw else 0.0
     kf = K if nw else 0
     fac = (
         np.empty((kf, d, d)),
-        np.empty((kf, d)),
-        np.empty((kf, d)),
         np.empty((kf, d)),
         np.empty((kf, 3)),
         np.empty(d),
@@ -153,19 +150,17 @@ _SCATTER = 2
 def _keep_factor(k, s, prior, T, m, fac):
     """Row k of the factors ``fac`` from the T (its Cholesky factor) and m that
     ``_log_marginal`` of the statistics s (n > 0) just left."""
-    Ls, inv_diag, ms, means, scal, _, W = fac
+    Ls, ms, scal, y, W = fac
     d = m.shape[0]
     ld = 0.0
     for i in range(d):
         ms[k, i] = m[i]
-        means[k, i] = s[1 + i] / s[0]
-        inv_diag[k, i] = 1.0 / T[i, i]
         ld += 2.0 * math.log(T[i, i])
         for j in range(d):
             Ls[k, i, j] = T[i, j]
     scal[k, _CK] = prior[d] + s[0]
     scal[k, _LOGDET] = ld
-    scal[k, _SCATTER] = gaussian_nw.scatter_logdet(s, prior, W)
+    scal[k, _SCATTER] = gaussian_nw.scatter_logdet(s, prior, W, y)
 
 
 @njit(cache=True, nogil=True)
@@ -177,18 +172,17 @@ def _merge_gap(a, b, sa, sb, lma, lmb, scratch, spec, prior, log_alpha, nw, T, m
         return merge_gap_cached(sa, sb, lma, lmb, scratch, spec, prior, log_alpha)
     alloc = crp.merge_gap(sa[0], sb[0], log_alpha)
     if sa[0] > 0.0 and sb[0] > 0.0:
-        Ls, inv_diag, ms, means, scal, y, _ = fac
+        Ls, ms, scal, y, _ = fac
         n_ab = sa[0] + sb[0]
         half_a = 0.5 * (prior[m.shape[0] + 1] + n_ab)
         top, scale = gaussian_nw.merged_log_marginal_bound(n_ab, m.shape[0], prior, lmv0)
         top += alloc - lma - lmb
         scale += abs(alloc) + abs(lma) + abs(lmb) + 1.0
         for side in range(2):
-            u, v, nv = (a, b, sb[0]) if side == 0 else (b, a, sa[0])
+            u, v, sv = (a, b, sb) if side == 0 else (b, a, sa)
             low = gaussian_nw.merged_logdet_lower(
-                means[v], scal[v, _SCATTER], nv, Ls[u],
-                inv_diag[u], ms[u], scal[u, _CK], scal[u, _LOGDET], y,
-            )  # fmt: skip
+                sv, scal[v, _SCATTER], Ls[u], ms[u], scal[u, _CK], scal[u, _LOGDET], y
+            )
             t = half_a * low
             if top - t < -1e-8 * (scale + abs(t)):
                 return -np.inf, 0.0
@@ -214,7 +208,6 @@ def _merges(
     )  # fmt: skip
     fac = (
         borrowed(fac[0]), borrowed(fac[1]), borrowed(fac[2]), borrowed(fac[3]), borrowed(fac[4]),
-        borrowed(fac[5]), borrowed(fac[6]),
     )  # fmt: skip
     K = work.shape[0]
     for k in range(K):

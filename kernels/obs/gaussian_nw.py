@@ -427,19 +427,20 @@ def log_marginal_with(s, p, T, m, lmv0):
 
 
 @njit(cache=True, nogil=True)
-def scatter_logdet(s, p, W):
-    """log|S + n H| for the records summarised by s: S their scatter about their mean, H the
-    recording cells' variances (module docstring); -inf where it is singular (n <= d, or
-    rounding). W (d, d) is scratch. ``merged_logdet_lower``'s second term."""
+def scatter_logdet(s, p, W, mean):
+    """log|S + n H| for the records summarised by s: S their scatter about their mean (n times
+    ``moments``' covariance), H the recording cells' variances (module docstring); -inf where it
+    is singular (n <= d, or rounding). W (d, d) and mean (d,) are scratch.
+    ``merged_logdet_lower``'s second term."""
     d = W.shape[0]
     n = s[0]
     if not n > 0.0:
         return -np.inf
-    base = 1 + d
+    moments(s, p, mean, W)
     base_h = d + 3 + d * d
     for i in range(d):
         for j in range(d):
-            W[i, j] = s[base + i * d + j] - s[1 + i] * s[1 + j] / n
+            W[i, j] *= n
         W[i, i] += n * p[base_h + i]
     if not cholesky_inplace(W):
         return -np.inf
@@ -450,10 +451,10 @@ def scatter_logdet(s, p, W):
 
 
 @njit(cache=True, nogil=True)
-def merged_logdet_lower(mean_b, sd_b, nb, L, inv_diag, m, ck, logdet, y):
+def merged_logdet_lower(sb, sd_b, L, m, ck, logdet, y):
     """A lower bound of log|T_ab|, the posterior inverse scale of two clusters' records merged,
-    from cluster a's posterior (the Cholesky factor L of T_a, m_a, c_a, log|T_a|) and b's mean,
-    size and ``scatter_logdet``: O(d^2) where log|T_ab| itself is O(d^3).
+    from cluster a's posterior (the Cholesky factor L of T_a, m_a, c_a, log|T_a|) and b's
+    statistics and ``scatter_logdet``: O(d^2) where log|T_ab| itself is O(d^3).
 
     T_a is T0 plus the scatter of a's records and c0 pseudo-records at m0 about their mean m_a,
     plus n_a H. Merged with b's records, that scatter gains b's own scatter S_b and the between
@@ -465,13 +466,12 @@ def merged_logdet_lower(mean_b, sd_b, nb, L, inv_diag, m, ck, logdet, y):
 
     Parameters
     ----------
-    mean_b : ndarray of shape (d,)
+    sb : ndarray of shape (1 + d + d^2,)
+        Statistics of cluster b (n_b > 0).
     sd_b : float
-        ``scatter_logdet`` of b (-inf: singular).
-    nb : float
-        n_b > 0.
+        ``scatter_logdet`` of sb (-inf: singular).
     L : ndarray of shape (d, d)
-        Lower Cholesky factor of T_a; inv_diag (d,) the inverses of its diagonal.
+        Lower Cholesky factor of T_a.
     m : ndarray of shape (d,)
         m_a.
     ck, logdet : float
@@ -483,13 +483,14 @@ def merged_logdet_lower(mean_b, sd_b, nb, L, inv_diag, m, ck, logdet, y):
     float
     """
     d = m.shape[0]
+    nb = sb[0]
     beta = ck * nb / (ck + nb)
     q = 0.0
     for i in range(d):
-        acc = m[i] - mean_b[i]
+        acc = m[i] - sb[1 + i] / nb
         for j in range(i):
             acc -= L[i, j] * y[j]
-        y[i] = acc * inv_diag[i]
+        y[i] = acc / L[i, i]
         q += y[i] * y[i]
     r1 = (logdet + math.log1p(beta * q)) / d
     r2 = sd_b / d

@@ -168,12 +168,9 @@ def auto_kind(s: pd.Series) -> str:
     vals = s.to_numpy()
     # a NumPy float column's holes are its NaN: np.isnan, a tenth of pandas' isna's time (half
     # of ``Schema.infer``'s on 200,000 x 10 records); pandas' own float dtypes ask pandas
-    holes = (
-        (np.isnan(vals).any() if isinstance(dt, np.dtype) else s.isna().any())
-        if pd.api.types.is_float_dtype(dt)
-        else False
-    )
-    if holes:
+    if pd.api.types.is_float_dtype(dt) and (
+        np.isnan(vals).any() if isinstance(dt, np.dtype) else s.isna().any()
+    ):
         # a CSV reader turns an integer column with an empty cell into floats: the values
         # present decide, as they would have without the holes
         vals = vals[~np.isnan(vals)]
