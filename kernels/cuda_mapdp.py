@@ -39,7 +39,6 @@ from numba import float64, njit
 
 from kernels.cuda_device import import_cuda, simulated
 from kernels.obs import gaussian_nw
-from kernels.special import LOG_PI
 
 cuda = import_cuda()
 
@@ -94,28 +93,12 @@ def pack(cache, nk, K, empty_c, prior, d):
         P[e0 + 6, k] = ck / c1 if c1 > 0.0 else np.nan
         if n - 1.0 <= 0.5:
             continue
+        P[e0 + 8, k] = 0.5 * (ak - 1.0)
         if not cells:
-            nu = ak - d
-            P[e0 + 7, k] = (
-                math.lgamma(0.5 * (nu + d))
-                - math.lgamma(0.5 * nu)
-                - 0.5 * d * (math.log(nu) + LOG_PI)
-                + 0.5 * d * math.log(c1 * nu / (c1 + 1.0))
-                - 0.5 * c[t + 2]
-            )
-            P[e0 + 8, k] = 0.5 * (nu + d - 1.0)
+            P[e0 + 7, k] = gaussian_nw.loo_constant(c, d)
             continue
         e = t + 4
-        logdet_g = c[e + d * d]
-        P[e0 + 7, k] = (
-            -0.5 * d * LOG_PI
-            + math.lgamma(0.5 * ak)
-            - math.lgamma(0.5 * (ak - d))
-            - 0.5 * ak * c[e + d * d + 1]
-            + 0.5 * (ak - 1.0) * logdet_g
-            + 0.5 * d * (math.log(c1) - math.log(ck))
-        )
-        P[e0 + 8, k] = 0.5 * (ak - 1.0)
+        P[e0 + 7, k] = gaussian_nw.loo_cells_constant(c, d)
         # V and b = V m_k packed as U and b are (a NaN V leaves the constant NaN: unsure)
         o = d * d
         r = w0

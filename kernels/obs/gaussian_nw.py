@@ -54,7 +54,7 @@ import numpy as np
 from numba import njit
 
 from kernels.arrays import bits_float, float_bits
-from kernels.special import LOG_PI, lmvgamma
+from kernels.special import LOG_PI, lmvgamma, log_gamma_ratio
 
 
 @njit(cache=True, nogil=True)
@@ -223,12 +223,12 @@ def _finish_constants(c, d, ck, ak, logdet, logdet_t):
     c[o] = ck
     c[o + 1] = ak
     c[o + 2] = logdet
-    nu = ak - d + 1.0
+    # Gamma((nu + d) / 2) / Gamma(nu / 2) (pi nu)^(-d / 2) |Lambda|^(1 / 2) with Lambda =
+    # c nu / (c + 1) B: the powers of nu cancel
     c[o + 3] = (
-        math.lgamma(0.5 * (nu + d))
-        - math.lgamma(0.5 * nu)
-        - 0.5 * d * (math.log(nu) + LOG_PI)
-        + 0.5 * (d * math.log(ck * nu / (ck + 1.0)) - logdet)
+        log_gamma_ratio(0.5 * (ak - d + 1.0), d, ck / (ck + 1.0))
+        - 0.5 * d * LOG_PI
+        - 0.5 * logdet
         + 0.5 * ak * (logdet_t - logdet)
     )
 
@@ -321,14 +321,7 @@ def _loo_with_cells(x, c, d):
     one_minus = 1.0 - (ck / c1) * r
     if not one_minus > 0.0:
         return np.nan
-    return (
-        -0.5 * d * LOG_PI
-        + math.lgamma(0.5 * ak)
-        - math.lgamma(0.5 * (ak - d))
-        - 0.5 * ak * c[e + d * d + 1]
-        + 0.5 * (ak - 1.0) * (logdet_g + math.log(one_minus))
-        + 0.5 * d * (math.log(c1) - math.log(ck))
-    )
+    return loo_cells_constant(c, d) + 0.5 * (ak - 1.0) * math.log(one_minus)
 
 
 @njit(cache=True, nogil=True)
@@ -545,15 +538,7 @@ def log_predictive_loo(x, s, c, p, cells=None):
     one_minus = 1.0 - (ck / c1) * r
     if not one_minus > 0.0:
         return np.nan
-    nu = ak - 1.0 - d + 1.0
-    return (
-        math.lgamma(0.5 * (nu + d))
-        - math.lgamma(0.5 * nu)
-        - 0.5 * d * (math.log(nu) + LOG_PI)
-        + 0.5 * d * math.log(c1 * nu / (c1 + 1.0))
-        - 0.5 * c[t + 2]
-        + 0.5 * (nu + d - 1.0) * math.log(one_minus)
-    )
+    return loo_constant(c, d) + 0.5 * (ak - 1.0) * math.log(one_minus)
 
 
 @njit(cache=True, nogil=True)
@@ -562,22 +547,44 @@ def loo_constants(c, d, out):
     alone, for a sweep that scores many of its members: out[0] the sum of the terms before the
     record's, out[1] = (nu + d - 1) / 2 and out[2] = beta = c_k / (c_k - 1), so that
     ``log_predictive_loo(x) = out[0] + out[1] log(1 - out[2] r)`` with r = ``_mahalanobis(x, c,
-    d)``: the same operations in the same order, two lgamma and three log saved per record.
+    d)``: the same operations in the same order, the constant's logarithms saved per record.
     Only for a cluster of two records or more (nu > 0)."""
     t = _tail(d)
     ck = c[t]
-    ak = c[t + 1]
-    c1 = ck - 1.0
-    nu = ak - 1.0 - d + 1.0
-    out[0] = (
-        math.lgamma(0.5 * (nu + d))
-        - math.lgamma(0.5 * nu)
-        - 0.5 * d * (math.log(nu) + LOG_PI)
-        + 0.5 * d * math.log(c1 * nu / (c1 + 1.0))
+    out[0] = loo_constant(c, d)
+    out[1] = 0.5 * (c[t + 1] - 1.0)
+    out[2] = ck / (ck - 1.0)
+
+
+@njit(cache=True, nogil=True)
+def loo_constant(c, d):
+    """The Student-t constant of ``log_predictive_loo`` (without recording cells): Appendix B's
+    with c' = c_k - 1, a' = a_k - 1 and |T'| = |T_k| (1 - beta r) but for the last factor,
+    whose logarithm the caller adds times (a_k - 1) / 2 (the powers of nu cancel as in
+    ``_finish_constants``). Only for a cluster of two records or more."""
+    t = _tail(d)
+    ck = c[t]
+    return (
+        log_gamma_ratio(0.5 * (c[t + 1] - d), d, (ck - 1.0) / ck)
+        - 0.5 * d * LOG_PI
         - 0.5 * c[t + 2]
     )
-    out[1] = 0.5 * (nu + d - 1.0)
-    out[2] = ck / c1
+
+
+@njit(cache=True, nogil=True)
+def loo_cells_constant(c, d):
+    """``loo_constant`` under B.1' (``_loo_with_cells``): |T'|^(a' / 2) from log|G_k| and
+    |T_k|^(a_k / 2) from log|T_k| (NaN when G_k had no factor)."""
+    t = _tail(d)
+    e = t + 4
+    ck = c[t]
+    ak = c[t + 1]
+    return (
+        log_gamma_ratio(0.5 * (ak - d), d, (ck - 1.0) / ck)
+        - 0.5 * d * LOG_PI
+        - 0.5 * ak * c[e + d * d + 1]
+        + 0.5 * (ak - 1.0) * c[e + d * d]
+    )
 
 
 # The packed, cluster-major copy of the predictives: column h of P (d (d + 1) / 2 + d + 3 rows)
