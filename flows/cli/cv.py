@@ -116,7 +116,7 @@ def add_cv_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=_positive_int,
         default=DEFAULT_CHUNK_ROWS,
         metavar="N",
-        help=f"rows per chunk of the dataset store (default {DEFAULT_CHUNK_ROWS:,})",
+        help=f"rows per chunk of the dataset store at most (default {DEFAULT_CHUNK_ROWS:,})",
     )
     p.add_argument(
         "--data-dir",

@@ -52,6 +52,7 @@ from pipeline.data.store import (
     Moments,
     Store,
     StoreInfo,
+    balanced_chunk_rows,
     check_folds,
     holdout_mask_of,
 )
@@ -238,7 +239,9 @@ def ingest(
     family : "auto", kind name, {column: kind} mapping, Family or ProductFamily
         As ``MAPDP(family=...)``. The kinds are inferred from the first piece of the input.
     chunk_rows : int
-        Rows per chunk of the store (one task per chunk and pass later).
+        Rows per chunk of the store at most (one task per chunk and pass later): without a
+        group column, 32 chunks or more are made a few rows shorter so that their count
+        divides evenly among power-of-two worker counts (``balanced_chunk_rows``).
     holdout : float in [0, 1)
         Fraction of rows held out (hash of the row index, or of the group code).
     prior_sample : int
@@ -291,6 +294,11 @@ def ingest(
     if group_column is not None and group_column == label_column:
         raise ValueError(f"the group column and the label column are both {group_column!r}")
     src = open_source(source, chunk_rows)
+    if src.aligned and group_column is None:
+        rows = balanced_chunk_rows(sum(int(p.n or 0) for p in src.pieces), chunk_rows)
+        if rows != chunk_rows:
+            chunk_rows = rows
+            src = open_source(source, chunk_rows)
     first, from_frame = read_piece(src.pieces[0], None)
     if first.shape[0] == 0:
         raise InputError(f"{src.pieces[0].label}: {NO_ROWS}")
@@ -377,6 +385,7 @@ def ingest(
         ends = np.cumsum(counts)
         starts = ends - np.asarray(counts)
         if group_column is None:
+            chunk_rows = balanced_chunk_rows(n_rows, chunk_rows)
             store.create_arrays(n_rows, D, chunk_rows, labels=labels, dtype=dtype)
             rate = min(1.0, prior_sample / max(n_rows * (1.0 - holdout), 1.0))
             futs = []

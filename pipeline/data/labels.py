@@ -16,7 +16,15 @@ from numpy.typing import NDArray
 
 from pipeline.core import storage
 from pipeline.core.persist import register
-from pipeline.data.store import PLOT_SALT, BoolArray, StoreInfo, record_codec, row_uniform
+from pipeline.data.store import (
+    PLOT_SALT,
+    BoolArray,
+    StoreInfo,
+    read_rows,
+    record_codec,
+    row_uniform,
+    write_rows,
+)
 from pipeline.families import FloatArray
 
 IntArray = NDArray[np.int64]
@@ -55,16 +63,16 @@ def emit_chunk(
     at rows a.. of the ``labels`` group; its write-out summary (sums, picture sample and the
     contingency triples against the true labels ``y`` when ``has_y``)."""
     b = a + X.shape[0]
-    zarr.open_array(f"{labels}/label", mode="r+")[a:b] = label
-    zarr.open_array(f"{labels}/log_density", mode="r+")[a:b] = logdens
-    zarr.open_array(f"{labels}/holdout", mode="r+")[a:b] = hold
+    write_rows(f"{labels}/label", a, b, label)
+    write_rows(f"{labels}/log_density", a, b, logdens)
+    write_rows(f"{labels}/holdout", a, b, hold)
     if storage.location(f"{labels}/row").exists():
-        rows = zarr.open_array(f"{store}/row", mode="r")[a:b]
-        zarr.open_array(f"{labels}/row", mode="r+")[a:b] = rows
+        rows = read_rows(f"{store}/row", a, b)
+        write_rows(f"{labels}/row", a, b, rows)
     pick = row_uniform(np.arange(a, b), PLOT_SALT) < plot_rate
     pairs = None
     if has_y:
-        y = np.asarray(zarr.open_array(f"{store}/y", mode="r")[a:b], dtype=np.int64)
+        y = np.asarray(read_rows(f"{store}/y", a, b), dtype=np.int64)
         both, counts = np.unique(np.vstack([y, label]), axis=1, return_counts=True)
         pairs = np.vstack([both, counts.astype(np.int64)])
     return WriteResult(

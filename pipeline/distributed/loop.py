@@ -53,10 +53,23 @@ def submit_chunks(client: Any, engine: Engine, ctx: RunContext, msg_f: Any) -> l
     (futures all the way: the state goes from worker to worker, not through the driver)."""
     data, st = str(ctx.data.path), str(ctx.state.path)
     if not engine.sequential:
-        return [
-            client.submit(chunk_task, engine.name, data, st, c, a, b, msg_f, pure=False)
-            for c, a, b in iter_chunks(ctx.info)
-        ]
+        # one map, not a submit per chunk: the driver's side of a pass of 112 chunks took
+        # 40-50 ms one by one and 3-17 ms as one map (2-core machine)
+        cs, as_, bs = zip(*iter_chunks(ctx.info), strict=True)
+        k = len(cs)
+        return list(
+            client.map(
+                chunk_task,
+                [engine.name] * k,
+                [data] * k,
+                [st] * k,
+                cs,
+                as_,
+                bs,
+                [msg_f] * k,
+                pure=False,
+            )
+        )
     futs = []
     msg = msg_f
     for c, a, b in iter_chunks(ctx.info):

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import zarr
 
-from pipeline.data.store import iter_chunks
+from pipeline.data.store import iter_chunks, read_rows, write_rows
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.engines.mixture_state import IntArray, PassState, current_labels
 from pipeline.families import FloatArray, ProductFamily
@@ -78,7 +77,7 @@ def _split_chunk_task(data: str, state: str, c: int, a: int, b: int, msg: SplitI
     chunk = Chunk(data, state, c, a, b, 0)
     X = chunk.X
     if msg.fill_buffer is not None:
-        filled = zarr.open_array(f"{state}/{msg.fill_buffer}", mode="r")[a:b]
+        filled = read_rows(f"{state}/{msg.fill_buffer}", a, b)
         X = np.where(np.isnan(X), np.asarray(filled), X)
     z = current_labels(chunk, msg, msg.buffer)
     m = z >= 0
@@ -88,7 +87,7 @@ def _split_chunk_task(data: str, state: str, c: int, a: int, b: int, msg: SplitI
     j = (msg.cuts[zk] < t[:, None]).sum(axis=1) if msg.cuts.shape[1] else np.zeros(zk.shape[0])
     sub[m] = msg.base[zk] + j.astype(np.int64)
     stats = Stats.of(msg.family, X, sub, msg.n_sub)
-    zarr.open_array(f"{state}/{msg.out_buffer}", mode="r+")[a:b] = sub
+    write_rows(f"{state}/{msg.out_buffer}", a, b, sub)
     return c, stats
 
 

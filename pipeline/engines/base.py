@@ -32,9 +32,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
-import zarr
 
-from pipeline.data.store import read_rows
+from pipeline.data.store import read_rows, write_rows
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -110,12 +109,12 @@ class Chunk:
     def previous(self, name: str) -> np.ndarray:
         """The per-record array ``name`` as pass p - 1 wrote it."""
         path = os.path.join(self.state, f"{name}{(self.p - 1) % 2}")
-        return np.asarray(zarr.open_array(path, mode="r")[self.a : self.b])
+        return read_rows(path, self.a, self.b)
 
     def write(self, name: str, values: np.ndarray) -> None:
         """Write this pass's per-record array ``name`` (the other buffer)."""
         path = os.path.join(self.state, f"{name}{self.p % 2}")
-        zarr.open_array(path, mode="r+")[self.a : self.b] = values
+        write_rows(path, self.a, self.b, values)
 
 
 class Engine(ABC):

@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import zarr
 from numpy.typing import NDArray
 
 from pipeline.core.persist import register
 from pipeline.data.labels import PLOT_POINTS, WriteResult
-from pipeline.data.store import StoreInfo, iter_chunks, row_uniform
+from pipeline.data.store import StoreInfo, iter_chunks, read_rows, row_uniform
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.models.mapdp import dpm_predict
@@ -97,7 +96,7 @@ def current_labels(chunk: Chunk, state: Any, buffer: str | None = None) -> IntAr
     """The chunk's labels as the current cluster numbers: ``buffer`` (default: the one the
     previous pass wrote) decoded by ``state``'s ``remap``, ``k_written`` and ``offsets``."""
     name = buffer or f"z{(chunk.p - 1) % 2}"
-    raw = np.asarray(zarr.open_array(os.path.join(chunk.state, name), mode="r")[chunk.a : chunk.b])
+    raw = read_rows(os.path.join(chunk.state, name), chunk.a, chunk.b)
     off = int(state.offsets[chunk.c]) if state.offsets.size else 0
     return decode_labels(raw, state.remap, state.k_written, off)
 

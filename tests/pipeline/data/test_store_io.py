@@ -9,8 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given
+from hypothesis import strategies as st
 
-from pipeline.data.store import Moments, folds_of_uniform, read_rows, record_codec
+from pipeline.data.store import (
+    Moments,
+    balanced_chunk_rows,
+    folds_of_uniform,
+    open_array,
+    read_rows,
+    record_codec,
+    write_rows,
+)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bool", "int16"])
@@ -35,6 +45,74 @@ def test_read_rows_equals_zarr(tmp_path: Path, dtype: str, codec: str) -> None:
         want = np.asarray(arr[a:b])
         assert got.dtype == want.dtype and got.shape == want.shape
         assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int64", "bool", "int16"])
+@pytest.mark.parametrize("codec", ["none", "record"])
+def test_write_rows_equals_zarr(tmp_path: Path, dtype: str, codec: str) -> None:
+    """Rows written by ``write_rows`` (whole chunks and the last chunk's rows directly, other
+    ranges through zarr) read back by zarr and by ``read_rows`` as a NumPy reference holds
+    them; a rewrite of a chunk replaces it whole."""
+    n, cr = 250, 100
+    shape: tuple[int, ...] = (n, 3) if dtype == "float64" else (n,)
+    path = str(tmp_path / "a")
+    zarr.create_array(
+        path,
+        shape=shape,
+        chunks=(cr, *shape[1:]),
+        dtype=dtype,
+        fill_value=-1 if dtype.startswith("int") else 0,
+        compressors=None if codec == "none" else record_codec(),
+    )
+    ref = np.asarray(zarr.open_array(path, mode="r")[:]).copy()
+    rng = np.random.default_rng(1)
+    for a, b in [(0, 100), (200, 250), (100, 200), (30, 70), (0, 100), (150, 260), (100, 150)]:
+        b = min(b, n)
+        vals = (rng.normal(size=(b - a, *shape[1:])) * 5).astype(dtype)
+        write_rows(path, a, b, vals)
+        ref[a:b] = vals
+        assert np.array_equal(np.asarray(zarr.open_array(path, mode="r")[:]), ref)
+        for ra, rb in [(0, 100), (100, 200), (200, 250), (0, 250)]:
+            assert np.array_equal(read_rows(path, ra, rb), ref[ra:rb])
+    assert not [f for f in (tmp_path / "a").rglob("*.tmp")]
+
+
+def test_open_array_sees_an_array_created_again(tmp_path: Path) -> None:
+    """The per-process cache of opened arrays never serves an array that was replaced at the
+    same path (new shape, new chunks, new values)."""
+    path = str(tmp_path / "a")
+    zarr.create_array(path, shape=(10,), chunks=(5,), dtype="int64", fill_value=-1)[:] = 1
+    assert open_array(path, "r") is open_array(path, "r")
+    assert np.array_equal(read_rows(path, 0, 5), np.ones(5))
+    arr = zarr.create_array(
+        path, shape=(12, 2), chunks=(4, 2), dtype="float64", fill_value=0, overwrite=True
+    )
+    arr[:] = 2.0
+    assert open_array(path, "r").shape == (12, 2)
+    assert np.array_equal(read_rows(path, 4, 8), np.full((4, 2), 2.0))
+    open_array(path, "r+")[:4] = 3.0
+    assert np.array_equal(np.asarray(zarr.open_array(path, mode="r")[:4]), np.full((4, 2), 3.0))
+
+
+@given(st.integers(1, 10**9), st.integers(1, 200_000))
+def test_balanced_chunk_rows(n_rows: int, chunk_rows: int) -> None:
+    """At most ``chunk_rows`` rows a chunk; 32 chunks or more: the count rounded up to a
+    multiple of g (the largest power of two at most a quarter of the count), exactly where
+    chunks are not tiny, and never more than that."""
+    rows = balanced_chunk_rows(n_rows, chunk_rows)
+    assert 1 <= rows <= chunk_rows
+    plain = -(-n_rows // chunk_rows)
+    count = -(-n_rows // rows)
+    g = 1 << max(0, (plain // 4).bit_length() - 1)
+    if g < 8:
+        assert rows == chunk_rows
+        return
+    target = -(-plain // g) * g
+    assert count <= target < plain + g
+    # rows = ceil(n / target) gives more than target - target^2 / n chunks: exactly target
+    # once a chunk has at least target rows (1,024 chunks of 97,657 rows for 10^8)
+    if n_rows >= target * target:
+        assert count == target
 
 
 def test_moments_of_equal_numpy_reductions() -> None:
