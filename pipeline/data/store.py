@@ -241,7 +241,7 @@ def _chunk_layout(arr: Any) -> tuple[str, Any] | None:
         return None
     if not arr.compressors:
         return ("raw", None)
-    (comp,) = arr.compressors if len(arr.compressors) == 1 else (None,)
+    comp = arr.compressors[0] if len(arr.compressors) == 1 else None
     if not isinstance(comp, BloscCodec):
         return None
     return (
