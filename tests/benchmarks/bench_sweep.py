@@ -7,8 +7,10 @@ clusters: 200,000 x 10 records, K = 20, visited in a random order, after the fir
 records stay where they are, as in every pass after the first). CPU time of this process, best
 of three. And the distributed passes' scaling with the number of worker processes
 (``BENCH_WORKERS``, default "1,2"; ``BENCH_SCALING_N`` records, default 2,000,000): run it with
-BENCH_WORKERS=2,4,8,16 on a machine with that many cores. ``make bench`` runs both, never
-``make test``."""
+BENCH_WORKERS=2,4,8,16 on a machine with that many cores. With the same counts, the same chunk
+steps in plain processes without Dask (``test_chunk_steps_in_plain_processes``): whether a
+slow-down with more workers is the machine's or the workers'. ``make bench`` runs them all,
+never ``make test``."""
 
 from __future__ import annotations
 
@@ -185,3 +187,72 @@ def test_pass_scaling(tmp_path: Path) -> None:
         f"rows, best of passes 2-{passes} per worker count\n" + table(rows)
     )
     save("pass_scaling", rows)
+
+
+def _chunk_steps(args: tuple[Any, ...]) -> float:
+    """Median seconds of MAP-DP chunk steps over every chunk, ``rounds`` times, on a private
+    copy of the run's state (a process of ``test_chunk_steps_in_plain_processes``)."""
+    import shutil
+
+    from pipeline.data.store import iter_chunks
+    from pipeline.engines import get_engine
+    from pipeline.engines.base import Chunk
+
+    root, i, rounds, ctx, state, start = args
+    own = Path(root) / f"state-{i}"
+    shutil.copytree(Path(root) / "state", own)
+    eng = get_engine("mapdp")
+    msg = eng.pass_input(state, ctx, state.pass_no + 1, None)
+    chunks = list(iter_chunks(ctx.info))
+    data = str(ctx.data.path)
+    eng.chunk_step(Chunk(data, str(own), *chunks[0], msg.p), msg)  # loads the kernels
+    while time.time() < start:  # every process starts timing together
+        time.sleep(0.001)
+    seconds = []
+    for _ in range(rounds):
+        for c in chunks:
+            t0 = time.perf_counter()
+            eng.chunk_step(Chunk(data, str(own), *c, msg.p), msg)
+            seconds.append(time.perf_counter() - t0)
+    return float(np.median(seconds))
+
+
+def test_chunk_steps_in_plain_processes(tmp_path: Path) -> None:
+    """The same MAP-DP chunk steps as a pass's tasks, run in ``BENCH_WORKERS`` processes at
+    once without Dask (a multiprocessing pool, each process on its own copy of the state):
+    whether per-record time grows with the number of busy cores on this machine. Set beside
+    ``test_pass_scaling``'s task ns per record: growth there but not here is the workers'
+    own (on a 16-core machine, 2026-11-27: 35% there, none here)."""
+    import multiprocessing
+
+    from pipeline.core.config import FitParams
+    from pipeline.core.seeds import seed_entropy
+    from pipeline.data.ingest import ingest
+    from pipeline.data.store import Store
+    from pipeline.distributed import loop
+    from pipeline.distributed.client import dask_client
+
+    counts = [int(w) for w in os.environ.get("BENCH_WORKERS", "1,2").split(",")]
+    X, _ = sample_mixture(1_600_000, d=10, k=K, seed=0)
+    with dask_client(n_workers=2, dashboard_address=None, quiet=True) as client:
+        info = ingest(X, Store(tmp_path / "data"), client=client)
+        params = FitParams(engine="mapdp", seed=seed_entropy(0)).checked()
+        ctx = loop.context(Store(tmp_path / "data"), tmp_path / "state", info, params)
+        state = loop.start(client, ctx, resume=False)
+        for _ in range(2):
+            state = loop.run_pass(client, ctx, state)
+    rows: list[dict[str, Any]] = []
+    pool_of = multiprocessing.get_context("forkserver").Pool
+    for w in counts:
+        with pool_of(w) as pool:
+            start = time.time() + 3.0
+            jobs = [(str(tmp_path), f"{w}-{i}", 3, ctx, state, start) for i in range(w)]
+            s = float(np.median(pool.map(_chunk_steps, jobs)))
+        rows.append({"processes": w, "task ns/record": 1e9 * s / info.chunk_rows})
+    for r in rows:
+        r["x first"] = r["task ns/record"] / rows[0]["task ns/record"]
+    print(
+        f"\nMAP-DP chunk steps in plain processes, {info.chunk_rows:,} records a task\n"
+        + table(rows)
+    )
+    save("chunk_steps_plain", rows)
