@@ -16,15 +16,8 @@ from numpy.typing import NDArray
 
 from pipeline.core import storage
 from pipeline.core.persist import register
-from pipeline.data.store import (
-    PLOT_SALT,
-    BoolArray,
-    StoreInfo,
-    read_rows,
-    record_codec,
-    row_uniform,
-    write_rows,
-)
+from pipeline.data.chunk_io import read_rows, record_codec, write_rows
+from pipeline.data.store import PLOT_SALT, BoolArray, StoreInfo, row_uniform
 from pipeline.families import FloatArray
 
 IntArray = NDArray[np.int64]

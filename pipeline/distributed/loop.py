@@ -27,7 +27,8 @@ import zarr
 
 from pipeline.core import storage
 from pipeline.core.config import FitParams
-from pipeline.data.store import Store, StoreInfo, iter_chunks, record_codec
+from pipeline.data.chunk_io import record_codec
+from pipeline.data.store import Store, StoreInfo, iter_chunks
 from pipeline.engines import get_engine
 from pipeline.engines.base import Chunk, Engine, LoopState, RunContext, check_missing
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.data.store import iter_chunks, read_rows, write_rows
+from pipeline.data.chunk_io import read_rows, write_rows
+from pipeline.data.store import iter_chunks
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.engines.mixture_state import IntArray, PassState, current_labels
 from pipeline.families import FloatArray, ProductFamily

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
-from pipeline.data.store import read_rows, write_rows
+from pipeline.data.chunk_io import read_rows, write_rows
 
 if TYPE_CHECKING:
     from collections.abc import Callable

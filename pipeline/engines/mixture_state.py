@@ -13,8 +13,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pipeline.core.persist import register
+from pipeline.data.chunk_io import read_rows
 from pipeline.data.labels import PLOT_POINTS, WriteResult
-from pipeline.data.store import StoreInfo, iter_chunks, read_rows, row_uniform
+from pipeline.data.store import StoreInfo, iter_chunks, row_uniform
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.models.mapdp import dpm_predict

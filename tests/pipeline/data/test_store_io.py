@@ -12,15 +12,8 @@ import zarr
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.data.store import (
-    Moments,
-    balanced_chunk_rows,
-    folds_of_uniform,
-    open_array,
-    read_rows,
-    record_codec,
-    write_rows,
-)
+from pipeline.data.chunk_io import open_array, read_rows, record_codec, write_rows
+from pipeline.data.store import Moments, balanced_chunk_rows, folds_of_uniform
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bool", "int16"])

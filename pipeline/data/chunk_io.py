@@ -1,0 +1,166 @@
+"""Rows of a zarr array read and written by a chunk task (the records it sweeps, the run's label
+buffers, the write-out's labels and densities).
+
+Every chunk task of every pass reads its chunk's records and labels and writes its labels: a
+local array's chunk is read and written here as the chunk's own file where its bytes are plain
+or Blosc-compressed (``record_codec``), instead of through zarr's event loop thread, and each
+array is opened once per process (``open_array``). Everything else goes through zarr.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from numcodecs import Blosc
+from zarr.codecs import BloscCodec, BytesCodec
+
+from pipeline.core import storage
+
+_NATIVE = sys.byteorder
+
+
+def record_codec() -> Any:
+    """The compressor of the per-record arrays a pass rewrites (a run's label buffers, the
+    write-out's labels and densities): LZ4 over bit-shuffled bytes (Blosc). Measured on 100,000
+    int64 labels: written in 1.9 ms and read in 1.4 ms against 3.9 and 2.8 ms with zarr's
+    default Zstandard, for about the same size (66 kB against 70 kB); zarr reads either."""
+    return BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle")
+
+
+# opened arrays of this process: (path, mode) -> (signature of the metadata file, array)
+_OPENED: dict[tuple[str, str], tuple[tuple[int, int, int], Any]] = {}
+
+
+def open_array(path: str, mode: str = "r") -> Any:
+    """``zarr.open_array(path, mode=mode)``, opened once per process for a local array.
+
+    Every chunk task of every pass opens the same few arrays; zarr's open reads and parses the
+    metadata through its event loop thread (about 1 ms each, several per task). A local array
+    is kept while its ``zarr.json`` has the same inode, size and modification time, so an array
+    created again at the same path is opened again. Arrays in object storage are opened each
+    time."""
+    loc = storage.location(path)
+    if not isinstance(loc, Path):
+        return zarr.open_array(path, mode=mode)
+    try:
+        st = os.stat(loc / "zarr.json")
+    except OSError:
+        return zarr.open_array(path, mode=mode)  # zarr's own error, or a group's
+    sig = (st.st_ino, st.st_size, st.st_mtime_ns)
+    key = (str(loc), mode)
+    hit = _OPENED.get(key)
+    if hit is not None and hit[0] == sig:
+        return hit[1]
+    arr = zarr.open_array(path, mode=mode)
+    if len(_OPENED) >= 256:
+        _OPENED.clear()
+    _OPENED[key] = (sig, arr)
+    return arr
+
+
+def _chunk_layout(arr: Any) -> tuple[str, Any] | None:
+    """How a chunk of ``arr`` lies in its file when its tasks can read or write it directly:
+    ("raw", None) for plain native-order bytes, ("blosc", codec) for those bytes compressed by
+    one Blosc codec (``record_codec``, numcodecs' own Blosc, which zarr's codec calls); None
+    for anything else (filters, other codecs, other byte order, chunks across columns)."""
+    if (
+        arr.filters
+        or not isinstance(arr.serializer, BytesCodec)
+        or getattr(arr.serializer.endian, "value", None) not in (None, _NATIVE)
+        or arr.chunks[1:] != arr.shape[1:]
+    ):
+        return None
+    if not arr.compressors:
+        return ("raw", None)
+    comp = arr.compressors[0] if len(arr.compressors) == 1 else None
+    if not isinstance(comp, BloscCodec):
+        return None
+    return (
+        "blosc",
+        Blosc(
+            cname=comp.cname.value,
+            clevel=comp.clevel,
+            shuffle={"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[comp.shuffle.value],
+            blocksize=comp.blocksize,
+            typesize=comp.typesize,
+        ),
+    )
+
+
+def _chunk_file(path: str, arr: Any, a: int, b: int) -> tuple[str, tuple[str, Any]] | None:
+    """The file of the chunk that rows a..b start (a whole chunk, or its first rows) and its
+    layout, where a task may read or write it directly: a local array (``_chunk_layout``);
+    None where zarr must do it."""
+    cr = arr.chunks[0]
+    loc = storage.location(path)
+    if not (isinstance(loc, Path) and b > a and a % cr == 0 and b - a <= cr):
+        return None
+    layout = _chunk_layout(arr)
+    if layout is None:
+        return None
+    key = arr.metadata.encode_chunk_key((a // cr, *(0,) * (arr.ndim - 1)))
+    return os.path.join(loc, *key.split("/")), layout
+
+
+def read_rows(path: str, a: int, b: int) -> np.ndarray:
+    """Rows a..b of the zarr array at ``path``.
+
+    Rows that are one whole stored chunk (or its first rows) of a local array, uncompressed or
+    compressed by Blosc (``_chunk_layout``), are read from the chunk's file: one
+    ``np.fromfile``, or the file's bytes decompressed. zarr's own read copies them three times
+    (file, codec buffer, output) and hands every step to its event loop thread: 3.7-5.4 ms for
+    a 100,000 x 10 float64 chunk against 2.0-2.8 ms (the dataset's X, read by every chunk task
+    of every pass). A chunk never written is its fill value. Anything else (object storage,
+    other codecs, a range across chunks) goes through zarr."""
+    arr = open_array(path, "r")
+    at = _chunk_file(path, arr, a, b)
+    if at is None:
+        return np.asarray(arr[a:b])
+    f, (kind, codec) = at
+    rest = arr.shape[1:]
+    if not os.path.exists(f):
+        # zarr writes no chunk that is all fill value (a chunk of the holdout mask without a
+        # held-out row)
+        return np.full((b - a, *rest), arr.fill_value, dtype=arr.dtype)
+    count = (b - a) * math.prod(rest)
+    if kind == "raw":
+        return np.fromfile(f, dtype=arr.dtype, count=count).reshape(b - a, *rest)
+    out = np.empty((arr.chunks[0], *rest), dtype=arr.dtype)
+    with open(f, "rb") as fh:
+        codec.decode(fh.read(), out=out)
+    return out[: b - a]
+
+
+def write_rows(path: str, a: int, b: int, values: np.ndarray) -> None:
+    """Write ``values`` into rows a..b of the zarr array at ``path``.
+
+    A whole chunk of a local array (or the last chunk's rows: the file holds the whole chunk,
+    the rest its fill value) is encoded here and replaces the chunk's file at once (written
+    beside it, then renamed), so a reader never sees half a chunk and a retried task writes
+    the same file. Each chunk task writes its labels this way every pass: 0.3-0.6 ms against
+    2-3 ms through zarr for 100,000 labels. Anything else goes through zarr."""
+    arr = open_array(path, "r+")
+    at = _chunk_file(path, arr, a, b)
+    cr = arr.chunks[0]
+    if at is None or not (b - a == cr or b == arr.shape[0]):
+        arr[a:b] = values
+        return
+    f, (kind, codec) = at
+    if b - a == cr:
+        full = np.ascontiguousarray(values, dtype=arr.dtype)
+    else:
+        full = np.full((cr, *arr.shape[1:]), arr.fill_value, dtype=arr.dtype)
+        full[: b - a] = values
+    data = full.tobytes() if kind == "raw" else codec.encode(full)
+    os.makedirs(os.path.dirname(f), exist_ok=True)
+    tmp = f"{f}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    os.replace(tmp, f)
