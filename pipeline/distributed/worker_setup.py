@@ -21,6 +21,9 @@ saves 10.8 s of ``dpmm demo`` with an empty numba cache (25.4 s against 36.2 s: 
 process compiles alongside), 0.8 s of a fresh ``dpmm run`` of 1M x 10 records (9.8 s against
 10.6 s, the workers load the kernels while the driver starts) and nothing measurable on a warm
 ``dpmm demo``.
+
+Before the kernels, the preload sets the worker's allocator (``tune_malloc``), so that a chunk
+task's arrays come back from the heap instead of faulting in page by page.
 """
 
 from __future__ import annotations
@@ -315,12 +318,13 @@ def tune_malloc() -> bool:
     glibc's mmap threshold at 128 KiB: each array of a chunk task over that size (the labels,
     the random order, their copies: 800 kB each for 100,000 records) was a new mapping whose
     pages fault in one at a time and are returned at its free. That was 2,200-2,700 page faults
-    and 8-10 ms of system time in every 100,000-record MAP-DP task (46-48 ms of user time),
-    against 2 faults and 2 ms with these settings (2 workers on the 2-core machine, ``getrusage``
-    in the workers around 4 passes of 2,000,000 records), and the pass 15% shorter. Arrays of
-    4 MiB and more (the chunk's records) stay mappings of their own: numpy asks for transparent
-    huge pages for them, which the sweep's random-order reads need (a 64 MiB threshold put them
-    on the heap and made the 16-core machine's tasks slower)."""
+    and 7-12 ms of system time in every 100,000-record MAP-DP task (54-66 ms of CPU in all),
+    against 2 faults and 1.5-2.7 ms (45-55 ms in all) with these settings (2 workers on the
+    2-core machine, ``getrusage`` in the workers around 4 passes of 2,000,000 records, three
+    alternating runs; the passes' wall time moved within that machine's noise). Arrays of 4 MiB
+    and more (the chunk's records) stay mappings of their own: numpy asks for transparent huge
+    pages for them, which the sweep's random-order reads want (a 64 MiB threshold, which put
+    them on the heap, ran the 16-core machine's tasks slower: likely that)."""
     import ctypes
     import ctypes.util
 
