@@ -142,7 +142,9 @@ def test_pass_scaling(tmp_path: Path) -> None:
     chunk tasks' own seconds per record (``task_seconds``: the same work, so it grows only
     when the workers slow each other down) and the driver's share: the pass's seconds minus
     the tasks' seconds over the workers (the scatter, submission, reduce and checkpoint, and
-    the rounds' imbalance)."""
+    the rounds' imbalance); and the workers' page faults and CPU seconds per task over passes
+    2.. (``getrusage`` in each worker: what the preload's allocator settings,
+    ``worker_setup.tune_malloc``, are for)."""
     from pipeline.core.config import FitParams
     from pipeline.core.seeds import seed_entropy
     from pipeline.data.ingest import ingest
@@ -164,8 +166,13 @@ def test_pass_scaling(tmp_path: Path) -> None:
         with dask_client(n_workers=w, dashboard_address=None, quiet=True) as client:
             ctx = loop.context(store, tmp_path / f"state-{w}", info, params)
             state = loop.start(client, ctx, resume=False)
-            for _ in range(passes):
+            state = loop.run_pass(client, ctx, state)
+            before = client.run(_usage)
+            for _ in range(passes - 1):
                 state = loop.run_pass(client, ctx, state)
+            after = client.run(_usage)
+        tasks = info.n_chunks * (passes - 1)
+        used = np.sum([np.subtract(after[a], before[a]) for a in after], axis=0) / tasks
         later = state.history[1:]
         best = min(later, key=lambda h: h["seconds"])
         rows.append(
@@ -177,6 +184,9 @@ def test_pass_scaling(tmp_path: Path) -> None:
                 "best pass M records/s": info.n_train / best["seconds"] / 1e6,
                 "task ns/record": 1e9 * best["task_seconds"] / info.n_train,
                 "driver + imbalance s": best["seconds"] - best["task_seconds"] / w,
+                "faults/task": used[0],
+                "user ms/task": 1e3 * used[1],
+                "sys ms/task": 1e3 * used[2],
             }
         )
     for r in rows:
@@ -187,6 +197,14 @@ def test_pass_scaling(tmp_path: Path) -> None:
         f"rows, best of passes 2-{passes} per worker count\n" + table(rows)
     )
     save("pass_scaling", rows)
+
+
+def _usage() -> tuple[int, float, float]:
+    """This process's minor page faults, user and system CPU seconds (run in each worker)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_minflt, r.ru_utime, r.ru_stime
 
 
 def _chunk_steps(args: tuple[Any, ...]) -> float:
