@@ -142,9 +142,10 @@ def test_pass_scaling(tmp_path: Path) -> None:
     chunk tasks' own seconds per record (``task_seconds``: the same work, so it grows only
     when the workers slow each other down) and the driver's share: the pass's seconds minus
     the tasks' seconds over the workers (the scatter, submission, reduce and checkpoint, and
-    the rounds' imbalance); and the workers' page faults and CPU seconds per task over passes
+    the rounds' imbalance); the workers' page faults and CPU seconds per task over passes
     2.. (``getrusage`` in each worker: what the preload's allocator settings,
-    ``worker_setup.tune_malloc``, are for)."""
+    ``worker_setup.tune_malloc``, are for); and the pass message's broadcast on its own
+    (``scatter ms``: about 2 ms a worker on the 2-core machine, 33 ms for 16 workers there)."""
     from pipeline.core.config import FitParams
     from pipeline.core.seeds import seed_entropy
     from pipeline.data.ingest import ingest
@@ -171,6 +172,7 @@ def test_pass_scaling(tmp_path: Path) -> None:
             for _ in range(passes - 1):
                 state = loop.run_pass(client, ctx, state)
             after = client.run(_usage)
+            scatter = _scatter_seconds(client, ctx, state)
         tasks = info.n_chunks * (passes - 1)
         used = np.sum([np.subtract(after[a], before[a]) for a in after], axis=0) / tasks
         later = state.history[1:]
@@ -187,6 +189,7 @@ def test_pass_scaling(tmp_path: Path) -> None:
                 "faults/task": used[0],
                 "user ms/task": 1e3 * used[1],
                 "sys ms/task": 1e3 * used[2],
+                "scatter ms": 1e3 * scatter,
             }
         )
     for r in rows:
@@ -197,6 +200,21 @@ def test_pass_scaling(tmp_path: Path) -> None:
         f"rows, best of passes 2-{passes} per worker count\n" + table(rows)
     )
     save("pass_scaling", rows)
+
+
+def _scatter_seconds(client: Any, ctx: Any, state: Any, repeats: int = 5) -> float:
+    """Best seconds of the pass message's broadcast to every worker (``loop.run_pass``'s
+    scatter): the one step of a pass's driver side whose work grows with the workers."""
+    from pipeline.engines import get_engine
+
+    msg = get_engine("mapdp").pass_input(state, ctx, state.pass_no + 1, None)
+    best = np.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fut = client.scatter(msg, broadcast=True, hash=False)
+        best = min(best, time.perf_counter() - t0)
+        del fut
+    return float(best)
 
 
 def _usage() -> tuple[int, float, float]:
