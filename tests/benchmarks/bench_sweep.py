@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from distributed import get_task_stream
 from sklearn.cluster import KMeans
 from threadpoolctl import threadpool_limits
 
@@ -145,7 +146,8 @@ def test_pass_scaling(tmp_path: Path) -> None:
     the rounds' imbalance); the workers' page faults and CPU seconds per task over passes
     2.. (``getrusage`` in each worker: what the preload's allocator settings,
     ``worker_setup.tune_malloc``, are for); and the pass message's broadcast on its own
-    (``scatter ms``: about 2 ms a worker on the 2-core machine, 33 ms for 16 workers there)."""
+    (``scatter ms``: about 2 ms a worker on the 2-core machine, 33 ms for 16 workers there);
+    and the last pass taken apart on Dask's task stream (``_pass_parts``)."""
     from pipeline.core.config import FitParams
     from pipeline.core.seeds import seed_entropy
     from pipeline.data.ingest import ingest
@@ -169,9 +171,14 @@ def test_pass_scaling(tmp_path: Path) -> None:
             state = loop.start(client, ctx, resume=False)
             state = loop.run_pass(client, ctx, state)
             before = client.run(_usage)
-            for _ in range(passes - 1):
+            for _ in range(passes - 2):
                 state = loop.run_pass(client, ctx, state)
+            with get_task_stream(client) as stream:
+                t0 = time.time()
+                state = loop.run_pass(client, ctx, state)
+                t1 = time.time()
             after = client.run(_usage)
+            parts = _pass_parts(stream.data, t0, t1)
             scatter = _scatter_seconds(client, ctx, state)
         tasks = info.n_chunks * (passes - 1)
         used = np.sum([np.subtract(after[a], before[a]) for a in after], axis=0) / tasks
@@ -190,6 +197,7 @@ def test_pass_scaling(tmp_path: Path) -> None:
                 "user ms/task": 1e3 * used[1],
                 "sys ms/task": 1e3 * used[2],
                 "scatter ms": 1e3 * scatter,
+                **parts,
             }
         )
     for r in rows:
@@ -200,6 +208,30 @@ def test_pass_scaling(tmp_path: Path) -> None:
         f"rows, best of passes 2-{passes} per worker count\n" + table(rows)
     )
     save("pass_scaling", rows)
+
+
+def _pass_parts(stream: list[dict[str, Any]], t0: float, t1: float) -> dict[str, float]:
+    """Where the last pass's time went besides its tasks, from Dask's task stream (the
+    workers' clocks; one machine): ms from the pass's start to its first task's start (the
+    message's broadcast, the graph's submission and dispatch), between a worker's consecutive
+    tasks on average, from the last task's end to the pass's end (the last result's transfer,
+    the reduce, the checkpoint), and the most tasks one worker ran against the mean."""
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for r in stream:
+        if r["key"].startswith("chunk_task"):
+            for ss in r["startstops"]:
+                if ss["action"] == "compute":
+                    spans.setdefault(r["worker"], []).append((ss["start"], ss["stop"]))
+    gaps = [
+        b[0] - a[1] for v in spans.values() for a, b in zip(sorted(v), sorted(v)[1:], strict=False)
+    ]
+    counts = [len(v) for v in spans.values()]
+    return {
+        "first start ms": 1e3 * (min(a for v in spans.values() for a, _ in v) - t0),
+        "gap ms": 1e3 * float(np.mean(gaps)) if gaps else 0.0,
+        "tail ms": 1e3 * (t1 - max(b for v in spans.values() for _, b in v)),
+        "most tasks / mean": max(counts) / float(np.mean(counts)),
+    }
 
 
 def _scatter_seconds(client: Any, ctx: Any, state: Any, repeats: int = 5) -> float:
