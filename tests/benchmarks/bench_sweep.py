@@ -96,6 +96,10 @@ def test_sweep_records_per_core() -> None:
             est.partial_fit(X[b : b + 20_000])
 
     t_asugs_stream = _cpu_best(asugs_stream)
+    # the same fit on five times the records: its fixed costs (the prior's choice on the first
+    # records, about 20 ms) spread over more of them
+    X_big, _ = sample_mixture(5 * N, d=10, k=K, seed=0)
+    t_asugs_big = _cpu_best(lambda: ASUGS().fit(X_big)) / 5
     # the stream alone (seed 002 Algorithm 1 over the records), with the prior fit chose: what
     # every record costs once the columns are encoded and the prior is picked
     est = ASUGS().fit(X)
@@ -117,6 +121,7 @@ def test_sweep_records_per_core() -> None:
         {"path": "MAP-DP predict (eqs. 3.4-3.5)", "s": t_predict},
         {"path": "Bayes K-means assignment (frozen clusters)", "s": t_assign},
         {"path": "ASUGS().fit, one pass (seed 002, Algorithm 1)", "s": t_asugs},
+        {"path": f"ASUGS().fit on {5 * N:,} records (s per {N:,})", "s": t_asugs_big},
         {"path": "ASUGS().partial_fit, batches of 20,000", "s": t_asugs_stream},
         {"path": "ASUGS stream alone (models.asugs.advance)", "s": t_asugs_kernel},
         {"path": "KMeans.predict, 1 thread (peer)", "s": t_km},
