@@ -25,7 +25,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import zarr
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.cluster import cluster
 from pipeline.core import outputs, storage
@@ -33,10 +32,7 @@ from pipeline.core import outputs, storage
 BIN = Path(sys.executable).parent
 
 
-@pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=None):
-        yield
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 @dataclass

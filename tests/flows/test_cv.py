@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.cli import main
 from flows.cv import run_cv_flow
@@ -20,11 +19,7 @@ from pipeline.estimators.mapdp import MAPDP
 from pipeline.estimators.model import load_model
 from pipeline.ops import cv as pcv
 
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=600):
-        yield
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 def write_blobs(path: Path, n: int = 240, seed: int = 0) -> np.ndarray:

@@ -14,7 +14,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import zarr
-from prefect.testing.utilities import prefect_test_harness
 from sklearn.metrics import normalized_mutual_info_score
 
 from flows.cli import main
@@ -26,12 +25,7 @@ from pipeline.data.sources import REFUSE_HINT
 from pipeline.data.store import Store
 from pipeline.distributed import loop
 
-
-@pytest.fixture(scope="session", autouse=True)
-def prefect_harness():
-    # None: the startup timeout of the settings (tests/conftest.py raises it for busy machines)
-    with prefect_test_harness(server_startup_timeout=None):
-        yield
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 def write_blobs(path: Path, n: int = 1500, seed: int = 0, label: str | None = None) -> np.ndarray:

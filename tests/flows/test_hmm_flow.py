@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 from sklearn.metrics import normalized_mutual_info_score
 
 from flows.cli import main
@@ -19,12 +18,7 @@ from flows.hmm import hmm
 from pipeline.core.paths import temp_sibling
 from tests.pipeline.engines.test_ihmm_engine import sequences_frame
 
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    # the temporary server can take more than the default 30 s to start on a loaded machine
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 LOCAL = {"processes": False, "n_workers": 2, "dashboard_address": None, "progress": False}

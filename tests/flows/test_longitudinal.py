@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 from sklearn.metrics import normalized_mutual_info_score
 
 from flows.cli import main
@@ -21,12 +20,7 @@ from pipeline.core.paths import temp_sibling
 from pipeline.data.synthetic import sample_longitudinal
 from pipeline.estimators.model import load_model
 
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    # the machine may be busy: give the temporary server time to start
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 LOCAL = {"processes": False, "n_workers": 2, "dashboard_address": None, "progress": False}

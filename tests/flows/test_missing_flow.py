@@ -12,7 +12,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import zarr
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.cli import main
 from flows.cluster import cluster
@@ -21,11 +20,7 @@ from pipeline.core.paths import temp_sibling
 from pipeline.estimators.model import load_model
 from tests.flows.test_run_model import write_mixed
 
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 LOCAL = {"processes": False, "n_workers": 2, "dashboard_address": None, "progress": False}

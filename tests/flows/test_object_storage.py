@@ -12,7 +12,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import zarr
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.cli import main
 from flows.cli.app import URL_COMMANDS
@@ -23,11 +22,7 @@ from pipeline.data.store import Store
 from pipeline.distributed import loop
 from pipeline.estimators.model import load_model
 
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=None):
-        yield
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 LOCAL = {"processes": False, "n_workers": 2, "dashboard_address": None, "progress": False}

@@ -11,16 +11,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.cluster import cluster
 from tests.browser import check_page, chromium_or_skip
 
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=None):
-        yield
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 LOCAL = {"processes": False, "n_workers": 1, "dashboard_address": None, "progress": False}

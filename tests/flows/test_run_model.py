@@ -9,18 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import zarr
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.cluster import cluster
 from pipeline.estimators.mapdp import MAPDP
 from pipeline.estimators.model import load_model
 
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    # a generous start-up time: the temporary server starts slowly on a busy machine
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 LOCAL = {"processes": False, "n_workers": 2, "dashboard_address": None, "progress": False}

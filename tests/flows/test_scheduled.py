@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import yaml
 import zarr
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.cli import build_parser, main
 from flows.cli import serve as cli_serve
@@ -25,11 +24,7 @@ LOCAL = {"processes": False, "n_workers": 2, "dashboard_address": None, "progres
 DAYS = ["2026-01-01", "2026-01-02", "2026-01-03"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    # a generous start-up time: the temporary server starts slowly on a busy machine
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 def _partition(root: Path, day: str, seed: int, bad: bool = False) -> None:

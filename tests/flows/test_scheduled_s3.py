@@ -14,7 +14,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import zarr
-from prefect.testing.utilities import prefect_test_harness
 
 from flows.cli import main
 from flows.scheduled import scheduled_clustering
@@ -27,10 +26,7 @@ LOCAL = {"processes": False, "n_workers": 2, "dashboard_address": None, "progres
 DAYS = ["2026-01-01", "2026-01-02", "2026-01-03", "2026-01-04"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 def _partition(tmp_path: Path, root: str, day: str, seed: int, bad: bool = False) -> pd.DataFrame:

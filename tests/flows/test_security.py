@@ -34,14 +34,7 @@ from pipeline.core import outputs
 from pipeline.core.errors import InputError
 from pipeline.core.paths import check_separate, child, safe_name
 
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    # the in-process commands find this API and start no temporary server of their own
-    with prefect_test_harness(server_startup_timeout=None):
-        yield
+pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
 ROOT = Path(__file__).resolve().parents[2]
