@@ -150,9 +150,10 @@ def test_pass_scaling(tmp_path: Path) -> None:
     the tasks' seconds over the workers (the scatter, submission, reduce and checkpoint, and
     the rounds' imbalance); the workers' page faults and CPU seconds per task over passes
     2.. (``getrusage`` in each worker: what the preload's allocator settings,
-    ``worker_setup.tune_malloc``, are for); and the pass message's broadcast on its own
+    ``worker_setup.tune_malloc``, are for); the pass message's broadcast on its own
     (``scatter ms``: about 2 ms a worker on the 2-core machine, 33 ms for 16 workers there);
-    and the last pass taken apart on Dask's task stream (``_pass_parts``)."""
+    and the last pass taken apart on Dask's task stream (``_pass_parts``; the stream's own
+    bookkeeping runs in that pass only)."""
     from pipeline.core.config import FitParams
     from pipeline.core.seeds import seed_entropy
     from pipeline.data.ingest import ingest
