@@ -168,7 +168,9 @@ def _two_clusters(seed: int, d: int, cells: bool) -> tuple[np.ndarray, np.ndarra
 def test_the_merged_log_marginal_bound_bounds_it(seed: int, d: int, cells: bool) -> None:
     """``merged_logdet_lower`` (determinant lemma and Minkowski's inequality) is below the
     merged clusters' log|T_ab| and ``merged_log_marginal_bound`` with it above their log
-    marginal, from either cluster's factor (1e-9 of the terms for rounding)."""
+    marginal, from either cluster's factor (1e-9 of the terms for rounding, plus d kappa eps
+    for log-determinants of matrices of condition number kappa: a prior fitted on six records
+    in d = 6 has an eigenvalue near 1e-9 of the others, and both sides then move by 1e-7)."""
     stats, _, fam = _two_clusters(seed, d, cells)
     p = fam.prior
     nw, T, m, lmv0, fac = partition._marginal_scratch(stats[0], 2, fam.spec, p)
@@ -183,13 +185,15 @@ def test_the_merged_log_marginal_bound_bounds_it(seed: int, d: int, cells: bool)
     _, ak = gaussian_nw.posterior_inverse_scale(s_ab, p, T_ab, m_ab)
     logdet_ab = np.linalg.slogdet(T_ab)[1]
     top, scale = gaussian_nw.merged_log_marginal_bound(s_ab[0], d, p, lmv0)
+    kappa = max(np.linalg.cond(T_ab), *(np.linalg.cond(Ls[k] @ Ls[k].T) for k in range(2)))
+    slack = d * kappa * np.finfo(np.float64).eps
     for u, v in ((0, 1), (1, 0)):
         low = gaussian_nw.merged_logdet_lower(
             stats[v], scal[v, 2], Ls[u], ms[u], scal[u, 0], scal[u, 1], y
         )
-        assert low <= logdet_ab + 1e-9 * abs(logdet_ab) + 1e-12
+        assert low <= logdet_ab + 1e-9 * abs(logdet_ab) + 1e-12 + slack
         bound = top - 0.5 * ak * low
-        assert bound >= exact - 1e-9 * (scale + abs(0.5 * ak * low))
+        assert bound >= exact - 1e-9 * (scale + abs(0.5 * ak * low)) - 0.5 * ak * slack
 
 
 def _greedy_merge_reference(stats: np.ndarray, fam: ProductFamily, la: float) -> np.ndarray:
