@@ -12,8 +12,15 @@ from collections.abc import Iterator
 import dask
 import pytest
 from distributed import Client, LocalCluster
+from hypothesis import settings
 
 from pipeline.distributed.client import PROFILE_KEY
+
+# CI (``.ci/run``: HYPOTHESIS_PROFILE=ci) draws the same examples on every run, so that a failure
+# there is the code's and not a new draw's; other runs draw new examples each time (and keep the
+# ones that fail in .hypothesis/), which is how the property tests keep finding cases
+settings.register_profile("ci", derandomize=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 # Prefect's temporary servers (the test harness's, a subprocess's) give up after 30 s by default;
 # a machine busy with other tests can take longer to start one
