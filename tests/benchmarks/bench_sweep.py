@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -228,9 +229,9 @@ def _pass_parts(stream: list[dict[str, Any]], t0: float, t1: float) -> dict[str,
             for ss in r["startstops"]:
                 if ss["action"] == "compute":
                     spans.setdefault(r["worker"], []).append((ss["start"], ss["stop"]))
-    gaps = [
-        b[0] - a[1] for v in spans.values() for a, b in zip(sorted(v), sorted(v)[1:], strict=False)
-    ]
+    for v in spans.values():
+        v.sort()
+    gaps = [b[0] - a[1] for v in spans.values() for a, b in pairwise(v)]
     counts = [len(v) for v in spans.values()]
     return {
         "first start ms": 1e3 * (min(a for v in spans.values() for a, _ in v) - t0),
