@@ -26,6 +26,7 @@ import zarr
 from pipeline.core import storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE
 from pipeline.core.errors import InputError
+from pipeline.core.tasks import gather
 from pipeline.data.ingest_tasks import (
     Encoder,
     PieceResult,
@@ -659,10 +660,13 @@ def _first_staged_error(src: Source, staged: Sequence[PieceResult]) -> None:
 def _gather(
     client: Any, futs: list[Any], what: str, tell: Callable[[str, int, int], None]
 ) -> list[Any]:
-    from distributed import as_completed
+    """The tasks' results in their order (``pipeline.core.tasks.gather``), telling ``tell``
+    how many have ended as each ends."""
+    ended = 0
 
-    out = []
-    for done, fut in enumerate(as_completed(futs), start=1):
-        out.append(fut.result())
-        tell(what, done, len(futs))
-    return out
+    def on_done(_: int) -> None:
+        nonlocal ended
+        ended += 1
+        tell(what, ended, len(futs))
+
+    return gather(client, futs, on_done)

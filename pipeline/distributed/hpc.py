@@ -129,6 +129,8 @@ def cluster_kwargs(cfg: dict[str, Any], warm: list[str] | None = None) -> dict[s
     """The keyword arguments of the jobqueue cluster for the checked config ``cfg``: one
     single-threaded worker process per core unless ``processes`` says otherwise, the worker
     preload, the engines to warm, a dashboard on 127.0.0.1."""
+    from pipeline.distributed import scheduler_setup
+
     kw = {k: v for k, v in cfg.items() if k not in OWN_KEYS}
     kw.setdefault("processes", int(cfg["cores"]))
     # the scheduler listens on the batch system's network: encrypted and authenticated unless
@@ -156,6 +158,10 @@ def cluster_kwargs(cfg: dict[str, Any], warm: list[str] | None = None) -> dict[s
         "dashboard_address": "127.0.0.1:8787",
         **(kw.get("scheduler_options") or {}),
     }
+    # scheduler_setup's shorter message batches (the scheduler runs in this process)
+    preload = list(kw["scheduler_options"].get("preload") or [])
+    if scheduler_setup.PRELOAD not in preload:
+        kw["scheduler_options"]["preload"] = [*preload, scheduler_setup.PRELOAD]
     return kw
 
 
@@ -201,11 +207,14 @@ def hpc_client(
     import dask
     from distributed import Client
 
+    from pipeline.distributed.scheduler_setup import short_batches
+
     with open_cluster(kind, path, warm) as cluster:
         cluster.scale(jobs=jobs_of(path, kind))
         # the flow opens its own client to the scheduler's address: it finds the credentials
         # in Dask's configuration
         with dask.config.set(client_tls_config(cluster)), Client(cluster) as client:
+            short_batches(getattr(client, "scheduler_comm", None))
             yield client
 
 

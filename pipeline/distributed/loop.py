@@ -16,10 +16,11 @@ checkpoint. The dataset store is only read, so many fits can share it.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -27,6 +28,7 @@ import zarr
 
 from pipeline.core import storage
 from pipeline.core.config import FitParams
+from pipeline.core.tasks import gather
 from pipeline.data.chunk_io import record_codec
 from pipeline.data.store import Store, StoreInfo, iter_chunks
 from pipeline.engines import get_engine
@@ -173,13 +175,21 @@ def clear_checkpoint(ctx: RunContext) -> None:
 # -- passes ---------------------------------------------------------------------------------
 
 
-def bar(progress: bool, total: int, desc: str) -> Any:
-    """A tqdm progress bar on stderr, or None."""
+@contextlib.contextmanager
+def chunk_bar(progress: bool, info: StoreInfo, desc: str) -> Iterator[Callable[[int], None] | None]:
+    """``gather``'s ``on_done`` for one task per chunk (``iter_chunks``' order): a tqdm bar on
+    stderr advanced by chunk i's rows as its task ends, closed after the block; None when
+    ``progress`` is off."""
     if not progress:
-        return None
+        yield None
+        return
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="rec", unit_scale=True, leave=False, file=sys.stderr)
+    bounds = list(iter_chunks(info))
+    with tqdm(
+        total=info.n_rows, desc=desc, unit="rec", unit_scale=True, leave=False, file=sys.stderr
+    ) as bar:
+        yield lambda i: bar.update(bounds[i][2] - bounds[i][1])
 
 
 def run_pass(
@@ -194,8 +204,6 @@ def run_pass(
     every chunk task that changes nothing also writes its rows' labels and eq. 3.4 densities
     there; when the whole pass changed nothing, the write-out has nothing left to do.
     """
-    from distributed import as_completed
-
     from pipeline.data.labels import create_labels
 
     engine = get_engine(ctx.params.engine, ctx.params.device)
@@ -209,15 +217,8 @@ def run_pass(
     msg = engine.pass_input(state, ctx, p, scores_into)
     msg_f = client.scatter(msg, broadcast=not engine.sequential, hash=False)
     futs = submit_chunks(client, engine, ctx, msg_f)
-    progress = bar(ctx.progress, info.n_train, f"pass {p}")
-    results = []
-    for fut in as_completed(futs):
-        r = fut.result()
-        results.append(r)
-        if progress is not None:
-            progress.update(r.n_train)
-    if progress is not None:
-        progress.close()
+    with chunk_bar(ctx.progress, info, f"pass {p}") as on_done:
+        results = gather(client, futs, on_done)
     del msg_f
     new, record = engine.reduce(state, results, ctx, scores_into)
     seconds = time.perf_counter() - t0

@@ -14,6 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pipeline.core import storage
+from pipeline.core.tasks import gather
 from pipeline.data.labels import WriteResult, create_labels
 from pipeline.data.store import StoreInfo, iter_chunks
 from pipeline.families import FloatArray
@@ -86,9 +87,7 @@ def write_out(
     labels_path: storage.Where,
 ) -> WriteSummary:
     """One task per chunk writes ``labels_path`` (zarr group: label, log_density, holdout)."""
-    from distributed import as_completed
-
-    from pipeline.distributed.loop import bar, score_task
+    from pipeline.distributed.loop import chunk_bar, score_task
 
     t0 = time.perf_counter()
     info = ctx.info
@@ -121,16 +120,8 @@ def write_out(
         )
         for c, a, b in iter_chunks(info)
     ]
-    progress = bar(ctx.progress, info.n_rows, "write-out")
-    results: list[WriteResult] = []
-    for fut in as_completed(futs):
-        r = fut.result()
-        results.append(r)
-        if progress is not None:
-            a, b = info.chunk_bounds(r.c)
-            progress.update(b - a)
-    if progress is not None:
-        progress.close()
+    with chunk_bar(ctx.progress, info, "write-out") as on_done:
+        results: list[WriteResult] = gather(client, futs, on_done)
     return summarize_written(results, info, time.perf_counter() - t0)
 
 

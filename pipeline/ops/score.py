@@ -27,6 +27,7 @@ import zarr
 
 from pipeline.core import outputs, storage
 from pipeline.core.outputs import versions, write_json
+from pipeline.core.tasks import gather
 from pipeline.data.labels import WriteResult, create_labels, emit_chunk
 from pipeline.data.store import Store, StoreInfo, iter_chunks
 from pipeline.families import FloatArray, ProductFamily
@@ -115,8 +116,6 @@ def write_scores(
     client: Any, est: Any, info: StoreInfo, partial: storage.Loc, progress: bool = False
 ) -> dict[str, Any]:
     """One task per chunk writes ``partial/labels.zarr``; the summary of what was written."""
-    from distributed import as_completed
-
     t0 = time.perf_counter()
     store = str(partial / "store.zarr")
     labels = str(partial / "labels.zarr")
@@ -130,7 +129,7 @@ def write_scores(
         client.submit(_score_chunk_packed, store, labels, c, a, b, model, pure=False)
         for c, a, b in iter_chunks(info)
     ]
-    results: list[WriteResult] = [fut.result() for fut in as_completed(futs)]
+    results: list[WriteResult] = gather(client, futs)
     n = sum(r.train_n for r in results)
     if progress:
         print(f"write-out: {n:,} records scored", file=sys.stderr)

@@ -153,7 +153,9 @@ def test_pass_scaling(tmp_path: Path) -> None:
     2.. (``getrusage`` in each worker: what the preload's allocator settings,
     ``worker_setup.tune_malloc``, are for); the pass message's broadcast on its own
     (``scatter ms``: about 2 ms a worker on the 2-core machine, 33 ms for 16 workers there);
-    and the last pass taken apart on Dask's task stream (``_pass_parts``; the stream's own
+    the CPU the driver's process (the client, and the scheduler it runs) spends per chunk task
+    (``driver CPU ms/task``: the one serial resource of a pass, which must keep up with the
+    tasks' ends on many workers; ``pipeline.core.tasks``); and the last pass taken apart on Dask's task stream (``_pass_parts``; the stream's own
     bookkeeping runs in that pass only)."""
     from pipeline.core.config import FitParams
     from pipeline.core.seeds import seed_entropy
@@ -178,8 +180,10 @@ def test_pass_scaling(tmp_path: Path) -> None:
             state = loop.start(client, ctx, resume=False)
             state = loop.run_pass(client, ctx, state)
             before = client.run(_usage)
+            driver0 = _usage()
             for _ in range(passes - 2):
                 state = loop.run_pass(client, ctx, state)
+            driver = np.subtract(_usage(), driver0) / (passes - 2)
             with get_task_stream(client) as stream:
                 t0 = time.time()
                 state = loop.run_pass(client, ctx, state)
@@ -204,6 +208,7 @@ def test_pass_scaling(tmp_path: Path) -> None:
                 "user ms/task": 1e3 * used[1],
                 "sys ms/task": 1e3 * used[2],
                 "scatter ms": 1e3 * scatter,
+                "driver CPU ms/task": 1e3 * (driver[1] + driver[2]) / info.n_chunks,
                 **parts,
             }
         )
@@ -257,7 +262,8 @@ def _scatter_seconds(client: Any, ctx: Any, state: Any, repeats: int = 5) -> flo
 
 
 def _usage() -> tuple[int, float, float]:
-    """This process's minor page faults, user and system CPU seconds (run in each worker)."""
+    """This process's minor page faults, user and system CPU seconds (run in each worker, and
+    in the driver)."""
     import resource
 
     r = resource.getrusage(resource.RUSAGE_SELF)

@@ -49,6 +49,9 @@ def test_slurm_job_script(tmp_path: Path):
     with open_cluster("slurm", cfg, warm=["kmeans"]) as cluster:
         script = cluster.job_script()
         address = cluster.scheduler_address
+        # the scheduler (in this process) batches its messages to the workers briefly
+        plugins = set(cluster.scheduler.plugins)
+    assert "dpmm-short-batches" in plugins
     directives = [ln for ln in script.splitlines() if ln.startswith("#SBATCH")]
     for expected in (
         "#SBATCH -p compute",
