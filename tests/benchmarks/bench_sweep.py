@@ -155,8 +155,9 @@ def test_pass_scaling(tmp_path: Path) -> None:
     (``scatter ms``: about 2 ms a worker on the 2-core machine, 33 ms for 16 workers there);
     the CPU the driver's process (the client, and the scheduler it runs) spends per chunk task
     (``driver CPU ms/task``: the one serial resource of a pass, which must keep up with the
-    tasks' ends on many workers; ``pipeline.core.tasks``); and the last pass taken apart on Dask's task stream (``_pass_parts``; the stream's own
-    bookkeeping runs in that pass only)."""
+    tasks' ends on many workers; ``pipeline.core.tasks``); and the last pass taken apart on
+    Dask's task stream (``_pass_parts``; the stream's own bookkeeping runs in that pass
+    only)."""
     from pipeline.core.config import FitParams
     from pipeline.core.seeds import seed_entropy
     from pipeline.data.ingest import ingest
