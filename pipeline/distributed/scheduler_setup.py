@@ -42,16 +42,17 @@ def short_batches(comm: Any) -> None:
 
 class ShortBatches(SchedulerPlugin):  # type: ignore[misc]
     """Each worker's connection batches for ``BATCH_INTERVAL`` from the moment it joins (Dask
-    opens it just before it calls the plugins' ``add_worker``)."""
+    opens it just before it calls the plugins' ``add_worker``). A Dask without the scheduler's
+    ``stream_comms`` keeps its own batching: the setting is a speed, never a condition."""
 
     name = "dpmm-short-batches"
 
     async def start(self, scheduler: Any) -> None:
-        for comm in scheduler.stream_comms.values():
+        for comm in getattr(scheduler, "stream_comms", {}).values():
             short_batches(comm)
 
     def add_worker(self, scheduler: Any, worker: str) -> None:
-        short_batches(scheduler.stream_comms.get(worker))
+        short_batches(getattr(scheduler, "stream_comms", {}).get(worker))
 
 
 def dask_setup(scheduler: Any) -> None:
