@@ -17,7 +17,8 @@ example::
 
 Every job runs ``processes`` worker processes (default: one per core, each single-threaded
 like the local cluster's) started with ``--preload pipeline.distributed.worker_setup``, told which
-engine's kernels to load. The scheduler runs in the ``dpmm`` process (the login node) and
+engine's kernels to load. The scheduler runs in the ``dpmm`` process (the login node), with
+the preload ``pipeline.distributed.scheduler_setup`` (shorter message batches), and
 listens on ``interface`` (or the host's address): the compute nodes must reach it, so unlike the
 local cluster it is not bound to 127.0.0.1. So by default the cluster speaks TLS
 (``security: true``: dask-jobqueue creates a temporary CA and certificates for this run, writes
