@@ -34,6 +34,28 @@ def record_codec() -> Any:
     return BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle")
 
 
+# per thread: (shape, dtype) -> the array ``read_rows(reuse=True)`` last read into
+_SCRATCH = threading.local()
+#: the most arrays a thread keeps for ``scratch`` (a store's whole chunks and its last one)
+SCRATCH_KEPT = 4
+
+
+def scratch(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An array of ``shape`` and ``dtype`` for this thread to fill: the one returned last time
+    for the same shape and dtype when nothing refers to it any more (no variable, view or
+    result kept it), else a new one, kept for next time (the ``SCRATCH_KEPT`` most recent)."""
+    pool: dict[tuple[tuple[int, ...], str], np.ndarray] = _SCRATCH.__dict__.setdefault("arrays", {})
+    k = (shape, np.dtype(dtype).str)
+    buf = pool.pop(k, None)
+    # references: ``buf`` here and getrefcount's argument
+    if buf is None or sys.getrefcount(buf) > 2:
+        buf = np.empty(shape, dtype=dtype)
+    pool[k] = buf  # the most recent last
+    while len(pool) > SCRATCH_KEPT:
+        del pool[next(iter(pool))]
+    return buf
+
+
 # opened arrays of this process: (path, mode) -> (signature of the metadata file, array)
 _OPENED: dict[tuple[str, str], tuple[tuple[int, int, int], Any]] = {}
 
@@ -109,7 +131,7 @@ def _chunk_file(path: str, arr: Any, a: int, b: int) -> tuple[str, tuple[str, An
     return os.path.join(loc, *key.split("/")), layout
 
 
-def read_rows(path: str, a: int, b: int) -> np.ndarray:
+def read_rows(path: str, a: int, b: int, reuse: bool = False) -> np.ndarray:
     """Rows a..b of the zarr array at ``path``.
 
     Rows that are one whole stored chunk (or its first rows) of a local array, uncompressed or
@@ -118,7 +140,16 @@ def read_rows(path: str, a: int, b: int) -> np.ndarray:
     (file, codec buffer, output) and hands every step to its event loop thread: 3.7-5.4 ms for
     a 100,000 x 10 float64 chunk against 2.0-2.8 ms (the dataset's X, read by every chunk task
     of every pass). A chunk never written is its fill value. Anything else (object storage,
-    other codecs, a range across chunks) goes through zarr."""
+    other codecs, a range across chunks) goes through zarr.
+
+    ``reuse``: an uncompressed chunk is read into this thread's array of its shape from the
+    last such read when nothing refers to that any more (``scratch``), rather than into a new
+    one: a new array of 4 MiB or more is a new mapping (the workers' allocator settings,
+    ``pipeline.distributed.worker_setup.tune_malloc``) whose pages fault in afresh each task:
+    200-470 faults and 1.7-1.9 ms of system time a 100,000-record MAP-DP task on 2 workers,
+    against 7 faults and 0.9-1.1 ms reused (``bench_sweep.py -k pass_scaling``). Only for a
+    caller done with its previous array when it reads the next (``Chunk.X``: one task's
+    records)."""
     arr = open_array(path, "r")
     at = _chunk_file(path, arr, a, b)
     if at is None:
@@ -131,6 +162,11 @@ def read_rows(path: str, a: int, b: int) -> np.ndarray:
         return np.full((b - a, *rest), arr.fill_value, dtype=arr.dtype)
     count = (b - a) * math.prod(rest)
     if kind == "raw":
+        if reuse:
+            out = scratch((b - a, *rest), arr.dtype)
+            with open(f, "rb", buffering=0) as fh:
+                if fh.readinto(out.data.cast("B")) == out.nbytes:
+                    return out
         return np.fromfile(f, dtype=arr.dtype, count=count).reshape(b - a, *rest)
     out = np.empty((arr.chunks[0], *rest), dtype=arr.dtype)
     with open(f, "rb") as fh:

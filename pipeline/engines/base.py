@@ -99,8 +99,12 @@ class Chunk:
     @cached_property
     def X(self) -> FloatArray:
         """The chunk's records, float64 whatever the store holds (a float32 store's rows
-        widened here: the kernels compile for float64 only)."""
-        return np.ascontiguousarray(self.read("X"), dtype=np.float64)
+        widened here: the kernels compile for float64 only).
+
+        Read into the array the previous task of this thread read its records into, when
+        nothing refers to that any more (``chunk_io.scratch``)."""
+        raw = read_rows(os.path.join(self.data, "X"), self.a, self.b, reuse=True)
+        return np.ascontiguousarray(raw, dtype=np.float64)
 
     @cached_property
     def holdout(self) -> np.ndarray:

@@ -18,7 +18,8 @@ from pipeline.data.store import Moments, balanced_chunk_rows, folds_of_uniform
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bool", "int16"])
 @pytest.mark.parametrize("codec", ["none", "record"])
-def test_read_rows_equals_zarr(tmp_path: Path, dtype: str, codec: str) -> None:
+@pytest.mark.parametrize("reuse", [False, True])
+def test_read_rows_equals_zarr(tmp_path: Path, dtype: str, codec: str, reuse: bool) -> None:
     n, cr = 250, 100
     shape: tuple[int, ...] = (n, 3) if dtype.startswith("float") else (n,)
     arr = zarr.create_array(
@@ -34,10 +35,38 @@ def test_read_rows_equals_zarr(tmp_path: Path, dtype: str, codec: str) -> None:
     arr[:100] = (rng.normal(size=(100, *shape[1:])) * 5).astype(dtype)
     arr[200:] = (rng.normal(size=(50, *shape[1:])) * 5).astype(dtype)
     for a, b in [(0, 100), (100, 200), (200, 250), (200, 230), (50, 150), (0, 250), (7, 7)]:
-        got = read_rows(str(tmp_path / "a"), a, b)
+        got = read_rows(str(tmp_path / "a"), a, b, reuse=reuse)
         want = np.asarray(arr[a:b])
         assert got.dtype == want.dtype and got.shape == want.shape
         assert np.array_equal(got, want)
+
+
+def test_read_rows_reuses_only_an_array_nothing_refers_to(tmp_path: Path) -> None:
+    """``read_rows(reuse=True)`` reads into the array of its last read only once nothing
+    refers to it: a kept array or a view of it keeps its rows."""
+    path = str(tmp_path / "a")
+    arr = zarr.create_array(
+        path, shape=(200, 3), chunks=(100, 3), dtype="float64", compressors=None
+    )
+    arr[:] = np.random.default_rng(1).normal(size=(200, 3))
+    first, second = np.asarray(arr[:100]), np.asarray(arr[100:])
+
+    def address(x: np.ndarray) -> int:
+        return int(x.__array_interface__["data"][0])
+
+    x0 = read_rows(path, 0, 100, reuse=True)
+    x1 = read_rows(path, 100, 200, reuse=True)  # x0 still held: a new array
+    assert address(x1) != address(x0)
+    assert np.array_equal(x0, first) and np.array_equal(x1, second)
+    held = address(x1)
+    del x0, x1
+    x2 = read_rows(path, 0, 100, reuse=True)  # nothing refers to the last one: reused
+    assert address(x2) == held and np.array_equal(x2, first)
+    view = x2[10:20]
+    del x2
+    x3 = read_rows(path, 100, 200, reuse=True)  # a view keeps it: a new array
+    assert address(x3) != held
+    assert np.array_equal(view, first[10:20]) and np.array_equal(x3, second)
 
 
 @pytest.mark.parametrize("dtype", ["float64", "int64", "bool", "int16"])
