@@ -90,9 +90,10 @@ class Chunk:
     b: int
     p: int
 
-    def read(self, name: str) -> np.ndarray:
-        """Rows a..b of an array of the dataset store (``X``, ``holdout``, ``fold``, ``y``)."""
-        return read_rows(os.path.join(self.data, name), self.a, self.b)
+    def read(self, name: str, reuse: bool = False) -> np.ndarray:
+        """Rows a..b of an array of the dataset store (``X``, ``holdout``, ``fold``, ``y``);
+        ``reuse``: ``read_rows``'."""
+        return read_rows(os.path.join(self.data, name), self.a, self.b, reuse)
 
     # X and holdout are read once per task (a chunk step and its helpers ask for them more
     # than once); callers never write into them
@@ -103,8 +104,7 @@ class Chunk:
 
         Read into the array the previous task of this thread read its records into, when
         nothing refers to that any more (``chunk_io.scratch``)."""
-        raw = read_rows(os.path.join(self.data, "X"), self.a, self.b, reuse=True)
-        return np.ascontiguousarray(raw, dtype=np.float64)
+        return np.ascontiguousarray(self.read("X", reuse=True), dtype=np.float64)
 
     @cached_property
     def holdout(self) -> np.ndarray:
