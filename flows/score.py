@@ -1,10 +1,10 @@
 """The ``score`` flow (``dpmm score``): a fitted model's labels and eq. 3.4 log densities for new
 records, on the same local Dask default as ``dpmm run``.
 
-ingest (validated against the model's schema) -> write-out (one task per chunk) -> finish; the
-steps are ``pipeline.ops.score``'s. Bad input (a ``ValueError``: a missing column, a value of
-another kind, an unseen category, a damaged model) leaves nothing at OUT nor at its temporary
-sibling.
+ingest (validated against the model's schema) -> write-out (the chunks, several to a task) ->
+finish; the steps are ``pipeline.ops.score``'s. Bad input (a ``ValueError``: a missing column, a
+value of another kind, an unseen category, a damaged model) leaves nothing at OUT nor at its
+temporary sibling.
 """
 
 from __future__ import annotations

@@ -240,7 +240,7 @@ def ingest(
     family : "auto", kind name, {column: kind} mapping, Family or ProductFamily
         As ``MAPDP(family=...)``. The kinds are inferred from the first piece of the input.
     chunk_rows : int
-        Rows per chunk of the store at most (one task per chunk and pass later): without a
+        Rows per chunk of the store at most (the unit a pass sweeps on one worker): without a
         group column, 32 chunks or more are made a few rows shorter so that their count
         divides evenly among power-of-two worker counts (``balanced_chunk_rows``).
     holdout : float in [0, 1)

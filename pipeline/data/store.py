@@ -165,13 +165,14 @@ def balanced_chunk_rows(n_rows: int, chunk_rows: int) -> int:
     """Rows per chunk for ``n_rows`` records in chunks of at most ``chunk_rows`` rows, so that
     every pass's tasks divide evenly among 1, 2, 4, ... workers.
 
-    A pass is one task per chunk, all of about the same length, so with C chunks on W workers
-    it lasts ceil(C / W) tasks: 100 chunks take 7 rounds on 16 workers where 6.25 would do
-    (89% of the ideal). The chunk count is raised to a multiple of g, the largest power of two
-    at most C / 4 (at most a quarter more chunks, a fifth fewer rows each), when g >= 8
-    (32 chunks or more; fewer are left as they come): 100 chunks become 112 (7 rounds of 16
-    workers, 14 of 8, 56 of 2), 1,000 become 1,024. The result depends on ``n_rows`` alone, not
-    on the workers, so the labels of a run do not depend on the cluster either.
+    A pass sweeps each chunk on one worker (a task takes one or several consecutive chunks,
+    ``pipeline.core.tasks.chunk_groups``), all of about the same length, so with C chunks on W
+    workers it lasts ceil(C / W) chunks' time: 100 chunks take 7 rounds on 16 workers where 6.25
+    would do (89% of the ideal). The chunk count is raised to a multiple of g, the largest power of
+    two at most C / 4 (at most a quarter more chunks, a fifth fewer rows each), when g >= 8 (32
+    chunks or more; fewer are left as they come): 100 chunks become 112 (7 rounds of 16 workers, 14
+    of 8, 56 of 2), 1,000 become 1,024. The result depends on ``n_rows`` alone, not on the workers,
+    so the labels of a run do not depend on the cluster either.
     """
     n_chunks = -(-n_rows // chunk_rows)
     g = 1 << max(0, (n_chunks // 4).bit_length() - 1)

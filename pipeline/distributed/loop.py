@@ -1,12 +1,12 @@
 """The pass loop: drives any engine (``pipeline.engines``) over the chunks of a dataset store.
 
-One pass is one Dask task per chunk (``chunk_task`` -> ``Engine.chunk_step``), then the engine's
-reduce on the driver (a sequential engine's tasks run as a chain in chunk order, each given the
-previous one's state: ``submit_chunks``); the loop checkpoints the state after every pass (the
-record
-``checkpoint``: JSON plus arrays, ``pipeline.core.persist``, in the run's state store), stops on the
-engine's stop rule or after ``max_passes``, and
-resumes from the checkpoint of the same parameters. It knows nothing of clusters: what a chunk
+One pass runs ``chunk_task`` (-> ``Engine.chunk_step``) on every chunk, several consecutive
+chunks to a Dask task (``pipeline.core.tasks.map_chunks``), then the engine's reduce on the
+driver (a sequential engine's chunks run a task each, as a chain in chunk order, each given
+the previous one's state: ``sweep_chunks``); the loop checkpoints the state after every pass
+(the record ``checkpoint``: JSON plus arrays, ``pipeline.core.persist``, in the run's state
+store), stops on the engine's stop rule or after ``max_passes``, and resumes from the
+checkpoint of the same parameters. It knows nothing of clusters: what a chunk
 task sweeps and what a reduce adds is the engine's.
 
 The run's state store (``RunContext.state``) holds the engine's per-record arrays
@@ -16,11 +16,10 @@ checkpoint. The dataset store is only read, so many fits can share it.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -28,7 +27,7 @@ import zarr
 
 from pipeline.core import storage
 from pipeline.core.config import FitParams
-from pipeline.core.tasks import gather
+from pipeline.core.tasks import gather, map_chunks, progress_bar
 from pipeline.data.chunk_io import record_codec
 from pipeline.data.store import Store, StoreInfo, iter_chunks
 from pipeline.engines import get_engine
@@ -50,35 +49,26 @@ def carry_task(engine: str, msg: Any, result: Any) -> Any:
     return get_engine(engine).carry(msg, result)
 
 
-def submit_chunks(client: Any, engine: Engine, ctx: RunContext, msg_f: Any) -> list[Any]:
-    """The chunk tasks of one pass: all at once on the same message, or, for a sequential
-    engine, a chain in chunk order where each task waits for the previous one's ``carry``
-    (futures all the way: the state goes from worker to worker, not through the driver)."""
+def sweep_chunks(
+    client: Any, engine: Engine, ctx: RunContext, msg_f: Any, desc: str | None
+) -> list[Any]:
+    """The chunk tasks' results of one pass, in chunk order: every chunk on the same message
+    (``map_chunks``: several chunks a task), or, for a sequential engine, a chain in chunk
+    order where each chunk's task waits for the previous one's ``carry`` (futures all the way:
+    the state goes from worker to worker, not through the driver). ``desc``: the progress
+    bar's, None for none."""
     data, st = str(ctx.data.path), str(ctx.state.path)
+    chunks = list(iter_chunks(ctx.info))
     if not engine.sequential:
-        # one map, not a submit per chunk: the driver's side of a pass of 112 chunks took
-        # 40-50 ms one by one and 3-17 ms as one map (2-core machine)
-        cs, as_, bs = zip(*iter_chunks(ctx.info), strict=True)
-        k = len(cs)
-        return list(
-            client.map(
-                chunk_task,
-                [engine.name] * k,
-                [data] * k,
-                [st] * k,
-                cs,
-                as_,
-                bs,
-                [msg_f] * k,
-                pure=False,
-            )
-        )
+        return map_chunks(client, chunk_task, chunks, (engine.name, data, st), (msg_f,), desc)
     futs = []
     msg = msg_f
-    for c, a, b in iter_chunks(ctx.info):
+    for c, a, b in chunks:
         futs.append(client.submit(chunk_task, engine.name, data, st, c, a, b, msg, pure=False))
         msg = client.submit(carry_task, engine.name, msg, futs[-1], pure=False)
-    return futs
+    rows = [b - a for _, a, b in chunks]
+    with progress_bar(desc, sum(rows)) as bar:
+        return gather(client, futs, None if bar is None else lambda i: bar(rows[i]))
 
 
 def score_task(
@@ -175,30 +165,14 @@ def clear_checkpoint(ctx: RunContext) -> None:
 # -- passes ---------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def chunk_bar(progress: bool, info: StoreInfo, desc: str) -> Iterator[Callable[[int], None] | None]:
-    """``gather``'s ``on_done`` for one task per chunk (``iter_chunks``' order): a tqdm bar on
-    stderr advanced by chunk i's rows as its task ends, closed after the block; None when
-    ``progress`` is off."""
-    if not progress:
-        yield None
-        return
-    from tqdm import tqdm
-
-    bounds = list(iter_chunks(info))
-    with tqdm(
-        total=info.n_rows, desc=desc, unit="rec", unit_scale=True, leave=False, file=sys.stderr
-    ) as bar:
-        yield lambda i: bar.update(bounds[i][2] - bounds[i][1])
-
-
 def run_pass(
     client: Any,
     ctx: RunContext,
     state: LoopState,
     labels_out: storage.Where | None = None,
 ) -> LoopState:
-    """One pass: a task per chunk, then the engine's reduce; checkpoints the new state.
+    """One pass: every chunk's ``chunk_task``, then the engine's reduce; checkpoints the new
+    state.
 
     With ``labels_out`` (the write-out's labels group) and an engine that fuses the write-out,
     every chunk task that changes nothing also writes its rows' labels and eq. 3.4 densities
@@ -216,9 +190,7 @@ def run_pass(
         create_labels(scores_into, info, overwrite=False)
     msg = engine.pass_input(state, ctx, p, scores_into)
     msg_f = client.scatter(msg, broadcast=not engine.sequential, hash=False)
-    futs = submit_chunks(client, engine, ctx, msg_f)
-    with chunk_bar(ctx.progress, info, f"pass {p}") as on_done:
-        results = gather(client, futs, on_done)
+    results = sweep_chunks(client, engine, ctx, msg_f, f"pass {p}" if ctx.progress else None)
     del msg_f
     new, record = engine.reduce(state, results, ctx, scores_into)
     seconds = time.perf_counter() - t0

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.core.tasks import map_chunks
 from pipeline.data.chunk_io import read_rows, write_rows
 from pipeline.data.store import iter_chunks
 from pipeline.engines.base import Chunk, RunContext
@@ -72,7 +73,7 @@ def _split_input(
     )
 
 
-def _split_chunk_task(data: str, state: str, c: int, a: int, b: int, msg: SplitInput) -> Any:
+def _split_chunk_task(data: str, state: str, c: int, a: int, b: int, msg: SplitInput) -> Stats:
     """Sub-cluster of every training row of a chunk (quantile slab of the projection on its
     cluster's principal axis), written to ``out_buffer``; returns the sub-clusters' statistics."""
     chunk = Chunk(data, state, c, a, b, 0)
@@ -89,7 +90,7 @@ def _split_chunk_task(data: str, state: str, c: int, a: int, b: int, msg: SplitI
     sub[m] = msg.base[zk] + j.astype(np.int64)
     stats = Stats.of(msg.family, X, sub, msg.n_sub)
     write_rows(f"{state}/{msg.out_buffer}", a, b, sub)
-    return c, stats
+    return stats
 
 
 @dataclass
@@ -132,21 +133,14 @@ def split_summaries(client: Any, ctx: RunContext, state: PassState, M: int) -> S
             cuts[k, : mk - 1] = math.sqrt(max(float(w[-1]), 0.0)) * q
     msg = _split_input(state, ctx, mean, axis, cuts)
     msg_f = client.scatter(msg, broadcast=True, hash=False)
-    futs = [
-        client.submit(
-            _split_chunk_task,
-            str(ctx.data.path),
-            str(ctx.state.path),
-            c,
-            a,
-            b,
-            msg_f,
-            pure=False,
-        )
-        for c, a, b in iter_chunks(info)
-    ]
-    parts = sorted(client.gather(futs), key=lambda r: r[0])
-    sub_stats = sum((p[1] for p in parts[1:]), parts[0][1]).array
+    parts = map_chunks(
+        client,
+        _split_chunk_task,
+        list(iter_chunks(info)),
+        (str(ctx.data.path), str(ctx.state.path)),
+        (msg_f,),
+    )
+    sub_stats = sum(parts[1:], parts[0]).array
     keep = sub_stats[:, 0] > 0.5
     new_id = np.full(msg.n_sub, -1, dtype=np.int64)
     new_id[keep] = np.arange(int(keep.sum()))

@@ -1,7 +1,7 @@
-"""Write-out: one task per chunk writes each row's final label and log predictive density
-(eq. 3.4) into the run's ``labels.zarr`` group (label, log_density, holdout), through the
-engine's ``score_chunk``; the driver adds the chunks' summaries (held-out sums, the picture's
-sample, the contingency table against true labels)."""
+"""Write-out: each chunk's step (several chunks a task) writes each row's final label and log
+predictive density (eq. 3.4) into the run's ``labels.zarr`` group (label, log_density, holdout),
+through the engine's ``score_chunk``; the driver adds the chunks' summaries (held-out sums, the
+picture's sample, the contingency table against true labels)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pipeline.core import storage
-from pipeline.core.tasks import gather
+from pipeline.core.tasks import map_chunks
 from pipeline.data.labels import WriteResult, create_labels
 from pipeline.data.store import StoreInfo, iter_chunks
 from pipeline.families import FloatArray
@@ -86,8 +86,9 @@ def write_out(
     mapping: IntArray,
     labels_path: storage.Where,
 ) -> WriteSummary:
-    """One task per chunk writes ``labels_path`` (zarr group: label, log_density, holdout)."""
-    from pipeline.distributed.loop import chunk_bar, score_task
+    """Every chunk's rows written to ``labels_path`` (zarr group: label, log_density,
+    holdout), several chunks a task (``map_chunks``)."""
+    from pipeline.distributed.loop import score_task
 
     t0 = time.perf_counter()
     info = ctx.info
@@ -104,24 +105,14 @@ def write_out(
     create_labels(labels_path, info, overwrite=True)
     msg = engine.write_input(state, mapping, ctx)
     msg_f = client.scatter(msg, broadcast=True, hash=False)
-    futs = [
-        client.submit(
-            score_task,
-            engine.name,
-            str(ctx.data.path),
-            str(ctx.state.path),
-            labels_path,
-            c,
-            a,
-            b,
-            state.pass_no + 1,
-            msg_f,
-            pure=False,
-        )
-        for c, a, b in iter_chunks(info)
-    ]
-    with chunk_bar(ctx.progress, info, "write-out") as on_done:
-        results: list[WriteResult] = gather(client, futs, on_done)
+    results: list[WriteResult] = map_chunks(
+        client,
+        score_task,
+        list(iter_chunks(info)),
+        (engine.name, str(ctx.data.path), str(ctx.state.path), labels_path),
+        (state.pass_no + 1, msg_f),
+        "write-out" if ctx.progress else None,
+    )
     return summarize_written(results, info, time.perf_counter() - t0)
 
 

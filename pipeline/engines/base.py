@@ -1,6 +1,7 @@
 """The engine protocol: what the pass loop (``pipeline.distributed.loop``) asks of a model.
 
-A pass is one task per chunk of the dataset store, then a reduce on the driver::
+A pass sweeps every chunk of the dataset store (several consecutive chunks to a Dask task,
+``pipeline.core.tasks.map_chunks``), then a reduce on the driver::
 
     state = engine.init_state(ctx, client)                    # sample fit, or a given start
     repeat:

@@ -9,17 +9,17 @@ them (``response``, ``covariates``; default: the last column is the response, th
 covariates) and says whether an intercept is added (``intercept``, default True). A subject's
 fold and held-out flag are its group's; held-out subjects are not fitted, only scored.
 
-A pass is one task per chunk: it reads its subjects' moments (blocks of the Gram matrices that
-ingest keeps per group, ``pipeline.data.store``, so no pass reads or reduces the rows; from the
+A pass sweeps each chunk as one step: it reads its subjects' moments (blocks of the Gram matrices
+that ingest keeps per group, ``pipeline.data.store``, so no pass reads or reduces the rows; from the
 rows in a store without them: ungrouped, or wider than ``MAX_GRAM_COLS``), takes each subject's
 cluster as the previous pass left it, sweeps them against a copy of the global model
 (``kernels.mixed_effects.sweep``: clusters, tau, counts), writes the new per-record state and
 returns additive statistics (``pipeline.models.mixed_effects.SweepStats``: per cluster slot the
 count, sum of E[beta_i] and of E[beta_i beta_i^T]; the expected residual sum of squares and the
 number of observations for tau; -log p(y_i) for the objective). Clusters a chunk opens get slots
-after the model's K; the driver appends every chunk's new slots in chunk order, adds the
-statistics and takes the modes (``pipeline.models.mixed_effects.update``: merges, Normal-Wishart
-modes, eq. 7.3, eq. A.1).
+after the model's K; the driver appends every chunk's new slots in chunk order, adds the statistics
+and takes the modes (``pipeline.models.mixed_effects.update``: merges, Normal-Wishart modes, eq.
+7.3, eq. A.1).
 
 Per-record state, on every row of a subject (the loop's arrays are per row of the store, the
 model's unknowns per subject; repeating a subject's values on each of its rows keeps a chunk's

@@ -204,7 +204,7 @@ class MAPDP(MixtureEstimator):
             return tune_cv(self, X)
         if dask.is_dask_collection(X) or self.device == "gpu":
             self._check_params()
-            # the distributed code path: one Dask task per chunk per pass (pipeline.distributed.fit)
+            # the distributed code path: passes over the chunks on Dask (pipeline.distributed.fit)
             from pipeline.distributed.fit import fit_estimator
 
             return fit_estimator(self, X)

@@ -27,7 +27,7 @@ import zarr
 
 from pipeline.core import outputs, storage
 from pipeline.core.outputs import versions, write_json
-from pipeline.core.tasks import gather
+from pipeline.core.tasks import map_chunks
 from pipeline.data.labels import WriteResult, create_labels, emit_chunk
 from pipeline.data.store import Store, StoreInfo, iter_chunks
 from pipeline.families import FloatArray, ProductFamily
@@ -115,7 +115,8 @@ def score_chunk_task(
 def write_scores(
     client: Any, est: Any, info: StoreInfo, partial: storage.Loc, progress: bool = False
 ) -> dict[str, Any]:
-    """One task per chunk writes ``partial/labels.zarr``; the summary of what was written."""
+    """Every chunk's rows scored into ``partial/labels.zarr`` (``map_chunks``); the summary of
+    what was written."""
     t0 = time.perf_counter()
     store = str(partial / "store.zarr")
     labels = str(partial / "labels.zarr")
@@ -125,11 +126,9 @@ def write_scores(
         broadcast=True,
         hash=False,
     )
-    futs = [
-        client.submit(_score_chunk_packed, store, labels, c, a, b, model, pure=False)
-        for c, a, b in iter_chunks(info)
-    ]
-    results: list[WriteResult] = gather(client, futs)
+    results: list[WriteResult] = map_chunks(
+        client, _score_chunk_packed, list(iter_chunks(info)), (store, labels), (model,)
+    )
     n = sum(r.train_n for r in results)
     if progress:
         print(f"write-out: {n:,} records scored", file=sys.stderr)

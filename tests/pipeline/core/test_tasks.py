@@ -1,14 +1,19 @@
-"""``pipeline.core.tasks.gather`` on a real ``LocalCluster``: the results in the futures' order
-whatever order the tasks end in, ``on_done`` once per future as it ends, and a task's error
-raised as the task raised it."""
+"""``pipeline.core.tasks``: ``gather`` on a real ``LocalCluster`` (the results in the futures'
+order whatever order the tasks end in, ``on_done`` once per future as it ends, a task's error
+raised as the task raised it), ``chunk_groups`` against a simulation of the tasks on their
+threads, and ``map_chunks`` on a real ``LocalCluster``."""
 
 from __future__ import annotations
 
+import heapq
 import time
 
 import pytest
+from distributed import get_task_stream
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from pipeline.core.tasks import gather
+from pipeline.core.tasks import TASK_ROWS, chunk_groups, gather, map_chunks, rounds
 from pipeline.distributed.client import dask_client
 
 
@@ -45,3 +50,97 @@ def test_a_task_error_is_raised(client, tell: bool) -> None:
     futs = client.map(_fails, range(4), pure=False)
     with pytest.raises(ValueError, match="chunk 2 is bad"):
         gather(client, futs, (lambda i: None) if tell else None)
+
+
+# -- chunk_groups -------------------------------------------------------------------------------
+
+
+def _simulated_span(sizes: list[int], slots: int) -> int:
+    """The map's length in chunk-lengths: each task, in order, on the thread free first."""
+    free = [0] * slots
+    for s in sizes:
+        heapq.heappush(free, heapq.heappop(free) + s)
+    return max(free)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    n_chunks=st.integers(0, 1200),
+    chunk_rows=st.sampled_from([1, 1_000, 97_657, 100_000, 400_000, 2_000_000]),
+    slots=st.integers(1, 64),
+)
+def test_chunk_groups_cover_every_chunk_in_order_and_end_soonest(
+    n_chunks: int, chunk_rows: int, slots: int
+) -> None:
+    groups = chunk_groups(n_chunks, chunk_rows, slots)
+    assert [i for g in groups for i in g] == list(range(n_chunks))
+    if not n_chunks:
+        return
+    most = max(1, min(n_chunks, TASK_ROWS // chunk_rows))
+    sizes = [len(g) for g in groups]
+    g = sizes[0]
+    assert g <= most and all(s == g for s in sizes[:-1]) and sizes[-1] <= g
+    span = _simulated_span(sizes, slots)
+    assert span == rounds(n_chunks, g, slots)
+    # no group size the cap allows ends sooner, none larger ends as soon, and a task per
+    # chunk never ends sooner
+    spans = {
+        h: _simulated_span([h] * (n_chunks // h) + [n_chunks % h] * (n_chunks % h > 0), slots)
+        for h in range(1, most + 1)
+    }
+    assert span == min(spans.values())
+    assert all(spans[h] > span for h in range(g + 1, most + 1))
+    assert span <= -(-n_chunks // slots)
+
+
+@pytest.mark.parametrize(
+    "n_chunks, slots, sizes",
+    [
+        (112, 16, [7] * 16),
+        (112, 2, [14] * 8),
+        (112, 1, [16] * 7),
+        (20, 2, [10, 10]),
+        (20, 16, [2] * 10),
+        (1024, 2, [16] * 64),
+        (5, 2, [3, 2]),
+        (1, 8, [1]),
+    ],
+)
+def test_chunk_groups_of_the_docstring(n_chunks: int, slots: int, sizes: list[int]) -> None:
+    assert [len(g) for g in chunk_groups(n_chunks, 100_000, slots)] == sizes
+
+
+def test_chunk_groups_of_wide_chunks_are_a_chunk_each() -> None:
+    assert [len(g) for g in chunk_groups(10, 2 * TASK_ROWS, 1)] == [1] * 10
+
+
+# -- map_chunks --------------------------------------------------------------------------------
+
+
+def _chunk_fn(name: str, c: int, a: int, b: int, scale: int) -> tuple[str, int, int, int]:
+    time.sleep(0.001 * (7 - c % 7))
+    return name, c, b - a, scale * c
+
+
+def _bad_chunk(c: int, a: int, b: int) -> int:
+    if c == 5:
+        raise ValueError(f"rows {a}..{b} are bad")
+    return c
+
+
+def test_map_chunks_gives_every_chunk_in_order_from_fewer_tasks(client, capsys) -> None:
+    chunks = [(c, 10 * c, 10 * c + 10 - (c == 29)) for c in range(30)]
+    scale = client.scatter(3, broadcast=True)
+    with get_task_stream(client) as stream:
+        got = map_chunks(client, _chunk_fn, chunks, ("x",), (scale,), desc="demo")
+    assert got == [("x", c, 10 - (c == 29), 3 * c) for c in range(30)]
+    # 30 narrow chunks on 2 threads: 2 tasks of 15, each named after the chunks' function
+    assert sorted(str(r["key"]).split("-")[0] for r in stream.data) == ["_chunk_fn"] * 2
+    err = capsys.readouterr().err
+    assert "demo:" in err and "/299 " in err  # a bar over the chunks' 299 rows
+
+
+def test_map_chunks_raises_a_chunks_error_and_maps_nothing_to_nothing(client) -> None:
+    with pytest.raises(ValueError, match=r"rows 50\.\.60 are bad"):
+        map_chunks(client, _bad_chunk, [(c, 10 * c, 10 * c + 10) for c in range(8)])
+    assert map_chunks(client, _bad_chunk, []) == []
