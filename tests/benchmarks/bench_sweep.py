@@ -146,18 +146,18 @@ def test_pass_scaling(tmp_path: Path) -> None:
     gets its own cluster and run from the same start, and runs ``PASSES`` passes whatever the
     stop rule says (the passes after the first move next to nothing, as the last passes of a
     fit do): the best of passes 2.. is the count's figure. Per pass it also reports the
-    chunk tasks' own seconds per record (``task_seconds``: the same work, so it grows only
+    chunk steps' own seconds per record (``task_seconds``: the same work, so it grows only
     when the workers slow each other down) and the driver's share: the pass's seconds minus
-    the tasks' seconds over the workers (the scatter, submission, reduce and checkpoint, and
-    the rounds' imbalance); the workers' page faults and CPU seconds per task over passes
+    the chunk steps' seconds over the workers (the scatter, submission, reduce and checkpoint,
+    and the rounds' imbalance); the workers' page faults and CPU seconds per chunk over passes
     2.. (``getrusage`` in each worker: what the preload's allocator settings,
     ``worker_setup.tune_malloc``, are for); the pass message's broadcast on its own
     (``scatter ms``: about 2 ms a worker on the 2-core machine, 33 ms for 16 workers there);
-    the CPU the driver's process (the client, and the scheduler it runs) spends per chunk task
-    (``driver CPU ms/task``: the one serial resource of a pass, which must keep up with the
-    tasks' ends on many workers; ``pipeline.core.tasks``); and the last pass taken apart on
-    Dask's task stream (``_pass_parts``; the stream's own bookkeeping runs in that pass
-    only)."""
+    the CPU the driver's process (the client, and the scheduler it runs) spends per chunk
+    (``driver CPU ms/chunk``: the one serial resource of a pass, which must keep up with the
+    tasks' ends on many workers; ``pipeline.core.tasks``: a task sweeps several chunks); and
+    the last pass taken apart on Dask's task stream (``_pass_parts``, its Dask tasks; the
+    stream's own bookkeeping runs in that pass only)."""
     from pipeline.core.config import FitParams
     from pipeline.core.seeds import seed_entropy
     from pipeline.data.ingest import ingest
@@ -192,8 +192,8 @@ def test_pass_scaling(tmp_path: Path) -> None:
             after = client.run(_usage)
             parts = _pass_parts(stream.data, t0, t1)
             scatter = _scatter_seconds(client, ctx, state)
-        tasks = info.n_chunks * (passes - 1)
-        used = np.sum([np.subtract(after[a], before[a]) for a in after], axis=0) / tasks
+        chunk_steps = info.n_chunks * (passes - 1)
+        used = np.sum([np.subtract(after[a], before[a]) for a in after], axis=0) / chunk_steps
         later = state.history[1:]
         best = min(later, key=lambda h: h["seconds"])
         rows.append(
@@ -205,11 +205,11 @@ def test_pass_scaling(tmp_path: Path) -> None:
                 "best pass M records/s": info.n_train / best["seconds"] / 1e6,
                 "task ns/record": 1e9 * best["task_seconds"] / info.n_train,
                 "driver + imbalance s": best["seconds"] - best["task_seconds"] / w,
-                "faults/task": used[0],
-                "user ms/task": 1e3 * used[1],
-                "sys ms/task": 1e3 * used[2],
+                "faults/chunk": used[0],
+                "user ms/chunk": 1e3 * used[1],
+                "sys ms/chunk": 1e3 * used[2],
                 "scatter ms": 1e3 * scatter,
-                "driver CPU ms/task": 1e3 * (driver[1] + driver[2]) / info.n_chunks,
+                "driver CPU ms/chunk": 1e3 * (driver[1] + driver[2]) / info.n_chunks,
                 **parts,
             }
         )
@@ -228,7 +228,8 @@ def _pass_parts(stream: list[dict[str, Any]], t0: float, t1: float) -> dict[str,
     workers' clocks; one machine): ms from the pass's start to its first task's start (the
     message's broadcast, the graph's submission and dispatch), between a worker's consecutive
     tasks on average, from the last task's end to the pass's end (the last result's transfer,
-    the reduce, the checkpoint), and the most tasks one worker ran against the mean."""
+    the reduce, the checkpoint), the pass's Dask tasks (several chunks each) and the most
+    tasks one worker ran against the mean."""
     spans: dict[str, list[tuple[float, float]]] = {}
     for r in stream:
         if r["key"].startswith("chunk_task"):
@@ -243,6 +244,7 @@ def _pass_parts(stream: list[dict[str, Any]], t0: float, t1: float) -> dict[str,
         "first start ms": 1e3 * (min(a for v in spans.values() for a, _ in v) - t0),
         "gap ms": 1e3 * float(np.mean(gaps)) if gaps else 0.0,
         "tail ms": 1e3 * (t1 - max(b for v in spans.values() for _, b in v)),
+        "tasks": sum(counts),
         "most tasks / mean": max(counts) / float(np.mean(counts)),
     }
 
