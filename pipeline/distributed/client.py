@@ -49,31 +49,31 @@ def dask_client(
     if scheduler:
         client = Client(scheduler)
         cluster = None
-    elif device == "gpu":
-        cluster = gpu_cluster(n_workers, processes, dashboard_address, warm)
-        client = Client(cluster)
     else:
-        n = int(n_workers or os.cpu_count() or 1)
         # no statistical profiler in the workers (the dashboard's Profile page stays empty):
         # its sys._current_frames() every 10 ms can deadlock CPython 3.11 before 3.11.9
         # (python/cpython#116969, dask/distributed#8616; seen here on 3.11.7 with threads for
-        # workers: every thread waiting for the GIL)
-        with dask.config.set({PROFILE_KEY: False}):
-            cluster = LocalCluster(
-                n_workers=n,
-                threads_per_worker=1,
-                processes=processes,
-                dashboard_address=dashboard_address,
-                memory_limit=0,
-                # worker processes: reachable from this machine only, told which engine to
-                # load (Nanny passes env to the worker process); threads talk in process
-                **(
-                    {"host": "127.0.0.1", "env": {WARM_ENV: ",".join(warm)} if warm else {}}
-                    if processes
-                    else {}
-                ),
-                preload=["pipeline.distributed.worker_setup"] if processes else None,
-                scheduler_kwargs={"preload": [scheduler_setup.PRELOAD]},
+        # workers: every thread waiting for the GIL); fewer event-loop checks (scheduler_setup)
+        with dask.config.set({PROFILE_KEY: False, **scheduler_setup.TICK_CONFIG}):
+            cluster = (
+                gpu_cluster(n_workers, processes, dashboard_address, warm)
+                if device == "gpu"
+                else LocalCluster(
+                    n_workers=int(n_workers or os.cpu_count() or 1),
+                    threads_per_worker=1,
+                    processes=processes,
+                    dashboard_address=dashboard_address,
+                    memory_limit=0,
+                    # worker processes: reachable from this machine only, told which engine
+                    # to load (Nanny passes env to the worker process); threads talk in process
+                    **(
+                        {"host": "127.0.0.1", "env": {WARM_ENV: ",".join(warm)} if warm else {}}
+                        if processes
+                        else {}
+                    ),
+                    preload=["pipeline.distributed.worker_setup"] if processes else None,
+                    scheduler_kwargs={"preload": [scheduler_setup.PRELOAD]},
+                )
             )
         client = Client(cluster)
     # the client's side of scheduler_setup's shorter batches: a pass's graph goes out at once

@@ -23,7 +23,8 @@ process compiles alongside), 0.8 s of a fresh ``dpmm run`` of 1M x 10 records (9
 ``dpmm demo``.
 
 Before the kernels, the preload sets the worker's allocator (``tune_malloc``), so that a chunk
-task's arrays come back from the heap instead of faulting in page by page.
+task's arrays come back from the heap instead of faulting in page by page, and checks the
+worker's event loop less often (``scheduler_setup.slow_ticks``).
 """
 
 from __future__ import annotations
@@ -345,5 +346,8 @@ def tune_malloc() -> bool:
 
 def dask_setup(worker: Any) -> None:
     """Called by Dask when the worker starts."""
+    from pipeline.distributed.scheduler_setup import slow_ticks
+
+    slow_ticks(worker)
     tune_malloc()
     warm_here()
