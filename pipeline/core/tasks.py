@@ -100,8 +100,8 @@ def map_chunks(
     desc: str | None = None,
 ) -> list[Any]:
     """``fn(*head, c, a, b, *tail)`` for every chunk (c, first row, end row) of ``chunks``, on
-    the cluster, in tasks of consecutive chunks (``chunk_groups`` for the cluster's threads
-    now); the results in the chunks' order.
+    the cluster, in tasks of consecutive chunks (``chunk_groups`` for the cluster's
+    ``threads``); the results in the chunks' order.
 
     ``head`` and ``tail`` may hold futures (a scattered message). Each task's key starts with
     ``fn``'s name, as a task a chunk's would. ``desc``: a progress bar on stderr, advanced by a
@@ -109,7 +109,7 @@ def map_chunks(
     """
     if not chunks:
         return []
-    slots = sum(client.nthreads().values())
+    slots = threads(client)
     widest = max(b - a for _, a, b in chunks)
     groups = [[chunks[i] for i in g] for g in chunk_groups(len(chunks), widest, slots)]
     token = uuid.uuid4().hex
@@ -126,6 +126,16 @@ def map_chunks(
     with progress_bar(desc, sum(rows)) as bar:
         parts = gather(client, futs, None if bar is None else lambda i: bar(rows[i]))
     return [r for part in parts for r in part]
+
+
+def threads(client: Any) -> int:
+    """The threads ``map_chunks`` sizes its tasks for: the workers' now, or, when the client's
+    cluster plans more workers than have joined (jobs still queued on a batch system, a
+    cluster scaling up), one a planned worker. Groups for too few threads would leave the
+    workers that join during the map without a task; for too many, they are only smaller."""
+    now = sum(client.nthreads().values())
+    planned = getattr(getattr(client, "cluster", None), "plan", None) or ()
+    return max(now, len(planned), 1)
 
 
 @contextlib.contextmanager

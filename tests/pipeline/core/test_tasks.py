@@ -144,3 +144,25 @@ def test_map_chunks_raises_a_chunks_error_and_maps_nothing_to_nothing(client) ->
     with pytest.raises(ValueError, match=r"rows 50\.\.60 are bad"):
         map_chunks(client, _bad_chunk, [(c, 10 * c, 10 * c + 10) for c in range(8)])
     assert map_chunks(client, _bad_chunk, []) == []
+
+
+def test_threads_count_the_workers_a_cluster_plans() -> None:
+    """Workers asked for but not yet joined (a batch queue, a cluster scaling up) count: the
+    tasks of a map started before they join leave them work. A client that joined by the
+    scheduler's address (no cluster object) counts the workers' threads alone."""
+    from distributed import Client, LocalCluster
+
+    from pipeline.core.tasks import threads
+
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as c,
+        Client(cluster.scheduler_address) as by_address,
+    ):
+        assert threads(c) == threads(by_address) == 2
+        cluster.scale(3)
+        assert threads(c) >= 3  # planned at once, whether or not they have joined
+        c.wait_for_workers(3)
+        assert threads(c) == threads(by_address) == 6
