@@ -294,7 +294,11 @@ def save(directory: storage.Where, name: str, obj: Any) -> None:
         "root": root,
     }
     try:
-        text = json.dumps(doc, indent=1, allow_nan=False)
+        # compact: json's C encoder writes it; with indent, json falls back to its Python
+        # encoder, 5x slower (a checkpoint after 61 passes 1.0 -> 0.2 ms, after a 100M run's
+        # last pass, its 1,024 chunks' summaries, 24 -> 3.6 ms); ``python -m json.tool`` shows
+        # it indented
+        text = json.dumps(doc, allow_nan=False, separators=(",", ":"))
     except ValueError as err:  # an int beyond the digits int -> str may convert
         raise PersistError(f"{json_path}: cannot store {name}: {err}") from err
     except RecursionError as err:
