@@ -122,10 +122,17 @@ def map_chunks(
         [tail] * n,
         key=[f"{fn.__name__}-{token}-{i}" for i in range(n)],
     )
-    rows = [sum(b - a for _, a, b in g) for g in groups]
-    with progress_bar(desc, sum(rows)) as bar:
-        parts = gather(client, futs, None if bar is None else lambda i: bar(rows[i]))
+    parts = gather_rows(client, futs, [sum(b - a for _, a, b in g) for g in groups], desc)
     return [r for part in parts for r in part]
+
+
+def gather_rows(
+    client: Any, futs: Sequence[Any], rows: Sequence[int], desc: str | None
+) -> list[Any]:
+    """``gather``'s results, with a progress bar (``desc``; None for none) of ``sum(rows)``
+    records advanced by ``rows[i]`` as future ``i`` ends."""
+    with progress_bar(desc, sum(rows)) as bar:
+        return gather(client, futs, None if bar is None else lambda i: bar(rows[i]))
 
 
 def threads(client: Any) -> int:

@@ -148,7 +148,7 @@ def read_rows(path: str, a: int, b: int, reuse: bool = False) -> np.ndarray:
     ``pipeline.distributed.worker_setup.tune_malloc``) whose pages fault in afresh each task:
     200-470 faults and 1.7-1.9 ms of system time a 100,000-record MAP-DP task on 2 workers,
     against 7 faults and 0.9-1.1 ms reused (``bench_sweep.py -k pass_scaling``). Only for a
-    caller done with its previous array when it reads the next (``Chunk.X``: one task's
+    caller done with its previous array when it reads the next (``Chunk.X``: one chunk's
     records)."""
     arr = open_array(path, "r")
     at = _chunk_file(path, arr, a, b)

@@ -27,7 +27,7 @@ import zarr
 
 from pipeline.core import storage
 from pipeline.core.config import FitParams
-from pipeline.core.tasks import gather, map_chunks, progress_bar
+from pipeline.core.tasks import gather_rows, map_chunks
 from pipeline.data.chunk_io import record_codec
 from pipeline.data.store import Store, StoreInfo, iter_chunks
 from pipeline.engines import get_engine
@@ -66,9 +66,7 @@ def sweep_chunks(
     for c, a, b in chunks:
         futs.append(client.submit(chunk_task, engine.name, data, st, c, a, b, msg, pure=False))
         msg = client.submit(carry_task, engine.name, msg, futs[-1], pure=False)
-    rows = [b - a for _, a, b in chunks]
-    with progress_bar(desc, sum(rows)) as bar:
-        return gather(client, futs, None if bar is None else lambda i: bar(rows[i]))
+    return gather_rows(client, futs, [b - a for _, a, b in chunks], desc)
 
 
 def score_task(

@@ -103,8 +103,8 @@ class Chunk:
         """The chunk's records, float64 whatever the store holds (a float32 store's rows
         widened here: the kernels compile for float64 only).
 
-        Read into the array the previous task of this thread read its records into, when
-        nothing refers to that any more (``chunk_io.scratch``)."""
+        Read into the array the previous chunk on this thread was read into, when nothing
+        refers to that any more (``chunk_io.scratch``)."""
         return np.ascontiguousarray(self.read("X", reuse=True), dtype=np.float64)
 
     @cached_property
