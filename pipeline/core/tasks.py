@@ -15,6 +15,12 @@ messages, its hand-over to the worker's thread): with a task a chunk of 100,000 
 of MAP-DP sweep) that was 4-5% of every worker's time and 1.5-1.8 ms of the driver's CPU a
 task, both measured on the 2-core machine (2026-11-27). The chunks' results and what each
 chunk writes are the same however the chunks are grouped: only the number of tasks changes.
+
+``on_scattered``: tasks on data scattered to the workers (a pass's message, a model), scattered
+and run again when the cluster loses it. Dask cannot recompute scattered data: when the last
+worker holding it leaves (killed, its node gone), the scheduler forgets it and cancels every
+task that needs it. Broadcasting does not prevent that: Dask's active memory manager drops the
+copies that no waiting task needs any more, so near a map's end one worker may hold the last.
 """
 
 from __future__ import annotations
@@ -23,13 +29,20 @@ import contextlib
 import math
 import sys
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # The most records a task sweeps: 16 chunks of the default 100,000 rows. It bounds how long a
 # progress bar waits between steps and what a lost worker's task recomputes (about half a
 # second of MAP-DP on one core), while a task's own overhead stays under 1% of it.
 TASK_ROWS = 1_600_000
+
+# How often ``on_scattered`` scatters its data: the first time and after each loss. Each loss is
+# a worker gone in the middle of the tasks; more in a row is a cluster failing, not bad luck.
+SCATTER_TRIES = 4
 
 
 def gather(
@@ -47,6 +60,48 @@ def gather(
         for fut in as_completed(futs):
             on_done(index[fut.key])
     return list(client.gather(list(futs)))
+
+
+def on_scattered(
+    client: Any,
+    objs: Sequence[Any],
+    run: Callable[..., T],
+    broadcast: bool | Sequence[bool] = True,
+    what: str = "tasks",
+) -> T:
+    """``run(*futures)``, a future of each of ``objs`` scattered to the workers (to every worker
+    where ``broadcast`` is true, for all objects or each); when the cluster loses one of them
+    before ``run`` has its results, the objects are scattered again and ``run`` runs again,
+    with a warning naming ``what``.
+
+    ``run`` must be idempotent (this package's tasks each write only their own chunk's rows,
+    the same rows every time): a second run redoes the tasks that ended the first time too.
+    After ``SCATTER_TRIES`` losses the cancellation is raised.
+    """
+    from distributed.client import FutureCancelledError
+
+    every = [broadcast] * len(objs) if isinstance(broadcast, bool) else list(broadcast)
+    attempt = 1
+    while True:
+        futs: list[Any] = [None] * len(objs)
+        for b in (True, False):
+            at = [i for i, e in enumerate(every) if e == b]
+            if at:  # Dask's scatter of nothing fails
+                scattered = client.scatter([objs[i] for i in at], broadcast=b, hash=False)
+                for i, f in zip(at, scattered):
+                    futs[i] = f
+        try:
+            return run(*futs)
+        except FutureCancelledError:
+            if attempt == SCATTER_TRIES or not any(f.cancelled() for f in futs):
+                raise
+        attempt += 1
+        warnings.warn(
+            f"{what}: a worker that left held the last copy of the data its tasks need; "
+            f"scattering it again and running them again (try {attempt} of {SCATTER_TRIES})",
+            RuntimeWarning,
+            stacklevel=2,
+        )
 
 
 def rounds(n_chunks: int, g: int, slots: int) -> int:

@@ -26,7 +26,7 @@ import zarr
 from pipeline.core import storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE
 from pipeline.core.errors import InputError
-from pipeline.core.tasks import gather
+from pipeline.core.tasks import gather, on_scattered
 from pipeline.data.ingest_tasks import (
     Encoder,
     PieceResult,
@@ -347,37 +347,37 @@ def ingest(
             raise InputError(f"{src.description}: {NO_ROWS}")
         store.create_arrays(n_rows, D, chunk_rows, labels=labels, dtype=dtype)
         rate = min(1.0, prior_sample / max(n_rows * (1.0 - holdout), 1.0))
-        enc_f = client.scatter(enc, broadcast=True, hash=False)
-        futs = [
-            client.submit(
+        results = _on_pieces(
+            client,
+            src,
+            enc,
+            lambda p, enc_f, rows_f: client.submit(
                 ingest_aligned_task,
                 str(store.path),
-                _bare(p),
+                p,
                 enc_f,
                 holdout,
                 rate,
-                _piece_data(client, p),
+                rows_f,
                 n_folds,
                 pure=False,
-            )
-            for p in src.pieces
-        ]
-        results = _gather(client, futs, "ingest", tell)
+            ),
+            "ingest",
+            tell,
+        )
         _first_error(results)
     else:
-        enc_f = client.scatter(enc, broadcast=True, hash=False)
-        futs = [
-            client.submit(
-                stage_piece_task,
-                str(store.path),
-                _bare(p),
-                enc_f,
-                _piece_data(client, p),
-                pure=False,
-            )
-            for p in src.pieces
-        ]
-        staged = sorted(_gather(client, futs, "read", tell), key=lambda r: r.index)
+        staged = _on_pieces(
+            client,
+            src,
+            enc,
+            lambda p, enc_f, rows_f: client.submit(
+                stage_piece_task, str(store.path), p, enc_f, rows_f, pure=False
+            ),
+            "read",
+            tell,
+        )
+        staged = sorted(staged, key=lambda r: r.index)
         _first_staged_error(src, staged)
         counts = [r.n for r in staged]
         n_rows = int(sum(counts))
@@ -628,14 +628,33 @@ def _bare(piece: Piece) -> Piece:
     return piece
 
 
-def _piece_data(client: Any, piece: Piece) -> Any:
-    """A future of an in-memory piece's rows, so that no data is embedded in the task graph."""
-    if piece.kind not in IN_MEMORY:
-        return None
-    (obj,) = piece.args
-    if piece.kind == "delayed":
-        return client.compute(obj)
-    return client.scatter(obj, hash=False)
+def _on_pieces(
+    client: Any,
+    src: Source,
+    enc: Encoder,
+    submit: Callable[[Piece, Any, Any], Any],
+    what: str,
+    tell: Callable[[str, int, int], None],
+) -> list[Any]:
+    """The results of ``submit(piece, encoder, rows)``'s task for every piece of ``src``, in
+    order (``_gather``). The encoder is broadcast and an in-memory piece's rows are scattered
+    to one worker (a delayed piece's computed there), so that no data is embedded in the task
+    graph; both are scattered again, and the tasks run again, when a lost worker takes them
+    (``on_scattered``: the tasks write only their own piece's rows)."""
+    held = [p for p in src.pieces if p.kind in IN_MEMORY and p.kind != "delayed"]
+
+    def run(enc_f: Any, *held_f: Any) -> list[Any]:
+        rows_f = dict(zip((p.index for p in held), held_f))
+        futs = []
+        for p in src.pieces:
+            rows = rows_f.get(p.index)
+            if p.kind == "delayed":
+                rows = client.compute(p.args[0])
+            futs.append(submit(_bare(p), enc_f, rows))
+        return _gather(client, futs, what, tell)
+
+    objs = [enc, *(p.args[0] for p in held)]
+    return on_scattered(client, objs, run, [True] + [False] * len(held), what)
 
 
 def _first_staged_error(src: Source, staged: Sequence[PieceResult]) -> None:

@@ -27,7 +27,7 @@ import zarr
 
 from pipeline.core import storage
 from pipeline.core.config import FitParams
-from pipeline.core.tasks import gather_rows, map_chunks
+from pipeline.core.tasks import gather_rows, map_chunks, on_scattered
 from pipeline.data.chunk_io import record_codec
 from pipeline.data.store import Store, StoreInfo, iter_chunks
 from pipeline.engines import get_engine
@@ -187,9 +187,15 @@ def run_pass(
         scores_into = str(labels_out)
         create_labels(scores_into, info, overwrite=False)
     msg = engine.pass_input(state, ctx, p, scores_into)
-    msg_f = client.scatter(msg, broadcast=not engine.sequential, hash=False)
-    results = sweep_chunks(client, engine, ctx, msg_f, f"pass {p}" if ctx.progress else None)
-    del msg_f
+    results = on_scattered(
+        client,
+        [msg],
+        lambda msg_f: sweep_chunks(
+            client, engine, ctx, msg_f, f"pass {p}" if ctx.progress else None
+        ),
+        broadcast=not engine.sequential,
+        what=f"pass {p}",
+    )
     new, record = engine.reduce(state, results, ctx, scores_into)
     seconds = time.perf_counter() - t0
     record["seconds"] = seconds

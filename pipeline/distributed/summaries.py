@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.core.tasks import map_chunks
+from pipeline.core.tasks import map_chunks, on_scattered
 from pipeline.data.chunk_io import read_rows, write_rows
 from pipeline.data.store import iter_chunks
 from pipeline.engines.base import Chunk, RunContext
@@ -132,13 +132,17 @@ def split_summaries(client: Any, ctx: RunContext, state: PassState, M: int) -> S
             q = ndtri(np.arange(1, mk) / mk)
             cuts[k, : mk - 1] = math.sqrt(max(float(w[-1]), 0.0)) * q
     msg = _split_input(state, ctx, mean, axis, cuts)
-    msg_f = client.scatter(msg, broadcast=True, hash=False)
-    parts = map_chunks(
+    parts = on_scattered(
         client,
-        _split_chunk_task,
-        list(iter_chunks(info)),
-        (str(ctx.data.path), str(ctx.state.path)),
-        (msg_f,),
+        [msg],
+        lambda msg_f: map_chunks(
+            client,
+            _split_chunk_task,
+            list(iter_chunks(info)),
+            (str(ctx.data.path), str(ctx.state.path)),
+            (msg_f,),
+        ),
+        what="summaries",
     )
     sub_stats = sum(parts[1:], parts[0]).array
     keep = sub_stats[:, 0] > 0.5

@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pipeline.core import storage
-from pipeline.core.tasks import map_chunks
+from pipeline.core.tasks import map_chunks, on_scattered
 from pipeline.data.labels import WriteResult, create_labels
 from pipeline.data.store import StoreInfo, iter_chunks
 from pipeline.families import FloatArray
@@ -104,14 +104,18 @@ def write_out(
         return summarize_written(list(done), info, time.perf_counter() - t0, state.pass_no)
     create_labels(labels_path, info, overwrite=True)
     msg = engine.write_input(state, mapping, ctx)
-    msg_f = client.scatter(msg, broadcast=True, hash=False)
-    results: list[WriteResult] = map_chunks(
+    results: list[WriteResult] = on_scattered(
         client,
-        score_task,
-        list(iter_chunks(info)),
-        (engine.name, str(ctx.data.path), str(ctx.state.path), labels_path),
-        (state.pass_no + 1, msg_f),
-        "write-out" if ctx.progress else None,
+        [msg],
+        lambda msg_f: map_chunks(
+            client,
+            score_task,
+            list(iter_chunks(info)),
+            (engine.name, str(ctx.data.path), str(ctx.state.path), labels_path),
+            (state.pass_no + 1, msg_f),
+            "write-out" if ctx.progress else None,
+        ),
+        what="write-out",
     )
     return summarize_written(results, info, time.perf_counter() - t0)
 

@@ -32,6 +32,7 @@ from kernels import mapdp as kmapdp
 from pipeline.core.config import FitParams
 from pipeline.core.persist import register
 from pipeline.core.seeds import seed_state
+from pipeline.core.tasks import on_scattered
 from pipeline.data.labels import WriteResult, emit_chunk
 from pipeline.data.store import StoreInfo, iter_chunks
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext
@@ -307,16 +308,16 @@ def stream_chunks(
             seconds += res.seconds
             msg = ENGINE.carry(msg, res)
         return msg.stream, seconds
-    msg = client.scatter(msg, hash=False)
-    futs = []
-    for c, a, b in iter_chunks(info):
-        futs.append(client.submit(_stream_task, data, c, a, b, msg, pure=False))
-        msg = client.submit(_carry_task, msg, futs[-1], pure=False)
-    seconds = 0.0
-    for fut in futs:
-        out: StreamResult = fut.result()
-        seconds += out.seconds
-    return out.stream, seconds
+
+    def chain(msg: Any) -> list[StreamResult]:
+        futs = []
+        for c, a, b in iter_chunks(info):
+            futs.append(client.submit(_stream_task, data, c, a, b, msg, pure=False))
+            msg = client.submit(_carry_task, msg, futs[-1], pure=False)
+        return list(client.gather(futs))
+
+    outs = on_scattered(client, [msg], chain, broadcast=False, what="ASUGS stream")
+    return outs[-1].stream, sum(out.seconds for out in outs)
 
 
 def stream_sample(info: StoreInfo, n: int, sp: StreamParams, rng: Any) -> StreamState:

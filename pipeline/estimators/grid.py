@@ -20,6 +20,7 @@ from sklearn.base import clone
 from sklearn.model_selection import GroupKFold, KFold, ParameterGrid
 
 from pipeline.core.errors import InputError
+from pipeline.core.tasks import on_scattered
 
 CV_SEED = 0
 
@@ -244,19 +245,22 @@ def run_grid(
             for i in todo
         }
     else:
-        X_f = client.scatter(X, broadcast=True, hash=False)
-        est_f = client.scatter(estimator, broadcast=True, hash=False)
-        split_f = [
-            (client.scatter(tr, hash=False), client.scatter(te, hash=False)) for tr, te in splits
-        ]
-        futs = {
-            i: [
-                client.submit(
-                    fit_and_score, est_f, candidates[i], X_f, tr, te, error_score, pure=False
-                )
-                for tr, te in split_f
-            ]
-            for i in todo
-        }
-        done = {i: client.gather(row) for i, row in futs.items()}
+
+        def cells(X_f: Any, est_f: Any, *folds_f: Any) -> dict[int, list[dict[str, Any]]]:
+            futs = {
+                i: [
+                    client.submit(
+                        fit_and_score, est_f, candidates[i], X_f, tr, te, error_score, pure=False
+                    )
+                    for tr, te in zip(folds_f[::2], folds_f[1::2])
+                ]
+                for i in todo
+            }
+            return {i: client.gather(row) for i, row in futs.items()}
+
+        # X and the estimator on every worker, each fold's rows on one
+        folds = [rows for split in splits for rows in split]
+        done = on_scattered(
+            client, [X, estimator, *folds], cells, [True, True] + [False] * len(folds), "grid"
+        )
     return [known[i] if i in known else done[i] for i in range(len(candidates))]

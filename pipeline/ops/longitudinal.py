@@ -19,6 +19,7 @@ from pipeline.core import storage
 from pipeline.core.config import MAX_PASSES, MIN_CHANGE, TOL, FitParams
 from pipeline.core.diagnose import degenerate_fit
 from pipeline.core.errors import InputError
+from pipeline.core.tasks import on_scattered
 from pipeline.data import sources
 from pipeline.data.store import Store, StoreInfo, iter_chunks
 from pipeline.distributed import loop
@@ -133,9 +134,14 @@ def subject_results(client: Any, ctx: RunContext, state: Any) -> dict[str, np.nd
     if client is None:
         parts = [_subject_task(*a) for a in args]
     else:
-        msg_f = client.scatter(msg, broadcast=True, hash=False)
-        futs = [client.submit(_subject_task, *a[:-1], msg_f, pure=False) for a in args]
-        parts = list(client.gather(futs))
+        parts = on_scattered(
+            client,
+            [msg],
+            lambda msg_f: client.gather(
+                [client.submit(_subject_task, *a[:-1], msg_f, pure=False) for a in args]
+            ),
+            what="subject results",
+        )
     return {k: np.concatenate([r[k] for r in parts]) for k in parts[0]}
 
 

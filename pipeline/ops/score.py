@@ -27,7 +27,7 @@ import zarr
 
 from pipeline.core import outputs, storage
 from pipeline.core.outputs import versions, write_json
-from pipeline.core.tasks import map_chunks
+from pipeline.core.tasks import map_chunks, on_scattered
 from pipeline.data.labels import WriteResult, create_labels, emit_chunk
 from pipeline.data.store import Store, StoreInfo, iter_chunks
 from pipeline.families import FloatArray, ProductFamily
@@ -121,13 +121,14 @@ def write_scores(
     store = str(partial / "store.zarr")
     labels = str(partial / "labels.zarr")
     create_labels(labels, info, overwrite=True)
-    model = client.scatter(
-        (np.ascontiguousarray(est.cluster_stats_), float(est.alpha_), est.family_),
-        broadcast=True,
-        hash=False,
-    )
-    results: list[WriteResult] = map_chunks(
-        client, _score_chunk_packed, list(iter_chunks(info)), (store, labels), (model,)
+    model = (np.ascontiguousarray(est.cluster_stats_), float(est.alpha_), est.family_)
+    results: list[WriteResult] = on_scattered(
+        client,
+        [model],
+        lambda model_f: map_chunks(
+            client, _score_chunk_packed, list(iter_chunks(info)), (store, labels), (model_f,)
+        ),
+        what="scoring",
     )
     n = sum(r.train_n for r in results)
     if progress:

@@ -6,14 +6,25 @@ threads, and ``map_chunks`` on a real ``LocalCluster``."""
 from __future__ import annotations
 
 import heapq
+import os
+import signal
 import time
+from concurrent.futures import CancelledError
+from typing import Any
 
 import pytest
 from distributed import get_task_stream
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.core.tasks import TASK_ROWS, chunk_groups, gather, map_chunks, rounds
+from pipeline.core.tasks import (
+    TASK_ROWS,
+    chunk_groups,
+    gather,
+    map_chunks,
+    on_scattered,
+    rounds,
+)
 from pipeline.distributed.client import dask_client
 
 
@@ -166,3 +177,67 @@ def test_threads_count_the_workers_a_cluster_plans() -> None:
         assert threads(c) >= 3  # planned at once, whether or not they have joined
         c.wait_for_workers(3)
         assert threads(c) == threads(by_address) == 6
+
+
+# -- on_scattered ---------------------------------------------------------------------------
+
+
+def _plus(x: int, i: int) -> int:
+    return x + i
+
+
+def _kill_holders(c: Any, fut: Any) -> None:
+    """Kill every worker process holding ``fut`` (their nannies start new ones) and wait until
+    the scheduler has forgotten it."""
+    holders = list(c.who_has([fut])[fut.key])
+    for pid in c.run(os.getpid, workers=holders).values():
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.time() + 30
+    while not fut.cancelled() and time.time() < deadline:
+        time.sleep(0.01)
+    assert fut.cancelled()
+
+
+def test_on_scattered_scatters_again_when_the_last_holder_leaves() -> None:
+    """Scattered data whose holders are killed is lost for good (Dask cannot recompute it):
+    the tasks on it are cancelled, and ``on_scattered`` scatters it again and reruns them. A
+    cancellation that loses nothing (a task cancelled) is raised at once."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as c,
+    ):
+        tries: list[str] = []
+
+        def run(x: Any) -> list[int]:
+            tries.append(x.key)
+            if len(tries) == 1:
+                _kill_holders(c, x)
+            return gather(c, c.map(_plus, [x] * 4, range(4), pure=False))
+
+        with pytest.warns(RuntimeWarning, match=r"demo: a worker that left .*\(try 2 of 4\)"):
+            assert on_scattered(c, [10], run, what="demo") == [10, 11, 12, 13]
+        assert len(tries) == 2 and tries[0] != tries[1]
+
+        def cancelled(x: Any) -> Any:
+            tries.append(x.key)
+            fut = c.submit(time.sleep, 30, pure=False)
+            c.cancel(fut)
+            return fut.result()
+
+        tries.clear()
+        with pytest.raises(CancelledError):
+            on_scattered(c, [10], cancelled)
+        assert len(tries) == 1
+
+
+def test_on_scattered_gives_up_after_its_tries(client) -> None:
+    def lose(x: Any) -> Any:
+        client.cancel([x], force=True)  # the scattered data gone, as a lost worker leaves it
+        return client.submit(_plus, x, 1, pure=False).result()
+
+    with pytest.warns(RuntimeWarning), pytest.raises(CancelledError):
+        on_scattered(client, [1], lose, broadcast=False)
