@@ -622,7 +622,7 @@ def _check_group_sizes(
 
 
 def _bare(piece: Piece) -> Piece:
-    """The piece without its in-memory rows (they travel as a future, ``_piece_data``)."""
+    """The piece without its in-memory rows (they travel as a future, ``_on_pieces``)."""
     if piece.kind in IN_MEMORY:
         return Piece(piece.index, piece.label, piece.kind, (), piece.row0, piece.n)
     return piece
