@@ -80,7 +80,7 @@ def add_longitudinal_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=_positive_int,
         default=DEFAULT_CHUNK_ROWS,
         metavar="N",
-        help=f"rows per chunk, whole subjects, one Dask task each (default {DEFAULT_CHUNK_ROWS:,})",
+        help=f"rows per chunk, whole subjects (default {DEFAULT_CHUNK_ROWS:,})",
     )
     p.add_argument("--alpha", type=_alpha, default="learn", metavar="FLOAT|learn")
     p.add_argument("--max-passes", type=_positive_int, default=MAX_PASSES, metavar="N")

@@ -85,8 +85,9 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=_positive_int,
         default=DEFAULT_CHUNK_ROWS,
         metavar="N",
-        help=f"rows per chunk at most, one Dask task each (default {DEFAULT_CHUNK_ROWS:,}); "
-        "32 chunks or more are made a little shorter to divide evenly among 2, 4, 8, ... workers",
+        help=f"rows per chunk at most (default {DEFAULT_CHUNK_ROWS:,}); 32 chunks or more are "
+        "made a little shorter to divide evenly among 2, 4, 8, ... workers; a Dask task sweeps "
+        "one or more consecutive chunks",
     )
     p.add_argument(
         "--holdout",

@@ -39,7 +39,8 @@ def add_score_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=_positive_int,
         default=DEFAULT_CHUNK_ROWS,
         metavar="N",
-        help=f"rows per chunk, one Dask task each (default {DEFAULT_CHUNK_ROWS:,})",
+        help=f"rows per chunk (default {DEFAULT_CHUNK_ROWS:,}); a Dask task scores one or more "
+        "consecutive chunks",
     )
     p.set_defaults(func=cmd_score)
     return p
