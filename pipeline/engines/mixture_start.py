@@ -22,6 +22,7 @@ from kernels import mapdp as kmapdp
 from kernels import partition as kpartition
 from pipeline.core.config import MAX_SEEDS, FitParams
 from pipeline.core.seeds import seed_state
+from pipeline.core.tasks import on_scattered
 from pipeline.data.store import StoreInfo, iter_chunks
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.engines.mixture_state import IntArray, PassState, chunk_seed, init_sample_rows
@@ -143,14 +144,21 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
     Xs = fam.arrange(np.asarray(info.sample)[pos])
     rng = np.random.default_rng(chunk_seed(params.seed, params.restart, 0, 0))
     order = rng.permutation(rows.shape[0]).astype(np.int64)
-    Xs_f = client.scatter(Xs, hash=False)  # not embedded in the task graph
-    fut = client.submit(_sample_fit_task, Xs_f, fam, order, alpha, params, pure=False)
     # the fit keeps one worker busy and the driver idle: the driver loads what it will need
     # meanwhile (workers did so when they started: ``pipeline.distributed.worker_setup``)
     threading.Thread(
         target=warm_driver, args=(prior_filled(Xs[:40], fam), fam), daemon=True
     ).start()
-    labels, stats, alpha, n_iter, e, fill = fut.result()
+    # the sample scattered, not embedded in the task graph
+    labels, stats, alpha, n_iter, e, fill = on_scattered(
+        client,
+        [Xs],
+        lambda Xs_f: client.submit(
+            _sample_fit_task, Xs_f, fam, order, alpha, params, pure=False
+        ).result(),
+        broadcast=False,
+        what="sample start",
+    )
     K = int(stats.shape[0])
     record = {
         "pass": 0,
