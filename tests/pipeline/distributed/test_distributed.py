@@ -712,7 +712,7 @@ def test_killed_worker_gives_the_same_labels(tmp_path: Path, kill: str):
     in chunk order). With every worker gone the pass's scattered message is lost for good (the
     last copy may also go with one worker: Dask's memory manager drops copies no waiting task
     needs), so the pass scatters it again and runs again, with a warning."""
-    X, _ = blobs(40000, seed=9, d=4, k=6)
+    X, _ = blobs(100_000, seed=9, d=4, k=6)
     params = FitParams(seed=5, max_passes=6, init="sequential").checked()
     with (
         LocalCluster(
