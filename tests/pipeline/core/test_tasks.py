@@ -1,7 +1,8 @@
 """``pipeline.core.tasks``: ``gather`` on a real ``LocalCluster`` (the results in the futures'
 order whatever order the tasks end in, ``on_done`` once per future as it ends, a task's error
 raised as the task raised it), ``chunk_groups`` against a simulation of the tasks on their
-threads, and ``map_chunks`` on a real ``LocalCluster``."""
+threads, ``map_chunks`` on a real ``LocalCluster``, and ``on_scattered`` on one of worker
+processes killed under it."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.tasks import (
+    SCATTER_TRIES,
     TASK_ROWS,
     chunk_groups,
     gather,
@@ -235,9 +237,13 @@ def test_on_scattered_scatters_again_when_the_last_holder_leaves() -> None:
 
 
 def test_on_scattered_gives_up_after_its_tries(client) -> None:
+    tries: list[str] = []
+
     def lose(x: Any) -> Any:
+        tries.append(x.key)
         client.cancel([x], force=True)  # the scattered data gone, as a lost worker leaves it
         return client.submit(_plus, x, 1, pure=False).result()
 
-    with pytest.warns(RuntimeWarning), pytest.raises(CancelledError):
+    with pytest.warns(RuntimeWarning) as told, pytest.raises(CancelledError):
         on_scattered(client, [1], lose, broadcast=False)
+    assert len(set(tries)) == SCATTER_TRIES == len(told) + 1
