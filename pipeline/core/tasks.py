@@ -181,6 +181,27 @@ def map_chunks(
     return [r for part in parts for r in part]
 
 
+def chain_chunks(
+    client: Any,
+    fn: Callable[..., Any],
+    carry: Callable[[Any, Any], Any],
+    chunks: Sequence[tuple[int, int, int]],
+    head: tuple[Any, ...],
+    msg: Any,
+    desc: str | None = None,
+) -> list[Any]:
+    """``fn(*head, c, a, b, msg)`` for every chunk (c, first row, end row) of ``chunks`` in
+    order, a task each, where each chunk's ``msg`` is ``carry(msg, result)`` of the chunk
+    before (a sequential engine's state; ``msg`` of the first may be a future). Futures all the
+    way: the state goes from worker to worker, not through the driver. The results in the
+    chunks' order; ``desc``: a progress bar as ``map_chunks``'."""
+    futs = []
+    for c, a, b in chunks:
+        futs.append(client.submit(fn, *head, c, a, b, msg, pure=False))
+        msg = client.submit(carry, msg, futs[-1], pure=False)
+    return gather_rows(client, futs, [b - a for _, a, b in chunks], desc)
+
+
 def gather_rows(
     client: Any, futs: Sequence[Any], rows: Sequence[int], desc: str | None
 ) -> list[Any]:

@@ -16,6 +16,7 @@ checkpoint. The dataset store is only read, so many fits can share it.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import time
@@ -27,7 +28,7 @@ import zarr
 
 from pipeline.core import storage
 from pipeline.core.config import FitParams
-from pipeline.core.tasks import gather_rows, map_chunks, on_scattered
+from pipeline.core.tasks import chain_chunks, map_chunks, on_scattered
 from pipeline.data.chunk_io import record_codec
 from pipeline.data.store import Store, StoreInfo, iter_chunks
 from pipeline.engines import get_engine
@@ -54,19 +55,14 @@ def sweep_chunks(
 ) -> list[Any]:
     """The chunk tasks' results of one pass, in chunk order: every chunk on the same message
     (``map_chunks``: several chunks a task), or, for a sequential engine, a chain in chunk
-    order where each chunk's task waits for the previous one's ``carry`` (futures all the way:
-    the state goes from worker to worker, not through the driver). ``desc``: the progress
-    bar's, None for none."""
-    data, st = str(ctx.data.path), str(ctx.state.path)
+    order where each chunk's task waits for the previous one's ``carry`` (``chain_chunks``).
+    ``desc``: the progress bar's, None for none."""
+    head = (engine.name, str(ctx.data.path), str(ctx.state.path))
     chunks = list(iter_chunks(ctx.info))
     if not engine.sequential:
-        return map_chunks(client, chunk_task, chunks, (engine.name, data, st), (msg_f,), desc)
-    futs = []
-    msg = msg_f
-    for c, a, b in chunks:
-        futs.append(client.submit(chunk_task, engine.name, data, st, c, a, b, msg, pure=False))
-        msg = client.submit(carry_task, engine.name, msg, futs[-1], pure=False)
-    return gather_rows(client, futs, [b - a for _, a, b in chunks], desc)
+        return map_chunks(client, chunk_task, chunks, head, (msg_f,), desc)
+    carry = functools.partial(carry_task, engine.name)
+    return chain_chunks(client, chunk_task, carry, chunks, head, msg_f, desc)
 
 
 def score_task(

@@ -32,7 +32,7 @@ from kernels import mapdp as kmapdp
 from pipeline.core.config import FitParams
 from pipeline.core.persist import register
 from pipeline.core.seeds import seed_state
-from pipeline.core.tasks import on_scattered
+from pipeline.core.tasks import chain_chunks, on_scattered
 from pipeline.data.labels import WriteResult, emit_chunk
 from pipeline.data.store import StoreInfo, iter_chunks
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext
@@ -308,15 +308,14 @@ def stream_chunks(
             seconds += res.seconds
             msg = ENGINE.carry(msg, res)
         return msg.stream, seconds
-
-    def chain(msg: Any) -> list[StreamResult]:
-        futs = []
-        for c, a, b in iter_chunks(info):
-            futs.append(client.submit(_stream_task, data, c, a, b, msg, pure=False))
-            msg = client.submit(_carry_task, msg, futs[-1], pure=False)
-        return list(client.gather(futs))
-
-    outs = on_scattered(client, [msg], chain, broadcast=False, what="ASUGS stream")
+    chunks = list(iter_chunks(info))
+    outs: list[StreamResult] = on_scattered(
+        client,
+        [msg],
+        lambda msg_f: chain_chunks(client, _stream_task, _carry_task, chunks, (data,), msg_f),
+        broadcast=False,
+        what="ASUGS stream",
+    )
     return outs[-1].stream, sum(out.seconds for out in outs)
 
 

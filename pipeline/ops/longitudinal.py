@@ -19,7 +19,7 @@ from pipeline.core import storage
 from pipeline.core.config import MAX_PASSES, MIN_CHANGE, TOL, FitParams
 from pipeline.core.diagnose import degenerate_fit
 from pipeline.core.errors import InputError
-from pipeline.core.tasks import on_scattered
+from pipeline.core.tasks import map_chunks, on_scattered
 from pipeline.data import sources
 from pipeline.data.store import Store, StoreInfo, iter_chunks
 from pipeline.distributed import loop
@@ -125,21 +125,20 @@ def _subject_task(data: str, state: str, c: int, a: int, b: int, p: int, msg: An
 
 
 def subject_results(client: Any, ctx: RunContext, state: Any) -> dict[str, np.ndarray]:
-    """Every subject's final results (``MixedEffectsEngine.subject_results``), one task per
-    chunk, in store order."""
+    """Every subject's final results (``MixedEffectsEngine.subject_results``), in store order
+    (``map_chunks``: several chunks a task)."""
     engine = get_engine(ENGINE)
     msg = engine.write_input(state, np.arange(state.n_clusters), ctx)
     data, st = str(ctx.data.path), str(ctx.state.path)
-    args = [(data, st, c, a, b, state.pass_no + 1, msg) for c, a, b in iter_chunks(ctx.info)]
+    chunks = list(iter_chunks(ctx.info))
+    p = state.pass_no + 1
     if client is None:
-        parts = [_subject_task(*a) for a in args]
+        parts = [_subject_task(data, st, c, a, b, p, msg) for c, a, b in chunks]
     else:
         parts = on_scattered(
             client,
             [msg],
-            lambda msg_f: client.gather(
-                [client.submit(_subject_task, *a[:-1], msg_f, pure=False) for a in args]
-            ),
+            lambda msg_f: map_chunks(client, _subject_task, chunks, (data, st), (p, msg_f)),
             what="subject results",
         )
     return {k: np.concatenate([r[k] for r in parts]) for k in parts[0]}
