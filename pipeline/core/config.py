@@ -26,6 +26,9 @@ MIN_CHANGE = 1e-3
 #: the mean NMI moved 0.001 up (letter 0.582 -> 0.611, sonar and Pima 0.01 down), K never up
 ALPHA_PRIOR = (2.0, 5.0)
 N_FOLDS = 10
+#: the infinite HMM's transition concentration M0 (Raykov et al. 2016, Section 6), beside its
+#: state concentration N0 (``alpha``)
+GAMMA = 2.0
 INITS = ("auto", "sample", "sequential", "one-cluster", "seeds", "asugs", "asugs-sample")
 MAX_SEEDS = 100
 #: the engines of the pass loop by name (``pipeline.engines`` maps each to its module)
