@@ -1,6 +1,7 @@
 """dpmm-pipeline: Bayesian nonparametric clustering at scale.
 
-The public API, loaded lazily so that ``import pipeline`` stays light:
+The public API, loaded lazily so that ``import pipeline`` stays light (the names are
+``pipeline.estimators.registry.PUBLIC``'s):
 
 * ``MAPDP`` - MAP-DP (Raykov et al. 2016, Algorithm 1), scikit-learn style;
 * ``ASUGS`` - one-pass streaming ASUGS / ASUGS-PM / SUGS with ``partial_fit`` (Tsiligkaridis
@@ -23,7 +24,6 @@ The public API, loaded lazily so that ``import pipeline`` stays light:
 from __future__ import annotations
 
 import hashlib
-import importlib
 import importlib.util
 import os
 import sys
@@ -74,32 +74,17 @@ if not os.environ.get("NUMBA_CACHE_DIR") and "numba" not in sys.modules:
     if _where is not None:
         os.environ["NUMBA_CACHE_DIR"] = str(_where)
 
-_LAZY = {
-    "MAPDP": "pipeline.estimators.mapdp",
-    "MAPiHMM": "pipeline.estimators.ihmm",
-    "IHMMGibbs": "pipeline.estimators.ihmm",
-    "ASUGS": "pipeline.estimators.asugs",
-    "BHC": "pipeline.estimators.bhc",
-    "TreeGuidedMCMC": "pipeline.estimators.tgmcmc",
-    "DPMeans": "pipeline.estimators.baselines",
-    "CollapsedGibbs": "pipeline.estimators.baselines",
-    "UncollapsedGibbs": "pipeline.estimators.baselines",
-    "MixtureEstimator": "pipeline.estimators.base",
-    "MixedEffectsDP": "pipeline.estimators.mixed_effects",
-    "exact_log_marginal": "pipeline.models.exact",
-    "GridSearch": "pipeline.estimators.search",
-    "families": "pipeline.families",
-    "load_model": "pipeline.estimators.model",
-    "save_model": "pipeline.estimators.model",
-}
-
-__all__ = sorted(_LAZY)
-
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        module = importlib.import_module(_LAZY[name])
-        value = module if name == "families" else getattr(module, name)
-        globals()[name] = value
-        return value
+    # the public names are ``pipeline.estimators.registry.PUBLIC``'s, imported on first use
+    if name == "__all__" or not name.startswith("_"):
+        from pipeline.estimators import registry
+
+        # a name asked for while the registry itself is being imported is not one of them yet
+        public: dict[str, Any] = getattr(registry, "PUBLIC", {})
+        if name == "__all__":
+            return sorted(public)
+        if name in public:
+            globals()[name] = public[name]
+            return public[name]
     raise AttributeError(f"module 'pipeline' has no attribute {name!r}")

@@ -1,31 +1,32 @@
 """The engines of the pass loop, by name (``pipeline.engines.base`` has the protocol).
 
 Adding a model: a module ``pipeline/engines/NAME.py`` whose ``ENGINE`` is an ``Engine``, its
-kernels under ``kernels/``, and its name in ``pipeline.core.config.ENGINES``. The pass loop,
-the flow, the command line's ``--engine`` choices and the workers' warm-up all read this registry.
+kernels under ``kernels/``, its module in ``BY_NAME`` below and its name in
+``pipeline.core.config.ENGINES`` (which validates a run's parameters below this layer; a test
+checks the two agree). The pass loop, the flow, the command line's ``--engine`` choices and the
+workers' warm-up all read this registry.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING
-
 from pipeline.core.config import ENGINES, GPU_ENGINES, SUBJECT_ENGINES
+from pipeline.engines import asugs, gpu, ihmm, kmeans, mapdp, mixed_effects
+from pipeline.engines.base import Engine
 
 __all__ = [
+    "BY_NAME",
     "ENGINES",
-    "ENGINE_MODULES",
     "GPU_ENGINES",
     "MIXTURE_ENGINES",
     "SUBJECT_ENGINES",
     "get_engine",
 ]
 
-if TYPE_CHECKING:
-    from pipeline.engines.base import Engine
-
-#: each engine's module: ``pipeline/engines/NAME.py`` for every name in ``ENGINES``
-ENGINE_MODULES: dict[str, str] = {name: f"pipeline.engines.{name}" for name in ENGINES}
+#: every engine by its name: the CPU engines, then their GPU versions (``NAME-gpu``)
+BY_NAME: dict[str, Engine] = {
+    **{m.ENGINE.name: m.ENGINE for m in (mapdp, kmeans, mixed_effects, ihmm, asugs)},
+    **gpu.ENGINES,
+}
 MIXTURE_ENGINES: tuple[str, ...] = tuple(e for e in ENGINES if e not in SUBJECT_ENGINES)
 
 
@@ -34,10 +35,6 @@ def get_engine(name: str, device: str = "cpu") -> Engine:
     is ``NAME-gpu`` (``pipeline.engines.gpu``; the chunk tasks find it by that name)."""
     if device == "gpu":
         name = f"{name}-gpu"
-    if name.endswith("-gpu") and name[:-4] in GPU_ENGINES:
-        gpu: Engine = importlib.import_module("pipeline.engines.gpu").ENGINES[name]
-        return gpu
-    if name not in ENGINE_MODULES:
+    if name not in BY_NAME or (name.endswith("-gpu") and name[:-4] not in GPU_ENGINES):
         raise ValueError(f"engine must be one of {ENGINES}, got {name!r}")
-    engine: Engine = importlib.import_module(ENGINE_MODULES[name]).ENGINE
-    return engine
+    return BY_NAME[name]

@@ -38,8 +38,6 @@ naming the file; nothing is returned half-loaded.
 
 from __future__ import annotations
 
-import importlib
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -54,26 +52,19 @@ MODEL_FORMAT = "dpmm-pipeline model"
 MODEL_VERSION = 1
 RECORD = "model"
 
-#: the estimators a model may load into (an allowlist: a model never names code to import)
-ESTIMATORS: dict[str, str] = {
-    "MAPDP": "pipeline.estimators.mapdp",
-    "BHC": "pipeline.estimators.bhc",
-    "TreeGuidedMCMC": "pipeline.estimators.tgmcmc",
-    "DPMeans": "pipeline.estimators.baselines",
-    "CollapsedGibbs": "pipeline.estimators.baselines",
-    "UncollapsedGibbs": "pipeline.estimators.baselines",
-    "ASUGS": "pipeline.estimators.asugs",
-    "MAPiHMM": "pipeline.estimators.ihmm",
-    "IHMMGibbs": "pipeline.estimators.ihmm",
-    "MixedEffectsDP": "pipeline.estimators.mixed_effects",
-}
-
 # the fitted attribute stored as a tree (its columns and node statistics)
 _TREE = "tree_"
 
 
-def _estimator_class(name: str) -> type:
-    return getattr(importlib.import_module(ESTIMATORS[name]), name)  # type: ignore[no-any-return]
+def _estimators() -> dict[str, type]:
+    """The estimators a model may load into (an allowlist: a model never names code to import),
+    every model of ``pipeline.estimators.registry``; importing them registers the classes their
+    records hold (``pipeline.core.persist.register``: an HMM's state, a mixed model's
+    parameters) before a record is read in a fresh process. Imported here, not above: the
+    registry imports this module (``save_model``, ``load_model``)."""
+    from pipeline.estimators.registry import MODELS
+
+    return {name: m.estimator for name, m in MODELS.items()}
 
 
 def _storable_params(est: Any) -> dict[str, Any]:
@@ -105,13 +96,14 @@ def model_record(
     Raises
     ------
     PersistError
-        ``est`` is not one of ``ESTIMATORS`` or is not fitted.
+        ``est`` is not one of the registry's estimators or is not fitted.
     """
     cls: type = type(est)
     name = cls.__name__
-    if name not in ESTIMATORS or cls is not _estimator_class(name):
+    estimators = _estimators()
+    if estimators.get(name) is not cls:
         raise PersistError(
-            f"cannot save a {type(est).__qualname__}: models are saved for " + ", ".join(ESTIMATORS)
+            f"cannot save a {type(est).__qualname__}: models are saved for " + ", ".join(estimators)
         )
     attrs = tuple(est._model_attrs)
     missing = [a for a in ("schema_", *attrs) if not hasattr(est, a)]
@@ -374,18 +366,6 @@ def _tree_of(json_path: storage.Loc, node: dict[str, Any]) -> Any:
         raise _fail(json_path, f"tree_: {err}") from err
 
 
-def _import_estimator_of(json_path: storage.Loc) -> None:
-    """Import the module of the estimator the model names, if it is on the allowlist, so that
-    the classes its record holds (``pipeline.core.persist.register``: an HMM's state, a mixed
-    model's parameters) are registered before the record is read in a fresh process."""
-    try:
-        name = json.loads(json_path.read_text())["root"]["items"]["estimator"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # ``persist.load`` says what is wrong with the file
-    if isinstance(name, str) and name in ESTIMATORS:
-        _estimator_class(name)
-
-
 def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
     """The fitted estimator saved in the model directory ``path``.
 
@@ -414,7 +394,7 @@ def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
     outputs.require_visible(d, "model")
     if not d.is_dir():
         raise PersistError(f"{d}: no such model directory")
-    _import_estimator_of(json_path)
+    estimators = _estimators()
     rec = persist.load(d, RECORD)
     if type(rec) is not dict or rec.get("format") != MODEL_FORMAT:
         raise _fail(json_path, f"not a dpmm-pipeline model (no {MODEL_FORMAT!r} header)")
@@ -426,12 +406,12 @@ def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
             f"{MODEL_VERSION}",
         )
     name = rec.get("estimator")
-    if name not in ESTIMATORS:
-        raise _fail(json_path, f"estimator {name!r} is not one of {sorted(ESTIMATORS)}")
+    if name not in estimators:
+        raise _fail(json_path, f"estimator {name!r} is not one of {sorted(estimators)}")
     for key in ("params", "fitted", "metadata"):
         if type(rec.get(key)) is not dict:
             raise _fail(json_path, f"{key!r} is not a dict")
-    cls = _estimator_class(name)
+    cls = estimators[name]
     _check_fitted(json_path, rec, cls)
     try:
         est = cls(**rec["params"])

@@ -12,7 +12,7 @@ from pipeline.data.ingest import ingest
 from pipeline.data.store import Store
 from pipeline.data.synthetic import sample_longitudinal
 from pipeline.distributed import loop
-from pipeline.engines import ENGINE_MODULES, ENGINES, get_engine
+from pipeline.engines import BY_NAME, ENGINES, get_engine
 from pipeline.engines.base import RunContext
 from tests.engine_contract import EngineContract
 from tests.pipeline.engines import test_ihmm_engine  # its engine's contract class (grouped stores)
@@ -51,8 +51,9 @@ class TestToyEngine(EngineContract):
     @pytest.fixture(autouse=True)
     def _registered(self, monkeypatch):
         from pipeline.core import config
+        from tests import toy_engine
 
-        monkeypatch.setitem(ENGINE_MODULES, "toy", "tests.toy_engine")
+        monkeypatch.setitem(BY_NAME, "toy", toy_engine.ENGINE)
         monkeypatch.setattr(config, "ENGINES", (*config.ENGINES, "toy"))
 
 
@@ -92,6 +93,16 @@ def test_every_registered_engine_is_tested():
         )
     }
     assert tested == set(ENGINES)
+
+
+def test_the_registry_holds_every_configured_engine_and_its_gpu_versions():
+    """``config.ENGINES`` (which checks a run's parameters) and ``BY_NAME`` name the same engines,
+    each under its own name; every engine of ``GPU_ENGINES`` has its GPU version."""
+    from pipeline.core.config import GPU_ENGINES
+
+    assert set(ENGINES) | {f"{e}-gpu" for e in GPU_ENGINES} == set(BY_NAME)
+    assert all(engine.name == name for name, engine in BY_NAME.items())
+    assert get_engine("mapdp", "gpu") is BY_NAME["mapdp-gpu"]
 
 
 def test_an_unknown_engine_is_a_clear_error():
