@@ -33,46 +33,34 @@ from pipeline.core.config import FitParams
 from pipeline.core.persist import register
 from pipeline.core.seeds import seed_state
 from pipeline.core.tasks import chain_chunks, on_scattered
-from pipeline.data.labels import WriteResult, emit_chunk
+from pipeline.data.labels import WriteResult
 from pipeline.data.store import StoreInfo, iter_chunks
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext
 from pipeline.engines.mixture_state import (
     IntArray,
     chunk_seed,
     init_sample_rows,
-    plot_rate,
     predict,
+    write_fields,
 )
 from pipeline.families import FloatArray, ProductFamily
-from pipeline.families.stats import Stats
-from pipeline.models.asugs import (
-    DEFAULT_LAM,
-    EB_RECORDS,
-    PM_INTERVAL,
-    PRIOR_SCALE,
-    PRUNE_WEIGHT,
-    StreamParams,
-    StreamState,
-    advance,
-    check_stream_params,
-    choose_prior,
-)
+from pipeline.models import asugs as masugs
 
 #: ``RunContext.options`` keys of the engine (defaults from ``pipeline.estimators.asugs``)
 OPTIONS = ("lam", "select", "prune_merge", "pm_interval", "prune_weight")
 
 
-def stream_params(ctx: RunContext) -> StreamParams:
+def stream_params(ctx: RunContext) -> masugs.StreamParams:
     """The stream's parameters from the fit's ``alpha`` and the engine's options."""
     opts = ctx.options
     learn = ctx.params.learn_alpha
-    return check_stream_params(
-        opts.get("lam", DEFAULT_LAM) if learn else None,
+    return masugs.check_stream_params(
+        opts.get("lam", masugs.DEFAULT_LAM) if learn else None,
         None if learn else ctx.params.alpha,
         opts.get("select", "greedy"),
         opts.get("prune_merge", True),
-        opts.get("pm_interval", PM_INTERVAL),
-        opts.get("prune_weight", PRUNE_WEIGHT),
+        opts.get("pm_interval", masugs.PM_INTERVAL),
+        opts.get("prune_weight", masugs.PRUNE_WEIGHT),
     )
 
 
@@ -82,8 +70,8 @@ class AsugsState:
     """The driver's state: the stream after ``pass_no`` passes (one, when done)."""
 
     pass_no: int
-    stream: StreamState
-    sp: StreamParams
+    stream: masugs.StreamState
+    sp: masugs.StreamParams
     history: list[dict[str, Any]] = field(default_factory=list)
     converged: bool = False
     init_record: dict[str, Any] | None = None
@@ -116,8 +104,8 @@ class StreamInput:
     """What a chunk task receives: the stream as the previous chunk left it."""
 
     p: int
-    stream: StreamState
-    sp: StreamParams
+    stream: masugs.StreamState
+    sp: masugs.StreamParams
     family: ProductFamily
 
 
@@ -126,7 +114,7 @@ class StreamResult:
     """A chunk's part of the pass: the stream after its records."""
 
     c: int
-    stream: StreamState
+    stream: masugs.StreamState
     n_changed: int
     n_train: int
     seconds: float
@@ -149,7 +137,7 @@ def _stream_chunk(chunk: Chunk, msg: StreamInput) -> tuple[StreamResult, IntArra
     X, hold = chunk.X, chunk.holdout
     # a copy: the kernel updates the state in place, and a re-executed task must start from the
     # same state
-    st, ids, _ = advance(msg.stream.copy(), X[~hold], msg.family, msg.sp)
+    st, ids, _ = masugs.advance(msg.stream.copy(), X[~hold], msg.family, msg.sp)
     z = np.full(X.shape[0], -1, dtype=np.int64)
     z[~hold] = ids
     n = int(ids.shape[0])
@@ -164,7 +152,8 @@ def objective(stats: FloatArray, alpha: float, family: ProductFamily) -> float:
 
 class AsugsEngine(Engine):
     name: ClassVar[str] = "asugs"
-    prior_scale: ClassVar[float | None] = PRIOR_SCALE  # as ``pipeline.estimators.asugs.ASUGS``'s
+    # as ``pipeline.estimators.asugs.ASUGS``'s
+    prior_scale: ClassVar[float | None] = masugs.PRIOR_SCALE
     sequential: ClassVar[bool] = True
     record_arrays: ClassVar[tuple[RecordArray, ...]] = (RecordArray("z", "int64", -1),)
 
@@ -177,24 +166,24 @@ class AsugsEngine(Engine):
         if info.prior_fixed or params.prior_scale is not None:
             return base
         learn = params.learn_alpha
-        sp = check_stream_params(
-            DEFAULT_LAM if learn else None,
+        sp = masugs.check_stream_params(
+            masugs.DEFAULT_LAM if learn else None,
             None if learn else params.alpha,
             "greedy",
             True,
-            PM_INTERVAL,
-            PRUNE_WEIGHT,
+            masugs.PM_INTERVAL,
+            masugs.PRUNE_WEIGHT,
         )
         fam = base.family
         rng = seed_state(chunk_seed(params.seed, params.restart, 0, 0))
-        Xs = fam.arrange(np.asarray(info.sample)[:EB_RECORDS])
-        chosen, _scale, _strength = choose_prior(fam, PRIOR_SCALE, Xs, sp, rng)
+        Xs = fam.arrange(np.asarray(info.sample)[: masugs.EB_RECORDS])
+        chosen, _scale, _strength = masugs.choose_prior(fam, masugs.PRIOR_SCALE, Xs, sp, rng)
         return replace(base, family=chosen)
 
     def init_state(self, ctx: RunContext, client: Any) -> AsugsState:
         params = ctx.params
         rng = seed_state(chunk_seed(params.seed, params.restart, 0, 0))
-        return AsugsState(0, StreamState.empty(ctx.info.family, rng), stream_params(ctx))
+        return AsugsState(0, masugs.StreamState.empty(ctx.info.family, rng), stream_params(ctx))
 
     def pass_input(
         self, state: Any, ctx: RunContext, p: int, scores_into: str | None
@@ -245,17 +234,9 @@ class AsugsEngine(Engine):
         return new, record
 
     def write_input(self, state: Any, mapping: IntArray, ctx: RunContext) -> StreamWriteInput:
-        info = ctx.info
         rows = state.stream.rows_of_ids()
         final = np.where(rows >= 0, mapping[np.maximum(rows, 0)], -1).astype(np.int64)
-        return StreamWriteInput(
-            final_of_id=final,
-            stats=Stats(state.stats, info.family).merged(mapping).array,
-            alpha=state.alpha,
-            family=info.family,
-            plot_rate=plot_rate(info),
-            labels=info.label_column is not None,
-        )
+        return StreamWriteInput(final_of_id=final, **write_fields(state, mapping, ctx.info))
 
     def score_chunk(self, chunk: Chunk, labels: str, msg: StreamWriteInput) -> WriteResult:
         """Final class of every training row (-1: its class was pruned) and the eq. 3.4 log
@@ -265,17 +246,19 @@ class AsugsEngine(Engine):
         final = np.where(ids >= 0, msg.final_of_id[np.maximum(ids, 0)], -1)
         pred, logdens = predict(X, msg.stats, msg.alpha, msg.family)
         label = np.where(hold, pred, final)
-        return emit_chunk(
-            chunk.data, labels, chunk.c, chunk.a, X, hold, label, logdens, msg.plot_rate, msg.labels
-        )
+        return chunk.emit(labels, X, hold, label, logdens, msg.plot_rate, msg.labels)
 
     def warm_up(self) -> None:
         """Load the stream's kernels on toy records."""
         from pipeline.engines.warmup import toy_family
 
         X, family = toy_family()
-        sp = check_stream_params(DEFAULT_LAM, None, "greedy", True, 4, PRUNE_WEIGHT)
-        st, _, _ = advance(StreamState.empty(family, np.zeros(1, dtype=np.uint64)), X, family, sp)
+        sp = masugs.check_stream_params(
+            masugs.DEFAULT_LAM, None, "greedy", True, 4, masugs.PRUNE_WEIGHT
+        )
+        st, _, _ = masugs.advance(
+            masugs.StreamState.empty(family, np.zeros(1, dtype=np.uint64)), X, family, sp
+        )
         kasugs.row_of_ids(st.alias, st.ids, st.K)
 
 
@@ -294,12 +277,12 @@ def _carry_task(msg: StreamInput, result: StreamResult) -> StreamInput:
 
 
 def stream_chunks(
-    client: Any, data: str, info: StoreInfo, sp: StreamParams, rng: Any
-) -> tuple[StreamState, float]:
+    client: Any, data: str, info: StoreInfo, sp: masugs.StreamParams, rng: Any
+) -> tuple[masugs.StreamState, float]:
     """One ASUGS pass over the training rows of every chunk, in order, on the workers (each
     chunk's task waits for the previous chunk's state; in this process when ``client`` is
     None); labels are not written. Returns the final stream and the seconds of its tasks."""
-    msg: Any = StreamInput(1, StreamState.empty(info.family, rng), sp, info.family)
+    msg: Any = StreamInput(1, masugs.StreamState.empty(info.family, rng), sp, info.family)
     if client is None:
         # in this process (the serial reference of the engine tests)
         seconds = 0.0
@@ -319,12 +302,12 @@ def stream_chunks(
     return outs[-1].stream, sum(out.seconds for out in outs)
 
 
-def stream_sample(info: StoreInfo, n: int, sp: StreamParams, rng: Any) -> StreamState:
+def stream_sample(info: StoreInfo, n: int, sp: masugs.StreamParams, rng: Any) -> masugs.StreamState:
     """One ASUGS pass over the hash sample of ``n`` training rows of the "sample" start
     (``mixture_start.init_sample_rows``), in row order, in this process."""
 
     fam = info.family
     pos = init_sample_rows(info, int(n))
     Xs = fam.arrange(np.asarray(info.sample)[pos])
-    st, _, _ = advance(StreamState.empty(fam, rng), Xs, fam, sp)
+    st, _, _ = masugs.advance(masugs.StreamState.empty(fam, rng), Xs, fam, sp)
     return st

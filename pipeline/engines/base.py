@@ -20,7 +20,7 @@ from the statistics alone. The loop never looks inside the engine's state beyond
 An engine declares its per-record arrays (``record_arrays``): an int label, and any float arrays
 per record (a subject's random effect, say; ``record_arrays_of`` when their width depends on the
 fit); the loop creates, double-buffers and checkpoints them like the labels. A new model is a
-new engine module plus its kernels and one line in ``pipeline.engines.ENGINE_MODULES``; the
+new engine module plus its kernels and one line in ``pipeline.engines.BY_NAME``; the
 loop is not edited.
 """
 
@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import numpy as np
 
 from pipeline.data.chunk_io import read_rows, write_rows
+from pipeline.data.labels import WriteResult, emit_chunk
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -120,6 +121,22 @@ class Chunk:
         """Write this pass's per-record array ``name`` (the other buffer)."""
         path = os.path.join(self.state, f"{name}{self.p % 2}")
         write_rows(path, self.a, self.b, values)
+
+    def emit(
+        self,
+        labels: str,
+        X: FloatArray,
+        hold: np.ndarray,
+        label: np.ndarray,
+        logdens: FloatArray,
+        plot_rate: float,
+        has_y: bool,
+    ) -> WriteResult:
+        """This chunk's write-out into the ``labels`` group (``pipeline.data.labels.emit_chunk``
+        at its rows): records X (N, d), held-out flags, final labels and log densities (N,)."""
+        return emit_chunk(
+            self.data, labels, self.c, self.a, X, hold, label, logdens, plot_rate, has_y
+        )
 
 
 class Engine(ABC):

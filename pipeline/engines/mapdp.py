@@ -33,7 +33,6 @@ from numpy.typing import NDArray
 
 from kernels import bayes_kmeans as kbk
 from kernels import mapdp as kmapdp
-from pipeline.data.labels import emit_chunk
 from pipeline.engines.base import Chunk, RecordArray, RunContext
 from pipeline.engines.mixture import (
     ChunkResult,
@@ -81,18 +80,7 @@ class MapdpEngine(MixtureEngine):
                 label[hold] = pred
                 logdens[hold] = ld
             assert chunk is not None  # the warm-up asks for no scores
-            written = emit_chunk(
-                chunk.data,
-                msg.scores_into,
-                chunk.c,
-                chunk.a,
-                X,
-                hold,
-                label,
-                logdens,
-                msg.plot_rate,
-                msg.has_y,
-            )
+            written = chunk.emit(msg.scores_into, X, hold, label, logdens, msg.plot_rate, msg.has_y)
         # number the slots opened here K, K + 1, ... in slot order
         slot_map = np.arange(max(n_slots, K), dtype=np.int64)
         new_slots = [s for s in range(K, n_slots) if nk[s] > 0]

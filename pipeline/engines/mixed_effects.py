@@ -49,7 +49,6 @@ import numpy as np
 from kernels import mixed_effects as kme
 from kernels.moments import group_gram
 from pipeline.core.persist import register
-from pipeline.data.labels import emit_chunk
 from pipeline.data.store import iter_chunks, packed_index, read_group_moments
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext
 from pipeline.models.mixed_effects import (
@@ -229,6 +228,22 @@ class MixedInput:
     moments: bool = False
 
 
+def _input(state: Any, ctx: RunContext, p: int, **kw: Any) -> MixedInput:
+    """Pass p's input (the write-out's: the pass after the last) from the state ``MixedState``;
+    ``kw``: its optional fields."""
+    return MixedInput(
+        p,
+        state.model,
+        state.prior,
+        Columns.of(ctx),
+        ctx.info.grouped,
+        state.slot_maps,
+        state.slot_bounds,
+        moments=_moments(ctx),
+        **kw,
+    )
+
+
 @dataclass
 class MixedResult:
     c: int
@@ -306,17 +321,12 @@ class MixedEffectsEngine(Engine):
         self, state: Any, ctx: RunContext, p: int, scores_into: str | None
     ) -> MixedInput:
         first = state.pass_no == 0
-        return MixedInput(
+        return _input(
+            state,
+            ctx,
             p,
-            state.model,
-            state.prior,
-            Columns.of(ctx),
-            ctx.info.grouped,
-            state.slot_maps,
-            state.slot_bounds,
-            state.start_codes if first else None,
-            state.start_labels if first else None,
-            moments=_moments(ctx),
+            start_codes=state.start_codes if first else None,
+            start_labels=state.start_labels if first else None,
         )
 
     def reduce(
@@ -381,17 +391,7 @@ class MixedEffectsEngine(Engine):
         return out, record
 
     def write_input(self, state: Any, mapping: np.ndarray, ctx: RunContext) -> MixedInput:
-        return MixedInput(
-            state.pass_no + 1,
-            state.model,
-            state.prior,
-            Columns.of(ctx),
-            ctx.info.grouped,
-            state.slot_maps,
-            state.slot_bounds,
-            has_y=ctx.info.label_column is not None,
-            moments=_moments(ctx),
-        )
+        return _input(state, ctx, state.pass_no + 1, has_y=ctx.info.label_column is not None)
 
     # -- workers -------------------------------------------------------------------------------
     def chunk_step(self, chunk: Chunk, msg: MixedInput) -> MixedResult:
@@ -447,11 +447,8 @@ class MixedEffectsEngine(Engine):
         per_row = res["log_density"] / res["n_obs"]
         X = chunk.X
         hold = chunk.holdout
-        return emit_chunk(
-            chunk.data,
+        return chunk.emit(
             labels,
-            chunk.c,
-            chunk.a,
             X,
             hold,
             res["label"][cs.row_subject],

@@ -41,7 +41,7 @@ from kernels.obs import gaussian_nw
 from kernels.rng import shuffle
 from pipeline.core.config import FitParams
 from pipeline.core.seeds import seed_state
-from pipeline.data.labels import WriteResult, emit_chunk
+from pipeline.data.labels import WriteResult
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext, stop_reason
 from pipeline.engines.mixture_start import MIXTURE_REDUCE_STEP, initial_state, warm_reduce
 from pipeline.engines.mixture_state import (
@@ -51,6 +51,7 @@ from pipeline.engines.mixture_state import (
     current_labels,
     plot_rate,
     predict,
+    write_fields,
 )
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.stats import Stats
@@ -350,17 +351,12 @@ class MixtureEngine(Engine):
         )
 
     def write_input(self, state: Any, mapping: IntArray, ctx: RunContext) -> WriteInput:
-        info = ctx.info
         return WriteInput(
             remap=state.remap,
             k_written=state.k_written,
             offsets=state.offsets,
             mapping=mapping,
-            stats=Stats(state.stats, info.family).merged(mapping).array,
-            alpha=state.alpha,
-            family=info.family,
-            plot_rate=plot_rate(info),
-            labels=info.label_column is not None,
+            **write_fields(state, mapping, ctx.info),
         )
 
     def score_chunk(self, chunk: Chunk, labels: str, msg: WriteInput) -> WriteResult:
@@ -372,18 +368,7 @@ class MixtureEngine(Engine):
         final = np.where(z1 >= 0, msg.mapping[np.maximum(z1, 0)], -1)
         pred, logdens = predict(X, msg.stats, msg.alpha, fam)
         label = np.where(hold, pred, final)
-        return emit_chunk(
-            chunk.data,
-            labels,
-            chunk.c,
-            chunk.a,
-            X,
-            hold,
-            label,
-            logdens,
-            msg.plot_rate,
-            msg.labels,
-        )
+        return chunk.emit(labels, X, hold, label, logdens, msg.plot_rate, msg.labels)
 
     def written_by_pass(self, state: Any, labels: str, mapping: IntArray) -> Any:
         identity = bool(np.array_equal(mapping, np.arange(state.n_clusters)))

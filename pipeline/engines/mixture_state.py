@@ -18,6 +18,7 @@ from pipeline.data.labels import PLOT_POINTS, WriteResult
 from pipeline.data.store import StoreInfo, iter_chunks, row_uniform
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.families import FloatArray, ProductFamily
+from pipeline.families.stats import Stats
 from pipeline.models.mapdp import dpm_predict
 
 IntArray = NDArray[np.int64]
@@ -131,6 +132,19 @@ def predict(
 def plot_rate(info: StoreInfo) -> float:
     """Share of rows (by a hash of the row index) kept for the report's projection."""
     return min(1.0, PLOT_POINTS / max(info.n_rows, 1))
+
+
+def write_fields(state: Any, mapping: IntArray, info: StoreInfo) -> dict[str, Any]:
+    """The fields of a mixture engine's write-out input that every one shares: the final
+    clusters' statistics (the state's ``stats`` merged by ``mapping``), the state's ``alpha``,
+    the family, the picture's ``plot_rate`` and whether the store has true ``labels``."""
+    return {
+        "stats": Stats(state.stats, info.family).merged(mapping).array,
+        "alpha": state.alpha,
+        "family": info.family,
+        "plot_rate": plot_rate(info),
+        "labels": info.label_column is not None,
+    }
 
 
 INIT_SALT = 0x5EED_0004

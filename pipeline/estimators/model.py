@@ -6,9 +6,7 @@ A model is a directory holding one ``pipeline.core.persist`` record, ``model.jso
 ==================  ===========================================================================
 ``format``          ``"dpmm-pipeline model"``
 ``model_version``   ``MODEL_VERSION``; a model of another version is refused, not guessed at
-``estimator``       the class it loads into (``MAPDP``, ``BHC``, ``TreeGuidedMCMC``, ``DPMeans``,
-                    ``CollapsedGibbs``, ``UncollapsedGibbs``, ``ASUGS``, ``MAPiHMM``,
-                    ``IHMMGibbs``, ``MixedEffectsDP``)
+``estimator``       the class it loads into: a model of ``pipeline.estimators.registry.MODELS``
 ``engine``          what fitted it: the estimator's name in lower case, or the engine of a
                     ``dpmm run`` (``mapdp``, ``kmeans``), ``dpmm hmm`` (``ihmm``) or
                     ``dpmm longitudinal`` (``mixed_effects``)

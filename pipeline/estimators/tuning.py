@@ -55,16 +55,11 @@ def check_tune(value: Any) -> Any:
     return value
 
 
-def family_variants(family: Any, X: Any) -> list[Any]:
+def _variants(family: Any, X: Any) -> list[tuple[Any, bool]]:
     """The family settings tried: ``family`` itself, and the same with every full-covariance
     Gaussian column made diagonal (or the reverse); a given prior (a ``Family`` instance) or data
-    without Gaussian columns is tried as it is only."""
-    return [v for v, _ in _variants(family, X)]
-
-
-def _variants(family: Any, X: Any) -> list[tuple[Any, bool]]:
-    """``family_variants``, each with whether it gives X the column kinds ``family`` gives it
-    (``"auto"`` on all-real columns is the full covariance)."""
+    without Gaussian columns is tried as it is only. Each with whether it gives X the column
+    kinds ``family`` gives it (``"auto"`` on all-real columns is the full covariance)."""
     if not isinstance(family, (str, dict)):
         return [(family, True)]
     df, from_frame = as_frame(X)

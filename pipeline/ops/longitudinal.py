@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -254,6 +255,54 @@ def trajectories_picture(
     return "trajectories.png"
 
 
+def _picture(
+    out: Path,
+    name: str,
+    draw: Callable[[Any], Any],
+    labels: tuple[str, str],
+    title: str,
+    left: float = 0.15,
+) -> str:
+    """A small picture ``out/name``: ``draw(ax)`` on one axes, its x and y ``labels`` and
+    ``title``; returns ``name``."""
+    fig = new_figure(5.5, 4.2)
+    ax = fig.add_subplot()
+    draw(ax)
+    ax.set_xlabel(labels[0])
+    ax.set_ylabel(labels[1])
+    ax.set_title(title)
+    fig.subplots_adjust(left=left, right=0.96, bottom=0.13, top=0.92)
+    fig.savefig(out / name, dpi=90)
+    return name
+
+
+def _facts(run: dict[str, Any], cols: Columns, coef_names: list[str]) -> list[tuple[str, Any]]:
+    """The report's table of facts: the input, the model, the fit's figures and timing."""
+    m = run["metrics"]
+    facts: list[tuple[str, Any]] = [
+        ("input", str(run["parameters"].get("input"))),
+        ("subjects", m["n_subjects"]),
+        ("observations", m["n_observations"]),
+        ("model", f"{cols.response} ~ " + " + ".join(coef_names)),
+        ("clusters", m["n_clusters"]),
+        ("alpha", m["alpha"]),
+        ("noise precision tau", m["noise_precision"]),
+        ("passes", f"{m['passes']} ({'converged' if m.get('converged') else 'not converged'})"),
+        ("objective", m["objective"]),
+        ("mean log density per subject", m.get("mean_log_density")),
+    ]
+    if "cv" in run:
+        cv = run["cv"]
+        facts.append(
+            (
+                f"{cv['folds']}-fold held-out log density per subject",
+                f"{fmt(cv['mean_heldout_log_density'])} (standard error {fmt(cv['se'], 2)})",
+            )
+        )
+    facts.append(("total time", f"{run['timing_seconds'].get('total', 0):.1f} s"))
+    return facts
+
+
 def write_report(
     out: Path,
     df: pd.DataFrame,
@@ -283,61 +332,37 @@ def write_report(
     beta = subjects[[f"beta_{c}" for c in coef_names]].to_numpy()[rows]
     label = subjects["cluster"].to_numpy()[rows]
     j2 = coef_names.index(tcol) if tcol in coef_names else min(1, len(coef_names) - 1)
-    fig = new_figure(5.5, 4.2)
-    ax = fig.add_subplot()
-    ax.scatter(beta[:, 0], beta[:, j2], s=4, c=label % 10, cmap="tab10", vmin=0, vmax=9)
-    ax.set_xlabel(f"beta {coef_names[0]}")
-    ax.set_ylabel(f"beta {coef_names[j2]}")
-    ax.set_title("random effects (eq. 7.2 modes) by cluster")
-    fig.subplots_adjust(left=0.15, right=0.96, bottom=0.13, top=0.92)
-    fig.savefig(out / "random_effects.png", dpi=90)
-    pics.append("random_effects.png")
-    fig = new_figure(5.5, 4.2)
-    ax = fig.add_subplot()
-    ax.bar(
-        np.arange(model.n_clusters),
-        model.n,
-        color=[f"C{k % 10}" for k in range(model.n_clusters)],
-    )
-    ax.set_xticks(np.arange(model.n_clusters))
-    ax.set_xlabel("cluster")
-    ax.set_ylabel("subjects")
-    ax.set_title("cluster sizes")
-    fig.subplots_adjust(left=0.15, right=0.96, bottom=0.13, top=0.92)
-    fig.savefig(out / "sizes.png", dpi=90)
-    pics.append("sizes.png")
-    fig = new_figure(5.5, 4.2)
-    ax = fig.add_subplot()
-    ax.plot([h["pass"] for h in history], [h["objective"] for h in history], marker="o")
-    ax.set_xlabel("pass")
-    ax.set_ylabel("objective (negative log posterior)")
-    ax.set_title("objective per pass")
-    fig.subplots_adjust(left=0.2, right=0.96, bottom=0.13, top=0.92)
-    fig.savefig(out / "objective.png", dpi=90)
-    pics.append("objective.png")
-
-    m = run["metrics"]
-    facts: list[tuple[str, Any]] = [
-        ("input", str(run["parameters"].get("input"))),
-        ("subjects", m["n_subjects"]),
-        ("observations", m["n_observations"]),
-        ("model", f"{cols.response} ~ " + " + ".join(coef_names)),
-        ("clusters", m["n_clusters"]),
-        ("alpha", m["alpha"]),
-        ("noise precision tau", m["noise_precision"]),
-        ("passes", f"{m['passes']} ({'converged' if m.get('converged') else 'not converged'})"),
-        ("objective", m["objective"]),
-        ("mean log density per subject", m.get("mean_log_density")),
+    k = np.arange(model.n_clusters)
+    pics += [
+        _picture(
+            out,
+            "random_effects.png",
+            lambda ax: ax.scatter(
+                beta[:, 0], beta[:, j2], s=4, c=label % 10, cmap="tab10", vmin=0, vmax=9
+            ),
+            (f"beta {coef_names[0]}", f"beta {coef_names[j2]}"),
+            "random effects (eq. 7.2 modes) by cluster",
+        ),
+        _picture(
+            out,
+            "sizes.png",
+            lambda ax: (ax.bar(k, model.n, color=[f"C{c % 10}" for c in k]), ax.set_xticks(k)),
+            ("cluster", "subjects"),
+            "cluster sizes",
+        ),
+        _picture(
+            out,
+            "objective.png",
+            lambda ax: ax.plot(
+                [h["pass"] for h in history], [h["objective"] for h in history], marker="o"
+            ),
+            ("pass", "objective (negative log posterior)"),
+            "objective per pass",
+            left=0.2,
+        ),
     ]
-    if "cv" in run:
-        cv = run["cv"]
-        facts.append(
-            (
-                f"{cv['folds']}-fold held-out log density per subject",
-                f"{fmt(cv['mean_heldout_log_density'])} (standard error {fmt(cv['se'], 2)})",
-            )
-        )
-    facts.append(("total time", f"{run['timing_seconds'].get('total', 0):.1f} s"))
+    m = run["metrics"]
+    facts = _facts(run, cols, coef_names)
     warn = degenerate_fit(m["n_clusters"], m["n_subjects"], "subjects", tunable=("alpha",))
     page = Page("dpmm longitudinal report", facts, [warn] if warn else [])
     sec = page.section("Trajectories per subgroup")

@@ -256,6 +256,26 @@ def _facts(run: dict[str, Any]) -> list[tuple[str, Any]]:
     return [(k, v) for k, v in facts if v is not None]
 
 
+def _hierarchy(page: Page, s2: dict[str, Any]) -> None:
+    """The section of stage 2's tree (``pipeline.ops.stage2``), and tgMCMC's posterior."""
+    sec = page.section("The hierarchy")
+    text = (
+        f"Stage 2 ran BHC over {fmt(s2.get('n_summaries'))} summaries of the stage-1 "
+        f"clusters; its r_k < 0.5 cut gives {fmt(s2.get('n_clusters'))} clusters. Leaves: "
+        "final cluster · records."
+    )
+    post = s2.get("posterior_n_clusters")
+    if post:
+        best = max(post.items(), key=lambda kv: kv[1])
+        text += (
+            f" Tree-guided MCMC ({fmt(s2.get('mcmc_iter'))} iterations) started from it: "
+            f"posterior mode K = {best[0]} (probability {best[1]:.2f}); the final clusters "
+            "are its last sample's."
+        )
+    sec.text(text)
+    sec.pictures(*(Picture(p, wide=True) for p in s2["pictures"]))
+
+
 def write_report(
     out: Path, run: dict[str, Any], clusters: pd.DataFrame, data: RunData
 ) -> list[str]:
@@ -315,22 +335,7 @@ def write_report(
     sec.table(largest_table(prof, shares, data.schema.categories))
 
     if s2.get("pictures"):
-        sec = page.section("The hierarchy")
-        text = (
-            f"Stage 2 ran BHC over {fmt(s2.get('n_summaries'))} summaries of the stage-1 "
-            f"clusters; its r_k < 0.5 cut gives {fmt(s2.get('n_clusters'))} clusters. Leaves: "
-            "final cluster · records."
-        )
-        post = s2.get("posterior_n_clusters")
-        if post:
-            best = max(post.items(), key=lambda kv: kv[1])
-            text += (
-                f" Tree-guided MCMC ({fmt(s2.get('mcmc_iter'))} iterations) started from it: "
-                f"posterior mode K = {best[0]} (probability {best[1]:.2f}); the final clusters "
-                "are its last sample's."
-            )
-        sec.text(text)
-        sec.pictures(*(Picture(p, wide=True) for p in s2["pictures"]))
+        _hierarchy(page, s2)
 
     sec = page.section("How good the fit is")
     held = m.get("heldout_mean_log_density")

@@ -222,36 +222,19 @@ def write_run_model(
     write_record(directory, record)
 
 
-def finish(
-    source: Any,
-    cfg: RunConfig,
-    partial: storage.Loc,
-    info: StoreInfo,
+def _metrics(
     state: PassState,
-    mapping: IntArray,
+    final: NDArray[np.float64],
     written: WriteSummary,
-    timing: dict[str, float],
-    extra: dict[str, Any] | None = None,
+    info: StoreInfo,
+    cfg: RunConfig,
+    extra: dict[str, Any],
+    total: float,
 ) -> dict[str, Any]:
-    """``clusters.parquet``, ``model/``, ``run.json`` and the report, then rename ``partial``
-    to ``out`` (local), or write OUT's manifest (object storage: ``partial`` is OUT)."""
-    from pipeline.ops import report as rep
-    from pipeline.ops.profile import RunData
-
-    final = Stats(state.stats, info.family).merged(mapping).array
-    clusters = schema.cluster_table(final, state.alpha, info.family, info.schema)
-    total = sum(timing.values())
+    """run.json's ``metrics``: the fit's figures, its held-out density and its scores against
+    ``label_column``; pops stage 2's ``n_clusters_stage1`` from ``extra``."""
     pass_seconds = sum(h.get("seconds", 0.0) for h in state.history)
     n_passes = len(state.history)
-    extra = dict(extra or {})
-    out_loc = storage.location(cfg.out)
-    data = extra.get("dataset")
-    if partial != out_loc and isinstance(data, dict):
-        # a store under the staged place ends up under OUT once published
-        staged = storage.redact(str(partial))
-        if str(data.get("path", "")).startswith(staged + "/"):
-            rest = data["path"][len(staged) :]
-            extra["dataset"] = {**data, "path": storage.redact(str(out_loc)) + rest}
     metrics = {
         "n_clusters": int(final.shape[0]),
         "n_clusters_stage1": int(extra.pop("n_clusters_stage1", state.n_clusters)),
@@ -274,6 +257,67 @@ def finish(
     }
     if written.scores is not None:
         metrics.update(written.scores)
+    return metrics
+
+
+def _parameters(cfg: RunConfig, info: StoreInfo) -> dict[str, Any]:
+    """run.json's ``parameters``: the run's configuration as given."""
+    return {
+        "chunk_rows": cfg.chunk_rows,
+        "n_chunks": info.n_chunks,
+        "holdout": cfg.holdout,
+        "engine": cfg.params.engine,
+        "device": cfg.params.device,
+        "alpha": cfg.params.alpha,
+        "alpha_prior": cfg.params.alpha_prior,
+        "init": cfg.params.start,
+        "n_seeds": cfg.params.n_seeds,
+        "max_passes": cfg.params.max_passes,
+        "tol": cfg.params.tol,
+        "min_change": cfg.params.min_change,
+        "init_sample": cfg.params.init_sample,
+        "seed": cfg.params.seed,
+        "prior_sample": cfg.prior_sample,
+        "label_column": cfg.label_column,
+        "summaries": cfg.summaries,
+        "stage2": cfg.stage2,
+        "mcmc": cfg.mcmc,
+        "warm_start": None if cfg.warm_start is None else storage.redact(cfg.warm_start),
+        "engine_options": cfg.engine_options,
+        "missing": cfg.missing,
+        "strict": cfg.strict,
+    }
+
+
+def finish(
+    source: Any,
+    cfg: RunConfig,
+    partial: storage.Loc,
+    info: StoreInfo,
+    state: PassState,
+    mapping: IntArray,
+    written: WriteSummary,
+    timing: dict[str, float],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``clusters.parquet``, ``model/``, ``run.json`` and the report, then rename ``partial``
+    to ``out`` (local), or write OUT's manifest (object storage: ``partial`` is OUT)."""
+    from pipeline.ops import report as rep
+    from pipeline.ops.profile import RunData
+
+    final = Stats(state.stats, info.family).merged(mapping).array
+    clusters = schema.cluster_table(final, state.alpha, info.family, info.schema)
+    total = sum(timing.values())
+    extra = dict(extra or {})
+    out_loc = storage.location(cfg.out)
+    data = extra.get("dataset")
+    if partial != out_loc and isinstance(data, dict):
+        # a store under the staged place ends up under OUT once published
+        staged = storage.redact(str(partial))
+        if str(data.get("path", "")).startswith(staged + "/"):
+            rest = data["path"][len(staged) :]
+            extra["dataset"] = {**data, "path": storage.redact(str(out_loc)) + rest}
+    metrics = _metrics(state, final, written, info, cfg, extra, total)
     run = {
         "input": info.source,
         "out": storage.redact(str(storage.location(cfg.out))),
@@ -285,31 +329,7 @@ def finish(
         "dropped_constant_columns": info.schema.dropped,
         "missing_cells": info.missing_cells,
         "family": repr(info.family),
-        "parameters": {
-            "chunk_rows": cfg.chunk_rows,
-            "n_chunks": info.n_chunks,
-            "holdout": cfg.holdout,
-            "engine": cfg.params.engine,
-            "device": cfg.params.device,
-            "alpha": cfg.params.alpha,
-            "alpha_prior": cfg.params.alpha_prior,
-            "init": cfg.params.start,
-            "n_seeds": cfg.params.n_seeds,
-            "max_passes": cfg.params.max_passes,
-            "tol": cfg.params.tol,
-            "min_change": cfg.params.min_change,
-            "init_sample": cfg.params.init_sample,
-            "seed": cfg.params.seed,
-            "prior_sample": cfg.prior_sample,
-            "label_column": cfg.label_column,
-            "summaries": cfg.summaries,
-            "stage2": cfg.stage2,
-            "mcmc": cfg.mcmc,
-            "warm_start": None if cfg.warm_start is None else storage.redact(cfg.warm_start),
-            "engine_options": cfg.engine_options,
-            "missing": cfg.missing,
-            "strict": cfg.strict,
-        },
+        "parameters": _parameters(cfg, info),
         "notes": info.notes,
         "versions": versions(),
         "init": state.init_record,

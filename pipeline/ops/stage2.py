@@ -67,6 +67,33 @@ def _collapsed_linkage(
     return np.asarray(rows, dtype=np.float64).reshape(-1, 4)
 
 
+def _cut_owner(left: IntArray, right: IntArray, cut: IntArray) -> IntArray:
+    """For every node of a tree (children ``left`` / ``right``, -1 at leaves), the index in
+    ``cut`` of the cut's subtree that holds it; -1 above the cut."""
+    owner = np.full(left.shape[0], -1, dtype=np.int64)
+    for c, node in enumerate(cut):
+        stack = [int(node)]
+        while stack:
+            k = stack.pop()
+            owner[k] = c
+            if left[k] >= 0:
+                stack += [int(left[k]), int(right[k])]
+    return owner
+
+
+def _posterior_panel(ax: Any, posterior: pd.DataFrame) -> None:
+    """tgMCMC's posterior over the number of clusters, as horizontal bars beside the tree."""
+    ks = posterior["n_clusters"].to_numpy()
+    ax.barh(ks, posterior["probability"], height=0.7, color="tab:blue")
+    if ks.size <= 15:
+        ax.set_yticks(ks)
+    ax.set_ylim(ks.min() - 1, ks.max() + 1)
+    ax.set_xlabel("posterior probability", fontsize=8)
+    ax.set_ylabel("K (tgMCMC)", fontsize=8)
+    ax.set_title("posterior over K", fontsize=10)
+    ax.tick_params(labelsize=7)
+
+
 def _tree_picture(
     bhc: BHC,
     sizes: NDArray[np.float64],
@@ -86,16 +113,8 @@ def _tree_picture(
     tree = bhc.tree_
     M = tree.n_leaves
     Z = tree.linkage()
-    left, right = tree.left, tree.right
     cut = np.asarray(bhc.cluster_nodes_, dtype=np.int64)
-    owner = np.full(2 * M - 1, -1, dtype=np.int64)
-    for c, node in enumerate(cut):
-        stack = [int(node)]
-        while stack:
-            k = stack.pop()
-            owner[k] = c
-            if left[k] >= 0:
-                stack += [int(left[k]), int(right[k])]
+    owner = _cut_owner(tree.left, tree.right, cut)
 
     def label(finals: np.ndarray, n: float) -> str:
         ids = "+".join(str(int(f)) for f in finals[:3]) + ("+…" if finals.size > 3 else "")
@@ -167,20 +186,60 @@ def _tree_picture(
         handles = [Line2D([], [], color=_MERGED, lw=2, label="merged (one cluster)")]
     fig.legend(handles=handles, fontsize=7, loc="lower left", ncol=2, frameon=False)
     if posterior is not None:
-        ks = posterior["n_clusters"].to_numpy()
-        ax_k.barh(ks, posterior["probability"], height=0.7, color="tab:blue")
-        if ks.size <= 15:
-            ax_k.set_yticks(ks)
-        ax_k.set_ylim(ks.min() - 1, ks.max() + 1)
-        ax_k.set_xlabel("posterior probability", fontsize=8)
-        ax_k.set_ylabel("K (tgMCMC)", fontsize=8)
-        ax_k.set_title("posterior over K", fontsize=10)
-        ax_k.tick_params(labelsize=7)
+        _posterior_panel(ax_k, posterior)
     fig.savefig(path, dpi=100)
     # every final cluster once, in leaf order (one missing from the drawing goes last)
     K = int(mapping.max()) + 1 if mapping.size else 0
     seen = list(dict.fromkeys(order))
     return seen + [k for k in range(K) if k not in set(seen)]
+
+
+_MCMC_FILES = ("posterior_k.parquet", "coclustering.npy", "mcmc_trace.parquet")
+
+
+def _mcmc(
+    stats: NDArray[np.float64],
+    family: ProductFamily,
+    alpha: float,
+    labels: IntArray,
+    mcmc_iter: int,
+    random_state: Any,
+    out: Path,
+    info: dict[str, Any],
+) -> tuple[IntArray, pd.DataFrame]:
+    """Tree-guided MCMC (DP prior) over the summaries from BHC's partition ``labels``: writes
+    ``_MCMC_FILES`` under ``out``, adds its figures to ``info``; returns its labels and the
+    posterior over the number of clusters."""
+    from pipeline.estimators.tgmcmc import TreeGuidedMCMC
+
+    t1 = time.perf_counter()
+    mc = TreeGuidedMCMC(
+        prior="dp",
+        alpha=alpha,
+        family=family,
+        n_iter=int(mcmc_iter),
+        burn_in=int(mcmc_iter) // 4,
+        init=labels,
+        random_state=random_state,
+    ).fit_summaries(stats, family)
+    t_mc = time.perf_counter() - t1
+    ks = np.asarray(mc.n_clusters_trace_)[int(mcmc_iter) // 4 :]
+    values, counts = np.unique(ks, return_counts=True)
+    post = pd.DataFrame({"n_clusters": values, "probability": counts / counts.sum()})
+    more = [out / f for f in _MCMC_FILES]
+    post.to_parquet(more[0], index=False)
+    np.save(more[1], np.asarray(mc.coclustering_))
+    pd.DataFrame({"log_joint": mc.log_joint_, "n_clusters": mc.n_clusters_trace_}).to_parquet(
+        more[2], index=False
+    )
+    info.update(
+        mcmc_iter=int(mcmc_iter),
+        seconds_mcmc=t_mc,
+        acceptance_rate={k: float(v) for k, v in mc.acceptance_rate_.items()},
+        ess_n_clusters=float(mc.ess_n_clusters_),
+        posterior_n_clusters={int(k): float(p) for k, p in zip(values, post["probability"])},
+    )
+    return np.asarray(mc.labels_, dtype=np.int64), post
 
 
 def run_stage2(
@@ -232,8 +291,7 @@ def run_stage2(
     t_bhc = time.perf_counter() - t0
     files = [out / "tree.parquet", out / "linkage.npy", out / "dendrogram.png"]
     bhc.tree_.to_pandas().to_parquet(files[0], index=False)
-    linkage = bhc.tree_.linkage()
-    np.save(files[1], linkage)
+    np.save(files[1], bhc.tree_.linkage())
     info: dict[str, Any] = {
         "method": "bhc",
         "n_summaries": M,
@@ -246,37 +304,8 @@ def run_stage2(
     labels = np.asarray(bhc.labels_, dtype=np.int64)
     post: pd.DataFrame | None = None
     if mcmc_iter > 0:
-        from pipeline.estimators.tgmcmc import TreeGuidedMCMC
-
-        t1 = time.perf_counter()
-        mc = TreeGuidedMCMC(
-            prior="dp",
-            alpha=alpha,
-            family=family,
-            n_iter=int(mcmc_iter),
-            burn_in=int(mcmc_iter) // 4,
-            init=labels,
-            random_state=random_state,
-        ).fit_summaries(stats, family)
-        t_mc = time.perf_counter() - t1
-        ks = np.asarray(mc.n_clusters_trace_)[int(mcmc_iter) // 4 :]
-        values, counts = np.unique(ks, return_counts=True)
-        post = pd.DataFrame({"n_clusters": values, "probability": counts / counts.sum()})
-        more = [out / "posterior_k.parquet", out / "coclustering.npy", out / "mcmc_trace.parquet"]
-        post.to_parquet(more[0], index=False)
-        np.save(more[1], np.asarray(mc.coclustering_))
-        pd.DataFrame({"log_joint": mc.log_joint_, "n_clusters": mc.n_clusters_trace_}).to_parquet(
-            more[2], index=False
-        )
-        files += more
-        labels = np.asarray(mc.labels_, dtype=np.int64)
-        info.update(
-            mcmc_iter=int(mcmc_iter),
-            seconds_mcmc=t_mc,
-            acceptance_rate={k: float(v) for k, v in mc.acceptance_rate_.items()},
-            ess_n_clusters=float(mc.ess_n_clusters_),
-            posterior_n_clusters={int(k): float(p) for k, p in zip(values, post["probability"])},
-        )
+        labels, post = _mcmc(stats, family, alpha, labels, mcmc_iter, random_state, out, info)
+        files += [out / f for f in _MCMC_FILES]
     # numbered 0..K-1 in order of first appearance
     mapping = np.array(labels, dtype=np.int64)
     kpartition.canonical_labels(mapping, mapping)

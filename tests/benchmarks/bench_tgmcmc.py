@@ -30,6 +30,7 @@ from pipeline.estimators.tgmcmc import TreeGuidedMCMC
 from pipeline.families import GaussianNW
 from pipeline.models.tgmcmc import effective_sample_size
 from tests.benchmarks.common import out_dir, save, table
+from tests.tgmcmc_wall import fit_for
 
 pytestmark = pytest.mark.bench
 
@@ -89,7 +90,7 @@ def test_toy_log_joint_against_time() -> None:
                 prior=prior, alpha=1.0, sigma=0.5, family=fam, init="top", burn_in=0,
                 random_state=0, **kw,
             )  # fmt: skip
-            est.fit_for(SECONDS, X)
+            fit_for(est, SECONDS, X)
             t, lj = est.wall_trace_[:, 0], est.wall_trace_[:, 1]
             traces[prior][name] = est.wall_trace_.tolist()
             ax.plot(t, lj, label=name, lw=1.2)

@@ -30,6 +30,7 @@ from pipeline.families import GaussianNW
 from pipeline.models.ibhc import leaf_log_marginals, prior_array, run_ibhc
 from pipeline.models.tgmcmc import coclustering, effective_sample_size
 from tests.reference import log_crp, nw_log_marginal
+from tests.tgmcmc_wall import fit_for
 
 TV_MAX = 0.05
 
@@ -420,7 +421,7 @@ def test_fit_equals_fit_summaries_of_single_records() -> None:
 def test_fit_for_records_wall_time_trace() -> None:
     X, _ = blobs(7, n=50)
     est = TreeGuidedMCMC(family=blob_family(X), method="gibbs", burn_in=0, random_state=0)
-    est.fit_for(0.2, X)
+    fit_for(est, 0.2, X)
     trace = est.wall_trace_
     assert trace.shape[1] == 2 and trace.shape[0] >= 1
     assert np.all(np.diff(trace[:, 0]) >= 0)
