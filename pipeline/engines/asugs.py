@@ -46,12 +46,11 @@ from pipeline.engines.mixture_state import (
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.models import asugs as masugs
 
-#: ``RunContext.options`` keys of the engine (defaults from ``pipeline.estimators.asugs``)
-OPTIONS = ("lam", "select", "prune_merge", "pm_interval", "prune_weight")
-
 
 def stream_params(ctx: RunContext) -> masugs.StreamParams:
-    """The stream's parameters from the fit's ``alpha`` and the engine's options."""
+    """The stream's parameters from the fit's ``alpha`` and the engine's options
+    (``RunContext.options``: lam, select, prune_merge, pm_interval, prune_weight; the defaults
+    ``pipeline.estimators.asugs.ASUGS``'s)."""
     opts = ctx.options
     learn = ctx.params.learn_alpha
     return masugs.check_stream_params(
