@@ -13,11 +13,19 @@ import argparse
 import os
 from typing import Any
 
-from flows.cli.options import LOGS, OVERWRITE, QUIET, SCHEDULER, WORKERS, flow_kwargs
+from flows.cli.options import (
+    ANY_INPUT,
+    LOGS,
+    OVERWRITE,
+    QUIET,
+    SCHEDULER,
+    WORKERS,
+    add_chunk_rows,
+    add_input_out,
+    flow_kwargs,
+)
 from flows.cli.run import start_flow
-from flows.cli.types import positive_int as _positive_int
 from pipeline.core import outputs, storage
-from pipeline.core.config import DEFAULT_CHUNK_ROWS
 from pipeline.data import io as pio
 
 
@@ -32,15 +40,9 @@ def add_score_parser(subparsers: Any) -> argparse.ArgumentParser:
         parents=[SCHEDULER, WORKERS, OVERWRITE, QUIET, LOGS],
     )
     p.add_argument("model", metavar="MODEL", help="model directory (a run's OUT/model)")
-    p.add_argument("input", metavar="INPUT", help="CSV, Parquet file or directory, .npy, zarr")
-    p.add_argument("--out", required=True, metavar="OUT", help="output directory")
-    p.add_argument(
-        "--chunk-rows",
-        type=_positive_int,
-        default=DEFAULT_CHUNK_ROWS,
-        metavar="N",
-        help=f"rows per chunk (default {DEFAULT_CHUNK_ROWS:,}); a Dask task scores one or more "
-        "consecutive chunks",
+    add_input_out(p, ANY_INPUT)
+    add_chunk_rows(
+        p, "rows per chunk (default {default}); a Dask task scores one or more consecutive chunks"
     )
     p.set_defaults(func=cmd_score)
     return p

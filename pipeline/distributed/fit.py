@@ -24,8 +24,8 @@ from pipeline.core.config import FitParams
 from pipeline.core.seeds import seed_entropy
 from pipeline.data.ingest import ingest
 from pipeline.data.store import Store, StoreInfo
+from pipeline.distributed import loop
 from pipeline.distributed.client import dask_client
-from pipeline.distributed.loop import clear_checkpoint, context, run_passes
 from pipeline.engines.mixture_start import WARM_START
 from pipeline.engines.mixture_state import PassState, read_labels
 from pipeline.families import FloatArray
@@ -170,31 +170,54 @@ def fit_distributed(
             missing=missing == "latent",
             strict=strict,
         )
-        best: tuple[PassState, IntArray] | None = None
-        objectives = []
-        for r in range(int(n_restarts)):
-            ctx = context(store, Path(store_path) / "state", info, replace(params, restart=r))
-            info = ctx.info  # with the run's prior
-            ctx.progress = progress
-            ctx.options[WARM_START] = warm_start
-            clear_checkpoint(ctx)
-            st = run_passes(client, ctx)
-            assert isinstance(st, PassState)
-            objectives.append(st.objective)
-            if best is None or st.objective < best[0].objective:
-                best = (st, read_labels(ctx, st))
-        assert best is not None
-        state, labels = best
+        state = Path(store_path) / "state"
+        res = best_of_restarts(
+            client, store, state, info, params, int(n_restarts), warm_start, progress
+        )
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def best_of_restarts(
+    client: Any,
+    store: Store,
+    state: Path,
+    info: StoreInfo,
+    params: FitParams,
+    n_restarts: int,
+    warm_start: tuple[Stats, float] | None = None,
+    progress: bool = False,
+) -> DistributedResult:
+    """``n_restarts`` runs of the pass loop (``loop.run_passes``) over ``store``, restart r from
+    the seed of ``replace(params, restart=r)``, each in the state store ``state``: the one with
+    the lowest objective, its labels read back, and every run's objective.
+    ``DistributedResult.seconds`` is the passes'."""
+    t0 = time.perf_counter()
+    best: tuple[PassState, IntArray] | None = None
+    objectives = []
+    for r in range(n_restarts):
+        ctx = loop.context(store, state, info, replace(params, restart=r))
+        info = ctx.info  # with the run's prior
+        ctx.progress = progress
+        ctx.options[WARM_START] = warm_start
+        loop.clear_checkpoint(ctx)
+        st = loop.run_passes(client, ctx)
+        assert isinstance(st, PassState)
+        objectives.append(st.objective)
+        if best is None or st.objective < best[0].objective:
+            best = (st, read_labels(ctx, st))
+    assert best is not None
+    st, labels = best
     return DistributedResult(
         labels=labels,
-        stats=state.stats,
-        alpha=state.alpha,
-        objective=state.objective,
-        history=[h["objective"] for h in state.history],
-        n_iter=state.pass_no,
-        converged=state.converged,
+        stats=st.stats,
+        alpha=st.alpha,
+        objective=st.objective,
+        history=[h["objective"] for h in st.history],
+        n_iter=st.pass_no,
+        converged=st.converged,
         seconds=time.perf_counter() - t0,
-        passes=state.history,
+        passes=st.history,
         info=info,
         restart_objectives=objectives,
     )
@@ -239,15 +262,22 @@ def fit_estimator(est: Any, X: Any, client: Any = None) -> Any:
         est.feature_names_in_ = np.asarray(info.schema.columns, dtype=object)
     elif hasattr(est, "feature_names_in_"):
         del est.feature_names_in_
-    est.labels_ = res.labels
-    est.cluster_stats_ = res.stats
-    est.cluster_sizes_ = res.nk.astype(np.int64)
-    est.n_clusters_ = int(res.stats.shape[0])
-    est.n_iter_ = res.n_iter
-    est.objective_ = res.objective
-    est.objective_history_ = res.history
-    est.restart_objectives_ = res.restart_objectives
-    est.alpha_ = res.alpha
-    est._cache = info.family.cache_of(res.stats)
-    est._empty_cache = info.family.empty_cache()
+    set_fitted(est, res, res.restart_objectives, info.family)
     return est
+
+
+def set_fitted(est: Any, best: Any, objectives: list[float], family: Any) -> None:
+    """A mixture estimator's fitted attributes (``labels_``, ``cluster_stats_``, ...) from the
+    winning run ``best`` (a ``DistributedResult``, or ``pipeline.models.mapdp.MapdpResult``: the
+    same fields) and every restart's objective."""
+    est.labels_ = best.labels
+    est.cluster_stats_ = best.stats
+    est.cluster_sizes_ = best.nk.astype(np.int64)
+    est.n_clusters_ = int(best.stats.shape[0])
+    est.n_iter_ = best.n_iter
+    est.objective_ = best.objective
+    est.objective_history_ = best.history
+    est.restart_objectives_ = objectives
+    est.alpha_ = best.alpha
+    est._cache = family.cache_of(best.stats)
+    est._empty_cache = family.empty_cache()
