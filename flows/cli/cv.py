@@ -130,7 +130,7 @@ def add_cv_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_cv(args: argparse.Namespace) -> int:
     """Run the ``cv`` flow; exit status 2 with one line on bad input (``InputError``)."""
-    from flows.cv import run_cv_flow
+    from flows.cv import cv, run_cv_flow
     from pipeline.ops.cv import Grid
 
     # the grid and the file are refused before a Dask cluster and Prefect start
@@ -139,22 +139,8 @@ def cmd_cv(args: argparse.Namespace) -> int:
         raise InputError(f"--folds {args.folds}: at least 2 folds are needed")
     pio.check_file(args.input)
     prestart()  # Prefect's temporary server boots while the flow's modules load
-    kwargs = dict(
-        input=args.input,
-        out=args.out,
-        alphas=list(grid.alphas),
-        scales=list(grid.scales),
-        families=list(grid.families),
-        n_folds=args.folds,
-        select=args.select,
-        label_column=args.label_column,
-        chunk_rows=args.chunk_rows,
-        missing=args.missing,
-        strict=args.strict,
-        data_dir=args.data_dir,
-        max_iter=args.max_iter,
-        concurrency=args.concurrency,
-        **flow_kwargs(args),
+    kwargs = flow_kwargs(
+        args, cv, alphas=list(grid.alphas), scales=list(grid.scales), families=list(grid.families)
     )
     rows_of = args.input if os.path.isfile(args.input) else None
     run = start_flow(args, kwargs, rows_of=rows_of, runner=run_cv_flow)

@@ -115,30 +115,11 @@ def cmd_hmm(args: argparse.Namespace) -> int:
     """Run the ``hmm`` flow; exit status 2 with one line on bad input (``InputError``)."""
     from flows.cli.prefect_api import prestart
     from flows.cli.run import start_flow
-    from flows.hmm import run_hmm_flow  # the CLI starts the flow: the one upward import
+    from flows.hmm import hmm, run_hmm_flow  # the CLI starts the flow: the one upward import
 
     pio.check_file(args.input)
     prestart()  # Prefect's temporary server boots while the flow's modules load
-    kwargs = dict(
-        input=args.input,
-        out=args.out,
-        sequence_column=args.sequence_column,
-        time_column=args.time_column,
-        alpha=args.alpha,
-        gamma=args.gamma,
-        family=args.family,
-        prior_scale=args.prior_scale,
-        chunk_rows=args.chunk_rows,
-        holdout=args.holdout,
-        init=args.init,
-        init_sample=args.init_sample,
-        max_passes=args.max_passes,
-        tol=args.tol,
-        min_change=args.min_change,
-        temper=args.temper,
-        report=not args.no_report,
-        **flow_kwargs(args),
-    )
+    kwargs = flow_kwargs(args, hmm)
     rows_of = args.input if os.path.isfile(args.input) else None
     start_flow(args, kwargs, rows_of=rows_of, runner=run_hmm_flow, engine="ihmm")
     return 0

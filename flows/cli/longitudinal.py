@@ -88,28 +88,13 @@ def add_longitudinal_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_longitudinal(args: argparse.Namespace) -> int:
     """Run the ``longitudinal`` flow; status 2 and one line on bad input."""
-    from flows.longitudinal import run_longitudinal_flow
+    from flows.longitudinal import longitudinal, run_longitudinal_flow
 
     pio.check_file(args.input)
     if args.folds is not None and args.folds < 2:
         raise InputError(f"--folds must be at least 2, got {args.folds}")
     prestart()  # Prefect's temporary server boots while the flow's modules load
-    kwargs = dict(
-        input=args.input,
-        out=args.out,
-        subject=args.subject,
-        response=args.response,
-        covariates=args.covariates,
-        time_column=args.time,
-        folds=args.folds,
-        chunk_rows=args.chunk_rows,
-        alpha=args.alpha,
-        max_passes=args.max_passes,
-        tol=args.tol,
-        min_change=args.min_change,
-        report=not args.no_report,
-        **flow_kwargs(args),
-    )
+    kwargs = flow_kwargs(args, longitudinal)
     run = start_flow(args, kwargs, runner=run_longitudinal_flow, engine="mixed_effects")
     if not args.quiet:
         m = run["metrics"]

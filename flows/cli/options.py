@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,22 +81,31 @@ del _g
 #: what every command that runs a flow on a Dask cluster takes
 FLOW = [SEED, SCHEDULER, WORKERS, OVERWRITE, QUIET, LOGS]
 
-# the flow's keyword argument of each option of the blocks
-_FLOW_KWARGS = {
+# the flow's parameter of an option named otherwise
+_RENAMED = {
     "seed": "random_state",
-    "scheduler": "scheduler",
     "workers": "n_workers",
-    "overwrite": "overwrite",
+    "folds": "n_folds",
+    "time": "time_column",
 }
 
 
-def flow_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The flow's keyword arguments of the block options the command has (``random_state``,
-    ``scheduler``, ``n_workers``, ``overwrite``; ``progress``: not ``--quiet``)."""
-    kwargs = {kw: getattr(args, opt) for opt, kw in _FLOW_KWARGS.items() if hasattr(args, opt)}
-    if hasattr(args, "quiet"):
+def flow_kwargs(args: argparse.Namespace, flow: Any, **given: Any) -> dict[str, Any]:
+    """The keyword arguments of ``flow`` (a Prefect flow) from the parsed options: every option
+    named as one of its parameters (or ``_RENAMED`` to one: ``--seed`` is ``random_state``),
+    ``report`` (not ``--no-report``) and ``progress`` (not ``--quiet``); ``given`` over them."""
+    params = inspect.signature(flow.fn).parameters
+    options = vars(args)
+    kwargs: dict[str, Any] = {}
+    for opt, value in options.items():
+        name = opt if opt in params else _RENAMED.get(opt, "")
+        if name in params:
+            kwargs[name] = value
+    if "no_report" in options and "report" in params:
+        kwargs["report"] = not args.no_report
+    if "quiet" in options and "progress" in params:
         kwargs["progress"] = not args.quiet
-    return kwargs
+    return {**kwargs, **given}
 
 
 # -- bad input ---------------------------------------------------------------------------------

@@ -434,36 +434,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.data_dir is not None:
         storage.check_reachable(args.data_dir, "--data-dir")
     prestart()  # Prefect's temporary server boots while the flow's modules load
-    kwargs = dict(
-        input=args.input,
-        out=args.out,
-        chunk_rows=args.chunk_rows,
-        holdout=args.holdout,
-        engine=args.engine,
-        family=args.family,
-        alpha=args.alpha,
-        init=args.init,
-        init_sample=args.init_sample,
-        max_passes=args.max_passes,
-        tol=args.tol,
-        min_change=args.min_change,
-        prior_scale=args.prior_scale,
-        label_column=args.label_column,
-        group_column=args.group_column,
-        dtype=args.dtype,
-        n_folds=args.folds,
-        data_dir=args.data_dir,
-        summaries=args.summaries,
-        stage2=args.stage2,
-        mcmc=args.mcmc,
-        warm_start=args.warm_start,
+    from flows.cluster import cluster
+
+    kwargs = flow_kwargs(
+        args,
+        cluster,
         engine_options={} if args.lam is None else {"lam": args.lam},
-        missing=args.missing,
-        strict=args.strict,
-        device=args.device,
         processes=not _threads(args),
-        report=not args.no_report,
-        **flow_kwargs(args),
     )
     rows_of = args.input if os.path.isfile(args.input) else None
     start_flow(args, kwargs, rows_of=rows_of)

@@ -51,7 +51,7 @@ def add_score_parser(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_score(args: argparse.Namespace) -> int:
     """Run the ``score`` flow; exit status 2 with one line on bad input."""
     from flows.cli.prefect_api import prestart
-    from flows.score import run_score_flow
+    from flows.score import run_score_flow, score
 
     pio.check_file(args.input)
     # a model or OUT on object storage that cannot be reached (``pipeline.core.storage``)
@@ -59,13 +59,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     outputs.require_visible(storage.location(args.model), "model")
     storage.check_reachable(args.out, "--out")
     prestart()  # Prefect's temporary server boots while the flow's modules load
-    kwargs = dict(
-        model=args.model,
-        input=args.input,
-        out=args.out,
-        chunk_rows=args.chunk_rows,
-        **flow_kwargs(args),
-    )
+    kwargs = flow_kwargs(args, score)
     rows_of = args.input if os.path.isfile(args.input) else None
     start_flow(args, kwargs, rows_of=rows_of, runner=run_score_flow)
     return 0
