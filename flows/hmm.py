@@ -16,12 +16,12 @@ from typing import Any
 import pandas as pd
 from prefect import flow
 
-from flows.cluster import write_task
+from flows.cluster import ingest_task, write_task
 from flows.params import run_config
 from flows.tasks import passes, run_flow, step
 from pipeline.core import outputs, storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, GAMMA, INIT_SAMPLE, MAX_PASSES, MIN_CHANGE, TOL
-from pipeline.data.store import Store, StoreInfo
+from pipeline.data.store import StoreInfo
 from pipeline.distributed.client import dask_client
 from pipeline.distributed.summaries import identity_stage2
 from pipeline.models.ihmm import PRIOR_SCALE, check_temper
@@ -34,13 +34,6 @@ def read_task(
     path: str, sequence_column: str, time_column: str
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     return dhmm.read_sequences(path, sequence_column, time_column)
-
-
-@step("ingest", retries=0)
-def ingest_task(
-    client: Any, source: Any, cfg: dist.RunConfig, partial: storage.Loc, progress: bool
-) -> tuple[Store, StoreInfo, bool]:
-    return dist.step_ingest(client, source, cfg, partial, progress)
 
 
 @flow(name="hmm", validate_parameters=False)
@@ -92,7 +85,7 @@ def hmm(
             scheduler, n_workers, processes, dashboard_address, warm=["ihmm"]
         ) as client:
             t = time.perf_counter()
-            data, info, _ = ingest_task(client, frame, cfg, partial, progress)
+            data, info, _ = ingest_task(client, frame, cfg, partial, progress, None)
             timing["ingest"] = time.perf_counter() - t
             t = time.perf_counter()
             ctx = dist.run_context(partial, data, info, cfg.params, progress)

@@ -31,18 +31,9 @@ from flows.cli.options import (
     add_stop_options,
     flow_kwargs,
 )
+from flows.cli.types import positive_float as _positive_float
 from pipeline.core.config import GAMMA
 from pipeline.data import io as pio
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
 
 
 def _temper(text: str) -> str | float:
