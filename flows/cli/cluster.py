@@ -13,7 +13,7 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -133,19 +133,8 @@ class ClusterOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ClusterOptions:
-        return cls(
-            columns=getattr(args, "columns", None),
-            label_column=getattr(args, "label_column", None),
-            family=getattr(args, "family", "auto"),
-            alpha=getattr(args, "alpha", ALPHA),
-            restarts=getattr(args, "restarts", None) or N_RESTARTS,
-            max_iter=getattr(args, "max_iter", MAX_ITER),
-            seed=getattr(args, "seed", None),
-            drop_constant=getattr(args, "drop_constant", False),
-            strict=getattr(args, "strict", False),
-            missing=getattr(args, "missing", "latent"),
-            quiet=getattr(args, "quiet", False),
-        )
+        given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        return cls(**{**given, "restarts": given.get("restarts") or N_RESTARTS})
 
 
 @dataclass
