@@ -29,8 +29,9 @@ import numpy as np
 from prefect import flow
 
 from flows.params import run_config
-from flows.tasks import run_flow, step
+from flows.tasks import passes, run_flow, step
 from pipeline.core.config import (
+    ALPHA,
     DEFAULT_CHUNK_ROWS,
     INIT_SAMPLE,
     MAX_PASSES,
@@ -40,7 +41,6 @@ from pipeline.core.config import (
 )
 from pipeline.core.storage import Loc, local_dir, redact
 from pipeline.data.store import Store, StoreInfo
-from pipeline.distributed import loop
 from pipeline.distributed.client import dask_client
 from pipeline.distributed.summaries import Summaries, identity_stage2, split_summaries
 from pipeline.distributed.writeout import WriteSummary, write_out
@@ -58,16 +58,6 @@ def ingest_task(
     client: Any, source: Any, cfg: dist.RunConfig, partial: Loc, progress: bool, model: Any
 ) -> tuple[Store, StoreInfo, bool]:
     return dist.step_ingest(client, source, cfg, partial, progress, model)
-
-
-@step("start")
-def start_task(client: Any, ctx: RunContext) -> LoopState:
-    return loop.start(client, ctx)
-
-
-@step("pass", task_run_name="pass-{p}")
-def pass_task(client: Any, ctx: RunContext, state: LoopState, p: int, labels_out: Loc) -> LoopState:
-    return loop.run_pass(client, ctx, state, labels_out)
 
 
 @step("summaries")
@@ -136,7 +126,7 @@ def cluster(
     holdout: float = 0.0,
     engine: str = "mapdp",
     family: Any = "auto",
-    alpha: float | str = "learn",
+    alpha: float | str = ALPHA,
     init: str = "auto",
     n_seeds: int | None = None,
     max_passes: int = MAX_PASSES,
@@ -185,49 +175,8 @@ def cluster(
 
     Returns the content of ``out/run.json``.
     """
-    if stage2 is None:
-        stage2 = "bhc" if summaries > 0 else "none"
-    if stage2 not in STAGE2:
-        raise ValueError(f"stage2 must be one of {STAGE2}, got {stage2!r}")
-    if int(summaries) < 0 or int(mcmc) < 0:
-        raise ValueError(f"summaries and mcmc must be >= 0, got {summaries} and {mcmc}")
-    if int(summaries) > 0 and not get_engine(engine).summaries:
-        raise ValueError(f"--summaries: the {engine} engine has no summaries pass; drop it")
-    fit = dict(
-        engine=engine,
-        alpha=alpha,
-        init=init,
-        n_seeds=n_seeds,
-        init_sample=init_sample,
-        max_passes=max_passes,
-        tol=tol,
-        min_change=min_change,
-        prior_scale=prior_scale,
-        device=device,
-    )
-    cfg = run_config(
-        out,
-        random_state,
-        fit,
-        chunk_rows=chunk_rows,
-        holdout=holdout,
-        family=family,
-        overwrite=overwrite,
-        report=report,
-        label_column=label_column,
-        n_folds=int(n_folds),
-        group_column=group_column,
-        dtype=dtype,
-        data_dir=data_dir,
-        summaries=int(summaries),
-        stage2=stage2,
-        mcmc=int(mcmc),
-        warm_start=None if warm_start is None else str(warm_start),
-        engine_options=dict(engine_options or {}),
-        missing=missing,
-        strict=bool(strict),
-    )
-    params = cfg.params
+    stage2 = _check_stages(stage2, int(summaries), int(mcmc), engine)
+    cfg = run_config(locals())
     t0 = time.perf_counter()
     if report:
         from pipeline.ops.page import preload
@@ -246,64 +195,87 @@ def cluster(
         try:
             data, info, reused = ingest_task(client, input, cfg, partial, progress, model)
             # an engine that does not take the records' missing cells refuses them here
-            ctx = dist.run_context(partial, data, info, params, progress, cfg.engine_options)
+            ctx = dist.run_context(partial, data, info, cfg.params, progress, cfg.engine_options)
         except ValueError:
             dist.discard_output(partial)
             raise
         timing["ingest"] = time.perf_counter() - t
-        t = time.perf_counter()
-        info = ctx.info  # with the run's prior (``pipeline.distributed.loop.with_prior_scale``)
         ctx.options[WARM_START] = dist.warm_start_of(model, info)
-        labels = partial / "labels.zarr"
-        # the cluster flow runs the mixture engines, whose state has clusters
-        state: Any = loop.run_passes(
-            client,
-            ctx,
-            state=start_task(client, ctx),
-            step=lambda s: pass_task(client, ctx, s, s.pass_no + 1, labels),
-        )
-        timing["passes"] = time.perf_counter() - t
         extra: dict[str, Any] = {
             "resumed": resumed,
             "dataset": {"path": redact(str(data.path)), "reused": reused},
             "stage2": stage2,
-            "n_clusters_stage1": state.n_clusters,
         }
-        if summaries > 0:
-            t = time.perf_counter()
-            split = summaries_task(client, ctx, state, int(summaries))
-            state = split.state
-            extra["summaries"] = split.record
-            timing["summaries"] = time.perf_counter() - t
-        t = time.perf_counter()
-        mapping, s2info = stage2_task(
-            state.stats, info.family, stage2, state.alpha, partial, int(mcmc), params.seed
-        )
-        timing["stage2"] = time.perf_counter() - t
-        extra["stage2_info"] = {**s2info, "seconds": timing["stage2"]}
-        t = time.perf_counter()
-        written = write_task(client, ctx, state, mapping, labels)
-        timing["write_out"] = time.perf_counter() - t
-        t = time.perf_counter()
+        state, mapping, written = _stages(client, ctx, partial, cfg, extra, timing)
         extra["dashboard"] = client.dashboard_link
-        run = finish_task(input, cfg, partial, info, state, mapping, written, timing, extra)
+        # ``ctx.info``: with the run's prior (``pipeline.distributed.loop.with_prior_scale``)
+        run = finish_task(input, cfg, partial, ctx.info, state, mapping, written, timing, extra)
     if progress:
-        m = run["metrics"]
-        held = m["heldout_mean_log_density"]
-        print(
-            f"done: {info.n_rows:,} records, {m['n_clusters']} clusters, {m['passes']} passes, "
-            f"objective {m['objective']:.6g}, "
-            + (f"held-out mean log density {held:.4g}, " if held is not None else "")
-            + (
-                f"NMI {m['nmi']:.4f}, ARI {m['ari']:.4f} against '{label_column}', "
-                if "nmi" in m
-                else ""
-            )
-            + f"{run['timing']['total']:.1f} s ({m['records_per_second']:,.0f} records/s) "
-            f"-> {out}",
-            file=sys.stderr,
-        )
+        print(_done_line(run, ctx.info.n_rows, label_column, out), file=sys.stderr)
     return run
+
+
+def _check_stages(stage2: str | None, summaries: int, mcmc: int, engine: str) -> str:
+    """Stage 2's method: as given, else "bhc" with summaries and "none" without."""
+    if stage2 is None:
+        stage2 = "bhc" if summaries > 0 else "none"
+    if stage2 not in STAGE2:
+        raise ValueError(f"stage2 must be one of {STAGE2}, got {stage2!r}")
+    if summaries < 0 or mcmc < 0:
+        raise ValueError(f"summaries and mcmc must be >= 0, got {summaries} and {mcmc}")
+    if summaries > 0 and not get_engine(engine).summaries:
+        raise ValueError(f"--summaries: the {engine} engine has no summaries pass; drop it")
+    return stage2
+
+
+def _stages(
+    client: Any,
+    ctx: RunContext,
+    partial: Loc,
+    cfg: dist.RunConfig,
+    extra: dict[str, Any],
+    timing: dict[str, float],
+) -> tuple[Any, np.ndarray, WriteSummary]:
+    """Stage 1's passes, the summaries, stage 2 and the write-out, timed into ``timing`` and
+    recorded into ``extra``: the last state (the mixture engines' state, with clusters), the
+    final cluster of each of its clusters and the write-out's summary."""
+    t = time.perf_counter()
+    labels = partial / "labels.zarr"
+    state: Any = passes(client, ctx, labels)
+    timing["passes"] = time.perf_counter() - t
+    extra["n_clusters_stage1"] = state.n_clusters
+    if cfg.summaries > 0:
+        t = time.perf_counter()
+        split = summaries_task(client, ctx, state, cfg.summaries)
+        state = split.state
+        extra["summaries"] = split.record
+        timing["summaries"] = time.perf_counter() - t
+    t = time.perf_counter()
+    mapping, s2info = stage2_task(
+        state.stats, ctx.info.family, cfg.stage2, state.alpha, partial, cfg.mcmc, ctx.params.seed
+    )
+    timing["stage2"] = time.perf_counter() - t
+    extra["stage2_info"] = {**s2info, "seconds": timing["stage2"]}
+    t = time.perf_counter()
+    written = write_task(client, ctx, state, mapping, labels)
+    timing["write_out"] = time.perf_counter() - t
+    return state, mapping, written
+
+
+def _done_line(run: dict[str, Any], n_rows: int, label_column: str | None, out: str) -> str:
+    m = run["metrics"]
+    held = m["heldout_mean_log_density"]
+    return (
+        f"done: {n_rows:,} records, {m['n_clusters']} clusters, {m['passes']} passes, "
+        f"objective {m['objective']:.6g}, "
+        + (f"held-out mean log density {held:.4g}, " if held is not None else "")
+        + (
+            f"NMI {m['nmi']:.4f}, ARI {m['ari']:.4f} against '{label_column}', "
+            if "nmi" in m
+            else ""
+        )
+        + f"{run['timing']['total']:.1f} s ({m['records_per_second']:,.0f} records/s) -> {out}"
+    )
 
 
 def run_cluster_flow(**kwargs: Any) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from prefect import flow
 
 from flows.tasks import run_flow, step
 from pipeline.core import outputs, storage
-from pipeline.core.config import DEFAULT_CHUNK_ROWS, SELECT
+from pipeline.core.config import DEFAULT_CHUNK_ROWS, MAX_ITER, SELECT
 from pipeline.data import dataset
 from pipeline.data.sources import REFUSE_HINT
 from pipeline.distributed.client import dask_client
@@ -86,7 +86,7 @@ def cv(
     missing: str = "latent",
     strict: bool = False,
     random_state: int = 0,
-    max_iter: int = 100,
+    max_iter: int = MAX_ITER,
     concurrency: int | None = None,
     scheduler: str | None = None,
     n_workers: int | None = None,
@@ -103,21 +103,10 @@ def cv(
     records are scored on their observed cells (``pipeline.ops.cv.fold_fit``).
     """
     t_start = time.perf_counter()
-    grid = pcv.Grid(tuple(alphas), tuple(scales), tuple(families))
-    if select not in SELECT:
-        raise pcv.GridError(f"--select must be one of {SELECT}, got {select!r}")
-    if int(n_folds) < 2:
-        raise pcv.GridError(f"--folds {n_folds}: at least 2 folds are needed")
-    cells = grid.cells()
+    cells = _cells(alphas, scales, families, select, int(n_folds))
     shown = storage.redact(str(storage.location(out)))
-    key = {
-        "cells": cells,
-        "n_folds": int(n_folds),
-        "seed": int(random_state),
-        "max_iter": int(max_iter),
-        "label_column": label_column,
-        "chunk_rows": int(chunk_rows),
-    }
+    key = {"cells": cells, "n_folds": int(n_folds), "seed": int(random_state)}
+    key.update(max_iter=int(max_iter), label_column=label_column, chunk_rows=int(chunk_rows))
     partial, resumed = _prepare(input, out, key, overwrite)
     if resumed and progress:
         print(f"resuming the grid in {partial}", file=sys.stderr)
@@ -125,91 +114,30 @@ def cv(
     try:
         with dask_client(scheduler, n_workers, processes, dashboard_address, quiet=True) as client:
             t = time.perf_counter()
-            path = None if dataset.is_path_source(input) else partial / "store.zarr"
-            # the workers may share no disk: a store may go with OUT (as in ``dpmm run``)
-            root = dataset.root_for(partial, data_dir)
-            store, info, reused = dataset.open_dataset(
-                input,
-                client=client,
-                root=root,
-                chunk_rows=int(chunk_rows),
-                n_folds=int(n_folds),
-                label_column=label_column,
-                path=path,
-                missing=missing == "latent",
-                strict=bool(strict),
-                missing_hint=REFUSE_HINT if missing == "refuse" else None,
+            store, info, reused = _open(
+                client, input, partial, data_dir, key, missing, bool(strict)
             )
             timing["ingest"] = time.perf_counter() - t
             counts = pcv.check_folds(store, info, int(n_folds))
-            log = pcv.ResultLog(partial / "fits")
-            todo = [
-                (p, pcv.cell_id(p), j)
-                for p in cells
-                for j in range(int(n_folds))
-                if log.get(pcv.cell_id(p), j) is None
-            ]
-            n_done = len(cells) * int(n_folds) - len(todo)
-            if progress:
-                print(
-                    f"cv: {len(cells)} cells x {n_folds} folds on {info.n_rows:,} records; "
-                    f"{n_done} fits done before, {len(todo)} to run",
-                    file=sys.stderr,
-                )
             t = time.perf_counter()
-            futs = [
-                fit_task.submit(
-                    client,
-                    str(store.path),
-                    p,
-                    cid,
-                    j,
-                    int(random_state),
-                    int(max_iter),
-                    str(partial / "fits"),
-                )
-                for p, cid, j in todo
-            ]
-            for f in futs:
-                f.result()
+            fits = _fold_fits(client, str(store.path), cells, key, partial, info.n_rows, progress)
             timing["fits_wall"] = time.perf_counter() - t
-            results = [log.get(pcv.cell_id(p), j) for p in cells for j in range(int(n_folds))]
-            assert all(r is not None for r in results)
-            table = pcv.summarise(cells, [r for r in results if r is not None], int(n_folds))
+            table = pcv.summarise(cells, fits.pop("results"), int(n_folds))
             best = pcv.choose(table, select)
-            chosen = {k: table.iloc[best][k] for k in ("family", "prior_scale", "alpha")}
+            row = table.iloc[best]
             chosen = {
-                "family": str(chosen["family"]),
-                "prior_scale": float(chosen["prior_scale"]),
-                "alpha": float(chosen["alpha"]),
+                "family": str(row["family"]),
+                "prior_scale": float(row["prior_scale"]),
+                "alpha": float(row["alpha"]),
             }
             t = time.perf_counter()
             model: Any = refit_task(
                 client, str(store.path), chosen, int(random_state), int(max_iter)
             )
             timing["refit"] = time.perf_counter() - t
-            y = None
-            if label_column is not None and (store.path / "y").exists():
-                y = np.asarray(store.array("y")[:])
+            y = _labels(store) if label_column is not None else None
         table["chosen"] = np.arange(len(table)) == best
-        # pandas and matplotlib want a path: on object storage a local directory is uploaded
-        with storage.local_dir(partial) as files:
-            table.to_parquet(files / "cv.parquet", index=False)
-            pcv.plot_grid(table, best, files / "cv.png")
-            save_model(model, files / "model")
-        artifact = {"artifact": "model", "files": ["model"]}
-        metrics: dict[str, Any] = {
-            "n_clusters": int(model.n_clusters_),
-            "alpha": float(model.alpha_),
-            "mean_log_density": float(table.iloc[best]["mean_log_density"]),
-            "se_log_density": float(table.iloc[best]["se_log_density"]),
-        }
-        if y is not None:
-            from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
-
-            keep = y >= 0
-            metrics["nmi"] = float(normalized_mutual_info_score(y[keep], model.labels_))
-            metrics["ari"] = float(adjusted_rand_score(y[keep], model.labels_))
+        metrics = _metrics(model, row, y)
         timing["fits_sum"] = float(table["fit_seconds"].sum())
         timing["total"] = time.perf_counter() - t_start
         run = {
@@ -221,41 +149,153 @@ def cv(
             "fold_sizes": [int(c) for c in counts],
             "select": select,
             "chosen": chosen,
-            "chosen_cell": str(table.iloc[best]["cell"]),
+            "chosen_cell": str(row["cell"]),
             "concurrency": concurrency,
-            "fits_run": len(todo),
-            "fits_reused": n_done,
+            **fits,
             "resumed": resumed,
             "dataset": {
                 "path": storage.redact(str(store.path)),
                 "reused": reused,
                 "n_rows": info.n_rows,
             },
-            "model": artifact,
+            "model": {"artifact": "model", "files": ["model"]},
             "metrics": metrics,
             "timing": timing,
             "versions": outputs.versions(),
         }
-        outputs.write_json(partial / "cv.json", run)
-        with storage.local_dir(partial) as files:
-            pcv.write_report(files, run, table)
-        storage.rmtree(partial / "fits", ignore_errors=True)
-        storage.rmtree(partial / "store.zarr", ignore_errors=True)
+        _write(partial, run, table, best, model)
         outputs.publish_output(partial, out, overwrite, kind="cv")
     except (ValueError, TypeError):
         # bad input: nothing to resume, nothing left behind
         storage.rmtree(partial, ignore_errors=True)
         raise
     if progress:
-        c = chosen
+        print(_chosen_line(chosen, metrics, shown), file=sys.stderr)
+    return run
+
+
+def _labels(store: Any) -> np.ndarray | None:
+    """The store's label column, None if it has none."""
+    return np.asarray(store.array("y")[:]) if (store.path / "y").exists() else None
+
+
+def _chosen_line(c: dict[str, Any], m: dict[str, Any], shown: str) -> str:
+    return (
+        f"chosen: family {c['family']}, prior scale {c['prior_scale']:g}, alpha "
+        f"{c['alpha']:g} (held-out {m['mean_log_density']:.4g} ± {m['se_log_density']:.2g} "
+        f"per record); refit: {m['n_clusters']} clusters -> {shown}"
+    )
+
+
+def _cells(
+    alphas: list[float], scales: list[float], families: list[str], select: str, n_folds: int
+) -> list[dict[str, Any]]:
+    """The grid's cells; a bad grid, ``select`` or number of folds is a ``GridError``."""
+    grid = pcv.Grid(tuple(alphas), tuple(scales), tuple(families))
+    if select not in SELECT:
+        raise pcv.GridError(f"--select must be one of {SELECT}, got {select!r}")
+    if n_folds < 2:
+        raise pcv.GridError(f"--folds {n_folds}: at least 2 folds are needed")
+    return grid.cells()
+
+
+def _open(
+    client: Any,
+    input: Any,
+    partial: storage.Loc,
+    data_dir: str | None,
+    key: dict[str, Any],
+    missing: str,
+    strict: bool,
+) -> tuple[Any, Any, bool]:
+    """The shared dataset store of ``input`` with ``key``'s folds (``dataset.open_dataset``):
+    the store, its info and whether it was reused."""
+    path = None if dataset.is_path_source(input) else partial / "store.zarr"
+    # the workers may share no disk: a store may go with OUT (as in ``dpmm run``)
+    return dataset.open_dataset(
+        input,
+        client=client,
+        root=dataset.root_for(partial, data_dir),
+        chunk_rows=key["chunk_rows"],
+        n_folds=key["n_folds"],
+        label_column=key["label_column"],
+        path=path,
+        missing=missing == "latent",
+        strict=strict,
+        missing_hint=REFUSE_HINT if missing == "refuse" else None,
+    )
+
+
+def _fold_fits(
+    client: Any,
+    store_path: str,
+    cells: list[dict[str, Any]],
+    key: dict[str, Any],
+    partial: storage.Loc,
+    n_rows: int,
+    progress: bool,
+) -> dict[str, Any]:
+    """Every (cell, fold) fit not done before (``pcv.ResultLog`` in ``partial/fits``), each a
+    task run; the results of all in cell and fold order ("results"), and how many were run
+    ("fits_run") and reused ("fits_reused")."""
+    n_folds = key["n_folds"]
+    log = pcv.ResultLog(partial / "fits")
+    todo = [
+        (p, pcv.cell_id(p), j)
+        for p in cells
+        for j in range(n_folds)
+        if log.get(pcv.cell_id(p), j) is None
+    ]
+    n_done = len(cells) * n_folds - len(todo)
+    if progress:
         print(
-            f"chosen: family {c['family']}, prior scale {c['prior_scale']:g}, alpha "
-            f"{c['alpha']:g} (held-out {metrics['mean_log_density']:.4g} ± "
-            f"{metrics['se_log_density']:.2g} per record); refit: {metrics['n_clusters']} "
-            f"clusters -> {shown}",
+            f"cv: {len(cells)} cells x {n_folds} folds on {n_rows:,} records; "
+            f"{n_done} fits done before, {len(todo)} to run",
             file=sys.stderr,
         )
-    return run
+    seed, max_iter, log_dir = key["seed"], key["max_iter"], str(partial / "fits")
+    futs = [
+        fit_task.submit(client, store_path, p, cid, j, seed, max_iter, log_dir)
+        for p, cid, j in todo
+    ]
+    for f in futs:
+        f.result()
+    results = [log.get(pcv.cell_id(p), j) for p in cells for j in range(n_folds)]
+    assert all(r is not None for r in results)
+    return {"results": results, "fits_run": len(todo), "fits_reused": n_done}
+
+
+def _metrics(model: Any, row: Any, y: np.ndarray | None) -> dict[str, Any]:
+    """The refit's clusters and concentration, the chosen cell's held-out density and, with
+    labels, the refit's NMI and ARI against them."""
+    metrics: dict[str, Any] = {
+        "n_clusters": int(model.n_clusters_),
+        "alpha": float(model.alpha_),
+        "mean_log_density": float(row["mean_log_density"]),
+        "se_log_density": float(row["se_log_density"]),
+    }
+    if y is not None:
+        from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+        keep = y >= 0
+        metrics["nmi"] = float(normalized_mutual_info_score(y[keep], model.labels_))
+        metrics["ari"] = float(adjusted_rand_score(y[keep], model.labels_))
+    return metrics
+
+
+def _write(partial: storage.Loc, run: dict[str, Any], table: Any, best: int, model: Any) -> None:
+    """cv.parquet, cv.png, the model, cv.json and the report into ``partial``; the fits' results
+    and an in-memory input's store removed."""
+    # pandas and matplotlib want a path: on object storage a local directory is uploaded
+    with storage.local_dir(partial) as files:
+        table.to_parquet(files / "cv.parquet", index=False)
+        pcv.plot_grid(table, best, files / "cv.png")
+        save_model(model, files / "model")
+    outputs.write_json(partial / "cv.json", run)
+    with storage.local_dir(partial) as files:
+        pcv.write_report(files, run, table)
+    storage.rmtree(partial / "fits", ignore_errors=True)
+    storage.rmtree(partial / "store.zarr", ignore_errors=True)
 
 
 def run_cv_flow(**kwargs: Any) -> dict[str, Any]:

@@ -16,13 +16,12 @@ from typing import Any
 import pandas as pd
 from prefect import flow
 
-from flows.cluster import pass_task, start_task, write_task
+from flows.cluster import ingest_task, write_task
 from flows.params import run_config
-from flows.tasks import run_flow, step
+from flows.tasks import passes, run_flow, step
 from pipeline.core import outputs, storage
-from pipeline.core.config import DEFAULT_CHUNK_ROWS, INIT_SAMPLE, MAX_PASSES, MIN_CHANGE, TOL
-from pipeline.data.store import Store, StoreInfo
-from pipeline.distributed import loop
+from pipeline.core.config import DEFAULT_CHUNK_ROWS, GAMMA, INIT_SAMPLE, MAX_PASSES, MIN_CHANGE, TOL
+from pipeline.data.store import StoreInfo
 from pipeline.distributed.client import dask_client
 from pipeline.distributed.summaries import identity_stage2
 from pipeline.models.ihmm import PRIOR_SCALE, check_temper
@@ -37,13 +36,6 @@ def read_task(
     return dhmm.read_sequences(path, sequence_column, time_column)
 
 
-@step("ingest", retries=0)
-def ingest_task(
-    client: Any, source: Any, cfg: dist.RunConfig, partial: storage.Loc, progress: bool
-) -> tuple[Store, StoreInfo, bool]:
-    return dist.step_ingest(client, source, cfg, partial, progress)
-
-
 @flow(name="hmm", validate_parameters=False)
 def hmm(
     input: str,
@@ -51,7 +43,7 @@ def hmm(
     sequence_column: str,
     time_column: str,
     alpha: float = 1.0,
-    gamma: float = 2.0,
+    gamma: float = GAMMA,
     family: Any = "auto",
     prior_scale: float | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
@@ -76,28 +68,7 @@ def hmm(
     Returns the content of ``out/run.json``.
     """
     temper = check_temper(temper)
-    fit = dict(
-        engine="ihmm",
-        alpha=float(alpha),
-        init=init,
-        init_sample=init_sample,
-        max_passes=max_passes,
-        tol=tol,
-        min_change=min_change,
-        prior_scale=prior_scale,
-    )
-    cfg = run_config(
-        out,
-        random_state,
-        fit,
-        chunk_rows=chunk_rows,
-        holdout=holdout,
-        family=family,
-        overwrite=overwrite,
-        report=report,
-        group_column=sequence_column,
-    )
-    params = cfg.params
+    cfg = run_config(locals(), engine="ihmm", alpha=float(alpha), group_column=sequence_column)
     t0 = time.perf_counter()
     if outputs.committed(storage.location(out)) and not overwrite:
         # before reading the input: refused at once, as the other commands
@@ -114,24 +85,20 @@ def hmm(
             scheduler, n_workers, processes, dashboard_address, warm=["ihmm"]
         ) as client:
             t = time.perf_counter()
-            data, info, _ = ingest_task(client, frame, cfg, partial, progress)
+            data, info, _ = ingest_task(client, frame, cfg, partial, progress, None)
             timing["ingest"] = time.perf_counter() - t
             t = time.perf_counter()
-            ctx = dist.run_context(partial, data, info, params, progress)
-            info = ctx.info  # with the run's prior (``pipeline.distributed.loop.with_prior_scale``)
-            ctx.options["gamma"] = float(gamma)
-            ctx.options["temper"] = temper
+            ctx = dist.run_context(partial, data, info, cfg.params, progress)
+            ctx.options.update(gamma=float(gamma), temper=temper)
             labels = partial / "labels.zarr"
-            state: Any = loop.run_passes(
-                client,
-                ctx,
-                state=start_task(client, ctx),
-                step=lambda s: pass_task(client, ctx, s, s.pass_no + 1, labels),
-            )
+            state: Any = passes(client, ctx, labels)
             timing["passes"] = time.perf_counter() - t
             t = time.perf_counter()
-            mapping = identity_stage2(state.stats, info.family)
-            written = write_task(client, ctx, state, mapping, labels)
+            # ``ctx.info``: with the run's prior (``pipeline.distributed.loop.with_prior_scale``)
+            info = ctx.info
+            written = write_task(
+                client, ctx, state, identity_stage2(state.stats, info.family), labels
+            )
             timing["write_out"] = time.perf_counter() - t
     except ValueError:
         dist.discard_output(partial)
@@ -139,26 +106,9 @@ def hmm(
     metrics, rows, A = dhmm.hmm_outputs(
         partial, data, info, state, meta, sequence_column, time_column
     )
-    dhmm.write_hmm_model(
-        partial / "model",
-        info,
-        state,
-        {
-            "alpha": float(alpha),
-            "gamma": float(gamma),
-            "family": family,
-            "prior_scale": PRIOR_SCALE if prior_scale is None else float(prior_scale),
-            "temper": temper,
-        },
-        {
-            "input": storage.redact(str(input)),
-            "n_rows": info.n_rows,
-            "n_train": info.n_train,
-            "passes": len(state.history),
-            "objective": state.objective,
-            "converged": bool(state.converged),
-        },
-    )
+    own = {"alpha": float(alpha), "gamma": float(gamma), "temper": temper}
+    scale = PRIOR_SCALE if prior_scale is None else float(prior_scale)
+    _write_model(partial, input, info, state, {**own, "family": family, "prior_scale": scale})
     timing["total"] = time.perf_counter() - t0
     metrics.update(
         passes=len(state.history),
@@ -167,57 +117,13 @@ def hmm(
         stop=state.history[-1].get("stop") if state.history else None,
         records_per_second=info.n_rows / timing["total"],
     )
-    run = {
-        "input": storage.redact(str(input)),
-        "out": storage.redact(str(out)),
-        "n_rows": info.n_rows,
-        "n_train": info.n_train,
-        "columns": info.schema.columns,
-        "kinds": info.schema.kinds,
-        "family": repr(info.family),
-        "parameters": {
-            "engine": "ihmm",
-            "sequence_column": sequence_column,
-            "time_column": time_column,
-            "alpha": float(alpha),
-            "gamma": float(gamma),
-            "prior_scale": prior_scale,
-            "chunk_rows": cfg.chunk_rows,
-            "n_chunks": info.n_chunks,
-            "holdout": cfg.holdout,
-            "init": params.start,
-            "init_sample": init_sample,
-            "max_passes": max_passes,
-            "tol": tol,
-            "min_change": min_change,
-            "seed": params.seed,
-            "temper": temper,
-        },
-        # the emission weight w of the passes and the write-out, and the residual lag-1
-        # autocorrelation rho of the sample start's untempered states it was measured from
-        "temper": {
-            "w": float(state.temper),
-            "rho": state.rho,
-        },
-        "init": state.init_record,
-        "passes": state.history,
-        "timing": timing,
-        "metrics": metrics,
-        "write_out_seconds": written.seconds,
-    }
+    columns = {"sequence_column": sequence_column, "time_column": time_column}
+    run = _record(input, out, cfg, info, state, {**columns, **own, "prior_scale": prior_scale})
+    run.update(timing=timing, metrics=metrics, write_out_seconds=written.seconds)
     features = frame.drop(columns=[sequence_column])
+    sizes = state.stats[:, 0]
     run = dhmm.finish_hmm(
-        partial,
-        str(out),
-        overwrite,
-        run,
-        report,
-        rows,
-        features,
-        A,
-        state.stats[:, 0],
-        sequence_column,
-        time_column,
+        partial, str(out), overwrite, run, report, rows, features, A, sizes, *columns.values()
     )
     if progress:
         m = run["metrics"]
@@ -228,6 +134,59 @@ def hmm(
             file=sys.stderr,
         )
     return run
+
+
+def _write_model(
+    partial: storage.Loc, input: str, info: StoreInfo, state: Any, params: dict[str, Any]
+) -> None:
+    """OUT/model: the ``MAPiHMM`` of the final states with the estimator's ``params``, and
+    what it was fitted to."""
+    fitted = {
+        "input": storage.redact(str(input)),
+        "n_rows": info.n_rows,
+        "n_train": info.n_train,
+        "passes": len(state.history),
+        "objective": state.objective,
+        "converged": bool(state.converged),
+    }
+    dhmm.write_hmm_model(partial / "model", info, state, params, fitted)
+
+
+def _record(
+    input: str, out: str, cfg: dist.RunConfig, info: StoreInfo, state: Any, own: dict[str, Any]
+) -> dict[str, Any]:
+    """run.json's content but the timing and the metrics: the input, the parameters (the
+    flow's ``own``: columns, alpha, gamma, prior_scale, temper), the temper and the passes."""
+    params = cfg.params
+    return {
+        "input": storage.redact(str(input)),
+        "out": storage.redact(str(out)),
+        "n_rows": info.n_rows,
+        "n_train": info.n_train,
+        "columns": info.schema.columns,
+        "kinds": info.schema.kinds,
+        "family": repr(info.family),
+        "parameters": {
+            "engine": "ihmm",
+            **{k: own[k] for k in ("sequence_column", "time_column", "alpha", "gamma")},
+            "prior_scale": own["prior_scale"],
+            "chunk_rows": cfg.chunk_rows,
+            "n_chunks": info.n_chunks,
+            "holdout": cfg.holdout,
+            "init": params.start,
+            "init_sample": params.init_sample,
+            "max_passes": params.max_passes,
+            "tol": params.tol,
+            "min_change": params.min_change,
+            "seed": params.seed,
+            "temper": own["temper"],
+        },
+        # the emission weight w of the passes and the write-out, and the residual lag-1
+        # autocorrelation rho of the sample start's untempered states it was measured from
+        "temper": {"w": float(state.temper), "rho": state.rho},
+        "init": state.init_record,
+        "passes": state.history,
+    }
 
 
 def run_hmm_flow(**kwargs: Any) -> dict[str, Any]:

@@ -19,14 +19,13 @@ from prefect import flow
 from prefect.utilities.annotations import quote
 
 from flows.params import fit_params
-from flows.tasks import run_flow, step
+from flows.tasks import passes, run_flow, step
 from pipeline.core import outputs, storage
-from pipeline.core.config import DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL, FitParams
+from pipeline.core.config import ALPHA, DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL, FitParams
 from pipeline.data.ingest import ingest
 from pipeline.data.store import Store, StoreInfo
 from pipeline.distributed import loop
 from pipeline.distributed.client import dask_client
-from pipeline.engines.base import LoopState, RunContext
 from pipeline.ops import longitudinal as lon
 
 
@@ -48,16 +47,6 @@ def ingest_task(
         group_column=cols.subject,
         n_folds=folds,
     )
-
-
-@step("start", retries=0)
-def start_task(client: Any, ctx: RunContext) -> LoopState:
-    return loop.start(client, ctx)
-
-
-@step("pass", task_run_name="pass-{p}", retries=0)
-def pass_task(client: Any, ctx: RunContext, state: LoopState, p: int) -> LoopState:
-    return loop.run_pass(client, ctx, state)
 
 
 @step("cv-fold", task_run_name="cv-fold-{fold}", retries=0)
@@ -88,7 +77,7 @@ def longitudinal(
     time_column: str | None = None,
     folds: int | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
-    alpha: float | str = "learn",
+    alpha: float | str = ALPHA,
     init: str = "auto",
     max_passes: int = MAX_PASSES,
     tol: float = TOL,
@@ -137,17 +126,7 @@ def longitudinal(
             ctx = lon.fit_context(
                 store, partial / "state.zarr", info, params, cols, progress=progress
             )
-            state: Any = loop.run_passes(
-                client,
-                ctx,
-                # quoted: Prefect walks a task's parameters looking for futures, and the
-                # context's store info lists every subject id (at 1,000,000 subjects 10 s a
-                # task, more than a pass)
-                state=start_task(client, quote(ctx)),  # type: ignore[call-overload]
-                step=lambda s: pass_task(  # type: ignore[call-overload]
-                    client, quote(ctx), s, s.pass_no + 1
-                ),
-            )
+            state: Any = passes(client, ctx)
             timing["fit"] = time.perf_counter() - t
             t = time.perf_counter()
             res = lon.subject_results(client, ctx, state)
@@ -155,15 +134,8 @@ def longitudinal(
             cv = None
             if folds:
                 t = time.perf_counter()
-                futs = [
-                    fold_task.submit(  # type: ignore[call-overload]
-                        client, store, quote(info), params, cols, partial / f"cv-{f}.zarr", f
-                    )
-                    for f in range(int(folds))
-                ]
-                parts = [f.result() for f in futs]
+                cv = _cross_validate(client, store, info, params, cols, partial, int(folds))
                 timing["cv"] = time.perf_counter() - t
-                cv = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     except ValueError:
         storage.rmtree(partial, ignore_errors=True)
         raise
@@ -186,6 +158,27 @@ def longitudinal(
     run = lon.finish(partial, df, cols, info, state, res, cv, parameters, timing, report)
     outputs.publish_output(partial, out, overwrite, kind="longitudinal")
     return run
+
+
+def _cross_validate(
+    client: Any,
+    store: Store,
+    info: StoreInfo,
+    params: FitParams,
+    cols: lon.Columns,
+    partial: storage.Loc,
+    folds: int,
+) -> dict[str, np.ndarray]:
+    """The held-out results of every subject: ``folds`` fits, one task run each, submitted
+    together so that they share the Dask cluster."""
+    futs = [
+        fold_task.submit(  # type: ignore[call-overload]
+            client, store, quote(info), params, cols, partial / f"cv-{f}.zarr", f
+        )
+        for f in range(folds)
+    ]
+    parts = [f.result() for f in futs]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def run_longitudinal_flow(**kwargs: Any) -> dict[str, Any]:

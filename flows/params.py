@@ -6,13 +6,17 @@ are a ``ValueError`` before anything starts."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from pipeline.core.config import FitParams
 from pipeline.core.seeds import seed_entropy
 from pipeline.ops import run as dist
 
-__all__ = ["fit_params", "run_config"]
+__all__ = ["fit_fields", "fit_params", "run_config"]
+
+#: what a flow may set of ``FitParams`` (the seed comes from its ``random_state``)
+_FIELDS = tuple(f.name for f in fields(FitParams) if f.name not in ("seed", "restart"))
 
 
 def fit_params(random_state: int | None, **fit: Any) -> FitParams:
@@ -28,40 +32,45 @@ def fit_params(random_state: int | None, **fit: Any) -> FitParams:
     return FitParams(seed=seed_entropy(random_state), **fit).checked()
 
 
-def run_config(
-    out: str,
-    random_state: int | None,
-    fit: dict[str, Any],
-    *,
-    chunk_rows: int,
-    holdout: float,
-    family: Any,
-    overwrite: bool,
-    report: bool,
-    **more: Any,
-) -> dist.RunConfig:
-    """The run's configuration, with its stage-1 parameters ``fit_params(random_state, **fit)``.
+def fit_fields(kwargs: dict[str, Any], **fixed: Any) -> dict[str, Any]:
+    """The fields of ``FitParams`` among a flow's parameters ``kwargs`` (its ``locals()``),
+    with ``fixed`` over them (the flow's own engine, ...)."""
+    return {**{k: kwargs[k] for k in _FIELDS if k in kwargs}, **fixed}
+
+
+def run_config(kwargs: dict[str, Any], **fixed: Any) -> dist.RunConfig:
+    """The run's configuration from a flow's parameters ``kwargs`` (its ``locals()``): the fields
+    of ``RunConfig`` among them, with ``fixed`` over them, and its stage-1 parameters
+    ``fit_params(kwargs["random_state"], **fit_fields(kwargs))``.
 
     Parameters
     ----------
-    out : str
-        The output directory or URL.
-    random_state : int or None
-        The flow's seed (``fit_params``).
-    fit : dict
-        The fields of ``FitParams`` but the seed.
-    chunk_rows, holdout, family, overwrite, report
-        As ``RunConfig``.
-    **more
-        The other fields of ``RunConfig`` (label_column, group_column, summaries, ...).
+    kwargs : dict
+        The flow's parameters: ``out``, ``random_state``, the fields of ``FitParams`` and of
+        ``RunConfig`` it has (``chunk_rows``, ``holdout``, ``family``, ``label_column``, ...).
+    **fixed
+        Fields of ``RunConfig`` or ``FitParams`` the flow sets itself (``hmm``: its engine, the
+        sequence column as the group column).
     """
-    return dist.RunConfig(
-        out=str(out),
-        chunk_rows=int(chunk_rows),
-        holdout=float(holdout),
-        family=family,
-        params=fit_params(random_state, **fit),
-        overwrite=overwrite,
-        report=report,
-        **more,
-    )
+    fit = fit_fields({**kwargs, **fixed})
+    more = {k: _CASTS.get(k, _same)(v) for k, v in {**kwargs, **fixed}.items() if k in _RUN}
+    return dist.RunConfig(**more, params=fit_params(kwargs["random_state"], **fit))
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+#: ``RunConfig``'s fields but its stage-1 parameters, and how a flow's value of each is cast
+_RUN = tuple(f.name for f in fields(dist.RunConfig) if f.name != "params")
+_CASTS: dict[str, Any] = {
+    "out": str,
+    "chunk_rows": int,
+    "holdout": float,
+    "n_folds": int,
+    "summaries": int,
+    "mcmc": int,
+    "strict": bool,
+    "warm_start": lambda v: None if v is None else str(v),
+    "engine_options": lambda v: dict(v or {}),
+}

@@ -32,15 +32,12 @@ from prefect import flow, get_run_logger
 from flows.cluster import cluster
 from flows.score import score
 from pipeline.core import outputs, storage
-from pipeline.core.config import DEFAULT_CHUNK_ROWS, MAX_PASSES
+from pipeline.core.config import CRON, DEFAULT_CHUNK_ROWS, DEPLOYMENT, MAX_PASSES, WINDOW
 from pipeline.core.errors import InputError
 from pipeline.core.paths import safe_name
 from pipeline.ops import schedule
 
-#: the deployment's name and default schedule (every day at 02:00 UTC), as in infra/prefect.yaml
-DEPLOYMENT = "dpmm-scheduled"
-CRON = "0 2 * * *"
-WINDOW = 7
+__all__ = ["CRON", "DEPLOYMENT", "WINDOW", "scheduled_clustering", "serve_kwargs"]
 
 
 @flow(name="scheduled-clustering", validate_parameters=False)
@@ -100,54 +97,31 @@ def scheduled_clustering(
     all_dates = [d for d, _ in parts]
     paths = dict(parts)
     local: dict[str, Any] = {
+        "chunk_rows": chunk_rows,
         "scheduler": scheduler,
         "n_workers": n_workers,
         "processes": processes,
         "dashboard_address": dashboard_address,
         "progress": progress,
     }
+    refit = {"max_passes": max_passes, "random_state": random_state}
     report: dict[str, Any] = {"published": {}, "rejected": {}, "skipped": []}
     # read once (one object per version on object storage), kept up to date below
     done = reg.done()
     for date, path in parts:
         if until is not None and date > until:
             break
-        if date in done:
-            report["skipped"].append(date)
-            continue
         rej = reg.rejected(date)
-        if rej is not None and rej["fingerprint"] == schedule.fingerprint(path):
+        if date in done or (rej is not None and rej["fingerprint"] == schedule.fingerprint(path)):
             report["skipped"].append(date)
             continue
         current = reg.latest()
         n, staged = reg.stage()
+        dates = schedule.window_dates(all_dates, set(done), date, window)
         try:
-            # the partition's files (markers such as _SUCCESS left out), as the refit reads them
-            own = schedule.window_files([(date, path)])
-            if not own:
-                raise InputError(f"{storage.redact(str(path))}: the partition holds no records")
             scored = scores_root / safe_name(f"date={date}", "partition")
-            if current is not None and not outputs.committed(scored):
-                score(
-                    model=str(current / "model"),
-                    input=own,
-                    out=str(scored),
-                    chunk_rows=chunk_rows,
-                    **local,
-                )
-            dates = schedule.window_dates(all_dates, set(done), date, window)
-            # the window's files as one input: a list of paths or URLs, nothing linked
-            files = schedule.window_files([(d, paths[d]) for d in dates])
-            run = cluster(
-                input=files,
-                out=str(staged / "run"),
-                chunk_rows=chunk_rows,
-                max_passes=max_passes,
-                random_state=random_state,
-                data_dir=str(staged / "datasets"),
-                warm_start=None if current is None else str(current / "model"),
-                report=False,
-                **local,
+            run = _score_and_refit(
+                current, path, scored, staged, [(d, paths[d]) for d in dates], local, refit
             )
         except ValueError as err:
             msg = " ".join(str(err).split())
@@ -159,30 +133,76 @@ def scheduled_clustering(
         except BaseException:
             storage.rmtree(staged, ignore_errors=True)
             raise
-        for name in ("model", "run.json", "clusters.parquet"):
-            storage.move(staged / "run" / name, staged / name)
-        for name in ("run", "datasets"):
-            storage.rmtree(staged / name, ignore_errors=True)
-        final = reg.publish(
-            n,
-            staged,
-            {
-                "date": date,
-                "window": dates,
-                "warm_start": None if current is None else current.name,
-                "partition": storage.redact(str(path)),
-                "fingerprint": schedule.fingerprint(path),
-                "n_rows": run["n_rows"],
-                "n_clusters": run["metrics"]["n_clusters"],
-                "passes": run["metrics"]["passes"],
-            },
-        )
+        final = _publish(reg, n, staged, date, path, dates, current, run)
         done[date] = n
         report["published"][date] = final.name
         log.info("partition %s: published %s (window %s)", date, final.name, dates)
     latest = reg.latest()
     report["latest"] = None if latest is None else storage.redact(str(latest))
     return report
+
+
+def _publish(
+    reg: schedule.Registry,
+    n: int,
+    staged: Any,
+    date: str,
+    path: Any,
+    dates: list[str],
+    current: Any,
+    run: dict[str, Any],
+) -> Any:
+    """The refit in ``staged/run`` published as version ``n`` (its model, run.json and
+    clusters, with where it came from); the version's directory."""
+    for name in ("model", "run.json", "clusters.parquet"):
+        storage.move(staged / "run" / name, staged / name)
+    for name in ("run", "datasets"):
+        storage.rmtree(staged / name, ignore_errors=True)
+    return reg.publish(
+        n,
+        staged,
+        {
+            "date": date,
+            "window": dates,
+            "warm_start": None if current is None else current.name,
+            "partition": storage.redact(str(path)),
+            "fingerprint": schedule.fingerprint(path),
+            "n_rows": run["n_rows"],
+            "n_clusters": run["metrics"]["n_clusters"],
+            "passes": run["metrics"]["passes"],
+        },
+    )
+
+
+def _score_and_refit(
+    current: Any,
+    path: Any,
+    scored: Any,
+    staged: Any,
+    window: list[tuple[str, Any]],
+    local: dict[str, Any],
+    refit: dict[str, Any],
+) -> dict[str, Any]:
+    """Score the partition at ``path`` with the published model ``current`` (None: none yet)
+    into ``scored`` unless done, then refit on the ``window``'s partitions (the last is this
+    one) into ``staged/run``, warm-started from ``current``; the refit's run.json."""
+    # the partition's files (markers such as _SUCCESS left out), as the refit reads them
+    own = schedule.window_files([window[-1]])
+    if not own:
+        raise InputError(f"{storage.redact(str(path))}: the partition holds no records")
+    if current is not None and not outputs.committed(scored):
+        score(model=str(current / "model"), input=own, out=str(scored), **local)
+    # the window's files as one input: a list of paths or URLs, nothing linked
+    run: dict[str, Any] = cluster(
+        input=schedule.window_files(window),
+        out=str(staged / "run"),
+        data_dir=str(staged / "datasets"),
+        warm_start=None if current is None else str(current / "model"),
+        report=False,
+        **refit,
+        **local,
+    )
+    return run
 
 
 def serve_kwargs(

@@ -6,6 +6,9 @@ A step's arguments are a Dask client, stores and engine states: Prefect neither 
 cache key nor persists its result (``NO_CACHE``). A failed step is retried, one second later,
 unless the failure is bad input (a ``ValueError``: the same input fails again; it is reported as
 it is).
+
+``passes`` is how every flow runs the pass loop (``pipeline.distributed.loop.run_passes``, its one
+driver): the start and each pass a step.
 """
 
 from __future__ import annotations
@@ -15,8 +18,13 @@ from typing import Any, ParamSpec, TypeVar
 
 from prefect import Task, task
 from prefect.cache_policies import NO_CACHE
+from prefect.utilities.annotations import quote
 
-__all__ = ["RETRIES", "retry_unless_bad_input", "run_flow", "step"]
+from pipeline.core.storage import Where
+from pipeline.distributed import loop
+from pipeline.engines.base import LoopState, RunContext
+
+__all__ = ["RETRIES", "passes", "retry_unless_bad_input", "run_flow", "step"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -79,3 +87,33 @@ def run_flow(flow_fn: Any, **kwargs: Any) -> Any:
         return flow_fn(**kwargs)
     with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         return flow_fn(**kwargs)
+
+
+@step("start")
+def start_task(client: Any, ctx: RunContext) -> LoopState:
+    return loop.start(client, ctx)
+
+
+@step("pass", task_run_name="pass-{p}")
+def pass_task(
+    client: Any, ctx: RunContext, state: LoopState, p: int, labels_out: Where | None
+) -> LoopState:
+    return loop.run_pass(client, ctx, state, labels_out)
+
+
+def passes(client: Any, ctx: RunContext, labels_out: Where | None = None) -> Any:
+    """The fit's passes (``pipeline.distributed.loop.run_passes``) with the start (the checkpoint
+    or the engine's) and each pass a step, ``pass-N``, retried as a step is.
+
+    ``labels_out``: the write-out's labels group, for an engine that fuses the write-out into
+    its last pass (``loop.run_pass``). The context goes to the steps quoted: Prefect walks a
+    task's parameters looking for futures, and the store info lists every group id (at
+    1,000,000 subjects 10 s a task, more than a pass).
+    """
+    q: Any = quote(ctx)
+    return loop.run_passes(
+        client,
+        ctx,
+        state=start_task(client, q),
+        step=lambda s: pass_task(client, q, s, s.pass_no + 1, labels_out),
+    )

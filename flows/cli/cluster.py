@@ -13,18 +13,18 @@ import sys
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from flows.cli.options import QUIET, bad_input
-from flows.cli.types import alpha as _alpha
+from flows.cli.options import QUIET, add_alpha, add_missing_strict, bad_input
 from flows.cli.types import family as _family
 from flows.cli.types import positive_int as _positive_int
 from pipeline.core import outputs
+from pipeline.core.config import ALPHA, MAX_ITER, N_RESTARTS
 from pipeline.core.errors import InputError
 from pipeline.data import io as pio
 from pipeline.data import sources
@@ -53,13 +53,7 @@ def add_fit_options(p: argparse.ArgumentParser) -> None:
         "diag-gaussian, categorical, poisson, bernoulli, binomial, exponential, geometric), or "
         "COL=KIND,COL=KIND with auto for the other columns",
     )
-    g.add_argument(
-        "--alpha",
-        type=_alpha,
-        default="learn",
-        metavar="FLOAT|learn",
-        help="DP concentration N0; 'learn' (default) sets it to its MAP value",
-    )
+    add_alpha(g, "DP concentration N0; 'learn' (default) sets it to its MAP value")
     g.add_argument(
         "--restarts",
         type=_positive_int,
@@ -70,9 +64,9 @@ def add_fit_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-iter",
         type=_positive_int,
-        default=100,
+        default=MAX_ITER,
         metavar="N",
-        help="maximum iterations per restart (default 100)",
+        help=f"maximum iterations per restart (default {MAX_ITER})",
     )
     g.add_argument(
         "--seed",
@@ -110,17 +104,10 @@ def add_cluster_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="drop columns holding one value, reporting them (the default; kept for scripts)",
     )
-    p.add_argument(
-        "--strict",
-        action="store_true",
-        help="refuse a column holding one value instead of dropping it",
-    )
-    p.add_argument(
-        "--missing",
-        choices=("latent", "refuse"),
-        default="latent",
-        help="missing cells: cluster each record on the cells it has (latent, the default) or "
-        "refuse them (refuse)",
+    add_missing_strict(
+        p,
+        "missing cells: cluster each record on the cells it has (latent, the default) or refuse "
+        "them (refuse)",
     )
     add_fit_options(p)
     p.set_defaults(func=cmd_cluster)
@@ -135,9 +122,9 @@ class ClusterOptions:
     columns: list[str] | None = None
     label_column: str | None = None
     family: str | dict[str, str] = "auto"
-    alpha: float | str = "learn"
-    restarts: int | str = "auto"
-    max_iter: int = 100
+    alpha: float | str = ALPHA
+    restarts: int | str = N_RESTARTS
+    max_iter: int = MAX_ITER
     seed: int | None = None
     drop_constant: bool = False
     strict: bool = False
@@ -146,19 +133,8 @@ class ClusterOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ClusterOptions:
-        return cls(
-            columns=getattr(args, "columns", None),
-            label_column=getattr(args, "label_column", None),
-            family=getattr(args, "family", "auto"),
-            alpha=getattr(args, "alpha", "learn"),
-            restarts=getattr(args, "restarts", None) or "auto",
-            max_iter=getattr(args, "max_iter", 100),
-            seed=getattr(args, "seed", None),
-            drop_constant=getattr(args, "drop_constant", False),
-            strict=getattr(args, "strict", False),
-            missing=getattr(args, "missing", "latent"),
-            quiet=getattr(args, "quiet", False),
-        )
+        given = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        return cls(**{**given, "restarts": given.get("restarts") or N_RESTARTS})
 
 
 @dataclass
@@ -190,13 +166,77 @@ def run_cluster(
     """
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
-    from pipeline.estimators.mapdp import MAPDP
-    from pipeline.families.schema import constant_columns
-
     path = Path(input_path)
     name = str(shown_input if shown_input is not None else input_path)
     timings: dict[str, float] = {}
+    df, y = _read(path, name, opts, timings)
+    df, family, dropped = _drop_constant(df, opts, name)
+    model, seed, log_density, warned = _fit(df, family, opts, path, name, timings)
 
+    metrics: dict[str, Any] = {
+        "n_clusters": int(model.n_clusters_),
+        "objective": float(model.objective_),
+        "alpha": float(model.alpha_),
+        "n_iter": int(model.n_iter_),
+        "mean_log_density": float(np.mean(log_density)),
+    }
+    if y is not None:
+        metrics["nmi"] = float(normalized_mutual_info_score(y, model.labels_))
+        metrics["ari"] = float(adjusted_rand_score(y, model.labels_))
+
+    # -- write -------------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    labels = pd.DataFrame(
+        {
+            "row": np.arange(df.shape[0], dtype=np.int64),
+            "label": np.asarray(model.labels_, dtype=np.int64),
+            "log_density": np.asarray(log_density, dtype=np.float64),
+        }
+    )
+    files = outputs.write_outputs(
+        out_dir, tables={"labels": labels, "clusters": model.cluster_summary()}
+    )
+    timings["write"] = time.perf_counter() - t0
+    run: dict[str, Any] = {
+        "command": "cluster",
+        "input": name,
+        "out": str(shown_out if shown_out is not None else out_dir),
+        "parameters": {
+            "columns": opts.columns,
+            "label_column": opts.label_column,
+            "family": opts.family,
+            "alpha": opts.alpha,
+            "restarts": opts.restarts,
+            "max_iter": opts.max_iter,
+            "seed": seed,
+            "strict": opts.strict,
+            "missing": opts.missing,
+        },
+        "data": {
+            "n_rows": int(df.shape[0]),
+            "n_columns": int(df.shape[1]),
+            "columns": list(df.columns),
+            "families": dict(model.schema_.kinds),
+            "dropped_constant_columns": {**dropped, **model.schema_.dropped},
+            "dropped_collinear_columns": list(model.schema_.collinear),
+            "missing_cells": int(df.isna().to_numpy().sum()),
+            "family_notes": list(model.schema_.notes),
+        },
+        "versions": outputs.versions(),
+        "objective_history": [float(v) for v in model.objective_history_],
+        "restart_objectives": [float(v) for v in model.restart_objectives_],
+        "timings_seconds": timings,
+        "metrics": metrics,
+        "warnings": warned,
+    }
+    files += outputs.write_outputs(out_dir, json_files={"run": run})
+    return ClusterResult(run=run, files=files)
+
+
+def _read(
+    path: Path, name: str, opts: ClusterOptions, timings: dict[str, float]
+) -> tuple[pd.DataFrame, np.ndarray | None]:
+    """The features of the table at ``path`` and its label column's values (None without)."""
     # -- read --------------------------------------------------------------------------------
     t0 = time.perf_counter()
     label = opts.label_column
@@ -224,7 +264,16 @@ def run_cluster(
     timings["read"] = time.perf_counter() - t0
     _say(opts, f"read {df.shape[0]} rows x {df.shape[1]} columns in {timings['read']:.2f} s")
 
-    # -- validate ----------------------------------------------------------------------------
+    return df, y
+
+
+def _drop_constant(
+    df: pd.DataFrame, opts: ClusterOptions, name: str
+) -> tuple[pd.DataFrame, Any, dict[str, Any]]:
+    """The table and the family without the constant columns (unless ``--strict``), and
+    those columns' one values."""
+    from pipeline.families.schema import constant_columns
+
     family = opts.family
     dropped: dict[str, Any] = {}
     if not opts.strict:
@@ -238,7 +287,21 @@ def run_cluster(
             shown = ", ".join(f"{c} (every row is {v!r})" for c, v in dropped.items())
             _say(opts, f"dropped constant column(s): {shown}")
 
-    # -- fit ---------------------------------------------------------------------------------
+    return df, family, dropped
+
+
+def _fit(
+    df: pd.DataFrame,
+    family: Any,
+    opts: ClusterOptions,
+    path: Path,
+    name: str,
+    timings: dict[str, float],
+) -> tuple[Any, int, np.ndarray, list[str]]:
+    """MAP-DP fitted to ``df``: the model, its seed, each record's log density and the
+    warnings of the fit (also shown on stderr)."""
+    from pipeline.estimators.mapdp import MAPDP
+
     seed = opts.seed if opts.seed is not None else secrets.randbits(32)
     model = MAPDP(
         alpha=opts.alpha,
@@ -273,64 +336,7 @@ def run_cluster(
     for w in warned:
         print(f"{PROG}: warning: {w}", file=sys.stderr)
 
-    metrics: dict[str, Any] = {
-        "n_clusters": int(model.n_clusters_),
-        "objective": float(model.objective_),
-        "alpha": float(model.alpha_),
-        "n_iter": int(model.n_iter_),
-        "mean_log_density": float(np.mean(log_density)),
-    }
-    if y is not None:
-        metrics["nmi"] = float(normalized_mutual_info_score(y, model.labels_))
-        metrics["ari"] = float(adjusted_rand_score(y, model.labels_))
-
-    # -- write -------------------------------------------------------------------------------
-    t0 = time.perf_counter()
-    labels = pd.DataFrame(
-        {
-            "row": np.arange(df.shape[0], dtype=np.int64),
-            "label": np.asarray(model.labels_, dtype=np.int64),
-            "log_density": np.asarray(log_density, dtype=np.float64),
-        }
-    )
-    files = outputs.write_outputs(
-        out_dir, tables={"labels": labels, "clusters": model.cluster_summary()}
-    )
-    timings["write"] = time.perf_counter() - t0
-    run: dict[str, Any] = {
-        "command": "cluster",
-        "input": name,
-        "out": str(shown_out if shown_out is not None else out_dir),
-        "parameters": {
-            "columns": opts.columns,
-            "label_column": label,
-            "family": opts.family,
-            "alpha": opts.alpha,
-            "restarts": opts.restarts,
-            "max_iter": opts.max_iter,
-            "seed": seed,
-            "strict": opts.strict,
-            "missing": opts.missing,
-        },
-        "data": {
-            "n_rows": int(df.shape[0]),
-            "n_columns": int(df.shape[1]),
-            "columns": list(df.columns),
-            "families": dict(model.schema_.kinds),
-            "dropped_constant_columns": {**dropped, **model.schema_.dropped},
-            "dropped_collinear_columns": list(model.schema_.collinear),
-            "missing_cells": int(df.isna().to_numpy().sum()),
-            "family_notes": list(model.schema_.notes),
-        },
-        "versions": outputs.versions(),
-        "objective_history": [float(v) for v in model.objective_history_],
-        "restart_objectives": [float(v) for v in model.restart_objectives_],
-        "timings_seconds": timings,
-        "metrics": metrics,
-        "warnings": warned,
-    }
-    files += outputs.write_outputs(out_dir, json_files={"run": run})
-    return ClusterResult(run=run, files=files)
+    return model, seed, log_density, warned
 
 
 def _check_out(out: Path, inputs: Sequence[Path] = ()) -> None:

@@ -22,14 +22,21 @@ import argparse
 import os
 from typing import Any
 
-from flows.cli.options import FLOW, flow_kwargs
+from flows.cli.options import (
+    ANY_INPUT,
+    FLOW,
+    add_chunk_rows,
+    add_data_dir,
+    add_input_out,
+    add_missing_strict,
+    flow_kwargs,
+)
 from flows.cli.prefect_api import prestart
 from flows.cli.run import start_flow
 from flows.cli.types import positive_int as _positive_int
-from pipeline.core.config import DEFAULT_CHUNK_ROWS, SELECT, TUNE_GRID
+from pipeline.core.config import MAX_ITER, SELECT, TUNE_GRID
 from pipeline.core.errors import InputError
 from pipeline.data import io as pio
-from pipeline.data.dataset import DATA_DIR_ENV
 
 
 def _floats(text: str) -> list[float]:
@@ -66,8 +73,7 @@ def add_cv_parser(subparsers: Any) -> argparse.ArgumentParser:
         "OUT/cv.png, OUT/cv.json and the refitted model.",
         parents=FLOW,
     )
-    p.add_argument("input", metavar="INPUT", help="CSV, Parquet file or directory, .npy, zarr")
-    p.add_argument("--out", required=True, metavar="OUT", help="output directory")
+    add_input_out(p, ANY_INPUT)
     p.add_argument(
         "--alpha",
         type=_floats,
@@ -109,32 +115,14 @@ def add_cv_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--label-column", metavar="COL", help="true labels: never used to choose")
     p.add_argument(
-        "--max-iter", type=_positive_int, default=100, metavar="N", help="iterations per fit"
+        "--max-iter", type=_positive_int, default=MAX_ITER, metavar="N", help="iterations per fit"
     )
-    p.add_argument(
-        "--chunk-rows",
-        type=_positive_int,
-        default=DEFAULT_CHUNK_ROWS,
-        metavar="N",
-        help=f"rows per chunk of the dataset store at most (default {DEFAULT_CHUNK_ROWS:,})",
-    )
-    p.add_argument(
-        "--data-dir",
-        default=None,
-        metavar="DIR",
-        help=f"where dataset stores are shared (default ${DATA_DIR_ENV} or ~/.cache/dpmm/datasets)",
-    )
-    p.add_argument(
-        "--missing",
-        choices=("latent", "refuse"),
-        default="latent",
-        help="missing cells: each fold fitted with them latent and scored on the cells a record "
-        "has (latent, the default) or refused (refuse)",
-    )
-    p.add_argument(
-        "--strict",
-        action="store_true",
-        help="refuse a column holding one value instead of dropping it",
+    add_chunk_rows(p, "rows per chunk of the dataset store at most (default {default})")
+    add_data_dir(p, "shared")
+    add_missing_strict(
+        p,
+        "missing cells: each fold fitted with them latent and scored on the cells a record has "
+        "(latent, the default) or refused (refuse)",
     )
     p.set_defaults(func=cmd_cv)
     return p
@@ -142,7 +130,7 @@ def add_cv_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_cv(args: argparse.Namespace) -> int:
     """Run the ``cv`` flow; exit status 2 with one line on bad input (``InputError``)."""
-    from flows.cv import run_cv_flow
+    from flows.cv import cv, run_cv_flow
     from pipeline.ops.cv import Grid
 
     # the grid and the file are refused before a Dask cluster and Prefect start
@@ -151,22 +139,8 @@ def cmd_cv(args: argparse.Namespace) -> int:
         raise InputError(f"--folds {args.folds}: at least 2 folds are needed")
     pio.check_file(args.input)
     prestart()  # Prefect's temporary server boots while the flow's modules load
-    kwargs = dict(
-        input=args.input,
-        out=args.out,
-        alphas=list(grid.alphas),
-        scales=list(grid.scales),
-        families=list(grid.families),
-        n_folds=args.folds,
-        select=args.select,
-        label_column=args.label_column,
-        chunk_rows=args.chunk_rows,
-        missing=args.missing,
-        strict=args.strict,
-        data_dir=args.data_dir,
-        max_iter=args.max_iter,
-        concurrency=args.concurrency,
-        **flow_kwargs(args),
+    kwargs = flow_kwargs(
+        args, cv, alphas=list(grid.alphas), scales=list(grid.scales), families=list(grid.families)
     )
     rows_of = args.input if os.path.isfile(args.input) else None
     run = start_flow(args, kwargs, rows_of=rows_of, runner=run_cv_flow)

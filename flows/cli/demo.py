@@ -113,8 +113,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
             flush=True,
         )
     from flows.cli.run import start_flow
+    from flows.cluster import cluster
 
-    kwargs = dict(
+    kwargs = flow_kwargs(
+        args,
+        cluster,
         input=str(out / "input.parquet"),
         out=str(result),
         chunk_rows=50_000,
@@ -124,12 +127,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         summaries=max(int(args.summaries), 0),
         dashboard_address=None,
         overwrite=True,
-        **flow_kwargs(args),
+        # threads: one process loads the libraries and kernels once, while Prefect's server
+        # boots (warm 9 s against 12 s with worker processes on 2 cores; cold, with the
+        # warm-up's helper process, 28-30 s against 30-32 s: bench_coldstart)
+        processes=not args.threads,
     )
-    # threads: one process loads the libraries and kernels once, while Prefect's server boots
-    # (warm 9 s against 12 s with worker processes on 2 cores; cold, with the warm-up's helper
-    # process, 28-30 s against 30-32 s: bench_coldstart)
-    kwargs["processes"] = not args.threads
     run = start_flow(args, kwargs)
     m = run["metrics"]
     s2 = run.get("stage2_info", {})

@@ -19,24 +19,21 @@ import argparse
 import os
 from typing import Any
 
-from flows.cli.options import FLOW, flow_kwargs
-from flows.cli.types import family as _family
-from flows.cli.types import fraction as _fraction
-from flows.cli.types import nonneg_float as _nonneg_float
-from flows.cli.types import positive_int as _positive_int
-from flows.cli.types import prior_scale as _prior_scale
-from pipeline.core.config import DEFAULT_CHUNK_ROWS, INIT_SAMPLE, MAX_PASSES, MIN_CHANGE, TOL
+from flows.cli.options import (
+    FLOW,
+    add_chunk_rows,
+    add_family,
+    add_holdout,
+    add_input_out,
+    add_no_report,
+    add_prior_scale,
+    add_start,
+    add_stop_options,
+    flow_kwargs,
+)
+from flows.cli.types import positive_float as _positive_float
+from pipeline.core.config import GAMMA
 from pipeline.data import io as pio
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
-    return v
 
 
 def _temper(text: str) -> str | float:
@@ -58,8 +55,7 @@ def add_hmm_parser(subparsers: Any) -> argparse.ArgumentParser:
         "transitions.csv, run.json, a report and model/ (pipeline.load_model).",
         parents=FLOW,
     )
-    p.add_argument("input", metavar="INPUT", help="CSV or Parquet file")
-    p.add_argument("--out", required=True, metavar="OUT", help="output directory")
+    add_input_out(p, "CSV or Parquet file")
     p.add_argument("--sequence-column", required=True, metavar="COL", help="sequence ids")
     p.add_argument(
         "--time-column",
@@ -77,51 +73,21 @@ def add_hmm_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--gamma",
         type=_positive_float,
-        default=2.0,
+        default=GAMMA,
         metavar="M0",
         help="top-level concentration M0 (default 2; new states need M0 > 1)",
     )
-    p.add_argument(
-        "--family",
-        type=_family,
-        default="auto",
-        metavar="SPEC",
-        help="emission family: auto (default), one for every column, or COL=KIND,...",
+    add_family(p, "emission family: auto (default), one for every column, or COL=KIND,...")
+    add_prior_scale(p, "state", "the ihmm engine's, 0.1")
+    add_chunk_rows(p, "rows per chunk (default {default}); a sequence never straddles two chunks")
+    add_holdout(p, "fraction of sequences held out and scored (default 0)")
+    add_start(
+        p,
+        ("auto", "sample", "sequential"),
+        "start of pass 1: auto = sample (in-memory MAP-iHMM with Viterbi, merge and split moves "
+        "on the first training sequences, about --init-sample rows), or sequential",
     )
-    p.add_argument(
-        "--prior-scale",
-        type=_prior_scale,
-        default=None,
-        metavar="F",
-        help="share of the data's variance one state is expected to carry under the "
-        "empirical-Bayes prior, in (0, 1) (default: the ihmm engine's, 0.1)",
-    )
-    p.add_argument(
-        "--chunk-rows",
-        type=_positive_int,
-        default=DEFAULT_CHUNK_ROWS,
-        metavar="N",
-        help=f"rows per chunk (default {DEFAULT_CHUNK_ROWS:,}); a sequence never "
-        "straddles two chunks",
-    )
-    p.add_argument(
-        "--holdout",
-        type=_fraction,
-        default=0.0,
-        metavar="F",
-        help="fraction of sequences held out and scored (default 0)",
-    )
-    p.add_argument(
-        "--init",
-        choices=("auto", "sample", "sequential"),
-        default="auto",
-        help="start of pass 1: auto = sample (in-memory MAP-iHMM with Viterbi, merge and split "
-        "moves on the first training sequences, about --init-sample rows), or sequential",
-    )
-    p.add_argument("--init-sample", type=_positive_int, default=INIT_SAMPLE, metavar="N")
-    p.add_argument("--max-passes", type=_positive_int, default=MAX_PASSES, metavar="N")
-    p.add_argument("--tol", type=_nonneg_float, default=TOL, metavar="F")
-    p.add_argument("--min-change", type=_fraction, default=MIN_CHANGE, metavar="F")
+    add_stop_options(p)
     p.add_argument(
         "--temper",
         type=_temper,
@@ -131,7 +97,7 @@ def add_hmm_parser(subparsers: Any) -> argparse.ArgumentParser:
         "measures the lag-1 autocorrelation rho of the records within the sample start's states "
         "and, where significant, weighs them by (1 - rho) / (1 + rho); 1 = untempered",
     )
-    p.add_argument("--no-report", action="store_true", help="skip the report pictures")
+    add_no_report(p)
     p.set_defaults(func=cmd_hmm)
     return p
 
@@ -140,30 +106,11 @@ def cmd_hmm(args: argparse.Namespace) -> int:
     """Run the ``hmm`` flow; exit status 2 with one line on bad input (``InputError``)."""
     from flows.cli.prefect_api import prestart
     from flows.cli.run import start_flow
-    from flows.hmm import run_hmm_flow  # the CLI starts the flow: the one upward import
+    from flows.hmm import hmm, run_hmm_flow  # the CLI starts the flow: the one upward import
 
     pio.check_file(args.input)
     prestart()  # Prefect's temporary server boots while the flow's modules load
-    kwargs = dict(
-        input=args.input,
-        out=args.out,
-        sequence_column=args.sequence_column,
-        time_column=args.time_column,
-        alpha=args.alpha,
-        gamma=args.gamma,
-        family=args.family,
-        prior_scale=args.prior_scale,
-        chunk_rows=args.chunk_rows,
-        holdout=args.holdout,
-        init=args.init,
-        init_sample=args.init_sample,
-        max_passes=args.max_passes,
-        tol=args.tol,
-        min_change=args.min_change,
-        temper=args.temper,
-        report=not args.no_report,
-        **flow_kwargs(args),
-    )
+    kwargs = flow_kwargs(args, hmm)
     rows_of = args.input if os.path.isfile(args.input) else None
     start_flow(args, kwargs, rows_of=rows_of, runner=run_hmm_flow, engine="ihmm")
     return 0

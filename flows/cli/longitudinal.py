@@ -17,15 +17,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from flows.cli.options import FLOW, flow_kwargs
+from flows.cli.options import (
+    FLOW,
+    add_alpha,
+    add_chunk_rows,
+    add_no_report,
+    add_stop_options,
+    flow_kwargs,
+)
 from flows.cli.prefect_api import prestart
 from flows.cli.run import start_flow
-from flows.cli.types import alpha as _alpha
-from flows.cli.types import fraction as _fraction
-from flows.cli.types import nonneg_float as _nonneg_float
 from flows.cli.types import positive_int as _positive_int
 from pipeline.core import storage
-from pipeline.core.config import DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL
 from pipeline.core.errors import InputError
 from pipeline.data import io as pio
 
@@ -75,46 +78,23 @@ def add_longitudinal_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="K-fold cross-validation over subjects: mean held-out log predictive density "
         "per subject with its standard error (Table 5's protocol)",
     )
-    p.add_argument(
-        "--chunk-rows",
-        type=_positive_int,
-        default=DEFAULT_CHUNK_ROWS,
-        metavar="N",
-        help=f"rows per chunk, whole subjects (default {DEFAULT_CHUNK_ROWS:,})",
-    )
-    p.add_argument("--alpha", type=_alpha, default="learn", metavar="FLOAT|learn")
-    p.add_argument("--max-passes", type=_positive_int, default=MAX_PASSES, metavar="N")
-    p.add_argument("--tol", type=_nonneg_float, default=TOL, metavar="F")
-    p.add_argument("--min-change", type=_fraction, default=MIN_CHANGE, metavar="F")
-    p.add_argument("--no-report", action="store_true", help="skip the report pictures")
+    add_chunk_rows(p, "rows per chunk, whole subjects (default {default})")
+    add_alpha(p)
+    add_stop_options(p)
+    add_no_report(p)
     p.set_defaults(func=cmd_longitudinal)
     return p
 
 
 def cmd_longitudinal(args: argparse.Namespace) -> int:
     """Run the ``longitudinal`` flow; status 2 and one line on bad input."""
-    from flows.longitudinal import run_longitudinal_flow
+    from flows.longitudinal import longitudinal, run_longitudinal_flow
 
     pio.check_file(args.input)
     if args.folds is not None and args.folds < 2:
         raise InputError(f"--folds must be at least 2, got {args.folds}")
     prestart()  # Prefect's temporary server boots while the flow's modules load
-    kwargs = dict(
-        input=args.input,
-        out=args.out,
-        subject=args.subject,
-        response=args.response,
-        covariates=args.covariates,
-        time_column=args.time,
-        folds=args.folds,
-        chunk_rows=args.chunk_rows,
-        alpha=args.alpha,
-        max_passes=args.max_passes,
-        tol=args.tol,
-        min_change=args.min_change,
-        report=not args.no_report,
-        **flow_kwargs(args),
-    )
+    kwargs = flow_kwargs(args, longitudinal)
     run = start_flow(args, kwargs, runner=run_longitudinal_flow, engine="mixed_effects")
     if not args.quiet:
         m = run["metrics"]

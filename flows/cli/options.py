@@ -6,13 +6,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flows.cli.types import positive_int
+from flows.cli.types import alpha, family, fraction, nonneg_float, positive_int, prior_scale
+from pipeline.core.config import (
+    ALPHA,
+    DEFAULT_CHUNK_ROWS,
+    INIT_SAMPLE,
+    MAX_ITER,
+    MAX_PASSES,
+    MIN_CHANGE,
+    TOL,
+    TOL_IN_MEMORY,
+)
 from pipeline.core.errors import InputError
 from pipeline.data import io as pio
+from pipeline.data.dataset import DATA_DIR_ENV
 
 # -- the option blocks (``add_parser(..., parents=[...])``) -----------------------------------
 
@@ -25,7 +37,14 @@ def _block() -> tuple[argparse.ArgumentParser, Any]:
 
 
 SEED, _g = _block()
-_g.add_argument("--seed", type=int, default=0, metavar="N", help="random seed (default 0)")
+_g.add_argument(
+    "--seed",
+    type=int,
+    default=0,
+    metavar="N",
+    help="random seed (default 0, where an estimator's random_state is None: the same command "
+    "run again gives the same result, and resumes an interrupted run)",
+)
 SCHEDULER, _g = _block()
 _g.add_argument(
     "--scheduler",
@@ -62,22 +81,31 @@ del _g
 #: what every command that runs a flow on a Dask cluster takes
 FLOW = [SEED, SCHEDULER, WORKERS, OVERWRITE, QUIET, LOGS]
 
-# the flow's keyword argument of each option of the blocks
-_FLOW_KWARGS = {
+# the flow's parameter of an option named otherwise
+_RENAMED = {
     "seed": "random_state",
-    "scheduler": "scheduler",
     "workers": "n_workers",
-    "overwrite": "overwrite",
+    "folds": "n_folds",
+    "time": "time_column",
 }
 
 
-def flow_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """The flow's keyword arguments of the block options the command has (``random_state``,
-    ``scheduler``, ``n_workers``, ``overwrite``; ``progress``: not ``--quiet``)."""
-    kwargs = {kw: getattr(args, opt) for opt, kw in _FLOW_KWARGS.items() if hasattr(args, opt)}
-    if hasattr(args, "quiet"):
+def flow_kwargs(args: argparse.Namespace, flow: Any, **given: Any) -> dict[str, Any]:
+    """The keyword arguments of ``flow`` (a Prefect flow) from the parsed options: every option
+    named as one of its parameters (or ``_RENAMED`` to one: ``--seed`` is ``random_state``),
+    ``report`` (not ``--no-report``) and ``progress`` (not ``--quiet``); ``given`` over them."""
+    params = inspect.signature(flow.fn).parameters
+    options = vars(args)
+    kwargs: dict[str, Any] = {}
+    for opt, value in options.items():
+        name = opt if opt in params else _RENAMED.get(opt, "")
+        if name in params:
+            kwargs[name] = value
+    if "no_report" in options and "report" in params:
+        kwargs["report"] = not args.no_report
+    if "quiet" in options and "progress" in params:
         kwargs["progress"] = not args.quiet
-    return kwargs
+    return {**kwargs, **given}
 
 
 # -- bad input ---------------------------------------------------------------------------------
@@ -108,3 +136,118 @@ def bad_input(prefix: str | None = None, rows_of: str | Path | None = None) -> I
         if prefix and not msg.startswith(prefix):
             msg = f"{prefix}: {msg}"
         raise InputError(one_line(msg)) from err
+
+
+# -- options several commands share, each with its own help where it differs ------------------
+
+
+#: what INPUT may be for a command that reads it with ``pipeline.data.sources``
+ANY_INPUT = "CSV, Parquet file or directory, .npy, zarr"
+
+
+def add_alpha(p: Any, help: str | None = None) -> None:
+    """``--alpha FLOAT|learn``, the DP concentration (default ``config.ALPHA``)."""
+    p.add_argument("--alpha", type=alpha, default=ALPHA, metavar="FLOAT|learn", help=help)
+
+
+def add_input_out(p: argparse.ArgumentParser, input_help: str) -> None:
+    """INPUT and ``--out OUT``."""
+    p.add_argument("input", metavar="INPUT", help=input_help)
+    p.add_argument("--out", required=True, metavar="OUT", help="output directory")
+
+
+def add_chunk_rows(p: Any, help: str) -> None:
+    """``--chunk-rows N``; ``help`` names the default as ``{default}``."""
+    p.add_argument(
+        "--chunk-rows",
+        type=positive_int,
+        default=DEFAULT_CHUNK_ROWS,
+        metavar="N",
+        help=help.format(default=f"{DEFAULT_CHUNK_ROWS:,}"),
+    )
+
+
+def add_stop_options(p: argparse.ArgumentParser) -> None:
+    """The pass loop's stop rule (``FitParams``): ``--max-passes``, ``--tol``, ``--min-change``."""
+    p.add_argument(
+        "--max-passes",
+        type=positive_int,
+        default=MAX_PASSES,
+        metavar="N",
+        help=f"stop after N passes (default {MAX_PASSES}; an in-memory fit's max_iter is "
+        f"{MAX_ITER})",
+    )
+    p.add_argument(
+        "--tol",
+        type=nonneg_float,
+        default=TOL,
+        metavar="F",
+        help="stop when a pass lowers the objective by at most F * |objective| (relative; "
+        f"default {TOL:g}; an in-memory fit's tol is {TOL_IN_MEMORY:g}: its iterations are "
+        "cheap, a pass reads the whole store)",
+    )
+    p.add_argument(
+        "--min-change",
+        type=fraction,
+        default=MIN_CHANGE,
+        metavar="F",
+        help="stop when at most this fraction of the training records changed cluster in a "
+        f"pass (default {MIN_CHANGE:g})",
+    )
+
+
+def add_missing_strict(p: Any, missing_help: str) -> None:
+    """``--missing latent|refuse`` (``missing_help``) and ``--strict``."""
+    p.add_argument("--missing", choices=("latent", "refuse"), default="latent", help=missing_help)
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse a column holding one value instead of dropping it",
+    )
+
+
+def add_data_dir(p: argparse.ArgumentParser, what: str) -> None:
+    """``--data-dir DIR``; ``what``: what is done with the stores there."""
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help=f"where dataset stores are {what} (default ${DATA_DIR_ENV} or ~/.cache/dpmm/datasets)",
+    )
+
+
+def add_family(p: Any, help: str) -> None:
+    p.add_argument("--family", type=family, default="auto", metavar="SPEC", help=help)
+
+
+def add_prior_scale(p: argparse.ArgumentParser, what: str, default: str) -> None:
+    """``--prior-scale F``: the share of the variance one ``what`` (cluster, state) carries."""
+    p.add_argument(
+        "--prior-scale",
+        type=prior_scale,
+        default=None,
+        metavar="F",
+        help=f"share of the data's variance one {what} is expected to carry under the "
+        f"empirical-Bayes prior, in (0, 1) (default: {default})",
+    )
+
+
+def add_holdout(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--holdout", type=fraction, default=0.0, metavar="F", help=help)
+
+
+def add_start(p: argparse.ArgumentParser, inits: tuple[str, ...], init_help: str) -> None:
+    """The start of pass 1: ``--init`` (one of ``inits``, default "auto") and ``--init-sample``."""
+    p.add_argument("--init", choices=inits, default="auto", help=init_help)
+    p.add_argument(
+        "--init-sample",
+        type=positive_int,
+        default=INIT_SAMPLE,
+        metavar="N",
+        help=f"rows of the sample start (default {INIT_SAMPLE:,}; more finds smaller clusters "
+        "before pass 1, at the cost of a longer start)",
+    )
+
+
+def add_no_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-report", action="store_true", help="skip the report pictures")

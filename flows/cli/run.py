@@ -37,35 +37,90 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flows.cli.options import FLOW, flow_kwargs
+from flows.cli.options import (
+    ANY_INPUT,
+    FLOW,
+    add_alpha,
+    add_chunk_rows,
+    add_data_dir,
+    add_family,
+    add_holdout,
+    add_input_out,
+    add_missing_strict,
+    add_no_report,
+    add_prior_scale,
+    add_start,
+    add_stop_options,
+    flow_kwargs,
+)
 from flows.cli.prefect_api import flow_api, prestart
-from flows.cli.types import alpha as _alpha
-from flows.cli.types import family as _family
-from flows.cli.types import fraction as _fraction
-from flows.cli.types import nonneg_float as _nonneg_float
 from flows.cli.types import nonneg_int as _nonneg_int
 from flows.cli.types import positive_float as _positive_float
 from flows.cli.types import positive_int as _positive_int
-from flows.cli.types import prior_scale as _prior_scale
 from pipeline.core import outputs, storage
 from pipeline.core.config import (
     DEFAULT_CHUNK_ROWS,
     DEVICES,
     GPU_ENGINES,
-    INIT_SAMPLE,
     INITS,
-    MAX_PASSES,
-    MIN_CHANGE,
     N_FOLDS,
-    TOL,
 )
 from pipeline.core.errors import InputError
 from pipeline.data import io as pio
-from pipeline.data.dataset import DATA_DIR_ENV
 from pipeline.data.store import STORE_DTYPES
 from pipeline.engines import MIXTURE_ENGINES
 
 PROG = "dpmm"
+
+
+def _add_stage2_options(p: argparse.ArgumentParser) -> None:
+    """Stage 2's options: ``--summaries``, ``--stage2``, ``--mcmc``."""
+    p.add_argument(
+        "--summaries",
+        type=_nonneg_int,
+        default=0,
+        metavar="M",
+        help="split the stage-1 clusters into about M summaries for stage 2 (default 0: off)",
+    )
+    p.add_argument(
+        "--stage2",
+        choices=("none", "bhc"),
+        default=None,
+        help="stage 2 over the summaries (default: bhc with --summaries, else none)",
+    )
+    p.add_argument(
+        "--mcmc",
+        type=_nonneg_int,
+        default=0,
+        metavar="ITER",
+        help="tree-guided MCMC iterations after BHC in stage 2 (default 0)",
+    )
+
+
+def _add_where_options(p: argparse.ArgumentParser) -> None:
+    """Where the Dask workers run: ``--cluster``, ``--cluster-config``, ``--threads``."""
+    p.add_argument(
+        "--cluster",
+        choices=("local", "slurm", "pbs"),
+        default="local",
+        help="where the Dask workers run: a LocalCluster on this machine (default), or batch "
+        "jobs of a SLURM or PBS system (dask-jobqueue; needs --cluster-config)",
+    )
+    p.add_argument(
+        "--cluster-config",
+        default=None,
+        metavar="FILE",
+        help="YAML of dask-jobqueue's keys for --cluster slurm|pbs (cores, memory, queue, "
+        "walltime, job_extra_directives, ...) and 'jobs' (how many; pipeline.distributed.hpc)",
+    )
+    p.add_argument(
+        "--threads",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the LocalCluster's workers as threads of this process instead of worker "
+        "processes: less memory, one copy of the libraries (default: threads for a sequential "
+        "engine such as asugs, whose chunks run one after another; processes otherwise)",
+    )
 
 
 def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -78,24 +133,14 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         "OUT/clusters.parquet, OUT/run.json and a report.",
         parents=FLOW,
     )
-    p.add_argument("input", metavar="INPUT", help="CSV, Parquet file or directory, .npy, zarr")
-    p.add_argument("--out", required=True, metavar="OUT", help="output directory")
-    p.add_argument(
-        "--chunk-rows",
-        type=_positive_int,
-        default=DEFAULT_CHUNK_ROWS,
-        metavar="N",
-        help=f"rows per chunk at most (default {DEFAULT_CHUNK_ROWS:,}); 32 chunks or more are "
-        "made a little shorter to divide evenly among 2, 4, 8, ... workers; a Dask task sweeps "
-        "one or more consecutive chunks",
+    add_input_out(p, ANY_INPUT)
+    add_chunk_rows(
+        p,
+        "rows per chunk at most (default {default}); 32 chunks or more are made a little "
+        "shorter to divide evenly among 2, 4, 8, ... workers; a Dask task sweeps one or more "
+        "consecutive chunks",
     )
-    p.add_argument(
-        "--holdout",
-        type=_fraction,
-        default=0.0,
-        metavar="F",
-        help="fraction of rows held out of the fit and scored (default 0)",
-    )
+    add_holdout(p, "fraction of rows held out of the fit and scored (default 0)")
     p.add_argument("--engine", choices=MIXTURE_ENGINES, default="mapdp", help="stage-1 sweep")
     p.add_argument(
         "--dtype",
@@ -111,60 +156,17 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="where the passes run: cpu (default), or gpu: NVIDIA GPUs, one Dask worker per "
         "GPU (engines mapdp and kmeans; needs the GPU extra: pip install -e '.[gpu]')",
     )
-    p.add_argument(
-        "--family",
-        type=_family,
-        default="auto",
-        metavar="SPEC",
-        help="auto (default), one family for every column, or COL=KIND,COL=KIND",
+    add_family(p, "auto (default), one family for every column, or COL=KIND,COL=KIND")
+    add_alpha(p)
+    add_start(
+        p,
+        INITS,
+        "start of pass 1 (auto = sample: in-memory MAP-DP with split/merge moves on a hash "
+        "sample of --init-sample training rows; MAPDP in memory starts 'sequential', which "
+        "here would be one more pass over the whole store)",
     )
-    p.add_argument("--alpha", type=_alpha, default="learn", metavar="FLOAT|learn")
-    p.add_argument(
-        "--init",
-        choices=INITS,
-        default="auto",
-        help="start of pass 1 (auto = sample: in-memory MAP-DP with split/merge moves on a "
-        "hash sample of --init-sample training rows)",
-    )
-    p.add_argument(
-        "--init-sample",
-        type=_positive_int,
-        default=INIT_SAMPLE,
-        metavar="N",
-        help=f"rows of the sample start (default {INIT_SAMPLE:,}; more finds smaller clusters "
-        "before pass 1, at the cost of a longer start)",
-    )
-    p.add_argument(
-        "--max-passes",
-        type=_positive_int,
-        default=MAX_PASSES,
-        metavar="N",
-        help=f"stop after N passes (default {MAX_PASSES})",
-    )
-    p.add_argument(
-        "--tol",
-        type=_nonneg_float,
-        default=TOL,
-        metavar="F",
-        help="stop when a pass lowers the objective by at most F * |objective| (relative; "
-        f"default {TOL:g})",
-    )
-    p.add_argument(
-        "--min-change",
-        type=_fraction,
-        default=MIN_CHANGE,
-        metavar="F",
-        help="stop when at most this fraction of the training records changed cluster in a "
-        f"pass (default {MIN_CHANGE:g})",
-    )
-    p.add_argument(
-        "--prior-scale",
-        type=_prior_scale,
-        default=None,
-        metavar="F",
-        help="share of the data's variance one cluster is expected to carry under the "
-        "empirical-Bayes prior, in (0, 1) (default: the engine's; 0.3 for mapdp and kmeans)",
-    )
+    add_stop_options(p)
+    add_prior_scale(p, "cluster", "the engine's; 0.3 for mapdp and kmeans")
     p.add_argument(
         "--lam",
         type=_positive_float,
@@ -193,55 +195,9 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="F",
         help=f"fold ids drawn per row (or per group) into the dataset store (default {N_FOLDS})",
     )
-    p.add_argument(
-        "--data-dir",
-        default=None,
-        metavar="DIR",
-        help="where dataset stores are kept and reused by later runs of the same input "
-        f"(default ${DATA_DIR_ENV} or ~/.cache/dpmm/datasets)",
-    )
-    p.add_argument(
-        "--summaries",
-        type=_nonneg_int,
-        default=0,
-        metavar="M",
-        help="split the stage-1 clusters into about M summaries for stage 2 (default 0: off)",
-    )
-    p.add_argument(
-        "--stage2",
-        choices=("none", "bhc"),
-        default=None,
-        help="stage 2 over the summaries (default: bhc with --summaries, else none)",
-    )
-    p.add_argument(
-        "--mcmc",
-        type=_nonneg_int,
-        default=0,
-        metavar="ITER",
-        help="tree-guided MCMC iterations after BHC in stage 2 (default 0)",
-    )
-    p.add_argument(
-        "--cluster",
-        choices=("local", "slurm", "pbs"),
-        default="local",
-        help="where the Dask workers run: a LocalCluster on this machine (default), or batch "
-        "jobs of a SLURM or PBS system (dask-jobqueue; needs --cluster-config)",
-    )
-    p.add_argument(
-        "--cluster-config",
-        default=None,
-        metavar="FILE",
-        help="YAML of dask-jobqueue's keys for --cluster slurm|pbs (cores, memory, queue, "
-        "walltime, job_extra_directives, ...) and 'jobs' (how many; pipeline.distributed.hpc)",
-    )
-    p.add_argument(
-        "--threads",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="run the LocalCluster's workers as threads of this process instead of worker "
-        "processes: less memory, one copy of the libraries (default: threads for a sequential "
-        "engine such as asugs, whose chunks run one after another; processes otherwise)",
-    )
+    add_data_dir(p, "kept and reused by later runs of the same input")
+    _add_stage2_options(p)
+    _add_where_options(p)
     p.add_argument(
         "--warm-start",
         default=None,
@@ -249,19 +205,12 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="start the passes from a fitted model's clusters (a model directory, e.g. an "
         "earlier run's OUT/model); the input must have the model's columns and kinds",
     )
-    p.add_argument(
-        "--missing",
-        choices=("latent", "refuse"),
-        default="latent",
-        help="missing cells: filled by iterated conditional modes and each record scored on "
-        "the cells it has (latent, the default; --engine mapdp only) or refused (refuse)",
+    add_missing_strict(
+        p,
+        "missing cells: filled by iterated conditional modes and each record scored on the cells "
+        "it has (latent, the default; --engine mapdp only) or refused (refuse)",
     )
-    p.add_argument(
-        "--strict",
-        action="store_true",
-        help="refuse a column holding one value instead of dropping it",
-    )
-    p.add_argument("--no-report", action="store_true", help="skip the report pictures")
+    add_no_report(p)
     p.set_defaults(func=cmd_run)
     return p
 
@@ -485,36 +434,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.data_dir is not None:
         storage.check_reachable(args.data_dir, "--data-dir")
     prestart()  # Prefect's temporary server boots while the flow's modules load
-    kwargs = dict(
-        input=args.input,
-        out=args.out,
-        chunk_rows=args.chunk_rows,
-        holdout=args.holdout,
-        engine=args.engine,
-        family=args.family,
-        alpha=args.alpha,
-        init=args.init,
-        init_sample=args.init_sample,
-        max_passes=args.max_passes,
-        tol=args.tol,
-        min_change=args.min_change,
-        prior_scale=args.prior_scale,
-        label_column=args.label_column,
-        group_column=args.group_column,
-        dtype=args.dtype,
-        n_folds=args.folds,
-        data_dir=args.data_dir,
-        summaries=args.summaries,
-        stage2=args.stage2,
-        mcmc=args.mcmc,
-        warm_start=args.warm_start,
+    from flows.cluster import cluster
+
+    kwargs = flow_kwargs(
+        args,
+        cluster,
         engine_options={} if args.lam is None else {"lam": args.lam},
-        missing=args.missing,
-        strict=args.strict,
-        device=args.device,
         processes=not _threads(args),
-        report=not args.no_report,
-        **flow_kwargs(args),
     )
     rows_of = args.input if os.path.isfile(args.input) else None
     start_flow(args, kwargs, rows_of=rows_of)

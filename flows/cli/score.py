@@ -13,11 +13,19 @@ import argparse
 import os
 from typing import Any
 
-from flows.cli.options import LOGS, OVERWRITE, QUIET, SCHEDULER, WORKERS, flow_kwargs
+from flows.cli.options import (
+    ANY_INPUT,
+    LOGS,
+    OVERWRITE,
+    QUIET,
+    SCHEDULER,
+    WORKERS,
+    add_chunk_rows,
+    add_input_out,
+    flow_kwargs,
+)
 from flows.cli.run import start_flow
-from flows.cli.types import positive_int as _positive_int
 from pipeline.core import outputs, storage
-from pipeline.core.config import DEFAULT_CHUNK_ROWS
 from pipeline.data import io as pio
 
 
@@ -32,15 +40,9 @@ def add_score_parser(subparsers: Any) -> argparse.ArgumentParser:
         parents=[SCHEDULER, WORKERS, OVERWRITE, QUIET, LOGS],
     )
     p.add_argument("model", metavar="MODEL", help="model directory (a run's OUT/model)")
-    p.add_argument("input", metavar="INPUT", help="CSV, Parquet file or directory, .npy, zarr")
-    p.add_argument("--out", required=True, metavar="OUT", help="output directory")
-    p.add_argument(
-        "--chunk-rows",
-        type=_positive_int,
-        default=DEFAULT_CHUNK_ROWS,
-        metavar="N",
-        help=f"rows per chunk (default {DEFAULT_CHUNK_ROWS:,}); a Dask task scores one or more "
-        "consecutive chunks",
+    add_input_out(p, ANY_INPUT)
+    add_chunk_rows(
+        p, "rows per chunk (default {default}); a Dask task scores one or more consecutive chunks"
     )
     p.set_defaults(func=cmd_score)
     return p
@@ -49,7 +51,7 @@ def add_score_parser(subparsers: Any) -> argparse.ArgumentParser:
 def cmd_score(args: argparse.Namespace) -> int:
     """Run the ``score`` flow; exit status 2 with one line on bad input."""
     from flows.cli.prefect_api import prestart
-    from flows.score import run_score_flow
+    from flows.score import run_score_flow, score
 
     pio.check_file(args.input)
     # a model or OUT on object storage that cannot be reached (``pipeline.core.storage``)
@@ -57,13 +59,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     outputs.require_visible(storage.location(args.model), "model")
     storage.check_reachable(args.out, "--out")
     prestart()  # Prefect's temporary server boots while the flow's modules load
-    kwargs = dict(
-        model=args.model,
-        input=args.input,
-        out=args.out,
-        chunk_rows=args.chunk_rows,
-        **flow_kwargs(args),
-    )
+    kwargs = flow_kwargs(args, score)
     rows_of = args.input if os.path.isfile(args.input) else None
     start_flow(args, kwargs, rows_of=rows_of, runner=run_score_flow)
     return 0

@@ -25,11 +25,9 @@ from typing import Any
 from flows.cli.options import LOGS, WORKERS
 from flows.cli.run import start_flow
 from flows.cli.types import positive_int as _positive_int
-from pipeline.core.config import DEFAULT_CHUNK_ROWS
+from pipeline.core.config import CRON, DEFAULT_CHUNK_ROWS, DEPLOYMENT, WINDOW
 
 PROG = "dpmm"
-CRON = "0 2 * * *"  # flows.scheduled.CRON, without importing Prefect to build the parser
-DEPLOYMENT = "dpmm-scheduled"
 # one run of the deployment at a time: a refit that outlasts the next tick must not have a
 # second run publish into the same MODELS (pipeline.ops.schedule assumes a single writer)
 ONE_RUN = 1
@@ -57,7 +55,11 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--scores", default=None, metavar="DIR", help="path or URL; default: MODELS/../scores"
     )
     p.add_argument(
-        "--window", type=_positive_int, default=7, metavar="DAYS", help="refit window (default 7)"
+        "--window",
+        type=_positive_int,
+        default=WINDOW,
+        metavar="DAYS",
+        help=f"refit window (default {WINDOW})",
     )
     p.add_argument(
         "--cron", default=CRON, metavar="EXPR", help=f"schedule, cron syntax (default '{CRON}')"

@@ -16,9 +16,29 @@ from pipeline.core.persist import register
 DEFAULT_CHUNK_ROWS = 100_000
 PRIOR_SAMPLE = 50_000
 INIT_SAMPLE = 20_000
+#: the DP concentration N0 of the mixture models (``MAPDP``, ``MixedEffectsDP``, ``dpmm run``,
+#: ``cluster``, ``longitudinal``): "learn" is its MAP value under ``ALPHA_PRIOR`` (eq. A.1)
+ALPHA = "learn"
+#: the distributed pass loop's stop rule (``FitParams``): ``MAX_PASSES`` passes, or a pass that
+#: lowers the objective by at most ``TOL`` relative, or moves at most ``MIN_CHANGE`` of the records
 MAX_PASSES = 50
 TOL = 1e-5
 MIN_CHANGE = 1e-3
+#: an in-memory fit's stop rule (``MAPDP``, ``MAPiHMM``, ``dpmm cluster``, ``dpmm cv``'s fold
+#: fits): ``MAX_ITER`` iterations, or one that lowers the objective by less than ``TOL_IN_MEMORY``
+#: relative. Not the pass loop's: an in-memory iteration costs milliseconds where a pass reads
+#: the whole store, and the pass loop also stops on ``MIN_CHANGE``; each keeps the results its
+#: tests and benchmarks pin (``tests/flows/test_defaults.py`` lists the difference)
+MAX_ITER = 100
+TOL_IN_MEMORY = 1e-6
+#: restarts of an in-memory MAP-DP fit: "auto" is 3 up to 20,000 records, fewer above
+#: (``pipeline.estimators.mapdp.auto_restarts``); ``fit_distributed`` runs one unless told
+N_RESTARTS = "auto"
+#: ``dpmm serve``'s deployment (``flows.scheduled``): its name, its schedule (every day at 02:00
+#: UTC, as in infra/prefect.yaml) and the partitions (days) of each refit's window
+DEPLOYMENT = "dpmm-scheduled"
+CRON = "0 2 * * *"
+WINDOW = 7
 #: Gamma(shape, rate) prior on the concentration N0 when it is learned (eq. A.1): shape 2 keeps
 #: the mode away from 0 at K = 1; rate 5 (prior mean 0.4) because outlying records of real tables
 #: open singleton clusters, each raising the learned N0, which opens more: ionosphere (351 x 34)
@@ -152,7 +172,7 @@ class FitParams:
     """
 
     engine: str = "mapdp"
-    alpha: float | str = "learn"
+    alpha: float | str = ALPHA
     alpha_prior: tuple[float, float] = ALPHA_PRIOR
     init: str = "auto"
     n_seeds: int | None = None

@@ -12,6 +12,7 @@ import contextlib
 import tempfile
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,8 @@ from pipeline.core.config import FitParams
 from pipeline.core.seeds import seed_entropy
 from pipeline.data.ingest import ingest
 from pipeline.data.store import Store, StoreInfo
+from pipeline.distributed import loop
 from pipeline.distributed.client import dask_client
-from pipeline.distributed.loop import clear_checkpoint, context, run_passes
 from pipeline.engines.mixture_start import WARM_START
 from pipeline.engines.mixture_state import PassState, read_labels
 from pipeline.families import FloatArray
@@ -60,7 +61,7 @@ class DistributedResult:
 def fit_distributed(
     X: Any,
     family: Any = "auto",
-    alpha: float | str = "learn",
+    alpha: float | str = config.ALPHA,
     *,
     engine: str = "mapdp",
     init: str = "auto",
@@ -89,16 +90,17 @@ def fit_distributed(
     Parameters
     ----------
     X : dask array / DataFrame, numpy array, pandas DataFrame, or a path (``pipeline.data.sources``)
-    family : as ``MAPDP(family=...)``
-    alpha : float or "learn"
+    family, alpha : as ``MAPDP``'s
     engine : "mapdp" or "kmeans"
     init, n_seeds, alpha_prior, max_passes, tol, min_change, init_sample, prior_scale : see
         ``FitParams``
     n_restarts : int
-        Runs from different seeds over the same store; the lowest objective wins.
+        Runs from different seeds over the same store; the lowest objective wins (default 1,
+        where ``MAPDP``'s is "auto": a restart here is as long as the fit).
     random_state : int, SeedSequence, Generator or None
-    chunk_rows : int
-        Rows per chunk, one task each. The labels depend on the chunking, not on the workers.
+    chunk_rows, prior_sample : int
+        Rows per chunk, one task each (the labels depend on the chunking, not on the workers);
+        rows of the sample the empirical-Bayes prior is set from.
     client : distributed.Client, optional
         Default: a LocalCluster of one single-threaded worker process per core.
     store_path : path, optional
@@ -107,20 +109,18 @@ def fit_distributed(
         What the store's X holds (``pipeline.data.ingest.ingest``); statistics stay float64.
     warm_start : (Stats, float), optional
         The clusters (``pipeline.families.stats.Stats`` of ``family``: pass the fitted model's
-        family,
-        not "auto") and concentration of a fitted model to start from instead of ``init``
-        (``pipeline.engines.mixture_start.warm_state``).
+        family, not "auto") and concentration of a fitted model to start from instead of
+        ``init`` (``pipeline.engines.mixture_start.warm_state``).
     device : "cpu" or "gpu"
-        "gpu": the passes on NVIDIA GPUs (``pipeline.engines.gpu``; engines "mapdp" and
-        "kmeans"), on ``client``'s workers or a new cluster of one worker per GPU; a machine
-        without a GPU or numba-cuda raises ``DeviceError`` (never a CPU fallback).
+        "gpu": the passes on NVIDIA GPUs (``pipeline.engines.gpu``; engines "mapdp", "kmeans"),
+        one worker per GPU; no GPU or numba-cuda raises ``DeviceError`` (never a CPU fallback).
     missing : "latent" or "refuse"
-        "latent": a record's missing cells (NaN) are filled by iterated conditional modes in
-        the passes and it is scored on the cells it has (``pipeline.engines.mapdp``; the other
-        engines refuse them, ``pipeline.engines.base.check_missing``); "refuse": the first
-        missing cell is an error.
+        As ``MAPDP``'s: missing cells (NaN) filled by iterated conditional modes in the passes
+        (``pipeline.engines.mapdp``; other engines refuse them: ``engines.base.check_missing``).
     strict : bool
         Refuse a constant column instead of dropping it (``StoreInfo.schema.dropped``).
+    progress : bool
+        A line on stderr after each pass.
 
     Returns
     -------
@@ -141,7 +141,32 @@ def fit_distributed(
         prior_scale=prior_scale,
         device=device,
     ).checked()
-    config.check_int(n_restarts, "n_restarts")
+    n_restarts = config.check_int(n_restarts, "n_restarts")
+    with _place(client, store_path, device, engine) as (client, store, state):
+        info = ingest(
+            X,
+            store,
+            client=client,
+            family=family,
+            chunk_rows=chunk_rows,
+            prior_sample=prior_sample,
+            dtype=dtype,
+            missing=missing == "latent",
+            strict=strict,
+        )
+        res = best_of_restarts(client, store, state, info, params, n_restarts, warm_start, progress)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+@contextlib.contextmanager
+def _place(
+    client: Any, store_path: str | Path | None, device: str, engine: str
+) -> Iterator[tuple[Any, Store, Path]]:
+    """Where a fit runs: ``client``, else a new local cluster (of one worker per GPU with
+    ``device="gpu"``, which needs one: ``require_device``), and the dataset store at
+    ``store_path``, else in a temporary directory, with its state store beside it; what is
+    made here is closed when the fit ends."""
     if device == "gpu":
         from pipeline.engines.gpu import require_device
 
@@ -158,43 +183,49 @@ def fit_distributed(
             )
         if store_path is None:
             store_path = stack.enter_context(tempfile.TemporaryDirectory(prefix="dpmm-")) + "/s"
-        store = Store(store_path)
-        info = ingest(
-            X,
-            store,
-            client=client,
-            family=family,
-            chunk_rows=chunk_rows,
-            prior_sample=prior_sample,
-            dtype=dtype,
-            missing=missing == "latent",
-            strict=strict,
-        )
-        best: tuple[PassState, IntArray] | None = None
-        objectives = []
-        for r in range(int(n_restarts)):
-            ctx = context(store, Path(store_path) / "state", info, replace(params, restart=r))
-            info = ctx.info  # with the run's prior
-            ctx.progress = progress
-            ctx.options[WARM_START] = warm_start
-            clear_checkpoint(ctx)
-            st = run_passes(client, ctx)
-            assert isinstance(st, PassState)
-            objectives.append(st.objective)
-            if best is None or st.objective < best[0].objective:
-                best = (st, read_labels(ctx, st))
-        assert best is not None
-        state, labels = best
+        yield client, Store(store_path), Path(store_path) / "state"
+
+
+def best_of_restarts(
+    client: Any,
+    store: Store,
+    state: Path,
+    info: StoreInfo,
+    params: FitParams,
+    n_restarts: int,
+    warm_start: tuple[Stats, float] | None = None,
+    progress: bool = False,
+) -> DistributedResult:
+    """``n_restarts`` runs of the pass loop (``loop.run_passes``) over ``store``, restart r from
+    the seed of ``replace(params, restart=r)``, each in the state store ``state``: the one with
+    the lowest objective, its labels read back, and every run's objective.
+    ``DistributedResult.seconds`` is the passes'."""
+    t0 = time.perf_counter()
+    best: tuple[PassState, IntArray] | None = None
+    objectives = []
+    for r in range(n_restarts):
+        ctx = loop.context(store, state, info, replace(params, restart=r))
+        info = ctx.info  # with the run's prior
+        ctx.progress = progress
+        ctx.options[WARM_START] = warm_start
+        loop.clear_checkpoint(ctx)
+        st = loop.run_passes(client, ctx)
+        assert isinstance(st, PassState)
+        objectives.append(st.objective)
+        if best is None or st.objective < best[0].objective:
+            best = (st, read_labels(ctx, st))
+    assert best is not None
+    st, labels = best
     return DistributedResult(
         labels=labels,
-        stats=state.stats,
-        alpha=state.alpha,
-        objective=state.objective,
-        history=[h["objective"] for h in state.history],
-        n_iter=state.pass_no,
-        converged=state.converged,
+        stats=st.stats,
+        alpha=st.alpha,
+        objective=st.objective,
+        history=[h["objective"] for h in st.history],
+        n_iter=st.pass_no,
+        converged=st.converged,
         seconds=time.perf_counter() - t0,
-        passes=state.history,
+        passes=st.history,
         info=info,
         restart_objectives=objectives,
     )
@@ -239,15 +270,22 @@ def fit_estimator(est: Any, X: Any, client: Any = None) -> Any:
         est.feature_names_in_ = np.asarray(info.schema.columns, dtype=object)
     elif hasattr(est, "feature_names_in_"):
         del est.feature_names_in_
-    est.labels_ = res.labels
-    est.cluster_stats_ = res.stats
-    est.cluster_sizes_ = res.nk.astype(np.int64)
-    est.n_clusters_ = int(res.stats.shape[0])
-    est.n_iter_ = res.n_iter
-    est.objective_ = res.objective
-    est.objective_history_ = res.history
-    est.restart_objectives_ = res.restart_objectives
-    est.alpha_ = res.alpha
-    est._cache = info.family.cache_of(res.stats)
-    est._empty_cache = info.family.empty_cache()
+    set_fitted(est, res, res.restart_objectives, info.family)
     return est
+
+
+def set_fitted(est: Any, best: Any, objectives: list[float], family: Any) -> None:
+    """A mixture estimator's fitted attributes (``labels_``, ``cluster_stats_``, ...) from the
+    winning run ``best`` (a ``DistributedResult``, or ``pipeline.models.mapdp.MapdpResult``: the
+    same fields) and every restart's objective."""
+    est.labels_ = best.labels
+    est.cluster_stats_ = best.stats
+    est.cluster_sizes_ = best.nk.astype(np.int64)
+    est.n_clusters_ = int(best.stats.shape[0])
+    est.n_iter_ = best.n_iter
+    est.objective_ = best.objective
+    est.objective_history_ = best.history
+    est.restart_objectives_ = objectives
+    est.alpha_ = best.alpha
+    est._cache = family.cache_of(best.stats)
+    est._empty_cache = family.empty_cache()

@@ -54,15 +54,19 @@ class MAPDP(MixtureEstimator):
         NMI from 0.719 to 0.789, sonar's from 0.108 to 0.133, oils' from 0.688 to 0.716 and
         Pima's from 0.073 to 0.082, and lowered none by more than 0.001).
     max_iter : int, default=100
-        Maximum iterations (sweeps) per run.
+        Maximum iterations (sweeps) per run (``config.MAX_ITER``; ``dpmm run --max-passes`` is 50,
+        ``config.MAX_PASSES``: a pass there reads the whole store).
     tol : float, default=1e-6
         A run stops when an iteration lowers the objective by less than ``tol * |objective|``
-        (relative, as the distributed passes) or moves no record.
+        (relative, as the distributed passes) or moves no record (``config.TOL_IN_MEMORY``;
+        ``dpmm run --tol`` is 1e-5, ``config.TOL``, whose passes also stop on ``--min-change``).
     init : {"sequential", "one-cluster"}, default="sequential"
         "sequential" starts with no cluster and assigns records in visiting order (the first
         iteration is then a sequential MAP pass); "one-cluster" starts with every record in one
         cluster, as Algorithm 1 writes it. Iterated conditional modes rarely leaves that start:
-        a single record never gains by leaving a cluster that holds all the data.
+        a single record never gains by leaving a cluster that holds all the data. On a dask
+        collection, and in ``dpmm run`` (``--init auto``), the start is in-memory MAP-DP on a
+        sample instead ("sequential" there would be one more pass over the whole store).
     alpha_prior : (float, float), default=(2.0, 5.0)
         Shape and rate of the Gamma prior on N0 when ``alpha="learn"``. A shape above 1 keeps
         the mode of eq. A.1 away from 0 when K = 1, which would otherwise be absorbing; the rate
@@ -141,11 +145,11 @@ class MAPDP(MixtureEstimator):
 
     def __init__(
         self,
-        alpha: float | str = "learn",
+        alpha: float | str = config.ALPHA,
         family: Any = "auto",
-        n_restarts: int | str = "auto",
-        max_iter: int = 100,
-        tol: float = 1e-6,
+        n_restarts: int | str = config.N_RESTARTS,
+        max_iter: int = config.MAX_ITER,
+        tol: float = config.TOL_IN_MEMORY,
         init: str = "sequential",
         alpha_prior: tuple[float, float] = config.ALPHA_PRIOR,
         random_state: Any = None,

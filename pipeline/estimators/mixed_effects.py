@@ -16,6 +16,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from kernels import mixed_effects as kme
 from pipeline.core.config import (
+    ALPHA,
     ALPHA_PRIOR,
     MAX_PASSES,
     MIN_CHANGE,
@@ -124,7 +125,7 @@ class MixedEffectsDP(BaseEstimator):
 
     def __init__(
         self,
-        alpha: float | str = "learn",
+        alpha: float | str = ALPHA,
         *,
         alpha_prior: tuple[float, float] = ALPHA_PRIOR,
         fit_intercept: bool = True,
