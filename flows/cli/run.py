@@ -63,12 +63,12 @@ from pipeline.core.config import (
     DEVICES,
     GPU_ENGINES,
     INITS,
+    MIXTURE_ENGINES,
     N_FOLDS,
 )
 from pipeline.core.errors import InputError
 from pipeline.data import io as pio
 from pipeline.data.store import STORE_DTYPES
-from pipeline.engines import MIXTURE_ENGINES
 
 PROG = "dpmm"
 

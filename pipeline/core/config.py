@@ -55,6 +55,8 @@ MAX_SEEDS = 100
 ENGINES = ("mapdp", "kmeans", "mixed_effects", "ihmm", "asugs")
 #: the engines whose records are subjects (whole groups), not single records
 SUBJECT_ENGINES = ("mixed_effects",)
+#: the engines whose records are single records (``dpmm run --engine``)
+MIXTURE_ENGINES = tuple(e for e in ENGINES if e not in SUBJECT_ENGINES)
 #: where a fit's passes run; "gpu" takes the engines with a GPU version (``pipeline.engines.gpu``)
 DEVICES = ("cpu", "gpu")
 GPU_ENGINES = ("mapdp", "kmeans")

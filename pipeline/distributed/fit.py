@@ -31,6 +31,7 @@ from pipeline.engines.mixture_start import WARM_START
 from pipeline.engines.mixture_state import PassState, read_labels
 from pipeline.families import FloatArray
 from pipeline.families.stats import Stats
+from pipeline.models.mapdp import set_fitted
 
 IntArray = NDArray[np.int64]
 
@@ -272,20 +273,3 @@ def fit_estimator(est: Any, X: Any, client: Any = None) -> Any:
         del est.feature_names_in_
     set_fitted(est, res, res.restart_objectives, info.family)
     return est
-
-
-def set_fitted(est: Any, best: Any, objectives: list[float], family: Any) -> None:
-    """A mixture estimator's fitted attributes (``labels_``, ``cluster_stats_``, ...) from the
-    winning run ``best`` (a ``DistributedResult``, or ``pipeline.models.mapdp.MapdpResult``: the
-    same fields) and every restart's objective."""
-    est.labels_ = best.labels
-    est.cluster_stats_ = best.stats
-    est.cluster_sizes_ = best.nk.astype(np.int64)
-    est.n_clusters_ = int(best.stats.shape[0])
-    est.n_iter_ = best.n_iter
-    est.objective_ = best.objective
-    est.objective_history_ = best.history
-    est.restart_objectives_ = objectives
-    est.alpha_ = best.alpha
-    est._cache = family.cache_of(best.stats)
-    est._empty_cache = family.empty_cache()

@@ -9,7 +9,7 @@ workers' warm-up all read this registry.
 
 from __future__ import annotations
 
-from pipeline.core.config import ENGINES, GPU_ENGINES, SUBJECT_ENGINES
+from pipeline.core.config import ENGINES, GPU_ENGINES, MIXTURE_ENGINES, SUBJECT_ENGINES
 from pipeline.engines import asugs, gpu, ihmm, kmeans, mapdp, mixed_effects
 from pipeline.engines.base import Engine
 
@@ -27,7 +27,6 @@ BY_NAME: dict[str, Engine] = {
     **{m.ENGINE.name: m.ENGINE for m in (mapdp, kmeans, mixed_effects, ihmm, asugs)},
     **gpu.ENGINES,
 }
-MIXTURE_ENGINES: tuple[str, ...] = tuple(e for e in ENGINES if e not in SUBJECT_ENGINES)
 
 
 def get_engine(name: str, device: str = "cpu") -> Engine:

@@ -14,7 +14,7 @@ from pipeline.core.seeds import as_seed_sequence
 from pipeline.estimators.base import MixtureEstimator, check_missing
 from pipeline.estimators.tuning import tune_cv
 from pipeline.families import FloatArray
-from pipeline.models.mapdp import IntArray, MapdpResult, fit_missing, run_mapdp
+from pipeline.models.mapdp import IntArray, MapdpResult, fit_missing, run_mapdp, set_fitted
 
 # n_restarts="auto": (largest number of records, restarts), then 1 above the last
 AUTO_RESTARTS = ((2_000, 10), (20_000, 3))
@@ -268,17 +268,7 @@ class MAPDP(MixtureEstimator):
                 ConvergenceWarning,
                 stacklevel=2,
             )
-        self.labels_ = best.labels
-        self.cluster_stats_ = best.stats
-        self.cluster_sizes_ = best.nk.astype(np.int64)
-        self.n_clusters_ = int(best.stats.shape[0])
-        self.n_iter_ = best.n_iter
-        self.objective_ = best.objective
-        self.objective_history_ = best.history
-        self.restart_objectives_ = objectives
-        self.alpha_ = best.alpha
-        self._cache = self.family_.cache_of(best.stats)
-        self._empty_cache = self.family_.empty_cache()
+        set_fitted(self, best, objectives, self.family_)
         bad = degenerate_fit(self.n_clusters_, N)
         if bad is not None:
             warnings.warn(f"MAPDP: {bad}", DegenerateFitWarning, stacklevel=3)

@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -423,3 +424,20 @@ def dpm_predict(
         )
         labels[rows], logdens[rows] = lab, ld
     return labels, logdens
+
+
+def set_fitted(est: Any, best: Any, objectives: list[float], family: Any) -> None:
+    """A mixture estimator's fitted attributes (``labels_``, ``cluster_stats_``, ...) from the
+    winning run ``best`` (a ``DistributedResult``, or ``pipeline.models.mapdp.MapdpResult``: the
+    same fields) and every restart's objective."""
+    est.labels_ = best.labels
+    est.cluster_stats_ = best.stats
+    est.cluster_sizes_ = best.nk.astype(np.int64)
+    est.n_clusters_ = int(best.stats.shape[0])
+    est.n_iter_ = best.n_iter
+    est.objective_ = best.objective
+    est.objective_history_ = best.history
+    est.restart_objectives_ = objectives
+    est.alpha_ = best.alpha
+    est._cache = family.cache_of(best.stats)
+    est._empty_cache = family.empty_cache()
