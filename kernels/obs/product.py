@@ -37,6 +37,7 @@ from kernels.obs import (
     poisson_gamma,
 )
 from kernels.obs._common import COUNT_TABLE as COUNT_TABLE
+from kernels.obs._common import count_sum_moments
 
 GAUSSIAN_NW = 0
 NORMAL_GAMMA = 1
@@ -112,18 +113,12 @@ def _any_refresh(code, sg, cg, pg):
 def _any_update(code, xg, sg, cg, pg, w):
     if code == GAUSSIAN_NW:
         gaussian_nw.update(xg, sg, cg, pg, w, True)
-    elif code == NORMAL_GAMMA:
-        normal_gamma.update(xg, sg, cg, pg, w)
     elif code == CATEGORICAL:
         categorical.update(xg, sg, cg, pg, w)
-    elif code == POISSON_GAMMA:
-        poisson_gamma.update(xg, sg, cg, pg, w)
-    elif code == BETA_BINOMIAL:
-        beta_binomial.update(xg, sg, cg, pg, w)
-    elif code == EXPONENTIAL_GAMMA:
-        exponential_gamma.update(xg, sg, cg, pg, w)
     else:
-        geometric_beta.update(xg, sg, cg, pg, w)
+        # the other families' caches are rebuilt from the statistics, O(d) or O(d T)
+        _any_add_stats(code, xg, sg, w)
+        _any_refresh(code, sg, cg, pg)
 
 
 @njit(cache=True, nogil=True)
@@ -151,14 +146,11 @@ def _any_moments(code, sg, pg, mean, cov):
         normal_gamma.moments(sg, pg, mean, cov)
     elif code == CATEGORICAL:
         categorical.moments(sg, pg, mean, cov)
-    elif code == POISSON_GAMMA:
-        poisson_gamma.moments(sg, pg, mean, cov)
     elif code == BETA_BINOMIAL:
         beta_binomial.moments(sg, pg, mean, cov)
-    elif code == EXPONENTIAL_GAMMA:
-        exponential_gamma.moments(sg, pg, mean, cov)
     else:
-        geometric_beta.moments(sg, pg, mean, cov)
+        # Poisson, exponential and geometric statistics determine the means only
+        count_sum_moments(sg, pg, mean, cov)
 
 
 @njit(cache=True, nogil=True)
