@@ -29,7 +29,7 @@ from numba import njit
 
 from kernels.alloc import crp
 from kernels.arrays import aligned_matrix, copy_rows, copy_vector, prefetch
-from kernels.mapdp import _AHEAD, _pruned_costs
+from kernels.mapdp import _AHEAD, _pruned_costs, load_block
 from kernels.obs import gaussian_nw, product
 from kernels.partition import canonical_labels, greedy_merge, merge_gap_cached
 
@@ -62,10 +62,30 @@ def _loo(x, k0, stats, cache, spec, prior, loo, loo_ok, scratch_s, scratch_c, d,
     one_minus = 1.0 - loo[k0, 2] * r
     if one_minus > 0.0:
         return loo[k0, 0] + loo[k0, 1] * math.log(one_minus)
-    copy_vector(scratch_s, stats[k0])
-    copy_vector(scratch_c, cache[k0])
+    return _downdated(x, stats[k0], cache[k0], spec, prior, scratch_s, scratch_c)
+
+
+@njit(cache=True, nogil=True)
+def _downdated(x, s, c, spec, prior, scratch_s, scratch_c):
+    """log p(x | X_k without x) of a member x, from a copy of the row (s, c) that x leaves."""
+    copy_vector(scratch_s, s)
+    copy_vector(scratch_c, c)
     product.update(x, scratch_s, scratch_c, spec, prior, -1.0)
     return product.log_predictive(x, scratch_s, scratch_c, spec, prior)
+
+
+@njit(cache=True, nogil=True)
+def _frozen_cost(x, k, k0, stats, cache, nk, lognk, spec, prior, scratch_s, scratch_c):
+    """x's cost (module docstring) of frozen cluster k, its own k0 without it; inf for an empty
+    cluster and for k0 when x is alone in it."""
+    if k == k0:
+        if nk[k] <= 1.0:
+            return np.inf
+        lp = _downdated(x, stats[k], cache[k], spec, prior, scratch_s, scratch_c)
+        return -lp - crp.log_join(nk[k] - 1.0)
+    if lognk[k] == -np.inf:
+        return np.inf
+    return -product.log_predictive(x, stats[k], cache[k], spec, prior) - lognk[k]
 
 
 @njit(cache=True, nogil=True)
@@ -150,37 +170,25 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
             u = t % nb
             if u == 0:
                 b1 = min(t + nb, N)
-                for v in range(b1 - t):
-                    j = order[t + v]
-                    for c in range(d):
-                        XT[c, v] = X[j, c]
+                load_block(XT, X, order, t, b1)
                 gaussian_nw.block_quad_forms(XT, 0, b1 - t, P, K + 1, d, bacc, Q)
             for h in range(K + 1):
                 qv[h] = Q[h, u]
             cost0 = np.inf
             if k0 >= 0 and nk[k0] > 1.0:
-                cost0 = -_loo(
+                lp = _loo(
                     x, k0, stats, cache, spec, prior, loo, loo_ok, scratch_s, scratch_c, d, qv[k0]
-                ) - crp.log_join(nk[k0] - 1.0)
+                )
+                cost0 = -lp - crp.log_join(nk[k0] - 1.0)
             _pruned_costs(k0, lognk, K, log_new, P, e0, qv, ub, costs, cost0, x)
             for k in range(K):
                 if costs[k] < best_cost:
                     best_cost = costs[k]
                     best = k
         for k in range(0 if not hot else K, K):
-            if k == k0:
-                if nk[k] <= 1.0:
-                    continue
-                copy_vector(scratch_s, stats[k])
-                copy_vector(scratch_c, cache[k])
-                product.update(x, scratch_s, scratch_c, spec, prior, -1.0)
-                cost = -product.log_predictive(x, scratch_s, scratch_c, spec, prior) - crp.log_join(
-                    nk[k] - 1.0
-                )
-            elif lognk[k] == -np.inf:
-                continue
-            else:
-                cost = -product.log_predictive(x, stats[k], cache[k], spec, prior) - lognk[k]
+            cost = _frozen_cost(
+                x, k, k0, stats, cache, nk, lognk, spec, prior, scratch_s, scratch_c
+            )
             if cost < best_cost:
                 best_cost = cost
                 best = k
@@ -192,9 +200,7 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
         if hot:
             cost_new = costs[K]
         else:
-            cost_new = -product.log_predictive(x, empty_s, empty_c, spec, prior) - crp.log_new(
-                log_alpha
-            )
+            cost_new = -product.log_predictive(x, empty_s, empty_c, spec, prior) - log_new
         if cost_new < best_cost or best < 0:
             if k0 >= 0 and nk[k0] <= 1.0:
                 # alone in its cluster, which would be opened anew: stay

@@ -128,9 +128,7 @@ def log_d_pair(a, b, nf, st, scratch, u, pp, spec, prior):
     lm_ab : float
         log p(X_{a u b}), to be reused when a and b are joined.
     """
-    copy_vector(scratch, st[a])
-    scratch += st[b]
-    lm_ab = product.log_marginal(scratch, spec, prior)
+    lm_ab = product.log_marginal_with(scratch, st[a], st[b], 1.0, spec, prior)
     h = log_kappa(scratch[0], u, pp) + lm_ab
     return nf[a, LOGPHI] + nf[b, LOGPHI] - h, lm_ab
 

@@ -113,9 +113,9 @@ def gibbs_sweep(order, z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, s
                 if alone:
                     lw[a] = log_kappa(ni, u, pp) + leaf_lm[i]
                 else:
-                    copy_vector(scratch, cst[k])
-                    scratch -= leaf_st[i]
-                    lmj[a] = product.log_marginal(scratch, spec, prior)
+                    lmj[a] = product.log_marginal_with(
+                        scratch, cst[k], leaf_st[i], -1.0, spec, prior
+                    )
                     lw[a] = (
                         log_kappa(cst[k, 0], u, pp)
                         + clm[k]
@@ -123,9 +123,7 @@ def gibbs_sweep(order, z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, s
                         - lmj[a]
                     )
                 continue
-            copy_vector(scratch, cst[k])
-            scratch += leaf_st[i]
-            lmj[a] = product.log_marginal(scratch, spec, prior)
+            lmj[a] = product.log_marginal_with(scratch, cst[k], leaf_st[i], 1.0, spec, prior)
             lw[a] = log_kappa(cst[k, 0] + ni, u, pp) - log_kappa(cst[k, 0], u, pp) + lmj[a] - clm[k]
         lw[nact] = -np.inf if alone else log_kappa(ni, u, pp) + leaf_lm[i]
         choice = sample_log_weights(state, lw, nact + 1)
@@ -182,17 +180,13 @@ def _restricted_scan(
             stA -= leaf_st[k]
             lm_wo_A = product.log_marginal(stA, spec, prior)
             lm_wo_B = lmAB[1]
-            copy_vector(tmp, stB)
-            tmp += leaf_st[k]
-            lm_with_B = product.log_marginal(tmp, spec, prior)
+            lm_with_B = product.log_marginal_with(tmp, stB, leaf_st[k], 1.0, spec, prior)
         else:
             lm_with_B = lmAB[1]
             stB -= leaf_st[k]
             lm_wo_B = product.log_marginal(stB, spec, prior)
             lm_wo_A = lmAB[0]
-            copy_vector(tmp, stA)
-            tmp += leaf_st[k]
-            lm_with_A = product.log_marginal(tmp, spec, prior)
+            lm_with_A = product.log_marginal_with(tmp, stA, leaf_st[k], 1.0, spec, prior)
         nA = stA[0]
         nB = stB[0]
         wA = log_kappa(nA + nk, u, pp) - log_kappa(nA, u, pp) + lm_with_A - lm_wo_A

@@ -827,14 +827,10 @@ def _gibbs(i, C, W, P, u, lw, lmj):
                 lw[b] = log_kappa(ni_, u, pp) + leaf_lm[i]
                 lmj[b] = leaf_lm[i]
             else:
-                copy_vector(scratch, cst[t])
-                scratch -= leaf_st[i]
-                lmj[b] = product.log_marginal(scratch, spec, prior)
+                lmj[b] = product.log_marginal_with(scratch, cst[t], leaf_st[i], -1.0, spec, prior)
                 lw[b] = cl_term(t, C, u, pp) - log_kappa(cst[t, 0] - ni_, u, pp) - lmj[b]
             continue
-        copy_vector(scratch, cst[t])
-        scratch += leaf_st[i]
-        lmj[b] = product.log_marginal(scratch, spec, prior)
+        lmj[b] = product.log_marginal_with(scratch, cst[t], leaf_st[i], 1.0, spec, prior)
         lw[b] = log_kappa(cst[t, 0] + ni_, u, pp) - log_kappa(cst[t, 0], u, pp) + lmj[b] - clm[t]
     lw[K] = -np.inf if alone else log_kappa(ni_, u, pp) + leaf_lm[i]
     return logsumexp(lw, K + 1), a0
@@ -985,19 +981,12 @@ def _pair_ratio(i, j, s, to_new, t_slot, r, Tn, K, Kp, log_A_i, log_w_old, log_w
         t = act[b]
         if t == s or t == z[j]:
             continue
-        copy_vector(scratch, cst[t])
-        scratch += leaf_st[j]
-        lw2[n2] = (
-            log_kappa(cst[t, 0] + nj, u, pp) - log_kappa(cst[t, 0], u, pp)
-            + product.log_marginal(scratch, spec, prior) - clm[t]
-        )  # fmt: skip
+        lm = product.log_marginal_with(scratch, cst[t], leaf_st[j], 1.0, spec, prior)
+        lw2[n2] = log_kappa(cst[t, 0] + nj, u, pp) - log_kappa(cst[t, 0], u, pp) + lm - clm[t]
         n2 += 1
-    copy_vector(scratch, leaf_st[i])
-    scratch += leaf_st[j]
-    lw2[n2] = (
-        log_kappa(leaf_st[i, 0] + nj, u, pp) - log_kappa(leaf_st[i, 0], u, pp)
-        + product.log_marginal(scratch, spec, prior) - leaf_lm[i]
-    )  # fmt: skip
+    lm = product.log_marginal_with(scratch, leaf_st[i], leaf_st[j], 1.0, spec, prior)
+    gain = log_kappa(leaf_st[i, 0] + nj, u, pp) - log_kappa(leaf_st[i, 0], u, pp)
+    lw2[n2] = gain + lm - leaf_lm[i]
     lw2[n2 + 1] = log_kappa(nj, u, pp) + leaf_lm[j]
     log_A_j = logsumexp(lw2, n2 + 2)
     phi_i = log_kappa(leaf_st[i, 0], u, pp) + leaf_lm[i]

@@ -384,6 +384,15 @@ def log_marginal(s, spec, prior):
 
 
 @njit(cache=True, nogil=True)
+def log_marginal_with(scratch, s, t, w, spec, prior):
+    """log p(X) of the row s + w t (w = +1 joins the records t summarises, -1 takes them out),
+    built in scratch (S,)."""
+    for j in range(scratch.shape[0]):
+        scratch[j] = s[j] + w * t[j]
+    return log_marginal(scratch, spec, prior)
+
+
+@njit(cache=True, nogil=True)
 def log_marginals(stats, spec, prior):
     """log p(X_k) of each statistics row (K, S): ndarray of shape (K,), 0 for an empty row."""
     out = np.empty(stats.shape[0])
@@ -412,9 +421,7 @@ def log_marginal_gap(sa, sb, lma, lmb, scratch, spec, prior):
     lm_ab : float
         log p(X_a u X_b).
     """
-    for t in range(scratch.shape[0]):
-        scratch[t] = sa[t] + sb[t]
-    lm_ab = log_marginal(scratch, spec, prior)
+    lm_ab = log_marginal_with(scratch, sa, sb, 1.0, spec, prior)
     return lm_ab - lma - lmb, lm_ab
 
 
