@@ -417,22 +417,9 @@ _T, _SLOTS, _BLK0, _BLK1, _BATCH, _BLK_MOVES, _N_DIRTY, _CHANGED = range(8)
 
 @njit(cache=True, nogil=True, inline="always")
 def _scan(
-    X,
-    order,
-    z,
-    stats,
-    cache,
-    nk,
-    n_slots,
-    spec,
-    prior,
-    empty_c,
-    log_alpha,
-    gibbs,
-    state,
-    logdens,
+    X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, gibbs, state, logdens,
     log_norm,
-):
+):  # fmt: skip
     """The loop shared by ``sweep`` (argmin) and ``gibbs_sweep`` (a draw).
 
     With logdens of shape (N,), each record visited before the first move also gets its log
@@ -740,22 +727,9 @@ def gibbs_sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, lo
     """
     no_scores = np.empty(0)
     return _scan(
-        X,
-        order,
-        z,
-        stats,
-        cache,
-        nk,
-        n_slots,
-        spec,
-        prior,
-        empty_c,
-        log_alpha,
-        True,
-        state,
-        no_scores,
-        0.0,
-    )
+        X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, True, state,
+        no_scores, 0.0,
+    )  # fmt: skip
 
 
 @njit(cache=True, nogil=True)

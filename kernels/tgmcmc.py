@@ -376,11 +376,8 @@ def sample_sub(v, F, W, state, internal_only):
 def log_select(root, leaf_node, D, F, W):
     """log P(leaf at ``leaf_node`` is chosen | its cluster's tree rooted at ``root``): D rounds of
     SampleSub from the root, then a uniform leaf of the final subtree. O(size + D depth^2)."""
-    ni = F[0]
-    nf = F[1]
-    work = W[0]
-    aggmax = W[7]
-    agglse = W[8]
+    ni, nf = F[0], F[1]
+    work, aggmax, agglse = W[0], W[7], W[8]
     n = preorder(root, ni, work)
     for a in range(n - 1, -1, -1):
         v = work[a]
@@ -546,22 +543,8 @@ def log_split_path(U, F, W, state, u, pp, spec, prior, max_depth, allow_new):
     for a in range(nq):
         q = Qlist[a]
         ns, lp = stoc_insert(
-            Slist,
-            ns,
-            q,
-            F,
-            W,
-            state,
-            True,
-            slab,
-            blk[q],
-            u,
-            pp,
-            spec,
-            prior,
-            max_depth,
-            allow_new,
-        )
+            Slist, ns, q, F, W, state, True, slab, blk[q], u, pp, spec, prior, max_depth, allow_new,
+        )  # fmt: skip
         log_p += lp
     for s in range(ns):
         free_tree(Slist[s], ni, free, meta, W[0])
@@ -641,22 +624,9 @@ def _split(a, log_sel, C, F, W, P, state, fu, cfg, acc):
     ns = 2
     for k in range(nq):
         ns, lp = stoc_insert(
-            Slist,
-            ns,
-            W[12][k],
-            F,
-            W,
-            state,
-            False,
-            slab,
-            ns,
-            u,
-            pp,
-            spec,
-            prior,
-            max_depth,
+            Slist, ns, W[12][k], F, W, state, False, slab, ns, u, pp, spec, prior, max_depth,
             cfg[CFG_STOC_NEW] != 0,
-        )
+        )  # fmt: skip
         log_fwd += lp
     log_pi = -cl_term(s, C, u, pp)
     for b in range(ns):

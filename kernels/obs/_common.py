@@ -51,6 +51,28 @@ def table_index(xj, T):
 
 
 @njit(cache=True, nogil=True)
+def table_log_predictive(x, c, poisson):
+    """log p(x | X) of the count families whose cache holds 2 d + 1 numbers and then the d x T
+    table (Poisson, ``poisson`` True, and geometric): a table read per column for counts below
+    T, lgamma beyond; -inf for a negative count."""
+    if any_negative(x):
+        return -np.inf
+    d = x.shape[0]
+    T = table_width(c, d)
+    out = c[2 * d]
+    for j in range(d):
+        xj = x[j]
+        v = table_index(xj, T)
+        if v >= 0:
+            out += c[2 * d + 1 + j * T + v]
+        elif poisson:
+            out += math.lgamma(c[j] + xj) - math.lgamma(xj + 1.0) - xj * c[d + j]
+        else:
+            out += math.lgamma(c[j] + xj) - math.lgamma(c[d + j] + xj)
+    return out
+
+
+@njit(cache=True, nogil=True)
 def count_sum_posterior(s, p, j):
     """(a + n, b + sum x_j) of column j for a prior layout a (d), b (d)."""
     d = p.shape[0] // 2

@@ -25,16 +25,14 @@ non-integer count is scored by lgamma.
 
 import math
 
-import numpy as np
 from numba import njit
 
 from kernels.obs._common import (
     add_count_sum,
-    any_negative,
     count_sum_log_marginal,
     count_sum_moments,
     count_sum_posterior,
-    table_index,
+    table_log_predictive,
     table_width,
 )
 
@@ -66,19 +64,7 @@ def refresh(s, c, p):
 def log_predictive(x, s, c, p):
     """log B(a_n + 1, b_n + x) - log B(a_n, b_n) summed over columns (-inf for x < 0): a table
     read per column for counts below T, lgamma beyond."""
-    if any_negative(x):
-        return -np.inf
-    d = x.shape[0]
-    T = table_width(c, d)
-    out = c[2 * d]
-    for j in range(d):
-        xj = x[j]
-        v = table_index(xj, T)
-        if v >= 0:
-            out += c[2 * d + 1 + j * T + v]
-        else:
-            out += math.lgamma(c[j] + xj) - math.lgamma(c[d + j] + xj)
-    return out
+    return table_log_predictive(x, c, False)
 
 
 @njit(cache=True, nogil=True)

@@ -26,15 +26,13 @@ the cluster. A larger or non-integer count is scored by lgamma.
 
 import math
 
-import numpy as np
 from numba import njit
 
 from kernels.obs._common import (
     add_count_sum,
-    any_negative,
     count_sum_moments,
     gamma_log_evidence,
-    table_index,
+    table_log_predictive,
     table_width,
 )
 
@@ -75,19 +73,7 @@ def refresh(s, c, p):
 def log_predictive(x, s, c, p):
     """Negative binomial log probability of the counts x (-inf for a negative count): a table
     read per column for counts below T, lgamma beyond."""
-    if any_negative(x):
-        return -np.inf
-    d = x.shape[0]
-    T = table_width(c, d)
-    out = c[2 * d]
-    for j in range(d):
-        xj = x[j]
-        v = table_index(xj, T)
-        if v >= 0:
-            out += c[2 * d + 1 + j * T + v]
-        else:
-            out += math.lgamma(c[j] + xj) - math.lgamma(xj + 1.0) - xj * c[d + j]
-    return out
+    return table_log_predictive(x, c, True)
 
 
 @njit(cache=True, nogil=True)
