@@ -374,7 +374,7 @@ def _packed(cache, K, empty_c, d, cols, fast):
     return P, np.empty(cols), np.empty(cols), np.empty(cols)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _weights(x, stats, cache, lognk, K, log_alpha, spec, prior, empty_s, empty_c, logw):
     """Step (b)'s log [m_{i-1}(h) L_{i,h}(y_i)] into logw[:K] and log [alpha L_{i,k+1}(y_i)]
     into logw[K], for any family (``_fast_weights``: the Normal-Wishart's)."""
@@ -383,7 +383,7 @@ def _weights(x, stats, cache, lognk, K, log_alpha, spec, prior, empty_s, empty_c
     logw[K] = log_alpha + product.log_predictive(x, empty_s, empty_c, spec, prior)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _open_class(K, i, n_id, stats, cache, nk, born, ids, alias, empty_c):
     """Row K becomes the empty class that record i opens, with the new id n_id."""
     stats[K, :] = 0.0

@@ -113,7 +113,7 @@ def _packed_costs(
     _pruned_costs(k0, lognk, K, log_new, P, e0, qv, ub, costs, cost0, x)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _best_opened(x, ns, nc, nn, M, K, best, best_cost, spec, prior):
     """The least of (best, best_cost) and x's costs of the M clusters opened in this ``assign``
     (numbered from K)."""
@@ -386,7 +386,7 @@ def bayes_kmeans(stats, spec, prior, log_alpha, order, k_init, max_sweeps=0):
     return _merged(z, cl, cnt, K, spec, prior, log_alpha)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _empty_slot(cnt, K):
     """The first of the K slots with no leaf, -1 when there is none."""
     for c in range(K):
@@ -395,7 +395,7 @@ def _empty_slot(cnt, K):
     return -1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _merged(z, cl, cnt, K, spec, prior, log_alpha):
     """``bayes_kmeans``'s end: its K slots without the empty ones, merged greedily, numbered in
     order of first appearance over the leaves (z relabelled in place); returns (z, their

@@ -490,7 +490,7 @@ def sweep(
     return n_slots, changed, rss, nob, nll
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _best_slot(
     XtX_i, Xty_i, yty_i, n_obs_i, tau, log_tau, Rmu, muRmu, R, logdet_R, nk, log_nw, log_alpha,
     n_slots, k0, b_try, b_best, A, L, L_best, h,
@@ -523,7 +523,7 @@ def _best_slot(
     return best, raw_best, kbest
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _candidate(b, m0, c0, a0, T0inv, logdet_T0, lnw_const, u, mu, R):
     """A new cluster's (mu*, R*) into mu (p,) and R (p, p): ``nw_mode`` given one point b, in
     closed form; returns log|R*| and ``nw_log_prior`` there (lnw_const: its terms that do not

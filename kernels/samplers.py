@@ -211,7 +211,7 @@ def _restricted_scan(
     return log_q
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _accept_split(z, cst, clm, cnl, i, si, Sidx, m, side, stA, stB, lmAB):
     """Cluster si splits: leaf i and the launch's side-0 leaves Sidx[:m] to a free row (stA),
     the rest stay in si (stB)."""
@@ -236,7 +236,7 @@ def _accept_split(z, cst, clm, cnl, i, si, Sidx, m, side, stA, stB, lmAB):
             cnl[si] += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _accept_merge(z, cst, clm, cnl, si, sj, stM, lm_m):
     """Clusters si and sj merge into si (statistics stM, log marginal lm_m)."""
     copy_vector(cst[si], stM)
