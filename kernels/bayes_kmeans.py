@@ -29,7 +29,7 @@ from numba import njit
 
 from kernels.alloc import crp
 from kernels.arrays import aligned_matrix, copy_rows, copy_vector, prefetch
-from kernels.mapdp import _AHEAD, _pruned_costs, load_block
+from kernels.mapdp import _AHEAD, _free_slot, _pruned_costs, load_block
 from kernels.obs import gaussian_nw, product
 from kernels.partition import canonical_labels, greedy_merge, merge_gap_cached
 
@@ -366,7 +366,7 @@ def bayes_kmeans(stats, spec, prior, log_alpha, order, k_init, max_sweeps=0):
                 if c0 >= 0 and cnt[c0] == 0:
                     best = c0
                 else:
-                    best = _empty_slot(cnt, K)
+                    best = _free_slot(cnt, K)
                     if best < 0:
                         if K == cl.shape[0]:
                             cl = np.concatenate((cl, np.zeros_like(cl)))
@@ -384,15 +384,6 @@ def bayes_kmeans(stats, spec, prior, log_alpha, order, k_init, max_sweeps=0):
         if sweep > 0 and moved == 0:
             break
     return _merged(z, cl, cnt, K, spec, prior, log_alpha)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _empty_slot(cnt, K):
-    """The first of the K slots with no leaf, -1 when there is none."""
-    for c in range(K):
-        if cnt[c] == 0:
-            return c
-    return -1
 
 
 @njit(cache=True, nogil=True, inline="always")
