@@ -19,7 +19,7 @@ Record 1 opens class 1 (gamma_1 = 1, k_1 = 1). Clusters live in rows 0..K-1 of `
 returns (``ids``) and the record number that opened it (``born``). A record's label is its
 cluster's id; ``alias`` (one entry per id ever opened) says what became of an id: ``ALIVE``,
 ``PRUNED``, or the id it was merged into, so that labels given before a merge are resolved at
-the end (``resolve``) instead of rewritten at every merge.
+the end (``row_of_ids``) instead of rewritten at every merge.
 
 Pruning and merging (ASUGS-PM, after Lin 2013 as Section 6 does) run after record i when
 ``pm_due(i, pm_interval)``: every ``pm_interval`` records at first, then twice as rarely each
@@ -269,30 +269,9 @@ def prune_merge(
 
 @njit(cache=True, nogil=True)
 def stream(
-    X,
-    z,
-    alpha_trace,
-    logq,
-    stats,
-    cache,
-    nk,
-    born,
-    ids,
-    K,
-    alias,
-    n_ids,
-    pruned,
-    n_seen,
-    spec,
-    prior,
-    empty_c,
-    lam,
-    alpha_fixed,
-    sample,
-    state,
-    pm_interval,
-    prune_weight,
-):
+    X, z, alpha_trace, logq, stats, cache, nk, born, ids, K, alias, n_ids, pruned, n_seen, spec,
+    prior, empty_c, lam, alpha_fixed, sample, state, pm_interval, prune_weight,
+):  # fmt: skip
     """Algorithm 1 of seed 002 (ASUGS; SUGS when ``lam`` <= 0) over the records of X in order,
     continuing from the state given (module docstring).
 
@@ -301,7 +280,7 @@ def stream(
     X : ndarray of shape (N, D), float64
         Records in stream order, columns in the product family's group order.
     z : ndarray of shape (N,), int64, output
-        The id of the class each record joined (``resolve`` maps it to the final class).
+        The id of the class each record joined (``row_of_ids`` maps it to the final class).
     alpha_trace : ndarray of shape (N,) or (0,), output
         alpha_i after each record i: k_i / (lambda + log i) (Section 2.1), or the fixed alpha.
     logq : ndarray of shape (N,) or (0,), output
@@ -395,6 +374,26 @@ def _packed(cache, K, empty_c, d, cols, fast):
     return P, np.empty(cols), np.empty(cols), np.empty(cols)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _weights(x, stats, cache, lognk, K, log_alpha, spec, prior, empty_s, empty_c, logw):
+    """Step (b)'s log [m_{i-1}(h) L_{i,h}(y_i)] into logw[:K] and log [alpha L_{i,k+1}(y_i)]
+    into logw[K], for any family (``_fast_weights``: the Normal-Wishart's)."""
+    for h in range(K):
+        logw[h] = lognk[h] + product.log_predictive(x, stats[h], cache[h], spec, prior)
+    logw[K] = log_alpha + product.log_predictive(x, empty_s, empty_c, spec, prior)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _open_class(K, i, n_id, stats, cache, nk, born, ids, alias, empty_c):
+    """Row K becomes the empty class that record i opens, with the new id n_id."""
+    stats[K, :] = 0.0
+    copy_vector(cache[K], empty_c)
+    nk[K] = 0.0
+    born[K] = i
+    ids[K] = n_id
+    alias[n_id] = ALIVE
+
+
 @njit(cache=True, nogil=True)
 def _run(
     X, t, z, alpha_trace, logq, stats, cache, nk, lognk, born, ids, K, alias, n_ids, pruned,
@@ -448,9 +447,7 @@ def _run(
             if fast:
                 best = _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, not sample, ub)
             else:
-                for h in range(K):
-                    logw[h] = lognk[h] + product.log_predictive(x, stats[h], cache[h], spec, prior)
-                logw[K] = log_alpha + product.log_predictive(x, empty_s, empty_c, spec, prior)
+                _weights(x, stats, cache, lognk, K, log_alpha, spec, prior, empty_s, empty_c, logw)
                 best = -1
             if sample:
                 best = sample_log_weights(state, logw, K + 1)
@@ -466,12 +463,7 @@ def _run(
                 # from the same RNG state (its draw repeated), so nothing of it is committed
                 state[0] = drawn_from
                 return t, K, n_ids, n_seen
-            stats[K, :] = 0.0
-            copy_vector(cache[K], empty_c)
-            nk[K] = 0.0
-            born[K] = i
-            ids[K] = n_ids
-            alias[n_ids] = ALIVE
+            _open_class(K, i, n_ids, stats, cache, nk, born, ids, alias, empty_c)
             n_ids += 1
             K += 1
             if fast:
@@ -489,21 +481,9 @@ def _run(
         if pm_due(i, pm_interval):
             a_i = concentration(K, i, lam) if adaptive else alpha_fixed
             K, np_, nm_ = prune_merge(
-                i,
-                K,
-                stats,
-                cache,
-                nk,
-                lognk,
-                born,
-                ids,
-                alias,
-                pruned,
-                spec,
-                prior,
-                math.log(a_i),
-                prune_weight,
-            )
+                i, K, stats, cache, nk, lognk, born, ids, alias, pruned, spec, prior,
+                math.log(a_i), prune_weight,
+            )  # fmt: skip
             counts[0] += np_
             counts[1] += nm_
             if fast and np_ + nm_ > 0:
@@ -515,25 +495,6 @@ def _run(
             logq[t] = q
         t += 1
     return t, K, n_ids, n_seen
-
-
-@njit(cache=True, nogil=True)
-def resolve(z, alias, ids, K, out):
-    """Final class row of each label: the id ``z[t]`` followed through ``alias`` to a living id,
-    then its row among ``ids[:K]``; -1 where the class was pruned.
-
-    Parameters
-    ----------
-    z : ndarray of shape (N,), int64
-        Ids as ``stream`` wrote them (-1 stays -1).
-    alias : ndarray of shape (A,), int64
-    ids : ndarray of shape (>= K,), int64
-    K : int
-    out : ndarray of shape (N,), int64, output (may be z)
-    """
-    row_of = row_of_ids(alias, ids, K)
-    for t in range(z.shape[0]):
-        out[t] = row_of[z[t]] if z[t] >= 0 else -1
 
 
 @njit(cache=True, nogil=True)

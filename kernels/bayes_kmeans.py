@@ -29,7 +29,7 @@ from numba import njit
 
 from kernels.alloc import crp
 from kernels.arrays import aligned_matrix, copy_rows, copy_vector, prefetch
-from kernels.mapdp import _AHEAD, _pruned_costs
+from kernels.mapdp import _AHEAD, _free_slot, _pruned_costs, load_block
 from kernels.obs import gaussian_nw, product
 from kernels.partition import canonical_labels, greedy_merge, merge_gap_cached
 
@@ -62,10 +62,67 @@ def _loo(x, k0, stats, cache, spec, prior, loo, loo_ok, scratch_s, scratch_c, d,
     one_minus = 1.0 - loo[k0, 2] * r
     if one_minus > 0.0:
         return loo[k0, 0] + loo[k0, 1] * math.log(one_minus)
-    copy_vector(scratch_s, stats[k0])
-    copy_vector(scratch_c, cache[k0])
+    return _downdated(x, stats[k0], cache[k0], spec, prior, scratch_s, scratch_c)
+
+
+@njit(cache=True, nogil=True)
+def _downdated(x, s, c, spec, prior, scratch_s, scratch_c):
+    """log p(x | X_k without x) of a member x, from a copy of the row (s, c) that x leaves."""
+    copy_vector(scratch_s, s)
+    copy_vector(scratch_c, c)
     product.update(x, scratch_s, scratch_c, spec, prior, -1.0)
     return product.log_predictive(x, scratch_s, scratch_c, spec, prior)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _frozen_cost(x, k, k0, stats, cache, nk, lognk, spec, prior, scratch_s, scratch_c):
+    """x's cost (module docstring) of frozen cluster k, its own k0 without it; inf for an empty
+    cluster and for k0 when x is alone in it."""
+    if k == k0:
+        if nk[k] <= 1.0:
+            return np.inf
+        lp = _downdated(x, stats[k], cache[k], spec, prior, scratch_s, scratch_c)
+        return -lp - crp.log_join(nk[k] - 1.0)
+    if lognk[k] == -np.inf:
+        return np.inf
+    return -product.log_predictive(x, stats[k], cache[k], spec, prior) - lognk[k]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _packed_costs(
+    t, X, order, XT, P, Q, bacc, qv, x, k0, stats, cache, nk, lognk, spec, prior, loo, loo_ok,
+    scratch_s, scratch_c, log_new, e0, ub, costs,
+):  # fmt: skip
+    """``assign``'s costs of the t-th record x (cluster k0) under the packed frozen clusters P
+    (``kernels.mapdp._pruned_costs``), the quadratic forms of its block of records computed
+    (XT, Q, bacc) at the block's first record."""
+    K = P.shape[1] - 1
+    nb = XT.shape[1]
+    d = x.shape[0]
+    u = t % nb
+    if u == 0:
+        b1 = min(t + nb, order.shape[0])
+        load_block(XT, X, order, t, b1)
+        gaussian_nw.block_quad_forms(XT, 0, b1 - t, P, K + 1, d, bacc, Q)
+    for h in range(K + 1):
+        qv[h] = Q[h, u]
+    cost0 = np.inf
+    if k0 >= 0 and nk[k0] > 1.0:
+        lp = _loo(x, k0, stats, cache, spec, prior, loo, loo_ok, scratch_s, scratch_c, d, qv[k0])
+        cost0 = -lp - crp.log_join(nk[k0] - 1.0)
+    _pruned_costs(k0, lognk, K, log_new, P, e0, qv, ub, costs, cost0, x)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _best_opened(x, ns, nc, nn, M, K, best, best_cost, spec, prior):
+    """The least of (best, best_cost) and x's costs of the M clusters opened in this ``assign``
+    (numbered from K)."""
+    for j in range(M):
+        cost = -product.log_predictive(x, ns[j], nc[j], spec, prior) - crp.log_join(nn[j])
+        if cost < best_cost:
+            best_cost = cost
+            best = K + j
+    return best, best_cost
 
 
 @njit(cache=True, nogil=True)
@@ -116,19 +173,14 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
     # cost can be the least, and the leave-one-out predictive of k0 in closed form
     # (``kernels.mapdp._scan``'s hot path; the clusters never change here, so every block is
     # computed once)
-    hot = (
-        spec.shape[0] == 1
-        and spec[0, 0] == product.GAUSSIAN_NW
-        and not gaussian_nw.has_cells(prior, d)
-    )
+    hot = spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
+    hot = hot and not gaussian_nw.has_cells(prior, d)
     nb = _BLOCK if hot else 0
     P = np.empty((d * (d + 1) // 2 + d + 3, K + 1 if hot else 0))
     if hot:
         gaussian_nw.pack_columns(P, cache, K, empty_c, d)
     e0 = d * (d + 1) // 2 + d
-    XT = aligned_matrix(d, nb)
-    Q = aligned_matrix(K + 1, nb)
-    bacc = aligned_matrix(1, nb)[0]
+    XT, Q, bacc = aligned_matrix(d, nb), aligned_matrix(K + 1, nb), aligned_matrix(1, nb)[0]
     qv = np.empty(K + 1)
     costs = np.empty(K + 1)
     ub = np.empty(K + 1)
@@ -147,54 +199,26 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
         best = -1
         best_cost = np.inf
         if hot:
-            u = t % nb
-            if u == 0:
-                b1 = min(t + nb, N)
-                for v in range(b1 - t):
-                    j = order[t + v]
-                    for c in range(d):
-                        XT[c, v] = X[j, c]
-                gaussian_nw.block_quad_forms(XT, 0, b1 - t, P, K + 1, d, bacc, Q)
-            for h in range(K + 1):
-                qv[h] = Q[h, u]
-            cost0 = np.inf
-            if k0 >= 0 and nk[k0] > 1.0:
-                cost0 = -_loo(
-                    x, k0, stats, cache, spec, prior, loo, loo_ok, scratch_s, scratch_c, d, qv[k0]
-                ) - crp.log_join(nk[k0] - 1.0)
-            _pruned_costs(k0, lognk, K, log_new, P, e0, qv, ub, costs, cost0, x)
+            _packed_costs(
+                t, X, order, XT, P, Q, bacc, qv, x, k0, stats, cache, nk, lognk, spec, prior, loo,
+                loo_ok, scratch_s, scratch_c, log_new, e0, ub, costs,
+            )  # fmt: skip
             for k in range(K):
                 if costs[k] < best_cost:
                     best_cost = costs[k]
                     best = k
         for k in range(0 if not hot else K, K):
-            if k == k0:
-                if nk[k] <= 1.0:
-                    continue
-                copy_vector(scratch_s, stats[k])
-                copy_vector(scratch_c, cache[k])
-                product.update(x, scratch_s, scratch_c, spec, prior, -1.0)
-                cost = -product.log_predictive(x, scratch_s, scratch_c, spec, prior) - crp.log_join(
-                    nk[k] - 1.0
-                )
-            elif lognk[k] == -np.inf:
-                continue
-            else:
-                cost = -product.log_predictive(x, stats[k], cache[k], spec, prior) - lognk[k]
+            cost = _frozen_cost(
+                x, k, k0, stats, cache, nk, lognk, spec, prior, scratch_s, scratch_c
+            )
             if cost < best_cost:
                 best_cost = cost
                 best = k
-        for j in range(M):
-            cost = -product.log_predictive(x, ns[j], nc[j], spec, prior) - crp.log_join(nn[j])
-            if cost < best_cost:
-                best_cost = cost
-                best = K + j
+        best, best_cost = _best_opened(x, ns, nc, nn, M, K, best, best_cost, spec, prior)
         if hot:
             cost_new = costs[K]
         else:
-            cost_new = -product.log_predictive(x, empty_s, empty_c, spec, prior) - crp.log_new(
-                log_alpha
-            )
+            cost_new = -product.log_predictive(x, empty_s, empty_c, spec, prior) - log_new
         if cost_new < best_cost or best < 0:
             if k0 >= 0 and nk[k0] <= 1.0:
                 # alone in its cluster, which would be opened anew: stay
@@ -342,21 +366,12 @@ def bayes_kmeans(stats, spec, prior, log_alpha, order, k_init, max_sweeps=0):
                 if c0 >= 0 and cnt[c0] == 0:
                     best = c0
                 else:
-                    best = -1
-                    for c in range(K):
-                        if cnt[c] == 0:
-                            best = c
-                            break
+                    best = _free_slot(cnt, K)
                     if best < 0:
-                        if K == cap:
-                            cap *= 2
-                            cl2 = np.zeros((cap, S))
-                            copy_rows(cl2, cl[:K])
-                            lm2 = np.zeros(cap)
-                            copy_vector(lm2, cl_lm[:K])
-                            cnt2 = np.zeros(cap, dtype=np.int64)
-                            copy_vector(cnt2, cnt[:K])
-                            cl, cl_lm, cnt = cl2, lm2, cnt2
+                        if K == cl.shape[0]:
+                            cl = np.concatenate((cl, np.zeros_like(cl)))
+                            cl_lm = np.concatenate((cl_lm, np.zeros_like(cl_lm)))
+                            cnt = np.concatenate((cnt, np.zeros_like(cnt)))
                         best = K
                         K += 1
             for q in range(S):
@@ -368,7 +383,16 @@ def bayes_kmeans(stats, spec, prior, log_alpha, order, k_init, max_sweeps=0):
             z[i] = best
         if sweep > 0 and moved == 0:
             break
-    # drop empty slots, then merge
+    return _merged(z, cl, cnt, K, spec, prior, log_alpha)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _merged(z, cl, cnt, K, spec, prior, log_alpha):
+    """``bayes_kmeans``'s end: its K slots without the empty ones, merged greedily, numbered in
+    order of first appearance over the leaves (z relabelled in place); returns (z, their
+    statistics)."""
+    M = z.shape[0]
+    S = cl.shape[1]
     slot = np.full(K, -1, dtype=np.int64)
     K2 = 0
     for c in range(K):

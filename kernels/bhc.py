@@ -258,38 +258,14 @@ def bhc(stats, spec, prior, log_alpha, n_top=16, min_parallel=MIN_PARALLEL):
         pos[i] = i
     n_act = M
 
-    # first candidate lists: the upper triangle of scores, one block of rows at a time
-    B = max(1, min(M, _ROW_BUFFER // max(M, 1)))
-    buf = np.empty((B, M))
-    for i0 in range(0, M, B):
-        i1 = min(M, i0 + B)
-        _row_block_scores(i0, i1, M, node_stats, n, u, spec, prior, log_alpha, buf, min_parallel)
-        for i in range(i0, i1):
-            for j in range(i + 1, M):
-                s = buf[i - i0, j]
-                _offer(i, j, s, top_id, top_sc, top_len, ub, active)
-                _offer(j, i, s, top_id, top_sc, top_len, ub, active)
+    _first_lists(M, node_stats, n, u, spec, prior, log_alpha, min_parallel, top_id, top_sc,
+                 top_len, ub, active)  # fmt: skip
 
     scores = np.empty(cap)
     next_id = M
     while n_act > 1:
-        best = -np.inf
-        bi = -1
-        for t in range(n_act):
-            i = act[t]
-            L = _drop_stale_head(i, top_id, top_sc, top_len, active)
-            if L == 0:
-                # every listed partner has been merged away: rebuild i's list
-                ub[i] = -np.inf
-                _scores_vs(
-                    i, act, n_act, node_stats, n, u, spec, prior, log_alpha, scores, min_parallel
-                )
-                for q in range(n_act):
-                    if act[q] != i:
-                        _offer(i, act[q], scores[q], top_id, top_sc, top_len, ub, active)
-            if top_len[i] > 0 and (bi < 0 or top_sc[i, 0] > best):
-                best = top_sc[i, 0]
-                bi = i
+        bi = _best_head(act, n_act, node_stats, n, u, spec, prior, log_alpha, scores,
+                        min_parallel, top_id, top_sc, top_len, ub, active)  # fmt: skip
         bj = top_id[bi, 0]
         a = min(bi, bj)
         b = max(bi, bj)
@@ -307,12 +283,7 @@ def bhc(stats, spec, prior, log_alpha, n_top=16, min_parallel=MIN_PARALLEL):
         u[k] = logaddexp(one + log_ph1[k], u[a] + u[b])
         for x in (a, b):
             active[x] = False
-            p = pos[x]
-            last = act[n_act - 1]
-            act[p] = last
-            pos[last] = p
-            n_act -= 1
-            pos[x] = -1
+            n_act = _swap_remove(x, act, pos, n_act)
         _scores_vs(k, act, n_act, node_stats, n, u, spec, prior, log_alpha, scores, min_parallel)
         active[k] = True
         for q in range(n_act):
@@ -323,7 +294,70 @@ def bhc(stats, spec, prior, log_alpha, n_top=16, min_parallel=MIN_PARALLEL):
         pos[k] = n_act
         n_act += 1
 
-    # eqs. 7-8 per node from the agglomeration's log d_k and u_k
+    log_r, log_pi, log_p = _node_terms(left, n, u, log_d, log_ph1, log_alpha)
+    return left, right, n, log_r, log_d, log_pi, log_p, log_ph1, node_stats
+
+
+@njit(cache=True, nogil=True)
+def _first_lists(
+    M, node_stats, n, u, spec, prior, log_alpha, min_parallel, top_id, top_sc, top_len, ub, active
+):
+    """``bhc``'s first candidate lists: the upper triangle of scores, one block of rows at a
+    time."""
+    B = max(1, min(M, _ROW_BUFFER // max(M, 1)))
+    buf = np.empty((B, M))
+    for i0 in range(0, M, B):
+        i1 = min(M, i0 + B)
+        _row_block_scores(i0, i1, M, node_stats, n, u, spec, prior, log_alpha, buf, min_parallel)
+        for i in range(i0, i1):
+            for j in range(i + 1, M):
+                s = buf[i - i0, j]
+                _offer(i, j, s, top_id, top_sc, top_len, ub, active)
+                _offer(j, i, s, top_id, top_sc, top_len, ub, active)
+
+
+@njit(cache=True, nogil=True)
+def _best_head(act, n_act, node_stats, n, u, spec, prior, log_alpha, scores, min_parallel,
+               top_id, top_sc, top_len, ub, active):  # fmt: skip
+    """The active node whose best candidate scores highest (the first on ties), each list's
+    stale head dropped first and a list left empty rebuilt."""
+    best = -np.inf
+    bi = -1
+    for t in range(n_act):
+        i = act[t]
+        L = _drop_stale_head(i, top_id, top_sc, top_len, active)
+        if L == 0:
+            # every listed partner has been merged away: rebuild i's list
+            ub[i] = -np.inf
+            _scores_vs(
+                i, act, n_act, node_stats, n, u, spec, prior, log_alpha, scores, min_parallel
+            )
+            for q in range(n_act):
+                if act[q] != i:
+                    _offer(i, act[q], scores[q], top_id, top_sc, top_len, ub, active)
+        if top_len[i] > 0 and (bi < 0 or top_sc[i, 0] > best):
+            best = top_sc[i, 0]
+            bi = i
+    return bi
+
+
+@njit(cache=True, nogil=True)
+def _swap_remove(x, act, pos, n_act):
+    """Take node x out of the active list act[:n_act] (pos: each node's place in it); returns
+    the list's new length."""
+    p = pos[x]
+    last = act[n_act - 1]
+    act[p] = last
+    pos[last] = p
+    pos[x] = -1
+    return n_act - 1
+
+
+@njit(cache=True, nogil=True)
+def _node_terms(left, n, u, log_d, log_ph1, log_alpha):
+    """log r_k, log pi_k and log p(D_k | T_k) of every node (eqs. 7-8) from the agglomeration's
+    log d_k and u_k."""
+    cap = left.shape[0]
     log_r = np.zeros(cap)
     log_pi = np.zeros(cap)
     log_p = np.empty(cap)
@@ -333,7 +367,7 @@ def bhc(stats, spec, prior, log_alpha, n_top=16, min_parallel=MIN_PARALLEL):
             one = crp.log_kappa(n[k], log_alpha)
             log_pi[k] = one - log_d[k]
             log_r[k] = one + log_ph1[k] - u[k]
-    return left, right, n, log_r, log_d, log_pi, log_p, log_ph1, node_stats
+    return log_r, log_pi, log_p
 
 
 @njit(cache=True, nogil=True)

@@ -128,9 +128,7 @@ def log_d_pair(a, b, nf, st, scratch, u, pp, spec, prior):
     lm_ab : float
         log p(X_{a u b}), to be reused when a and b are joined.
     """
-    copy_vector(scratch, st[a])
-    scratch += st[b]
-    lm_ab = product.log_marginal(scratch, spec, prior)
+    lm_ab = product.log_marginal_with(scratch, st[a], st[b], 1.0, spec, prior)
     h = log_kappa(scratch[0], u, pp) + lm_ab
     return nf[a, LOGPHI] + nf[b, LOGPHI] - h, lm_ab
 
@@ -347,25 +345,9 @@ def _remove_root(roots, n_roots, r):
 
 @njit(cache=True, nogil=True)
 def _insert_piece(
-    q,
-    roots,
-    n_roots,
-    ni,
-    nf,
-    st,
-    free,
-    meta,
-    scratch,
-    path,
-    path_lm,
-    queue,
-    n_queue,
-    split,
-    u,
-    pp,
-    spec,
-    prior,
-):
+    q, roots, n_roots, ni, nf, st, free, meta, scratch, path, path_lm, queue, n_queue, split, u,
+    pp, spec, prior,
+):  # fmt: skip
     """Steps 1-3 of IBHC for one tree q (a leaf or a piece of a split tree)."""
     best = -1
     best_d = np.inf
@@ -386,23 +368,9 @@ def _insert_piece(
         return n_roots, n_queue
     # Step 2: SeqInsert; Step 3: update to the root
     root, n_path = seq_insert(
-        r,
-        q,
-        best_lm,
-        ni,
-        nf,
-        st,
-        free,
-        meta,
-        scratch,
-        path,
-        path_lm,
-        u,
-        pp,
-        spec,
-        prior,
+        r, q, best_lm, ni, nf, st, free, meta, scratch, path, path_lm, u, pp, spec, prior,
         path.shape[0],
-    )
+    )  # fmt: skip
     roots[best] = root
     if split != SEQ_SPLIT:
         return n_roots, n_queue
@@ -493,25 +461,9 @@ def ibhc(leaf_st, leaf_lm, order, u, pp, spec, prior, mode, max_splits):
                 m = SEQ_NOSPLIT
             before = n_queue
             n_roots, n_queue = _insert_piece(
-                piece,
-                roots,
-                n_roots,
-                ni,
-                nf,
-                st,
-                free,
-                meta,
-                scratch,
-                path,
-                path_lm,
-                queue,
-                n_queue,
-                m,
-                u,
-                pp,
-                spec,
-                prior,
-            )
+                piece, roots, n_roots, ni, nf, st, free, meta, scratch, path, path_lm, queue,
+                n_queue, m, u, pp, spec, prior,
+            )  # fmt: skip
             if n_queue > before:
                 n_splits += 1
     return ni, nf, st, free, meta, roots[:n_roots].copy()

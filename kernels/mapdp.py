@@ -58,25 +58,9 @@ def pack_move(P, cache, nk, n_slots, k0, knew, grew, empty_c, d):
 
 @njit(cache=True, nogil=True, inline="always")
 def _costs(
-    x,
-    k0,
-    stats,
-    cache,
-    lognk,
-    n_slots,
-    spec,
-    prior,
-    empty_s,
-    empty_c,
-    log_alpha,
-    scratch_s,
-    scratch_c,
-    costs,
-    lp,
-    P,
-    acc,
-    qv,
-):
+    x, k0, stats, cache, lognk, n_slots, spec, prior, empty_s, empty_c, log_alpha, scratch_s,
+    scratch_c, costs, lp, P, acc, qv,
+):  # fmt: skip
     """Fill costs[k] = q_{i,k} - log N_{k,-i} (eqs. 3.1-3.2, argument of Algorithm 1's argmin).
 
     The prior's terms are the CRP's (``kernels.alloc.crp``): log N_{k,-i} its ``log_join`` and
@@ -400,6 +384,32 @@ def _mark_dirty(dirty, n_dirty, h):
     return n_dirty + 1
 
 
+@njit(cache=True, nogil=True)
+def load_block(XT, X, order, t0, t1):
+    """XT[:, v] = X[order[t0 + v]] for v < t1 - t0: a block of records, one per column, as
+    ``gaussian_nw.block_quad_forms`` reads them."""
+    for v in range(t1 - t0):
+        j = order[t0 + v]
+        for c in range(X.shape[1]):
+            XT[c, v] = X[j, c]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _stay_density(
+    x, k0, stats, cache, lognk, n_slots, spec, prior, log_alpha, log_norm, hot, pruned, P, e0, qv,
+    lpb, ub, lp, terms,
+):  # fmt: skip
+    """The log mixture density (eq. 3.4) of x staying in k0, from the costs ``_scan_run`` has
+    just computed: p(x | X_k0) with x among X_k0 (packed: in lp)."""
+    if pruned:
+        return _pruned_log_mixture_from(
+            qv, P, e0, lognk, n_slots, log_norm, log_alpha, lpb, ub, lp, terms
+        )[1]
+    if not hot:
+        lp[k0] = product.log_predictive(x, stats[k0], cache[k0], spec, prior)
+    return _log_mixture(lp, lognk, n_slots, log_norm, log_alpha, terms)[1]
+
+
 # _scan_run's position, carried between its calls: the next record, n_slots, the block's first
 # and end record, whether it is batched, its moves, its recomputed columns, the moves in all
 _T, _SLOTS, _BLK0, _BLK1, _BATCH, _BLK_MOVES, _N_DIRTY, _CHANGED = range(8)
@@ -407,22 +417,9 @@ _T, _SLOTS, _BLK0, _BLK1, _BATCH, _BLK_MOVES, _N_DIRTY, _CHANGED = range(8)
 
 @njit(cache=True, nogil=True, inline="always")
 def _scan(
-    X,
-    order,
-    z,
-    stats,
-    cache,
-    nk,
-    n_slots,
-    spec,
-    prior,
-    empty_c,
-    log_alpha,
-    gibbs,
-    state,
-    logdens,
+    X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, gibbs, state, logdens,
     log_norm,
-):
+):  # fmt: skip
     """The loop shared by ``sweep`` (argmin) and ``gibbs_sweep`` (a draw).
 
     With logdens of shape (N,), each record visited before the first move also gets its log
@@ -546,13 +543,8 @@ def _scan_run(
     rows = gaussian_nw.leading_rows(d)
     log_new = crp.log_new(log_alpha)
     M = order.shape[0]
-    t = pos[_T]
-    n_slots = pos[_SLOTS]
-    blk0 = pos[_BLK0]
-    blk1 = pos[_BLK1]
-    batch = pos[_BATCH] != 0
-    blk_moves = pos[_BLK_MOVES]
-    n_dirty = pos[_N_DIRTY]
+    t, n_slots, blk0, blk1 = pos[_T], pos[_SLOTS], pos[_BLK0], pos[_BLK1]
+    batch, blk_moves, n_dirty = pos[_BATCH] != 0, pos[_BLK_MOVES], pos[_N_DIRTY]
     n_changed = pos[_CHANGED]
     while t < M:
         if t + _AHEAD < M:
@@ -573,10 +565,7 @@ def _scan_run(
                 blk_moves = 0
                 n_dirty = 0
                 if batch:
-                    for v in range(blk1 - blk0):
-                        j = order[blk0 + v]
-                        for c in range(d):
-                            XT[c, v] = X[j, c]
+                    load_block(XT, X, order, blk0, blk1)
                     gaussian_nw.block_quad_forms(XT, 0, blk1 - blk0, P, n_slots + 1, d, bacc, Q)
             # a record scored before any move needs every column's full quadratic form
             # (``_pruned_log_mixture_from``)
@@ -593,46 +582,18 @@ def _scan_run(
             if k0 >= 0:
                 qv[k0] = gaussian_nw.finish_quad_form(x, P, k0, d, r, qv[k0])
                 cost0 = _loo_cost(
-                    x,
-                    k0,
-                    stats,
-                    cache,
-                    lognk,
-                    spec,
-                    prior,
-                    loo,
-                    loo_ok,
-                    scratch_s,
-                    scratch_c,
-                    d,
+                    x, k0, stats, cache, lognk, spec, prior, loo, loo_ok, scratch_s, scratch_c, d,
                     qv[k0],
-                )
-            n = n_slots + 1
-            gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, lpb)
+                )  # fmt: skip
+            gaussian_nw.packed_log_predictive_bounds(qv, P, n_slots + 1, e0, lpb)
             _pruned_costs_from(
                 k0, lognk, n_slots, log_new, P, e0, qv, lpb, ub, costs, cost0, x, d, r
             )
         else:
             _costs(
-                x,
-                k0,
-                stats,
-                cache,
-                lognk,
-                n_slots,
-                spec,
-                prior,
-                empty_s,
-                empty_c,
-                log_alpha,
-                scratch_s,
-                scratch_c,
-                costs,
-                lp,
-                P,
-                acc,
-                qv,
-            )
+                x, k0, stats, cache, lognk, n_slots, spec, prior, empty_s, empty_c, log_alpha,
+                scratch_s, scratch_c, costs, lp, P, acc, qv,
+            )  # fmt: skip
         drawn_from = state[0]
         if gibbs:
             for k in range(n_slots + 1):
@@ -646,15 +607,10 @@ def _scan_run(
         alone = k0 >= 0 and nk[k0] == 1.0
         if best == k0 or (best == n_slots and alone):
             if scoring and n_changed == 0:
-                # x stays in k0: eq. 3.4 wants p(x | X_k0) with x among X_k0 (packed: in lp)
-                if pruned:
-                    logdens[i] = _pruned_log_mixture_from(
-                        qv, P, e0, lognk, n_slots, log_norm, log_alpha, lpb, ub, lp, terms
-                    )[1]
-                else:
-                    if not hot:
-                        lp[k0] = product.log_predictive(x, stats[k0], cache[k0], spec, prior)
-                    logdens[i] = _log_mixture(lp, lognk, n_slots, log_norm, log_alpha, terms)[1]
+                logdens[i] = _stay_density(
+                    x, k0, stats, cache, lognk, n_slots, spec, prior, log_alpha, log_norm, hot,
+                    pruned, P, e0, qv, lpb, ub, lp, terms,
+                )  # fmt: skip
             t += 1
             continue
         if best == n_slots and not _room(nk, n_slots):
@@ -687,13 +643,8 @@ def _scan_run(
                     )
                     n_dirty = 0
         t += 1
-    pos[_T] = t
-    pos[_SLOTS] = n_slots
-    pos[_BLK0] = blk0
-    pos[_BLK1] = blk1
-    pos[_BATCH] = 1 if batch else 0
-    pos[_BLK_MOVES] = blk_moves
-    pos[_N_DIRTY] = n_dirty
+    pos[_T], pos[_SLOTS], pos[_BLK0], pos[_BLK1] = t, n_slots, blk0, blk1
+    pos[_BATCH], pos[_BLK_MOVES], pos[_N_DIRTY] = 1 if batch else 0, blk_moves, n_dirty
     pos[_CHANGED] = n_changed
 
 
@@ -776,22 +727,9 @@ def gibbs_sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, lo
     """
     no_scores = np.empty(0)
     return _scan(
-        X,
-        order,
-        z,
-        stats,
-        cache,
-        nk,
-        n_slots,
-        spec,
-        prior,
-        empty_c,
-        log_alpha,
-        True,
-        state,
-        no_scores,
-        0.0,
-    )
+        X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, True, state,
+        no_scores, 0.0,
+    )  # fmt: skip
 
 
 @njit(cache=True, nogil=True)

@@ -79,24 +79,24 @@ def chol_solve(L, b, out):
 
 
 @njit(cache=True, nogil=True)
+def chol_inverse(L, out, e, col):
+    """out (p, p) = A^-1, column by column, from the Cholesky factor L of A (e, col: scratch
+    of length p)."""
+    p = L.shape[0]
+    for j in range(p):
+        e[:] = 0.0
+        e[j] = 1.0
+        chol_solve(L, e, col)
+        for a in range(p):
+            out[a, j] = col[a]
+
+
+@njit(cache=True, nogil=True)
 def chol_logdet(L):
     """log|A| from the Cholesky factor L of A."""
     s = 0.0
     for i in range(L.shape[0]):
         s += 2.0 * math.log(L[i, i])
-    return s
-
-
-@njit(cache=True, nogil=True)
-def quad(A, x, y):
-    """x^T A y."""
-    p = A.shape[0]
-    s = 0.0
-    for i in range(p):
-        t = 0.0
-        for j in range(p):
-            t += A[i, j] * y[j]
-        s += x[i] * t
     return s
 
 
@@ -267,12 +267,8 @@ def nw_mode_into(n, s, ss, m0, c0, T0, a0, mu, R, L, Binv, e, col):
             Binv[a, b] = T0[a, b] + ss[a, b] + c0 * m0[a] * m0[b] - c * mu[a] * mu[b]
     if not cholesky(Binv, L):
         return np.nan
-    for b in range(p):
-        e[:] = 0.0
-        e[b] = 1.0
-        chol_solve(L, e, col)
-        for a in range(p):
-            R[a, b] = (a0 + n - p) * col[a]
+    chol_inverse(L, R, e, col)
+    R *= a0 + n - p
     return p * math.log(a0 + n - p) - chol_logdet(L)
 
 
@@ -350,32 +346,9 @@ def cluster_energy(n, s, ss, mu, R, logdet_R):
 
 @njit(cache=True, nogil=True)
 def sweep(
-    XtX,
-    Xty,
-    yty,
-    n_obs,
-    train,
-    z,
-    mu,
-    R,
-    logdet_R,
-    log_nw,
-    nk,
-    n_slots,
-    m0,
-    c0,
-    T0,
-    a0,
-    logdet_T0,
-    mu0,
-    R0,
-    tau,
-    log_alpha,
-    n_st,
-    s_st,
-    ss_st,
-    beta,
-):
+    XtX, Xty, yty, n_obs, train, z, mu, R, logdet_R, log_nw, nk, n_slots, m0, c0, T0, a0,
+    logdet_T0, mu0, R0, tau, log_alpha, n_st, s_st, ss_st, beta,
+):  # fmt: skip
     """One ICM pass over a chunk's subjects: each training subject's cluster z_i replaced by its
     conditional mode given the cluster parameters, tau and the other assignments, with beta_i
     integrated out (module docstring); and, in the same loop, the E-step statistics of
@@ -454,29 +427,15 @@ def sweep(
     ld0 = 0.0
     if cholesky(R0, L):
         ld0 = chol_logdet(L)
-    # the new cluster's candidate in closed form: nw_mode given one point b is mu* = (c0 m0 +
-    # b) / (c0 + 1), R* = (a0 + 1 - p) (T0 + w d d^T)^-1 with d = b - m0, w = c0 / (c0 + 1);
-    # by Sherman-Morrison everything but R* itself is a function of q = d^T T0^-1 d
     T0inv = np.empty((p, p))
     if not cholesky(T0, L):
         return -1, 0, np.nan, np.nan, np.nan
-    for j in range(p):
-        e[:] = 0.0
-        e[j] = 1.0
-        chol_solve(L, e, col)
-        for a in range(p):
-            T0inv[a, j] = col[a]
-    w = c0 / (c0 + 1.0)
-    a1 = a0 + 1.0 - p
+    chol_inverse(L, T0inv, e, col)
     # nw_log_prior's terms that do not depend on (mu, R)
     lnw_const = (
-        0.5 * p * math.log(c0)
-        - 0.5 * p * LOG_2PI
-        - 0.5 * a0 * p * math.log(2.0)
-        + 0.5 * a0 * logdet_T0
-        - lmvgamma(0.5 * a0, p)
-        - 0.5 * p * logdet_T0
-    )
+        0.5 * p * math.log(c0) - 0.5 * p * LOG_2PI - 0.5 * a0 * p * math.log(2.0)
+        + 0.5 * a0 * logdet_T0 - lmvgamma(0.5 * a0, p) - 0.5 * p * logdet_T0
+    )  # fmt: skip
     changed = 0
     rss = 0.0
     nob = 0.0
@@ -487,53 +446,15 @@ def sweep(
         k0 = z[i]
         if k0 >= 0:
             nk[k0] -= 1.0
-        best = np.inf
-        raw_best = np.inf
-        kbest = -1
-        for k in range(n_slots):
-            if nk[k] <= 0.0 and k != k0:
-                continue
-            raw = subject_cost_pre(
-                XtX[i], Xty[i], yty[i], n_obs[i], tau, log_tau, Rmu[k], muRmu[k], R[k],
-                logdet_R[k], b_try, A, L, h,
-            )  # fmt: skip
-            c = raw
-            if nk[k] > 0.0:
-                c -= math.log(nk[k])
-            else:  # i alone in k0: staying keeps the cluster, its NW prior and N0
-                c -= log_alpha + log_nw[k]
-            # ties keep the current cluster (the first one scored wins otherwise)
-            if c < best or (c == best and k == k0):
-                best = c
-                raw_best = raw
-                kbest = k
-                copy_vector(b_best, b_try)
-                copy_rows(L_best, L)
+        best, raw_best, kbest = _best_slot(
+            XtX[i], Xty[i], yty[i], n_obs[i], tau, log_tau, Rmu, muRmu, R, logdet_R, nk, log_nw,
+            log_alpha, n_slots, k0, b_try, b_best, A, L, L_best, h,
+        )  # fmt: skip
         # a new cluster's candidate: the NW mode given the eq. 7.2 mode under the prior's mode
         subject_cost_pre(
             XtX[i], Xty[i], yty[i], n_obs[i], tau, log_tau, Rmu0, muRmu0, R0, ld0, b_new, A, L, h
         )
-        q = 0.0
-        for a in range(p):
-            t = 0.0
-            for b in range(p):
-                t += T0inv[a, b] * (b_new[b] - m0[b])
-            u[a] = t
-            q += (b_new[a] - m0[a]) * t
-        den = 1.0 + w * q
-        for a in range(p):
-            mu_new[a] = (c0 * m0[a] + b_new[a]) / (c0 + 1.0)
-            for b in range(p):
-                R_new[a, b] = a1 * (T0inv[a, b] - w * u[a] * u[b] / den)
-        ld_new = p * math.log(a1) - logdet_T0 - math.log(den)
-        # nw_log_prior at (mu*, R*): (mu* - m0)^T R* (mu* - m0) = a1 q / (den (c0 + 1)^2),
-        # tr(T0 R*) = a1 (p - w q / den)
-        lnw = (
-            lnw_const
-            + 0.5 * (a0 - p) * ld_new
-            - 0.5 * c0 * a1 * q / (den * (c0 + 1.0) ** 2)
-            - 0.5 * a1 * (p - w * q / den)
-        )
+        ld_new, lnw = _candidate(b_new, m0, c0, a0, T0inv, logdet_T0, lnw_const, u, mu_new, R_new)
         muRmu_new = _rmu(R_new, mu_new, Rmu_new)
         raw = subject_cost_pre(
             XtX[i], Xty[i], yty[i], n_obs[i], tau, log_tau, Rmu_new, muRmu_new, R_new, ld_new,
@@ -570,13 +491,81 @@ def sweep(
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _best_slot(
+    XtX_i, Xty_i, yty_i, n_obs_i, tau, log_tau, Rmu, muRmu, R, logdet_R, nk, log_nw, log_alpha,
+    n_slots, k0, b_try, b_best, A, L, L_best, h,
+):  # fmt: skip
+    """``sweep``'s least cost over the clusters in use for a subject (k0: its cluster, which it
+    has left in nk): (cost, the ``subject_cost`` part of it, slot), with the winner's eq. 7.2
+    mode in b_best and its A factor in L_best."""
+    best = np.inf
+    raw_best = np.inf
+    kbest = -1
+    for k in range(n_slots):
+        if nk[k] <= 0.0 and k != k0:
+            continue
+        raw = subject_cost_pre(
+            XtX_i, Xty_i, yty_i, n_obs_i, tau, log_tau, Rmu[k], muRmu[k], R[k], logdet_R[k],
+            b_try, A, L, h,
+        )  # fmt: skip
+        c = raw
+        if nk[k] > 0.0:
+            c -= math.log(nk[k])
+        else:  # i alone in k0: staying keeps the cluster, its NW prior and N0
+            c -= log_alpha + log_nw[k]
+        # ties keep the current cluster (the first one scored wins otherwise)
+        if c < best or (c == best and k == k0):
+            best = c
+            raw_best = raw
+            kbest = k
+            copy_vector(b_best, b_try)
+            copy_rows(L_best, L)
+    return best, raw_best, kbest
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _candidate(b, m0, c0, a0, T0inv, logdet_T0, lnw_const, u, mu, R):
+    """A new cluster's (mu*, R*) into mu (p,) and R (p, p): ``nw_mode`` given one point b, in
+    closed form; returns log|R*| and ``nw_log_prior`` there (lnw_const: its terms that do not
+    depend on (mu, R); u (p,): scratch).
+
+    mu* = (c0 m0 + b) / (c0 + 1), R* = (a0 + 1 - p) (T0 + w d d^T)^-1 with d = b - m0,
+    w = c0 / (c0 + 1); by Sherman-Morrison everything but R* itself is a function of
+    q = d^T T0^-1 d.
+    """
+    p = b.shape[0]
+    w = c0 / (c0 + 1.0)
+    a1 = a0 + 1.0 - p
+    q = 0.0
+    for a in range(p):
+        t = 0.0
+        for j in range(p):
+            t += T0inv[a, j] * (b[j] - m0[j])
+        u[a] = t
+        q += (b[a] - m0[a]) * t
+    den = 1.0 + w * q
+    for a in range(p):
+        mu[a] = (c0 * m0[a] + b[a]) / (c0 + 1.0)
+        for j in range(p):
+            R[a, j] = a1 * (T0inv[a, j] - w * u[a] * u[j] / den)
+    ld = p * math.log(a1) - logdet_T0 - math.log(den)
+    # nw_log_prior at (mu*, R*): (mu* - m0)^T R* (mu* - m0) = a1 q / (den (c0 + 1)^2),
+    # tr(T0 R*) = a1 (p - w q / den)
+    lnw = (
+        lnw_const + 0.5 * (a0 - p) * ld - 0.5 * c0 * a1 * q / (den * (c0 + 1.0) ** 2)
+        - 0.5 * a1 * (p - w * q / den)
+    )  # fmt: skip
+    return ld, lnw
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _add_estep(XtX_i, Xty_i, yty_i, b, L, k, n, s, ss, e, col):
     """One subject's E-step statistics added to slot k: the count, its mode b (p,) to s, and
     E[beta beta^T] = b b^T + V to ss, with V = A^-1 from A's Cholesky factor L (p, p) column by
     column (e, col: work vectors of length p). Returns the subject's expected residual sum of
     squares ||y - X b||^2 + tr(X^T X V) (eq. 7.3's statistic)."""
     p = b.shape[0]
-    r = yty_i - 2.0 * (b @ Xty_i) + quad(XtX_i, b, b)
+    r = yty_i - 2.0 * (b @ Xty_i) + _rmu(XtX_i, b, col)
     n[k] += 1.0
     for c in range(p):
         s[k, c] += b[c]

@@ -113,9 +113,9 @@ def gibbs_sweep(order, z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, s
                 if alone:
                     lw[a] = log_kappa(ni, u, pp) + leaf_lm[i]
                 else:
-                    copy_vector(scratch, cst[k])
-                    scratch -= leaf_st[i]
-                    lmj[a] = product.log_marginal(scratch, spec, prior)
+                    lmj[a] = product.log_marginal_with(
+                        scratch, cst[k], leaf_st[i], -1.0, spec, prior
+                    )
                     lw[a] = (
                         log_kappa(cst[k, 0], u, pp)
                         + clm[k]
@@ -123,9 +123,7 @@ def gibbs_sweep(order, z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, s
                         - lmj[a]
                     )
                 continue
-            copy_vector(scratch, cst[k])
-            scratch += leaf_st[i]
-            lmj[a] = product.log_marginal(scratch, spec, prior)
+            lmj[a] = product.log_marginal_with(scratch, cst[k], leaf_st[i], 1.0, spec, prior)
             lw[a] = log_kappa(cst[k, 0] + ni, u, pp) - log_kappa(cst[k, 0], u, pp) + lmj[a] - clm[k]
         lw[nact] = -np.inf if alone else log_kappa(ni, u, pp) + leaf_lm[i]
         choice = sample_log_weights(state, lw, nact + 1)
@@ -182,17 +180,13 @@ def _restricted_scan(
             stA -= leaf_st[k]
             lm_wo_A = product.log_marginal(stA, spec, prior)
             lm_wo_B = lmAB[1]
-            copy_vector(tmp, stB)
-            tmp += leaf_st[k]
-            lm_with_B = product.log_marginal(tmp, spec, prior)
+            lm_with_B = product.log_marginal_with(tmp, stB, leaf_st[k], 1.0, spec, prior)
         else:
             lm_with_B = lmAB[1]
             stB -= leaf_st[k]
             lm_wo_B = product.log_marginal(stB, spec, prior)
             lm_wo_A = lmAB[0]
-            copy_vector(tmp, stA)
-            tmp += leaf_st[k]
-            lm_with_A = product.log_marginal(tmp, spec, prior)
+            lm_with_A = product.log_marginal_with(tmp, stA, leaf_st[k], 1.0, spec, prior)
         nA = stA[0]
         nB = stB[0]
         wA = log_kappa(nA + nk, u, pp) - log_kappa(nA, u, pp) + lm_with_A - lm_wo_A
@@ -215,6 +209,45 @@ def _restricted_scan(
             lmAB[1] = lm_with_B
         side[k] = new_side
     return log_q
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _accept_split(z, cst, clm, cnl, i, si, Sidx, m, side, stA, stB, lmAB):
+    """Cluster si splits: leaf i and the launch's side-0 leaves Sidx[:m] to a free row (stA),
+    the rest stay in si (stB)."""
+    new = -1
+    for k in range(z.shape[0]):
+        if cnl[k] == 0:
+            new = k
+            break
+    copy_vector(cst[new], stA)
+    clm[new] = lmAB[0]
+    copy_vector(cst[si], stB)
+    clm[si] = lmAB[1]
+    z[i] = new
+    cnl[new] = 1
+    cnl[si] = 1
+    for a in range(m):
+        k = Sidx[a]
+        if side[k] == 0:
+            z[k] = new
+            cnl[new] += 1
+        else:
+            cnl[si] += 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _accept_merge(z, cst, clm, cnl, si, sj, stM, lm_m):
+    """Clusters si and sj merge into si (statistics stM, log marginal lm_m)."""
+    copy_vector(cst[si], stM)
+    clm[si] = lm_m
+    cnl[si] += cnl[sj]
+    cnl[sj] = 0
+    cst[sj, :] = 0.0
+    clm[sj] = 0.0
+    for k in range(z.shape[0]):
+        if z[k] == sj:
+            z[k] = si
 
 
 @njit(cache=True, nogil=True)
@@ -274,25 +307,7 @@ def split_merge_move(z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, sta
         acc[0, 2] += min(log_r, 0.0)
         if math.log(1.0 - uniform(state)) < log_r:
             acc[0, 1] += 1.0
-            new = -1
-            for k in range(L):
-                if cnl[k] == 0:
-                    new = k
-                    break
-            copy_vector(cst[new], stA)
-            clm[new] = lmAB[0]
-            copy_vector(cst[si], stB)
-            clm[si] = lmAB[1]
-            z[i] = new
-            cnl[new] = 1
-            cnl[si] = 1
-            for a in range(m):
-                k = Sidx[a]
-                if side[k] == 0:
-                    z[k] = new
-                    cnl[new] += 1
-                else:
-                    cnl[si] += 1
+            _accept_split(z, cst, clm, cnl, i, si, Sidx, m, side, stA, stB, lmAB)
     else:
         target = np.zeros(L, dtype=np.int64)
         for a in range(m):
@@ -316,43 +331,14 @@ def split_merge_move(z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, sta
         acc[1, 2] += min(log_r, 0.0)
         if math.log(1.0 - uniform(state)) < log_r:
             acc[1, 1] += 1.0
-            copy_vector(cst[si], stM)
-            clm[si] = lm_m
-            cnl[si] += cnl[sj]
-            cnl[sj] = 0
-            cst[sj, :] = 0.0
-            clm[sj] = 0.0
-            for k in range(L):
-                if z[k] == sj:
-                    z[k] = si
+            _accept_merge(z, cst, clm, cnl, si, sj, stM, lm_m)
 
 
 @njit(cache=True, nogil=True)
 def run(
-    z,
-    cst,
-    clm,
-    cnl,
-    leaf_st,
-    leaf_lm,
-    state,
-    fu,
-    pp,
-    spec,
-    prior,
-    n_iter,
-    n_sm,
-    n_launch,
-    do_gibbs,
-    n_u_steps,
-    record_from,
-    thin,
-    out_z,
-    out_lj,
-    out_K,
-    out_u,
-    acc,
-):
+    z, cst, clm, cnl, leaf_st, leaf_lm, state, fu, pp, spec, prior, n_iter, n_sm, n_launch,
+    do_gibbs, n_u_steps, record_from, thin, out_z, out_lj, out_K, out_u, acc,
+):  # fmt: skip
     """Run ``n_iter`` iterations of the reference sampler: ``n_sm`` split-merge moves (0 for the
     plain Gibbs sampler), one Gibbs scan in a random order if ``do_gibbs``, one update of u.
 

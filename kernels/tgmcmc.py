@@ -376,11 +376,8 @@ def sample_sub(v, F, W, state, internal_only):
 def log_select(root, leaf_node, D, F, W):
     """log P(leaf at ``leaf_node`` is chosen | its cluster's tree rooted at ``root``): D rounds of
     SampleSub from the root, then a uniform leaf of the final subtree. O(size + D depth^2)."""
-    ni = F[0]
-    nf = F[1]
-    work = W[0]
-    aggmax = W[7]
-    agglse = W[8]
+    ni, nf = F[0], F[1]
+    work, aggmax, agglse = W[0], W[7], W[8]
     n = preorder(root, ni, work)
     for a in range(n - 1, -1, -1):
         v = work[a]
@@ -546,22 +543,8 @@ def log_split_path(U, F, W, state, u, pp, spec, prior, max_depth, allow_new):
     for a in range(nq):
         q = Qlist[a]
         ns, lp = stoc_insert(
-            Slist,
-            ns,
-            q,
-            F,
-            W,
-            state,
-            True,
-            slab,
-            blk[q],
-            u,
-            pp,
-            spec,
-            prior,
-            max_depth,
-            allow_new,
-        )
+            Slist, ns, q, F, W, state, True, slab, blk[q], u, pp, spec, prior, max_depth, allow_new,
+        )  # fmt: skip
         log_p += lp
     for s in range(ns):
         free_tree(Slist[s], ni, free, meta, W[0])
@@ -641,22 +624,9 @@ def _split(a, log_sel, C, F, W, P, state, fu, cfg, acc):
     ns = 2
     for k in range(nq):
         ns, lp = stoc_insert(
-            Slist,
-            ns,
-            W[12][k],
-            F,
-            W,
-            state,
-            False,
-            slab,
-            ns,
-            u,
-            pp,
-            spec,
-            prior,
-            max_depth,
+            Slist, ns, W[12][k], F, W, state, False, slab, ns, u, pp, spec, prior, max_depth,
             cfg[CFG_STOC_NEW] != 0,
-        )
+        )  # fmt: skip
         log_fwd += lp
     log_pi = -cl_term(s, C, u, pp)
     for b in range(ns):
@@ -827,14 +797,10 @@ def _gibbs(i, C, W, P, u, lw, lmj):
                 lw[b] = log_kappa(ni_, u, pp) + leaf_lm[i]
                 lmj[b] = leaf_lm[i]
             else:
-                copy_vector(scratch, cst[t])
-                scratch -= leaf_st[i]
-                lmj[b] = product.log_marginal(scratch, spec, prior)
+                lmj[b] = product.log_marginal_with(scratch, cst[t], leaf_st[i], -1.0, spec, prior)
                 lw[b] = cl_term(t, C, u, pp) - log_kappa(cst[t, 0] - ni_, u, pp) - lmj[b]
             continue
-        copy_vector(scratch, cst[t])
-        scratch += leaf_st[i]
-        lmj[b] = product.log_marginal(scratch, spec, prior)
+        lmj[b] = product.log_marginal_with(scratch, cst[t], leaf_st[i], 1.0, spec, prior)
         lw[b] = log_kappa(cst[t, 0] + ni_, u, pp) - log_kappa(cst[t, 0], u, pp) + lmj[b] - clm[t]
     lw[K] = -np.inf if alone else log_kappa(ni_, u, pp) + leaf_lm[i]
     return logsumexp(lw, K + 1), a0
@@ -985,19 +951,12 @@ def _pair_ratio(i, j, s, to_new, t_slot, r, Tn, K, Kp, log_A_i, log_w_old, log_w
         t = act[b]
         if t == s or t == z[j]:
             continue
-        copy_vector(scratch, cst[t])
-        scratch += leaf_st[j]
-        lw2[n2] = (
-            log_kappa(cst[t, 0] + nj, u, pp) - log_kappa(cst[t, 0], u, pp)
-            + product.log_marginal(scratch, spec, prior) - clm[t]
-        )  # fmt: skip
+        lm = product.log_marginal_with(scratch, cst[t], leaf_st[j], 1.0, spec, prior)
+        lw2[n2] = log_kappa(cst[t, 0] + nj, u, pp) - log_kappa(cst[t, 0], u, pp) + lm - clm[t]
         n2 += 1
-    copy_vector(scratch, leaf_st[i])
-    scratch += leaf_st[j]
-    lw2[n2] = (
-        log_kappa(leaf_st[i, 0] + nj, u, pp) - log_kappa(leaf_st[i, 0], u, pp)
-        + product.log_marginal(scratch, spec, prior) - leaf_lm[i]
-    )  # fmt: skip
+    lm = product.log_marginal_with(scratch, leaf_st[i], leaf_st[j], 1.0, spec, prior)
+    gain = log_kappa(leaf_st[i, 0] + nj, u, pp) - log_kappa(leaf_st[i, 0], u, pp)
+    lw2[n2] = gain + lm - leaf_lm[i]
     lw2[n2 + 1] = log_kappa(nj, u, pp) + leaf_lm[j]
     log_A_j = logsumexp(lw2, n2 + 2)
     phi_i = log_kappa(leaf_st[i, 0], u, pp) + leaf_lm[i]

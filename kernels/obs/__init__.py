@@ -22,8 +22,8 @@ and each module defines, all ``@njit(cache=True, nogil=True)``:
 ``refresh(s, c, p)``
     Recompute the cache ``c`` from ``s`` (used for a new cluster and after merges).
 ``update(x, s, c, p, w)``
-    ``add_stats`` then bring ``c`` up to date, cheaper than ``refresh`` where the family allows
-    (rank-one Cholesky update for the Normal-Wishart).
+    Normal-Wishart and categorical only: ``add_stats`` and ``c`` brought up to date cheaper than
+    by ``refresh`` (``product`` refreshes the other families).
 ``log_marginal(s, p) -> float``
     log p(X) of the records summarised by ``s``, parameters integrated out; 0 for n = 0.
 ``log_predictive(x, s, c, p) -> float``

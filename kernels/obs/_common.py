@@ -51,6 +51,28 @@ def table_index(xj, T):
 
 
 @njit(cache=True, nogil=True)
+def table_log_predictive(x, c, poisson):
+    """log p(x | X) of the count families whose cache holds 2 d + 1 numbers and then the d x T
+    table (Poisson, ``poisson`` True, and geometric): a table read per column for counts below
+    T, lgamma beyond; -inf for a negative count."""
+    if any_negative(x):
+        return -np.inf
+    d = x.shape[0]
+    T = table_width(c, d)
+    out = c[2 * d]
+    for j in range(d):
+        xj = x[j]
+        v = table_index(xj, T)
+        if v >= 0:
+            out += c[2 * d + 1 + j * T + v]
+        elif poisson:
+            out += math.lgamma(c[j] + xj) - math.lgamma(xj + 1.0) - xj * c[d + j]
+        else:
+            out += math.lgamma(c[j] + xj) - math.lgamma(c[d + j] + xj)
+    return out
+
+
+@njit(cache=True, nogil=True)
 def count_sum_posterior(s, p, j):
     """(a + n, b + sum x_j) of column j for a prior layout a (d), b (d)."""
     d = p.shape[0] // 2
@@ -65,6 +87,24 @@ def gamma_log_evidence(a, b, an, bn):
 
 
 @njit(cache=True, nogil=True)
+def count_sum_log_marginal(s, p, beta):
+    """sum_j of the Beta (``beta`` True) or Gamma prior-to-posterior ratio of column j at
+    (a + n, b + sum x_j): the log marginal of the geometric and exponential columns; 0 for n = 0.
+    """
+    if s[0] == 0.0:
+        return 0.0
+    d = p.shape[0] // 2
+    out = 0.0
+    for j in range(d):
+        an, bn = count_sum_posterior(s, p, j)
+        if beta:
+            out += beta_log_evidence(p[j], p[d + j], an, bn)
+        else:
+            out += gamma_log_evidence(p[j], p[d + j], an, bn)
+    return out
+
+
+@njit(cache=True, nogil=True)
 def beta_log_evidence(a, b, an, bn):
     """log B(a_n, b_n) - log B(a, b): the Beta prior-to-posterior normaliser ratio of one column
     (the beta-geometric and beta-binomial marginals)."""
@@ -72,15 +112,18 @@ def beta_log_evidence(a, b, an, bn):
 
 
 @njit(cache=True, nogil=True)
-def count_sum_moments(s, mean, cov):
+def count_sum_moments(s, p, mean, cov):
     """mean_j = sum x_j / n from a layout starting (n, sum x (d)); cov all NaN (not determined).
 
     The moments of the families whose statistics hold only the count and the sums (exponential,
-    geometric) and the start of those that hold more. n = 0 leaves the mean NaN as well.
+    geometric; Poisson, whose sum log x! adds nothing) and the start of those that hold more.
+    n = 0 leaves the mean NaN as well.
 
     Parameters
     ----------
     s : ndarray of shape (S,)
+    p : ndarray of shape (P,)
+        Unused.
     mean : ndarray of shape (d,), output
     cov : ndarray of shape (d, d), output
     """

@@ -83,13 +83,6 @@ def refresh(s, c, p):
 
 
 @njit(cache=True, nogil=True)
-def update(x, s, c, p, w):
-    """add_stats then refresh: O(d H)."""
-    add_stats(x, s, w)
-    refresh(s, c, p)
-
-
-@njit(cache=True, nogil=True)
 def log_predictive(x, s, c, p):
     """Beta-binomial log probability of the counts x (-inf outside 0..N_j or non-integer), read
     from the cached table: O(d)."""
@@ -173,7 +166,7 @@ def moments(s, p, mean, cov):
     mean : ndarray of shape (d,), output
     cov : ndarray of shape (d, d), output
     """
-    count_sum_moments(s, mean, cov)
+    count_sum_moments(s, p, mean, cov)
     d, H = _dims(s, p)
     n = s[0]
     for j in range(d):

@@ -23,9 +23,9 @@ from numba import njit
 from kernels.obs._common import (
     add_count_sum,
     any_negative,
+    count_sum_log_marginal,
     count_sum_moments,
     count_sum_posterior,
-    gamma_log_evidence,
 )
 
 add_stats = add_count_sum
@@ -46,13 +46,6 @@ def refresh(s, c, p):
 
 
 @njit(cache=True, nogil=True)
-def update(x, s, c, p, w):
-    """add_stats then refresh: O(d)."""
-    add_stats(x, s, w)
-    refresh(s, c, p)
-
-
-@njit(cache=True, nogil=True)
 def log_predictive(x, s, c, p):
     """Lomax log density of x (-inf for x < 0)."""
     if any_negative(x):
@@ -67,30 +60,8 @@ def log_predictive(x, s, c, p):
 @njit(cache=True, nogil=True)
 def log_marginal(s, p):
     """Gamma-exponential log marginal likelihood."""
-    n = s[0]
-    if n == 0.0:
-        return 0.0
-    d = p.shape[0] // 2
-    out = 0.0
-    for j in range(d):
-        an, bn = count_sum_posterior(s, p, j)
-        out += gamma_log_evidence(p[j], p[d + j], an, bn)
-    return out
+    return count_sum_log_marginal(s, p, False)
 
 
-@njit(cache=True, nogil=True)
-def moments(s, p, mean, cov):
-    """Mean of each exponential column of the records summarised by s: sum x_j / n.
-
-    The statistics hold only the count and the sums, so the covariance is NaN (not determined),
-    diagonal included. The mean is NaN for n = 0.
-
-    Parameters
-    ----------
-    s : ndarray of shape (1 + d,)
-    p : ndarray of shape (2 d,)
-        Unused.
-    mean : ndarray of shape (d,), output
-    cov : ndarray of shape (d, d), output
-    """
-    count_sum_moments(s, mean, cov)
+moments = count_sum_moments
+"""Mean sum x_j / n of each column; the covariance is not determined (NaN)."""

@@ -54,6 +54,7 @@ import numpy as np
 from numba import njit
 
 from kernels.arrays import bits_float, float_bits
+from kernels.obs._common import add_count_sum
 from kernels.special import LOG_PI, lmvgamma, log_gamma_ratio
 
 
@@ -67,9 +68,7 @@ def dim_of_stats(s):
 def add_stats(x, s, w):
     """s += w * (1, x, x x^T)."""
     d = x.shape[0]
-    s[0] += w
-    for i in range(d):
-        s[1 + i] += w * x[i]
+    add_count_sum(x, s, w)
     base = 1 + d
     for i in range(d):
         wxi = w * x[i]
@@ -298,6 +297,16 @@ def _cells_tail(G, c, d, logdet_t):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _loo_log_ratio(ck, ak, r):
+    """(a_k - 1) / 2 log(1 - beta r), beta = c_k / (c_k - 1), of a record at r = |V u|^2 or
+    |L^{-1} u|^2: NaN when 1 - beta r is not positive (rounding)."""
+    one_minus = 1.0 - (ck / (ck - 1.0)) * r
+    if not one_minus > 0.0:
+        return np.nan
+    return 0.5 * (ak - 1.0) * math.log(one_minus)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _loo_with_cells(x, c, d):
     """log p(X_k) - log p(X_k without x) under B.1' (module docstring): with u = x - m_k,
     log|T'| = log|G_k| + log(1 - beta |V u|^2), and the marginals' other terms in closed form.
@@ -317,11 +326,7 @@ def _loo_with_cells(x, c, d):
         for j in range(i + 1):
             acc += c[row + j] * (x[j] - c[o + j])
         r += acc * acc
-    c1 = ck - 1.0
-    one_minus = 1.0 - (ck / c1) * r
-    if not one_minus > 0.0:
-        return np.nan
-    return loo_cells_constant(c, d) + 0.5 * (ak - 1.0) * math.log(one_minus)
+    return loo_cells_constant(c, d) + _loo_log_ratio(ck, ak, r)
 
 
 @njit(cache=True, nogil=True)
@@ -533,12 +538,7 @@ def log_predictive_loo(x, s, c, p, cells=None):
     t = _tail(d)
     ck = c[t]
     ak = c[t + 1]
-    r = _mahalanobis(x, c, d)
-    c1 = ck - 1.0
-    one_minus = 1.0 - (ck / c1) * r
-    if not one_minus > 0.0:
-        return np.nan
-    return loo_constant(c, d) + 0.5 * (ak - 1.0) * math.log(one_minus)
+    return loo_constant(c, d) + _loo_log_ratio(ck, ak, _mahalanobis(x, c, d))
 
 
 @njit(cache=True, nogil=True)
@@ -925,6 +925,24 @@ def restore_factor(c, d):
     _invert_lower(c, d * d + d, 0, d)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _change_factor_l(c, d, sign, work):
+    """``_change_factors``' L' = L M, column by column from the last: column j of L M is
+    M_jj L e_j plus sign w_j s_j sum_{k > j} w_k L e_k (the running sums in work[d : 2 d], from
+    the old columns; work as ``_change_factors`` fills it)."""
+    acc0, s0, be0 = d, 2 * d, 3 * d
+    for i in range(d):
+        work[acc0 + i] = 0.0
+    for j in range(d - 1, -1, -1):
+        wj = work[j]
+        mjj = work[be0 + j] * work[s0 + j]
+        gj = sign * wj * work[s0 + j]
+        for i in range(j, d):
+            old = c[i * d + j]
+            c[i * d + j] = mjj * old + gj * work[acc0 + i]
+            work[acc0 + i] += wj * old
+
+
 @njit(cache=True, nogil=True)
 def _change_factors(x, s, c, sign, work, factor=True):
     """Add (sign = +1) or remove (sign = -1) record x without recording cells: statistics, L,
@@ -981,19 +999,8 @@ def _change_factors(x, s, c, sign, work, factor=True):
         work[s0 + j] = 1.0 / math.sqrt(beta * beta_prev)
         work[be0 + j] = beta
         beta_prev = beta
-    # L' = L M, column by column from the last: column j of L M is M_jj L e_j plus
-    # sign w_j s_j sum_{k > j} w_k L e_k (the running sums, from the old columns)
     if factor:
-        for i in range(d):
-            work[acc0 + i] = 0.0
-        for j in range(d - 1, -1, -1):
-            wj = work[j]
-            mjj = work[be0 + j] * work[s0 + j]
-            gj = sign * wj * work[s0 + j]
-            for i in range(j, d):
-                old = c[i * d + j]
-                c[i * d + j] = mjj * old + gj * work[acc0 + i]
-                work[acc0 + i] += wj * old
+        _change_factor_l(c, d, sign, work)
     # U' = M^{-1} U, where M^{-1} has the same structure: M^{-1}_ii = sqrt(beta_{i-1} / beta_i),
     # M^{-1}_ij = -sign w_i w_j / sqrt(beta_i beta_{i-1}) (i > j). Row i of U' is then
     # M^{-1}_ii (row i of U) - sign w_i s_i sum_{j < i} w_j (row j of U): running sums of the

@@ -25,16 +25,14 @@ non-integer count is scored by lgamma.
 
 import math
 
-import numpy as np
 from numba import njit
 
 from kernels.obs._common import (
     add_count_sum,
-    any_negative,
-    beta_log_evidence,
+    count_sum_log_marginal,
     count_sum_moments,
     count_sum_posterior,
-    table_index,
+    table_log_predictive,
     table_width,
 )
 
@@ -63,58 +61,17 @@ def refresh(s, c, p):
 
 
 @njit(cache=True, nogil=True)
-def update(x, s, c, p, w):
-    """add_stats then refresh: O(d T)."""
-    add_stats(x, s, w)
-    refresh(s, c, p)
-
-
-@njit(cache=True, nogil=True)
 def log_predictive(x, s, c, p):
     """log B(a_n + 1, b_n + x) - log B(a_n, b_n) summed over columns (-inf for x < 0): a table
     read per column for counts below T, lgamma beyond."""
-    if any_negative(x):
-        return -np.inf
-    d = x.shape[0]
-    T = table_width(c, d)
-    out = c[2 * d]
-    for j in range(d):
-        xj = x[j]
-        v = table_index(xj, T)
-        if v >= 0:
-            out += c[2 * d + 1 + j * T + v]
-        else:
-            out += math.lgamma(c[j] + xj) - math.lgamma(c[d + j] + xj)
-    return out
+    return table_log_predictive(x, c, False)
 
 
 @njit(cache=True, nogil=True)
 def log_marginal(s, p):
     """Beta-geometric log marginal likelihood."""
-    n = s[0]
-    if n == 0.0:
-        return 0.0
-    d = p.shape[0] // 2
-    out = 0.0
-    for j in range(d):
-        an, bn = count_sum_posterior(s, p, j)
-        out += beta_log_evidence(p[j], p[d + j], an, bn)
-    return out
+    return count_sum_log_marginal(s, p, True)
 
 
-@njit(cache=True, nogil=True)
-def moments(s, p, mean, cov):
-    """Mean of each geometric column of the records summarised by s: sum x_j / n.
-
-    The statistics hold only the count and the sums, so the covariance is NaN (not determined),
-    diagonal included. The mean is NaN for n = 0.
-
-    Parameters
-    ----------
-    s : ndarray of shape (1 + d,)
-    p : ndarray of shape (2 d,)
-        Unused.
-    mean : ndarray of shape (d,), output
-    cov : ndarray of shape (d, d), output
-    """
-    count_sum_moments(s, mean, cov)
+moments = count_sum_moments
+"""Mean sum x_j / n of each column; the covariance is not determined (NaN)."""

@@ -99,13 +99,6 @@ def refresh(s, c, p):
 
 
 @njit(cache=True, nogil=True)
-def update(x, s, c, p, w):
-    """add_stats then refresh: O(d)."""
-    add_stats(x, s, w)
-    refresh(s, c, p)
-
-
-@njit(cache=True, nogil=True)
 def log_predictive(x, s, c, p):
     """log p(x | X): product of Student-t densities. O(d)."""
     d = x.shape[0]
@@ -154,7 +147,7 @@ def moments(s, p, mean, cov):
     mean : ndarray of shape (d,), output
     cov : ndarray of shape (d, d), output
     """
-    count_sum_moments(s, mean, cov)
+    count_sum_moments(s, p, mean, cov)
     d = mean.shape[0]
     n = s[0]
     for j in range(d):

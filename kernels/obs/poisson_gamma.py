@@ -26,15 +26,13 @@ the cluster. A larger or non-integer count is scored by lgamma.
 
 import math
 
-import numpy as np
 from numba import njit
 
 from kernels.obs._common import (
     add_count_sum,
-    any_negative,
     count_sum_moments,
     gamma_log_evidence,
-    table_index,
+    table_log_predictive,
     table_width,
 )
 
@@ -72,29 +70,10 @@ def refresh(s, c, p):
 
 
 @njit(cache=True, nogil=True)
-def update(x, s, c, p, w):
-    """add_stats then refresh: O(d T)."""
-    add_stats(x, s, w)
-    refresh(s, c, p)
-
-
-@njit(cache=True, nogil=True)
 def log_predictive(x, s, c, p):
     """Negative binomial log probability of the counts x (-inf for a negative count): a table
     read per column for counts below T, lgamma beyond."""
-    if any_negative(x):
-        return -np.inf
-    d = x.shape[0]
-    T = table_width(c, d)
-    out = c[2 * d]
-    for j in range(d):
-        xj = x[j]
-        v = table_index(xj, T)
-        if v >= 0:
-            out += c[2 * d + 1 + j * T + v]
-        else:
-            out += math.lgamma(c[j] + xj) - math.lgamma(xj + 1.0) - xj * c[d + j]
-    return out
+    return table_log_predictive(x, c, True)
 
 
 @njit(cache=True, nogil=True)
@@ -114,19 +93,5 @@ def log_marginal(s, p):
     return out
 
 
-@njit(cache=True, nogil=True)
-def moments(s, p, mean, cov):
-    """Mean of each count column of the records summarised by s: sum x_j / n.
-
-    The statistics hold sum log x! but not sum x^2, so the covariance is NaN (not determined),
-    diagonal included. The mean is NaN for n = 0.
-
-    Parameters
-    ----------
-    s : ndarray of shape (1 + 2 d,)
-    p : ndarray of shape (2 d,)
-        Unused.
-    mean : ndarray of shape (d,), output
-    cov : ndarray of shape (d, d), output
-    """
-    count_sum_moments(s, mean, cov)
+moments = count_sum_moments
+"""Mean sum x_j / n of each column; the covariance is not determined (NaN)."""

@@ -37,6 +37,7 @@ from kernels.obs import (
     poisson_gamma,
 )
 from kernels.obs._common import COUNT_TABLE as COUNT_TABLE
+from kernels.obs._common import count_sum_moments
 
 GAUSSIAN_NW = 0
 NORMAL_GAMMA = 1
@@ -112,18 +113,12 @@ def _any_refresh(code, sg, cg, pg):
 def _any_update(code, xg, sg, cg, pg, w):
     if code == GAUSSIAN_NW:
         gaussian_nw.update(xg, sg, cg, pg, w, True)
-    elif code == NORMAL_GAMMA:
-        normal_gamma.update(xg, sg, cg, pg, w)
     elif code == CATEGORICAL:
         categorical.update(xg, sg, cg, pg, w)
-    elif code == POISSON_GAMMA:
-        poisson_gamma.update(xg, sg, cg, pg, w)
-    elif code == BETA_BINOMIAL:
-        beta_binomial.update(xg, sg, cg, pg, w)
-    elif code == EXPONENTIAL_GAMMA:
-        exponential_gamma.update(xg, sg, cg, pg, w)
     else:
-        geometric_beta.update(xg, sg, cg, pg, w)
+        # the other families' caches are rebuilt from the statistics, O(d) or O(d T)
+        _any_add_stats(code, xg, sg, w)
+        _any_refresh(code, sg, cg, pg)
 
 
 @njit(cache=True, nogil=True)
@@ -151,14 +146,11 @@ def _any_moments(code, sg, pg, mean, cov):
         normal_gamma.moments(sg, pg, mean, cov)
     elif code == CATEGORICAL:
         categorical.moments(sg, pg, mean, cov)
-    elif code == POISSON_GAMMA:
-        poisson_gamma.moments(sg, pg, mean, cov)
     elif code == BETA_BINOMIAL:
         beta_binomial.moments(sg, pg, mean, cov)
-    elif code == EXPONENTIAL_GAMMA:
-        exponential_gamma.moments(sg, pg, mean, cov)
     else:
-        geometric_beta.moments(sg, pg, mean, cov)
+        # Poisson, exponential and geometric statistics determine the means only
+        count_sum_moments(sg, pg, mean, cov)
 
 
 @njit(cache=True, nogil=True)
@@ -392,6 +384,15 @@ def log_marginal(s, spec, prior):
 
 
 @njit(cache=True, nogil=True)
+def log_marginal_with(scratch, s, t, w, spec, prior):
+    """log p(X) of the row s + w t (w = +1 joins the records t summarises, -1 takes them out),
+    built in scratch (S,)."""
+    for j in range(scratch.shape[0]):
+        scratch[j] = s[j] + w * t[j]
+    return log_marginal(scratch, spec, prior)
+
+
+@njit(cache=True, nogil=True)
 def log_marginals(stats, spec, prior):
     """log p(X_k) of each statistics row (K, S): ndarray of shape (K,), 0 for an empty row."""
     out = np.empty(stats.shape[0])
@@ -420,9 +421,7 @@ def log_marginal_gap(sa, sb, lma, lmb, scratch, spec, prior):
     lm_ab : float
         log p(X_a u X_b).
     """
-    for t in range(scratch.shape[0]):
-        scratch[t] = sa[t] + sb[t]
-    lm_ab = log_marginal(scratch, spec, prior)
+    lm_ab = log_marginal_with(scratch, sa, sb, 1.0, spec, prior)
     return lm_ab - lma - lmb, lm_ab
 
 

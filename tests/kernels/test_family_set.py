@@ -135,7 +135,7 @@ for fam in {families}:
     product.log_predictive(X[0], s, c, fam.spec, fam.prior)
     product.update(X[1], s, c, fam.spec, fam.prior, 1.0)
 print(len(product._any_log_predictive.signatures), len(product._any_update.signatures),
-      len(normal_gamma.log_predictive.signatures), len(normal_gamma.update.signatures))
+      len(normal_gamma.log_predictive.signatures), len(normal_gamma.refresh.signatures))
 """
 
 
