@@ -23,14 +23,13 @@ The write-out labels every sequence (trained on or held out) by Viterbi under th
 model and gives every row its forward-filtering term log p(x_t | x_1..x_{t-1}), so that a
 sequence's rows sum to its held-out log likelihood (the chain rule).
 
-Tempered emissions (``MAPiHMM``'s ``temper``, option ``temper`` of the run context, "auto" by
-default): the sample start measures the residual lag-1 autocorrelation rho of the records within
-its untempered states and, where significant, refits with each record's emission counting
-w = (1 - rho) / (1 + rho) (``pipeline.models.ihmm.temper_of``, the estimator's code). The state
-carries w: every pass sweeps, reduces and merges on the tempered objective, pass 1 takes the
-Viterbi paths under the sample's states (``viterbi_chunk``), and the write-out decodes with w as
-``MAPiHMM.predict`` does; the log densities stay untempered, as ``MAPiHMM.score_samples``. The
-sequential start has no states to measure rho on and stays untempered under "auto".
+Tempered emissions (option ``temper`` of the run context, ``MAPiHMM``'s): the sample start
+chooses the emission weight w as ``MAPiHMM`` does (``pipeline.models.ihmm_map.fit_map_ihmm``).
+The state carries w: every pass sweeps, reduces and merges on the tempered objective, pass 1
+takes the Viterbi paths under the sample's states (``viterbi_chunk``), and the write-out decodes
+with w as ``MAPiHMM.predict`` does; the log densities stay untempered, as
+``MAPiHMM.score_samples``. The sequential start has no states to measure w on: under "auto" it
+stays untempered.
 """
 
 from __future__ import annotations
@@ -162,13 +161,10 @@ def _train_sequences(
     order: IntArray, starts: IntArray, hold: np.ndarray
 ) -> tuple[IntArray, IntArray]:
     """Rows (in sequence order) and offsets of the training sequences only."""
-    keep = [s for s in range(starts.shape[0] - 1) if not hold[order[starts[s]]]]
-    lengths = np.array([starts[s + 1] - starts[s] for s in keep], dtype=np.int64)
-    rows = (
-        np.concatenate([order[starts[s] : starts[s + 1]] for s in keep])
-        if keep
-        else np.zeros(0, dtype=np.int64)
-    )
+    # held-out flags are drawn per sequence: its first row's is the sequence's
+    train = hold[order[starts[:-1]]] == 0
+    lengths = np.diff(starts)[train]
+    rows = order[np.repeat(train, np.diff(starts))]
     return rows.astype(np.int64), starts_of(lengths, int(lengths.sum()))
 
 

@@ -291,35 +291,15 @@ def sweep_state(
     temper: float = 1.0,
     n_fixed: int = 0,
 ) -> tuple[HmmState, int]:
-    """One ``kernels.ihmm.sweep`` over the sequences from a compact state (the in-memory runs'
-    and the ``ihmm`` engine's chunk sweep).
+    """One ``kernels.ihmm.sweep`` (the argmin of eq. 6.7, or with ``gibbs`` a draw from eq.
+    6.3) over the arranged records Xa (N, D) of the sequences ``starts`` (n_seq + 1,) from the
+    compact state ``st``, with N0 = ``alpha``, M0 = ``gamma`` and emission weight ``temper``:
+    the in-memory runs' and the ``ihmm`` engine's chunk sweep.
 
-    Parameters
-    ----------
-    Xa : ndarray of shape (N, D)
-        Arranged records of the sequences, one after the other.
-    starts : ndarray of shape (n_seq + 1,), int64
-    z : ndarray of shape (N,), int64
-        State of each record, -1 if none; updated in place, to the states returned.
-    st : HmmState
-    family : ProductFamily
-    alpha, gamma : float
-        N0 and M0.
-    gibbs : bool
-        A draw from eq. 6.3 instead of the argmin of eq. 6.7.
-    rng_state : ndarray of shape (1,), uint64
-    temper : float in (0, 1], default=1.0
-        The weight of each record's emission (``kernels.ihmm.sweep``).
-    n_fixed : int, default=0
-        States kept in their places even when emptied (a chunk's copy of the K global states:
-        the states it opens follow them, numbered K, K + 1, ... in slot order).
-
-    Returns
-    -------
-    HmmState
-        The compact state after the sweep.
-    n_changed : int
-        Records whose state changed.
+    z (N,), each record's state (-1: none), is updated in place to the states returned. The
+    ``n_fixed`` first states keep their places even when emptied (a chunk's copy of the K
+    global states: the states it opens follow them, numbered K, K + 1, ... in slot order).
+    Returns the compact state after the sweep and the number of records that changed state.
     """
     K = st.n_states
     # room for as many new states as there are now: the kernel reallocates when they run out
