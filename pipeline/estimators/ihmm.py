@@ -148,11 +148,8 @@ class _SequenceEstimator(MixtureEstimator):
         self, alpha: float, gamma: float, family: Any, prior_scale: Any, random_state: Any
     ) -> None:
         """The parameters both estimators take (scikit-learn's: stored as given)."""
-        self.alpha = alpha
-        self.gamma = gamma
-        self.family = family
-        self.prior_scale = prior_scale
-        self.random_state = random_state
+        params = {"alpha": alpha, "gamma": gamma, "family": family, "prior_scale": prior_scale}
+        self.__dict__.update(params, random_state=random_state)
 
     def _sequences(
         self,
