@@ -37,6 +37,16 @@ kappa_k = M_k / (M + M0 - 1), kappa_{K+1} = (M0 - 1) / (M + M0 - 1) is eq. 6.6's
 a density of kappa whose dimension changes with K needs this choice: under the top-level DP's
 own measure (prod_k kappa_k^{-1}) opening a state would cost nothing for its weight.
 
+The sweep (``sweep``) moves each record x_t to the state of least cost q_{t,k} = -log p(x_t |
+X_{k,-t}) (eq. 6.4) - log p(z_t = k | z_-t, kappa) (eq. 6.5). For the MAP sweep every q_{t,k} is
+the exact change of ``objective`` when x_t joins state k, so a sweep never raises it: a new state
+K+1 takes kappa_{K+1} = b kappa_u from the unrepresented mass (b = ``b_new_of(M0)``), so with the
+prior's change q_{t,K+1} = -log p(x_t) - log(N0 b kappa_u kappa_{z_{t+1}}) - log M0 - (M0 - 1)
+log(1 - b); a record alone in its state may stay or join another one (the state then disappears
+and kappa_u takes its weight back). The Gibbs sweep is Teh et al.'s direct-assignment step: the
+record is removed (its state dropped if it empties), q_{t,K+1} = -log p(x_t) - log(N0 kappa_u
+kappa_{z_{t+1}}) (eq. 6.5, last case), and a new state splits kappa_u by b ~ Beta(1, M0).
+
 Tempered emissions (``temper`` w < 1, ``MAPiHMM(temper=...)``): log p(X_k) becomes log p(w S_k),
 the marginal of the power likelihood prod_t p(x_t | theta_k)^w (for an exponential family, the
 conjugate marginal with every record's sufficient statistics, base measure included, counting
@@ -56,27 +66,21 @@ from kernels.special import digamma, logsumexp
 
 
 @njit(cache=True, nogil=True)
-def _grow(stats, cache, nk, trans, start, rows, kappa):
-    cap = stats.shape[0]
-    new = max(2 * cap, 8)
+def _grow(stats, cache, nk, trans, start, rows, kappa, lmw):
+    new = max(2 * stats.shape[0], 8)
     s2 = np.zeros((new, stats.shape[1]))
     c2 = np.zeros((new, cache.shape[1]))
-    n2 = np.zeros(new)
     t2 = np.zeros((new, new))
-    st2 = np.zeros(new)
-    r2 = np.zeros(new)
-    k2 = np.zeros(new)
+    n2, st2, r2, k2, l2 = np.zeros(new), np.zeros(new), np.zeros(new), np.zeros(new), np.zeros(new)
     copy_rows(s2, stats)
     copy_rows(c2, cache)
-    copy_vector(n2, nk)
     copy_rows(t2, trans)
-    copy_vector(st2, start)
-    copy_vector(r2, rows)
-    copy_vector(k2, kappa)
-    return s2, c2, n2, t2, st2, r2, k2
+    for v2, v in ((n2, nk), (st2, start), (r2, rows), (k2, kappa), (l2, lmw)):
+        copy_vector(v2, v)
+    return s2, c2, n2, t2, st2, r2, k2, l2
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _link(a, k, trans, start, rows, w):
     """Add (w = 1) or remove (w = -1) the transition a -> k; a = -1 is the start of a sequence."""
     if a < 0:
@@ -84,6 +88,17 @@ def _link(a, k, trans, start, rows, w):
     else:
         trans[a, k] += w
         rows[a] += w
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _move(x, k, a, c, stats, cache, nk, trans, start, rows, spec, prior, w):
+    """Add (w = 1) or remove (w = -1) record x, between neighbours a and c (-1: none), to or
+    from state k."""
+    product.update(x, stats[k], cache[k], spec, prior, w)
+    nk[k] += w
+    _link(a, k, trans, start, rows, w)
+    if c >= 0:
+        _link(k, c, trans, start, rows, w)
 
 
 @njit(cache=True, nogil=True)
@@ -105,10 +120,19 @@ def log_transition_gain(a, k, c, trans, start, rows, kappa, alpha):
 
 
 @njit(cache=True, nogil=True)
-def sweep(
-    X,
-    starts,
-    z,
+def b_new_of(gamma):
+    """The share of kappa_{K+1} a state opened by a MAP sweep takes: 1 / M0 minimises its cost
+    b (1 - b)^(M0 - 1); 1/2 for M0 <= 1."""
+    return 1.0 / gamma if gamma > 1.0 else 0.5
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _costs(
+    costs,
+    x,
+    a,
+    c,
+    k_alone,
     stats,
     cache,
     nk,
@@ -117,98 +141,133 @@ def sweep(
     rows,
     kappa,
     ku,
+    lmw,
+    scratch,
+    empty_s,
+    empty_c,
     n_slots,
     spec,
     prior,
-    empty_c,
     alpha,
     gamma,
-    b_new,
+    log_ag,
     gibbs,
-    state,
-    n_fixed,
-    temper=1.0,
+    w,
+):
+    """q_{t,k} (``sweep``) of x for every slot k < n_slots and, last, for a new state, into
+    ``costs``; +inf for a free slot except ``k_alone``, the state x was alone in (the MAP sweep
+    may restore it), and for a new state in its place."""
+    if w != 1.0:
+        lp0 = tempered_log_predictive(x, empty_s, 0.0, scratch, spec, prior, w)
+    else:
+        lp0 = product.log_predictive(x, empty_s, empty_c, spec, prior)
+    for k in range(n_slots):
+        if nk[k] > 0.0:
+            if w != 1.0:
+                lp = tempered_log_predictive(x, stats[k], lmw[k], scratch, spec, prior, w)
+            else:
+                lp = product.log_predictive(x, stats[k], cache[k], spec, prior)
+            costs[k] = -lp - log_transition_gain(a, k, c, trans, start, rows, kappa, alpha)
+        elif k == k_alone:
+            # stay alone: restoring the state's weight kappa_k (top-level measure)
+            g = log_transition_gain(a, k, c, trans, start, rows, kappa, alpha) + math.log(gamma)
+            if gamma != 1.0:
+                g += (gamma - 1.0) * (math.log(ku[0]) - math.log(ku[0] + kappa[k]))
+            costs[k] = -lp0 - g
+        else:
+            costs[k] = np.inf
+    costs[n_slots] = -lp0 - (math.log(kappa[c]) if c >= 0 else 0.0)
+    if gibbs:
+        costs[n_slots] -= math.log(alpha) + math.log(ku[0])
+    elif k_alone >= 0:
+        # a new state in place of the one being emptied differs from staying only in its share
+        # of kappa_u: the kappa step decides that
+        costs[n_slots] = np.inf
+    else:
+        costs[n_slots] -= log_ag + math.log(ku[0])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _free_slot(nk, n_fixed, n_slots, k_alone):
+    """The first free slot from ``n_fixed`` on but ``k_alone``; -1: none."""
+    for k in range(n_fixed, n_slots):
+        if nk[k] == 0.0 and k != k_alone:
+            return k
+    return -1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _choose(costs, k0, n_slots, gibbs, state):
+    """The slot of x (n_slots: a new state): a draw from exp(-costs) or the argmin, ties kept
+    with the current state (then the new one, then the lowest slot)."""
+    if gibbs:
+        for k in range(n_slots + 1):
+            costs[k] = -costs[k]
+        return sample_log_weights(state, costs, n_slots + 1)
+    best = k0 if k0 >= 0 else n_slots
+    if best == n_slots and costs[n_slots] == np.inf:
+        best = 0
+    for k in range(n_slots + 1):
+        if costs[k] < costs[best]:
+            best = k
+    return best
+
+
+@njit(cache=True, nogil=True)
+def sweep(
+    X, starts, z, slots, ku, n_slots, spec, prior, empty_c, alpha, gamma, gibbs, state, n_fixed, w
 ):
     """One sweep over every time step of every sequence: the argmin of eq. 6.7 (MAP-iHMM,
-    seed 000 Section 6.2) or, with ``gibbs``, a draw from eq. 6.3 (the Gibbs sampler of 6.1).
-
-    q_{t,k} = -log p(x_t | X_{k,-t}) (eq. 6.4) - log p(z_t = k | z_-t, kappa) (eq. 6.5). For the
-    MAP sweep every q_{t,k} is the exact change of ``objective`` when x_t joins state k, so a
-    sweep never raises it: a new state K+1 takes kappa_{K+1} = b_new kappa_u from the
-    unrepresented mass, so with the prior's change q_{t,K+1} = -log p(x_t)
-    - log(N0 b_new kappa_u kappa_{z_{t+1}}) - log M0 - (M0 - 1) log(1 - b_new); a record alone in
-    its state may stay or join another one (the state then disappears and kappa_u takes its
-    weight back). The Gibbs sweep is Teh et al.'s direct-assignment step: the record is removed
-    (its state dropped if it empties), q_{t,K+1} = -log p(x_t) - log(N0 kappa_u kappa_{z_{t+1}})
-    (eq. 6.5, last case) and a new state splits kappa_u by b ~ Beta(1, M0).
-
-    Records with z = -1 are in no state (the first, sequential sweep): their successor's
-    transition is not counted until they are assigned.
+    seed 000 Section 6.2) or, with ``gibbs``, a draw from eq. 6.3 (the Gibbs sampler of 6.1);
+    the costs q_{t,k} are the module docstring's. Records with z = -1 are in no state (the
+    first, sequential sweep): their successor's transition is not counted until they are
+    assigned.
 
     Parameters
     ----------
     X : ndarray of shape (N, D)
-        Records of all sequences, one after the other.
-    starts : ndarray of shape (n_seq + 1,), int64
-        Sequence offsets.
+        Records of all sequences, one after the other; ``starts`` (n_seq + 1,) the offsets.
     z : ndarray of shape (N,), int64
         State slot of each record, -1 if none; updated in place.
-    stats, cache, nk, trans, start, rows, kappa : slot arrays (module docstring)
-    ku : ndarray of shape (1,)
-        kappa_{K+1}, updated in place.
-    n_slots : int
-    spec, prior : the product observation model (``kernels.obs.product``)
-    empty_c : ndarray of shape (C,)
-        Cache of empty statistics (the prior predictive).
+    slots : tuple
+        (stats, cache, nk, trans, start, rows, kappa), the slot arrays (module docstring), and
+        ``ku`` (1,), kappa_{K+1}, updated in place; ``n_slots`` of them in use.
+    spec, prior, empty_c : the product observation model and the cache of empty statistics
     alpha, gamma : float
         N0 (local, transition concentration) and M0 (global, top-level concentration).
-    b_new : float
-        Share of kappa_u a new state takes in the MAP sweep, in (0, 1]; 1 / M0 minimises
-        q_{t,K+1}.
-    gibbs : bool
-    state : ndarray of shape (1,), uint64
-        RNG state (``kernels.rng``), used by the Gibbs sweep only.
+    gibbs : bool, and ``state`` (1,) uint64, the RNG state of its draws (``kernels.rng``)
     n_fixed : int
         Slots below it are never reused for a new state even when empty (a chunk's copy of
-        the global states keeps their numbers); new states go to free slots from there on.
-    temper : float in (0, 1], default=1.0
-        w: each record's emission counts w (``tempered_log_predictive``); the statistics stay
-        unweighted. 1 is eq. 6.4's predictive, through the caches.
+        the global states keeps their numbers).
+    w : float in (0, 1]
+        Each record's emission counts w (``tempered_log_predictive``); 1 is eq. 6.4's
+        predictive, through the caches.
 
     Returns
     -------
     stats, cache, nk, trans, start, rows, kappa : ndarrays, reallocated when slots ran out
-    n_slots : int
-    n_changed : int
-        Records whose state changed.
+    n_slots, n_changed : int
+        Slots in use, and records whose state changed.
     """
+    stats, cache, nk, trans, start, rows, kappa = slots
     costs = np.empty(stats.shape[0] + 2)
     empty_s = np.zeros(stats.shape[1])
-    tempered = temper != 1.0
     scratch = np.empty(stats.shape[1])
     # log p(w S_k) of every slot, kept up to date as records move (tempered sweeps only)
     lmw = np.zeros(stats.shape[0])
-    if tempered:
-        for k in range(n_slots):
-            lmw[k] = tempered_log_marginal(stats[k], scratch, spec, prior, temper)
+    for k in range(n_slots if w != 1.0 else 0):
+        lmw[k] = tempered_log_marginal(stats[k], scratch, spec, prior, w)
+    b_new = b_new_of(gamma)
     log_ag = math.log(alpha * b_new) + math.log(gamma) + (gamma - 1.0) * math.log1p(-b_new)
     n_changed = 0
-    n_seq = starts.shape[0] - 1
-    for s in range(n_seq):
-        t0 = starts[s]
-        t1 = starts[s + 1]
-        for t in range(t0, t1):
-            x = X[t]
-            k0 = z[t]
-            a = z[t - 1] if t > t0 else -1
-            c = z[t + 1] if t + 1 < t1 else -1
+    for s in range(starts.shape[0] - 1):
+        for t in range(starts[s], starts[s + 1]):
+            x, k0 = X[t], z[t]
+            a = z[t - 1] if t > starts[s] else -1
+            c = z[t + 1] if t + 1 < starts[s + 1] else -1
             alone = False
             if k0 >= 0:
-                product.update(x, stats[k0], cache[k0], spec, prior, -1.0)
-                nk[k0] -= 1.0
-                _link(a, k0, trans, start, rows, -1.0)
-                if c >= 0:
-                    _link(k0, c, trans, start, rows, -1.0)
+                _move(x, k0, a, c, stats, cache, nk, trans, start, rows, spec, prior, -1.0)
                 if nk[k0] == 0.0:
                     stats[k0, :] = 0.0
                     copy_vector(cache[k0], empty_c)
@@ -216,90 +275,38 @@ def sweep(
                     if gibbs:
                         ku[0] += kappa[k0]
                         kappa[k0] = 0.0
-                if tempered:
-                    lmw[k0] = tempered_log_marginal(stats[k0], scratch, spec, prior, temper)
+                if w != 1.0:
+                    lmw[k0] = tempered_log_marginal(stats[k0], scratch, spec, prior, w)
             if costs.shape[0] < n_slots + 2:
                 costs = np.empty(2 * n_slots + 2)
-            if tempered:
-                lp0 = tempered_log_predictive(x, empty_s, 0.0, scratch, spec, prior, temper)
-            else:
-                lp0 = product.log_predictive(x, empty_s, empty_c, spec, prior)
-            for k in range(n_slots):
-                if nk[k] > 0.0:
-                    if tempered:
-                        lp = tempered_log_predictive(
-                            x, stats[k], lmw[k], scratch, spec, prior, temper
-                        )
-                    else:
-                        lp = product.log_predictive(x, stats[k], cache[k], spec, prior)
-                    costs[k] = -lp - log_transition_gain(a, k, c, trans, start, rows, kappa, alpha)
-                elif k == k0 and alone and not gibbs:
-                    # stay alone: restoring the state's weight kappa_k0 (top-level measure)
-                    g = log_transition_gain(a, k, c, trans, start, rows, kappa, alpha)
-                    g += math.log(gamma)
-                    if gamma != 1.0:
-                        g += (gamma - 1.0) * (math.log(ku[0]) - math.log(ku[0] + kappa[k0]))
-                    costs[k] = -lp0 - g
-                else:
-                    costs[k] = np.inf
-            new_cost = -lp0
-            if c >= 0:
-                new_cost -= math.log(kappa[c])
-            if gibbs:
-                new_cost -= math.log(alpha) + math.log(ku[0])
-            elif alone:
-                # a new state in place of the one being emptied differs from staying only in
-                # its share of kappa_u: the kappa step decides that
-                new_cost = np.inf
-            else:
-                new_cost -= log_ag + math.log(ku[0])
-            costs[n_slots] = new_cost
-            if gibbs:
-                for k in range(n_slots + 1):
-                    costs[k] = -costs[k]
-                best = sample_log_weights(state, costs, n_slots + 1)
-            else:
-                best = k0 if k0 >= 0 else n_slots
-                if best == n_slots and costs[n_slots] == np.inf:
-                    best = 0
-                for k in range(n_slots + 1):
-                    if costs[k] < costs[best]:
-                        best = k
+            k_alone = k0 if alone and not gibbs else -1
+            _costs(
+                costs, x, a, c, k_alone, stats, cache, nk, trans, start, rows, kappa, ku, lmw,
+                scratch, empty_s, empty_c, n_slots, spec, prior, alpha, gamma, log_ag, gibbs, w,
+            )  # fmt: skip
+            best = _choose(costs, k0, n_slots, gibbs, state)
             if best == n_slots:
-                free = -1
-                for k in range(n_fixed, n_slots):
-                    if nk[k] == 0.0 and not (k == k0 and alone and not gibbs):
-                        free = k
-                        break
+                free = _free_slot(nk, n_fixed, n_slots, k_alone)
                 if free < 0:
                     if n_slots == stats.shape[0]:
-                        stats, cache, nk, trans, start, rows, kappa = _grow(
-                            stats, cache, nk, trans, start, rows, kappa
+                        stats, cache, nk, trans, start, rows, kappa, lmw = _grow(
+                            stats, cache, nk, trans, start, rows, kappa, lmw
                         )
-                        lmw2 = np.zeros(stats.shape[0])
-                        copy_vector(lmw2, lmw)
-                        lmw = lmw2
                     free = n_slots
                     n_slots += 1
-                b = b_new
-                if gibbs:
-                    # b ~ Beta(1, M0) by inversion
-                    b = 1.0 - uniform(state) ** (1.0 / gamma)
+                # b ~ Beta(1, M0) by inversion for the Gibbs sweep
+                b = 1.0 - uniform(state) ** (1.0 / gamma) if gibbs else b_new
                 kappa[free] = b * ku[0]
                 ku[0] *= 1.0 - b
                 stats[free, :] = 0.0
                 copy_vector(cache[free], empty_c)
                 best = free
-            if alone and not gibbs and best != k0:
+            if k_alone >= 0 and best != k0:
                 ku[0] += kappa[k0]
                 kappa[k0] = 0.0
-            product.update(x, stats[best], cache[best], spec, prior, 1.0)
-            if tempered:
-                lmw[best] = tempered_log_marginal(stats[best], scratch, spec, prior, temper)
-            nk[best] += 1.0
-            _link(a, best, trans, start, rows, 1.0)
-            if c >= 0:
-                _link(best, c, trans, start, rows, 1.0)
+            _move(x, best, a, c, stats, cache, nk, trans, start, rows, spec, prior, 1.0)
+            if w != 1.0:
+                lmw[best] = tempered_log_marginal(stats[best], scratch, spec, prior, w)
             if best != k0:
                 n_changed += 1
             z[t] = best
@@ -503,22 +510,28 @@ def emission_matrix_tempered(X, stats, spec, prior, temper):
 @njit(cache=True, nogil=True)
 def forward_steps(log_b, starts, log_pi, log_a):
     """log p(x_t | x_1..x_{t-1}) of every step by the forward algorithm (filtering): the chain
-    rule's terms, summing to ``forward``'s log p(x_1..x_T) over each sequence.
+    rule's terms, summing to log p(x_1..x_T) over each sequence.
+
+    alpha_1(k) = pi_k b_k(x_1), alpha_t(k) = b_k(x_t) sum_j alpha_{t-1}(j) A_jk, in logs, each
+    normalised by its sum, the step's term.
 
     Parameters
     ----------
-    As ``forward``.
+    log_b : ndarray of shape (N, K)
+        Emission log densities.
+    starts : ndarray of shape (n_seq + 1,), int64
+    log_pi : ndarray of shape (K,)
+        Initial-state log probabilities.
+    log_a : ndarray of shape (K, K)
+        Transition log probabilities, rows summing to 1.
 
     Returns
     -------
     ndarray of shape (N,)
     """
     K = log_pi.shape[0]
-    N = log_b.shape[0]
-    out = np.empty(N)
-    prev = np.empty(K)
-    cur = np.empty(K)
-    tmp = np.empty(K)
+    out = np.empty(log_b.shape[0])
+    prev, cur, tmp = np.empty((3, K))
     for s in range(starts.shape[0] - 1):
         t0 = starts[s]
         t1 = starts[s + 1]
@@ -543,53 +556,12 @@ def forward_steps(log_b, starts, log_pi, log_a):
 
 
 @njit(cache=True, nogil=True)
-def forward(log_b, starts, log_pi, log_a):
-    """log p(x_1..x_T) of each sequence by the forward algorithm.
-
-    alpha_1(k) = pi_k b_k(x_1), alpha_t(k) = b_k(x_t) sum_j alpha_{t-1}(j) A_jk, in logs.
-
-    Parameters
-    ----------
-    log_b : ndarray of shape (N, K)
-        Emission log densities.
-    starts : ndarray of shape (n_seq + 1,), int64
-    log_pi : ndarray of shape (K,)
-        Initial-state log probabilities.
-    log_a : ndarray of shape (K, K)
-        Transition log probabilities, rows summing to 1.
-
-    Returns
-    -------
-    ndarray of shape (n_seq,)
-    """
-    K = log_pi.shape[0]
-    n_seq = starts.shape[0] - 1
-    out = np.empty(n_seq)
-    prev = np.empty(K)
-    cur = np.empty(K)
-    tmp = np.empty(K)
-    for s in range(n_seq):
-        t0 = starts[s]
-        t1 = starts[s + 1]
-        for k in range(K):
-            prev[k] = log_pi[k] + log_b[t0, k]
-        for t in range(t0 + 1, t1):
-            for k in range(K):
-                for j in range(K):
-                    tmp[j] = prev[j] + log_a[j, k]
-                cur[k] = logsumexp(tmp, K) + log_b[t, k]
-            copy_vector(prev, cur)
-        out[s] = logsumexp(prev, K)
-    return out
-
-
-@njit(cache=True, nogil=True)
 def viterbi(log_b, starts, log_pi, log_a):
     """The most probable state path of each sequence (Viterbi), and its log joint probability.
 
     Parameters
     ----------
-    As ``forward``.
+    As ``forward_steps``.
 
     Returns
     -------
@@ -634,17 +606,22 @@ def viterbi(log_b, starts, log_pi, log_a):
 
 
 @njit(cache=True, nogil=True)
-def table_counts_expected(trans, start, kappa, alpha):
-    """E[M_k], the expected number of tables serving state k over all rows, given the counts:
-    sum_p sum_{j < N_pk} N0 kappa_k / (N0 kappa_k + j), the mean of the Polya urn draw of
-    eq. 6.2 (Antoniak's distribution). Exact sums below 1000 customers, the digamma form
-    a (psi(a + N) - psi(a)) above.
+def table_counts(trans, start, kappa, alpha, state, urn):
+    """M_k, the number of tables serving state k over all rows (seed 000, Section 6.1; Van Gael
+    2012), given the counts: with ``urn``, drawn by the Polya urn of eq. 6.2 (the N_pk
+    transitions of row p replayed, the j-th drawn new from the global DP with probability
+    N0 kappa_k / (N0 kappa_k + j)); otherwise its expectation, sum_p sum_{j < N_pk}
+    N0 kappa_k / (N0 kappa_k + j) (Antoniak's distribution's mean), exact below 1000 customers
+    and the digamma form a (psi(a + N) - psi(a)) above.
 
     Parameters
     ----------
     trans : ndarray of shape (K, K)
     start, kappa : ndarray of shape (K,)
     alpha : float
+    state : ndarray of shape (1,), uint64
+        The RNG state of the urn's draws.
+    urn : bool
 
     Returns
     -------
@@ -658,41 +635,17 @@ def table_counts_expected(trans, start, kappa, alpha):
             if n <= 0.0:
                 continue
             a = alpha * kappa[k]
-            if n < 1000.0:
+            if urn:
+                for j in range(int(n)):
+                    if uniform(state) * (a + j) < a:
+                        M[k] += 1.0
+            elif n < 1000.0:
                 acc = 0.0
                 for j in range(int(n)):
                     acc += a / (a + j)
                 M[k] += acc
             else:
                 M[k] += a * (digamma(a + n) - digamma(a))
-    return M
-
-
-@njit(cache=True, nogil=True)
-def table_counts_urn(trans, start, kappa, alpha, state):
-    """M_k drawn by the Polya urn of eq. 6.2: for each row p and state k the N_pk transitions are
-    replayed, the j-th one drawn new from the global DP with probability
-    N0 kappa_k / (N0 kappa_k + j) (seed 000, Section 6.1; Van Gael 2012).
-
-    Parameters
-    ----------
-    As ``table_counts_expected``, plus ``state`` (uint64 (1,)), the RNG state.
-
-    Returns
-    -------
-    ndarray of shape (K,)
-    """
-    K = kappa.shape[0]
-    M = np.zeros(K)
-    for p in range(-1, K):
-        for k in range(K):
-            n = start[k] if p < 0 else trans[p, k]
-            if n <= 0.0:
-                continue
-            a = alpha * kappa[k]
-            for j in range(int(n)):
-                if uniform(state) * (a + j) < a:
-                    M[k] += 1.0
     return M
 
 

@@ -227,3 +227,21 @@ def check_scale(scale: float) -> float:
             f"expected to carry), got {scale!r}"
         )
     return s
+
+
+# the infinite HMM
+#: MAP-iHMM's N0 (``alpha``) of the estimators; the engine takes the run's ``alpha``
+IHMM_ALPHA = 1.0
+#: the empirical-Bayes prior scale of the iHMM's emissions (``GaussianNW.empirical_bayes``: the
+#: share of the data's variance one state is expected to carry) of ``MAPiHMM``, ``IHMMGibbs`` and
+#: the ``ihmm`` engine, below the mixtures' default 0.3: their figures (Table 4, NMI >= 0.90 with 5
+#: states, ``bench_ihmm``; the engine's recovery of the states of a simulated HMM, which failed
+#: under 0.3) were measured with 0.1
+IHMM_PRIOR_SCALE = 0.1
+#: one MAP-iHMM run (``MAPiHMM`` and the engine's sample start): most iterations, the relative
+#: fall of E below which an iteration stalls, the table counts of the kappa step
+IHMM_MAX_ITER = 100
+IHMM_TOL = 1e-6
+IHMM_M_COUNTS = "expectation"
+#: the emission weight w: "auto" measures the records' autocorrelation within their states
+IHMM_TEMPER = "auto"

@@ -23,19 +23,17 @@ The write-out labels every sequence (trained on or held out) by Viterbi under th
 model and gives every row its forward-filtering term log p(x_t | x_1..x_{t-1}), so that a
 sequence's rows sum to its held-out log likelihood (the chain rule).
 
-Tempered emissions (``MAPiHMM``'s ``temper``, option ``temper`` of the run context, "auto" by
-default): the sample start measures the residual lag-1 autocorrelation rho of the records within
-its untempered states and, where significant, refits with each record's emission counting
-w = (1 - rho) / (1 + rho) (``pipeline.models.ihmm.temper_of``, the estimator's code). The state
-carries w: every pass sweeps, reduces and merges on the tempered objective, pass 1 takes the
-Viterbi paths under the sample's states (``viterbi_chunk``), and the write-out decodes with w as
-``MAPiHMM.predict`` does; the log densities stay untempered, as ``MAPiHMM.score_samples``. The
-sequential start has no states to measure rho on and stays untempered under "auto".
+Tempered emissions (option ``temper`` of the run context, ``MAPiHMM``'s): the sample start
+chooses the emission weight w as ``MAPiHMM`` does (``pipeline.models.ihmm_map.fit_map_ihmm``).
+The state carries w: every pass sweeps, reduces and merges on the tempered objective, pass 1
+takes the Viterbi paths under the sample's states (``viterbi_chunk``), and the write-out decodes
+with w as ``MAPiHMM.predict`` does; the log densities stay untempered, as
+``MAPiHMM.score_samples``. The sequential start has no states to measure w on: under "auto" it
+stays untempered.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -45,27 +43,25 @@ import numpy as np
 
 from kernels import bayes_kmeans as kbk
 from kernels import ihmm as kihmm
+from pipeline.core import config
 from pipeline.core.persist import register
 from pipeline.data.labels import WriteResult, emit_chunk
 from pipeline.engines.base import Chunk, Engine, RecordArray, RunContext, stop_reason
-from pipeline.engines.mixture_state import IntArray, current_labels
+from pipeline.engines.mixture_state import IntArray, current_labels, plot_rate
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.models.ihmm import (
     PRIOR_SCALE,
     HmmState,
-    b_new_of,
     check_temper,
     decode,
     empty_state,
     kappa_step,
+    log_emissions,
+    log_likelihood,
     starts_of,
-    sweep_slots,
     sweep_state,
-    temper_of,
 )
-from pipeline.models.ihmm_map import greedy_merges
-
-DEFAULT_GAMMA = 2.0
+from pipeline.models.ihmm_map import fit_map_ihmm, greedy_merges
 
 
 @register
@@ -109,33 +105,28 @@ class IhmmPassState:
     def hmm(self) -> HmmState:
         return HmmState(self.stats, self.trans, self.start, self.kappa, self.ku)
 
+    @classmethod
+    def of(cls, st: HmmState, pass_no: int, alpha: float, gamma: float, **kw: Any) -> IhmmPassState:
+        """The pass state of the states ``st``; ``kw``: the other fields (``remap``,
+        ``k_written`` and ``offsets`` default to those of labels no pass wrote)."""
+        kw.setdefault("remap", np.zeros(0, dtype=np.int64))
+        kw.setdefault("k_written", 0)
+        kw.setdefault("offsets", np.zeros(0, dtype=np.int64))
+        return cls(pass_no, st.stats, st.trans, st.start, st.kappa, st.ku, alpha, gamma, **kw)
+
 
 @dataclass
 class IhmmInput:
-    """What every chunk task of a pass (or of the write-out) receives."""
+    """What every chunk task of a pass (or of the write-out) receives: the driver's state."""
 
     p: int
-    stats: FloatArray
-    trans: FloatArray
-    start: FloatArray
-    kappa: FloatArray
-    ku: float
-    alpha: float
-    gamma: float
-    remap: IntArray
-    k_written: int
-    offsets: IntArray
+    state: IhmmPassState
     family: ProductFamily
     plot_rate: float = 0.0
     has_y: bool = False
-    temper: float = 1.0
     # pass 1 of a tempered sample start: the records take the Viterbi paths under the sample's
     # states instead of a sweep from no labels (``viterbi_chunk`` says why)
     viterbi: bool = False
-
-    @property
-    def hmm(self) -> HmmState:
-        return HmmState(self.stats, self.trans, self.start, self.kappa, self.ku)
 
 
 @dataclass
@@ -152,40 +143,39 @@ class IhmmChunkResult:
     seconds: float
 
 
-def chunk_sequences(chunk: Chunk) -> tuple[IntArray, IntArray]:
-    """The chunk's rows grouped by sequence (stable, so time order is kept) and the sequence
-    offsets in that order: (order (n,), starts (n_seq + 1,))."""
-    group = np.asarray(chunk.read("group"), dtype=np.int64)
+def sequences_of(group: np.ndarray) -> tuple[IntArray, IntArray]:
+    """Rows grouped by sequence id (stable, so time order is kept) and the sequence offsets in
+    that order: (order (n,), starts (n_seq + 1,))."""
     order = np.argsort(group, kind="stable").astype(np.int64)
     g = group[order]
     cuts = np.flatnonzero(np.diff(g)) + 1
-    starts = np.concatenate([[0], cuts, [g.shape[0]]]).astype(np.int64)
-    return order, starts
+    return order, np.concatenate([[0], cuts, [g.shape[0]]]).astype(np.int64)
+
+
+def chunk_sequences(chunk: Chunk) -> tuple[IntArray, IntArray]:
+    """The chunk's rows grouped by sequence (``sequences_of``)."""
+    return sequences_of(np.asarray(chunk.read("group"), dtype=np.int64))
 
 
 def _train_sequences(
     order: IntArray, starts: IntArray, hold: np.ndarray
 ) -> tuple[IntArray, IntArray]:
     """Rows (in sequence order) and offsets of the training sequences only."""
-    keep = [s for s in range(starts.shape[0] - 1) if not hold[order[starts[s]]]]
-    lengths = np.array([starts[s + 1] - starts[s] for s in keep], dtype=np.int64)
-    rows = (
-        np.concatenate([order[starts[s] : starts[s + 1]] for s in keep])
-        if keep
-        else np.zeros(0, dtype=np.int64)
-    )
+    # held-out flags are drawn per sequence: its first row's is the sequence's
+    train = hold[order[starts[:-1]]] == 0
+    lengths = np.diff(starts)[train]
+    rows = order[np.repeat(train, np.diff(starts))]
     return rows.astype(np.int64), starts_of(lengths, int(lengths.sum()))
 
 
-def objective_of(
-    st: HmmState, family: ProductFamily, alpha: float, gamma: float, temper: float = 1.0
-) -> float:
-    return st.objective(family, alpha, gamma, temper) if st.n_states else 0.0
+def objective_of(st: HmmState, family: ProductFamily, state: IhmmPassState) -> float:
+    """E of ``st`` under the run's N0, M0 and emission weight (0 with no state)."""
+    return st.objective(family, state.alpha, state.gamma, state.temper) if st.n_states else 0.0
 
 
 class IhmmEngine(Engine):
     name: ClassVar[str] = "ihmm"
-    # as the in-memory estimators' (``pipeline.models.ihmm.PRIOR_SCALE`` says why)
+    # as the in-memory estimators' (``pipeline.core.config.IHMM_PRIOR_SCALE`` says why)
     prior_scale: ClassVar[float | None] = PRIOR_SCALE
     record_arrays: ClassVar[tuple[RecordArray, ...]] = (RecordArray("z", "int64", -1),)
 
@@ -200,50 +190,20 @@ class IhmmEngine(Engine):
             raise ValueError("the ihmm engine takes a fixed alpha (N0), not 'learn'")
         if params.start not in ("sequential", "sample"):
             raise ValueError(f"the ihmm engine starts 'sequential', got init={params.init!r}")
-        gamma = float(ctx.options.get("gamma", DEFAULT_GAMMA))
-        temper = check_temper(ctx.options.get("temper", "auto"))
-        S = ctx.info.family.n_stats
+        alpha = float(params.alpha)  # type: ignore[arg-type]
+        gamma = float(ctx.options.get("gamma", config.GAMMA))
+        temper = check_temper(ctx.options.get("temper", config.IHMM_TEMPER))
         if params.start == "sample":
-            return sample_start(ctx, float(params.alpha), gamma, temper)  # type: ignore[arg-type]
-        if temper == "auto":
-            # nothing to measure rho on before pass 1: the sequential start stays untempered
-            temper = 1.0
-        return IhmmPassState(
-            pass_no=0,
-            stats=np.zeros((0, S)),
-            trans=np.zeros((0, 0)),
-            start=np.zeros(0),
-            kappa=np.zeros(0),
-            ku=1.0,
-            alpha=float(params.alpha),  # type: ignore[arg-type]
-            gamma=gamma,
-            remap=np.zeros(0, dtype=np.int64),
-            k_written=0,
-            offsets=np.zeros(0, dtype=np.int64),
-            temper=float(temper),
-        )
+            return sample_start(ctx, alpha, gamma, temper)
+        # nothing to measure rho on before pass 1: the sequential start stays untempered
+        w = 1.0 if temper == "auto" else float(temper)
+        return IhmmPassState.of(empty_state(ctx.info.family), 0, alpha, gamma, temper=w)
 
     def _input(self, state: Any, ctx: RunContext, p: int) -> IhmmInput:
-        from pipeline.engines.mixture_state import plot_rate
-
         info = ctx.info
+        viterbi = p == 1 and state.warm is not None and state.temper < 1.0
         return IhmmInput(
-            p=p,
-            stats=state.stats,
-            trans=state.trans,
-            start=state.start,
-            kappa=state.kappa,
-            ku=state.ku,
-            alpha=state.alpha,
-            gamma=state.gamma,
-            remap=state.remap,
-            k_written=state.k_written,
-            offsets=state.offsets,
-            family=info.family,
-            plot_rate=plot_rate(info),
-            has_y=info.label_column is not None,
-            temper=state.temper,
-            viterbi=p == 1 and state.warm is not None and state.temper < 1.0,
+            p, state, info.family, plot_rate(info), info.label_column is not None, viterbi
         )
 
     def pass_input(self, state: Any, ctx: RunContext, p: int, scores_into: str | None) -> Any:
@@ -251,47 +211,37 @@ class IhmmEngine(Engine):
 
     def chunk_step(self, chunk: Chunk, msg: IhmmInput) -> IhmmChunkResult:
         t0 = time.perf_counter()
-        fam = msg.family
-        X, hold = chunk.X, chunk.holdout
+        fam, state = msg.family, msg.state
         n = chunk.b - chunk.a
-        if msg.p == 1:
-            z_all = np.full(n, -1, dtype=np.int64)
-        else:
-            z_all = current_labels(chunk, msg)
+        z_all = np.full(n, -1, dtype=np.int64) if msg.p == 1 else current_labels(chunk, state)
         order, starts = chunk_sequences(chunk)
-        rows, tstarts = _train_sequences(order, starts, hold)
-        Xs = np.ascontiguousarray(X[rows])
-        z_old = z_all[rows].copy()
-        z = z_old.copy()
-        K = msg.stats.shape[0]
+        rows, tstarts = _train_sequences(order, starts, chunk.holdout)
+        Xs = np.ascontiguousarray(chunk.X[rows])
+        z_old = z_all[rows]
+        K = state.n_clusters
         if msg.viterbi:
-            z_new, n_new, n_changed = viterbi_chunk(Xs, tstarts, msg.hmm, fam, msg)
+            z_new, n_new, n_changed = viterbi_chunk(Xs, tstarts, state, fam)
         else:
-            z_new, n_new, n_changed = sweep_chunk(Xs, tstarts, z, msg.hmm, fam, msg)
+            z_new, n_new, n_changed = sweep_chunk(Xs, tstarts, z_old.copy(), state, fam)
+        every = np.arange(Xs.shape[0], dtype=np.int64)
         delta, new_stats = kbk.label_deltas(
-            Xs,
-            np.arange(Xs.shape[0], dtype=np.int64),
-            z_old,
-            z_new,
-            K,
-            n_new,
-            fam.spec,
-            fam.n_stats,
+            Xs, every, z_old, z_new, K, n_new, fam.spec, fam.n_stats
         )
         t_new, s_new, _ = kihmm.count_transitions(z_new, tstarts, K + n_new)
         t_old, s_old, _ = kihmm.count_transitions(z_old, tstarts, K + n_new)
         out = np.full(n, -1, dtype=np.int64)
         out[rows] = z_new
         chunk.write("z", out)
+        seconds = time.perf_counter() - t0
         return IhmmChunkResult(
             chunk.c,
             delta,
             new_stats,
             t_new - t_old,
             s_new - s_old,
-            int(n_changed),
-            int(rows.shape[0]),
-            time.perf_counter() - t0,
+            n_changed,
+            rows.shape[0],
+            seconds,
         )
 
     def reduce(
@@ -331,7 +281,7 @@ class IhmmEngine(Engine):
             start[idx] += r.start_delta
             m += mc
         # states opened in the chunks take shares of kappa_{K+1}, as a sweep's new state does
-        b = b_new_of(state.gamma)
+        b = kihmm.b_new_of(state.gamma)
         kappa = np.concatenate([state.kappa, np.zeros(M)])
         ku = state.ku
         for j in range(M):
@@ -341,20 +291,13 @@ class IhmmEngine(Engine):
         ku += float(kappa[~keep].sum())
         new_id = np.full(T, -1, dtype=np.int64)
         new_id[keep] = np.arange(int(keep.sum()))
-        st = HmmState(
-            np.ascontiguousarray(stats[keep]),
-            np.ascontiguousarray(trans[np.ix_(keep, keep)]),
-            np.ascontiguousarray(start[keep]),
-            np.ascontiguousarray(kappa[keep]),
-            float(ku),
-        )
-        alpha, gamma, w = state.alpha, state.gamma, state.temper
-        e = objective_of(st, fam, alpha, gamma, w)
-        cand = kappa_step(st, alpha, gamma, "expectation", np.zeros(1, np.uint64))
-        e_cand = objective_of(cand, fam, alpha, gamma, w)
+        st = HmmState(stats, trans, start, kappa, float(ku)).take(keep)
+        e = objective_of(st, fam, state)
+        cand = kappa_step(st, state.alpha, state.gamma, "expectation", np.zeros(1, np.uint64))
+        e_cand = objective_of(cand, fam, state)
         if e_cand <= e:
             st, e = cand, e_cand
-        st, e, target = greedy_merges(st, fam, alpha, gamma, e, w)
+        st, e, target = greedy_merges(st, fam, state.alpha, state.gamma, e, state.temper)
         remap = np.where(new_id >= 0, target[np.maximum(new_id, 0)], -1).astype(np.int64)
         n_changed = sum(r.n_changed for r in results)
         n_train = sum(r.n_train for r in results)
@@ -371,22 +314,18 @@ class IhmmEngine(Engine):
         }
         reason = stop_reason(state.objective, e, n_changed + merges, n_train, ctx.params)
         record["stop"] = reason
-        new = IhmmPassState(
-            pass_no=state.pass_no + 1,
-            stats=st.stats,
-            trans=st.trans,
-            start=st.start,
-            kappa=st.kappa,
-            ku=st.ku,
-            alpha=alpha,
-            gamma=gamma,
+        new = IhmmPassState.of(
+            st,
+            state.pass_no + 1,
+            state.alpha,
+            state.gamma,
             remap=remap,
             k_written=K,
             offsets=offsets,
             history=[*state.history, record],
             converged=reason is not None,
             init_record=state.init_record,
-            temper=w,
+            temper=state.temper,
             rho=state.rho,
         )
         return new, record
@@ -404,39 +343,26 @@ class IhmmEngine(Engine):
         transition matrix and emissions the run reports (the sweep's own labels, which lag the
         last reduce's merges and kappa step and keep ICM's run boundaries, stay in the record
         array ``z``: they are what the objective and the statistics count)."""
-        fam = msg.family
+        fam, state = msg.family, msg.state
         X, hold = chunk.X, chunk.holdout
         order, starts = chunk_sequences(chunk)
         Xs = np.ascontiguousarray(X[order])
-        st = msg.hmm
-        # Viterbi under the fit's tempered emissions (``decode``), as ``MAPiHMM.predict``; the
-        # forward terms under the untempered ones, a density of the records (tempered
-        # emissions do not integrate to 1), as ``MAPiHMM.score_samples``
-        log_b = kihmm.emission_matrix(
-            Xs, st.stats, fam.cache_of(st.stats), fam.spec, fam.prior, fam.empty_cache()
-        )
-        log_pi, log_a = st.log_params(msg.alpha)
+        st = state.hmm
+        # Viterbi under the fit's tempered emissions, as ``MAPiHMM.predict``; the forward terms
+        # under the untempered ones, a density of the records (tempered emissions do not
+        # integrate to 1), as ``MAPiHMM.score_samples``
+        log_b = log_emissions(Xs, st, fam)
+        log_pi, log_a = st.log_params(state.alpha)
         steps = kihmm.forward_steps(log_b, starts, log_pi, log_a)
-        if msg.temper == 1.0:
-            path, _ = kihmm.viterbi(log_b, starts, log_pi, log_a)
-        else:
-            path, _ = decode(Xs, starts, st, fam, msg.alpha, msg.temper)
-        path = np.where(path == st.n_states, -1, path)
+        if state.temper != 1.0:
+            log_b = log_emissions(Xs, st, fam, state.temper)
+        path, _ = kihmm.viterbi(log_b, starts, log_pi, log_a)
         logdens = np.empty(X.shape[0])
         logdens[order] = steps
         pred = np.empty(X.shape[0], dtype=np.int64)
-        pred[order] = path
+        pred[order] = np.where(path == st.n_states, -1, path)
         return emit_chunk(
-            chunk.data,
-            labels,
-            chunk.c,
-            chunk.a,
-            X,
-            hold,
-            pred,
-            logdens,
-            msg.plot_rate,
-            msg.has_y,
+            chunk.data, labels, chunk.c, chunk.a, X, hold, pred, logdens, msg.plot_rate, msg.has_y
         )
 
     def warm_up(self) -> None:
@@ -446,103 +372,56 @@ class IhmmEngine(Engine):
         X, family = toy_family()
         starts = starts_of(None, X.shape[0])
         z = np.full(X.shape[0], -1, dtype=np.int64)
+        rng = np.zeros(1, np.uint64)
         st, _ = sweep_state(
-            X, starts, z, empty_state(family), family, 1.0, 2.0, False, np.zeros(1, np.uint64)
+            X, starts, z, empty_state(family), family, 1.0, config.GAMMA, False, rng
         )
         kihmm.count_transitions(z, starts, st.n_states)
-        log_pi, log_a = st.log_params(1.0)
-        log_b = kihmm.emission_matrix(
-            X, st.stats, family.cache_of(st.stats), family.spec, family.prior, family.empty_cache()
-        )
-        kihmm.forward_steps(log_b, starts, log_pi, log_a)
-        kihmm.viterbi(log_b, starts, log_pi, log_a)
+        log_likelihood(X, starts, st, family, 1.0)
+        decode(X, starts, st, family, 1.0)
 
 
 def sample_start(
     ctx: RunContext, alpha: float, gamma: float, temper: str | float = 1.0
 ) -> IhmmPassState:
     """The state before pass 1 from in-memory MAP-iHMM (sweeps, kappa step, Viterbi, merge and
-    split moves: ``pipeline.models.ihmm_map.run_map_ihmm``) on the training sequences of the first
-    chunks, about ``init_sample`` rows: the moves the passes do not have find the states once.
-
-    ``temper`` is the emission weight w of the run (``MAPiHMM``'s ``temper``). "auto" does what
-    ``MAPiHMM._run`` does with one restart: an untempered run, w and rho from its states
-    (``pipeline.models.ihmm.temper_of``), and where w < 1 two tempered runs, one from a fresh
-    sequential start and one from the untempered states; the lower tempered objective wins.
-    Every pass and the write-out then use that w."""
-    import time as _time
-
-    from pipeline.core.seeds import seed_state
-    from pipeline.models.ihmm_map import run_map_ihmm
-
-    t0 = _time.perf_counter()
+    split moves) on the training sequences of the first chunks, about ``init_sample`` rows: the
+    moves the passes do not have find the states once. Restarts and tempering (``temper``, the
+    run's emission weight w or "auto") are ``MAPiHMM``'s, with one restart
+    (``pipeline.models.ihmm_map.fit_map_ihmm``); every pass and the write-out then use that w."""
+    t0 = time.perf_counter()
     info, params = ctx.info, ctx.params
-    fam = info.family
     parts: list[FloatArray] = []
     lengths: list[int] = []
     for c in range(info.n_chunks):
         a, b = info.chunk_bounds(c)
         X = np.asarray(ctx.data.array("X")[a:b], dtype=np.float64)
         hold = np.asarray(ctx.data.array("holdout")[a:b]).astype(bool)
-        group = np.asarray(ctx.data.array("group")[a:b], dtype=np.int64)
-        order = np.argsort(group, kind="stable")
-        g = group[order]
-        cuts = np.concatenate([[0], np.flatnonzero(np.diff(g)) + 1, [g.shape[0]]])
-        for s0, s1 in itertools.pairwise(cuts):
-            rows = order[s0:s1]
-            if hold[rows[0]]:
-                continue
-            parts.append(X[rows])
-            lengths.append(int(s1 - s0))
-            if sum(lengths) >= params.init_sample:
-                break
+        order, starts = sequences_of(np.asarray(ctx.data.array("group")[a:b], dtype=np.int64))
+        rows, tstarts = _train_sequences(order, starts, hold)
+        # the chunk's training sequences up to the one that brings the sample to init_sample
+        n = int(np.searchsorted(tstarts[1:], params.init_sample - sum(lengths))) + 1
+        parts.append(X[rows[: tstarts[min(n, tstarts.shape[0] - 1)]]])
+        lengths += np.diff(tstarts)[:n].tolist()
         if sum(lengths) >= params.init_sample:
             break
     Xs = np.ascontiguousarray(np.vstack(parts))
     starts = starts_of(np.asarray(lengths, dtype=np.int64), Xs.shape[0])
     seq = np.random.SeedSequence(params.seed, spawn_key=(params.restart, 0))
-    auto = temper == "auto"
-    w = 1.0 if auto else float(temper)
-    res = run_map_ihmm(
-        Xs, starts, fam, alpha, gamma, 100, 1e-6, "expectation", seed_state(seq), temper=w
-    )
-    rho = math.nan
-    if auto:
-        w, rho = temper_of(Xs, res.labels, starts, fam)
-        if w < 1.0:
-            # the seed's next children, as ``MAPiHMM``'s second round
-            runs = [
-                run_map_ihmm(
-                    Xs,
-                    starts,
-                    fam,
-                    alpha,
-                    gamma,
-                    100,
-                    1e-6,
-                    "expectation",
-                    seed_state(child),
-                    z0=z0,
-                    temper=w,
-                )
-                for child, z0 in zip(seq.spawn(2), (None, res.labels), strict=True)
-            ]
-            res = min(runs, key=lambda r: r.objective)
-    st = res.state
-    K = st.n_states
-    return IhmmPassState(
-        pass_no=0,
-        stats=st.stats,
-        trans=st.trans,
-        start=st.start,
-        kappa=st.kappa,
-        ku=st.ku,
-        alpha=alpha,
-        gamma=gamma,
+    res, _objectives, w, rho = fit_map_ihmm(Xs, starts, info.family, alpha, gamma, seq, temper)
+    K = res.state.n_states
+    rho_or_none = None if math.isnan(rho) else rho
+    return IhmmPassState.of(
+        res.state,
+        0,
+        alpha,
+        gamma,
         remap=np.arange(K, dtype=np.int64),
         k_written=K,
         offsets=np.zeros(info.n_chunks, dtype=np.int64),
-        warm=st,
+        warm=res.state,
+        temper=w,
+        rho=rho_or_none,
         init_record={
             "method": "sample",
             "rows": int(Xs.shape[0]),
@@ -550,50 +429,27 @@ def sample_start(
             "n_states": K,
             "iterations": res.n_iter,
             "temper": w,
-            "residual_autocorrelation": None if math.isnan(rho) else rho,
-            "seconds": _time.perf_counter() - t0,
+            "residual_autocorrelation": rho_or_none,
+            "seconds": time.perf_counter() - t0,
         },
-        temper=w,
-        rho=None if math.isnan(rho) else rho,
     )
 
 
 def sweep_chunk(
-    X: FloatArray,
-    starts: IntArray,
-    z: IntArray,
-    st: HmmState,
-    family: ProductFamily,
-    msg: IhmmInput,
+    X: FloatArray, starts: IntArray, z: IntArray, state: IhmmPassState, family: ProductFamily
 ) -> tuple[IntArray, int, int]:
     """One MAP sweep of a chunk's sequences against a copy of the K global states: labels with
     the states the chunk opened numbered K, K + 1, ..., their number, records moved."""
-    K = st.n_states
-    # the K global states keep their slots (n_fixed = K): the chunk's new ones follow them
-    _s, _c, nk, _t, _st, _r, _k, _ku, n_slots, n_changed = sweep_slots(
-        X,
-        starts,
-        z,
-        st,
-        family,
-        msg.alpha,
-        msg.gamma,
-        K + 8,
-        False,
-        np.zeros(1, np.uint64),
-        K,
-        msg.temper,
+    K = state.n_clusters
+    rng = np.zeros(1, np.uint64)
+    st, n_changed = sweep_state(
+        X, starts, z, state.hmm, family, state.alpha, state.gamma, False, rng, state.temper, K
     )
-    slot_map = np.arange(max(n_slots, K), dtype=np.int64)
-    new_slots = [s for s in range(K, n_slots) if nk[s] > 0]
-    for j, s in enumerate(new_slots):
-        slot_map[s] = K + j
-    z[:] = np.where(z >= K, slot_map[np.maximum(z, 0)], z)
-    return z, len(new_slots), int(n_changed)
+    return z, st.n_states - K, n_changed
 
 
 def viterbi_chunk(
-    X: FloatArray, starts: IntArray, st: HmmState, family: ProductFamily, msg: IhmmInput
+    X: FloatArray, starts: IntArray, state: IhmmPassState, family: ProductFamily
 ) -> tuple[IntArray, int, int]:
     """Pass 1 of a tempered sample start: every training sequence of the chunk labelled by its
     Viterbi path under the sample's states (``decode`` with the tempered emissions, as
@@ -605,10 +461,10 @@ def viterbi_chunk(
     the sweep puts every record in one state (``seq_beavers``: 1 state where the sample start
     found 2). The in-memory run escapes the same trap by its Viterbi moves, which the passes do
     not have; the untempered start keeps its sweep."""
-    K = st.n_states
+    K = state.n_clusters
     if X.shape[0] == 0:
         return np.zeros(0, dtype=np.int64), 0, 0
-    path, _ = decode(X, starts, st, family, msg.alpha, msg.temper)
+    path, _ = decode(X, starts, state.hmm, family, state.alpha, state.temper)
     path = np.ascontiguousarray(path, dtype=np.int64)
     return path, int((path == K).any()), int(path.shape[0])
 

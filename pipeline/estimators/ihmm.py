@@ -20,7 +20,7 @@ from sklearn.utils.validation import check_is_fitted
 from pipeline.core import config
 from pipeline.core.config import check_scale
 from pipeline.core.errors import InputError
-from pipeline.core.seeds import as_seed_sequence, seed_state
+from pipeline.core.seeds import as_seed_sequence
 from pipeline.estimators.base import MixtureEstimator
 from pipeline.families import FloatArray
 from pipeline.models.ihmm import (
@@ -33,9 +33,11 @@ from pipeline.models.ihmm import (
     log_likelihood,
     run_gibbs,
     starts_of,
-    temper_of,
 )
-from pipeline.models.ihmm_map import IhmmResult, run_map_ihmm
+from pipeline.models.ihmm_map import fit_map_ihmm
+
+#: a column of the DataFrame form (sequence ids, time stamps), or None
+Name = str | None
 
 
 def sequence_order(
@@ -142,6 +144,13 @@ class _SequenceEstimator(MixtureEstimator):
         "residual_autocorrelation_",
     )
 
+    def _set_model_params(
+        self, alpha: float, gamma: float, family: Any, prior_scale: Any, random_state: Any
+    ) -> None:
+        """The parameters both estimators take (scikit-learn's: stored as given)."""
+        params = {"alpha": alpha, "gamma": gamma, "family": family, "prior_scale": prior_scale}
+        self.__dict__.update(params, random_state=random_state)
+
     def _sequences(
         self,
         X: Any,
@@ -164,11 +173,7 @@ class _SequenceEstimator(MixtureEstimator):
         return X, None, starts_of(checked, n)
 
     def fit(  # type: ignore[override]
-        self,
-        X: Any,
-        lengths: Any = None,
-        sequence_column: str | None = None,
-        time_column: str | None = None,
+        self, X: Any, lengths: Any = None, sequence_column: Name = None, time_column: Name = None
     ) -> Self:
         """Fit to the sequences of X (``_run``: MAP-iHMM's restarts, or the Gibbs sampler).
 
@@ -238,17 +243,13 @@ class _SequenceEstimator(MixtureEstimator):
         self.kappa_ = np.append(st.kappa, st.ku)
         self.transition_counts_ = st.trans
         self.start_counts_ = st.start
-        a = self.alpha_
-        A = st.trans + a * st.kappa[None, :]
-        self.transmat_ = A / A.sum(axis=1, keepdims=True)
-        pi = st.start + a * st.kappa
-        self.startprob_ = pi / pi.sum()
+        self.startprob_, self.transmat_ = st.transitions(self.alpha_)
         self._cache = self.family_.cache_of(st.stats)
         self._empty_cache = self.family_.empty_cache()
 
     # -- prediction: per sequence --------------------------------------------------------------
     def _encode_sequences(
-        self, X: Any, lengths: Any, sequence_column: str | None, time_column: str | None
+        self, X: Any, lengths: Any, sequence_column: Name, time_column: Name
     ) -> tuple[FloatArray, IntArray | None, IntArray]:
         # state_, not labels_: a loaded model has no training labels (``pipeline.estimators.model``)
         check_is_fitted(self, "state_")
@@ -256,11 +257,7 @@ class _SequenceEstimator(MixtureEstimator):
         return self._encode_predict(feats), order, starts
 
     def predict(  # type: ignore[override]
-        self,
-        X: Any,
-        lengths: Any = None,
-        sequence_column: str | None = None,
-        time_column: str | None = None,
+        self, X: Any, lengths: Any = None, sequence_column: Name = None, time_column: Name = None
     ) -> IntArray:
         """Most probable state of every time step of new sequences (Viterbi under the MAP
         transition matrix and the posterior-predictive emissions, eq. 6.4); -1 where an
@@ -290,11 +287,7 @@ class _SequenceEstimator(MixtureEstimator):
         return path
 
     def score_samples(  # type: ignore[override]
-        self,
-        X: Any,
-        lengths: Any = None,
-        sequence_column: str | None = None,
-        time_column: str | None = None,
+        self, X: Any, lengths: Any = None, sequence_column: Name = None, time_column: Name = None
     ) -> FloatArray:
         """Held-out log likelihood log p(x_1..x_T) of each sequence by the forward algorithm
         under the MAP model (transition matrix (N_pk + N0 kappa_k) / (N_p. + N0) with the
@@ -309,11 +302,7 @@ class _SequenceEstimator(MixtureEstimator):
         return log_likelihood(Xa, starts, self.state_, self.family_, self.alpha_)
 
     def score(  # type: ignore[override]
-        self,
-        X: Any,
-        lengths: Any = None,
-        sequence_column: str | None = None,
-        time_column: str | None = None,
+        self, X: Any, lengths: Any = None, sequence_column: Name = None, time_column: Name = None
     ) -> float:
         """Total log likelihood of the sequences of X (hmmlearn's ``score``)."""
         return float(np.sum(self.score_samples(X, lengths, sequence_column, time_column)))
@@ -345,7 +334,7 @@ class MAPiHMM(_SequenceEstimator):
     ----------
     alpha : float, default=1.0
         N0, the concentration of each row of the transition matrix around kappa.
-    gamma : float, default=2.0
+    gamma : float, default=2.0 (``pipeline.core.config.GAMMA``)
         M0, the top-level concentration. New states open in the sweeps only for M0 > 1 (the
         mode of eq. 6.6 leaves no unrepresented mass otherwise); splits still can.
     family : "auto", str, dict, Family or ProductFamily, default="auto"
@@ -354,8 +343,8 @@ class MAPiHMM(_SequenceEstimator):
         The share of the data's variance one state is expected to carry under the
         empirical-Bayes prior of the Gaussian columns (``family="auto"`` or a kind name; ignored
         when ``family`` is a ``Family`` / ``ProductFamily``); None keeps each family's default
-        (0.3). 0.1 (``pipeline.models.ihmm.PRIOR_SCALE``, the ``ihmm`` engine's too) is the scale
-        the defaults were measured with.
+        (0.3). 0.1 (``pipeline.core.config.IHMM_PRIOR_SCALE``, the ``ihmm`` engine's too) is the
+        scale the defaults were measured with.
     n_restarts : int, default=1
         Runs; the first starts with a sequential sweep, the others from random piecewise-
         constant labellings. The lowest objective wins.
@@ -376,17 +365,10 @@ class MAPiHMM(_SequenceEstimator):
         state as independent; a real sequence (a body temperature, a flow) drifts within its
         states, its neighbouring records repeat each other's information, and the untempered
         objective buys that drift with extra states (``seq_beavers``: 7 states for 2, NMI 0.41).
-        "auto": a first run with w = 1; if the lag-1 autocorrelation rho of the records around
-        their state's mean (``pipeline.models.ihmm.residual_autocorrelation``) exceeds two
-        standard errors of a white sequence's, 2 / sqrt(pairs) (Bartlett), the fit is run again
-        with w = (1 - rho) / (1 + rho), the share of the records an AR(1) sequence's effective
-        sample size counts (``pipeline.models.ihmm.ess_share``), from the first run's states
-        and from the restarts' starts; the lowest tempered objective wins. rho is measured
-        once, on the first run's states: those are the finest the independent emissions
-        support, and measuring again on the coarser tempered states would count the states'
-        own persistence as autocorrelation. Sequences with independent emissions given the
-        state (the Table 4 protocol, ``bench_ihmm``) keep w = 1 and the first run. A number:
-        that w, one run.
+        "auto": w measured from the residual autocorrelation of a first, untempered fit's states
+        (``pipeline.models.ihmm_map.fit_map_ihmm``); sequences with independent emissions given
+        the state (the Table 4 protocol, ``bench_ihmm``) keep w = 1 and the first run. A number:
+        that w, one round of runs.
     random_state : int, SeedSequence, Generator or None
     verbose : int, default=0
 
@@ -421,30 +403,26 @@ class MAPiHMM(_SequenceEstimator):
 
     def __init__(
         self,
-        alpha: float = 1.0,
-        gamma: float = 2.0,
+        alpha: float = config.IHMM_ALPHA,
+        gamma: float = config.GAMMA,
         family: Any = "auto",
         prior_scale: float | None = PRIOR_SCALE,
         n_restarts: int = 1,
-        max_iter: int = 100,
-        tol: float = 1e-6,
-        m_counts: str = "expectation",
+        max_iter: int = config.IHMM_MAX_ITER,
+        tol: float = config.IHMM_TOL,
+        m_counts: str = config.IHMM_M_COUNTS,
         moves: bool = True,
-        temper: Any = "auto",
+        temper: Any = config.IHMM_TEMPER,
         random_state: Any = None,
         verbose: int = 0,
     ):
-        self.alpha = alpha
-        self.gamma = gamma
-        self.family = family
-        self.prior_scale = prior_scale
+        self._set_model_params(alpha, gamma, family, prior_scale, random_state)
         self.n_restarts = n_restarts
         self.max_iter = max_iter
         self.tol = tol
         self.m_counts = m_counts
         self.moves = moves
         self.temper = temper
-        self.random_state = random_state
         self.verbose = verbose
 
     def _check_run(self) -> None:
@@ -457,20 +435,22 @@ class MAPiHMM(_SequenceEstimator):
     def _run(
         self, Xa: FloatArray, starts: IntArray, alpha: float, gamma: float
     ) -> tuple[IntArray, HmmState]:
-        """``n_restarts`` runs of ``run_map_ihmm``; the lowest objective wins. With
-        ``temper="auto"``, again with the tempered emissions where the first runs' states leave
-        the records autocorrelated (the class docstring)."""
-        seq = as_seed_sequence(self.random_state)
-        auto = isinstance(self.temper, str)
-        w = 1.0 if auto else float(self.temper)
-        # the first runs take the seed's first children, as without tempering; a second round
-        # spawns the next ones
-        best, objectives = self._runs(Xa, starts, alpha, gamma, seq, w, None)
-        rho = math.nan
-        if auto:
-            w, rho = temper_of(Xa, best.labels, starts, self.family_)
-            if w < 1.0:
-                best, objectives = self._runs(Xa, starts, alpha, gamma, seq, w, best.labels)
+        """The restarts and tempering of ``pipeline.models.ihmm_map.fit_map_ihmm``."""
+        best, objectives, w, rho = fit_map_ihmm(
+            Xa,
+            starts,
+            self.family_,
+            alpha,
+            gamma,
+            as_seed_sequence(self.random_state),
+            check_temper(self.temper),
+            int(self.n_restarts),
+            int(self.max_iter),
+            float(self.tol),
+            self.m_counts,
+            bool(self.moves),
+            bool(self.verbose),
+        )
         if not best.converged:
             warnings.warn(
                 f"MAP-iHMM did not converge in max_iter={self.max_iter} iterations",
@@ -485,71 +465,6 @@ class MAPiHMM(_SequenceEstimator):
         self.temper_ = w
         self.residual_autocorrelation_ = rho
         return best.labels, best.state
-
-    def _runs(
-        self,
-        Xa: FloatArray,
-        starts: IntArray,
-        alpha: float,
-        gamma: float,
-        seq: np.random.SeedSequence,
-        temper: float,
-        z_from: IntArray | None,
-    ) -> tuple[IhmmResult, list[float]]:
-        """``n_restarts`` runs with emission weight ``temper`` (the first from a sequential
-        sweep, the others from random segments), and one more from the labels ``z_from`` when
-        given; the run of lowest objective and every run's objective."""
-        n = int(self.n_restarts)
-        best: IhmmResult | None = None
-        objectives = []
-        for r, child in enumerate(seq.spawn(n + (z_from is not None))):
-            if r == n:
-                z0 = z_from
-            else:
-                z0 = None if r == 0 else random_segments(starts, np.random.default_rng(child))
-            cb = None
-            if self.verbose:
-
-                def cb(it: int, e: float, k: int, r: int = r) -> None:
-                    print(
-                        f"restart {r} (temper {temper:.3g}) iteration {it}: objective {e:.6g}, "
-                        f"{k} states"
-                    )
-
-            res = run_map_ihmm(
-                Xa,
-                starts,
-                self.family_,
-                alpha,
-                gamma,
-                int(self.max_iter),
-                float(self.tol),
-                self.m_counts,
-                seed_state(child),
-                z0=z0,
-                moves=bool(self.moves),
-                callback=cb,
-                temper=temper,
-            )
-            objectives.append(res.objective)
-            if best is None or res.objective < best.objective:
-                best = res
-        assert best is not None
-        return best, objectives
-
-
-def random_segments(starts: IntArray, rng: np.random.Generator, k0: int = 10) -> IntArray:
-    """A random start for a restart: each sequence cut into stretches of geometric length
-    (mean 20) labelled uniformly among ``k0`` states, relabelled 0..K-1."""
-    N = int(starts[-1])
-    z = np.empty(N, dtype=np.int64)
-    for s in range(starts.shape[0] - 1):
-        t = int(starts[s])
-        while t < starts[s + 1]:
-            n = int(rng.geometric(1.0 / 20.0))
-            z[t : min(t + n, int(starts[s + 1]))] = rng.integers(k0)
-            t += n
-    return np.unique(z, return_inverse=True)[1].astype(np.int64)
 
 
 class IHMMGibbs(_SequenceEstimator):
@@ -579,21 +494,17 @@ class IHMMGibbs(_SequenceEstimator):
 
     def __init__(
         self,
-        alpha: float = 1.0,
-        gamma: float = 2.0,
+        alpha: float = config.IHMM_ALPHA,
+        gamma: float = config.GAMMA,
         family: Any = "auto",
         prior_scale: float | None = PRIOR_SCALE,
         n_sweeps: int = 1000,
         burn_in: int = 200,
         random_state: Any = None,
     ):
-        self.alpha = alpha
-        self.gamma = gamma
-        self.family = family
-        self.prior_scale = prior_scale
+        self._set_model_params(alpha, gamma, family, prior_scale, random_state)
         self.n_sweeps = n_sweeps
         self.burn_in = burn_in
-        self.random_state = random_state
 
     def _check_run(self) -> None:
         config.check_int(self.n_sweeps, "n_sweeps")

@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kernels import ihmm as kihmm
+from pipeline.core import config
 from pipeline.core.persist import register
 from pipeline.families import FloatArray, ProductFamily
 
@@ -27,17 +28,12 @@ IntArray = NDArray[np.int64]
 #: floor of M0 - 1 in the kappa mode (eq. 6.6): M0 <= 1 would leave no unrepresented mass,
 #: outside the objective's domain
 KAPPA_FLOOR = 1e-3
-#: the empirical-Bayes prior scale of the emissions (``GaussianNW.empirical_bayes``: the share
-#: of the data's variance one state is expected to carry) of ``MAPiHMM``, ``IHMMGibbs`` and the
-#: ``ihmm`` engine, below the mixtures' default 0.3: their defaults and figures (Table 4, NMI
-#: >= 0.90 with 5 states, ``bench_ihmm``; the engine's recovery of the states of a simulated
-#: HMM, which failed under 0.3) were measured with 0.1
-PRIOR_SCALE = 0.1
-
-
+#: the empirical-Bayes prior scale of the emissions (``pipeline.core.config.IHMM_PRIOR_SCALE``)
+PRIOR_SCALE = config.IHMM_PRIOR_SCALE
 #: the smallest emission weight ``ess_share`` returns: a numerical guard (a lag-1
 #: autocorrelation of 0.98), not a belief
 MIN_TEMPER = 0.01
+M_COUNTS = ("expectation", "urn")
 
 
 def residual_autocorrelation(
@@ -64,9 +60,12 @@ def residual_autocorrelation(
     -------
     float
     """
-    cols = [
-        c for fam, group_cols in zip_groups(family) if fam.name != "categorical" for c in group_cols
-    ]
+    cols: list[int] = []
+    end = 0
+    for fam, group_cols in family.groups:
+        if fam.name != "categorical":
+            cols += range(end, end + len(group_cols))
+        end += len(group_cols)
     if not cols or Xa.shape[0] < 2:
         return math.nan
     X = Xa[:, cols]
@@ -136,16 +135,6 @@ def check_temper(temper: Any) -> str | float:
     return w
 
 
-def zip_groups(family: ProductFamily) -> list[tuple[Any, list[int]]]:
-    """(family, positions in the arranged records) of each column group of the product."""
-    out = []
-    pos = 0
-    for fam, cols in family.groups:
-        out.append((fam, list(range(pos, pos + len(cols)))))
-        pos += len(cols)
-    return out
-
-
 def ess_share(rho: float) -> float:
     """The share of the records' evidence an autocorrelated sequence carries:
     (1 - rho) / (1 + rho), the effective sample size of an AR(1) series with lag-1
@@ -153,15 +142,6 @@ def ess_share(rho: float) -> float:
     if not rho > 0:
         return 1.0
     return max((1.0 - rho) / (1.0 + rho), MIN_TEMPER)
-
-
-def b_new_of(gamma: float) -> float:
-    """The share of kappa_{K+1} a state opened by a MAP sweep takes: 1 / M0 minimises its cost
-    b (1 - b)^(M0 - 1); 1/2 for M0 <= 1."""
-    return 1.0 / gamma if gamma > 1.0 else 0.5
-
-
-M_COUNTS = ("expectation", "urn")
 
 
 def starts_of(lengths: IntArray | None, n: int) -> IntArray:
@@ -219,6 +199,23 @@ class HmmState:
             )
         )
 
+    def take(self, keep: NDArray[Any]) -> HmmState:
+        """The states ``keep`` (indices or a mask of K) alone, kappa_{K+1} as it is."""
+        return HmmState(
+            np.ascontiguousarray(self.stats[keep]),
+            np.ascontiguousarray(self.trans[np.ix_(keep, keep)]),
+            np.ascontiguousarray(self.start[keep]),
+            np.ascontiguousarray(self.kappa[keep]),
+            float(self.ku),
+        )
+
+    def transitions(self, alpha: float) -> tuple[FloatArray, FloatArray]:
+        """The MAP start probabilities (K,) and transition matrix (K, K) of the represented
+        states: (N_pk + N0 kappa_k) normalised over them."""
+        pi = self.start + alpha * self.kappa
+        A = self.trans + alpha * self.kappa[None, :]
+        return pi / pi.sum(), A / A.sum(axis=1, keepdims=True)
+
     def log_params(self, alpha: float) -> tuple[FloatArray, FloatArray]:
         """log initial-state probabilities (K + 1,) and log transition matrix (K + 1, K + 1) of
         the MAP model: the posterior means given the counts and kappa,
@@ -262,44 +259,23 @@ def kappa_mode(M: FloatArray, gamma: float) -> tuple[FloatArray, float]:
 
 
 def kappa_step(
-    st: HmmState,
-    alpha: float,
-    gamma: float,
-    m_counts: str,
-    rng_state: NDArray[np.uint64],
+    st: HmmState, alpha: float, gamma: float, m_counts: str, rng_state: NDArray[np.uint64]
 ) -> HmmState:
     """New kappa from the table counts m_pk: their expectation or a Polya-urn draw (eq. 6.2)."""
-    if m_counts == "urn":
-        M = kihmm.table_counts_urn(st.trans, st.start, st.kappa, alpha, rng_state)
-    else:
-        M = kihmm.table_counts_expected(st.trans, st.start, st.kappa, alpha)
+    M = kihmm.table_counts(st.trans, st.start, st.kappa, alpha, rng_state, m_counts == "urn")
     kappa, ku = kappa_mode(M, gamma)
     return HmmState(st.stats, st.trans, st.start, kappa, ku)
 
 
-def compact(
-    z: IntArray,
-    stats: FloatArray,
-    nk: FloatArray,
-    trans: FloatArray,
-    start: FloatArray,
-    kappa: FloatArray,
-    ku: float,
-    n_slots: int,
-) -> HmmState:
-    """Drop the free slots; z relabelled 0..K-1 in slot order, in place."""
-    keep = np.flatnonzero(nk[:n_slots] > 0)
-    remap = np.full(max(n_slots, 1), -1, dtype=np.int64)
+def compact(z: IntArray, st: HmmState, n_fixed: int = 0) -> HmmState:
+    """The states of ``st`` (slots) without its free ones (size 0), those below ``n_fixed`` kept
+    all the same; z relabelled 0..K-1 in slot order, in place."""
+    keep = np.flatnonzero((st.nk > 0) | (np.arange(st.n_states) < n_fixed))
+    remap = np.full(max(st.n_states, 1), -1, dtype=np.int64)
     remap[keep] = np.arange(keep.shape[0])
     assigned = z >= 0
     z[assigned] = remap[z[assigned]]
-    return HmmState(
-        np.ascontiguousarray(stats[keep]),
-        np.ascontiguousarray(trans[np.ix_(keep, keep)]),
-        np.ascontiguousarray(start[keep]),
-        np.ascontiguousarray(kappa[keep]),
-        float(ku),
-    )
+    return st.take(keep)
 
 
 def sweep_state(
@@ -313,111 +289,54 @@ def sweep_state(
     gibbs: bool,
     rng_state: NDArray[np.uint64],
     temper: float = 1.0,
+    n_fixed: int = 0,
 ) -> tuple[HmmState, int]:
-    """One ``kernels.ihmm.sweep`` over the sequences from a compact state; returns the compact
-    state after it and the number of records that changed state."""
-    # room for as many new states as there are now: the kernel reallocates when they run out
-    cap = max(2 * st.n_states, 8)
-    stats, _cache, nk, trans, start, _rows, kappa, ku, n_slots, n_changed = sweep_slots(
-        Xa, starts, z, st, family, alpha, gamma, cap, gibbs, rng_state, 0, temper
-    )
-    return compact(z, stats, nk, trans, start, kappa, ku, n_slots), int(n_changed)
+    """One ``kernels.ihmm.sweep`` (the argmin of eq. 6.7, or with ``gibbs`` a draw from eq.
+    6.3) over the arranged records Xa (N, D) of the sequences ``starts`` (n_seq + 1,) from the
+    compact state ``st``, with N0 = ``alpha``, M0 = ``gamma`` and emission weight ``temper``:
+    the in-memory runs' and the ``ihmm`` engine's chunk sweep.
 
-
-def sweep_slots(
-    Xa: FloatArray,
-    starts: IntArray,
-    z: IntArray,
-    st: HmmState,
-    family: ProductFamily,
-    alpha: float,
-    gamma: float,
-    cap: int,
-    gibbs: bool,
-    rng_state: NDArray[np.uint64],
-    n_fixed: int,
-    temper: float = 1.0,
-) -> tuple[Any, ...]:
-    """``kernels.ihmm.sweep`` from the compact state ``st`` laid out in ``cap`` >= K slots, the
-    K states first (the in-memory runs' ``sweep_state`` and the ``ihmm`` engine's chunk sweep).
-
-    Parameters
-    ----------
-    Xa : ndarray of shape (N, D)
-        Arranged records of the sequences, one after the other.
-    starts : ndarray of shape (n_seq + 1,), int64
-    z : ndarray of shape (N,), int64
-        Slot of each record, -1 if none; updated in place.
-    st : HmmState
-    family : ProductFamily
-    alpha, gamma : float
-        N0 and M0.
-    cap : int
-        Slots to start with.
-    gibbs : bool
-        A draw from eq. 6.3 instead of the argmin of eq. 6.7.
-    rng_state : ndarray of shape (1,), uint64
-    n_fixed : int
-        Slots never reused for a new state (``kernels.ihmm.sweep``).
-    temper : float in (0, 1], default=1.0
-        The weight of each record's emission (``kernels.ihmm.sweep``).
-
-    Returns
-    -------
-    stats, cache, nk, trans, start, rows, kappa : ndarrays
-        The slot arrays after the sweep (reallocated when the slots ran out).
-    ku : float
-        kappa_{K+1} after the sweep.
-    n_slots, n_changed : int
-        Slots in use, and records whose state changed.
+    z (N,), each record's state (-1: none), is updated in place to the states returned. The
+    ``n_fixed`` first states keep their places even when emptied (a chunk's copy of the K
+    global states: the states it opens follow them, numbered K, K + 1, ... in slot order).
+    Returns the compact state after the sweep and the number of records that changed state.
     """
     K = st.n_states
-    stats = np.zeros((cap, family.n_stats))
-    stats[:K] = st.stats
-    cache = np.zeros((cap, family.n_cache))
+    # room for as many new states as there are now: the kernel reallocates when they run out
+    cap = max(2 * K, 8)
+    stats, cache = np.zeros((cap, family.n_stats)), np.zeros((cap, family.n_cache))
+    trans = np.zeros((cap, cap))
+    nk, start, rows, kappa = np.zeros((4, cap))
+    stats[:K], trans[:K, :K] = st.stats, st.trans
+    nk[:K], start[:K], rows[:K], kappa[:K] = st.nk, st.start, st.rows, st.kappa
     if K:
         cache[:K] = family.cache_of(st.stats)
-    nk = np.zeros(cap)
-    nk[:K] = st.nk
-    trans = np.zeros((cap, cap))
-    trans[:K, :K] = st.trans
-    start = np.zeros(cap)
-    start[:K] = st.start
-    rows = np.zeros(cap)
-    rows[:K] = st.rows
-    kappa = np.zeros(cap)
-    kappa[:K] = st.kappa
     ku = np.array([st.ku])
-    out = kihmm.sweep(
-        Xa,
-        starts,
-        z,
-        stats,
-        cache,
-        nk,
-        trans,
-        start,
-        rows,
-        kappa,
-        ku,
-        K,
-        family.spec,
-        family.prior,
-        family.empty_cache(),
-        alpha,
-        gamma,
-        b_new_of(gamma),
-        gibbs,
-        rng_state,
-        n_fixed,
-        temper,
+    slots = (stats, cache, nk, trans, start, rows, kappa)
+    fam = (family.spec, family.prior, family.empty_cache())
+    stats, _c, _n, trans, start, _r, kappa, n, n_changed = kihmm.sweep(
+        Xa, starts, z, slots, ku, K, *fam, alpha, gamma, gibbs, rng_state, n_fixed, temper
     )
-    return (*out[:7], float(ku[0]), *out[7:])
+    after = HmmState(stats[:n], trans[:n, :n], start[:n], kappa[:n], float(ku[0]))
+    return compact(z, after, n_fixed), int(n_changed)
 
 
 def empty_state(family: ProductFamily) -> HmmState:
     """No state yet: all of kappa unrepresented."""
     return HmmState(np.zeros((0, family.n_stats)), np.zeros((0, 0)), np.zeros(0), np.zeros(0), 1.0)
+
+
+def log_emissions(
+    Xa: FloatArray, st: HmmState, family: ProductFamily, temper: float = 1.0
+) -> FloatArray:
+    """log p(x_t | X_k) (N, K + 1) of every record under every state and, last, a new one: the
+    posterior-predictive emissions of eq. 6.4, tempered by ``temper`` < 1 as in the fit."""
+    if temper != 1.0:
+        return kihmm.emission_matrix_tempered(Xa, st.stats, family.spec, family.prior, temper)
+    cache = family.cache_of(st.stats)
+    return kihmm.emission_matrix(
+        Xa, st.stats, cache, family.spec, family.prior, family.empty_cache()
+    )
 
 
 def decode(
@@ -428,29 +347,20 @@ def decode(
     alpha: float,
     temper: float = 1.0,
 ) -> tuple[IntArray, FloatArray]:
-    """Viterbi paths under the MAP model (``HmmState.log_params``, posterior-predictive emissions
-    of eq. 6.4, tempered by ``temper`` < 1 as in the fit); state K is an unrepresented one.
-    Returns the paths (N,) and the best log joint of each sequence."""
-    if temper == 1.0:
-        log_b = kihmm.emission_matrix(
-            Xa, st.stats, family.cache_of(st.stats), family.spec, family.prior, family.empty_cache()
-        )
-    else:
-        log_b = kihmm.emission_matrix_tempered(Xa, st.stats, family.spec, family.prior, temper)
+    """Viterbi paths under the MAP model (``HmmState.log_params``, ``log_emissions``); state K
+    is an unrepresented one. Returns the paths (N,) and the best log joint of each sequence."""
     log_pi, log_a = st.log_params(alpha)
-    path, best = kihmm.viterbi(log_b, starts, log_pi, log_a)
-    return path, best
+    return kihmm.viterbi(log_emissions(Xa, st, family, temper), starts, log_pi, log_a)
 
 
 def log_likelihood(
     Xa: FloatArray, starts: IntArray, st: HmmState, family: ProductFamily, alpha: float
 ) -> FloatArray:
-    """log p(x_1..x_T) of each sequence under the MAP model, by the forward algorithm."""
-    log_b = kihmm.emission_matrix(
-        Xa, st.stats, family.cache_of(st.stats), family.spec, family.prior, family.empty_cache()
-    )
+    """log p(x_1..x_T) of each sequence under the MAP model, by the forward algorithm (the sum
+    of its steps' ``kernels.ihmm.forward_steps``, the chain rule)."""
     log_pi, log_a = st.log_params(alpha)
-    return np.asarray(kihmm.forward(log_b, starts, log_pi, log_a))
+    steps = kihmm.forward_steps(log_emissions(Xa, st, family), starts, log_pi, log_a)
+    return np.add.reduceat(steps, starts[:-1])
 
 
 def gibbs_step_kappa(
@@ -462,7 +372,7 @@ def gibbs_step_kappa(
 ) -> HmmState:
     """The kappa step of the Gibbs sampler: table counts m_pk by the Polya urn (eq. 6.2), then
     kappa ~ Dirichlet(M_1, ..., M_K, M0) (eq. 6.1)."""
-    M = kihmm.table_counts_urn(st.trans, st.start, st.kappa, alpha, rng_state)
+    M = kihmm.table_counts(st.trans, st.start, st.kappa, alpha, rng_state, True)
     w = rng.dirichlet(np.append(M, gamma))
     # a Dirichlet draw can underflow to 0 for a tiny parameter; keep the weights in the domain
     w = np.maximum(w, 1e-300)

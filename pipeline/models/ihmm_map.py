@@ -1,4 +1,5 @@
-"""MAP-iHMM (seed 000, Section 6.2) in memory: its moves over states and its run.
+"""MAP-iHMM (seed 000, Section 6.2) in memory: its moves over states, its run, and the restarts
+and tempering that ``MAPiHMM`` and the ``ihmm`` engine's sample start share (``fit_map_ihmm``).
 
 The MAP objective E(z, kappa) is ``kernels.ihmm.objective``. Every step of ``run_map_ihmm``
 takes a move only when E does not rise: the sweeps (eq. 6.7, each q_{t,k} the exact change of
@@ -15,81 +16,72 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from numpy.typing import NDArray
 
 from kernels import ihmm as kihmm
+from pipeline.core import config
+from pipeline.core.seeds import seed_state
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.models.ihmm import (
     HmmState,
     IntArray,
-    b_new_of,
     compact,
     decode,
     empty_state,
     kappa_step,
     state_from_labels,
     sweep_state,
+    temper_of,
 )
 
 
-def relabel(
-    Xa: FloatArray,
-    starts: IntArray,
-    path: IntArray,
-    st: HmmState,
-    family: ProductFamily,
-    gamma: float,
-) -> tuple[IntArray, HmmState]:
+@dataclass(frozen=True)
+class Problem:
+    """What every move of a run sees: the arranged records (N, D) of the sequences ``starts``
+    (n_seq + 1,) and the model, emissions ``family``, N0, M0 and the emission weight w."""
+
+    Xa: FloatArray
+    starts: IntArray
+    family: ProductFamily
+    alpha: float
+    gamma: float
+    temper: float = 1.0
+
+    def objective(self, st: HmmState) -> float:
+        return st.objective(self.family, self.alpha, self.gamma, self.temper)
+
+
+def relabel(pr: Problem, path: IntArray, st: HmmState) -> tuple[IntArray, HmmState]:
     """The compact state of Viterbi paths decoded under ``st`` (path K: one new state, taking
     its share of kappa_{K+1}); states left empty give their weight back to kappa_{K+1}."""
-    K = st.n_states
     kappa, ku = st.kappa, st.ku
-    if np.any(path == K):
-        b = b_new_of(gamma)
+    if np.any(path == st.n_states):
+        b = kihmm.b_new_of(pr.gamma)
         kappa = np.append(kappa, b * ku)
         ku = (1.0 - b) * ku
-    cand = state_from_labels(Xa, path, starts, kappa.shape[0], family, kappa, ku)
+    cand = state_from_labels(pr.Xa, path, pr.starts, kappa.shape[0], pr.family, kappa, ku)
     z_new = path.copy()
-    empty = cand.nk == 0
-    cand = compact(
-        z_new,
-        cand.stats,
-        cand.nk,
-        cand.trans,
-        cand.start,
-        cand.kappa,
-        cand.ku + float(cand.kappa[empty].sum()),
-        cand.n_states,
-    )
-    return z_new, cand
+    cand = replace(cand, ku=cand.ku + float(cand.kappa[cand.nk == 0].sum()))
+    return z_new, compact(z_new, cand)
 
 
 def viterbi_move(
-    Xa: FloatArray,
-    starts: IntArray,
-    z: IntArray,
-    st: HmmState,
-    family: ProductFamily,
-    alpha: float,
-    gamma: float,
-    e_now: float,
-    n_rounds: int = 3,
-    temper: float = 1.0,
+    pr: Problem, z: IntArray, st: HmmState, e_now: float, n_rounds: int = 3
 ) -> tuple[HmmState, float, bool]:
     """Re-segment every sequence by Viterbi under the MAP model (``decode``), ``n_rounds`` times
     (each round decodes under the parameters of the last); taken if E falls below ``e_now``."""
     cand, z_new = st, z
     for _ in range(n_rounds):
-        path, _best = decode(Xa, starts, cand, family, alpha, temper)
+        path, _best = decode(pr.Xa, pr.starts, cand, pr.family, pr.alpha, pr.temper)
         if np.array_equal(path, z_new):
             break
-        z_new, cand = relabel(Xa, starts, path, cand, family, gamma)
+        z_new, cand = relabel(pr, path, cand)
     if cand is st:
         return st, e_now, False
-    e_new = cand.objective(family, alpha, gamma, temper)
+    e_new = pr.objective(cand)
     if e_new < e_now - 1e-9 * abs(e_now):
         z[:] = z_new
         return cand, e_new, True
@@ -98,23 +90,13 @@ def viterbi_move(
 
 def merge_states(st: HmmState, a: int, b: int) -> HmmState:
     """States a and b (a < b) as one: statistics, counts and weights add; b's row dropped."""
-    keep = np.array([k for k in range(st.n_states) if k != b], dtype=np.int64)
-    stats = st.stats.copy()
+    stats, trans, start, kappa = st.stats.copy(), st.trans.copy(), st.start.copy(), st.kappa.copy()
     stats[a] += stats[b]
-    trans = st.trans.copy()
     trans[a] += trans[b]
     trans[:, a] += trans[:, b]
-    start = st.start.copy()
     start[a] += start[b]
-    kappa = st.kappa.copy()
     kappa[a] += kappa[b]
-    return HmmState(
-        np.ascontiguousarray(stats[keep]),
-        np.ascontiguousarray(trans[np.ix_(keep, keep)]),
-        np.ascontiguousarray(start[keep]),
-        np.ascontiguousarray(kappa[keep]),
-        st.ku,
-    )
+    return HmmState(stats, trans, start, kappa, st.ku).take(np.arange(st.n_states) != b)
 
 
 def greedy_merges(
@@ -132,15 +114,9 @@ def greedy_merges(
     """
     target = np.arange(st.n_states, dtype=np.int64)
     while st.n_states > 1:
+        stats = st.stats if temper == 1.0 else temper * st.stats
         deltas = kihmm.merge_deltas(
-            st.stats if temper == 1.0 else temper * st.stats,
-            st.trans,
-            st.start,
-            st.kappa,
-            family.spec,
-            family.prior,
-            alpha,
-            gamma,
+            stats, st.trans, st.start, st.kappa, family.spec, family.prior, alpha, gamma
         )
         a, b = np.unravel_index(int(np.argmin(deltas)), deltas.shape)
         if not deltas[a, b] < -1e-9 * abs(e_now):
@@ -156,17 +132,11 @@ def greedy_merges(
 
 
 def merge_round(
-    z: IntArray,
-    st: HmmState,
-    family: ProductFamily,
-    alpha: float,
-    gamma: float,
-    e_now: float,
-    temper: float = 1.0,
+    pr: Problem, z: IntArray, st: HmmState, e_now: float
 ) -> tuple[HmmState, float, bool]:
     """``greedy_merges`` with the labels z relabelled in place."""
     K = st.n_states
-    st, e_now, target = greedy_merges(st, family, alpha, gamma, e_now, temper)
+    st, e_now, target = greedy_merges(st, pr.family, pr.alpha, pr.gamma, e_now, pr.temper)
     if st.n_states == K:
         return st, e_now, False
     z[:] = target[z]
@@ -228,15 +198,7 @@ def split_labels(
 
 
 def split_round(
-    Xa: FloatArray,
-    starts: IntArray,
-    z: IntArray,
-    st: HmmState,
-    family: ProductFamily,
-    alpha: float,
-    gamma: float,
-    e_now: float,
-    temper: float = 1.0,
+    pr: Problem, z: IntArray, st: HmmState, e_now: float
 ) -> tuple[HmmState, float, bool]:
     """Try to split every state in two; each split taken if E falls.
 
@@ -244,9 +206,8 @@ def split_round(
     Viterbi under the K + 1 states (``viterbi_move``).
     """
     moved = False
-    K0 = st.n_states
-    for k in range(K0):
-        proposal = split_labels(Xa, starts, z, k)
+    for k in range(st.n_states):
+        proposal = split_labels(pr.Xa, pr.starts, z, k)
         if proposal is None:
             continue
         members, side = proposal
@@ -256,9 +217,8 @@ def split_round(
         share = float(side.sum()) / members.shape[0]
         kappa = np.append(st.kappa, st.kappa[k] * share)
         kappa[k] *= 1.0 - share
-        cand = state_from_labels(Xa, z_new, starts, K + 1, family, kappa, st.ku)
-        e = cand.objective(family, alpha, gamma, temper)
-        cand, e, _ = viterbi_move(Xa, starts, z_new, cand, family, alpha, gamma, e, temper=temper)
+        cand = state_from_labels(pr.Xa, z_new, pr.starts, K + 1, pr.family, kappa, st.ku)
+        cand, e, _ = viterbi_move(pr, z_new, cand, pr.objective(cand))
         if e < e_now - 1e-9 * abs(e_now):
             st, e_now = cand, e
             z[:] = z_new
@@ -305,55 +265,136 @@ def run_map_ihmm(
     ``kernels.ihmm.tempered_log_predictive``).
     """
     t0 = time.perf_counter()
-    N = Xa.shape[0]
+    pr = Problem(Xa, starts, family, alpha, gamma, temper)
     if z0 is None:
-        z = np.full(N, -1, dtype=np.int64)
+        z = np.full(Xa.shape[0], -1, dtype=np.int64)
         st = empty_state(family)
     else:
         z = np.asarray(z0, dtype=np.int64).copy()
         K0 = int(z.max()) + 1
-        st = state_from_labels(
-            Xa, z, starts, K0, family, np.full(K0, 1.0 / (K0 + 1)), 1.0 / (K0 + 1)
-        )
-        st = compact(z, st.stats, st.nk, st.trans, st.start, st.kappa, st.ku, K0)
+        w0 = 1.0 / (K0 + 1)
+        st = compact(z, state_from_labels(Xa, z, starts, K0, family, np.full(K0, w0), w0))
     history: list[float] = []
     e_old = math.inf
-    converged = False
+    stalled = False
     it = 0
     for it in range(1, max_iter + 1):
         st, n_changed = sweep_state(
             Xa, starts, z, st, family, alpha, gamma, False, rng_state, temper
         )
-        e_new = st.objective(family, alpha, gamma, temper)
+        e_new = pr.objective(st)
         cand = kappa_step(st, alpha, gamma, m_counts, rng_state)
-        e_cand = cand.objective(family, alpha, gamma, temper)
+        e_cand = pr.objective(cand)
         if m_counts == "urn" or e_cand <= e_new:
             st, e_new = cand, e_cand
         stalled = n_changed == 0 or e_old - e_new < tol * abs(e_new)
-        if stalled and moves:
-            st, e_new, moved = viterbi_move(
-                Xa, starts, z, st, family, alpha, gamma, e_new, temper=temper
-            )
-            if not moved:
-                st, e_new, moved = merge_round(z, st, family, alpha, gamma, e_new, temper)
-            if not moved:
-                st, e_new, moved = split_round(
-                    Xa, starts, z, st, family, alpha, gamma, e_new, temper
-                )
-            stalled = not moved
+        for move in (viterbi_move, merge_round, split_round) if stalled and moves else ():
+            st, e_new, moved = move(pr, z, st, e_new)
+            if moved:
+                stalled = False
+                break
         history.append(e_new)
         if callback is not None:
             callback(it, e_new, st.n_states)
         if stalled:
-            converged = True
             break
         e_old = e_new
-    return IhmmResult(
-        labels=z,
-        state=st,
-        objective=history[-1],
-        history=history,
-        n_iter=it,
-        converged=converged,
-        seconds=time.perf_counter() - t0,
-    )
+    return IhmmResult(z, st, history[-1], history, it, stalled, time.perf_counter() - t0)
+
+
+def random_segments(starts: IntArray, rng: np.random.Generator, k0: int = 10) -> IntArray:
+    """A random start for a restart: each sequence cut into stretches of geometric length
+    (mean 20) labelled uniformly among ``k0`` states, relabelled 0..K-1."""
+    z = np.empty(int(starts[-1]), dtype=np.int64)
+    for s in range(starts.shape[0] - 1):
+        t = int(starts[s])
+        while t < starts[s + 1]:
+            n = int(rng.geometric(1.0 / 20.0))
+            z[t : min(t + n, int(starts[s + 1]))] = rng.integers(k0)
+            t += n
+    return np.unique(z, return_inverse=True)[1].astype(np.int64)
+
+
+def fit_map_ihmm(
+    Xa: FloatArray,
+    starts: IntArray,
+    family: ProductFamily,
+    alpha: float,
+    gamma: float,
+    seq: np.random.SeedSequence,
+    temper: str | float = config.IHMM_TEMPER,
+    n_restarts: int = 1,
+    max_iter: int = config.IHMM_MAX_ITER,
+    tol: float = config.IHMM_TOL,
+    m_counts: str = config.IHMM_M_COUNTS,
+    moves: bool = True,
+    verbose: bool = False,
+) -> tuple[IhmmResult, list[float], float, float]:
+    """MAP-iHMM's restarts and tempering, the policy of ``MAPiHMM.fit`` and of the ``ihmm``
+    engine's sample start.
+
+    ``n_restarts`` runs of ``run_map_ihmm`` with emission weight w = ``temper``, the first from
+    a sequential sweep, the others from random segments (``random_segments``), each with a
+    child of ``seq``; the lowest objective wins. ``temper="auto"``: w = 1 first; then w and rho
+    from the winner's states (``pipeline.models.ihmm.temper_of``: the lag-1 autocorrelation of
+    the records within their states, where significant) and, where w < 1, the restarts again
+    with w (the seed's next children) and one more run from the untempered winner's states; the
+    lowest tempered objective wins. rho is measured once, on the untempered states: those are
+    the finest the independent emissions support, and measuring again on the coarser tempered
+    states would count the states' own persistence as autocorrelation.
+
+    Returns
+    -------
+    best : IhmmResult
+    objectives : list of float
+        Every run's objective with the final w.
+    w, rho : float
+        The emission weight and the rho it was measured from (NaN: not measured).
+    """
+
+    def runs(w: float, z_from: IntArray | None) -> tuple[IhmmResult, list[float]]:
+        best: IhmmResult | None = None
+        objectives = []
+        for r, child in enumerate(seq.spawn(n_restarts + (z_from is not None))):
+            z0 = z_from if r == n_restarts else None
+            if 0 < r < n_restarts:
+                z0 = random_segments(starts, np.random.default_rng(child))
+            cb = None
+            if verbose:
+
+                def cb(it: int, e: float, k: int, r: int = r) -> None:
+                    print(
+                        f"restart {r} (temper {w:.3g}) iteration {it}: objective {e:.6g}, "
+                        f"{k} states"
+                    )
+
+            res = run_map_ihmm(
+                Xa,
+                starts,
+                family,
+                alpha,
+                gamma,
+                max_iter,
+                tol,
+                m_counts,
+                seed_state(child),
+                z0=z0,
+                moves=moves,
+                callback=cb,
+                temper=w,
+            )
+            objectives.append(res.objective)
+            if best is None or res.objective < best.objective:
+                best = res
+        assert best is not None
+        return best, objectives
+
+    auto = temper == "auto"
+    w = 1.0 if auto else float(temper)
+    best, objectives = runs(w, None)
+    rho = math.nan
+    if auto:
+        w, rho = temper_of(Xa, best.labels, starts, family)
+        if w < 1.0:
+            best, objectives = runs(w, best.labels)
+    return best, objectives, w, rho

@@ -102,10 +102,7 @@ def hmm_outputs(
     )
     K = state.n_clusters
     alpha = state.alpha
-    A = state.trans + alpha * state.kappa[None, :]
-    A = A / A.sum(axis=1, keepdims=True)
-    pi = state.start + alpha * state.kappa
-    pi = pi / pi.sum()
+    pi, A = state.hmm.transitions(alpha)
     table = cluster_table(state.stats, alpha, info.family, info.schema).rename(
         columns={"cluster": "state"}
     )
@@ -169,32 +166,22 @@ def write_hmm_model(
     write_model(directory, est, engine="ihmm", metadata=metadata)
 
 
-def hmm_figures(
-    out: Path,
-    rows: pd.DataFrame,
-    X: pd.DataFrame,
-    A: np.ndarray,
-    sizes: np.ndarray,
-    sequence_column: str,
-    time_column: str,
-    n_show: int = 6,
-) -> list[str]:
-    """``sequences.png`` (the first feature of a few sequences against time, coloured by
-    decoded state, the same colour for a state in every panel), ``transitions.png`` (the
-    transition matrix as a heatmap) and ``sizes.png`` (steps per state)."""
+def sequences_figure(
+    out: Path, rows: pd.DataFrame, X: pd.DataFrame, K: int, seq: str, time: str
+) -> None:
+    """``sequences.png``: the first feature of a few sequences against time, coloured by
+    decoded state, the same colour for a state in every panel."""
     from matplotlib.lines import Line2D
 
-    names = []
-    K = int(sizes.shape[0])
-    ids = rows[sequence_column].drop_duplicates().to_numpy()[:n_show]
+    ids = rows[seq].drop_duplicates().to_numpy()[:6]
     fig = new_figure(12, 0.8 + 1.4 * max(len(ids), 1))
     fig.subplots_adjust(left=0.08, right=0.86, bottom=0.6 / fig.get_figheight(), top=0.92)
     feat = X.columns[0]
-    seq = rows[sequence_column].to_numpy()
-    t_all, x_all, z_all = rows[time_column].to_numpy(), X[feat].to_numpy(), rows.state.to_numpy()
+    seq_all = rows[seq].to_numpy()
+    t_all, x_all, z_all = rows[time].to_numpy(), X[feat].to_numpy(), rows.state.to_numpy()
     for i, sid in enumerate(ids):
         ax = fig.add_subplot(max(len(ids), 1), 1, i + 1)
-        m = seq == sid
+        m = seq_all == sid
         ax.plot(t_all[m], x_all[m], color="0.7", lw=0.8)
         ax.scatter(t_all[m], x_all[m], c=z_all[m] % 10, cmap="tab10", vmin=0, vmax=9, s=8)
         ax.set_ylabel(f"sequence {sid}", fontsize=7)
@@ -204,35 +191,33 @@ def hmm_figures(
         for k in range(min(K, 10))
     ]
     fig.legend(handles=handles, loc="center right", fontsize=7, frameon=False)
-    fig.suptitle(f"decoded states of {len(ids)} sequences ({feat} against {time_column})")
+    fig.suptitle(f"decoded states of {len(ids)} sequences ({feat} against {time})")
     fig.savefig(out / "sequences.png", dpi=100)
-    names.append("sequences.png")
+
+
+def states_figures(out: Path, A: np.ndarray, sizes: np.ndarray) -> None:
+    """``transitions.png`` (the transition matrix as a heatmap) and ``sizes.png`` (steps per
+    state)."""
+    K = int(sizes.shape[0])
     fig = new_figure(5, 4.2)
     ax = fig.add_subplot(1, 1, 1)
     im = ax.imshow(A, cmap="viridis", vmin=0, vmax=1)
     fig.colorbar(im, ax=ax)
     if K <= 30:
-        ax.set_xticks(range(K))
         ax.set_yticks(range(K))
-    ax.set_xlabel("to state")
-    ax.set_ylabel("from state")
-    ax.set_title("MAP transition matrix")
+    ax.set(xlabel="to state", ylabel="from state", title="MAP transition matrix")
+    fig2 = new_figure(5, 4.2)
+    ax2 = fig2.add_subplot(1, 1, 1)
+    ax2.bar(np.arange(K), sizes, color=[f"C{k % 10}" for k in range(K)])
+    ax2.set(xlabel="state", ylabel="time steps", title="state sizes")
+    for a in (ax, ax2):
+        if K <= 30:
+            a.set_xticks(range(K))
     fig.savefig(out / "transitions.png", dpi=100)
-    names.append("transitions.png")
-    fig = new_figure(5, 4.2)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.bar(np.arange(K), sizes, color=[f"C{k % 10}" for k in range(K)])
-    if K <= 30:
-        ax.set_xticks(range(K))
-    ax.set_xlabel("state")
-    ax.set_ylabel("time steps")
-    ax.set_title("state sizes")
-    fig.savefig(out / "sizes.png", dpi=100)
-    names.append("sizes.png")
-    return names
+    fig2.savefig(out / "sizes.png", dpi=100)
 
 
-def hmm_page(run: dict[str, Any], A: np.ndarray, sizes: np.ndarray, pictures: list[str]) -> Page:
+def hmm_page(run: dict[str, Any], A: np.ndarray, sizes: np.ndarray) -> Page:
     """The report of a ``dpmm hmm`` run (``pipeline.ops.page``)."""
     m = run["metrics"]
     p = run.get("parameters", {})
@@ -254,16 +239,14 @@ def hmm_page(run: dict[str, Any], A: np.ndarray, sizes: np.ndarray, pictures: li
     ]
     warn = degenerate_fit(K, int(run.get("n_train") or run["n_rows"]), "time steps")
     page = Page("dpmm hmm report", facts, [warn] if warn else [])
-    pics = dict.fromkeys(pictures)
     sec = page.section("States over time")
     sec.text(
         "A few sequences' first feature against time, each step coloured by its decoded "
         "(Viterbi) state."
     )
-    if "sequences.png" in pics:
-        sec.pictures(Picture("sequences.png", wide=True))
+    sec.pictures(Picture("sequences.png", wide=True))
     sec = page.section("The states")
-    sec.pictures(*(Picture(n) for n in ("transitions.png", "sizes.png") if n in pics))
+    sec.pictures(Picture("transitions.png"), Picture("sizes.png"))
     total = max(float(sizes.sum()), 1e-300)
     sec.table(
         pd.DataFrame(
@@ -305,8 +288,9 @@ def finish_hmm(
     # matplotlib and the report want a path: on object storage a local directory is uploaded
     with storage.local_dir(partial) as files:
         if report:
-            pictures = hmm_figures(files, rows, X, A, sizes, sequence_column, time_column)
-            hmm_page(run, A, sizes, pictures).write(files)
+            sequences_figure(files, rows, X, int(sizes.shape[0]), sequence_column, time_column)
+            states_figures(files, A, sizes)
+            hmm_page(run, A, sizes).write(files)
         run["versions"] = versions()
         write_json(files / "run.json", run)
     outputs.publish_output(partial, out, overwrite, kind="hmm")

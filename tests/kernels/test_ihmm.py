@@ -50,16 +50,14 @@ def test_forward_and_viterbi_match_brute_force(seed):
     lengths = np.array([1, 4, 5])
     starts = starts_of(lengths, int(lengths.sum()))
     log_pi, log_a, log_b = random_hmm(rng, 3, int(lengths.sum()))
-    fwd = kihmm.forward(log_b, starts, log_pi, log_a)
     steps = kihmm.forward_steps(log_b, starts, log_pi, log_a)
     path, best = kihmm.viterbi(log_b, starts, log_pi, log_a)
     for s in range(lengths.shape[0]):
         sl = slice(starts[s], starts[s + 1])
         paths = brute_paths(log_pi, log_a, log_b[sl])
         vals = np.array(list(paths.values()))
-        assert fwd[s] == pytest.approx(logsumexp(vals), rel=1e-12, abs=1e-12)
         # the chain rule: the filtering terms sum to the sequence's log likelihood
-        assert steps[sl].sum() == pytest.approx(fwd[s], rel=1e-12, abs=1e-12)
+        assert steps[sl].sum() == pytest.approx(logsumexp(vals), rel=1e-12, abs=1e-12)
         assert best[s] == pytest.approx(vals.max(), rel=1e-12, abs=1e-12)
         assert paths[tuple(path[sl])] == pytest.approx(vals.max(), rel=1e-12, abs=1e-12)
 
@@ -233,10 +231,10 @@ def test_kappa_step_is_eq_6_6_with_expected_counts():
     trans = np.array([[5.0, 1.0], [2.0, 1200.0]])
     start = np.array([1.0, 0.0])
     kappa = np.array([0.3, 0.5])
-    M = kihmm.table_counts_expected(trans, start, kappa, 2.0)
+    M = kihmm.table_counts(trans, start, kappa, 2.0, np.zeros(1, np.uint64), False)
     draws = np.array(
         [
-            kihmm.table_counts_urn(trans, start, kappa, 2.0, np.array([s], np.uint64))
+            kihmm.table_counts(trans, start, kappa, 2.0, np.array([s], np.uint64), True)
             for s in range(2000)
         ]
     )
