@@ -20,11 +20,20 @@ from flows.cluster import ingest_task, write_task
 from flows.params import run_config
 from flows.tasks import passes, run_flow, step
 from pipeline.core import outputs, storage
-from pipeline.core.config import DEFAULT_CHUNK_ROWS, GAMMA, INIT_SAMPLE, MAX_PASSES, MIN_CHANGE, TOL
+from pipeline.core.config import (
+    DEFAULT_CHUNK_ROWS,
+    GAMMA,
+    IHMM_ALPHA,
+    IHMM_PRIOR_SCALE,
+    INIT_SAMPLE,
+    MAX_PASSES,
+    MIN_CHANGE,
+    TOL,
+)
 from pipeline.data.store import StoreInfo
 from pipeline.distributed.client import dask_client
 from pipeline.distributed.summaries import identity_stage2
-from pipeline.models.ihmm import PRIOR_SCALE, check_temper
+from pipeline.models.ihmm import check_temper
 from pipeline.ops import hmm as dhmm
 from pipeline.ops import run as dist
 
@@ -42,7 +51,7 @@ def hmm(
     out: str,
     sequence_column: str,
     time_column: str,
-    alpha: float = 1.0,
+    alpha: float = IHMM_ALPHA,
     gamma: float = GAMMA,
     family: Any = "auto",
     prior_scale: float | None = None,
@@ -107,7 +116,7 @@ def hmm(
         partial, data, info, state, meta, sequence_column, time_column
     )
     own = {"alpha": float(alpha), "gamma": float(gamma), "temper": temper}
-    scale = PRIOR_SCALE if prior_scale is None else float(prior_scale)
+    scale = IHMM_PRIOR_SCALE if prior_scale is None else float(prior_scale)
     _write_model(partial, input, info, state, {**own, "family": family, "prior_scale": scale})
     timing["total"] = time.perf_counter() - t0
     metrics.update(

@@ -32,7 +32,7 @@ from flows.cli.options import (
     flow_kwargs,
 )
 from flows.cli.types import positive_float as _positive_float
-from pipeline.core.config import GAMMA
+from pipeline.core.config import GAMMA, IHMM_ALPHA
 from pipeline.data import io as pio
 
 
@@ -66,7 +66,7 @@ def add_hmm_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--alpha",
         type=_positive_float,
-        default=1.0,
+        default=IHMM_ALPHA,
         metavar="N0",
         help="transition concentration N0 (default 1)",
     )

@@ -240,8 +240,8 @@ IHMM_ALPHA = 1.0
 IHMM_PRIOR_SCALE = 0.1
 #: one MAP-iHMM run (``MAPiHMM`` and the engine's sample start): most iterations, the relative
 #: fall of E below which an iteration stalls, the table counts of the kappa step
-IHMM_MAX_ITER = 100
-IHMM_TOL = 1e-6
+IHMM_MAX_ITER = MAX_ITER
+IHMM_TOL = TOL_IN_MEMORY
 IHMM_M_COUNTS = "expectation"
 #: the emission weight w: "auto" measures the records' autocorrelation within their states
 IHMM_TEMPER = "auto"
