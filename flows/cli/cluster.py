@@ -191,7 +191,6 @@ def run_cluster(
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
     from pipeline.estimators.mapdp import MAPDP
-    from pipeline.families.schema import constant_columns
 
     path = Path(input_path)
     name = str(shown_input if shown_input is not None else input_path)
@@ -226,17 +225,8 @@ def run_cluster(
 
     # -- validate ----------------------------------------------------------------------------
     family = opts.family
-    dropped: dict[str, Any] = {}
-    if not opts.strict:
-        dropped = constant_columns(df)
-        if dropped:
-            if len(dropped) == df.shape[1]:
-                raise InputError(f"{name}: every column is constant: {dropped}")
-            df = df.drop(columns=list(dropped))
-            if isinstance(family, dict):
-                family = {c: k for c, k in family.items() if c not in dropped}
-            shown = ", ".join(f"{c} (every row is {v!r})" for c, v in dropped.items())
-            _say(opts, f"dropped constant column(s): {shown}")
+    # constant, empty and collinear columns are the model's decision (``Schema.settle``), the
+    # same as ``dpmm run``'s
 
     # -- fit ---------------------------------------------------------------------------------
     seed = opts.seed if opts.seed is not None else secrets.randbits(32)
@@ -315,9 +305,9 @@ def run_cluster(
         "data": {
             "n_rows": int(df.shape[0]),
             "n_columns": int(df.shape[1]),
-            "columns": list(df.columns),
+            "columns": [c for c in df.columns if c not in model.schema_.dropped],
             "families": dict(model.schema_.kinds),
-            "dropped_constant_columns": {**dropped, **model.schema_.dropped},
+            "dropped_constant_columns": dict(model.schema_.dropped),
             "dropped_collinear_columns": list(model.schema_.collinear),
             "missing_cells": int(df.isna().to_numpy().sum()),
             "family_notes": list(model.schema_.notes),

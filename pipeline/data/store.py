@@ -231,6 +231,13 @@ class Moments:
             None if self.n_missing is None else self.n_missing[cols],
         )
 
+    def summary(self, order: IntArray) -> tuple[int, FloatArray, FloatArray, FloatArray]:
+        """(n, n_missing, lo, hi) of the rows in the schema's feature order, from these moments
+        in the family's arranged ``order`` (``Schema.check_informative``)."""
+        unarrange = np.argsort(order)
+        n_missing = np.zeros(len(order)) if self.n_missing is None else self.n_missing
+        return int(self.n), n_missing[unarrange], self.lo[unarrange], self.hi[unarrange]
+
     @property
     def mean(self) -> FloatArray:
         return self.total / max(self.n, 1.0)

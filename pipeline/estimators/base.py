@@ -161,10 +161,7 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
             missing = check_missing(getattr(self, "missing", "refuse")) == "latent"
             schema = Schema.infer(df, family, from_frame, missing=missing)
             Xe = schema.encode(df, fitting=True)
-            strict = bool(getattr(self, "strict", True))
-            Xe = schema.check_informative(Xe, strict=strict)
-            if not strict:
-                Xe = schema.drop_collinear(Xe)
+            Xe = schema.settle(Xe, strict=bool(getattr(self, "strict", True)))
             for line in schema.dropped_lines():
                 warnings.warn(line, UserWarning, stacklevel=3)
         self.schema_ = schema

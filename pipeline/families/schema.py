@@ -7,7 +7,8 @@ of binomial columns. It encodes the same columns at predict time and refuses any
 ``family="auto"`` rules, per column
 -----------------------------------
 * bool, or integers taking only the values 0 and 1: ``bernoulli`` (Beta prior);
-* pandas ``category``, strings or other non-numeric objects: ``categorical`` (Dirichlet prior);
+* pandas ``category``, strings or other non-numeric objects: ``categorical`` (Dirichlet prior),
+  unless every value present is a number: numbers stored as text follow the rules below;
 * integers taking at most ``MAX_LEVELS`` (10) distinct values: ``categorical`` over the values
   seen. Such a column is a code or a score on a short scale; a Gaussian on a lattice of a few
   values rewards clusters that collapse onto one level (the density grows without bound as the
@@ -49,10 +50,22 @@ more than ``ID_LEVELS``: an identifier, one cluster per record). Naming the colu
 (``family={"id": "categorical"}``) accepts either.
 
 Any column can be overridden: ``family={"visits": "poisson"}`` keeps ``auto`` for the rest.
+
+One contract for every path
+---------------------------
+This module decides, for the in-memory fit, ingest (``pipeline.data.ingest``) and scoring alike,
+what a column is and what happens to it, so that one input gets one decision everywhere:
+``check_cells`` refuses what no family holds (lists, structs, complex numbers, other objects),
+``_numeric_column`` a value beyond ``MAX_ABS``, ``Schema.infer`` decides the kinds and
+``Schema.settle`` the columns left out (constant, empty, collinear) with ``dropped_lines``'s
+warning. A column with no value at all is empty: dropped as a constant column, or refused
+with ``strict``.
 """
 
 from __future__ import annotations
 
+import datetime
+import decimal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +103,17 @@ COUNT_KINDS = {"poisson", "bernoulli", "binomial", "geometric"}
 WIDE_COLS = 50
 #: ``Schema.drop_collinear``: a QR pivot below this share of the largest marks a dependent column
 COLLINEAR_TOL = 1e-6
+#: the largest magnitude of a value: the families' statistics hold its square summed over a
+#: billion rows (1e209) and the empirical-Bayes covariance of such columns without overflow
+MAX_ABS = 1e100
+# what ``infer_dtype`` calls a column of cells every family path can read (anything else is
+# looked at cell by cell, ``check_cells``)
+_PLAIN = frozenset(
+    "string bytes empty integer floating mixed-integer-float boolean decimal date datetime "
+    "datetime64 time timedelta timedelta64".split()
+)
+_CELL_TYPES = (str, bytes, int, float, np.bool_, np.integer, np.floating, decimal.Decimal)
+_TIME_TYPES = (datetime.date, datetime.time, datetime.timedelta, np.datetime64, np.timedelta64)
 
 
 def _is_sparse(X: Any) -> bool:
@@ -134,6 +158,39 @@ def _first_bad_row(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask)[0])
 
 
+def check_cells(s: pd.Series, name: str) -> None:
+    """Refuse a column whose dtype or cells no family can hold.
+
+    Parameters
+    ----------
+    s : Series of shape (n_rows,)
+    name : str
+        The column's name, for the message.
+
+    Raises
+    ------
+    InputError
+        For a complex dtype, or the first 0-based row holding a list, an array, a dict (a
+        Parquet struct), a complex number or another object that is neither a number, a text,
+        nor a date or time.
+    """
+    dt = s.dtype
+    if pd.api.types.is_complex_dtype(dt):
+        raise InputError(f"column '{name}': complex numbers (dtype {dt}) are not supported")
+    if not pd.api.types.is_object_dtype(dt) or pd.api.types.infer_dtype(s, skipna=True) in _PLAIN:
+        return
+    for i, v in enumerate(s.to_numpy()):
+        if v is None or v is pd.NA or isinstance(v, _CELL_TYPES + _TIME_TYPES):
+            continue
+        shown = " ".join(repr(v).split())
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise InputError(
+            f"column '{name}': row {i} holds a {type(v).__name__} ({shown}): a cell must be a "
+            "number, a text or a date; lists, structs, complex numbers and other objects are "
+            "not supported"
+        )
+
+
 def _numeric_column(s: pd.Series, name: str, missing: bool = False) -> np.ndarray:
     """Column as float64, or a ValueError naming the first row that is not a number (or is
     missing, unless ``missing``: then NaN)."""
@@ -155,6 +212,13 @@ def _numeric_column(s: pd.Series, name: str, missing: bool = False) -> np.ndarra
     if inf.any():
         i = _first_bad_row(inf)
         raise ValueError(f"column '{name}': row {i} is {vals[i]} (inf is not a valid value)")
+    big = np.abs(vals) > MAX_ABS
+    if big.any():
+        i = _first_bad_row(big)
+        raise InputError(
+            f"column '{name}': row {i} is {vals[i]:g}, beyond +-{MAX_ABS:g} where the "
+            "statistics overflow; rescale the column"
+        )
     return vals
 
 
@@ -163,6 +227,11 @@ def auto_kind(s: pd.Series) -> str:
     dt = s.dtype
     if pd.api.types.is_bool_dtype(dt):
         return "bernoulli"
+    if pd.api.types.is_object_dtype(dt) or pd.api.types.is_string_dtype(dt):
+        # numbers stored as text (a Parquet string column) follow the rules of numbers
+        conv = pd.to_numeric(s, errors="coerce")
+        n_num = int(conv.notna().sum())
+        return auto_kind(conv) if n_num and n_num == int(s.notna().sum()) else "categorical"
     if isinstance(dt, pd.CategoricalDtype) or not pd.api.types.is_numeric_dtype(dt):
         return "categorical"
     vals = s.to_numpy()
@@ -284,6 +353,8 @@ class Schema:
                 "is required."
             )
         cols = list(df.columns)
+        for c in cols:
+            check_cells(df[c], c)
         if isinstance(family, str):
             if family == "auto":
                 for c in cols:
@@ -383,12 +454,16 @@ class Schema:
             # numbers only: one copy of the block; the column-by-column pass below runs only to
             # name the first NaN or inf
             out = cols.to_numpy(dtype=np.float64, na_value=np.nan, copy=True)
-            if np.isfinite(out).all() or (self.missing and not np.isinf(out).any()):
+            # one pass in the common case: a NaN, an inf or a value beyond MAX_ABS fails it
+            if np.abs(out).max(initial=0.0) <= MAX_ABS or (
+                self.missing and not (np.abs(np.nan_to_num(out)) > MAX_ABS).any()
+            ):
                 return out
         out = np.empty((df.shape[0], len(features)), dtype=np.float64)
         for j, c in enumerate(features):
             kind = self.kinds[c]
             s = df[c]
+            check_cells(s, c)
             if kind == "categorical":
                 cats = self.categories[c]
                 lookup = {v: i for i, v in enumerate(cats)}
@@ -408,25 +483,34 @@ class Schema:
                 out[:, j] = _numeric_column(s, c, self.missing)
         return out
 
-    def check_informative(self, X: FloatArray, strict: bool = True) -> FloatArray:
+    def check_informative(
+        self,
+        X: FloatArray,
+        strict: bool = True,
+        summary: tuple[int, FloatArray, FloatArray, FloatArray] | None = None,
+    ) -> FloatArray:
         """Fit-time checks of the encoded records X (n, n_features): enough rows, and no column
-        of one constant value (among the values present).
+        of one constant value (among the values present) nor without any value (empty).
 
-        A constant column is an error with ``strict``; otherwise it is dropped: recorded in
-        ``dropped`` (with its value) and left out of the returned X and of later encodings.
+        A constant or empty column is an error with ``strict``; otherwise it is dropped:
+        recorded in ``dropped`` (with its value; NaN for an empty one) and left out of the
+        returned X and of later encodings. ``summary``: (n, n_missing, lo, hi) of every row,
+        lo and hi of shape (n_features,), when X holds only a sample of them (ingest).
 
         Returns
         -------
-        ndarray of shape (n, n_features - n_dropped)
+        ndarray of shape (n_sample, n_features - n_dropped)
         """
-        n = X.shape[0]
+        if summary is None:
+            n_missing, _, lo, hi = kmoments.column_summary(np.ascontiguousarray(X))
+            summary = (X.shape[0], n_missing, lo, hi)
+        n, n_missing, lo, hi = summary
         if n < 2:
-            raise ValueError(f"n_samples = {n}: clustering needs at least 2 samples, got 1 sample")
+            raise ValueError(f"n_samples = {n}: clustering needs at least 2 samples, got {n}")
         features = self.features
-        # the extremes of the cells present, in one pass over the rows
-        n_missing, _, lo, hi = kmoments.column_summary(np.ascontiguousarray(X))
+        lo = np.array(lo, dtype=np.float64)
         # an all-missing column is constant too (nothing to tell its rows apart); its value NaN
-        lo[n_missing == n] = np.nan
+        lo[np.asarray(n_missing) >= n] = np.nan
         constant = np.flatnonzero(~(lo < hi))
         if not constant.size:
             return X
@@ -440,9 +524,15 @@ class Schema:
             values[c] = shown.item() if isinstance(shown, np.generic) else shown
         if strict:
             c, shown = next(iter(values.items()))
+            empty = shown != shown
+            what = (
+                "is empty (no row has a value)"
+                if empty
+                else f"is constant (every row is {shown!r})"
+            )
             raise ValueError(
-                f"column '{c}' is constant (every row is {shown!r}): it cannot inform the "
-                "clustering and its empirical-Bayes prior is degenerate; drop the column"
+                f"column '{c}' {what}: it cannot inform the clustering and its empirical-Bayes "
+                "prior is degenerate; drop the column"
             )
         if constant.size == len(features):
             raise ValueError(
@@ -451,6 +541,33 @@ class Schema:
         self.dropped.update(values)
         return np.ascontiguousarray(np.delete(X, constant, axis=1))
 
+    def settle(
+        self,
+        X: FloatArray,
+        strict: bool = True,
+        summary: tuple[int, FloatArray, FloatArray, FloatArray] | None = None,
+    ) -> FloatArray:
+        """The fit-time decisions that need the records, made once for every path: constant
+        and empty columns (``check_informative``), then, without ``strict``, exact linear
+        combinations (``drop_collinear``).
+
+        Parameters
+        ----------
+        X : ndarray of shape (n, n_features)
+            The encoded records (ingest: its sample of the training rows).
+        strict : bool
+            Refuse a constant or empty column instead of dropping it; keep collinear columns.
+        summary : tuple, optional
+            (n, n_missing, lo, hi) over every row when X is a sample (``check_informative``).
+
+        Returns
+        -------
+        ndarray of shape (n, len(features))
+            X without the columns dropped (``dropped_lines`` says which, in words).
+        """
+        X = self.check_informative(X, strict, summary)
+        return X if strict else self.drop_collinear(X)
+
     def dropped_lines(self) -> list[str]:
         """One sentence per kind of column left out (constant, collinear), for warnings and
         run.json; empty when none was."""
@@ -458,7 +575,10 @@ class Schema:
         if self.dropped:
             out.append(
                 "constant columns dropped (they cannot inform the clustering): "
-                + ", ".join(f"{c!r} (every value {v!r})" for c, v in self.dropped.items())
+                + ", ".join(
+                    f"{c!r} (every value {v!r})" if v == v else f"{c!r} (empty: no value)"
+                    for c, v in self.dropped.items()
+                )
                 + "; strict=True (--strict) refuses them instead"
             )
         if self.collinear:
@@ -524,7 +644,8 @@ class Schema:
             names = [self.features[j] for j in cols]
             fam: Family
             if kind == "categorical":
-                n_cat = len(self.categories[names[0]])
+                # an empty column has no category; ``settle`` leaves it out of the model
+                n_cat = max(len(self.categories[names[0]]), 1)
                 fam = fam_mod.Categorical.empirical_bayes(Xg, n_categories=n_cat)
             elif kind == "binomial":
                 trials = np.array([self.n_trials[nm] for nm in names], dtype=np.float64)
