@@ -120,12 +120,8 @@ def peek_family(
     family (values off the first piece's recording grid)."""
     try:
         src = open_source(source, int(chunk_rows))
-        first, from_frame = read_piece(src.pieces[0], None)
-        cols = [c for c in drop if c is not None and c in first.columns]
-        first = first.drop(columns=cols)
-        if first.shape[0] == 0:
-            return None
-        return _infer(first, from_frame, family, src.pieces[0].label)[1]
+        label, group = (*drop, None, None)[:2]
+        return _encoder(src, family, None, label, group, False, None)[0].checker
     except Exception:
         # whatever stops the guess (a missing file, bad values, an object store's own errors)
         # stops the ingest too, which reports it with its file, column and row

@@ -156,7 +156,7 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
             schema = Schema.infer(df, "gaussian", from_frame)
             Xe = schema.encode(df, fitting=True)
             if self._always_informative:
-                schema.check_informative(Xe)
+                schema.settle(Xe)
         else:
             missing = check_missing(getattr(self, "missing", "refuse")) == "latent"
             schema = Schema.infer(df, family, from_frame, missing=missing)
