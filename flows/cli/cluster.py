@@ -170,8 +170,7 @@ def run_cluster(
     name = str(shown_input if shown_input is not None else input_path)
     timings: dict[str, float] = {}
     df, y = _read(path, name, opts, timings)
-    df, family, dropped = _drop_constant(df, opts, name)
-    model, seed, log_density, warned = _fit(df, family, opts, path, name, timings)
+    model, seed, log_density, warned = _fit(df, opts.family, opts, path, name, timings)
 
     metrics: dict[str, Any] = {
         "n_clusters": int(model.n_clusters_),
@@ -215,9 +214,9 @@ def run_cluster(
         "data": {
             "n_rows": int(df.shape[0]),
             "n_columns": int(df.shape[1]),
-            "columns": list(df.columns),
+            "columns": [c for c in df.columns if c not in model.schema_.dropped],
             "families": dict(model.schema_.kinds),
-            "dropped_constant_columns": {**dropped, **model.schema_.dropped},
+            "dropped_constant_columns": dict(model.schema_.dropped),
             "dropped_collinear_columns": list(model.schema_.collinear),
             "missing_cells": int(df.isna().to_numpy().sum()),
             "family_notes": list(model.schema_.notes),
@@ -265,29 +264,6 @@ def _read(
     _say(opts, f"read {df.shape[0]} rows x {df.shape[1]} columns in {timings['read']:.2f} s")
 
     return df, y
-
-
-def _drop_constant(
-    df: pd.DataFrame, opts: ClusterOptions, name: str
-) -> tuple[pd.DataFrame, Any, dict[str, Any]]:
-    """The table and the family without the constant columns (unless ``--strict``), and
-    those columns' one values."""
-    from pipeline.families.schema import constant_columns
-
-    family = opts.family
-    dropped: dict[str, Any] = {}
-    if not opts.strict:
-        dropped = constant_columns(df)
-        if dropped:
-            if len(dropped) == df.shape[1]:
-                raise InputError(f"{name}: every column is constant: {dropped}")
-            df = df.drop(columns=list(dropped))
-            if isinstance(family, dict):
-                family = {c: k for c, k in family.items() if c not in dropped}
-            shown = ", ".join(f"{c} (every row is {v!r})" for c, v in dropped.items())
-            _say(opts, f"dropped constant column(s): {shown}")
-
-    return df, family, dropped
 
 
 def _fit(

@@ -225,34 +225,11 @@ def open_dataset(
     if schema is not None:
         ingest_kw["schema"] = schema
     if not is_path_source(source):
-        if path is None:
-            tmp = Path(tempfile.mkdtemp(prefix="dpmm-dataset-"))
-            try:
-                ingest(source, Store(tmp), format_extra={"key": None}, **ingest_kw)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            store, info = _open_complete(tmp)
-            return store, info, False
-        final = storage.location(path)
-        found = outputs.shared_copy(final)
-        if found is not None:
-            _refuse_foreign(found)
-        store, info = _ingest_shared(final, source, ingest_kw, None, replace=True)
-        return store, info, False
-
+        return _open_in_memory(source, path, ingest_kw)
+    # the key: every ingest option but the client, the progress bar and a message's hint
+    runtime = ("client", "progress", "missing_hint", "schema")
     options = ingest_options(
-        family=family,
-        chunk_rows=chunk_rows,
-        holdout=holdout,
-        n_folds=n_folds,
-        prior_sample=prior_sample,
-        label_column=label_column,
-        group_column=group_column,
-        schema=schema,
-        dtype=dtype,
-        missing=missing,
-        strict=strict,
+        schema=schema, **{k: v for k, v in ingest_kw.items() if k not in runtime}
     )
     key = dataset_key(fingerprint(source), options)
     where = (
@@ -267,6 +244,28 @@ def open_dataset(
             return store, info, True
         _refuse_foreign(found)
     store, info = _ingest_shared(where, source, ingest_kw, key, replace=path is not None)
+    return store, info, False
+
+
+def _open_in_memory(
+    source: Any, path: storage.Where | None, ingest_kw: dict[str, Any]
+) -> tuple[Store, StoreInfo, bool]:
+    """``open_dataset`` of an in-memory input: ingested every time, into ``path`` (replacing
+    what was there) or a new temporary directory."""
+    if path is None:
+        tmp = Path(tempfile.mkdtemp(prefix="dpmm-dataset-"))
+        try:
+            ingest(source, Store(tmp), format_extra={"key": None}, **ingest_kw)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        store, info = _open_complete(tmp)
+        return store, info, False
+    final = storage.location(path)
+    found = outputs.shared_copy(final)
+    if found is not None:
+        _refuse_foreign(found)
+    store, info = _ingest_shared(final, source, ingest_kw, None, replace=True)
     return store, info, False
 
 

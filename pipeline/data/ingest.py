@@ -1,21 +1,22 @@
 """Ingest: records into a dataset store (``pipeline.data.store``).
 
 Ingest runs as Dask tasks, one per piece of the input: a piece is read, validated with the rules
-and messages of ``pipeline.families.schema`` / the families (prefixed with the file and the row in
-that
-file), encoded and written by the task; the driver only adds the pieces' row counts and
-additive moments (count, sum, sum of outer products, minimum and maximum over the training rows)
-and never holds the whole input. Sources of known length (``.npy``, zarr, numpy / pandas /
-dask arrays) are read one output chunk per task; CSV, Parquet and dask DataFrames, whose pieces
-have unknown lengths, are first written to a staging area, then gathered into chunks. A grouped
-ingest always stages; the driver then reads only the group column's codes (one int64 per row)
-to plan the chunks, and one task per output chunk gathers its rows from the staging area.
+and messages of ``pipeline.families.schema`` (the input contract of every path, prefixed with the
+file and the row in that file), encoded and written by the task; the driver only adds the pieces'
+row counts and additive moments (count, sum, sum of outer products, minimum and maximum over the
+training rows), settles the columns as the in-memory fit does, and never holds the whole input.
+Sources of known length (``.npy``, zarr, numpy / pandas / dask arrays) are read one output chunk
+per task; CSV, Parquet and dask DataFrames, whose pieces have unknown lengths, are first written
+to a staging area, then gathered into chunks. A grouped ingest always stages; the driver then
+reads only the group column's codes (one int64 per row) to plan the chunks, and one task per
+output chunk gathers its rows from the staging area.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,15 @@ import zarr
 from pipeline.core import storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE
 from pipeline.core.errors import InputError
-from pipeline.core.tasks import gather, on_scattered
+from pipeline.data.ingest_plan import (
+    check_group_sizes,
+    first_error,
+    first_staged_error,
+    gather_tell,
+    global_group_codes,
+    group_plan,
+    on_pieces,
+)
 from pipeline.data.ingest_tasks import (
     Encoder,
     PieceResult,
@@ -36,13 +45,10 @@ from pipeline.data.ingest_tasks import (
     stage_piece_task,
 )
 from pipeline.data.sources import (
-    IN_MEMORY,
-    Piece,
     Source,
     located,
     open_source,
     read_piece,
-    shift_row,
 )
 from pipeline.data.store import (
     INFO_FILE,
@@ -61,12 +67,6 @@ from pipeline.families import Family, FloatArray, ProductFamily
 from pipeline.families.schema import Schema
 
 # -- the driver of ingest ----------------------------------------------------------------------
-
-
-def _first_error(results: Sequence[PieceResult]) -> None:
-    for r in sorted(results, key=lambda r: r.index):
-        if r.error is not None:
-            raise InputError(r.error)
 
 
 def _infer(
@@ -120,33 +120,12 @@ def peek_family(
     family (values off the first piece's recording grid)."""
     try:
         src = open_source(source, int(chunk_rows))
-        first, from_frame = read_piece(src.pieces[0], None)
-        cols = [c for c in drop if c is not None and c in first.columns]
-        first = first.drop(columns=cols)
-        if first.shape[0] == 0:
-            return None
-        return _infer(first, from_frame, family, src.pieces[0].label)[1]
+        label, group = (*drop, None, None)[:2]
+        return _encoder(src, family, None, label, group, False, None)[0].checker
     except Exception:
         # whatever stops the guess (a missing file, bad values, an object store's own errors)
         # stops the ingest too, which reports it with its file, column and row
         return None
-
-
-def _check_global(
-    schema: Schema, family: ProductFamily, mom: Moments, label: str, strict: bool = True
-) -> None:
-    """``Schema.check_informative`` over all chunks, from the moments: enough rows, and no
-    column of one constant value (among the training rows' cells present); without
-    ``strict`` such columns are recorded in ``schema.dropped`` instead (``_drop_columns``)."""
-    n = int(mom.n)
-    unarrange = np.argsort(family.column_order)
-    extremes = np.vstack([mom.lo, mom.hi])[:, unarrange]
-    try:
-        if n < 2:
-            schema.check_informative(extremes[:n] if n else np.empty((0, extremes.shape[1])))
-        schema.check_informative(extremes, strict=strict)
-    except (ValueError, IndexError) as err:
-        raise InputError(f"{label}: {' '.join(str(err).split())}") from err
 
 
 def _copy_columns_task(store: str, a: int, b: int, cols: IntArray) -> None:
@@ -157,21 +136,20 @@ def _copy_columns_task(store: str, a: int, b: int, cols: IntArray) -> None:
 def _drop_columns(
     client: Any,
     store: Store,
+    n_stored: int,
+    chunk_rows: int,
     old_features: list[str],
     schema: Schema,
     checker: ProductFamily,
     sample: FloatArray,
     mom: Moments,
-    n_stored: int,
-    chunk_rows: int,
-) -> tuple[ProductFamily, FloatArray, Moments]:
-    """The store without the columns ``_check_global`` dropped: the family refitted to the
-    sample's other columns, X rewritten by one task per chunk in the new family's column
-    order, and the moments of the columns kept (a store with a dropped column is a rare input:
-    one more pass over it, never a second copy in memory)."""
+) -> tuple[ProductFamily, Moments]:
+    """The store without the columns ``_settle`` dropped: the family fitted to the sample of
+    the columns kept, X rewritten by one task per chunk in the new family's column order, and
+    the moments of the columns kept (a store with a dropped column is a rare input: one more
+    pass over it, never a second copy in memory)."""
     feats = schema.features
     keep = [old_features.index(c) for c in feats]
-    sample = np.ascontiguousarray(sample[:, keep])
     prod = schema.build_family(sample)
     inv = np.argsort(np.argsort(checker.column_order))  # old feature -> old arranged position
     cols = np.asarray([inv[keep[j]] for j in prod.column_order], dtype=np.int64)
@@ -191,7 +169,7 @@ def _drop_columns(
     ]
     client.gather(futs)
     storage.rmtree(store.path / "X_all", ignore_errors=True)
-    return prod, sample, mom.keep(cols)
+    return prod, mom.keep(cols)
 
 
 def _named_column(first: pd.DataFrame, from_frame: bool, label: str, col: str, what: str) -> None:
@@ -275,50 +253,22 @@ def ingest(
         than refuse the first with a message naming its file, column and row, ending with
         ``missing_hint`` (default ``pipeline.data.sources.MISSING_HINT``).
     strict : bool
-        Refuse a column holding one value among the training rows (as ``Schema.check_informative``);
-        otherwise it is dropped (``schema.dropped``), X is written without it and ``dpmm score``
-        of the run's model drops it too. A family given to ingest keeps every column (strict).
+        Refuse a column holding one value, or none, among the training rows; otherwise it is
+        dropped (``schema.dropped``), as are exact linear combinations of the Gaussian columns
+        (``schema.collinear``): ``Schema.settle``, as in memory. X is written without them and
+        ``dpmm score`` of the run's model drops them too. A family given keeps every column.
 
     Returns
     -------
     StoreInfo, also saved as the record ``info`` of the store (``Store.info``).
     """
     t0 = time.perf_counter()
-    if not (0.0 <= holdout < 1.0):
-        raise ValueError(f"holdout must be in [0, 1), got {holdout}")
-    if int(chunk_rows) < 1:
-        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
-    if dtype not in STORE_DTYPES:
-        raise ValueError(f"dtype must be one of {STORE_DTYPES}, got {dtype!r}")
-    chunk_rows = int(chunk_rows)
-    n_folds = check_folds(n_folds)
-    if group_column is not None and group_column == label_column:
-        raise ValueError(f"the group column and the label column are both {group_column!r}")
-    src = open_source(source, chunk_rows)
-    if src.aligned and group_column is None:
-        rows = balanced_chunk_rows(sum(int(p.n or 0) for p in src.pieces), chunk_rows)
-        if rows != chunk_rows:
-            chunk_rows = rows
-            src = open_source(source, chunk_rows)
-    first, from_frame = read_piece(src.pieces[0], None)
-    if first.shape[0] == 0:
-        raise InputError(f"{src.pieces[0].label}: {NO_ROWS}")
-    for col, what in ((label_column, "labels"), (group_column, "groups")):
-        if col is not None:
-            _named_column(first, from_frame, src.pieces[0].label, col, what)
-            first = first.drop(columns=[col])
-    given = schema is not None
-    schema, checker, fixed = _infer(
-        first, from_frame, family, src.pieces[0].label, schema, missing, missing_hint
+    chunk_rows, n_folds = _check_options(
+        holdout, chunk_rows, dtype, n_folds, group_column, label_column
     )
-    del first
-    who = "the model" if given else "the first chunk"
-    enc = Encoder(schema, checker, from_frame, label_column, group_column, who)
-    if missing_hint is not None:
-        enc.hint = missing_hint
-    unarrange = np.argsort(checker.column_order)
-    D = len(schema.features)
-    labels = label_column is not None
+    src, chunk_rows = _open(source, chunk_rows, group_column is not None)
+    settled = schema is not None
+    enc, fixed = _encoder(src, family, schema, label_column, group_column, missing, missing_hint)
     if store.path.exists():
         storage.rmtree(store.path)
     store.write_format(
@@ -333,359 +283,312 @@ def ingest(
         dtype=dtype,
         **(format_extra or {}),
     )
+    job = _Job(client, store, src, enc, holdout, prior_sample, n_folds, dtype, chunk_rows, progress)
+    if src.aligned and group_column is None:
+        out = _write_aligned(job)
+    else:
+        out = _write_staged(job, _stage(job))
+        storage.rmtree(store.path / "staging", ignore_errors=True)
+    # a model's schema (scoring) was settled at its fit; a given family keeps every column
+    info = _finish(job, out, fixed, None if settled else strict or fixed is not None)
+    info.seconds = time.perf_counter() - t0
+    store.save(INFO_FILE, info)
+    return info
 
-    def tell(what: str, done: int, total: int) -> None:
-        if progress is not None:
-            progress(what, done, total)
 
+def _open(source: Any, chunk_rows: int, grouped: bool) -> tuple[Source, int]:
+    """The source and its rows per chunk (``balanced_chunk_rows`` unless ``grouped``)."""
+    src = open_source(source, chunk_rows)
+    rows = balanced_chunk_rows(sum(int(p.n or 0) for p in src.pieces), chunk_rows)
+    if not src.aligned or grouped or rows == chunk_rows:
+        return src, chunk_rows
+    return open_source(source, rows), rows
+
+
+def _encoder(
+    src: Source,
+    family: Any,
+    schema: Schema | None,
+    label_column: str | None,
+    group_column: str | None,
+    missing: bool,
+    missing_hint: str | None,
+) -> tuple[Encoder, ProductFamily | None]:
+    """The encoder every task validates its rows with, from the first piece of ``src`` (the
+    label and group columns left out: ``_infer``), and the family given, if one was."""
+    first, from_frame = read_piece(src.pieces[0], None)
+    label = src.pieces[0].label
+    if first.shape[0] == 0:
+        raise InputError(f"{label}: {NO_ROWS}")
+    for col, what in ((label_column, "labels"), (group_column, "groups")):
+        if col is not None:
+            _named_column(first, from_frame, label, col, what)
+            first = first.drop(columns=[col])
+    who = "the model" if schema is not None else "the first chunk"
+    schema, checker, fixed = _infer(first, from_frame, family, label, schema, missing, missing_hint)
+    enc = Encoder(schema, checker, from_frame, label_column, group_column, who)
+    if missing_hint is not None:
+        enc.hint = missing_hint
+    return enc, fixed
+
+
+def _check_options(
+    holdout: float,
+    chunk_rows: int,
+    dtype: str,
+    n_folds: int,
+    group_column: str | None,
+    label_column: str | None,
+) -> tuple[int, int]:
+    """``chunk_rows`` and ``n_folds`` checked, or a ValueError saying which option is wrong."""
+    if not (0.0 <= holdout < 1.0):
+        raise ValueError(f"holdout must be in [0, 1), got {holdout}")
+    if int(chunk_rows) < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    if dtype not in STORE_DTYPES:
+        raise ValueError(f"dtype must be one of {STORE_DTYPES}, got {dtype!r}")
+    if group_column is not None and group_column == label_column:
+        raise ValueError(f"the group column and the label column are both {group_column!r}")
+    return int(chunk_rows), check_folds(n_folds)
+
+
+@dataclass
+class _Job:
+    """What the steps of one ingest share."""
+
+    client: Any
+    store: Store
+    src: Source
+    enc: Encoder
+    holdout: float
+    prior_sample: int
+    n_folds: int
+    dtype: str
+    chunk_rows: int
+    progress: Callable[[str, int, int], None] | None = None
+
+    @property
+    def labels(self) -> bool:
+        return self.enc.label_column is not None
+
+    @property
+    def D(self) -> int:
+        return len(self.enc.schema.features)
+
+    def rate(self, n_train: float) -> float:
+        """The share of training rows drawn into the prior's sample."""
+        return min(1.0, self.prior_sample / max(n_train, 1.0))
+
+    def tell(self, what: str, done: int, total: int) -> None:
+        if self.progress is not None:
+            self.progress(what, done, total)
+
+
+@dataclass
+class _Written:
+    """What writing the rows gave: the chunks' (or pieces') results and the store's layout."""
+
+    results: list[PieceResult]
+    n_rows: int
+    chunk_rows: int
     group_ids: list[Any] | None = None
     chunk_counts: list[int] | None = None
-    group_moments = False
-    if src.aligned and group_column is None:
-        n_rows = sum(int(p.n or 0) for p in src.pieces)
-        if n_rows == 0:
-            raise InputError(f"{src.description}: {NO_ROWS}")
-        store.create_arrays(n_rows, D, chunk_rows, labels=labels, dtype=dtype)
-        rate = min(1.0, prior_sample / max(n_rows * (1.0 - holdout), 1.0))
-        results = _on_pieces(
-            client,
-            src,
-            enc,
-            lambda p, enc_f, rows_f: client.submit(
-                ingest_aligned_task,
-                str(store.path),
-                p,
-                enc_f,
-                holdout,
-                rate,
-                rows_f,
-                n_folds,
-                pure=False,
-            ),
-            "ingest",
-            tell,
-        )
-        _first_error(results)
-    else:
-        staged = _on_pieces(
-            client,
-            src,
-            enc,
-            lambda p, enc_f, rows_f: client.submit(
-                stage_piece_task, str(store.path), p, enc_f, rows_f, pure=False
-            ),
-            "read",
-            tell,
-        )
-        staged = sorted(staged, key=lambda r: r.index)
-        _first_staged_error(src, staged)
-        counts = [r.n for r in staged]
-        n_rows = int(sum(counts))
-        if n_rows == 0:
-            raise InputError(f"{src.description}: {NO_ROWS}")
-        ends = np.cumsum(counts)
-        starts = ends - np.asarray(counts)
-        if group_column is None:
-            chunk_rows = balanced_chunk_rows(n_rows, chunk_rows)
-            store.create_arrays(n_rows, D, chunk_rows, labels=labels, dtype=dtype)
-            rate = min(1.0, prior_sample / max(n_rows * (1.0 - holdout), 1.0))
-            futs = []
-            for a in range(0, n_rows, chunk_rows):
-                b = min(a + chunk_rows, n_rows)
-                spans = [
-                    (i, int(max(a, s) - s), int(min(b, e) - s))
-                    for i, (s, e) in enumerate(zip(starts, ends))
-                    if e > a and s < b
-                ]
-                futs.append(
-                    client.submit(
-                        gather_chunk_task,
-                        str(store.path),
-                        a,
-                        b,
-                        spans,
-                        holdout,
-                        rate,
-                        unarrange,
-                        labels,
-                        n_folds,
-                        pure=False,
-                    )
-                )
-        else:
-            group_ids, codes = _global_group_codes(staged)
-            plan = _group_plan(codes, len(group_ids), chunk_rows)
-            _check_group_sizes(plan, group_ids, group_column, chunk_rows, src.description)
-            chunk_counts = [int(n) for n in plan.chunk_counts]
-            n_stored = (len(chunk_counts) - 1) * chunk_rows + chunk_counts[-1]
-            store.create_arrays(n_stored, D, chunk_rows, labels=labels, grouped=True, dtype=dtype)
-            group_moments = D <= MAX_GRAM_COLS
-            if group_moments:
-                store.create_group_arrays(len(chunk_counts), int(plan.chunk_groups.max()), D)
-            # the hold-out is drawn per group: the training rows are known only from the
-            # groups' sizes and flags
-            hold_g = holdout_mask_of(np.arange(len(group_ids)), holdout)
-            n_train = int(plan.sizes[~hold_g].sum())
-            rate = min(1.0, prior_sample / max(n_train, 1.0))
-            piece_starts = np.asarray(starts, dtype=np.int64)
-            futs = []
-            for c, (lo, n_c) in enumerate(zip(plan.chunk_offsets, plan.chunk_counts)):
-                rows_c = plan.order[lo : lo + n_c]
-                futs.append(
-                    client.submit(
-                        gather_group_chunk_task,
-                        str(store.path),
-                        c,
-                        c * chunk_rows,
-                        rows_c,
-                        codes[rows_c],
-                        piece_starts,
-                        holdout,
-                        n_folds,
-                        rate,
-                        unarrange,
-                        labels,
-                        group_moments,
-                        pure=False,
-                    )
-                )
-            del codes, plan
-        results = _gather(client, futs, "chunk", tell)
-        storage.rmtree(store.path / "staging", ignore_errors=True)
-    results = sorted(results, key=lambda r: r.index)
+    group_moments: bool = False
+
+    @property
+    def n_stored(self) -> int:
+        """Rows of X, a grouped store's padding included."""
+        if self.chunk_counts is None:
+            return self.n_rows
+        return (len(self.chunk_counts) - 1) * self.chunk_rows + self.chunk_counts[-1]
+
+
+def _write_aligned(job: _Job) -> _Written:
+    """A source of known length: one task reads, encodes and writes each output chunk."""
+    n_rows = sum(int(p.n or 0) for p in job.src.pieces)
+    if n_rows == 0:
+        raise InputError(f"{job.src.description}: {NO_ROWS}")
+    job.store.create_arrays(n_rows, job.D, job.chunk_rows, labels=job.labels, dtype=job.dtype)
+    rate = job.rate(n_rows * (1.0 - job.holdout))
+    store, h, folds = str(job.store.path), job.holdout, job.n_folds
+    results = on_pieces(
+        job.client,
+        job.src,
+        job.enc,
+        lambda p, enc_f, rows_f: job.client.submit(
+            ingest_aligned_task, store, p, enc_f, h, rate, rows_f, folds, pure=False
+        ),
+        "ingest",
+        job.tell,
+    )
+    first_error(results)
+    return _Written(results, n_rows, job.chunk_rows)
+
+
+def _stage(job: _Job) -> list[PieceResult]:
+    """Pieces of unknown length read, encoded and written to the staging area, in order."""
+    store = str(job.store.path)
+    staged = on_pieces(
+        job.client,
+        job.src,
+        job.enc,
+        lambda p, enc_f, rows_f: job.client.submit(
+            stage_piece_task, store, p, enc_f, rows_f, pure=False
+        ),
+        "read",
+        job.tell,
+    )
+    staged = sorted(staged, key=lambda r: r.index)
+    first_staged_error(job.src, staged)
+    if sum(r.n for r in staged) == 0:
+        raise InputError(f"{job.src.description}: {NO_ROWS}")
+    return staged
+
+
+def _write_staged(job: _Job, staged: list[PieceResult]) -> _Written:
+    """The staged rows gathered into the store's chunks, one task per chunk (a grouped
+    ingest: ``_write_grouped``)."""
+    counts = [r.n for r in staged]
+    n_rows = int(sum(counts))
+    ends = np.cumsum(counts)
+    starts = ends - np.asarray(counts)
+    if job.enc.group_column is not None:
+        return _write_grouped(job, staged, np.asarray(starts, dtype=np.int64), n_rows)
+    chunk_rows = balanced_chunk_rows(n_rows, job.chunk_rows)
+    job.store.create_arrays(n_rows, job.D, chunk_rows, labels=job.labels, dtype=job.dtype)
+    rate = job.rate(n_rows * (1.0 - job.holdout))
+    unarrange = np.argsort(job.enc.checker.column_order)
+    store, futs = str(job.store.path), []
+    for a in range(0, n_rows, chunk_rows):
+        b = min(a + chunk_rows, n_rows)
+        spans = [
+            (i, int(max(a, s) - s), int(min(b, e) - s))
+            for i, (s, e) in enumerate(zip(starts, ends))
+            if e > a and s < b
+        ]
+        args = (a, b, spans, job.holdout, rate, unarrange, job.labels, job.n_folds)
+        futs.append(job.client.submit(gather_chunk_task, store, *args, pure=False))
+    return _Written(gather_tell(job.client, futs, "chunk", job.tell), n_rows, chunk_rows)
+
+
+def _write_grouped(
+    job: _Job, staged: list[PieceResult], piece_starts: IntArray, n_rows: int
+) -> _Written:
+    """The staged rows gathered into chunks of whole groups (module docstring), with the
+    groups' moments when there are at most ``MAX_GRAM_COLS`` columns."""
+    assert job.enc.group_column is not None
+    group_ids, codes = global_group_codes(staged)
+    plan = group_plan(codes, len(group_ids), job.chunk_rows)
+    check_group_sizes(plan, group_ids, job.enc.group_column, job.chunk_rows, job.src.description)
+    out = _Written([], n_rows, job.chunk_rows, group_ids, [int(n) for n in plan.chunk_counts])
+    D = job.D
+    job.store.create_arrays(
+        out.n_stored, D, job.chunk_rows, labels=job.labels, grouped=True, dtype=job.dtype
+    )
+    out.group_moments = D <= MAX_GRAM_COLS
+    if out.group_moments:
+        job.store.create_group_arrays(len(plan.chunk_counts), int(plan.chunk_groups.max()), D)
+    # the hold-out is drawn per group: the training rows are known only from the groups' sizes
+    # and flags
+    hold_g = holdout_mask_of(np.arange(len(group_ids)), job.holdout)
+    rate = job.rate(int(plan.sizes[~hold_g].sum()))
+    unarrange = np.argsort(job.enc.checker.column_order)
+    store, futs = str(job.store.path), []
+    for c, (lo, n_c) in enumerate(zip(plan.chunk_offsets, plan.chunk_counts)):
+        rows_c = plan.order[lo : lo + n_c]
+        args = (c, c * job.chunk_rows, rows_c, codes[rows_c], piece_starts, job.holdout)
+        more = (job.n_folds, rate, unarrange, job.labels, out.group_moments)
+        futs.append(job.client.submit(gather_group_chunk_task, store, *args, *more, pure=False))
+    del codes, plan
+    out.results = gather_tell(job.client, futs, "chunk", job.tell)
+    return out
+
+
+@contextmanager
+def _at(label: str) -> Iterator[None]:
+    """A ValueError raised inside as an ``InputError`` naming ``label`` (one line)."""
+    try:
+        yield
+    except (ValueError, IndexError) as err:
+        raise InputError(f"{label}: {' '.join(str(err).split())}") from err
+
+
+def _finish(
+    job: _Job, out: _Written, fixed: ProductFamily | None, settle: bool | None
+) -> StoreInfo:
+    """The store's ``StoreInfo`` from the chunks' results: their moments and prior sample
+    added up, the columns settled (``Schema.settle``; ``settle``: strict, None: not at all),
+    the prior fitted to the sample (or ``fixed``) and the missing cells counted."""
+    schema, checker, label = job.enc.schema, job.enc.checker, job.src.description
+    results = sorted(out.results, key=lambda r: r.index)
     mom = results[0].moments
     assert mom is not None
     for r in results[1:]:
         assert r.moments is not None
         mom = mom + r.moments
-    old_features = schema.features
-    if not given:
-        _check_global(schema, checker, mom, src.description, strict or fixed is not None)
     sample = np.concatenate([r.sample for r in results if r.sample is not None])
     sample_rows = np.concatenate([r.sample_rows for r in results if r.sample_rows is not None])
-    if dtype != "float64":
+    if job.dtype != "float64":
         # the sample start fits these rows in memory: the values the store holds, as every pass
         # reads them
-        sample = sample.astype(dtype).astype(np.float64)
-    miss = np.sum([r.missing for r in results if r.missing is not None], axis=0)
-    firsts = [r.first_missing for r in results if r.first_missing is not None]
-    if schema.features != old_features:
-        try:
-            prod, sample, mom = _drop_columns(
-                client,
-                store,
-                old_features,
-                schema,
-                checker,
-                sample,
-                mom,
-                n_rows
-                if chunk_counts is None
-                else (len(chunk_counts) - 1) * chunk_rows + chunk_counts[-1],
-                chunk_rows,
-            )
-        except ValueError as err:
-            raise InputError(f"{src.description}: {' '.join(str(err).split())}") from err
-        # the groups' moments were taken over the dropped columns too: readers use the rows
-        group_moments = False
-    elif fixed is not None:
-        prod = fixed
-    else:
-        try:
-            prod = schema.build_family(sample)
-        except ValueError as err:
-            raise InputError(f"{src.description}: {' '.join(str(err).split())}") from err
+        sample = sample.astype(job.dtype).astype(np.float64)
+    old_features = schema.features
+    if settle is not None:
+        with _at(label):
+            sample = schema.settle(sample, settle, mom.summary(checker.column_order))
+    group_moments = out.group_moments
+    with _at(label):
+        if schema.features != old_features:
+            where = (job.client, job.store, out.n_stored, out.chunk_rows)
+            prod, mom = _drop_columns(*where, old_features, schema, checker, sample, mom)
+            # the groups' moments were taken over the dropped columns too: readers use the rows
+            group_moments = False
+        else:
+            prod = fixed if fixed is not None else schema.build_family(sample)
     notes = []
     if sample.shape[0] < mom.n:
         notes.append(
             f"empirical-Bayes prior fitted to a hash sample of {sample.shape[0]} of "
             f"{int(mom.n)} training rows"
         )
+    # the in-memory fit's warning (``Schema.dropped_lines``), word for word
     notes.extend(schema.dropped_lines())
-    arranged = [old_features[j] for j in checker.column_order]
-    missing_cells = {arranged[j]: int(miss[j]) for j in np.flatnonzero(miss)} if firsts else {}
-    first_missing = None
-    if firsts:
-        row, col = min(firsts)
-        first_missing = [row, arranged[col]]
-    info = StoreInfo(
-        source=src.description,
-        n_rows=n_rows,
+    missing_cells, first_missing = _missing(
+        results, [old_features[j] for j in checker.column_order]
+    )
+    return StoreInfo(
+        source=label,
+        n_rows=out.n_rows,
         n_cols=len(schema.features),
-        chunk_rows=chunk_rows,
-        holdout=float(holdout),
+        chunk_rows=out.chunk_rows,
+        holdout=float(job.holdout),
         schema=schema,
         family=prod,
         n_train=int(mom.n),
         moments=mom,
         sample=sample,
         sample_rows=sample_rows,
-        seconds=time.perf_counter() - t0,
         notes=notes,
         prior_fixed=fixed is not None,
-        label_column=label_column,
-        n_folds=n_folds,
-        group_column=group_column,
-        group_ids=group_ids,
-        chunk_counts=chunk_counts,
+        label_column=job.enc.label_column,
+        n_folds=job.n_folds,
+        group_column=job.enc.group_column,
+        group_ids=out.group_ids,
+        chunk_counts=out.chunk_counts,
         group_moments=group_moments,
         missing_cells={c: missing_cells[c] for c in schema.columns if c in missing_cells},
         first_missing=first_missing,
     )
-    store.save(INFO_FILE, info)
-    return info
 
 
-# -- the chunk plan of a grouped ingest ----------------------------------------------------------
-
-
-def _global_group_codes(staged: Sequence[PieceResult]) -> tuple[list[Any], IntArray]:
-    """The groups' values by first appearance over the pieces in order, and every input row's
-    group code (N,)."""
-    values = [r.group_values or [] for r in staged]
-    # a CSV block of digits-only keys parses as numbers, another block of the same column as
-    # text: then every key is compared as text, so that 17 and "17" are one group
-    kinds = {isinstance(v, str) for vs in values for v in vs}
-    as_text = len(kinds) > 1
-    index: dict[Any, int] = {}
-    ids: list[Any] = []
-    parts = []
-    for vs, r in zip(values, staged):
-        lut = np.empty(len(vs), dtype=np.int64)
-        for j, v in enumerate(vs):
-            k = str(v) if as_text else v
-            code = index.get(k)
-            if code is None:
-                code = index[k] = len(ids)
-                ids.append(k)
-            lut[j] = code
-        if r.group_index is not None:
-            parts.append(lut[r.group_index])
-    codes = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    return ids, codes
-
-
-@dataclass
-class GroupPlan:
-    """Where a grouped ingest puts its rows.
-
-    sizes : (G,) rows of each group.
-    order : (N,) input rows in stored order without the padding (groups by code, each group's
-        rows in input order).
-    chunk_counts, chunk_offsets : (C,) real rows of each chunk, and where its rows start in
-        ``order``.
-    chunk_groups : (C,) groups of each chunk.
-    """
-
-    sizes: IntArray
-    order: IntArray
-    chunk_counts: IntArray
-    chunk_offsets: IntArray
-    chunk_groups: IntArray
-
-
-def _group_plan(codes: IntArray, n_groups: int, chunk_rows: int) -> GroupPlan:
-    """Pack the groups, in code order, greedily into chunks of at most ``chunk_rows`` rows (a
-    group larger than that gets a chunk of its own: ``_check_group_sizes`` refuses it)."""
-    sizes = np.bincount(codes, minlength=n_groups).astype(np.int64)
-    counts: list[int] = []
-    groups: list[int] = []
-    cur = 0
-    m = 0
-    for s in sizes.tolist():
-        if cur and cur + s > chunk_rows:
-            counts.append(cur)
-            groups.append(m)
-            cur = 0
-            m = 0
-        cur += s
-        m += 1
-    counts.append(cur)
-    groups.append(m)
-    chunk_counts = np.asarray(counts, dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(chunk_counts)[:-1]]).astype(np.int64)
-    order = np.argsort(codes, kind="stable").astype(np.int64)
-    return GroupPlan(sizes, order, chunk_counts, offsets, np.asarray(groups, dtype=np.int64))
-
-
-def _check_group_sizes(
-    plan: GroupPlan, ids: list[Any], column: str, chunk_rows: int, label: str
-) -> None:
-    big = np.flatnonzero(plan.sizes > chunk_rows)
-    if big.size:
-        g = int(big[0])
-        more = f" (and {big.size - 1} more groups)" if big.size > 1 else ""
-        raise InputError(
-            f"{label}: group {ids[g]!r} of column {column!r} has {int(plan.sizes[g]):,} rows, "
-            f"more than --chunk-rows {chunk_rows:,}{more}: a group's rows must fit in one chunk"
-        )
-
-
-def _bare(piece: Piece) -> Piece:
-    """The piece without its in-memory rows (they travel as a future, ``_on_pieces``)."""
-    if piece.kind in IN_MEMORY:
-        return Piece(piece.index, piece.label, piece.kind, (), piece.row0, piece.n)
-    return piece
-
-
-def _on_pieces(
-    client: Any,
-    src: Source,
-    enc: Encoder,
-    submit: Callable[[Piece, Any, Any], Any],
-    what: str,
-    tell: Callable[[str, int, int], None],
-) -> list[Any]:
-    """The results of ``submit(piece, encoder, rows)``'s task for every piece of ``src``, in
-    order (``_gather``). The encoder is broadcast and an in-memory piece's rows are scattered
-    to one worker (a delayed piece's computed there), so that no data is embedded in the task
-    graph; both are scattered again, and the tasks run again, when a lost worker takes them
-    (``on_scattered``: the tasks write only their own piece's rows)."""
-    held = [p for p in src.pieces if p.kind in IN_MEMORY and p.kind != "delayed"]
-
-    def run(enc_f: Any, *held_f: Any) -> list[Any]:
-        rows_f = dict(zip((p.index for p in held), held_f))
-        futs = []
-        for p in src.pieces:
-            rows = rows_f.get(p.index)
-            if p.kind == "delayed":
-                rows = client.compute(p.args[0])
-            futs.append(submit(_bare(p), enc_f, rows))
-        return _gather(client, futs, what, tell)
-
-    objs = [enc, *(p.args[0] for p in held)]
-    return on_scattered(client, objs, run, [True] + [False] * len(held), what)
-
-
-def _first_staged_error(src: Source, staged: Sequence[PieceResult]) -> None:
-    """Raise the first piece's error, with the row counted from the start of its file."""
-    staged = sorted(staged, key=lambda r: r.index)
-    row_in_file: dict[str, int] = {}
-    for piece, r in zip(src.pieces, staged):
-        off = piece.row0 if piece.row0 is not None else row_in_file.get(piece.label, 0)
-        if r.error is not None:
-            msg = r.error
-            if off and piece.row0 is None:
-                # the task counted rows from its own start: shift them to the file's rows
-                head = f"{piece.label}: "
-                body = msg[len(head) :] if msg.startswith(head) else msg
-                body = shift_row(body, off)
-                body = body.replace("rows from 0 ", f"rows from {off} ")
-                msg = head + body
-            raise InputError(msg)
-        row_in_file[piece.label] = off + max(r.n, 0)
-
-
-def _gather(
-    client: Any, futs: list[Any], what: str, tell: Callable[[str, int, int], None]
-) -> list[Any]:
-    """The tasks' results in their order (``pipeline.core.tasks.gather``), telling ``tell``
-    how many have ended as each ends."""
-    ended = 0
-
-    def on_done(_: int) -> None:
-        nonlocal ended
-        ended += 1
-        tell(what, ended, len(futs))
-
-    return gather(client, futs, on_done)
+def _missing(
+    results: Sequence[PieceResult], arranged: list[str]
+) -> tuple[dict[str, int], list[Any] | None]:
+    """Missing cells per column (arranged: the columns in the store's order) and the first
+    missing cell as [row, column], from the chunks' results."""
+    firsts = [r.first_missing for r in results if r.first_missing is not None]
+    if not firsts:
+        return {}, None
+    miss = np.sum([r.missing for r in results if r.missing is not None], axis=0)
+    row, col = min(firsts)
+    return {arranged[j]: int(miss[j]) for j in np.flatnonzero(miss)}, [row, arranged[col]]

@@ -69,7 +69,7 @@ from pipeline.core import persist, storage
 from pipeline.core.config import N_FOLDS
 from pipeline.core.errors import InputError
 from pipeline.families import FloatArray, ProductFamily
-from pipeline.families.schema import Schema
+from pipeline.families.schema import Schema, Summary
 
 HOLDOUT_SALT = 0x5EED_0001
 SAMPLE_SALT = 0x5EED_0002
@@ -230,6 +230,13 @@ class Moments:
             self.hi[cols],
             None if self.n_missing is None else self.n_missing[cols],
         )
+
+    def summary(self, order: IntArray) -> Summary:
+        """(n, n_missing, lo, hi) of the rows in the schema's feature order, from these moments
+        in the family's arranged ``order`` (``Schema.settle``)."""
+        unarrange = np.argsort(order)
+        n_missing = np.zeros(len(order)) if self.n_missing is None else self.n_missing
+        return int(self.n), n_missing[unarrange], self.lo[unarrange], self.hi[unarrange]
 
     @property
     def mean(self) -> FloatArray:

@@ -156,15 +156,12 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
             schema = Schema.infer(df, "gaussian", from_frame)
             Xe = schema.encode(df, fitting=True)
             if self._always_informative:
-                schema.check_informative(Xe)
+                schema.settle(Xe)
         else:
             missing = check_missing(getattr(self, "missing", "refuse")) == "latent"
             schema = Schema.infer(df, family, from_frame, missing=missing)
             Xe = schema.encode(df, fitting=True)
-            strict = bool(getattr(self, "strict", True))
-            Xe = schema.check_informative(Xe, strict=strict)
-            if not strict:
-                Xe = schema.drop_collinear(Xe)
+            Xe = schema.settle(Xe, strict=bool(getattr(self, "strict", True)))
             for line in schema.dropped_lines():
                 warnings.warn(line, UserWarning, stacklevel=3)
         self.schema_ = schema

@@ -7,7 +7,8 @@ of binomial columns. It encodes the same columns at predict time and refuses any
 ``family="auto"`` rules, per column
 -----------------------------------
 * bool, or integers taking only the values 0 and 1: ``bernoulli`` (Beta prior);
-* pandas ``category``, strings or other non-numeric objects: ``categorical`` (Dirichlet prior);
+* pandas ``category``, strings or other non-numeric objects: ``categorical`` (Dirichlet prior),
+  unless every value present is a number: numbers stored as text follow the rules below;
 * integers taking at most ``MAX_LEVELS`` (10) distinct values: ``categorical`` over the values
   seen. Such a column is a code or a score on a short scale; a Gaussian on a lattice of a few
   values rewards clusters that collapse onto one level (the density grows without bound as the
@@ -29,15 +30,15 @@ microarray of 500 genes in 189 samples came out as one cluster); independent col
 Missing values
 --------------
 With ``missing=True`` (the estimators' default ``missing="latent"``) an empty cell is kept as NaN
-through the encoding (a categorical column's missing cell too); ``constant_columns`` and
-``check_informative`` look at the values present. Otherwise the first missing cell is an error
+through the encoding (a categorical column's missing cell too); ``settle`` looks at
+the values present. Otherwise the first missing cell is an error
 naming its column and row.
 
 Constant columns
 ----------------
-``check_informative`` refuses a column of one value (``strict=True``); otherwise the column is
-dropped (``Schema.dropped``, with its value): it carries no information and its
-empirical-Bayes prior is degenerate. Likewise ``drop_collinear`` leaves out full-covariance
+``settle`` refuses a column of one value, or of none (empty), with ``strict=True``;
+otherwise the column is dropped (``Schema.dropped``, with its value): it carries no information
+and its empirical-Bayes prior is degenerate. Likewise ``drop_collinear`` leaves out full-covariance
 Gaussian columns that are exact linear combinations of others (``Schema.collinear``). ``encode``
 then leaves them out at fit and predict time.
 
@@ -49,6 +50,16 @@ more than ``ID_LEVELS``: an identifier, one cluster per record). Naming the colu
 (``family={"id": "categorical"}``) accepts either.
 
 Any column can be overridden: ``family={"visits": "poisson"}`` keeps ``auto`` for the rest.
+
+One contract for every path
+---------------------------
+This module decides, for the in-memory fit, ingest (``pipeline.data.ingest``) and scoring alike,
+what a column is and what happens to it, so that one input gets one decision everywhere:
+``check_cells`` refuses what no family holds (lists, structs, complex numbers, other objects),
+``numeric_column`` a value beyond ``MAX_ABS`` (both in ``pipeline.families.cells``, with the
+``auto`` rules and their thresholds), ``Schema.infer`` decides the kinds and ``Schema.settle``
+the columns left out (constant, empty, collinear) with ``dropped_lines``'s warning. A column
+with no value at all is empty: dropped as a constant column, or refused with ``strict``.
 """
 
 from __future__ import annotations
@@ -63,9 +74,16 @@ import scipy.linalg
 
 from kernels import moments as kmoments
 from pipeline import families as fam_mod
-from pipeline.core.errors import InputError
 from pipeline.core.persist import register
 from pipeline.families import Family, FloatArray, ProductFamily
+from pipeline.families.cells import (
+    MAX_ABS,
+    auto_kind,
+    check_auto_text,
+    check_cells,
+    first_bad_row,
+    numeric_column,
+)
 
 KINDS = (
     "gaussian",
@@ -78,18 +96,14 @@ KINDS = (
     "geometric",
 )
 NUMERIC_KINDS = {"gaussian", "diag-gaussian", "exponential"}
-MAX_LEVELS = 10
-# ``check_auto_text``: a text column with at least this share of numbers is a numeric column with
-# typos; one with more than this share of distinct values and more than this many levels is an
-# identifier
-NUMERIC_SHARE = 0.9
-ID_SHARE = 0.5
-ID_LEVELS = 50
 COUNT_KINDS = {"poisson", "bernoulli", "binomial", "geometric"}
 #: ``family="auto"`` makes the Gaussian columns diagonal above this many (module docstring)
 WIDE_COLS = 50
 #: ``Schema.drop_collinear``: a QR pivot below this share of the largest marks a dependent column
 COLLINEAR_TOL = 1e-6
+#: (n, n_missing, lo, hi) of the encoded columns over every row: the count of rows, and per
+#: column (n_features,) its missing cells, least and greatest value (``Schema.settle``)
+Summary = tuple[int, FloatArray, FloatArray, FloatArray]
 
 
 def _is_sparse(X: Any) -> bool:
@@ -130,123 +144,6 @@ def as_frame(X: Any, feature_names: Sequence[str] | None = None) -> tuple[pd.Dat
     return pd.DataFrame(arr, columns=names, copy=False), False
 
 
-def _first_bad_row(mask: np.ndarray) -> int:
-    return int(np.flatnonzero(mask)[0])
-
-
-def _numeric_column(s: pd.Series, name: str, missing: bool = False) -> np.ndarray:
-    """Column as float64, or a ValueError naming the first row that is not a number (or is
-    missing, unless ``missing``: then NaN)."""
-    if pd.api.types.is_bool_dtype(s.dtype):
-        return s.to_numpy(dtype=np.float64)
-    if pd.api.types.is_numeric_dtype(s.dtype):
-        vals = s.to_numpy(dtype=np.float64, na_value=np.nan)
-    else:
-        conv = pd.to_numeric(s, errors="coerce")
-        bad = conv.isna().to_numpy() & s.notna().to_numpy()
-        if bad.any():
-            i = _first_bad_row(bad)
-            raise ValueError(f"column '{name}': row {i} has {s.iloc[i]!r}, which is not a number")
-        vals = conv.to_numpy(dtype=np.float64, na_value=np.nan)
-    nan = np.isnan(vals)
-    if nan.any() and not missing:
-        raise ValueError(f"column '{name}': row {_first_bad_row(nan)} is NaN (missing value)")
-    inf = np.isinf(vals)
-    if inf.any():
-        i = _first_bad_row(inf)
-        raise ValueError(f"column '{name}': row {i} is {vals[i]} (inf is not a valid value)")
-    return vals
-
-
-def auto_kind(s: pd.Series) -> str:
-    """The ``family="auto"`` kind of one column (module docstring)."""
-    dt = s.dtype
-    if pd.api.types.is_bool_dtype(dt):
-        return "bernoulli"
-    if isinstance(dt, pd.CategoricalDtype) or not pd.api.types.is_numeric_dtype(dt):
-        return "categorical"
-    vals = s.to_numpy()
-    # a NumPy float column's holes are its NaN: np.isnan, a tenth of pandas' isna's time (half
-    # of ``Schema.infer``'s on 200,000 x 10 records); pandas' own float dtypes ask pandas
-    if pd.api.types.is_float_dtype(dt) and (
-        np.isnan(vals).any() if isinstance(dt, np.dtype) else s.isna().any()
-    ):
-        # a CSV reader turns an integer column with an empty cell into floats: the values
-        # present decide, as they would have without the holes
-        vals = vals[~np.isnan(vals)]
-        if not np.array_equal(vals, np.floor(vals)):
-            return "gaussian"
-    elif not pd.api.types.is_integer_dtype(dt):
-        return "gaussian"
-    if vals.size and np.isin(vals, (0, 1)).all():
-        return "bernoulli"
-    if np.unique(vals).size <= MAX_LEVELS:
-        return "categorical"
-    return "gaussian"
-
-
-def _is_text(s: pd.Series) -> bool:
-    """Strings or other objects: what ``auto_kind`` makes categorical without being told."""
-    dt = s.dtype
-    return not (
-        pd.api.types.is_numeric_dtype(dt)
-        or pd.api.types.is_bool_dtype(dt)
-        or isinstance(dt, pd.CategoricalDtype)
-    )
-
-
-def check_auto_text(s: pd.Series, name: str) -> None:
-    """Refuse a text column that ``family="auto"`` would wrongly make categorical.
-
-    Parameters
-    ----------
-    s : Series of shape (n_rows,)
-        The column as read (a numeric, bool or ``category`` column passes unchecked).
-    name : str
-        The column's name, for the message.
-
-    Raises
-    ------
-    InputError
-        When at least ``NUMERIC_SHARE`` of the values present are numbers (the message names the
-        first 0-based row that is not), or when more than ``ID_SHARE`` of the rows and more than
-        ``ID_LEVELS`` values are distinct (an identifier).
-    """
-    if not _is_text(s):
-        return
-    present = s.notna().to_numpy()
-    n_present = int(present.sum())
-    if n_present == 0:
-        return
-    is_num = pd.to_numeric(s, errors="coerce").notna().to_numpy()
-    n_num = int(is_num.sum())
-    if n_num < n_present and n_num >= NUMERIC_SHARE * n_present:
-        i = _first_bad_row(present & ~is_num)
-        raise InputError(
-            f"column '{name}': row {i} is {s.iloc[i]!r}, not a number ({n_num:,} of "
-            f"{n_present:,} values are numbers)"
-        )
-    n_levels = int(s.nunique(dropna=True))
-    n = int(s.shape[0])
-    if n_levels > ID_LEVELS and n_levels > ID_SHARE * n:
-        raise InputError(
-            f"column '{name}': {n_levels:,} distinct values in {n:,} rows; an identifier? drop "
-            "it or name its family"
-        )
-
-
-def constant_columns(df: pd.DataFrame) -> dict[str, Any]:
-    """The columns of ``df`` holding one value in every row where they have one, with that value
-    (a numpy scalar as the Python one, for run.json)."""
-    out = {}
-    for c in df.columns:
-        s = df[c]
-        if s.notna().any() and s.nunique(dropna=True) == 1:
-            v = s.dropna().iloc[0]
-            out[str(c)] = v.item() if isinstance(v, np.generic) else v
-    return out
-
-
 @register
 @dataclass
 class Schema:
@@ -284,6 +181,8 @@ class Schema:
                 "is required."
             )
         cols = list(df.columns)
+        for c in cols:
+            check_cells(df[c], c)
         if isinstance(family, str):
             if family == "auto":
                 for c in cols:
@@ -332,7 +231,7 @@ class Schema:
             if kinds[c] == "categorical":
                 s = df[c]
                 if s.isna().any() and not missing:
-                    i = _first_bad_row(s.isna().to_numpy())
+                    i = first_bad_row(s.isna().to_numpy())
                     raise ValueError(f"column '{c}': row {i} is NaN (missing value)")
                 if isinstance(s.dtype, pd.CategoricalDtype):
                     schema.categories[c] = list(s.cat.categories)
@@ -341,7 +240,7 @@ class Schema:
                         pd.unique(s.dropna()), key=lambda v: (str(type(v)), v)
                     )
             elif kinds[c] == "binomial":
-                vals = _numeric_column(df[c], c, missing)
+                vals = numeric_column(df[c], c, missing)
                 present = vals[~np.isnan(vals)]
                 schema.n_trials[c] = int(max(np.max(present), 1)) if present.size else 1
         return schema
@@ -383,12 +282,16 @@ class Schema:
             # numbers only: one copy of the block; the column-by-column pass below runs only to
             # name the first NaN or inf
             out = cols.to_numpy(dtype=np.float64, na_value=np.nan, copy=True)
-            if np.isfinite(out).all() or (self.missing and not np.isinf(out).any()):
+            # one pass in the common case: a NaN, an inf or a value beyond MAX_ABS fails it
+            if np.abs(out).max(initial=0.0) <= MAX_ABS or (
+                self.missing and not (np.abs(np.nan_to_num(out)) > MAX_ABS).any()
+            ):
                 return out
         out = np.empty((df.shape[0], len(features)), dtype=np.float64)
         for j, c in enumerate(features):
             kind = self.kinds[c]
             s = df[c]
+            check_cells(s, c)
             if kind == "categorical":
                 cats = self.categories[c]
                 lookup = {v: i for i, v in enumerate(cats)}
@@ -397,7 +300,7 @@ class Schema:
                 if self.missing:
                     bad &= s.notna().to_numpy()
                 if bad.any():
-                    i = _first_bad_row(bad)
+                    i = first_bad_row(bad)
                     what = "is missing" if pd.isna(s.iloc[i]) else f"has category {s.iloc[i]!r}"
                     raise ValueError(
                         f"column '{c}': row {i} {what}, not one of the {len(cats)} categories "
@@ -405,51 +308,66 @@ class Schema:
                     )
                 out[:, j] = codes.to_numpy(dtype=np.float64, na_value=np.nan)
             else:
-                out[:, j] = _numeric_column(s, c, self.missing)
+                out[:, j] = numeric_column(s, c, self.missing)
         return out
 
-    def check_informative(self, X: FloatArray, strict: bool = True) -> FloatArray:
-        """Fit-time checks of the encoded records X (n, n_features): enough rows, and no column
-        of one constant value (among the values present).
+    def settle(
+        self, X: FloatArray, strict: bool = True, summary: Summary | None = None
+    ) -> FloatArray:
+        """The fit-time decisions on the encoded records, made here for every path: enough rows,
+        no column of one value (among the values present) or of none (empty), and, without
+        ``strict``, no exact linear combination (``drop_collinear``).
 
-        A constant column is an error with ``strict``; otherwise it is dropped: recorded in
-        ``dropped`` (with its value) and left out of the returned X and of later encodings.
+        Parameters
+        ----------
+        X : ndarray of shape (n, n_features)
+            The encoded records (ingest: its sample of the training rows).
+        strict : bool
+            Refuse a constant or empty column, and keep collinear ones; otherwise they are
+            dropped: recorded in ``dropped`` (with the value; NaN for an empty column) or
+            ``collinear``, left out of the returned X and of later encodings, and said in words
+            by ``dropped_lines``.
+        summary : Summary, optional
+            Over every row when X holds only a sample of them (ingest).
 
         Returns
         -------
-        ndarray of shape (n, n_features - n_dropped)
+        ndarray of shape (n, len(features))
         """
-        n = X.shape[0]
+        if summary is None:
+            n_missing, _, lo, hi = kmoments.column_summary(np.ascontiguousarray(X))
+            summary = (X.shape[0], n_missing, lo, hi)
+        n, n_missing, lo, hi = summary
         if n < 2:
-            raise ValueError(f"n_samples = {n}: clustering needs at least 2 samples, got 1 sample")
+            raise ValueError(f"n_samples = {n}: clustering needs at least 2 samples, got {n}")
         features = self.features
-        # the extremes of the cells present, in one pass over the rows
-        n_missing, _, lo, hi = kmoments.column_summary(np.ascontiguousarray(X))
+        lo = np.array(lo, dtype=np.float64)
         # an all-missing column is constant too (nothing to tell its rows apart); its value NaN
-        lo[n_missing == n] = np.nan
+        lo[np.asarray(n_missing) >= n] = np.nan
         constant = np.flatnonzero(~(lo < hi))
-        if not constant.size:
-            return X
         values = {}
         for j in constant.tolist():
-            c = features[j]
-            first = lo[j]
+            c, first = features[j], lo[j]
             shown = (
                 self.categories[c][int(first)] if c in self.categories and first == first else first
             )
             values[c] = shown.item() if isinstance(shown, np.generic) else shown
-        if strict:
-            c, shown = next(iter(values.items()))
+        if values and strict:
+            c, v = next(iter(values.items()))
+            what = (
+                f"is constant (every row is {v!r})" if v == v else "is empty (no row has a value)"
+            )
             raise ValueError(
-                f"column '{c}' is constant (every row is {shown!r}): it cannot inform the "
-                "clustering and its empirical-Bayes prior is degenerate; drop the column"
+                f"column '{c}' {what}: it cannot inform the clustering and its empirical-Bayes "
+                "prior is degenerate; drop the column"
             )
         if constant.size == len(features):
             raise ValueError(
                 f"every column is constant ({', '.join(map(repr, values))}): nothing to cluster on"
             )
         self.dropped.update(values)
-        return np.ascontiguousarray(np.delete(X, constant, axis=1))
+        X = np.ascontiguousarray(np.delete(X, constant, axis=1)) if values else X
+        return X if strict else self.drop_collinear(X)
 
     def dropped_lines(self) -> list[str]:
         """One sentence per kind of column left out (constant, collinear), for warnings and
@@ -458,7 +376,10 @@ class Schema:
         if self.dropped:
             out.append(
                 "constant columns dropped (they cannot inform the clustering): "
-                + ", ".join(f"{c!r} (every value {v!r})" for c, v in self.dropped.items())
+                + ", ".join(
+                    f"{c!r} (every value {v!r})" if v == v else f"{c!r} (empty: no value)"
+                    for c, v in self.dropped.items()
+                )
                 + "; strict=True (--strict) refuses them instead"
             )
         if self.collinear:
@@ -524,7 +445,8 @@ class Schema:
             names = [self.features[j] for j in cols]
             fam: Family
             if kind == "categorical":
-                n_cat = len(self.categories[names[0]])
+                # an empty column has no category; ``settle`` leaves it out of the model
+                n_cat = max(len(self.categories[names[0]]), 1)
                 fam = fam_mod.Categorical.empirical_bayes(Xg, n_categories=n_cat)
             elif kind == "binomial":
                 trials = np.array([self.n_trials[nm] for nm in names], dtype=np.float64)
