@@ -1,5 +1,5 @@
 """The ``longitudinal`` flow (``dpmm longitudinal``): the semiparametric mixed-effects model of
-seed 000 Section 7 over the subjects of a longitudinal table, distributed on Dask.
+Raykov et al. 2016, Section 7 over the subjects of a longitudinal table, distributed on Dask.
 
 read and check the input -> ingest into a grouped dataset store (subjects are the groups) ->
 the start and the ICM passes of the ``mixed_effects`` engine, each pass a Prefect task ->

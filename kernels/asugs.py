@@ -1,6 +1,7 @@
-"""ASUGS: adaptive sequential updating and greedy search (seed 002, Algorithm 1), SUGS with a
-fixed concentration (seed 002, Section 2; Wang and Dunson 2011) and ASUGS-PM's pruning and
-merging (seed 002, Section 6), over any observation model of ``kernels.obs.product``.
+"""ASUGS: adaptive sequential updating and greedy search (Tsiligkaridis and Forsythe 2015, Algorithm
+1), SUGS with a fixed concentration (Tsiligkaridis and Forsythe 2015, Section 2; Wang and Dunson
+2011) and ASUGS-PM's pruning and merging (Tsiligkaridis and Forsythe 2015, Section 6), over any
+observation model of ``kernels.obs.product``.
 
 One record at a time, in stream order, record i (1-based, counted over the whole stream):
 
@@ -11,8 +12,8 @@ One record at a time, in stream order, record i (1-based, counted over the whole
     (the common 1 / (i - 1 + alpha) cancels): the arg max (greedy) or a draw;
 (c) the posterior update of class gamma_i: its sufficient statistics gain y_i and its cache
     (posterior parameters) is updated in place by the family's rank-one ``update``. For the
-    Normal-Wishart this is eqs. 4-7 in the parameterisation of seed 000 Appendix B; L_{i,h} is
-    the family's posterior predictive (for the Normal-Wishart the Student-t of eq. 8).
+    Normal-Wishart this is eqs. 4-7 in the parameterisation of Raykov et al. 2016, Appendix B;
+    L_{i,h} is the family's posterior predictive (for the Normal-Wishart the Student-t of eq. 8).
 
 Record 1 opens class 1 (gamma_1 = 1, k_1 = 1). Clusters live in rows 0..K-1 of ``stats``,
 ``cache``, ``nk`` (K_cap rows, grown by doubling); each carries an id that never changes or
@@ -48,7 +49,8 @@ PRUNED = -1
 
 @njit(cache=True, nogil=True)
 def concentration(k, i, lam):
-    """alpha_i = k_i / (lambda + log i), seed 002 Section 2.1 (Algorithm 1, step (a)).
+    """alpha_i = k_i / (lambda + log i), Tsiligkaridis and Forsythe 2015, Section 2.1 (Algorithm 1,
+    step (a)).
 
     Parameters
     ----------
@@ -182,7 +184,8 @@ def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy, ub):
 def prune_merge(
     i, K, stats, cache, nk, lognk, born, ids, alias, pruned, spec, prior, log_alpha, prune_weight
 ):
-    """One ASUGS-PM round after record i (seed 002, Section 6; module docstring).
+    """One ASUGS-PM round after record i (Tsiligkaridis and Forsythe 2015, Section 6; module
+    docstring).
 
     Pruning: a class h with nk[h] < prune_weight * (i - born[h] + 1) leaves (its statistics
     are added to ``pruned``, its id becomes ``PRUNED``); the largest class always stays.
@@ -272,8 +275,8 @@ def stream(
     X, z, alpha_trace, logq, stats, cache, nk, born, ids, K, alias, n_ids, pruned, n_seen, spec,
     prior, empty_c, lam, alpha_fixed, sample, state, pm_interval, prune_weight,
 ):  # fmt: skip
-    """Algorithm 1 of seed 002 (ASUGS; SUGS when ``lam`` <= 0) over the records of X in order,
-    continuing from the state given (module docstring).
+    """Algorithm 1 of Tsiligkaridis and Forsythe 2015 (ASUGS; SUGS when ``lam`` <= 0) over the
+    records of X in order, continuing from the state given (module docstring).
 
     Parameters
     ----------

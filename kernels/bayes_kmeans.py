@@ -1,4 +1,4 @@
-"""Bayes K-means (seed 001, Section 5): the one implementation, over leaf summaries
+"""Bayes K-means (Xu et al. 2009, Section 5): the one implementation, over leaf summaries
 (``bayes_kmeans``) and as the per-chunk assignment step of the distributed passes (``assign``,
 with the chunk bookkeeping ``label_deltas``).
 
@@ -9,15 +9,15 @@ record i this minimises
     - log p(x_i | X_{k,-i}) - log N_{k,-i}      (an existing cluster k)
     - log p(x_i) - log N0                       (a new cluster)
 
-which is the MAP-DP cost (seed 000, eqs. 3.1-3.2; the prior terms are ``kernels.alloc.crp``'s
-``log_join`` and ``log_new``); for a leaf summarising several records it joins the cluster with
-the largest positive merge gap (``kernels.partition.merge_gap``), else opens a new one. What makes
-it *K-means-like* is that the existing clusters' statistics are frozen during an assignment step
-of ``assign`` (a Lloyd step): they are recomputed from the new assignment afterwards, by the caller
-adding the deltas (``label_deltas``), and clusters are then merged greedily while the marginal
-likelihood grows (``kernels.partition.greedy_merge``). Records that open new
-clusters in a chunk update those clusters incrementally, so the records of a cluster missing from
-the frozen set gather in one new cluster.
+which is the MAP-DP cost (Raykov et al. 2016, eqs. 3.1-3.2; the prior terms are
+``kernels.alloc.crp``'s ``log_join`` and ``log_new``); for a leaf summarising several records it
+joins the cluster with the largest positive merge gap (``kernels.partition.merge_gap``), else opens
+a new one. What makes it *K-means-like* is that the existing clusters' statistics are frozen during
+an assignment step of ``assign`` (a Lloyd step): they are recomputed from the new assignment
+afterwards, by the caller adding the deltas (``label_deltas``), and clusters are then merged
+greedily while the marginal likelihood grows (``kernels.partition.greedy_merge``). Records that open
+new clusters in a chunk update those clusters incrementally, so the records of a cluster missing
+from the frozen set gather in one new cluster.
 
 Clusters are rows of ``stats`` (K, S), ``cache`` (K, C) and ``nk`` (K,) as in ``kernels.mapdp``.
 """
@@ -294,7 +294,7 @@ def _best_cluster(i, c0, stats, lm_i, cl, cl_lm, cnt, K, spec, prior, log_alpha,
 
 @njit(cache=True, nogil=True)
 def bayes_kmeans(stats, spec, prior, log_alpha, order, k_init, max_sweeps=0):
-    """Bayes K-means (seed 001, Section 5) over leaf summaries.
+    """Bayes K-means (Xu et al. 2009, Section 5) over leaf summaries.
 
     The first ``k_init`` leaves of ``order`` open one cluster each; every further leaf i (in
     ``order``) joins the cluster c, or a new cluster, that gives the highest marginal likelihood

@@ -1,4 +1,4 @@
-"""Bayesian hierarchical clustering over leaf summaries (seed 001, Sections 3-5).
+"""Bayesian hierarchical clustering over leaf summaries (Xu et al. 2009, Sections 3-5).
 
 A *leaf* is a statistics row: one record, or a whole group of records summarised by the additive
 sufficient statistics of ``kernels.obs``. A leaf summarising n records enters the recursion
@@ -197,7 +197,7 @@ def _drop_stale_head(i, top_id, top_sc, top_len, active):
 
 @njit(cache=True, nogil=True)
 def bhc(stats, spec, prior, log_alpha, n_top=16, min_parallel=MIN_PARALLEL):
-    """Greedy BHC over leaf summaries (seed 001, Section 3, eqs. 7-8, all in log space).
+    """Greedy BHC over leaf summaries (Xu et al. 2009, Section 3, eqs. 7-8, all in log space).
 
     Merges, at every step, the pair of active nodes with the highest r_k (eq. 8), with
     d_k = alpha Gamma(n_k) + d_left d_right, pi_k = alpha Gamma(n_k) / d_k and
@@ -382,7 +382,7 @@ def log_lower_bound(log_d_k, log_p_k, n_k, log_alpha):
 
 @njit(cache=True, nogil=True)
 def cut(left, right, log_r, n_leaves):
-    """The partition of the leaves read off the tree at r_k = 0.5 (seed 001, Section 3).
+    """The partition of the leaves read off the tree at r_k = 0.5 (Xu et al. 2009, Section 3).
 
     Top-down from the root: a node with r_k > 0.5 (or a leaf) is one cluster holding all the
     leaves below it; otherwise both children are visited.
@@ -458,10 +458,10 @@ def log_block_posterior(left, right, log_d, log_p, log_r):
 def log_predictive_density(X, node_stats, log_w, spec, prior, log_w_new):
     """log p(x | D, T) for each row of X: the BHC predictive density.
 
-    Seed 001 defers the predictive distribution to Heller & Ghahramani (2005, Section 4), whose
-    weights are omega_k (``log_block_posterior``). Here each tree-consistent partition predicts
-    with the DPM's own predictive (the CRP's n_b / (N + alpha) for an existing block, alpha /
-    (N + alpha) for a new one), averaged over the tree's posterior on partitions:
+    Xu et al. (2009) defers the predictive distribution to Heller & Ghahramani (2005, Section 4),
+    whose weights are omega_k (``log_block_posterior``). Here each tree-consistent partition
+    predicts with the DPM's own predictive (the CRP's n_b / (N + alpha) for an existing block, alpha
+    / (N + alpha) for a new one), averaged over the tree's posterior on partitions:
 
         p(x | D, T) = sum_k omega_k n_k / (N + alpha) p(x | D_k) + alpha / (N + alpha) p(x)
 

@@ -4,17 +4,17 @@ Two kernels over the records of a chunk, which stay on the card as float32 (arit
 float64):
 
 ``assign``: the parallel assignment step. Every training record i is scored against the K
-clusters frozen at the start of the pass and a new cluster with the MAP-DP cost (seed 000,
-eqs. 3.1-3.2; also Bayes K-means' cost, seed 001 Section 5)
+clusters frozen at the start of the pass and a new cluster with the MAP-DP cost (Raykov et al. 2016,
+eqs. 3.1-3.2; also Bayes K-means' cost, Xu et al. 2009, Section 5)
 
     q_{i,k} - log N_{k,-i}   (existing k; its own cluster k0 by the leave-one-out predictive)
     q_{i,K+1} - log N0       (a new cluster)
 
-with q = -log of the Normal-Wishart Student-t predictive (seed 000, Appendix B), and takes the
-argmin (ties: the lowest index; a record alone in its cluster that would open a new one stays).
-A record whose argmin is the new cluster gets label K and one whose leave-one-out predictive
-cannot be evaluated in closed form (rounding: 1 - beta r <= 0, or a prior with cells whose
-G_k has no factor) gets label K + 1: both are resolved on the host.
+with q = -log of the Normal-Wishart Student-t predictive (Raykov et al. 2016, Appendix B), and takes
+the argmin (ties: the lowest index; a record alone in its cluster that would open a new one stays).
+A record whose argmin is the new cluster gets label K and one whose leave-one-out predictive cannot
+be evaluated in closed form (rounding: 1 - beta r <= 0, or a prior with cells whose G_k has no
+factor) gets label K + 1: both are resolved on the host.
 
 ``label_deltas``: the change of each frozen cluster's statistics n, sum x and the upper triangle
 of sum x x^T (the upper triangle of (1, x)(1, x)^T, (d + 1)(d + 2) / 2 values) from the records

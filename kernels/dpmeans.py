@@ -1,4 +1,5 @@
-"""DP-means (Kulis and Jordan 2012), the small-variance limit reviewed in seed 000, Section 4."""
+"""DP-means (Kulis and Jordan 2012), the small-variance limit reviewed in Raykov et al. 2016,
+Section 4."""
 
 import numpy as np
 from numba import njit
@@ -19,8 +20,8 @@ def _sqdist(x, c):
 def dpmeans(X, lam, max_iter):
     """Batch DP-means: hard assignment with a new cluster whenever min_k |x - mu_k|^2 > lambda.
 
-    Minimises sum_i |x_i - mu_{z_i}|^2 + lambda K (seed 000, Section 4; the squared Euclidean
-    distance that Appendix D's lambda search refers to).
+    Minimises sum_i |x_i - mu_{z_i}|^2 + lambda K (Raykov et al. 2016, Section 4; the squared
+    Euclidean distance that Appendix D's lambda search refers to).
 
     Parameters
     ----------

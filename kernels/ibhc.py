@@ -1,4 +1,5 @@
-"""Incremental Bayesian hierarchical clustering, IBHC (seed 004, Section 2.3), over leaf summaries.
+"""Incremental Bayesian hierarchical clustering, IBHC (Lee and Choi 2015, Section 2.3), over leaf
+summaries.
 
 Leaves are statistics rows: a leaf summarising n records is an atomic block of size n, so its only
 hypothesis is h_i and phi(X_i | t_i) = phi(X_i | h_i) = kappa(n, u) p(X_i).
@@ -41,7 +42,8 @@ LM, LOGPHI, LOGD = range(3)
 # IBHC insertion modes
 SEQ_SPLIT = 0  # SeqInsert, then split where an updated d exceeds 1 (IBHC, Fig. 1 right)
 SEQ_NOSPLIT = 1  # SeqInsert without splitting (as inside StocInsert)
-TOP = 2  # put the record on top of the chosen tree (the initialisation of seed 004, Section 4.1)
+#: put the record on top of the chosen tree (the initialisation of Lee and Choi 2015, Section 4.1)
+TOP = 2
 
 
 @njit(cache=True, nogil=True)
@@ -153,7 +155,8 @@ def join(a, b, lm_ab, ni, nf, st, free, meta, u, pp):
 def seq_insert(
     r, q, lm_rq, ni, nf, st, free, meta, scratch, path, path_lm, u, pp, spec, prior, max_depth
 ):
-    """SeqInsert(r, q) of seed 004, Section 2.3, Step 2 and Step 3 (Fig. 1, middle and right).
+    """SeqInsert(r, q) of Lee and Choi 2015, Section 2.3, Step 2 and Step 3 (Fig. 1, middle and
+    right).
 
     Insert tree q into tree r. At node c the three cases are compared through d(l(c), r(c)),
     d(l(c), q) and d(r(c), q): if d(l(c), r(c)) is the smallest (or c is a leaf), q becomes the
@@ -407,7 +410,7 @@ def _insert_piece(
 
 @njit(cache=True, nogil=True)
 def ibhc(leaf_st, leaf_lm, order, u, pp, spec, prior, mode, max_splits):
-    """IBHC (seed 004, Section 2.3): insert the leaves in ``order`` one at a time.
+    """IBHC (Lee and Choi 2015, Section 2.3): insert the leaves in ``order`` one at a time.
 
     Step 1 picks the tree c with the smallest d(i, c), or starts a new tree when that d exceeds 1;
     Step 2 runs SeqInsert; Step 3 updates the potentials to the root and, if an updated d(., .)
@@ -430,7 +433,7 @@ def ibhc(leaf_st, leaf_lm, order, u, pp, spec, prior, mode, max_splits):
     spec, prior : product family description.
     mode : int
         SEQ_SPLIT (IBHC), SEQ_NOSPLIT, or TOP (put each leaf on top of the chosen tree, the
-        initialisation of seed 004, Section 4.1).
+        initialisation of Lee and Choi 2015, Section 4.1).
     max_splits : int
 
     Returns

@@ -1,4 +1,5 @@
-"""The infinite hidden Markov model (HDP-HMM) in its direct-assignment form (seed 000, Section 6).
+"""The infinite hidden Markov model (HDP-HMM) in its direct-assignment form (Raykov et al. 2016,
+Section 6).
 
 State indicators ``z`` and the global weights ``kappa`` are kept; emission parameters and the
 transition matrix are integrated out. The emissions are any observation model of
@@ -103,7 +104,7 @@ def _move(x, k, a, c, stats, cache, nk, trans, start, rows, spec, prior, w):
 
 @njit(cache=True, nogil=True)
 def log_transition_gain(a, k, c, trans, start, rows, kappa, alpha):
-    """log of the transition factor of z_t = k given its neighbours (seed 000, eq. 6.5).
+    """log of the transition factor of z_t = k given its neighbours (Raykov et al. 2016, eq. 6.5).
 
     (N_{a k} + N0 kappa_k) (N_{k c} + N0 kappa_c + [a = k = c]) / (N_k. + N0 + [a = k]), the
     Dirichlet-multinomial one-step conditional with the transitions of t removed; the factor
@@ -217,11 +218,10 @@ def _choose(costs, k0, n_slots, gibbs, state):
 def sweep(
     X, starts, z, slots, ku, n_slots, spec, prior, empty_c, alpha, gamma, gibbs, state, n_fixed, w
 ):
-    """One sweep over every time step of every sequence: the argmin of eq. 6.7 (MAP-iHMM,
-    seed 000 Section 6.2) or, with ``gibbs``, a draw from eq. 6.3 (the Gibbs sampler of 6.1);
-    the costs q_{t,k} are the module docstring's. Records with z = -1 are in no state (the
-    first, sequential sweep): their successor's transition is not counted until they are
-    assigned.
+    """One sweep over every time step of every sequence: the argmin of eq. 6.7 (MAP-iHMM, Raykov et
+    al. 2016, Section 6.2) or, with ``gibbs``, a draw from eq. 6.3 (the Gibbs sampler of 6.1); the
+    costs q_{t,k} are the module docstring's. Records with z = -1 are in no state (the first,
+    sequential sweep): their successor's transition is not counted until they are assigned.
 
     Parameters
     ----------
@@ -357,7 +357,8 @@ def log_transitions(trans, start, rows, kappa, ku, nk, alpha, gamma):
 
 @njit(cache=True, nogil=True)
 def objective(stats, nk, trans, start, rows, kappa, ku, spec, prior, alpha, gamma):
-    """E(z, kappa) = -log p(X, z, kappa) of MAP-iHMM (module docstring; seed 000, Section 6.2).
+    """E(z, kappa) = -log p(X, z, kappa) of MAP-iHMM (module docstring; Raykov et al. 2016, Section
+    6.2).
 
     Parameters
     ----------
@@ -607,12 +608,12 @@ def viterbi(log_b, starts, log_pi, log_a):
 
 @njit(cache=True, nogil=True)
 def table_counts(trans, start, kappa, alpha, state, urn):
-    """M_k, the number of tables serving state k over all rows (seed 000, Section 6.1; Van Gael
-    2012), given the counts: with ``urn``, drawn by the Polya urn of eq. 6.2 (the N_pk
-    transitions of row p replayed, the j-th drawn new from the global DP with probability
-    N0 kappa_k / (N0 kappa_k + j)); otherwise its expectation, sum_p sum_{j < N_pk}
-    N0 kappa_k / (N0 kappa_k + j) (Antoniak's distribution's mean), exact below 1000 customers
-    and the digamma form a (psi(a + N) - psi(a)) above.
+    """M_k, the number of tables serving state k over all rows (Raykov et al. 2016, Section 6.1; Van
+    Gael 2012), given the counts: with ``urn``, drawn by the Polya urn of eq. 6.2 (the N_pk
+    transitions of row p replayed, the j-th drawn new from the global DP with probability N0 kappa_k
+    / (N0 kappa_k + j)); otherwise its expectation, sum_p sum_{j < N_pk} N0 kappa_k / (N0 kappa_k +
+    j) (Antoniak's distribution's mean), exact below 1000 customers and the digamma form a (psi(a +
+    N) - psi(a)) above.
 
     Parameters
     ----------

@@ -1,5 +1,6 @@
-"""MAP-DP (seed 000, Algorithm 1), the collapsed Gibbs sampler it derives from (seed 000 eq. 2.7,
-Neal's Algorithm 3, seed 003 Algorithm 3) and out-of-sample prediction (eqs. 3.4-3.5).
+"""MAP-DP (Raykov et al. 2016, Algorithm 1), the collapsed Gibbs sampler it derives from (Raykov et
+al. 2016, eq. 2.7, Neal's Algorithm 3, De Bacco and Valera, Algorithm 3) and out-of-sample
+prediction (eqs. 3.4-3.5).
 
 Clusters live in *slots*: rows of ``stats`` (K_cap, S), ``cache`` (K_cap, C) and ``nk`` (K_cap,).
 A slot with ``nk == 0`` is free. ``z[i] == -1`` means record i is in no cluster yet, so the same
@@ -650,7 +651,8 @@ def _scan_run(
 
 @njit(cache=True, nogil=True)
 def sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, alpha, logdens):
-    """One MAP-DP iteration over the records in ``order`` (seed 000, Algorithm 1, inner loop).
+    """One MAP-DP iteration over the records in ``order`` (Raykov et al. 2016, Algorithm 1, inner
+    loop).
 
     Each record is taken out of its cluster and assigned to
     argmin_k [q_{i,k} - log N_{k,-i}] over the existing clusters and a new one (eqs. 3.1-3.2);
@@ -719,11 +721,11 @@ def sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, alpha, l
 
 @njit(cache=True, nogil=True)
 def gibbs_sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, state):
-    """One collapsed Gibbs scan (seed 000 eq. 2.7; Neal's Algorithm 3; seed 003 Algorithm 3):
-    z_i is drawn with p(z_i = k | x_i, z_-i) proportional to N_{k,-i} p(x_i | X_{k,-i}), or
-    N0 p(x_i) for a new cluster. Same arguments and returns as ``sweep``, with ``log_alpha``
-    (log N0) for alpha and ``state`` (uint64 array of shape (1,), the RNG state, advanced in
-    place) for logdens.
+    """One collapsed Gibbs scan (Raykov et al. 2016, eq. 2.7; Neal's Algorithm 3; De Bacco and
+    Valera, Algorithm 3): z_i is drawn with p(z_i = k | x_i, z_-i) proportional to N_{k,-i} p(x_i |
+    X_{k,-i}), or N0 p(x_i) for a new cluster. Same arguments and returns as ``sweep``, with
+    ``log_alpha`` (log N0) for alpha and ``state`` (uint64 array of shape (1,), the RNG state,
+    advanced in place) for logdens.
     """
     no_scores = np.empty(0)
     return _scan(
@@ -776,7 +778,7 @@ def compact(z, stats, cache, nk, n_slots):
 
 @njit(cache=True, nogil=True)
 def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
-    """Out-of-sample prediction (seed 000, Section 3.2) for each row of X (N, D).
+    """Out-of-sample prediction (Raykov et al. 2016, Section 3.2) for each row of X (N, D).
 
     Returns
     -------

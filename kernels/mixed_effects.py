@@ -1,5 +1,5 @@
-"""The semiparametric mixed-effects model of seed 000 Section 7, fitted by iterated conditional
-modes (ICM) without collapsing the cluster parameters.
+"""The semiparametric mixed-effects model of Raykov et al. 2016, Section 7, fitted by iterated
+conditional modes (ICM) without collapsing the cluster parameters.
 
 Model (eq. 7.1): y_i = X_i beta_i + eps_i, eps_i ~ N(0, tau^-1 I), beta_i ~ P with P a DP mixture
 of Gaussians N(mu_k, R_k^-1) whose parameters have the Normal-Wishart prior of Appendix B

@@ -1,11 +1,11 @@
 """Per-group moments of a grouped dataset store's chunk, computed once at ingest.
 
-A subject's regression in seed 000 Section 7 (eq. 7.1, y_i = X_i beta_i + eps_i) reaches the
-data only through X_i^T X_i, X_i^T y_i, y_i^T y_i and n_i (eqs. 7.2 and 7.3, and the marginal
+A subject's regression in Raykov et al. 2016, Section 7 (eq. 7.1, y_i = X_i beta_i + eps_i) reaches
+the data only through X_i^T X_i, X_i^T y_i, y_i^T y_i and n_i (eqs. 7.2 and 7.3, and the marginal
 likelihood with beta_i integrated out). Which stored columns are the response and which the
 covariates is a fit's choice, not the store's, so the store keeps the Gram matrix of each group's
-rows with a column of ones in front, W_g = [1, X_g]: every one of those moments, for any choice
-of response, covariates and intercept, is a block of W_g^T W_g. It is symmetric, so only its upper
+rows with a column of ones in front, W_g = [1, X_g]: every one of those moments, for any choice of
+response, covariates and intercept, is a block of W_g^T W_g. It is symmetric, so only its upper
 triangle is kept.
 """
 
@@ -16,7 +16,7 @@ from numba import njit
 @njit(cache=True, nogil=True)
 def group_gram(X, starts):
     """The upper triangle of W_g^T W_g of every group g, W_g = [1, X_g] (the moments of
-    eqs. 7.1-7.3 of seed 000), row by row: entries (a, b), b >= a, of the (q, q) matrix,
+    eqs. 7.1-7.3 of Raykov et al. 2016), row by row: entries (a, b), b >= a, of the (q, q) matrix,
     q = D + 1, at a q - a (a - 1) / 2 + (b - a).
 
     Entry (0, 0) is the group's number of rows, (0, 1 + j) the sum of column j, (1 + j, 1 + l)

@@ -1,10 +1,10 @@
 """Operations on partitions of statistics rows shared by every clustering kernel.
 
 One copy each of: the relabelling of a partition in order of first appearance
-(``canonical_labels``), the merge gap of two clusters under the DP mixture (``merge_gap``), and
-the greedy merging of clusters while a merge raises the DP joint (``greedy_merge``), used by
-MAP-DP (seed 000, Section 3), Bayes K-means (seed 001, Section 5) and the reconciliation of the
-distributed passes (``pipeline.engines.mixture.reduce_pass``).
+(``canonical_labels``), the merge gap of two clusters under the DP mixture (``merge_gap``), and the
+greedy merging of clusters while a merge raises the DP joint (``greedy_merge``), used by MAP-DP
+(Raykov et al. 2016, Section 3), Bayes K-means (Xu et al. 2009, Section 5) and the reconciliation of
+the distributed passes (``pipeline.engines.mixture.reduce_pass``).
 
 The merge gap splits into the observation model's part (``kernels.obs.product.log_marginal_gap``)
 and the allocation model's (``kernels.alloc.crp.merge_gap``):
@@ -12,8 +12,8 @@ and the allocation model's (``kernels.alloc.crp.merge_gap``):
     gap(a, b) = [log p(X_a u X_b) - log p(X_a) - log p(X_b)]
               + [log Gamma(n_a + n_b) - log Gamma(n_a) - log Gamma(n_b) - log alpha]
 
-which is the increase of log p(X, z | alpha) (seed 000 eq. 3.3 with eq. 2.3; seed 001 eq. 5's
-summand) when clusters a and b merge; > 0 favours merging.
+which is the increase of log p(X, z | alpha) (Raykov et al. 2016, eq. 3.3 with eq. 2.3; Xu et al.
+2009, eq. 5's summand) when clusters a and b merge; > 0 favours merging.
 """
 
 import math
@@ -85,8 +85,8 @@ def merge_gap_cached(sa, sb, lma, lmb, scratch, spec, prior, log_alpha):
 
 @njit(cache=True, nogil=True)
 def merge_gap(sa, sb, spec, prior, log_alpha):
-    """Increase of log p(X, z | alpha) (decrease of seed 000's objective E, eq. 3.3) when clusters
-    a and b merge (module docstring); > 0 favours merging. Statistics only.
+    """Increase of log p(X, z | alpha) (decrease of Raykov et al. 2016's objective E, eq. 3.3) when
+    clusters a and b merge (module docstring); > 0 favours merging. Statistics only.
 
     Parameters
     ----------

@@ -1,10 +1,11 @@
 """Reference samplers over the same leaves and partition priors as tree-guided MCMC.
 
-* Marginal (collapsed) Gibbs sampler (seed 004, Section 2.2; seed 003, Algorithm 3; Neal's
+* Marginal (collapsed) Gibbs sampler (Lee and Choi 2015, Section 2.2; De Bacco and Valera, Algorithm
+3; Neal's
   Algorithm 3): leaf i joins cluster c with probability proportional to
   kappa(|c| + n_i, u) / kappa(|c|, u) p(X_i | X_c), or a new cluster with probability
   proportional to kappa(n_i, u) p(X_i) (eq. 6; a leaf summarising n_i records moves as a block).
-* Split-merge sampler (seed 004, Section 2.2: Jain and Neal's restricted Gibbs split-merge,
+* Split-merge sampler (Lee and Choi 2015, Section 2.2: Jain and Neal's restricted Gibbs split-merge,
   conjugate case): two leaves i, j drawn at random; if they share a cluster a split is proposed by
   a restricted Gibbs scan from a launch state, otherwise the merge of their clusters, whose reverse
   probability is that of the restricted scan returning the original split.

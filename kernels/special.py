@@ -33,7 +33,7 @@ def lmvgamma(a, d):
 @njit(cache=True, nogil=True)
 def log_gamma_ratio(a, d, r):
     """log [Gamma(a + d / 2) / Gamma(a) r^(d / 2)]: the Student-t normalising constant's
-    gamma ratio and scale (seed 000, Appendix B) in one logarithm for d = 10.
+    gamma ratio and scale (Raykov et al. 2016, Appendix B) in one logarithm for d = 10.
 
     Gamma(a + m) / Gamma(a) is the product (a)(a + 1)...(a + m - 1) for whole m, so for even d
     the d / 2 factors (a + j) r are multiplied and one logarithm taken (a log for every eight

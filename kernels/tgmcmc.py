@@ -1,4 +1,5 @@
-"""Tree-guided MCMC, tgMCMC (seed 004, Section 3), over leaf summaries, for the DP and the NGGP.
+"""Tree-guided MCMC, tgMCMC (Lee and Choi 2015, Section 3), over leaf summaries, for the DP and the
+NGGP.
 
 The chain's state is a partition Pi of the L leaves (a leaf summarising n records is an atomic
 block of size n) and, for the NGGP, the auxiliary u of Theorem 1. The target is
@@ -28,9 +29,10 @@ Local move (Section 3.3)
     a leaf is re-assigned by its collapsed Gibbs conditional (eq. 6).
 u (NGGP)
     slice sampling of log u given (n, K) (``kernels.alloc.sample_u``).
-Cycling: G global moves, ``n_local`` local moves, one update of u (seed 004: G = 20, D = 2).
+Cycling: G global moves, ``n_local`` local moves, one update of u (Lee and Choi 2015: G = 20, D =
+2).
 
-Where this departs from the letter of seed 004, and why
+Where this departs from the letter of Lee and Choi 2015, and why
 -------------------------------------------------------
 The paper keeps whatever trees SeqInsert, StocInsert and its cascading merges leave behind, so
 its proposals depend on the chain's history through the trees, and eqs. 11-12 are the
@@ -40,7 +42,7 @@ p(Pi, u | X). Here every acceptance ratio is exact:
 * *Canonical trees.* Within an iteration t_c is a function of the leaf set of c and of a random
   order of the leaves (``rank``): its leaves taken in that order and inserted by SeqInsert
   (SEQINSERT, IBHC's trees) or each put on top of the tree so far (CASCADE, the trees of the
-  initialisation of seed 004, Section 4.1), potentials at the current u. The order is an
+  initialisation of Lee and Choi 2015, Section 4.1), potentials at the current u. The order is an
   auxiliary variable, uniform under the target and independent of Pi; it is redrawn at the start
   of every iteration (an exact Gibbs update), which drops every tree. A tree is built when a move
   first needs it and dropped when its cluster changes or u is resampled.
@@ -163,7 +165,7 @@ def make_workspace(L, cap, S):
 @njit(cache=True, nogil=True)
 def build_canonical(members, m, P, F, W, u, cfg):
     """The canonical tree of the leaf set members[:m], its leaves taken in increasing ``rank``:
-    CASCADE puts each leaf on top of the tree so far (the trees of seed 004, Section 4.1's
+    CASCADE puts each leaf on top of the tree so far (the trees of Lee and Choi 2015, Section 4.1's
     initialisation; O(m) log marginals), SEQINSERT inserts it by SeqInsert (IBHC's trees; at most
     ``max_depth`` levels of descent). Potentials at u. Returns the root."""
     leaf_st, leaf_lm, rank, pp, spec, prior = P

@@ -1,7 +1,8 @@
-"""The uncollapsed Gibbs sampler of the DPM (seed 003, Algorithm 2; Neal 2000, Algorithm 2).
+"""The uncollapsed Gibbs sampler of the DPM (De Bacco and Valera, Algorithm 2; Neal 2000, Algorithm
+2).
 
 The state is the assignments z and one parameter vector theta_k per occupied cluster. A scan
-(seed 003, Algorithm 2, step 3) is
+(De Bacco and Valera, Algorithm 2, step 3) is
 
 (a) for each record n in turn: remove x_n from its cluster (a cluster left empty is dropped with
     its parameters, "remove empty cluster"); draw z_n with
@@ -26,7 +27,7 @@ family              posterior draw (statistics -> theta)         theta row of th
 ==================  ===========================================  ==================================
 Normal-Wishart      Lambda ~ W(T_k^{-1}, a_k) (Bartlett),         mu (d), lower Cholesky factor L
                     mu | Lambda ~ N(m_k, (c_k Lambda)^{-1})       of Lambda (d * d), sum log L_ii
-                    (seed 000, eq. B.1)
+                    (Raykov et al. 2016, eq. B.1)
 Normal-Gamma        tau_j ~ Gamma(a_n, b_n),                      mu (d), tau (d)
                     mu_j | tau_j ~ N(m_n, 1 / (c_n tau_j))
 Dirichlet           theta ~ Dir(alpha_c + n_c)                    log theta_c (C)
@@ -126,7 +127,8 @@ def theta_offsets(spec):
 # -- posterior draws, one group -------------------------------------------------------------------
 @njit(cache=True, nogil=True)
 def draw_normal_wishart(s, p, th, state):
-    """theta = (mu, L, sum log L_ii) from the Normal-Wishart posterior of eq. B.1 (seed 000).
+    """theta = (mu, L, sum log L_ii) from the Normal-Wishart posterior of eq. B.1 (Raykov et al.
+    2016).
 
     Lambda ~ Wishart(B_k, a_k) with B_k = T_k^{-1}, by Bartlett's decomposition: with
     T_k = R R^T (Cholesky) and U = R^{-1}, B_k = U^T U, so Lambda = (U^T A)(U^T A)^T where A is
@@ -271,7 +273,7 @@ def _draw_group(code, sg, pg, th, d, state):
 @njit(cache=True, nogil=True)
 def draw_params(s, th, spec, prior, toff, state):
     """Draw theta (T,) of one cluster from its posterior given its statistics row s (S,)
-    (seed 003, Algorithm 2, step 3(b); for a new cluster s holds the one record x_n)."""
+    (De Bacco and Valera, Algorithm 2, step 3(b); for a new cluster s holds the one record x_n)."""
     for g in range(spec.shape[0]):
         r = spec[g]
         _draw_group(
@@ -364,7 +366,7 @@ def prior_predictive(X, spec, prior, n_stats, n_cache):
 
 @njit(cache=True, nogil=True)
 def assignment_scan(X, order, z, stats, theta, nk, lp0, spec, prior, toff, log_alpha, state):
-    """Step 3(a) of seed 003's Algorithm 2: every record's z_n in turn, eqs. 5 and 6.
+    """Step 3(a) of De Bacco and Valera's Algorithm 2: every record's z_n in turn, eqs. 5 and 6.
 
     Parameters
     ----------
@@ -430,7 +432,8 @@ def assignment_scan(X, order, z, stats, theta, nk, lp0, spec, prior, toff, log_a
 
 @njit(cache=True, nogil=True)
 def parameter_scan(stats, theta, nk, spec, prior, toff, state):
-    """Step 3(b) of seed 003's Algorithm 2: theta_k ~ p(theta | X_k) for every occupied slot."""
+    """Step 3(b) of De Bacco and Valera's Algorithm 2: theta_k ~ p(theta | X_k) for every occupied
+    slot."""
     for k in range(stats.shape[0]):
         if nk[k] > 0.0:
             draw_params(stats[k], theta[k], spec, prior, toff, state)
@@ -438,7 +441,7 @@ def parameter_scan(stats, theta, nk, spec, prior, toff, state):
 
 @njit(cache=True, nogil=True)
 def log_joint(stats, nk, spec, prior, alpha):
-    """log p(X, z | alpha) with the parameters integrated out (seed 000 eq. 2.3 times the
+    """log p(X, z | alpha) with the parameters integrated out (Raykov et al. 2016, eq. 2.3 times the
     clusters' marginals), so that the collapsed and uncollapsed chains report the same quantity."""
     n = 0.0
     K = 0

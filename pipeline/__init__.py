@@ -9,12 +9,12 @@ The public API, loaded lazily so that ``import pipeline`` stays light (the names
 * ``BHC`` - Bayesian hierarchical clustering with its lower bounds (Xu et al. 2009);
 * ``TreeGuidedMCMC`` - tree-guided MCMC for DP and NGGP mixtures (Lee and Choi 2015);
 * ``DPMeans``, ``CollapsedGibbs``, ``UncollapsedGibbs`` - reference methods (the Gibbs samplers of
-  seed 003, Algorithms 3 and 2);
-* ``MixedEffectsDP`` - the semiparametric mixed-effects model of seed 000 Section 7;
-* ``MAPiHMM``, ``IHMMGibbs`` - the infinite HMM of seed 000 Section 6 (MAP and Gibbs);
+  De Bacco and Valera, Algorithms 3 and 2);
+* ``MixedEffectsDP`` - the semiparametric mixed-effects model of Raykov et al. 2016, Section 7;
+* ``MAPiHMM``, ``IHMMGibbs`` - the infinite HMM of Raykov et al. 2016, Section 6 (MAP and Gibbs);
 * ``MixtureEstimator`` - the base class of all of them (fit template, encoding, predict checks);
 * ``GridSearch`` - hyperparameters by K-fold held-out log predictive density on Dask, in
-  scikit-learn's ``GridSearchCV`` conventions (seed 000, Appendix A, option 4);
+  scikit-learn's ``GridSearchCV`` conventions (Raykov et al. 2016, Appendix A, option 4);
 * ``exact_log_marginal`` - the DPM marginal likelihood by enumeration of partitions;
 * ``save_model`` / ``load_model`` - fitted models as a directory of JSON and arrays, no pickle
   (``estimator.save(path)`` is ``save_model``);

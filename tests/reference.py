@@ -1,7 +1,7 @@
 """Slow pure-NumPy / SciPy re-implementations used as test oracles.
 
 Nothing here shares code with ``kernels/``: cluster posteriors are recomputed from the member
-records every time (seed 000, eqs. B.1-B.2) and densities come from SciPy.
+records every time (Raykov et al. 2016, eqs. B.1-B.2) and densities come from SciPy.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def log_crp(sizes, alpha: float) -> float:
 
 
 def mapdp_reference(X, order, alpha, prior, max_iter=100, tol=1e-6, init="one-cluster"):
-    """Algorithm 1 of seed 000 with every cluster posterior recomputed from its records.
+    """Algorithm 1 of Raykov et al. 2016 with every cluster posterior recomputed from its records.
 
     Same conventions as ``kernels.mapdp.sweep``: clusters in slots, ties to the lowest slot, a
     new cluster reuses the lowest free slot, a record alone in its cluster that would open a new

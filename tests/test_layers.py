@@ -1,9 +1,10 @@
-"""The layers of ``../shared/DESIGN.md`` that ``lint-imports`` (pyproject.toml) cannot state:
+"""The layers of the README's "Architecture" that ``lint-imports`` (pyproject.toml) cannot state:
 a kernel imports numpy, numba, math and other kernels, and nothing else."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -227,4 +228,34 @@ def test_no_module_imported_by_name_from_a_higher_layer() -> None:
                 there = _layer(node.args[0].value)
                 if here is not None and there is not None and there > here:
                     found.append(f"{f.relative_to(ROOT)}:{node.lineno} -> {node.args[0].value}")
+    assert found == []
+
+
+#: what ships or is read by users: the product, its configuration, its documentation
+SHIPPED = ("pipeline", "kernels", "flows", "infra", "docs")
+SHIPPED_FILES = ("README.md", "pyproject.toml", "Makefile")
+
+
+def shipped_texts() -> list[Path]:
+    files = [ROOT / f for f in SHIPPED_FILES]
+    for d in SHIPPED:
+        if (ROOT / d).is_dir():
+            files += sorted(
+                p for p in (ROOT / d).rglob("*") if p.is_file() and "__pycache__" not in p.parts
+            )
+    return files
+
+
+def test_nothing_shipped_points_outside_the_repository_or_names_a_seed_file() -> None:
+    """Papers are cited by authors and year ("Raykov et al. 2016, eq. 3.4"), never by the team's
+    file numbers, and nothing refers to the folder beside the checkout that users do not have."""
+    found = []
+    for f in shipped_texts():
+        try:
+            text = f.read_text()
+        except UnicodeDecodeError:
+            continue
+        for i, line in enumerate(text.splitlines(), 1):
+            if "../shared" in line or re.search(r"\bseeds? 00[0-9]\b", line, re.IGNORECASE):
+                found.append(f"{f.relative_to(ROOT)}:{i}: {line.strip()}")
     assert found == []

@@ -16,7 +16,8 @@
                                   model (``flows.cli.update``)
 ``dpmm server``                   a long-lived Prefect server for repeated runs
                                   (``flows.cli.server``)
-``dpmm longitudinal INPUT ...``   the mixed-effects model of seed 000 Section 7 over subjects
+``dpmm longitudinal INPUT ...``   the mixed-effects model of Raykov et al. 2016, Section 7 over
+subjects
                                   (``flows.longitudinal``, ``flows.cli.longitudinal``)
 ``dpmm hmm INPUT --sequence-column COL --time-column COL --out DIR``
                                   MAP-iHMM over many sequences: the flow ``flows.hmm``

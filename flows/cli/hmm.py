@@ -1,5 +1,5 @@
-"""``dpmm hmm``: the infinite HMM (MAP-iHMM, seed 000 Section 6) over many sequences, as the
-Prefect flow ``flows.hmm``, on ``dpmm run``'s defaults.
+"""``dpmm hmm``: the infinite HMM (MAP-iHMM, Raykov et al. 2016, Section 6) over many sequences, as
+the Prefect flow ``flows.hmm``, on ``dpmm run``'s defaults.
 
     dpmm hmm INPUT --sequence-column COL --time-column COL --out OUT [--alpha N0] [--gamma M0]
              [--family SPEC] [--prior-scale F] [--chunk-rows N] [--holdout F] [--max-passes N]
@@ -50,8 +50,8 @@ def add_hmm_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "hmm",
         help="fit an infinite HMM (MAP-iHMM) to many sequences with Dask under Prefect",
-        description="Fit MAP-iHMM (seed 000 Section 6) to the sequences of INPUT (one row per "
-        "time step) and write OUT/rows.parquet, sequences.parquet, states.parquet, "
+        description="Fit MAP-iHMM (Raykov et al. 2016, Section 6) to the sequences of INPUT "
+        "(one row per time step) and write OUT/rows.parquet, sequences.parquet, states.parquet, "
         "transitions.csv, run.json, a report and model/ (pipeline.load_model).",
         parents=FLOW,
     )

@@ -1,5 +1,5 @@
-"""``dpmm longitudinal``: the semiparametric mixed-effects model of seed 000 Section 7 (Prefect
-flow ``flows.longitudinal``) from the command line.
+"""``dpmm longitudinal``: the semiparametric mixed-effects model of Raykov et al. 2016, Section 7
+(Prefect flow ``flows.longitudinal``) from the command line.
 
     dpmm longitudinal INPUT --subject COL --response COL --covariates A,B,... [--time COL]
              --out OUT [--folds K] [--chunk-rows N] [--alpha FLOAT|learn] [--max-passes N]
@@ -48,9 +48,9 @@ def add_longitudinal_parser(subparsers: Any) -> argparse.ArgumentParser:
         "longitudinal",
         help="random-effects model of longitudinal data with a DP mixture of subgroups",
         description="Fit the semiparametric mixed-effects model y_i = X_i beta_i + eps_i, beta_i "
-        "from a Dirichlet-process mixture of Gaussians (seed 000 Section 7), to the subjects of "
-        "INPUT; write OUT/subjects.parquet, OUT/clusters.parquet, OUT/run.json, a report and "
-        "OUT/model (pipeline.load_model).",
+        "from a Dirichlet-process mixture of Gaussians (Raykov et al. 2016, Section 7), to the "
+        "subjects of INPUT; write OUT/subjects.parquet, OUT/clusters.parquet, OUT/run.json, a "
+        "report and OUT/model (pipeline.load_model).",
         parents=FLOW,
     )
     p.add_argument("input", metavar="INPUT", help="CSV or Parquet, one row per observation")

@@ -1,5 +1,6 @@
-"""``dpmm update MODEL INPUT --out NEW_MODEL``: one ASUGS-PM pass (seed 002) of the records of
-INPUT into the clusters of a saved model, saved as a new model (``pipeline.estimators.update``).
+"""``dpmm update MODEL INPUT --out NEW_MODEL``: one ASUGS-PM pass (Tsiligkaridis and Forsythe 2015)
+of the records of INPUT into the clusters of a saved model, saved as a new model
+(``pipeline.estimators.update``).
 
     dpmm update MODEL INPUT --out NEW_MODEL [--lam F] [--select greedy|sample]
                 [--no-prune-merge] [--seed N] [--overwrite] [--quiet]

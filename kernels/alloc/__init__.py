@@ -1,15 +1,16 @@
 """Allocation models: the partition priors of normalized random measure (NRM) mixtures.
 
-The observation model (``kernels.obs``) scores the records of a block; the allocation model
-scores the partition. Every clustering score in ``kernels`` is a sum of the two: the MAP-DP costs
-and objective (seed 000 eqs. 2.3, 3.1-3.3), BHC's d_k and r_k (seed 001 eqs. 7-8), IBHC's
-potentials and dissimilarities (seed 004 eqs. 8-9), the Metropolis-Hastings ratios of the
-samplers and the merge gaps all take their prior part from here.
+The observation model (``kernels.obs``) scores the records of a block; the allocation model scores
+the partition. Every clustering score in ``kernels`` is a sum of the two: the MAP-DP costs and
+objective (Raykov et al. 2016, eqs. 2.3, 3.1-3.3), BHC's d_k and r_k (Xu et al. 2009, eqs. 7-8),
+IBHC's potentials and dissimilarities (Lee and Choi 2015, eqs. 8-9), the Metropolis-Hastings ratios
+of the samplers and the merge gaps all take their prior part from here.
 
 ``crp``
-    The Dirichlet process: the Chinese restaurant process (seed 000 eq. 2.3; seed 003).
+    The Dirichlet process: the Chinese restaurant process (Raykov et al. 2016, eq. 2.3; De Bacco and
+    Valera).
 ``nggp``
-    The normalized generalized gamma process (seed 004, Section 2.1, Theorem 1).
+    The normalized generalized gamma process (Lee and Choi 2015, Section 2.1, Theorem 1).
 
 Each offers the same pieces: ``log_kappa`` (the weight of one block), ``log_join`` (log weight of
 one record joining a block of size n), ``log_new`` (of a new block), ``merge_gap`` (change when
@@ -35,7 +36,7 @@ KIND, ALPHA, SIGMA = 0, 1, 2
 
 @njit(cache=True, nogil=True)
 def log_kappa(n, u, pp):
-    """log kappa_rho(n, u), seed 004 eq. 5: the weight of one block of n records.
+    """log kappa_rho(n, u), Lee and Choi 2015, eq. 5: the weight of one block of n records.
 
     Parameters
     ----------
@@ -58,8 +59,8 @@ def log_kappa(n, u, pp):
 
 @njit(cache=True, nogil=True)
 def log_join(n, u, pp):
-    """log kappa(n + 1, u) / kappa(n, u): one record joining a block of size n (seed 004 eq. 6).
-    DP: log n; NGGP: log(n - sigma) - log(1 + u)."""
+    """log kappa(n + 1, u) / kappa(n, u): one record joining a block of size n (Lee and Choi 2015,
+    eq. 6). DP: log n; NGGP: log(n - sigma) - log(1 + u)."""
     if pp[KIND] == DP:
         return crp.log_join(n)
     return nggp.log_join(n, u, pp[SIGMA])
@@ -67,7 +68,7 @@ def log_join(n, u, pp):
 
 @njit(cache=True, nogil=True)
 def log_new(u, pp):
-    """log kappa(1, u): one record opening a new block (seed 004 eq. 6).
+    """log kappa(1, u): one record opening a new block (Lee and Choi 2015, eq. 6).
     DP: log alpha; NGGP: log alpha + (sigma - 1) log(1 + u)."""
     if pp[KIND] == DP:
         return crp.log_new(math.log(pp[ALPHA]))
@@ -85,7 +86,7 @@ def merge_gap(na, nb, u, pp):
 
 @njit(cache=True, nogil=True)
 def psi(u, pp):
-    """psi_rho(u) of seed 004 eq. 5. NGGP: alpha / sigma ((1 + u)^sigma - 1); DP:
+    """psi_rho(u) of Lee and Choi 2015, eq. 5. NGGP: alpha / sigma ((1 + u)^sigma - 1); DP:
     alpha log(1 + u)."""
     if pp[KIND] == DP:
         return pp[ALPHA] * math.log1p(u)

@@ -1,15 +1,15 @@
 """The Chinese restaurant process: the partition prior of the Dirichlet process.
 
-Seed 000 eq. 2.3 (seed 003, the CRP): for N records in K blocks of sizes N_1..N_K and
-concentration N0 = alpha,
+Raykov et al. 2016, eq. 2.3 (De Bacco and Valera, the CRP): for N records in K blocks of sizes
+N_1..N_K and concentration N0 = alpha,
 
     p(z_1..z_N) = Gamma(alpha) / Gamma(N + alpha) alpha^K prod_k Gamma(N_k)
 
-so a block of n records carries kappa(n) = alpha Gamma(n) (seed 004 eq. 5 in the limit
+so a block of n records carries kappa(n) = alpha Gamma(n) (Lee and Choi 2015, eq. 5 in the limit
 sigma -> 0, with the partition-independent (1 + u)^(-n) dropped) and the rest is the constant
-Gamma(alpha) / Gamma(N + alpha). Every MAP-DP cost (seed 000 eqs. 3.1-3.2), BHC's d_k and r_k
-(seed 001 eqs. 7-8) and the merge gaps of MAP-DP and Bayes K-means are built from the four
-functions below. The concentration enters as ``log_alpha`` where the callers keep its log (the
+Gamma(alpha) / Gamma(N + alpha). Every MAP-DP cost (Raykov et al. 2016, eqs. 3.1-3.2), BHC's d_k and
+r_k (Xu et al. 2009, eqs. 7-8) and the merge gaps of MAP-DP and Bayes K-means are built from the
+four functions below. The concentration enters as ``log_alpha`` where the callers keep its log (the
 hot loops) and as ``alpha`` where a Gamma function of it is needed.
 """
 
@@ -22,7 +22,7 @@ from numba import njit
 def log_kappa(n, log_alpha):
     """log kappa(n) = log alpha + log Gamma(n): the weight of one block of n records.
 
-    BHC's alpha Gamma(n_k) (seed 001, Section 3: d_k, pi_k) and a summary leaf's d_i.
+    BHC's alpha Gamma(n_k) (Xu et al. 2009, Section 3: d_k, pi_k) and a summary leaf's d_i.
 
     Parameters
     ----------
@@ -40,7 +40,7 @@ def log_kappa(n, log_alpha):
 @njit(cache=True, nogil=True)
 def log_join(n):
     """log kappa(n + 1) / kappa(n) = log n: the weight of one record joining a block of n records
-    (the log N_{k,-i} of seed 000 eqs. 2.7, 3.1).
+    (the log N_{k,-i} of Raykov et al. 2016, eqs. 2.7, 3.1).
 
     Parameters
     ----------
@@ -98,8 +98,8 @@ def log_constant(n, alpha):
 
 @njit(cache=True, nogil=True)
 def log_eppf(sizes, K, alpha):
-    """log p(z_1..z_N) of the CRP, seed 000 eq. 2.3: log Gamma(alpha) - log Gamma(N + alpha)
-    + K' log alpha + sum_k log Gamma(N_k), over the non-empty entries among the first K.
+    """log p(z_1..z_N) of the CRP, Raykov et al. 2016, eq. 2.3: log Gamma(alpha) - log Gamma(N +
+    alpha) + K' log alpha + sum_k log Gamma(N_k), over the non-empty entries among the first K.
 
     Parameters
     ----------

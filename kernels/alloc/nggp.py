@@ -1,4 +1,4 @@
-"""The normalized generalized gamma process (NGGP) partition prior (seed 004, Section 2.1).
+"""The normalized generalized gamma process (NGGP) partition prior (Lee and Choi 2015, Section 2.1).
 
 Levy intensity rho(dw) = alpha / Gamma(1 - sigma) w^(-1-sigma) e^(-w) dw, 0 < sigma < 1. From
 Theorem 1 (eqs. 4-5):
@@ -26,7 +26,7 @@ from kernels.special import log1pexp
 
 @njit(cache=True, nogil=True)
 def log_kappa(n, u, alpha, sigma):
-    """log kappa(n, u), seed 004 eq. 5: the weight of one block of n records.
+    """log kappa(n, u), Lee and Choi 2015, eq. 5: the weight of one block of n records.
 
     Parameters
     ----------
@@ -49,14 +49,14 @@ def log_kappa(n, u, alpha, sigma):
 @njit(cache=True, nogil=True)
 def log_join(n, u, sigma):
     """log kappa(n + 1, u) / kappa(n, u) = log(n - sigma) - log(1 + u): the weight of one record
-    joining a block of n records (seed 004 eq. 6)."""
+    joining a block of n records (Lee and Choi 2015, eq. 6)."""
     return math.log(n - sigma) - math.log1p(u)
 
 
 @njit(cache=True, nogil=True)
 def log_new(u, alpha, sigma):
     """log kappa(1, u) = log alpha + (sigma - 1) log(1 + u): the weight of one record opening a
-    new block (seed 004 eq. 6)."""
+    new block (Lee and Choi 2015, eq. 6)."""
     return log_kappa(1.0, u, alpha, sigma)
 
 
@@ -73,7 +73,7 @@ def merge_gap(na, nb, u, alpha, sigma):
 
 @njit(cache=True, nogil=True)
 def psi(u, alpha, sigma):
-    """psi_rho(u) of seed 004 eq. 5: alpha / sigma ((1 + u)^sigma - 1)."""
+    """psi_rho(u) of Lee and Choi 2015, eq. 5: alpha / sigma ((1 + u)^sigma - 1)."""
     return alpha / sigma * math.expm1(sigma * math.log1p(u))
 
 

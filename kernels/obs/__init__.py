@@ -1,4 +1,5 @@
-"""Conjugate likelihood families (seed 000, Appendix B) over additive sufficient statistics.
+"""Conjugate likelihood families (Raykov et al. 2016, Appendix B) over additive sufficient
+statistics.
 
 The contract every family module keeps
 --------------------------------------

@@ -1,4 +1,4 @@
-"""Numba helpers shared by the per-column conjugate families (seed 000, Appendix B).
+"""Numba helpers shared by the per-column conjugate families (Raykov et al. 2016, Appendix B).
 
 The Poisson, exponential, geometric, binomial and diagonal-Gaussian kernels each model d
 independent columns whose statistics start with n and sum x (d); the pieces they have in common

@@ -1,4 +1,4 @@
-"""Independent binomial columns with Beta priors (seed 000, Appendix B, "Binomial" row).
+"""Independent binomial columns with Beta priors (Raykov et al. 2016, Appendix B, "Binomial" row).
 
 Per column j with a known number of trials N_j (Bernoulli: N_j = 1): theta ~ Beta(a, b),
 x | theta ~ Binomial(N_j, theta) on {0..N_j}. After n records with sum x = u:

@@ -1,4 +1,5 @@
-"""One categorical column with a Dirichlet prior (seed 000, Appendix B, "Categorical" row).
+"""One categorical column with a Dirichlet prior (Raykov et al. 2016, Appendix B, "Categorical"
+row).
 
 x[0] is the category code 0..C-1 stored as a float; theta ~ Dirichlet(alpha_1..alpha_C). With
 counts n_c of the n records and A = sum_c alpha_c:

@@ -1,4 +1,5 @@
-"""Independent exponential columns with Gamma priors (seed 000, Appendix B, "Exponential" row).
+"""Independent exponential columns with Gamma priors (Raykov et al. 2016, Appendix B, "Exponential"
+row).
 
 Per column j: lambda ~ Gamma(a, rate b), x | lambda ~ Exponential(rate lambda) on x >= 0. After n
 records with sum x = u: a_n = a + n, b_n = b + u.

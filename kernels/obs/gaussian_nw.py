@@ -1,4 +1,4 @@
-"""Multivariate Gaussian with a Normal-Wishart prior (seed 000, Appendix B, eqs. B.1-B.2).
+"""Multivariate Gaussian with a Normal-Wishart prior (Raykov et al. 2016, Appendix B, eqs. B.1-B.2).
 
 Parameterisation exactly as Appendix B: theta_0 = (m0, c0, B0, a0), the precision matrix is
 Wishart with scale matrix B0 and a0 degrees of freedom, the mean is Normal with precision c0 times
@@ -895,8 +895,8 @@ def moments(s, p, mean, cov):
 @njit(cache=True, nogil=True)
 def add_record(x, s, c, p, work, cells=None, factor=True):
     """``update(x, s, c, p, 1.0)`` with the caller's scratch space, for a stream that adds one
-    record at a time (ASUGS, seed 002 step (c); eqs. 4-7 in this parameterisation): O(d^2) and
-    no allocation.
+    record at a time (ASUGS, Tsiligkaridis and Forsythe 2015, step (c); eqs. 4-7 in this
+    parameterisation): O(d^2) and no allocation.
 
     Parameters
     ----------

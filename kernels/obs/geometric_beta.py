@@ -1,4 +1,4 @@
-"""Independent geometric columns with Beta priors (seed 000, Appendix B, "Geometric" row).
+"""Independent geometric columns with Beta priors (Raykov et al. 2016, Appendix B, "Geometric" row).
 
 Per column j: theta ~ Beta(a, b), x | theta ~ Geometric(theta) on {0, 1, 2, ...} (failures before
 the first success), p(x | theta) = theta (1 - theta)^x. After n records with sum x = u:

@@ -1,4 +1,5 @@
-"""Diagonal Gaussian with an independent Normal-Gamma prior per column (seed 000, Appendix B).
+"""Diagonal Gaussian with an independent Normal-Gamma prior per column (Raykov et al. 2016, Appendix
+B).
 
 Appendix B lists the Normal-Wishart for a full covariance (``gaussian_nw.py``); this is its
 diagonal special case with a Gamma prior on each column's precision, so the columns are

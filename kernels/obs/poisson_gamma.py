@@ -1,4 +1,5 @@
-"""Independent Poisson count columns with Gamma priors (seed 000, Appendix B, "Poisson" row).
+"""Independent Poisson count columns with Gamma priors (Raykov et al. 2016, Appendix B, "Poisson"
+row).
 
 Per column j: lambda ~ Gamma(a, rate b), x | lambda ~ Poisson(lambda). After n records with
 sum x = u: a_n = a + u, b_n = b + n.

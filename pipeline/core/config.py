@@ -157,9 +157,10 @@ class FitParams:
     init : "sample" (in-memory MAP-DP with split / merge moves on a hash sample of
         ``init_sample`` training rows), "sequential" (no cluster: the first pass opens them),
         "one-cluster" (Algorithm 1's start), "seeds" (``n_seeds`` random training records as
-        singleton clusters, seed 001 Section 5), "asugs" (the clusters of one ASUGS-PM
-        streaming pass over every chunk, seed 002: pass 1 assigns every record against them),
-        "asugs-sample" (the same over the "sample" start's rows); "auto" is "sample".
+        singleton clusters, Xu et al. 2009, Section 5), "asugs" (the clusters of one ASUGS-PM
+        streaming pass over every chunk, Tsiligkaridis and Forsythe 2015: pass 1 assigns every
+        record against them), "asugs-sample" (the same over the "sample" start's rows); "auto" is
+        "sample".
     n_seeds : seeds of the "seeds" start; default min(ceil(sqrt(N)), 100).
     init_sample : rows of the "sample" start (at most the prior's sample of ingest).
     max_passes, tol, min_change : stop after ``max_passes`` passes, or when a pass lowers the

@@ -1,5 +1,6 @@
-"""The ASUGS engine: one streaming pass of ASUGS-PM (seed 002, Algorithm 1 with Section 6's
-pruning and merging) over the chunks of a dataset store, in chunk order, for data seen once.
+"""The ASUGS engine: one streaming pass of ASUGS-PM (Tsiligkaridis and Forsythe 2015, Algorithm 1
+with Section 6's pruning and merging) over the chunks of a dataset store, in chunk order, for data
+seen once.
 
 A *sequential* engine (``Engine.sequential``): the pass loop runs its chunk tasks one after the
 other, each given the stream's state as the previous chunk left it (``carry``), so the pass is
@@ -144,7 +145,7 @@ def _stream_chunk(chunk: Chunk, msg: StreamInput) -> tuple[StreamResult, IntArra
 
 
 def objective(stats: FloatArray, alpha: float, family: ProductFamily) -> float:
-    """-log p(X, z | alpha) (seed 000 eq. 3.3) of the classes' statistics at alpha_n."""
+    """-log p(X, z | alpha) (Raykov et al. 2016, eq. 3.3) of the classes' statistics at alpha_n."""
     nk = np.ascontiguousarray(stats[:, 0])
     return float(kmapdp.objective(stats, nk, stats.shape[0], family.spec, family.prior, alpha))
 

@@ -12,17 +12,17 @@ a frozen state, and only the decisions that may conflict, here the proposals of 
 are validated serially):
 
 1. Parallel assignment (``kernels.cuda_mapdp.assign``): every training record takes the
-   argmin of the MAP-DP cost (seed 000, eqs. 3.1-3.2; Bayes K-means', seed 001 Section 5)
-   over the K clusters frozen at the start of the pass (its own by the leave-one-out
+   argmin of the MAP-DP cost (Raykov et al. 2016, eqs. 3.1-3.2; Bayes K-means', Xu et al. 2009,
+   Section 5) over the K clusters frozen at the start of the pass (its own by the leave-one-out
    predictive) and a new cluster, one thread per record.
 2. The statistics of the records that moved between frozen clusters are summed on the card
    (``kernels.cuda_mapdp.label_deltas``): only the labels and K x S values leave it.
 3. The records that proposed a new cluster (and the rare ones whose leave-one-out predictive
-   needs a downdate) are resolved on the host, in the chunk's random visiting order, by the
-   CPU engine's own sequential step over them alone: MAP-DP's sweep (seed 000, Algorithm 1)
-   against the frozen statistics plus step 2's change, Bayes K-means' assignment step against
-   the frozen statistics (its Lloyd step: ``kernels.bayes_kmeans.assign``). Records that
-   propose new clusters in the same pass thus gather in one new cluster instead of one each.
+   needs a downdate) are resolved on the host, in the chunk's random visiting order, by the CPU
+   engine's own sequential step over them alone: MAP-DP's sweep (Raykov et al. 2016, Algorithm 1)
+   against the frozen statistics plus step 2's change, Bayes K-means' assignment step against the
+   frozen statistics (its Lloyd step: ``kernels.bayes_kmeans.assign``). Records that propose new
+   clusters in the same pass thus gather in one new cluster instead of one each.
 4. The objective guard: the chunk's change is kept only if the objective of eq. 3.3 computed
    from the statistics (``kernels.mapdp.objective``) of the frozen clusters plus this chunk's
    change is not above that of the frozen clusters. Otherwise the chunk is redone by the CPU

@@ -1,4 +1,5 @@
-"""The MAP-iHMM engine (seed 000, Section 6.2): many sequences, distributed over sequences.
+"""The MAP-iHMM engine (Raykov et al. 2016, Section 6.2): many sequences, distributed over
+sequences.
 
 Sequences are the groups of a grouped dataset store (``--group-column``): all rows of a group
 sit in one chunk, in input order, which is time order (the ``dpmm hmm`` flow checks and sorts

@@ -1,4 +1,4 @@
-"""The Bayes K-means engine (seed 001, Section 5): each record to the cluster that raises the
+"""The Bayes K-means engine (Xu et al. 2009, Section 5): each record to the cluster that raises the
 DPM's log joint most (``kernels.bayes_kmeans.assign``); after every pass, greedy merges over all
 pairs of clusters (Section 5's merge step)."""
 

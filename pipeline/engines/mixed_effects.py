@@ -1,6 +1,5 @@
-"""The mixed-effects engine: seed 000 Section 7 (``pipeline.models.mixed_effects``) over the
-subjects of
-a grouped dataset store.
+"""The mixed-effects engine: Raykov et al. 2016, Section 7 (``pipeline.models.mixed_effects``) over
+the subjects of a grouped dataset store.
 
 Subjects are the store's groups (``ingest(..., group_column=...)``), so a subject never straddles
 two chunks; in a store without groups every row is a subject of one observation. The store's

@@ -131,7 +131,8 @@ def pass_labels(chunk: Chunk, msg: PassInput, hold: NDArray[np.bool_]) -> IntArr
 
 
 def objective(stats: FloatArray, alpha: float, family: ProductFamily, params: FitParams) -> float:
-    """-log p(X, z | N0) (seed 000, eq. 3.3) from the statistics, minus log p(N0) when learned."""
+    """-log p(X, z | N0) (Raykov et al. 2016, eq. 3.3) from the statistics, minus log p(N0) when
+    learned."""
     nk = np.ascontiguousarray(stats[:, 0])
     e = float(kmapdp.objective(stats, nk, stats.shape[0], family.spec, family.prior, alpha))
     if params.learn_alpha:

@@ -1,6 +1,6 @@
 """The starts of the mixture engines (``FitParams.start``): in-memory MAP-DP on a hash sample
 (the default), no cluster, one cluster, random seed records, or the clusters of one ASUGS-PM
-streaming pass (seed 002) over every chunk or over the sample.
+streaming pass (Tsiligkaridis and Forsythe 2015) over every chunk or over the sample.
 
 The "sample" start fits ``pipeline.models.mapdp.run_mapdp`` - sweeps plus split and merge moves,
 learned concentration - to a hash sample of ``init_sample`` training rows (a subset of the
@@ -223,13 +223,13 @@ def _train_stats_task(data: str, a: int, b: int, fam: ProductFamily) -> FloatArr
 
 
 def asugs_state(client: Any, ctx: RunContext) -> PassState:
-    """The "asugs" / "asugs-sample" starts: the clusters of one ASUGS-PM pass (seed 002;
-    ``pipeline.engines.asugs``) over every chunk in order, or over the sample start's rows,
-    taken as a warm start (``warm_state``): pass 1 assigns every training record against
-    them, then their statistics are the data's own. ASUGS's own concentration alpha_n =
-    k_n / (lambda + log n) starts a learned alpha. The stream runs under the prior ASUGS
-    chooses (``AsugsEngine.run_info``) unless the run gives a prior scale; its clusters'
-    statistics do not depend on the prior."""
+    """The "asugs" / "asugs-sample" starts: the clusters of one ASUGS-PM pass (Tsiligkaridis and
+    Forsythe 2015; ``pipeline.engines.asugs``) over every chunk in order, or over the sample start's
+    rows, taken as a warm start (``warm_state``): pass 1 assigns every training record against them,
+    then their statistics are the data's own. ASUGS's own concentration alpha_n = k_n / (lambda +
+    log n) starts a learned alpha. The stream runs under the prior ASUGS chooses
+    (``AsugsEngine.run_info``) unless the run gives a prior scale; its clusters' statistics do not
+    depend on the prior."""
     from pipeline.engines.asugs import ENGINE, stream_chunks, stream_sample
     from pipeline.models.asugs import (
         DEFAULT_LAM,

@@ -1,5 +1,5 @@
-"""``ASUGS``: one-pass sequential clustering of a stream (seed 002), scikit-learn style with
-``partial_fit``; the numba loop is ``kernels.asugs``.
+"""``ASUGS``: one-pass sequential clustering of a stream (Tsiligkaridis and Forsythe 2015),
+scikit-learn style with ``partial_fit``; the numba loop is ``kernels.asugs``.
 
 ``StreamState`` is the whole state of a stream (class statistics and caches, ids, the records
 seen, the RNG state) as plain arrays: the estimator keeps one, and the ``asugs`` engine of the
@@ -31,8 +31,9 @@ from pipeline.models.asugs import (
 
 
 class ASUGS(MixtureEstimator):
-    """ASUGS: adaptive sequential updating and greedy search (seed 002, Algorithm 1), with the
-    pruning and merging of ASUGS-PM (Section 6), for any likelihood family of the project.
+    """ASUGS: adaptive sequential updating and greedy search (Tsiligkaridis and Forsythe 2015,
+    Algorithm 1), with the pruning and merging of ASUGS-PM (Section 6), for any likelihood family of
+    the project.
 
     Each record is seen once, in order: it joins the existing class or a new one with the
     largest m(h) L_{i,h}(y_i) (or alpha L for a new one, eq. 1), where L is the family's

@@ -280,12 +280,13 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         return float(np.mean(self.score_samples(X)))
 
     def _predict_encoded(self, Xa: FloatArray) -> IntArray:
-        """MAP cluster of each encoded record (seed 000 eq. 3.5); -1 where a new cluster is the
-        most probable."""
+        """MAP cluster of each encoded record (Raykov et al. 2016, eq. 3.5); -1 where a new cluster
+        is the most probable."""
         return self._dpm_predictive(Xa)[0]
 
     def _score_encoded(self, Xa: FloatArray) -> FloatArray:
-        """log sum_k N_k / (N + alpha) p(x | X_k) + alpha / (N + alpha) p(x) (seed 000 eq. 3.4)."""
+        """log sum_k N_k / (N + alpha) p(x | X_k) + alpha / (N + alpha) p(x) (Raykov et al. 2016,
+        eq. 3.4)."""
         return self._dpm_predictive(Xa)[1]
 
     def _dpm_predictive(self, Xa: FloatArray) -> tuple[IntArray, FloatArray]:

@@ -1,6 +1,7 @@
 """Reference methods that share the project's kernels: DP-means with the lambda binary search of
-seed 000 Appendix D, the collapsed Gibbs sampler (seed 000 eq. 2.7; seed 003 Algorithm 3) and the
-uncollapsed one (seed 003 Algorithm 2). Later stages compare against them."""
+Raykov et al. 2016, Appendix D, the collapsed Gibbs sampler (Raykov et al. 2016, eq. 2.7; De Bacco
+and Valera, Algorithm 3) and the uncollapsed one (De Bacco and Valera, Algorithm 2). Later stages
+compare against them."""
 
 from __future__ import annotations
 
@@ -20,13 +21,13 @@ from pipeline.families import FloatArray
 
 
 class DPMeans(MixtureEstimator):
-    """DP-means (Kulis and Jordan 2012; seed 000, Section 4).
+    """DP-means (Kulis and Jordan 2012; Raykov et al. 2016, Section 4).
 
     Parameters
     ----------
     lam : float or None
         The new-cluster penalty lambda. None with ``n_clusters`` set: found by the binary search
-        of seed 000, Appendix D.
+        of Raykov et al. 2016, Appendix D.
     n_clusters : int or None
         Target number of clusters for the lambda search.
     max_iter : int, default=100
@@ -163,8 +164,8 @@ class _GibbsBase(MixtureEstimator):
 
 
 class CollapsedGibbs(_GibbsBase):
-    """Collapsed Gibbs sampler for the DPM (seed 000 eq. 2.7; seed 003 Algorithm 3; Neal 2000
-    Algorithm 3).
+    """Collapsed Gibbs sampler for the DPM (Raykov et al. 2016, eq. 2.7; De Bacco and Valera,
+    Algorithm 3; Neal 2000 Algorithm 3).
 
     Same families, schema and validation as ``MAPDP``; the concentration is fixed.
 
@@ -224,17 +225,17 @@ class CollapsedGibbs(_GibbsBase):
 
 
 class UncollapsedGibbs(_GibbsBase):
-    """Uncollapsed Gibbs sampler for the DPM (seed 003, Algorithm 2; Neal 2000, Algorithm 2).
+    """Uncollapsed Gibbs sampler for the DPM (De Bacco and Valera, Algorithm 2; Neal 2000, Algorithm
+    2).
 
     The cluster parameters theta_k are part of the state: each scan draws every record's cluster
-    from m_k p(x_n | theta_k) or, for a new cluster, alpha times the prior predictive
-    (seed 003 eqs. 5-6; the parameters of a new cluster are drawn from the posterior given x_n
-    alone, as Algorithm 2 states), then every theta_k from its conjugate posterior given the
-    cluster's records (``kernels.uncollapsed``). The chain is not truncated: the number of
-    clusters is unbounded. It starts, as Algorithm 2's step 1 suggests, with one cluster holding
-    every record and its parameters drawn from their posterior. Same families, schema and
-    validation as ``CollapsedGibbs``; it mixes more slowly than the collapsed sampler and is
-    here as a reference.
+    from m_k p(x_n | theta_k) or, for a new cluster, alpha times the prior predictive (De Bacco and
+    Valera, eqs. 5-6; the parameters of a new cluster are drawn from the posterior given x_n alone,
+    as Algorithm 2 states), then every theta_k from its conjugate posterior given the cluster's
+    records (``kernels.uncollapsed``). The chain is not truncated: the number of clusters is
+    unbounded. It starts, as Algorithm 2's step 1 suggests, with one cluster holding every record
+    and its parameters drawn from their posterior. Same families, schema and validation as
+    ``CollapsedGibbs``; it mixes more slowly than the collapsed sampler and is here as a reference.
 
     Parameters
     ----------

@@ -1,4 +1,4 @@
-"""Bayesian hierarchical clustering of records or of cluster summaries (seed 001).
+"""Bayesian hierarchical clustering of records or of cluster summaries (Xu et al. 2009).
 
 ``BHC`` is stage 2 of the pipeline (DESIGN.md): its leaves are either single records or
 summaries, i.e. additive sufficient-statistics rows of groups of records. A leaf summarising n
@@ -273,7 +273,7 @@ class BHC(MixtureEstimator):
         block, alpha / (N + alpha) p(x) for a new block) averaged over the tree's posterior on
         partitions, whose block probabilities are Heller & Ghahramani's (2005, Section 4)
         omega_k: sum_k omega_k n_k / (N + alpha) p(x | D_k) + alpha / (N + alpha) p(x). It
-        integrates to one. Seed 001 uses but does not state it.
+        integrates to one. Xu et al. (2009) uses but does not state it.
 
         Parameters
         ----------

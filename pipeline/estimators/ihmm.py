@@ -1,4 +1,4 @@
-"""``MAPiHMM`` and ``IHMMGibbs``: the infinite hidden Markov model of seed 000 Section 6,
+"""``MAPiHMM`` and ``IHMMGibbs``: the infinite hidden Markov model of Raykov et al. 2016, Section 6,
 scikit-learn style, with hmmlearn's convention for many sequences in one array (``lengths``).
 
 Emissions are the project's likelihood families (``family="auto"`` picks one per column as
@@ -321,7 +321,7 @@ class _SequenceEstimator(MixtureEstimator):
 
 
 class MAPiHMM(_SequenceEstimator):
-    """MAP-iHMM: approximate MAP inference for the infinite HMM (seed 000, Section 6.2).
+    """MAP-iHMM: approximate MAP inference for the infinite HMM (Raykov et al. 2016, Section 6.2).
 
     Iterated conditional modes on the direct-assignment HDP-HMM: every time step in turn goes
     to the state, or a new one, of eq. 6.7, the state's emission parameters and the transition
@@ -468,7 +468,7 @@ class MAPiHMM(_SequenceEstimator):
 
 
 class IHMMGibbs(_SequenceEstimator):
-    """The direct-assignment Gibbs sampler of the infinite HMM (seed 000, Section 6.1).
+    """The direct-assignment Gibbs sampler of the infinite HMM (Raykov et al. 2016, Section 6.1).
 
     Each sweep draws every z_t from eq. 6.3 (predictive emission of eq. 6.4 times the
     transition conditional of eq. 6.5), then the table counts by the Polya urn (eq. 6.2) and

@@ -1,4 +1,4 @@
-"""``MAPDP``: the scikit-learn-style estimator around the MAP-DP kernels (seed 000)."""
+"""``MAPDP``: the scikit-learn-style estimator around the MAP-DP kernels (Raykov et al. 2016)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def auto_restarts(n: int) -> int:
 
 
 class MAPDP(MixtureEstimator):
-    """MAP-DP: approximate MAP inference for Dirichlet process mixtures (seed 000, Algorithm 1).
+    """MAP-DP: approximate MAP inference for Dirichlet process mixtures (Raykov et al. 2016,
+    Algorithm 1).
 
     Iterated conditional modes on the collapsed DPM: every record in turn goes to the cluster, or
     a new one, that maximises the complete-data likelihood (eq. 3.3); cluster parameters are
@@ -93,20 +94,19 @@ class MAPDP(MixtureEstimator):
         A column holding one value is dropped with a warning naming it (it is recorded in
         ``schema_.dropped`` and left out at predict time too); ``strict=True`` refuses it.
     tune : {None, "cv"}, default=None
-        None fits the configuration given. "cv" first chooses, one at a time and in this
-        order, the covariance of the Gaussian columns (full or diagonal), the concentration
-        and the prior scale by 5-fold held-out log predictive density (seed 000, Appendix A:
-        option 2's greedy search scored as option 4 recommends), each over its values in
+        None fits the configuration given. "cv" first chooses, one at a time and in this order, the
+        covariance of the Gaussian columns (full or diagonal), the concentration and the prior scale
+        by 5-fold held-out log predictive density (Raykov et al. 2016, Appendix A: option 2's greedy
+        search scored as option 4 recommends), each over its values in
         ``pipeline.estimators.tuning.TUNE_GRID`` plus the value given, with
-        ``pipeline.estimators.search.GridSearch``:
-        the current value is kept unless another beats it by more than the paired standard
-        error of their fold-by-fold difference (``select="given"``). Then it fits all of X with
-        the choice (``best_params_``, ``cv_results_``). No label is used. With the defaults it
-        costs (2 + 3 + 4) x 5 = 45 one-restart fold fits (a step's current value is the
-        previous step's choice, whose fold results are reused) plus the final fit: 0.7 s on
-        wine, 0.4 s on iris, 26 s on digits on 2 workers, against 0.3, 0.01 and 5.4 s for a
-        default fit (``bench_cv.py::test_nmi_table``), on the current Dask client if there is
-        one, else in this process; so it is not the default.
+        ``pipeline.estimators.search.GridSearch``: the current value is kept unless another beats it
+        by more than the paired standard error of their fold-by-fold difference
+        (``select="given"``). Then it fits all of X with the choice (``best_params_``,
+        ``cv_results_``). No label is used. With the defaults it costs (2 + 3 + 4) x 5 = 45
+        one-restart fold fits (a step's current value is the previous step's choice, whose fold
+        results are reused) plus the final fit: 0.7 s on wine, 0.4 s on iris, 26 s on digits on 2
+        workers, against 0.3, 0.01 and 5.4 s for a default fit (``bench_cv.py::test_nmi_table``), on
+        the current Dask client if there is one, else in this process; so it is not the default.
     device : {"cpu", "gpu"}, default="cpu"
         "gpu" fits with the distributed passes on NVIDIA GPUs (``pipeline.engines.gpu``:
         parallel assignment on the card, new clusters resolved by sequential MAP-DP on the

@@ -1,6 +1,6 @@
-"""``MixedEffectsDP``: the scikit-learn style estimator of the semiparametric mixed-effects
-model of seed 000 Section 7 (the model and the driver step shared with the distributed engine
-are in ``pipeline.models.mixed_effects``, its start in ``pipeline.models.mixed_effects_start``)."""
+"""``MixedEffectsDP``: the scikit-learn style estimator of the semiparametric mixed-effects model of
+Raykov et al. 2016, Section 7 (the model and the driver step shared with the distributed engine are
+in ``pipeline.models.mixed_effects``, its start in ``pipeline.models.mixed_effects_start``)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ class _Data:
 
 class MixedEffectsDP(BaseEstimator):
     """Semiparametric linear mixed-effects model with a DP mixture of Gaussians as the random
-    effects' distribution (seed 000 Section 7), fitted by iterated conditional modes.
+    effects' distribution (Raykov et al. 2016, Section 7), fitted by iterated conditional modes.
 
     Parameters
     ----------

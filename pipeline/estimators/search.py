@@ -1,11 +1,11 @@
 """Cross-validated hyperparameter search on Dask, in scikit-learn's ``GridSearchCV`` conventions.
 
-Seed 000, Appendix A, option 4: over a finite set of hyperparameter values, choose the one with
-the largest mean out-of-sample likelihood across the cross-validation folds. ``GridSearch`` takes
-any of the project's estimators (``MAPDP``, ``CollapsedGibbs``, ``BHC``, ...) and a parameter
-grid, fits one clone per (candidate, fold) as a Dask task - the records are scattered to the
-workers once - and scores each fit by the estimator's ``score``: the mean held-out log
-predictive density per record (eq. 3.4). No label is ever used.
+Raykov et al. 2016,, Appendix A, option 4: over a finite set of hyperparameter values, choose the
+one with the largest mean out-of-sample likelihood across the cross-validation folds. ``GridSearch``
+takes any of the project's estimators (``MAPDP``, ``CollapsedGibbs``, ``BHC``, ...) and a parameter
+grid, fits one clone per (candidate, fold) as a Dask task - the records are scattered to the workers
+once - and scores each fit by the estimator's ``score``: the mean held-out log predictive density
+per record (eq. 3.4). No label is ever used.
 
 Selection
 ---------

@@ -1,4 +1,5 @@
-"""Tree-guided MCMC for NRM mixtures (seed 004) and its reference samplers, over leaf summaries.
+"""Tree-guided MCMC for NRM mixtures (Lee and Choi 2015) and its reference samplers, over leaf
+summaries.
 
 ``TreeGuidedMCMC`` samples partitions of *leaves* under a DP or NGGP mixture with a conjugate
 likelihood family. A leaf is either one record (``fit(X)``) or a summary, the additive sufficient
@@ -16,7 +17,7 @@ summarising n records is an atomic block of size n. Three samplers share the pri
 Every sampler leaves p(Pi, u | X) exactly invariant (tgMCMC through canonical trees, see
 ``kernels.tgmcmc``); ``tests/pipeline/estimators/test_tgmcmc.py`` checks each against the
 enumerated posterior. The running chain is ``pipeline.models.tgmcmc.Chain``;
-``pipeline.models.ibhc.run_ibhc`` is incremental BHC (seed 004, Section 2.3), the default
+``pipeline.models.ibhc.run_ibhc`` is incremental BHC (Lee and Choi 2015, Section 2.3), the default
 initialisation.
 """
 
@@ -52,7 +53,7 @@ _MOVES = {"tgmcmc": ("all", "global", "local"), "gibbs": ("all",), "split-merge"
 
 
 class TreeGuidedMCMC(MixtureEstimator):
-    """Posterior sampling of partitions of leaves under a DP or NGGP mixture (seed 004).
+    """Posterior sampling of partitions of leaves under a DP or NGGP mixture (Lee and Choi 2015).
 
     Parameters
     ----------
@@ -77,30 +78,30 @@ class TreeGuidedMCMC(MixtureEstimator):
     thin : int
         Keep every ``thin``-th iteration after burn-in.
     G : int
-        Global (or split-merge) moves per iteration (seed 004: G = 20).
+        Global (or split-merge) moves per iteration (Lee and Choi 2015: G = 20).
     D : int
-        Rounds of SampleSub choosing the leaf of a local move (seed 004: D = 2).
+        Rounds of SampleSub choosing the leaf of a local move (Lee and Choi 2015: D = 2).
     n_local : int or None
-        Local moves per sweep; default ceil(n_leaves / 2^D) (seed 004: a smaller D resamples
-        more points).
+        Local moves per sweep; default ceil(n_leaves / 2^D) (Lee and Choi 2015: a smaller D
+        resamples more points).
     local : {"uniform", "tree"}
         How a local move picks its leaf: uniformly (random-scan collapsed Gibbs, no trees), or
-        through the trees as in seed 004, Section 3.3 (a cluster uniformly, D rounds of
+        through the trees as in Lee and Choi 2015, Section 3.3 (a cluster uniformly, D rounds of
         SampleSub, a leaf of the subtree uniformly, with the Metropolis-Hastings correction that
         makes it exact; every proposed move builds the target cluster's tree, so it is slower).
     tree : {"seqinsert", "cascade"}
         The clusters' canonical trees (``kernels.tgmcmc``): their leaves inserted by IBHC's
         SeqInsert in a random order (redrawn every iteration by default), or put on top of each
-        other in that order (the trees of seed 004, Section 4.1's initialisation; cheap, but
-        their potentials carry little structure).
+        other in that order (the trees of Lee and Choi 2015, Section 4.1's initialisation; cheap,
+        but their potentials carry little structure).
     max_depth : int
         Levels SeqInsert may descend (building "seqinsert" trees, and inside StocInsert).
     split_new : bool
-        Whether StocInsert may open new clusters during a split (seed 004) or only regroup the
-        pieces into l(c*) and r(c*), so that every split is in two.
+        Whether StocInsert may open new clusters during a split (Lee and Choi 2015) or only regroup
+        the pieces into l(c*) and r(c*), so that every split is in two.
     dissimilarity : {"tree", "hypothesis"}
         d(c, c') between clusters in the choice of M and in eq. 11: from their trees' potentials,
-        phi(X_c | t_c) phi(X_c' | t_c') / phi(X_{c u c'} | h) (seed 004), or from the
+        phi(X_c | t_c) phi(X_c' | t_c') / phi(X_{c u c'} | h) (Lee and Choi 2015), or from the
         single-cluster potentials phi(X_c | h_c) (no trees needed to score a proposal).
     redraw : bool
         Redraw the order that shapes the canonical trees every iteration (else once per chain).
@@ -109,9 +110,9 @@ class TreeGuidedMCMC(MixtureEstimator):
     n_launch : int
         Intermediate restricted Gibbs scans of the split-merge sampler.
     init : {"ibhc", "top", "one", "singletons"} or array-like of shape (n_leaves,)
-        Initial partition: IBHC (seed 004's default; three passes, u resampled in between, the
-        best bound of eq. 10 kept), one pass of the "put on top" sequential initialisation of
-        seed 004, Section 4.1, one cluster, one cluster per leaf, or given labels.
+        Initial partition: IBHC (Lee and Choi 2015's default; three passes, u resampled in between,
+        the best bound of eq. 10 kept), one pass of the "put on top" sequential initialisation of
+        Lee and Choi 2015, Section 4.1, one cluster, one cluster per leaf, or given labels.
     n_u_steps : int
         Slice-sampling updates of u per iteration (NGGP).
     random_state : None, int or numpy.random.SeedSequence
@@ -122,8 +123,8 @@ class TreeGuidedMCMC(MixtureEstimator):
     samples_ : ndarray of shape (n_kept, n_leaves)
         Kept partitions as labels, clusters numbered in order of their first leaf.
     log_joint_ : ndarray of shape (n_iter,)
-        log p(X, Pi, u) after every iteration (seed 004's "joint log-likelihood", eq. 4 with the
-        likelihoods; for the DP u is integrated out).
+        log p(X, Pi, u) after every iteration (Lee and Choi 2015's "joint log-likelihood", eq. 4
+        with the likelihoods; for the DP u is integrated out).
     log_joint_marginal_ : ndarray of shape (n_iter,)
         log p(X, Pi) with u integrated out (equals ``log_joint_`` for the DP).
     n_clusters_trace_ : ndarray of shape (n_iter,)
@@ -132,7 +133,7 @@ class TreeGuidedMCMC(MixtureEstimator):
         Accepted / proposed per move type ("split", "merge", "local"; "gibbs" is 1).
     mean_log_acceptance_ : dict
         Mean of min(log r, 0) per move type over the proposals whose reverse move is possible
-        (seed 004 reports the mean log r).
+        (Lee and Choi 2015, reports the mean log r).
     labels_ : ndarray of shape (n_leaves,)
         The kept sample with the highest ``log_joint_marginal_``.
     coclustering_ : ndarray of shape (n_leaves, n_leaves)
@@ -373,8 +374,9 @@ class TreeGuidedMCMC(MixtureEstimator):
         return bool(self.prior == "dp")
 
     def _predict_encoded(self, Xa: FloatArray) -> IntArray:
-        """The DPM's MAP cluster of each record given ``labels_`` (seed 000 eq. 3.5); -1 where
-        a new cluster is the most probable. The NGGP's predictive needs u and is not offered."""
+        """The DPM's MAP cluster of each record given ``labels_`` (Raykov et al. 2016, eq. 3.5); -1
+        where a new cluster is the most probable. The NGGP's predictive needs u and is not
+        offered."""
         if self.prior != "dp":
             raise ValueError("predict needs prior='dp' (the NGGP predictive is not implemented)")
         return super()._predict_encoded(Xa)

@@ -1,6 +1,6 @@
 """``tune="cv"``: an estimator's hyperparameters chosen by K-fold held-out log predictive density.
 
-Seed 000, Appendix A: option 2's greedy search ("change one of the hyperparameters while
+Raykov et al. 2016,, Appendix A: option 2's greedy search ("change one of the hyperparameters while
 holding the rest fixed ... set that hyperparameter to the value resulting in the smallest
 negative log likelihood and proceed in the same way for the next hyperparameter"), starting from
 the estimator's own configuration (by default option 1's empirical-Bayes prior with a learned

@@ -1,5 +1,6 @@
-"""Model updates from new batches (``dpmm update``): one ASUGS-PM pass (seed 002, Algorithm 1
-with Section 6's pruning and merging) of new records into a fitted model's clusters.
+"""Model updates from new batches (``dpmm update``): one ASUGS-PM pass (Tsiligkaridis and Forsythe
+2015, Algorithm 1 with Section 6's pruning and merging) of new records into a fitted model's
+clusters.
 
 The model's clusters become the stream's classes, with the records they summarise counted as
 seen (``pipeline.ASUGS.start_from``); each new record joins the class (or a new one) with the

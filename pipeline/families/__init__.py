@@ -1,4 +1,4 @@
-"""Public likelihood-family objects (seed 000, Appendix B) and the product family.
+"""Public likelihood-family objects (Raykov et al. 2016, Appendix B) and the product family.
 
 Each object holds its prior in the seed's parameterisation, checks the columns it is given, and
 hands flat arrays to the numba kernels in ``kernels/obs``. ``log_marginal(X)`` and

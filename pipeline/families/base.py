@@ -63,7 +63,8 @@ class Family(ABC):
     @classmethod
     @abstractmethod
     def empirical_bayes(cls, X: FloatArray) -> Family:
-        """The default prior fitted to data X (n, n_cols): seed 000, Appendix A, option 1."""
+        """The default prior fitted to data X (n, n_cols): Raykov et al. 2016, Appendix A, option
+        1."""
 
     def check_values(self, X: FloatArray, names: Sequence[str]) -> None:  # noqa: B027
         """Raise ``ValueError`` naming the column and row of a value outside the support."""
@@ -86,7 +87,7 @@ class Family(ABC):
     def impute(self, X: FloatArray, s: FloatArray) -> FloatArray:
         """X (m, n_cols) with its NaN cells set to their conditional mode given the observed
         cells of the row, under the cluster with statistics row s (S,): the iterated conditional
-        modes step of a missing cell treated as latent (seed 000's MAP-DP treats the
+        modes step of a missing cell treated as latent (Raykov et al. 2016's MAP-DP treats the
         assignments the same way). Rows without a NaN are returned unchanged."""
         raise NotImplementedError(f"{type(self).__name__} does not take missing values")
 

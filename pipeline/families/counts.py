@@ -1,5 +1,5 @@
-"""Families of counts, categories and rates (seed 000, Appendix B): categorical (Dirichlet),
-Poisson and exponential (Gamma), binomial, Bernoulli and geometric (Beta)."""
+"""Families of counts, categories and rates (Raykov et al. 2016, Appendix B): categorical
+(Dirichlet), Poisson and exponential (Gamma), binomial, Bernoulli and geometric (Beta)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Gaussian families: full covariance with a Normal-Wishart prior, independent columns with
-Normal-Gamma priors (seed 000, Appendix B)."""
+Normal-Gamma priors (Raykov et al. 2016, Appendix B)."""
 
 from __future__ import annotations
 
@@ -137,7 +137,7 @@ def _available_case_moments(
 class GaussianNW(Family):
     """Multivariate Gaussian, unknown mean and full covariance, Normal-Wishart prior.
 
-    Parameters exactly as seed 000, Appendix B: the precision is Wishart with scale matrix
+    Parameters exactly as Raykov et al. 2016, Appendix B: the precision is Wishart with scale matrix
     ``B0`` (d, d) and ``a0`` degrees of freedom (a0 > d - 1), the mean given the precision
     Lambda is Normal(m0, (c0 Lambda)^{-1}). The posterior is eq. B.1; the predictive is the
     Student-t with nu = a - d + 1, mu = m, Lambda = c nu / (c + 1) B.
@@ -209,7 +209,8 @@ class GaussianNW(Family):
     def empirical_bayes(
         cls, X: FloatArray, shrink: float | None = None, scale: float | None = None
     ) -> GaussianNW:
-        """The default prior from the data (seed 000, Appendix A, option 1, with one stated belief).
+        """The default prior from the data (Raykov et al. 2016, Appendix A, option 1, with one
+        stated belief).
 
         m0 = the data mean; a0 = d + 2 (the weakest Wishart with a finite mean covariance);
         E[precision] = a0 B0 = (cov / shrink)^{-1}, i.e. a cluster is expected to carry

@@ -435,8 +435,8 @@ class Schema:
         return [(k, cols) for k, cols in by_kind.items()] + out
 
     def build_family(self, X: FloatArray, scale: float | None = None) -> ProductFamily:
-        """Empirical-Bayes priors per group (seed 000, Appendix A, option 1); ``scale`` is the
-        prior scale of the Gaussian groups (``GaussianNW.empirical_bayes``; None: their
+        """Empirical-Bayes priors per group (Raykov et al. 2016, Appendix A, option 1); ``scale`` is
+        the prior scale of the Gaussian groups (``GaussianNW.empirical_bayes``; None: their
         default)."""
         groups: list[tuple[Family, list[int]]] = []
         for kind, cols in self.groups():

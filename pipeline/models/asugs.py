@@ -1,7 +1,7 @@
-"""ASUGS-PM in memory (seed 002, Algorithm 1 with Section 6's pruning and merging): the state of
-a stream as plain arrays (``StreamState``), its parameters and one step over a batch of records
-(``advance``, over the numba loop ``kernels.asugs``), and the stream's prior, chosen by empirical
-Bayes on its first records (``choose_prior``).
+"""ASUGS-PM in memory (Tsiligkaridis and Forsythe 2015, Algorithm 1 with Section 6's pruning and
+merging): the state of a stream as plain arrays (``StreamState``), its parameters and one step over
+a batch of records (``advance``, over the numba loop ``kernels.asugs``), and the stream's prior,
+chosen by empirical Bayes on its first records (``choose_prior``).
 
 The estimator ``ASUGS`` (``pipeline.estimators.asugs``) keeps one ``StreamState``, and the
 ``asugs`` engine of the pass loop (``pipeline.engines.asugs``) hands one from chunk to chunk.
@@ -331,22 +331,22 @@ def choose_prior(
     sp: StreamParams,
     rng: NDArray[np.uint64],
 ) -> tuple[ProductFamily, float, float]:
-    """The stream's prior chosen by empirical Bayes on its first records (seed 000, Appendix A,
-    option 2, on the stream's own criterion): the prior scale and strength (``with_prior``)
-    under which the stream's sequential log joint of its first ``EB_RECORDS`` records,
-    sum_i log [L_{i,gamma_i}(y_i) pi_{i,gamma_i}(alpha_{i-1})] (seed 002 eq. 1 times eq. 3, each
-    record predicted from the records before it), is largest: one parameter at a time
-    (coordinate ascent from the value of ``EB_SCALES`` nearest ``base_scale`` and strength 1:
-    the best of ``EB_SCALES``, then of ``EB_STRENGTHS``, then climbs to the neighbouring values
-    while the joint rises) until neither changes.
+    """The stream's prior chosen by empirical Bayes on its first records (Raykov et al. 2016,
+    Appendix A, option 2, on the stream's own criterion): the prior scale and strength
+    (``with_prior``) under which the stream's sequential log joint of its first ``EB_RECORDS``
+    records, sum_i log [L_{i,gamma_i}(y_i) pi_{i,gamma_i}(alpha_{i-1})] (Tsiligkaridis and Forsythe
+    2015, eq. 1 times eq. 3, each record predicted from the records before it), is largest: one
+    parameter at a time (coordinate ascent from the value of ``EB_SCALES`` nearest ``base_scale``
+    and strength 1: the best of ``EB_SCALES``, then of ``EB_STRENGTHS``, then climbs to the
+    neighbouring values while the joint rises) until neither changes.
 
     Why: the batch default (a class expected to carry 30% of the data's variance, the weakest
-    Wishart) suits MAP-DP, whose sweeps split and move records again; a one-pass stream decides
-    each record once, while its classes are young, and a class whose Student-t predictive is
-    too broad or too heavy-tailed then absorbs its neighbours for good (seed 002 Section 6.1:
-    whole rows of the 4 x 4 grid merged, 16 classes in 0 of 20 trials with the fixed 0.1). A
-    prior chosen this way also removes a stated belief that no single value fits: the share of
-    the variance a class carries falls with the number of classes and with the dimension.
+    Wishart) suits MAP-DP, whose sweeps split and move records again; a one-pass stream decides each
+    record once, while its classes are young, and a class whose Student-t predictive is too broad or
+    too heavy-tailed then absorbs its neighbours for good (Tsiligkaridis and Forsythe 2015, Section
+    6.1: whole rows of the 4 x 4 grid merged, 16 classes in 0 of 20 trials with the fixed 0.1). A
+    prior chosen this way also removes a stated belief that no single value fits: the share of the
+    variance a class carries falls with the number of classes and with the dimension.
 
     Parameters
     ----------

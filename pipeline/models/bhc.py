@@ -1,5 +1,5 @@
-"""BHC's tree (seed 001, Algorithm 1) over leaf summaries, as the project's ``Tree`` table: the
-agglomeration of ``kernels.bhc.bhc`` and each node's fields. The estimator ``BHC``
+"""BHC's tree (Xu et al. 2009, Algorithm 1) over leaf summaries, as the project's ``Tree`` table:
+the agglomeration of ``kernels.bhc.bhc`` and each node's fields. The estimator ``BHC``
 (``pipeline.estimators.bhc``) and stage 2 build their trees here."""
 
 from __future__ import annotations

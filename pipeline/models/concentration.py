@@ -1,4 +1,5 @@
-"""The DP concentration N0: MAP estimate under a Gamma prior (seed 000, Appendix A, eq. A.1)."""
+"""The DP concentration N0: MAP estimate under a Gamma prior (Raykov et al. 2016, Appendix A, eq.
+A.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The exact DPM marginal likelihood by enumeration of set partitions (seed 001, eq. 5).
+"""The exact DPM marginal likelihood by enumeration of set partitions (Xu et al. 2009, eq. 5).
 
 For a handful of records (or of leaf summaries) the sum over every partition is small enough to
 do outright: Bell(10) = 115975 partitions of 10 leaves. It is the reference against which the BHC
@@ -84,7 +84,7 @@ def exact_log_marginal(
 ) -> float:
     """log p(D | alpha, beta) of a Dirichlet process mixture, summed over every partition.
 
-    Eq. 5 of seed 001:
+    Eq. 5 of Xu et al. 2009:
 
         p(D) = sum_v alpha^{m_v} prod_l Gamma(n_l^v) / [Gamma(n + alpha) / Gamma(alpha)]
                prod_l p(D_l^v | beta)

@@ -1,4 +1,4 @@
-"""Incremental BHC (seed 004, Section 2.3) over leaf summaries, tree-guided MCMC's default
+"""Incremental BHC (Lee and Choi 2015, Section 2.3) over leaf summaries, tree-guided MCMC's default
 initialisation, and the prior and leaf pieces the samplers of ``pipeline.estimators.tgmcmc``
 share."""
 
@@ -75,8 +75,8 @@ class IBHCResult:
 
 
 IBHC_FIELDS = ("log_phi",)
-"""The field an IBHC forest adds to ``pipeline.models.tree.BASE_FIELDS``: log phi (seed 004 eq. 8);
-``log_d`` is eq. 9's dissimilarity, -inf at leaves."""
+"""The field an IBHC forest adds to ``pipeline.models.tree.BASE_FIELDS``: log phi (Lee and Choi
+2015, eq. 8); ``log_d`` is eq. 9's dissimilarity, -inf at leaves."""
 
 
 def _tree_table(ni: IntArray, nf: FloatArray, st: FloatArray, roots: IntArray, L: int) -> Tree:
@@ -135,7 +135,7 @@ def run_ibhc(
     n_restarts: int = 1,
     random_state: Any = None,
 ) -> IBHCResult:
-    """Incremental BHC (seed 004, Section 2.3) over leaf summaries.
+    """Incremental BHC (Lee and Choi 2015, Section 2.3) over leaf summaries.
 
     Each restart inserts the leaves in a fresh random order; between restarts u is resampled given
     the last partition (NGGP), and the forest with the highest bound (eq. 10) is returned.
@@ -148,7 +148,7 @@ def run_ibhc(
     prior, alpha, sigma : the partition prior (``"dp"`` or ``"nggp"``).
     mode : {"ibhc", "no-split", "top"}
         SeqInsert with splitting where an updated d exceeds 1 (IBHC), SeqInsert alone, or each
-        leaf put on top of its closest tree (the initialisation of seed 004, Section 4.1).
+        leaf put on top of its closest tree (the initialisation of Lee and Choi 2015, Section 4.1).
     u : float, optional
         Auxiliary variable of Theorem 1 (NGGP) for the first pass; default 1. Given K clusters its
         conditional concentrates near ((K sigma - 1) / alpha)^(1 / sigma), so it is resampled

@@ -1,5 +1,5 @@
-"""The infinite HMM of seed 000 Section 6 in memory: the state, the sweep, decoding, and the
-direct-assignment Gibbs sampler (6.1). MAP-iHMM's moves and run (6.2) are
+"""The infinite HMM of Raykov et al. 2016, Section 6 in memory: the state, the sweep, decoding, and
+the direct-assignment Gibbs sampler (6.1). MAP-iHMM's moves and run (6.2) are
 ``pipeline.models.ihmm_map``.
 
 The state of a fit is an ``HmmState`` (compact: K represented states), the kernels are
@@ -390,10 +390,10 @@ def run_gibbs(
     seq: np.random.SeedSequence,
     callback: Callable[[int, IntArray, HmmState], None] | None = None,
 ) -> tuple[IntArray, HmmState]:
-    """The direct-assignment Gibbs sampler of seed 000 Section 6.1 (Teh et al. 2006): each
-    sweep draws every z_t from eq. 6.3 (``kernels.ihmm.sweep`` with ``gibbs``), then the table
-    counts (eq. 6.2) and kappa (eq. 6.1). Starts from one state; ``callback(i, z, state)``
-    sees the labels (0..K-1) and state after every sweep. Returns the last labels and state."""
+    """The direct-assignment Gibbs sampler of Raykov et al. 2016, Section 6.1 (Teh et al. 2006):
+    each sweep draws every z_t from eq. 6.3 (``kernels.ihmm.sweep`` with ``gibbs``), then the table
+    counts (eq. 6.2) and kappa (eq. 6.1). Starts from one state; ``callback(i, z, state)`` sees the
+    labels (0..K-1) and state after every sweep. Returns the last labels and state."""
     N = Xa.shape[0]
     rng_state = np.asarray(seq.generate_state(1, dtype=np.uint64), dtype=np.uint64)
     rng = np.random.default_rng(seq.spawn(1)[0])

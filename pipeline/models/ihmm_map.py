@@ -1,5 +1,6 @@
-"""MAP-iHMM (seed 000, Section 6.2) in memory: its moves over states, its run, and the restarts
-and tempering that ``MAPiHMM`` and the ``ihmm`` engine's sample start share (``fit_map_ihmm``).
+"""MAP-iHMM (Raykov et al. 2016, Section 6.2) in memory: its moves over states, its run, and the
+restarts and tempering that ``MAPiHMM`` and the ``ihmm`` engine's sample start share
+(``fit_map_ihmm``).
 
 The MAP objective E(z, kappa) is ``kernels.ihmm.objective``. Every step of ``run_map_ihmm``
 takes a move only when E does not rise: the sweeps (eq. 6.7, each q_{t,k} the exact change of
@@ -254,7 +255,7 @@ def run_map_ihmm(
     callback: Callable[[int, float, int], None] | None = None,
     temper: float = 1.0,
 ) -> IhmmResult:
-    """MAP-iHMM (seed 000, Section 6.2) on arranged records of the sequences ``starts``.
+    """MAP-iHMM (Raykov et al. 2016, Section 6.2) on arranged records of the sequences ``starts``.
 
     Starts from labels z0 (0..K0-1) or, without them, with no state: the first sweep is then
     sequential, each record going to the argmin of eq. 6.7 given the ones before it. Each

@@ -1,5 +1,5 @@
-"""Algorithm 1 of seed 000 in memory (``run_mapdp``: sweeps, split and merge moves, learned
-concentration) and the seeding helpers shared by every sampler.
+"""Algorithm 1 of Raykov et al. 2016 in memory (``run_mapdp``: sweeps, split and merge moves,
+learned concentration) and the seeding helpers shared by every sampler.
 
 Kept apart from the scikit-learn estimator (``pipeline.estimators.mapdp``) so that Dask workers
 running
@@ -231,7 +231,8 @@ def run_mapdp(
     max_moves: int = 10,
     z0: IntArray | None = None,
 ) -> MapdpResult:
-    """Algorithm 1 of seed 000 on arranged records ``Xa`` (N, D), visiting them in ``order``.
+    """Algorithm 1 of Raykov et al. 2016 on arranged records ``Xa`` (N, D), visiting them in
+    ``order``.
 
     Each iteration is one ``kernels.mapdp.sweep``; with ``learn_alpha`` the concentration is then
     set to the mode of eq. A.1 given N and K. The objective is -log p(X, z | N0) (eq. 3.3), plus
@@ -324,8 +325,8 @@ def fit_missing(
     Xa: FloatArray, family: ProductFamily, fit: Callable[[FloatArray, IntArray | None], MapdpResult]
 ) -> MapdpResult:
     """MAP-DP with missing cells (NaN in ``Xa`` (N, D)) treated as latent variables and set by
-    iterated conditional modes, as Algorithm 1 sets the assignments (seed 000, Section 3: ICM
-    on the joint; Besag 1986 for ICM itself).
+    iterated conditional modes, as Algorithm 1 sets the assignments (Raykov et al. 2016, Section 3:
+    ICM on the joint; Besag 1986 for ICM itself).
 
     The cells start at the prior predictive's conditional mode given the row's observed cells
     (``ProductFamily.impute`` with no cluster: for Gaussian columns the regression on the

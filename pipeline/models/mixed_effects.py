@@ -1,5 +1,5 @@
-"""The semiparametric mixed-effects model of seed 000 Section 7 (the estimator ``MixedEffectsDP`` is
-in ``pipeline.estimators.mixed_effects``).
+"""The semiparametric mixed-effects model of Raykov et al. 2016, Section 7 (the estimator
+``MixedEffectsDP`` is in ``pipeline.estimators.mixed_effects``).
 
 y_i = X_i beta_i + eps_i (eq. 7.1), eps_i ~ N(0, tau^-1 I), the random effects beta_i drawn from a
 Dirichlet-process mixture of Gaussians N(mu_k, R_k^-1) with a Normal-Wishart prior on (mu_k, R_k)

@@ -1,5 +1,5 @@
-"""The start of the mixed-effects model of seed 000 Section 7 (the model, its records and the
-sweep are ``pipeline.models.mixed_effects``): everything before the first ICM pass.
+"""The start of the mixed-effects model of Raykov et al. 2016, Section 7 (the model, its records and
+the sweep are ``pipeline.models.mixed_effects``): everything before the first ICM pass.
 
 Over the chunks of subjects (``MapChunks``): the subjects' pooled least-squares moments and a
 hash sample of subjects; in memory on the sample: the Gaussian random-effects model (one

@@ -1,4 +1,5 @@
-"""The samplers of seed 004 over leaf summaries, as running chains, and summaries of their samples.
+"""The samplers of Lee and Choi 2015 over leaf summaries, as running chains, and summaries of their
+samples.
 
 ``Chain`` is one running chain of one of three samplers of partitions of leaves under a DP or NGGP
 mixture (the estimator is ``pipeline.estimators.tgmcmc.TreeGuidedMCMC``): tree-guided MCMC

@@ -1,4 +1,5 @@
-"""One format for the trees the pipeline returns: BHC's (seed 001) and IBHC's forests (seed 004).
+"""One format for the trees the pipeline returns: BHC's (Xu et al. 2009) and IBHC's forests (Lee and
+Choi 2015).
 
 A ``Tree`` is a structured ndarray with one row per node, as hdbscan keeps its trees: leaves first
 (node i is leaf i), then internal nodes, every parent after its children. ``to_numpy()`` gives the
@@ -28,9 +29,9 @@ BASE_FIELDS: list[tuple[str, type]] = [
     ("n", np.float64),
     ("log_d", np.float64),
 ]
-"""node id; parent, left, right (-1 where there is none: a root's parent, a leaf's children);
-leaves below the node (1 at a leaf); records below it; log d_k (BHC's d of seed 001 Section 3,
-or IBHC's dissimilarity of seed 004 eq. 9, -inf at leaves)."""
+"""node id; parent, left, right (-1 where there is none: a root's parent, a leaf's children); leaves
+below the node (1 at a leaf); records below it; log d_k (BHC's d of Xu et al. 2009, Section 3, or
+IBHC's dissimilarity of Lee and Choi 2015, eq. 9, -inf at leaves)."""
 
 
 def tree_dtype(*extra: str) -> np.dtype[Any]:

@@ -1,5 +1,5 @@
 """The pipeline side of ``dpmm cv``: a grid of MAP-DP configurations scored by K-fold held-out
-log predictive density over the folds of a dataset store (seed 000, Appendix A, option 4).
+log predictive density over the folds of a dataset store (Raykov et al. 2016, Appendix A, option 4).
 
 The dataset store is ingested once (``pipeline.data.dataset.open_dataset``) with K fold ids per row
 (or per group); every (cell, fold) fit reads the store's records and folds (``fold_fit``, a

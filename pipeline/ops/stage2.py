@@ -1,8 +1,8 @@
 """Stage 2 of the pipeline (DESIGN.md): the tree stage on cluster summaries.
 
-BHC (seed 001) agglomerates the stage-1 summaries, its r_k < 0.5 cut gives the partition, and
-optionally tree-guided MCMC (seed 004) samples partitions of the summaries started from it. Only
-statistics are read; the mapping from summaries to final clusters is applied to the records by
+BHC (Xu et al. 2009) agglomerates the stage-1 summaries, its r_k < 0.5 cut gives the partition, and
+optionally tree-guided MCMC (Lee and Choi 2015) samples partitions of the summaries started from it.
+Only statistics are read; the mapping from summaries to final clusters is applied to the records by
 the write-out tasks.
 """
 

@@ -1,7 +1,8 @@
-"""Measured figures of ASUGS / ASUGS-PM / SUGS (seed 002) side by side with their peers
-(``make bench``; ``-m bench`` only).
+"""Measured figures of ASUGS / ASUGS-PM / SUGS (Tsiligkaridis and Forsythe 2015) side by side with
+their peers (``make bench``; ``-m bench`` only).
 
-* Section 6.1 of seed 002: a 16-class 2-D Gaussian mixture, equal weights, variance 0.025 in
+* Section 6.1 of Tsiligkaridis and Forsythe 2015: a 16-class 2-D Gaussian mixture, equal weights,
+variance 0.025 in
   each direction, means on the 4 x 4 grid {-1.5, -0.5, 0.5, 1.5}^2 (spacing 1; the paper gives
   no means), 500 training and 1,000 test records, ``TRIALS`` trials. Clusters found, test log
   likelihood per record (eq. 3.4's mixture under the learned clusters and weights) and test NMI
@@ -70,7 +71,7 @@ def grid16(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
 
 
 def true_log_density(X: np.ndarray) -> np.ndarray:
-    """log p_T(x) of seed 002 eq. 9 for the 16-class mixture."""
+    """log p_T(x) of Tsiligkaridis and Forsythe 2015, eq. 9 for the 16-class mixture."""
     d2 = ((X[:, None, :] - GRID[None, :, :]) ** 2).sum(axis=2)
     comp = -0.5 * d2 / VAR - math.log(2 * math.pi * VAR) - math.log(16.0)
     return np.logaddexp.reduce(comp, axis=1)

@@ -1,10 +1,11 @@
-"""Measured figures for BHC on summaries, Bayes K-means BHC and the bounds (seed 001).
+"""Measured figures for BHC on summaries, Bayes K-means BHC and the bounds (Xu et al. 2009).
 
 Runs only under ``make bench`` (marker ``bench``); prints tables, asserts nothing about time.
 Also runnable directly: ``.venv/bin/python tests/benchmarks/bench_bhc.py``.
 
 1. BHC on 1,000 and 10,000 summaries (GaussianNW, 10 dimensions): wall time.
-2. Bayes K-means BHC vs BHC on 600 abalone records (seed 001, Section 6.3 / Fig. 8): time ratio
+2. Bayes K-means BHC vs BHC on 600 abalone records (Xu et al. 2009, Section 6.3 / Fig. 8): time
+ratio
    and the difference in log p(D | T) and in the eq. 9 bound.
 3. Gaps between eq. 9, Theorem 1 and the exact marginal (eq. 5) over 50 random sets of 3-9
    records (Section 6.2 / Fig. 7).

@@ -1,4 +1,4 @@
-"""Issue 11 figures: MAP-iHMM on the Table 4 protocol of seed 000 (Section 6.4), next to
+"""Issue 11 figures: MAP-iHMM on the Table 4 protocol of Raykov et al. 2016 (Section 6.4), next to
 hmmlearn's GaussianHMM given the true number of states, measured in the same run. ``make bench``
 runs it; never part of ``make test``.
 
@@ -67,7 +67,7 @@ def test_table4_protocol() -> None:
     mean = {k: float(np.mean([r[k] for r in rows])) for k in rows[0] if k != "seed"}
     hits = sum(r["MAP-iHMM NMI"] >= 0.90 and r["K"] == 5 and r["MAP-iHMM s"] < 5 for r in rows)
     print(
-        "\nTable 4 protocol (seed 000 Section 6.4), 10 seeds; paper: "
+        "\nTable 4 protocol (Raykov et al. 2016, Section 6.4), 10 seeds; paper: "
         + ", ".join(f"{k} NMI {v[0]} in {v[1]} iterations" for k, v in PAPER.items())
         + "\n"
         + table([*rows, {"seed": "mean", **mean}])

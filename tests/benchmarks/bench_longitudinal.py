@@ -1,6 +1,7 @@
-"""Measured figures for the mixed-effects model of seed 000 Section 7 (``MixedEffectsDP``,
-``dpmm longitudinal``) on ELSA-like data (``pipeline.data.synthetic.sample_longitudinal``: up to 5
-waves, some missing; random effects from 4 subgroups; two informative covariates, two not).
+"""Measured figures for the mixed-effects model of Raykov et al. 2016, Section 7
+(``MixedEffectsDP``, ``dpmm longitudinal``) on ELSA-like data
+(``pipeline.data.synthetic.sample_longitudinal``: up to 5 waves, some missing; random effects from 4
+subgroups; two informative covariates, two not).
 
 Runs only under ``make bench`` (marker ``bench``); prints tables, asserts nothing about time.
 

@@ -60,7 +60,7 @@ def test_uci_quality() -> None:
                 "Gibbs-MAP NMI": nmi(y, gibbs.labels_),
             }
         )
-    print("\nUCI quality (seed 000, Table 2), defaults, random_state=0\n" + table(rows))
+    print("\nUCI quality (Raykov et al. 2016, Table 2), defaults, random_state=0\n" + table(rows))
     save("mapdp_uci", rows)
 
 

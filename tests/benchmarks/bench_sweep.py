@@ -101,8 +101,8 @@ def test_sweep_records_per_core() -> None:
     # records, about 20 ms) spread over more of them
     X_big, _ = sample_mixture(5 * N, d=10, k=K, seed=0)
     t_asugs_big = _cpu_best(lambda: ASUGS().fit(X_big)) / 5
-    # the stream alone (seed 002 Algorithm 1 over the records), with the prior fit chose: what
-    # every record costs once the columns are encoded and the prior is picked
+    # the stream alone (Tsiligkaridis and Forsythe 2015, Algorithm 1 over the records), with the
+    # prior fit chose: what every record costs once the columns are encoded and the prior is picked
     est = ASUGS().fit(X)
     Xs = est.family_.arrange(X)
     params = est._check_params()
@@ -121,7 +121,7 @@ def test_sweep_records_per_core() -> None:
         {"path": "MAP-DP sweep scoring eq. 3.4 (write-out pass)", "s": t_scored},
         {"path": "MAP-DP predict (eqs. 3.4-3.5)", "s": t_predict},
         {"path": "Bayes K-means assignment (frozen clusters)", "s": t_assign},
-        {"path": "ASUGS().fit, one pass (seed 002, Algorithm 1)", "s": t_asugs},
+        {"path": "ASUGS().fit, one pass (Tsiligkaridis and Forsythe 2015, Alg. 1)", "s": t_asugs},
         {"path": f"ASUGS().fit on {5 * N:,} records (s per {N:,})", "s": t_asugs_big},
         {"path": "ASUGS().partial_fit, batches of 20,000", "s": t_asugs_stream},
         {"path": "ASUGS stream alone (models.asugs.advance)", "s": t_asugs_kernel},

@@ -1,5 +1,6 @@
-"""Seed 004, Section 4.1: marginal Gibbs, split-merge and tree-guided MCMC on the toy set of 1,300
-two-dimensional records in 13 Gaussian clusters, log joint against wall time, in the same run.
+"""Lee and Choi 2015, Section 4.1: marginal Gibbs, split-merge and tree-guided MCMC on the toy set
+of 1,300 two-dimensional records in 13 Gaussian clusters, log joint against wall time, in the same
+run.
 
 Set-up as the paper describes it: the Normal-Wishart base measure of eq. 13 (r = 0.1, nu = d + 6,
 m the sample mean, Psi = Sigma / (10 det Sigma)^(1/d)), DP and NGGP priors, every sampler started
@@ -117,7 +118,7 @@ def test_toy_log_joint_against_time() -> None:
         start = min(trace[0][1] for trace in traces[prior].values())
         top = max(r["max log joint"] for r in rows if r["prior"] == prior)
         ax.set_ylim(start - 0.05 * (top - start), top + 0.02 * (top - start) + 5.0)
-        ax.set_title(f"toy set (seed 004, 4.1), {prior.upper()}")
+        ax.set_title(f"toy set (Lee and Choi 2015, 4.1), {prior.upper()}")
         ax.set_xlabel("time [s]")
         ax.set_ylabel("log p(X, Pi, u)" if prior == "nggp" else "log p(X, Pi)")
         ax.legend(loc="lower right")

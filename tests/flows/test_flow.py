@@ -326,7 +326,8 @@ def test_a_group_column_keeps_each_group_in_one_chunk(tmp_path: Path):
         assert len(set(held[df["subject"].to_numpy() == s])) == 1  # one fold per subject
 
 
-# -- ASUGS (seed 002): the streaming engine and the start of the MAP-DP passes -----------------
+# -- ASUGS (Tsiligkaridis and Forsythe 2015): the streaming engine and the start of the MAP-DP
+# passes -----------------
 
 
 def test_dpmm_run_engine_asugs_is_one_streaming_pass(tmp_path: Path, capsys):

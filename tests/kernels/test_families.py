@@ -1,4 +1,4 @@
-"""Contract tests for the likelihood families (seed 000, Appendix B).
+"""Contract tests for the likelihood families (Raykov et al. 2016, Appendix B).
 
 ``FamilyContract`` holds the tests every family must pass; one subclass per family supplies the
 family, data, an independent reference for the marginal and the predictive (numerical

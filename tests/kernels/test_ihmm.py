@@ -1,5 +1,5 @@
-"""The iHMM kernels (seed 000, Section 6) against brute force: forward and Viterbi over all
-paths, the MAP objective's monotonicity over many random data sets, the exact HDP-HMM prior over
+"""The iHMM kernels (Raykov et al. 2016, Section 6) against brute force: forward and Viterbi over
+all paths, the MAP objective's monotonicity over many random data sets, the exact HDP-HMM prior over
 state sequences, and the Gibbs sampler of 6.1 against the exact posterior by enumeration."""
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 gap, the greedy merge and the canonical relabelling (``kernels.partition``), and the one Bayes
 K-means (``kernels.bayes_kmeans``).
 
-Each prior piece is checked against the whole-partition EPPF it is a ratio of (seed 000 eq. 2.3,
-seed 004 eqs. 4-6), and the merge gap against the MAP-DP objective (seed 000 eq. 3.3) it is the
-change of.
+Each prior piece is checked against the whole-partition EPPF it is a ratio of (Raykov et al. 2016,
+eq. 2.3, Lee and Choi 2015, eqs. 4-6), and the merge gap against the MAP-DP objective (Raykov et al.
+2016, eq. 3.3) it is the change of.
 """
 
 from __future__ import annotations

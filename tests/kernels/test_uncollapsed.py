@@ -1,6 +1,6 @@
-"""The uncollapsed Gibbs sampler (seed 003, Algorithm 2): every family's posterior draws against
-their closed-form posteriors (SciPy), log p(x | theta) against SciPy, and the chain's partition
-frequencies against the exact posterior over all partitions of five records."""
+"""The uncollapsed Gibbs sampler (De Bacco and Valera, Algorithm 2): every family's posterior draws
+against their closed-form posteriors (SciPy), log p(x | theta) against SciPy, and the chain's
+partition frequencies against the exact posterior over all partitions of five records."""
 
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def test_normal_wishart_draws_match_the_posterior() -> None:
     X = rng.normal(size=(7, 2)) @ np.array([[1.0, 0.0], [0.6, 0.5]]) + [1.0, -2.0]
     m0, c0, B0, a0 = np.array([0.5, 0.0]), 0.7, np.array([[2.0, 0.3], [0.3, 1.0]]), 4.0
     fam = F.GaussianNW(m0=m0, c0=c0, B0=B0, a0=a0)
-    # eq. B.1 of seed 000, from the records
+    # eq. B.1 of Raykov et al. 2016, from the records
     n = X.shape[0]
     xbar = X.mean(axis=0)
     S = (X - xbar).T @ (X - xbar)
@@ -191,7 +191,7 @@ def exact_partition_posterior(
     X: np.ndarray, fam: F.Family | F.ProductFamily, alpha: float
 ) -> tuple[dict[tuple[int, ...], int], np.ndarray]:
     """p(partition | X) of every set partition (restricted growth strings) by enumeration:
-    alpha^K prod_k Gamma(n_k) p(X_k) (seed 001, eq. 5), normalised."""
+    alpha^K prod_k Gamma(n_k) p(X_k) (Xu et al. 2009, eq. 5), normalised."""
     prod = F.as_product(fam)
     rgs = restricted_growth_strings(X.shape[0]).astype(np.int64)
     Xa = prod.arrange(X)

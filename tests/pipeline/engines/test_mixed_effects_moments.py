@@ -1,4 +1,4 @@
-"""The groups' moments a grouped dataset store keeps from ingest (``group_gram``: seed 000
+"""The groups' moments a grouped dataset store keeps from ingest (``group_gram``: Raykov et al. 2016
 Section 7's X_i^T X_i, X_i^T y_i, y_i^T y_i, n_i as blocks of [1, X_i]^T [1, X_i]), and the
 mixed-effects engine reading them instead of the rows."""
 

@@ -1,12 +1,13 @@
-"""ASUGS, ASUGS-PM and SUGS (seed 002): the estimator and its kernels against references.
+"""ASUGS, ASUGS-PM and SUGS (Tsiligkaridis and Forsythe 2015): the estimator and its kernels against
+references.
 
-The reference for the Normal-Wishart is seed 002's own parameterisation, written here from the
-paper and nothing else: the prior (mu0, c0, delta0, Sigma0) with the precision Wishart of
-2 delta0 degrees of freedom and Sigma = V^{-1} / (2 delta) (Section 3), the recursive updates
-eqs. 4-7 and the conditional likelihood eq. 8, whose constant the paper leaves out ("propto");
-the normalised density is eq. 8 times pi^{-d/2} (a multivariate Student-t with 2 delta + 1 - d
-degrees of freedom). The project's family has (m0, c0, B0, a0) of seed 000 Appendix B, so
-a0 = 2 delta0 and B0 = V0 = Sigma0^{-1} / a0.
+The reference for the Normal-Wishart is Tsiligkaridis and Forsythe 2015's own parameterisation,
+written here from the paper and nothing else: the prior (mu0, c0, delta0, Sigma0) with the precision
+Wishart of 2 delta0 degrees of freedom and Sigma = V^{-1} / (2 delta) (Section 3), the recursive
+updates eqs. 4-7 and the conditional likelihood eq. 8, whose constant the paper leaves out
+("propto"); the normalised density is eq. 8 times pi^{-d/2} (a multivariate Student-t with 2 delta +
+1 - d degrees of freedom). The project's family has (m0, c0, B0, a0) of Raykov et al. 2016, Appendix
+B, so a0 = 2 delta0 and B0 = V0 = Sigma0^{-1} / a0.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def grid16(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 def paper_prior(
     d: int, seed: int
 ) -> tuple[GaussianNW, tuple[np.ndarray, float, float, np.ndarray]]:
-    """A random prior as the project's family and as (mu0, c0, delta0, Sigma0) of seed 002."""
+    """A random prior as the project's family and as (mu0, c0, delta0, Sigma0) of Tsiligkaridis and
+    Forsythe 2015."""
     rng = np.random.default_rng(seed)
     A = rng.normal(size=(d, d))
     Sigma0 = A @ A.T / d + 0.5 * np.eye(d)
@@ -59,7 +61,7 @@ def paper_prior(
 
 
 def eq8(y: np.ndarray, mu: np.ndarray, c: float, delta: float, Sigma: np.ndarray) -> float:
-    """log L(y) of seed 002 eq. 8, normalised (times pi^{-d/2})."""
+    """log L(y) of Tsiligkaridis and Forsythe 2015, eq. 8, normalised (times pi^{-d/2})."""
     d = y.shape[0]
     r = c / (1.0 + c)
     rho = math.exp(gammaln(delta + 0.5) - gammaln(delta + (1.0 - d) / 2.0))
@@ -77,7 +79,7 @@ def eq8(y: np.ndarray, mu: np.ndarray, c: float, delta: float, Sigma: np.ndarray
 def eqs4to7(
     y: np.ndarray, mu: np.ndarray, c: float, delta: float, Sigma: np.ndarray
 ) -> tuple[np.ndarray, float, float, np.ndarray]:
-    """One record's recursive update of seed 002, eqs. 4-7."""
+    """One record's recursive update of Tsiligkaridis and Forsythe 2015, eqs. 4-7."""
     dev = y - mu
     mu_new = y / (1.0 + c) + c / (1.0 + c) * mu
     Sigma_new = (2 * delta) / (1 + 2 * delta) * Sigma + 1.0 / (1 + 2 * delta) * c / (
@@ -89,7 +91,8 @@ def eqs4to7(
 def reference_asugs(
     Y: np.ndarray, prior: tuple[np.ndarray, float, float, np.ndarray], lam: float
 ) -> tuple[list[int], list[float]]:
-    """Algorithm 1 (greedy) in seed 002's parameterisation: labels and alpha_i per record."""
+    """Algorithm 1 (greedy) in Tsiligkaridis and Forsythe 2015's parameterisation: labels and
+    alpha_i per record."""
     mu0, c0, delta0, Sigma0 = prior
     classes: list[list[Any]] = []  # [m, mu, c, delta, Sigma]
     labels, alphas = [], []

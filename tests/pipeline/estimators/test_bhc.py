@@ -1,4 +1,4 @@
-"""BHC, its bounds, Bayes K-means BHC and the exact DPM marginal (seed 001).
+"""BHC, its bounds, Bayes K-means BHC and the exact DPM marginal (Xu et al. 2009).
 
 References, each at a stated tolerance:
 - eq. 5 by explicit partitions written out by hand (3 leaves) or by a recursive set-partition

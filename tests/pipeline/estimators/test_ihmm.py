@@ -1,6 +1,6 @@
-"""``MAPiHMM`` and ``IHMMGibbs`` (seed 000, Section 6): recovery of a small HMM, hmmlearn's
-``lengths`` convention, the DataFrame form with a sequence-id column, prediction and held-out
-likelihood, and bad input."""
+"""``MAPiHMM`` and ``IHMMGibbs`` (Raykov et al. 2016, Section 6): recovery of a small HMM,
+hmmlearn's ``lengths`` convention, the DataFrame form with a sequence-id column, prediction and
+held-out likelihood, and bad input."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MAP-DP (seed 000, Algorithm 1): kernels against the slow reference, objective monotone,
+"""MAP-DP (Raykov et al. 2016, Algorithm 1): kernels against the slow reference, objective monotone,
 prediction (eqs. 3.4-3.5) against SciPy, reproducibility, concentration (eq. A.1)."""
 
 from __future__ import annotations

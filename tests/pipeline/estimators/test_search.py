@@ -258,10 +258,10 @@ def expected_given(res: dict, rows: np.ndarray, given: int) -> int:
 
 
 def check_greedy_steps(est: Any, m: Any) -> None:
-    """``m.cv_results_`` is seed 000 Appendix A's greedy search from ``est``'s configuration:
-    the covariance, then alpha, then the prior scale, each step's candidates the configuration
-    so far with that one value changed (``TUNE_GRID``'s values and the current one), and the
-    step's choice the ``select="given"`` rule over its rows."""
+    """``m.cv_results_`` is Raykov et al. 2016, Appendix A's greedy search from ``est``'s
+    configuration: the covariance, then alpha, then the prior scale, each step's candidates the
+    configuration so far with that one value changed (``TUNE_GRID``'s values and the current one),
+    and the step's choice the ``select="given"`` rule over its rows."""
     res = m.cv_results_
     steps = list(dict.fromkeys(res["step"]))
     assert steps == ["family", "alpha", "prior_scale"]

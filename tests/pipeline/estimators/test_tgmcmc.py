@@ -1,9 +1,10 @@
-"""Tree-guided MCMC (seed 004): partition priors, IBHC trees, and the exactness of every sampler.
+"""Tree-guided MCMC (Lee and Choi 2015): partition priors, IBHC trees, and the exactness of every
+sampler.
 
 The samplers are checked against the exact posterior over all set partitions of a few leaves,
 computed here by enumeration with the slow references of ``tests/reference.py`` (Normal-Wishart
 marginal likelihood from the member records, CRP formula) and, for the NGGP, by integrating
-Theorem 1's joint (seed 004, eq. 4) over u with ``scipy.integrate.quad``. A chain whose
+Theorem 1's joint (Lee and Choi 2015, eq. 4) over u with ``scipy.integrate.quad``. A chain whose
 transition probabilities are wrong visits partitions with the wrong frequencies: a copy of the
 global moves using the paper's one-pick forward merge probability reached TV = 0.11, and local
 moves chosen through the trees but not corrected reached TV = 0.47, against < 0.05 here.

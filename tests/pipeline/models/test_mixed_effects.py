@@ -1,6 +1,6 @@
-"""MixedEffectsDP (seed 000 Section 7): the conditional modes against closed forms computed here
-independently, the objective never rising, the one-cluster fit against statsmodels' MixedLM, the
-held-out density against numerical integration, and the bad input of the issue."""
+"""MixedEffectsDP (Raykov et al. 2016, Section 7): the conditional modes against closed forms
+computed here independently, the objective never rising, the one-cluster fit against statsmodels'
+MixedLM, the held-out density against numerical integration, and the bad input of the issue."""
 
 from __future__ import annotations
 
