@@ -1,4 +1,4 @@
-"""The layers of the README's "Architecture" that ``lint-imports`` (pyproject.toml) cannot state:
+"""The layers of docs/architecture.md that ``lint-imports`` (pyproject.toml) cannot state:
 a kernel imports numpy, numba, math and other kernels, and nothing else."""
 
 from __future__ import annotations

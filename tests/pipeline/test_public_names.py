@@ -1,4 +1,4 @@
-"""Every name the README documents imports from where the README says: each
+"""Every name the README and docs/ document imports from where the README says: each
 ``from pipeline... import X`` it shows and each dotted ``pipeline.a.b.X`` it names."""
 
 from __future__ import annotations
@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-README = (Path(__file__).parents[2] / "README.md").read_text()
+ROOT = Path(__file__).parents[2]
+#: the README and the pages under docs/ it links to
+README = "\n".join(
+    p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+)
 
 _FROM = re.compile(r"^\s*from (pipeline(?:\.\w+)*) import ([\w, ()]+)", re.MULTILINE)
 _DOTTED = re.compile(r"(?<![\w./])pipeline(?:\.\w+)+")
