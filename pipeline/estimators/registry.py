@@ -6,8 +6,8 @@ reader can follow: ``pipeline``'s lazy public names (``pipeline.MAPDP``), the es
 model may load into (``pipeline.estimators.model``) and the registry test
 (``tests/pipeline/estimators/test_registry.py``) all read it. The engines themselves are in
 ``pipeline.engines.BY_NAME`` (this layer names them, so that a first in-memory fit does not
-import every engine's kernels); the commands in ``flows.cli.app``. Adding a model: docs/architecture.md,
-"Adding a model".
+import every engine's kernels); the commands in ``flows.cli.app``. Adding a model:
+docs/architecture.md, "Adding a model".
 """
 
 from __future__ import annotations
