@@ -72,10 +72,7 @@ SELECT = ("best", "one-se")
 SEARCH_SELECT = (*SELECT, "given")
 #: the values ``tune="cv"`` tries (``pipeline.estimators.tuning``), one hyperparameter at a time: 3
 #: concentrations, then 4 prior scales (after the family variants)
-TUNE_GRID: dict[str, list[Any]] = {
-    "alpha": [0.1, 1.0, 10.0],
-    "prior_scale": [0.5, 0.3, 0.1, 0.03],
-}
+TUNE_GRID: dict[str, list[Any]] = {"alpha": [0.1, 1.0, 10.0], "prior_scale": [0.5, 0.3, 0.1, 0.03]}
 
 
 def check_alpha(alpha: Any, what: str = "alpha") -> tuple[float, bool]:

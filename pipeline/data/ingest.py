@@ -44,12 +44,7 @@ from pipeline.data.ingest_tasks import (
     ingest_aligned_task,
     stage_piece_task,
 )
-from pipeline.data.sources import (
-    Source,
-    located,
-    open_source,
-    read_piece,
-)
+from pipeline.data.sources import Source, located, open_source, read_piece
 from pipeline.data.store import (
     INFO_FILE,
     MAX_GRAM_COLS,

@@ -13,12 +13,7 @@ import zarr
 from kernels.moments import column_summary, group_gram
 from pipeline.core.config import N_FOLDS
 from pipeline.core.errors import InputError
-from pipeline.data.sources import (
-    MISSING_HINT,
-    Piece,
-    located,
-    read_piece,
-)
+from pipeline.data.sources import MISSING_HINT, Piece, located, read_piece
 from pipeline.data.store import (
     HOLDOUT_SALT,
     SAMPLE_SALT,

@@ -109,10 +109,7 @@ def read_file(path: str | os.PathLike[str]) -> pd.DataFrame:
 
 
 def read_piece(
-    piece: Piece,
-    columns: Sequence[str] | None,
-    data: Any = None,
-    text_columns: Sequence[str] = (),
+    piece: Piece, columns: Sequence[str] | None, data: Any = None, text_columns: Sequence[str] = ()
 ) -> tuple[pd.DataFrame, bool]:
     """The piece's rows as a DataFrame and whether they came with column names.
 

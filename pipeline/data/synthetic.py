@@ -23,12 +23,7 @@ def mixture_params(
 
 
 def sample_mixture(
-    n: int,
-    d: int = 10,
-    k: int = 20,
-    seed: int = 0,
-    spread: float = 5.0,
-    block: int = 0,
+    n: int, d: int = 10, k: int = 20, seed: int = 0, spread: float = 5.0, block: int = 0
 ) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
     """n records (n, d) of the mixture ``mixture_params(d, k, seed)`` and their true labels.
 

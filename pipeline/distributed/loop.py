@@ -160,10 +160,7 @@ def clear_checkpoint(ctx: RunContext) -> None:
 
 
 def run_pass(
-    client: Any,
-    ctx: RunContext,
-    state: LoopState,
-    labels_out: storage.Where | None = None,
+    client: Any, ctx: RunContext, state: LoopState, labels_out: storage.Where | None = None
 ) -> LoopState:
     """One pass: every chunk's ``chunk_task``, then the engine's reduce; checkpoints the new
     state.

@@ -98,8 +98,7 @@ def write_out(
         # the last pass moved nothing and wrote every chunk already
         if ctx.progress:
             print(
-                f"write-out: done by pass {state.pass_no}, which moved no record",
-                file=sys.stderr,
+                f"write-out: done by pass {state.pass_no}, which moved no record", file=sys.stderr
             )
         return summarize_written(list(done), info, time.perf_counter() - t0, state.pass_no)
     create_labels(labels_path, info, overwrite=True)

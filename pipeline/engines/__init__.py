@@ -13,14 +13,7 @@ from pipeline.core.config import ENGINES, GPU_ENGINES, MIXTURE_ENGINES, SUBJECT_
 from pipeline.engines import asugs, gpu, ihmm, kmeans, mapdp, mixed_effects
 from pipeline.engines.base import Engine
 
-__all__ = [
-    "BY_NAME",
-    "ENGINES",
-    "GPU_ENGINES",
-    "MIXTURE_ENGINES",
-    "SUBJECT_ENGINES",
-    "get_engine",
-]
+__all__ = ["BY_NAME", "ENGINES", "GPU_ENGINES", "MIXTURE_ENGINES", "SUBJECT_ENGINES", "get_engine"]
 
 #: every engine by its name: the CPU engines, then their GPU versions (``NAME-gpu``)
 BY_NAME: dict[str, Engine] = {

@@ -207,12 +207,7 @@ class AsugsEngine(Engine):
         results = sorted(results, key=lambda r: r.c)
         stream = results[-1].stream if results else state.stream
         new = AsugsState(
-            state.pass_no + 1,
-            stream,
-            state.sp,
-            list(state.history),
-            True,
-            state.init_record,
+            state.pass_no + 1, stream, state.sp, list(state.history), True, state.init_record
         )
         fam = ctx.info.family
         e = objective(new.stats, new.alpha, fam) if new.n_clusters else 0.0

@@ -239,12 +239,7 @@ class GpuPass(MixtureEngine):
             cache = fam.cache_of(msg.stats)
             d = int(dev.X.shape[1])
             P = cuda_mapdp.pack(
-                cache,
-                np.ascontiguousarray(msg.stats[:, 0]),
-                K,
-                fam.empty_cache(),
-                fam.prior,
-                d,
+                cache, np.ascontiguousarray(msg.stats[:, 0]), K, fam.empty_cache(), fam.prior, d
             )
             with launching():
                 z_par, dz_old, dz_new = cuda_mapdp.assign(

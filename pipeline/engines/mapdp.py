@@ -34,13 +34,7 @@ from numpy.typing import NDArray
 from kernels import bayes_kmeans as kbk
 from kernels import mapdp as kmapdp
 from pipeline.engines.base import Chunk, RecordArray, RunContext
-from pipeline.engines.mixture import (
-    ChunkResult,
-    IntArray,
-    MixtureEngine,
-    PassInput,
-    Sweep,
-)
+from pipeline.engines.mixture import ChunkResult, IntArray, MixtureEngine, PassInput, Sweep
 from pipeline.engines.mixture_start import prior_filled
 from pipeline.engines.mixture_state import predict
 from pipeline.families import FloatArray, ProductFamily

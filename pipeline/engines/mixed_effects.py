@@ -479,14 +479,7 @@ def _read(chunk: Chunk, msg: MixedInput) -> ChunkSubjects:
 
 
 def _on_chunk(
-    data: str,
-    c: int,
-    a: int,
-    b: int,
-    cols: Columns,
-    how: tuple[bool, bool],
-    fn: Any,
-    *args: Any,
+    data: str, c: int, a: int, b: int, cols: Columns, how: tuple[bool, bool], fn: Any, *args: Any
 ) -> Any:
     """``fn(subjects of chunk c, *args)`` (the start's passes; ``how``: grouped store, read
     from its group moments)."""

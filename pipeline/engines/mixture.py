@@ -343,12 +343,7 @@ class MixtureEngine(Engine):
         self, state: Any, results: list[Any], ctx: RunContext, scores_into: str | None
     ) -> tuple[PassState, dict[str, Any]]:
         return reduce_pass(
-            state,
-            results,
-            ctx.info.family,
-            ctx.params,
-            ctx.info.n_train,
-            scores_into,
+            state, results, ctx.info.family, ctx.params, ctx.info.n_train, scores_into
         )
 
     def write_input(self, state: Any, mapping: IntArray, ctx: RunContext) -> WriteInput:

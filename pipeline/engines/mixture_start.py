@@ -231,12 +231,7 @@ def asugs_state(client: Any, ctx: RunContext) -> PassState:
     (``AsugsEngine.run_info``) unless the run gives a prior scale; its clusters' statistics do not
     depend on the prior."""
     from pipeline.engines.asugs import ENGINE, stream_chunks, stream_sample
-    from pipeline.models.asugs import (
-        DEFAULT_LAM,
-        PM_INTERVAL,
-        PRUNE_WEIGHT,
-        check_stream_params,
-    )
+    from pipeline.models.asugs import DEFAULT_LAM, PM_INTERVAL, PRUNE_WEIGHT, check_stream_params
 
     t0 = time.perf_counter()
     info, params, opts = ctx.info, ctx.params, ctx.options

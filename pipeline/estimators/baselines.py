@@ -262,10 +262,7 @@ class UncollapsedGibbs(_GibbsBase):
     cluster_stats_, cluster_sizes_, n_clusters_, alpha_ : as MAPDP
     """
 
-    _model_extras: ClassVar[tuple[str, ...]] = (
-        *_GibbsBase._model_extras,
-        "cluster_params_",
-    )
+    _model_extras: ClassVar[tuple[str, ...]] = (*_GibbsBase._model_extras, "cluster_params_")
 
     def _fit(self, Xa: FloatArray, alpha: float) -> None:
         fam = self.family_

@@ -92,10 +92,7 @@ def same_candidate(cand: Mapping[str, Any], params: Mapping[str, Any]) -> bool:
 
 
 def make_splits(
-    n_samples: int,
-    cv: Any,
-    groups: Any = None,
-    random_state: Any = CV_SEED,
+    n_samples: int, cv: Any, groups: Any = None, random_state: Any = CV_SEED
 ) -> list[tuple[NDArray[np.int64], NDArray[np.int64]]]:
     """The (train, test) index pairs of ``cv``: an int K (shuffled ``KFold``, or ``GroupKFold``
     when ``groups`` are given), a scikit-learn splitter, or an iterable of pairs.

@@ -152,11 +152,7 @@ class _SequenceEstimator(MixtureEstimator):
         self.__dict__.update(params, random_state=random_state)
 
     def _sequences(
-        self,
-        X: Any,
-        lengths: Any,
-        sequence_column: str | None,
-        time_column: str | None,
+        self, X: Any, lengths: Any, sequence_column: str | None, time_column: str | None
     ) -> tuple[Any, IntArray | None, IntArray]:
         """(features, permutation to sequence order or None, starts)."""
         if sequence_column is not None:

@@ -254,8 +254,7 @@ def _check_fitted(json_path: storage.Loc, rec: dict[str, Any], cls: type) -> Non
             raise _fail(json_path, "'family' is not a ProductFamily")
         if family.n_cols != n_cols:
             raise _fail(
-                json_path,
-                f"the family models {family.n_cols} columns but the schema has {n_cols}",
+                json_path, f"the family models {family.n_cols} columns but the schema has {n_cols}"
             )
     need = [a for a in cls._model_attrs if a not in fitted]  # type: ignore[attr-defined]
     if need:

@@ -35,13 +35,7 @@ from pipeline.core import config
 from pipeline.core.seeds import seed_state
 from pipeline.estimators.base import MixtureEstimator
 from pipeline.families import Family, ProductFamily
-from pipeline.models.ibhc import (
-    canonical,
-    leaf_log_marginals,
-    prior_array,
-    run_ibhc,
-    seed_sequence,
-)
+from pipeline.models.ibhc import canonical, leaf_log_marginals, prior_array, run_ibhc, seed_sequence
 from pipeline.models.tgmcmc import Chain, ChainSettings, coclustering, effective_sample_size
 
 FloatArray = NDArray[np.float64]

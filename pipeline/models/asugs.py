@@ -196,11 +196,7 @@ class StreamParams:
 
 
 def advance(
-    st: StreamState,
-    Xa: FloatArray,
-    family: ProductFamily,
-    sp: StreamParams,
-    trace: bool = False,
+    st: StreamState, Xa: FloatArray, family: ProductFamily, sp: StreamParams, trace: bool = False
 ) -> tuple[StreamState, IntArray, FloatArray]:
     """Stream the arranged records Xa (n, D) through ``st`` in order (updated in place and
     returned); the id of the class each record joined (n,) and, with ``trace``, alpha_i after
@@ -209,42 +205,32 @@ def advance(
     z = np.empty(n, dtype=np.int64)
     alpha_trace = np.empty(n if trace else 0)
     logq = np.empty(n)
-    (
-        st.stats,
-        st.cache,
-        st.nk,
-        st.born,
-        st.ids,
-        K,
-        st.alias,
-        n_ids,
-        n_seen,
-        n_pruned,
-        n_merged,
-    ) = kasugs.stream(
-        np.ascontiguousarray(Xa, dtype=np.float64),
-        z,
-        alpha_trace,
-        logq,
-        st.stats,
-        st.cache,
-        st.nk,
-        st.born,
-        st.ids,
-        st.K,
-        st.alias,
-        st.n_ids,
-        st.pruned,
-        st.n_seen,
-        family.spec,
-        family.prior,
-        family.empty_cache(),
-        float(sp.lam),
-        float(sp.alpha),
-        bool(sp.sample),
-        st.rng,
-        int(sp.pm_interval),
-        float(sp.prune_weight),
+    (st.stats, st.cache, st.nk, st.born, st.ids, K, st.alias, n_ids, n_seen, n_pruned, n_merged) = (
+        kasugs.stream(
+            np.ascontiguousarray(Xa, dtype=np.float64),
+            z,
+            alpha_trace,
+            logq,
+            st.stats,
+            st.cache,
+            st.nk,
+            st.born,
+            st.ids,
+            st.K,
+            st.alias,
+            st.n_ids,
+            st.pruned,
+            st.n_seen,
+            family.spec,
+            family.prior,
+            family.empty_cache(),
+            float(sp.lam),
+            float(sp.alpha),
+            bool(sp.sample),
+            st.rng,
+            int(sp.pm_interval),
+            float(sp.prune_weight),
+        )
     )
     st.K, st.n_ids, st.n_seen = int(K), int(n_ids), int(n_seen)
     st.n_pruned += int(n_pruned)

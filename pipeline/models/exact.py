@@ -43,9 +43,7 @@ def restricted_growth_strings(m: int) -> NDArray[np.int8]:
 
 
 def _leaf_stats(
-    X: ArrayLike | None,
-    stats: ArrayLike | None,
-    family: str | Family | ProductFamily,
+    X: ArrayLike | None, stats: ArrayLike | None, family: str | Family | ProductFamily
 ) -> tuple[NDArray[np.float64], ProductFamily]:
     if (X is None) == (stats is None):
         raise ValueError("give exactly one of X (records) and stats (leaf summaries)")

@@ -232,11 +232,7 @@ def objective_before(
 
 
 def update(
-    stats: SweepStats,
-    model: MixedModel,
-    prior: MixedPrior,
-    learn_alpha: bool,
-    merge: bool = True,
+    stats: SweepStats, model: MixedModel, prior: MixedPrior, learn_alpha: bool, merge: bool = True
 ) -> tuple[MixedModel, IntArray, float, int]:
     """The driver's step after a sweep: the objective E at the sweep's assignments, then the
     M-step: drop empty clusters, merge pairs of clusters while a merge lowers the expected
@@ -560,12 +556,7 @@ def icm_record(
 
 
 def fit_subjects(
-    sub: Subjects,
-    st: StartState,
-    learn_alpha: bool,
-    max_iter: int,
-    tol: float,
-    min_change: float,
+    sub: Subjects, st: StartState, learn_alpha: bool, max_iter: int, tol: float, min_change: float
 ) -> SubjectFit:
     """ICM passes over all subjects in memory (the distributed engine with one chunk)."""
     n_train = int(sub.train.sum())

@@ -111,11 +111,7 @@ def fit_context(
 ) -> RunContext:
     """The ``RunContext`` of a fit of the mixed-effects engine (``fold``: held out)."""
     ctx = loop.context(store, state_dir, info, params, progress)
-    ctx.options = {
-        "response": cols.response,
-        "covariates": list(cols.covariates),
-        "fold": fold,
-    }
+    ctx.options = {"response": cols.response, "covariates": list(cols.covariates), "fold": fold}
     loop.create_record_arrays(ctx, get_engine(ENGINE))
     return ctx
 
@@ -217,12 +213,7 @@ def trajectories_picture(
     height = 0.9 + 2.4 * n_row
     fig = new_figure(12, height)
     fig.subplots_adjust(
-        left=0.06,
-        right=0.99,
-        bottom=0.45 / height,
-        top=1 - 0.65 / height,
-        hspace=0.45,
-        wspace=0.08,
+        left=0.06, right=0.99, bottom=0.45 / height, top=1 - 0.65 / height, hspace=0.45, wspace=0.08
     )
     axes = fig.subplots(n_row, n_col, sharex=True, sharey=True, squeeze=False).ravel()
     panel = {k: axes[i] for i, k in enumerate(shown)}
@@ -396,11 +387,7 @@ def write_json(path: Path, obj: dict[str, Any]) -> None:
 
 
 def write_mixed_model(
-    directory: Path,
-    state: Any,
-    cols: Columns,
-    parameters: dict[str, Any],
-    metrics: dict[str, Any],
+    directory: Path, state: Any, cols: Columns, parameters: dict[str, Any], metrics: dict[str, Any]
 ) -> None:
     """``OUT/model`` (``pipeline.estimators.model``): the ``MixedEffectsDP`` of the run's final
     model, whose

@@ -206,11 +206,7 @@ def _category(cats: list[Any], c: int) -> str:
 
 
 def categories_picture(
-    out: Path,
-    data: RunData,
-    names: list[str],
-    shares: dict[int, FloatArray],
-    shown: list[int],
+    out: Path, data: RunData, names: list[str], shares: dict[int, FloatArray], shown: list[int]
 ) -> str:
     """``categories.png``: for the first ``CATEGORY_COLUMNS`` categorical columns, each shown
     cluster as a bar of its ``TOP_CATEGORIES`` most frequent categories' shares (the rest grey)."""

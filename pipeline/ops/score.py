@@ -168,10 +168,7 @@ def finish(
         "columns": info.schema.columns,
         "n_clusters": int(est.n_clusters_),
         "alpha": float(est.alpha_),
-        "metrics": {
-            **written,
-            "records_per_second": info.n_rows / total if total > 0 else None,
-        },
+        "metrics": {**written, "records_per_second": info.n_rows / total if total > 0 else None},
         "timing": {**timing, "total": total},
         "versions": versions(),
     }

@@ -159,13 +159,7 @@ def _tree_picture(
         names = [label(mapping[i : i + 1], float(sizes[i])) for i in range(M)]
         if M > TREE_LEAVES:
             kw.update(truncate_mode="lastp", p=TREE_LEAVES)
-        out = dendrogram(
-            Z,
-            labels=names,
-            leaf_font_size=7,
-            link_color_func=lambda k: _MERGED,
-            **kw,
-        )
+        out = dendrogram(Z, labels=names, leaf_font_size=7, link_color_func=lambda k: _MERGED, **kw)
         order = [int(mapping[i]) for i in out["leaves"] if i < M]
         what = f"leaves: the {M} summaries"
     # -log r spans from ~0 inside clusters to millions at the top merges: a symlog axis shows both
