@@ -1,22 +1,11 @@
 """The ``cluster`` flow: ingest -> stage-1 passes -> stage 2 -> write-out -> summaries.
 
-Every step is a Prefect task around a ``pipeline.distributed`` function; the passes are the one pass
-loop (``pipeline.distributed.loop.run_passes``) with each pass run as a Prefect task; the Dask work
-runs on
-the client the flow opens (a ``LocalCluster`` of one process per core, or ``scheduler``). Tasks
-that do I/O retry (``flows.tasks.step``; bad input, a ``ValueError``, does not: it is reported as
-it is). After each
-pass the driver's state is checkpointed in the output store, so running the same command again
-after a crash resumes from the last completed pass and gives the same labels.
-
-With ``summaries=M`` stage 1 ends with one more distributed pass that splits its clusters into
-about M summaries (``pipeline.distributed.summaries.split_summaries``). Stage 2 maps the summaries
-(or
-the stage-1 clusters) to final clusters: ``"none"`` is the identity
-(``pipeline.distributed.summaries.identity_stage2``), ``"bhc"`` is
-``pipeline.ops.stage2.run_stage2`` (BHC over
-the summaries, optionally tree-guided MCMC), which writes its tree files into the partial output
-directory, so the final rename keeps the output atomic.
+Every step is a Prefect task around a ``pipeline.distributed`` function, on the Dask client the
+flow opens; the passes are ``pipeline.distributed.loop.run_passes``, checkpointed after each, so a
+rerun resumes. Tasks that do I/O retry (``flows.tasks.step``); bad input does not. With
+``summaries=M`` stage 1 ends with a pass that splits clusters into about M summaries, which stage
+2 maps to final clusters (``"none"``: identity; ``"bhc"``: ``pipeline.ops.stage2.run_stage2``,
+writing its tree files into the partial output, so the final rename keeps the output atomic).
 """
 
 from __future__ import annotations

@@ -1,38 +1,15 @@
 """The ``dpmm`` command line: parsing, messages and exit status; the work is ``pipeline``'s.
 
-``dpmm cluster INPUT --out DIR``  fit MAP-DP in this process to a CSV / Parquet / NumPy table
-                                  (``flows.cli.cluster``)
-``dpmm demo --out DIR``           ``dpmm run`` on a generated, labelled data set
-                                  (``flows.cli.demo``)
-``dpmm run INPUT --out DIR``      the distributed pipeline: the Prefect flow ``flows.cluster``
-                                  (``flows.cli.run``)
-``dpmm cv INPUT --out DIR``       a cross-validation grid as the Prefect flow ``flows.cv``
-                                  (``flows.cli.cv``)
-``dpmm score MODEL INPUT --out DIR`` a fitted model's labels and log densities for new records
-                                  (``flows.score``, ``flows.cli.score``)
-``dpmm serve INPUT --models DIR`` score and refit daily partitions on a cron schedule
-                                  (``flows.scheduled``, ``flows.cli.serve``)
-``dpmm update MODEL INPUT --out NEW_MODEL``  one ASUGS-PM pass of new records into a saved
-                                  model (``flows.cli.update``)
-``dpmm server``                   a long-lived Prefect server for repeated runs
-                                  (``flows.cli.server``)
-``dpmm longitudinal INPUT ...``   the mixed-effects model of Raykov et al. 2016, Section 7 over
-subjects
-                                  (``flows.longitudinal``, ``flows.cli.longitudinal``)
-``dpmm hmm INPUT --sequence-column COL --time-column COL --out DIR``
-                                  MAP-iHMM over many sequences: the flow ``flows.hmm``
-                                  (``flows.cli.hmm``)
+Subcommands (one module each in ``flows.cli``): ``cluster`` (MAP-DP in this process), ``demo``,
+``run`` (the distributed flow ``flows.cluster``), ``cv``, ``score``, ``serve``, ``update``,
+``server``, ``longitudinal`` and ``hmm``.
 
 Exit status: 0 on success; 2 on bad input or usage, with exactly one line
 ``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
 
-Adding a subcommand: in a module ``flows/cli/<name>.py``, write ``add_<name>_parser(subparsers)``
-(the option blocks it shares with other commands, ``flows.cli.options``, as ``parents=[...]``)
-and ``cmd_<name>(args) -> int``, set with ``set_defaults(func=cmd_<name>)``; call the first in
-``build_parser``. Wrap the steps that read or validate user input in ``with bad_input(...)`` so
-that their ``ValueError`` / ``TypeError`` / ``OSError`` become the one line and status 2
-(``pipeline.core.errors.InputError`` always does). ``flows.cli.cluster.add_fit_options`` holds
-the MAP-DP options of ``cluster``.
+A subcommand module writes ``add_<name>_parser(subparsers)`` (shared option blocks from
+``flows.cli.options`` as ``parents=[...]``) and ``cmd_<name>(args) -> int``, and wraps the steps
+that read user input in ``with bad_input(...)`` so that their errors become the one line.
 """
 
 from __future__ import annotations

@@ -6,14 +6,10 @@
             [--label-column COL] [--chunk-rows N] [--data-dir DIR] [--overwrite] [--quiet]
             [--verbose] [--log-file PATH]
 
-Every cell (alpha x prior scale x family) is fitted K times, once per held-out fold of the
-shared dataset store, and scored by the mean held-out log predictive density per record (seed
-000, eq. 3.4; Appendix A, option 4). OUT gets ``cv.parquet`` (one row per cell: the mean, its
-standard error over folds, clusters found, fit seconds), ``cv.png`` (the grid), ``cv.json``
-(the choice, timings) and the refit of the chosen cell on all records. A label column is never
-used to choose; NMI and ARI of the refit against it are reported. Bad input exits with status 2
-and one line; running the same command again after a crash skips the fits already done
-(``flows.cv``).
+Every cell (alpha x prior scale x family) is fitted K times, once per held-out fold, and scored by
+the mean held-out log predictive density per record (Raykov et al. 2016, eq. 3.4; Appendix A,
+option 4). OUT gets ``cv.parquet`` (a row per cell), ``cv.png``, ``cv.json`` and the refit of the
+chosen cell; a label column is only reported against. A rerun skips the fits already done.
 """
 
 from __future__ import annotations

@@ -1,30 +1,12 @@
 """Which Prefect API a ``dpmm`` command's flow talks to, and starting it early.
 
-Without ``PREFECT_API_URL`` Prefect 3 starts a temporary API server for the process the first
-time a flow runs (``prefect.server.api.server.SubprocessASGIServer``): a ``uvicorn`` subprocess
-that imports Prefect's server (FastAPI, SQLAlchemy, Alembic, the API's routes: most of its
-start), opens or creates its SQLite database under ``PREFECT_HOME`` and checks its migrations,
-then answers ``/health``. Measured here (``tests/benchmarks/bench_coldstart.py``), that costs a
-command twice: the subprocess's seconds, and the import of ``prefect.server.api.server`` itself
-in the command's own process (about 1-2 s of CPU) just to reach the class that starts it; and
-the flow waits for the server when it starts, not before.
-
-So a command starts the same server itself (``prestart``), with the same command line and
-environment as Prefect's (``server_argv``, ``SERVER_ENV``: ephemeral mode, no UI, no services),
-from the standard library only and as the first thing it does (``flows.cli.main``, before the
-pipeline, Dask and Prefect are imported), and points its flow at it (``flow_api``: the flow's
-``PREFECT_API_URL`` for the run, flow-run heartbeats off since the server lives and dies with
-the command). Nothing changes in what the flow records. If that server does not come up, the
-flow falls back to Prefect's own temporary server, which reports what goes wrong.
-
-Measured (issue 35: alternating runs with and without ``prestart`` on the 2-core machine,
-medians): it saves 3.7 s of ``dpmm demo`` with an empty numba cache (25.4 s against 29.0 s),
-4.3 s of a warm ``dpmm demo`` (8.8 s against 13.1 s) and 4.1 s of a fresh ``dpmm run`` of 1M x
-10 records (9.8 s against 13.8 s).
-
-For repeated and scheduled runs, ``dpmm server`` (``prefect server start`` on 127.0.0.1) keeps a
-server running; with ``PREFECT_API_URL`` pointing at it every command skips the start altogether
-and its flow runs are kept in one place, to be seen in the Prefect UI.
+Without ``PREFECT_API_URL`` Prefect 3 starts a temporary API server the first time a flow runs,
+and the command waits for it then. A command starts the same server itself (``prestart``, same
+command line and environment: ``server_argv``, ``SERVER_ENV``), from the standard library only
+and as the first thing it does (``flows.cli.main``), and points its flow at it (``flow_api``).
+That saved about 4 s of every ``dpmm demo`` and ``dpmm run`` (``bench_coldstart.py``). If the
+server does not come up, the flow falls back to Prefect's own. With ``PREFECT_API_URL`` set (for
+instance to ``dpmm server``) no server is started.
 """
 
 from __future__ import annotations

@@ -11,19 +11,11 @@
              [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
 
 INPUT is a CSV file, a Parquet file or directory, a ``.npy`` file or a zarr array. Bad input
-exits with status 2 and one line on stderr naming the file and the row (``dpmm: error: ...``);
-nothing is left at OUT nor at its temporary sibling. Missing cells are kept and filled by
-iterated conditional modes in the MAP-DP engine's passes, each record scored on the cells it has
-(``pipeline.engines.mapdp``; the other engines refuse them with one line; ``--missing refuse``
-refuses them in every engine); a constant column is dropped and named in run.json and the model
-(``--strict`` refuses it). Running the same command again after a
-crash resumes from the last completed pass. Defaults come from ``pipeline.core.config``, engine
-names
-from ``pipeline.engines.ENGINES``.
-
-Prefect's and Dask's log lines (with the traceback of a failed task) go to a temporary log file
-(``flows.cli.logs``), deleted when the run succeeds or refuses its input and named on stderr when
-it fails otherwise; ``--log-file PATH`` keeps them in PATH, ``--verbose`` shows them on stderr.
+exits with status 2 and one line on stderr; nothing is left at OUT. Missing cells are filled by
+the MAP-DP engine (the other engines refuse them); ``--strict`` refuses a constant column.
+Running the same command again after a crash resumes from the last completed pass. Prefect's and
+Dask's log lines go to a temporary log file (``flows.cli.logs``), named on stderr only when the
+run fails; ``--log-file PATH`` keeps them, ``--verbose`` shows them.
 """
 
 from __future__ import annotations

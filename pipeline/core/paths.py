@@ -1,20 +1,10 @@
 """Where a command may write: names generated under an output stay inside it, and an output
 never overlaps the inputs it is made from.
 
-Two rules, checked before anything is written:
-
-* ``child(root, name)``: a file or directory name the pipeline generates under an output
-  (a table, a fold, a cell, a partition) is one plain path component. A name with a separator,
-  ``..``, ``.``, a NUL byte or an absolute path would write outside ``root``; it is refused,
-  whatever it was made from (a column name, a group id, a fold name).
-* ``check_separate(outputs, inputs)``: an output (OUT, a models directory, ...) is neither an
-  input (INPUT, a model, a dataset store), nor inside one, nor does it contain one. Replacing
-  OUT (``--overwrite``, the final rename) would otherwise delete the input, and writing into an
-  input would change it under a later run that reuses it.
-
-Local paths are compared after resolving symbolic links and ``..``; URLs (``s3://bucket/key``,
-``file://...``) by scheme, bucket and normalised key, and a ``..`` in a URL's key is refused
-(object stores keep ``..`` literally: ``s3://b/a/../x`` is not ``s3://b/x``).
+Checked before anything is written: ``child(root, name)`` refuses a generated name that is not one
+plain path component (a separator, ``..``, ``.``, NUL, an absolute path), and
+``check_separate(outputs, inputs)`` an output that is, is inside or contains an input. Local paths
+are compared resolved; URLs by scheme, bucket and normalised key, refusing ``..`` in a key.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Where the pipeline reads and writes: local paths, and fsspec URLs of object storage.
 
-INPUT, OUT, the dataset stores (``--data-dir``) and models may be local paths or URLs
-(``s3://bucket/key``; ``gs://`` and ``abfs://`` too when gcsfs / adlfs are installed). A
-``file://`` URL is a local path. ``location`` turns either into a ``Loc``: a ``pathlib.Path``
-(local: everything works exactly as with paths) or a ``RemotePath``, which offers the few
-``Path`` methods the pipeline uses (``/``, ``name``, ``parent``, ``exists``, ``read_bytes``,
-``write_bytes``, ...) over fsspec. zarr opens the same URLs itself (``str(loc)``: zarr's
-``FsspecStore``), in the driver and in every worker.
-
-This module is the one place that tells the two apart: what differs between a directory and a
-prefix (listing, visibility, replacing an output, a local copy for a reader that needs a file)
-is a function here that takes either, so the modules above never ask which one they hold.
-
-Credentials
------------
-They come from the standard environment of each process (driver and Dask workers), never from
-the command line: for S3 ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` /
-``AWS_SESSION_TOKEN`` or ``AWS_PROFILE``, ``AWS_DEFAULT_REGION``, and ``AWS_ENDPOINT_URL`` for
-an S3-compatible server (MinIO, Ceph, moto); any fsspec option as ``FSSPEC_<PROTOCOL>_<OPTION>``
-(fsspec's own configuration, e.g. ``FSSPEC_S3_ANON=true``). Nothing here prints them or writes
-them anywhere; ``redact`` removes a user:password part of a URL before a URL is shown or
-recorded.
+INPUT, OUT, dataset stores and models may be local paths or URLs (``s3://``; ``gs://`` and
+``abfs://`` with gcsfs / adlfs). ``location`` turns either into a ``Loc``: a ``pathlib.Path`` or a
+``RemotePath`` offering the few ``Path`` methods the pipeline uses over fsspec. This module is the
+one place that tells the two apart. Credentials come from each process's standard environment
+(``AWS_*``, ``FSSPEC_<PROTOCOL>_<OPTION>``), never the command line; ``redact`` removes a
+user:password part of a URL before it is shown or recorded.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Batches of Dask tasks: a pass's chunk tasks, the write-out's, ingest's.
 
-``gather``: the results are fetched in one ``client.gather`` once every task has ended, not one
-by one as each ends. Each fetch is a round trip through the scheduler, and on a
-``LocalCluster`` the driver's process runs the scheduler too: fetching a pass's 112 results one
-by one took 128 ms of that process's CPU a pass, one gather 52 ms (2-core machine, 1 worker,
-112 chunks of 2,000 records, medians of 9 passes; the results are 18 kB each). That process is
-the one part of a pass that does not grow with the workers, so its time per task is what caps
-the speed-up on many cores; at the end the gather asks each worker for its results at once.
-
-``map_chunks``: a function of one chunk over every chunk of a store, several consecutive
-chunks to a task (``chunk_groups``). Each Dask task costs the driver's process its scheduling
-and its result's round trip, and its worker about a millisecond between tasks (the task's
-messages, its hand-over to the worker's thread): with a task a chunk of 100,000 records (22 ms
-of MAP-DP sweep) that was 4-5% of every worker's time and 1.5-1.8 ms of the driver's CPU a
-task, both measured on the 2-core machine (2026-11-27). The chunks' results and what each
-chunk writes are the same however the chunks are grouped: only the number of tasks changes.
-
-``on_scattered``: tasks on data scattered to the workers (a pass's message, a model), scattered
-and run again when the cluster loses it. Dask cannot recompute scattered data: when the last
-worker holding it leaves (killed, its node gone), the scheduler forgets it and cancels every
-task that needs it. Broadcasting does not prevent that: Dask's active memory manager drops the
-copies that no waiting task needs any more, so near a map's end one worker may hold the last.
+``gather`` fetches the results in one ``client.gather`` once every task has ended (one by one,
+each a round trip through the scheduler in the driver's process, took 128 ms a pass against
+52 ms). ``map_chunks`` maps a function over several consecutive chunks per task
+(``chunk_groups``): each task costs the driver and its worker about a millisecond, and grouping
+changes only the number of tasks. ``on_scattered`` runs tasks on scattered data and scatters and
+runs them again when the cluster loses it (Dask cannot recompute scattered data).
 """
 
 from __future__ import annotations

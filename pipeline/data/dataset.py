@@ -1,20 +1,10 @@
 """Ingest once, fit many times: dataset stores shared by every fit of the same input.
 
-``open_dataset`` keeps the dataset store of a file or directory at ``root / key``, where the key
-hashes the input's fingerprint (its resolved path and each of its files' size and mtime_ns) and
-every ingest option. A second fit of the same input with the same options reuses the store
-without running a task; a changed file or option gets another key, hence a new ingest.
-
-An ingest writes its own copy of the store and makes it visible only when complete
-(``pipeline.core.outputs.write_shared``: a hidden sibling ``.<key>.partial-<pid>-<tag>``
-renamed into place, or a committed attempt under the key's prefix on object storage), so a
-crashed or concurrent ingest never leaves a half store where a reader looks, and bad input
-leaves nothing behind. What a crashed ingest left is removed by a later one of that key. Of
-concurrent ingests of one key, the first to finish wins; the others discard their copy and
-open the winner's.
-
-In-memory inputs (numpy, pandas, dask) have no fingerprint: they are ingested into ``path`` (or
-into a new temporary directory that the caller owns) every time.
+``open_dataset`` keeps the store of a file or directory at ``root / key``, the key hashing the
+input's fingerprint (resolved path, each file's size and mtime_ns) and every ingest option, so a
+second fit with the same options reuses it. An ingest makes its copy visible only when complete
+(``pipeline.core.outputs.write_shared``); of concurrent ingests of one key the first to finish
+wins. In-memory inputs have no fingerprint and are ingested every time.
 """
 
 from __future__ import annotations
@@ -175,24 +165,18 @@ def open_dataset(
     Parameters
     ----------
     source : path or array-like
-        A file or directory (CSV, Parquet, ``.npy``, zarr: shared by key, module docstring), or
-        a numpy array, pandas DataFrame, dask array or dask DataFrame (ingested every time).
+        A file or directory (shared by key), or an in-memory array or frame (ingested each time).
     client : distributed.Client
         Runs the ingest tasks.
     root : path, optional
         The folder of shared stores; default ``default_root()``.
-    family, chunk_rows, holdout, n_folds, prior_sample, label_column, group_column, progress, dtype
-        As ``pipeline.data.ingest.ingest``; all but ``progress`` are part of the key.
-    schema : Schema, optional
-        A fitted model's schema, ``family`` its ``ProductFamily`` (``pipeline.data.ingest.ingest``:
-        the records are encoded and checked as the model's); part of the key.
-    missing, strict, missing_hint
-        As ``pipeline.data.ingest.ingest``; ``missing`` and ``strict`` are part of the key.
+    family, chunk_rows, holdout, n_folds, prior_sample, label_column, group_column, progress, dtype,
+    schema, missing, strict, missing_hint
+        As ``pipeline.data.ingest.ingest``; all but ``progress`` and ``missing_hint`` are part of
+        the key.
     path : path, optional
-        Where to keep the store instead of ``root / key``. A path input's store there is reused
-        when its recorded key matches; an in-memory input is ingested there, replacing a store
-        that was there. Without it an in-memory input goes into a new temporary directory, the
-        store's own ``path``, which the caller removes.
+        Where to keep the store instead of ``root / key`` (reused there when its key matches);
+        without it an in-memory input goes into a new temporary directory the caller removes.
 
     Returns
     -------
@@ -204,8 +188,7 @@ def open_dataset(
     Raises
     ------
     InputError, ValueError
-        Bad input (naming the file and the row; nothing is left behind), or a store of another
-        format version at the key (naming the path and both versions).
+        Bad input, or a store of another format version at the key.
     """
     ingest_kw: dict[str, Any] = {
         "client": client,

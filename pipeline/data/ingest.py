@@ -211,47 +211,33 @@ def ingest(
         Created (or overwritten) here.
     client : distributed.Client
     family : "auto", kind name, {column: kind} mapping, Family or ProductFamily
-        As ``MAPDP(family=...)``. The kinds are inferred from the first piece of the input.
+        As ``MAPDP(family=...)``, kinds inferred from the first piece of the input.
     chunk_rows : int
-        Rows per chunk of the store at most (the unit a pass sweeps on one worker): without a
-        group column, 32 chunks or more are made a few rows shorter so that their count
-        divides evenly among power-of-two worker counts (``balanced_chunk_rows``).
+        Rows per chunk at most (``balanced_chunk_rows`` shortens them slightly so that the chunks
+        divide evenly among power-of-two worker counts).
     holdout : float in [0, 1)
-        Fraction of rows held out (hash of the row index, or of the group code).
+        Fraction of rows held out.
     prior_sample : int
-        The empirical-Bayes prior (``Schema.build_family``) is fitted to about this many
-        training rows, drawn by a hash of the row index; all of them when there are fewer.
+        Training rows (a hash sample) the empirical-Bayes prior is fitted to.
     label_column : str, optional
-        A column of true labels (frames, CSV, Parquet): left out of the fit and stored as codes
-        (``label_codes``) in ``y`` for the NMI / ARI of the write-out.
+        True labels: left out of the fit and stored as codes in ``y``.
     n_folds : int
-        Number F of cross-validation folds of the ``fold`` array (``fold_of``).
+        Cross-validation folds of the ``fold`` array.
     group_column : str, optional
-        A column of group keys (frames, CSV, Parquet; a subject, a sequence): not a feature;
-        all rows of a group land in one chunk and share their fold and held-out flag (module
-        docstring). A group of more than ``chunk_rows`` rows, or a row without a group value,
-        is an ``InputError``. The keys of a CSV file are read as text; those of frames and
-        Parquet keep their type.
+        Group keys (a subject, a sequence): all rows of a group land in one chunk; a group
+        larger than ``chunk_rows`` or a row without a key is an ``InputError``.
     format_extra : dict, optional
-        More entries for ``format.json`` (``pipeline.data.dataset`` records its key there).
+        More entries for ``format.json``.
     schema : Schema, optional
-        A fitted model's schema (``family`` is then its ``ProductFamily``): the records must
-        have its columns, kinds and categories (an ``InputError`` naming the file, column and
-        row otherwise) and are encoded as at fit time; a column may be constant (new records
-        are scored, not fitted). Its ``missing`` decides whether missing cells are kept.
+        A fitted model's schema: the records must have its columns, kinds and categories and are
+        encoded as at fit time.
     dtype : {"float64", "float32"}
-        What the store's X holds (``STORE_DTYPES``): float32 halves the store and the passes'
-        reads, the records rounded to float32 (as the prior's sample; the moments are those of
-        the float64 values); readers hand the kernels float64 rows either way.
+        What the store's X holds (float32 halves the store and the passes' reads).
     missing : bool
-        Keep missing cells (NaN) in X, counted per column (``StoreInfo.missing_cells``), rather
-        than refuse the first with a message naming its file, column and row, ending with
-        ``missing_hint`` (default ``pipeline.data.sources.MISSING_HINT``).
+        Keep missing cells (counted in ``StoreInfo.missing_cells``) rather than refuse the first,
+        with ``missing_hint`` at the end of the message.
     strict : bool
-        Refuse a column holding one value, or none, among the training rows; otherwise it is
-        dropped (``schema.dropped``), as are exact linear combinations of the Gaussian columns
-        (``schema.collinear``): ``Schema.settle``, as in memory. X is written without them and
-        ``dpmm score`` of the run's model drops them too. A family given keeps every column.
+        Refuse a constant column rather than drop it (``Schema.settle``, as in memory).
 
     Returns
     -------

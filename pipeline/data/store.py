@@ -3,53 +3,28 @@
 Layout of a store (a zarr v3 group; rows chunked by ``chunk_rows`` = R)
 -------------------------------------------------------------------------
 ``format.json``
-    ``{"format": "dpmm-dataset", "version": FORMAT_VERSION, ...}`` and the ingest options,
-    written first: ``Store.open_checked`` refuses a store of another version.
-``X`` (n_stored, D) float64, or float32 (``STORE_DTYPES``, ingest's ``dtype``)
-    The encoded records, columns in the family's group order (``ProductFamily.arrange``), so a
-    chunk is handed to the kernels as it is read.
-``fold`` (n_stored,) int16
-    The row's cross-validation fold in 0..F-1 (``fold_of``), from the same hash as ``holdout``.
-``holdout`` (n_stored,) bool
-    Held-out rows: ``u < holdout`` with ``u = row_uniform(key, HOLDOUT_SALT)``, where the key is
-    the row index (or the row's group code, below): the split depends on neither the chunking,
-    the workers nor the run. With ``holdout = 1/F`` the held-out rows are those of fold 0.
+    Format, ``FORMAT_VERSION`` and the ingest options, written first (``Store.open_checked``).
+``X`` (n_stored, D) float64 or float32
+    The encoded records, columns in the family's group order (``ProductFamily.arrange``).
+``fold`` (n_stored,) int16, ``holdout`` (n_stored,) bool
+    Cross-validation fold (``fold_of``) and held-out flag, from one hash of the row index (or
+    group code, ``row_uniform``): independent of chunking, workers and run.
 ``group``, ``row`` (n_stored,) int64, grouped stores only
-    The row's group code 0..G-1 (groups numbered by first appearance) and its row index in the
-    input; -1 on padding.
+    Group code 0..G-1 (by first appearance) and input row index; -1 on padding.
 ``y`` (n_stored,) int64, with a label column only
     The true labels' codes (``label_codes``).
-``group_gram`` (C, G_max, (D + 1)(D + 2) / 2) float64, ``group_code`` (C, G_max) int64,
-``group_holdout`` (C, G_max) bool, ``group_fold`` (C, G_max) int16: grouped stores of at most
-``MAX_GRAM_COLS`` columns (``StoreInfo.group_moments``)
-    Per chunk c, its groups in stored order (codes ascending; -1 past the chunk's last group):
-    the Gram matrix W_g^T W_g of the group's rows with a column of ones in front, W_g =
-    [1, X_g], its upper triangle row by row (``kernels.moments.group_gram``), its code, held-out
-    flag and fold. Additive statistics computed once at ingest, so that a model that reads
-    groups through their moments (the mixed-effects engine: X_i^T X_i, X_i^T y_i, y_i^T y_i, n_i
-    are blocks of it) need not read and reduce the rows on every pass. One zarr chunk per task
-    chunk.
+``group_gram``, ``group_code``, ``group_holdout``, ``group_fold`` (C, G_max, ...)
+    Grouped stores of at most ``MAX_GRAM_COLS`` columns: per chunk, each group's Gram matrix of
+    [1, X_g] (upper triangle, ``kernels.moments.group_gram``), code, flag and fold, so that the
+    mixed-effects engine reads groups through their moments instead of their rows.
 ``info.json`` + ``info.npz``
-    What ingest learned (``StoreInfo``: schema, family, sizes, data moments, the prior's sample,
-    the chunk plan of a grouped store), a ``pipeline.core.persist`` record (JSON plus arrays, never
-    a
-    pickle) written last: its presence means ingest completed.
+    What ingest learned (``StoreInfo``), a ``pipeline.core.persist`` record written last: its
+    presence means ingest completed.
 
-A fit's per-record state (labels, random effects...) and its checkpoints live in the fit's own
-state store (``pipeline.distributed.loop``), so that many fits share one dataset store.
-
-Chunks and groups
------------------
-Chunk c of a store occupies the stored rows ``[c*R, c*R + n_c)`` (``StoreInfo.chunk_bounds``);
-zarr chunks are task chunks, so parallel writers never share a zarr chunk. Without a group
-column every chunk but the last is full and stored row i is input row i (``n_stored`` =
-``n_rows``). With ``group_column``, all rows of a group land in one chunk, in input order;
-groups are packed greedily in their order of first appearance, so ``n_c <= R``, and the stored
-rows ``[c*R + n_c, (c+1)*R)`` are padding that no reader touches (``iter_chunks`` yields the
-valid bounds only). Fold and held-out flag are drawn per group (the key of the hash is the
-group's code), so all rows of a group share them.
-
-Ingest (``pipeline.data.ingest``) writes a store; ``pipeline.data.dataset`` shares it between fits.
+Chunk c occupies stored rows ``[c*R, c*R + n_c)`` (``StoreInfo.chunk_bounds``), so parallel
+writers never share a zarr chunk. With ``group_column`` all rows of a group land in one chunk
+(groups packed greedily), the rest of the chunk is padding no reader touches, and a group's rows
+share fold and flag. A fit's own state lives in its state store (``pipeline.distributed.loop``).
 """
 
 from __future__ import annotations

@@ -91,35 +91,25 @@ def fit_distributed(
     Parameters
     ----------
     X : dask array / DataFrame, numpy array, pandas DataFrame, or a path (``pipeline.data.sources``)
-    family, alpha : as ``MAPDP``'s
+    family, alpha, missing : as ``MAPDP``'s
     engine : "mapdp" or "kmeans"
     init, n_seeds, alpha_prior, max_passes, tol, min_change, init_sample, prior_scale : see
         ``FitParams``
     n_restarts : int
-        Runs from different seeds over the same store; the lowest objective wins (default 1,
-        where ``MAPDP``'s is "auto": a restart here is as long as the fit).
+        Runs from different seeds over the same store; the lowest objective wins.
     random_state : int, SeedSequence, Generator or None
-    chunk_rows, prior_sample : int
-        Rows per chunk, one task each (the labels depend on the chunking, not on the workers);
-        rows of the sample the empirical-Bayes prior is set from.
+    chunk_rows, prior_sample, dtype : as ``pipeline.data.ingest.ingest``
     client : distributed.Client, optional
         Default: a LocalCluster of one single-threaded worker process per core.
     store_path : path, optional
         Where to write the store; default a temporary directory, removed afterwards.
-    dtype : {"float64", "float32"}
-        What the store's X holds (``pipeline.data.ingest.ingest``); statistics stay float64.
     warm_start : (Stats, float), optional
-        The clusters (``pipeline.families.stats.Stats`` of ``family``: pass the fitted model's
-        family, not "auto") and concentration of a fitted model to start from instead of
+        Clusters (of the fitted model's family) and concentration to start from instead of
         ``init`` (``pipeline.engines.mixture_start.warm_state``).
     device : "cpu" or "gpu"
-        "gpu": the passes on NVIDIA GPUs (``pipeline.engines.gpu``; engines "mapdp", "kmeans"),
-        one worker per GPU; no GPU or numba-cuda raises ``DeviceError`` (never a CPU fallback).
-    missing : "latent" or "refuse"
-        As ``MAPDP``'s: missing cells (NaN) filled by iterated conditional modes in the passes
-        (``pipeline.engines.mapdp``; other engines refuse them: ``engines.base.check_missing``).
+        "gpu": the passes on NVIDIA GPUs, one worker per GPU; ``DeviceError`` without one.
     strict : bool
-        Refuse a constant column instead of dropping it (``StoreInfo.schema.dropped``).
+        Refuse a constant column instead of dropping it.
     progress : bool
         A line on stderr after each pass.
 

@@ -15,17 +15,12 @@ example::
     shared_temp_directory: /scratch/me/dask   # seen by the login and the compute nodes
     jobs: 4                # this pipeline's key: how many jobs to submit (default 1)
 
-Every job runs ``processes`` worker processes (default: one per core, each single-threaded
-like the local cluster's) started with ``--preload pipeline.distributed.worker_setup``, told which
-engine's kernels to load. The scheduler runs in the ``dpmm`` process (the login node), with
-the preload ``pipeline.distributed.scheduler_setup`` (shorter message batches), and
-listens on ``interface`` (or the host's address): the compute nodes must reach it, so unlike the
-local cluster it is not bound to 127.0.0.1. So by default the cluster speaks TLS
-(``security: true``: dask-jobqueue creates a temporary CA and certificates for this run, writes
-the workers' copies to ``shared_temp_directory``, default the current directory, which the
-compute nodes must see, and removes them when the cluster closes); the run's own client joins
-with the client certificate (``hpc_client``). ``security: false`` turns it off on a trusted
-network. The scheduler's dashboard stays on 127.0.0.1 (an SSH tunnel shows it).
+Every job runs ``processes`` single-threaded worker processes (default one per core) with the
+preload ``pipeline.distributed.worker_setup``. The scheduler runs in the ``dpmm`` process with
+``pipeline.distributed.scheduler_setup`` and listens on ``interface``, not 127.0.0.1, so by
+default the cluster speaks TLS (``security: true``: temporary certificates in
+``shared_temp_directory``, which the compute nodes must see, removed when the cluster closes;
+``hpc_client`` joins with the client's); ``security: false`` turns it off on a trusted network.
 """
 
 from __future__ import annotations

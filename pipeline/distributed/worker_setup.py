@@ -1,30 +1,12 @@
 """Dask worker preload for the ``LocalCluster`` the pipeline starts (``dask_client``).
 
-A new worker process imports the pipeline (pandas, zarr, numba, SciPy: over a second) and loads
-the numba kernels from their cache the first time a task needs them. Done lazily, both costs
-land inside the first ingest, sample-fit and pass tasks, one after the other. Done here, they
-run while the worker starts, in every worker at once, while the driver waits for the cluster
-anyway.
-
-Only the run's engine is loaded: ``dask_client(warm=...)`` names it to the workers in
-``WARM_ENV`` (unset: every registered engine, for a cluster started by hand with
-``dask worker --preload pipeline.distributed.worker_setup``). With an empty numba cache the kernels
-compile,
-which takes far longer than loading them: each warm-up step (``Engine.warm_steps``) is then
-compiled by one process only (``warmup.compile_once``, a lock file in the numba cache directory),
-and
-the processes first take the steps nobody is compiling yet, so that two workers compile two
-different groups of kernels at once and then load each other's from the cache.
-
-Measured (issue 35: alternating runs with and without the warm-up, on the 2-core machine): it
-saves 10.8 s of ``dpmm demo`` with an empty numba cache (25.4 s against 36.2 s: the helper
-process compiles alongside), 0.8 s of a fresh ``dpmm run`` of 1M x 10 records (9.8 s against
-10.6 s, the workers load the kernels while the driver starts) and nothing measurable on a warm
-``dpmm demo``.
-
-Before the kernels, the preload sets the worker's allocator (``tune_malloc``), so that a chunk
-task's arrays come back from the heap instead of faulting in page by page, and checks the
-worker's event loop less often (``scheduler_setup.slow_ticks``).
+A new worker imports the pipeline and loads the numba kernels while it starts, in every worker at
+once, instead of inside the first tasks. Only the run's engine is loaded (``WARM_ENV``; unset:
+every registered engine, for ``dask worker --preload pipeline.distributed.worker_setup``). With
+an empty numba cache each warm-up step (``Engine.warm_steps``) is compiled by one process only
+(``warmup.compile_once``), the others taking steps nobody compiles yet (``dpmm demo`` from an
+empty cache: 25.4 s against 36.2 s). Before the kernels it sets the worker's allocator
+(``tune_malloc``) and slows the event loop's health check (``scheduler_setup.slow_ticks``).
 """
 
 from __future__ import annotations

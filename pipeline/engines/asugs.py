@@ -2,21 +2,13 @@
 with Section 6's pruning and merging) over the chunks of a dataset store, in chunk order, for data
 seen once.
 
-A *sequential* engine (``Engine.sequential``): the pass loop runs its chunk tasks one after the
-other, each given the stream's state as the previous chunk left it (``carry``), so the pass is
-exactly ``pipeline.ASUGS.partial_fit`` over the chunks' training rows in order. A chunk task
-writes the id of the class each of its training records joined (``z``; -1 for held-out rows)
-and returns the stream's state; the reduce keeps the last chunk's. Ids are resolved to final
-classes (through the merges and prunes that came later, ``kernels.asugs.row_of_ids``) in the
-write-out, which scores every row by eq. 3.4 under the final classes (held-out rows get the
-MAP class of eq. 3.5).
-
-The concentration: ``FitParams.alpha == "learn"`` is ASUGS's adaptive alpha_i = k_i /
-(lambda + log i) with ``lam`` (``RunContext.options["lam"]``, default
-``pipeline.models.asugs.DEFAULT_LAM``); a number is SUGS with that fixed alpha.
-
-``stream_chunks`` runs the same chain without writing labels: the ``"asugs"`` start of the
-MAP-DP passes (``pipeline.engines.mixture_start``).
+A *sequential* engine (``Engine.sequential``): chunk tasks run one after the other, each given the
+stream's state as the previous one left it (``carry``), so the pass is exactly
+``pipeline.ASUGS.partial_fit`` over the training rows in order. A task writes the id of the class
+each record joined; the write-out resolves ids through later merges and prunes
+(``kernels.asugs.row_of_ids``) and scores every row by eq. 3.4. ``alpha == "learn"`` is ASUGS's
+adaptive concentration with ``lam``; a number is SUGS. ``stream_chunks`` runs the same chain
+without writing labels (the ``"asugs"`` start of the MAP-DP passes).
 """
 
 from __future__ import annotations

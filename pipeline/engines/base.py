@@ -11,17 +11,10 @@ A pass sweeps every chunk of the dataset store (several consecutive chunks to a 
         state, record = engine.reduce(state, results, ctx)    # sum deltas, global update
     until record["stop"] or max_passes
 
-``chunk_step`` reads its chunk (``Chunk``: the records, the held-out mask, its per-record state
-as the previous pass wrote it), writes the per-record state of this pass itself (double-buffered:
-pass p reads buffer (p - 1) % 2 and writes buffer p % 2, so a re-executed task is idempotent)
-and returns only additive deltas. ``reduce`` adds them in chunk order and computes the objective
-from the statistics alone. The loop never looks inside the engine's state beyond ``LoopState``.
-
-An engine declares its per-record arrays (``record_arrays``): an int label, and any float arrays
-per record (a subject's random effect, say; ``record_arrays_of`` when their width depends on the
-fit); the loop creates, double-buffers and checkpoints them like the labels. A new model is a
-new engine module plus its kernels and one line in ``pipeline.engines.BY_NAME``; the
-loop is not edited.
+``chunk_step`` reads its ``Chunk``, writes this pass's per-record state itself (double-buffered,
+so a re-executed task is idempotent) and returns only additive deltas, which ``reduce`` adds in
+chunk order. An engine declares its per-record arrays (``record_arrays``); a new model is a new
+engine module plus its kernels and one line in ``pipeline.engines.BY_NAME``.
 """
 
 from __future__ import annotations

@@ -1,58 +1,22 @@
 """The GPU engines: MAP-DP and Bayes K-means passes on NVIDIA GPUs (``device="gpu"``).
 
-``mapdp-gpu`` and ``kmeans-gpu`` are the MAP-DP and Bayes K-means engines
-(``pipeline.engines.mapdp``, ``pipeline.engines.kmeans``) with another chunk step; their
-starts, reduce (deltas added in chunk order, emptied clusters dropped, greedy merges, the
-concentration's MAP step), stop rule and write-out are the CPU engines'. ``get_engine(name,
-"gpu")`` finds them.
+``mapdp-gpu`` and ``kmeans-gpu`` are the CPU engines (``pipeline.engines.mapdp``,
+``pipeline.engines.kmeans``) with another chunk step; starts, reduce, stop rule and write-out are
+theirs. A chunk's step is optimistic concurrency control (Pan et al. 2013):
 
-A chunk's step (optimistic concurrency control, Pan et al. 2013, "Optimistic Concurrency
-Control for Distributed Unsupervised Learning", NIPS: every record decides in parallel against
-a frozen state, and only the decisions that may conflict, here the proposals of new clusters,
-are validated serially):
+1. every record takes the argmin of the MAP-DP (or Bayes K-means) cost over the clusters frozen at
+   the start of the pass and a new cluster, one thread per record (``kernels.cuda_mapdp.assign``);
+2. the statistics of records that moved are summed on the card (``label_deltas``);
+3. records that proposed a new cluster are resolved on the host, in the chunk's visiting order, by
+   the CPU engine's sequential step, so that they gather in one new cluster instead of one each;
+4. the chunk's change is kept only if it does not raise eq. 3.3 (Raykov et al. 2016) from the
+   frozen clusters; otherwise the CPU step redoes the chunk (``ChunkResult.fallback``). The guard
+   applies once every record of the chunk was in a cluster before the step.
 
-1. Parallel assignment (``kernels.cuda_mapdp.assign``): every training record takes the
-   argmin of the MAP-DP cost (Raykov et al. 2016, eqs. 3.1-3.2; Bayes K-means', Xu et al. 2009,
-   Section 5) over the K clusters frozen at the start of the pass (its own by the leave-one-out
-   predictive) and a new cluster, one thread per record.
-2. The statistics of the records that moved between frozen clusters are summed on the card
-   (``kernels.cuda_mapdp.label_deltas``): only the labels and K x S values leave it.
-3. The records that proposed a new cluster (and the rare ones whose leave-one-out predictive
-   needs a downdate) are resolved on the host, in the chunk's random visiting order, by the CPU
-   engine's own sequential step over them alone: MAP-DP's sweep (Raykov et al. 2016, Algorithm 1)
-   against the frozen statistics plus step 2's change, Bayes K-means' assignment step against the
-   frozen statistics (its Lloyd step: ``kernels.bayes_kmeans.assign``). Records that propose new
-   clusters in the same pass thus gather in one new cluster instead of one each.
-4. The objective guard: the chunk's change is kept only if the objective of eq. 3.3 computed
-   from the statistics (``kernels.mapdp.objective``) of the frozen clusters plus this chunk's
-   change is not above that of the frozen clusters. Otherwise the chunk is redone by the CPU
-   engine's step over all its records (for MAP-DP a sequential sweep, each of whose moves
-   lowers eq. 3.3 exactly: its cost is the move's change of the objective), and
-   ``ChunkResult.fallback`` says so (the pass's record counts them: ``"fallbacks"``). A chunk
-   alone in the data therefore never raises the objective, as on the CPU; chunks' changes add
-   up as the CPU engine's do. The guard applies when every training record of the chunk was
-   in a cluster before the step: a record in none (pass 1 of the "sample" or "sequential"
-   start) adds terms of its own to eq. 3.3, so there is no objective before the step to keep
-   to (the CPU engine's pass 1 raises it too).
-
-Fixed points (no record moves) are the same for the parallel and the sequential step, but the
-paths differ: from the default "sample" start the GPU engines gave the CPU engines' clusters on
-the UCI sets (NMI 1 between the two, under the simulator); from the "sequential" start they may
-stop in another local optimum.
-
-The records are read, rounded to float32, once per chunk and kept on the worker's card
-(``resident``): every number of the fit (statistics, deltas, the host's step) comes from the
-float32 records, so the statistics stay consistent with the labels. Later passes move only the
-labels (int32 both ways) and the packed clusters. Memory: a chunk takes rows x (4 d + 1)
-bytes resident, plus 12 bytes a row and the packed clusters while its step runs; the resident
-chunks of a worker are bounded by ``DPMM_GPU_RESIDENT_BYTES`` (default half the card's
-memory), least recently used first out: a store larger than that streams its chunks from the
-store every pass.
-
-The step is deterministic (no atomic adds: ``kernels.cuda_mapdp``), so a re-executed task gives
-the same labels and statistics bit for bit and a resumed run equals an uninterrupted one.
-The records must be continuous columns of one Normal-Wishart group (``GaussianNW``, with or
-without recording cells); another family is refused with its name.
+Records are read once per chunk as float32 and kept on the card (``resident``, bounded by
+``DPMM_GPU_RESIDENT_BYTES``, least recently used first out); later passes move only labels and
+the packed clusters. The step is deterministic (no atomic adds), so a re-executed task gives the
+same result bit for bit. Only continuous columns of one ``GaussianNW`` group are accepted.
 """
 
 from __future__ import annotations

@@ -1,36 +1,18 @@
 """The MAP-iHMM engine (Raykov et al. 2016, Section 6.2): many sequences, distributed over
 sequences.
 
-Sequences are the groups of a grouped dataset store (``--group-column``): all rows of a group
-sit in one chunk, in input order, which is time order (the ``dpmm hmm`` flow checks and sorts
-by its time column before ingest). Held-out flags are drawn per group, so a sequence is wholly
-trained on or wholly held out.
+Sequences are the groups of a grouped dataset store, in time order within a chunk; held-out
+flags are per group. A chunk task sweeps its training sequences (``kernels.ihmm.sweep``, eq. 6.7)
+against a copy of the global state and returns additive deltas (emission statistics, transition
+and start counts, new states numbered K, K + 1, ...); the driver adds them in chunk order, drops
+emptied states, takes the kappa step (eq. 6.6), merges states while the objective falls, and
+relabels lazily as the mixture engines do. E is monotone only when one chunk holds the data;
+Viterbi re-segmentation and splits are the in-memory ``MAPiHMM``'s.
 
-A chunk task sweeps its training sequences (``kernels.ihmm.sweep``, the argmin of eq. 6.7)
-against a copy of the global state, writes the new states of its rows and returns additive
-deltas: emission statistics per state (from the records that changed state, so rounding does
-not accumulate), transition and start counts, and the statistics of the states it opened,
-numbered K, K + 1, ... The driver adds them in chunk order, drops emptied states, takes the
-kappa step (eq. 6.6 with the expected table counts), merges states while the exact objective
-falls, and computes E(z, kappa) from the counts and statistics alone. Labels are relabelled
-lazily, as in the mixture engines (``PassState.remap``, ``k_written``, ``offsets``).
-
-Within one chunk the sweep is exact coordinate descent on E; chunks swept in parallel against
-the same copy are not, so E is monotone only when one chunk holds the data (the contract's
-test). Viterbi re-segmentation and split moves need the records and are the in-memory
-estimator's (``pipeline.estimators.ihmm.MAPiHMM``); the engine's moves are merges.
-
-The write-out labels every sequence (trained on or held out) by Viterbi under the final MAP
-model and gives every row its forward-filtering term log p(x_t | x_1..x_{t-1}), so that a
-sequence's rows sum to its held-out log likelihood (the chain rule).
-
-Tempered emissions (option ``temper`` of the run context, ``MAPiHMM``'s): the sample start
-chooses the emission weight w as ``MAPiHMM`` does (``pipeline.models.ihmm_map.fit_map_ihmm``).
-The state carries w: every pass sweeps, reduces and merges on the tempered objective, pass 1
-takes the Viterbi paths under the sample's states (``viterbi_chunk``), and the write-out decodes
-with w as ``MAPiHMM.predict`` does; the log densities stay untempered, as
-``MAPiHMM.score_samples``. The sequential start has no states to measure w on: under "auto" it
-stays untempered.
+The write-out labels every sequence by Viterbi under the final model and gives every row its
+forward-filtering term log p(x_t | x_1..x_{t-1}). Tempered emissions (option ``temper``) follow
+``MAPiHMM``: the weight is chosen at the sample start and carried by the state; log densities
+stay untempered.
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
 """The MAP-DP engine: Raykov et al. 2016, Algorithm 1 swept chunk by chunk
 (``kernels.mapdp.sweep``).
 
-A chunk task that moves no record has scored every training record against the statistics it
-was given while sweeping (eq. 3.4, the same terms the argmin used); it scores its held-out rows
-against the same statistics and writes the chunk's final labels and densities into the run's
-write-out group itself. When a whole pass moved nothing and left the model bit for bit as it was,
-the write-out has nothing left to do (``PassState.scored``).
+A chunk task that moves no record also scores and writes its final labels and densities, so a
+pass that moved nothing leaves the write-out nothing to do (``PassState.scored``).
 
-Missing cells (NaN in the training rows) are latent variables set by iterated conditional modes, as
-``pipeline.models.mapdp.fit_missing`` sets them in memory (Raykov et al. 2016, Section 3: ICM on the
-joint, as Algorithm 1 sets the assignments). Each chunk keeps its records' filled cells in a
-per-record buffer ``fill`` beside the labels (double-buffered like them), so the statistics are
-always those of the completed records and a chunk's delta (new completed records minus old ones) is
-exact; a retried task or a resumed run reads the same buffers and gives the same result. Per pass
-and chunk: the MAP-DP sweep on the completed records; then each record with holes moved to its MAP
-cluster on its observed cells alone (eq. 3.5 with the predictive marginalised over the missing
-columns, ``dpm_predict``) under the global statistics with the chunk's moves; then its holes set to
-their conditional mode given that cluster (``ProductFamily.impute``). Pass 1 starts from the sample
-start's filled cells for its rows (``fit_missing`` on the sample) and the prior's conditional mode
-for the others. The write-out scores every record on its observed cells (``predict``: exact marginal
-densities), never on filled ones.
+Missing cells are latent variables set by ICM, as ``pipeline.models.mapdp.fit_missing`` does in
+memory: each chunk keeps its filled cells in a double-buffered per-record ``fill``, so the
+statistics are those of the completed records and deltas stay exact. Per pass and chunk: the sweep
+on the completed records, then each record with holes moved to its MAP cluster on its observed
+cells (``dpm_predict``), then its holes set to their conditional mode (``ProductFamily.impute``).
+The write-out scores every record on its observed cells only.
 """
 
 from __future__ import annotations

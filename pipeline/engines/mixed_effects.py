@@ -1,39 +1,20 @@
 """The mixed-effects engine: Raykov et al. 2016, Section 7 (``pipeline.models.mixed_effects``) over
 the subjects of a grouped dataset store.
 
-Subjects are the store's groups (``ingest(..., group_column=...)``), so a subject never straddles
-two chunks; in a store without groups every row is a subject of one observation. The store's
-columns are the response and the covariates of the random effects: ``RunContext.options`` names
-them (``response``, ``covariates``; default: the last column is the response, the others the
-covariates) and says whether an intercept is added (``intercept``, default True). A subject's
-fold and held-out flag are its group's; held-out subjects are not fitted, only scored.
+Subjects are the store's groups, so a subject never straddles two chunks (in a store without
+groups every row is a subject). ``RunContext.options`` names the response and covariates (default:
+the last column, the others) and ``intercept`` (default True); held-out subjects are only scored.
 
-A pass sweeps each chunk as one step: it reads its subjects' moments (blocks of the Gram matrices
-that ingest keeps per group, ``pipeline.data.store``, so no pass reads or reduces the rows; from the
-rows in a store without them: ungrouped, or wider than ``MAX_GRAM_COLS``), takes each subject's
-cluster as the previous pass left it, sweeps them against a copy of the global model
-(``kernels.mixed_effects.sweep``: clusters, tau, counts), writes the new per-record state and
-returns additive statistics (``pipeline.models.mixed_effects.SweepStats``: per cluster slot the
-count, sum of E[beta_i] and of E[beta_i beta_i^T]; the expected residual sum of squares and the
-number of observations for tau; -log p(y_i) for the objective). Clusters a chunk opens get slots
-after the model's K; the driver appends every chunk's new slots in chunk order, adds the statistics
-and takes the modes (``pipeline.models.mixed_effects.update``: merges, Normal-Wishart modes, eq.
-7.3, eq. A.1).
+A pass sweeps each chunk against a copy of the global model (``kernels.mixed_effects.sweep``),
+reading its subjects' moments from the store's group Gram matrices (or from the rows when the
+store has none), writes each row's cluster slot ``z`` (mapped to clusters by
+``MixedState.slot_maps``) and returns additive ``SweepStats``; the driver adds them in chunk order
+and takes the modes (``pipeline.models.mixed_effects.update``). The random effects' modes (eq. 7.2)
+are computed only at the write-out (``subject_results``).
 
-Per-record state, on every row of a subject (the loop's arrays are per row of the store, the
-model's unknowns per subject; repeating a subject's values on each of its rows keeps a chunk's
-read and write one slice, and the write-out per row): ``z``, the subject's cluster slot as the
-pass numbered it (the next pass maps slots to clusters through ``MixedState.slot_maps``). The
-random effects' eq. 7.2 modes are not kept per pass: nothing reads them before the write-out,
-which computes them from the final model (``subject_results``), and writing p floats per row
-every pass cost more than the rest of the pass's writing.
-
-The start (``init_state``) reads the chunks twice (with a Dask client as tasks, without one in
-process): the pooled least-squares moments, and the moments of a hash sample of subjects; on the
-sample, in the driver: EM of the Gaussian random-effects model, the empirical prior, MAP-DP and
-ICM passes to the stop rule (``pipeline.models.mixed_effects_start.start``). The passes over all
-subjects start from that fit (on the survey generator at 1,000,000 subjects: 10 passes where a
-start from the sample's MAP-DP partition took 34).
+The start (``init_state``) reads the chunks twice, for the pooled least-squares moments and a hash
+sample of subjects, and fits the sample in the driver
+(``pipeline.models.mixed_effects_start.start``).
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """What the two mixture engines (MAP-DP, Bayes K-means) share: cluster labels with lazy
 relabelling, the driver's reduce with reconciliation and merges, the starts, the write-out.
 
-The state and the labels are in ``pipeline.engines.mixture_state``, the starts in
-``pipeline.engines.mixture_start``.
-
-A chunk task sweeps its training records against a copy of the global statistics, writes the
-chunk's new labels to the other label buffer itself and returns only statistic deltas and the
-statistics of the clusters it opened.
-
-The driver (``reduce_pass``) adds the deltas in chunk order, drops the clusters the pass
-emptied, then runs merge moves over every pair of clusters, those that existed and those the
-chunks opened (``kernels.partition.greedy_merge``: the pair whose merge lowers the objective,
-eq. 3.3, most, until none does; for Bayes K-means this is its Section 5 merge step), and records
-how the labels written in this pass map to the new cluster numbers (``PassState.remap``):
-labels are relabelled lazily, by the next task that reads them. The objective comes from the
-statistics alone.
-
-Determinism: the visiting order of chunk c in pass p is drawn from the SeedSequence child
-(restart, p, c) of ``random_state``; a task reads one buffer and writes the other; deltas are
-added in chunk order. So the labels do not depend on the number of workers, and a task that is
-run again (a worker died, a retry) gives the same result.
+A chunk task sweeps its training records against a copy of the global statistics, writes its new
+labels to the other label buffer and returns statistic deltas. ``reduce_pass`` adds them in chunk
+order, drops emptied clusters, merges pairs while the objective (eq. 3.3) falls
+(``kernels.partition.greedy_merge``) and records the relabelling for the next reader
+(``PassState.remap``). Chunk c of pass p visits its records in an order drawn from the
+SeedSequence child (restart, p, c), so the labels depend neither on the workers nor on retries.
 """
 
 from __future__ import annotations

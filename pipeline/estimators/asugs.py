@@ -32,43 +32,32 @@ from pipeline.models.asugs import (
 
 class ASUGS(MixtureEstimator):
     """ASUGS: adaptive sequential updating and greedy search (Tsiligkaridis and Forsythe 2015,
-    Algorithm 1), with the pruning and merging of ASUGS-PM (Section 6), for any likelihood family of
-    the project.
+    Algorithm 1), with the pruning and merging of ASUGS-PM (Section 6), for any family.
 
-    Each record is seen once, in order: it joins the existing class or a new one with the
-    largest m(h) L_{i,h}(y_i) (or alpha L for a new one, eq. 1), where L is the family's
-    posterior predictive given the class's records (eqs. 3, 8) and the concentration adapts as
-    alpha_i = k_i / (lambda + log i) (Section 2.1); the class's sufficient statistics and
-    posterior are then updated (eqs. 4-7 for the Normal-Wishart). ``partial_fit`` continues the
-    stream over any number of batches; ``fit`` is one pass over X.
+    Each record is seen once, in order: it joins the class, or a new one, with the largest
+    m(h) L_{i,h}(y_i) (eq. 1), L the family's posterior predictive, while the concentration adapts
+    as alpha_i = k_i / (lambda + log i). ``partial_fit`` continues the stream over batches; ``fit``
+    is one pass over X.
 
     Parameters
     ----------
     lam : float or None, default=0.3
-        lambda > 0, the rate of the exponential prior on alpha (Algorithm 1's input). None runs
-        SUGS with the fixed ``alpha`` instead (the comparison of Section 6).
+        lambda > 0, the rate of the exponential prior on alpha; None runs SUGS with ``alpha``.
     select : {"greedy", "sample"}, default="greedy"
-        Step (b): the arg max of q (SUGS's greedy choice) or a draw from q.
+        Step (b): the arg max of q or a draw from q.
     prune_merge : bool, default=True
-        ASUGS-PM (Section 6): every so often (``pm_interval``) prune classes holding less than
-        ``prune_weight`` of the records seen since they opened, then merge pairs of classes while
-        a merge raises log p(X, z | alpha) (the DP mixture's exact merge gap).
+        ASUGS-PM: every so often prune classes holding less than ``prune_weight`` of the records
+        seen since they opened, then merge pairs while a merge raises log p(X, z | alpha).
     family : "auto", str, dict, Family or ProductFamily, default="auto"
-        As ``MAPDP``. With "auto" the empirical-Bayes prior is fitted to X in ``fit`` and to
-        the *first batch* in ``partial_fit``; pass a ``Family`` to fix it for a stream.
+        As ``MAPDP``; "auto" fits the prior to X in ``fit``, to the first batch in
+        ``partial_fit``.
     alpha : float or None, default=None
         SUGS's fixed concentration (only with ``lam=None``).
     prior_scale : float in (0, 1) or None, default=None
-        The share of the data's variance one class is expected to carry under the
-        empirical-Bayes prior (``family`` a name or "auto"). None chooses it, with the
-        strength of the prior on the classes' covariance, by empirical Bayes on the stream's
-        first records (``pipeline.models.asugs.choose_prior``: the scale and strength under
-        which the stream predicts its first 1,000 records best, each from the records before
-        it; a first batch of fewer than 50 records keeps 0.1 and the weakest Wishart). A
-        number fixes the scale, with the weakest Wishart (a0 = d + 2).
+        None chooses scale and strength by empirical Bayes on the stream's first records
+        (``pipeline.models.asugs.choose_prior``); a number fixes the scale with a0 = d + 2.
     pm_interval : int, default=250
-        Records between pruning/merging rounds at first; the rounds then thin out
-        geometrically (``kernels.asugs.pm_due``), O(log n) of them in all.
+        Records between the first pruning/merging rounds, then geometrically more.
     prune_weight : float in [0, 1), default=0.01
         0 keeps every class (merging only).
     random_state : int, SeedSequence, Generator or None
@@ -77,29 +66,21 @@ class ASUGS(MixtureEstimator):
     Attributes
     ----------
     labels_ : ndarray of shape (n_samples,)
-        Class of each record of the last ``fit`` / ``partial_fit`` batch, as the classes are
-        now (merges applied); -1 for a record whose class was pruned.
+        Class of each record of the last batch, merges applied; -1 where its class was pruned.
     n_clusters_ : int
     cluster_stats_ : ndarray of shape (n_clusters, n_stats)
     cluster_sizes_ : ndarray of shape (n_clusters,)
     pruned_stats_ : ndarray of shape (n_stats,)
-        Statistics of the pruned classes: cluster_stats_.sum(0) + pruned_stats_ are the
-        statistics of every record seen.
+        Statistics of the pruned classes.
     alpha_ : float
-        alpha_n = k_n / (lambda + log n) after the last record (SUGS: the fixed alpha).
+        alpha_n after the last record (SUGS: the fixed alpha).
     prior_scale_, prior_strength_ : float
-        The prior scale and strength (pseudo-records of the covariance prior, a0 - d - 1)
-        of ``family_`` (``family`` a name or "auto"; chosen when ``prior_scale`` is None).
+        The prior scale and strength (a0 - d - 1) of ``family_``.
     alpha_history_ : ndarray of shape (n_seen_,)
-        alpha_i after each record i of the stream (its trajectory; after ``start_from``, of
-        the records streamed since).
-    n_seen_ : int
-        Records streamed so far.
-    n_pruned_, n_merged_ : int
-        Classes pruned and merges made so far.
+        alpha_i after each record i of the stream.
+    n_seen_, n_pruned_, n_merged_ : int
     log_joint_ : float
-        sum_i log L_{i,gamma_i}(y_i) pi_{i,gamma_i}(alpha_{i-1}): the stream's sequential log
-        joint (without pruning and merging, log p(X, z) for SUGS's fixed alpha).
+        The stream's sequential log joint.
     family_, schema_, n_features_in_, feature_names_in_ : as ``MAPDP``.
     """
 

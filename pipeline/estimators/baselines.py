@@ -226,16 +226,11 @@ class CollapsedGibbs(_GibbsBase):
 
 class UncollapsedGibbs(_GibbsBase):
     """Uncollapsed Gibbs sampler for the DPM (De Bacco and Valera, Algorithm 2; Neal 2000, Algorithm
-    2).
+    2), a slowly mixing reference.
 
-    The cluster parameters theta_k are part of the state: each scan draws every record's cluster
-    from m_k p(x_n | theta_k) or, for a new cluster, alpha times the prior predictive (De Bacco and
-    Valera, eqs. 5-6; the parameters of a new cluster are drawn from the posterior given x_n alone,
-    as Algorithm 2 states), then every theta_k from its conjugate posterior given the cluster's
-    records (``kernels.uncollapsed``). The chain is not truncated: the number of clusters is
-    unbounded. It starts, as Algorithm 2's step 1 suggests, with one cluster holding every record
-    and its parameters drawn from their posterior. Same families, schema and validation as
-    ``CollapsedGibbs``; it mixes more slowly than the collapsed sampler and is here as a reference.
+    The cluster parameters are part of the state: each scan draws every record's cluster (eqs.
+    5-6), then every theta_k from its conjugate posterior (``kernels.uncollapsed``); the chain is
+    not truncated and starts with one cluster.
 
     Parameters
     ----------
@@ -246,16 +241,13 @@ class UncollapsedGibbs(_GibbsBase):
     Attributes
     ----------
     labels_ : ndarray of shape (n_samples,)
-        The sample with the highest log p(X, z) (parameters integrated out) after burn-in.
+        The sample with the highest log p(X, z) after burn-in.
     samples_ : ndarray of shape (n_iter - burn_in, n_samples)
-        The partition after each kept scan, clusters numbered in order of their first record.
+        The partition after each kept scan.
     cluster_params_ : ndarray of shape (n_clusters, T)
-        The sampled theta of each cluster of ``labels_`` at that scan, in the layout of
-        ``kernels.uncollapsed`` (per group: Normal-Wishart mu, Cholesky factor of the precision
-        and its log-determinant / 2; Normal-Gamma mu, tau; Dirichlet log theta; ...).
+        The sampled theta of each cluster of ``labels_``, in ``kernels.uncollapsed``'s layout.
     log_joint_ : ndarray of shape (n_iter,)
-        log p(X, z | alpha) after each scan, parameters integrated out (comparable with
-        ``CollapsedGibbs.log_joint_``).
+        log p(X, z | alpha) after each scan, parameters integrated out.
     n_clusters_trace_ : ndarray of shape (n_iter,)
     objective_ : float
         -log p(X, labels_ | alpha).

@@ -47,59 +47,44 @@ class BHC(MixtureEstimator):
     alpha : float, default 1.0
         DP concentration.
     family : str, dict, Family or ProductFamily, default 'gaussian'
-        Likelihood family with its prior. A name or a {column: name} mapping (as ``MAPDP``'s
-        ``family``; 'gaussian' is ``GaussianNW.empirical_bayes(X)``) fits the prior to X at
-        ``fit(X)``; ``fit_summaries`` needs an instance.
+        As ``MAPDP``'s; ``fit_summaries`` needs an instance.
     method : {'bhc', 'bayes-kmeans'}, default 'bhc'
-        'bhc': the greedy BHC of Section 3 on the leaves. 'bayes-kmeans': Bayes K-means BHC
-        (Section 5): Bayes K-means groups the leaves, then BHC runs on the groups, O(M k + k^2).
+        Greedy BHC (Section 3) on the leaves, or Bayes K-means BHC (Section 5): BHC on the groups
+        Bayes K-means makes of the leaves, O(M k + k^2).
     random_state : None, int, SeedSequence or Generator
-        Visiting order and initial clusters of Bayes K-means (unused by 'bhc').
+        Visiting order and initial clusters of Bayes K-means.
     alt_start : int or None, default None
-        Starting node l of the alternative-tree algorithm (Fig. 4): relocations at nodes l,
-        l + 1, ..., root (merge order). None: the lowest internal node (every internal node).
+        Starting node of the alternative-tree algorithm (Fig. 4); None: every internal node.
     k_init : int or None, default None
         Clusters Bayes K-means opens from its first leaves; None: ceil(sqrt(M)).
     kmeans_sweeps : int, default 0
-        Bayes K-means reassignment sweeps after its first pass, K-means style, stopping when no
-        leaf moves. 0 is the single pass Section 5 describes (O(M k)), which can leave records
-        of different clusters together when a cluster opened by one record draws in records of
-        a cluster not opened yet; sweeps cost O(M k) each and usually raise log p(D | T).
+        Bayes K-means reassignment sweeps after its single pass (O(M k) each).
     n_top : int, default 16
-        Candidate partners cached per node during agglomeration (memory O(M n_top)); does not
-        change the result.
+        Candidate partners cached per node (memory O(M n_top)); does not change the result.
     parallel : bool, default False
-        Score candidate pairs on numba's threads (``NUMBA_NUM_THREADS``) in passes of at least
-        ``kernels.bhc.MIN_PARALLEL`` pairs. Off by default: each merge is one short pass, and a
-        thread-parallel pass per merge was slower (wall and CPU) than one thread on a shared
-        2-core machine. Same result either way.
-    prior_scale, tune : as ``MAPDP`` (the empirical-Bayes prior's scale; 5-fold tuning)
+        Score candidate pairs on numba's threads (slower on a shared machine; same result).
+    prior_scale, tune : as ``MAPDP``
 
     Attributes
     ----------
     labels_ : ndarray of shape (n_leaves,), int64
-        Cluster of each leaf given to ``fit`` / ``fit_summaries``: the tree cut at r_k = 0.5.
+        Cluster of each leaf: the tree cut at r_k = 0.5.
     tree_ : pipeline.models.tree.Tree
-        Leaves of the tree are the input leaves ('bhc') or the Bayes K-means clusters; fields
-        ``BHC_FIELDS`` after the common ones, ``stats`` the statistics row of every node.
+        Fields ``BHC_FIELDS`` after the common ones, ``stats`` every node's statistics.
     log_evidence_ : float
         log p(D | T) at the root (eq. 7).
     lower_bound_ : float
-        log of the BHC lower bound of eq. 9 on the DPM marginal likelihood.
+        log of the lower bound of eq. 9 on the DPM marginal likelihood.
     alt_lower_bound_ : float
-        log of Theorem 1's bound (eq. 9 plus the alternative trees' increments, eq. 12).
+        log of Theorem 1's bound (eq. 9 plus eq. 12's increments).
     alt_increments_ : ndarray of shape (2M - 1, 2)
         log delta_LB of the two alternative trees at each node (-inf where none).
     n_clusters_ : int
     cluster_nodes_ : ndarray of shape (n_clusters_,), int64
-        Tree node of each cluster of ``labels_``.
+        Tree node of each cluster.
     leaf_groups_ : ndarray of shape (n_leaves,), int64
-        Tree leaf holding each input leaf (Bayes K-means cluster; the identity for 'bhc').
-    family_ : ProductFamily
-    n_leaves_in_ : int
-    n_features_in_ : int
-    feature_names_in_ : ndarray of str
-        Only when fitted on a DataFrame.
+        Tree leaf holding each input leaf.
+    family_, n_leaves_in_, n_features_in_, feature_names_in_
     """
 
     # a given prior needs no data to be set, and one leaf is a (trivial) tree

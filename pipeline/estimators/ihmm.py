@@ -319,52 +319,37 @@ class _SequenceEstimator(MixtureEstimator):
 class MAPiHMM(_SequenceEstimator):
     """MAP-iHMM: approximate MAP inference for the infinite HMM (Raykov et al. 2016, Section 6.2).
 
-    Iterated conditional modes on the direct-assignment HDP-HMM: every time step in turn goes
-    to the state, or a new one, of eq. 6.7, the state's emission parameters and the transition
-    matrix integrated out; then the global weights kappa take the mode of eq. 6.6 given the
-    expected table counts m_pk. Between sweeps, Viterbi re-segmentation, merges and splits of
-    states are tried; every step is taken only if the objective E(z, kappa) = -log p(X, z,
-    kappa) (``kernels.ihmm``) falls, so ``objective_history_`` never increases.
+    Iterated conditional modes on the direct-assignment HDP-HMM: every time step in turn goes to
+    the state, or a new one, of eq. 6.7; then kappa takes the mode of eq. 6.6. Viterbi
+    re-segmentation, merges and splits are tried between sweeps; every step is taken only if
+    E(z, kappa) = -log p(X, z, kappa) falls, so ``objective_history_`` never increases.
 
     Parameters
     ----------
     alpha : float, default=1.0
         N0, the concentration of each row of the transition matrix around kappa.
     gamma : float, default=2.0 (``pipeline.core.config.GAMMA``)
-        M0, the top-level concentration. New states open in the sweeps only for M0 > 1 (the
-        mode of eq. 6.6 leaves no unrepresented mass otherwise); splits still can.
+        M0, the top-level concentration; sweeps open new states only for M0 > 1.
     family : "auto", str, dict, Family or ProductFamily, default="auto"
         Emission family per column, as ``MAPDP``'s.
     prior_scale : float in (0, 1) or None, default=0.1
-        The share of the data's variance one state is expected to carry under the
-        empirical-Bayes prior of the Gaussian columns (``family="auto"`` or a kind name; ignored
-        when ``family`` is a ``Family`` / ``ProductFamily``); None keeps each family's default
-        (0.3). 0.1 (``pipeline.core.config.IHMM_PRIOR_SCALE``, the ``ihmm`` engine's too) is the
-        scale the defaults were measured with.
+        As ``MAPDP``'s (``config.IHMM_PRIOR_SCALE``, the scale the defaults were measured with).
     n_restarts : int, default=1
-        Runs; the first starts with a sequential sweep, the others from random piecewise-
-        constant labellings. The lowest objective wins.
+        Runs (the first from a sequential sweep, the others from random piecewise-constant
+        labellings); the lowest objective wins.
     max_iter : int, default=100
         Maximum iterations (sweeps) per run.
     tol : float, default=1e-6
         Relative decrease of E below which an iteration counts as stalled (moves are then tried).
     m_counts : {"expectation", "urn"}, default="expectation"
-        Table counts m_pk for the kappa step: their expectation under the Polya urn (an EM step
-        for kappa, so E never increases), or the paper's draw by the urn of eq. 6.2 (E then
-        fluctuates; the kappa step is always taken).
+        Table counts m_pk for the kappa step: their expectation (an EM step, E never increases)
+        or the paper's draw by the urn of eq. 6.2.
     moves : bool, default=True
         Viterbi, merge and split moves.
     temper : "auto" or float in (0, 1], default="auto"
-        The weight w of each record's emission: the objective's emission marginals are those of
-        the power likelihood prod_t p(x_t | theta_k)^w (each record's sufficient statistics
-        counting w; ``kernels.ihmm.tempered_log_predictive``). The HMM takes the records of a
-        state as independent; a real sequence (a body temperature, a flow) drifts within its
-        states, its neighbouring records repeat each other's information, and the untempered
-        objective buys that drift with extra states (``seq_beavers``: 7 states for 2, NMI 0.41).
-        "auto": w measured from the residual autocorrelation of a first, untempered fit's states
-        (``pipeline.models.ihmm_map.fit_map_ihmm``); sequences with independent emissions given
-        the state (the Table 4 protocol, ``bench_ihmm``) keep w = 1 and the first run. A number:
-        that w, one round of runs.
+        Weight w of each record's emission (power likelihood), so that a sequence drifting within
+        its states is not split into extra states. "auto" measures w from the residual
+        autocorrelation of a first, untempered fit's states (``fit_map_ihmm``).
     random_state : int, SeedSequence, Generator or None
     verbose : int, default=0
 
@@ -374,22 +359,16 @@ class MAPiHMM(_SequenceEstimator):
         State of every time step, 0..K-1, in the rows' order.
     n_states_ : int
     transmat_ : ndarray of shape (n_states, n_states)
-        MAP transition matrix of the represented states, (N_pk + N0 kappa_k) normalised over
-        them.
+        MAP transition matrix of the represented states.
     startprob_ : ndarray of shape (n_states,)
     kappa_ : ndarray of shape (n_states + 1,)
-        Global weights; the last is kappa_{K+1}, the unrepresented mass.
-    objective_ : float
-    objective_history_ : list of float
-    n_iter_ : int
-    restart_objectives_ : list of float
-        Of the runs with the final ``temper_``.
+        Global weights; the last is the unrepresented mass.
+    objective_, objective_history_, n_iter_, restart_objectives_
+        As ``MAPDP``'s (``objective_`` is tempered by ``temper_``).
     temper_ : float
-        The emission weight w of the fit (``objective_`` is the tempered objective).
     residual_autocorrelation_ : float
-        rho of the first run's states (``temper="auto"``; NaN otherwise or where unmeasured).
+        rho of the first run's states (NaN unless measured).
     state_stats_ : ndarray of shape (n_states, n_stats)
-        Emission sufficient statistics of each state.
     state_sizes_ : ndarray of shape (n_states,)
     transition_counts_ : ndarray of shape (n_states, n_states)
     start_counts_ : ndarray of shape (n_states,)

@@ -33,85 +33,54 @@ class MAPDP(MixtureEstimator):
     Algorithm 1).
 
     Iterated conditional modes on the collapsed DPM: every record in turn goes to the cluster, or
-    a new one, that maximises the complete-data likelihood (eq. 3.3); cluster parameters are
-    integrated out and sufficient statistics are updated incrementally.
+    a new one, that maximises the complete-data likelihood (eq. 3.3).
 
     Parameters
     ----------
     alpha : float or "learn", default="learn"
-        DP concentration N0. A float keeps it fixed; "learn" sets it after every iteration to
-        the MAP value under a Gamma(``alpha_prior``) prior (eq. A.1), starting from 1.
+        DP concentration N0; "learn" sets it after every iteration to its MAP value under a
+        Gamma(``alpha_prior``) prior (eq. A.1), starting from 1.
     family : "auto", str, dict, Family or ProductFamily, default="auto"
-        Likelihood family per column (``pipeline.families.schema`` documents the "auto" rules). A
-        ``Family``/``ProductFamily`` instance fixes the prior instead of the empirical-Bayes
-        default and applies to numeric arrays.
+        Likelihood family per column (rules in ``pipeline.families.schema``); an instance fixes
+        the prior and applies to numeric arrays.
     n_restarts : int or "auto", default="auto"
-        Runs over random permutations of the records; the lowest objective wins. "auto"
-        (``AUTO_RESTARTS``) is 10 up to 2,000 records, 3 up to 20,000 and 1 above: on large
-        data the split and merge moves already took every restart we measured to the same
-        optimum, and each restart costs a full fit; on small tables a restart takes
-        milliseconds and the restarts end in different optima (on the real tables of
-        ``tests/benchmarks/bench_real.py``, the lowest of 10 rather than of 3 raised crabs'
-        NMI from 0.719 to 0.789, sonar's from 0.108 to 0.133, oils' from 0.688 to 0.716 and
-        Pima's from 0.073 to 0.082, and lowered none by more than 0.001).
+        Runs over random permutations; the lowest objective wins. "auto" (``AUTO_RESTARTS``):
+        10 up to 2,000 records, 3 up to 20,000, else 1 (small tables end in different optima,
+        large ones are taken to the same one by the split and merge moves).
     max_iter : int, default=100
-        Maximum iterations (sweeps) per run (``config.MAX_ITER``; ``dpmm run --max-passes`` is 50,
-        ``config.MAX_PASSES``: a pass there reads the whole store).
+        Maximum iterations (sweeps) per run.
     tol : float, default=1e-6
-        A run stops when an iteration lowers the objective by less than ``tol * |objective|``
-        (relative, as the distributed passes) or moves no record (``config.TOL_IN_MEMORY``;
-        ``dpmm run --tol`` is 1e-5, ``config.TOL``, whose passes also stop on ``--min-change``).
+        A run stops when an iteration lowers the objective by less than ``tol * |objective|`` or
+        moves no record.
     init : {"sequential", "one-cluster"}, default="sequential"
-        "sequential" starts with no cluster and assigns records in visiting order (the first
-        iteration is then a sequential MAP pass); "one-cluster" starts with every record in one
-        cluster, as Algorithm 1 writes it. Iterated conditional modes rarely leaves that start:
-        a single record never gains by leaving a cluster that holds all the data. On a dask
-        collection, and in ``dpmm run`` (``--init auto``), the start is in-memory MAP-DP on a
-        sample instead ("sequential" there would be one more pass over the whole store).
+        "sequential" starts with no cluster and assigns records in visiting order;
+        "one-cluster" starts as Algorithm 1 writes it, a start ICM rarely leaves. On a dask
+        collection the start is in-memory MAP-DP on a sample instead.
     alpha_prior : (float, float), default=(2.0, 5.0)
-        Shape and rate of the Gamma prior on N0 when ``alpha="learn"``. A shape above 1 keeps
-        the mode of eq. A.1 away from 0 when K = 1, which would otherwise be absorbing; the rate
-        (prior mean 0.4) is ``pipeline.core.config.ALPHA_PRIOR``'s, where the reason is given.
+        Shape and rate of the Gamma prior on N0 (``config.ALPHA_PRIOR``); a shape above 1 keeps
+        the mode of eq. A.1 away from the absorbing 0 when K = 1.
     random_state : int, SeedSequence, Generator or None
-        Seeds the permutations; a fixed value makes ``fit`` reproducible.
+        Seeds the permutations.
     verbose : int, default=0
         1 prints one line per iteration.
     prior_scale : float in (0, 1) or None, default=None
-        The share of the data's (co)variance one cluster is expected to carry, for the
-        empirical-Bayes prior of the Gaussian columns (``GaussianNW.empirical_bayes``,
-        ``NormalGamma.empirical_bayes``); None keeps each family's default. Ignored when
-        ``family`` is a ``Family`` / ``ProductFamily`` instance (its prior is given).
+        Share of the data's (co)variance one cluster is expected to carry, for the
+        empirical-Bayes prior of the Gaussian columns; None keeps each family's default.
     missing : {"latent", "refuse"}, default="latent"
-        Missing cells (NaN, or empty in a CSV): "latent" clusters every record on the cells it
-        has. ``fit`` treats a missing cell as a latent variable set by iterated conditional
-        modes, like the assignments: its conditional mode given the record's observed cells and
-        cluster, alternated with the sweeps until no cell changes
-        (``pipeline.models.mapdp.fit_missing``); ``predict`` and ``score_samples`` use the
-        predictive marginalised over the missing columns, exactly
-        (``pipeline.models.mapdp.dpm_predict``). "refuse" makes a missing cell an error naming
-        its column and row.
+        "latent": a missing cell is a latent variable set by ICM alongside the assignments
+        (``pipeline.models.mapdp.fit_missing``); ``predict`` marginalises it out exactly.
+        "refuse": a missing cell is an error naming its column and row.
     strict : bool, default=False
-        A column holding one value is dropped with a warning naming it (it is recorded in
-        ``schema_.dropped`` and left out at predict time too); ``strict=True`` refuses it.
+        A column holding one value is dropped with a warning (``schema_.dropped``);
+        ``strict=True`` refuses it.
     tune : {None, "cv"}, default=None
-        None fits the configuration given. "cv" first chooses, one at a time and in this order, the
-        covariance of the Gaussian columns (full or diagonal), the concentration and the prior scale
-        by 5-fold held-out log predictive density (Raykov et al. 2016, Appendix A: option 2's greedy
-        search scored as option 4 recommends), each over its values in
-        ``pipeline.estimators.tuning.TUNE_GRID`` plus the value given, with
-        ``pipeline.estimators.search.GridSearch``: the current value is kept unless another beats it
-        by more than the paired standard error of their fold-by-fold difference
-        (``select="given"``). Then it fits all of X with the choice (``best_params_``,
-        ``cv_results_``). No label is used. With the defaults it costs (2 + 3 + 4) x 5 = 45
-        one-restart fold fits (a step's current value is the previous step's choice, whose fold
-        results are reused) plus the final fit: 0.7 s on wine, 0.4 s on iris, 26 s on digits on 2
-        workers, against 0.3, 0.01 and 5.4 s for a default fit (``bench_cv.py::test_nmi_table``), on
-        the current Dask client if there is one, else in this process; so it is not the default.
+        "cv" first chooses the Gaussian covariance, the concentration and the prior scale, one at
+        a time, by 5-fold held-out log predictive density (Raykov et al. 2016, Appendix A) over
+        ``pipeline.estimators.tuning.TUNE_GRID`` with ``GridSearch(select="given")``, then fits
+        all of X with the choice (``best_params_``, ``cv_results_``); about 45 fold fits.
     device : {"cpu", "gpu"}, default="cpu"
-        "gpu" fits with the distributed passes on NVIDIA GPUs (``pipeline.engines.gpu``:
-        parallel assignment on the card, new clusters resolved by sequential MAP-DP on the
-        host), whatever X is; needs numba-cuda and a GPU (``DeviceError`` otherwise, never a
-        CPU fit instead) and continuous columns.
+        "gpu" fits with the distributed passes on NVIDIA GPUs (``pipeline.engines.gpu``); needs
+        numba-cuda and a GPU (``DeviceError`` otherwise) and continuous columns.
 
     Attributes
     ----------

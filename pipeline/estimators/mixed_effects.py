@@ -73,25 +73,20 @@ class MixedEffectsDP(BaseEstimator):
         Prepend an intercept column to X (a random intercept).
     shrink : float > 1
         Empirical-Bayes prior: a cluster's expected covariance of beta_i is 1/shrink of the
-        subjects' (``pipeline.models.mixed_effects_start.empirical_prior``).
+        subjects'.
     prior : dict, optional
-        Normal-Wishart prior of the clusters ``{"m0", "c0", "B0", "a0"}`` (Appendix B); any key
-        left out takes its empirical-Bayes value.
+        Normal-Wishart prior ``{"m0", "c0", "B0", "a0"}`` (Appendix B); missing keys take their
+        empirical-Bayes value.
     tau_prior : (float, float or None)
-        Shape and rate of tau's Gamma prior (eq. 7.3); rate None: 1e-3 times the starting noise
-        variance.
+        Shape and rate of tau's Gamma prior (eq. 7.3); rate None: 1e-3 times the noise variance.
     max_iter, tol, min_change
         Stop after ``max_iter`` passes, when a pass lowers the objective by at most
         ``tol * |objective|``, or when at most ``min_change`` of the subjects changed cluster.
     init : {"auto", "one-cluster"}
-        "auto": start from collapsed MAP-DP on the subjects' ridge-shrunk effects; "one-cluster":
-        Algorithm 1's single cluster. Either way the start, and the ICM passes to the stop rule
-        after it, run on a hash sample of at most 20,000 subjects; the passes over all subjects
-        start from that fit.
+        Start from MAP-DP on the subjects' ridge-shrunk effects, or one cluster; either way on a
+        hash sample of at most 20,000 subjects.
     random_state : int, optional
-        Seeds the start's MAP-DP (None: as 0, the seed ``dpmm longitudinal`` uses by default).
-        None visits the subjects in the order of ``np.unique(groups)``; an int visits them in a
-        random permutation (fixed for the fit; Section 3.1's restarts).
+        Seeds the start (None: as 0) and, as an int, a random visiting order of the subjects.
 
     Attributes
     ----------
@@ -109,12 +104,8 @@ class MixedEffectsDP(BaseEstimator):
     Notes
     -----
     Groups that overlap in their random effects are reported as one cluster, as the objective and
-    the held-out density both prefer: on ``datasets::ChickWeight`` (50 chicks, 4 diets; diet
-    explains about 30% of the variance of the chicks' least-squares intercepts and slopes) the
-    diet partition lowers -log p(y) by 19 nats where the CRP's prior on that partition costs 72
-    (eq. 2.3), and priors that force clusters there lower the 5-fold held-out log density by
-    about 300 nats (issue 37). Well separated groups are found: the 3 diets of
-    ``nlme::BodyWeight``'s 16 rats as 2 clusters (NMI 0.80; ``tests/data/panel_bodyweight.md``).
+    the held-out density both prefer (the four diets of ``datasets::ChickWeight``); well separated
+    groups are found (``tests/data/panel_bodyweight.md``).
     """
 
     # what a saved model keeps (``pipeline.estimators.model``): the global fit predicts and scores;

@@ -1,37 +1,14 @@
 """Fitted models on disk: ``save_model`` / ``load_model`` (and ``estimator.save(path)``).
 
 A model is a directory holding one ``pipeline.core.persist`` record, ``model.json`` plus
-``model.npz`` (never a pickle). The JSON's root is a dict:
+``model.npz`` (never a pickle). The JSON's root holds ``format``, ``model_version``
+(``MODEL_VERSION``; another is refused), ``estimator`` (a class of
+``pipeline.estimators.registry.MODELS``), ``engine``, ``params`` (``get_params``), ``schema``,
+``family`` (with ``family_description``), ``alpha``, ``fitted`` (the attributes the estimator
+predicts with), ``metadata`` and ``versions``. Training labels are not part of a model.
 
-==================  ===========================================================================
-``format``          ``"dpmm-pipeline model"``
-``model_version``   ``MODEL_VERSION``; a model of another version is refused, not guessed at
-``estimator``       the class it loads into: a model of ``pipeline.estimators.registry.MODELS``
-``engine``          what fitted it: the estimator's name in lower case, or the engine of a
-                    ``dpmm run`` (``mapdp``, ``kmeans``), ``dpmm hmm`` (``ihmm``) or
-                    ``dpmm longitudinal`` (``mixed_effects``)
-``params``          the estimator's parameters (``get_params``; a ``random_state`` that is not an
-                    int is stored as None)
-``schema`` the column schema and its encoders (``pipeline.families.schema.Schema``: names, kinds,
-                    categories in code order, binomial trials; a ``MixedEffectsDP``'s covariates)
-``family``          the likelihood family with its prior (``ProductFamily``), and
-                    ``family_description``, its repr
-``alpha``           the concentration the predictive uses
-``fitted``          the fitted attributes the estimator predicts and scores with (cluster
-                    statistics and sizes, a BHC tree as its columns and node statistics, ...)
-``metadata``        free-form (a run's input, passes, ...)
-``versions``        Python and package versions that wrote it (``pipeline.core.outputs.versions``)
-==================  ===========================================================================
-
-The arrays (cluster statistics, tree columns) are members of ``model.npz``; the JSON records
-each one's dtype and shape. Training labels are not part of a model (a run writes them in its
-output; ``labels_`` of a loaded estimator is absent).
-
-Loading checks everything before it builds the estimator: the record (``persist.load``: JSON that
-parses, the npz the JSON was written with, every array present with the recorded dtype and
-shape), then the model's version and that the arrays agree with each other and with the JSON
-(``n_clusters`` rows of ``family.n_stats`` statistics, ...). Any failure is a ``PersistError``
-naming the file; nothing is returned half-loaded.
+Loading checks the record, the version and that the arrays agree with each other and with the
+JSON before it builds the estimator; any failure is a ``PersistError`` naming the file.
 """
 
 from __future__ import annotations

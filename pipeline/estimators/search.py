@@ -1,34 +1,14 @@
 """Cross-validated hyperparameter search on Dask, in scikit-learn's ``GridSearchCV`` conventions.
 
-Raykov et al. 2016,, Appendix A, option 4: over a finite set of hyperparameter values, choose the
-one with the largest mean out-of-sample likelihood across the cross-validation folds. ``GridSearch``
-takes any of the project's estimators (``MAPDP``, ``CollapsedGibbs``, ``BHC``, ...) and a parameter
-grid, fits one clone per (candidate, fold) as a Dask task - the records are scattered to the workers
-once - and scores each fit by the estimator's ``score``: the mean held-out log predictive density
-per record (eq. 3.4). No label is ever used.
+Raykov et al. 2016, Appendix A, option 4: fit one clone per (candidate, fold) as a Dask task and
+score each by the estimator's ``score``, the mean held-out log predictive density (eq. 3.4). No
+label is ever used.
 
-Selection
----------
-``select="best"`` takes the candidate with the largest mean held-out density. ``select="one-se"``
-is the one-standard-error rule (Hastie, Tibshirani and Friedman, *Elements of Statistical
-Learning*, 7.10): among the candidates whose mean lies within one standard error of the best
-one's, the simplest, i.e. the one with the fewest clusters found (mean over folds); ties go to
-the larger mean. The standard error of a candidate is the standard deviation of its fold scores
-over sqrt(n_folds), ``se_test_score``.
-
-``select="given"`` keeps the estimator's own parameters (which must be one of the candidates)
-unless the best candidate beats them by more than the standard error of their difference, fold
-by fold (both are scored on the same folds, so the difference is paired and its spread is far
-smaller than either score's). The maximum of many noisy means is biased upwards (each fold fit
-is one restart of a local search); this rule moves away from a reasoned default, such as the
-empirical-Bayes prior, only on evidence. ``tune="cv"`` uses it (``pipeline.estimators.tuning``).
-
-Checks before any work
-----------------------
-An empty grid, a parameter the estimator does not have, a value the estimator refuses (alpha <= 0,
-prior_scale <= 0, ...: each candidate is validated by the estimator's own ``_check_params``), an
-estimator without a density, and more folds than records (or than groups) raise a ValueError
-before a single fit is submitted.
+``select="best"`` takes the largest mean; ``"one-se"`` the candidate with the fewest clusters
+within one standard error of the best (Hastie et al. 2009, 7.10); ``"given"`` keeps the
+estimator's own parameters unless the best beats them by more than the paired standard error of
+their fold-by-fold difference (``tune="cv"`` uses it). An empty grid, an unknown or refused
+value, an estimator without a density and more folds than records raise before any fit.
 """
 
 from __future__ import annotations
@@ -166,52 +146,38 @@ class GridSearch(MetaEstimatorMixin, BaseEstimator):
 
     Parameters
     ----------
-    estimator : a clustering estimator of the project with ``score`` (MAPDP, CollapsedGibbs,
-        UncollapsedGibbs, BHC, TreeGuidedMCMC)
+    estimator : a clustering estimator of the project with ``score``
     param_grid : dict of lists, or list of such dicts
-        As ``sklearn.model_selection.GridSearchCV``: e.g. ``{"alpha": [0.1, 1, 10],
-        "prior_scale": [0.1, 0.3], "family": ["gaussian", "diag-gaussian"]}``.
+        As ``sklearn.model_selection.GridSearchCV``'s.
     cv : int, cross-validation splitter or iterable of (train, test), default=5
         An int K is a shuffled ``KFold(K, random_state=random_state)``, or ``GroupKFold(K)``
-        when ``fit`` is given groups. (scikit-learn does not shuffle by default; data sorted by
-        class would then hold out a whole cluster per fold.)
+        when ``fit`` is given groups.
     select : {"best", "one-se", "given"}, default="best"
-        The largest mean held-out density, the one-standard-error rule (fewest clusters
-        within one standard error of the best), or the estimator's own parameters (one of the
-        candidates) unless the best beats them by more than one paired standard error.
+        The rule of the module docstring.
     refit : bool, default=True
         Refit the chosen candidate on all of X as ``best_estimator_``.
     client : distributed.Client, optional
-        Where the fits run; default the current client, else a LocalCluster for the search.
-        ``False`` runs the fits serially in this process (the reference).
+        Default the current client, else a LocalCluster; ``False`` fits serially in this process.
     random_state : int, default=0
         Shuffles the folds of an int ``cv``.
     error_score : "raise" or float, default="raise"
-        What a fit that fails scores (as scikit-learn's). A fold on which every candidate fails
-        (a column constant in its training rows) is left out of the means, with a warning.
+        What a failed fit scores; a fold on which every candidate fails is left out with a warning.
 
     Attributes
     ----------
     cv_results_ : dict of arrays
-        scikit-learn's keys (``params``, ``param_<name>``, ``split<j>_test_score``,
-        ``mean_test_score``, ``std_test_score``, ``rank_test_score``, ``mean_fit_time``,
-        ``std_fit_time``, ``mean_score_time``, ``std_score_time``) plus ``se_test_score`` (the
-        standard error of the mean over folds), ``split<j>_n_clusters``, ``mean_n_clusters``,
-        ``std_n_clusters``, ``total_fit_time``.
+        scikit-learn's keys plus ``se_test_score``, ``split<j>_n_clusters``, ``mean_n_clusters``,
+        ``std_n_clusters`` and ``total_fit_time``.
     best_index_ : int
     best_params_ : dict
     best_score_ : float
-        Mean held-out log predictive density per record of the chosen candidate.
     best_estimator_ : estimator
-        Refitted on all of X (``refit=True``).
     refit_time_ : float
     n_splits_ : int
     fold_results_ : list of lists of dict
-        ``fold_results_[i][j]``: candidate i on fold j (``fit_and_score``'s dict: score,
-        clusters, fit and score seconds, error), before failed folds are left out.
+        ``fold_results_[i][j]``: candidate i on fold j (``fit_and_score``'s dict).
     wall_time_ : float
-        Seconds from the first submitted fit to the last result (``total_fit_time`` summed over
-        candidates is the serial cost; their ratio is the fan-out's efficiency).
+        Seconds from the first submitted fit to the last result.
     """
 
     def __init__(

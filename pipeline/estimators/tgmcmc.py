@@ -14,11 +14,9 @@ summarising n records is an atomic block of size n. Three samplers share the pri
 ``method="split-merge"``
     Jain and Neal's restricted Gibbs split-merge sampler, G moves then one Gibbs sweep.
 
-Every sampler leaves p(Pi, u | X) exactly invariant (tgMCMC through canonical trees, see
-``kernels.tgmcmc``); ``tests/pipeline/estimators/test_tgmcmc.py`` checks each against the
-enumerated posterior. The running chain is ``pipeline.models.tgmcmc.Chain``;
-``pipeline.models.ibhc.run_ibhc`` is incremental BHC (Lee and Choi 2015, Section 2.3), the default
-initialisation.
+Every sampler leaves p(Pi, u | X) exactly invariant (tgMCMC through canonical trees); the running
+chain is ``pipeline.models.tgmcmc.Chain``, the default start incremental BHC
+(``pipeline.models.ibhc.run_ibhc``, Lee and Choi 2015, Section 2.3).
 """
 
 from __future__ import annotations
@@ -52,21 +50,17 @@ class TreeGuidedMCMC(MixtureEstimator):
     Parameters
     ----------
     prior : {"dp", "nggp"}
-        Dirichlet process (CRP, u integrated out) or normalized generalized gamma process with
-        Levy intensity alpha / Gamma(1 - sigma) w^(-1-sigma) e^(-w) (u sampled).
+        Dirichlet process (u integrated out) or normalized generalized gamma process (u sampled).
     alpha : float
         Concentration (mass) parameter, > 0.
     sigma : float
         NGGP discount, 0 < sigma < 1 (ignored for the DP).
     family : str, dict, Family or ProductFamily
-        Likelihood family with its prior. A name or a {column: name} mapping (as ``MAPDP``'s
-        ``family``; "gaussian" is ``GaussianNW.empirical_bayes(X)``) fits the prior to X
-        (``fit`` only).
+        Likelihood family with its prior; a name or mapping (as ``MAPDP``'s) fits the prior to X.
     method : {"tgmcmc", "gibbs", "split-merge"}
     n_iter : int
-        Iterations in total (burn-in included). One iteration: tgMCMC = G global moves, a sweep of
-        ``n_local`` local moves and an update of u; Gibbs = one scan of every leaf; split-merge =
-        G split-merge moves and one Gibbs scan.
+        Iterations in total, burn-in included (tgMCMC: G global moves, ``n_local`` local moves and
+        an update of u; Gibbs: one scan; split-merge: G moves and one Gibbs scan).
     burn_in : int
         Iterations discarded before samples are kept.
     thin : int
@@ -76,76 +70,55 @@ class TreeGuidedMCMC(MixtureEstimator):
     D : int
         Rounds of SampleSub choosing the leaf of a local move (Lee and Choi 2015: D = 2).
     n_local : int or None
-        Local moves per sweep; default ceil(n_leaves / 2^D) (Lee and Choi 2015: a smaller D
-        resamples more points).
+        Local moves per sweep; default ceil(n_leaves / 2^D).
     local : {"uniform", "tree"}
-        How a local move picks its leaf: uniformly (random-scan collapsed Gibbs, no trees), or
-        through the trees as in Lee and Choi 2015, Section 3.3 (a cluster uniformly, D rounds of
-        SampleSub, a leaf of the subtree uniformly, with the Metropolis-Hastings correction that
-        makes it exact; every proposed move builds the target cluster's tree, so it is slower).
+        A local move's leaf picked uniformly, or through the trees with the Metropolis-Hastings
+        correction (Lee and Choi 2015, Section 3.3; slower).
     tree : {"seqinsert", "cascade"}
-        The clusters' canonical trees (``kernels.tgmcmc``): their leaves inserted by IBHC's
-        SeqInsert in a random order (redrawn every iteration by default), or put on top of each
-        other in that order (the trees of Lee and Choi 2015, Section 4.1's initialisation; cheap,
-        but their potentials carry little structure).
+        The clusters' canonical trees: leaves inserted by SeqInsert, or put on top of each other
+        (Lee and Choi 2015, Section 4.1).
     max_depth : int
-        Levels SeqInsert may descend (building "seqinsert" trees, and inside StocInsert).
+        Levels SeqInsert may descend.
     split_new : bool
-        Whether StocInsert may open new clusters during a split (Lee and Choi 2015) or only regroup
-        the pieces into l(c*) and r(c*), so that every split is in two.
+        Whether StocInsert may open new clusters during a split.
     dissimilarity : {"tree", "hypothesis"}
-        d(c, c') between clusters in the choice of M and in eq. 11: from their trees' potentials,
-        phi(X_c | t_c) phi(X_c' | t_c') / phi(X_{c u c'} | h) (Lee and Choi 2015), or from the
-        single-cluster potentials phi(X_c | h_c) (no trees needed to score a proposal).
+        d(c, c') from the trees' potentials (Lee and Choi 2015) or single-cluster potentials.
     redraw : bool
         Redraw the order that shapes the canonical trees every iteration (else once per chain).
     moves : {"all", "global", "local"}
-        Restrict tgMCMC to one move type ("global" also runs split-merge without Gibbs scans).
+        Restrict tgMCMC to one move type.
     n_launch : int
         Intermediate restricted Gibbs scans of the split-merge sampler.
     init : {"ibhc", "top", "one", "singletons"} or array-like of shape (n_leaves,)
-        Initial partition: IBHC (Lee and Choi 2015's default; three passes, u resampled in between,
-        the best bound of eq. 10 kept), one pass of the "put on top" sequential initialisation of
-        Lee and Choi 2015, Section 4.1, one cluster, one cluster per leaf, or given labels.
+        Initial partition: IBHC (three passes, best bound of eq. 10), one "put on top" pass, one
+        cluster, one cluster per leaf, or given labels.
     n_u_steps : int
         Slice-sampling updates of u per iteration (NGGP).
     random_state : None, int or numpy.random.SeedSequence
-    prior_scale, tune : as ``MAPDP`` (the empirical-Bayes prior's scale; 5-fold tuning)
+    prior_scale, tune : as ``MAPDP``
 
     Attributes
     ----------
     samples_ : ndarray of shape (n_kept, n_leaves)
-        Kept partitions as labels, clusters numbered in order of their first leaf.
+        Kept partitions, clusters numbered in order of their first leaf.
     log_joint_ : ndarray of shape (n_iter,)
-        log p(X, Pi, u) after every iteration (Lee and Choi 2015's "joint log-likelihood", eq. 4
-        with the likelihoods; for the DP u is integrated out).
+        log p(X, Pi, u) after every iteration (Lee and Choi 2015, eq. 4).
     log_joint_marginal_ : ndarray of shape (n_iter,)
-        log p(X, Pi) with u integrated out (equals ``log_joint_`` for the DP).
-    n_clusters_trace_ : ndarray of shape (n_iter,)
-    u_trace_ : ndarray of shape (n_iter,)
-    acceptance_rate_ : dict
-        Accepted / proposed per move type ("split", "merge", "local"; "gibbs" is 1).
-    mean_log_acceptance_ : dict
-        Mean of min(log r, 0) per move type over the proposals whose reverse move is possible
-        (Lee and Choi 2015, reports the mean log r).
+        log p(X, Pi) with u integrated out.
+    n_clusters_trace_, u_trace_ : ndarray of shape (n_iter,)
+    acceptance_rate_, mean_log_acceptance_ : dict
+        Accepted / proposed, and mean of min(log r, 0), per move type.
     labels_ : ndarray of shape (n_leaves,)
         The kept sample with the highest ``log_joint_marginal_``.
     coclustering_ : ndarray of shape (n_leaves, n_leaves)
         Fraction of kept samples in which two leaves share a cluster.
     ess_n_clusters_ : float
-        Effective sample size of the number of clusters over the kept samples.
+        Effective sample size of the number of clusters.
     init_labels_ : ndarray of shape (n_leaves,)
-    family_ : ProductFamily
-    n_leaves_ : int
-    n_clusters_ : int
     cluster_stats_ : ndarray of shape (n_clusters, n_stats)
-        Statistics of the clusters of ``labels_``; with ``cluster_sizes_`` and ``alpha_`` they
-        give ``predict`` / ``score_samples`` the DPM predictive (``prior="dp"`` only).
+        Statistics of the clusters of ``labels_``, for the DPM predictive (``prior="dp"``).
     cluster_sizes_ : ndarray of shape (n_clusters,)
-    alpha_ : float
-    n_features_in_ : int
-    feature_names_in_ : ndarray of str
-        Only when fitted on a DataFrame.
+    family_, n_leaves_, n_clusters_, alpha_, n_features_in_, feature_names_in_
     """
 
     # a given prior needs no data to be set, and one leaf is a (trivial) chain

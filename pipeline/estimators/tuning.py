@@ -1,34 +1,12 @@
 """``tune="cv"``: an estimator's hyperparameters chosen by K-fold held-out log predictive density.
 
-Raykov et al. 2016,, Appendix A: option 2's greedy search ("change one of the hyperparameters while
-holding the rest fixed ... set that hyperparameter to the value resulting in the smallest
-negative log likelihood and proceed in the same way for the next hyperparameter"), starting from
-the estimator's own configuration (by default option 1's empirical-Bayes prior with a learned
-concentration), scored as option 4 recommends for small data sets: by held-out density over K
-folds. The hyperparameters are taken in ``TUNE_ORDER``: first the covariance of the Gaussian
-columns (full Normal-Wishart or diagonal Normal-Gamma: the model), then the concentration N0,
-then the prior scale (the share of the data's variance one cluster is expected to carry), each
-over its values in ``TUNE_GRID`` plus its current value. Each step is a
-``pipeline.estimators.search.GridSearch`` on the same folds with ``select="given"``: the current
-value is
-kept unless the step's best beats it by more than the paired standard error of their
-fold-by-fold difference.
-
-Why one at a time, and the covariance first. The 24-cell joint grid (3 concentrations x 4
-scales x 2 covariances, ``bench_cv``) took, on digits, a diagonal covariance with N0 = 10 and
-scale 0.1: 53 clusters, 2.9 nats per record above the defaults, yet 0.68 NMI against their
-0.77. A cloud of small diagonal clusters is a better density for correlated data and a worse
-clustering. Compared as models, at the estimator's own N0 and scale, the diagonal covariance is
-3.1 nats per record *worse* on digits (0.8 on iris, 0.8 on wine, 24 on WDBC), and the full one
-is kept; the concentration and the scale are then chosen for it. The joint grid's other rules
-did no better: the plain largest mean (Appendix A's, ``"best"``) follows the noise of
-one-restart fold fits (on wine the best cell and the defaults differ by a twelfth of the
-paired standard error, yet fit to 0.84 and 0.91 NMI), and the one-standard-error rule, which
-prefers fewer clusters, measured 0.82 on wine. The steps cost 45 one-restart fold fits on the
-data above against the grid's 125: a step's current value is the configuration the previous
-step chose, whose fold results are reused (``GridSearch.fit``'s ``known``), not fitted again.
-
-The estimator is then fitted to all the records with the choice. No label is used anywhere.
+Raykov et al. 2016, Appendix A: option 2's greedy search, one hyperparameter at a time from the
+estimator's own configuration, scored by held-out density over K folds as option 4 recommends.
+The hyperparameters are taken in ``TUNE_ORDER`` (the Gaussian covariance first: compared as
+models, a cloud of small diagonal clusters is a better density but a worse clustering), each over
+``TUNE_GRID`` plus its current value, as a ``GridSearch`` with ``select="given"`` on the same
+folds, reusing the fold results of the current value. The estimator is then fitted to all the
+records with the choice. No label is used anywhere.
 """
 
 from __future__ import annotations

@@ -1,65 +1,29 @@
 """From user data to the float matrix and product family the kernels see.
 
-A ``Schema`` is learned at fit time: the feature names, a family kind per column (``family="auto"``
-rules below, or the user's choice), the categories of categorical columns and the number of trials
-of binomial columns. It encodes the same columns at predict time and refuses anything else.
+A ``Schema`` is learned at fit time (feature names, a family kind per column, categories, binomial
+trials); it encodes the same columns at predict time and refuses anything else. It is the one
+decision, for the in-memory fit, ingest and scoring alike, of what a column is.
 
 ``family="auto"`` rules, per column
 -----------------------------------
-* bool, or integers taking only the values 0 and 1: ``bernoulli`` (Beta prior);
-* pandas ``category``, strings or other non-numeric objects: ``categorical`` (Dirichlet prior),
-  unless every value present is a number: numbers stored as text follow the rules below;
-* integers taking at most ``MAX_LEVELS`` (10) distinct values: ``categorical`` over the values
-  seen. Such a column is a code or a score on a short scale; a Gaussian on a lattice of a few
-  values rewards clusters that collapse onto one level (the density grows without bound as the
-  variance shrinks);
-* a float column with missing cells whose values present are all integers follows the two
-  integer rules above (a CSV reader makes such a column float because of its empty cells);
-* other integers: ``gaussian``, the same as floats. Integer-valued measurements (ages, counts of
-  hundreds) are rarely Poisson within a cluster, and a Poisson family forced on over-dispersed
-  data splits it into many clusters; ask for ``poisson`` (or ``geometric``, ``binomial``)
-  explicitly for true counts;
-* floats: ``gaussian`` (all such columns share one full-covariance Normal-Wishart group).
+* bool, or integers taking only 0 and 1: ``bernoulli``;
+* ``category``, strings or other objects: ``categorical``, unless every value is a number;
+* integers with at most ``MAX_LEVELS`` (10) distinct values: ``categorical`` (a Gaussian on a
+  lattice of a few values rewards clusters that collapse onto one level);
+* a float column with missing cells whose values are all integers follows the integer rules;
+* other integers and floats: ``gaussian`` (one full-covariance Normal-Wishart group); ask for
+  ``poisson``, ``geometric`` or ``binomial`` explicitly for true counts.
 
-A wide table, more than ``WIDE_COLS`` (50) such columns or fewer than two rows per column,
-gets ``diag-gaussian`` for them instead (``Schema.notes`` says so): a full covariance has
-d (d + 1) / 2 parameters per cluster, and its Normal-Wishart prior then needs a0 > d - 1
-pseudo-records, more than a whole cluster holds, so every split costs more than it explains (a
-microarray of 500 genes in 189 samples came out as one cluster); independent columns need 2 d.
+A wide table (more than ``WIDE_COLS`` such columns, or fewer than two rows per column) gets
+``diag-gaussian`` instead: a full covariance's prior then needs more pseudo-records than a cluster
+holds. ``check_auto_text`` refuses, rather than guesses, a text column that is numbers but for a
+few (``NUMERIC_SHARE``) and one that looks like an identifier (``ID_SHARE``, ``ID_LEVELS``); naming
+the column's family accepts either. ``family={"visits": "poisson"}`` keeps ``auto`` for the rest.
 
-Missing values
---------------
-With ``missing=True`` (the estimators' default ``missing="latent"``) an empty cell is kept as NaN
-through the encoding (a categorical column's missing cell too); ``settle`` looks at
-the values present. Otherwise the first missing cell is an error
-naming its column and row.
-
-Constant columns
-----------------
-``settle`` refuses a column of one value, or of none (empty), with ``strict=True``;
-otherwise the column is dropped (``Schema.dropped``, with its value): it carries no information
-and its empirical-Bayes prior is degenerate. Likewise ``drop_collinear`` leaves out full-covariance
-Gaussian columns that are exact linear combinations of others (``Schema.collinear``). ``encode``
-then leaves them out at fit and predict time.
-
-Two kinds of text column are refused by ``auto`` rather than guessed (``check_auto_text``): one
-whose values are numbers but for a few (at least ``NUMERIC_SHARE``, 90%: a numeric column with a
-typo, which would otherwise become a categorical column of as many levels as distinct numbers),
-and one whose distinct values are nearly as many as its rows (more than ``ID_SHARE`` of them and
-more than ``ID_LEVELS``: an identifier, one cluster per record). Naming the column's family
-(``family={"id": "categorical"}``) accepts either.
-
-Any column can be overridden: ``family={"visits": "poisson"}`` keeps ``auto`` for the rest.
-
-One contract for every path
----------------------------
-This module decides, for the in-memory fit, ingest (``pipeline.data.ingest``) and scoring alike,
-what a column is and what happens to it, so that one input gets one decision everywhere:
-``check_cells`` refuses what no family holds (lists, structs, complex numbers, other objects),
-``numeric_column`` a value beyond ``MAX_ABS`` (both in ``pipeline.families.cells``, with the
-``auto`` rules and their thresholds), ``Schema.infer`` decides the kinds and ``Schema.settle``
-the columns left out (constant, empty, collinear) with ``dropped_lines``'s warning. A column
-with no value at all is empty: dropped as a constant column, or refused with ``strict``.
+With ``missing=True`` an empty cell stays NaN through the encoding; otherwise the first one is an
+error naming its column and row. ``Schema.settle`` drops (or, with ``strict=True``, refuses) a
+column of one value or none, and ``drop_collinear`` exact linear combinations of full-covariance
+Gaussian columns (``Schema.dropped``, ``Schema.collinear``).
 """
 
 from __future__ import annotations

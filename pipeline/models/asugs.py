@@ -318,21 +318,11 @@ def choose_prior(
     rng: NDArray[np.uint64],
 ) -> tuple[ProductFamily, float, float]:
     """The stream's prior chosen by empirical Bayes on its first records (Raykov et al. 2016,
-    Appendix A, option 2, on the stream's own criterion): the prior scale and strength
-    (``with_prior``) under which the stream's sequential log joint of its first ``EB_RECORDS``
-    records, sum_i log [L_{i,gamma_i}(y_i) pi_{i,gamma_i}(alpha_{i-1})] (Tsiligkaridis and Forsythe
-    2015, eq. 1 times eq. 3, each record predicted from the records before it), is largest: one
-    parameter at a time (coordinate ascent from the value of ``EB_SCALES`` nearest ``base_scale``
-    and strength 1: the best of ``EB_SCALES``, then of ``EB_STRENGTHS``, then climbs to the
-    neighbouring values while the joint rises) until neither changes.
-
-    Why: the batch default (a class expected to carry 30% of the data's variance, the weakest
-    Wishart) suits MAP-DP, whose sweeps split and move records again; a one-pass stream decides each
-    record once, while its classes are young, and a class whose Student-t predictive is too broad or
-    too heavy-tailed then absorbs its neighbours for good (Tsiligkaridis and Forsythe 2015, Section
-    6.1: whole rows of the 4 x 4 grid merged, 16 classes in 0 of 20 trials with the fixed 0.1). A
-    prior chosen this way also removes a stated belief that no single value fits: the share of the
-    variance a class carries falls with the number of classes and with the dimension.
+    Appendix A, option 2): the prior scale and strength (``with_prior``) under which the stream's
+    sequential log joint of its first ``EB_RECORDS`` records is largest, by coordinate ascent over
+    ``EB_SCALES`` and ``EB_STRENGTHS``. A one-pass stream decides each record once, and a class
+    whose predictive is too broad absorbs its neighbours for good (Tsiligkaridis and Forsythe
+    2015, Section 6.1), so the batch default does not suit it.
 
     Parameters
     ----------
@@ -343,7 +333,6 @@ def choose_prior(
         The first records, arranged for ``family``; fewer than ``EB_MIN_RECORDS``, or no
         Gaussian group: ``family`` is kept.
     sp : StreamParams
-        The stream's parameters (the candidates are streamed as the stream will be).
     rng : ndarray of shape (1,), uint64
         The stream's RNG state (copied; each candidate starts from it).
 

@@ -1,24 +1,11 @@
 """The semiparametric mixed-effects model of Raykov et al. 2016, Section 7 (the estimator
 ``MixedEffectsDP`` is in ``pipeline.estimators.mixed_effects``).
 
-y_i = X_i beta_i + eps_i (eq. 7.1), eps_i ~ N(0, tau^-1 I), the random effects beta_i drawn from a
-Dirichlet-process mixture of Gaussians N(mu_k, R_k^-1) with a Normal-Wishart prior on (mu_k, R_k)
-(Appendix B's m0, c0, B0, a0), tau ~ Gamma(a_tau, b_tau). Fitted by iterated conditional modes
-without collapsing the cluster parameters (``kernels.mixed_effects`` has the objective and why
-every step lowers it): per subject the joint mode of its cluster and its beta_i (eq. 7.2), per
-cluster the Normal-Wishart mode of (mu_k, R_k), then tau (eq. 7.3) and the concentration
-(eq. A.1). A pass of the sweep returns additive statistics only (per cluster: count, sum of
-beta_i, sum of beta_i beta_i^T; the residual sum of squares and the number of observations), so
-the same driver step (``update``) serves this in-memory estimator and the distributed engine
-(``pipeline.engines.mixed_effects``).
-
-The driver step also merges two clusters when that lowers the objective with the beta_i fixed
-(computed from the statistics alone): chunks of a distributed pass may each open a cluster for
-the same subgroup, and the merge joins them.
-
-Here: the records a fit persists (prior, moments, model, the start's Gaussian fit and state), the
-objective and the driver's step, and the sweep. The start (the Gaussian random-effects fit, the
-empirical-Bayes prior, the first partition) is ``pipeline.models.mixed_effects_start``.
+y_i = X_i beta_i + eps_i (eq. 7.1), eps_i ~ N(0, tau^-1 I), beta_i from a DP mixture of Gaussians
+with a Normal-Wishart prior (Appendix B), tau ~ Gamma(a_tau, b_tau); fitted by uncollapsed ICM
+(``kernels.mixed_effects``). A sweep returns additive statistics only, so one driver step
+(``update``: modes, eq. 7.3, eq. A.1, and merges that lower the objective) serves this in-memory
+model and the distributed engine. The start is ``pipeline.models.mixed_effects_start``.
 """
 
 from __future__ import annotations
