@@ -147,20 +147,11 @@ def cluster(
 ) -> dict[str, Any]:
     """Cluster the records of ``input`` into ``out`` (``dpmm run``; parameters as there).
 
-    ``summaries`` (M > 0) splits the stage-1 clusters into about M summaries for stage 2;
-    ``stage2`` defaults to "bhc" with summaries and "none" without; ``mcmc`` iterations of
-    tree-guided MCMC follow BHC. ``label_column`` is left out of the fit; NMI and ARI against it
-    are reported. The input is ingested once into a dataset store under ``data_dir`` (default
-    ``$DPMM_DATA_DIR`` or ``~/.cache/dpmm/datasets``) that later runs of the same input and
-    ingest options reuse; ``n_folds`` fold ids are drawn per row, or per group of
-    ``group_column`` (whose rows then share a chunk); ``dtype`` "float32" stores the records
-    as float32 (half the store and the reads; statistics stay float64). ``warm_start``, a
-    model directory (an earlier run's ``OUT/model``): the input is encoded with the model's
-    schema and family (its columns, kinds, categories and prior) and pass 1 starts from its
-    clusters and concentration (``pipeline.engines.mixture_start.warm_state``) instead of
-    ``init``. ``missing`` ("latent" or "refuse") and ``strict`` as ``dpmm run --missing`` and
-    ``--strict``. ``engine_options`` are the engine's own
-    settings (``RunContext.options``; the asugs engine and start read ``lam``).
+    ``summaries`` (M > 0) splits the stage-1 clusters into about M summaries for stage 2
+    (``stage2`` "bhc" by default then, else "none"). The input is ingested once into a dataset
+    store under ``data_dir`` that later runs with the same options reuse. ``warm_start``, a model
+    directory: the input is encoded with its schema and family and pass 1 starts from its
+    clusters. ``engine_options`` are the engine's own settings (``RunContext.options``).
 
     Returns the content of ``out/run.json``.
     """

@@ -40,17 +40,7 @@ def fit_fields(kwargs: dict[str, Any], **fixed: Any) -> dict[str, Any]:
 
 def run_config(kwargs: dict[str, Any], **fixed: Any) -> dist.RunConfig:
     """The run's configuration from a flow's parameters ``kwargs`` (its ``locals()``): the fields
-    of ``RunConfig`` among them, with ``fixed`` over them, and its stage-1 parameters
-    ``fit_params(kwargs["random_state"], **fit_fields(kwargs))``.
-
-    Parameters
-    ----------
-    kwargs : dict
-        The flow's parameters: ``out``, ``random_state``, the fields of ``FitParams`` and of
-        ``RunConfig`` it has (``chunk_rows``, ``holdout``, ``family``, ``label_column``, ...).
-    **fixed
-        Fields of ``RunConfig`` or ``FitParams`` the flow sets itself (``hmm``: its engine, the
-        sequence column as the group column).
+    of ``RunConfig`` among them, with ``fixed`` over them, and its stage-1 ``fit_params``.
     """
     fit = fit_fields({**kwargs, **fixed})
     more = {k: _CASTS.get(k, _same)(v) for k, v in {**kwargs, **fixed}.items() if k in _RUN}

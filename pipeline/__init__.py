@@ -34,16 +34,12 @@ __version__ = "0.1.0"
 
 
 def numba_cache_dir(root: Path | None = None) -> Path | None:
-    """A numba cache directory named after the kernels' sources (``root``: the ``kernels``
-    package's directory by default): ``numba-<hash>`` under ``kernels/__pycache__`` if it can
-    be written, else under ``~/.cache/dpmm-pipeline``.
+    """A numba cache directory named after the kernels' sources: ``numba-<hash>`` under
+    ``kernels/__pycache__`` if writable, else under ``~/.cache/dpmm-pipeline``; None if neither.
 
-    numba's ``cache=True`` checks only a function's own source file, not the kernels it
-    inlines, so after an edit of one kernel file (a ``git pull`` into an editable install) a
-    caller cached in an unchanged file would still run the old callee: wrong numbers, or a
-    crash when a layout changed (``malloc(): invalid size``, seen when the Normal-Wishart
-    prior grew its cells). A directory per version of the sources cannot be stale. ``make``
-    keys its ``NUMBA_CACHE_DIR`` the same way; None when no directory can be made.
+    numba's ``cache=True`` checks only a function's own file, not the kernels it inlines, so
+    after an edit a cached caller could run a stale callee; a directory per version of the
+    sources cannot be stale.
     """
     if root is None:
         spec = importlib.util.find_spec("kernels")

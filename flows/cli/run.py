@@ -214,26 +214,21 @@ def start_flow(
     runner: Any = None,
     engine: str | None = None,
 ) -> dict[str, Any]:
-    """Run ``flows.cluster.run_cluster_flow(**kwargs)`` (or ``runner(**kwargs)``: another flow's
-    runner, ``flows.cv.run_cv_flow``) with the log lines sent where ``args`` says
-    (``--verbose``, ``--log-file``, ``--quiet``).
+    """Run ``flows.cluster.run_cluster_flow(**kwargs)`` (or ``runner(**kwargs)``) with the log
+    lines sent where ``args`` says (``--verbose``, ``--log-file``, ``--quiet``).
 
     Parameters
     ----------
     args : Namespace
-        The parsed options; ``verbose``, ``log_file``, ``quiet`` and ``program`` (``main`` sets
-        it when this process is the ``dpmm`` program) are read when present.
+        The parsed options (``verbose``, ``log_file``, ``quiet`` and ``program`` when present).
     kwargs : dict
         The flow's keyword arguments.
     rows_of : str, optional
-        The input file: a 0-based ``row N`` in a refusal is shown as
-        ``pipeline.data.io.locate_rows``
-        finds it in the file (the line of a CSV record).
+        The input file, for ``bad_input``'s ``rows_of``.
     runner : callable, optional
-        The flow to run with ``kwargs`` (default ``flows.cluster.run_cluster_flow``).
+        The flow to run (default ``flows.cluster.run_cluster_flow``).
     engine : str, optional
-        The engine whose kernels the local cluster's workers compile before the flow starts
-        (default ``kwargs["engine"]``, else "mapdp").
+        The engine the local workers warm up (default ``kwargs["engine"]``, else "mapdp").
 
     Returns
     -------
@@ -242,7 +237,7 @@ def start_flow(
     Raises
     ------
     InputError
-        The flow refused its input or parameters (a ``ValueError``), as one line.
+        The flow refused its input or parameters, as one line.
     """
     if runner is None:
         from flows.cluster import run_cluster_flow as runner  # the CLI starts the flow

@@ -38,23 +38,9 @@ def degenerate_fit(
     """What is wrong with a fit of ``n_clusters`` clusters over ``n_records`` records and which
     parameter to change, as one sentence; None when the fit does not look degenerate.
 
-    Parameters
-    ----------
-    n_clusters : int
-        Clusters (or states) found.
-    n_records : int
-        Records (or subjects, time steps) fitted.
-    unit : str
-        What a record is called in the sentence.
-    tunable : tuple of {"alpha", "prior_scale"}
-        The parameters the command that fitted has (the sentence names only those).
-
-    Returns
-    -------
-    str or None
-        One cluster for two records or more: raise ``alpha`` or lower ``prior_scale``; more
-        clusters than ``n_records / RECORDS_PER_CLUSTER``: lower ``alpha`` or raise
-        ``prior_scale``.
+    One cluster for two records or more: raise ``alpha`` or lower ``prior_scale``; more than
+    ``n_records / RECORDS_PER_CLUSTER`` clusters: the reverse. ``unit`` names a record and
+    ``tunable`` the parameters the sentence may name.
     """
     k, n = int(n_clusters), int(n_records)
     if n < 2:

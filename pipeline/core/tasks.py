@@ -101,12 +101,9 @@ def rounds(n_chunks: int, g: int, slots: int) -> int:
 
 def chunk_groups(n_chunks: int, chunk_rows: int, slots: int) -> list[range]:
     """Consecutive chunks of each task of a map over ``n_chunks`` chunks of at most
-    ``chunk_rows`` rows on ``slots`` threads.
-
-    The group size g (at most ``TASK_ROWS`` rows) is the largest of those that end the map
-    soonest (``rounds``): 112 chunks are 16 tasks of 7 on 16 threads, 8 of 14 on 2 threads
-    and 7 of 16 on 1; 20 chunks are 2 tasks of 10 on 2 threads, 10 of 2 on 16. So the map
-    never takes more rounds than a task per chunk would, with as few tasks as that allows.
+    ``chunk_rows`` rows on ``slots`` threads: the fewest tasks (of at most ``TASK_ROWS`` rows)
+    that end the map in as few rounds as a task per chunk would (112 chunks: 16 tasks of 7 on
+    16 threads, 8 of 14 on 2).
 
     Returns
     -------

@@ -134,22 +134,12 @@ def _chunk_file(path: str, arr: Any, a: int, b: int) -> tuple[str, tuple[str, An
 def read_rows(path: str, a: int, b: int, reuse: bool = False) -> np.ndarray:
     """Rows a..b of the zarr array at ``path``.
 
-    Rows that are one whole stored chunk (or its first rows) of a local array, uncompressed or
-    compressed by Blosc (``_chunk_layout``), are read from the chunk's file: one
-    ``np.fromfile``, or the file's bytes decompressed. zarr's own read copies them three times
-    (file, codec buffer, output) and hands every step to its event loop thread: 3.7-5.4 ms for
-    a 100,000 x 10 float64 chunk against 2.0-2.8 ms (the dataset's X, read by every chunk task
-    of every pass). A chunk never written is its fill value. Anything else (object storage,
-    other codecs, a range across chunks) goes through zarr.
-
-    ``reuse``: an uncompressed chunk is read into this thread's array of its shape from the
-    last such read when nothing refers to that any more (``scratch``), rather than into a new
-    one: a new array of 4 MiB or more is a new mapping (the workers' allocator settings,
-    ``pipeline.distributed.worker_setup.tune_malloc``) whose pages fault in afresh each task:
-    200-470 faults and 1.7-1.9 ms of system time a 100,000-record MAP-DP task on 2 workers,
-    against 7 faults and 0.9-1.1 ms reused (``bench_sweep.py -k pass_scaling``). Only for a
-    caller done with its previous array when it reads the next (``Chunk.X``: one chunk's
-    records)."""
+    A whole local chunk, uncompressed or Blosc, is read from its file directly (about twice as
+    fast as zarr's three copies); anything else goes through zarr. ``reuse``: read an
+    uncompressed chunk into this thread's last array of that shape (``scratch``) when nothing
+    refers to it any more, sparing a fresh mapping's page faults; only for a caller done with
+    its previous array (``Chunk.X``).
+    """
     arr = open_array(path, "r")
     at = _chunk_file(path, arr, a, b)
     if at is None:

@@ -17,10 +17,8 @@ def make_demo(
 ) -> pd.DataFrame:
     """Records from a mixture of ``n_clusters`` full-covariance Gaussians, with their labels.
 
-    Cluster means are drawn until every pair is at least ``separation`` apart (in units of the
-    largest cluster standard deviation, about 1); each covariance is a random rotation of
-    random scales in [0.4, 1.0]. Mixture weights are unequal (Dirichlet(4, ..., 4)), and every
-    cluster has at least 2% of the rows.
+    Means at least ``separation`` apart, covariances randomly rotated, unequal weights
+    (Dirichlet(4, ..., 4), at least 2% of the rows each).
 
     Returns
     -------

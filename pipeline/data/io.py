@@ -87,10 +87,8 @@ def check_columns(name: str, available: Sequence[str], columns: Sequence[str] | 
 
 
 def check_file(path: Any) -> None:
-    """What can be checked of an input without reading its records: that it exists, is not
-    empty, and that a ``.parquet`` / ``.npy`` file is one (``check_npy``: not an array of Python
-    objects). A directory (Parquet files, a zarr array) and other names pass. ``path`` may be a
-    URL (``pipeline.core.storage``).
+    """What can be checked of an input (a path or URL) without reading its records: that it
+    exists, is not empty, and that a ``.parquet`` / ``.npy`` file is one.
 
     Raises
     ------

@@ -375,26 +375,21 @@ def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = Non
     Parameters
     ----------
     path : str or path-like
-        ``.csv``, ``.csv.gz``, ``.tsv``, ``.tsv.gz`` (first line is the header),
-        ``.parquet`` / ``.pq`` (a file, or a directory of Parquet files read as one table) or
-        ``.npy`` (a 2-D numeric array, columns named ``x0, x1, ...``; or a structured array,
-        columns named by its fields).
+        ``.csv``, ``.tsv`` (optionally ``.gz``; header first), ``.parquet`` / ``.pq`` (a file or a
+        directory) or ``.npy`` (2-D, columns ``x0, x1, ...``, or structured).
     columns : sequence of str, optional
         Keep only these columns, in this order.
 
     Returns
     -------
-    DataFrame of shape (n_rows, n_columns), with a default RangeIndex (row i is the i-th data
-    record of the file).
+    DataFrame of shape (n_rows, n_columns), with a default RangeIndex.
 
     Raises
     ------
     pio.InputFileNotFoundError
         The path does not exist.
     InputError
-        Anything else wrong with the file: the message starts with the path and names the
-        problem (empty file, header only, wrong field count with its line, not really a Parquet
-        / NumPy file, a requested column that is not there, ...).
+        Anything else wrong with the file, the message starting with the path.
     """
     name = storage.redact(str(path))
     # a file on object storage is read from a local copy (the checks that name lines and rows

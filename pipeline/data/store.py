@@ -114,14 +114,12 @@ def fold_of(rows_or_group_codes: IntArray, n_folds: int = N_FOLDS) -> FoldArray:
     Parameters
     ----------
     rows_or_group_codes : (n,) int array
-        The hash keys: row indices of an ungrouped store, group codes 0..G-1 of a grouped one.
     n_folds : int
-        F >= 1.
 
     Returns
     -------
-    (n,) int16 array, ``min(floor(u * F), F - 1)`` with ``u = row_uniform(key, HOLDOUT_SALT)``,
-    so that the rows with ``holdout_mask_of(key, 1 / F)`` are those of fold 0.
+    (n,) int16 array, from the hash of ``holdout_mask_of``, so that the rows of
+    ``holdout_mask_of(key, 1 / F)`` are those of fold 0.
     """
     n_folds = check_folds(n_folds)
     return folds_of_uniform(row_uniform(rows_or_group_codes, HOLDOUT_SALT), n_folds)
@@ -140,14 +138,9 @@ def balanced_chunk_rows(n_rows: int, chunk_rows: int) -> int:
     """Rows per chunk for ``n_rows`` records in chunks of at most ``chunk_rows`` rows, so that
     every pass's tasks divide evenly among 1, 2, 4, ... workers.
 
-    A pass sweeps each chunk on one worker (a task takes one or several consecutive chunks,
-    ``pipeline.core.tasks.chunk_groups``), all of about the same length, so with C chunks on W
-    workers it lasts ceil(C / W) chunks' time: 100 chunks take 7 rounds on 16 workers where 6.25
-    would do (89% of the ideal). The chunk count is raised to a multiple of g, the largest power of
-    two at most C / 4 (at most a quarter more chunks, a fifth fewer rows each), when g >= 8 (32
-    chunks or more; fewer are left as they come): 100 chunks become 112 (7 rounds of 16 workers, 14
-    of 8, 56 of 2), 1,000 become 1,024. The result depends on ``n_rows`` alone, not on the workers,
-    so the labels of a run do not depend on the cluster either.
+    From 32 chunks on, the chunk count is raised to a multiple of the largest power of two at
+    most a quarter of it (100 chunks become 112: 7 rounds of 16 workers, 14 of 8). The result
+    depends on ``n_rows`` alone, so the labels do not depend on the cluster.
     """
     n_chunks = -(-n_rows // chunk_rows)
     g = 1 << max(0, (n_chunks // 4).bit_length() - 1)

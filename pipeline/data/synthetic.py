@@ -60,21 +60,17 @@ def sample_longitudinal(
     k: int = 4,
     first: int = 0,
 ) -> pd.DataFrame:
-    """ELSA-like longitudinal data (the survey itself is not public): a quality-of-life score
-    over up to ``waves`` waves of each subject, some waves missing.
+    """ELSA-like longitudinal data: a quality-of-life score over up to ``waves`` waves of each
+    subject, each wave missing with probability ``missing`` (every subject keeps one).
 
-    Each subject i belongs to one of ``k`` (<= 4) subgroups; its random effects beta_i (intercept,
-    slope per wave, effects of the informative covariates ``depression`` and ``adl``) are
-    N(LONGITUDINAL_MEANS[g], diag(LONGITUDINAL_SDS^2)); the response is
-    ``qol = beta_0 + beta_1 wave + beta_2 depression + beta_3 adl + N(0, noise^2)``. The
-    covariates ``memory`` and ``fluency`` drive nothing (the uninformative set of Table 5).
-    Each wave is missing with probability ``missing`` (every subject keeps at least one).
+    Each subject's random effects (intercept, slope per wave, ``depression``, ``adl``) are drawn
+    around its subgroup's ``LONGITUDINAL_MEANS``; ``memory`` and ``fluency`` drive nothing (the
+    uninformative set of Table 5).
 
     Returns
     -------
-    DataFrame with columns subject (int, ``first`` + 0..n_subjects-1), wave, qol, depression,
-    adl, memory, fluency, subgroup (the true subgroup), one row per observed wave, subjects in
-    order, waves in order.
+    DataFrame with columns subject, wave, qol, depression, adl, memory, fluency, subgroup; one
+    row per observed wave, in order.
     """
     rng = np.random.default_rng([seed, first, 7])
     g = rng.integers(0, k, size=n_subjects)

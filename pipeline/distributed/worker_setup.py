@@ -170,20 +170,12 @@ def warm_here_with_helper(names: list[str]) -> Iterator[None]:
     run --threads``), with a second process compiling alongside when the kernels are not cached;
     the run goes on inside.
 
-    Numba compiles under one lock per process (``numba.core.compiler_lock``), so threads
-    compile one after the other, on one core. A helper process takes the warm-up steps this
-    one is not at (``warmup.run_steps``: the Normal-Wishart factors' change, the marginals, the
-    sweep's packed predictives, the engine's reduce and stage 2's BHC while this one compiles
-    the observation models, the sweep and the start) and writes them to the numba cache, from
-    which this process loads them. Stage 2 runs last: this process does not
-    wait for its kernels before the run starts, the stage waits for the helper instead
-    (``pipeline.ops.stage2.run_stage2``, ``warmup.await_step``), so that the helper's last and
-    longest
-    step overlaps the flow's start and passes. The helper is a fork of this process
-    (``_start_helper``), so it imports nothing. With a warm cache, or one core, no helper
-    starts. The helper is a speed-up only: if it fails or dies, its locks are released and this
-    process compiles what it left; it is waited for (``HELPER_GRACE``, then killed) when the
-    run is over."""
+    Numba compiles under one lock per process, so a forked helper (``_start_helper``) takes the
+    warm-up steps this one is not at and writes them to the numba cache. Stage 2's step runs
+    last and is awaited by the stage itself (``warmup.await_step``), so the helper's longest step
+    overlaps the run. With a warm cache, or one core, no helper starts; if it fails, this process
+    compiles what it left. It is waited for (``HELPER_GRACE``, then killed) when the run is over.
+    """
     finish = None
     if (os.cpu_count() or 1) > 1 and not warmup.kernels_cached(names):
         finish = _start_helper(names)
@@ -295,19 +287,13 @@ def tune_malloc() -> bool:
     """Keep a worker's chunk-sized arrays on the heap, where the next task reuses them: glibc
     ``mallopt`` with allocations under ``MMAP_THRESHOLD`` (4 MiB) from the heap and up to
     ``TRIM_THRESHOLD`` (64 MiB) of free heap kept. Returns whether it was set (False where the
-    C library has no ``mallopt``: musl, macOS, Windows).
+    C library has no ``mallopt``).
 
-    Dask's nanny starts every worker with ``MALLOC_TRIM_THRESHOLD_=65536``, which also fixes
-    glibc's mmap threshold at 128 KiB: each array of a chunk task over that size (the labels,
-    the random order, their copies: 800 kB each for 100,000 records) was a new mapping whose
-    pages fault in one at a time and are returned at its free. That was 2,200-2,700 page faults
-    and 7-12 ms of system time in every 100,000-record MAP-DP task (54-66 ms of CPU in all),
-    against 2 faults and 1.5-2.7 ms (45-55 ms in all) with these settings (2 workers on the
-    2-core machine, ``getrusage`` in the workers around 4 passes of 2,000,000 records, three
-    alternating runs; the passes' wall time moved within that machine's noise). Arrays of 4 MiB
-    and more (the chunk's records) stay mappings of their own: numpy asks for transparent huge
-    pages for them, which the sweep's random-order reads want (a 64 MiB threshold, which put
-    them on the heap, ran the 16-core machine's tasks slower: likely that)."""
+    Dask's nanny sets ``MALLOC_TRIM_THRESHOLD_``, which also fixes glibc's mmap threshold at
+    128 KiB, so every array of a task faulted in afresh (2,200-2,700 page faults a
+    100,000-record MAP-DP task against 2). Arrays of 4 MiB and more stay mappings of their own,
+    on transparent huge pages.
+    """
     import ctypes
     import ctypes.util
 

@@ -435,15 +435,12 @@ def viterbi_chunk(
     X: FloatArray, starts: IntArray, state: IhmmPassState, family: ProductFamily
 ) -> tuple[IntArray, int, int]:
     """Pass 1 of a tempered sample start: every training sequence of the chunk labelled by its
-    Viterbi path under the sample's states (``decode`` with the tempered emissions, as
-    ``MAPiHMM.predict``); the records the path gives the unrepresented state open one new
-    state, numbered K. Same returns as ``sweep_chunk``.
+    Viterbi path under the sample's states, as ``MAPiHMM.predict``; records on the
+    unrepresented state open one new state, numbered K. Same returns as ``sweep_chunk``.
 
-    A sweep from no labels sets each record against its predecessor alone, so a record pays
-    the whole cost of leaving a sticky state; tempered emissions (w < 1) rarely repay it, and
-    the sweep puts every record in one state (``seq_beavers``: 1 state where the sample start
-    found 2). The in-memory run escapes the same trap by its Viterbi moves, which the passes do
-    not have; the untempered start keeps its sweep."""
+    A sweep from no labels would put every record in one sticky state under tempered emissions;
+    the in-memory run escapes that by its Viterbi moves, which the passes do not have.
+    """
     K = state.n_clusters
     if X.shape[0] == 0:
         return np.zeros(0, dtype=np.int64), 0, 0

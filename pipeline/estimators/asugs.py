@@ -155,15 +155,13 @@ class ASUGS(MixtureEstimator):
         return self
 
     def start_from(self, model: Any) -> ASUGS:
-        """Continue from a fitted model's clusters instead of an empty stream: its
-        ``cluster_stats_`` become the classes (the records they summarise count as seen), its
-        columns and family are kept; ``partial_fit`` then streams new records into it (the
-        model update of ``pipeline.estimators.update``).
+        """Continue from a fitted model's clusters (``cluster_stats_``, columns and family)
+        instead of an empty stream; ``partial_fit`` then streams new records into it
+        (``pipeline.estimators.update``).
 
         Parameters
         ----------
-        model : fitted estimator with ``cluster_stats_``, ``family_`` and ``schema_``
-            (``MAPDP``, ``ASUGS``, any ``MixtureEstimator`` with clusters).
+        model : fitted ``MixtureEstimator`` with ``cluster_stats_``, ``family_`` and ``schema_``
 
         Returns
         -------

@@ -60,23 +60,16 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
     Subclasses define ``__init__`` (parameters only, scikit-learn style), ``_check_params`` and
     ``_fit``; those with a ``family`` parameter get their records encoded by it.
 
-    Fitted attributes set here
-    --------------------------
+    Attributes
+    ----------
     schema_ : Schema
-        Columns, kinds and encodings learned at fit time.
     family_ : ProductFamily
         Only for estimators with a ``family`` parameter.
     n_features_in_ : int
     feature_names_in_ : ndarray of str
         Only when fitted on a DataFrame.
-
-    Fitted attributes set by ``_set_clusters`` (estimators with clusters)
-    --------------------------------------------------------------------
-    labels_ : ndarray of shape (n_samples,)
-    n_clusters_ : int
-    cluster_stats_ : ndarray of shape (n_clusters, n_stats)
-    cluster_sizes_ : ndarray of shape (n_clusters,)
-    alpha_ : float
+    labels_, n_clusters_, cluster_stats_, cluster_sizes_, alpha_
+        Estimators with clusters (``_set_clusters``), as ``MAPDP``'s.
     """
 
     #: whether fit checks that there are two records and no constant column even when the prior
@@ -195,17 +188,8 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
     def _summaries_input(
         self, stats: ArrayLike, family: Family | ProductFamily | None
     ) -> tuple[FloatArray, ProductFamily]:
-        """The input of ``fit_summaries``: leaf summaries checked against their family, which
-        new records are then encoded for (``_set_summaries_input``).
-
-        Parameters
-        ----------
-        stats : array-like of shape (n_leaves, n_stats)
-            Additive sufficient statistics of each leaf; ``stats[:, 0]`` is the number of
-            records it summarises.
-        family : Family, ProductFamily or None
-            Their family with its prior; None: the ``family`` parameter, which must then be an
-            object.
+        """The input of ``fit_summaries``: leaf summaries (``stats[:, 0]`` their record counts)
+        checked against ``family`` (None: the ``family`` parameter, then an object).
 
         Returns
         -------

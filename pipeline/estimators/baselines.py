@@ -165,25 +165,21 @@ class _GibbsBase(MixtureEstimator):
 
 class CollapsedGibbs(_GibbsBase):
     """Collapsed Gibbs sampler for the DPM (Raykov et al. 2016, eq. 2.7; De Bacco and Valera,
-    Algorithm 3; Neal 2000 Algorithm 3).
-
-    Same families, schema and validation as ``MAPDP``; the concentration is fixed.
+    Algorithm 3; Neal 2000 Algorithm 3), with the concentration fixed.
 
     Parameters
     ----------
     alpha : float, default=1.0
-    family : as MAPDP
+    family, prior_scale, tune : as ``MAPDP``
     n_iter : int, default=200
         Gibbs scans.
     burn_in : int, default=50
     random_state : int or None
-    prior_scale, tune : as ``MAPDP`` (the empirical-Bayes prior's scale; 5-fold tuning)
 
     Attributes
     ----------
     labels_ : ndarray of shape (n_samples,)
-        The sample with the highest log p(X, z) after burn-in (the paper's "Gibbs-MAP"); the
-        last scan's when ``burn_in >= n_iter``.
+        The sample with the highest log p(X, z) after burn-in ("Gibbs-MAP").
     log_joint_ : ndarray of shape (n_iter,)
         log p(X, z | N0) after each scan.
     n_clusters_trace_ : ndarray of shape (n_iter,)

@@ -202,16 +202,11 @@ class BHC(MixtureEstimator):
         Parameters
         ----------
         start : int or None
-            Starting node l (an internal node id, M <= l <= 2M - 2); None: the lowest internal
-            node M.
+            Starting internal node l; None: the lowest, M.
         path_only : bool
-            False: relocate at l, l + 1, ..., root in merge order, as Fig. 4 iterates (with
-            l = M every internal node, which gives the n - 2 alternatives of a balanced tree
-            counted in Section 4 and the exact marginal for three leaves, Section 6.2). True:
-            only on the path from l to the root, as the text of Section 4 reads. Both are valid
-            bounds: the alternative trees at distinct nodes share no partition. The root is
-            included in both (Fig. 4's loop reads ``while i < R``, but without the root three
-            leaves would not give the exact marginal that Section 6.2 reports).
+            False: relocate at l, l + 1, ..., root in merge order, as Fig. 4 iterates; True: only
+            on the path from l to the root, as Section 4's text reads. Both include the root
+            (needed for the exact marginal of three leaves, Section 6.2) and are valid bounds.
 
         Returns
         -------
@@ -280,20 +275,9 @@ class BHC(MixtureEstimator):
         return kbhc.log_predictive_density(Xa, tree.stats, log_w, fam.spec, fam.prior, log_w_new)
 
     def _predict_encoded(self, Xa: FloatArray) -> IntArray:
-        """The cluster of ``labels_`` each new record most probably joins.
-
-        argmax_c log n_c + log p(x | D_c) over the clusters of the r_k = 0.5 cut (the CRP weight
-        times the cluster's posterior predictive; a new cluster is not offered).
-
-        Parameters
-        ----------
-        Xa : ndarray of shape (n_samples, n_features)
-            Encoded records (``predict`` encodes and checks X).
-
-        Returns
-        -------
-        ndarray of shape (n_samples,), int64
-        """
+        """The cluster of ``labels_`` (r_k = 0.5 cut) each encoded record ``Xa`` most probably
+        joins: argmax_c log n_c + log p(x | D_c); a new cluster is not offered. Shape
+        (n_samples,), int64."""
         fam = self.family_
         stats = np.ascontiguousarray(self.tree_.stats[self.cluster_nodes_])
         lp = kbhc.log_predictive_matrix(Xa, stats, fam.spec, fam.prior)

@@ -45,11 +45,9 @@ def sequence_order(
 ) -> tuple[IntArray, IntArray, pd.Index]:
     """Rows of a long table grouped into sequences, ordered by time within each.
 
-    Sequences come in the order of their first row; rows keep their order within a sequence
-    unless ``time_column`` is given, which must then be strictly increasing within each
-    sequence as the rows come (a sorted time column is checked, not silently sorted: an
-    unsorted file is more often a wrong join than a wish). Errors name the column and the
-    0-based row.
+    Sequences come in the order of their first row. A ``time_column`` must be strictly
+    increasing within each sequence as the rows come: checked, not sorted (an unsorted file is
+    more often a wrong join than a wish). Errors name the column and the 0-based row.
 
     Returns
     -------
@@ -256,16 +254,8 @@ class _SequenceEstimator(MixtureEstimator):
         self, X: Any, lengths: Any = None, sequence_column: Name = None, time_column: Name = None
     ) -> IntArray:
         """Most probable state of every time step of new sequences (Viterbi under the MAP
-        transition matrix and the posterior-predictive emissions, eq. 6.4); -1 where an
-        unrepresented state is the most probable.
-
-        Parameters
-        ----------
-        X : array-like or DataFrame of shape (n_samples, n_features)
-        lengths : array-like of int, optional
-            Lengths of the sequences X holds one after the other (hmmlearn); None: one sequence.
-        sequence_column, time_column : str, optional
-            The DataFrame form: sequence ids (and time stamps) as columns of X.
+        transition matrix and the predictive emissions, eq. 6.4); -1 where an unrepresented
+        state is the most probable. Parameters as ``fit``'s.
 
         Returns
         -------
@@ -445,25 +435,21 @@ class MAPiHMM(_SequenceEstimator):
 class IHMMGibbs(_SequenceEstimator):
     """The direct-assignment Gibbs sampler of the infinite HMM (Raykov et al. 2016, Section 6.1).
 
-    Each sweep draws every z_t from eq. 6.3 (predictive emission of eq. 6.4 times the
-    transition conditional of eq. 6.5), then the table counts by the Polya urn (eq. 6.2) and
-    kappa from eq. 6.1. The same kernels as ``MAPiHMM`` (``kernels.ihmm.sweep``).
+    Each sweep draws every z_t from eq. 6.3, then the table counts by the urn (eq. 6.2) and
+    kappa from eq. 6.1, with ``MAPiHMM``'s kernels.
 
     Parameters
     ----------
     alpha, gamma, family, prior_scale : as ``MAPiHMM``.
     n_sweeps : int, default=1000
     burn_in : int, default=200
-        Sweeps before the first kept sample.
     random_state : int, SeedSequence, Generator or None
 
     Attributes
     ----------
     labels_ : ndarray of shape (n_samples,)
-        The kept sample with the lowest E(z, kappa) (the paper evaluates "the state assignments
-        that maximise the model likelihood").
-    n_states_trace_ : ndarray of shape (n_sweeps,)
-    objective_trace_ : ndarray of shape (n_sweeps,)
+        The kept sample with the lowest E(z, kappa).
+    n_states_trace_, objective_trace_ : ndarray of shape (n_sweeps,)
     Others as ``MAPiHMM`` (of the retained sample).
     """
 

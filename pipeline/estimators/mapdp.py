@@ -158,17 +158,8 @@ class MAPDP(MixtureEstimator):
         return alpha, learn, config.check_alpha_prior(self.alpha_prior)
 
     def fit(self, X: Any, y: Any = None) -> MAPDP:
-        """Fit MAP-DP to X.
-
-        Parameters
-        ----------
-        X : array-like, DataFrame or Dask collection of shape (n_samples, n_features)
-        y : ignored
-
-        Returns
-        -------
-        self
-        """
+        """Fit MAP-DP to X, array-like, DataFrame or Dask collection of shape (n_samples,
+        n_features); y is ignored. Returns self."""
         import dask
 
         config.check_choice(self.device, config.DEVICES, "device")

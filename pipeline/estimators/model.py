@@ -142,15 +142,12 @@ def save_model(
     engine: str | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a fitted estimator as the model directory ``path`` (module docstring).
-
-    The directory is written beside ``path`` and renamed into place when complete, so ``path``
-    is either the whole model or absent (or the previous model, with ``overwrite``).
+    """Write a fitted estimator as the model directory ``path`` (module docstring), renamed into
+    place when complete.
 
     Parameters
     ----------
-    estimator : MAPDP, BHC, TreeGuidedMCMC, DPMeans, CollapsedGibbs or UncollapsedGibbs
-        Fitted.
+    estimator : fitted estimator of ``pipeline.estimators.registry.MODELS``
     path : path
         The model directory; its parent is created.
     overwrite : bool, default=False
@@ -158,7 +155,7 @@ def save_model(
     engine : str, optional
         What fitted it (default: the estimator's name in lower case).
     metadata : dict, optional
-        Storable values kept in the model (``pipeline.core.persist``).
+        Storable values kept in the model.
 
     Returns
     -------
@@ -344,7 +341,8 @@ def _tree_of(json_path: storage.Loc, node: dict[str, Any]) -> Any:
 
 
 def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
-    """The fitted estimator saved in the model directory ``path``.
+    """The fitted estimator saved in the model directory ``path``; ``predict`` and
+    ``score_samples`` give what the saved one gave.
 
     Parameters
     ----------
@@ -353,17 +351,10 @@ def load_model(path: str | os.PathLike[str], expect: type | None = None) -> Any:
     expect : type, optional
         The estimator must be an instance of it.
 
-    Returns
-    -------
-    The estimator, with its parameters, schema, family and the fitted attributes it predicts
-    and scores with; ``predict`` and ``score_samples`` give what the saved one gave.
-
     Raises
     ------
     PersistError
-        Naming the file: no model there, JSON that does not parse, another format or model
-        version, a missing or changed ``model.npz``, arrays whose shapes disagree with the JSON
-        or with each other, an estimator not on the allowlist.
+        Naming the file, for anything missing, changed, inconsistent or not allowed.
     """
     d = storage.location(path)
     json_path = d / f"{RECORD}.json"

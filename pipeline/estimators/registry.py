@@ -33,17 +33,9 @@ _REFERENCE = "a reference method for in-memory comparisons, not scaled out"
 
 @dataclass(frozen=True)
 class Model:
-    """One model: its estimator, and where it runs besides ``estimator().fit``.
-
-    Attributes
-    ----------
-    estimator : the scikit-learn style class (a ``MixtureEstimator``, or for the mixed-effects
-        model, whose fit takes a response and subjects, a ``BaseEstimator``).
-    engine : the name of its engine in ``pipeline.engines.BY_NAME``, or None.
-    command : the ``dpmm`` subcommand that fits it (``"run --engine asugs"``: the subcommand
-        and its options), or None.
-    why : why it has no engine or no command ("" when it has both).
-    """
+    """One model: its estimator (a ``MixtureEstimator``, or ``BaseEstimator``), the name of its
+    engine in ``pipeline.engines.BY_NAME`` and the ``dpmm`` subcommand that fits it (each or
+    None), and ``why`` one is missing ("" when it has both)."""
 
     estimator: type
     engine: str | None

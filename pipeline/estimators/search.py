@@ -235,10 +235,8 @@ class GridSearch(MetaEstimatorMixin, BaseEstimator):
         groups : array-like of shape (n_samples,), optional
             Group of each record: the folds of an int ``cv`` then hold out whole groups.
         known : sequence of (candidate, fold results)
-            Configurations already fitted and scored on these folds: the estimator with the
-            candidate's parameters set, on the same X, ``cv``, ``groups`` and
-            ``random_state`` (a row of an earlier search's ``fold_results_``). A candidate
-            equal to one of them takes its results as they are instead of being fitted again.
+            Rows of an earlier search's ``fold_results_`` on the same X and folds; a candidate
+            equal to one takes its results instead of being fitted again.
 
         Returns
         -------

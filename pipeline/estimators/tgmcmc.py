@@ -185,16 +185,8 @@ class TreeGuidedMCMC(MixtureEstimator):
     def fit_summaries(
         self, stats: ArrayLike, family: Family | ProductFamily | None = None
     ) -> TreeGuidedMCMC:
-        """Sample partitions of leaf summaries.
-
-        Parameters
-        ----------
-        stats : array-like of shape (n_leaves, n_stats)
-            Additive sufficient statistics of each leaf in the family's layout; ``stats[:, 0]`` is
-            the number of records it summarises.
-        family : Family or ProductFamily, optional
-            Defaults to the ``family`` parameter, which must then be an object.
-        """
+        """Sample partitions of leaf summaries ``stats`` (n_leaves, n_stats) of ``family``
+        (default the ``family`` parameter, then an object); ``stats[:, 0]`` are record counts."""
         pp = self._check_params()
         st, prod = self._summaries_input(stats, family)
         self._sample(st, prod, pp)

@@ -40,20 +40,13 @@ def first_bad_row(mask: np.ndarray) -> int:
 
 
 def check_cells(s: pd.Series, name: str) -> None:
-    """Refuse a column whose dtype or cells no family can hold.
-
-    Parameters
-    ----------
-    s : Series of shape (n_rows,)
-    name : str
-        The column's name, for the message.
+    """Refuse a column (Series ``s`` named ``name``) whose dtype or cells no family can hold.
 
     Raises
     ------
     InputError
-        For a complex dtype, or the first 0-based row holding a list, an array, a dict (a
-        Parquet struct), a complex number or another object that is neither a number, a text,
-        nor a date or time.
+        For a complex dtype, or the first 0-based row holding a list, an array, a dict, a
+        complex number or another object that is not a number, a text, a date or a time.
     """
     dt = s.dtype
     if pd.api.types.is_complex_dtype(dt):
@@ -146,21 +139,15 @@ def _is_text(s: pd.Series) -> bool:
 
 
 def check_auto_text(s: pd.Series, name: str) -> None:
-    """Refuse a text column that ``family="auto"`` would wrongly make categorical.
-
-    Parameters
-    ----------
-    s : Series of shape (n_rows,)
-        The column as read (a numeric, bool or ``category`` column passes unchecked).
-    name : str
-        The column's name, for the message.
+    """Refuse a text column (Series ``s`` named ``name``) that ``family="auto"`` would wrongly
+    make categorical; numeric, bool and ``category`` columns pass unchecked.
 
     Raises
     ------
     InputError
-        When at least ``NUMERIC_SHARE`` of the values present are numbers (the message names the
-        first 0-based row that is not), or when more than ``ID_SHARE`` of the rows and more than
-        ``ID_LEVELS`` values are distinct (an identifier).
+        When at least ``NUMERIC_SHARE`` of the values present are numbers (naming the first row
+        that is not), or when more than ``ID_SHARE`` of the rows and more than ``ID_LEVELS``
+        values are distinct (an identifier).
     """
     if not _is_text(s):
         return

@@ -32,27 +32,12 @@ DISCRETE_SHARE = 0.05
 
 def discrete_strength(n: int) -> float:
     """The pseudo-records kappa = max(1, ``DISCRETE_SHARE`` n) of the empirical-Bayes Beta and
-    Dirichlet priors (``Categorical``, ``Binomial``, ``Bernoulli``).
+    Dirichlet priors fitted to n records (``Categorical``, ``Binomial``, ``Bernoulli``).
 
-    The prior is centred on the column's frequencies with the weight of kappa records, so a
-    cluster's frequencies are pulled half-way back to the data's when it holds kappa records:
-    a cluster much smaller than ``DISCRETE_SHARE`` of the records cannot stand out on its binary
-    and categorical columns alone. With one pseudo-record (the rule before) every small group of
-    records that agree on a few of many binary columns is a cluster of its own: 189 clusters on
-    the first 200 rows of the 180 binary columns of the StatLog DNA table, each column adding
-    its log-odds; the Gaussian prior bounds the same effect through its covariance share
-    (``GaussianNW.empirical_bayes``). 0.05 was chosen from the models' count of clusters on
-    one-hot sequences (DNA: 4 clusters at 0.05, 7 at 0.02, 3 at 0.1 for 3 classes); it is a
-    belief about the smallest cluster worth reporting, not a value fitted to labels.
-
-    Parameters
-    ----------
-    n : int
-        Number of records the prior is fitted to.
-
-    Returns
-    -------
-    float
+    A cluster's frequencies are pulled half-way back to the data's when it holds kappa records,
+    so a cluster much smaller than ``DISCRETE_SHARE`` of the records cannot stand out on its
+    binary and categorical columns alone (with one pseudo-record, 189 clusters on 200 rows of
+    the StatLog DNA table). It is a belief about the smallest cluster worth reporting.
     """
     return max(1.0, DISCRETE_SHARE * float(n))
 
@@ -62,9 +47,8 @@ def discrete_strength(n: int) -> float:
 class Categorical(Family):
     """One categorical column with codes 0..C-1 and a Dirichlet(alpha) prior.
 
-    The predictive is the one-draw Dirichlet-multinomial (alpha_c + n_c) / (sum alpha + n);
-    kernel ``kernels/obs/categorical.py``. The encoded column holds the integer code as a
-    float.
+    The predictive is the one-draw Dirichlet-multinomial; kernel ``kernels/obs/categorical.py``.
+    The encoded column holds the integer code as a float.
 
     Parameters
     ----------
@@ -73,11 +57,8 @@ class Categorical(Family):
 
     Empirical Bayes (``empirical_bayes``)
     -------------------------------------
-    alpha_c = kappa (n_c + 1 / C) / (n + 1): the prior mean is the category frequencies of the data
-    after adding one pseudo-record spread evenly over the C categories (so no category has
-    probability 0), and the total strength sum alpha = kappa = ``discrete_strength(n)`` records
-    (a share of the records, at least one). (The marginal likelihood of the data as one cluster
-    would be maximised by an infinitely strong prior at the frequencies.)
+    alpha_c = kappa (n_c + 1 / C) / (n + 1): the data's frequencies after one pseudo-record
+    spread over the categories, with strength kappa = ``discrete_strength(n)``.
     """
 
     alpha: ArrayLike
@@ -295,9 +276,8 @@ class Poisson(_RateFamily):
 class Binomial(Family):
     """Independent binomial count columns with known numbers of trials, Beta(a, b) priors.
 
-    Column j counts successes out of ``n_trials[j]``; the predictive is beta-binomial; kernel
-    ``kernels/obs/beta_binomial.py`` (whose statistics include a histogram of each column's
-    counts over 0..max(n_trials), so keep the numbers of trials moderate).
+    The predictive is beta-binomial; kernel ``kernels/obs/beta_binomial.py`` (its statistics hold
+    a histogram over 0..max(n_trials), so keep the numbers of trials moderate).
 
     Parameters
     ----------
@@ -310,11 +290,9 @@ class Binomial(Family):
 
     Empirical Bayes (``empirical_bayes``)
     -------------------------------------
-    Per column: a = kappa N p, b = kappa N (1 - p) with N the number of trials and
-    p = (sum x + 1/2) / (n N + 1) the success rate of the data (smoothed by half a pseudo-success
-    so it is never 0 or 1): the prior mean is the data's success rate (moment matching) and
-    a + b = kappa N is the trials of kappa = ``discrete_strength(n)`` records (n the column's
-    values present). ``n_trials`` defaults to the column maximum (at least 1).
+    Per column: a = kappa N p, b = kappa N (1 - p), N the trials and p = (sum x + 1/2) / (n N + 1)
+    the smoothed success rate, kappa = ``discrete_strength(n)``; ``n_trials`` defaults to the
+    column maximum (at least 1).
     """
 
     n_trials: ArrayLike
@@ -516,8 +494,7 @@ class Geometric(_RateFamily):
     """Independent geometric columns on {0, 1, 2, ...} (failures before the first success),
     p(x | theta) = theta (1 - theta)^x, with a Beta(a, b) prior on theta.
 
-    The predictive is the ratio of beta functions B(a_n + 1, b_n + x) / B(a_n, b_n) with
-    a_n = a + n, b_n = b + sum x; kernel ``kernels/obs/geometric_beta.py``.
+    Kernel ``kernels/obs/geometric_beta.py``.
 
     Parameters
     ----------
@@ -528,9 +505,7 @@ class Geometric(_RateFamily):
 
     Empirical Bayes (``empirical_bayes``)
     -------------------------------------
-    Per column: a = 1 (one pseudo-record) and b = the column mean, so the prior mean of theta,
-    a / (a + b) = 1 / (1 + mean), is the maximum-likelihood estimate (moment matching); b is
-    floored at 1 / (n + 1) for an all-zero column.
+    Per column: a = 1 and b = the column mean (moment matching), floored at 1 / (n + 1).
     """
 
     code: ClassVar[int] = product.GEOMETRIC_BETA

@@ -36,24 +36,13 @@ MIN_STEP_RATIO = 1e-3
 
 
 def recording_step(X: FloatArray) -> FloatArray:
-    """Per column, the grid step q its values are recorded on: 10^-k for the smallest k in
-    0..``MAX_DECIMALS`` with every finite value a multiple of it (integers: 1; one decimal: 0.1),
-    else 0 (continuous). The empirical-Bayes priors count each record with its cell's variance
-    q^2 / 12 (Sheppard's correction, ``kernels.obs.gaussian_nw``): without it a cluster whose
-    members share a value of an integer column (a pixel that is 0 in every member) has a
-    density without bound there, and MAP-DP splits digits by which pixels are exactly 0 (NMI
-    0.33 on scikit-learn's digits with the defaults, 0.8 with the correction; issue 14). A grid
-    finer than ``MIN_STEP_RATIO`` of the column's standard deviation counts as continuous: its
-    cells change nothing that matters, and data written with a fixed number of decimals (the
-    demo's six, many CSV exports) would otherwise all take the slower kernels with cells.
+    """Per column of X (n, d), the grid step q its values are recorded on, shape (d,): 10^-k for
+    the smallest k in 0..``MAX_DECIMALS`` with every finite value a multiple of it, else 0
+    (continuous, also for a grid finer than ``MIN_STEP_RATIO`` of the standard deviation).
 
-    Parameters
-    ----------
-    X : ndarray of shape (n, d)
-
-    Returns
-    -------
-    ndarray of shape (d,)
+    The empirical-Bayes priors count each record with its cell's variance q^2 / 12 (Sheppard's
+    correction): without it a cluster sharing a value of an integer column has an unbounded
+    density there (MAP-DP's NMI on scikit-learn's digits: 0.33 without, 0.8 with).
     """
     X = np.asarray(X, dtype=np.float64)
     d = X.shape[1]
@@ -215,19 +204,10 @@ class GaussianNW(Family):
         m0 = the data mean; a0 = d + 2 (the weakest Wishart with a finite mean covariance);
         E[precision] = a0 B0 = (cov / shrink)^{-1}, i.e. a cluster is expected to carry
         1 / ``shrink`` of the data's (co)variance; c0 = 1 / (shrink - 1) so that the spread of
-        cluster means, E[Sigma] / c0, accounts for the rest (total = within + between).
-        Columns recorded on a grid (``recording_step``) get their ``step``, and ``cov`` counts
-        their cells' variance. The share ``scale = 1 / shrink`` is a prior belief, not a type-II
-        maximum-likelihood value: maximising the marginal likelihood over the whole data
-        treated as one cluster gives shrink = 1, which makes one cluster absorb everything.
-
-        ``scale`` in (0, 1) (or ``shrink`` > 1) sets that share; ``MAPDP(prior_scale=...)`` and
-        the cross-validation grids tune it. The default, ``DEFAULT_SCALE`` = 0.3, was measured
-        (issue 14: NMI with ``MAPDP(random_state=0)``, default 0.1 -> 0.3): wine 0.61 -> 0.91,
-        iris 0.69 -> 0.73, scikit-learn's digits 0.22 -> 0.33 (0.77 once its integer pixels were
-        recorded on their grid), scikit-learn's breast cancer
-        (WDBC) 0.40 -> 0.44; 0.5 was worse on digits (0.11) and wine (0.81). A cluster
-        expected to carry a tenth of the data's variance over-segmented every one of them.
+        cluster means accounts for the rest. Columns recorded on a grid get their ``step``.
+        ``scale = 1 / shrink`` in (0, 1) is a prior belief (type-II maximum likelihood would
+        give one cluster); the default ``DEFAULT_SCALE`` = 0.3 was measured on the UCI sets
+        (issue 14), 0.1 over-segmenting every one of them.
         """
         X = np.asarray(X, dtype=np.float64)
         n, d = X.shape
@@ -341,10 +321,8 @@ class GaussianNW(Family):
 class NormalGamma(Family):
     """Gaussian with a diagonal covariance: an independent Normal-Gamma prior on each column.
 
-    Per column j: the precision tau_j ~ Gamma(a0_j, rate b0_j), the mean
-    mu_j | tau_j ~ Normal(m0_j, 1 / (c0_j tau_j)). The predictive is a product of Student-t
-    densities (2 a_n degrees of freedom, location m_n, scale^2 = b_n (c_n + 1) / (a_n c_n));
-    kernel ``kernels/obs/normal_gamma.py``.
+    Per column j: tau_j ~ Gamma(a0_j, rate b0_j), mu_j | tau_j ~ Normal(m0_j, 1 / (c0_j tau_j));
+    the predictive is a product of Student-t densities (``kernels/obs/normal_gamma.py``).
 
     Parameters
     ----------
@@ -353,18 +331,12 @@ class NormalGamma(Family):
     n_cols : int, optional
         d; by default the length of the array parameters (1 if all are scalars).
     step : float, array-like of shape (d,) or None, default=None
-        The grid each column is recorded on, as ``GaussianNW``: every record adds its cell's
-        variance step^2 / 12 to the scatter (``kernels.obs.normal_gamma``). None or 0:
-        continuous.
+        The grid each column is recorded on, as ``GaussianNW``'s.
 
     Empirical Bayes (``empirical_bayes``)
     -------------------------------------
-    Per column: m0 = the column mean and b0 = a0 * (the column's maximum-likelihood variance),
-    which are exactly the values maximising the marginal likelihood of the whole column as one
-    cluster (Appendix A, option 1) given the strengths c0 = 1 (one pseudo-record for the mean) and
-    a0 = 1 (two for the variance; maximising over the strengths too would send them to infinity).
-    So the prior expects clusters as spread as the data, E[tau] = 1 / variance, and holds weakly.
-    A variance of 0 is floored at 1e-12 max(1, mean^2).
+    Per column: m0 = the mean, b0 = a0 * the maximum-likelihood variance (floored at
+    1e-12 max(1, mean^2)), c0 = a0 = 1: the marginal likelihood's maximum for given strengths.
     """
 
     m0: ArrayLike

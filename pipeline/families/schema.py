@@ -279,18 +279,16 @@ class Schema:
         self, X: FloatArray, strict: bool = True, summary: Summary | None = None
     ) -> FloatArray:
         """The fit-time decisions on the encoded records, made here for every path: enough rows,
-        no column of one value (among the values present) or of none (empty), and, without
-        ``strict``, no exact linear combination (``drop_collinear``).
+        no column of one value or of none, and, without ``strict``, no exact linear combination
+        (``drop_collinear``).
 
         Parameters
         ----------
         X : ndarray of shape (n, n_features)
             The encoded records (ingest: its sample of the training rows).
         strict : bool
-            Refuse a constant or empty column, and keep collinear ones; otherwise they are
-            dropped: recorded in ``dropped`` (with the value; NaN for an empty column) or
-            ``collinear``, left out of the returned X and of later encodings, and said in words
-            by ``dropped_lines``.
+            Refuse a constant or empty column and keep collinear ones; otherwise they are
+            dropped (``dropped``, ``collinear``, ``dropped_lines``).
         summary : Summary, optional
             Over every row when X holds only a sample of them (ingest).
 
@@ -357,13 +355,9 @@ class Schema:
         """Leave out the full-covariance Gaussian columns of X (n, n_features) that are exact
         linear combinations of the others (recorded in ``collinear``); returns the rest.
 
-        Such a column (an average of others, a difference of two) carries no information the
-        others lack, and makes every cluster's scatter singular along one direction, where the
-        Normal-Wishart density then grows with how tightly a cluster hugs that plane rather than
-        with how well it fits the data (image segmentation's 18 attributes hold 4 such columns:
-        NMI 0.44 with them, 0.56 without). Found by QR with column pivoting of the standardised
-        columns over the complete rows: a pivot below ``COLLINEAR_TOL`` of the largest marks a
-        column the earlier ones span.
+        Such a column makes every cluster's scatter singular, where the Normal-Wishart density
+        rewards hugging that plane (image segmentation: NMI 0.44 with them, 0.56 without). Found
+        by QR with column pivoting: a pivot below ``COLLINEAR_TOL`` of the largest.
         """
         feats = self.features
         cols = [j for j, c in enumerate(feats) if self.kinds[c] == "gaussian"]

@@ -275,24 +275,11 @@ def check_stream_params(
 def with_prior(
     family: ProductFamily, base_scale: float, scale: float, strength: float
 ) -> ProductFamily:
-    """``family``'s empirical-Bayes prior (fitted at ``base_scale``, ``Schema.build_family``)
-    at another prior scale and strength, without the data: each Gaussian group's expected
-    class covariance is multiplied by scale / base_scale, its mean's strength becomes
-    c0 = scale / (1 - scale) (``GaussianNW.empirical_bayes``), and its covariance prior counts
-    ``strength`` pseudo-records: a0 = d + 1 + strength with E[precision] = a0 B0 kept (the
-    Normal-Gamma columns: a0 + (strength - 1) / 2, from the weakest a0 = 1, with a0 / b0 kept).
-    The other groups are kept as they are.
-
-    Parameters
-    ----------
-    family : ProductFamily
-    base_scale, scale : float in (0, 1)
-    strength : float > 0
-
-    Returns
-    -------
-    ProductFamily
-        Over the same column groups (records arranged for ``family`` fit it).
+    """``family``'s empirical-Bayes prior (fitted at ``base_scale``) at another prior scale and
+    strength, without the data: each Gaussian group's expected class covariance scaled by
+    scale / base_scale, c0 = scale / (1 - scale), and ``strength`` pseudo-records in its
+    covariance prior with E[precision] kept. Other groups are kept; returns a ProductFamily over
+    the same column groups.
     """
     groups: list[tuple[Any, list[int]]] = []
     c0 = scale / (1.0 - scale)

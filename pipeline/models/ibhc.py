@@ -143,16 +143,14 @@ def run_ibhc(
     Parameters
     ----------
     stats : array-like of shape (n_leaves, n_stats)
-        Leaf statistics in the family's layout (``ProductFamily.stats_of``).
+        Leaf statistics in the family's layout.
     family : Family or ProductFamily
     prior, alpha, sigma : the partition prior (``"dp"`` or ``"nggp"``).
     mode : {"ibhc", "no-split", "top"}
-        SeqInsert with splitting where an updated d exceeds 1 (IBHC), SeqInsert alone, or each
-        leaf put on top of its closest tree (the initialisation of Lee and Choi 2015, Section 4.1).
+        SeqInsert with splits (IBHC), SeqInsert alone, or each leaf put on top of its closest
+        tree (Lee and Choi 2015, Section 4.1).
     u : float, optional
-        Auxiliary variable of Theorem 1 (NGGP) for the first pass; default 1. Given K clusters its
-        conditional concentrates near ((K sigma - 1) / alpha)^(1 / sigma), so it is resampled
-        between restarts and adapts to the data.
+        Auxiliary variable of Theorem 1 (NGGP) for the first pass; default 1.
     n_restarts : int
     random_state : None, int or SeedSequence
     """

@@ -41,16 +41,12 @@ def residual_autocorrelation(
 ) -> float:
     """Lag-1 autocorrelation of the records around their state's mean, pooled over the
     non-categorical columns (each scaled by its within-state standard deviation) and over the
-    pairs of consecutive steps of a sequence that share their state.
-
-    The HMM's emissions are independent given the states; this is what is left of the
-    dependence between neighbouring steps once the states are accounted for. NaN when no
-    column or no pair can measure it.
+    consecutive steps of a sequence that share their state; NaN when unmeasurable.
 
     Parameters
     ----------
     Xa : ndarray of shape (N, D)
-        Arranged records (``ProductFamily.arrange``).
+        Arranged records.
     z : ndarray of shape (N,), int64
         States 0..K-1.
     starts : ndarray of shape (n_seq + 1,), int64
@@ -93,27 +89,10 @@ def residual_autocorrelation(
 def temper_of(
     Xa: FloatArray, z: IntArray, starts: IntArray, family: ProductFamily
 ) -> tuple[float, float]:
-    """The emission weight of ``temper="auto"`` (``MAPiHMM`` and the ``ihmm`` engine's sample
-    start): (w, rho), rho the ``residual_autocorrelation`` of the records within the states z,
-    w = ``ess_share(rho)`` when rho is significant and 1 otherwise.
-
-    rho is significant above 2 / sqrt(n_pairs), twice the standard error of a lag-1
-    autocorrelation of independent records (n_pairs: consecutive steps within a sequence), so
-    that data independent within their states keep w = 1.
-
-    Parameters
-    ----------
-    Xa : ndarray of shape (N, D)
-        Arranged records.
-    z : ndarray of shape (N,), int64
-        States 0..K-1 of an untempered run.
-    starts : ndarray of shape (n_seq + 1,), int64
-    family : ProductFamily
-
-    Returns
-    -------
-    w, rho : float
-        rho is NaN where unmeasured (then w = 1).
+    """The emission weight of ``temper="auto"``: (w, rho), rho the ``residual_autocorrelation``
+    of the records ``Xa`` (N, D) within the states ``z`` (N,) of an untempered run, w =
+    ``ess_share(rho)`` when rho exceeds 2 / sqrt(n_pairs) (twice its standard error under
+    independence) and 1 otherwise; rho is NaN where unmeasured.
     """
     rho = residual_autocorrelation(Xa, z, starts, family)
     n_pairs = Xa.shape[0] - (starts.shape[0] - 1)
@@ -291,15 +270,13 @@ def sweep_state(
     temper: float = 1.0,
     n_fixed: int = 0,
 ) -> tuple[HmmState, int]:
-    """One ``kernels.ihmm.sweep`` (the argmin of eq. 6.7, or with ``gibbs`` a draw from eq.
-    6.3) over the arranged records Xa (N, D) of the sequences ``starts`` (n_seq + 1,) from the
-    compact state ``st``, with N0 = ``alpha``, M0 = ``gamma`` and emission weight ``temper``:
-    the in-memory runs' and the ``ihmm`` engine's chunk sweep.
+    """One ``kernels.ihmm.sweep`` (eq. 6.7's argmin, or with ``gibbs`` a draw from eq. 6.3) over
+    the arranged records Xa (N, D) of the sequences ``starts`` (n_seq + 1,) from the compact
+    state ``st``: the in-memory runs' and the ``ihmm`` engine's chunk sweep.
 
-    z (N,), each record's state (-1: none), is updated in place to the states returned. The
-    ``n_fixed`` first states keep their places even when emptied (a chunk's copy of the K
-    global states: the states it opens follow them, numbered K, K + 1, ... in slot order).
-    Returns the compact state after the sweep and the number of records that changed state.
+    z (N,) is updated in place (-1: no state). The ``n_fixed`` first states keep their places
+    even when emptied (a chunk's copy of the K global states). Returns the compact state after
+    the sweep and the number of records that changed state.
     """
     K = st.n_states
     # room for as many new states as there are now: the kernel reallocates when they run out

@@ -257,13 +257,9 @@ def run_map_ihmm(
 ) -> IhmmResult:
     """MAP-iHMM (Raykov et al. 2016, Section 6.2) on arranged records of the sequences ``starts``.
 
-    Starts from labels z0 (0..K0-1) or, without them, with no state: the first sweep is then
-    sequential, each record going to the argmin of eq. 6.7 given the ones before it. Each
-    iteration is a sweep, then the kappa step. When an iteration stalls (no record moved or E fell
-    by less than ``tol * |E|``), Viterbi re-segmentation, merges and splits are tried in turn;
-    the run ends when none of them lowers E. With ``temper`` w < 1 every step minimises the
-    objective of the tempered emissions (each record's statistics counting w,
-    ``kernels.ihmm.tempered_log_predictive``).
+    Starts from labels z0, or with no state (a sequential first sweep). Each iteration is a sweep
+    then the kappa step; when one stalls (by ``tol``), Viterbi re-segmentation, merges and splits
+    are tried in turn, and the run ends when none lowers E (tempered by ``temper``).
     """
     t0 = time.perf_counter()
     pr = Problem(Xa, starts, family, alpha, gamma, temper)
@@ -334,15 +330,11 @@ def fit_map_ihmm(
     """MAP-iHMM's restarts and tempering, the policy of ``MAPiHMM.fit`` and of the ``ihmm``
     engine's sample start.
 
-    ``n_restarts`` runs of ``run_map_ihmm`` with emission weight w = ``temper``, the first from
-    a sequential sweep, the others from random segments (``random_segments``), each with a
-    child of ``seq``; the lowest objective wins. ``temper="auto"``: w = 1 first; then w and rho
-    from the winner's states (``pipeline.models.ihmm.temper_of``: the lag-1 autocorrelation of
-    the records within their states, where significant) and, where w < 1, the restarts again
-    with w (the seed's next children) and one more run from the untempered winner's states; the
-    lowest tempered objective wins. rho is measured once, on the untempered states: those are
-    the finest the independent emissions support, and measuring again on the coarser tempered
-    states would count the states' own persistence as autocorrelation.
+    ``n_restarts`` runs of ``run_map_ihmm`` (the first sequential, the others from
+    ``random_segments``); the lowest objective wins. ``temper="auto"``: w = 1 first, then w and
+    rho from the winner's states (``temper_of``) and, where w < 1, the restarts again with w plus
+    one run from the untempered winner. rho is measured once, on the untempered states: the
+    coarser tempered ones would count the states' own persistence as autocorrelation.
 
     Returns
     -------

@@ -232,14 +232,11 @@ def run_mapdp(
     z0: IntArray | None = None,
 ) -> MapdpResult:
     """Algorithm 1 of Raykov et al. 2016 on arranged records ``Xa`` (N, D), visiting them in
-    ``order``.
+    ``order``, from labels ``z0`` (N,) or ``init``.
 
-    Each iteration is one ``kernels.mapdp.sweep``; with ``learn_alpha`` the concentration is then
-    set to the mode of eq. A.1 given N and K. The objective is -log p(X, z | N0) (eq. 3.3), plus
-    -log p(N0) when N0 is learned, so that both steps can only lower it. When the sweeps have
-    converged, up to ``max_moves`` rounds of split and merge moves (``split_merge``) are tried;
-    if one is taken, sweeping resumes. Every step lowers the objective or leaves it. ``z0``
-    (N,), labels 0..K-1, starts from that partition instead of ``init``.
+    Each iteration is one ``kernels.mapdp.sweep``, then with ``learn_alpha`` the mode of eq. A.1.
+    The objective is eq. 3.3 (plus -log p(N0) when learned); after convergence up to
+    ``max_moves`` rounds of split and merge moves are tried. Every step lowers it or leaves it.
     """
     t0 = time.perf_counter()
     N = Xa.shape[0]
@@ -324,20 +321,13 @@ MAX_ICM_ROUNDS = 10
 def fit_missing(
     Xa: FloatArray, family: ProductFamily, fit: Callable[[FloatArray, IntArray | None], MapdpResult]
 ) -> MapdpResult:
-    """MAP-DP with missing cells (NaN in ``Xa`` (N, D)) treated as latent variables and set by
-    iterated conditional modes, as Algorithm 1 sets the assignments (Raykov et al. 2016, Section 3:
-    ICM on the joint; Besag 1986 for ICM itself).
+    """MAP-DP with missing cells (NaN in ``Xa`` (N, D)) as latent variables set by iterated
+    conditional modes, as Algorithm 1 sets the assignments (Raykov et al. 2016, Section 3).
 
-    The cells start at the prior predictive's conditional mode given the row's observed cells
-    (``ProductFamily.impute`` with no cluster: for Gaussian columns the regression on the
-    observed ones under the empirical-Bayes covariance); then, in turn, ``fit(X, z0)`` sweeps
-    with the cells fixed (``z0`` None: a fresh fit; else a warm start from those labels), each
-    record with missing cells is moved to its MAP cluster on its observed cells
-    (``dpm_predict``), and each missing cell is set to its conditional mode given its record's
-    cluster. It stops when a round changes no cell and no label, or after
-    ``MAX_ICM_ROUNDS``. The statistics stay additive: they are
-    those of the completed records. Prediction and scoring do not impute: they use the
-    predictive marginalised over the missing columns (``dpm_predict``).
+    The cells start at the prior predictive's conditional mode; then, in turn, ``fit(X, z0)``
+    sweeps with the cells fixed, each record with holes moves to its MAP cluster on its observed
+    cells (``dpm_predict``), and each hole is set to its conditional mode given its cluster,
+    until a round changes nothing or after ``MAX_ICM_ROUNDS``.
     """
     none = np.full(Xa.shape[0], -1, dtype=np.int64)
     Xf = family.impute(Xa, family.empty_stats(), none)
@@ -371,13 +361,9 @@ def dpm_predict(
     """Eq. 3.5's MAP cluster (-1: a new one) and eq. 3.4's log predictive density of each
     arranged record of Xa (n, D) under clusters ``stats`` (K, S) and concentration ``alpha``.
 
-    A record with missing cells (NaN) is scored on its observed cells alone: every cluster's
-    predictive is marginalised over the missing columns (``ProductFamily.restrict``: exact for
-    every family, the Normal-Wishart Student-t included), so its density is that of the
-    observed sub-vector. Records are grouped by their pattern of missing cells. A record with
-    no observed cell has density 1 (log 0) and the cluster of largest weight.
-
-    ``cache`` (K, C) and ``empty_c`` (C,) may be passed when already computed.
+    A record with missing cells is scored on its observed cells, every predictive marginalised
+    exactly over the missing columns (``ProductFamily.restrict``); one with none observed has
+    log density 0 and the largest cluster. ``cache`` (K, C) and ``empty_c`` (C,) may be passed.
     """
     nk = np.ascontiguousarray(stats[:, 0])
     miss = np.isnan(Xa)

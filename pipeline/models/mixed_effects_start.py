@@ -251,26 +251,18 @@ def start(
     tol: float = TOL,
     min_change: float = MIN_CHANGE,
 ) -> tuple[StartState, SubjectFit]:
-    """Everything before the first ICM pass over all subjects, over the chunks
-    (``map_chunks(fn, *args)`` runs ``fn(subjects, *args)`` on every chunk's ``Subjects`` and
-    returns the results in chunk order): the pooled least-squares moments of all training
-    subjects, then, in memory on a hash sample of at most ``init_sample`` of them (as MAP-DP's
-    stage 1 starts from a fit on a sample): the Gaussian random-effects fit (EM), the empirical
-    prior, the first partition ("auto": MAP-DP on the conditional means; "one-cluster":
-    Algorithm 1's single cluster) and the ICM passes to the stop rule.
-
-    The passes over all subjects then start from a fitted model: they only refine what the
-    sample left (on the survey generator, 2-3 passes instead of 30), and where the sample is
-    every training subject the sample's fit is the fit.
+    """Everything before the first ICM pass over all subjects (``map_chunks(fn, *args)`` runs
+    ``fn(subjects, *args)`` on every chunk): the pooled least-squares moments, then, in memory on
+    a hash sample of at most ``init_sample`` subjects, the Gaussian random-effects fit (EM), the
+    empirical prior, the first partition and the ICM passes to the stop rule, so that the passes
+    over all subjects only refine it.
 
     Returns
     -------
     StartState
-        The Gaussian fit, the prior, the sample's fitted model (its counts are the sample's:
-        pseudo-counts for the first sweep) and the sample's clusters (codes sorted).
+        The Gaussian fit, the prior, the sample's model and clusters.
     SubjectFit
-        The sample's fit, its subjects in chunk order (``z``, ``beta``: those of
-        ``concat_subjects`` of the chunks' ``sample_subjects``).
+        The sample's fit, its subjects in chunk order.
     """
     moms = map_chunks(start_moments)
     mom = moms[0]

@@ -113,23 +113,11 @@ class Tree:
         return pd.DataFrame({name: self._table[name] for name in self.fields})
 
     def linkage(self, heights: Literal["cumulative", "order"] = "cumulative") -> FloatArray:
-        """The tree as a SciPy linkage matrix, for ``scipy.cluster.hierarchy.dendrogram``.
+        """The tree (a single tree of M leaves, node M + t the t-th merge) as a SciPy linkage
+        matrix of shape (M - 1, 4), for ``scipy.cluster.hierarchy.dendrogram``.
 
-        Needs a single tree of M leaves whose internal node M + t is the t-th merge (BHC's). Row t
-        describes node M + t: its two children, a height, and the number of leaves below it.
-
-        Parameters
-        ----------
-        heights : {'cumulative', 'order'}
-            'cumulative' (needs the field ``log_r``): height_k = max(height of the children)
-            + (-log r_k), leaves at 0, so a parent is never below its children (cutting the
-            dendrogram is then not the r_k < 0.5 cut, which ``BHC.labels_`` gives). 'order':
-            height = t + 1, the merge order, which also makes the rows non-decreasing
-            (``scipy.cluster.hierarchy.is_monotonic``).
-
-        Returns
-        -------
-        ndarray of shape (M - 1, 4)
+        ``heights``: 'cumulative' (needs ``log_r``): a node's height is its children's highest
+        plus -log r_k; 'order': t + 1. Both are monotonic.
         """
         if heights not in ("cumulative", "order"):
             raise ValueError(f"heights must be 'cumulative' or 'order', got {heights!r}")

@@ -256,14 +256,11 @@ def run_stage2(
     alpha : float
         DP concentration (stage 1's learned value).
     out_dir : path
-        Receives ``tree.parquet`` (one row per node: node, parent, left, right, n, log r, ...),
-        ``linkage.npy`` (SciPy linkage), ``dendrogram.png`` (``_tree_picture``); with
-        ``mcmc_iter`` also
-        ``posterior_k.parquet`` (posterior over the number of clusters), ``coclustering.npy``
-        (M, M) and ``mcmc_trace.parquet`` (log joint and K per iteration).
+        Receives ``tree.parquet``, ``linkage.npy`` and ``dendrogram.png``; with ``mcmc_iter``
+        also ``posterior_k.parquet``, ``coclustering.npy`` (M, M) and ``mcmc_trace.parquet``.
     method : {"bhc", "none"}
     mcmc_iter : int
-        Iterations of ``TreeGuidedMCMC`` (DP prior) started from the BHC partition; 0 skips.
+        Iterations of ``TreeGuidedMCMC`` started from the BHC partition; 0 skips.
     random_state : int, SeedSequence or None
 
     Returns
