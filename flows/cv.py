@@ -1,18 +1,10 @@
 """The ``cv`` flow (``dpmm cv``): a grid of MAP-DP configurations x K folds, each fit a Prefect
 task run whose work is a Dask task on the cluster, then the chosen cell refitted on all records.
 
-ingest (once; the shared dataset store with K fold ids per row) -> the fold fits, at most
-``concurrency`` task runs at a time (the flow's ``ThreadPoolTaskRunner``, set by ``run_cv_flow``:
-each task run waits on its one Dask task, so the limit is the number of fits in flight on the
-cluster; default one per worker) -> ``cv.parquet``,
-``cv.png``, the choice -> refit -> ``OUT``.
-
-Each finished fit's result is written at once into the partial output
-(``pipeline.ops.cv.ResultLog``); running the same command again after a crash skips the fits done.
-The output appears at ``OUT`` only when complete (``pipeline.core.outputs.prepare_output``: a
-temporary sibling renamed at the end, or on object storage OUT's manifest written last). Bad
-input (an empty grid, a value out of range, more folds than records) is a ``ValueError`` before
-any fit, and leaves nothing behind.
+At most ``concurrency`` fits are in flight (the flow's ``ThreadPoolTaskRunner``). Each finished
+fit is written at once into the partial output (``pipeline.ops.cv.ResultLog``), so a rerun skips
+the fits done; the output appears at ``OUT`` only when complete. Bad input is a ``ValueError``
+before any fit and leaves nothing behind.
 """
 
 from __future__ import annotations

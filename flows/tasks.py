@@ -1,14 +1,6 @@
 """The Prefect task that every step of a flow is: ``step``, one decorator with the project's
-options, so that a flow's tasks differ only in their names and in how often they are retried;
-and ``run_flow``, how every flow of this package is run (the command line, ``run_*_flow``).
-
-A step's arguments are a Dask client, stores and engine states: Prefect neither hashes them into a
-cache key nor persists its result (``NO_CACHE``). A failed step is retried, one second later,
-unless the failure is bad input (a ``ValueError``: the same input fails again; it is reported as
-it is).
-
-``passes`` is how every flow runs the pass loop (``pipeline.distributed.loop.run_passes``, its one
-driver): the start and each pass a step.
+options (no cache: a step's arguments are clients and stores; retried unless the failure is bad
+input), ``run_flow``, how every flow is run, and ``passes``, how every flow runs the pass loop.
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """dpmm-pipeline: Bayesian nonparametric clustering at scale.
 
-The public API, loaded lazily so that ``import pipeline`` stays light (the names are
-``pipeline.estimators.registry.PUBLIC``'s):
-
-* ``MAPDP`` - MAP-DP (Raykov et al. 2016, Algorithm 1), scikit-learn style;
-* ``ASUGS`` - one-pass streaming ASUGS / ASUGS-PM / SUGS with ``partial_fit`` (Tsiligkaridis
-  and Forsythe);
-* ``BHC`` - Bayesian hierarchical clustering with its lower bounds (Xu et al. 2009);
-* ``TreeGuidedMCMC`` - tree-guided MCMC for DP and NGGP mixtures (Lee and Choi 2015);
-* ``DPMeans``, ``CollapsedGibbs``, ``UncollapsedGibbs`` - reference methods (the Gibbs samplers of
-  De Bacco and Valera, Algorithms 3 and 2);
-* ``MixedEffectsDP`` - the semiparametric mixed-effects model of Raykov et al. 2016, Section 7;
-* ``MAPiHMM``, ``IHMMGibbs`` - the infinite HMM of Raykov et al. 2016, Section 6 (MAP and Gibbs);
-* ``MixtureEstimator`` - the base class of all of them (fit template, encoding, predict checks);
-* ``GridSearch`` - hyperparameters by K-fold held-out log predictive density on Dask, in
-  scikit-learn's ``GridSearchCV`` conventions (Raykov et al. 2016, Appendix A, option 4);
-* ``exact_log_marginal`` - the DPM marginal likelihood by enumeration of partitions;
-* ``save_model`` / ``load_model`` - fitted models as a directory of JSON and arrays, no pickle
-  (``estimator.save(path)`` is ``save_model``);
-* ``families`` - the likelihood families (``GaussianNW``, ``NormalGamma``, ``Categorical``, ...).
+The public API (``pipeline.estimators.registry.PUBLIC``), loaded lazily so that ``import
+pipeline`` stays light: the estimators ``MAPDP``, ``ASUGS``, ``BHC``, ``TreeGuidedMCMC``,
+``DPMeans``, ``CollapsedGibbs``, ``UncollapsedGibbs``, ``MixedEffectsDP``, ``MAPiHMM`` and
+``IHMMGibbs`` with their base ``MixtureEstimator``; ``GridSearch``; ``exact_log_marginal``;
+``save_model`` / ``load_model``; and ``families``, the likelihood families.
 """
 
 from __future__ import annotations

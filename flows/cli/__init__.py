@@ -1,15 +1,8 @@
 """The ``dpmm`` command line (console script ``dpmm = flows.cli:main``; ``python -m flows.cli``).
 
-* ``flows.cli.app`` - the parser and ``main``: the subcommands, each in its own module;
-* ``flows.cli.cluster`` - ``dpmm cluster``: MAP-DP in this process (and ``dpmm demo --in-memory``);
-* ``flows.cli.demo`` - ``dpmm demo``: ``dpmm run`` on a generated, labelled data set;
-* ``flows.cli.run`` - ``dpmm run``: the Prefect flow ``flows.cluster`` from the command line;
-* ``flows.cli.options`` - the option blocks the subcommands share, and bad input as one line;
-* ``flows.cli.logs`` - where Prefect's and Dask's log lines go while the CLI runs a flow;
-* ``flows.cli.types`` - argparse value types checked by ``pipeline.core.config``.
-
-The command line parses, starts and reports; the checks of the data are ``pipeline``'s and every
-refusal is a ``pipeline.core.errors.InputError``, printed as one line with exit status 2.
+``flows.cli.app`` holds the parser and the subcommands, one module each; ``options`` the option
+blocks they share, ``logs`` where log lines go, ``types`` the argparse value types. The checks
+of the data are ``pipeline``'s; every refusal is an ``InputError``, one line, exit status 2.
 """
 
 from __future__ import annotations

@@ -6,11 +6,8 @@ the Prefect flow ``flows.hmm``, on ``dpmm run``'s defaults.
              [--tol F] [--min-change F] [--temper auto|W] [--seed N] [--scheduler ADDRESS]
              [--workers N] [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
 
-OUT: rows.parquet (state and log p(x_t | x_<t) of every row), sequences.parquet (held-out flag
-and log likelihood of every sequence), states.parquet (states with their emission parameters),
-transitions.csv, run.json, report.html with pictures and model/ (the fitted MAPiHMM,
-``pipeline.load_model``). Bad input exits with status 2 and one line naming the row and
-column; nothing is left at OUT.
+OUT: rows.parquet, sequences.parquet, states.parquet, transitions.csv, run.json, report.html and
+model/ (the fitted MAPiHMM); bad input leaves nothing there.
 """
 
 from __future__ import annotations

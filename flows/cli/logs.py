@@ -1,16 +1,10 @@
 """Where log lines go while the command line runs a flow.
 
-Importing ``prefect`` runs its ``setup_logging``: a console handler on the root logger (so Dask's
-warnings print through it too) and on ``uvicorn`` / ``fastapi``, and a stderr handler on
-``prefect._internal``; ``distributed`` adds its own stderr handler. A task that raises is logged
-there at ERROR level with its traceback ("Task run failed with exception ..."), and the flow once
-more ("Finished in state Failed ..."): some 90 lines on stderr for one bad value in the input.
-
-``logs_to`` moves every handler that writes to a terminal stream to one log file for the length
-of a block, and puts them back after it: it changes nothing on import, so a library user running
-``flows.cluster.cluster`` keeps Prefect's configuration. The command line uses it unless
-``--verbose``; run as a program (``dpmm``, ``python -m flows.cli``) it leaves them in the file,
-because Prefect's temporary server logs its shutdown from an ``atexit`` hook, after the block.
+Prefect and Dask log a failed task with its traceback to the terminal: some 90 lines for one bad
+value. ``logs_to`` moves every handler that writes to a terminal stream to one log file for the
+length of a block and puts them back after it; nothing changes on import. The command line uses
+it unless ``--verbose``; as a program it leaves them in the file, because Prefect's temporary
+server logs its shutdown from an ``atexit`` hook.
 """
 
 from __future__ import annotations

@@ -6,10 +6,7 @@
              [--tol F] [--min-change F] [--seed N] [--scheduler ADDRESS] [--workers N]
              [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
 
-Defaults as ``dpmm run`` (a local Dask cluster of one process per core, no server to start).
-Bad input (a missing column, a column in two roles, a missing or non-numeric value, a covariate
-constant over all rows) exits with status 2 and one line on stderr naming the column and row;
-nothing is left at OUT nor at its temporary sibling.
+Defaults as ``dpmm run``; bad input exits with status 2 and one line naming the column and row.
 """
 
 from __future__ import annotations

@@ -2,15 +2,9 @@
 
     dpmm server [--port 4200]
 
-It runs ``prefect server start`` in the foreground, bound to 127.0.0.1 only, until interrupted,
-and prints the line to give the other shells::
-
-    export PREFECT_API_URL=http://127.0.0.1:4200/api
-
-Every ``dpmm`` command run with that variable skips the temporary server a command otherwise
-starts for its flow (``flows.cli.prefect_api``) and records its flow runs on this server, where
-the Prefect UI (http://127.0.0.1:4200) shows them. ``PREFECT_HOME`` chooses where its database
-is kept (default ``~/.prefect``).
+It runs ``prefect server start`` in the foreground until interrupted and prints the line to give
+the other shells (``export PREFECT_API_URL=...``); commands run with it record their flow runs
+there instead of starting a temporary server. ``PREFECT_HOME`` chooses where its database is.
 """
 
 from __future__ import annotations

@@ -5,10 +5,7 @@ of the records of INPUT into the clusters of a saved model, saved as a new model
     dpmm update MODEL INPUT --out NEW_MODEL [--lam F] [--select greedy|sample]
                 [--no-prune-merge] [--seed N] [--overwrite] [--quiet]
 
-MODEL is a model directory (``pipeline.estimators.model``: what ``dpmm run`` writes to OUT/model, or
-``estimator.save(path)``); INPUT a CSV, TSV, Parquet or ``.npy`` table with the model's columns.
 NEW_MODEL is written to a temporary sibling and renamed when complete; MODEL is not changed.
-A bad model or bad records exit with status 2 and one line naming the file and the problem.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Ingest: records into a dataset store (``pipeline.data.store``).
 
-Ingest runs as Dask tasks, one per piece of the input: a piece is read, validated with the rules
-and messages of ``pipeline.families.schema`` (the input contract of every path, prefixed with the
-file and the row in that file), encoded and written by the task; the driver only adds the pieces'
-row counts and additive moments (count, sum, sum of outer products, minimum and maximum over the
-training rows), settles the columns as the in-memory fit does, and never holds the whole input.
-Sources of known length (``.npy``, zarr, numpy / pandas / dask arrays) are read one output chunk
-per task; CSV, Parquet and dask DataFrames, whose pieces have unknown lengths, are first written
-to a staging area, then gathered into chunks. A grouped ingest always stages; the driver then
-reads only the group column's codes (one int64 per row) to plan the chunks, and one task per
-output chunk gathers its rows from the staging area.
+Dask tasks, one per piece of the input, read, validate (``pipeline.families.schema``), encode and
+write the records; the driver only adds the pieces' row counts and additive moments and settles
+the columns, never holding the whole input. Sources of known length are read one chunk per task;
+CSV, Parquet, dask DataFrames and grouped ingests are first staged, then gathered into chunks.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """Input files: their formats, checks and parsing, with errors that name the file and row.
 
-``pipeline.data.sources.read_table`` turns a CSV / TSV (optionally gzip-compressed), Parquet (a file
-or a directory of
-files) or NumPy ``.npy`` file into a DataFrame. Every problem with the file is a
-``pipeline.core.errors.InputError`` (a ``ValueError``) whose message starts with the file name and
-says what is wrong, e.g. ``"data.csv: line 7 has 5 fields, expected 4"``; a missing file is
-``InputFileNotFoundError``, both a ``FileNotFoundError`` and an ``InputError``.
-
-Row numbers in ``pipeline.families.schema`` messages are 0-based data-row positions;
-``describe_row``
-turns one into something a person can find in the file (for CSV, the physical line number).
+Every problem with a file is a ``pipeline.core.errors.InputError`` whose message starts with the
+file name (``"data.csv: line 7 has 5 fields, expected 4"``); a missing file is
+``InputFileNotFoundError``, also a ``FileNotFoundError``. ``describe_row`` turns a 0-based data row
+into something a person finds in the file (for CSV, the physical line).
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """The Dask client a fit runs on: an existing scheduler, or a LocalCluster of single-threaded
-worker processes whose preload (``pipeline.distributed.worker_setup``) loads the engines'
-kernels, and whose scheduler's preload (``pipeline.distributed.scheduler_setup``) shortens the
-batching of its messages to the workers.
-
-The worker processes start as Dask starts them (spawned). A fork server that imported Dask,
-pandas and the engine once and forked the workers from it saved 0.7-0.9 s of a fresh ``dpmm
-run`` of 1M x 10 records on 2 cores (medians of 7 alternating runs: 9.7 s against 10.4-10.6 s)
-and nothing on ``dpmm demo``, whose workers are threads: under the 1 s a piece of start-up
-machinery must save to be kept, so it was removed (issue 35).
+worker processes with the preloads ``pipeline.distributed.worker_setup`` (kernels) and
+``pipeline.distributed.scheduler_setup`` (message batching).
 """
 
 from __future__ import annotations

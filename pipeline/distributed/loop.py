@@ -1,17 +1,10 @@
 """The pass loop: drives any engine (``pipeline.engines``) over the chunks of a dataset store.
 
-One pass runs ``chunk_task`` (-> ``Engine.chunk_step``) on every chunk, several consecutive
-chunks to a Dask task (``pipeline.core.tasks.map_chunks``), then the engine's reduce on the
-driver (a sequential engine's chunks run a task each, as a chain in chunk order, each given
-the previous one's state: ``sweep_chunks``); the loop checkpoints the state after every pass
-(the record ``checkpoint``: JSON plus arrays, ``pipeline.core.persist``, in the run's state
-store), stops on the engine's stop rule or after ``max_passes``, and resumes from the
-checkpoint of the same parameters. It knows nothing of clusters: what a chunk
-task sweeps and what a reduce adds is the engine's.
-
-The run's state store (``RunContext.state``) holds the engine's per-record arrays
-(``Engine.record_arrays_of``), two buffers each, chunked like the dataset's rows, and the
-checkpoint. The dataset store is only read, so many fits can share it.
+A pass runs ``chunk_task`` (``Engine.chunk_step``) on every chunk, then the engine's reduce on the
+driver (a sequential engine's chunks as a chain: ``sweep_chunks``); the loop checkpoints the state
+after every pass in the run's state store, stops on the engine's stop rule or ``max_passes``, and
+resumes from a checkpoint of the same parameters. The state store holds the engine's
+double-buffered per-record arrays; the dataset store is only read, so fits can share it.
 """
 
 from __future__ import annotations

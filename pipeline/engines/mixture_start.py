@@ -1,12 +1,10 @@
 """The starts of the mixture engines (``FitParams.start``): in-memory MAP-DP on a hash sample
 (the default), no cluster, one cluster, random seed records, or the clusters of one ASUGS-PM
-streaming pass (Tsiligkaridis and Forsythe 2015) over every chunk or over the sample.
+streaming pass over every chunk or over the sample.
 
-The "sample" start fits ``pipeline.models.mapdp.run_mapdp`` - sweeps plus split and merge moves,
-learned concentration - to a hash sample of ``init_sample`` training rows (a subset of the
-prior's sample that ingest already drew), so pass 1 starts from about the right clusters and
-global statistics and the distributed passes only refine them. The sample's rows keep their
-labels in pass 1; every other training row is assigned in pass 1.
+The "sample" start fits ``run_mapdp`` (sweeps, split and merge moves, learned concentration) to
+``init_sample`` training rows of the prior's sample, so the passes only refine it; the sample's
+rows keep their labels in pass 1.
 """
 
 from __future__ import annotations

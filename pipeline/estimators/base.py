@@ -1,17 +1,10 @@
 """One base class for the project's clustering estimators, after scikit-learn's ``BaseMixture``.
 
-``MixtureEstimator.fit`` is a template: check the parameters (``_check_params``, built on the
-checks of ``pipeline.core.config``), encode X through the schema and the likelihood family
-(``pipeline.families.schema``, ``pipeline.families``), run the subclass's ``_fit`` hook on the
-encoded
-matrix, and leave the common fitted attributes. ``predict`` / ``score_samples`` / ``score`` encode
-new records with the fitted schema (same columns, same categories, values in the families'
-support) and call the subclass's hooks; by default they are the DPM posterior predictive given a
-partition of the training records (``cluster_stats_``, ``cluster_sizes_``, ``alpha_``), which
-every estimator with clusters and a DP concentration shares.
-
-Subclasses: ``MAPDP``, ``CollapsedGibbs``, ``UncollapsedGibbs``, ``DPMeans``, ``BHC``,
-``TreeGuidedMCMC``.
+``MixtureEstimator.fit`` is a template: check the parameters, encode X through the schema and the
+likelihood family, run the subclass's ``_fit`` on the encoded matrix. ``predict`` /
+``score_samples`` / ``score`` encode new records with the fitted schema and by default use the DPM
+posterior predictive given the training partition (``cluster_stats_``, ``cluster_sizes_``,
+``alpha_``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """The models, by name: each one's estimator, the engine of its distributed pass loop and its
 ``dpmm`` command, or why it has none.
 
-This is the one map from a model's name to its code, in static imports that import-linter and a
-reader can follow: ``pipeline``'s lazy public names (``pipeline.MAPDP``), the estimators a saved
-model may load into (``pipeline.estimators.model``) and the registry test
-(``tests/pipeline/estimators/test_registry.py``) all read it. The engines themselves are in
-``pipeline.engines.BY_NAME`` (this layer names them, so that a first in-memory fit does not
-import every engine's kernels); the commands in ``flows.cli.app``. Adding a model:
-docs/architecture.md, "Adding a model".
+The one map from a model's name to its code, in static imports: ``pipeline``'s lazy public names,
+the estimators a saved model may load into and the registry test read it (adding a model:
+docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Model updates from new batches (``dpmm update``): one ASUGS-PM pass (Tsiligkaridis and Forsythe
-2015, Algorithm 1 with Section 6's pruning and merging) of new records into a fitted model's
-clusters.
+2015) of new records into a fitted model's clusters (``pipeline.ASUGS.start_from``).
 
-The model's clusters become the stream's classes, with the records they summarise counted as
-seen (``pipeline.ASUGS.start_from``); each new record joins the class (or a new one) with the
-largest m(h) L(y) of eq. 1 under alpha_i = k_i / (lambda + log i), its class's statistics gain
-it, and pruning and merging run on the stream's schedule. The updated model is the same kind of
-estimator as the one given, with the stream's clusters; its concentration is set as that
-estimator sets it: the MAP value of eq. A.1 for the new N and K when the model learned it,
-unchanged when it was fixed, ASUGS's own alpha_n for an ``ASUGS`` model.
+The updated model is the same kind of estimator, with the stream's clusters; its concentration is
+set as that estimator sets it (eq. A.1's MAP for a learned one, unchanged when fixed, alpha_n for
+``ASUGS``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Public likelihood-family objects (Raykov et al. 2016, Appendix B) and the product family.
 
-Each object holds its prior in the seed's parameterisation, checks the columns it is given, and
-hands flat arrays to the numba kernels in ``kernels/obs``. ``log_marginal(X)`` and
-``log_predictive(x, X)`` are the two questions every family answers; everything else in the
-project (MAP-DP costs, BHC merge probabilities, Metropolis-Hastings ratios, held-out densities)
-is built from them over additive sufficient statistics.
-
-The layer also holds ``Stats`` (``stats.py``: those statistics carried with their family, the
-one currency), the column schema from user data to the float matrix the kernels see
-(``schema.py``) and cluster profiles read from statistics (``profile.py``). It imports only
+Each object holds its prior, checks its columns and hands flat arrays to the kernels in
+``kernels/obs``; everything else (MAP-DP costs, BHC merge probabilities, held-out densities) is
+built from ``log_marginal`` and ``log_predictive`` over additive sufficient statistics. The layer
+also holds ``Stats``, the column ``schema`` and cluster ``profile``s; it imports only
 ``pipeline.core``.
 """
 

@@ -1,12 +1,8 @@
 """The one currency: additive sufficient statistics carried with their family's signature.
 
-A record, a cluster, a worker's delta, a summary and a tree node are the same kind of object: a
-row of sufficient statistics of one observation model (``kernels.obs``; row[0] is the count).
-``Stats`` holds K such rows (K, S) with the signature of the family that made them, so that rows
-of another family, column group or prior refuse to add (``ProductFamily.signature``, bnpy's
-``SuffStatBag`` check): merging is addition, removing is subtraction, sizes are the rows'
-counts, and the family answers the moments of each row. The kernels take the plain array
-(``Stats.array``).
+``Stats`` holds K rows (K, S) of one observation model's statistics (row[0] the count) with the
+signature of the family that made them, so that rows of another family or prior refuse to add:
+merging is addition, removing subtraction. The kernels take the plain array (``Stats.array``).
 """
 
 from __future__ import annotations

@@ -2,14 +2,10 @@
 restarts and tempering that ``MAPiHMM`` and the ``ihmm`` engine's sample start share
 (``fit_map_ihmm``).
 
-The MAP objective E(z, kappa) is ``kernels.ihmm.objective``. Every step of ``run_map_ihmm``
-takes a move only when E does not rise: the sweeps (eq. 6.7, each q_{t,k} the exact change of
-E), the kappa step (eq. 6.6 with the expected table counts, an EM step for kappa with the counts
-m_pk the missing data, so it cannot raise E; checked all the same, since the mode is floored
-away from the simplex's boundary), Viterbi re-segmentation of the sequences under the MAP
-parameters, and split and merge moves over states. With ``m_counts="urn"`` the table counts are
-drawn by the Polya urn of eq. 6.2 as in the paper, and the kappa step is then always taken: E
-fluctuates, as the paper notes. The state, the sweep and decoding are ``pipeline.models.ihmm``.
+Every step of ``run_map_ihmm`` is taken only when E(z, kappa) (``kernels.ihmm.objective``) does
+not rise: the sweeps (eq. 6.7), the kappa step (eq. 6.6, an EM step, checked all the same since
+the mode is floored), Viterbi re-segmentation, and split and merge moves. With
+``m_counts="urn"`` the table counts are drawn as in the paper and E fluctuates.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The pipeline side of ``dpmm cv``: a grid of MAP-DP configurations scored by K-fold held-out
 log predictive density over the folds of a dataset store (Raykov et al. 2016, Appendix A, option 4).
 
-The dataset store is ingested once (``pipeline.data.dataset.open_dataset``) with K fold ids per row
-(or per group); every (cell, fold) fit reads the store's records and folds (``fold_fit``, a
-Dask task), fits MAP-DP to the rows of the other folds and scores the rows of fold j: no
-re-ingest per cell. The results of finished fits persist as one small JSON file each
-(``ResultLog``), so a rerun after a crash skips them. ``summarise`` gives one row per cell (the
-mean held-out log predictive density per record over folds, its standard error, clusters found,
-fit seconds), ``pipeline.estimators.search.select_index`` picks the cell (largest mean, or the
-one-standard-error rule), ``refit`` fits all the records with it.
+Every (cell, fold) fit is a Dask task (``fold_fit``) on the store ingested once; finished fits
+persist as one small JSON file each (``ResultLog``). ``summarise`` gives a row per cell,
+``pipeline.estimators.search.select_index`` picks one, ``refit`` fits all the records with it.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The steps of ``dpmm hmm`` that are not the pass loop's: reading and checking the sequences,
-and the outputs of an infinite HMM (state per row, log likelihood per sequence, states with their
-emission parameters, the transition matrix, run.json and the report with its pictures).
+and the outputs of an infinite HMM (state per row, log likelihood per sequence, states, the
+transition matrix, run.json and the report).
 
-The input is a long table: one row per time step, a sequence-id column and a time column. The
-time column must be strictly increasing within each sequence in file order (checked, not
-sorted: an unsorted file more often means a wrong join than a wish); the dataset store then keeps
-each sequence's rows together in file order (``--group-column``), which is time order. A sequence
-of one step is kept (an observation of the start row); a missing sequence id or time stamp, a
-duplicated or decreasing time stamp, and NaN in a feature are errors naming the row and column.
+The input is a long table, one row per time step, with a sequence-id and a time column (strictly
+increasing within a sequence in file order: checked, not sorted); a missing id or time, a
+duplicated or decreasing time and NaN in a feature are errors naming the row and column.
 """
 
 from __future__ import annotations

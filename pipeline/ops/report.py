@@ -1,18 +1,11 @@
 """What a run leaves besides the labels: ``clusters.parquet``, ``run.json`` and a report,
 ``report.html`` and ``report.md`` (one layout for every command: ``pipeline.ops.page``).
 
-The report of ``dpmm run`` / ``demo`` says, in this order: what the run was (rounded facts, and a
-warning box when the fit looks degenerate, ``pipeline.core.diagnose``); what distinguishes the
-clusters (``profile.png``: clusters x features, each feature standardised over the records, the
-largest clusters in the tree's leaf order with their sizes beside; ``categories.png`` and a table
-of the top categories of categorical columns; a table of the largest clusters); the tree of
-stage 2 (``dendrogram.png``, drawn by ``pipeline.ops.stage2``); how good the fit is (held-out
-density, NMI, ARI and ``contingency.png`` against the label column); how the fit went
-(objective per pass, cluster sizes, a 2-D projection of a sample).
-
-Everything is drawn from the clusters' statistics and the write-out's picture sample (at most
-``pipeline.data.labels.PLOT_POINTS`` records), never from the records themselves: the report
-costs the same for a thousand records as for a billion.
+The report says what the run was (with a warning when the fit looks degenerate), what
+distinguishes the clusters (``profile.png``, ``categories.png``, tables), stage 2's tree, how good
+the fit is (held-out density, NMI, ARI, ``contingency.png``) and how it went. Everything is drawn
+from the clusters' statistics and the write-out's picture sample, never from the records, so the
+report costs the same for a thousand records as for a billion.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """Scoring new records with a fitted model (``dpmm score``), step by step: the Prefect flow
 ``flows.score`` calls these as tasks.
 
-The records are validated and encoded against the model's schema by ingest (``schema=``: same
-columns and kinds, categories seen at fit time; an ``InputError`` naming the file, the column and
-the row otherwise) into a store under the temporary sibling of OUT; then one write-out task per
-chunk writes each record's eq. 3.5 label (-1: a new cluster is the most probable) and eq. 3.4 log
-predictive density (``pipeline.engines.mixture_state.predict``, the run's write-out) into
-``labels.zarr``, in input order. The encoded store is removed and the sibling renamed to OUT, so
-OUT is complete or absent.
-
-Unseen categories are refused, not guessed: the model's Dirichlet posterior has no level for
-them (a category the model never saw has no code in its encoder). Refit, or warm-start a refit
-(``dpmm run --warm-start``), on data that has it.
+Ingest validates and encodes the records against the model's schema (``schema=``) into a store in
+OUT's temporary sibling; one write-out task per chunk writes each record's eq. 3.5 label (-1: a
+new cluster) and eq. 3.4 log density into ``labels.zarr``; the sibling is then renamed to OUT.
+Unseen categories are refused, not guessed: the model has no level for them.
 """
 
 from __future__ import annotations
