@@ -289,12 +289,9 @@ def start_flow(
 def _local_cluster(
     kwargs: dict[str, Any], engine: str, hpc: tuple[str, str] | None = None
 ) -> Iterator[dict[str, Any]]:
-    """Start the flow's ``LocalCluster`` here, while Prefect's temporary server is still
-    booting (``prefect_api.prestart``), instead of in the flow after it; the flow joins it as
-    its ``scheduler``. Yields the flow's keyword arguments; unchanged when they name a scheduler
-    or ask for threads instead of processes (whose kernels this process then loads). ``hpc``
-    (kind, config file): a dask-jobqueue cluster of batch jobs instead (``dpmm run --cluster
-    slurm|pbs``)."""
+    """Start the flow's ``LocalCluster`` here, while Prefect's temporary server boots, and yield
+    the flow's keyword arguments with it as ``scheduler`` (unchanged when they name a scheduler
+    or ask for threads); ``hpc`` (kind, config file): a dask-jobqueue cluster instead."""
     if hpc is not None:
         from pipeline.distributed.hpc import hpc_client
 
@@ -327,10 +324,8 @@ def _local_cluster(
 
 
 def _warm_names(kwargs: dict[str, Any], engine: str) -> list[str]:
-    """What the workers compile or load while they start: the engine, stage 2's BHC if the
-    flow runs it, and the kernels of the input's family (``pipeline.data.ingest.peek_family`` on
-    its first piece, for a flow that fits one: categorical, count or integer-valued columns
-    call other kernels than Gaussian ones)."""
+    """What the workers compile or load while they start: the engine, stage 2's BHC if the flow
+    runs it, and the kernels of the input's family (``peek_family``)."""
     from pipeline.distributed.worker_setup import warm_names
 
     names = [engine, *_stage2_warm(kwargs)]

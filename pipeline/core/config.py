@@ -25,10 +25,8 @@ MAX_PASSES = 50
 TOL = 1e-5
 MIN_CHANGE = 1e-3
 #: an in-memory fit's stop rule (``MAPDP``, ``MAPiHMM``, ``dpmm cluster``, ``dpmm cv``'s fold
-#: fits): ``MAX_ITER`` iterations, or one that lowers the objective by less than ``TOL_IN_MEMORY``
-#: relative. Not the pass loop's: an in-memory iteration costs milliseconds where a pass reads
-#: the whole store, and the pass loop also stops on ``MIN_CHANGE``; each keeps the results its
-#: tests and benchmarks pin (``tests/flows/test_defaults.py`` lists the difference)
+#: fits), not the pass loop's: an in-memory iteration costs milliseconds where a pass reads the
+#: whole store (``tests/flows/test_defaults.py`` lists the difference)
 MAX_ITER = 100
 TOL_IN_MEMORY = 1e-6
 #: restarts of an in-memory MAP-DP fit: "auto" is 3 up to 20,000 records, fewer above
@@ -40,10 +38,8 @@ DEPLOYMENT = "dpmm-scheduled"
 CRON = "0 2 * * *"
 WINDOW = 7
 #: Gamma(shape, rate) prior on the concentration N0 when it is learned (eq. A.1): shape 2 keeps
-#: the mode away from 0 at K = 1; rate 5 (prior mean 0.4) because outlying records of real tables
-#: open singleton clusters, each raising the learned N0, which opens more: ionosphere (351 x 34)
-#: gave 39 clusters, 22 of them singletons, with rate 1 and 26 with rate 5; on 23 real tables
-#: the mean NMI moved 0.001 up (letter 0.582 -> 0.611, sonar and Pima 0.01 down), K never up
+#: the mode away from 0 at K = 1; rate 5 (prior mean 0.4) stops singleton clusters of outlying
+#: records from raising N0, which opens more (ionosphere: 39 clusters with rate 1, 26 with 5)
 ALPHA_PRIOR = (2.0, 5.0)
 N_FOLDS = 10
 #: the infinite HMM's transition concentration M0 (Raykov et al. 2016, Section 6), beside its
@@ -73,6 +69,12 @@ SEARCH_SELECT = (*SELECT, "given")
 #: the values ``tune="cv"`` tries (``pipeline.estimators.tuning``), one hyperparameter at a time: 3
 #: concentrations, then 4 prior scales (after the family variants)
 TUNE_GRID: dict[str, list[Any]] = {"alpha": [0.1, 1.0, 10.0], "prior_scale": [0.5, 0.3, 0.1, 0.03]}
+
+
+def keep_params(estimator: Any, given: dict[str, Any]) -> None:
+    """Store an estimator's ``__init__`` arguments (``given``: its ``locals()``) as given, the
+    rule of scikit-learn's ``get_params``."""
+    estimator.__dict__.update({k: given[k] for k in estimator._get_param_names()})
 
 
 def check_alpha(alpha: Any, what: str = "alpha") -> tuple[float, bool]:
@@ -230,11 +232,9 @@ def check_scale(scale: float) -> float:
 # the infinite HMM
 #: MAP-iHMM's N0 (``alpha``) of the estimators; the engine takes the run's ``alpha``
 IHMM_ALPHA = 1.0
-#: the empirical-Bayes prior scale of the iHMM's emissions (``GaussianNW.empirical_bayes``: the
-#: share of the data's variance one state is expected to carry) of ``MAPiHMM``, ``IHMMGibbs`` and
-#: the ``ihmm`` engine, below the mixtures' default 0.3: their figures (Table 4, NMI >= 0.90 with 5
-#: states, ``bench_ihmm``; the engine's recovery of the states of a simulated HMM, which failed
-#: under 0.3) were measured with 0.1
+#: the empirical-Bayes prior scale of the iHMM's emissions (``MAPiHMM``, ``IHMMGibbs``, the
+#: ``ihmm`` engine), below the mixtures' 0.3: their figures (Table 4, ``bench_ihmm``) were
+#: measured with 0.1, and the engine failed to recover a simulated HMM's states under 0.3
 IHMM_PRIOR_SCALE = 0.1
 #: one MAP-iHMM run (``MAPiHMM`` and the engine's sample start): most iterations, the relative
 #: fall of E below which an iteration stalls, the table counts of the kappa step

@@ -22,15 +22,8 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 
 
 def safe_name(name: str, what: str = "name") -> str:
-    """``name`` when it is one plain path component, else ``ValueError`` naming it.
-
-    Parameters
-    ----------
-    name : str
-        A generated file or directory name (``labels.parquet``, ``cv-3.zarr``, ``date=...``).
-    what : str
-        What the name is, for the message.
-    """
+    """``name`` (a generated file or directory name) when it is one plain path component, else
+    a ``ValueError`` naming it as ``what``."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"{what} {name!r}: an empty or non-text file name")
     bad = (
@@ -92,15 +85,8 @@ def check_separate(
     outputs: Iterable[tuple[str, str | os.PathLike[str] | None]],
     inputs: Iterable[tuple[str, str | os.PathLike[str] | None]],
 ) -> None:
-    """Refuse an output that is an input, is inside one or contains one (``InputError``, one
-    line naming both options).
-
-    Parameters
-    ----------
-    outputs, inputs : iterable of (option, path or URL)
-        Each as the user gave it, with the option that named it (``--out``, ``INPUT``); a None
-        path is skipped.
-    """
+    """Refuse an output that is an input, is inside one or contains one (``InputError`` naming
+    both options); ``outputs`` and ``inputs`` are (option, path or URL) pairs, None skipped."""
     ins = [(opt, str(p), _key(str(p))) for opt, p in inputs if p is not None and str(p)]
     for o_opt, o in outputs:
         if o is None or not str(o):

@@ -283,10 +283,8 @@ def fs_errors(x: Where, what: str = "") -> Iterator[None]:
 
 @contextlib.contextmanager
 def local_copy(x: Where) -> Iterator[Path]:
-    """A local path of ``x`` for a reader that needs a real file: ``x`` itself when local; else
-    a temporary copy of the same name (a directory's objects too), removed after the block, and
-    the ``InputError`` messages of the block name the URL rather than the copy. When ``x`` does
-    not exist, neither does the path (the caller says so, as for a missing local path)."""
+    """A local path of ``x`` for a reader that needs a real file: ``x`` when local, else a
+    temporary copy removed after the block, whose ``InputError`` messages name the URL."""
     loc = location(x)
     if isinstance(loc, Path):
         yield loc
@@ -386,12 +384,8 @@ def rmtree(loc: Loc, ignore_errors: bool = False) -> None:
 
 
 def write_atomic(path: Where, data: bytes) -> None:
-    """Replace ``path`` by ``data`` atomically: a reader sees the old file or the new one whole.
-
-    A local file: the bytes go to a temporary file in the same directory, are flushed to the
-    disk, and the temporary file is renamed over ``path``; the directory is synced so the
-    rename survives a crash too. An object: one PUT, which object stores apply whole.
-    """
+    """Replace ``path`` by ``data`` atomically: a local file via a synced temporary file renamed
+    over it, an object by one PUT."""
     loc = location(path)
     if isinstance(loc, RemotePath):
         loc.write_bytes(data)

@@ -44,10 +44,9 @@ def default_root() -> storage.Loc:
 
 
 def root_for(out: storage.Loc, data_dir: storage.Where | None) -> storage.Where | None:
-    """The folder of shared dataset stores of a command that writes ``out``: ``data_dir`` when
-    given; else, without ``$DPMM_DATA_DIR`` and with ``out`` where every worker reaches it
-    (``storage.shared``: object storage), ``out/datasets``, since the workers may share no
-    disk with this machine's cache; else None (``default_root``)."""
+    """The folder of shared dataset stores of a command that writes ``out``: ``data_dir``, else
+    ``out/datasets`` when ``out`` is object storage and ``$DPMM_DATA_DIR`` is unset (the workers
+    may share no disk with this machine), else None (``default_root``)."""
     if data_dir is None and not env_root() and storage.shared(out):
         return out / "datasets"
     return data_dir
@@ -60,13 +59,8 @@ def is_path_source(source: Any) -> bool:
 
 
 def fingerprint(source: storage.Where) -> dict[str, Any]:
-    """The input's resolved path and each of its files' (relative path, size, mtime_ns).
-
-    A directory (Parquet parts, a zarr array) lists every file under it, so that adding,
-    removing or rewriting a part changes the fingerprint. An input on object storage
-    (``pipeline.core.storage``): its URL and each object's (relative key, size, ETag or
-    modification time). A list of inputs: the list of their fingerprints.
-    """
+    """The input's resolved path (or URL) and each of its files' (relative path, size, mtime_ns
+    or ETag), every file of a directory included; a list of inputs: their fingerprints."""
     if isinstance(source, (list, tuple)):
         fps = [fingerprint(s) for s in source]
         return {"path": [fp["path"] for fp in fps], "files": [fp["files"] for fp in fps]}
@@ -94,10 +88,9 @@ def ingest_options(
     missing: bool = False,
     strict: bool = True,
 ) -> dict[str, Any]:
-    """The options that change what ingest writes, as text (the key's other half). ``dtype``,
-    ``missing`` and ``strict`` enter only when not their defaults, so that the keys of stores
-    written before them stay; a model's schema and family (a warm start) enter with the prior's
-    values (its family's signature), and then ``missing`` and ``strict`` do not."""
+    """The options that change what ingest writes, as text (the key's other half); ``dtype``,
+    ``missing`` and ``strict`` only when not their defaults, so that older keys stay, and a
+    warm start's family by its signature."""
     out = {
         "family": repr(family),
         "chunk_rows": repr(int(chunk_rows)),

@@ -102,11 +102,8 @@ def peek_family(
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     drop: Sequence[str | None] = (),
 ) -> ProductFamily | None:
-    """The family ``ingest`` would infer from the first piece of ``source`` (without the
-    columns ``drop``: the label and group columns), read in this process; None when that piece
-    cannot be read or checked, which ``ingest`` then reports properly. A guess for choosing
-    which kernels to compile before the workers start: a later piece can still change the
-    family (values off the first piece's recording grid)."""
+    """The family ``ingest`` would infer from the first piece of ``source`` (without the columns
+    ``drop``), read in this process, or None: a guess of which kernels to compile early."""
     try:
         src = open_source(source, int(chunk_rows))
         label, group = (*drop, None, None)[:2]
@@ -133,10 +130,8 @@ def _drop_columns(
     sample: FloatArray,
     mom: Moments,
 ) -> tuple[ProductFamily, Moments]:
-    """The store without the columns ``_settle`` dropped: the family fitted to the sample of
-    the columns kept, X rewritten by one task per chunk in the new family's column order, and
-    the moments of the columns kept (a store with a dropped column is a rare input: one more
-    pass over it, never a second copy in memory)."""
+    """The store without the columns ``_settle`` dropped: the family refitted to the sample of
+    the columns kept and X rewritten by one task per chunk."""
     feats = schema.features
     keep = [old_features.index(c) for c in feats]
     prod = schema.build_family(sample)

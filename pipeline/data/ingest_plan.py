@@ -122,10 +122,8 @@ def on_pieces(
     tell: Callable[[str, int, int], None],
 ) -> list[Any]:
     """The results of ``submit(piece, encoder, rows)``'s task for every piece of ``src``, in
-    order (``gather_tell``). The encoder is broadcast and an in-memory piece's rows are scattered
-    to one worker (a delayed piece's computed there), so that no data is embedded in the task
-    graph; both are scattered again, and the tasks run again, when a lost worker takes them
-    (``on_scattered``: the tasks write only their own piece's rows)."""
+    order; the encoder and in-memory rows are scattered, not embedded in the graph, and scattered
+    again when a lost worker takes them (``on_scattered``)."""
     held = [p for p in src.pieces if p.kind in IN_MEMORY and p.kind != "delayed"]
 
     def run(enc_f: Any, *held_f: Any) -> list[Any]:

@@ -145,12 +145,8 @@ def _chunk_summary(
     sample_rate: float,
     unarrange: IntArray,
 ) -> ChunkSummary:
-    """Held-out flags, folds, training moments and prior-sample rows of a chunk (arranged).
-
-    ``keys`` are the hash keys of fold and held-out flag (row indices, or group codes), ``rows``
-    the input row indices (the key of the prior sample's hash) and ``positions`` the stored
-    rows reported as ``sample_rows``.
-    """
+    """Held-out flags, folds, training moments and prior-sample rows of a chunk (arranged), from
+    the hash ``keys`` (rows or group codes), the input ``rows`` and the stored ``positions``."""
     u = row_uniform(keys, HOLDOUT_SALT)
     hold = u < holdout if holdout > 0.0 else np.zeros(Xa.shape[0], dtype=bool)
     train = Xa[~hold]

@@ -239,11 +239,8 @@ def csv_line_of_row(path: Any, row: int) -> int | None:
 
 
 def describe_row(path: str | os.PathLike[str], row: int) -> str:
-    """Data row ``row`` (0-based) as a person finds it in the file.
-
-    ``"row 12 (line 14)"`` for a CSV file with a header and no blank lines, ``"row 12"``
-    (0-based record position) otherwise.
-    """
+    """Data row ``row`` (0-based) as a person finds it in the file: ``"row 12 (line 14)"`` for
+    a CSV file with a header and no blank lines, else ``"row 12"``."""
     try:
         kind = file_format(path)
     except ValueError:
@@ -259,10 +256,8 @@ _ROW = re.compile(r"\brow (\d+)\b(?! \()")
 
 
 def locate_rows(msg: str, path: str | os.PathLike[str]) -> str:
-    """``msg`` with its first 0-based ``row N`` rewritten by ``describe_row`` for ``path``.
-
-    A ``row N`` already followed by a parenthesis has been located and is left alone.
-    """
+    """``msg`` with its first 0-based ``row N`` not yet followed by a parenthesis rewritten by
+    ``describe_row`` for ``path``."""
     m = _ROW.search(msg)
     if m is None:
         return msg
@@ -324,15 +319,9 @@ def read_npy_header(f: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype[Any]]
 
 
 def check_npy(path: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
-    """Shape and dtype of a ``.npy`` file (or object: ``pipeline.core.storage``) from its
-    header, without reading the data.
-
-    Raises
-    ------
-    InputError
-        Naming the file: not a ``.npy`` file (magic bytes, header), or an array of Python
-        objects (which only unpickling could read, and this package never unpickles).
-    """
+    """Shape and dtype of a ``.npy`` file or object from its header, without reading the data;
+    an ``InputError`` naming the file for anything else or an array of Python objects (this
+    package never unpickles)."""
     from pipeline.core import storage
 
     name = storage.redact(str(path))

@@ -111,13 +111,8 @@ def read_file(path: str | os.PathLike[str]) -> pd.DataFrame:
 def read_piece(
     piece: Piece, columns: Sequence[str] | None, data: Any = None, text_columns: Sequence[str] = ()
 ) -> tuple[pd.DataFrame, bool]:
-    """The piece's rows as a DataFrame and whether they came with column names.
-
-    ``data`` is the piece's in-memory rows for the kinds in ``IN_MEMORY`` (a worker receives
-    them as a scattered or computed future); by default they are taken from the piece itself.
-    ``text_columns`` of a CSV file are read as text: a group key "007" stays "007" in every
-    block, whatever the other values of its block look like.
-    """
+    """The piece's rows as a DataFrame and whether they came with column names; ``data`` are the
+    rows of an in-memory piece, ``text_columns`` of a CSV are read as text (a key "007" stays)."""
     kind = piece.kind
     try:
         if kind == "npy":
@@ -192,13 +187,8 @@ class Source:
 
 
 def open_source(obj: Any, chunk_rows: int) -> Source:
-    """Cut an input into ingest pieces.
-
-    ``obj`` is a path (CSV; Parquet file or directory; ``.npy``; a zarr array), a URL of one
-    (``pipeline.core.storage``), a list of paths or URLs of tables (CSV, Parquet:
-    ``_listed_source``)
-    or, from Python, a numpy array, pandas DataFrame, dask array or dask DataFrame.
-    """
+    """Cut an input into ingest pieces: a path or URL (CSV; Parquet file or directory; ``.npy``;
+    zarr array), a list of tables (``_listed_source``), or an in-memory array or frame."""
     # a dask collection can only come from an imported dask; importing dask.array and
     # dask.dataframe just to test for one costs the driver most of a second
     da = sys.modules.get("dask.array")
@@ -348,10 +338,8 @@ def is_file_list(obj: Any) -> bool:
 
 
 def _listed_source(files: Sequence[Any], chunk_rows: int) -> Source:
-    """The pieces of several tables (CSV or Parquet files or directories, local or on object
-    storage) read as one input, in the order given: the rows of the first, then the second's...
-    (a rolling window of dated partitions, ``pipeline.ops.schedule``, without linking or copying
-    them into one directory). Each keeps its own label and row numbers in error messages."""
+    """The pieces of several tables read as one input, in the order given (a rolling window of
+    dated partitions, ``pipeline.ops.schedule``); each keeps its own label in messages."""
     pieces: list[Piece] = []
     labels = []
     for f in files:

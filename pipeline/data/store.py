@@ -72,10 +72,8 @@ FoldArray = NDArray[np.int16]
 
 
 def row_uniform(rows: IntArray, salt: int) -> FloatArray:
-    """A uniform number in [0, 1) for each row index: splitmix64 of (row, salt).
-
-    Depends on the row index only, so any chunking of the rows draws the same numbers.
-    """
+    """A uniform number in [0, 1) for each row index: splitmix64 of (row, salt), so that any
+    chunking of the rows draws the same numbers."""
     offset = (int(salt) * 0xD1B54A32D192ED03 + 0x9E3779B97F4A7C15) % 2**64
     z = np.asarray(rows, dtype=np.uint64) + np.uint64(offset)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -92,13 +90,9 @@ def holdout_mask_of(rows: IntArray, fraction: float) -> BoolArray:
 
 
 def folds_of_uniform(u: FloatArray, n_folds: int) -> FoldArray:
-    """Fold ids 0..n_folds-1 of hash uniforms ``u`` in [0, 1): the interval [j/F, (j+1)/F) that
-    holds u, i.e. ``min(floor(u * F), F - 1)``.
-
-    The interval is found by comparing u with the floats ``j / F`` rather than by rounding
-    ``u * F``: then fold 0 is exactly ``u < 1 / F``, the held-out test of ``holdout = 1 / F``,
-    bit for bit.
-    """
+    """Fold ids 0..n_folds-1 of hash uniforms ``u`` in [0, 1), ``min(floor(u * F), F - 1)``,
+    found by comparing u with ``j / F`` so that fold 0 is exactly ``u < 1 / F``, the held-out
+    test of ``holdout = 1 / F``."""
     u = np.asarray(u, dtype=np.float64)
     fold = np.zeros(u.shape, dtype=np.int16)
     # the number of edges j / F at or below u (searchsorted's answer; a few comparisons per
@@ -223,12 +217,9 @@ class Moments:
 @persist.register
 @dataclass
 class StoreInfo:
-    """Everything later steps need to know about the ingested records.
-
-    ``n_rows`` is the number of real rows; every per-row array of the store has ``n_stored``
-    rows (more than ``n_rows`` in a grouped store, whose chunks end in padding: module
-    docstring). ``sample_rows`` are stored positions.
-    """
+    """Everything later steps need to know about the ingested records: ``n_rows`` real rows,
+    ``n_stored`` per-row entries (more in a grouped store's padded chunks), ``sample_rows`` as
+    stored positions."""
 
     source: str
     n_rows: int
@@ -261,11 +252,9 @@ class StoreInfo:
     first_missing: list[Any] | None = None
 
     def with_prior_scale(self, scale: float | None) -> StoreInfo:
-        """This info with the empirical-Bayes prior refitted to the prior's ``sample`` at
-        ``scale`` (``Schema.build_family``; None: the family default). The store keeps the
-        sample as the truth rather than the prior, so that a store ingested under another
-        default, or shared by runs of other prior scales, gives each run its own; a prior
-        given to ingest (``prior_fixed``) is kept."""
+        """This info with the empirical-Bayes prior refitted to its ``sample`` at ``scale`` (None:
+        the family default), so that runs of other prior scales sharing the store each get
+        their own; a prior given to ingest (``prior_fixed``) is kept."""
         if self.prior_fixed:
             return self
         try:

@@ -22,13 +22,10 @@ def dask_client(
     warm: Sequence[str] | None = None,
     device: str = "cpu",
 ) -> Iterator[Any]:
-    """A ``distributed.Client``: to ``scheduler`` when given, else to a new ``LocalCluster`` of
-    ``n_workers`` single-threaded workers (default: one per core) listening on 127.0.0.1 only.
-    Prints the dashboard.
-
-    ``warm``: the engines whose kernels the new workers load while they start (default: every
-    registered engine; ``pipeline.distributed.worker_setup``). ``device="gpu"``: the new
-    cluster is ``gpu_cluster``'s, one worker per GPU."""
+    """A ``distributed.Client`` to ``scheduler``, else to a new ``LocalCluster`` of ``n_workers``
+    single-threaded workers (default one per core) on 127.0.0.1, whose workers load the kernels
+    of the engines ``warm`` (default all) while they start; ``device="gpu"``: ``gpu_cluster``'s.
+    Prints the dashboard."""
     import logging
 
     import dask
@@ -43,10 +40,8 @@ def dask_client(
         client = Client(scheduler)
         cluster = None
     else:
-        # no statistical profiler in the workers (the dashboard's Profile page stays empty):
-        # its sys._current_frames() every 10 ms can deadlock CPython 3.11 before 3.11.9
-        # (python/cpython#116969, dask/distributed#8616; seen here on 3.11.7 with threads for
-        # workers: every thread waiting for the GIL); fewer event-loop checks (scheduler_setup)
+        # no statistical profiler in the workers: it can deadlock CPython 3.11 before 3.11.9
+        # (python/cpython#116969); fewer event-loop checks (scheduler_setup)
         with dask.config.set({PROFILE_KEY: False, **scheduler_setup.TICK_CONFIG}):
             cluster = (
                 gpu_cluster(n_workers, processes, dashboard_address, warm)
@@ -89,11 +84,9 @@ def gpu_cluster(
     dashboard_address: str | None,
     warm: Sequence[str] | None = None,
 ) -> Any:
-    """A local cluster of one single-threaded worker per GPU: dask-cuda's ``LocalCUDACluster``
-    (each worker sees its own card through ``CUDA_VISIBLE_DEVICES``); under numba's CUDA
-    simulator ``n_workers`` (default 1) ordinary workers, which share the simulated card.
-    Raises ``DeviceError`` when the machine has no GPU (``pipeline.engines.gpu``) or
-    dask-cuda is missing."""
+    """A local cluster of one single-threaded worker per GPU (dask-cuda's ``LocalCUDACluster``;
+    under numba's CUDA simulator ``n_workers`` ordinary workers). ``DeviceError`` without a GPU
+    or dask-cuda."""
     import importlib.util
 
     from distributed import LocalCluster

@@ -154,9 +154,8 @@ def fit_distributed(
 def _place(
     client: Any, store_path: str | Path | None, device: str, engine: str
 ) -> Iterator[tuple[Any, Store, Path]]:
-    """Where a fit runs: ``client``, else a new local cluster (of one worker per GPU with
-    ``device="gpu"``, which needs one: ``require_device``), and the dataset store at
-    ``store_path``, else in a temporary directory, with its state store beside it; what is
+    """Where a fit runs: ``client``, else a new local cluster (one worker per GPU with
+    ``device="gpu"``), and its stores at ``store_path`` or in a temporary directory; what is
     made here is closed when the fit ends."""
     if device == "gpu":
         from pipeline.engines.gpu import require_device
@@ -187,10 +186,8 @@ def best_of_restarts(
     warm_start: tuple[Stats, float] | None = None,
     progress: bool = False,
 ) -> DistributedResult:
-    """``n_restarts`` runs of the pass loop (``loop.run_passes``) over ``store``, restart r from
-    the seed of ``replace(params, restart=r)``, each in the state store ``state``: the one with
-    the lowest objective, its labels read back, and every run's objective.
-    ``DistributedResult.seconds`` is the passes'."""
+    """``n_restarts`` runs of the pass loop over ``store``, restart r seeded by ``replace(params,
+    restart=r)``: the lowest objective's, its labels read back, and every run's objective."""
     t0 = time.perf_counter()
     best: tuple[PassState, IntArray] | None = None
     objectives = []

@@ -165,10 +165,9 @@ def cluster_kwargs(cfg: dict[str, Any], warm: list[str] | None = None) -> dict[s
 def open_cluster(
     kind: str, path: str | os.PathLike[str], warm: list[str] | None = None
 ) -> Iterator[Any]:
-    """A ``SLURMCluster`` / ``PBSCluster`` from the config file ``path``, not yet scaled
-    (``cluster.scale(jobs=n)`` submits jobs). Its ``job_script()`` is the script each job runs.
-    With TLS, the workers' copies of this run's credentials are written to a new private
-    directory (mode 0700) under ``shared_temp_directory``, removed with the cluster."""
+    """A ``SLURMCluster`` / ``PBSCluster`` from the config file ``path``, not yet scaled; with TLS
+    the workers' credentials go to a new private directory under ``shared_temp_directory``,
+    removed with the cluster."""
     import shutil
     import tempfile
 

@@ -46,10 +46,9 @@ def carry_task(engine: str, msg: Any, result: Any) -> Any:
 def sweep_chunks(
     client: Any, engine: Engine, ctx: RunContext, msg_f: Any, desc: str | None
 ) -> list[Any]:
-    """The chunk tasks' results of one pass, in chunk order: every chunk on the same message
-    (``map_chunks``: several chunks a task), or, for a sequential engine, a chain in chunk
-    order where each chunk's task waits for the previous one's ``carry`` (``chain_chunks``).
-    ``desc``: the progress bar's, None for none."""
+    """The chunk tasks' results of one pass, in chunk order (``map_chunks``; for a sequential
+    engine ``chain_chunks``, each task waiting for the previous one's ``carry``); ``desc``: the
+    progress bar's, None for none."""
     head = (engine.name, str(ctx.data.path), str(ctx.state.path))
     chunks = list(iter_chunks(ctx.info))
     if not engine.sequential:
@@ -156,12 +155,8 @@ def run_pass(
     client: Any, ctx: RunContext, state: LoopState, labels_out: storage.Where | None = None
 ) -> LoopState:
     """One pass: every chunk's ``chunk_task``, then the engine's reduce; checkpoints the new
-    state.
-
-    With ``labels_out`` (the write-out's labels group) and an engine that fuses the write-out,
-    every chunk task that changes nothing also writes its rows' labels and eq. 3.4 densities
-    there; when the whole pass changed nothing, the write-out has nothing left to do.
-    """
+    state. With ``labels_out`` and an engine that fuses the write-out, a chunk task that changes
+    nothing also writes its rows' labels and densities there."""
     from pipeline.data.labels import create_labels
 
     engine = get_engine(ctx.params.engine, ctx.params.device)
@@ -224,12 +219,9 @@ def run_passes(
     step: Callable[[LoopState], LoopState] | None = None,
     on_pass: Callable[[LoopState], None] | None = None,
 ) -> LoopState:
-    """Passes until the engine's stop rule or ``max_passes``: the one pass loop.
-
-    ``state``: start from it (default: ``start``, the checkpoint or the engine's start);
-    ``step``: runs one pass (default ``run_pass``; the flow wraps each pass as a Prefect task);
-    ``on_pass``: called after each pass (tests).
-    """
+    """Passes until the engine's stop rule or ``max_passes``: the one pass loop, from ``state``
+    (default: the checkpoint or the engine's start), each run by ``step`` (default ``run_pass``),
+    ``on_pass`` called after each."""
     if state is None:
         state = start(client, ctx, resume)
 

@@ -105,11 +105,9 @@ class Summaries:
 
 def split_summaries(client: Any, ctx: RunContext, state: PassState, M: int) -> Summaries:
     """One distributed pass after stage 1: cluster k becomes m_k = max(1, round(M n_k / N))
-    sub-clusters, slabs between the quantiles j / m_k (j = 1..m_k - 1) of the projection of its
-    records on its principal axis under a normal approximation (mean and covariance from the
-    cluster's statistics, ``Stats.moments``). Every chunk computes the
-    cut points alike, so nothing is communicated but the sub-clusters' statistics. Empty
-    sub-clusters are dropped. Labels go to the other buffer; the returned state decodes them."""
+    sub-clusters, slabs between the normal quantiles of its projection on its principal axis
+    (from its statistics, so every chunk cuts alike and only statistics travel). Empty ones are
+    dropped; labels go to the other buffer, which the returned state decodes."""
     from scipy.special import ndtri
 
     t0 = time.perf_counter()
@@ -180,9 +178,5 @@ def split_summaries(client: Any, ctx: RunContext, state: PassState, M: int) -> S
 
 
 def identity_stage2(stats: FloatArray, family: ProductFamily) -> IntArray:
-    """The default stage 2: every stage-1 cluster is a final cluster.
-
-    A stage 2 (BHC over the cluster summaries) takes the stage-1 statistics (K, S) and the
-    family and returns, for each stage-1 cluster, its final cluster 0..K2-1.
-    """
+    """The default stage 2: every stage-1 cluster (stats (K, S)) is its own final cluster."""
     return np.arange(stats.shape[0], dtype=np.int64)

@@ -35,10 +35,8 @@ WARM_ENV = "DPMM_WARM_ENGINES"
 
 
 def warm_stage2_bhc() -> None:
-    """Load the kernels of the summaries (the clusters' moments, ``Stats.moments``) and of
-    stage 2's BHC over them (``pipeline.ops.stage2.run_stage2``) for the toy family: compiled by a
-    worker while the other compiles the engine's sweep, instead of by the driver after stage 1,
-    when nothing else runs."""
+    """Load the kernels of the summaries' moments and of stage 2's BHC for the toy family, in a
+    worker while another compiles the sweep rather than in the driver after stage 1."""
     from kernels import bhc as kbhc
     from pipeline.families.stats import Stats
     from pipeline.models.bhc import build_tree
@@ -71,10 +69,8 @@ def warm_engines() -> list[str]:
 
 
 def warm_names(engines: list[str], family: ProductFamily | None) -> list[str]:
-    """The warm-up list of a run of ``engines`` on records of ``family`` (``peek_family``;
-    None: unknown, the Normal-Wishart-only kernels): ``warmup.EVERY_FAMILY`` or ``warmup.NW_CELLS``
-    added
-    when its spec is of their type, so that the workers compile the kernels the run calls."""
+    """The warm-up list of a run of ``engines`` on records of ``family`` (None: Normal-Wishart
+    only), with ``warmup.EVERY_FAMILY`` or ``warmup.NW_CELLS`` when its spec is of their type."""
     kind = [
         k for k, t in warmup.spec_kinds().items() if family is not None and family.spec.dtype == t
     ]
@@ -84,11 +80,9 @@ def warm_names(engines: list[str], family: ProductFamily | None) -> list[str]:
 def warm_kernels(
     names: list[str] | None = None, every_product: bool = False, helper: bool = False
 ) -> None:
-    """Load every numba kernel a chunk task or the sample start of the engines ``names``
-    (default ``warm_engines()``) calls, and those of a stage 2 named there, for Gaussian
-    (Normal-Wishart) records; ``every_product``: then again for any other product family and
-    for Gaussian records on a grid (the image's build-time cache). ``helper``: as the helper
-    process of ``warm_here_with_helper``, which compiles and does not load."""
+    """Load every kernel a chunk task or the sample start of the engines ``names`` (default
+    ``warm_engines()``) calls, and those of a stage 2 named there, for Gaussian records;
+    ``every_product`` also for every other spec type; ``helper``: compile, do not load."""
     _warm_kernels(names, helper)
     if every_product:
         for dtype in warmup.spec_kinds().values():
@@ -130,14 +124,9 @@ def _warm_steps(names: list[str], helper: bool = False) -> None:
         warmup.compile_once(*obs)
         warmup.run_steps([marginals, *steps], load)
     elif helper:
-        # the helper of a command whose workers are its threads: that process compiles the
-        # observation models, then the engine's first step (its sweep) and its last (the start,
-        # which calls the sweep), and starts its flow without stage 2, which the helper
-        # compiles meanwhile, after the marginals and the engine's other steps (the reduce).
-        # The helper starts with the Normal-Wishart factors' change and the marginals: forked,
-        # it is as early as that process, which must take the observation models its own steps
-        # call (and loads the factors' change when it gets to ``update``); it then takes what
-        # is left
+        # this process compiles the observation models and the engine's sweep and start, then
+        # starts its flow; the helper takes the factors' change, the marginals, the reduce and
+        # stage 2 meanwhile
         warmup.run_steps([factors, marginals, *steps[1:-1], *stage2, obs, *steps], load)
     else:
         # a stage 2 (BHC over summaries) calls the marginals, not the sweep's kernels: the
@@ -188,14 +177,9 @@ def warm_here_with_helper(names: list[str]) -> Iterator[None]:
 
 
 def _start_helper(names: list[str]) -> Callable[[float], None] | None:
-    """Start the helper of ``warm_here_with_helper``; returns the function that waits for it
-    (then kills it) or None if none started.
-
-    A fork when this process runs no other thread: the child has the pipeline imported (about
-    1.5 CPU s a new interpreter spends again, on the cold demo's busy cores) and starts at
-    once, so the order of ``_warm_steps``'s helper list, not a head start, leaves this process
-    the observation models. Otherwise (threads whose locks a child could inherit held) a new
-    interpreter."""
+    """Start the helper of ``warm_here_with_helper``: a fork when this process runs no other
+    thread (the pipeline already imported), else a new interpreter. Returns the function that
+    waits for it (then kills it), or None if none started."""
     if hasattr(os, "fork") and threading.active_count() == 1:
         _import_warm_up(names)
         try:

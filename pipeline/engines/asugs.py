@@ -150,10 +150,8 @@ class AsugsEngine(Engine):
     record_arrays: ClassVar[tuple[RecordArray, ...]] = (RecordArray("z", "int64", -1),)
 
     def run_info(self, info: StoreInfo, params: FitParams) -> StoreInfo:
-        """The run's prior as ``pipeline.ASUGS`` chooses it (``choose_prior``) when the run
-        gives no prior scale and ingest no prior: fitted to the store's prior sample at
-        ``PRIOR_SCALE``, then the scale and strength under which a stream with the default
-        options (``lam`` from ``alpha``) predicts the sample's first records best."""
+        """The run's prior as ``pipeline.ASUGS`` chooses it (``choose_prior`` on the store's prior
+        sample) when neither the run nor ingest gives one."""
         base = super().run_info(info, params)
         if info.prior_fixed or params.prior_scale is not None:
             return base

@@ -94,11 +94,8 @@ class Chunk:
     # than once); callers never write into them
     @cached_property
     def X(self) -> FloatArray:
-        """The chunk's records, float64 whatever the store holds (a float32 store's rows
-        widened here: the kernels compile for float64 only).
-
-        Read into the array the previous chunk on this thread was read into, when nothing
-        refers to that any more (``chunk_io.scratch``)."""
+        """The chunk's records as float64 (the kernels compile for float64 only), read into this
+        thread's previous chunk's array when nothing refers to it (``chunk_io.scratch``)."""
         return np.ascontiguousarray(self.read("X", reuse=True), dtype=np.float64)
 
     @cached_property
@@ -214,15 +211,11 @@ class Engine(ABC):
         kernels override ``warm_steps`` instead)."""
 
     def warm_steps(self) -> list[tuple[str, Callable[[], None]]]:
-        """The warm-up as named steps, each loading (or compiling, when the numba cache lacks
-        them) a group of kernels; default: ``warm_up`` as one step named after the engine. A
-        worker preload (``pipeline.distributed.worker_setup``) runs the run's engine's steps with
-        one process
-        per step compiling and the others loading its result from the cache: a step's name is
-        unique among all engines unless two engines share the step itself. The order matters
-        where a command's threads are the workers (``warm_here_with_helper``): that process
-        compiles the first step (the sweep's kernels) and the last (which may wait for the
-        others), while its helper compiles the steps in between."""
+        """The warm-up as named steps, each loading (or compiling) a group of kernels; default
+        ``warm_up`` as one step named after the engine. Preloaded workers compile each step in
+        one process and load it in the others, so a step's name is unique unless two engines
+        share the step. With threads as workers (``warm_here_with_helper``) this process
+        compiles the first and the last step, its helper those in between."""
         return [(self.name, self.warm_up)]
 
 
@@ -245,12 +238,9 @@ def check_missing(engine: Engine, info: StoreInfo) -> None:
 def stop_reason(
     e_old: float, e_new: float, changed: int, n_train: int, params: FitParams
 ) -> str | None:
-    """Why the run stops after a pass (None: it goes on; ``max_passes`` is the loop's).
-
-    "objective": the pass lowered the objective by at most ``tol * |e_new|`` (relative; a pass
-    that raised it stops too); "changes": at most ``min_change * n_train`` records changed
-    (sweep moves plus records relabelled by merges of existing clusters).
-    """
+    """Why the run stops after a pass (None: it goes on): "objective", the pass lowered it by at
+    most ``tol * |e_new|`` (or raised it); "changes", at most ``min_change * n_train`` records
+    changed cluster."""
     import math
 
     if changed <= params.min_change * n_train:

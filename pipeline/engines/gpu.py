@@ -59,10 +59,8 @@ class DeviceError(InputError):
 
 
 def missing_device() -> str | None:
-    """What a GPU run lacks here, as one line (None: nothing; numba's CUDA simulator,
-    ``NUMBA_ENABLE_CUDASIM=1``, counts as a device). CuPy and dask-cuda are not asked for:
-    the engine moves its arrays with numba's device arrays, and a Dask cluster of one worker
-    per GPU can be any cluster (``pipeline.distributed.client.gpu_cluster``)."""
+    """What a GPU run lacks here, as one line (None: nothing; numba's CUDA simulator counts as
+    a device)."""
     # numba itself still ships a deprecated numba.cuda of its own: ask for the package
     if importlib.util.find_spec("numba_cuda") is None:
         return "numba-cuda is not installed; install the GPU extra: pip install -e '.[gpu]'"
@@ -299,14 +297,3 @@ class KmeansGpuEngine(GpuPass, KmeansEngine):
 
 
 ENGINES: dict[str, MixtureEngine] = {e.name: e for e in (MapdpGpuEngine(), KmeansGpuEngine())}
-
-
-def resident_chunks() -> int:
-    """Chunks this process keeps on its card (tests, benchmarks)."""
-    return len(_RESIDENT)
-
-
-def clear_resident() -> None:
-    """Forget the resident chunks (their device memory is freed with them)."""
-    with _LOCK:
-        _RESIDENT.clear()

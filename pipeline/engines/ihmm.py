@@ -319,13 +319,8 @@ class IhmmEngine(Engine):
 
     def score_chunk(self, chunk: Chunk, labels: str, msg: IhmmInput) -> WriteResult:
         """Final state of every row and its forward-filtering term log p(x_t | x_<t), written
-        to ``labels``.
-
-        Every sequence, trained on or held out, is decoded by Viterbi under the final MAP model
-        (-1: the unrepresented state), so that the labels of the training rows agree with the
-        transition matrix and emissions the run reports (the sweep's own labels, which lag the
-        last reduce's merges and kappa step and keep ICM's run boundaries, stay in the record
-        array ``z``: they are what the objective and the statistics count)."""
+        to ``labels``: every sequence is decoded by Viterbi under the final MAP model (-1: the
+        unrepresented state); the sweep's own labels stay in the record array ``z``."""
         fam, state = msg.family, msg.state
         X, hold = chunk.X, chunk.holdout
         order, starts = chunk_sequences(chunk)
@@ -367,11 +362,9 @@ class IhmmEngine(Engine):
 def sample_start(
     ctx: RunContext, alpha: float, gamma: float, temper: str | float = 1.0
 ) -> IhmmPassState:
-    """The state before pass 1 from in-memory MAP-iHMM (sweeps, kappa step, Viterbi, merge and
-    split moves) on the training sequences of the first chunks, about ``init_sample`` rows: the
-    moves the passes do not have find the states once. Restarts and tempering (``temper``, the
-    run's emission weight w or "auto") are ``MAPiHMM``'s, with one restart
-    (``pipeline.models.ihmm_map.fit_map_ihmm``); every pass and the write-out then use that w."""
+    """The state before pass 1 from in-memory MAP-iHMM with one restart (``fit_map_ihmm``) on
+    the training sequences of the first chunks, about ``init_sample`` rows, choosing the
+    emission weight w (``temper``) the passes and the write-out then use."""
     t0 = time.perf_counter()
     info, params = ctx.info, ctx.params
     parts: list[FloatArray] = []

@@ -93,11 +93,8 @@ class MapdpEngine(MixtureEngine):
         return self._chunk_step_missing(chunk, msg)
 
     def _chunk_step_missing(self, chunk: Chunk, msg: PassInput) -> ChunkResult:
-        """A pass over a chunk whose records may have missing cells (module docstring): the
-        sweep on the completed records, the records with holes moved to their MAP cluster on
-        their observed cells, their holes set to the conditional mode of that cluster; the
-        delta is new completed records minus old ones. Idempotent as the other chunk steps:
-        reads the buffers z and fill of pass p - 1, writes those of pass p."""
+        """A pass over a chunk whose records may have missing cells (module docstring); reads
+        the buffers z and fill of pass p - 1 and writes those of pass p, as the other steps."""
         t0 = time.perf_counter()
         fam = msg.family
         X, hold = chunk.X, chunk.holdout
@@ -144,10 +141,8 @@ class MapdpEngine(MixtureEngine):
 def completed_records(
     chunk: Chunk, msg: PassInput, X: FloatArray, miss: NDArray[np.bool_], part: IntArray
 ) -> FloatArray:
-    """The chunk's records X (n, D) with the training rows' missing cells (``miss``, in rows
-    ``part``) as the previous pass filled them; in pass 1, the sample start's fill for its
-    rows and the prior's conditional mode for the others (``prior_filled``, as the starts
-    that count them)."""
+    """The chunk's records X (n, D) with the training rows' missing cells (``miss``, rows
+    ``part``) as the previous pass filled them; in pass 1 from ``prior_filled``."""
     if not part.size:
         return X
     if msg.p != 1:

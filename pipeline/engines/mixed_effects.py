@@ -131,11 +131,8 @@ def read_subjects(
 
 
 def _subjects_of_moments(chunk: Chunk, cols: Columns, heldout_fold: int | None) -> ChunkSubjects:
-    """``read_subjects`` from the store's per-group Gram matrices of W = [1, X] (their upper
-    triangles: ``pipeline.data.store.packed_index``; a grouped store keeps each group's rows
-    together, groups in code order): X_i^T X_i, X_i^T y_i, y_i^T y_i and n_i are its blocks,
-    equal bit for bit to ``kernels.mixed_effects.subject_moments`` on the rows
-    (``kernels.moments.group_gram``)."""
+    """``read_subjects`` from the store's per-group Gram matrices of W = [1, X]: X_i^T X_i,
+    X_i^T y_i, y_i^T y_i and n_i are its blocks, equal bit for bit to the rows' moments."""
     gm = read_group_moments(chunk.data, chunk.c)
     hold = gm.holdout
     if heldout_fold is not None:
@@ -388,11 +385,9 @@ class MixedEffectsEngine(Engine):
     def subject_results(
         self, chunk: Chunk, msg: MixedInput, cs: ChunkSubjects | None = None
     ) -> dict[str, np.ndarray]:
-        """The final per-subject results of a chunk: subject codes, training flag, cluster
-        (held-out subjects: the MAP cluster with beta integrated out, -1 for a new one), the
-        eq. 7.2 modes given the final model, and the log predictive density of the subject's
-        responses (the eq. 3.4 analogue) and the number of its observations (``cs``: the
-        chunk's subjects, when the caller has read them)."""
+        """The final per-subject results of a chunk: codes, training flag, cluster (held out:
+        the MAP cluster, -1 for a new one), eq. 7.2 modes, log predictive density and number of
+        observations (``cs``: the chunk's subjects, if read already)."""
         if cs is None:
             cs = _read(chunk, msg)
         sub = cs.sub

@@ -145,10 +145,8 @@ def reduce_pass(
     n_train: int,
     scored_into: str | None = None,
 ) -> tuple[PassState, dict[str, Any]]:
-    """The driver's half of a pass (module docstring): new state and the pass's record.
-
-    ``scored_into``: the labels group the chunk tasks wrote their scores into, if asked to.
-    """
+    """The driver's half of a pass (module docstring): new state and the pass's record;
+    ``scored_into`` the group the chunk tasks scored into, if asked to."""
     results = sorted(results, key=lambda r: r.c)
     K = state.n_clusters
     # statistics of another family, column group or prior refuse to add (``Stats``)
@@ -397,10 +395,8 @@ MAPDP_SWEEP_STEP = "mapdp-sweep"
 
 
 def _warm_packed() -> None:
-    """The packed predictives that the MAP-DP sweep and ``predict`` call
-    (``kernels.mapdp.pack_slots``, ``gaussian_nw.packed_log_predictives``), with the argument
-    types of those calls: a step of their own, which the other process compiles while this
-    one compiles the observation models, so that the sweep's compile loads them."""
+    """The packed predictives of the MAP-DP sweep and ``predict``, with those calls' argument
+    types: a warm-up step of their own, which another process can compile alongside."""
     from pipeline.engines.warmup import toy_family
 
     X, family = toy_family()

@@ -189,11 +189,8 @@ MIXTURE_REDUCE_STEP = "mixture-reduce"
 
 
 def warm_driver(X: FloatArray | None = None, family: ProductFamily | None = None) -> None:
-    """Load the numba kernels ``reduce_pass`` calls, so that their first real use does not pay
-    for loading them, on records X (n, D) of the run's own ``family`` when given (its spec type
-    picks them: ``kernels.obs.product``). They are compiled by one process of the run only
-    (``pipeline.engines.warmup.compile_once``): a worker may be at it already. (The report's
-    matplotlib is ``pipeline.ops.page.preload``'s.)"""
+    """Load the kernels ``reduce_pass`` calls, on records X (n, D) of the run's ``family`` when
+    given; compiled by one process of the run only (``warmup.compile_once``)."""
     from pipeline.engines.warmup import compile_once
 
     compile_once(MIXTURE_REDUCE_STEP, lambda: warm_reduce(X, family))
@@ -221,13 +218,9 @@ def _train_stats_task(data: str, a: int, b: int, fam: ProductFamily) -> FloatArr
 
 
 def asugs_state(client: Any, ctx: RunContext) -> PassState:
-    """The "asugs" / "asugs-sample" starts: the clusters of one ASUGS-PM pass (Tsiligkaridis and
-    Forsythe 2015; ``pipeline.engines.asugs``) over every chunk in order, or over the sample start's
-    rows, taken as a warm start (``warm_state``): pass 1 assigns every training record against them,
-    then their statistics are the data's own. ASUGS's own concentration alpha_n = k_n / (lambda +
-    log n) starts a learned alpha. The stream runs under the prior ASUGS chooses
-    (``AsugsEngine.run_info``) unless the run gives a prior scale; its clusters' statistics do not
-    depend on the prior."""
+    """The "asugs" / "asugs-sample" starts: the clusters of one ASUGS-PM pass over every chunk,
+    or over the sample start's rows, as a warm start (``warm_state``), with ASUGS's alpha_n
+    starting a learned alpha; under ASUGS's own prior unless the run gives a scale."""
     from pipeline.engines.asugs import ENGINE, stream_chunks, stream_sample
     from pipeline.models.asugs import DEFAULT_LAM, PM_INTERVAL, PRUNE_WEIGHT, check_stream_params
 
@@ -267,10 +260,8 @@ def asugs_state(client: Any, ctx: RunContext) -> PassState:
 
 
 def warm_state(ctx: RunContext, clusters: Stats, alpha: float) -> PassState:
-    """A warm start from a fitted model: pass 1 assigns every training record against the
-    model's clusters (its statistics, of this store's family), after which the reduce takes
-    the model's statistics out again (``PassState.warm``): the clusters the data fill
-    remain, with the data's own statistics, and the passes go on from there."""
+    """A warm start from a fitted model: pass 1 assigns every training record against its
+    clusters, then the reduce takes the model's statistics out (``PassState.warm``)."""
     fam = ctx.info.family
     if clusters.signature != fam.signature():
         raise ValueError(

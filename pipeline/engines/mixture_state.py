@@ -27,12 +27,8 @@ IntArray = NDArray[np.int64]
 @register
 @dataclass
 class PassState:
-    """The driver's state after ``pass_no`` passes: all a resumed run needs.
-
-    ``remap``, ``k_written`` and ``offsets`` decode the labels the last pass wrote
-    (``decode_labels``); ``init_rows`` / ``init_labels`` / ``init_label`` give the start of
-    pass 1 (the labels no pass wrote).
-    """
+    """The driver's state after ``pass_no`` passes: all a resumed run needs (``remap``,
+    ``k_written``, ``offsets`` decode the last pass's labels; ``init_*`` the start's)."""
 
     pass_no: int
     stats: FloatArray
@@ -122,10 +118,8 @@ def read_labels(ctx: RunContext, state: PassState) -> IntArray:
 def predict(
     X: FloatArray, stats: FloatArray, alpha: float, family: ProductFamily
 ) -> tuple[IntArray, FloatArray]:
-    """eq. 3.5 MAP cluster (-1: a new one) and eq. 3.4 log predictive density of each record
-    of X (n, D) under clusters ``stats`` (K, S) and concentration ``alpha``
-    (``pipeline.models.mapdp.dpm_predict``: records with missing cells on their observed
-    ones)."""
+    """Eq. 3.5's MAP cluster (-1: a new one) and eq. 3.4's log density of each record of X
+    (n, D) under ``stats`` (K, S) and ``alpha`` (``dpm_predict``)."""
     return dpm_predict(X, stats, alpha, family)
 
 

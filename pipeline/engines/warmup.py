@@ -24,10 +24,8 @@ import numpy as np
 
 from pipeline.families import FloatArray, ProductFamily
 
-#: names in the warm-up's list: its steps with the toy family's spec of another type
-#: (``kernels.obs.product``), for the kernels of other records than continuous Gaussian ones
-#: (``warm_names``): int64 for any product (categorical or count columns), int16 for
-#: Normal-Wishart columns recorded on a grid (integer-valued)
+#: names in the warm-up's list: its steps with the toy family's spec of another integer type
+#: (``kernels.obs.product``): int64 for categorical or count columns, int16 for gridded Gaussians
 EVERY_FAMILY = "every-family"
 
 
@@ -46,13 +44,9 @@ _toy_spec_dtype: Any = None
 
 
 def toy_family() -> tuple[FloatArray, ProductFamily]:
-    """40 records (40, 2) of two Gaussian blobs and their empirical-Bayes family.
-
-    The kernels compile per spec type (``kernels.obs.product``): this family's int32 spec
-    gives the Normal-Wishart-only kernels; with ``EVERY_FAMILY`` or ``NW_CELLS`` in the
-    warm-up's list (and in ``warm_kernels(every_product=True)``'s later rounds) its spec is
-    int64, whose kernels dispatch over all families, or int16, the Normal-Wishart kernels with
-    the recording cells' code."""
+    """40 records (40, 2) of two Gaussian blobs and their empirical-Bayes family, whose spec is
+    int32 (Normal-Wishart-only kernels), or int64 / int16 with ``EVERY_FAMILY`` / ``NW_CELLS``
+    in the warm-up's list."""
     from pipeline.families import GaussianNW
 
     rng = np.random.default_rng(0)
@@ -64,11 +58,8 @@ def toy_family() -> tuple[FloatArray, ProductFamily]:
 
 
 def warm_observation_models() -> None:
-    """Load the observation models' kernels a sweep calls (``kernels.obs.product`` over rows of
-    2-D arrays, as its callers pass them): the predictive densities and the statistics'
-    updates. Compiled first and once, they are loaded from the cache, not compiled again, by
-    the larger kernels that call them, which can then compile in several processes at once
-    without doing the same work twice."""
+    """Load the observation models' kernels a sweep calls, once, so that the larger kernels that
+    call them load rather than compile them and can compile in several processes at once."""
     from kernels.obs import product
 
     X, family = toy_family()
@@ -86,10 +77,8 @@ def warm_observation_models() -> None:
 
 
 def warm_observation_factors() -> None:
-    """Load the Normal-Wishart factors' rank-one change (``gaussian_nw._change_factors``),
-    which ``update`` calls for every spec type: the warm-up's helper compiles it first, on a
-    row it builds without any other kernel, so that the process compiling the observation
-    models (``update`` among them, seconds later) loads it rather than compiling it too."""
+    """Load the Normal-Wishart factors' rank-one change on its own, so that the process
+    compiling the observation models loads it rather than compiling it too."""
     from kernels.obs import gaussian_nw
 
     d = 2

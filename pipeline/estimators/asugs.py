@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pipeline.core.config import check_scale
+from pipeline.core.config import check_scale, keep_params
 from pipeline.core.seeds import as_seed_sequence, seed_state
 from pipeline.estimators.base import MixtureEstimator
 from pipeline.families import Family, FloatArray, ProductFamily
@@ -85,9 +85,7 @@ class ASUGS(MixtureEstimator):
     """
 
     _always_informative: ClassVar[bool] = False
-    # a saved model (``pipeline.estimators.model``) keeps the records seen, so that a loaded one
-    # streams on
-    # with alpha_i = k_i / (lambda + log i) where it stopped (``partial_fit``)
+    # a saved model keeps the records seen, so that a loaded one streams on where it stopped
     _model_attrs: ClassVar[tuple[str, ...]] = (*MixtureEstimator._model_attrs, "n_seen_")
     _model_extras: ClassVar[tuple[str, ...]] = (
         "pruned_stats_",
@@ -109,15 +107,7 @@ class ASUGS(MixtureEstimator):
         prune_weight: float = PRUNE_WEIGHT,
         random_state: Any = None,
     ):
-        self.lam = lam
-        self.select = select
-        self.prune_merge = prune_merge
-        self.family = family
-        self.alpha = alpha
-        self.prior_scale = prior_scale
-        self.pm_interval = pm_interval
-        self.prune_weight = prune_weight
-        self.random_state = random_state
+        keep_params(self, locals())
 
     def _check_params(self) -> StreamParams:
         if self.prior_scale is not None:
@@ -143,9 +133,7 @@ class ASUGS(MixtureEstimator):
         """
         sp = self._check_params()
         if getattr(self, "_stream", None) is None and hasattr(self, "cluster_stats_"):
-            # a model read back from disk (``pipeline.estimators.model``): the stream goes on from
-            # its
-            # clusters
+            # a model read back from disk: the stream goes on from its clusters
             self.start_from(self)
         if getattr(self, "_stream", None) is None:
             Xa = self._encode_fit(X)

@@ -82,17 +82,8 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
 
     # -- the template -----------------------------------------------------------------------
     def fit(self, X: Any, y: Any = None) -> Any:
-        """Fit the estimator to X.
-
-        Parameters
-        ----------
-        X : array-like or DataFrame of shape (n_samples, n_features)
-        y : ignored
-
-        Returns
-        -------
-        self
-        """
+        """Fit the estimator to X, array-like or DataFrame of shape (n_samples, n_features); y
+        is ignored. Returns self."""
         params = self._check_params()
         if getattr(self, "tune", None) is not None:
             from pipeline.estimators.tuning import tune_cv
@@ -112,9 +103,7 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         return None
 
     def _check_tuning(self) -> None:
-        """``prior_scale`` and ``tune`` (``pipeline.estimators.tuning``), for the estimators that
-        take
-        them."""
+        """``prior_scale`` and ``tune``, for the estimators that take them."""
         from pipeline.core.config import check_scale
         from pipeline.estimators.tuning import check_tune
 
@@ -225,30 +214,13 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         return True
 
     def predict(self, X: Any) -> IntArray:
-        """Cluster of each record of X.
-
-        Parameters
-        ----------
-        X : array-like or DataFrame of shape (n_samples, n_features)
-
-        Returns
-        -------
-        labels : ndarray of shape (n_samples,)
-        """
+        """Cluster of each record of X (n_samples, n_features): labels of shape (n_samples,)."""
         return self._predict_encoded(self._encode_predict(X))
 
     @available_if(_density_available)
     def score_samples(self, X: Any) -> FloatArray:
-        """Log predictive density of each record of X.
-
-        Parameters
-        ----------
-        X : array-like or DataFrame of shape (n_samples, n_features)
-
-        Returns
-        -------
-        log_density : ndarray of shape (n_samples,)
-        """
+        """Log predictive density of each record of X (n_samples, n_features), shape
+        (n_samples,)."""
         return self._score_encoded(self._encode_predict(X))
 
     @available_if(_density_available)
@@ -307,14 +279,8 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         self._empty_cache = fam.empty_cache()
 
     def save(self, path: Any, *, overwrite: bool = False) -> Any:
-        """Write the fitted model as the directory ``path``
-        (``pipeline.estimators.model.save_model``:
-        JSON plus arrays, no pickle); ``pipeline.load_model(path)`` reads it back.
-
-        Returns
-        -------
-        Path, ``path``.
-        """
+        """Write the fitted model as the directory ``path`` (``save_model``: JSON plus arrays,
+        no pickle) and return it; ``pipeline.load_model(path)`` reads it back."""
         from pipeline.estimators.model import save_model
 
         return save_model(self, path, overwrite=overwrite)

@@ -58,10 +58,7 @@ class DPMeans(MixtureEstimator):
         max_iter: int = 100,
         max_search: int = 60,
     ):
-        self.lam = lam
-        self.n_clusters = n_clusters
-        self.max_iter = max_iter
-        self.max_search = max_search
+        config.keep_params(self, locals())
 
     def _check_params(self) -> tuple[float | None, int | None]:
         lam = None if self.lam is None else config.check_tol(self.lam, "lam")
@@ -133,13 +130,7 @@ class _GibbsBase(MixtureEstimator):
         prior_scale: float | None = None,
         tune: str | None = None,
     ):
-        self.alpha = alpha
-        self.family = family
-        self.n_iter = n_iter
-        self.burn_in = burn_in
-        self.random_state = random_state
-        self.prior_scale = prior_scale
-        self.tune = tune
+        config.keep_params(self, locals())
 
     def _check_params(self) -> float:
         alpha = config.check_positive(self.alpha, "alpha")

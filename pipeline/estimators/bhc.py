@@ -112,17 +112,7 @@ class BHC(MixtureEstimator):
         prior_scale: float | None = None,
         tune: str | None = None,
     ) -> None:
-        self.alpha = alpha
-        self.family = family
-        self.method = method
-        self.random_state = random_state
-        self.alt_start = alt_start
-        self.k_init = k_init
-        self.kmeans_sweeps = kmeans_sweeps
-        self.n_top = n_top
-        self.parallel = parallel
-        self.prior_scale = prior_scale
-        self.tune = tune
+        config.keep_params(self, locals())
 
     # -- fitting ----------------------------------------------------------------------------
     def _check_params(self) -> float:
@@ -247,28 +237,16 @@ class BHC(MixtureEstimator):
 
     # -- prediction -------------------------------------------------------------------------
     def _score_encoded(self, Xa: FloatArray) -> FloatArray:
-        """log p(x | D, T): the predictive density of new records under the tree.
-
-        The DPM predictive of each tree-consistent partition (n_b / (N + alpha) p(x | D_b) per
-        block, alpha / (N + alpha) p(x) for a new block) averaged over the tree's posterior on
-        partitions, whose block probabilities are Heller & Ghahramani's (2005, Section 4)
-        omega_k: sum_k omega_k n_k / (N + alpha) p(x | D_k) + alpha / (N + alpha) p(x). It
-        integrates to one. Xu et al. (2009) uses but does not state it.
-
-        Parameters
-        ----------
-        Xa : ndarray of shape (n_samples, n_features)
-            Encoded records (``score_samples`` encodes and checks X).
-
-        Returns
-        -------
-        ndarray of shape (n_samples,)
-        """
+        """log p(x | D, T) of encoded records Xa (n_samples, n_features) under the tree, shape
+        (n_samples,): the DPM predictive of the tree-consistent partitions averaged with
+        Heller & Ghahramani's (2005, Section 4) weights omega_k,
+        sum_k omega_k n_k / (N + alpha) p(x | D_k) + alpha / (N + alpha) p(x); it integrates
+        to one (Xu et al. 2009 use but do not state it)."""
         fam = self.family_
         tree = self.tree_
         # the concentration of the fit (a tuned fit's choice, not the parameter; a model saved
         # before ``alpha_`` existed has the parameter)
-        alpha = float(getattr(self, "alpha_", self.alpha))
+        alpha = float(self.alpha_ if hasattr(self, "alpha_") else self.alpha)
         log_norm = math.log(float(tree.n[-1]) + alpha)
         log_w = tree.log_omega + np.log(tree.n) - log_norm
         log_w_new = math.log(alpha) - log_norm

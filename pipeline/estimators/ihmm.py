@@ -142,13 +142,6 @@ class _SequenceEstimator(MixtureEstimator):
         "residual_autocorrelation_",
     )
 
-    def _set_model_params(
-        self, alpha: float, gamma: float, family: Any, prior_scale: Any, random_state: Any
-    ) -> None:
-        """The parameters both estimators take (scikit-learn's: stored as given)."""
-        params = {"alpha": alpha, "gamma": gamma, "family": family, "prior_scale": prior_scale}
-        self.__dict__.update(params, random_state=random_state)
-
     def _sequences(
         self, X: Any, lengths: Any, sequence_column: str | None, time_column: str | None
     ) -> tuple[Any, IntArray | None, IntArray]:
@@ -381,14 +374,7 @@ class MAPiHMM(_SequenceEstimator):
         random_state: Any = None,
         verbose: int = 0,
     ):
-        self._set_model_params(alpha, gamma, family, prior_scale, random_state)
-        self.n_restarts = n_restarts
-        self.max_iter = max_iter
-        self.tol = tol
-        self.m_counts = m_counts
-        self.moves = moves
-        self.temper = temper
-        self.verbose = verbose
+        config.keep_params(self, locals())
 
     def _check_run(self) -> None:
         config.check_int(self.n_restarts, "n_restarts")
@@ -463,9 +449,7 @@ class IHMMGibbs(_SequenceEstimator):
         burn_in: int = 200,
         random_state: Any = None,
     ):
-        self._set_model_params(alpha, gamma, family, prior_scale, random_state)
-        self.n_sweeps = n_sweeps
-        self.burn_in = burn_in
+        config.keep_params(self, locals())
 
     def _check_run(self) -> None:
         config.check_int(self.n_sweeps, "n_sweeps")

@@ -129,20 +129,7 @@ class MAPDP(MixtureEstimator):
         strict: bool = False,
         device: str = "cpu",
     ):
-        self.alpha = alpha
-        self.family = family
-        self.n_restarts = n_restarts
-        self.max_iter = max_iter
-        self.tol = tol
-        self.init = init
-        self.alpha_prior = alpha_prior
-        self.random_state = random_state
-        self.verbose = verbose
-        self.prior_scale = prior_scale
-        self.tune = tune
-        self.missing = missing
-        self.strict = strict
-        self.device = device
+        config.keep_params(self, locals())
 
     # -- fitting -----------------------------------------------------------------------------
     def _check_params(self) -> tuple[float, bool, tuple[float, float]]:

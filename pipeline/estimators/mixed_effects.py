@@ -28,6 +28,7 @@ from pipeline.core.config import (
     check_int,
     check_positive,
     check_tol,
+    keep_params,
 )
 from pipeline.core.errors import InputError
 from pipeline.core.seeds import seed_entropy
@@ -108,9 +109,7 @@ class MixedEffectsDP(BaseEstimator):
     groups are found (``tests/data/panel_bodyweight.md``).
     """
 
-    # what a saved model keeps (``pipeline.estimators.model``): the global fit predicts and scores;
-    # the
-    # per-subject results (labels, random effects) are the training data's, not the model's
+    # what a saved model keeps: the global fit; per-subject results are the training data's
     _model_attrs: ClassVar[tuple[str, ...]] = ("n_clusters_", "model_", "prior_")
     _model_extras: ClassVar[tuple[str, ...]] = ("objective_history_", "n_iter_", "gaussian_")
 
@@ -129,17 +128,7 @@ class MixedEffectsDP(BaseEstimator):
         init: str = "auto",
         random_state: int | None = None,
     ) -> None:
-        self.init = init
-        self.alpha = alpha
-        self.alpha_prior = alpha_prior
-        self.fit_intercept = fit_intercept
-        self.shrink = shrink
-        self.prior = prior
-        self.tau_prior = tau_prior
-        self.max_iter = max_iter
-        self.tol = tol
-        self.min_change = min_change
-        self.random_state = random_state
+        keep_params(self, locals())
 
     # -- input -----------------------------------------------------------------------------
     def _design(self, X: Any, y: Any, groups: Any, fitting: bool) -> _Data:

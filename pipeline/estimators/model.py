@@ -33,14 +33,9 @@ _TREE = "tree_"
 
 
 def _estimators() -> dict[str, type]:
-    """The estimators a model may load into (an allowlist: a model never names code to import),
-    every model of ``pipeline.estimators.registry``; importing them registers the classes their
-    records hold (``pipeline.core.persist.register``: an HMM's state, a mixed model's
-    parameters) before a record is read in a fresh process.
-
-    The registry is imported by name, the one edge of the house that import-linter does not
-    see: it imports every estimator, each of which saves itself through this module
-    (``MixtureEstimator.save``), so a static import here would close a circle."""
+    """The estimators a model may load into (an allowlist), every model of the registry;
+    importing them registers the classes their records hold. The registry is imported by name:
+    a static import would close a circle through ``MixtureEstimator.save``."""
     registry = importlib.import_module("pipeline.estimators.registry")
     return {name: m.estimator for name, m in registry.MODELS.items()}
 

@@ -25,7 +25,7 @@ from sklearn.base import BaseEstimator, MetaEstimatorMixin, clone
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
-from pipeline.core.config import SEARCH_SELECT
+from pipeline.core.config import SEARCH_SELECT, keep_params
 from pipeline.estimators.grid import (
     CV_SEED,
     SearchError,
@@ -192,14 +192,7 @@ class GridSearch(MetaEstimatorMixin, BaseEstimator):
         random_state: Any = CV_SEED,
         error_score: Any = "raise",
     ):
-        self.estimator = estimator
-        self.param_grid = param_grid
-        self.cv = cv
-        self.select = select
-        self.refit = refit
-        self.client = client
-        self.random_state = random_state
-        self.error_score = error_score
+        keep_params(self, locals())
 
     def _check(self, X: Any, groups: Any) -> tuple[list[dict[str, Any]], list[Any]]:
         if self.select not in SEARCH_SELECT:

@@ -152,30 +152,7 @@ class TreeGuidedMCMC(MixtureEstimator):
         prior_scale: float | None = None,
         tune: str | None = None,
     ) -> None:
-        self.prior = prior
-        self.alpha = alpha
-        self.sigma = sigma
-        self.family = family
-        self.method = method
-        self.n_iter = n_iter
-        self.burn_in = burn_in
-        self.thin = thin
-        self.G = G
-        self.D = D
-        self.n_local = n_local
-        self.local = local
-        self.tree = tree
-        self.max_depth = max_depth
-        self.split_new = split_new
-        self.dissimilarity = dissimilarity
-        self.redraw = redraw
-        self.moves = moves
-        self.n_launch = n_launch
-        self.init = init
-        self.n_u_steps = n_u_steps
-        self.random_state = random_state
-        self.prior_scale = prior_scale
-        self.tune = tune
+        config.keep_params(self, locals())
 
     # -- public API ------------------------------------------------------------------------------
     def _fit(self, Xa: FloatArray, pp: FloatArray) -> None:

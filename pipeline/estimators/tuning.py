@@ -34,10 +34,9 @@ def check_tune(value: Any) -> Any:
 
 
 def _variants(family: Any, X: Any) -> list[tuple[Any, bool]]:
-    """The family settings tried: ``family`` itself, and the same with every full-covariance
-    Gaussian column made diagonal (or the reverse); a given prior (a ``Family`` instance) or data
-    without Gaussian columns is tried as it is only. Each with whether it gives X the column
-    kinds ``family`` gives it (``"auto"`` on all-real columns is the full covariance)."""
+    """The family settings tried: ``family`` itself and, with Gaussian columns and no given
+    prior, the same with full and diagonal covariance swapped; each with whether it gives X the
+    column kinds ``family`` gives it."""
     if not isinstance(family, (str, dict)):
         return [(family, True)]
     df, from_frame = as_frame(X)
@@ -147,10 +146,7 @@ def tune_cv(est: Any, X: Any) -> Any:
 
 def _concat_results(tables: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """The steps' ``cv_results_`` one after the other, in ``GridSearch``'s layout, with
-    ``param_*`` from the whole configurations and ``rank_test_score`` over all rows. The steps
-    share their folds, and a fold is left out when every candidate fails on it (which the data
-    decide: a column constant in its training rows), so their ``split*`` columns line up; a
-    step with fewer of them has NaN in the rest."""
+    ``rank_test_score`` over all rows; a step with fewer ``split*`` columns has NaN in the rest."""
     from pipeline.estimators.search import rank_scores
 
     params = [p for _, t in tables for p in t["params"]]

@@ -75,20 +75,14 @@ class Family(ABC):
 
     # -- missing cells (``ProductFamily.restrict`` / ``ProductFamily.impute``) ---------------
     def restrict(self, cols: Sequence[int]) -> tuple[Family, list[int]]:
-        """The family of the columns ``cols`` alone (indices into this family's columns, in
-        order), with the prior that is this prior's marginal on them, and where their
-        statistics lie in a statistics row: ``(family, stat_index)`` with
-        ``s[stat_index]`` the restricted family's statistics row.
-
-        The predictive of the restricted family is this family's predictive marginalised over
-        the other columns (exact: the other columns are integrated out of the model)."""
+        """``(family, stat_index)``: the family of the columns ``cols`` alone, with this prior's
+        marginal on them (so its predictive is this one's marginalised exactly over the other
+        columns), and ``s[stat_index]`` its statistics row of a row s of this family."""
         raise NotImplementedError(f"{type(self).__name__} does not take missing values")
 
     def impute(self, X: FloatArray, s: FloatArray) -> FloatArray:
-        """X (m, n_cols) with its NaN cells set to their conditional mode given the observed
-        cells of the row, under the cluster with statistics row s (S,): the iterated conditional
-        modes step of a missing cell treated as latent (Raykov et al. 2016's MAP-DP treats the
-        assignments the same way). Rows without a NaN are returned unchanged."""
+        """X (m, n_cols) with its NaN cells set to their conditional mode given the row's observed
+        cells under the cluster of statistics row s (S,): the ICM step of a latent cell."""
         raise NotImplementedError(f"{type(self).__name__} does not take missing values")
 
     # -- the two questions -----------------------------------------------------------------
@@ -334,14 +328,12 @@ class ProductFamily:
         Parameters
         ----------
         observed : ndarray of bool, shape (n_cols,)
-            Which arranged columns (group order, as ``arrange`` returns them) are observed; at
-            least one.
+            Which arranged columns are observed; at least one.
 
         Returns
         -------
         family : ProductFamily
-            Over the observed columns, renumbered 0..d'-1 in order; each group is
-            ``Family.restrict`` of its observed columns, groups with none are left out.
+            Over the observed columns, renumbered 0..d'-1; groups with none are left out.
         stat_index : ndarray of shape (S',)
             ``stats[:, stat_index]`` are the restricted family's statistics rows.
         """
@@ -395,9 +387,8 @@ class ProductFamily:
         ]
 
     def signature(self) -> str:
-        """What two statistics arrays must share to be added (bnpy's container check): the same
-        groups of families over the same columns (``spec``, ``column_order``) and the same
-        prior. A short text: the family's repr and a hash of those arrays."""
+        """What two statistics arrays must share to be added (bnpy's container check): the
+        family's repr and a hash of its ``spec``, ``column_order`` and prior."""
         import hashlib
 
         h = hashlib.sha256()
@@ -433,10 +424,8 @@ def check_summaries(stats: ArrayLike, family: ProductFamily) -> FloatArray:
 
 
 def as_product(family: Family | ProductFamily) -> ProductFamily:
-    """``family`` as a ``ProductFamily`` (a single ``Family`` becomes a one-group product).
-
-    Raises ``ValueError`` for anything else.
-    """
+    """``family`` as a ``ProductFamily`` (a ``Family`` becomes a one-group product); a
+    ``ValueError`` for anything else."""
     if isinstance(family, ProductFamily):
         return family
     if isinstance(family, Family):

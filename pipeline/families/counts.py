@@ -154,10 +154,8 @@ class Categorical(Family):
 class _RateFamily(Family):
     """Shared layout of the per-column (a, b) families: Poisson, Exponential and Geometric.
 
-    Each holds two positive prior vectors ``a`` and ``b`` of length d (the kernel's prior layout
-    is a (d), b (d)), a cache of 2 d + 1 numbers, and one support rule for its values. Subclasses
-    set ``code``, ``name``, ``_support`` (the message for a value outside the support) and, where
-    the support is not the non-negative integers, ``_bad``.
+    Subclasses set ``code``, ``name``, ``_support`` (the message for a value outside the support)
+    and, where the support is not the non-negative integers, ``_bad``.
     """
 
     a: ArrayLike

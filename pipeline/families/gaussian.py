@@ -99,11 +99,9 @@ def _recording_cells(
 def _available_case_moments(
     X: FloatArray, miss: NDArray[np.bool_]
 ) -> tuple[FloatArray, FloatArray]:
-    """Mean (d,) and covariance (d, d) of X (n, d) with missing cells (``miss``): each mean over
-    the column's values present, each covariance over the rows where both columns are
-    (pairwise-complete), then made positive definite by raising the eigenvalues to at least
-    1e-6 of their mean (pairwise estimates need not be). A column with fewer than two values
-    gets variance 1 and no covariance."""
+    """Mean (d,) and pairwise-complete covariance (d, d) of X (n, d) with missing cells
+    ``miss``, made positive definite (eigenvalues at least 1e-6 of their mean); a column with
+    fewer than two values gets variance 1 and no covariance."""
     d = X.shape[1]
     good = ~miss
     cnt = good.sum(axis=0).astype(np.float64)
@@ -126,10 +124,9 @@ def _available_case_moments(
 class GaussianNW(Family):
     """Multivariate Gaussian, unknown mean and full covariance, Normal-Wishart prior.
 
-    Parameters exactly as Raykov et al. 2016, Appendix B: the precision is Wishart with scale matrix
-    ``B0`` (d, d) and ``a0`` degrees of freedom (a0 > d - 1), the mean given the precision
-    Lambda is Normal(m0, (c0 Lambda)^{-1}). The posterior is eq. B.1; the predictive is the
-    Student-t with nu = a - d + 1, mu = m, Lambda = c nu / (c + 1) B.
+    As Raykov et al. 2016, Appendix B: the precision Lambda is Wishart(``B0`` (d, d), ``a0``),
+    a0 > d - 1, the mean given it Normal(m0, (c0 Lambda)^{-1}); the posterior is eq. B.1 and the
+    predictive a Student-t.
 
     Parameters
     ----------
@@ -138,9 +135,8 @@ class GaussianNW(Family):
     B0 : array-like of shape (d, d), symmetric positive definite
     a0 : float
     step : float, array-like of shape (d,) or None, default=None
-        The grid each column's values are recorded on (``recording_step``); every record is
-        counted with its cell's variance step^2 / 12 (Sheppard's correction, eq. B.1' of
-        ``kernels.obs.gaussian_nw``). None or 0: continuous, B.1 exactly.
+        The grid each column is recorded on (``recording_step``): every record is counted with
+        its cell's variance step^2 / 12 (Sheppard's correction). None or 0: continuous.
     """
 
     m0: ArrayLike
@@ -255,15 +251,10 @@ class GaussianNW(Family):
         return mk, T, ck, self.a0 + n
 
     def restrict(self, cols: Sequence[int]) -> tuple[GaussianNW, list[int]]:
-        """The Normal-Wishart prior's marginal on the columns ``cols`` (``Family.restrict``).
-
-        If the precision is Wishart(B0, a0) in d dimensions, the precision of the covariance's
-        block over d' of them is Wishart(((B0^{-1})_oo)^{-1}, a0 - (d - d')) (the Wishart's
-        marginal property, e.g. Gupta & Nagar 2000, Theorem 3.3.9), and the mean's block stays
-        Normal(m0_o, (c0 Lambda_oo)^{-1}); the predictive then has the same degrees of freedom
-        nu = a - d + 1 and the block of the Student-t's location and scale: exactly the
-        full predictive's marginal.
-        """
+        """The Normal-Wishart prior's marginal on the columns ``cols`` (``Family.restrict``):
+        Wishart(((B0^{-1})_oo)^{-1}, a0 - (d - d')) on the block's precision (Gupta & Nagar
+        2000, Theorem 3.3.9) and the mean's block, whose predictive is exactly the full
+        predictive's marginal."""
         o = np.asarray(cols, dtype=np.int64)
         d = self.n_cols
         T0 = np.linalg.inv(np.asarray(self.B0))

@@ -26,23 +26,17 @@ from pipeline.families import FloatArray, GaussianNW, NormalGamma, ProductFamily
 IntArray = NDArray[np.int64]
 
 SELECT = ("greedy", "sample")
-#: records between ASUGS-PM rounds at the start of a stream (``kernels.asugs.pm_due``); a round
-#: among the first few hundred records merges classes whose posteriors are still too broad to
-#: tell apart (Section 6.1's 16 classes: 250 finds all 16 in 60-70% of the trials against 30-40%
-#: for 50, ``bench_asugs``), and a merge cannot be undone in one pass
+#: records between ASUGS-PM rounds at the start of a stream (``kernels.asugs.pm_due``): earlier
+#: rounds merge classes whose posteriors are still too broad to tell apart (``bench_asugs``)
 PM_INTERVAL = 250
 #: a class holding less than this share of the records seen since it opened is pruned
 PRUNE_WEIGHT = 0.01
 DEFAULT_LAM = config.ASUGS_LAM
-#: the prior scale the stream's empirical-Bayes prior is fitted at before ``choose_prior``
-#: rescales it, and the scale of a stream whose first batch is too short to choose one
-#: (``EB_MIN_RECORDS``) and of the ``asugs`` starts of MAP-DP (``pipeline.engines.mixture_start``,
-#: whose MAP-DP passes follow under the run's own prior)
+#: the prior scale a stream's prior is fitted at before ``choose_prior`` rescales it, and that of
+#: a too short first batch (``EB_MIN_RECORDS``) and of the ``asugs`` starts of MAP-DP
 PRIOR_SCALE = 0.1
-#: the prior scales (the share of the data's variance one class is expected to carry) and
-#: strengths (the pseudo-records of the prior on the classes' covariance: a0 - d - 1 of the
-#: Normal-Wishart) ``choose_prior`` compares; 1 is the weakest Wishart with a finite mean
-#: covariance (a0 = d + 2), the batch default
+#: the prior scales and strengths (a0 - d - 1 of the Normal-Wishart; 1 is the batch default,
+#: a0 = d + 2) ``choose_prior`` compares
 EB_SCALES = (0.5, 0.3, 0.2, 0.1, 0.05, 0.03, 0.02, 0.01, 0.005, 0.002)
 EB_STRENGTHS = (1.0, 3.0, 10.0, 30.0, 100.0)
 #: the records at the start of a stream that ``choose_prior`` streams (at most)
@@ -102,10 +96,8 @@ class StreamState:
         rng: NDArray[np.uint64],
         n_seen: int | None = None,
     ) -> StreamState:
-        """A stream that has seen the records summarised by the clusters ``stats`` (K, S) (a
-        fitted model's; ``n_seen``: more records, when some were pruned), one class each, all
-        opened at the last of those records: pruning weighs a class against the records
-        streamed after them."""
+        """A stream that has seen the records the clusters ``stats`` (K, S) summarise (``n_seen``
+        more when some were pruned), one class each, opened at the last of those records."""
         stats = np.ascontiguousarray(np.asarray(stats, dtype=np.float64))
         K = int(stats.shape[0])
         if K == 0 or stats.shape[1] != family.n_stats or not np.all(stats[:, 0] > 0):

@@ -17,26 +17,9 @@ def log_posterior(alpha: float, n: int, k: int, a: float, b: float) -> float:
 def map_concentration(
     n: int, k: int, a: float = 1.0, b: float = 1.0, start: float = 1.0, tol: float = 1e-10
 ) -> float:
-    """The mode of eq. A.1 in N0, found by Newton's method on t = log N0.
-
-    Working on log N0 keeps the iterate positive (Appendix A, after Rasmussen 1999). Each Newton
-    step is halved until the log posterior does not decrease, so the iteration is monotone.
-
-    Parameters
-    ----------
-    n : int
-        Number of records N.
-    k : int
-        Number of clusters K.
-    a, b : float
-        Shape and rate of the Gamma prior on N0.
-    start : float
-        Starting value (the previous estimate).
-
-    Returns
-    -------
-    float
-        The MAP concentration.
+    """The mode of eq. A.1 in N0 for N = ``n`` records and K = ``k`` clusters under a Gamma(a,
+    rate b) prior, by Newton's method on t = log N0 from ``start`` (Appendix A, after Rasmussen
+    1999), each step halved until the log posterior does not decrease.
     """
     if n <= 0:
         return start

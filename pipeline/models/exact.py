@@ -19,15 +19,9 @@ MAX_LEAVES = 12
 
 
 def restricted_growth_strings(m: int) -> NDArray[np.int8]:
-    """Every set partition of m items as a restricted growth string.
-
-    Row p, column i is the block of item i in partition p; a string a satisfies a_0 = 0 and
-    a_i <= 1 + max(a_0..a_{i-1}), which lists each set partition exactly once.
-
-    Returns
-    -------
-    ndarray of shape (Bell(m), m), int8
-    """
+    """Every set partition of m items once, as a restricted growth string (a_0 = 0,
+    a_i <= 1 + max(a_0..a_{i-1})): an int8 array of shape (Bell(m), m), row p column i the block
+    of item i in partition p."""
     if m < 1:
         raise ValueError(f"need at least one item, got {m}")
     rgs = np.zeros((1, 1), dtype=np.int8)
@@ -82,14 +76,8 @@ def exact_log_marginal(
 ) -> float:
     """log p(D | alpha, beta) of a Dirichlet process mixture, summed over every partition.
 
-    Eq. 5 of Xu et al. 2009:
-
-        p(D) = sum_v alpha^{m_v} prod_l Gamma(n_l^v) / [Gamma(n + alpha) / Gamma(alpha)]
-               prod_l p(D_l^v | beta)
-
-    over the set partitions v of the leaves, enumerated as restricted growth strings. Each
-    block's term log alpha + log Gamma(n_b) + log p(D_b) is computed once per subset of leaves
-    (2^M of them, indexed by bitmask) and looked up for every partition.
+    Eq. 5 of Xu et al. 2009 over the set partitions of the leaves (restricted growth strings),
+    each block's term computed once per subset of leaves (2^M, by bitmask).
 
     Parameters
     ----------
@@ -100,8 +88,7 @@ def exact_log_marginal(
     family : 'gaussian', Family or ProductFamily
         'gaussian' means ``GaussianNW.empirical_bayes(X)`` (records only).
     stats : array-like of shape (n_leaves, S), optional
-        Leaf summaries (statistics rows of ``family``); the sum then runs over the partitions
-        that keep each summary whole, with n the total number of records.
+        Leaf summaries of ``family``, each kept whole.
 
     Returns
     -------

@@ -62,10 +62,8 @@ class IBHCResult:
     log_bound : float
         The lower bound of eq. 10 on log P(dX, du) (on log p(X) for the DP).
     u : float
-        The auxiliary variable the forest was built with.
     tree : pipeline.models.tree.Tree
-        Every node of the forest: leaves first (node i = leaf i), then internal nodes; the common
-        fields (``pipeline.models.tree.BASE_FIELDS``) and ``IBHC_FIELDS``.
+        The forest: leaves first, then internal nodes; fields ``BASE_FIELDS`` and ``IBHC_FIELDS``.
     """
 
     labels: IntArray

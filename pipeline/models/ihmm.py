@@ -197,9 +197,7 @@ class HmmState:
 
     def log_params(self, alpha: float) -> tuple[FloatArray, FloatArray]:
         """log initial-state probabilities (K + 1,) and log transition matrix (K + 1, K + 1) of
-        the MAP model: the posterior means given the counts and kappa,
-        (N_pk + N0 kappa_k) / (N_p. + N0), with the unrepresented states as one last state
-        (mass N0 kappa_{K+1} / (N_p. + N0); out of it, kappa itself)."""
+        the MAP model, (N_pk + N0 kappa_k) / (N_p. + N0), the unrepresented states as one."""
         K = self.n_states
         w = np.append(self.kappa, self.ku)
         A = np.empty((K + 1, K + 1))
@@ -367,10 +365,9 @@ def run_gibbs(
     seq: np.random.SeedSequence,
     callback: Callable[[int, IntArray, HmmState], None] | None = None,
 ) -> tuple[IntArray, HmmState]:
-    """The direct-assignment Gibbs sampler of Raykov et al. 2016, Section 6.1 (Teh et al. 2006):
-    each sweep draws every z_t from eq. 6.3 (``kernels.ihmm.sweep`` with ``gibbs``), then the table
-    counts (eq. 6.2) and kappa (eq. 6.1). Starts from one state; ``callback(i, z, state)`` sees the
-    labels (0..K-1) and state after every sweep. Returns the last labels and state."""
+    """The direct-assignment Gibbs sampler of Raykov et al. 2016, Section 6.1, from one state:
+    each sweep draws every z_t (eq. 6.3), the table counts (eq. 6.2) and kappa (eq. 6.1);
+    ``callback(i, z, state)`` sees each sweep. Returns the last labels and state."""
     N = Xa.shape[0]
     rng_state = np.asarray(seq.generate_state(1, dtype=np.uint64), dtype=np.uint64)
     rng = np.random.default_rng(seq.spawn(1)[0])

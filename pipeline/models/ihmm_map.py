@@ -104,11 +104,8 @@ def greedy_merges(
     e_now: float,
     temper: float = 1.0,
 ) -> tuple[HmmState, float, IntArray]:
-    """Greedy merges over pairs of states: the pair whose merge lowers E most
-    (``kernels.ihmm.merge_deltas``), while one does; each merge's E is recomputed in full.
-
-    Returns the new state, its E and ``target`` (K,): the new number of each old state.
-    """
+    """Greedy merges of the pair of states that lowers E most, while one does. Returns the new
+    state, its E and ``target`` (K,): the new number of each old state."""
     target = np.arange(st.n_states, dtype=np.int64)
     while st.n_states > 1:
         stats = st.stats if temper == 1.0 else temper * st.stats
@@ -170,10 +167,9 @@ def two_means(P: FloatArray, w: FloatArray, n_iter: int = 20) -> IntArray | None
 def split_labels(
     Xa: FloatArray, starts: IntArray, z: IntArray, k: int
 ) -> tuple[IntArray, IntArray] | None:
-    """A proposal to split state k in two, by its runs (maximal stretches of k within a
-    sequence): the runs' means grouped by weighted 2-means, so that a state holding runs of two
-    overlapping emissions splits along time, where records one by one could not. A state of one
-    run splits its records instead. Returns (members, side) or None."""
+    """A proposal to split state k in two by weighted 2-means of its runs' means (so that runs
+    of two overlapping emissions split along time); a state of one run splits its records.
+    Returns (members, side) or None."""
     members = np.flatnonzero(z == k)
     if members.shape[0] < 4:
         return None
@@ -197,11 +193,8 @@ def split_labels(
 def split_round(
     pr: Problem, z: IntArray, st: HmmState, e_now: float
 ) -> tuple[HmmState, float, bool]:
-    """Try to split every state in two; each split taken if E falls.
-
-    The proposal halves a state's runs (``split_labels``), then re-segments the sequences by
-    Viterbi under the K + 1 states (``viterbi_move``).
-    """
+    """Try to split every state in two (``split_labels``, then Viterbi under the K + 1 states);
+    each split is taken if E falls."""
     moved = False
     for k in range(st.n_states):
         proposal = split_labels(pr.Xa, pr.starts, z, k)

@@ -55,14 +55,9 @@ POWER_STEPS = 30
 
 
 def principal_axis(Xc: FloatArray) -> FloatArray | None:
-    """The direction of largest variance of the centred rows Xc (n, d), shape (d,); None when
-    the rows are not finite.
-
-    Up to ``EIGH_MAX_COLS`` columns: the top eigenvector of the covariance (O(d^3)). Wider rows
-    (microarrays, one-hot sequences) take ``POWER_STEPS`` power iterations Xc^T (Xc v) from the
-    column of largest variance, O(n d) each: a split only needs a direction that separates the
-    cluster roughly, and the sweeps that follow refine the halves.
-    """
+    """The direction of largest variance of the centred rows Xc (n, d), shape (d,), or None when
+    they are not finite: the covariance's top eigenvector up to ``EIGH_MAX_COLS`` columns, else
+    ``POWER_STEPS`` power iterations (a split only needs a rough direction)."""
     d = Xc.shape[1]
     if d <= EIGH_MAX_COLS:
         cov = Xc.T @ Xc / Xc.shape[0]
@@ -92,15 +87,8 @@ def try_split(
     max_sweeps: int = 10,
 ) -> tuple[float, IntArray, FloatArray] | None:
     """A split move for one cluster: two halves along its principal axis, refined by MAP-DP
-    sweeps restricted to the two halves (no new cluster), scored by the exact objective.
-
-    Returns
-    -------
-    (gain, side, stats2) or None
-        ``gain`` is the decrease of E (eq. 3.3) if the cluster is replaced by the two halves
-        (= -merge_gap of the halves), ``side`` (n_members,) in {0, 1}, ``stats2`` (2, S).
-        None when the cluster is too small or a half empties.
-    """
+    sweeps restricted to them. Returns (gain, side, stats2): the decrease of E (eq. 3.3), side
+    (n_members,) in {0, 1} and the halves' statistics (2, S); None when a half empties."""
     n = members.shape[0]
     if n < 4:
         return None
@@ -152,12 +140,8 @@ def _memo_split(
     empty_c: FloatArray,
     memo: SplitMemo | None,
 ) -> tuple[float, IntArray, FloatArray] | None:
-    """``try_split``, remembered across the rounds of one run by the cluster's members: the
-    restricted sweeps see only the members (in index order) and the prior, so a cluster that no
-    sweep or move has touched since an earlier round splits exactly as it did then; only the
-    gain, which depends on the concentration, is computed again. In the 100,000 x 10 benchmark
-    most clusters reach the later rounds unchanged (the third and fourth rounds tried 18 and 20
-    clusters, of which 2 and 4 had changed)."""
+    """``try_split``, remembered across the rounds of one run by the cluster's members (the
+    restricted sweeps see only them and the prior); only the gain is computed again."""
     if memo is None:
         return try_split(Xa, members, family, log_alpha, empty_c)
     key = (int(members.shape[0]), hash(members.tobytes()))
@@ -182,15 +166,9 @@ def split_merge(
     alpha: float,
     memo: SplitMemo | None = None,
 ) -> tuple[FloatArray, bool]:
-    """One round of split moves (``try_split`` on every cluster) then greedy merges
-    (``kernels.partition.greedy_merge``); a move is taken only if it lowers E (eq. 3.3).
-
-    ICM sweeps cannot split a cluster that holds two groups, nor merge two clusters, one
-    record at a time; these moves can, and keep the objective monotone. ``z`` is relabelled in
-    place; returns the new statistics (K', S) and whether anything changed. ``memo`` (a dict
-    kept by the caller across rounds, ``_memo_split``) skips the split of a cluster whose
-    members are those of an earlier round: same result.
-    """
+    """One round of split moves (``try_split``) then greedy merges, each taken only if it lowers
+    E (eq. 3.3): moves one-record ICM sweeps cannot make. ``z`` is relabelled in place; returns
+    the new statistics (K', S) and whether anything changed. ``memo``: see ``_memo_split``."""
     log_alpha = math.log(alpha)
     empty_c = family.empty_cache()
     K = stats.shape[0]

@@ -190,10 +190,9 @@ def _crp_term(n: FloatArray, alpha: float, n_total: float) -> float:
 
 @dataclass
 class SweepStats:
-    """What a sweep of a set of subjects returns (additive over chunks, slot by slot once the
-    chunks' new clusters are given global slots): per slot the count, sum of E[beta_i], sum of
-    E[beta_i beta_i^T] and log NW of the slot's parameters; the expected residual sum of squares,
-    the number of observations and sum_i -log N(y_i | ...) of the training subjects."""
+    """What a sweep of subjects returns, additive over chunks: per slot the count, sums of
+    E[beta_i] and E[beta_i beta_i^T] and log NW; the expected residual sum of squares, the
+    observations and sum_i -log N(y_i | ...) of the training subjects."""
 
     n: FloatArray
     s: FloatArray
@@ -221,10 +220,9 @@ def objective_before(
 def update(
     stats: SweepStats, model: MixedModel, prior: MixedPrior, learn_alpha: bool, merge: bool = True
 ) -> tuple[MixedModel, IntArray, float, int]:
-    """The driver's step after a sweep: the objective E at the sweep's assignments, then the
-    M-step: drop empty clusters, merge pairs of clusters while a merge lowers the expected
-    objective (the EM bound, so E cannot rise), the Normal-Wishart mode of each cluster, the mode
-    of tau (eq. 7.3 with the expected residual sum of squares) and of the concentration (eq. A.1).
+    """The driver's step after a sweep: E at the sweep's assignments, then the M-step (empty
+    clusters dropped, pairs merged while that lowers the EM bound, the Normal-Wishart modes, tau
+    by eq. 7.3, the concentration by eq. A.1).
 
     Returns
     -------
@@ -232,7 +230,7 @@ def update(
     mapping : (S,) int64
         Cluster of each slot in the new model (-1: an empty slot).
     objective : float
-        E before the M-step (``objective_before``).
+        E before the M-step.
     n_merges : int
     """
     e = objective_before(stats, model, prior, learn_alpha)
@@ -302,11 +300,9 @@ def update(
 def should_stop(
     e_old: float, e_new: float, changed: int, n_train: int, tol: float, min_change: float
 ) -> str | None:
-    """The stop rule, counted in subjects: the objective fell by at most ``tol * |E|`` (relative;
-    a rise stops too) while at most ``min_change * n_train`` subjects changed cluster. Both are
-    needed, unlike the mixture engines' rule (``pipeline.engines.base.stop_reason``): with no
-    subject moving, beta_i, the clusters' parameters and tau still move towards each other's
-    modes (as in EM), and stopping on the changes alone would stop short of those modes."""
+    """The stop rule, in subjects: E fell by at most ``tol * |E|`` (or rose) *and* at most
+    ``min_change * n_train`` subjects changed cluster; unlike the mixtures, the parameters keep
+    moving towards each other's modes with no subject moving."""
     if changed > min_change * n_train or not math.isfinite(e_old):
         return None
     if e_old - e_new <= tol * abs(e_new):
@@ -396,11 +392,8 @@ def _as_numeric_column(values: Any, name: str, what: str) -> FloatArray:
 
 
 def check_within_subject(names: list[str], columns: list[Any], subjects: Any) -> None:
-    """InputError for a covariate that varies within no subject (one observed more than once):
-    a subject-level covariate (sex, treatment arm) duplicates the intercept inside every
-    subject, so its coefficient, a random effect here like every coefficient of eq. 7.1, is
-    not fitted by the subject's data; fixed-effect-only covariates are not part of the model.
-    """
+    """InputError for a covariate that varies within no subject: it duplicates the intercept
+    inside every subject, so its random effect is not fitted by the subject's data."""
     frame = pd.DataFrame(dict(zip(names, columns, strict=True)))
     groups = frame.groupby(np.asarray(subjects), sort=False)
     repeated = (groups.size() > 1).to_numpy()

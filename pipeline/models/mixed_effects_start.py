@@ -103,12 +103,9 @@ def _floor_cov(cov: FloatArray, rel: float = 1e-6) -> FloatArray:
 def fit_gaussian(
     map_chunks: MapChunks, mom: OLSMoments, max_iter: int = GAUSSIAN_PASSES, tol: float = 1e-6
 ) -> GaussianFit:
-    """Maximum likelihood of the one-cluster model by EM over the chunks (``gaussian_estep``):
-    mu = mean E[beta_i], Sigma = mean E[beta_i beta_i^T] - mu mu^T, tau = n_obs / E[RSS]. It
-    starts from the pooled least-squares fit and the (noise-inflated) covariance of the subjects'
-    own least-squares fits, so that the covariance shrinks from above: EM for variance
-    components started too small crawls. Stops when -log p(y) falls by at most ``tol``
-    relative."""
+    """Maximum likelihood of the one-cluster model by EM over the chunks (``gaussian_estep``),
+    from the pooled least-squares fit and a covariance above the truth (EM for variance
+    components started too small crawls), until -log p(y) falls by at most ``tol`` relative."""
     p = mom.s.shape[0]
     mu = np.linalg.lstsq(mom.XtX, mom.Xty, rcond=None)[0]
     tau = mom.start_tau()
@@ -153,10 +150,8 @@ def empirical_prior(
     alpha_prior: tuple[float, float] = ALPHA_PRIOR,
 ) -> MixedPrior:
     """The empirical-Bayes prior (Appendix A, option 1) from the Gaussian random-effects fit, as
-    ``GaussianNW.empirical_bayes`` does for records: m0 = its mean, a0 = p + 2,
-    E[R_k] = a0 B0 = (Sigma / shrink)^-1 (a cluster carries 1/shrink of the random effects'
-    covariance Sigma), c0 = 1 / (shrink - 1) (the spread of the cluster means makes up the rest).
-    ``tau_prior``'s rate None is 1e-3 / tau (weak, in y's units)."""
+    ``GaussianNW.empirical_bayes``: m0 its mean, a0 = p + 2, a cluster carrying 1/shrink of its
+    covariance, c0 = 1 / (shrink - 1); ``tau_prior``'s rate None is 1e-3 / tau."""
     p = g.mu.shape[0]
     a0 = p + 2.0
     T0 = a0 * g.cov / shrink
@@ -170,10 +165,8 @@ def empirical_prior(
 def start_clusters(
     effects: FloatArray, prior: MixedPrior, alpha: float | str, seed: int
 ) -> IntArray:
-    """The start's partition of the sampled subjects: collapsed MAP-DP (Algorithm 1,
-    ``pipeline.models.mapdp.run_mapdp``, as one restart of ``MAPDP``) on their random effects'
-    conditional means in the Gaussian fit, under
-    the model's own Normal-Wishart prior; labels 0..K-1."""
+    """The start's partition of the sampled subjects: one restart of MAP-DP on their random
+    effects' conditional means under the model's own prior; labels 0..K-1."""
     from pipeline.core.seeds import as_seed_sequence
     from pipeline.families import GaussianNW, as_product
     from pipeline.models.mapdp import run_mapdp

@@ -112,10 +112,8 @@ def family_spec(info: StoreInfo, variant: str) -> dict[str, str]:
 
 
 def _frame(X: np.ndarray, info: StoreInfo) -> pd.DataFrame:
-    """Store rows (family order) as a DataFrame of the schema's columns (without those ingest
-    dropped), categorical codes as integers (so ``family_spec`` names them); a missing cell
-    stays NaN (a fold fit takes it as latent and scores the record on its other cells:
-    ``MAPDP.score_samples``, the marginal on the observed columns)."""
+    """Store rows (family order) as a DataFrame of the schema's kept columns, categorical codes
+    as integers; a missing cell stays NaN."""
     df = pd.DataFrame(X, columns=info.names)
     for c in info.schema.features:
         if info.schema.kinds[c] not in GAUSSIAN_VARIANTS and not df[c].isna().any():

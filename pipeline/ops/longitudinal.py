@@ -313,10 +313,8 @@ def write_report(
     rng = np.random.default_rng(seed)
     pics = [trajectories_picture(out, df, cols, subjects, model, rng, n_trajectories)]
     tcol = cols.time
-    # random effects in 2-D: the time slope against the intercept when there is a time, else
-    # the first two coefficients
-    # at most n_points subjects drawn (a seeded sample): a million points draw no better than
-    # 20,000 and cost a minute and a colour per point
+    # random effects in 2-D (the time slope against the intercept, else the first two), on at
+    # most n_points subjects: a million points draw no better than 20,000
     rows = np.arange(len(subjects))
     if rows.size > n_points:
         rows = np.sort(rng.choice(rows, size=n_points, replace=False))

@@ -101,12 +101,9 @@ def _tree_picture(
     posterior: pd.DataFrame | None,
     path: Path,
 ) -> list[int]:
-    """``dendrogram.png``: the BHC tree down to its r_k < 0.5 cut, each subtree of the cut one
-    leaf (a dot) labelled with its final cluster and records, the merges above the cut (the
-    splits) drawn; with ``posterior`` (tgMCMC) the posterior over the number of clusters beside
-    it. A cut of one cluster (nothing split) draws the whole tree over the summaries instead.
-    Returns the final clusters in the order of the drawn leaves (the report's cluster
-    order)."""
+    """``dendrogram.png``: the BHC tree down to its r_k < 0.5 cut, each cut subtree one labelled
+    leaf, with ``posterior`` (tgMCMC) beside it; the whole tree when nothing is split. Returns
+    the final clusters in the order of the drawn leaves."""
     from matplotlib.lines import Line2D
     from scipy.cluster.hierarchy import dendrogram
 

@@ -24,9 +24,8 @@ if os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
 from kernels import cuda_mapdp as cm
 from kernels.obs import gaussian_nw
 from pipeline.distributed import loop
-from pipeline.engines import get_engine
+from pipeline.engines import get_engine, gpu
 from pipeline.engines.base import RunContext
-from pipeline.engines.gpu import resident_chunks
 from pipeline.families import GaussianNW
 from tests.engine_contract import EngineContract, blobs
 
@@ -171,7 +170,7 @@ def test_records_stay_on_the_card_and_the_fit_matches_the_cpu(client, tmp_path: 
         from pipeline.engines.mixture_state import read_labels
 
         labels[device] = read_labels(ctx, state)
-    assert resident_chunks() >= 3
+    assert len(gpu._RESIDENT) >= 3
     from sklearn.metrics import normalized_mutual_info_score
 
     assert len(set(labels["gpu"])) == len(set(labels["cpu"]))
@@ -186,7 +185,7 @@ def test_a_store_beyond_the_resident_budget_streams_with_the_same_result(
     from pipeline.core.config import FitParams
     from pipeline.data.ingest import ingest
     from pipeline.data.store import Store
-    from pipeline.engines.gpu import RESIDENT_ENV, clear_resident
+    from pipeline.engines.gpu import RESIDENT_ENV
     from pipeline.engines.mixture_state import read_labels
 
     store = Store(tmp_path / "data")
@@ -195,10 +194,10 @@ def test_a_store_beyond_the_resident_budget_streams_with_the_same_result(
     got = []
     for budget in ("1000000", "100"):
         monkeypatch.setenv(RESIDENT_ENV, budget)
-        clear_resident()
+        gpu._RESIDENT.clear()  # their device memory is freed with them
         ctx = loop.context(store, tmp_path / f"state-{budget}", info, params)
         state: Any = loop.run_passes(client, ctx)
-        got.append((state.objective, read_labels(ctx, state), resident_chunks()))
+        got.append((state.objective, read_labels(ctx, state), len(gpu._RESIDENT)))
     assert got[0][2] == 4 and got[1][2] == 0
     assert got[0][0] == got[1][0]
     np.testing.assert_array_equal(got[0][1], got[1][1])
