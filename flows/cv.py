@@ -88,12 +88,9 @@ def cv(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Score every cell of the grid (alphas x scales x families) by ``n_folds``-fold held-out
-    log predictive density on the dataset store of ``input``, choose one (``select``: "best" or
-    "one-se"), refit it on all records; write ``out``. Returns the content of ``out/cv.json``.
-    ``missing`` ("latent" or "refuse") and ``strict`` as ``dpmm run``'s: a constant column is
-    dropped at ingest, and missing cells are latent in every fold fit while the held-out
-    records are scored on their observed cells (``pipeline.ops.cv.fold_fit``).
-    """
+    log predictive density on the dataset store of ``input``, choose one (``select``), refit it
+    on all records and write ``out``; ``missing`` and ``strict`` as ``dpmm run``'s. Returns the
+    content of ``out/cv.json``."""
     t_start = time.perf_counter()
     cells = _cells(alphas, scales, families, select, int(n_folds))
     shown = storage.redact(str(storage.location(out)))

@@ -72,10 +72,8 @@ def hmm(
     report: bool = True,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Fit MAP-iHMM to the sequences of ``input`` (``dpmm hmm``; parameters as there).
-
-    Returns the content of ``out/run.json``.
-    """
+    """Fit MAP-iHMM to the sequences of ``input`` (``dpmm hmm``; parameters as there); returns
+    the content of ``out/run.json``."""
     temper = check_temper(temper)
     cfg = run_config(locals(), engine="ihmm", alpha=float(alpha), group_column=sequence_column)
     t0 = time.perf_counter()

@@ -20,15 +20,8 @@ _FIELDS = tuple(f.name for f in fields(FitParams) if f.name not in ("seed", "res
 
 
 def fit_params(random_state: int | None, **fit: Any) -> FitParams:
-    """Stage 1's parameters, checked.
-
-    Parameters
-    ----------
-    random_state : int or None
-        The flow's seed: the run's entropy is ``seed_entropy(random_state)`` (None: fresh).
-    **fit
-        The other fields of ``FitParams`` (engine, alpha, init, max_passes, tol, ...).
-    """
+    """Stage 1's parameters, checked: the run's entropy ``seed_entropy(random_state)`` (None:
+    fresh) and the other fields of ``FitParams`` in ``fit``."""
     return FitParams(seed=seed_entropy(random_state), **fit).checked()
 
 

@@ -49,10 +49,8 @@ def score(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Score the records of ``input`` with the model directory ``model`` into ``out``
-    (``out/labels.zarr``: label and log_density per record in input order; ``out/score.json``).
-
-    Returns the content of ``out/score.json``.
-    """
+    (``labels.zarr``: label and log_density per record in input order); returns the content of
+    ``out/score.json``."""
     t0 = time.perf_counter()
     est = sc.open_model(model)
     partial = sc.prepare(out, overwrite)

@@ -39,18 +39,9 @@ def retry_unless_bad_input(task: Any, task_run: Any, state: Any) -> bool:
 def step(
     name: str, *, task_run_name: str | None = None, retries: int = RETRIES
 ) -> Callable[[Callable[P, R]], Task[P, R]]:
-    """``prefect.task`` with the flows' options.
-
-    Parameters
-    ----------
-    name : str
-        The task's name.
-    task_run_name : str, optional
-        The name of each run, formatted with the task's arguments (``"pass-{p}"``).
-    retries : int
-        Retries after a failure that is not bad input (default ``RETRIES``); 0: Prefect's default
-        (none), for a step that reads no store or whose retry would only repeat the failure.
-    """
+    """``prefect.task`` named ``name`` with the flows' options; ``task_run_name`` names each run
+    from the task's arguments (``"pass-{p}"``); ``retries`` after a failure that is not bad
+    input (default ``RETRIES``; 0 for a step whose retry would only repeat the failure)."""
     if retries > 0:
         return task(
             name=name,
@@ -64,11 +55,8 @@ def step(
 
 
 def run_flow(flow_fn: Any, **kwargs: Any) -> Any:
-    """Run ``flow_fn(**kwargs)``. Against Prefect's temporary server (no ``PREFECT_API_URL``),
-    which lives and dies with this process, flow-run heartbeats are off: Prefect 3.8 joins their
-    thread when the run ends, which holds up the end by up to a second, and no long-lived
-    server is there to tell a crashed run from a long one by them. Against a configured server
-    Prefect's own heartbeats are sent as configured."""
+    """Run ``flow_fn(**kwargs)``; against Prefect's temporary server, which lives and dies with
+    this process, with flow-run heartbeats off (their thread holds up the end by a second)."""
     from prefect.settings import (
         PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
         get_current_settings,
@@ -94,14 +82,10 @@ def pass_task(
 
 
 def passes(client: Any, ctx: RunContext, labels_out: Where | None = None) -> Any:
-    """The fit's passes (``pipeline.distributed.loop.run_passes``) with the start (the checkpoint
-    or the engine's) and each pass a step, ``pass-N``, retried as a step is.
-
-    ``labels_out``: the write-out's labels group, for an engine that fuses the write-out into
-    its last pass (``loop.run_pass``). The context goes to the steps quoted: Prefect walks a
-    task's parameters looking for futures, and the store info lists every group id (at
-    1,000,000 subjects 10 s a task, more than a pass).
-    """
+    """The fit's passes (``run_passes``) with the start and each pass a step, ``pass-N``;
+    ``labels_out``: the write-out's labels group, for an engine that fuses the write-out. The
+    context goes to the steps quoted: Prefect would walk its every group id looking for
+    futures (10 s a task at 1,000,000 subjects)."""
     q: Any = quote(ctx)
     return loop.run_passes(
         client,

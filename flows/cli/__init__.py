@@ -18,10 +18,8 @@ __all__ = ["build_parser", "main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dpmm`` with ``argv`` (default: this program's arguments); returns the exit status.
-
-    As the program, a command that runs a flow starts Prefect's temporary server first
-    (``flows.cli.prefect_api``), so that it boots while the command imports the pipeline, Dask
-    and Prefect (about 2 s) instead of after."""
+    As the program, a command that runs a flow starts Prefect's temporary server first, so that
+    it boots while the command imports the pipeline."""
     if argv is None:
         # registered first, so it runs after every other exit handler
         status: list[int | None] = [None]

@@ -157,13 +157,9 @@ def run_cluster(
     shown_input: str | Path | None = None,
     shown_out: str | Path | None = None,
 ) -> ClusterResult:
-    """Read ``input_path``, fit MAP-DP, write labels / clusters / run.json into ``out_dir``.
-
-    ``out_dir`` should be a staging directory (``pipeline.core.outputs.staged_dir``).
-    ``shown_input`` /
-    ``shown_out`` are the paths named in messages and run.json (default: the real ones).
-    Problems with the input raise ``InputError``.
-    """
+    """Read ``input_path``, fit MAP-DP, write labels / clusters / run.json into ``out_dir`` (a
+    staging directory); ``shown_input`` / ``shown_out`` are the paths messages name. Bad input
+    raises ``InputError``."""
     from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
     path = Path(input_path)

@@ -65,10 +65,8 @@ def add_demo_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """``dpmm demo``: generate DIR/input.parquet (20-cluster mixture with a ``true_label``
-    column; kept when a later demo asks for the same data) and run the ``cluster`` flow on it
-    into DIR/result with the label column, ``--summaries`` and 10% held out (its dataset store
-    in DIR/datasets); ``--in-memory``: the ``cluster`` path on DIR/input.csv."""
+    """``dpmm demo``: generate DIR/input.parquet (a 20-cluster mixture with ``true_label``) and
+    run the ``cluster`` flow on it into DIR/result; ``--in-memory``: ``dpmm cluster`` instead."""
     if args.in_memory:
         return demo_in_memory(args)
     from pipeline.data.demo import LABEL_COLUMN

@@ -26,20 +26,8 @@ def _terminal_handlers(logger: logging.Logger) -> list[logging.Handler]:
 
 @contextlib.contextmanager
 def logs_to(path: Path, restore: bool = True) -> Iterator[Path]:
-    """Send the log lines of Prefect, Dask and everything else to ``path`` during the block.
-
-    Parameters
-    ----------
-    path : Path
-        The log file (created or appended to).
-    restore : bool
-        Put the terminal handlers back after the block (False: until the process ends).
-
-    Yields
-    ------
-    Path
-        ``path``.
-    """
+    """Send the log lines of Prefect, Dask and everything else to the file ``path`` during the
+    block (yielding it), and with ``restore`` put the terminal handlers back after it."""
     # both configure their handlers on import: that must have happened before they are moved
     import distributed  # noqa: F401
     import prefect  # noqa: F401

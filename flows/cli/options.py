@@ -117,16 +117,9 @@ def one_line(msg: str) -> str:
 
 @contextlib.contextmanager
 def bad_input(prefix: str | None = None, rows_of: str | Path | None = None) -> Iterator[None]:
-    """Turn ``ValueError`` / ``TypeError`` / ``OSError`` raised in the block into ``InputError``.
-
-    Parameters
-    ----------
-    prefix : str, optional
-        Put in front of the message (``"<prefix>: <message>"``) unless already there.
-    rows_of : path, optional
-        The input file: a 0-based ``row N`` in the message is rewritten to where that record
-        is in the file (``pipeline.data.io.locate_rows``).
-    """
+    """Turn ``ValueError`` / ``TypeError`` / ``OSError`` raised in the block into ``InputError``,
+    with ``prefix`` in front of the message and a 0-based ``row N`` located in the file
+    ``rows_of`` (``pipeline.data.io.locate_rows``)."""
     try:
         yield
     except (ValueError, TypeError, OSError) as err:

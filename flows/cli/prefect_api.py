@@ -151,13 +151,8 @@ def free_port() -> int:
 def wait_healthy(
     api: str, timeout: float, proc: subprocess.Popen[Any] | None = None, poll: float = 0.25
 ) -> None:
-    """Wait until the Prefect API at ``api`` answers its health check (every ``poll`` s).
-
-    Raises
-    ------
-    RuntimeError
-        ``proc`` (the server's process) exited, or ``timeout`` seconds passed.
-    """
+    """Wait until the Prefect API at ``api`` answers its health check (every ``poll`` s); a
+    ``RuntimeError`` when ``proc`` exits or after ``timeout`` seconds."""
     import httpx
 
     deadline = time.monotonic() + timeout

@@ -125,12 +125,8 @@ class ASUGS(MixtureEstimator):
 
     def partial_fit(self, X: Any, y: Any = None) -> ASUGS:
         """Continue the stream with the records of X (n_samples, n_features), in order (y is
-        ignored); returns self.
-
-        The first call on an unfitted estimator learns the columns and the family (``fit``
-        starts a new stream, which later ``partial_fit`` calls continue); later batches must
-        have the same columns, encoded the same way, or a ValueError names what differs.
-        """
+        ignored); returns self. The first call learns the columns and the family; later batches
+        must have the same, or a ValueError names what differs."""
         sp = self._check_params()
         if getattr(self, "_stream", None) is None and hasattr(self, "cluster_stats_"):
             # a model read back from disk: the stream goes on from its clusters
@@ -143,18 +139,8 @@ class ASUGS(MixtureEstimator):
         return self
 
     def start_from(self, model: Any) -> ASUGS:
-        """Continue from a fitted model's clusters (``cluster_stats_``, columns and family)
-        instead of an empty stream; ``partial_fit`` then streams new records into it
-        (``pipeline.estimators.update``).
-
-        Parameters
-        ----------
-        model : fitted ``MixtureEstimator`` with ``cluster_stats_``, ``family_`` and ``schema_``
-
-        Returns
-        -------
-        self
-        """
+        """Continue from a fitted model's clusters (``cluster_stats_``, columns and family, of
+        any ``MixtureEstimator`` with clusters) instead of an empty stream; returns self."""
         params = self._check_params()
         for name in ("cluster_stats_", "family_", "schema_"):
             if not hasattr(model, name):

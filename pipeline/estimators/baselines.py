@@ -26,14 +26,12 @@ class DPMeans(MixtureEstimator):
     Parameters
     ----------
     lam : float or None
-        The new-cluster penalty lambda. None with ``n_clusters`` set: found by the binary search
-        of Raykov et al. 2016, Appendix D.
+        The new-cluster penalty; None with ``n_clusters``: found by binary search (Appendix D).
     n_clusters : int or None
         Target number of clusters for the lambda search.
     max_iter : int, default=100
     max_search : int, default=60
-        Binary-search steps before giving up on hitting ``n_clusters`` exactly (the closest K
-        found is kept).
+        Binary-search steps before the closest K found is kept.
 
     Attributes
     ----------
@@ -41,7 +39,6 @@ class DPMeans(MixtureEstimator):
     cluster_centers_ : ndarray of shape (n_clusters, n_features)
     n_clusters_, n_iter_ : int
     lam_ : float
-        The lambda used (the search's when ``lam`` is None).
     objective_ : float
     search_path_ : list of (lambda, K)
     """

@@ -223,10 +223,8 @@ class _RateFamily(Family):
 @register
 @dataclass(repr=False)
 class Poisson(_RateFamily):
-    """Independent Poisson count columns, a Gamma(a, rate b) prior on each rate.
-
-    The predictive is negative binomial with a_n = a + sum x successes and success probability
-    b_n / (b_n + 1), b_n = b + n; kernel ``kernels/obs/poisson_gamma.py``.
+    """Independent Poisson count columns, a Gamma(a, rate b) prior on each rate; negative
+    binomial predictive (``kernels/obs/poisson_gamma.py``).
 
     Parameters
     ----------
@@ -237,8 +235,7 @@ class Poisson(_RateFamily):
 
     Empirical Bayes (``empirical_bayes``)
     -------------------------------------
-    Per column: b = 1 (one pseudo-record) and a = the column mean (moment matching: prior mean
-    rate a / b = the mean count), floored at 1 / (n + 1) for an all-zero column.
+    Per column: b = 1 and a = the column mean (moment matching), floored at 1 / (n + 1).
     """
 
     code: ClassVar[int] = product.POISSON_GAMMA
@@ -437,10 +434,8 @@ class Bernoulli(Binomial):
 @register
 @dataclass(repr=False)
 class Exponential(_RateFamily):
-    """Independent exponential columns (x >= 0), a Gamma(a, rate b) prior on each rate.
-
-    The predictive is Lomax with shape a_n = a + n and scale b_n = b + sum x; kernel
-    ``kernels/obs/exponential_gamma.py``.
+    """Independent exponential columns (x >= 0), a Gamma(a, rate b) prior on each rate; Lomax
+    predictive (``kernels/obs/exponential_gamma.py``).
 
     Parameters
     ----------
@@ -451,8 +446,7 @@ class Exponential(_RateFamily):
 
     Empirical Bayes (``empirical_bayes``)
     -------------------------------------
-    Per column: a = 1 (one pseudo-record) and b = the column mean (moment matching: prior mean
-    rate a / b = 1 / mean), b = 1 for an all-zero column.
+    Per column: a = 1 and b = the column mean (moment matching), 1 for an all-zero column.
     """
 
     code: ClassVar[int] = product.EXPONENTIAL_GAMMA

@@ -220,9 +220,8 @@ def summarise(
     cells: Sequence[dict[str, Any]], results: Sequence[dict[str, Any]], n_folds: int
 ) -> pd.DataFrame:
     """``cv.parquet``: one row per cell with its parameters, the mean held-out log predictive
-    density per record over folds (``mean_log_density``), its standard error
-    (``se_log_density``: standard deviation over folds / sqrt(K)), the clusters found (mean,
-    min, max over folds), the fit seconds (sum and mean over folds) and the fold scores."""
+    density per record over folds and its standard error, the clusters found, the fit seconds
+    and the fold scores."""
     by = {(r["cell"], int(r["fold"])): r for r in results}
     rows = []
     for p in cells:

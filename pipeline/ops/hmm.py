@@ -61,12 +61,9 @@ def hmm_outputs(
     sequence_column: str,
     time_column: str,
 ) -> tuple[dict[str, Any], pd.DataFrame, np.ndarray]:
-    """``rows.parquet`` (state and log p(x_t | x_<t) per input row), ``sequences.parquet``
-    (length, held out or not, log likelihood of each sequence by the forward algorithm),
-    ``states.parquet`` (size, weight, emission parameters) and ``transitions.csv`` (the MAP
-    transition matrix of the states, start row first) from the write-out in
-    ``partial/labels.zarr``; returns the metrics for run.json, the rows' table and the
-    transition matrix."""
+    """``rows.parquet``, ``sequences.parquet``, ``states.parquet`` and ``transitions.csv`` from
+    the write-out in ``partial/labels.zarr``; returns the metrics for run.json, the rows' table
+    and the transition matrix."""
     import zarr
 
     from pipeline.families.schema import cluster_table
@@ -142,10 +139,8 @@ def write_hmm_model(
     params: dict[str, Any],
     metadata: dict[str, Any],
 ) -> None:
-    """``OUT/model`` (``pipeline.estimators.model``): the ``MAPiHMM`` of the run's final states,
-    whose
-    ``predict`` / ``score_samples`` are the write-out's Viterbi labels and per-sequence log
-    likelihoods; ``pipeline.load_model`` reads it back. ``params``: the estimator's."""
+    """``OUT/model``: the ``MAPiHMM`` of the run's final states with the estimator's ``params``,
+    whose ``predict`` / ``score_samples`` are the write-out's."""
     from pipeline.estimators.ihmm import model_from_state
     from pipeline.estimators.model import write_model
 

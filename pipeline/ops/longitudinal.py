@@ -61,9 +61,8 @@ class Columns:
 
 def read_input(path: str, cols: Columns) -> pd.DataFrame:
     """The input's subject, covariates and response (in that order), every value checked: a
-    missing subject id, or a value of y or X that is missing or not a finite number, is an
-    ``InputError`` naming the column and the 0-based data row; so is a covariate constant over
-    all rows (it would duplicate the intercept)."""
+    missing or non-finite value, or a covariate constant over all rows, is an ``InputError``
+    naming the column and the 0-based data row."""
     from pipeline.data import io as pio
 
     pio.check_file(path)
@@ -192,10 +191,8 @@ def trajectories_picture(
     per_cluster: int,
     n_panels: int = 8,
 ) -> str:
-    """``trajectories.png``: one panel per subgroup (the ``n_panels`` largest clusters), each
-    with the response of up to ``per_cluster`` of its subjects (a seeded sample) against time
-    (or the observation's index within the subject) and the cluster's mean trajectory (the
-    other covariates at their means), on a shared response axis."""
+    """``trajectories.png``: one panel per cluster (the ``n_panels`` largest), with the response
+    of up to ``per_cluster`` of its subjects against time and the cluster's mean trajectory."""
     tcol = cols.time
     sizes = np.asarray(model.n, dtype=np.float64)
     shown = [int(k) for k in np.argsort(-sizes, kind="stable")[:n_panels]]
@@ -387,11 +384,8 @@ def write_json(path: Path, obj: dict[str, Any]) -> None:
 def write_mixed_model(
     directory: Path, state: Any, cols: Columns, parameters: dict[str, Any], metrics: dict[str, Any]
 ) -> None:
-    """``OUT/model`` (``pipeline.estimators.model``): the ``MixedEffectsDP`` of the run's final
-    model, whose
-    ``predict`` / ``score_samples`` of the subjects' covariates (a DataFrame of ``cols``'
-    covariates), responses and ids are the run's clusters and log densities;
-    ``pipeline.load_model`` reads it back."""
+    """``OUT/model``: the ``MixedEffectsDP`` of the run's final model (covariates ``cols``),
+    whose ``predict`` / ``score_samples`` are the run's clusters and log densities."""
     from pipeline.estimators.mixed_effects import model_from_state
     from pipeline.estimators.model import write_model
 

@@ -263,10 +263,8 @@ def _warm_matplotlib() -> None:
 
 
 def preload() -> None:
-    """Import matplotlib and load its fonts in a background thread, so that a run's report,
-    written at its end, does not wait for them (about half its time). Call it when the run
-    starts; ``write_report`` waits for it to finish before drawing (matplotlib is not made for
-    two threads drawing at once)."""
+    """Import matplotlib and load its fonts in a background thread when the run starts, so that
+    the report does not wait for them; ``write_report`` waits for it before drawing."""
     global _preload
     if _preload is None:
         _preload = threading.Thread(target=_warm_matplotlib, name="dpmm-report-preload")

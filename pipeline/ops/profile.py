@@ -46,13 +46,9 @@ Z_CLIP = 2.5
 
 @dataclass
 class Profile:
-    """The clusters the profile shows and what it shows of them.
-
-    ``shown``: cluster ids, in display order (tree leaf order, else by size); ``rest``: the ids
-    pooled in the last row; ``z`` (rows, F): standardised means of the features ``features``
-    (names) for the shown clusters and, when ``rest`` is not empty, the pooled rest; ``means``
-    (K, D) and ``zall`` (K, D): every cluster's means and z-scores in store order, NaN for
-    categorical columns; ``names``: the columns in store order."""
+    """The clusters the profile shows: ``shown`` ids in display order, ``rest`` the ids pooled in
+    the last row, ``z`` (rows, F) standardised means of ``features``, ``means`` and ``zall``
+    (K, D) every cluster's means and z-scores in store order, ``names`` the store's columns."""
 
     shown: list[int]
     rest: list[int]
@@ -302,12 +298,9 @@ def largest_table(
 
 @dataclass
 class RunData:
-    """What the run's report is drawn from besides run.json's content.
-
-    ``stats`` (K, S): the final clusters' statistics; ``mean``, ``cov``: the moments of the
-    encoded records (store order); ``plot_X``, ``plot_labels``: the write-out's sample;
-    ``contingency`` (3, P): (true label code, cluster, count) triples, or None without a label
-    column."""
+    """What the report is drawn from besides run.json: ``stats`` (K, S), the records' moments
+    ``mean`` and ``cov``, the write-out's sample ``plot_X`` / ``plot_labels``, and
+    ``contingency`` (3, P) triples (true label code, cluster, count) or None."""
 
     history: list[dict[str, Any]]
     stats: FloatArray

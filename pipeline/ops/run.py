@@ -140,10 +140,9 @@ def step_ingest(
     progress: bool = False,
     model: Any = None,
 ) -> tuple[Store, StoreInfo, bool]:
-    """The dataset store of the input (``pipeline.data.dataset.open_dataset``): a file's store is
-    shared by every run of the same input and ingest options (reused: True); an in-memory
-    input is ingested into ``partial/store.zarr``. With a warm-start ``model`` the records must
-    have its columns, kinds and categories and keep its family and prior."""
+    """The dataset store of the input (``open_dataset``: a file's store is shared, an in-memory
+    input goes into ``partial/store.zarr``); with a warm-start ``model`` the records are encoded
+    as its."""
 
     def tell(what: str, done: int, total: int) -> None:
         if progress and done == total:
@@ -195,10 +194,8 @@ def write_run_model(
     alpha: float,
     metrics: dict[str, Any],
 ) -> None:
-    """The run's model (``pipeline.estimators.model``): a ``MAPDP`` of the final clusters ``stats``
-    (K, S)
-    whose ``predict`` / ``score_samples`` are the write-out's labels of held-out rows and log
-    densities of every row; ``dpmm score`` and ``--warm-start`` read it."""
+    """The run's model: a ``MAPDP`` of the final clusters ``stats`` (K, S), whose ``predict`` /
+    ``score_samples`` are the write-out's; ``dpmm score`` and ``--warm-start`` read it."""
     from pipeline.estimators.model import run_model_record, write_record
 
     p = cfg.params

@@ -27,11 +27,8 @@ from pipeline.families import FloatArray, ProductFamily
 
 
 def open_model(model: str | Path) -> Any:
-    """The fitted estimator of ``model`` (``pipeline.estimators.model.load_model``); a
-    ``PersistError``
-    (a ``ValueError``) naming the file when it cannot be read. It must score with flat
-    clusters (statistics and a concentration): a run's model, MAPDP, the Gibbs samplers or
-    tree-guided MCMC."""
+    """The fitted estimator of ``model`` (a ``PersistError`` naming the file when unreadable),
+    which must score with flat clusters: a run's model, MAPDP, the Gibbs samplers or tgMCMC."""
     from pipeline.estimators.model import load_model
 
     # a model on object storage counts only once its output is committed (its manifest)
