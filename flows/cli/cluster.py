@@ -31,8 +31,6 @@ from pipeline.data import sources
 
 PROG = "dpmm"
 
-# -- options -----------------------------------------------------------------------------------
-
 
 def _column_list(text: str) -> list[str]:
     cols = [c.strip() for c in text.split(",") if c.strip()]
@@ -114,7 +112,6 @@ def add_cluster_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-# -- the cluster pipeline ----------------------------------------------------------------------
 @dataclass
 class ClusterOptions:
     """What ``run_cluster`` needs; the fields mirror the ``cluster`` options."""
@@ -179,7 +176,6 @@ def run_cluster(
         metrics["nmi"] = float(normalized_mutual_info_score(y, model.labels_))
         metrics["ari"] = float(adjusted_rand_score(y, model.labels_))
 
-    # -- write -------------------------------------------------------------------------------
     t0 = time.perf_counter()
     labels = pd.DataFrame(
         {
@@ -232,7 +228,6 @@ def _read(
     path: Path, name: str, opts: ClusterOptions, timings: dict[str, float]
 ) -> tuple[pd.DataFrame, np.ndarray | None]:
     """The features of the table at ``path`` and its label column's values (None without)."""
-    # -- read --------------------------------------------------------------------------------
     t0 = time.perf_counter()
     label = opts.label_column
     columns = opts.columns

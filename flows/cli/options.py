@@ -26,8 +26,6 @@ from pipeline.core.errors import InputError
 from pipeline.data import io as pio
 from pipeline.data.dataset import DATA_DIR_ENV
 
-# -- the option blocks (``add_parser(..., parents=[...])``) -----------------------------------
-
 
 def _block() -> tuple[argparse.ArgumentParser, Any]:
     """A parent parser and its one argument group: a command's help lists the options of every
@@ -108,9 +106,6 @@ def flow_kwargs(args: argparse.Namespace, flow: Any, **given: Any) -> dict[str, 
     return {**kwargs, **given}
 
 
-# -- bad input ---------------------------------------------------------------------------------
-
-
 def one_line(msg: str) -> str:
     return " ".join(msg.split())
 
@@ -129,9 +124,6 @@ def bad_input(prefix: str | None = None, rows_of: str | Path | None = None) -> I
         if prefix and not msg.startswith(prefix):
             msg = f"{prefix}: {msg}"
         raise InputError(one_line(msg)) from err
-
-
-# -- options several commands share, each with its own help where it differs ------------------
 
 
 #: what INPUT may be for a command that reads it with ``pipeline.data.sources``

@@ -109,7 +109,6 @@ def check_separate(
             )
 
 
-# -- output ------------------------------------------------------------------------------------
 def temp_sibling(path: str | os.PathLike[str]) -> Path:
     """The name an output ``path`` is written under until it is complete: ``.<name>.partial``
     in the same directory (same file system, so the final rename is atomic; hidden, so that a

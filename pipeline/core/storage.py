@@ -364,9 +364,6 @@ def check_reachable(x: Any, what: str = "") -> None:
         raise fs_error(loc.url, err, what) from err
 
 
-# -- whole prefixes --------------------------------------------------------------------------
-
-
 def rmtree(loc: Loc, ignore_errors: bool = False) -> None:
     """Remove a directory or prefix and everything under it."""
     if isinstance(loc, Path):

@@ -55,8 +55,6 @@ from pipeline.data.store import (
 from pipeline.families import Family, FloatArray, ProductFamily
 from pipeline.families.schema import Schema
 
-# -- the driver of ingest ----------------------------------------------------------------------
-
 
 def _infer(
     first: pd.DataFrame,

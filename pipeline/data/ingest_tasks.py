@@ -31,8 +31,6 @@ from pipeline.families.schema import Schema
 # blocks that hold its rows, and input sorted by group touches few of them
 STAGE_BLOCK_ROWS = 8192
 
-# -- the ingest tasks ------------------------------------------------------------------------
-
 
 def label_codes(values: Any) -> IntArray:
     """int64 codes of true labels that agree across chunks: an integral finite number is its

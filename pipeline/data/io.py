@@ -36,7 +36,6 @@ class InputFileNotFoundError(FileNotFoundError, InputError):
     """The input path does not exist (a ``FileNotFoundError`` that is also an ``InputError``)."""
 
 
-# -- formats -----------------------------------------------------------------------------------
 def file_format(path: str | os.PathLike[str]) -> str:
     """The format of a file from its name ("csv", "parquet", "npy"); InputError if unsupported."""
     name = Path(path).name.lower()

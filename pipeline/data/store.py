@@ -68,9 +68,6 @@ _T = TypeVar("_T")
 FoldArray = NDArray[np.int16]
 
 
-# -- hashing of row indices ------------------------------------------------------------------
-
-
 def row_uniform(rows: IntArray, salt: int) -> FloatArray:
     """A uniform number in [0, 1) for each row index: splitmix64 of (row, salt), so that any
     chunking of the rows draws the same numbers."""
@@ -125,9 +122,6 @@ def check_folds(n_folds: Any) -> int:
     return int(n_folds)
 
 
-# -- chunking ----------------------------------------------------------------------------------
-
-
 def balanced_chunk_rows(n_rows: int, chunk_rows: int) -> int:
     """Rows per chunk for ``n_rows`` records in chunks of at most ``chunk_rows`` rows, so that
     every pass's tasks divide evenly among 1, 2, 4, ... workers.
@@ -141,9 +135,6 @@ def balanced_chunk_rows(n_rows: int, chunk_rows: int) -> int:
     if g < 8:
         return chunk_rows
     return -(-n_rows // (-(-n_chunks // g) * g))
-
-
-# -- moments -------------------------------------------------------------------------------
 
 
 @persist.register
@@ -209,9 +200,6 @@ class Moments:
         """Unbiased covariance (as ``np.cov``)."""
         m = self.mean
         return (self.outer - self.n * np.outer(m, m)) / max(self.n - 1.0, 1.0)
-
-
-# -- what ingest learned --------------------------------------------------------------------
 
 
 @persist.register

@@ -30,9 +30,6 @@ from pipeline.engines.base import Chunk, Engine, LoopState, RunContext, check_mi
 CHECKPOINT = "checkpoint"
 
 
-# -- worker tasks ------------------------------------------------------------------------------
-
-
 def chunk_task(engine: str, data: str, state: str, c: int, a: int, b: int, msg: Any) -> Any:
     """One chunk of one pass: the engine's ``chunk_step`` on rows a..b."""
     return get_engine(engine).chunk_step(Chunk(data, state, c, a, b, msg.p), msg)
@@ -62,9 +59,6 @@ def score_task(
 ) -> Any:
     """One chunk of the write-out after pass ``p - 1``: the engine's ``score_chunk``."""
     return get_engine(engine).score_chunk(Chunk(data, state, c, a, b, p), labels, msg)
-
-
-# -- the run's state store ---------------------------------------------------------------------
 
 
 def create_record_arrays(ctx: RunContext, engine: Engine) -> None:
@@ -118,9 +112,6 @@ def with_prior_scale(info: StoreInfo, params: FitParams) -> StoreInfo:
     return get_engine(params.engine, params.device).run_info(info, params)
 
 
-# -- checkpoints ------------------------------------------------------------------------------
-
-
 def save_checkpoint(ctx: RunContext, state: LoopState) -> None:
     """The state after a completed pass, replaced atomically."""
     ctx.state.save(CHECKPOINT, {"params": ctx.params, "state": state})
@@ -146,9 +137,6 @@ def load_checkpoint(ctx: RunContext) -> LoopState | None:
 def clear_checkpoint(ctx: RunContext) -> None:
     """Forget the checkpoint (a restart from another seed over the same state store)."""
     ctx.state.remove(CHECKPOINT)
-
-
-# -- passes ---------------------------------------------------------------------------------
 
 
 def run_pass(

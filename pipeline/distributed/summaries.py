@@ -174,9 +174,6 @@ def split_summaries(client: Any, ctx: RunContext, state: PassState, M: int) -> S
     return Summaries(new, parent_all[keep], record)
 
 
-# -- stage 2 hook ----------------------------------------------------------------------------
-
-
 def identity_stage2(stats: FloatArray, family: ProductFamily) -> IntArray:
     """The default stage 2: every stage-1 cluster (stats (K, S)) is its own final cluster."""
     return np.arange(stats.shape[0], dtype=np.int64)

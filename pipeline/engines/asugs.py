@@ -250,9 +250,6 @@ class AsugsEngine(Engine):
 ENGINE = AsugsEngine()
 
 
-# -- the chain without labels: the "asugs" start of the MAP-DP passes --------------------------
-
-
 def _stream_task(data: str, c: int, a: int, b: int, msg: StreamInput) -> StreamResult:
     return _stream_chunk(Chunk(data, "", c, a, b, msg.p), msg)[0]
 

@@ -91,9 +91,6 @@ def check_family(family: ProductFamily) -> None:
         )
 
 
-# -- the records on the card ----------------------------------------------------------------
-
-
 @dataclass
 class Resident:
     """A chunk on the card: records (n, d) float32, training mask (n,) uint8."""
@@ -159,9 +156,6 @@ def resident(chunk: Chunk) -> tuple[Resident, FloatArray | None]:
 def host_records(chunk: Chunk) -> FloatArray:
     """The chunk's records as the card holds them (float32), in float64."""
     return np.asarray(chunk.X, dtype=np.float32).astype(np.float64)
-
-
-# -- the engines ------------------------------------------------------------------------------
 
 
 @dataclass

@@ -247,7 +247,6 @@ class MixedEffectsEngine(Engine):
     name: ClassVar[str] = "mixed_effects"
     record_arrays: ClassVar[tuple[RecordArray, ...]] = (RecordArray("z", "int64", -1),)
 
-    # -- driver ------------------------------------------------------------------------------
     def init_state(self, ctx: RunContext, client: Any) -> MixedState:
         cols = Columns.of(ctx)
         info = ctx.info
@@ -370,7 +369,6 @@ class MixedEffectsEngine(Engine):
     def write_input(self, state: Any, mapping: np.ndarray, ctx: RunContext) -> MixedInput:
         return _input(state, ctx, state.pass_no + 1, has_y=ctx.info.label_column is not None)
 
-    # -- workers -------------------------------------------------------------------------------
     def chunk_step(self, chunk: Chunk, msg: MixedInput) -> MixedResult:
         t0 = time.perf_counter()
         cs = _read(chunk, msg)

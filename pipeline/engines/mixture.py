@@ -45,8 +45,6 @@ from pipeline.families.stats import Stats
 from pipeline.models.concentration import log_gamma_prior, map_concentration
 from pipeline.models.mapdp import run_mapdp
 
-# -- the chunk task ----------------------------------------------------------------------------
-
 
 @dataclass
 class PassInput:
@@ -112,9 +110,6 @@ def pass_labels(chunk: Chunk, msg: PassInput, hold: NDArray[np.bool_]) -> IntArr
     sel = (msg.init_rows >= chunk.a) & (msg.init_rows < chunk.b)
     z[msg.init_rows[sel] - chunk.a] = msg.init_labels[sel]
     return z
-
-
-# -- the driver ----------------------------------------------------------------------------------
 
 
 def objective(stats: FloatArray, alpha: float, family: ProductFamily, params: FitParams) -> float:
@@ -240,9 +235,6 @@ class WriteInput:
     family: ProductFamily
     plot_rate: float
     labels: bool = False
-
-
-# -- the engine ----------------------------------------------------------------------------------
 
 
 class MixtureEngine(Engine):

@@ -116,7 +116,6 @@ class ASUGS(MixtureEstimator):
             self.lam, self.alpha, self.select, self.prune_merge, self.pm_interval, self.prune_weight
         )
 
-    # -- fitting -----------------------------------------------------------------------------
     def fit(self, X: Any, y: Any = None) -> ASUGS:
         """``MixtureEstimator.fit``: one pass over the records of X (n_samples, n_features) in
         order, from an empty stream (y is ignored); returns self."""

@@ -80,7 +80,6 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
     )
     _model_extras: ClassVar[tuple[str, ...]] = ()
 
-    # -- the template -----------------------------------------------------------------------
     def fit(self, X: Any, y: Any = None) -> Any:
         """Fit the estimator to X, array-like or DataFrame of shape (n_samples, n_features); y
         is ignored. Returns self."""
@@ -120,7 +119,6 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         order."""
         raise NotImplementedError
 
-    # -- encoding ---------------------------------------------------------------------------
     def _encode_fit(self, X: Any) -> FloatArray:
         """Learn the schema (and the family) from X; return the records the kernels see."""
         family = getattr(self, "family", None)
@@ -208,7 +206,6 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         self.schema_.check_values(self.family_, Xe)
         return self.family_.arrange(Xe)
 
-    # -- prediction -------------------------------------------------------------------------
     def _has_density(self) -> bool:
         """Whether ``score_samples`` / ``score`` exist (a subclass without a density says no)."""
         return True
@@ -249,7 +246,6 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
             empty_c=self._empty_cache,
         )
 
-    # -- common fitted attributes -----------------------------------------------------------
     def _set_clusters(
         self,
         labels: IntArray,

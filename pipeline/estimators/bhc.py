@@ -114,7 +114,6 @@ class BHC(MixtureEstimator):
     ) -> None:
         config.keep_params(self, locals())
 
-    # -- fitting ----------------------------------------------------------------------------
     def _check_params(self) -> float:
         alpha = config.check_positive(self.alpha, "alpha")
         config.check_choice(self.method, _METHODS, "method")
@@ -183,7 +182,6 @@ class BHC(MixtureEstimator):
         )
         self.alt_lower_bound_, self.alt_increments_ = self.alternative_bound(self.alt_start)
 
-    # -- bounds -----------------------------------------------------------------------------
     def alternative_bound(
         self, start: int | None = None, path_only: bool = False
     ) -> tuple[float, FloatArray]:
@@ -235,7 +233,6 @@ class BHC(MixtureEstimator):
         terms = np.concatenate([[self.lower_bound_], log_delta[np.isfinite(log_delta)]])
         return float(logsumexp(terms)), log_delta
 
-    # -- prediction -------------------------------------------------------------------------
     def _score_encoded(self, Xa: FloatArray) -> FloatArray:
         """log p(x | D, T) of encoded records Xa (n_samples, n_features) under the tree, shape
         (n_samples,): the DPM predictive of the tree-consistent partitions averaged with

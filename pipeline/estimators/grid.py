@@ -29,9 +29,6 @@ class SearchError(InputError):
     """A search that cannot start: empty grid, a value out of range, too many folds."""
 
 
-# -- the grid ----------------------------------------------------------------------------------
-
-
 def check_grid(param_grid: Any) -> list[dict[str, Any]]:
     """The candidates of ``param_grid`` (a dict of lists, or a list of such dicts), in
     ``sklearn.model_selection.ParameterGrid`` order, or a ``SearchError`` for an empty grid."""
@@ -139,9 +136,6 @@ def make_splits(
     return out
 
 
-# -- one cell of one fold, on a worker ----------------------------------------------------------
-
-
 def fit_and_score(
     estimator: Any,
     params: dict[str, Any],
@@ -195,9 +189,6 @@ def _rows(X: Any, idx: Any) -> Any:
     if hasattr(X, "iloc"):
         return X.iloc[idx]
     return X[idx]
-
-
-# -- every cell, as Dask tasks ----------------------------------------------------------------
 
 
 @contextlib.contextmanager

@@ -234,7 +234,6 @@ class _SequenceEstimator(MixtureEstimator):
         self._cache = self.family_.cache_of(st.stats)
         self._empty_cache = self.family_.empty_cache()
 
-    # -- prediction: per sequence --------------------------------------------------------------
     def _encode_sequences(
         self, X: Any, lengths: Any, sequence_column: Name, time_column: Name
     ) -> tuple[FloatArray, IntArray | None, IntArray]:

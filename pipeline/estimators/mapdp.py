@@ -131,7 +131,6 @@ class MAPDP(MixtureEstimator):
     ):
         config.keep_params(self, locals())
 
-    # -- fitting -----------------------------------------------------------------------------
     def _check_params(self) -> tuple[float, bool, tuple[float, float]]:
         alpha, learn = config.check_alpha(self.alpha)
         check_missing(self.missing)

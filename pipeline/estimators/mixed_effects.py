@@ -130,7 +130,6 @@ class MixedEffectsDP(BaseEstimator):
     ) -> None:
         keep_params(self, locals())
 
-    # -- input -----------------------------------------------------------------------------
     def _design(self, X: Any, y: Any, groups: Any, fitting: bool) -> _Data:
         if isinstance(X, pd.Series):
             X = X.to_frame()
@@ -222,7 +221,6 @@ class MixedEffectsDP(BaseEstimator):
             check_positive(b, "tau_prior rate")
         return start, learn
 
-    # -- fit --------------------------------------------------------------------------------
     def fit(self, X: Any, y: Any, groups: Any) -> MixedEffectsDP:
         """Fit to the observations X (n_observations, p), responses y (n_observations,) and the
         subject of each row ``groups`` (n_observations,)."""
@@ -319,7 +317,6 @@ class MixedEffectsDP(BaseEstimator):
     def fit_predict(self, X: Any, y: Any, groups: Any) -> IntArray:
         return self.fit(X, y, groups).labels_  # type: ignore[no-any-return]
 
-    # -- prediction ---------------------------------------------------------------------------
     def _components(self, X: Any, y: Any, groups: Any) -> tuple[NDArray[Any], Any, Any]:
         check_is_fitted(self, "model_")
         d = self._design(X, y, groups, fitting=False)

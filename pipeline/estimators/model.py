@@ -196,9 +196,6 @@ def write_record(directory: storage.Where, record: dict[str, Any]) -> None:
     persist.save(directory, RECORD, record)
 
 
-# -- loading ---------------------------------------------------------------------------------
-
-
 def _fail(json_path: storage.Loc, problem: str) -> PersistError:
     return PersistError(f"{json_path}: {problem}")
 

@@ -38,8 +38,6 @@ from pipeline.estimators.grid import (
     show_candidate,
 )
 
-# -- the selection ------------------------------------------------------------------------------
-
 
 def select_index(
     mean: NDArray[np.float64],
@@ -308,7 +306,6 @@ class GridSearch(MetaEstimatorMixin, BaseEstimator):
                 cols[k] = v
         return pd.DataFrame(cols)
 
-    # -- delegation to the refitted estimator -------------------------------------------------
     def _best(self) -> Any:
         check_is_fitted(self, "best_estimator_")
         return self.best_estimator_

@@ -154,7 +154,6 @@ class TreeGuidedMCMC(MixtureEstimator):
     ) -> None:
         config.keep_params(self, locals())
 
-    # -- public API ------------------------------------------------------------------------------
     def _fit(self, Xa: FloatArray, pp: FloatArray) -> None:
         """Sample partitions of the encoded records: each record is a leaf."""
         self._sample(self._record_leaves(Xa), self.family_, pp)
@@ -187,7 +186,6 @@ class TreeGuidedMCMC(MixtureEstimator):
             kept_idx=np.arange(self.burn_in, self.n_iter, self.thin),
         )
 
-    # -- internals -------------------------------------------------------------------------------
     def _check_params(self) -> FloatArray:
         """Every parameter that needs no data; returns the kernels' prior array."""
         pp = prior_array(self.prior, self.alpha, self.sigma)

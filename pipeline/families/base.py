@@ -39,7 +39,6 @@ class Family(ABC):
     name: ClassVar[str]
     n_cols: int
 
-    # -- layout handed to the kernels ------------------------------------------------------
     @abstractmethod
     def prior_array(self) -> FloatArray:
         """The prior's parameters flattened as the kernel module documents."""
@@ -59,7 +58,6 @@ class Family(ABC):
         cells' code."""
         return False
 
-    # -- data ------------------------------------------------------------------------------
     @classmethod
     @abstractmethod
     def empirical_bayes(cls, X: FloatArray) -> Family:
@@ -73,7 +71,6 @@ class Family(ABC):
     def posterior_summary(self, s: FloatArray, names: Sequence[str]) -> dict[str, Any]:
         """Posterior parameters / means of one cluster from its statistics row, for reports."""
 
-    # -- missing cells (``ProductFamily.restrict`` / ``ProductFamily.impute``) ---------------
     def restrict(self, cols: Sequence[int]) -> tuple[Family, list[int]]:
         """``(family, stat_index)``: the family of the columns ``cols`` alone, with this prior's
         marginal on them (so its predictive is this one's marginalised exactly over the other
@@ -85,7 +82,6 @@ class Family(ABC):
         cells under the cluster of statistics row s (S,): the ICM step of a latent cell."""
         raise NotImplementedError(f"{type(self).__name__} does not take missing values")
 
-    # -- the two questions -----------------------------------------------------------------
     def as_product(self) -> ProductFamily:
         return ProductFamily([(self, list(range(self.n_cols)))])
 
@@ -103,9 +99,6 @@ class Family(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(n_cols={self.n_cols})"
-
-
-# -- helpers for the families of independent columns -----------------------------------------
 
 
 def _vectors(owner: str, n_cols: int, **params: ArrayLike) -> tuple[int, dict[str, FloatArray]]:
@@ -253,7 +246,6 @@ class ProductFamily:
         self.n_stats = stat
         self.n_cache = cac
 
-    # -- arrays for the kernels --------------------------------------------------------------
     def arrange(self, X: FloatArray) -> FloatArray:
         """Columns of X (n, n_cols) in group order, C-contiguous float64."""
         X = np.asarray(X, dtype=np.float64)
@@ -287,7 +279,6 @@ class ProductFamily:
     def log_marginal_stats(self, s: FloatArray) -> float:
         return float(product.log_marginal(np.asarray(s, dtype=np.float64), self.spec, self.prior))
 
-    # -- the two questions -------------------------------------------------------------------
     def log_marginal(self, X: FloatArray) -> float:
         """log p(X) of the rows of X (n, n_cols) (columns in the caller's order)."""
         Xa = self.arrange(X)

@@ -209,7 +209,6 @@ class Schema:
                 schema.n_trials[c] = int(max(np.max(present), 1)) if present.size else 1
         return schema
 
-    # -- encoding ------------------------------------------------------------------------------
     def check_columns(self, df: pd.DataFrame, from_frame: bool, who: str) -> pd.DataFrame:
         """The fitted columns of df, in fit order, or a ValueError saying what differs."""
         if from_frame and self.from_frame:
@@ -379,7 +378,6 @@ class Schema:
         self.collinear.extend(feats[j] for j in dep)
         return np.ascontiguousarray(np.delete(X, dep, axis=1))
 
-    # -- families ----------------------------------------------------------------------------
     def groups(self) -> list[tuple[str, list[int]]]:
         """(kind, column indices): one group per kind, one per categorical column."""
         out: list[tuple[str, list[int]]] = []

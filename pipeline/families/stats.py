@@ -48,7 +48,6 @@ class Stats:
         """The statistics of the records X (n, D), arranged, by block z (n,) (default: one)."""
         return cls(family.stats_of(X, z, K), family)
 
-    # -- additive ------------------------------------------------------------------------------
     def _check(self, other: Stats) -> None:
         if not isinstance(other, Stats):
             raise TypeError(f"statistics add to statistics, not {type(other).__name__}")
@@ -112,7 +111,6 @@ class Stats:
         np.add.at(out, mapping, self.array)
         return Stats(out, self.signature)
 
-    # -- what the rows say ---------------------------------------------------------------------
     @property
     def n(self) -> FloatArray:
         """The count of each row (K,): the cluster sizes."""

@@ -47,9 +47,6 @@ class ArrayEq:
     __hash__ = None  # type: ignore[assignment]
 
 
-# -- the prior -----------------------------------------------------------------------------------
-
-
 @register
 @dataclass(eq=False)
 class MixedPrior(ArrayEq):
@@ -128,9 +125,6 @@ class OLSMoments(ArrayEq):
         sol = np.linalg.lstsq(self.XtX, self.Xty, rcond=None)[0]
         rss = max(self.yty - float(sol @ self.Xty), 1e-12 * max(self.yty, 1.0))
         return max(self.n_obs - len(sol), 1.0) / rss
-
-
-# -- the model and the driver's step -----------------------------------------------------------
 
 
 @register
@@ -365,9 +359,6 @@ class StartState(ArrayEq):
     labels: IntArray
 
 
-# -- input checks shared by the estimator and ``dpmm longitudinal`` ---------------------
-
-
 def _bad_value(values: Any, name: str, what: str) -> None:
     """InputError naming the first row of ``values`` that is not a finite number."""
     num = pd.to_numeric(pd.Series(np.asarray(values, dtype=object)), errors="coerce")
@@ -407,9 +398,6 @@ def check_within_subject(names: list[str], columns: list[Any], subjects: Any) ->
                 "(sex, treatment arm) is not supported, every coefficient is a random effect "
                 "fitted within subjects; leave it out or fit each of its levels apart"
             )
-
-
-# -- the ICM loop shared by the estimator -----------------------------------------------------
 
 
 @dataclass

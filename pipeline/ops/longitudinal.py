@@ -178,9 +178,6 @@ def cv_summary(heldout: np.ndarray) -> dict[str, float]:
     return {"mean_heldout_log_density": float(x.mean()), "se": se, "n_subjects": int(n)}
 
 
-# -- the report -----------------------------------------------------------------------------------
-
-
 def trajectories_picture(
     out: Path,
     df: pd.DataFrame,

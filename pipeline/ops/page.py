@@ -157,7 +157,6 @@ class Page:
         (out / "report.md").write_text(self.markdown())
         return ["report.html", "report.md"]
 
-    # -- HTML ----------------------------------------------------------------------------------
     def html(self) -> str:
         e = html.escape
         body = [f"<h1>{e(self.title)}</h1>"]
@@ -182,7 +181,6 @@ class Page:
             + "\n</body></html>\n"
         )
 
-    # -- Markdown ------------------------------------------------------------------------------
     def markdown(self) -> str:
         md = [f"# {self.title}", ""]
         md += [f"> **Warning:** {w}\n" for w in self.warnings]

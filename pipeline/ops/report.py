@@ -46,9 +46,6 @@ IntArray = NDArray[np.int64]
 CONTINGENCY_MAX = 30
 
 
-# -- small helpers of the pictures -----------------------------------------------------------------
-
-
 def _projection(X: FloatArray, cov: FloatArray, mean: FloatArray) -> FloatArray:
     """The sample on the first two principal axes of the data's covariance."""
     if X.shape[1] == 1:
@@ -108,12 +105,6 @@ def figures(
         fig.savefig(out / "projection.png", dpi=100)
         names.append("projection.png")
     return names
-
-
-# -- the cluster profile ---------------------------------------------------------------------------
-
-
-# -- against the true labels -----------------------------------------------------------------------
 
 
 def _label_name(code: int) -> str:
@@ -186,9 +177,6 @@ def label_table(C: pd.DataFrame) -> pd.DataFrame:
             }
         )
     return pd.DataFrame(rows)
-
-
-# -- the page --------------------------------------------------------------------------------------
 
 
 def _warnings(run: dict[str, Any]) -> list[str]:
