@@ -188,8 +188,7 @@ def _record(
             "seed": params.seed,
             "temper": own["temper"],
         },
-        # the emission weight w of the passes and the write-out, and the residual lag-1
-        # autocorrelation rho of the sample start's untempered states it was measured from
+        # the emission weight w and the residual autocorrelation rho it was measured from
         "temper": {"w": float(state.temper), "rho": state.rho},
         "init": state.init_record,
         "passes": state.history,

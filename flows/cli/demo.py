@@ -86,8 +86,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     prestart()  # Prefect's temporary server boots while the data are generated
     n = int(args.rows or 200_000)
     k = 20
-    # the same data as last time are kept, and so is their dataset store (DIR/datasets): a
-    # second demo ingests nothing
+    # the same data as last time are kept with their dataset store: a second demo ingests nothing
     spec = {"rows": n, "d": 10, "k": k, "seed": int(args.seed)}
     marker = out / "input.json"
     same = (

@@ -23,15 +23,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-# the environment Prefect gives its temporary server (``SubprocessASGIServer``): ephemeral mode
-# (no background services), no UI
+# the environment Prefect gives its temporary server: ephemeral mode, no services, no UI
 SERVER_ENV = {
     "PREFECT_UI_ENABLED": "0",
     "PREFECT__SERVER_EPHEMERAL": "1",
     "PREFECT__SERVER_FINAL": "1",
 }
-# the commands whose work is a Prefect flow on the temporary server (``dpmm serve`` starts a
-# long-lived one with a scheduler instead)
+# the commands whose work is a Prefect flow on the temporary server
 FLOW_COMMANDS = ("run", "demo", "score", "cv", "longitudinal", "hmm")
 
 # run before the server's command line, which it then becomes (exec): on Linux the server gets
@@ -204,8 +202,7 @@ def flow_api() -> Iterator[str | None]:
         temporary_settings,
     )
 
-    # heartbeats let a long-lived server notice a crashed run; this one ends with the command,
-    # so none is sent
+    # heartbeats let a long-lived server notice a crashed run; this one ends with the command
     updates = {PREFECT_API_URL: url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}
     with temporary_settings(updates=updates):
         yield url

@@ -259,8 +259,7 @@ def start_flow(
             if log is not None:
                 stack.enter_context(_logs_to(log, not getattr(args, "program", False)))
                 if quiet:
-                    # the flow prints its dashboard and resume lines itself: with --quiet they
-                    # belong in the log with the rest
+                    # with --quiet the flow's dashboard and resume lines belong in the log
                     fh = stack.enter_context(open(log, "a", encoding="utf-8"))
                     stack.enter_context(contextlib.redirect_stderr(fh))
             kwargs = stack.enter_context(
@@ -302,8 +301,7 @@ def _local_cluster(
         yield kwargs
         return
     if not kwargs.get("processes", True):
-        # the flow's workers will be threads of this process: it loads their kernels now, while
-        # Prefect's temporary server boots, instead of inside the first tasks
+        # the workers will be threads of this process: load their kernels while Prefect boots
         from pipeline.distributed.worker_setup import warm_here_with_helper
 
         with warm_here_with_helper(_warm_names(kwargs, engine)):

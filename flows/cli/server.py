@@ -83,7 +83,6 @@ def _serve(port: int) -> int:
     except KeyboardInterrupt:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)  # a second one must not leave the server behind
-        # a loaded machine's server can take long to finish its background services: it is
-        # killed rather than left running without this command
+        # a server slow to finish its services is killed rather than left running without us
         terminate(proc, STOP_GRACE)
         return 0

@@ -29,8 +29,7 @@ MIN_CHANGE = 1e-3
 #: whole store (``tests/flows/test_defaults.py`` lists the difference)
 MAX_ITER = 100
 TOL_IN_MEMORY = 1e-6
-#: restarts of an in-memory MAP-DP fit: "auto" is 3 up to 20,000 records, fewer above
-#: (``pipeline.estimators.mapdp.auto_restarts``); ``fit_distributed`` runs one unless told
+#: restarts of an in-memory MAP-DP fit (``pipeline.estimators.mapdp.auto_restarts``)
 N_RESTARTS = "auto"
 #: ``dpmm serve``'s deployment (``flows.scheduled``): its name, its schedule (every day at 02:00
 #: UTC, as in infra/prefect.yaml) and the partitions (days) of each refit's window
@@ -42,8 +41,7 @@ WINDOW = 7
 #: records from raising N0, which opens more (ionosphere: 39 clusters with rate 1, 26 with 5)
 ALPHA_PRIOR = (2.0, 5.0)
 N_FOLDS = 10
-#: the infinite HMM's transition concentration M0 (Raykov et al. 2016, Section 6), beside its
-#: state concentration N0 (``alpha``)
+#: the infinite HMM's top-level concentration M0 (Raykov et al. 2016, Section 6)
 GAMMA = 2.0
 INITS = ("auto", "sample", "sequential", "one-cluster", "seeds", "asugs", "asugs-sample")
 MAX_SEEDS = 100
@@ -60,8 +58,7 @@ GPU_ENGINES = ("mapdp", "kmeans")
 #: prior mean of alpha of 1 / lambda = 3.3) found as many or more of the true classes than 1.0
 #: on every data set of ``bench_asugs`` and the tests
 ASUGS_LAM = 0.3
-#: how a grid search picks its cell: the largest mean held-out density, or the one-standard-error
-#: rule (``pipeline.estimators.search``)
+#: how a grid search picks its cell (``pipeline.estimators.search``)
 SELECT = ("best", "one-se")
 #: ``GridSearch`` also takes "given": the estimator's own parameters unless a candidate beats
 #: them on evidence (``dpmm cv``'s grid has no estimator of its own to keep)

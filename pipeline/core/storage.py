@@ -309,8 +309,7 @@ def filesystem(protocol: str, url: str) -> Any:
     import fsspec
 
     try:
-        # no listings cache: this process lists prefixes that other processes (the workers)
-        # write into, and must see their objects
+        # no listings cache: the workers write into the prefixes this process lists
         return fsspec.filesystem(protocol, use_listings_cache=False)
     except ImportError as err:
         pkg = _PACKAGES.get(protocol, f"the fsspec implementation of {protocol}://")
@@ -398,8 +397,7 @@ def write_atomic(path: Where, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    # not every platform / file system can open a directory for syncing; the rename itself
-    # is atomic either way
+    # not every file system can sync a directory; the rename itself is atomic either way
     with contextlib.suppress(OSError):
         dfd = os.open(loc.parent, os.O_RDONLY)
         try:

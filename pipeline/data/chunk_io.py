@@ -139,8 +139,7 @@ def read_rows(path: str, a: int, b: int, reuse: bool = False) -> np.ndarray:
     f, (kind, codec) = at
     rest = arr.shape[1:]
     if not os.path.exists(f):
-        # zarr writes no chunk that is all fill value (a chunk of the holdout mask without a
-        # held-out row)
+        # zarr writes no chunk that is all fill value (a holdout chunk without a held-out row)
         return np.full((b - a, *rest), arr.fill_value, dtype=arr.dtype)
     count = (b - a) * math.prod(rest)
     if kind == "raw":

@@ -107,8 +107,7 @@ def peek_family(
         label, group = (*drop, None, None)[:2]
         return _encoder(src, family, None, label, group, False, None)[0].checker
     except Exception:
-        # whatever stops the guess (a missing file, bad values, an object store's own errors)
-        # stops the ingest too, which reports it with its file, column and row
+        # whatever stops the guess stops the ingest too, which reports it properly
         return None
 
 
@@ -456,8 +455,7 @@ def _write_grouped(
     out.group_moments = D <= MAX_GRAM_COLS
     if out.group_moments:
         job.store.create_group_arrays(len(plan.chunk_counts), int(plan.chunk_groups.max()), D)
-    # the hold-out is drawn per group: the training rows are known only from the groups' sizes
-    # and flags
+    # the hold-out is drawn per group: the training rows follow from the groups' sizes and flags
     hold_g = holdout_mask_of(np.arange(len(group_ids)), job.holdout)
     rate = job.rate(int(plan.sizes[~hold_g].sum()))
     unarrange = np.argsort(job.enc.checker.column_order)
@@ -497,8 +495,7 @@ def _finish(
     sample = np.concatenate([r.sample for r in results if r.sample is not None])
     sample_rows = np.concatenate([r.sample_rows for r in results if r.sample_rows is not None])
     if job.dtype != "float64":
-        # the sample start fits these rows in memory: the values the store holds, as every pass
-        # reads them
+        # the sample start fits these rows in memory, as the store holds them
         sample = sample.astype(job.dtype).astype(np.float64)
     old_features = schema.features
     if settle is not None:

@@ -127,8 +127,7 @@ class ChunkSummary:
     moments: Moments
     sample: FloatArray
     sample_rows: IntArray
-    # missing cells per (arranged) column over every row, and the first one as (input row,
-    # arranged column)
+    # missing cells per arranged column, and the first one as (input row, arranged column)
     missing: FloatArray | None = None
     first_missing: tuple[int, int] | None = None
 
@@ -175,8 +174,7 @@ class PieceResult:
     moments: Moments | None = None
     sample: FloatArray | None = None
     sample_rows: IntArray | None = None
-    # a grouped ingest's staged piece: the group values in order of first appearance and each
-    # row's index into them
+    # a grouped piece: its group values in order of first appearance and each row's index
     group_values: list[Any] | None = None
     group_index: IntArray | None = None
     missing: FloatArray | None = None

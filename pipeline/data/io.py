@@ -94,8 +94,7 @@ def check_file(path: Any) -> None:
 
     p = storage.location(path)
     name = storage.redact(str(path))
-    # on object storage: the scheme is known and installed, the bucket can be listed with the
-    # environment's credentials
+    # on object storage: the scheme is installed and the bucket can be listed
     storage.check_reachable(p)
     with storage.fs_errors(path):
         if not p.exists():
@@ -178,8 +177,7 @@ def parse_csv(
         ) from None
     except (OSError, EOFError, gzip.BadGzipFile) as err:
         raise InputError(f"{name}: cannot be read ({err})") from None
-    # pandas fills short records with missing values without complaint: look for them only
-    # when there are missing values (the scan reads the input once more)
+    # pandas fills short records with missing values: look for them only when there are any
     if df.isna().to_numpy().any():
         bad = bad_record()
         if bad is not None:

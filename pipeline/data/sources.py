@@ -44,8 +44,7 @@ def located(label: str, row0: int | None, err: Exception, hint: str | None = Non
     return InputError(f"{label}: {msg}")
 
 
-#: what a refused missing cell's message adds where the records go to an engine that does not
-#: take missing cells
+#: what a refused missing cell's message adds for an engine that does not take them
 MISSING_HINT = (
     "; of the distributed engines only MAP-DP (--engine mapdp) takes missing cells; "
     "`dpmm cluster` and MAPDP() take them in memory"
@@ -189,8 +188,7 @@ class Source:
 def open_source(obj: Any, chunk_rows: int) -> Source:
     """Cut an input into ingest pieces: a path or URL (CSV; Parquet file or directory; ``.npy``;
     zarr array), a list of tables (``_listed_source``), or an in-memory array or frame."""
-    # a dask collection can only come from an imported dask; importing dask.array and
-    # dask.dataframe just to test for one costs the driver most of a second
+    # a dask collection can only come from an imported dask (importing it costs a second)
     da = sys.modules.get("dask.array")
     dd = sys.modules.get("dask.dataframe")
     if is_file_list(obj):
@@ -380,8 +378,7 @@ def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = Non
         Anything else wrong with the file, the message starting with the path.
     """
     name = storage.redact(str(path))
-    # a file on object storage is read from a local copy (the checks that name lines and rows
-    # read a file); the messages name its URL
+    # a file on object storage is read from a local copy; the messages name its URL
     with storage.local_copy(path) as p:
         return _read_local_table(p, name, columns)
 

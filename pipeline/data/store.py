@@ -92,8 +92,7 @@ def folds_of_uniform(u: FloatArray, n_folds: int) -> FoldArray:
     test of ``holdout = 1 / F``."""
     u = np.asarray(u, dtype=np.float64)
     fold = np.zeros(u.shape, dtype=np.int16)
-    # the number of edges j / F at or below u (searchsorted's answer; a few comparisons per
-    # row cost a tenth of its binary search)
+    # the number of edges j / F at or below u (a tenth of searchsorted's cost)
     for j in range(1, int(n_folds)):
         fold += u >= j / float(n_folds)
     return fold
@@ -234,8 +233,7 @@ class StoreInfo:
     prior_fixed: bool = False
     # the store keeps its groups' moments (``group_gram`` and its companions: module docstring)
     group_moments: bool = False
-    # missing cells (NaN) of every row, per column that has any (schema order); the first
-    # one as [input row, column]
+    # missing cells per column that has any (schema order); the first as [input row, column]
     missing_cells: dict[str, int] = field(default_factory=dict)
     first_missing: list[Any] | None = None
 

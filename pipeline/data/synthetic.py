@@ -38,8 +38,7 @@ def sample_mixture(
     return X, y
 
 
-# the random effects' subgroups of ``sample_longitudinal``: (intercept, slope per wave, effect of
-# each informative covariate) per subgroup
+# the random effects (intercept, slope, informative covariates) of each subgroup
 LONGITUDINAL_MEANS = np.array(
     [
         [40.0, 0.0, -2.0, -1.5],

@@ -10,8 +10,7 @@ __all__ = ["fit_distributed"]
 
 
 def __getattr__(name: str) -> Any:
-    # loaded when asked for: ``fit`` imports ingest and the Dask client, which the workers'
-    # imports of ``loop`` do not need
+    # loaded when asked for: the workers' imports of ``loop`` need neither ingest nor a client
     if name == "fit_distributed":
         from pipeline.distributed.fit import fit_distributed
 

@@ -224,8 +224,7 @@ def fit_estimator(est: Any, X: Any, client: Any = None) -> Any:
     parameters, setting the same fitted attributes."""
     from sklearn.exceptions import ConvergenceWarning
 
-    # the estimator's default "sequential" start is the in-memory one; on Dask, stage 1 starts
-    # from in-memory MAP-DP on a sample ("sample"), which then only needs a few passes
+    # "sequential" is the in-memory start; on Dask a sample's fit needs fewer passes
     res = fit_distributed(
         X,
         family=est.family,

@@ -129,8 +129,7 @@ def cluster_kwargs(cfg: dict[str, Any], warm: list[str] | None = None) -> dict[s
 
     kw = {k: v for k, v in cfg.items() if k not in OWN_KEYS}
     kw.setdefault("processes", int(cfg["cores"]))
-    # the scheduler listens on the batch system's network: encrypted and authenticated unless
-    # the config turns it off
+    # the scheduler listens on the batch system's network: TLS unless the config turns it off
     kw.setdefault("security", True)
     if kw["security"] is True:
         # where the workers' copies of the certificates go (dask-jobqueue warns without it);
@@ -206,8 +205,7 @@ def hpc_client(
 
     with open_cluster(kind, path, warm) as cluster:
         cluster.scale(jobs=jobs_of(path, kind))
-        # the flow opens its own client to the scheduler's address: it finds the credentials
-        # in Dask's configuration
+        # the flow's own client finds the credentials in Dask's configuration
         with dask.config.set(client_tls_config(cluster)), Client(cluster) as client:
             short_batches(getattr(client, "scheduler_comm", None))
             yield client

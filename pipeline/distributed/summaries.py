@@ -115,8 +115,7 @@ def split_summaries(client: Any, ctx: RunContext, state: PassState, M: int) -> S
     K = state.n_clusters
     counts = summary_counts(state.nk, int(M))
     mean, cov = Stats(state.stats, info.family).moments(info.family)
-    # what the statistics leave undetermined (covariances between column groups, the variance
-    # of a count) is no direction to split along
+    # what the statistics leave undetermined is no direction to split along
     cov = np.nan_to_num(cov, nan=0.0)
     D = mean.shape[1]
     axis = np.zeros((K, D))

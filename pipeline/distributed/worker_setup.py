@@ -194,8 +194,7 @@ def _start_helper(names: list[str]) -> Callable[[float], None] | None:
         if pid == 0:
             code = 1
             try:
-                # quiet as a new interpreter with its output to /dev/null: the command's output
-                # and its run's log are the command's
+                # quiet: the command's output and its run's log are the command's
                 null = os.open(os.devnull, os.O_RDWR)
                 for fd in (0, 1, 2):
                     os.dup2(null, fd)
@@ -205,8 +204,7 @@ def _start_helper(names: list[str]) -> Callable[[float], None] | None:
                 warm_here(names, helper=True)
                 code = 0
             finally:
-                # neither the command's exit handlers (its Prefect server's stop) nor a flush
-                # of the buffers it had when it forked run here
+                # neither the command's exit handlers nor a flush of its buffers run here
                 os._exit(code)
         return lambda grace: _wait_forked(pid, grace)
     try:

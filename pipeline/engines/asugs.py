@@ -127,8 +127,7 @@ class StreamWriteInput:
 def _stream_chunk(chunk: Chunk, msg: StreamInput) -> tuple[StreamResult, IntArray]:
     t0 = time.perf_counter()
     X, hold = chunk.X, chunk.holdout
-    # a copy: the kernel updates the state in place, and a re-executed task must start from the
-    # same state
+    # a copy: the kernel updates it in place, and a re-executed task must start from the same
     st, ids, _ = masugs.advance(msg.stream.copy(), X[~hold], msg.family, msg.sp)
     z = np.full(X.shape[0], -1, dtype=np.int64)
     z[~hold] = ids

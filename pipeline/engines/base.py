@@ -90,8 +90,7 @@ class Chunk:
         ``reuse``: ``read_rows``'."""
         return read_rows(os.path.join(self.data, name), self.a, self.b, reuse)
 
-    # X and holdout are read once per task (a chunk step and its helpers ask for them more
-    # than once); callers never write into them
+    # X and holdout are read once per task; callers never write into them
     @cached_property
     def X(self) -> FloatArray:
         """The chunk's records as float64 (the kernels compile for float64 only), read into this
@@ -141,15 +140,13 @@ class Engine(ABC):
     # order, each given ``carry(input, result)`` of the previous one instead of one message
     # for all (a one-pass streaming model whose state travels from chunk to chunk)
     sequential: ClassVar[bool] = False
-    # its state has clusters with per-record labels that the summaries pass
-    # (``pipeline.distributed.summaries``) can split
+    # its state has clusters with per-record labels that the summaries pass can split
     summaries: ClassVar[bool] = False
     # the empirical-Bayes prior scale the engine was measured with when ``FitParams`` gives
     # none (None: the family's ``DEFAULT_SCALE``); the run's prior is rebuilt from the store's
     # sample with it (``pipeline.ops.run.step_ingest``)
     prior_scale: ClassVar[float | None] = None
-    # it takes records with missing cells (NaN in the store's X; ``StoreInfo.first_missing``):
-    # the others refuse them before pass 1 (``check_missing``)
+    # it takes records with missing cells; the others refuse them before pass 1
     takes_missing: ClassVar[bool] = False
 
     def run_info(self, info: StoreInfo, params: FitParams) -> StoreInfo:

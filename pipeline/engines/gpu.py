@@ -169,8 +169,7 @@ class GpuPass(MixtureEngine):
     """The chunk step of the module docstring over a CPU engine's ``sweep`` (its host step)."""
 
     fused_write_out: ClassVar[bool] = False
-    # step 3's statistics: the frozen ones plus step 2's change (MAP-DP), or the frozen ones
-    # (Bayes K-means)
+    # step 3's statistics: the frozen ones, plus step 2's change for MAP-DP
     host_sees_moves: ClassVar[bool] = True
 
     def init_state(self, ctx: RunContext, client: Any) -> PassState:

@@ -56,8 +56,7 @@ class MapdpEngine(MixtureEngine):
         )
         written = None
         if msg.scores_into and n_changed == 0:
-            # nothing moved: every training row was scored against msg.stats; score the
-            # held-out rows against them too and write the chunk out
+            # nothing moved: score the held-out rows against msg.stats too and write out
             label = z.copy()
             if hold.any():
                 pred, ld = predict(X[hold], msg.stats, msg.alpha, fam)
@@ -104,8 +103,7 @@ class MapdpEngine(MixtureEngine):
         part = np.flatnonzero(miss.any(axis=1))
         Xf = completed_records(chunk, msg, X, miss, part)
         z_old = z.copy()
-        # the fused write-out scores completed records: records with holes are scored on
-        # their observed cells by the write-out tasks instead
+        # records with holes are scored on their observed cells by the write-out tasks
         swept = self.sweep(chunk, replace(msg, scores_into=None), Xf, hold, order, z)
         M = swept.n_new
         z_new = swept.z

@@ -143,8 +143,7 @@ def _subjects_of_moments(chunk: Chunk, cols: Columns, heldout_fold: int | None) 
     r = 1 + cols.response
     at = packed_index(gm.gram.shape[1])
     g = gm.gram
-    # an index array after a slice can give a result that is not C-ordered: the kernels are
-    # compiled for C-ordered arrays
+    # indexing after a slice may not give C order, which the kernels are compiled for
     XtX = np.ascontiguousarray(g[:, at[idx[:, None], idx[None, :]]])
     Xty = np.ascontiguousarray(g[:, at[idx, r]])
     yty = np.ascontiguousarray(g[:, at[r, r]])

@@ -171,8 +171,7 @@ def reduce_pass(
     )
     stats = np.ascontiguousarray(stats)
     remap = np.where(new_id >= 0, target[np.maximum(new_id, 0)], -1).astype(np.int64)
-    # records relabelled by a merge of clusters that existed before the pass (the records of
-    # the chunks' new clusters were counted as moved already)
+    # records relabelled by a merge of clusters older than the pass (the others moved already)
     old = keep[:K]
     relabelled = merged_records(kept[: int(old.sum())][:, 0], target[: int(old.sum())])
     if params.learn_alpha and state.alpha_k != stats.shape[0]:

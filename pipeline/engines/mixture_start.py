@@ -142,8 +142,7 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
     Xs = fam.arrange(np.asarray(info.sample)[pos])
     rng = np.random.default_rng(chunk_seed(params.seed, params.restart, 0, 0))
     order = rng.permutation(rows.shape[0]).astype(np.int64)
-    # the fit keeps one worker busy and the driver idle: the driver loads what it will need
-    # meanwhile (workers did so when they started: ``pipeline.distributed.worker_setup``)
+    # the fit keeps one worker busy and the driver idle: it loads what it will need meanwhile
     threading.Thread(
         target=warm_driver, args=(prior_filled(Xs[:40], fam), fam), daemon=True
     ).start()

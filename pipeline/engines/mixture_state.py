@@ -50,8 +50,7 @@ class PassState:
     # ``scored_into``: their write-out results, by chunk
     scored: list[WriteResult] | None = None
     scored_into: str | None = None
-    # a warm start's clusters (K, S) from another fit: pass 1 assigns the records against them,
-    # then they are taken out again, so that the statistics are the data's own
+    # a warm start's clusters (K, S), taken out again after pass 1 assigned the records
     warm: FloatArray | None = None
     # the "sample" start's filled missing cells (len(init_rows), D), arranged, NaN where the
     # row has a value: pass 1's completed records of the sample (``pipeline.engines.mapdp``)

@@ -38,8 +38,7 @@ def spec_kinds() -> dict[str, Any]:
     return {EVERY_FAMILY: np.dtype(ANY_DTYPE), NW_CELLS: np.dtype(NW_CELLS_DTYPE)}
 
 
-# the spec type of ``toy_family``: None keeps the family's own (int32, Normal-Wishart only);
-# ``warm_kernels(every_product=True)`` sets the others for more rounds
+# the spec type of ``toy_family`` (None: its own int32); ``warm_kernels`` sets the others
 _toy_spec_dtype: Any = None
 
 

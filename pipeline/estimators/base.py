@@ -196,7 +196,6 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
     def _encode_predict(self, X: Any) -> FloatArray:
         """New records encoded as at fit time, or a ValueError naming the column and row."""
         # n_clusters_, not labels_: a loaded model has no training labels
-        # (``pipeline.estimators.model``)
         check_is_fitted(self, "n_clusters_")
         df, from_frame = as_frame(X)
         df = self.schema_.check_columns(df, from_frame, type(self).__name__)

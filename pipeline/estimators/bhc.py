@@ -241,8 +241,7 @@ class BHC(MixtureEstimator):
         to one (Xu et al. 2009 use but do not state it)."""
         fam = self.family_
         tree = self.tree_
-        # the concentration of the fit (a tuned fit's choice, not the parameter; a model saved
-        # before ``alpha_`` existed has the parameter)
+        # the fit's concentration (a tuned one; a model saved before ``alpha_`` has the parameter)
         alpha = float(self.alpha_ if hasattr(self, "alpha_") else self.alpha)
         log_norm = math.log(float(tree.n[-1]) + alpha)
         log_w = tree.log_omega + np.log(tree.n) - log_norm

@@ -111,8 +111,7 @@ def make_splits(
                 raise SearchError(
                     f"{k} folds but only {n_samples} records: use at most {n_samples} folds"
                 )
-            # shuffled: data sets are often sorted by class or time, and an unshuffled fold
-            # would then hold out a whole cluster
+            # shuffled: a data set sorted by class would otherwise hold out whole clusters
             splitter = KFold(n_splits=k, shuffle=True, random_state=random_state)
         pairs = splitter.split(X_dummy, groups=groups)
     elif hasattr(cv, "split"):

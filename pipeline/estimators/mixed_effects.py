@@ -166,8 +166,7 @@ class MixedEffectsDP(BaseEstimator):
         if fitting:
             self.feature_names_in_ = np.array(names, dtype=object)
             self.n_features_in_ = len(names)
-            # the covariates' names for a saved model (their values are numbers; the kind is
-            # the schema's numeric one)
+            # the covariates' names for a saved model (numbers, of the schema's numeric kind)
             self.schema_ = Schema(
                 list(names),
                 dict.fromkeys(names, "gaussian"),
@@ -245,8 +244,7 @@ class MixedEffectsDP(BaseEstimator):
         def map_chunks(fn: Callable[..., Any], *args: Any) -> list[Any]:
             return [fn(sub, *args)]
 
-        # the start's seed as the distributed engine's (``FitParams.seed`` of ``dpmm
-        # longitudinal --seed N``, default 0)
+        # the start's seed as the distributed engine's (``dpmm longitudinal --seed``, default 0)
         seed = seed_entropy(0 if self.random_state is None else self.random_state)
         st, _ = start(
             map_chunks,

@@ -44,8 +44,7 @@ def _storable_params(est: Any) -> dict[str, Any]:
     params = dict(est.get_params(deep=False))
     rs = params.get("random_state")
     if rs is not None and not isinstance(rs, (int, np.integer)):
-        # a Generator or SeedSequence has state that is not the user's seed: refitting a loaded
-        # model is then unseeded, which the stored None says
+        # a Generator or SeedSequence is no user's seed: a loaded model refits unseeded
         params["random_state"] = None
     elif isinstance(rs, np.integer):
         params["random_state"] = int(rs)

@@ -82,8 +82,7 @@ def results_table(
     n_c = len(candidates)
     failed = [j for j in range(len(results[0])) if all(row[j]["error"] for row in results)]
     if failed:
-        # a fold on which every candidate fails (a column constant in its training rows, say)
-        # says nothing about the candidates: it is left out of every mean
+        # a fold on which every candidate fails says nothing about them: left out of every mean
         warnings.warn(
             f"cv: every candidate failed on fold(s) {failed} ({results[0][failed[0]]['error']}); "
             "those folds are left out",

@@ -208,8 +208,7 @@ class ProductFamily:
         if len(set(cols_seen)) != len(cols_seen):
             raise ValueError("a column may belong to one family only")
         self.n_cols = len(cols_seen)
-        # the kernels read each group's columns as a contiguous slice, so the encoded matrix is
-        # permuted into group order once (``column_order``)
+        # the kernels read each group's columns as a slice: the matrix is put in group order once
         self.column_order = np.asarray(cols_seen, dtype=np.int64)
         spec = np.zeros((len(self.groups), _SPEC_WIDTH), dtype=np.int64)
         priors = []
@@ -292,8 +291,6 @@ class ProductFamily:
         c = self.cache_of(s[None, :])[0]
         return float(product.log_predictive(xa, s, c, self.spec, self.prior))
 
-    # -- on disk (``pipeline.core.persist``)
-    # --------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
         """The constructor's argument: ``{"groups": [(family, column indices), ...]}``."""
         return {"groups": [(fam, list(cols)) for fam, cols in self.groups]}

@@ -28,8 +28,7 @@ ID_LEVELS = 50
 #: the largest magnitude of a value: the families' statistics hold its square summed over a
 #: billion rows (1e209) and the empirical-Bayes covariance of such columns without overflow
 MAX_ABS = 1e100
-# what ``infer_dtype`` calls a column of cells every family path can read (anything else is
-# looked at cell by cell, ``check_cells``)
+# what ``infer_dtype`` calls a column every family can read (others: ``check_cells``)
 _PLAIN = ("string", "bytes", "empty", "integer", "floating", "mixed-integer-float", "boolean")
 _CELL_TYPES = (str, bytes, int, float, np.bool_, np.integer, np.floating, decimal.Decimal)
 _TIME_TYPES = (datetime.date, datetime.time, datetime.timedelta, np.datetime64, np.timedelta64)
@@ -114,8 +113,7 @@ def auto_kind(s: pd.Series) -> str:
     if pd.api.types.is_float_dtype(dt) and (
         np.isnan(vals).any() if isinstance(dt, np.dtype) else s.isna().any()
     ):
-        # a CSV reader turns an integer column with an empty cell into floats: the values
-        # present decide, as they would have without the holes
+        # a CSV reader makes an integer column with an empty cell float: the values decide
         vals = vals[~np.isnan(vals)]
         if not np.array_equal(vals, np.floor(vals)):
             return "gaussian"

@@ -25,8 +25,7 @@ from pipeline.families.base import (
     _vectors,
 )
 
-#: the strength of the empirical-Bayes Beta and Dirichlet priors, as a share of the records
-#: (``discrete_strength``)
+#: the strength of the empirical-Bayes Beta and Dirichlet priors, a share of the records
 DISCRETE_SHARE = 0.05
 
 

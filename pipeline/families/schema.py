@@ -242,8 +242,7 @@ class Schema:
         if "categorical" not in self.kinds.values() and all(
             pd.api.types.is_numeric_dtype(dt) for dt in cols.dtypes
         ):
-            # numbers only: one copy of the block; the column-by-column pass below runs only to
-            # name the first NaN or inf
+            # numbers only: one copy; the column-by-column pass only names the first NaN or inf
             out = cols.to_numpy(dtype=np.float64, na_value=np.nan, copy=True)
             # one pass in the common case: a NaN, an inf or a value beyond MAX_ABS fails it
             if np.abs(out).max(initial=0.0) <= MAX_ABS or (

@@ -129,8 +129,6 @@ class Stats:
             mean[k], cov[k] = kproduct.moments(self.array[k], family.spec, family.prior, D)
         return mean, cov
 
-    # -- on disk (``pipeline.core.persist``)
-    # --------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
         return {"array": self.array, "signature": self.signature}
 

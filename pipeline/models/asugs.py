@@ -41,8 +41,7 @@ EB_SCALES = (0.5, 0.3, 0.2, 0.1, 0.05, 0.03, 0.02, 0.01, 0.005, 0.002)
 EB_STRENGTHS = (1.0, 3.0, 10.0, 30.0, 100.0)
 #: the records at the start of a stream that ``choose_prior`` streams (at most)
 EB_RECORDS = 1000
-#: a first batch shorter than this keeps ``PRIOR_SCALE`` and strength 1: a handful of records
-#: cannot tell the scales apart
+#: a first batch shorter than this keeps ``PRIOR_SCALE`` and strength 1
 EB_MIN_RECORDS = 50
 
 

@@ -30,8 +30,7 @@ IntArray = NDArray[np.int64]
 KAPPA_FLOOR = 1e-3
 #: the empirical-Bayes prior scale of the emissions (``pipeline.core.config.IHMM_PRIOR_SCALE``)
 PRIOR_SCALE = config.IHMM_PRIOR_SCALE
-#: the smallest emission weight ``ess_share`` returns: a numerical guard (a lag-1
-#: autocorrelation of 0.98), not a belief
+#: the smallest emission weight ``ess_share`` returns: a numerical guard, not a belief
 MIN_TEMPER = 0.01
 M_COUNTS = ("expectation", "urn")
 

@@ -425,8 +425,7 @@ def sweep_subjects(
     mu, R, ld, lnw, nk = model.slots(cap - model.n_clusters)
     mu0, R0, _ = prior.mode()
     z = z.copy()
-    # zeros, not empty: a page of the (mostly unused) new-cluster capacity costs nothing until
-    # written
+    # zeros, not empty: an unused page of the new-cluster capacity costs nothing
     n, s, ss = np.zeros(cap), np.zeros((cap, p)), np.zeros((cap, p, p))
     beta = np.full((G, p), np.nan)
     n_slots, changed, rss, nob, nll = kme.sweep(

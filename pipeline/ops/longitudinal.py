@@ -473,8 +473,7 @@ def finish(
         )
         subjects = subjects.merge(held, on=cols.subject, how="left")
         run["cv"] = {"folds": int(parameters.get("folds") or 0), **cv_summary(cv["log_density"])}
-    # pandas, matplotlib and the report want a path: on object storage a local directory is
-    # uploaded (``storage.local_dir``)
+    # pandas, matplotlib and the report want a path (``storage.local_dir``)
     with storage.local_dir(partial) as files_dir:
         subjects.to_parquet(files_dir / "subjects.parquet", index=False)
         clusters_table(model, coef).to_parquet(files_dir / "clusters.parquet", index=False)

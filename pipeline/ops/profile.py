@@ -21,8 +21,7 @@ from pipeline.ops.page import draw_bars, fmt, new_figure, short_name
 IntArray = NDArray[np.int64]
 
 
-# the profile shows at most this many clusters (the largest; the rest pooled in one row) and
-# features (those that differ most between clusters), so that it stays readable at any size
+# the most clusters (the rest pooled) and features (those differing most) the profile shows
 PROFILE_CLUSTERS = 40
 
 

@@ -335,8 +335,7 @@ def finish(
         "metrics": metrics,
         **extra,
     }
-    # the small files are written by libraries that want a path: on object storage they go
-    # to a local directory uploaded in one go (``storage.local_dir``)
+    # the small files are written by libraries that want a path (``storage.local_dir``)
     with storage.local_dir(partial) as files:
         clusters.to_parquet(files / "clusters.parquet", index=False)
         if cfg.report:

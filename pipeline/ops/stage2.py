@@ -271,8 +271,7 @@ def run_stage2(
         raise ValueError(f"stage 2 method must be one of {STAGE2_METHODS}, got {method!r}")
     if method == "none" or M <= 1:
         return Stage2Result(np.arange(M, dtype=np.int64), {"method": "none", "n_summaries": M})
-    # a warm-up helper may be compiling BHC's kernels at this moment (``dpmm demo``: during
-    # the flow): wait for it and load them rather than compile them a second time alongside
+    # a warm-up helper may be compiling BHC's kernels now: wait and load them, not compile twice
     await_step(stage2_step(method))
     t0 = time.perf_counter()
     bhc = BHC(alpha=alpha, family=family).fit_summaries(stats, family)
