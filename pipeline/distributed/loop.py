@@ -106,9 +106,7 @@ def context(
 
 
 def with_prior_scale(info: StoreInfo, params: FitParams) -> StoreInfo:
-    """``info`` with the run's empirical-Bayes prior (``Engine.run_info``: at
-    ``params.prior_scale``, else the engine's ``prior_scale``, else the family default; the
-    ``asugs`` engine chooses its own)."""
+    """``info`` with the run's empirical-Bayes prior (``Engine.run_info``)."""
     return get_engine(params.engine, params.device).run_info(info, params)
 
 

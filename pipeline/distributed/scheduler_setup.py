@@ -44,9 +44,8 @@ def slow_ticks(server: Any) -> None:
 
 
 class ShortBatches(SchedulerPlugin):  # type: ignore[misc]
-    """Each worker's connection batches for ``BATCH_INTERVAL`` from the moment it joins (Dask
-    opens it just before it calls the plugins' ``add_worker``). A Dask without the scheduler's
-    ``stream_comms`` keeps its own batching: the setting is a speed, never a condition."""
+    """Each worker's connection batches for ``BATCH_INTERVAL`` from the moment it joins; a Dask
+    without ``stream_comms`` keeps its own (a speed, never a condition)."""
 
     name = "dpmm-short-batches"
 

@@ -136,9 +136,7 @@ def _warm_steps(names: list[str], helper: bool = False) -> None:
 
 
 def warm_here(names: list[str] | None = None, helper: bool = False) -> None:
-    """``warm_kernels(names)`` in this process (a worker's start, or the process whose threads
-    are the workers; ``helper``: the helper of ``warm_here_with_helper``). A failure only costs
-    the speed-up: the tasks load what they need anyway, and report what goes wrong."""
+    """``warm_kernels(names)`` in this process; a failure only costs the speed-up."""
     try:
         warm_kernels(names, helper=helper)
     except Exception:

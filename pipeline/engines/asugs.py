@@ -41,9 +41,8 @@ from pipeline.models import asugs as masugs
 
 
 def stream_params(ctx: RunContext) -> masugs.StreamParams:
-    """The stream's parameters from the fit's ``alpha`` and the engine's options
-    (``RunContext.options``: lam, select, prune_merge, pm_interval, prune_weight; the defaults
-    ``pipeline.estimators.asugs.ASUGS``'s)."""
+    """The stream's parameters from the fit's ``alpha`` and the engine's options, defaults
+    ``pipeline.estimators.asugs.ASUGS``'s."""
     opts = ctx.options
     learn = ctx.params.learn_alpha
     return masugs.check_stream_params(
@@ -260,9 +259,8 @@ def _carry_task(msg: StreamInput, result: StreamResult) -> StreamInput:
 def stream_chunks(
     client: Any, data: str, info: StoreInfo, sp: masugs.StreamParams, rng: Any
 ) -> tuple[masugs.StreamState, float]:
-    """One ASUGS pass over the training rows of every chunk, in order, on the workers (each
-    chunk's task waits for the previous chunk's state; in this process when ``client`` is
-    None); labels are not written. Returns the final stream and the seconds of its tasks."""
+    """One ASUGS pass over every chunk's training rows in order, on the workers (in this process
+    when ``client`` is None), writing no labels; the final stream and its tasks' seconds."""
     msg: Any = StreamInput(1, masugs.StreamState.empty(info.family, rng), sp, info.family)
     if client is None:
         # in this process (the serial reference of the engine tests)

@@ -102,9 +102,8 @@ def read_subjects(
     heldout_fold: int | None = None,
     moments: bool = False,
 ) -> ChunkSubjects:
-    """The chunk's subjects; held out (not fitted): the store's held-out rows and, for a
-    cross-validation fit, the subjects of fold ``heldout_fold``. ``moments``: from the moments
-    the store keeps per group (``StoreInfo.group_moments``) rather than from the rows."""
+    """The chunk's subjects, held out the store's held-out rows and fold ``heldout_fold``'s;
+    ``moments``: from the store's per-group moments rather than from the rows."""
     if moments:
         return _subjects_of_moments(chunk, cols, heldout_fold)
     X = chunk.X
@@ -439,9 +438,7 @@ class MixedEffectsEngine(Engine):
 
 
 def _moments(ctx: RunContext) -> bool:
-    """Whether the subjects are read from the store's group moments: a grouped store that
-    keeps them (an ungrouped store's subjects are its rows, whose moments cost no more than
-    reading them)."""
+    """Whether the subjects are read from the group moments a grouped store keeps."""
     return ctx.info.grouped and ctx.info.group_moments
 
 

@@ -93,9 +93,8 @@ def initial_state(client: Any, ctx: RunContext) -> PassState:
 
 
 def prior_filled(X: FloatArray, fam: ProductFamily) -> FloatArray:
-    """Records X (n, D) with each missing cell at its conditional mode under the prior
-    predictive given the row's other cells (``ProductFamily.impute`` with no cluster): the
-    completed records of rows no start has placed (``pipeline.engines.mapdp``)."""
+    """Records X (n, D) with each missing cell at its prior predictive's conditional mode given
+    the row's other cells: the completed records of rows no start placed."""
     if not np.isnan(X).any():
         return X
     return fam.impute(X, fam.empty_stats(), np.full(X.shape[0], -1, dtype=np.int64))
@@ -131,9 +130,8 @@ def _sample_fit_task(
 
 
 def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
-    """The "sample" start (module docstring): in-memory MAP-DP (``pipeline.models.mapdp.run_mapdp``,
-    with split and merge moves) on a hash sample of training rows, run as one Dask task; its
-    rows keep their labels in pass 1 and its statistics are pass 1's global statistics."""
+    """The "sample" start: in-memory MAP-DP (``run_mapdp``, with moves) on a hash sample of
+    training rows as one Dask task; its rows keep their labels in pass 1."""
     t0 = time.perf_counter()
     fam = info.family
     alpha = 1.0 if params.learn_alpha else float(params.alpha)

@@ -128,9 +128,8 @@ def plot_rate(info: StoreInfo) -> float:
 
 
 def write_fields(state: Any, mapping: IntArray, info: StoreInfo) -> dict[str, Any]:
-    """The fields of a mixture engine's write-out input that every one shares: the final
-    clusters' statistics (the state's ``stats`` merged by ``mapping``), the state's ``alpha``,
-    the family, the picture's ``plot_rate`` and whether the store has true ``labels``."""
+    """The write-out input fields every mixture engine shares: the final clusters' statistics,
+    ``alpha``, the family, ``plot_rate`` and whether the store has true ``labels``."""
     return {
         "stats": Stats(state.stats, info.family).merged(mapping).array,
         "alpha": state.alpha,

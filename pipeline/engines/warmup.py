@@ -92,9 +92,8 @@ def warm_observation_factors() -> None:
 
 
 def warm_observation_marginals() -> None:
-    """Load the observation models' marginal likelihoods (the merge tests, the objective, BHC),
-    which no sweep calls: a second process compiles them while the first compiles the sweep's
-    (``warm_observation_models``)."""
+    """Load the observation models' marginal likelihoods, which no sweep calls: a second
+    process compiles them meanwhile."""
     from kernels.obs import product
 
     # empty clusters' statistics: the records' (``build_stats``) are the other process's to
@@ -122,9 +121,8 @@ def _cache_dir() -> Path:
 
 
 def warm_marker(names: list[str]) -> Path:
-    """The file a complete warm-up of ``names`` leaves in the numba cache: named after the
-    engines and the kernels' sources (their paths, sizes and modification times, which numba's
-    own index checks too), so that changed kernels or another cache have none."""
+    """The file a complete warm-up of ``names`` leaves in the numba cache, named after the
+    engines and the kernels' sources, so that changed kernels or another cache have none."""
     root = _kernels_dir()
     h = hashlib.sha256(",".join(sorted(set(names))).encode())
     for path in sorted(root.rglob("*.py")):
@@ -134,9 +132,8 @@ def warm_marker(names: list[str]) -> Path:
 
 
 def kernels_cached(names: list[str]) -> bool:
-    """Whether a warm-up of the engines (and stage 2) ``names`` completed with this numba cache
-    and these kernel sources: loading them then takes a second or two, compiling them a minute.
-    A wrong answer (a cache emptied by hand but for the marker) costs speed, nothing else."""
+    """Whether a warm-up of ``names`` completed with this numba cache and these kernel sources
+    (a wrong answer costs speed only)."""
     return warm_marker(names).exists()
 
 
@@ -171,9 +168,8 @@ def compile_once(key: str, step: Callable[[], object]) -> None:
 
 
 def await_step(key: str) -> None:
-    """Wait until no process of this machine is at warm-up step ``key``: kernels about to be
-    used that another process is compiling are then loaded from the cache, not compiled again
-    alongside it (stage 2 in a command whose warm-up helper compiles it during the flow)."""
+    """Wait until no process of this machine is at warm-up step ``key``, so that its kernels
+    are loaded from the cache rather than compiled again alongside."""
     try:
         with _step_lock(key, blocking=True):
             pass

@@ -211,9 +211,7 @@ class ASUGS(MixtureEstimator):
         return PRIOR_SCALE if self.prior_scale is None else float(self.prior_scale)
 
     def _new_prior(self, Xa: FloatArray, params: StreamParams, rng: Any) -> None:
-        """A new stream's prior: ``family_`` as ``_encode_fit`` fitted it, or, for a prior
-        fitted to the data at no given ``prior_scale``, the one ``choose_prior`` picks on the
-        first ``EB_RECORDS`` records of Xa."""
+        """A new stream's prior: ``family_``, or ``choose_prior``'s on Xa's first records."""
         if isinstance(self.family, (Family, ProductFamily)) or not hasattr(self, "family_"):
             for name in ("prior_scale_", "prior_strength_"):
                 if hasattr(self, name):

@@ -253,9 +253,8 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         Xa: FloatArray | None = None,
         leaf_stats: FloatArray | None = None,
     ) -> None:
-        """labels_, n_clusters_, cluster_stats_, cluster_sizes_, alpha_ of a partition 0..K-1 of
-        the encoded training records ``Xa`` (n, D) or of leaves with statistics ``leaf_stats``
-        (n, S), and the caches the predictive needs."""
+        """The cluster attributes of a partition 0..K-1 of the encoded records ``Xa`` (n, D) or of
+        leaves ``leaf_stats`` (n, S), and the caches the predictive needs."""
         labels = np.asarray(labels, dtype=np.int64)
         K = int(labels.max()) + 1
         fam = self.family_

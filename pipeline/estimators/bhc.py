@@ -249,9 +249,8 @@ class BHC(MixtureEstimator):
         return kbhc.log_predictive_density(Xa, tree.stats, log_w, fam.spec, fam.prior, log_w_new)
 
     def _predict_encoded(self, Xa: FloatArray) -> IntArray:
-        """The cluster of ``labels_`` (r_k = 0.5 cut) each encoded record ``Xa`` most probably
-        joins: argmax_c log n_c + log p(x | D_c); a new cluster is not offered. Shape
-        (n_samples,), int64."""
+        """argmax_c log n_c + log p(x | D_c) over the clusters of ``labels_`` for each encoded
+        record of ``Xa``, shape (n_samples,), int64; a new cluster is not offered."""
         fam = self.family_
         stats = np.ascontiguousarray(self.tree_.stats[self.cluster_nodes_])
         lp = kbhc.log_predictive_matrix(Xa, stats, fam.spec, fam.prior)

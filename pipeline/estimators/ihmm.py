@@ -205,8 +205,7 @@ class _SequenceEstimator(MixtureEstimator):
         self, Xa: FloatArray, starts: IntArray, alpha: float, gamma: float
     ) -> tuple[IntArray, HmmState]:
         """The fit on the encoded records Xa (N, D) of the sequences ``starts`` (n_seq + 1,):
-        labels (N,) 0..K-1 in sequence order and the MAP state; sets the run's own fitted
-        attributes."""
+        labels (N,) in sequence order and the MAP state; sets the run's own attributes."""
         raise NotImplementedError
 
     def _set_states(self, res_labels: IntArray, st: HmmState, order: IntArray | None) -> None:

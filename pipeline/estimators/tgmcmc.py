@@ -308,9 +308,8 @@ class TreeGuidedMCMC(MixtureEstimator):
         return bool(self.prior == "dp")
 
     def _predict_encoded(self, Xa: FloatArray) -> IntArray:
-        """The DPM's MAP cluster of each record given ``labels_`` (Raykov et al. 2016, eq. 3.5); -1
-        where a new cluster is the most probable. The NGGP's predictive needs u and is not
-        offered."""
+        """The DPM's MAP cluster of each record given ``labels_`` (eq. 3.5), -1 for a new one
+        (the DP only: the NGGP's predictive needs u)."""
         if self.prior != "dp":
             raise ValueError("predict needs prior='dp' (the NGGP predictive is not implemented)")
         return super()._predict_encoded(Xa)

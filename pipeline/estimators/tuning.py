@@ -34,9 +34,8 @@ def check_tune(value: Any) -> Any:
 
 
 def _variants(family: Any, X: Any) -> list[tuple[Any, bool]]:
-    """The family settings tried: ``family`` itself and, with Gaussian columns and no given
-    prior, the same with full and diagonal covariance swapped; each with whether it gives X the
-    column kinds ``family`` gives it."""
+    """The family settings tried (``family``, and with full and diagonal covariance swapped),
+    each with whether it gives X the column kinds ``family`` gives it."""
     if not isinstance(family, (str, dict)):
         return [(family, True)]
     df, from_frame = as_frame(X)

@@ -53,9 +53,8 @@ class Family(ABC):
 
     @property
     def has_cells(self) -> bool:
-        """Whether some column is recorded on a grid whose cells' variance the kernels count
-        (Gaussian families with a ``step``): such a prior needs the kernels compiled with the
-        cells' code."""
+        """Whether some column is recorded on a grid (Gaussian families with a ``step``), which
+        needs the kernels compiled with the cells' code."""
         return False
 
     @classmethod

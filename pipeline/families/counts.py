@@ -212,9 +212,8 @@ class _RateFamily(Family):
         raise NotImplementedError
 
     def impute(self, X: FloatArray, s: FloatArray) -> FloatArray:
-        """NaN cells set to the predictive mean given the cluster (rounded to a count for the
-        count families): the modes of these predictives sit at 0 for every cluster (Lomax,
-        geometric), which would say nothing about the cluster."""
+        """NaN cells set to the predictive mean given the cluster (rounded for counts): these
+        predictives' modes sit at 0 for every cluster."""
         mean = self._predictive_mean(np.asarray(s, dtype=np.float64))
         return np.where(np.isnan(X), mean[None, :], X)
 

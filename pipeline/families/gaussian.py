@@ -270,9 +270,8 @@ class GaussianNW(Family):
         return sub, index
 
     def impute(self, X: FloatArray, s: FloatArray) -> FloatArray:
-        """NaN cells set to the conditional location of the cluster's Student-t predictive given
-        the row's observed cells, m_m + T_mo T_oo^{-1} (x_o - m_o) (the scale nu / (nu - 2) and
-        the factor c / (c + 1) cancel; it is the conditional mode)."""
+        """NaN cells set to the conditional mode of the cluster's Student-t predictive given the
+        row's observed cells, m_m + T_mo T_oo^{-1} (x_o - m_o)."""
         out = np.array(X, dtype=np.float64)
         mk, T, _ck, _ak = self.posterior(s)
         miss = np.isnan(out)

@@ -390,9 +390,8 @@ class Schema:
         return [(k, cols) for k, cols in by_kind.items()] + out
 
     def build_family(self, X: FloatArray, scale: float | None = None) -> ProductFamily:
-        """Empirical-Bayes priors per group (Raykov et al. 2016, Appendix A, option 1); ``scale`` is
-        the prior scale of the Gaussian groups (``GaussianNW.empirical_bayes``; None: their
-        default)."""
+        """Empirical-Bayes priors per group (Raykov et al. 2016, Appendix A, option 1), the
+        Gaussian groups' at prior ``scale`` (None: their default)."""
         groups: list[tuple[Family, list[int]]] = []
         for kind, cols in self.groups():
             # one group over all the columns in order (the common numeric case) needs no copy

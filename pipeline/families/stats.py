@@ -117,9 +117,8 @@ class Stats:
         return np.ascontiguousarray(self.array[:, 0])
 
     def moments(self, family: ProductFamily) -> tuple[FloatArray, FloatArray]:
-        """Mean (K, D) and covariance (K, D, D) of each row's records, in the family's arranged
-        column order, where the statistics determine them (``kernels.obs.product.moments``:
-        NaN elsewhere, e.g. between columns of different groups)."""
+        """Mean (K, D) and covariance (K, D, D) of each row's records in arranged column order,
+        NaN where the statistics do not determine them (``kernels.obs.product.moments``)."""
         if family.signature() != self.signature:
             raise ValueError(f"these statistics are not of {family!r}")
         K, D = len(self), family.n_cols

@@ -158,9 +158,7 @@ class HmmState:
     def objective(
         self, family: ProductFamily, alpha: float, gamma: float, temper: float = 1.0
     ) -> float:
-        """E(z, kappa) (``kernels.ihmm.objective``); with ``temper`` w < 1, of the tempered
-        emissions (every record's statistics counting w, ``kernels.ihmm.tempered_log_predictive``).
-        """
+        """E(z, kappa) (``kernels.ihmm.objective``), of the emissions tempered by ``temper``."""
         return float(
             kihmm.objective(
                 self.stats if temper == 1.0 else temper * self.stats,

@@ -306,8 +306,7 @@ def should_stop(
 
 def predictive_components(model: MixedModel, prior: MixedPrior) -> tuple[Any, ...]:
     """Components of the eq. 3.4 analogue: the fitted clusters with weights N_k / (N + N0) and a
-    new cluster at the prior's mode with weight N0 / (N + N0) (the cluster parameters are not
-    collapsed, so a new cluster's are the prior's most probable ones)."""
+    new cluster at the prior's mode with weight N0 / (N + N0)."""
     mu0, R0, ld0 = prior.mode()
     N = float(model.n.sum())
     mu = np.concatenate([model.mu, mu0[None]])
@@ -417,9 +416,8 @@ def sweep_subjects(
     model: MixedModel,
     prior: MixedPrior,
 ) -> tuple[IntArray, FloatArray, int, SweepStats]:
-    """One sweep of a set of subjects against the model (a chunk's work): their new clusters
-    (slots: the model's K, then the clusters the sweep opened), their eq. 7.2 modes in those
-    clusters, the number that changed cluster, and the additive statistics."""
+    """One sweep of a set of subjects against the model (a chunk's work): their new cluster
+    slots, eq. 7.2 modes, the number that changed cluster, and the additive statistics."""
     G, p = Xty.shape
     cap = model.n_clusters + int(train.sum()) + 1
     mu, R, ld, lnw, nk = model.slots(cap - model.n_clusters)

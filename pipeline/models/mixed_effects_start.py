@@ -192,8 +192,7 @@ def start_model(
     alpha: float | str,
 ) -> MixedModel:
     """The first model: the M-step (``update``, no merges) of the start's partition of the
-    sample, from the conditional means and covariances of the Gaussian fit; its counts are the
-    sample's (pseudo-counts for the first sweep)."""
+    sample, its counts the sample's."""
     K = int(labels.max()) + 1
     p = prior.p
     n = np.bincount(labels, minlength=K).astype(np.float64)

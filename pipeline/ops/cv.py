@@ -149,9 +149,8 @@ def estimator(info: StoreInfo, params: dict[str, Any], seed: int, max_iter: int)
 def fold_fit(
     store_path: str, params: dict[str, Any], fold: int, seed: int, max_iter: int
 ) -> dict[str, Any]:
-    """One (cell, fold) fit, in a Dask worker: MAP-DP with ``params`` on the store's rows of the
-    other folds, scored on the rows of ``fold``: mean held-out log predictive density per record
-    (eq. 3.4), clusters found, seconds."""
+    """One (cell, fold) fit in a Dask worker: MAP-DP with ``params`` on the other folds' rows,
+    scored on ``fold``'s (eq. 3.4), with the clusters found and the seconds."""
     from sklearn.exceptions import ConvergenceWarning
 
     X, folds, info = _read_rows(store_path)
@@ -257,9 +256,8 @@ def choose(table: pd.DataFrame, rule: str) -> int:
 
 
 def plot_grid(table: pd.DataFrame, best: int, path: str | Path) -> None:
-    """``cv.png``: one heat map per family variant, prior scale x alpha, coloured by the mean
-    held-out log predictive density per record and annotated with it, its standard error and the
-    mean clusters; the chosen cell outlined."""
+    """``cv.png``: one heat map per family variant, prior scale x alpha, of the mean held-out
+    log predictive density per record, annotated; the chosen cell outlined."""
     from matplotlib.patches import Rectangle
 
     fams = list(dict.fromkeys(table["family"]))
@@ -304,9 +302,8 @@ def plot_grid(table: pd.DataFrame, best: int, path: str | Path) -> None:
 
 
 def write_report(out: Path, run: dict[str, Any], table: pd.DataFrame) -> list[str]:
-    """``report.html`` and ``report.md`` of a ``dpmm cv`` run into ``out`` (``cv.png``, drawn by
-    ``plot_grid``, is already there): the grid's cells by held-out density, the chosen one and
-    its refit, and a warning box when the refit looks degenerate."""
+    """``report.html`` and ``report.md`` of a ``dpmm cv`` run into ``out``: the grid's cells, the
+    chosen one and its refit, and a warning when the refit looks degenerate."""
     m = run["metrics"]
     c = run["chosen"]
     g = run["grid"]

@@ -301,9 +301,8 @@ def write_report(
     seed: int = 0,
     n_points: int = 20_000,
 ) -> list[str]:
-    """report.md and report.html with four pictures: trajectories per subgroup (up to
-    ``n_trajectories`` sampled subjects per cluster with the cluster's mean trajectory), the
-    random effects in 2-D, the cluster sizes and the objective per pass."""
+    """report.md and report.html with four pictures: trajectories per subgroup, the random
+    effects in 2-D, the cluster sizes and the objective per pass."""
     rng = np.random.default_rng(seed)
     pics = [trajectories_picture(out, df, cols, subjects, model, rng, n_trajectories)]
     tcol = cols.time
@@ -422,9 +421,8 @@ def finish(
     timing: dict[str, float],
     report: bool,
 ) -> dict[str, Any]:
-    """subjects.parquet, clusters.parquet, model/, run.json and the report into ``partial``
-    (a local directory or an object-storage prefix, ``pipeline.core.outputs.prepare_output``); the
-    scratch stores removed. Returns run.json's content."""
+    """subjects.parquet, clusters.parquet, model/, run.json and the report into ``partial``;
+    the scratch stores removed. Returns run.json's content."""
     coef = ["intercept", *cols.covariates]
     subjects = subjects_table(res, info, coef, cols.subject)
     model = state.model

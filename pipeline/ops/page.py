@@ -53,9 +53,8 @@ summary{cursor:pointer;color:#245;margin-bottom:.3em}
 
 
 def new_figure(width: float, height: float) -> Any:
-    """A matplotlib figure of ``width`` x ``height`` inches on the Agg canvas, for a report's
-    picture: no pyplot (whose import and backend set-up cost more than drawing a picture, and
-    whose global figures a server process would keep)."""
+    """A matplotlib figure of ``width`` x ``height`` inches on the Agg canvas, without pyplot
+    (slower to import than a picture is to draw, and keeping global figures)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

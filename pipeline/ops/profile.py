@@ -72,8 +72,7 @@ def cluster_order(sizes: FloatArray, tree_order: list[int] | None) -> list[int]:
 
 def profile(data: RunData, names: list[str], tree_order: list[int] | None) -> Profile:
     """The cluster profile (``Profile``) of the run's final clusters: each numeric feature's
-    cluster mean minus its mean over the records, over its standard deviation over the
-    records."""
+    standardised cluster means."""
     stats = data.stats
     sizes = stats[:, 0]
     means = column_means(stats, data.family)
@@ -177,9 +176,8 @@ def profile_picture(out: Path, prof: Profile, ordered_by_tree: bool) -> str:
 def category_table(
     data: RunData, names: list[str], shown: list[int], sizes: FloatArray
 ) -> tuple[pd.DataFrame | None, dict[int, FloatArray]]:
-    """The top categories of each categorical column in each shown cluster, with their shares
-    ("red 62%, blue 30%"); None without categorical columns. Also the shares themselves
-    (store column index -> (K, C))."""
+    """The top categories of each categorical column in each shown cluster ("red 62%, blue
+    30%"), None without any, and the shares (store column index -> (K, C))."""
     shares = category_shares(data.stats, data.family)
     if not shares:
         return None, shares

@@ -64,9 +64,8 @@ def figures(
     mean: FloatArray,
     cov: FloatArray,
 ) -> list[str]:
-    """The pictures of how the fit went, into ``out``: ``objective.png`` (objective per pass),
-    ``sizes.png`` (cluster sizes) and ``projection.png`` (the sample on two principal axes);
-    their file names."""
+    """``objective.png``, ``sizes.png`` and ``projection.png`` (the sample on two principal
+    axes) into ``out``; their file names."""
     names = []
     fig, ax = new_axes(3.2)
     ax.plot([h["pass"] for h in history], [h["objective"] for h in history], "o-")

@@ -51,9 +51,8 @@ def open_model(model: str | Path) -> Any:
 
 
 def prepare(out: str | Path, overwrite: bool) -> storage.Loc:
-    """Where the scores are written until complete (``outputs.prepare_output``; never
-    resumed): an existing ``out`` is refused unless ``overwrite``, and replaced only once the
-    new scores are complete."""
+    """Where the scores are written until complete (``outputs.prepare_output``, never resumed);
+    an existing ``out`` is refused unless ``overwrite``."""
     return outputs.prepare_output(out, None, overwrite)[0]
 
 
@@ -64,9 +63,8 @@ def discard(partial: storage.Loc) -> None:
 def step_ingest(
     client: Any, est: Any, source: Any, partial: storage.Loc, chunk_rows: int
 ) -> StoreInfo:
-    """Validate and encode ``source`` against the model's schema into ``partial/store.zarr``:
-    the columns the fit dropped (constant) are left out, and missing cells are kept (each record
-    scored on the cells it has) unless the model refuses them (``Schema.missing``)."""
+    """Validate and encode ``source`` against the model's schema into ``partial/store.zarr``,
+    without the columns the fit dropped; missing cells kept unless the model refuses them."""
     from pipeline.data.ingest import ingest
 
     return ingest(

@@ -48,9 +48,8 @@ _ABOVE_CUT = "#222222"
 def _collapsed_linkage(
     Z: NDArray[np.float64], M: int, owner: IntArray, cut: IntArray
 ) -> NDArray[np.float64]:
-    """The linkage ``Z`` (M - 1, 4) of a tree of M leaves with every subtree of the cut made one
-    leaf: leaf c is the subtree of node ``cut[c]`` (``owner``: the cut cluster of every node, -1
-    above the cut), the internal nodes are the merges above the cut, in their order."""
+    """The linkage ``Z`` (M - 1, 4) of a tree of M leaves with each subtree of the cut (``cut``,
+    ``owner``) made one leaf."""
     new_id = np.full(2 * M - 1, -1, dtype=np.int64)
     n_under = np.zeros(2 * M - 1)
     new_id[cut] = np.arange(cut.shape[0])
@@ -198,9 +197,8 @@ def _mcmc(
     out: Path,
     info: dict[str, Any],
 ) -> tuple[IntArray, pd.DataFrame]:
-    """Tree-guided MCMC (DP prior) over the summaries from BHC's partition ``labels``: writes
-    ``_MCMC_FILES`` under ``out``, adds its figures to ``info``; returns its labels and the
-    posterior over the number of clusters."""
+    """Tree-guided MCMC over the summaries from BHC's ``labels``: writes ``_MCMC_FILES`` under
+    ``out``, adds its figures to ``info``; returns its labels and posterior over K."""
     from pipeline.estimators.tgmcmc import TreeGuidedMCMC
 
     t1 = time.perf_counter()
