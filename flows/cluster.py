@@ -217,8 +217,7 @@ def _stages(
     timing: dict[str, float],
 ) -> tuple[Any, np.ndarray, WriteSummary]:
     """Stage 1's passes, the summaries, stage 2 and the write-out, timed into ``timing`` and
-    recorded into ``extra``: the last state (the mixture engines' state, with clusters), the
-    final cluster of each of its clusters and the write-out's summary."""
+    recorded into ``extra``."""
     t = time.perf_counter()
     labels = partial / "labels.zarr"
     state: Any = passes(client, ctx, labels)

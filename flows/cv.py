@@ -224,9 +224,8 @@ def _fold_fits(
     n_rows: int,
     progress: bool,
 ) -> dict[str, Any]:
-    """Every (cell, fold) fit not done before (``pcv.ResultLog`` in ``partial/fits``), each a
-    task run; the results of all in cell and fold order ("results"), and how many were run
-    ("fits_run") and reused ("fits_reused")."""
+    """Every (cell, fold) fit not done before (``pcv.ResultLog``), each a task run; all results
+    in cell and fold order, and how many were run and reused."""
     n_folds = key["n_folds"]
     log = pcv.ResultLog(partial / "fits")
     todo = [

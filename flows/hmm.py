@@ -1,10 +1,6 @@
 """The ``hmm`` flow (``dpmm hmm``): read and check the sequences -> ingest (sequences as groups)
--> MAP-iHMM passes (engine ``ihmm``) -> write-out (Viterbi and forward algorithm) -> the HMM's
-outputs, with the fitted model in OUT/model (``pipeline.load_model``). Every step is a Prefect
-task around a ``pipeline`` function, on the same defaults as ``dpmm run`` (``flows.cluster``);
-the Dask work runs on the client the flow opens.
-
-Bad input (``ValueError``) leaves nothing behind: the partial output is removed.
+-> MAP-iHMM passes (engine ``ihmm``) -> write-out (Viterbi and forward algorithm) -> outputs and
+OUT/model; bad input leaves nothing behind.
 """
 
 from __future__ import annotations

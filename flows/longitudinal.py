@@ -1,11 +1,7 @@
-"""The ``longitudinal`` flow (``dpmm longitudinal``): the semiparametric mixed-effects model of
-Raykov et al. 2016, Section 7 over the subjects of a longitudinal table, distributed on Dask.
-
-read and check the input -> ingest into a grouped dataset store (subjects are the groups) ->
-the start and the ICM passes of the ``mixed_effects`` engine, each pass a Prefect task ->
-per-subject results -> with ``folds=K``, K cross-validation fits over subjects, one Prefect task
-run per fold, submitted together so that they share the Dask cluster -> outputs. Everything is
-written into a temporary sibling of ``out`` renamed at the end; bad input removes it.
+"""The ``longitudinal`` flow (``dpmm longitudinal``): the mixed-effects model of Raykov et al.
+2016, Section 7 over the subjects of a longitudinal table, on Dask: read and check -> ingest
+(subjects as groups) -> the ``mixed_effects`` engine's passes -> results -> with ``folds=K``, K
+cross-validation fits together -> outputs, in a temporary sibling of ``out`` renamed at the end.
 """
 
 from __future__ import annotations
@@ -91,9 +87,8 @@ def longitudinal(
     report: bool = True,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Fit the mixed-effects model to ``input`` (CSV / Parquet) into ``out``; parameters as
-    ``dpmm longitudinal``. ``time_column`` is a covariate (added if not listed) and the x-axis
-    of the trajectories. Returns the content of ``out/run.json``."""
+    """Fit the mixed-effects model to ``input`` into ``out`` (parameters as ``dpmm
+    longitudinal``; ``time_column`` is also a covariate); returns ``out/run.json``'s content."""
     covs = list(covariates)
     if time_column is not None and time_column not in covs:
         covs.insert(0, time_column)

@@ -1,8 +1,5 @@
-"""A flow's parameters turned into the configuration of a fit: ``fit_params`` (stage 1's
-``FitParams``, for every flow whose passes run the pass loop) and ``run_config`` (the
-``RunConfig`` of a flow that ingests its input as ``dpmm run`` does: ``flows.cluster``,
-``flows.hmm``). Both check what they are given (``pipeline.core.config``), so that bad parameters
-are a ``ValueError`` before anything starts."""
+"""A flow's parameters turned into the configuration of a fit, checked before anything starts:
+``fit_params`` (stage 1's ``FitParams``) and ``run_config`` (a ``RunConfig``)."""
 
 from __future__ import annotations
 

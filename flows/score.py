@@ -1,10 +1,5 @@
-"""The ``score`` flow (``dpmm score``): a fitted model's labels and eq. 3.4 log densities for new
-records, on the same local Dask default as ``dpmm run``.
-
-ingest (validated against the model's schema) -> write-out (the chunks, several to a task) ->
-finish; the steps are ``pipeline.ops.score``'s. Bad input (a ``ValueError``: a missing column, a
-value of another kind, an unseen category, a damaged model) leaves nothing at OUT nor at its
-temporary sibling.
+"""The ``score`` flow (``dpmm score``): ingest validated against the model's schema -> write-out
+-> finish (``pipeline.ops.score``); bad input leaves nothing at OUT.
 """
 
 from __future__ import annotations

@@ -71,9 +71,8 @@ def _version() -> str:
 
 
 def check_paths(args: argparse.Namespace) -> None:
-    """Refuse, before anything starts, an output of the command (``--out``, ``--models``,
-    ``--scores``) that is, is inside or contains one of its inputs (INPUT, MODEL,
-    ``--warm-start``, the dataset stores' directory): ``pipeline.core.paths.check_separate``."""
+    """Refuse, before anything starts, an output of the command that is, is inside or contains
+    one of its inputs (``pipeline.core.paths.check_separate``)."""
     from pipeline.core.paths import check_separate
 
     if args.command == "demo":  # DIR holds the demo's own input and result by design

@@ -1,7 +1,5 @@
-"""``dpmm cluster INPUT --out DIR``: MAP-DP fitted in this process to a CSV / Parquet / NumPy
-table (``pipeline.estimators.mapdp.MAPDP``), with labels.parquet, clusters.parquet and run.json
-written into DIR, which is replaced only when everything succeeded; and ``dpmm demo
---in-memory``, the same path on a generated, labelled table (``demo_in_memory``).
+"""``dpmm cluster INPUT --out DIR``: MAP-DP fitted in this process to a table, with labels.parquet,
+clusters.parquet and run.json written into DIR; and ``dpmm demo --in-memory`` (``demo_in_memory``).
 """
 
 from __future__ import annotations

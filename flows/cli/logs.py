@@ -1,10 +1,6 @@
-"""Where log lines go while the command line runs a flow.
-
-Prefect and Dask log a failed task with its traceback to the terminal: some 90 lines for one bad
-value. ``logs_to`` moves every handler that writes to a terminal stream to one log file for the
-length of a block and puts them back after it; nothing changes on import. The command line uses
-it unless ``--verbose``; as a program it leaves them in the file, because Prefect's temporary
-server logs its shutdown from an ``atexit`` hook.
+"""Where log lines go while the command line runs a flow: ``logs_to`` moves every handler that
+writes to a terminal stream to one log file for a block (a failed task's traceback is some 90
+lines), unless ``--verbose``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Which Prefect API a ``dpmm`` command's flow talks to, and starting it early.
 
-Without ``PREFECT_API_URL`` Prefect 3 starts a temporary API server the first time a flow runs,
-and the command waits for it then. A command starts the same server itself (``prestart``, same
-command line and environment: ``server_argv``, ``SERVER_ENV``), from the standard library only
-and as the first thing it does (``flows.cli.main``), and points its flow at it (``flow_api``).
-That saved about 4 s of every ``dpmm demo`` and ``dpmm run`` (``bench_coldstart.py``). If the
-server does not come up, the flow falls back to Prefect's own. With ``PREFECT_API_URL`` set (for
-instance to ``dpmm server``) no server is started.
+Without ``PREFECT_API_URL`` a command starts Prefect's temporary API server itself
+(``prestart``, as Prefect would: ``server_argv``, ``SERVER_ENV``) as the first thing it does, and
+points its flow at it (``flow_api``): about 4 s saved per command (``bench_coldstart.py``). If it
+does not come up, the flow falls back to Prefect's own.
 """
 
 from __future__ import annotations
@@ -190,8 +187,7 @@ def ready() -> str | None:
 @contextlib.contextmanager
 def flow_api() -> Iterator[str | None]:
     """Run the block (a flow) against the server ``prestart`` started, once it answers; yields
-    its API URL, or None when the flow uses a configured API or Prefect's own temporary
-    server."""
+    its API URL, or None when the flow uses another API."""
     url = ready()
     if url is None:
         yield None

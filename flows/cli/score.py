@@ -1,10 +1,5 @@
 """``dpmm score MODEL INPUT --out OUT``: a fitted model's label and eq. 3.4 log density for every
-record of INPUT (the Prefect flow ``flows.score``).
-
-MODEL is a model directory (a run's ``OUT/model``, or ``estimator.save(path)``). INPUT must have
-the model's columns with values of their kinds; a missing column, a value of another kind or a
-category the model never saw exits with status 2 and one line naming the file, the column and
-the row, leaving nothing at OUT.
+record of INPUT (the Prefect flow ``flows.score``); INPUT must have the model's columns and kinds.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""When a fit looks degenerate: one rule, shared by the reports (``pipeline.ops``) and any
-estimator that wants to warn at ``fit``.
-
-A Dirichlet-process mixture that puts every record in one cluster, or that finds more clusters
-than one per ``RECORDS_PER_CLUSTER`` records, is rarely what a user wants: the first usually
-means the prior expects clusters as wide as the data (``prior_scale`` too large) or a
-concentration too small; the second the opposite. The rule names the parameter to change.
+"""When a fit looks degenerate (every record in one cluster, or more clusters than one per
+``RECORDS_PER_CLUSTER`` records): one rule, naming the parameter to change, for the reports and
+the estimators.
 """
 
 from __future__ import annotations

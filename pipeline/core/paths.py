@@ -110,9 +110,8 @@ def check_separate(
 
 
 def temp_sibling(path: str | os.PathLike[str]) -> Path:
-    """The name an output ``path`` is written under until it is complete: ``.<name>.partial``
-    in the same directory (same file system, so the final rename is atomic; hidden, so that a
-    half-written output is not mistaken for a result)."""
+    """The name an output ``path`` is written under until complete: ``.<name>.partial`` beside it
+    (same file system, so the final rename is atomic; hidden)."""
     p = Path(path)
     return p.parent / f".{p.name}.partial"
 

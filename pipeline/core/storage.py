@@ -196,9 +196,8 @@ def location(x: Where) -> Loc:
 
 
 def shared(loc: Loc) -> bool:
-    """Whether every machine of a cluster reaches ``loc``: a prefix of object storage does; a
-    local path is taken to be this machine's own disk (what a worker writes there may be out of
-    the driver's reach)."""
+    """Whether every machine of a cluster reaches ``loc``: object storage does; a local path is
+    taken to be this machine's own disk."""
     return isinstance(loc, RemotePath)
 
 
@@ -268,9 +267,8 @@ def same_place(a: Where, b: Where) -> bool:
 
 @contextlib.contextmanager
 def fs_errors(x: Where, what: str = "") -> Iterator[None]:
-    """Turn a remote file system's failure in the block (no bucket, no credentials, access
-    denied) into a one-line ``InputError`` naming ``x`` (``fs_error``). An ``InputError``, and
-    any error about a local path, passes as it is."""
+    """Turn a remote file system's failure in the block into a one-line ``InputError`` naming
+    ``x``; errors about a local path pass as they are."""
     try:
         yield
     except InputError:
@@ -350,9 +348,8 @@ def fs_error(url: Any, err: BaseException, what: str = "") -> InputError:
 
 
 def check_reachable(x: Any, what: str = "") -> None:
-    """For a URL: that its file system exists and that its bucket (or container) exists and
-    can be listed with the credentials of the environment; an ``InputError`` naming the URL
-    otherwise. Nothing to check for a local path."""
+    """For a URL: that its file system and bucket exist and can be listed with the environment's
+    credentials, else an ``InputError`` naming it; nothing for a local path."""
     loc = location(x)
     if not isinstance(loc, RemotePath):
         return
@@ -408,9 +405,8 @@ def write_atomic(path: Where, data: bytes) -> None:
 
 @contextlib.contextmanager
 def local_dir(loc: Loc) -> Iterator[Path]:
-    """A local directory whose files end up in ``loc``: ``loc`` itself when local, else a
-    temporary directory uploaded to the prefix ``loc`` when the block succeeds (for the small
-    files written by libraries that want a path: pictures, Parquet tables, the report)."""
+    """A local directory whose files end up in ``loc``: ``loc`` when local, else a temporary
+    directory uploaded there when the block succeeds."""
     if isinstance(loc, Path):
         loc.mkdir(parents=True, exist_ok=True)
         yield loc
@@ -427,9 +423,8 @@ def upload(src: Path, dest: RemotePath) -> None:
 
 
 def move(src: Loc, dest: Loc) -> None:
-    """Move the file or directory ``src`` to ``dest`` on the same file system: a rename
-    locally; on object storage a server-side copy of each object, then ``src`` removed (the
-    place they are moved within is not visible yet, so no reader sees the copy half done)."""
+    """Move ``src`` to ``dest`` on the same file system: a rename locally, else a server-side
+    copy of each object, then ``src`` removed (within a place no reader sees yet)."""
     if isinstance(src, Path) and isinstance(dest, Path):
         src.rename(dest)
         return

@@ -1,11 +1,8 @@
 """Batches of Dask tasks: a pass's chunk tasks, the write-out's, ingest's.
 
-``gather`` fetches the results in one ``client.gather`` once every task has ended (one by one,
-each a round trip through the scheduler in the driver's process, took 128 ms a pass against
-52 ms). ``map_chunks`` maps a function over several consecutive chunks per task
-(``chunk_groups``): each task costs the driver and its worker about a millisecond, and grouping
-changes only the number of tasks. ``on_scattered`` runs tasks on scattered data and scatters and
-runs them again when the cluster loses it (Dask cannot recompute scattered data).
+``gather`` fetches all results in one round trip; ``map_chunks`` maps a function over several
+consecutive chunks per task (``chunk_groups``); ``on_scattered`` scatters and runs again when the
+cluster loses scattered data (Dask cannot recompute it).
 """
 
 from __future__ import annotations
@@ -91,8 +88,7 @@ def on_scattered(
 
 def rounds(n_chunks: int, g: int, slots: int) -> int:
     """How many chunk-lengths ``n_chunks`` chunks take on ``slots`` threads in tasks of ``g``
-    consecutive chunks (the last task takes the rest), each task started on the first free
-    thread: the pass's length when every chunk takes about as long."""
+    consecutive chunks, each started on the first free thread."""
     q, r = divmod(n_chunks, g)
     span = g * math.ceil(q / slots)
     # the short last task needs a round of its own only when the full ones fill every thread

@@ -1,10 +1,6 @@
-"""Rows of a zarr array read and written by a chunk task (the records it sweeps, the run's label
-buffers, the write-out's labels and densities).
-
-Every chunk task of every pass reads its chunk's records and labels and writes its labels: a
-local array's chunk is read and written here as the chunk's own file where its bytes are plain
-or Blosc-compressed (``record_codec``), instead of through zarr's event loop thread, and each
-array is opened once per process (``open_array``). Everything else goes through zarr.
+"""Rows of a zarr array read and written by a chunk task: a local chunk of plain or Blosc bytes
+(``record_codec``) as its own file instead of through zarr's event loop, and each array opened
+once per process (``open_array``); everything else through zarr.
 """
 
 from __future__ import annotations
@@ -39,9 +35,8 @@ SCRATCH_KEPT = 4
 
 
 def scratch(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """An array of ``shape`` and ``dtype`` for this thread to fill: the one returned last time
-    for the same shape and dtype when nothing refers to it any more (no variable, view or
-    result kept it), else a new one, kept for next time (the ``SCRATCH_KEPT`` most recent)."""
+    """An array of ``shape`` and ``dtype`` for this thread to fill: the last one of that shape
+    when nothing refers to it any more, else a new one (``SCRATCH_KEPT`` kept)."""
     pool: dict[tuple[tuple[int, ...], str], np.ndarray] = _SCRATCH.__dict__.setdefault("arrays", {})
     k = (shape, np.dtype(dtype).str)
     buf = pool.pop(k, None)
@@ -109,9 +104,8 @@ def _chunk_layout(arr: Any) -> tuple[str, Any] | None:
 
 
 def _chunk_file(path: str, arr: Any, a: int, b: int) -> tuple[str, tuple[str, Any]] | None:
-    """The file of the chunk that rows a..b start (a whole chunk, or its first rows) and its
-    layout, where a task may read or write it directly: a local array (``_chunk_layout``);
-    None where zarr must do it."""
+    """The file and layout of the chunk that rows a..b start, where a task may read or write it
+    directly; None where zarr must."""
     cr = arr.chunks[0]
     loc = storage.location(path)
     if not (isinstance(loc, Path) and b > a and a % cr == 0 and b - a <= cr):

@@ -248,9 +248,8 @@ def _open_in_memory(
 def _ingest_shared(
     final: storage.Loc, source: Any, ingest_kw: dict[str, Any], key: str | None, replace: bool
 ) -> tuple[Store, StoreInfo]:
-    """Ingest into a new copy of the store ``final`` and make it visible when complete
-    (``outputs.write_shared``: a store already there is replaced only if ``replace``, else it
-    is a concurrent ingest's, of the same key); on any failure the copy is removed."""
+    """Ingest into a new copy of the store ``final``, made visible when complete
+    (``outputs.write_shared``, replacing one only if ``replace``); a failed copy is removed."""
 
     def write(place: storage.Loc) -> None:
         ingest(source, Store(place), format_extra={"key": key}, **ingest_kw)

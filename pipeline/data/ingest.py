@@ -482,9 +482,8 @@ def _at(label: str) -> Iterator[None]:
 def _finish(
     job: _Job, out: _Written, fixed: ProductFamily | None, settle: bool | None
 ) -> StoreInfo:
-    """The store's ``StoreInfo`` from the chunks' results: their moments and prior sample
-    added up, the columns settled (``Schema.settle``; ``settle``: strict, None: not at all),
-    the prior fitted to the sample (or ``fixed``) and the missing cells counted."""
+    """The store's ``StoreInfo`` from the chunks' results: moments and prior sample added up, the
+    columns settled (``settle``: strict, None: not at all), the prior fitted, missing counted."""
     schema, checker, label = job.enc.schema, job.enc.checker, job.src.description
     results = sorted(out.results, key=lambda r: r.index)
     mom = results[0].moments

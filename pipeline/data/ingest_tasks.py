@@ -85,9 +85,8 @@ class Encoder:
     def take_groups(
         self, df: pd.DataFrame, label: str, row0: int | None
     ) -> tuple[list[Any], IntArray] | None:
-        """Remove the group column from ``df`` (in place); its distinct values in order of
-        first appearance (JSON scalars) and each row's index into them. None without a group
-        column; an ``InputError`` naming the column and the row for a missing value."""
+        """Remove the group column from ``df``; its distinct values by first appearance and each
+        row's index into them (None without one; an ``InputError`` for a missing value)."""
         if self.group_column is None:
             return None
         col = self.group_column
@@ -239,9 +238,8 @@ def ingest_aligned_task(
 
 
 def stage_piece_task(store: str, piece: Piece, enc: Encoder, data: Any = None) -> PieceResult:
-    """Read, validate and encode a piece of unknown length into ``staging/<index>`` (and its
-    labels into ``staging/y<index>``); a grouped ingest's piece also returns its group column
-    (``Encoder.take_groups``)."""
+    """Read, validate and encode a piece of unknown length into ``staging/<index>`` (labels into
+    ``staging/y<index>``); a grouped piece also returns its groups (``take_groups``)."""
     try:
         groups_as_text = () if enc.group_column is None else (enc.group_column,)
         df, _ = read_piece(piece, enc.schema.columns, data, groups_as_text)

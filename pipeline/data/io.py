@@ -262,9 +262,8 @@ def locate_rows(msg: str, path: str | os.PathLike[str]) -> str:
 
 
 def parquet_files(p: Any, name: str) -> list[Any]:
-    """The Parquet files of a file or a directory, or of an object or prefix of object storage
-    (``pipeline.core.storage``): every file below it but those with a part of the path below it
-    starting with "_" or "." (``_SUCCESS``, ``_temporary/``), as pyarrow's datasets read them."""
+    """The Parquet files of a file, directory, object or prefix, leaving out paths with a part
+    starting with "_" or "." as pyarrow's datasets do."""
     from pipeline.core import storage
 
     if not p.is_dir():

@@ -52,9 +52,8 @@ def emit_chunk(
     plot_rate: float,
     has_y: bool,
 ) -> WriteResult:
-    """Write chunk c's final labels (N,), eq. 3.4 log densities (N,) and held-out flags (N,)
-    at rows a.. of the ``labels`` group; its write-out summary (sums, picture sample and the
-    contingency triples against the true labels ``y`` when ``has_y``)."""
+    """Write chunk c's final labels, eq. 3.4 log densities and held-out flags (N,) at rows a..
+    of ``labels``; its write-out summary (with contingency triples when ``has_y``)."""
     b = a + X.shape[0]
     write_rows(f"{labels}/label", a, b, label)
     write_rows(f"{labels}/log_density", a, b, logdens)
@@ -82,9 +81,8 @@ def emit_chunk(
 
 
 def create_labels(labels_path: str, info: StoreInfo, overwrite: bool) -> None:
-    """The write-out's zarr group: label (-1), log_density (NaN) and holdout, chunked as the
-    store, in the store's row order; for a grouped store also ``row``, each stored row's index
-    in the input (-1 on padding). An existing group is kept unless ``overwrite``."""
+    """The write-out's zarr group (label, log_density, holdout; ``row`` for a grouped store),
+    chunked as the store; an existing group is kept unless ``overwrite``."""
     if not overwrite and all(
         (storage.location(labels_path) / name / "zarr.json").exists()
         for name in ("label", "log_density", "holdout")

@@ -365,9 +365,8 @@ class Store:
         grouped: bool = False,
         dtype: str = "float64",
     ) -> None:
-        """Create the per-row arrays, ``n_rows`` (= ``StoreInfo.n_stored``) rows chunked by
-        ``chunk_rows``: X (of ``dtype``, one of ``STORE_DTYPES``), fold, holdout, and y
-        (``labels``), group and row (``grouped``)."""
+        """Create the per-row arrays of ``n_rows`` rows chunked by ``chunk_rows``: X (``dtype``),
+        fold, holdout, and y (``labels``), group and row (``grouped``)."""
         if dtype not in STORE_DTYPES:
             raise ValueError(f"dtype must be one of {STORE_DTYPES}, got {dtype!r}")
         self.path.mkdir(parents=True, exist_ok=True)

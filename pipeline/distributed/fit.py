@@ -1,9 +1,5 @@
-"""Stage 1 on Dask from Python: ``fit_distributed`` and ``MAPDP.fit`` on a dask collection.
-
-The records are ingested into a dataset store (``pipeline.data.store``), then the pass loop
-(``pipeline.distributed.loop``) runs the chosen engine (``pipeline.engines``) over its chunks with
-the
-run's per-record state in a separate state store; see those modules for what a pass does.
+"""Stage 1 on Dask from Python (``fit_distributed``, ``MAPDP.fit`` on a dask collection): ingest
+into a dataset store, then the pass loop with the run's state in a separate state store.
 """
 
 from __future__ import annotations

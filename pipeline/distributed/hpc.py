@@ -122,9 +122,8 @@ def read_config(kind: str, path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def cluster_kwargs(cfg: dict[str, Any], warm: list[str] | None = None) -> dict[str, Any]:
-    """The keyword arguments of the jobqueue cluster for the checked config ``cfg``: one
-    single-threaded worker process per core unless ``processes`` says otherwise, the worker
-    preload, the engines to warm, a dashboard on 127.0.0.1."""
+    """The jobqueue cluster's keyword arguments for the checked config ``cfg``: single-threaded
+    workers, one per core by default, the preload, the engines to warm, a local dashboard."""
     from pipeline.distributed import scheduler_setup
 
     kw = {k: v for k, v in cfg.items() if k not in OWN_KEYS}

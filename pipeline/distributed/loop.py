@@ -93,9 +93,8 @@ def context(
     params: FitParams,
     progress: bool = False,
 ) -> RunContext:
-    """The ``RunContext`` of a fit, its state store ready for the engine's per-record arrays;
-    its ``info`` carries the run's prior (``with_prior_scale``). A store with missing cells and
-    an engine that does not take them is an ``InputError`` (``check_missing``)."""
+    """The ``RunContext`` of a fit with its state store ready and the run's prior; an
+    ``InputError`` for missing cells the engine does not take."""
     st = state if isinstance(state, Store) else Store(state)
     params = params.checked()
     engine = get_engine(params.engine, params.device)

@@ -1,12 +1,9 @@
 """Dask worker preload for the ``LocalCluster`` the pipeline starts (``dask_client``).
 
-A new worker imports the pipeline and loads the numba kernels while it starts, in every worker at
-once, instead of inside the first tasks. Only the run's engine is loaded (``WARM_ENV``; unset:
-every registered engine, for ``dask worker --preload pipeline.distributed.worker_setup``). With
-an empty numba cache each warm-up step (``Engine.warm_steps``) is compiled by one process only
-(``warmup.compile_once``), the others taking steps nobody compiles yet (``dpmm demo`` from an
-empty cache: 25.4 s against 36.2 s). Before the kernels it sets the worker's allocator
-(``tune_malloc``) and slows the event loop's health check (``scheduler_setup.slow_ticks``).
+A new worker loads the run's engine's kernels (``WARM_ENV``; unset: all) while it starts, each
+warm-up step compiled by one process only when the numba cache is empty (``dpmm demo`` from an
+empty cache: 25.4 s against 36.2 s); first it sets the allocator (``tune_malloc``) and slows the
+event loop's health check (``scheduler_setup.slow_ticks``).
 """
 
 from __future__ import annotations

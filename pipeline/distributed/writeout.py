@@ -26,9 +26,8 @@ IntArray = NDArray[np.int64]
 
 
 def label_scores(pairs: IntArray) -> dict[str, float]:
-    """NMI (arithmetic normalisation, as ``sklearn.metrics.normalized_mutual_info_score``) and
-    ARI (``adjusted_rand_score``) from the contingency table of (true code, label, count)
-    triples (3, P): additive over chunks, so no labels travel to the driver."""
+    """NMI (arithmetic) and ARI from the contingency triples (3, P) of (true code, label,
+    count): additive over chunks, so no labels travel to the driver."""
     import scipy.sparse as sp
     from sklearn.metrics import mutual_info_score
 

@@ -1,10 +1,7 @@
 """The engines of the pass loop, by name (``pipeline.engines.base`` has the protocol).
 
-Adding a model: a module ``pipeline/engines/NAME.py`` whose ``ENGINE`` is an ``Engine``, its
-kernels under ``kernels/``, its module in ``BY_NAME`` below and its name in
-``pipeline.core.config.ENGINES`` (which validates a run's parameters below this layer; a test
-checks the two agree). The pass loop, the flow, the command line's ``--engine`` choices and the
-workers' warm-up all read this registry.
+Adding a model: ``pipeline/engines/NAME.py`` with an ``Engine`` as ``ENGINE``, its kernels, its
+module in ``BY_NAME`` and its name in ``pipeline.core.config.ENGINES`` (a test checks they agree).
 """
 
 from __future__ import annotations

@@ -217,9 +217,8 @@ class Engine(ABC):
 
 
 def check_missing(engine: Engine, info: StoreInfo) -> None:
-    """An ``InputError`` (one line, naming the first missing cell's column and row and the
-    engine that takes missing cells) when the store has a missing cell and ``engine`` does not
-    take them."""
+    """An ``InputError`` naming the first missing cell's column and row when the store has one
+    and ``engine`` does not take them."""
     if info.first_missing is None or engine.takes_missing:
         return
     from pipeline.core.errors import InputError

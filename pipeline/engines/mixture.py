@@ -99,9 +99,8 @@ class Sweep:
 
 
 def pass_labels(chunk: Chunk, msg: PassInput, hold: NDArray[np.bool_]) -> IntArray:
-    """The chunk's labels (n,) at the start of pass ``msg.p``: pass 1's start (``init_label``
-    for every training row, then the sampled rows' ``init_labels``; -1 for none), later the
-    labels the previous pass wrote (``current_labels``)."""
+    """The chunk's labels (n,) at the start of pass ``msg.p``: pass 1's start (-1 for none), later
+    those the previous pass wrote."""
     if msg.p != 1:
         return current_labels(chunk, msg)
     z = np.full(chunk.b - chunk.a, -1, dtype=np.int64)
@@ -311,9 +310,8 @@ class MixtureEngine(Engine):
         order: IntArray,
         z: IntArray,
     ) -> Sweep:
-        """Assign the training records ``order`` of X (n, D), labels z (n,) updated in place
-        and returned with the clusters the chunk opened numbered K, K + 1, ... (``chunk`` is
-        None only in the warm-up, which writes nothing)."""
+        """Assign the training records ``order`` of X (n, D); labels z (n,) updated in place and
+        returned with the clusters opened, numbered K, K + 1, ... (``chunk`` None: warm-up)."""
 
     def reduce(
         self, state: Any, results: list[Any], ctx: RunContext, scores_into: str | None

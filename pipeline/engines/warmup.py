@@ -1,11 +1,6 @@
-"""Loading the engines' numba kernels before their first real use (the warm-up steps of
-``Engine.warm_steps``), on toy records, with each step compiled by one process only.
-
-With an empty numba cache the kernels compile, which takes far longer than loading them: each
-warm-up step is then compiled by one process only (``compile_once``, a lock file in the numba
-cache directory), and the processes first take the steps nobody is compiling yet, so that two
-processes compile two different groups of kernels at once and then load each other's from the
-cache. The Dask workers' preload (``pipeline.distributed.worker_setup``) runs these steps.
+"""Loading the engines' numba kernels before their first real use (``Engine.warm_steps``) on toy
+records: with an empty cache each step is compiled by one process only (``compile_once``), the
+processes taking the steps nobody compiles yet, then loading each other's from the cache.
 """
 
 from __future__ import annotations
@@ -179,9 +174,8 @@ def await_step(key: str) -> None:
 
 
 def run_steps(steps: list[tuple[str, Callable[[], None]]], load: bool = True) -> None:
-    """Run named warm-up steps, first those no other process is running, then the rest (each
-    waiting for the process at it, then loading its kernels; ``load`` False: only waiting, for a
-    process that will not use them). A step shared by two engines runs once."""
+    """Run named warm-up steps, first those no other process runs, then the rest after waiting
+    (``load`` False: only waiting); a step shared by two engines runs once."""
     steps = list(dict(steps).items())
     waiting = []
     for key, step in steps:

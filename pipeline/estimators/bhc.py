@@ -1,11 +1,8 @@
 """Bayesian hierarchical clustering of records or of cluster summaries (Xu et al. 2009).
 
-``BHC`` is stage 2 of the pipeline (DESIGN.md): its leaves are either single records or
-summaries, i.e. additive sufficient-statistics rows of groups of records. A leaf summarising n
-records enters the BHC recursion with d = alpha Gamma(n) and pi = 1, so that the tree's
-p(D | T), the lower bound of eq. 9 and the alternative-tree bound of Theorem 1 are about the DPM
-restricted to partitions that keep every summary whole. Only ``fit(X)`` reads records, and it
-first turns each record into a one-record summary.
+A leaf summarising n records enters the BHC recursion with d = alpha Gamma(n) and pi = 1, so the
+tree's p(D | T) and bounds are about the DPM restricted to partitions that keep every summary
+whole; ``fit(X)`` makes each record a one-record summary.
 """
 
 from __future__ import annotations

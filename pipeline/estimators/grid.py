@@ -1,9 +1,5 @@
 """The grid of a cross-validated search and its folds: the candidates checked before any work,
-the (train, test) splits, and one fit scored per (candidate, fold), as Dask tasks.
-
-``GridSearch`` (``pipeline.estimators.search``) chooses among the candidates from the fold scores
-``run_grid`` returns; ``tune="cv"`` (``pipeline.estimators.tuning``) searches the same way.
-"""
+the (train, test) splits, and one fit scored per (candidate, fold), as Dask tasks."""
 
 from __future__ import annotations
 
