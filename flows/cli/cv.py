@@ -1,11 +1,5 @@
 """``dpmm cv``: a cross-validation grid of MAP-DP configurations as a Prefect flow on Dask.
 
-    dpmm cv INPUT --out OUT [--alpha A,B,..] [--prior-scale S,T,..]
-            [--family gaussian,diag-gaussian] [--folds K] [--select best|one-se]
-            [--concurrency N] [--workers N] [--scheduler ADDRESS] [--seed N] [--max-iter N]
-            [--label-column COL] [--chunk-rows N] [--data-dir DIR] [--overwrite] [--quiet]
-            [--verbose] [--log-file PATH]
-
 Every cell (alpha x prior scale x family) is fitted K times, once per held-out fold, and scored by
 the mean held-out log predictive density per record (Raykov et al. 2016, eq. 3.4; Appendix A,
 option 4). OUT gets ``cv.parquet`` (a row per cell), ``cv.png``, ``cv.json`` and the refit of the

@@ -1,11 +1,6 @@
 """``dpmm hmm``: the infinite HMM (MAP-iHMM, Raykov et al. 2016, Section 6) over many sequences, as
 the Prefect flow ``flows.hmm``, on ``dpmm run``'s defaults.
 
-    dpmm hmm INPUT --sequence-column COL --time-column COL --out OUT [--alpha N0] [--gamma M0]
-             [--family SPEC] [--prior-scale F] [--chunk-rows N] [--holdout F] [--max-passes N]
-             [--tol F] [--min-change F] [--temper auto|W] [--seed N] [--scheduler ADDRESS]
-             [--workers N] [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
-
 OUT: rows.parquet, sequences.parquet, states.parquet, transitions.csv, run.json, report.html and
 model/ (the fitted MAPiHMM); bad input leaves nothing there.
 """

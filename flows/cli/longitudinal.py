@@ -1,11 +1,6 @@
 """``dpmm longitudinal``: the semiparametric mixed-effects model of Raykov et al. 2016, Section 7
 (Prefect flow ``flows.longitudinal``) from the command line.
 
-    dpmm longitudinal INPUT --subject COL --response COL --covariates A,B,... [--time COL]
-             --out OUT [--folds K] [--chunk-rows N] [--alpha FLOAT|learn] [--max-passes N]
-             [--tol F] [--min-change F] [--seed N] [--scheduler ADDRESS] [--workers N]
-             [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
-
 Defaults as ``dpmm run``; bad input exits with status 2 and one line naming the column and row.
 """
 

@@ -1,15 +1,5 @@
 """``dpmm run``: the whole pipeline (Prefect flow ``flows.cluster``) from the command line.
 
-    dpmm run INPUT --out OUT [--chunk-rows N] [--holdout F] [--engine mapdp|kmeans|asugs]
-             [--device cpu|gpu]
-             [--family SPEC] [--prior-scale F] [--alpha FLOAT|learn] [--max-passes N] [--tol F]
-             [--min-change F] [--lam F] [--seed N] [--label-column COL] [--summaries M]
-             [--stage2 none|bhc] [--mcmc ITER] [--warm-start MODEL]
-             [--missing latent|refuse] [--strict]
-             [--scheduler ADDRESS] [--workers N] [--threads | --no-threads]
-             [--cluster slurm|pbs --cluster-config FILE]
-             [--overwrite] [--no-report] [--quiet] [--verbose] [--log-file PATH]
-
 INPUT is a CSV file, a Parquet file or directory, a ``.npy`` file or a zarr array. Bad input
 exits with status 2 and one line on stderr; nothing is left at OUT. Missing cells are filled by
 the MAP-DP engine (the other engines refuse them); ``--strict`` refuses a constant column.

@@ -1,7 +1,5 @@
 """``dpmm server``: a long-lived Prefect API server on 127.0.0.1 for repeated and scheduled runs.
 
-    dpmm server [--port 4200]
-
 It runs ``prefect server start`` in the foreground until interrupted and prints the line to give
 the other shells (``export PREFECT_API_URL=...``); commands run with it record their flow runs
 there instead of starting a temporary server. ``PREFECT_HOME`` chooses where its database is.

@@ -2,9 +2,6 @@
 of the records of INPUT into the clusters of a saved model, saved as a new model
 (``pipeline.estimators.update``).
 
-    dpmm update MODEL INPUT --out NEW_MODEL [--lam F] [--select greedy|sample]
-                [--no-prune-merge] [--seed N] [--overwrite] [--quiet]
-
 NEW_MODEL is written to a temporary sibling and renamed when complete; MODEL is not changed.
 """
 
