@@ -88,10 +88,7 @@ def make_splits(
     n_samples: int, cv: Any, groups: Any = None, random_state: Any = CV_SEED
 ) -> list[tuple[NDArray[np.int64], NDArray[np.int64]]]:
     """The (train, test) index pairs of ``cv``: an int K (shuffled ``KFold``, or ``GroupKFold``
-    when ``groups`` are given), a scikit-learn splitter, or an iterable of pairs.
-
-    Raises ``SearchError`` when K < 2 or K exceeds the records (or the groups).
-    """
+    with ``groups``), a splitter, or pairs; a ``SearchError`` when K < 2 or K exceeds the units."""
     X_dummy = np.zeros((n_samples, 1))
     if isinstance(cv, (int, np.integer)) and not isinstance(cv, bool):
         k = int(cv)
@@ -139,10 +136,9 @@ def fit_and_score(
     test: Any,
     error_score: Any = "raise",
 ) -> dict[str, Any]:
-    """Fit a clone of ``estimator`` with ``params`` on the rows ``train`` of X and score the rows
-    ``test``: mean held-out log predictive density per record, clusters found, fit and score
-    seconds. Runs in a Dask worker. Unless ``error_score == "raise"``, a fit that fails scores
-    ``error_score`` and its message is returned as ``"error"``."""
+    """Fit a clone of ``estimator`` with ``params`` on the rows ``train`` of X and score ``test``
+    (mean held-out log predictive density, clusters, seconds), in a Dask worker; a failed fit
+    scores ``error_score`` with its message as ``"error"``, unless that is ``"raise"``."""
     est = clone(estimator).set_params(**params)
     Xtr, Xte = _rows(X, train), _rows(X, test)
     t0 = time.perf_counter()

@@ -63,13 +63,8 @@ def _tree_node(tree: Any) -> dict[str, Any]:
 def model_record(
     est: Any, *, engine: str | None = None, metadata: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The dict ``save_model`` stores for the fitted estimator ``est`` (module docstring).
-
-    Raises
-    ------
-    PersistError
-        ``est`` is not one of the registry's estimators or is not fitted.
-    """
+    """The dict ``save_model`` stores for the fitted estimator ``est``; a ``PersistError`` when
+    it is not one of the registry's estimators or not fitted."""
     cls: type = type(est)
     name = cls.__name__
     estimators = _estimators()

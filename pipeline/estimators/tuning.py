@@ -54,11 +54,9 @@ def _variants(family: Any, X: Any) -> list[tuple[Any, bool]]:
 
 
 def tune_steps(est: Any, X: Any) -> list[tuple[str, list[Any]]]:
-    """The greedy search's steps for ``est`` on X: each hyperparameter of ``TUNE_ORDER`` with
-    the values tried, ``TUNE_GRID``'s (the family variants for ``family``) and then ``est``'s
-    own value unless it is one of them. The covariance and the scale are left out when ``est``
-    has a given prior (a ``Family`` instance) or X no Gaussian column; a family variant that
-    is ``est``'s own family (``"auto"`` on all-real columns is full covariance) is tried once."""
+    """The greedy search's steps for ``est`` on X: each hyperparameter of ``TUNE_ORDER`` with the
+    values tried (``TUNE_GRID``'s, or the family variants, then ``est``'s own); the covariance and
+    scale are left out for a given prior or without Gaussian columns."""
     from pipeline.estimators.grid import same_param
 
     variants = _variants(est.family, X)
@@ -79,13 +77,10 @@ def tune_steps(est: Any, X: Any) -> list[tuple[str, list[Any]]]:
 
 
 def tune_cv(est: Any, X: Any) -> Any:
-    """Fit ``est`` (an estimator with ``tune="cv"``) by the module's procedure: the steps of
-    ``tune_steps``, each a ``GridSearch`` on the same ``TUNE_FOLDS`` shuffled folds with
-    ``TUNE_SELECT``, then a fit of all of X with the choice. Sets ``est``'s fitted attributes
-    as a plain fit would, plus ``best_params_`` (the chosen value of every hyperparameter
-    searched) and ``cv_results_`` (every step's candidates, in order, each with its whole
-    configuration; ``step`` names the hyperparameter it varies). The fold fits run on the
-    current Dask client if there is one, else in this process."""
+    """Fit ``est`` (``tune="cv"``) by the module's procedure: ``tune_steps``, each a ``GridSearch``
+    on the same ``TUNE_FOLDS`` folds with ``TUNE_SELECT``, then a fit of all of X with the choice,
+    setting ``best_params_`` and ``cv_results_`` (``step`` names each row's hyperparameter) too.
+    The fold fits run on the current Dask client if there is one, else in this process."""
     import dask
 
     from pipeline.estimators.search import GridSearch

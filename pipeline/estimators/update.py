@@ -37,16 +37,15 @@ def update_model(
     model : fitted estimator with clusters (``MAPDP``, ``ASUGS``, ...)
         Left unchanged.
     X : array-like or DataFrame of shape (n_samples, n_features)
-        New records with the model's columns (encoded by its schema: the same names, the
-        categories seen in fit); a ValueError names the column and row of a bad value.
+        New records with the model's columns, encoded by its schema.
     lam, select, prune_merge, pm_interval, prune_weight, random_state : as ``ASUGS``.
 
     Returns
     -------
-    new_model : the same kind of estimator, with the updated clusters; its ``labels_`` are
-        the new records' classes (-1: a pruned class).
+    new_model : the same kind of estimator, with the updated clusters and the new records'
+        ``labels_`` (-1: a pruned class).
     stream : ASUGS
-        The pass itself (``n_pruned_``, ``n_merged_``, ``alpha_``, ...).
+        The pass itself.
     """
     stream = ASUGS(
         lam=lam,

@@ -16,20 +16,9 @@ from pipeline.families.counts import Categorical
 
 
 def column_means(stats: FloatArray, family: ProductFamily) -> FloatArray:
-    """The sample mean of each column in each cluster.
-
-    Parameters
-    ----------
-    stats : ndarray of shape (K, S)
-        Statistics rows of ``family`` (``stats[:, 0]`` is each cluster's size).
-    family : ProductFamily
-
-    Returns
-    -------
-    ndarray of shape (K, n_cols)
-        Columns in the family's (arranged) order; NaN for categorical columns and for an empty
-        cluster.
-    """
+    """The sample mean of each column in each cluster from its statistics ``stats`` (K, S) of
+    ``family``: shape (K, n_cols) in arranged order, NaN for categorical columns and empty
+    clusters."""
     stats = np.atleast_2d(np.asarray(stats, dtype=np.float64))
     out = np.full((stats.shape[0], family.n_cols), np.nan)
     col = 0
@@ -44,19 +33,8 @@ def column_means(stats: FloatArray, family: ProductFamily) -> FloatArray:
 
 
 def category_shares(stats: FloatArray, family: ProductFamily) -> dict[int, FloatArray]:
-    """The share of each category of each categorical column in each cluster.
-
-    Parameters
-    ----------
-    stats : ndarray of shape (K, S)
-    family : ProductFamily
-
-    Returns
-    -------
-    dict
-        Arranged column index -> ndarray of shape (K, C): counts of the C categories over the
-        cluster's size (rows of an empty cluster are 0).
-    """
+    """The share of each category of each categorical column in each cluster of ``stats``
+    (K, S): arranged column index -> (K, C) (0 for an empty cluster)."""
     stats = np.atleast_2d(np.asarray(stats, dtype=np.float64))
     out: dict[int, FloatArray] = {}
     col = 0
