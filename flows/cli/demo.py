@@ -125,8 +125,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         dashboard_address=None,
         overwrite=True,
         # threads: one process loads the libraries and kernels once, while Prefect's server
-        # boots (warm 9 s against 12 s with worker processes on 2 cores; cold, with the
-        # warm-up's helper process, 28-30 s against 30-32 s: bench_coldstart)
+        # boots (warm 9 s against 12 s with worker processes: bench_coldstart)
         processes=not args.threads,
     )
     run = start_flow(args, kwargs)

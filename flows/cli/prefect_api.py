@@ -51,9 +51,7 @@ def set_defaults() -> None:
     # Prefect's temporary server sends usage telemetry unless told not to; on a machine without
     # network its failures land on stderr. A user who wants it sets the variable.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    # Prefect gives its temporary server 30 s to answer; a machine busy with other work (the
-    # server imports FastAPI, SQLAlchemy and Alembic first) can take longer, and the run would
-    # fail for nothing
+    # Prefect gives its temporary server 30 s to answer, which a busy machine can exceed
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
     # a Prefect server this process starts listens on this machine only: the temporary server
     # does anyway (uvicorn --host 127.0.0.1), `prefect server start` reads this setting

@@ -17,9 +17,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-# The most records a task sweeps: 16 chunks of the default 100,000 rows. It bounds how long a
-# progress bar waits between steps and what a lost worker's task recomputes (about half a
-# second of MAP-DP on one core), while a task's own overhead stays under 1% of it.
+# The most records a task sweeps (16 default chunks): it bounds what a lost worker's task
+# recomputes, while a task's own overhead stays under 1% of it.
 TASK_ROWS = 1_600_000
 
 # How often ``on_scattered`` scatters its data: the first time and after each loss. Each loss is

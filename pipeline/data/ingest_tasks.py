@@ -27,8 +27,7 @@ from pipeline.data.store import (
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.schema import Schema
 
-# rows per zarr chunk of a grouped ingest's staging area: a gathering task reads only the
-# blocks that hold its rows, and input sorted by group touches few of them
+# rows per zarr chunk of a grouped ingest's staging area: a gathering task reads only its blocks
 STAGE_BLOCK_ROWS = 8192
 
 

@@ -241,8 +241,7 @@ def _file_source(obj: storage.Where, chunk_rows: int) -> Source:
             raise InputError(f"{label}: no such file or directory")
         name = loc.name.lower()
         if name.endswith(".npy"):
-            # the header's checks of ``read_table`` (magic bytes, no Python objects), then the
-            # shape: a 2-D array, or a 1-D structured array (a column a field)
+            # ``read_table``'s header checks, then a 2-D or a 1-D structured array
             shape, dtype = pio.check_npy(loc)
             if (len(shape), dtype.names is not None) not in ((2, False), (1, True)):
                 raise InputError(

@@ -57,8 +57,7 @@ FORMAT_VERSION = 2
 FORMAT_FILE = "format.json"
 INFO_FILE = "info"
 MAX_FOLDS = 2**15 - 1  # fold ids are int16
-# the widest store whose groups' Gram matrices ingest keeps: (D + 1)^2 floats per group, and as
-# many products per row, stay small beside the rows
+# the widest store whose groups' Gram matrices ingest keeps (small beside the rows up to here)
 MAX_GRAM_COLS = 15
 GROUP_ARRAYS = ("group_gram", "group_code", "group_holdout", "group_fold")
 
@@ -228,8 +227,7 @@ class StoreInfo:
     group_ids: list[Any] | None = None
     # real rows of each chunk of a grouped store (None: every chunk full but the last)
     chunk_counts: list[int] | None = None
-    # the family was given to ingest (a user's prior, a warm-start model's): runs keep it
-    # instead of refitting the empirical-Bayes prior to ``sample`` at their prior scale
+    # the family was given to ingest: runs keep it instead of refitting the prior to ``sample``
     prior_fixed: bool = False
     # the store keeps its groups' moments (``group_gram`` and its companions: module docstring)
     group_moments: bool = False
@@ -291,8 +289,7 @@ class StoreInfo:
         return [self.schema.features[j] for j in self.family.column_order]
 
 
-# what X may hold: float32 halves the store and every pass's reads; readers hand the kernels
-# float64 rows either way (``Chunk.X``), and every statistic stays float64
+# what X may hold: float32 halves the store and the reads; kernels get float64 rows either way
 STORE_DTYPES = ("float64", "float32")
 
 

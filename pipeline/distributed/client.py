@@ -52,8 +52,7 @@ def dask_client(
                     processes=processes,
                     dashboard_address=dashboard_address,
                     memory_limit=0,
-                    # worker processes: reachable from this machine only, told which engine
-                    # to load (Nanny passes env to the worker process); threads talk in process
+                    # worker processes: local only, told which engine to load (through env)
                     **(
                         {"host": "127.0.0.1", "env": {WARM_ENV: ",".join(warm)} if warm else {}}
                         if processes

@@ -131,8 +131,7 @@ def cluster_kwargs(cfg: dict[str, Any], warm: list[str] | None = None) -> dict[s
     # the scheduler listens on the batch system's network: TLS unless the config turns it off
     kw.setdefault("security", True)
     if kw["security"] is True:
-        # where the workers' copies of the certificates go (dask-jobqueue warns without it);
-        # open_cluster puts them in a private directory of their own there
+        # where the workers' certificates go (open_cluster makes a private directory there)
         kw.setdefault("shared_temp_directory", os.getcwd())
     elif kw["security"] is False:
         kw["security"] = None  # dask-jobqueue's "no TLS"

@@ -24,8 +24,7 @@ TICK_INTERVAL = 0.5
 #: the same as Dask's configuration, for the servers a cluster starts
 TICK_CONFIG = {"distributed.admin.tick.interval": f"{round(TICK_INTERVAL * 1000)}ms"}
 
-#: seconds a connection's batch waits for more messages (Dask's: 5 ms scheduler -> worker,
-#: 10 ms client -> scheduler)
+#: seconds a connection's batch waits for more messages (Dask's: 5 ms to workers, 10 ms)
 BATCH_INTERVAL = 0.001
 
 

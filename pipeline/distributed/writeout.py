@@ -72,8 +72,7 @@ class WriteSummary:
     seconds: float
     scores: dict[str, float] | None = None
     by_pass: int | None = None  # the pass that wrote everything (no write-out tasks ran)
-    # (3, P): (true label code, label, count) over every chunk, each pair once (the report's
-    # contingency table); None without a label column
+    # (3, P): (true label code, label, count), each pair once; None without a label column
     contingency: IntArray | None = None
 
 

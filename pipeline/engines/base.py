@@ -136,15 +136,13 @@ class Engine(ABC):
     record_arrays: ClassVar[tuple[RecordArray, ...]] = ()
     # its chunk tasks may write the final output in a pass that changes nothing
     fused_write_out: ClassVar[bool] = False
-    # its chunks are one stream: a pass runs the chunk tasks one after the other, in chunk
-    # order, each given ``carry(input, result)`` of the previous one instead of one message
-    # for all (a one-pass streaming model whose state travels from chunk to chunk)
+    # its chunks are one stream: a pass runs the chunk tasks in order, each given
+    # ``carry(input, result)`` of the previous one instead of one message for all
     sequential: ClassVar[bool] = False
     # its state has clusters with per-record labels that the summaries pass can split
     summaries: ClassVar[bool] = False
-    # the empirical-Bayes prior scale the engine was measured with when ``FitParams`` gives
-    # none (None: the family's ``DEFAULT_SCALE``); the run's prior is rebuilt from the store's
-    # sample with it (``pipeline.ops.run.step_ingest``)
+    # the empirical-Bayes prior scale the engine was measured with, when ``FitParams`` gives
+    # none (None: the family's ``DEFAULT_SCALE``)
     prior_scale: ClassVar[float | None] = None
     # it takes records with missing cells; the others refuse them before pass 1
     takes_missing: ClassVar[bool] = False

@@ -104,9 +104,8 @@ class Resident:
 _RESIDENT: OrderedDict[tuple[str, int, int, int], Resident] = OrderedDict()
 # worker threads of one process share the resident chunks
 _LOCK = threading.Lock()
-# numba's simulator swaps the ``cuda`` of a kernel's module for a fake one while it runs a kernel:
-# there, one thread of a process at a time touches the device (Dask worker threads share it); a
-# card takes calls from any thread
+# numba's simulator swaps a kernel module's ``cuda`` while it runs a kernel, so there one thread
+# of a process at a time touches the device; a card takes calls from any thread
 _SIM_LOCK = threading.Lock()
 
 

@@ -70,9 +70,8 @@ class IhmmPassState:
     # against them, then the sample's own counts are taken out again
     warm: HmmState | None = None
     init_record: dict[str, Any] | None = None
-    # the emission weight w of every pass and of the write-out (``MAPiHMM``'s ``temper_``; the
-    # sample start measures it) and the rho it was measured from (None: not measured; not NaN,
-    # so that a checkpoint read back compares equal)
+    # the emission weight w of every pass and of the write-out, and the rho it was measured
+    # from (None, not NaN, when unmeasured: a checkpoint read back then compares equal)
     temper: float = 1.0
     rho: float | None = None
 
@@ -107,8 +106,7 @@ class IhmmInput:
     family: ProductFamily
     plot_rate: float = 0.0
     has_y: bool = False
-    # pass 1 of a tempered sample start: the records take the Viterbi paths under the sample's
-    # states instead of a sweep from no labels (``viterbi_chunk`` says why)
+    # pass 1 of a tempered sample start takes Viterbi paths instead (``viterbi_chunk``)
     viterbi: bool = False
 
 
@@ -326,9 +324,8 @@ class IhmmEngine(Engine):
         order, starts = chunk_sequences(chunk)
         Xs = np.ascontiguousarray(X[order])
         st = state.hmm
-        # Viterbi under the fit's tempered emissions, as ``MAPiHMM.predict``; the forward terms
-        # under the untempered ones, a density of the records (tempered emissions do not
-        # integrate to 1), as ``MAPiHMM.score_samples``
+        # Viterbi under the tempered emissions, as ``MAPiHMM.predict``; the forward terms under
+        # the untempered ones (a density), as ``MAPiHMM.score_samples``
         log_b = log_emissions(Xs, st, fam)
         log_pi, log_a = st.log_params(state.alpha)
         steps = kihmm.forward_steps(log_b, starts, log_pi, log_a)

@@ -62,13 +62,11 @@ class PassInput:
     init_rows: IntArray
     init_labels: IntArray
     init_label: int
-    # write-out fused into the pass (MAP-DP engine): the labels group to write into, the
-    # share of rows kept for the projection picture, and whether the store has true labels
+    # write-out fused into the pass: the labels group, the picture's rate, true labels or not
     scores_into: str | None = None
     plot_rate: float = 0.0
     has_y: bool = False
-    # missing cells kept filled (``pipeline.engines.mapdp``): whether the training rows have
-    # any, and the sample start's rows' filled cells (``PassState.init_fill``)
+    # missing cells kept filled: whether any training row has one, and the sample's fills
     fills: bool = False
     init_fill: FloatArray | None = None
 
@@ -158,9 +156,8 @@ def reduce_pass(
     everything = Stats.concat([total, *(r.new_stats for r in results)]).array
     alpha = state.alpha
     n_changed = sum(r.n_changed for r in results)
-    # clusters a pass emptied are dropped; then merge moves over every pair of clusters, new or
-    # old (the chunks' new clusters are reconciled by the same merge test), best pair first, by
-    # the exact decrease of the objective (``kernels.partition.greedy_merge``)
+    # emptied clusters are dropped; then merges over every pair of clusters, new or old (which
+    # reconciles the chunks' new clusters), best first (``kernels.partition.greedy_merge``)
     keep = everything[:, 0] > 0.5
     new_id = np.full(everything.shape[0], -1, dtype=np.int64)
     new_id[keep] = np.arange(int(keep.sum()))
@@ -174,9 +171,8 @@ def reduce_pass(
     old = keep[:K]
     relabelled = merged_records(kept[: int(old.sum())][:, 0], target[: int(old.sum())])
     if params.learn_alpha and state.alpha_k != stats.shape[0]:
-        # eq. A.1 depends on the data only through N and K: with both unchanged the current
-        # alpha is already its mode, and keeping it exactly is what lets a pass that moved
-        # nothing leave the model bit for bit as it was
+        # eq. A.1 depends only on N and K: unchanged, alpha is kept exactly, so that a pass that
+        # moved nothing leaves the model bit for bit as it was
         alpha = map_concentration(n_train, stats.shape[0], *params.alpha_prior, start=alpha)
     e = objective(stats, alpha, family, params)
     changed = int(n_changed) + relabelled
@@ -404,8 +400,7 @@ def _warm_start() -> None:
     # the reduce's merge test and objective, which the in-memory MAP-DP calls too: a step of
     # their own, which the other process takes while this one compiles the sweep
     compile_once(MIXTURE_REDUCE_STEP, warm_reduce)
-    # a process compiling the MAP-DP sweep step is waited for, not joined: numba compiles
-    # ``sweep`` with its whole call tree, the largest single compile of the warm-up
+    # a process compiling the sweep step is waited for, not joined: the largest compile of all
     compile_once(
         MAPDP_SWEEP_STEP,
         lambda: run_mapdp(X, family, order, 1.0, True, (2.0, 1.0), 5, 1e-6, "sequential"),

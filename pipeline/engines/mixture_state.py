@@ -42,12 +42,10 @@ class PassState:
     init_labels: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     init_label: int = -1
     init_record: dict[str, Any] | None = None
-    # the learned alpha is the mode of eq. A.1 for (n_train, alpha_k clusters); -1: for
-    # something else (fixed, or fitted to the start's sample)
+    # the learned alpha is eq. A.1's mode for (n_train, alpha_k clusters); -1: for none
     alpha_k: int = -1
-    # when the pass moved no record and left statistics and alpha bit for bit as they were,
-    # its chunk tasks have already written every row's final label and eq. 3.4 density into
-    # ``scored_into``: their write-out results, by chunk
+    # when the pass changed nothing, its chunk tasks already wrote every row's final label and
+    # density into ``scored_into``: their write-out results, by chunk
     scored: list[WriteResult] | None = None
     scored_into: str | None = None
     # a warm start's clusters (K, S), taken out again after pass 1 assigned the records

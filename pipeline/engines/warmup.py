@@ -91,8 +91,7 @@ def warm_observation_marginals() -> None:
     process compiles them meanwhile."""
     from kernels.obs import product
 
-    # empty clusters' statistics: the records' (``build_stats``) are the other process's to
-    # compile, at the same moment, in the observation models' step
+    # empty clusters' statistics: the records' are the other process's, in its step
     _, family = toy_family()
     stats = np.zeros((2, family.n_stats))
     spec, prior = family.spec, family.prior
