@@ -216,8 +216,7 @@ def _stages(
     extra: dict[str, Any],
     timing: dict[str, float],
 ) -> tuple[Any, np.ndarray, WriteSummary]:
-    """Stage 1's passes, the summaries, stage 2 and the write-out, timed into ``timing`` and
-    recorded into ``extra``."""
+    """Stage 1, the summaries, stage 2 and the write-out, timed into ``timing``, into ``extra``."""
     t = time.perf_counter()
     labels = partial / "labels.zarr"
     state: Any = passes(client, ctx, labels)

@@ -197,8 +197,7 @@ def _open(
     missing: str,
     strict: bool,
 ) -> tuple[Any, Any, bool]:
-    """The shared dataset store of ``input`` with ``key``'s folds (``dataset.open_dataset``):
-    the store, its info and whether it was reused."""
+    """The shared dataset store of ``input`` with ``key``'s folds, its info and reuse flag."""
     path = None if dataset.is_path_source(input) else partial / "store.zarr"
     # the workers may share no disk: a store may go with OUT (as in ``dpmm run``)
     return dataset.open_dataset(
@@ -254,8 +253,7 @@ def _fold_fits(
 
 
 def _metrics(model: Any, row: Any, y: np.ndarray | None) -> dict[str, Any]:
-    """The refit's clusters and concentration, the chosen cell's held-out density and, with
-    labels, the refit's NMI and ARI against them."""
+    """The refit's clusters and alpha, the chosen cell's held-out density, NMI and ARI."""
     metrics: dict[str, Any] = {
         "n_clusters": int(model.n_clusters_),
         "alpha": float(model.alpha_),
@@ -272,8 +270,7 @@ def _metrics(model: Any, row: Any, y: np.ndarray | None) -> dict[str, Any]:
 
 
 def _write(partial: storage.Loc, run: dict[str, Any], table: Any, best: int, model: Any) -> None:
-    """cv.parquet, cv.png, the model, cv.json and the report into ``partial``; the fits' results
-    and an in-memory input's store removed."""
+    """cv.parquet, cv.png, the model, cv.json and the report into ``partial``; scratch removed."""
     # pandas and matplotlib want a path: on object storage a local directory is uploaded
     with storage.local_dir(partial) as files:
         table.to_parquet(files / "cv.parquet", index=False)

@@ -142,8 +142,7 @@ def hmm(
 def _write_model(
     partial: storage.Loc, input: str, info: StoreInfo, state: Any, params: dict[str, Any]
 ) -> None:
-    """OUT/model: the ``MAPiHMM`` of the final states with the estimator's ``params``, and
-    what it was fitted to."""
+    """OUT/model: the ``MAPiHMM`` of the final states, with what it was fitted to."""
     fitted = {
         "input": storage.redact(str(input)),
         "n_rows": info.n_rows,
@@ -158,8 +157,7 @@ def _write_model(
 def _record(
     input: str, out: str, cfg: dist.RunConfig, info: StoreInfo, state: Any, own: dict[str, Any]
 ) -> dict[str, Any]:
-    """run.json's content but the timing and the metrics: the input, the parameters (the
-    flow's ``own``: columns, alpha, gamma, prior_scale, temper), the temper and the passes."""
+    """run.json's content but the timing and the metrics."""
     params = cfg.params
     return {
         "input": storage.redact(str(input)),

@@ -164,8 +164,7 @@ def _cross_validate(
     partial: storage.Loc,
     folds: int,
 ) -> dict[str, np.ndarray]:
-    """The held-out results of every subject: ``folds`` fits, one task run each, submitted
-    together so that they share the Dask cluster."""
+    """The held-out results of every subject: ``folds`` fits submitted together."""
     futs = [
         fold_task.submit(  # type: ignore[call-overload]
             client, store, quote(info), params, cols, partial / f"cv-{f}.zarr", f

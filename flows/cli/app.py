@@ -96,8 +96,7 @@ URL_COMMANDS = ("run", "score", "cv", "longitudinal", "hmm", "update", "serve")
 
 
 def _refuse_urls(args: argparse.Namespace) -> None:
-    """One line, before anything starts, for a URL given to a command that writes local
-    directories only (never a directory named ``s3:`` on this disk)."""
+    """One line, before anything starts, for a URL given to a command that writes locally."""
     if args.command in URL_COMMANDS:
         return
     for name in ("input", "out", "model", "models", "scores", "data_dir", "warm_start"):

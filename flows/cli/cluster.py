@@ -263,8 +263,7 @@ def _fit(
     name: str,
     timings: dict[str, float],
 ) -> tuple[Any, int, np.ndarray, list[str]]:
-    """MAP-DP fitted to ``df``: the model, its seed, each record's log density and the
-    warnings of the fit (also shown on stderr)."""
+    """MAP-DP fitted to ``df``: the model, its seed, the records' log densities and warnings."""
     from pipeline.estimators.mapdp import MAPDP
 
     seed = opts.seed if opts.seed is not None else secrets.randbits(32)

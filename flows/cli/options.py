@@ -28,8 +28,7 @@ from pipeline.data.dataset import DATA_DIR_ENV
 
 
 def _block() -> tuple[argparse.ArgumentParser, Any]:
-    """A parent parser and its one argument group: a command's help lists the options of every
-    block under that heading, after its own."""
+    """A parent parser and its one argument group, listed after a command's own options."""
     parent = argparse.ArgumentParser(add_help=False)
     return parent, parent.add_argument_group("common options")
 

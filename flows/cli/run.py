@@ -312,8 +312,7 @@ def _local_cluster(
 
 
 def _warm_names(kwargs: dict[str, Any], engine: str) -> list[str]:
-    """What the workers compile or load while they start: the engine, stage 2's BHC if the flow
-    runs it, and the kernels of the input's family (``peek_family``)."""
+    """The kernels the workers load while they start: the engine's, stage 2's, the family's."""
     from pipeline.distributed.worker_setup import warm_names
 
     names = [engine, *_stage2_warm(kwargs)]
@@ -332,15 +331,13 @@ def _warm_names(kwargs: dict[str, Any], engine: str) -> list[str]:
 
 
 def _stage2_warm(kwargs: dict[str, Any]) -> list[str]:
-    """["bhc"] when the flow will run stage 2's BHC (``flows.cluster``: ``stage2`` defaults to
-    "bhc" with summaries), so that a worker compiles it while the cluster starts."""
+    """["bhc"] when the flow will run stage 2's BHC, so that a worker compiles it early."""
     stage2 = kwargs.get("stage2") or ("bhc" if int(kwargs.get("summaries") or 0) > 0 else "none")
     return ["bhc"] if stage2 == "bhc" else []
 
 
 def _hpc_of(args: argparse.Namespace) -> tuple[str, str] | None:
-    """(kind, config file) of ``--cluster slurm|pbs --cluster-config FILE``, None for the
-    local cluster; the config is read and checked here, before anything starts."""
+    """(kind, checked config) of ``--cluster slurm|pbs --cluster-config FILE``, or None."""
     kind = getattr(args, "cluster", "local") or "local"
     config = getattr(args, "cluster_config", None)
     if kind == "local":
@@ -367,8 +364,7 @@ def _logs_to(path: Path, restore: bool) -> contextlib.AbstractContextManager[Pat
 
 
 def _threads(args: argparse.Namespace) -> bool:
-    """Workers as threads: as asked, else for a sequential engine (a second worker process
-    would add only its own copy of the libraries and kernels to a chain of chunk tasks)."""
+    """Workers as threads: as asked, else for a sequential engine (one chain of tasks)."""
     if args.threads is not None:
         return bool(args.threads)
     from pipeline.engines import get_engine
@@ -377,8 +373,7 @@ def _threads(args: argparse.Namespace) -> bool:
 
 
 def _check_device(args: argparse.Namespace) -> None:
-    """``--device gpu`` on a machine without a GPU, numba-cuda or a driver: one line naming what
-    is missing (exit status 2), never a run on the CPU instead."""
+    """One line naming what ``--device gpu`` lacks here, never a run on the CPU instead."""
     if args.device != "gpu":
         return
     if args.engine not in GPU_ENGINES:

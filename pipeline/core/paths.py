@@ -48,8 +48,7 @@ def child(root: str | os.PathLike[str], name: str, what: str = "name") -> Path:
 
 
 def _url_key(text: str) -> tuple[str, str] | None:
-    """(scheme, normalised 'bucket/key') of a URL, None for a local path; ``file://`` URLs are
-    local paths."""
+    """(scheme, normalised 'bucket/key') of a URL; None for a local path or ``file://`` URL."""
     m = _URL.match(text)
     if m is None:
         return None

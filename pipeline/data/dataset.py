@@ -226,8 +226,7 @@ def open_dataset(
 def _open_in_memory(
     source: Any, path: storage.Where | None, ingest_kw: dict[str, Any]
 ) -> tuple[Store, StoreInfo, bool]:
-    """``open_dataset`` of an in-memory input: ingested every time, into ``path`` (replacing
-    what was there) or a new temporary directory."""
+    """``open_dataset`` of an in-memory input, into ``path`` or a new temporary directory."""
     if path is None:
         tmp = Path(tempfile.mkdtemp(prefix="dpmm-dataset-"))
         try:
@@ -267,8 +266,7 @@ def _recorded_key(path: storage.Loc) -> str | None:
 
 
 def _refuse_foreign(path: storage.Loc) -> None:
-    """A ValueError if ``path`` holds something other than a dataset store: never replace a
-    user's files."""
+    """A ValueError if ``path`` holds something other than a dataset store."""
     if not path.exists():
         return
     if path.is_dir() and not any(path.iterdir()):

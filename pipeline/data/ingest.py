@@ -65,8 +65,7 @@ def _infer(
     missing: bool = False,
     hint: str | None = None,
 ) -> tuple[Schema, ProductFamily, ProductFamily | None]:
-    """Schema from the first piece (or the given one), the checker families, and the fixed
-    family if given; ``missing``: missing cells are kept as NaN (``Schema.missing``)."""
+    """Schema from the first piece (or given), the checker families and the fixed family."""
     fixed: ProductFamily | None = None
     try:
         if schema is not None:
@@ -281,8 +280,7 @@ def _encoder(
     missing: bool,
     missing_hint: str | None,
 ) -> tuple[Encoder, ProductFamily | None]:
-    """The encoder every task validates its rows with, from the first piece of ``src`` (the
-    label and group columns left out: ``_infer``), and the family given, if one was."""
+    """The encoder every task validates its rows with, from the first piece of ``src``."""
     first, from_frame = read_piece(src.pieces[0], None)
     label = src.pieces[0].label
     if first.shape[0] == 0:
@@ -413,8 +411,7 @@ def _stage(job: _Job) -> list[PieceResult]:
 
 
 def _write_staged(job: _Job, staged: list[PieceResult]) -> _Written:
-    """The staged rows gathered into the store's chunks, one task per chunk (a grouped
-    ingest: ``_write_grouped``)."""
+    """The staged rows gathered into the store's chunks, one task per chunk."""
     counts = [r.n for r in staged]
     n_rows = int(sum(counts))
     ends = np.cumsum(counts)
@@ -441,8 +438,7 @@ def _write_staged(job: _Job, staged: list[PieceResult]) -> _Written:
 def _write_grouped(
     job: _Job, staged: list[PieceResult], piece_starts: IntArray, n_rows: int
 ) -> _Written:
-    """The staged rows gathered into chunks of whole groups (module docstring), with the
-    groups' moments when there are at most ``MAX_GRAM_COLS`` columns."""
+    """The staged rows gathered into chunks of whole groups, with the groups' moments."""
     assert job.enc.group_column is not None
     group_ids, codes = global_group_codes(staged)
     plan = group_plan(codes, len(group_ids), job.chunk_rows)
@@ -548,8 +544,7 @@ def _finish(
 def _missing(
     results: Sequence[PieceResult], arranged: list[str]
 ) -> tuple[dict[str, int], list[Any] | None]:
-    """Missing cells per column (arranged: the columns in the store's order) and the first
-    missing cell as [row, column], from the chunks' results."""
+    """Missing cells per arranged column and the first as [row, column], from the chunks."""
     firsts = [r.first_missing for r in results if r.first_missing is not None]
     if not firsts:
         return {}, None

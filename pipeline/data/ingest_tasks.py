@@ -355,8 +355,7 @@ def gather_group_chunk_task(
 def _write_group_moments(
     store: str, c: int, Xa: FloatArray, codes: IntArray, summ: ChunkSummary
 ) -> None:
-    """Chunk c's per-group arrays: each group's Gram matrix (``kernels.moments.group_gram``),
-    code, held-out flag and fold (its rows': they are drawn per group)."""
+    """Chunk c's per-group Gram matrices, codes, held-out flags and folds."""
     starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
     stored = zarr.open_array(f"{store}/X", mode="r").dtype
     if stored != Xa.dtype:

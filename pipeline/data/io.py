@@ -193,8 +193,7 @@ def _is_blank(rec: list[str]) -> bool:
 
 
 def _records(p: Path | bytes, sep: str) -> Iterator[tuple[int, list[str]]]:
-    """(first physical line, fields) of each non-blank record of a CSV file (or of its bytes),
-    header included."""
+    """(first physical line, fields) of each non-blank record of a CSV file or its bytes."""
     with _open_text(p) as f:
         reader = csv.reader(f, delimiter=sep)
         prev = 0

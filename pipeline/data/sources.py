@@ -72,8 +72,7 @@ def _open_rb(path: str) -> Any:
 
 
 def _csv_blocks(path: storage.Loc, block: int) -> list[tuple[int, int]]:
-    """Byte ranges of the data lines of a CSV file, split at line ends near multiples of
-    ``block`` (quoted fields holding line breaks are not supported)."""
+    """Byte ranges of a CSV file's data lines, split at line ends near multiples of ``block``."""
     size = storage.size(path)
     with path.open("rb") as fh:
         header = fh.readline()
@@ -288,8 +287,7 @@ def _file_source(obj: storage.Where, chunk_rows: int) -> Source:
 
 
 def _row_group_pieces(pieces: list[Piece], meta: Any, label: str, key: str) -> None:
-    """Append to ``pieces`` one piece per row group of the Parquet file ``key`` (``meta``: its
-    metadata), each numbered by its rows within the file."""
+    """Append one piece per row group of the Parquet file ``key`` to ``pieces``."""
     row0 = 0
     for rg in range(meta.num_row_groups):
         n = meta.row_group(rg).num_rows
@@ -298,8 +296,7 @@ def _row_group_pieces(pieces: list[Piece], meta: Any, label: str, key: str) -> N
 
 
 def _npy_rows(path: str, a: int, b: int) -> np.ndarray:
-    """Rows a..b-1 of a ``.npy`` file or object, read as byte ranges: one for a C-ordered
-    array, one a column for a Fortran-ordered one."""
+    """Rows a..b-1 of a ``.npy`` file or object, read as byte ranges."""
     with _open_rb(path) as f:
         shape, fortran, dtype = pio.read_npy_header(f)
         start = f.tell()

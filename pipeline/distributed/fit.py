@@ -150,8 +150,7 @@ def fit_distributed(
 def _place(
     client: Any, store_path: str | Path | None, device: str, engine: str
 ) -> Iterator[tuple[Any, Store, Path]]:
-    """Where a fit runs: ``client``, else a new local cluster (one worker per GPU with
-    ``device="gpu"``), and its stores at ``store_path`` or in a temporary directory; what is
+    """Where a fit runs (``client``, else a new local cluster) and keeps its stores; what is
     made here is closed when the fit ends."""
     if device == "gpu":
         from pipeline.engines.gpu import require_device

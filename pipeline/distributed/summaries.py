@@ -74,8 +74,7 @@ def _split_input(
 
 
 def _split_chunk_task(data: str, state: str, c: int, a: int, b: int, msg: SplitInput) -> Stats:
-    """Sub-cluster of every training row of a chunk (quantile slab of the projection on its
-    cluster's principal axis), written to ``out_buffer``; returns the sub-clusters' statistics."""
+    """Each training row's sub-cluster, written to ``out_buffer``; their statistics."""
     chunk = Chunk(data, state, c, a, b, 0)
     X = chunk.X
     if msg.fill_buffer is not None:

@@ -224,8 +224,7 @@ def _start_helper(names: list[str]) -> Callable[[float], None] | None:
 
 
 def _import_warm_up(names: list[str]) -> None:
-    """Import the modules of the warm-up steps of ``names`` (the engines', stage 2's), which
-    this process imports for its run anyway, before the helper forks."""
+    """Import the modules of the warm-up steps of ``names`` before the helper forks."""
     from pipeline.engines import get_engine
 
     for name in names:

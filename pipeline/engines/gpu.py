@@ -256,8 +256,7 @@ class GpuPass(MixtureEngine):
 
     @staticmethod
     def _rises(msg: PassInput, delta: FloatArray, new_stats: FloatArray) -> bool:
-        """Whether eq. 3.3 of the frozen clusters plus the chunk's change is above that of the
-        frozen clusters (the module docstring's guard)."""
+        """Whether the chunk's change raises eq. 3.3 of the frozen clusters (the guard)."""
         fam = msg.family
         before = msg.stats
         after = np.ascontiguousarray(np.vstack([msg.stats + delta, new_stats]))

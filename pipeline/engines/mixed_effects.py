@@ -204,8 +204,7 @@ class MixedInput:
 
 
 def _input(state: Any, ctx: RunContext, p: int, **kw: Any) -> MixedInput:
-    """Pass p's input (the write-out's: the pass after the last) from the state ``MixedState``;
-    ``kw``: its optional fields."""
+    """Pass p's input from the state ``MixedState``; ``kw``: its optional fields."""
     return MixedInput(
         p,
         state.model,
