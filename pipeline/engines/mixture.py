@@ -380,8 +380,7 @@ MAPDP_SWEEP_STEP = "mapdp-sweep"
 
 
 def _warm_packed() -> None:
-    """The packed predictives of the MAP-DP sweep and ``predict``, with those calls' argument
-    types: a warm-up step of their own, which another process can compile alongside."""
+    """The packed predictives of the MAP-DP sweep and ``predict``: a warm-up step of their own."""
     from pipeline.engines.warmup import toy_family
 
     X, family = toy_family()

@@ -140,8 +140,7 @@ def _lock_dir() -> Path:
 
 @contextlib.contextmanager
 def _step_lock(key: str, blocking: bool) -> Iterator[bool]:
-    """Hold the lock file of warm-up step ``key``; yields False when ``blocking`` is False and
-    another process holds it."""
+    """Hold warm-up step ``key``'s lock file; False when not ``blocking`` and another holds it."""
     with open(_lock_dir() / f"dpmm-warm-{key}.lock", "a+b") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))

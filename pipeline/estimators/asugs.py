@@ -206,8 +206,7 @@ class ASUGS(MixtureEstimator):
         self._set_fitted(st, params)
 
     def _prior_scale(self) -> float | None:
-        """The empirical-Bayes prior is fitted at ``PRIOR_SCALE`` when it is to be chosen
-        (``_new_prior`` rescales it)."""
+        """``PRIOR_SCALE`` when the prior is to be chosen (``_new_prior`` rescales it)."""
         return PRIOR_SCALE if self.prior_scale is None else float(self.prior_scale)
 
     def _new_prior(self, Xa: FloatArray, params: StreamParams, rng: Any) -> None:

@@ -97,8 +97,7 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         return np.asarray(self.fit(X).labels_)
 
     def _check_params(self) -> Any:
-        """Validate the parameters (``pipeline.core.config`` checks); the result is handed to
-        ``_fit``."""
+        """Validate the parameters; the result is handed to ``_fit``."""
         return None
 
     def _check_tuning(self) -> None:
@@ -115,8 +114,7 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         return getattr(self, "prior_scale", None)
 
     def _fit(self, Xa: FloatArray, params: Any) -> None:
-        """Fit on the encoded records Xa (n_samples, n_cols), columns in the family's group
-        order."""
+        """Fit on the encoded records Xa (n_samples, n_cols), in the family's group order."""
         raise NotImplementedError
 
     def _encode_fit(self, X: Any) -> FloatArray:
@@ -168,14 +166,8 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
     def _summaries_input(
         self, stats: ArrayLike, family: Family | ProductFamily | None
     ) -> tuple[FloatArray, ProductFamily]:
-        """The input of ``fit_summaries``: leaf summaries (``stats[:, 0]`` their record counts)
-        checked against ``family`` (None: the ``family`` parameter, then an object).
-
-        Returns
-        -------
-        stats : ndarray of shape (n_leaves, n_stats)
-        family : ProductFamily
-        """
+        """Leaf summaries ``stats`` (n_leaves, n_stats) checked against ``family`` (None: the
+        ``family`` parameter, then an object), and that family as a ``ProductFamily``."""
         given = getattr(self, "family", None) if family is None else family
         if isinstance(given, (str, dict)):
             raise ValueError(
@@ -188,8 +180,7 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         return st, prod
 
     def _record_leaves(self, Xa: FloatArray) -> FloatArray:
-        """Every encoded record (n, D) a leaf of its own: statistics (n, n_stats) of
-        ``family_``, for the estimators over leaves (``BHC``, ``TreeGuidedMCMC``)."""
+        """Every encoded record (n, D) a leaf of its own: statistics (n, n_stats) of ``family_``."""
         n = Xa.shape[0]
         return self.family_.stats_of(Xa, np.arange(n, dtype=np.int64), n)
 
@@ -225,13 +216,11 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         return float(np.mean(self.score_samples(X)))
 
     def _predict_encoded(self, Xa: FloatArray) -> IntArray:
-        """MAP cluster of each encoded record (Raykov et al. 2016, eq. 3.5); -1 where a new cluster
-        is the most probable."""
+        """MAP cluster of each encoded record (eq. 3.5); -1 where a new one is the most probable."""
         return self._dpm_predictive(Xa)[0]
 
     def _score_encoded(self, Xa: FloatArray) -> FloatArray:
-        """log sum_k N_k / (N + alpha) p(x | X_k) + alpha / (N + alpha) p(x) (Raykov et al. 2016,
-        eq. 3.4)."""
+        """log sum_k N_k / (N + alpha) p(x | X_k) + alpha / (N + alpha) p(x) (eq. 3.4)."""
         return self._dpm_predictive(Xa)[1]
 
     def _dpm_predictive(self, Xa: FloatArray) -> tuple[IntArray, FloatArray]:

@@ -189,8 +189,7 @@ class _SequenceEstimator(MixtureEstimator):
         return self
 
     def _fit_params(self) -> tuple[float, float]:
-        """alpha (N0) and gamma (M0), once every parameter is checked (``_check_run``: the
-        run's own)."""
+        """alpha (N0) and gamma (M0), once every parameter is checked."""
         alpha = config.check_positive(self.alpha, "alpha")  # type: ignore[attr-defined]
         gamma = config.check_positive(self.gamma, "gamma")  # type: ignore[attr-defined]
         if self.prior_scale is not None:  # type: ignore[attr-defined]

@@ -292,8 +292,7 @@ class MixedEffectsDP(BaseEstimator):
         ]
 
     def _after_load(self) -> None:
-        """The attributes derived from ``model_`` and ``prior_``, for a model read back by
-        ``pipeline.load_model`` (which restores those two and the schema)."""
+        """The attributes derived from ``model_`` and ``prior_``, for a loaded model."""
         self.feature_names_in_ = np.asarray(self.schema_.columns, dtype=object)
         self.n_features_in_ = len(self.schema_.columns)
         self._set_model(self.model_, self.prior_)

@@ -33,9 +33,8 @@ _TREE = "tree_"
 
 
 def _estimators() -> dict[str, type]:
-    """The estimators a model may load into (an allowlist), every model of the registry;
-    importing them registers the classes their records hold. The registry is imported by name:
-    a static import would close a circle through ``MixtureEstimator.save``."""
+    """The estimators a model may load into (an allowlist: the registry's, imported by name to
+    avoid a circle through ``MixtureEstimator.save``), their record classes registered."""
     registry = importlib.import_module("pipeline.estimators.registry")
     return {name: m.estimator for name, m in registry.MODELS.items()}
 
@@ -281,8 +280,7 @@ def _check_fitted(json_path: storage.Loc, rec: dict[str, Any], cls: type) -> Non
 
 
 def _check_mixed(json_path: storage.Loc, fitted: dict[str, Any], K: int, p: int) -> None:
-    """A ``MixedEffectsDP``'s global fit: K clusters of p coefficients (the covariates and the
-    intercept), a positive tau and concentration, a prior of the same p."""
+    """A ``MixedEffectsDP``'s global fit: K clusters of p coefficients, positive tau and alpha."""
     from pipeline.models.mixed_effects import MixedModel, MixedPrior
 
     model, prior = fitted["model_"], fitted["prior_"]

@@ -151,11 +151,8 @@ class Categorical(Family):
 
 @dataclass(repr=False)
 class _RateFamily(Family):
-    """Shared layout of the per-column (a, b) families: Poisson, Exponential and Geometric.
-
-    Subclasses set ``code``, ``name``, ``_support`` (the message for a value outside the support)
-    and, where the support is not the non-negative integers, ``_bad``.
-    """
+    """Shared layout of Poisson, Exponential and Geometric: per-column (a, b) priors; subclasses
+    set ``code``, ``name``, ``_support`` and, for other supports than counts, ``_bad``."""
 
     a: ArrayLike
     b: ArrayLike

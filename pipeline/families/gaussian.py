@@ -74,8 +74,7 @@ _GRID_PROBE = 256
 
 
 def _on_grid(col: FloatArray, k: int) -> bool:
-    """Whether every value of col is a multiple of 10^-k (relative to the value: float
-    decimals, 0.1 * 3, are off by rounding only)."""
+    """Whether every value of col is a multiple of 10^-k, up to float rounding."""
     scaled = col * 10.0**k
     return bool(np.all(np.abs(scaled - np.round(scaled)) <= 1e-9 * np.maximum(1.0, np.abs(scaled))))
 
@@ -100,8 +99,7 @@ def _available_case_moments(
     X: FloatArray, miss: NDArray[np.bool_]
 ) -> tuple[FloatArray, FloatArray]:
     """Mean (d,) and pairwise-complete covariance (d, d) of X (n, d) with missing cells
-    ``miss``, made positive definite (eigenvalues at least 1e-6 of their mean); a column with
-    fewer than two values gets variance 1 and no covariance."""
+    ``miss``, made positive definite; a column with fewer than two values gets variance 1."""
     d = X.shape[1]
     good = ~miss
     cnt = good.sum(axis=0).astype(np.float64)

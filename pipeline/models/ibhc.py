@@ -78,8 +78,7 @@ IBHC_FIELDS = ("log_phi",)
 
 
 def _tree_table(ni: IntArray, nf: FloatArray, st: FloatArray, roots: IntArray, L: int) -> Tree:
-    """The forest left by ``kernels.ibhc.ibhc`` as a ``Tree``: leaf i is node i, internal nodes
-    follow in the order of their kernel slots."""
+    """The forest ``kernels.ibhc.ibhc`` left as a ``Tree``: leaf i is node i, then the rest."""
     live: list[int] = []
     stack = [int(r) for r in roots]
     while stack:

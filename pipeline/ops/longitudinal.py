@@ -248,8 +248,7 @@ def _picture(
     title: str,
     left: float = 0.15,
 ) -> str:
-    """A small picture ``out/name``: ``draw(ax)`` on one axes, its x and y ``labels`` and
-    ``title``; returns ``name``."""
+    """A small picture ``out/name`` of ``draw(ax)`` with ``labels`` and ``title``; its name."""
     fig = new_figure(5.5, 4.2)
     ax = fig.add_subplot()
     draw(ax)

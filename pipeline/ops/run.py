@@ -228,8 +228,7 @@ def _metrics(
     extra: dict[str, Any],
     total: float,
 ) -> dict[str, Any]:
-    """run.json's ``metrics``: the fit's figures, its held-out density and its scores against
-    ``label_column``; pops stage 2's ``n_clusters_stage1`` from ``extra``."""
+    """run.json's ``metrics`` (pops stage 2's ``n_clusters_stage1`` from ``extra``)."""
     pass_seconds = sum(h.get("seconds", 0.0) for h in state.history)
     n_passes = len(state.history)
     metrics = {

@@ -67,8 +67,7 @@ def _collapsed_linkage(
 
 
 def _cut_owner(left: IntArray, right: IntArray, cut: IntArray) -> IntArray:
-    """For every node of a tree (children ``left`` / ``right``, -1 at leaves), the index in
-    ``cut`` of the cut's subtree that holds it; -1 above the cut."""
+    """Each node's index in ``cut`` of the cut's subtree holding it; -1 above the cut."""
     owner = np.full(left.shape[0], -1, dtype=np.int64)
     for c, node in enumerate(cut):
         stack = [int(node)]
@@ -100,9 +99,8 @@ def _tree_picture(
     posterior: pd.DataFrame | None,
     path: Path,
 ) -> list[int]:
-    """``dendrogram.png``: the BHC tree down to its r_k < 0.5 cut, each cut subtree one labelled
-    leaf, with ``posterior`` (tgMCMC) beside it; the whole tree when nothing is split. Returns
-    the final clusters in the order of the drawn leaves."""
+    """``dendrogram.png`` of the BHC tree down to its cut (with ``posterior`` beside it); the
+    final clusters in the order of the drawn leaves."""
     from matplotlib.lines import Line2D
     from scipy.cluster.hierarchy import dendrogram
 
