@@ -223,8 +223,7 @@ def _fold_fits(
     n_rows: int,
     progress: bool,
 ) -> dict[str, Any]:
-    """Every (cell, fold) fit not done before (``pcv.ResultLog``), each a task run; all results
-    in cell and fold order, and how many were run and reused."""
+    """Every (cell, fold) fit not done before, each a task run: all results, and the counts."""
     n_folds = key["n_folds"]
     log = pcv.ResultLog(partial / "fits")
     todo = [
@@ -284,8 +283,7 @@ def _write(partial: storage.Loc, run: dict[str, Any], table: Any, best: int, mod
 
 
 def run_cv_flow(**kwargs: Any) -> dict[str, Any]:
-    """Run the ``cv`` flow (keyword arguments as ``cv``) as ``dpmm cv`` does
-    ."""
+    """Run the ``cv`` flow (keyword arguments as ``cv``) as ``dpmm cv`` does."""
     from prefect.task_runners import ThreadPoolTaskRunner
 
     limit = kwargs.get("concurrency") or kwargs.get("n_workers") or os.cpu_count() or 1

@@ -23,8 +23,7 @@ def fit_params(random_state: int | None, **fit: Any) -> FitParams:
 
 
 def fit_fields(kwargs: dict[str, Any], **fixed: Any) -> dict[str, Any]:
-    """The fields of ``FitParams`` among a flow's parameters ``kwargs`` (its ``locals()``),
-    with ``fixed`` over them (the flow's own engine, ...)."""
+    """The fields of ``FitParams`` among a flow's ``kwargs`` (its ``locals()``), ``fixed`` over."""
     return {**{k: kwargs[k] for k in _FIELDS if k in kwargs}, **fixed}
 
 

@@ -36,9 +36,7 @@ from flows.cli.options import (
     flow_kwargs,
 )
 from flows.cli.prefect_api import flow_api, prestart
-from flows.cli.types import nonneg_int as _nonneg_int
-from flows.cli.types import positive_float as _positive_float
-from flows.cli.types import positive_int as _positive_int
+from flows.cli.types import nonneg_int, positive_float, positive_int
 from pipeline.core import outputs, storage
 from pipeline.core.config import (
     DEFAULT_CHUNK_ROWS,
@@ -59,7 +57,7 @@ def _add_stage2_options(p: argparse.ArgumentParser) -> None:
     """Stage 2's options: ``--summaries``, ``--stage2``, ``--mcmc``."""
     p.add_argument(
         "--summaries",
-        type=_nonneg_int,
+        type=nonneg_int,
         default=0,
         metavar="M",
         help="split the stage-1 clusters into about M summaries for stage 2 (default 0: off)",
@@ -72,7 +70,7 @@ def _add_stage2_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--mcmc",
-        type=_nonneg_int,
+        type=nonneg_int,
         default=0,
         metavar="ITER",
         help="tree-guided MCMC iterations after BHC in stage 2 (default 0)",
@@ -151,7 +149,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_prior_scale(p, "cluster", "the engine's; 0.3 for mapdp and kmeans")
     p.add_argument(
         "--lam",
-        type=_positive_float,
+        type=positive_float,
         default=None,
         metavar="F",
         help="lambda of ASUGS's adaptive concentration alpha_i = k_i / (lambda + log i) "
@@ -172,7 +170,7 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--folds",
-        type=_positive_int,
+        type=positive_int,
         default=N_FOLDS,
         metavar="F",
         help=f"fold ids drawn per row (or per group) into the dataset store (default {N_FOLDS})",

@@ -212,8 +212,7 @@ class FitParams:
 
 
 def check_scale(scale: float) -> float:
-    """A prior scale: the share of the data's variance a cluster is expected to carry, in
-    (0, 1)."""
+    """A prior scale: the share of the data's variance a cluster carries, in (0, 1)."""
     try:
         s = float(scale)
     except (TypeError, ValueError):

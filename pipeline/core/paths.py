@@ -109,8 +109,7 @@ def check_separate(
 
 
 def temp_sibling(path: str | os.PathLike[str]) -> Path:
-    """The name an output ``path`` is written under until complete: ``.<name>.partial`` beside it
-    (same file system, so the final rename is atomic; hidden)."""
+    """The hidden sibling ``.<name>.partial`` an output ``path`` is written under until complete."""
     p = Path(path)
     return p.parent / f".{p.name}.partial"
 

@@ -196,8 +196,7 @@ def location(x: Where) -> Loc:
 
 
 def shared(loc: Loc) -> bool:
-    """Whether every machine of a cluster reaches ``loc``: object storage does; a local path is
-    taken to be this machine's own disk."""
+    """Whether every machine of a cluster reaches ``loc`` (object storage, not a local path)."""
     return isinstance(loc, RemotePath)
 
 
@@ -207,8 +206,7 @@ def folder(loc: Loc) -> str:
 
 
 def can_hold_files(loc: Loc) -> bool:
-    """Whether files can be written under ``loc`` as it is: an existing local directory, or
-    any prefix (a prefix exists once an object is written under it)."""
+    """Whether files can be written under ``loc``: an existing local directory, or any prefix."""
     return isinstance(loc, RemotePath) or loc.is_dir()
 
 
@@ -218,8 +216,7 @@ def size(loc: Loc) -> int:
 
 
 def stamp(info: dict[str, Any]) -> str:
-    """What changes when an object is rewritten, from its fsspec info: S3's ETag, else its
-    modification time."""
+    """What changes when an object is rewritten: S3's ETag, else its modification time."""
     for k in ("ETag", "etag", "mtime", "LastModified", "last_modified", "created"):
         if info.get(k) is not None:
             return str(info[k])
@@ -252,8 +249,7 @@ def subdirs(loc: Loc) -> list[Loc]:
 
 
 def same_place(a: Where, b: Where) -> bool:
-    """Whether ``a`` and ``b`` name the same place: the same URL, or local paths that resolve
-    to one existing file or directory."""
+    """Whether ``a`` and ``b`` are the same URL, or local paths of one existing file."""
     la, lb = location(a), location(b)
     if la == lb:
         return True
@@ -377,8 +373,7 @@ def rmtree(loc: Loc, ignore_errors: bool = False) -> None:
 
 
 def write_atomic(path: Where, data: bytes) -> None:
-    """Replace ``path`` by ``data`` atomically: a local file via a synced temporary file renamed
-    over it, an object by one PUT."""
+    """Replace ``path`` by ``data`` atomically (a synced temporary file renamed, or one PUT)."""
     loc = location(path)
     if isinstance(loc, RemotePath):
         loc.write_bytes(data)
@@ -405,8 +400,7 @@ def write_atomic(path: Where, data: bytes) -> None:
 
 @contextlib.contextmanager
 def local_dir(loc: Loc) -> Iterator[Path]:
-    """A local directory whose files end up in ``loc``: ``loc`` when local, else a temporary
-    directory uploaded there when the block succeeds."""
+    """A local directory whose files end up in ``loc`` (uploaded when the block succeeds)."""
     if isinstance(loc, Path):
         loc.mkdir(parents=True, exist_ok=True)
         yield loc

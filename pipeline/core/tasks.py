@@ -86,8 +86,7 @@ def on_scattered(
 
 
 def rounds(n_chunks: int, g: int, slots: int) -> int:
-    """How many chunk-lengths ``n_chunks`` chunks take on ``slots`` threads in tasks of ``g``
-    consecutive chunks, each started on the first free thread."""
+    """How many chunk-lengths ``n_chunks`` chunks take on ``slots`` threads in tasks of ``g``."""
     q, r = divmod(n_chunks, g)
     span = g * math.ceil(q / slots)
     # the short last task needs a round of its own only when the full ones fill every thread
@@ -182,8 +181,7 @@ def chain_chunks(
 def gather_rows(
     client: Any, futs: Sequence[Any], rows: Sequence[int], desc: str | None
 ) -> list[Any]:
-    """``gather``'s results, with a progress bar (``desc``; None for none) of ``sum(rows)``
-    records advanced by ``rows[i]`` as future ``i`` ends."""
+    """``gather``'s results, with a progress bar (``desc``) advanced by ``rows[i]`` per future."""
     with progress_bar(desc, sum(rows)) as bar:
         return gather(client, futs, None if bar is None else lambda i: bar(rows[i]))
 

@@ -23,8 +23,7 @@ _NATIVE = sys.byteorder
 
 
 def record_codec() -> Any:
-    """The compressor of the per-record arrays a pass rewrites: LZ4 over bit-shuffled bytes
-    (Blosc), about twice as fast as zarr's default Zstandard for the same size."""
+    """The compressor of the per-record arrays a pass rewrites: Blosc LZ4 over shuffled bytes."""
     return BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle")
 
 
@@ -77,8 +76,7 @@ def open_array(path: str, mode: str = "r") -> Any:
 
 
 def _chunk_layout(arr: Any) -> tuple[str, Any] | None:
-    """How a chunk of ``arr`` lies in its file: ("raw", None), ("blosc", codec), or None where a
-    task cannot read or write it directly."""
+    """How a chunk of ``arr`` lies in its file: ("raw", None), ("blosc", codec), or None."""
     if (
         arr.filters
         or not isinstance(arr.serializer, BytesCodec)
@@ -104,8 +102,7 @@ def _chunk_layout(arr: Any) -> tuple[str, Any] | None:
 
 
 def _chunk_file(path: str, arr: Any, a: int, b: int) -> tuple[str, tuple[str, Any]] | None:
-    """The file and layout of the chunk that rows a..b start, where a task may read or write it
-    directly; None where zarr must."""
+    """The file and layout of the chunk rows a..b start, where a task may use it directly."""
     cr = arr.chunks[0]
     loc = storage.location(path)
     if not (isinstance(loc, Path) and b > a and a % cr == 0 and b - a <= cr):

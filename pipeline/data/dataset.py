@@ -53,8 +53,7 @@ def root_for(out: storage.Loc, data_dir: storage.Where | None) -> storage.Where 
 
 
 def is_path_source(source: Any) -> bool:
-    """Whether ``source`` is a file or directory, or a list of them (it then has a
-    fingerprint)."""
+    """Whether ``source`` is a file or directory, or a list of them (with a fingerprint)."""
     return isinstance(source, (str, os.PathLike)) or is_file_list(source)
 
 

@@ -126,8 +126,7 @@ def _drop_columns(
     sample: FloatArray,
     mom: Moments,
 ) -> tuple[ProductFamily, Moments]:
-    """The store without the columns ``_settle`` dropped: the family refitted to the sample of
-    the columns kept and X rewritten by one task per chunk."""
+    """The store without the columns ``_settle`` dropped: family refitted, X rewritten."""
     feats = schema.features
     keep = [old_features.index(c) for c in feats]
     prod = schema.build_family(sample)

@@ -19,8 +19,7 @@ from pipeline.data.store import IntArray
 
 
 def global_group_codes(staged: Sequence[PieceResult]) -> tuple[list[Any], IntArray]:
-    """The groups' values by first appearance over the pieces in order, and every input row's
-    group code (N,)."""
+    """The groups' values by first appearance, and every input row's group code (N,)."""
     values = [r.group_values or [] for r in staged]
     # a CSV block of digits-only keys parses as numbers, another block of the same column as
     # text: then every key is compared as text, so that 17 and "17" are one group
@@ -162,8 +161,7 @@ def first_staged_error(src: Source, staged: Sequence[PieceResult]) -> None:
 def gather_tell(
     client: Any, futs: list[Any], what: str, tell: Callable[[str, int, int], None]
 ) -> list[Any]:
-    """The tasks' results in their order (``pipeline.core.tasks.gather``), telling ``tell``
-    how many have ended as each ends."""
+    """The tasks' results in order, telling ``tell`` how many have ended as each ends."""
     ended = 0
 
     def on_done(_: int) -> None:

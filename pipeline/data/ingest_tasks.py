@@ -73,8 +73,7 @@ class Encoder:
     hint: str = MISSING_HINT
 
     def take_labels(self, df: pd.DataFrame, label: str) -> IntArray | None:
-        """Remove the label column from ``df`` (in place) and return its codes
-        (``label_codes``); None without a label column."""
+        """Remove the label column from ``df`` and return its codes; None without one."""
         if self.label_column is None:
             return None
         if self.label_column not in df.columns:
@@ -105,8 +104,7 @@ class Encoder:
         return values, codes.astype(np.int64)
 
     def encode(self, df: pd.DataFrame, label: str, row0: int | None) -> FloatArray:
-        """Encoded rows (n, D) in the store's column order, or an ``InputError`` naming the
-        file and the row."""
+        """Encoded rows (n, D) in the store's column order, or an ``InputError``."""
         try:
             df = self.schema.check_columns(df, self.from_frame, self.who)
             Xe = self.schema.encode(df, fitting=False)

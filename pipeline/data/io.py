@@ -219,8 +219,7 @@ def _first_bad_record(p: Path | bytes, sep: str) -> tuple[int, int, int] | None:
 
 
 def csv_line_of_row(path: Any, row: int) -> int | None:
-    """The physical line (1-based) where data row ``row`` (0-based) of a CSV file (or object:
-    ``pipeline.core.storage``) starts."""
+    """The physical line (1-based) where data row ``row`` (0-based) of a CSV file starts."""
     from pipeline.core import storage
 
     sep = csv_sep(path)
@@ -284,8 +283,7 @@ def check_parquet_files(p: Path, name: str) -> None:
 
 
 def check_parquet_file(f: Any, name: str) -> None:
-    """A Parquet file (or object), by its size and magic bytes at both ends (InputError naming
-    ``name``)."""
+    """A Parquet file, by its size and magic bytes at both ends (InputError naming ``name``)."""
     from pipeline.core import storage
 
     loc = storage.location(f)

@@ -96,8 +96,7 @@ IN_MEMORY = ("frame", "array", "delayed")
 
 
 def read_file(path: str | os.PathLike[str]) -> pd.DataFrame:
-    """All records of a file as one DataFrame, read piece by piece as ingest reads them
-    (``read_table`` adds the checks and messages)."""
+    """All records of a file as one DataFrame, read piece by piece as ingest reads them."""
     src = open_source(path, chunk_rows=2**40)
     frames = [read_piece(piece, None)[0] for piece in src.pieces]
     df = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
@@ -231,8 +230,7 @@ def open_source(obj: Any, chunk_rows: int) -> Source:
 
 
 def _file_source(obj: storage.Where, chunk_rows: int) -> Source:
-    """The pieces of a file or directory, local or on object storage: a CSV, Parquet file or
-    directory, ``.npy`` file or zarr array."""
+    """The pieces of a file or directory, local or on object storage."""
     loc = storage.location(obj)
     label = storage.redact(str(loc))
     with storage.fs_errors(loc):

@@ -68,8 +68,7 @@ FoldArray = NDArray[np.int16]
 
 
 def row_uniform(rows: IntArray, salt: int) -> FloatArray:
-    """A uniform number in [0, 1) for each row index: splitmix64 of (row, salt), so that any
-    chunking of the rows draws the same numbers."""
+    """A uniform number in [0, 1) per row index, splitmix64 of (row, salt): chunking-free."""
     offset = (int(salt) * 0xD1B54A32D192ED03 + 0x9E3779B97F4A7C15) % 2**64
     z = np.asarray(rows, dtype=np.uint64) + np.uint64(offset)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -183,8 +182,7 @@ class Moments:
         )
 
     def summary(self, order: IntArray) -> Summary:
-        """(n, n_missing, lo, hi) of the rows in the schema's feature order, from these moments
-        in the family's arranged ``order`` (``Schema.settle``)."""
+        """(n, n_missing, lo, hi) of the rows in the schema's order (``Schema.settle``)."""
         unarrange = np.argsort(order)
         n_missing = np.zeros(len(order)) if self.n_missing is None else self.n_missing
         return int(self.n), n_missing[unarrange], self.lo[unarrange], self.hi[unarrange]
