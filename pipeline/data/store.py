@@ -247,8 +247,7 @@ class StoreInfo:
 
     @property
     def train_missing(self) -> bool:
-        """Whether a training row has a missing cell (the MAP-DP engine then keeps them filled:
-        ``pipeline.engines.mapdp``)."""
+        """Whether a training row has a missing cell (the MAP-DP engine then keeps them filled)."""
         m = self.moments.n_missing
         return m is not None and bool(np.any(m > 0))
 
@@ -502,8 +501,7 @@ def packed_index(n_packed: int) -> IntArray:
 
 
 def read_group_moments(path: str, c: int) -> GroupMoments:
-    """Chunk c's per-group arrays of the grouped store at ``path`` (``StoreInfo.group_moments``),
-    without the padding past its last group."""
+    """Chunk c's per-group arrays of the grouped store at ``path``, without padding."""
     code = np.asarray(zarr.open_array(f"{path}/group_code", mode="r")[c], dtype=np.int64)
     n = int(np.count_nonzero(code >= 0))
     arrays = [zarr.open_array(f"{path}/{name}", mode="r") for name in GROUP_ARRAYS]

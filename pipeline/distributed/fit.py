@@ -34,8 +34,7 @@ IntArray = NDArray[np.int64]
 
 @dataclass
 class DistributedResult:
-    """A stage-1 run on Dask, in the shape of ``pipeline.models.mapdp.MapdpResult`` plus what ingest
-    learned."""
+    """A stage-1 run on Dask: ``MapdpResult``'s fields plus what ingest learned."""
 
     labels: IntArray
     stats: FloatArray
@@ -215,8 +214,7 @@ def best_of_restarts(
 
 
 def fit_estimator(est: Any, X: Any, client: Any = None) -> Any:
-    """``MAPDP.fit`` for a dask collection: the distributed stage 1 with the estimator's
-    parameters, setting the same fitted attributes."""
+    """``MAPDP.fit`` for a dask collection, setting the same fitted attributes."""
     from sklearn.exceptions import ConvergenceWarning
 
     # "sequential" is the in-memory start; on Dask a sample's fit needs fewer passes

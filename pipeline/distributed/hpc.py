@@ -71,8 +71,7 @@ def allowed_keys(kind: str) -> list[str]:
 
 
 def read_config(kind: str, path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The checked config of ``path``: a mapping of known keys (``ValueError`` naming the file
-    and the key otherwise)."""
+    """The checked config of ``path`` (``ValueError`` naming the file and an unknown key)."""
     import yaml
 
     p = Path(path)
@@ -194,8 +193,7 @@ def jobs_of(path: str | os.PathLike[str], kind: str) -> int:
 def hpc_client(
     kind: str, path: str | os.PathLike[str], warm: list[str] | None = None
 ) -> Iterator[Any]:
-    """A ``distributed.Client`` of the jobqueue cluster of ``path`` with its ``jobs`` jobs
-    submitted; the jobs are cancelled when the block ends."""
+    """A client of the jobqueue cluster of ``path``, its jobs cancelled when the block ends."""
     import dask
     from distributed import Client
 

@@ -35,8 +35,7 @@ def short_batches(comm: Any) -> None:
 
 
 def slow_ticks(server: Any) -> None:
-    """Check a Dask server's event loop every ``TICK_INTERVAL`` (a server without Dask's
-    ``tick`` callback is left as it is)."""
+    """Check a Dask server's event loop every ``TICK_INTERVAL`` (where it has the callback)."""
     tick = getattr(server, "periodic_callbacks", {}).get("tick")
     if tick is not None and hasattr(tick, "callback_time"):
         tick.callback_time = TICK_INTERVAL * 1000

@@ -94,8 +94,7 @@ def _split_chunk_task(data: str, state: str, c: int, a: int, b: int, msg: SplitI
 
 @dataclass
 class Summaries:
-    """The summaries pass: the state whose clusters are the sub-clusters, and the stage-1
-    cluster each came from."""
+    """The summaries pass's state, and the stage-1 cluster each sub-cluster came from."""
 
     state: PassState
     parent: IntArray

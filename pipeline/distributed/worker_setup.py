@@ -56,8 +56,7 @@ def stage2_step(name: str) -> str:
 
 
 def warm_engines() -> list[str]:
-    """The engines (and stage 2, ``STAGE2_STEPS``) a worker loads: ``WARM_ENV``'s names, else
-    every registered engine."""
+    """The engines (and stage 2) a worker loads: ``WARM_ENV``'s names, else every engine."""
     from pipeline.engines import ENGINES
 
     names = [n.strip() for n in os.environ.get(WARM_ENV, "").split(",") if n.strip()]

@@ -176,8 +176,7 @@ class AsugsEngine(Engine):
     def pass_input(
         self, state: Any, ctx: RunContext, p: int, scores_into: str | None
     ) -> StreamInput:
-        """The stream as it stands; a pass after the first would stream the records again
-        (the loop runs one: the state is converged after it)."""
+        """The stream as it stands (the loop runs one pass: the state is converged after it)."""
         return StreamInput(p, state.stream, state.sp, ctx.info.family)
 
     def chunk_step(self, chunk: Chunk, msg: StreamInput) -> StreamResult:
@@ -282,8 +281,7 @@ def stream_chunks(
 
 
 def stream_sample(info: StoreInfo, n: int, sp: masugs.StreamParams, rng: Any) -> masugs.StreamState:
-    """One ASUGS pass over the hash sample of ``n`` training rows of the "sample" start
-    (``mixture_start.init_sample_rows``), in row order, in this process."""
+    """One ASUGS pass over the "sample" start's ``n`` training rows, in this process."""
 
     fam = info.family
     pos = init_sample_rows(info, int(n))

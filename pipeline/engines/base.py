@@ -86,15 +86,13 @@ class Chunk:
     p: int
 
     def read(self, name: str, reuse: bool = False) -> np.ndarray:
-        """Rows a..b of an array of the dataset store (``X``, ``holdout``, ``fold``, ``y``);
-        ``reuse``: ``read_rows``'."""
+        """Rows a..b of an array of the dataset store; ``reuse``: ``read_rows``'."""
         return read_rows(os.path.join(self.data, name), self.a, self.b, reuse)
 
     # X and holdout are read once per task; callers never write into them
     @cached_property
     def X(self) -> FloatArray:
-        """The chunk's records as float64 (the kernels compile for float64 only), read into this
-        thread's previous chunk's array when nothing refers to it (``chunk_io.scratch``)."""
+        """The chunk's records as float64, read into a reusable array (``chunk_io.scratch``)."""
         return np.ascontiguousarray(self.read("X", reuse=True), dtype=np.float64)
 
     @cached_property
@@ -170,8 +168,7 @@ class Engine(ABC):
         (an object with ``c``, ``n_changed``, ``n_train``, ``seconds``)."""
 
     def carry(self, msg: Any, result: Any) -> Any:
-        """Worker side, sequential engines only: the input of the next chunk's task from this
-        chunk's input and result (its state after the chunk)."""
+        """Sequential engines: the next chunk's input from this chunk's input and result."""
         raise NotImplementedError(f"engine {self.name!r} is not sequential")
 
     @abstractmethod
@@ -183,8 +180,7 @@ class Engine(ABC):
 
     @abstractmethod
     def write_input(self, state: LoopState, mapping: np.ndarray, ctx: RunContext) -> Any:
-        """What every write-out task receives: the final model (``mapping``: stage 2's final
-        cluster of each stage-1 cluster)."""
+        """What every write-out task receives (``mapping``: stage 2's cluster of each)."""
 
     @abstractmethod
     def score_chunk(self, chunk: Chunk, labels: str, msg: Any) -> Any:
@@ -202,8 +198,7 @@ class Engine(ABC):
         return None
 
     def warm_up(self) -> None:  # noqa: B027
-        """Load the kernels a worker will call (one step; engines with several groups of
-        kernels override ``warm_steps`` instead)."""
+        """Load the kernels a worker will call, as one step (or override ``warm_steps``)."""
 
     def warm_steps(self) -> list[tuple[str, Callable[[], None]]]:
         """The warm-up as named steps, each loading (or compiling) a group of kernels; default

@@ -59,8 +59,7 @@ class DeviceError(InputError):
 
 
 def missing_device() -> str | None:
-    """What a GPU run lacks here, as one line (None: nothing; numba's CUDA simulator counts as
-    a device)."""
+    """What a GPU run lacks here, as one line; None (the CUDA simulator counts as a device)."""
     # numba itself still ships a deprecated numba.cuda of its own: ask for the package
     if importlib.util.find_spec("numba_cuda") is None:
         return "numba-cuda is not installed; install the GPU extra: pip install -e '.[gpu]'"

@@ -125,8 +125,7 @@ class IhmmChunkResult:
 
 
 def sequences_of(group: np.ndarray) -> tuple[IntArray, IntArray]:
-    """Rows grouped by sequence id (stable, so time order is kept) and the sequence offsets in
-    that order: (order (n,), starts (n_seq + 1,))."""
+    """Rows grouped by sequence (stably): (order (n,), starts (n_seq + 1,))."""
     order = np.argsort(group, kind="stable").astype(np.int64)
     g = group[order]
     cuts = np.flatnonzero(np.diff(g)) + 1

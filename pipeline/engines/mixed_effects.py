@@ -87,8 +87,7 @@ class Columns:
 
 @dataclass
 class ChunkSubjects:
-    """A chunk's subjects: their moments, each row's subject (local index) and the first row of
-    each subject."""
+    """A chunk's subjects: their moments, each row's subject and each subject's first row."""
 
     sub: Subjects
     row_subject: IntArray
@@ -228,8 +227,7 @@ class MixedResult:
 
 
 def current_clusters(cs: ChunkSubjects, chunk: Chunk, msg: MixedInput) -> IntArray:
-    """Each subject's cluster in ``msg.model`` as the previous pass left it (-1: none yet; the
-    start's label in pass 1)."""
+    """Each subject's cluster as the previous pass left it (-1: none; pass 1: the start's)."""
     if msg.start_codes is not None and msg.start_labels is not None:
         return start_labels(cs.sub, msg.start_codes, msg.start_labels)
     slots = np.asarray(chunk.previous("z"), dtype=np.int64)[cs.first_row]
@@ -450,8 +448,7 @@ def _read(chunk: Chunk, msg: MixedInput) -> ChunkSubjects:
 def _on_chunk(
     data: str, c: int, a: int, b: int, cols: Columns, how: tuple[bool, bool], fn: Any, *args: Any
 ) -> Any:
-    """``fn(subjects of chunk c, *args)`` (the start's passes; ``how``: grouped store, read
-    from its group moments)."""
+    """``fn(subjects of chunk c, *args)``; ``how``: grouped, from group moments."""
     chunk = Chunk(data, "", c, a, b, 0)
     return fn(read_subjects(chunk, cols, how[0], cols.heldout_fold, moments=how[1]).sub, *args)
 

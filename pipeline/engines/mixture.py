@@ -73,8 +73,7 @@ class PassInput:
 
 @dataclass
 class ChunkResult:
-    """A chunk's part of a pass: the change of the K clusters' statistics, the statistics of
-    the clusters it opened, and its counts."""
+    """A chunk's part of a pass: its statistics' change, its new clusters', its counts."""
 
     c: int
     delta: Stats
@@ -110,8 +109,7 @@ def pass_labels(chunk: Chunk, msg: PassInput, hold: NDArray[np.bool_]) -> IntArr
 
 
 def objective(stats: FloatArray, alpha: float, family: ProductFamily, params: FitParams) -> float:
-    """-log p(X, z | N0) (Raykov et al. 2016, eq. 3.3) from the statistics, minus log p(N0) when
-    learned."""
+    """-log p(X, z | N0) (eq. 3.3) from the statistics, minus log p(N0) when learned."""
     nk = np.ascontiguousarray(stats[:, 0])
     e = float(kmapdp.objective(stats, nk, stats.shape[0], family.spec, family.prior, alpha))
     if params.learn_alpha:
@@ -120,8 +118,7 @@ def objective(stats: FloatArray, alpha: float, family: ProductFamily, params: Fi
 
 
 def merged_records(sizes: FloatArray, target: IntArray) -> int:
-    """Records whose cluster number changes when clusters of ``sizes`` merge by ``target``:
-    all but the largest contributor of each merged cluster."""
+    """Records relabelled by merges ``target`` of clusters ``sizes``: all but the largest part."""
     if sizes.size == 0:
         return 0
     best = np.zeros(int(target.max()) + 1)
@@ -137,8 +134,7 @@ def reduce_pass(
     n_train: int,
     scored_into: str | None = None,
 ) -> tuple[PassState, dict[str, Any]]:
-    """The driver's half of a pass (module docstring): new state and the pass's record;
-    ``scored_into`` the group the chunk tasks scored into, if asked to."""
+    """The driver's half of a pass: new state and record; ``scored_into``: see ``run_pass``."""
     results = sorted(results, key=lambda r: r.c)
     K = state.n_clusters
     # statistics of another family, column group or prior refuse to add (``Stats``)
