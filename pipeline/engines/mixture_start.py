@@ -194,8 +194,7 @@ def warm_driver(X: FloatArray | None = None, family: ProductFamily | None = None
 
 
 def warm_reduce(X: FloatArray | None = None, family: ProductFamily | None = None) -> None:
-    """Load the kernels of ``reduce_pass`` (the merge test, the objective from statistics, the
-    concentration's MAP) on records X of ``family``, by default toy ones."""
+    """Load ``reduce_pass``'s kernels on records X of ``family``, by default toy ones."""
     from pipeline.engines.warmup import toy_family
 
     if X is None or family is None:

@@ -71,8 +71,7 @@ def warm_observation_models() -> None:
 
 
 def warm_observation_factors() -> None:
-    """Load the Normal-Wishart factors' rank-one change on its own, so that the process
-    compiling the observation models loads it rather than compiling it too."""
+    """Load the Normal-Wishart factors' rank-one change on its own, to be loaded, not recompiled."""
     from kernels.obs import gaussian_nw
 
     d = 2
@@ -87,8 +86,7 @@ def warm_observation_factors() -> None:
 
 
 def warm_observation_marginals() -> None:
-    """Load the observation models' marginal likelihoods, which no sweep calls: a second
-    process compiles them meanwhile."""
+    """Load the observation models' marginal likelihoods, which no sweep calls."""
     from kernels.obs import product
 
     # empty clusters' statistics: the records' are the other process's, in its step
@@ -126,8 +124,7 @@ def warm_marker(names: list[str]) -> Path:
 
 
 def kernels_cached(names: list[str]) -> bool:
-    """Whether a warm-up of ``names`` completed with this numba cache and these kernel sources
-    (a wrong answer costs speed only)."""
+    """Whether a warm-up of ``names`` completed with this cache and these kernel sources."""
     return warm_marker(names).exists()
 
 
@@ -161,8 +158,7 @@ def compile_once(key: str, step: Callable[[], object]) -> None:
 
 
 def await_step(key: str) -> None:
-    """Wait until no process of this machine is at warm-up step ``key``, so that its kernels
-    are loaded from the cache rather than compiled again alongside."""
+    """Wait until no process here is at warm-up step ``key``, then load rather than compile."""
     try:
         with _step_lock(key, blocking=True):
             pass

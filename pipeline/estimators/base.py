@@ -27,8 +27,7 @@ IntArray = NDArray[np.int64]
 
 
 def numeric_schema(n_cols: int) -> Schema:
-    """The schema of a numeric matrix of ``n_cols`` columns named x0, x1, ... (for estimators
-    fitted on summaries, whose records are already the family's encoded values)."""
+    """The schema of a numeric matrix of ``n_cols`` columns x0, x1, ... (fits on summaries)."""
     cols = [f"x{j}" for j in range(n_cols)]
     return Schema(columns=cols, kinds=dict.fromkeys(cols, "gaussian"), from_frame=False)
 
@@ -206,8 +205,7 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
 
     @available_if(_density_available)
     def score_samples(self, X: Any) -> FloatArray:
-        """Log predictive density of each record of X (n_samples, n_features), shape
-        (n_samples,)."""
+        """Log predictive density of each record of X (n_samples, n_features): (n_samples,)."""
         return self._score_encoded(self._encode_predict(X))
 
     @available_if(_density_available)

@@ -26,8 +26,7 @@ class SearchError(InputError):
 
 
 def check_grid(param_grid: Any) -> list[dict[str, Any]]:
-    """The candidates of ``param_grid`` (a dict of lists, or a list of such dicts), in
-    ``sklearn.model_selection.ParameterGrid`` order, or a ``SearchError`` for an empty grid."""
+    """The candidates of ``param_grid`` in ``ParameterGrid`` order; a ``SearchError`` if none."""
     if isinstance(param_grid, Mapping):
         grids: list[Mapping[str, Any]] = [param_grid]
     elif isinstance(param_grid, Sequence) and not isinstance(param_grid, str):
@@ -46,8 +45,7 @@ def check_grid(param_grid: Any) -> list[dict[str, Any]]:
 
 
 def check_candidates(estimator: Any, candidates: list[dict[str, Any]]) -> None:
-    """Every candidate is a valid configuration of ``estimator`` (its own parameter checks:
-    alpha > 0, prior_scale > 0, ...); a ``SearchError`` names the first that is not."""
+    """Every candidate is valid for ``estimator``; a ``SearchError`` names the first that is not."""
     valid = set(estimator.get_params(deep=True))
     for cand in candidates:
         unknown = sorted(set(cand) - valid)

@@ -333,8 +333,7 @@ class MixedEffectsDP(BaseEstimator):
         return np.where(k == joint.shape[1] - 1, -1, k).astype(np.int64)
 
     def predict_proba(self, X: Any, y: Any, groups: Any) -> FloatArray:
-        """Posterior probability of each fitted cluster and (last column) a new one, per
-        subject: (n_subjects, K + 1)."""
+        """Posterior probability of each cluster and a new one per subject: (n_subjects, K + 1)."""
         _, joint, mix = self._components(X, y, groups)
         return np.exp(joint - mix[:, None])  # type: ignore[no-any-return]
 

@@ -178,14 +178,12 @@ def save_model(
 
 
 def write_model(directory: storage.Where, estimator: Any, **kwargs: Any) -> None:
-    """``save_model`` into an existing directory that is itself being staged (a run's partial
-    output): no rename of its own."""
+    """``save_model`` into a directory that is itself being staged: no rename of its own."""
     write_record(directory, model_record(estimator, **kwargs))
 
 
 def write_record(directory: storage.Where, record: dict[str, Any]) -> None:
-    """A model's ``record`` (``model_record``, ``run_model_record``) saved into an existing
-    directory that is itself being staged (a run's partial output): no rename of its own."""
+    """A model's ``record`` saved into a directory that is itself being staged (no rename)."""
     persist.save(directory, RECORD, record)
 
 

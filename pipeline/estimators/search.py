@@ -77,8 +77,7 @@ def select_index(
 def results_table(
     candidates: list[dict[str, Any]], results: list[list[dict[str, Any]]]
 ) -> dict[str, Any]:
-    """``cv_results_`` in scikit-learn's layout, plus the standard error of the mean score and
-    the clusters found per fold."""
+    """``cv_results_`` in scikit-learn's layout, plus standard errors and clusters per fold."""
     n_c = len(candidates)
     failed = [j for j in range(len(results[0])) if all(row[j]["error"] for row in results)]
     if failed:
@@ -287,8 +286,7 @@ class GridSearch(MetaEstimatorMixin, BaseEstimator):
         )
 
     def to_frame(self) -> Any:
-        """``cv_results_`` as a pandas DataFrame, one row per candidate (the parameters as
-        columns, unmasked)."""
+        """``cv_results_`` as a DataFrame, one row per candidate (parameters as columns)."""
         import pandas as pd
 
         check_is_fitted(self, "cv_results_")

@@ -53,15 +53,13 @@ class Family(ABC):
 
     @property
     def has_cells(self) -> bool:
-        """Whether some column is recorded on a grid (Gaussian families with a ``step``), which
-        needs the kernels compiled with the cells' code."""
+        """Whether a column is recorded on a grid (kernels then compiled with the cells' code)."""
         return False
 
     @classmethod
     @abstractmethod
     def empirical_bayes(cls, X: FloatArray) -> Family:
-        """The default prior fitted to data X (n, n_cols): Raykov et al. 2016, Appendix A, option
-        1."""
+        """The default prior fitted to X (n, n_cols): Raykov et al. 2016, Appendix A, option 1."""
 
     def check_values(self, X: FloatArray, names: Sequence[str]) -> None:  # noqa: B027
         """Raise ``ValueError`` naming the column and row of a value outside the support."""
