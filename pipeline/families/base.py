@@ -83,8 +83,7 @@ class Family(ABC):
         return ProductFamily([(self, list(range(self.n_cols)))])
 
     def log_marginal(self, X: ArrayLike) -> float:
-        """log p(X): the marginal likelihood of the rows of X (n, n_cols), parameters integrated
-        out under the prior."""
+        """log p(X) of the rows of X (n, n_cols), parameters integrated out under the prior."""
         return self.as_product().log_marginal(_as_2d(X, self.n_cols))
 
     def log_predictive(self, x: ArrayLike, X: ArrayLike | None = None) -> float:
@@ -266,8 +265,7 @@ class ProductFamily:
     def stats_of(
         self, Xa: FloatArray, z: NDArray[np.int64] | None = None, K: int = 1
     ) -> FloatArray:
-        """Statistics (K, S) of arranged records Xa (n, D) grouped by z (n,) (all in one cluster
-        if None)."""
+        """Statistics (K, S) of arranged records Xa (n, D) grouped by z (n,) (None: one group)."""
         if z is None:
             z = np.zeros(Xa.shape[0], dtype=np.int64)
         return product.build_stats(Xa, np.asarray(z, dtype=np.int64), K, self.spec, self.n_stats)

@@ -65,8 +65,7 @@ def check_cells(s: pd.Series, name: str) -> None:
 
 
 def numeric_column(s: pd.Series, name: str, missing: bool = False) -> np.ndarray:
-    """Column as float64, or a ValueError naming the first row that is not a number (or is
-    missing, unless ``missing``: then NaN)."""
+    """Column as float64, or a ValueError naming the first row that is not a number."""
     if pd.api.types.is_bool_dtype(s.dtype):
         return s.to_numpy(dtype=np.float64)
     if pd.api.types.is_numeric_dtype(s.dtype):

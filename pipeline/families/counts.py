@@ -133,8 +133,7 @@ class Categorical(Family):
         return self, list(range(self.stat_size()))
 
     def impute(self, X: FloatArray, s: FloatArray) -> FloatArray:
-        """A missing code set to the cluster's most probable category (the mode of the
-        Dirichlet-multinomial predictive, argmax of alpha_c + n_c)."""
+        """A missing code set to the cluster's most probable category (argmax alpha_c + n_c)."""
         C = self.n_categories
         mode = float(np.argmax(np.asarray(self.alpha) + np.asarray(s)[1 : 1 + C]))
         return np.where(np.isnan(X), mode, X)
@@ -196,8 +195,7 @@ class _RateFamily(Family):
         _raise_first_bad(X, self._bad(X), names, self._support)
 
     def restrict(self, cols: Sequence[int]) -> tuple[_RateFamily, list[int]]:
-        """The columns ``cols`` alone (``Family.restrict``): independent columns keep their
-        priors; the statistics are n and, per column, ``stat_size`` blocks of d."""
+        """The columns ``cols`` alone: independent columns keep their priors and statistics."""
         o = np.asarray(cols, dtype=np.int64)
         d = self.n_cols
         blocks = (self.stat_size() - 1) // d
@@ -368,8 +366,7 @@ class Binomial(Family):
         _raise_first_bad(X, bad, names, what)
 
     def restrict(self, cols: Sequence[int]) -> tuple[Binomial, list[int]]:
-        """The columns ``cols`` alone (``Family.restrict``): independent columns keep their
-        priors; each keeps the part of its count histogram within the new width."""
+        """The columns ``cols`` alone: their priors, and their count histograms within the width."""
         o = np.asarray(cols, dtype=np.int64)
         d, H = self.n_cols, self._width()
         a, b = np.asarray(self.a)[o], np.asarray(self.b)[o]
@@ -380,8 +377,7 @@ class Binomial(Family):
         return sub, [0, *(1 + o).tolist(), *hist]
 
     def impute(self, X: FloatArray, s: FloatArray) -> FloatArray:
-        """NaN cells set to the count nearest the predictive mean N a_n / (a_n + b_n) (for
-        Bernoulli columns the predictive's mode, the more probable value)."""
+        """NaN cells set to the count nearest the predictive mean N a_n / (a_n + b_n)."""
         d = self.n_cols
         s = np.asarray(s, dtype=np.float64)
         N = np.asarray(self.n_trials)

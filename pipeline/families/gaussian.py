@@ -393,8 +393,8 @@ class NormalGamma(Family):
         _raise_first_bad(X, ~np.isfinite(X), names, "Gaussian values must be finite")
 
     def restrict(self, cols: Sequence[int]) -> tuple[NormalGamma, list[int]]:
-        """The columns ``cols`` alone (``Family.restrict``): the columns are independent, so
-        the marginal prior is the same priors of those columns."""
+        """The columns ``cols`` alone (``Family.restrict``): their priors, the columns being
+        independent."""
         o = np.asarray(cols, dtype=np.int64)
         d = self.n_cols
         m0, c0, a0, b0 = self._params()
@@ -403,8 +403,7 @@ class NormalGamma(Family):
         return sub, [0, *(1 + o).tolist(), *(1 + d + o).tolist()]
 
     def impute(self, X: FloatArray, s: FloatArray) -> FloatArray:
-        """NaN cells set to the posterior mean m_n of their column (independent columns: the
-        conditional mode is the marginal one)."""
+        """NaN cells set to their column's posterior mean m_n (independent columns)."""
         mn = self.posterior(s)[0]
         return np.where(np.isnan(X), mn[None, :], X)
 
@@ -420,8 +419,7 @@ class NormalGamma(Family):
         return (c0 * m0 + u) / cn, cn, a0 + 0.5 * n, bn + 0.5 * n * self._h
 
     def posterior_summary(self, s: FloatArray, names: Sequence[str]) -> dict[str, Any]:
-        """Posterior means of each column's mean and (as a standard deviation) variance,
-        E[1 / tau] = b_n / (a_n - 1)."""
+        """Posterior means of each column's mean and standard deviation (b_n / (a_n - 1))."""
         names = _check_names(names, self.n_cols)
         mn, _cn, an, bn = self.posterior(s)
         var = bn / np.maximum(an - 1.0, 1e-12)

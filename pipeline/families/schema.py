@@ -129,8 +129,7 @@ class Schema:
 
     @property
     def features(self) -> list[str]:
-        """The columns the model sees: ``columns`` without the ``dropped`` and ``collinear``
-        ones."""
+        """The columns the model sees: ``columns`` but the ``dropped`` and ``collinear`` ones."""
         return [c for c in self.columns if c not in self.dropped and c not in self.collinear]
 
     @classmethod
@@ -330,8 +329,7 @@ class Schema:
         return X if strict else self.drop_collinear(X)
 
     def dropped_lines(self) -> list[str]:
-        """One sentence per kind of column left out (constant, collinear), for warnings and
-        run.json; empty when none was."""
+        """One sentence per kind of column left out (constant, collinear); empty when none."""
         out = []
         if self.dropped:
             out.append(
@@ -427,8 +425,7 @@ class Schema:
 def cluster_table(
     stats: FloatArray, alpha: float, family: ProductFamily, schema: Schema
 ) -> pd.DataFrame:
-    """One row per cluster: size, weight N_k / (N + N0) and each family's posterior summary
-    (as ``MAPDP.cluster_summary``)."""
+    """One row per cluster: size, weight and each family's posterior summary."""
     names = schema.names_of(family)
     slices = family.stat_slices()
     n = float(stats[:, 0].sum())

@@ -186,8 +186,7 @@ class HmmState:
         )
 
     def transitions(self, alpha: float) -> tuple[FloatArray, FloatArray]:
-        """The MAP start probabilities (K,) and transition matrix (K, K) of the represented
-        states: (N_pk + N0 kappa_k) normalised over them."""
+        """MAP start probabilities (K,) and transition matrix (K, K) of the represented states."""
         pi = self.start + alpha * self.kappa
         A = self.trans + alpha * self.kappa[None, :]
         return pi / pi.sum(), A / A.sum(axis=1, keepdims=True)
@@ -342,8 +341,7 @@ def gibbs_step_kappa(
     rng_state: NDArray[np.uint64],
     rng: np.random.Generator,
 ) -> HmmState:
-    """The kappa step of the Gibbs sampler: table counts m_pk by the Polya urn (eq. 6.2), then
-    kappa ~ Dirichlet(M_1, ..., M_K, M0) (eq. 6.1)."""
+    """The Gibbs kappa step: table counts by the urn (eq. 6.2), then kappa (eq. 6.1)."""
     M = kihmm.table_counts(st.trans, st.start, st.kappa, alpha, rng_state, True)
     w = rng.dirichlet(np.append(M, gamma))
     # a Dirichlet draw can underflow to 0 for a tiny parameter; keep the weights in the domain

@@ -138,8 +138,7 @@ def merge_round(
 
 
 def two_means(P: FloatArray, w: FloatArray, n_iter: int = 20) -> IntArray | None:
-    """Two groups of points P (n, D) with weights w (n,): halves along the weighted principal
-    axis refined by weighted 2-means; None when a group empties."""
+    """Weighted 2-means of points P (n, D), weights w (n,), from the principal axis; or None."""
     n = P.shape[0]
     if n < 2:
         return None
@@ -289,8 +288,7 @@ def run_map_ihmm(
 
 
 def random_segments(starts: IntArray, rng: np.random.Generator, k0: int = 10) -> IntArray:
-    """A random start for a restart: each sequence cut into stretches of geometric length
-    (mean 20) labelled uniformly among ``k0`` states, relabelled 0..K-1."""
+    """A restart's random start: geometric stretches (mean 20) labelled among ``k0`` states."""
     z = np.empty(int(starts[-1]), dtype=np.int64)
     for s in range(starts.shape[0] - 1):
         t = int(starts[s])

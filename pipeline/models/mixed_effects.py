@@ -86,8 +86,7 @@ class MixedPrior(ArrayEq):
 @register
 @dataclass(eq=False)
 class OLSMoments(ArrayEq):
-    """The additive moments of ``kernels.mixed_effects.ols_moments`` (sum of two chunks' is the
-    moments of their union)."""
+    """The additive moments of ``kernels.mixed_effects.ols_moments``."""
 
     count: float
     rss: float
@@ -200,8 +199,7 @@ class SweepStats:
 def objective_before(
     stats: SweepStats, model: MixedModel, prior: MixedPrior, learn_alpha: bool
 ) -> float:
-    """E (``kernels.mixed_effects``) at the sweep's assignments and the parameters it used (the
-    model's, and those of the clusters it opened)."""
+    """E at the sweep's assignments and the parameters it used (the model's and its new ones)."""
     keep = stats.n > 0
     e = stats.nll + _crp_term(stats.n[keep], model.alpha, float(stats.n.sum()))
     e -= float(stats.log_nw[keep].sum())
