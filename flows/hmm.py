@@ -68,8 +68,7 @@ def hmm(
     report: bool = True,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Fit MAP-iHMM to the sequences of ``input`` (``dpmm hmm``; parameters as there); returns
-    the content of ``out/run.json``."""
+    """Fit MAP-iHMM to the sequences of ``input`` (``dpmm hmm``); ``out/run.json``'s content."""
     temper = check_temper(temper)
     cfg = run_config(locals(), engine="ihmm", alpha=float(alpha), group_column=sequence_column)
     t0 = time.perf_counter()

@@ -17,8 +17,7 @@ _FIELDS = tuple(f.name for f in fields(FitParams) if f.name not in ("seed", "res
 
 
 def fit_params(random_state: int | None, **fit: Any) -> FitParams:
-    """Stage 1's parameters, checked: the run's entropy ``seed_entropy(random_state)`` (None:
-    fresh) and the other fields of ``FitParams`` in ``fit``."""
+    """Stage 1's ``FitParams``, checked, seeded by ``seed_entropy(random_state)``."""
     return FitParams(seed=seed_entropy(random_state), **fit).checked()
 
 

@@ -351,8 +351,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 def demo_in_memory(args: argparse.Namespace) -> int:
-    """``dpmm demo --in-memory``: DIR/input.csv, then the ``cluster`` path with its label
-    column."""
+    """``dpmm demo --in-memory``: DIR/input.csv, then the ``cluster`` path with its labels."""
     from pipeline.data.demo import LABEL_COLUMN, make_demo
 
     out = Path(args.out)

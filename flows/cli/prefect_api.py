@@ -59,24 +59,21 @@ def set_defaults() -> None:
 
 
 def api_url() -> str | None:
-    """The Prefect API the flows of this process use by configuration (None: a temporary
-    server)."""
+    """The Prefect API this process's flows use by configuration (None: a temporary server)."""
     from prefect.settings import PREFECT_API_URL
 
     return PREFECT_API_URL.value() or None
 
 
 def _configured() -> bool:
-    """An API is configured: in Prefect's settings once Prefect is imported (a profile, a test
-    harness), else in the environment (checked again by ``flow_api``)."""
+    """An API is configured, in Prefect's settings once imported, else in the environment."""
     if "prefect" in sys.modules:
         return api_url() is not None
     return bool(os.environ.get("PREFECT_API_URL"))
 
 
 def server_argv(port: int) -> list[str]:
-    """The command line of Prefect's temporary server on 127.0.0.1:``port``, found without
-    importing Prefect (``SubprocessASGIServer._run_uvicorn_command``)."""
+    """The command line of Prefect's temporary server on 127.0.0.1:``port``, without Prefect."""
     spec = importlib.util.find_spec("prefect")
     assert spec is not None and spec.submodule_search_locations is not None
     app_dir = Path(next(iter(spec.submodule_search_locations))).parent
@@ -96,8 +93,7 @@ def wants_server(argv: Sequence[str]) -> bool:
 
 
 def prestart() -> None:
-    """Start this command's temporary Prefect server in the background unless an API is
-    configured or it is started already; ``flow_api`` waits for it and points the flow at it."""
+    """Start this command's temporary Prefect server in the background, unless not needed."""
     global _proc, _url
     if _proc is not None or _configured():
         return
@@ -163,8 +159,7 @@ def wait_healthy(
 
 
 def ready() -> str | None:
-    """Wait for the server ``prestart`` started; its API URL, or None (no server of ours: an API
-    is configured after all, or ours did not come up and was stopped)."""
+    """Wait for the server ``prestart`` started: its API URL, or None when there is none."""
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
 
     url = _url

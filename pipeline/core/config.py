@@ -69,8 +69,7 @@ TUNE_GRID: dict[str, list[Any]] = {"alpha": [0.1, 1.0, 10.0], "prior_scale": [0.
 
 
 def keep_params(estimator: Any, given: dict[str, Any]) -> None:
-    """Store an estimator's ``__init__`` arguments (``given``: its ``locals()``) as given, the
-    rule of scikit-learn's ``get_params``."""
+    """Store an estimator's ``__init__`` arguments (``given``: its ``locals()``) as given."""
     estimator.__dict__.update({k: given[k] for k in estimator._get_param_names()})
 
 

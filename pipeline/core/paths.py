@@ -115,8 +115,7 @@ def temp_sibling(path: str | os.PathLike[str]) -> Path:
 
 
 def commit_dir(tmp: Path, out: Path) -> None:
-    """Rename the complete output ``tmp`` to ``out``, replacing an existing ``out``: the one
-    last step of every staged output (``staged_dir``, a run's ``finish``)."""
+    """Rename the complete output ``tmp`` to ``out``, replacing it: a staged output's last step."""
     if not out.exists():
         os.replace(tmp, out)
         return

@@ -56,8 +56,7 @@ def redact(url: str) -> str:
 
 
 class RemotePath:
-    """A file or prefix of an fsspec file system, with the ``pathlib.Path`` methods the pipeline
-    uses. ``str()`` is the URL (what zarr and pandas open)."""
+    """A file or prefix of an fsspec file system with the ``Path`` methods used; ``str()``: URL."""
 
     def __init__(self, url: str):
         s = scheme(url)
@@ -298,8 +297,7 @@ def local_copy(x: Where) -> Iterator[Path]:
 
 
 def filesystem(protocol: str, url: str) -> Any:
-    """The fsspec file system of ``protocol``, configured from the environment only; a
-    ``ValueError`` naming ``url`` for an unknown scheme or a missing package."""
+    """The fsspec file system of ``protocol`` from the environment; a ``ValueError`` otherwise."""
     import fsspec
 
     try:
@@ -320,8 +318,7 @@ def filesystem(protocol: str, url: str) -> Any:
 
 
 def fs_error(url: Any, err: BaseException, what: str = "") -> InputError:
-    """A one-line ``InputError`` naming ``url`` for a file system's failure: no such bucket or
-    key, no credentials, access denied. Never includes a credential."""
+    """A one-line ``InputError`` naming ``url`` for a file system's failure, never a credential."""
     where = f"{what} {redact(str(url))}".strip()
     name = type(err).__name__
     text = " ".join(str(err).split())

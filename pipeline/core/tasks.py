@@ -198,8 +198,7 @@ def threads(client: Any) -> int:
 
 @contextlib.contextmanager
 def progress_bar(desc: str | None, total: int) -> Iterator[Callable[[int], None] | None]:
-    """A tqdm bar on stderr of ``total`` records, advanced by what the yielded function is
-    given, closed after the block; None when ``desc`` is None (no progress shown)."""
+    """A tqdm bar on stderr of ``total`` records for the block; None when ``desc`` is None."""
     if desc is None:
         yield None
         return

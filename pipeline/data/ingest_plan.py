@@ -63,8 +63,7 @@ class GroupPlan:
 
 
 def group_plan(codes: IntArray, n_groups: int, chunk_rows: int) -> GroupPlan:
-    """Pack the groups, in code order, greedily into chunks of at most ``chunk_rows`` rows (a
-    group larger than that gets a chunk of its own: ``check_group_sizes`` refuses it)."""
+    """Pack the groups, in code order, greedily into chunks of at most ``chunk_rows`` rows."""
     sizes = np.bincount(codes, minlength=n_groups).astype(np.int64)
     counts: list[int] = []
     groups: list[int] = []

@@ -32,8 +32,7 @@ STAGE_BLOCK_ROWS = 8192
 
 
 def label_codes(values: Any) -> IntArray:
-    """int64 codes of true labels that agree across chunks: an integral finite number is its
-    value, anything else (strings, NaN, fractions) a 64-bit hash of its text."""
+    """int64 codes of true labels agreeing across chunks: integral numbers, else text hashes."""
     ser = pd.Series(values)
     out = np.empty(ser.shape[0], dtype=np.int64)
     if pd.api.types.is_numeric_dtype(ser.dtype) and not pd.api.types.is_bool_dtype(ser.dtype):

@@ -299,8 +299,7 @@ def check_parquet_file(f: Any, name: str) -> None:
 
 
 def read_npy_header(f: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
-    """(shape, Fortran order, dtype) from the header at the start of an open ``.npy`` file,
-    left positioned at the first byte of the data: the one parse of a ``.npy`` header."""
+    """(shape, Fortran order, dtype) from an open ``.npy`` file's header, left at the data."""
     version = np.lib.format.read_magic(f)
     read = (
         np.lib.format.read_array_header_1_0

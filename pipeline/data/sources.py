@@ -55,8 +55,7 @@ REFUSE_HINT = "; or leave out --missing refuse"
 
 @dataclass
 class Piece:
-    """One ingest task's share of the input: rows [row0, row0 + n) of file ``label``
-    (``n`` None when unknown before reading) and how to read them."""
+    """One ingest task's share: rows [row0, row0 + n) of file ``label`` and how to read them."""
 
     index: int
     label: str
