@@ -87,8 +87,7 @@ def longitudinal(
     report: bool = True,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Fit the mixed-effects model to ``input`` into ``out`` (parameters as ``dpmm
-    longitudinal``; ``time_column`` is also a covariate); returns ``out/run.json``'s content."""
+    """Fit the mixed-effects model to ``input`` into ``out`` (``dpmm longitudinal``); run.json."""
     covs = list(covariates)
     if time_column is not None and time_column not in covs:
         covs.insert(0, time_column)

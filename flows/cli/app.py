@@ -71,8 +71,7 @@ def _version() -> str:
 
 
 def check_paths(args: argparse.Namespace) -> None:
-    """Refuse, before anything starts, an output of the command that is, is inside or contains
-    one of its inputs (``pipeline.core.paths.check_separate``)."""
+    """Refuse, before anything starts, an output that overlaps an input (``check_separate``)."""
     from pipeline.core.paths import check_separate
 
     if args.command == "demo":  # DIR holds the demo's own input and result by design

@@ -22,8 +22,7 @@ def _terminal_handlers(logger: logging.Logger) -> list[logging.Handler]:
 
 @contextlib.contextmanager
 def logs_to(path: Path, restore: bool = True) -> Iterator[Path]:
-    """Send the log lines of Prefect, Dask and everything else to the file ``path`` during the
-    block (yielding it), and with ``restore`` put the terminal handlers back after it."""
+    """Send every log line to the file ``path`` during the block; ``restore``: hand them back."""
     # both configure their handlers on import: that must have happened before they are moved
     import distributed  # noqa: F401
     import prefect  # noqa: F401

@@ -179,8 +179,7 @@ def ready() -> str | None:
 
 @contextlib.contextmanager
 def flow_api() -> Iterator[str | None]:
-    """Run the block (a flow) against the server ``prestart`` started, once it answers; yields
-    its API URL, or None when the flow uses another API."""
+    """Run the block against the server ``prestart`` started, yielding its URL (or None)."""
     url = ready()
     if url is None:
         yield None

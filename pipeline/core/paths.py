@@ -22,8 +22,7 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$")
 
 
 def safe_name(name: str, what: str = "name") -> str:
-    """``name`` (a generated file or directory name) when it is one plain path component, else
-    a ``ValueError`` naming it as ``what``."""
+    """``name`` when it is one plain path component, else a ``ValueError`` naming ``what``."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"{what} {name!r}: an empty or non-text file name")
     bad = (

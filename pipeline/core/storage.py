@@ -262,8 +262,7 @@ def same_place(a: Where, b: Where) -> bool:
 
 @contextlib.contextmanager
 def fs_errors(x: Where, what: str = "") -> Iterator[None]:
-    """Turn a remote file system's failure in the block into a one-line ``InputError`` naming
-    ``x``; errors about a local path pass as they are."""
+    """A remote file system's failure in the block as a one-line ``InputError`` naming ``x``."""
     try:
         yield
     except InputError:

@@ -34,8 +34,7 @@ SCRATCH_KEPT = 4
 
 
 def scratch(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """An array of ``shape`` and ``dtype`` for this thread to fill: the last one of that shape
-    when nothing refers to it any more, else a new one (``SCRATCH_KEPT`` kept)."""
+    """An array of ``shape`` and ``dtype`` for this thread: the last if unreferenced, else new."""
     pool: dict[tuple[tuple[int, ...], str], np.ndarray] = _SCRATCH.__dict__.setdefault("arrays", {})
     k = (shape, np.dtype(dtype).str)
     buf = pool.pop(k, None)

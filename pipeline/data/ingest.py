@@ -99,8 +99,7 @@ def peek_family(
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     drop: Sequence[str | None] = (),
 ) -> ProductFamily | None:
-    """The family ``ingest`` would infer from the first piece of ``source`` (without the columns
-    ``drop``), read in this process, or None: a guess of which kernels to compile early."""
+    """The family ``ingest`` would infer from the first piece of ``source`` (or None): a guess."""
     try:
         src = open_source(source, int(chunk_rows))
         label, group = (*drop, None, None)[:2]

@@ -82,8 +82,7 @@ class Encoder:
     def take_groups(
         self, df: pd.DataFrame, label: str, row0: int | None
     ) -> tuple[list[Any], IntArray] | None:
-        """Remove the group column from ``df``; its distinct values by first appearance and each
-        row's index into them (None without one; an ``InputError`` for a missing value)."""
+        """Remove the group column from ``df``: its values by first appearance and row indices."""
         if self.group_column is None:
             return None
         col = self.group_column

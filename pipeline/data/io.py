@@ -251,8 +251,7 @@ _ROW = re.compile(r"\brow (\d+)\b(?! \()")
 
 
 def locate_rows(msg: str, path: str | os.PathLike[str]) -> str:
-    """``msg`` with its first 0-based ``row N`` not yet followed by a parenthesis rewritten by
-    ``describe_row`` for ``path``."""
+    """``msg`` with its first unlocated 0-based ``row N`` rewritten by ``describe_row``."""
     m = _ROW.search(msg)
     if m is None:
         return msg
@@ -260,8 +259,7 @@ def locate_rows(msg: str, path: str | os.PathLike[str]) -> str:
 
 
 def parquet_files(p: Any, name: str) -> list[Any]:
-    """The Parquet files of a file, directory, object or prefix, leaving out paths with a part
-    starting with "_" or "." as pyarrow's datasets do."""
+    """The Parquet files of a path or prefix, without parts starting with "_" or "."."""
     from pipeline.core import storage
 
     if not p.is_dir():

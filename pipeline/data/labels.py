@@ -81,8 +81,7 @@ def emit_chunk(
 
 
 def create_labels(labels_path: str, info: StoreInfo, overwrite: bool) -> None:
-    """The write-out's zarr group (label, log_density, holdout; ``row`` for a grouped store),
-    chunked as the store; an existing group is kept unless ``overwrite``."""
+    """The write-out's zarr group, chunked as the store; one there is kept unless ``overwrite``."""
     if not overwrite and all(
         (storage.location(labels_path) / name / "zarr.json").exists()
         for name in ("label", "log_density", "holdout")

@@ -182,8 +182,7 @@ class Source:
 
 
 def open_source(obj: Any, chunk_rows: int) -> Source:
-    """Cut an input into ingest pieces: a path or URL (CSV; Parquet file or directory; ``.npy``;
-    zarr array), a list of tables (``_listed_source``), or an in-memory array or frame."""
+    """Cut an input (a path, URL, list of tables, array or frame) into ingest pieces."""
     # a dask collection can only come from an imported dask (importing it costs a second)
     da = sys.modules.get("dask.array")
     dd = sys.modules.get("dask.dataframe")
