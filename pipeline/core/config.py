@@ -39,6 +39,10 @@ N_RESTARTS = "auto"
 DEPLOYMENT = "dpmm-scheduled"
 CRON = "0 2 * * *"
 WINDOW = 7
+#: seconds after which the lock on ``MODELS/LATEST`` of a model registry's writer that crashed
+#: (on another host, or paused) stops blocking the others (``pipeline.ops.registry``); the lock is
+#: held for one read and one rename, milliseconds
+REGISTRY_LEASE = 60.0
 #: Gamma(shape, rate) prior on the concentration N0 when it is learned (eq. A.1): shape 2 keeps
 #: the mode away from 0 at K = 1; rate 5 (prior mean 0.4) because outlying records of real tables
 #: open singleton clusters, each raising the learned N0, which opens more: ionosphere (351 x 34)
