@@ -200,7 +200,13 @@ def _score_and_refit(
     if not own:
         raise InputError(f"{storage.redact(str(path))}: the partition holds no records")
     if current is not None and not outputs.committed(scored):
-        score(model=str(current / "model"), input=own, out=str(scored), **local)
+        try:
+            score(model=str(current / "model"), input=own, out=str(scored), **local)
+        except ValueError:
+            # another run scored the partition meanwhile: its scores stand, and the refit
+            # below refuses the partition itself if it is bad
+            if not outputs.committed(scored):
+                raise
     # the window's files as one input: a list of paths or URLs, nothing linked
     run: dict[str, Any] = cluster(
         input=schedule.window_files(window),
