@@ -8,11 +8,13 @@ For every partition ``INPUT/date=YYYY-MM-DD`` not done yet, in date order
    which validates it against the model's schema;
 2. refit on the last ``window`` accepted partitions (the ``cluster`` flow on the list of their
    files, warm-started from the published model; the first version starts cold);
-3. publish the refit as ``MODELS/vN`` and switch ``MODELS/LATEST`` to it last.
+3. publish the refit as the next ``MODELS/vN`` and move ``MODELS/LATEST`` to it last.
 
 INPUT, MODELS and SCORES are local directories or object-storage prefixes (fsspec URLs,
-``pipeline.core.storage``); on object storage a version becomes visible by its manifest, written
-last, and the pointer is one PUT after it (``pipeline.ops.schedule``, "Visibility").
+``pipeline.core.storage``). Several runs may write one MODELS at once (a backfill while the
+schedule fires): each refit is built in a place of its own and published under the next free
+number, and ``LATEST`` only moves forward (``pipeline.ops.registry``); a partition another run
+published meanwhile is not published twice.
 
 A partition that fails validation (a ``ValueError``: a missing column, a value of another kind,
 an unseen category) is reported (``MODELS/rejected/date=...json`` and the flow's log) and
@@ -106,17 +108,20 @@ def scheduled_clustering(
     }
     refit = {"max_passes": max_passes, "random_state": random_state}
     report: dict[str, Any] = {"published": {}, "rejected": {}, "skipped": []}
-    # read once (one object per version on object storage), kept up to date below
+    # one object per version on object storage: read again only before a refit, which other
+    # writers of MODELS may have done meanwhile
     done = reg.done()
     for date, path in parts:
         if until is not None and date > until:
             break
         rej = reg.rejected(date)
+        if date not in done:
+            done = reg.done()
         if date in done or (rej is not None and rej["fingerprint"] == schedule.fingerprint(path)):
             report["skipped"].append(date)
             continue
         current = reg.latest()
-        n, staged = reg.stage()
+        staged = reg.stage()
         dates = schedule.window_dates(all_dates, set(done), date, window)
         try:
             scored = scores_root / safe_name(f"date={date}", "partition")
@@ -133,8 +138,14 @@ def scheduled_clustering(
         except BaseException:
             storage.rmtree(staged, ignore_errors=True)
             raise
-        final = _publish(reg, n, staged, date, path, dates, current, run)
-        done[date] = n
+        done = reg.done()
+        if date in done:
+            storage.rmtree(staged, ignore_errors=True)
+            report["skipped"].append(date)
+            log.info("partition %s: v%s published by another run meanwhile", date, done[date])
+            continue
+        final = _publish(reg, staged, date, path, dates, current, run)
+        done[date] = int(final.name[1:])
         report["published"][date] = final.name
         log.info("partition %s: published %s (window %s)", date, final.name, dates)
     latest = reg.latest()
@@ -144,7 +155,6 @@ def scheduled_clustering(
 
 def _publish(
     reg: schedule.Registry,
-    n: int,
     staged: Any,
     date: str,
     path: Any,
@@ -152,14 +162,13 @@ def _publish(
     current: Any,
     run: dict[str, Any],
 ) -> Any:
-    """The refit in ``staged/run`` published as version ``n`` (its model, run.json and
+    """The refit in ``staged/run`` published as the next version (its model, run.json and
     clusters, with where it came from); the version's directory."""
     for name in ("model", "run.json", "clusters.parquet"):
         storage.move(staged / "run" / name, staged / name)
     for name in ("run", "datasets"):
         storage.rmtree(staged / name, ignore_errors=True)
     return reg.publish(
-        n,
         staged,
         {
             "date": date,
@@ -191,7 +200,13 @@ def _score_and_refit(
     if not own:
         raise InputError(f"{storage.redact(str(path))}: the partition holds no records")
     if current is not None and not outputs.committed(scored):
-        score(model=str(current / "model"), input=own, out=str(scored), **local)
+        try:
+            score(model=str(current / "model"), input=own, out=str(scored), **local)
+        except ValueError:
+            # another run scored the partition meanwhile: its scores stand, and the refit
+            # below refuses the partition itself if it is bad
+            if not outputs.committed(scored):
+                raise
     # the window's files as one input: a list of paths or URLs, nothing linked
     run: dict[str, Any] = cluster(
         input=schedule.window_files(window),

@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import dask
 import pytest
@@ -77,14 +78,22 @@ def s3_server() -> Iterator[str]:
     process of a test reads its credentials and endpoint from (``pipeline.core.storage``): the
     endpoint URL. Tests make their own buckets (``s3_bucket``)."""
     import logging
+    import threading
 
-    from moto.server import ThreadedMotoServer
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
 
     # the server's request log would fill the tests' output
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
+    app = _OneRequestAtATime(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", 0, app, True, request_handler=MotoRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    host, port = server.server_address[:2]
     env = {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -105,7 +114,23 @@ def s3_server() -> Iterator[str]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        server.stop()
+        server.shutdown()
+        thread.join()
+
+
+class _OneRequestAtATime:
+    """moto's server answers requests in threads with no lock: two conditional writes of one
+    key (``If-None-Match: *``) could both succeed, which S3 never allows. One request at a
+    time gives each request S3's atomicity (``pipeline.ops.registry`` relies on it)."""
+
+    def __init__(self, app: Any) -> None:
+        import threading
+
+        self.app, self.lock = app, threading.Lock()
+
+    def __call__(self, environ: Any, start_response: Any) -> list[bytes]:
+        with self.lock:
+            return list(self.app(environ, start_response))
 
 
 @pytest.fixture

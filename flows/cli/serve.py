@@ -28,8 +28,8 @@ from flows.cli.types import positive_int as _positive_int
 from pipeline.core.config import CRON, DEFAULT_CHUNK_ROWS, DEPLOYMENT, WINDOW
 
 PROG = "dpmm"
-# one run of the deployment at a time: a refit that outlasts the next tick must not have a
-# second run publish into the same MODELS (pipeline.ops.schedule assumes a single writer)
+# one run of the deployment at a time: a refit that outlasts the next tick would have a second
+# run refit the same partitions (safe, pipeline.ops.registry, but work done twice)
 ONE_RUN = 1
 
 
@@ -118,6 +118,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     storage.check_reachable(args.models, "--models")
     if args.scores is not None:
         storage.check_reachable(args.scores, "--scores")
+    from pipeline.ops.registry import Registry
+
+    # MODELS not writable, or LATEST naming no version: one line before Prefect starts
+    Registry(args.models).check()
     if args.once:
         from pipeline.ops.schedule import require_partitions
 

@@ -36,6 +36,10 @@ N_RESTARTS = "auto"
 DEPLOYMENT = "dpmm-scheduled"
 CRON = "0 2 * * *"
 WINDOW = 7
+#: seconds after which the lock on ``MODELS/LATEST`` of a model registry's writer that crashed
+#: (on another host, or paused) stops blocking the others (``pipeline.ops.registry``); the lock is
+#: held for one read and one rename, milliseconds
+REGISTRY_LEASE = 60.0
 #: Gamma(shape, rate) prior on the concentration N0 when it is learned (eq. A.1): shape 2 keeps
 #: the mode away from 0 at K = 1; rate 5 (prior mean 0.4) stops singleton clusters of outlying
 #: records from raising N0, which opens more (ionosphere: 39 clusters with rate 1, 26 with 5)

@@ -45,6 +45,11 @@ def _snapshot(root: Path) -> dict[str, tuple[int, int]]:
     }
 
 
+def _listed(models: Path) -> list[str]:
+    """What MODELS shows: the writers' places in progress are hidden."""
+    return sorted(p.name for p in models.iterdir() if not p.name.startswith("."))
+
+
 def test_two_days_a_bad_one_between_and_a_rerun(tmp_path: Path) -> None:
     src = tmp_path / "in"
     for seed, day in enumerate(DAYS):
@@ -64,7 +69,7 @@ def test_two_days_a_bad_one_between_and_a_rerun(tmp_path: Path) -> None:
     assert str(src / f"date={DAYS[1]}" / "part-0.parquet") in second["rejected"][DAYS[1]]
     # the published model stays the last good one; nothing of the bad day is left
     assert (models / "LATEST").read_text().strip() == "v1"
-    assert sorted(p.name for p in models.iterdir()) == ["LATEST", "rejected", "v1"]
+    assert _listed(models) == ["LATEST", "rejected", "v1"]
     assert not (scores / f"date={DAYS[1]}").exists()
 
     third = scheduled_clustering(**kw)
@@ -86,7 +91,7 @@ def test_two_days_a_bad_one_between_and_a_rerun(tmp_path: Path) -> None:
     np.testing.assert_array_equal(
         load_model(models / "v1" / "model").cluster_stats_, v1.cluster_stats_
     )
-    assert sorted(p.name for p in models.iterdir()) == ["LATEST", "rejected", "v1", "v2"]
+    assert _listed(models) == ["LATEST", "rejected", "v1", "v2"]
 
     # a publish interrupted before the pointer switch is completed by the next run
     (models / "LATEST").write_text("v1\n")
@@ -120,6 +125,30 @@ def test_serve_refuses_a_bad_cron(capsys: pytest.CaptureFixture[str]) -> None:
     )
 
 
+@pytest.mark.parametrize("case", ["a file", "under a file", "dangling LATEST"])
+def test_serve_refuses_models_it_cannot_write_or_a_dangling_pointer(
+    tmp_path: Path, case: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "in"
+    _partition(src, DAYS[0], 0)
+    models = tmp_path / "models"
+    if case == "a file":
+        models.write_text("not a directory")
+        message = f"--models {models}: cannot be written (a file, not a directory)"
+    elif case == "under a file":
+        models.write_text("not a directory")
+        models = models / "sub"
+        message = f"--models {models}: cannot be written (Not a directory)"
+    else:
+        (models / "v1").mkdir(parents=True)  # no version.json: not a version
+        (models / "LATEST").write_text("v1\n")
+        message = f"{models / 'LATEST'}: names 'v1', not a published version"
+    before = _snapshot(tmp_path)
+    assert main(["serve", str(src), "--models", str(models), "--once"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"dpmm: error: {message}"]
+    assert _snapshot(tmp_path) == before
+
+
 def test_infra_prefect_yaml_holds_the_scheduled_deployment() -> None:
     from prefect.flows import load_flow_from_entrypoint
 
@@ -127,7 +156,7 @@ def test_infra_prefect_yaml_holds_the_scheduled_deployment() -> None:
     deps = {d["name"]: d for d in doc["deployments"]}
     dep = deps[DEPLOYMENT]
     assert [s["cron"] for s in dep["schedules"]] == [CRON]
-    assert dep["concurrency_limit"] == 1  # a single writer of MODELS, as dpmm serve
+    assert dep["concurrency_limit"] == 1  # one run at a time, as dpmm serve
     path, name = dep["entrypoint"].split(":")
     flow = load_flow_from_entrypoint(f"{REPO / path}:{name}")
     assert flow.name == "scheduled-clustering"
@@ -159,7 +188,7 @@ def test_a_partition_without_records_is_rejected_once(tmp_path: Path) -> None:
     assert first["rejected"] == {
         DAYS[0]: f"{src / f'date={DAYS[0]}'}: the partition holds no records"
     }
-    assert sorted(p.name for p in models.iterdir()) == ["rejected"]
+    assert _listed(models) == ["rejected"]
     again = scheduled_clustering(**kw)
     assert again["skipped"] == [DAYS[0]] and again["rejected"] == {}
     # the records arrive: the partition's fingerprint changed, it is fitted

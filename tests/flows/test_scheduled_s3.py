@@ -124,11 +124,15 @@ def test_scheduled_flow_on_s3(
     # and visible, LATEST stays on v2 until the next run completes the switch
     frames[DAYS[3]] = _partition(tmp_path, src, DAYS[3], 3)
 
-    def crash(self: schedule.Registry, n: int) -> None:
-        raise KeyboardInterrupt("killed before the pointer")
+    advance = schedule.Registry.advance
+
+    def crash(self: schedule.Registry, n: int) -> bool:
+        if n == 3:
+            raise KeyboardInterrupt("killed before the pointer")
+        return advance(self, n)
 
     with monkeypatch.context() as m:
-        m.setattr(schedule.Registry, "_point_to", crash)
+        m.setattr(schedule.Registry, "advance", crash)
         with pytest.raises(KeyboardInterrupt):
             scheduled_clustering(**kw)
     assert _text(f"{models}/LATEST").strip() == "v2"
@@ -189,6 +193,19 @@ def test_serve_bad_urls_exit_2_with_one_line(
     assert _objects(b) == before
 
 
+def test_serve_refuses_a_pointer_to_no_version(s3_bucket: str, capfd) -> None:
+    b = f"s3://{s3_bucket}"
+    storage.location(f"{b}/in/date=2026-01-01/part-0.parquet").write_bytes(b"x")
+    storage.location(f"{b}/models/v2/model/model.json").write_bytes(b"{}")  # no manifest
+    storage.location(f"{b}/models/LATEST").write_text("v2\n")
+    before = _objects(b)
+    capfd.readouterr()
+    assert main(["serve", f"{b}/in", "--models", f"{b}/models", "--once"]) == 2
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert lines == [f"dpmm: error: {b}/models/LATEST: names 'v2', not a published version"]
+    assert _objects(b) == before
+
+
 def test_serve_deployment_takes_urls() -> None:
     from flows.cli import build_parser
     from flows.cli import serve as cli_serve
@@ -198,5 +215,5 @@ def test_serve_deployment_takes_urls() -> None:
     assert dep.parameters["input"] == "s3://b/in"
     assert dep.parameters["models"] == "s3://b/models"
     assert dep.parameters["scores"] == "s3://b/scores"
-    # one run at a time: the registry has a single writer
+    # one run at a time (concurrent runs are safe, but would refit the same days twice)
     assert dep.concurrency_limit == 1

@@ -45,23 +45,29 @@ def test_window_keeps_the_last_accepted_days() -> None:
 
 
 def test_versions_pointer_and_interrupted_publish(tmp_path: Path) -> None:
-    reg = schedule.Registry(tmp_path / "models")
+    models = tmp_path / "models"
+    reg = schedule.Registry(models)
     assert reg.versions() == [] and reg.latest() is None and reg.finish_publish() is None
-    n, staged = reg.stage()
-    assert n == 1 and staged.name == ".v1.partial"
+    staged = reg.stage()
+    assert staged.parent == models / ".staging"  # a writer's own place, hidden
     (staged / "model").mkdir()
-    reg.publish(n, staged, {"date": "2026-01-01"})
-    assert reg.latest() == tmp_path / "models" / "v1" and reg.done() == {"2026-01-01": 1}
-    # a version renamed into place whose pointer switch did not happen
-    n, staged = reg.stage()
-    (staged / "version.json").write_text('{"version": 2, "date": "2026-01-02"}')
-    staged.rename(tmp_path / "models" / "v2")
-    assert reg.latest() == tmp_path / "models" / "v1"
-    assert reg.finish_publish() == 2 and reg.latest() == tmp_path / "models" / "v2"
-    # a half-built version (no version.json) is not a version
-    n, staged = reg.stage()
-    assert n == 3 and reg.versions() == [1, 2]
-    (tmp_path / "models" / "LATEST").write_text("v9\n")
+    reg.publish(staged, {"date": "2026-01-01"})
+    assert reg.latest() == models / "v1" and reg.done() == {"2026-01-01": 1}
+    assert not staged.exists()
+    # a version renamed into place whose pointer did not move
+    assert reg.write_version(reg.stage(), {"date": "2026-01-02"}) == models / "v2"
+    assert reg.latest() == models / "v1"
+    assert reg.finish_publish() == 2 and reg.latest() == models / "v2"
+    # the pointer never moves back
+    assert reg.advance(1) is False and (models / "LATEST").read_text() == "v2\n"
+    # a version in progress is not a version; a stray v3 folder is no version and is skipped
+    reg.stage()
+    (models / "v3").mkdir()
+    (models / "v3" / "junk").write_text("not ours")
+    assert reg.versions() == [1, 2]
+    assert reg.publish(reg.stage(), {"date": "2026-01-03"}) == models / "v4"
+    assert (models / "v3" / "junk").read_text() == "not ours"
+    (models / "LATEST").write_text("v9\n")
     with pytest.raises(ValueError, match="not a published version"):
         reg.latest()
 
@@ -122,37 +128,42 @@ def test_versions_are_visible_by_their_manifest_and_the_pointer_goes_last(mem: s
     models = f"{mem}/models"
     reg = schedule.Registry(models)
     assert reg.versions() == [] and reg.latest() is None and reg.finish_publish() is None
-    n, staged = reg.stage()
-    assert n == 1 and str(staged) == f"{models}/v1"  # built in place: no rename
+    staged = reg.stage()
+    assert str(staged).startswith(f"{models}/.staging/")  # a writer's own prefix
     _put(f"{staged}/model/model.json", b"{}")
-    # objects written, no manifest: not a version, and the pointer is absent
+    # objects written, no version: nothing published, no pointer
     assert reg.versions() == [] and reg.latest() is None
-    v1 = reg.publish(n, staged, {"date": "2026-01-01"})
-    assert reg.latest() == v1 and reg.done() == {"2026-01-01": 1}
+    v1 = reg.publish(staged, {"date": "2026-01-01"})
+    assert str(v1) == f"{models}/v1" and reg.latest() == v1 and reg.done() == {"2026-01-01": 1}
     manifest = json.loads((v1 / outputs.MANIFEST).read_text())
     assert set(manifest["objects"]) == {"model/model.json", "version.json"}
+    # the staging place and the claim are gone
+    assert sorted(p.name for p in storage.location(models).iterdir()) == ["LATEST", "v1"]
 
     # interrupted after the version's manifest, before the pointer
-    n, staged = reg.stage()
+    staged = reg.stage()
     _put(f"{staged}/model/model.json", b"{}")
-    reg.write_version(n, staged, {"date": "2026-01-02"})
+    reg.write_version(staged, {"date": "2026-01-02"})
     assert reg.versions() == [1, 2] and reg.latest() == v1
     assert (storage.location(models) / "LATEST").read_text() == "v1\n"
     assert reg.finish_publish() == 2 and str(reg.latest()) == f"{models}/v2"
-    assert reg.finish_publish() is None
+    assert reg.finish_publish() is None and reg.advance(1) is False
 
-    # a half-written v3 (a crash): invisible; the next attempt at 3 starts from nothing
-    n, staged = reg.stage()
-    _put(f"{staged}/model/model.json", b"half")
-    _put(f"{staged}/stray", b"left by the crash")
+    # a half-written v3 (objects, no manifest): invisible, left alone, its number skipped
+    _put(f"{models}/v3/model/model.json", b"half")
     assert reg.versions() == [1, 2] and str(reg.latest()) == f"{models}/v2"
-    n2, staged2 = reg.stage()
-    assert (n2, staged2) == (3, staged) and not staged2.exists()
+    staged = reg.stage()
+    _put(f"{staged}/model/model.json", b"{}")
+    assert str(reg.publish(staged, {"date": "2026-01-03"})) == f"{models}/v4"
+    assert _text(f"{models}/v3/model/model.json") == "half"
     # the pointer naming a version without a manifest is refused
-    _put(f"{staged}/version.json", b'{"version": 3}')
     (storage.location(models) / "LATEST").write_text("v3\n")
     with pytest.raises(ValueError, match="not a published version"):
         reg.latest()
+
+
+def _text(url: str) -> str:
+    return storage.location(url).read_text()
 
 
 def test_rejections_and_moves_on_an_object_store(mem: str) -> None:
