@@ -60,8 +60,8 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
     Subclasses define ``__init__`` (parameters only, scikit-learn style), ``_check_params`` and
     ``_fit``; those with a ``family`` parameter get their records encoded by it.
 
-    Fitted attributes set here
-    --------------------------
+    Attributes
+    ----------
     schema_ : Schema
         Columns, kinds and encodings learned at fit time.
     family_ : ProductFamily
@@ -69,10 +69,8 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
     n_features_in_ : int
     feature_names_in_ : ndarray of str
         Only when fitted on a DataFrame.
-
-    Fitted attributes set by ``_set_clusters`` (estimators with clusters)
-    --------------------------------------------------------------------
     labels_ : ndarray of shape (n_samples,)
+        This and the four below: estimators with clusters (set by ``_set_clusters``).
     n_clusters_ : int
     cluster_stats_ : ndarray of shape (n_clusters, n_stats)
     cluster_sizes_ : ndarray of shape (n_clusters,)

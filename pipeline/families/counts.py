@@ -71,8 +71,9 @@ class Categorical(Family):
     alpha : array-like of shape (C,)
         Dirichlet concentrations, all > 0.
 
-    Empirical Bayes (``empirical_bayes``)
-    -------------------------------------
+    Notes
+    -----
+    Empirical Bayes (``empirical_bayes``):
     alpha_c = kappa (n_c + 1 / C) / (n + 1): the prior mean is the category frequencies of the data
     after adding one pseudo-record spread evenly over the C categories (so no category has
     probability 0), and the total strength sum alpha = kappa = ``discrete_strength(n)`` records
@@ -256,8 +257,9 @@ class Poisson(_RateFamily):
     n_cols : int, optional
         d; by default the length of the array parameters (1 if both are scalars).
 
-    Empirical Bayes (``empirical_bayes``)
-    -------------------------------------
+    Notes
+    -----
+    Empirical Bayes (``empirical_bayes``):
     Per column: b = 1 (one pseudo-record) and a = the column mean (moment matching: prior mean
     rate a / b = the mean count), floored at 1 / (n + 1) for an all-zero column.
     """
@@ -308,8 +310,9 @@ class Binomial(Family):
     n_cols : int, optional
         d; by default the length of the array parameters (1 if all are scalars).
 
-    Empirical Bayes (``empirical_bayes``)
-    -------------------------------------
+    Notes
+    -----
+    Empirical Bayes (``empirical_bayes``):
     Per column: a = kappa N p, b = kappa N (1 - p) with N the number of trials and
     p = (sum x + 1/2) / (n N + 1) the success rate of the data (smoothed by half a pseudo-success
     so it is never 0 or 1): the prior mean is the data's success rate (moment matching) and
@@ -473,8 +476,9 @@ class Exponential(_RateFamily):
     n_cols : int, optional
         d; by default the length of the array parameters (1 if both are scalars).
 
-    Empirical Bayes (``empirical_bayes``)
-    -------------------------------------
+    Notes
+    -----
+    Empirical Bayes (``empirical_bayes``):
     Per column: a = 1 (one pseudo-record) and b = the column mean (moment matching: prior mean
     rate a / b = 1 / mean), b = 1 for an all-zero column.
     """
@@ -526,8 +530,9 @@ class Geometric(_RateFamily):
     n_cols : int, optional
         d; by default the length of the array parameters (1 if both are scalars).
 
-    Empirical Bayes (``empirical_bayes``)
-    -------------------------------------
+    Notes
+    -----
+    Empirical Bayes (``empirical_bayes``):
     Per column: a = 1 (one pseudo-record) and b = the column mean, so the prior mean of theta,
     a / (a + b) = 1 / (1 + mean), is the maximum-likelihood estimate (moment matching); b is
     floored at 1 / (n + 1) for an all-zero column.

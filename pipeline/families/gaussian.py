@@ -357,8 +357,9 @@ class NormalGamma(Family):
         variance step^2 / 12 to the scatter (``kernels.obs.normal_gamma``). None or 0:
         continuous.
 
-    Empirical Bayes (``empirical_bayes``)
-    -------------------------------------
+    Notes
+    -----
+    Empirical Bayes (``empirical_bayes``):
     Per column: m0 = the column mean and b0 = a0 * (the column's maximum-likelihood variance),
     which are exactly the values maximising the marginal likelihood of the whole column as one
     cluster (Appendix A, option 1) given the strengths c0 = 1 (one pseudo-record for the mean) and
