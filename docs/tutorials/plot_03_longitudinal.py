@@ -45,7 +45,7 @@ cmd += " --folds 5 --quiet --no-report"
 status = main([*cmd.split(), "--out", str(out), "--scheduler", cluster.scheduler_address])
 subjects = pd.read_parquet(out / "subjects.parquet")
 print("exit status", status, "|", sorted(p.name for p in out.iterdir()))
-print(subjects.head())
+print(subjects[["subject", "cluster", "n_obs", "heldout_log_density"]].head())
 
 # %%
 # Each chick's weighings, one line per chick, coloured by its diet (which the fit never sees).
