@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba-cache/$(shell cat $$(find kernels -name '*.py' | sort) | sha1sum | cut -c1-16)
 
-.PHONY: install lock run test bench bench-gpu lint typecheck format clean
+.PHONY: install lock run test docs bench bench-gpu lint typecheck format clean
 
 # requirements.lock pins every package (the image installs with the same constraints)
 $(STAMP): pyproject.toml requirements.lock
@@ -34,7 +34,14 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache --no-logo
-	$(BIN)/pytest -q -n 2 --dist worksteal
+	$(BIN)/pytest -q -n 2 --dist worksteal --ignore=tests/docs
+	$(MAKE) --no-print-directory docs
+	$(BIN)/pytest -q -p no:cacheprovider tests/docs
+
+# the site (docs/_build/html): Sphinx with warnings as errors; its tutorials run as it builds,
+# on the numba cache the suite compiled (make test builds it after pytest for that reason)
+docs: $(STAMP)
+	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
 
 bench: $(STAMP)
 	$(BIN)/pytest -q -m bench tests/benchmarks -s -p no:cacheprovider
@@ -55,4 +62,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache docs/_build docs/auto_tutorials

@@ -85,7 +85,9 @@ def render(page: Path, browser: str, profile_dir: Path, timeout: float = 120) ->
         )
     finally:
         probe.unlink(missing_ok=True)
-    found = re.search(r'<pre id="dpmm-probe">(.*?)</pre>', proc.stdout, re.S)
+    # a page's own scripts may add attributes to the probe (the docs' theme makes every <pre>
+    # focusable: tabindex)
+    found = re.search(r'<pre id="dpmm-probe"[^>]*>(.*?)</pre>', proc.stdout, re.S)
     assert found, (
         f"{browser} printed no measurement (exit {proc.returncode}): {proc.stderr[-2000:]}"
     )

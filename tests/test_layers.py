@@ -237,13 +237,25 @@ SHIPPED_FILES = ("README.md", "pyproject.toml", "Makefile")
 
 
 def shipped_texts() -> list[Path]:
+    """The files git tracks or would add (not what it ignores: the docs' built site, caches)."""
+    import subprocess
+
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", *SHIPPED],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\0")
     files = [ROOT / f for f in SHIPPED_FILES]
-    for d in SHIPPED:
-        if (ROOT / d).is_dir():
-            files += sorted(
-                p for p in (ROOT / d).rglob("*") if p.is_file() and "__pycache__" not in p.parts
-            )
+    files += sorted(ROOT / f for f in listed if f and (ROOT / f).is_file())
     return files
+
+
+def test_the_shipped_texts_include_the_docs_but_not_their_build() -> None:
+    found = {str(p.relative_to(ROOT)) for p in shipped_texts()}
+    assert {"docs/conf.py", "docs/index.md", "README.md", "pipeline/__init__.py"} <= found
+    assert not [f for f in found if f.startswith(("docs/_build/", "docs/auto_tutorials/"))]
 
 
 def test_nothing_shipped_points_outside_the_repository_or_names_a_seed_file() -> None:

@@ -27,7 +27,7 @@ def add_demo_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="generate a labelled data set and run the pipeline on it",
         description="Write a seeded 20-cluster Gaussian mixture (10 columns and a true label "
         "column) to DIR/input.parquet and run the distributed pipeline on it ('dpmm run': "
-        "Prefect flow, Dask workers, --summaries 200 with BHC stage 2, 10%% held out); results "
+        "Prefect flow, Dask workers, --summaries 200 with BHC stage 2, 10% held out); results "
         "in DIR/result/. With --in-memory: a small data set in DIR/input.csv through "
         "'dpmm cluster' instead.",
         parents=[SEED, WORKERS, QUIET, LOGS],

@@ -60,8 +60,12 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
     n_features_in_ : int
     feature_names_in_ : ndarray of str
         Only when fitted on a DataFrame.
-    labels_, n_clusters_, cluster_stats_, cluster_sizes_, alpha_
-        Estimators with clusters (``_set_clusters``), as ``MAPDP``'s.
+    labels_ : ndarray of shape (n_samples,)
+        This and the four below: estimators with clusters (set by ``_set_clusters``).
+    n_clusters_ : int
+    cluster_stats_ : ndarray of shape (n_clusters, n_stats)
+    cluster_sizes_ : ndarray of shape (n_clusters,)
+    alpha_ : float
     """
 
     #: whether fit checks that there are two records and no constant column even when the prior

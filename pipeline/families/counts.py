@@ -54,8 +54,9 @@ class Categorical(Family):
     alpha : array-like of shape (C,)
         Dirichlet concentrations, all > 0.
 
-    Empirical Bayes (``empirical_bayes``)
-    -------------------------------------
+    Notes
+    -----
+    Empirical Bayes (``empirical_bayes``):
     alpha_c = kappa (n_c + 1 / C) / (n + 1): the data's frequencies after one pseudo-record
     spread over the categories, with strength kappa = ``discrete_strength(n)``.
     """
@@ -226,8 +227,9 @@ class Poisson(_RateFamily):
     n_cols : int, optional
         d; by default the length of the array parameters (1 if both are scalars).
 
-    Empirical Bayes (``empirical_bayes``)
-    -------------------------------------
+    Notes
+    -----
+    Empirical Bayes (``empirical_bayes``):
     Per column: b = 1 and a = the column mean (moment matching), floored at 1 / (n + 1).
     """
 
@@ -276,8 +278,9 @@ class Binomial(Family):
     n_cols : int, optional
         d; by default the length of the array parameters (1 if all are scalars).
 
-    Empirical Bayes (``empirical_bayes``)
-    -------------------------------------
+    Notes
+    -----
+    Empirical Bayes (``empirical_bayes``):
     Per column: a = kappa N p, b = kappa N (1 - p), N the trials and p = (sum x + 1/2) / (n N + 1)
     the smoothed success rate, kappa = ``discrete_strength(n)``; ``n_trials`` defaults to the
     column maximum (at least 1).
@@ -435,8 +438,9 @@ class Exponential(_RateFamily):
     n_cols : int, optional
         d; by default the length of the array parameters (1 if both are scalars).
 
-    Empirical Bayes (``empirical_bayes``)
-    -------------------------------------
+    Notes
+    -----
+    Empirical Bayes (``empirical_bayes``):
     Per column: a = 1 and b = the column mean (moment matching), 1 for an all-zero column.
     """
 
@@ -486,8 +490,9 @@ class Geometric(_RateFamily):
     n_cols : int, optional
         d; by default the length of the array parameters (1 if both are scalars).
 
-    Empirical Bayes (``empirical_bayes``)
-    -------------------------------------
+    Notes
+    -----
+    Empirical Bayes (``empirical_bayes``):
     Per column: a = 1 and b = the column mean (moment matching), floored at 1 / (n + 1).
     """
 

@@ -321,8 +321,9 @@ class NormalGamma(Family):
     step : float, array-like of shape (d,) or None, default=None
         The grid each column is recorded on, as ``GaussianNW``'s.
 
-    Empirical Bayes (``empirical_bayes``)
-    -------------------------------------
+    Notes
+    -----
+    Empirical Bayes (``empirical_bayes``):
     Per column: m0 = the mean, b0 = a0 * the maximum-likelihood variance (floored at
     1e-12 max(1, mean^2)), c0 = a0 = 1: the marginal likelihood's maximum for given strengths.
     """
