@@ -296,43 +296,6 @@ def copy_tree(r, ni, nf, st, free, meta, work):
     return root
 
 
-@njit(cache=True, nogil=True)
-def check_tree(r, ni, nf, st, u, pp, spec, prior, work, tol):
-    """Invariants of the tree rooted at r: parent links, NLEAF, statistics equal to the sum of the
-    children's, LM equal to the log marginal of the statistics, potentials per eqs. 8-9.
-    Returns the number of violations."""
-    n = preorder(r, ni, work)
-    bad = 0
-    scratch = np.empty(st.shape[1])
-    for k in range(n):
-        v = work[k]
-        if ni[v, LEAF] < 0:
-            lc = ni[v, LEFT]
-            rc = ni[v, RIGHT]
-            if ni[lc, PARENT] != v or ni[rc, PARENT] != v:
-                bad += 1
-            if ni[v, NLEAF] != ni[lc, NLEAF] + ni[rc, NLEAF]:
-                bad += 1
-            for j in range(st.shape[1]):
-                if abs(st[v, j] - st[lc, j] - st[rc, j]) > tol * (1.0 + abs(st[v, j])):
-                    bad += 1
-                    break
-            h = log_phi_h(v, nf, st, u, pp)
-            prod_lr = nf[lc, LOGPHI] + nf[rc, LOGPHI]
-            if abs(nf[v, LOGPHI] - logaddexp(h, prod_lr)) > tol * (1.0 + abs(nf[v, LOGPHI])):
-                bad += 1
-            if abs(nf[v, LOGD] - (prod_lr - h)) > tol * (1.0 + abs(nf[v, LOGD])):
-                bad += 1
-        elif ni[v, NLEAF] != 1:
-            bad += 1
-        copy_vector(scratch, st[v])
-        if abs(nf[v, LM] - product.log_marginal(scratch, spec, prior)) > tol * (
-            1.0 + abs(nf[v, LM])
-        ):
-            bad += 1
-    return bad
-
-
 # -------------------------------------------------------------------------------------------------
 # IBHC
 

@@ -90,7 +90,6 @@ from kernels.ibhc import (
     NLEAF,
     PARENT,
     RIGHT,
-    check_tree,
     copy_tree,
     free_tree,
     join,
@@ -1062,50 +1061,3 @@ def run(C, F, P, state, fu, cfg, n_iter, G, n_local, do_global, do_local, n_u_st
             if row < out_z.shape[0]:
                 canonical_labels(z, out_z[row])
     return log_joint(C, fu[0], pp)
-
-
-@njit(cache=True, nogil=True)
-def check_state(C, F, P, u):
-    """Invariants of the chain state: slots, labels and statistics agree; every existing tree holds
-    exactly its cluster's leaves, with the leaf map pointing at them, and is consistent
-    (``ibhc.check_tree``). Returns the number of violations."""
-    z, cst, clm, cnl, troot, act, pos, lnode, kc = C
-    leaf_st, _leaf_lm, _rank, pp, spec, prior = P
-    ni, nf, st, _free, _meta = F
-    L, S = leaf_st.shape
-    work = np.empty(4 * L + 8, dtype=np.int64)
-    bad = 0
-    count = np.zeros(L, dtype=np.int64)
-    sums = np.zeros((L, S))
-    for i in range(L):
-        count[z[i]] += 1
-        add_vector(sums[z[i]], leaf_st[i], 1.0)
-    n_active = 0
-    for s in range(L):
-        if cnl[s] > 0:
-            n_active += 1
-            if act[pos[s]] != s:
-                bad += 1
-        if count[s] != cnl[s]:
-            bad += 1
-        for j in range(S):
-            if abs(sums[s, j] - cst[s, j]) > 1e-8 * (1.0 + abs(sums[s, j])):
-                bad += 1
-                break
-        if cnl[s] > 0:
-            if abs(clm[s] - product.log_marginal(cst[s], spec, prior)) > 1e-8 * (1.0 + abs(clm[s])):
-                bad += 1
-            r = troot[s]
-            if r >= 0:
-                if ni[r, PARENT] != -1 or ni[r, NLEAF] != cnl[s]:
-                    bad += 1
-                bad += check_tree(r, ni, nf, st, u, pp, spec, prior, work, 1e-8)
-                n = preorder(r, ni, work)
-                for k in range(n):
-                    v = work[k]
-                    i = ni[v, LEAF]
-                    if i >= 0 and (z[i] != s or lnode[i] != v):
-                        bad += 1
-    if n_active != kc[0]:
-        bad += 1
-    return bad

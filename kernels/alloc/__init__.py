@@ -1,24 +1,19 @@
 """Allocation models: the partition priors of normalized random measure (NRM) mixtures.
 
-The observation model (``kernels.obs``) scores the records of a block; the allocation model scores
-the partition. Every clustering score in ``kernels`` is a sum of the two: the MAP-DP costs and
+The observation model (``kernels.obs``) scores the records of a block, the allocation model the
+partition; every clustering score in ``kernels`` is the sum of the two: the MAP-DP costs and
 objective (Raykov et al. 2016, eqs. 2.3, 3.1-3.3), BHC's d_k and r_k (Xu et al. 2009, eqs. 7-8),
-IBHC's potentials and dissimilarities (Lee and Choi 2015, eqs. 8-9), the Metropolis-Hastings ratios
-of the samplers and the merge gaps all take their prior part from here.
+IBHC's potentials and dissimilarities (Lee and Choi 2015, eqs. 8-9), the samplers' ratios.
 
 ``crp``
-    The Dirichlet process: the Chinese restaurant process (Raykov et al. 2016, eq. 2.3; De Bacco and
-    Valera).
+    The Dirichlet process's Chinese restaurant process (Raykov et al. 2016, eq. 2.3).
 ``nggp``
     The normalized generalized gamma process (Lee and Choi 2015, Section 2.1, Theorem 1).
 
-Each offers the same pieces: ``log_kappa`` (the weight of one block), ``log_join`` (log weight of
-one record joining a block of size n), ``log_new`` (of a new block), ``merge_gap`` (change when
-two blocks merge) and ``log_eppf`` (of a whole partition). The functions here dispatch on a prior
-described by ``pp``, a float64 array of shape (3,): ``(kind, alpha, sigma)``, for the kernels
-that serve both (IBHC, tgMCMC, the reference samplers). For the DP, kappa(n, u) = alpha Gamma(n)
-(u + 1)^(-n) and the factor (u + 1)^(-n) is the same for every partition, so u integrates out in
-closed form; the DP functions drop it and ignore u.
+The functions here dispatch on a prior ``pp``, float64 ndarray of shape (3,): ``(kind, alpha,
+sigma)``, for the kernels that serve both (IBHC, tgMCMC, the reference samplers). For the DP,
+kappa(n, u) = alpha Gamma(n) (u + 1)^(-n), whose factor (u + 1)^(-n) is the same for every
+partition: the DP functions drop it and ignore u.
 """
 
 import math
@@ -58,39 +53,12 @@ def log_kappa(n, u, pp):
 
 
 @njit(cache=True, nogil=True)
-def log_join(n, u, pp):
-    """log kappa(n + 1, u) / kappa(n, u): one record joining a block of size n (Lee and Choi 2015,
-    eq. 6). DP: log n; NGGP: log(n - sigma) - log(1 + u)."""
-    if pp[KIND] == DP:
-        return crp.log_join(n)
-    return nggp.log_join(n, u, pp[SIGMA])
-
-
-@njit(cache=True, nogil=True)
-def log_new(u, pp):
-    """log kappa(1, u): one record opening a new block (Lee and Choi 2015, eq. 6).
-    DP: log alpha; NGGP: log alpha + (sigma - 1) log(1 + u)."""
-    if pp[KIND] == DP:
-        return crp.log_new(math.log(pp[ALPHA]))
-    return nggp.log_new(u, pp[ALPHA], pp[SIGMA])
-
-
-@njit(cache=True, nogil=True)
 def merge_gap(na, nb, u, pp):
     """log kappa(na + nb, u) - log kappa(na, u) - log kappa(nb, u): the prior's change when
     blocks of na and nb records merge."""
     if pp[KIND] == DP:
         return crp.merge_gap(na, nb, math.log(pp[ALPHA]))
     return nggp.merge_gap(na, nb, u, pp[ALPHA], pp[SIGMA])
-
-
-@njit(cache=True, nogil=True)
-def psi(u, pp):
-    """psi_rho(u) of Lee and Choi 2015, eq. 5. NGGP: alpha / sigma ((1 + u)^sigma - 1); DP:
-    alpha log(1 + u)."""
-    if pp[KIND] == DP:
-        return pp[ALPHA] * math.log1p(u)
-    return nggp.psi(u, pp[ALPHA], pp[SIGMA])
 
 
 @njit(cache=True, nogil=True)
@@ -104,15 +72,6 @@ def log_prior_constant(n, u, pp):
     if pp[KIND] == DP:
         return crp.log_constant(n, pp[ALPHA])
     return nggp.log_u_factor(n, u, pp[ALPHA], pp[SIGMA])
-
-
-@njit(cache=True, nogil=True)
-def log_eppf(sizes, K, pp):
-    """log EPPF p(|c_1|, ..., |c_K|): the prior probability of one partition with these block
-    sizes (``crp.log_eppf`` or ``nggp.log_eppf``; sizes of shape (>= K,))."""
-    if pp[KIND] == DP:
-        return crp.log_eppf(sizes, K, pp[ALPHA])
-    return nggp.log_eppf(sizes, K, pp[ALPHA], pp[SIGMA])
 
 
 @njit(cache=True, nogil=True)

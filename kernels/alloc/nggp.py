@@ -47,20 +47,6 @@ def log_kappa(n, u, alpha, sigma):
 
 
 @njit(cache=True, nogil=True)
-def log_join(n, u, sigma):
-    """log kappa(n + 1, u) / kappa(n, u) = log(n - sigma) - log(1 + u): the weight of one record
-    joining a block of n records (Lee and Choi 2015, eq. 6)."""
-    return math.log(n - sigma) - math.log1p(u)
-
-
-@njit(cache=True, nogil=True)
-def log_new(u, alpha, sigma):
-    """log kappa(1, u) = log alpha + (sigma - 1) log(1 + u): the weight of one record opening a
-    new block (Lee and Choi 2015, eq. 6)."""
-    return log_kappa(1.0, u, alpha, sigma)
-
-
-@njit(cache=True, nogil=True)
 def merge_gap(na, nb, u, alpha, sigma):
     """log kappa(na + nb, u) - log kappa(na, u) - log kappa(nb, u): the change of the log of
     eq. 4 (at fixed u) when blocks of na and nb records merge."""
@@ -143,30 +129,6 @@ def log_u_integral(n, K, alpha, sigma):
             acc += math.exp(g - g0)
             k += 1
     return g0 + math.log(acc * h)
-
-
-@njit(cache=True, nogil=True)
-def log_eppf(sizes, K, alpha, sigma):
-    """log EPPF p(|c_1|, ..., |c_K|) of the NGGP: eq. 4 integrated over u,
-    sum_c log kappa(|c|, 0) + ``log_u_integral(n, K)``.
-
-    Parameters
-    ----------
-    sizes : ndarray of shape (>= K,)
-        Block sizes in records (the first K entries, all > 0).
-    K : int
-    alpha, sigma : float
-
-    Returns
-    -------
-    float
-    """
-    n = 0.0
-    out = 0.0
-    for k in range(K):
-        n += sizes[k]
-        out += log_kappa(sizes[k], 0.0, alpha, sigma)
-    return out + log_u_integral(n, float(K), alpha, sigma)
 
 
 @njit(cache=True, nogil=True)
