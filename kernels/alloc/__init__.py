@@ -31,22 +31,7 @@ KIND, ALPHA, SIGMA = 0, 1, 2
 
 @njit(cache=True, nogil=True)
 def log_kappa(n, u, pp):
-    """log kappa_rho(n, u), Lee and Choi 2015, eq. 5: the weight of one block of n records.
-
-    Parameters
-    ----------
-    n : float
-        Block size in records (> 0).
-    u : float
-        The auxiliary variable of Theorem 1 (ignored by the DP).
-    pp : ndarray of shape (3,)
-        (kind, alpha, sigma).
-
-    Returns
-    -------
-    float
-        ``nggp.log_kappa``, or for the DP ``crp.log_kappa``: log alpha + log Gamma(n).
-    """
+    """log kappa(n, u) (Lee and Choi 2015, eq. 5) of a block of n > 0 records under pp (3,)."""
     if pp[KIND] == DP:
         return crp.log_kappa(n, math.log(pp[ALPHA]))
     return nggp.log_kappa(n, u, pp[ALPHA], pp[SIGMA])
@@ -54,8 +39,7 @@ def log_kappa(n, u, pp):
 
 @njit(cache=True, nogil=True)
 def merge_gap(na, nb, u, pp):
-    """log kappa(na + nb, u) - log kappa(na, u) - log kappa(nb, u): the prior's change when
-    blocks of na and nb records merge."""
+    """The prior's change when blocks of na and nb records merge."""
     if pp[KIND] == DP:
         return crp.merge_gap(na, nb, math.log(pp[ALPHA]))
     return nggp.merge_gap(na, nb, u, pp[ALPHA], pp[SIGMA])
@@ -63,12 +47,8 @@ def merge_gap(na, nb, u, pp):
 
 @njit(cache=True, nogil=True)
 def log_prior_constant(n, u, pp):
-    """The partition-independent term of log P(Pi[, u]) next to sum_c log_kappa(|c|, u).
-
-    NGGP: ``nggp.log_u_factor`` (the joint of eq. 4 with u, a density in u). DP:
-    ``crp.log_constant``, log Gamma(alpha) - log Gamma(alpha + n), so that the sum is the log CRP
-    EPPF with u integrated out.
-    """
+    """log P(Pi[, u]) - sum_c log_kappa(|c|, u): ``nggp.log_u_factor`` (eq. 4, a density in u)
+    or the CRP's ``crp.log_constant``."""
     if pp[KIND] == DP:
         return crp.log_constant(n, pp[ALPHA])
     return nggp.log_u_factor(n, u, pp[ALPHA], pp[SIGMA])
@@ -76,8 +56,7 @@ def log_prior_constant(n, u, pp):
 
 @njit(cache=True, nogil=True)
 def sample_u(state, u, n, K, pp, n_steps):
-    """Resample u given a partition of n records into K blocks (``nggp.sample_u``); the DP
-    returns u unchanged."""
+    """``nggp.sample_u``; u unchanged for the DP."""
     if pp[KIND] == DP:
         return u
     return nggp.sample_u(state, u, n, K, pp[ALPHA], pp[SIGMA], n_steps)
