@@ -1,5 +1,6 @@
 """Invariants of the IBHC forests and of the tree-guided MCMC chain state (``kernels.ibhc``,
-``kernels.tgmcmc``): the tests' checks, not part of the product."""
+``kernels.tgmcmc``): the tests' checks, not part of the product (compiled, not cached: numba
+would not see a change of the kernels they call)."""
 
 import numpy as np
 from numba import njit
@@ -10,7 +11,7 @@ from kernels.obs import product
 from kernels.special import logaddexp
 
 
-@njit(cache=True, nogil=True)
+@njit
 def check_tree(r, ni, nf, st, u, pp, spec, prior, work, tol):
     """Invariants of the tree rooted at r: parent links, NLEAF, statistics equal to the sum of the
     children's, LM equal to the log marginal of the statistics, potentials per eqs. 8-9 of Lee and
@@ -47,7 +48,7 @@ def check_tree(r, ni, nf, st, u, pp, spec, prior, work, tol):
     return bad
 
 
-@njit(cache=True, nogil=True)
+@njit
 def check_state(C, F, P, u):
     """Invariants of the chain state: slots, labels and statistics agree; every existing tree holds
     exactly its cluster's leaves, with the leaf map pointing at them, and is consistent
