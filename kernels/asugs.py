@@ -3,33 +3,19 @@
 2011) and ASUGS-PM's pruning and merging (Tsiligkaridis and Forsythe 2015, Section 6), over any
 observation model of ``kernels.obs.product``.
 
-One record at a time, in stream order, record i (1-based, counted over the whole stream):
+Record i (1-based over the whole stream): (a) alpha_{i-1} = k_{i-1} / (lambda + log(i - 1)),
+the mean of Section 2.1's Gamma approximation (SUGS keeps alpha); (b) gamma_i from eq. 1,
+m_{i-1}(h) L_{i,h}(y_i) for a class, alpha_{i-1} L_{i,k+1}(y_i) for a new one: the arg max or a
+draw; (c) class gamma_i's statistics and cache updated by the family's rank-one ``update`` (for
+the Normal-Wishart eqs. 4-7 in Raykov et al. 2016, Appendix B's parameterisation).
 
-(a) the concentration alpha_{i-1} = k_{i-1} / (lambda + log(i - 1)) (Section 2.1: the mean of
-    the Gamma(k_{i-1}, lambda + log(i - 1)) approximation of p_{i-1}(alpha)); SUGS keeps alpha;
-(b) the label gamma_i from q_h proportional to L_{i,h}(y_i) pi_{i,h}(alpha_{i-1}), eq. 1:
-    m_{i-1}(h) L_{i,h}(y_i) for an existing class, alpha_{i-1} L_{i,k+1}(y_i) for a new one
-    (the common 1 / (i - 1 + alpha) cancels): the arg max (greedy) or a draw;
-(c) the posterior update of class gamma_i: its sufficient statistics gain y_i and its cache
-    (posterior parameters) is updated in place by the family's rank-one ``update``. For the
-    Normal-Wishart this is eqs. 4-7 in the parameterisation of Raykov et al. 2016, Appendix B;
-    L_{i,h} is the family's posterior predictive (for the Normal-Wishart the Student-t of eq. 8).
-
-Record 1 opens class 1 (gamma_1 = 1, k_1 = 1). Clusters live in rows 0..K-1 of ``stats``,
-``cache``, ``nk`` (K_cap rows, grown by doubling); each carries an id that never changes or
-returns (``ids``) and the record number that opened it (``born``). A record's label is its
-cluster's id; ``alias`` (one entry per id ever opened) says what became of an id: ``ALIVE``,
-``PRUNED``, or the id it was merged into, so that labels given before a merge are resolved at
-the end (``row_of_ids``) instead of rewritten at every merge.
-
-Pruning and merging (ASUGS-PM, after Lin 2013 as Section 6 does) run after record i when
-``pm_due(i, pm_interval)``: every ``pm_interval`` records at first, then twice as rarely each
-time i doubles past 64 intervals (so O(log n) rounds in all, as the number of classes grows
-logarithmically, Section 4). A round prunes each class that holds fewer than ``prune_weight``
-of the records seen since it opened (never the largest); the pruned statistics are kept apart
-(``pruned``) so that the statistics of all classes plus the pruned ones are those of every
-record seen. Then it merges classes greedily while a merge raises log p(X, z | alpha_i)
-(``kernels.partition.greedy_merge``: the exact merge gap of the DP mixture).
+Classes are rows 0..K-1 of ``stats``, ``cache``, ``nk`` (grown by doubling), each with a
+lasting id (``ids``) and the record that opened it (``born``). A record's label is its class's
+id; ``alias`` says what became of each id (``ALIVE``, ``PRUNED`` or the id it merged into),
+resolved at the end (``row_of_ids``). ASUGS-PM's rounds (Section 6) run when ``pm_due``: every
+``pm_interval`` records, half as often each time i doubles past 64 intervals; a round prunes
+classes below ``prune_weight`` of the records since they opened (never the largest; their
+statistics kept in ``pruned``), then merges greedily (``kernels.partition.greedy_merge``).
 """
 
 import math
@@ -49,36 +35,20 @@ PRUNED = -1
 
 @njit(cache=True, nogil=True)
 def concentration(k, i, lam):
-    """alpha_i = k_i / (lambda + log i), Tsiligkaridis and Forsythe 2015, Section 2.1 (Algorithm 1,
-    step (a)).
-
-    Parameters
-    ----------
-    k : float
-        k_i, the number of classes after record i.
-    i : float
-        Records seen (>= 1).
-    lam : float
-        The rate lambda > 0 of the exponential prior p_1(alpha) = lambda exp(-lambda alpha).
-
-    Returns
-    -------
-    float
-    """
+    """alpha_i = k_i / (lambda + log i) (Section 2.1) for k classes after i >= 1 records and the
+    exponential prior's rate lam > 0."""
     return concentration_of_log(k, math.log(i), lam)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def concentration_of_log(k, log_i, lam):
-    """``concentration`` from log i (a stream takes one logarithm a record for both alpha_i
-    and alpha_{i-1})."""
+    """``concentration`` from log i."""
     return k / (lam + log_i)
 
 
 @njit(cache=True, nogil=True)
 def pm_due(i, pm_interval):
-    """Whether pruning and merging run after record i (module docstring); never for
-    ``pm_interval`` <= 0."""
+    """Whether a PM round runs after record i (module docstring; never for pm_interval <= 0)."""
     if pm_interval <= 0:
         return False
     step = pm_interval
@@ -122,22 +92,9 @@ def _remove_row(h, K, stats, cache, nk, lognk, born, ids):
 
 @njit(cache=True, nogil=True, inline="always")
 def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy, ub):
-    """log [m(h) L_{i,h}(y_i)] for h < K and log [alpha L_{i,K+1}(y_i)] (h = K) into logw
-    (eq. 1 times eq. 3, as ``stream`` step (b)).
-
-    For the arg max (``greedy``) a class is skipped (its weight not computed) when an upper
-    bound of it is below the weight of a class already evaluated; the margin 1e-9 (|best| + 1)
-    covers rounding, so the arg max (ties included) is that of the full evaluation. The bound
-    is that of ``gaussian_nw.packed_log_predictive_bounds`` (no logarithm, within about
-    1.3e-5 (nu + d) / 2 of the predictive; ub its scratch) on the quadratic form's leading
-    rows (``gaussian_nw.leading_quad_forms``, a lower bound of it): the class with the highest
-    bound is evaluated first, its quadratic form finished (``finish_quad_form``), then every
-    class whose bound reaches the best weight so far.
-
-    Returns the arg max for ``greedy`` (the lowest column of the largest weight, as a loop
-    over logw would find it; only the evaluated columns of logw are written), else -1 (every
-    column of logw written).
-    """
+    """Step (b)'s log weights into logw[:K + 1] from the packed P; returns -1, or for
+    ``greedy`` the arg max (lowest of ties), skipping the columns whose bound on the leading
+    rows (``packed_log_predictive_bounds``; ub scratch) is 1e-9 (|best| + 1) below the best."""
     n = K + 1
     e0 = d * (d + 1) // 2 + d
     if not greedy:
@@ -150,9 +107,7 @@ def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy, ub):
     rows = gaussian_nw.leading_rows(d)
     gaussian_nw.leading_quad_forms(x, P, n, d, rows, acc, qv)
     gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, ub)
-    # the prior terms added without a branch, then the arg max: one loop of both took a
-    # branch per column and did not vectorise (38 ns a record for the 19 columns of the
-    # 20-cluster benchmark's stream)
+    # the prior terms without a branch (vectorised), then the arg max
     for h in range(K):
         ub[h] += lognk[h]
     ub[K] += log_alpha
@@ -184,33 +139,10 @@ def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy, ub):
 def prune_merge(
     i, K, stats, cache, nk, lognk, born, ids, alias, pruned, spec, prior, log_alpha, prune_weight
 ):
-    """One ASUGS-PM round after record i (Tsiligkaridis and Forsythe 2015, Section 6; module
-    docstring).
-
-    Pruning: a class h with nk[h] < prune_weight * (i - born[h] + 1) leaves (its statistics
-    are added to ``pruned``, its id becomes ``PRUNED``); the largest class always stays.
-    Merging: ``kernels.partition.greedy_merge`` with log alpha_i, the pair whose merge raises
-    log p(X, z | alpha_i) most first, until no merge raises it; the merged class keeps the id
-    and row of its lowest row, the earliest ``born``, and the other ids alias to it.
-
-    Parameters
-    ----------
-    i : int
-        Records seen.
-    K : int
-        Classes (rows 0..K-1 of the arrays), updated in place except for K itself.
-    alias, pruned : ndarrays, updated in place.
-    log_alpha : float
-        log alpha_i for the merge test.
-    prune_weight : float
-        0 turns pruning off.
-
-    Returns
-    -------
-    K : int
-        Classes after the round.
-    n_pruned, n_merged : int
-    """
+    """One ASUGS-PM round after record i (Section 6) over the K classes, arrays updated:
+    classes with nk[h] < prune_weight (i - born[h] + 1) pruned (not the largest; 0: none), then
+    ``greedy_merge`` at log_alpha, a merged class keeping its lowest row's id and row and the
+    earliest ``born``. Returns (K, n_pruned, n_merged)."""
     n_pruned = 0
     if prune_weight > 0.0 and K > 1:
         h = 0
@@ -235,8 +167,7 @@ def prune_merge(
     if n_merged == 0:
         return K, n_pruned, 0
     K2 = merged.shape[0]
-    # greedy_merge keeps the lowest row of each merged group and numbers the groups in the
-    # order of those rows
+    # greedy_merge numbers the groups by their lowest rows
     first = np.full(K2, -1, dtype=np.int64)
     new_born = np.full(K2, np.inf)
     size = np.zeros(K2, dtype=np.int64)
@@ -275,59 +206,40 @@ def stream(
     X, z, alpha_trace, logq, stats, cache, nk, born, ids, K, alias, n_ids, pruned, n_seen, spec,
     prior, empty_c, lam, alpha_fixed, sample, state, pm_interval, prune_weight,
 ):  # fmt: skip
-    """Algorithm 1 of Tsiligkaridis and Forsythe 2015 (ASUGS; SUGS when ``lam`` <= 0) over the
-    records of X in order, continuing from the state given (module docstring).
+    """Algorithm 1 of Tsiligkaridis and Forsythe 2015 (ASUGS; SUGS when ``lam`` <= 0, at
+    ``alpha_fixed``) over the records of X in order, from the state given (module docstring).
 
     Parameters
     ----------
-    X : ndarray of shape (N, D), float64
-        Records in stream order, columns in the product family's group order.
+    X : ndarray of shape (N, D)
+        Records in stream order, columns in the product's group order.
     z : ndarray of shape (N,), int64, output
-        The id of the class each record joined (``row_of_ids`` maps it to the final class).
-    alpha_trace : ndarray of shape (N,) or (0,), output
-        alpha_i after each record i: k_i / (lambda + log i) (Section 2.1), or the fixed alpha.
-    logq : ndarray of shape (N,) or (0,), output
-        log [L_{i,gamma_i}(y_i) pi_{i,gamma_i}(alpha_{i-1})] of each record (eq. 1 times eq. 3):
-        the sequential log joint's increments; for record 1, log L_{1,1}(y_1) (gamma_1 = 1).
-    stats : ndarray of shape (K_cap, S)
-    cache : ndarray of shape (K_cap, C)
-    nk, born : ndarray of shape (K_cap,)
-        Class sizes m(h) and the record number that opened each class.
-    ids : ndarray of shape (K_cap,), int64
-    K : int
-        Classes in use (rows 0..K-1).
+        Each record's class id.
+    alpha_trace, logq : ndarrays of shape (N,) or (0,), output
+        alpha_i after each record, and log [L_{i,gamma_i}(y_i) pi_{i,gamma_i}(alpha_{i-1})]
+        (eq. 1 times eq. 3), the sequential log joint's increments.
+    stats, cache, nk, born, ids : (K_cap, S), (K_cap, C), (K_cap,), (K_cap,), int64 (K_cap,)
+        The classes, K of them in use (module docstring).
     alias : ndarray of shape (A,), int64
-        Fate of every id ever opened (ids 0..n_ids-1).
-    n_ids : int
+        The fate of the ids 0..n_ids - 1.
     pruned : ndarray of shape (S,)
-        Statistics of the pruned classes, added to in place.
+        Pruned statistics, added to.
     n_seen : int
         Records seen before X.
-    spec, prior : product family description (``kernels.obs.product``).
-    empty_c : ndarray of shape (C,)
-        Cache of the empty statistics (the prior predictive L_{i,k+1}).
-    lam : float
-        lambda of Algorithm 1; <= 0 for SUGS with ``alpha_fixed``.
-    alpha_fixed : float
-        SUGS's concentration (ignored when lam > 0).
+    spec, prior, empty_c : the observation model and the empty statistics' cache
+    lam, alpha_fixed : float
     sample : bool
-        Step (b) draws gamma_i from q (True) or takes its arg max (False; ties: lowest row,
-        an existing class before a new one).
+        Step (b) draws (True) or takes the arg max (ties: lowest row, a class before new).
     state : ndarray of shape (1,), uint64
-        RNG state of the draws, advanced in place.
     pm_interval : int
-        ASUGS-PM rounds (``pm_due``); <= 0: plain ASUGS.
+        ``pm_due``'s; <= 0: no PM rounds.
     prune_weight : float
 
     Returns
     -------
-    stats, cache, nk, born, ids : ndarrays (possibly reallocated)
-    K : int
-    alias : ndarray (possibly reallocated)
-    n_ids : int
-    n_seen : int
+    stats, cache, nk, born, ids, K, alias, n_ids, n_seen : the state (arrays maybe reallocated)
     n_pruned, n_merged : int
-        Classes pruned and merges made by the PM rounds of this call.
+        This call's PM rounds' prunes and merges.
     """
     N = X.shape[0]
     d = X.shape[1]
@@ -351,7 +263,7 @@ def stream(
         )  # fmt: skip
         if t == N:
             break
-        # a full table: grown here, outside ``_run``'s loop (module docstring of ``_run``)
+        # a full table: grown outside ``_run``'s loop
         if K == stats.shape[0]:
             stats, cache, nk, lognk, born, ids = _grow(stats, cache, nk, lognk, born, ids)
             logw = np.empty(stats.shape[0] + 1)
@@ -359,7 +271,7 @@ def stream(
         if n_ids == alias.shape[0]:
             alias = _grow_ids(alias)
     if fast:
-        # the factors L that add_record left behind (it keeps U, which is all a record reads)
+        # the factors L that add_record left behind
         for h in range(K):
             gaussian_nw.restore_factor(cache[h], d)
     return stats, cache, nk, born, ids, K, alias, n_ids, n_seen, counts[0], counts[1]
@@ -367,9 +279,8 @@ def stream(
 
 @njit(cache=True, nogil=True)
 def _packed(cache, K, empty_c, d, cols, fast):
-    """The classes' predictives class-major with the empty class in column K (``_fast_weights``;
-    P with ``cols`` columns) and the scratch of a record's weights; empty arrays unless ``fast``
-    (a Normal-Wishart-only family)."""
+    """The packed predictives P (``cols`` columns, the empty class at K) and a record's scratch;
+    empty unless ``fast`` (Normal-Wishart only)."""
     if not fast:
         return np.empty((0, 0)), np.empty(0), np.empty(0), np.empty(0)
     P = np.empty((d * (d + 1) // 2 + d + 3, cols))
@@ -379,8 +290,7 @@ def _packed(cache, K, empty_c, d, cols, fast):
 
 @njit(cache=True, nogil=True, inline="always")
 def _weights(x, stats, cache, lognk, K, log_alpha, spec, prior, empty_s, empty_c, logw):
-    """Step (b)'s log [m_{i-1}(h) L_{i,h}(y_i)] into logw[:K] and log [alpha L_{i,k+1}(y_i)]
-    into logw[K], for any family (``_fast_weights``: the Normal-Wishart's)."""
+    """Step (b)'s log weights into logw[:K + 1], any family."""
     for h in range(K):
         logw[h] = lognk[h] + product.log_predictive(x, stats[h], cache[h], spec, prior)
     logw[K] = log_alpha + product.log_predictive(x, empty_s, empty_c, spec, prior)
@@ -403,17 +313,11 @@ def _run(
     n_seen, spec, prior, empty_c, lam, alpha_fixed, sample, state, pm_interval, prune_weight,
     fast, P, acc, qv, ub, logw, counts, empty_s, work, x,
 ):  # fmt: skip
-    """``stream``'s records from t on, until the last or until a record is to open a class with
-    no row for it: returns (the next record, K, n_ids, n_seen).
-
-    No array is assigned in this loop, and every array is borrowed: numba takes a reference (an
-    atomic increment, later a decrement) for every array variable assigned in a branch of a
-    loop at each pass, and for every array argument of an inlined or called function, about a
-    hundred atomic operations a record when the growth was written inline (``_scan_run`` of
-    ``kernels.mapdp`` says more); ``stream`` grows the tables between calls instead. counts (2,)
-    gains the classes pruned and merged; empty_s (S,), work (4 d,) and x (d,) are scratch.
+    """``stream``'s records from t on, until the last or one that is to open a class with no row
+    left: returns (the next record, K, n_ids, n_seen). Every array borrowed, none assigned
+    (``kernels.mapdp._scan_run``); counts (2,) gains the prunes and merges; empty_s (S,),
+    work (4 d,), x (d,) scratch.
     """
-    # every array borrowed (``kernels.arrays.borrowed``): the caller owns them all for the call
     X, z, alpha_trace, logq, stats, cache, nk, lognk, born, ids = (
         borrowed(X), borrowed(z), borrowed(alpha_trace), borrowed(logq), borrowed(stats),
         borrowed(cache), borrowed(nk), borrowed(lognk), borrowed(born), borrowed(ids),
@@ -430,8 +334,7 @@ def _run(
     adaptive = lam > 0.0
     trace = alpha_trace.shape[0] > 0
     want_q = logq.shape[0] > 0
-    # log(i - 1) for alpha_{i-1} is the log(i) of alpha_i after record i - 1 (the same float):
-    # one logarithm a record for both
+    # log(i - 1) of alpha_{i-1} is the log(i) of the record before
     log_prev = math.log(float(n_seen))
     while t < N:
         for c in range(d):
@@ -462,8 +365,7 @@ def _run(
             q = logw[best] - math.log(i - 1.0 + alpha)
         if best == K:
             if K == stats.shape[0] or n_ids == alias.shape[0]:
-                # no row for the new class: back to ``stream`` to grow, and this record again
-                # from the same RNG state (its draw repeated), so nothing of it is committed
+                # no row: ``stream`` grows, and this record again from the same RNG state
                 state[0] = drawn_from
                 return t, K, n_ids, n_seen
             _open_class(K, i, n_ids, stats, cache, nk, born, ids, alias, empty_c)

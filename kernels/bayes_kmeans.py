@@ -1,25 +1,13 @@
-"""Bayes K-means (Xu et al. 2009, Section 5): the one implementation, over leaf summaries
-(``bayes_kmeans``) and as the per-chunk assignment step of the distributed passes (``assign``,
-with the chunk bookkeeping ``label_deltas``).
+"""Bayes K-means (Xu et al. 2009, Section 5) over leaf summaries (``bayes_kmeans``) and as the
+distributed passes' assignment step (``assign``, with ``label_deltas``).
 
-Bayes K-means is K-means with the DPM's marginal likelihood as the criterion: every record (or
-leaf) goes to the cluster, or a new one, that maximises the joint log p(X, z) of the DPM. For one
-record i this minimises
-
-    - log p(x_i | X_{k,-i}) - log N_{k,-i}      (an existing cluster k)
-    - log p(x_i) - log N0                       (a new cluster)
-
-which is the MAP-DP cost (Raykov et al. 2016, eqs. 3.1-3.2; the prior terms are
-``kernels.alloc.crp``'s ``log_join`` and ``log_new``); for a leaf summarising several records it
-joins the cluster with the largest positive merge gap (``kernels.partition.merge_gap``), else opens
-a new one. What makes it *K-means-like* is that the existing clusters' statistics are frozen during
-an assignment step of ``assign`` (a Lloyd step): they are recomputed from the new assignment
-afterwards, by the caller adding the deltas (``label_deltas``), and clusters are then merged
-greedily while the marginal likelihood grows (``kernels.partition.greedy_merge``). Records that open
-new clusters in a chunk update those clusters incrementally, so the records of a cluster missing
-from the frozen set gather in one new cluster.
-
-Clusters are rows of ``stats`` (K, S), ``cache`` (K, C) and ``nk`` (K,) as in ``kernels.mapdp``.
+Every record goes to the cluster, or a new one, that maximises the DPM's log p(X, z): it
+minimises -log p(x_i | X_{k,-i}) - log N_{k,-i}, or -log p(x_i) - log N0 for a new cluster
+(MAP-DP's cost, Raykov et al. 2016, eqs. 3.1-3.2); a leaf of several records joins the cluster
+of the largest positive merge gap (``kernels.partition``). Like K-means, ``assign`` keeps the
+clusters' statistics frozen (a Lloyd step; the caller adds ``label_deltas``, then merges
+greedily); clusters opened in a chunk update as records join. Clusters are rows of ``stats``
+(K, S), ``cache`` (K, C) and ``nk`` (K,) as in ``kernels.mapdp``.
 """
 
 import math
@@ -28,34 +16,18 @@ import numpy as np
 from numba import njit
 
 from kernels.alloc import crp
-from kernels.arrays import aligned_matrix, copy_rows, copy_vector, prefetch
-from kernels.mapdp import _AHEAD, _free_slot, _pruned_costs, load_block
+from kernels.arrays import aligned_matrix, copy_vector, prefetch
+from kernels.mapdp import _AHEAD, _free_slot, _grow, _pruned_costs, load_block
 from kernels.obs import gaussian_nw, product
 from kernels.partition import canonical_labels, greedy_merge, merge_gap_cached
-
-
-@njit(cache=True, nogil=True)
-def _grow(stats, cache, nk):
-    cap = stats.shape[0]
-    new_cap = max(2 * cap, 4)
-    s2 = np.zeros((new_cap, stats.shape[1]))
-    c2 = np.zeros((new_cap, cache.shape[1]))
-    n2 = np.zeros(new_cap)
-    copy_rows(s2, stats)
-    copy_rows(c2, cache)
-    copy_vector(n2, nk)
-    return s2, c2, n2
-
 
 _BLOCK = 64
 
 
 @njit(cache=True, nogil=True)
 def _loo(x, k0, stats, cache, spec, prior, loo, loo_ok, scratch_s, scratch_c, d, r):
-    """log p(x | X_k0 without x) of a frozen cluster from its cached terms
-    (``gaussian_nw.loo_constants``) and r = |L_k0^{-1} (x - m_k0)|^2, the record's quadratic
-    form under k0's packed column (``kernels.mapdp._loo_cost``); the downdated copy where
-    rounding leaves the closed form no positive determinant ratio."""
+    """log p(x | X_k0 without x) from k0's cached terms and x's quadratic form r
+    (``kernels.mapdp._loo_cost``), the downdated copy where rounding needs it."""
     if not loo_ok[k0]:
         gaussian_nw.loo_constants(cache[k0], d, loo[k0])
         loo_ok[k0] = True
@@ -76,8 +48,7 @@ def _downdated(x, s, c, spec, prior, scratch_s, scratch_c):
 
 @njit(cache=True, nogil=True, inline="always")
 def _frozen_cost(x, k, k0, stats, cache, nk, lognk, spec, prior, scratch_s, scratch_c):
-    """x's cost (module docstring) of frozen cluster k, its own k0 without it; inf for an empty
-    cluster and for k0 when x is alone in it."""
+    """x's cost of frozen cluster k (k0 without x); inf when empty or x is alone in k0."""
     if k == k0:
         if nk[k] <= 1.0:
             return np.inf
@@ -93,9 +64,8 @@ def _packed_costs(
     t, X, order, XT, P, Q, bacc, qv, x, k0, stats, cache, nk, lognk, spec, prior, loo, loo_ok,
     scratch_s, scratch_c, log_new, e0, ub, costs,
 ):  # fmt: skip
-    """``assign``'s costs of the t-th record x (cluster k0) under the packed frozen clusters P
-    (``kernels.mapdp._pruned_costs``), the quadratic forms of its block of records computed
-    (XT, Q, bacc) at the block's first record."""
+    """``assign``'s costs of the t-th record x (in k0) under the packed P
+    (``kernels.mapdp._pruned_costs``), its block's quadratic forms at the block's start."""
     K = P.shape[1] - 1
     nb = XT.shape[1]
     d = x.shape[0]
@@ -115,8 +85,7 @@ def _packed_costs(
 
 @njit(cache=True, nogil=True, inline="always")
 def _best_opened(x, ns, nc, nn, M, K, best, best_cost, spec, prior):
-    """The least of (best, best_cost) and x's costs of the M clusters opened in this ``assign``
-    (numbered from K)."""
+    """The least of (best, best_cost) and x's costs of the M clusters opened from K on."""
     for j in range(M):
         cost = -product.log_predictive(x, ns[j], nc[j], spec, prior) - crp.log_join(nn[j])
         if cost < best_cost:
@@ -127,32 +96,24 @@ def _best_opened(x, ns, nc, nn, M, K, best, best_cost, spec, prior):
 
 @njit(cache=True, nogil=True)
 def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
-    """One Bayes K-means assignment step over the records in ``order``.
-
-    Each record i goes to argmin of the costs in the module docstring over the K frozen clusters
-    (its own cluster k0 = z[i] without it, the leave-one-out predictive), the clusters opened
-    earlier in this call, and a new cluster. Ties keep the lowest index; a record alone in its
-    cluster that would open a new one stays.
+    """One Bayes K-means assignment step over the records in ``order`` (M,): each to the least
+    cost over the K frozen clusters (its own by the leave-one-out predictive), those opened in
+    this call and a new one; ties to the lowest, a record alone stays.
 
     Parameters
     ----------
     X : ndarray of shape (N, D)
     order : ndarray of shape (M,), int64
-        Records to visit, in visiting order.
     z : ndarray of shape (N,), int64
-        Cluster of each record, 0..K-1 or -1 for none; updated in place, new clusters are
-        numbered K, K + 1, ... in the order they were opened.
-    stats, cache, nk : ndarrays of K rows
-        The frozen clusters (never modified).
+        Each record's cluster (-1: none), updated; new clusters K, K + 1, ... in opening order.
+    stats, cache, nk : the K frozen clusters' rows
     K : int
-    spec, prior, empty_c, log_alpha : as ``kernels.mapdp.gibbs_sweep``.
+    spec, prior, empty_c, log_alpha : as ``kernels.mapdp.gibbs_sweep``
 
     Returns
     -------
     new_stats : ndarray of shape (M_new, S)
-        Statistics of the clusters opened here.
     n_changed : int
-        Records whose cluster changed.
     """
     S = stats.shape[1]
     C = cache.shape[1]
@@ -168,11 +129,7 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
     M = 0
     n_changed = 0
     d = X.shape[1]
-    # Normal-Wishart records without recording cells: the frozen clusters packed with the empty
-    # one in column K, a block of records' quadratic forms at once, a logarithm only where a
-    # cost can be the least, and the leave-one-out predictive of k0 in closed form
-    # (``kernels.mapdp._scan``'s hot path; the clusters never change here, so every block is
-    # computed once)
+    # Normal-Wishart without cells: ``kernels.mapdp._scan``'s packed path, every block once
     hot = spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
     hot = hot and not gaussian_nw.has_cells(prior, d)
     nb = _BLOCK if hot else 0
@@ -225,7 +182,8 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
                 best = k0
             else:
                 if M == ns.shape[0]:
-                    ns, nc, nn = _grow(ns, nc, nn)
+                    # MAP-DP's slot arrays doubled (its fourth array, log sizes, not needed)
+                    ns, nc, nn, _ = _grow(ns, nc, nn, nn)
                 copy_vector(nc[M], empty_c)
                 best = K + M
                 M += 1
@@ -240,15 +198,9 @@ def assign(X, order, z, stats, cache, nk, K, spec, prior, empty_c, log_alpha):
 
 @njit(cache=True, nogil=True)
 def label_deltas(X, order, z_old, z_new, K, M, spec, S):
-    """What a chunk's relabelling does to the cluster statistics.
-
-    For the records in ``order`` whose label changed from z_old (0..K-1 or -1) to z_new (0..K-1,
-    or K..K+M-1 for clusters opened in the chunk), returns ``delta`` (K, S), to be added to the K
-    existing clusters' statistics, and ``new_stats`` (M, S), the statistics of the new clusters.
-    Computed from the records, so rounding does not accumulate along a sweep. The records are
-    read in row order, not in the sweep's random order: 4x faster on 100,000 x 10 records
-    where every one moved (a first pass), as the rows stream from memory.
-    """
+    """A chunk's relabelling of the records in ``order`` from z_old to z_new (K.. for clusters
+    opened in it) as ``delta`` (K, S), to add to the K clusters, and ``new_stats`` (M, S); from
+    the records, read in row order (4x faster than the sweep's order)."""
     delta = np.zeros((K, S))
     new_stats = np.zeros((M, S))
     visit = np.zeros(X.shape[0], dtype=np.bool_)
@@ -273,12 +225,8 @@ def label_deltas(X, order, z_old, z_new, K, M, spec, S):
 
 @njit(cache=True, nogil=True)
 def _best_cluster(i, c0, stats, lm_i, cl, cl_lm, cnt, K, spec, prior, log_alpha, scratch):
-    """Best cluster for leaf i (not in any cluster's statistics now): -1 means a new one.
-
-    Joining c rather than opening a new cluster changes log p(X, z) by the merge gap of c and i,
-    so the best cluster has the largest positive gap. ``c0`` (the leaf's previous cluster, if
-    still non-empty) is evaluated first and kept on ties, and at a gap of exactly 0.
-    """
+    """Leaf i's cluster of the largest positive merge gap, -1 for a new one; c0 (its previous,
+    if not empty) kept on ties and at a gap of 0."""
     best = -1
     best_gap = 0.0
     for q in range(K + 1):
@@ -294,34 +242,22 @@ def _best_cluster(i, c0, stats, lm_i, cl, cl_lm, cnt, K, spec, prior, log_alpha,
 
 @njit(cache=True, nogil=True)
 def bayes_kmeans(stats, spec, prior, log_alpha, order, k_init, max_sweeps=0):
-    """Bayes K-means (Xu et al. 2009, Section 5) over leaf summaries.
-
-    The first ``k_init`` leaves of ``order`` open one cluster each; every further leaf i (in
-    ``order``) joins the cluster c, or a new cluster, that gives the highest marginal likelihood
-    of the resulting configuration (eq. 5's summand): the cluster with the largest positive merge
-    gap with i (``kernels.partition.merge_gap``), else a new one. Optionally (``max_sweeps`` > 0;
-    the paper describes the single pass) leaves are then reassigned by the same rule, K-means
-    style, until none moves. Finally clusters are merged greedily while a merge increases the
-    marginal likelihood (``kernels.partition.greedy_merge``). Cost O(M K) log marginals per pass,
-    O(K^2) for the merges.
+    """Bayes K-means (Xu et al. 2009, Section 5) over leaf summaries: the first ``k_init``
+    leaves of ``order`` (a permutation (M,) int64) open a cluster each, every further leaf joins
+    the cluster of its largest positive merge gap or a new one (eq. 5's summand); then up to
+    ``max_sweeps`` reassignment sweeps and greedy merges. O(M K) log marginals a pass.
 
     Parameters
     ----------
     stats : ndarray of shape (M, S)
-        Leaf statistics rows, ``stats[:, 0] > 0``.
-    spec, prior : product family description (``kernels.obs.product``).
-    log_alpha : float
+    spec, prior, log_alpha : the product family and log N0
     order : ndarray of shape (M,), int64
-        A permutation of the leaves (random in the paper).
-    k_init : int
-        Clusters opened from the first leaves of ``order`` (sqrt(M) in the paper).
-    max_sweeps : int
-        Reassignment sweeps after the first pass (stops early when no leaf moves).
+    k_init, max_sweeps : int
 
     Returns
     -------
     z : ndarray of shape (M,), int64
-        Cluster of each leaf, 0..K-1 in order of first appearance over the leaves.
+        Each leaf's cluster, numbered by first leaf.
     cluster_stats : ndarray of shape (K, S)
     """
     M, S = stats.shape
@@ -388,9 +324,8 @@ def bayes_kmeans(stats, spec, prior, log_alpha, order, k_init, max_sweeps=0):
 
 @njit(cache=True, nogil=True, inline="always")
 def _merged(z, cl, cnt, K, spec, prior, log_alpha):
-    """``bayes_kmeans``'s end: its K slots without the empty ones, merged greedily, numbered in
-    order of first appearance over the leaves (z relabelled in place); returns (z, their
-    statistics)."""
+    """``bayes_kmeans``' K slots without the empty ones, merged greedily and numbered by first
+    leaf (z relabelled); returns (z, their statistics)."""
     M = z.shape[0]
     S = cl.shape[1]
     slot = np.full(K, -1, dtype=np.int64)

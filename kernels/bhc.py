@@ -1,49 +1,23 @@
 """Bayesian hierarchical clustering over leaf summaries (Xu et al. 2009, Sections 3-5).
 
-A *leaf* is a statistics row: one record, or a whole group of records summarised by the additive
-sufficient statistics of ``kernels.obs``. A leaf summarising n records enters the recursion
-with d_i = alpha Gamma(n) and pi_i = 1, i.e. p(D_i | T_i) = p(D_i | H_1); for n = 1 this is the
-paper's d_i = alpha. Every quantity below is then the paper's quantity restricted to partitions
-that keep each leaf whole.
+A *leaf* is a statistics row (one record, or a group summarised by ``kernels.obs``' statistics);
+a leaf of n records enters with d_i = alpha Gamma(n) (``kernels.alloc.crp.log_kappa``) and
+pi_i = 1, so every quantity is the paper's restricted to partitions that keep leaves whole.
+Leaves are nodes 0..M-1, the t-th merge's node is M + t (the root 2M - 2); per-node arrays have
+length 2M - 1, a leaf ``left == right == -1`` and ``log_r == log_pi == 0``.
 
-Node numbering
---------------
-Leaves are nodes 0 .. M-1 (in input order); the internal node made by the t-th merge is M + t, so
-the root is 2M - 2 and a parent always has a larger id than its children. Per-node arrays have
-length 2M - 1; a leaf has ``left == right == -1``, ``log_r == log_pi == 0``.
+The merge score of active nodes i, j into k (eqs. 7-8, pi_k = alpha Gamma(n_k) / d_k):
 
-The merge score
----------------
-For two active nodes i, j merged into k, eqs. 7-8 give
+    log r_k / (1 - r_k) = [log alpha + log Gamma(n_k) + log p(D_k | H_1)] - u_i - u_j
 
-    log r_k / (1 - r_k) = [log alpha + log Gamma(n_k) + log p(D_k | H_1)]
-                          - [log d_i + log p(D_i | T_i)] - [log d_j + log p(D_j | T_j)]
+with u_i = log d_i + log p(D_i | T_i), u_k = logaddexp(log alpha + log Gamma(n_k)
++ log p(D_k | H_1), u_i + u_j): monotone in r_k, fixed while both are active, no subtraction.
 
-since pi_k = alpha Gamma(n_k) / d_k and 1 - pi_k = d_i d_j / d_k. r_k is monotone in this
-log-odds, so BHC's "merge the pair with the highest r_k" maximises it; it depends on i and j only,
-never changes while both are active, and needs no subtraction of probabilities. Writing
-u_i = log d_i + log p(D_i | T_i) (the log of the sum, over the tree-consistent partitions of D_i,
-of prod_blocks alpha Gamma(n_b) p(D_b | H_1)), the recursion is u_k = logaddexp(log alpha
-+ log Gamma(n_k) + log p(D_k | H_1), u_i + u_j).
-
-The prior's parts, alpha Gamma(n) (a block of n records under the CRP), come from
-``kernels.alloc.crp.log_kappa``; Bayes K-means (Section 5), whose merge score is the same with
-u_i = log alpha + log Gamma(n_i) + log p(D_i | H_1), is ``kernels.bayes_kmeans``.
-
-Candidate pairs
----------------
-Each active node keeps a short list of its best partners (``n_top`` of them, sorted) and an upper
-bound ``ub`` on the score of every active node not in the list. A list entry whose node has been
-merged away is dropped lazily. When a merge creates node k, k is scored against every active node
-(O(M) log marginals) and offered to each of their lists; a list that runs out of live entries is
-rebuilt by one O(M) scan. The first lists come from the upper triangle of scores, computed one
-block of rows at a time (at most ``_ROW_BUFFER`` floats). Total: about M^2 log marginals (M^2 / 2
-for the first lists, M^2 / 2 over the merges, plus the rebuilds), O(M n_top) memory. Passes over
-at least ``min_parallel`` pairs run on numba's threads (``parallel=True`` functions; None: never,
-and they are then not compiled); the result does not depend on it.
-
-The functions here are ``@njit(cache=True, nogil=True)`` like the rest of ``kernels``; the ones
-named ``*_parallel`` and the two predictive kernels add ``parallel=True``.
+Candidate pairs: each active node keeps its ``n_top`` best partners, sorted, and a bound ``ub``
+on every other's score; merged-away entries drop lazily, a new node is scored against every
+active one (O(M)) and offered to their lists, an emptied list is rebuilt by an O(M) scan. About
+M^2 log marginals, O(M n_top) memory. Passes over at least ``min_parallel`` pairs run on
+numba's threads (the ``*_parallel`` functions; None: never, not compiled), the same result.
 """
 
 import math
@@ -66,8 +40,7 @@ MIN_PARALLEL = 4096
 
 @njit(cache=True, nogil=True)
 def _node_pair_score(i, j, node_stats, n, u, scratch, spec, prior, log_alpha):
-    """log alpha + log Gamma(n_i + n_j) + log p(D_i u D_j | H_1) - u_i - u_j of nodes i and j,
-    read from the node arrays: the log-odds log r_k / (1 - r_k) of eq. 8 for their merge."""
+    """The merge score (module docstring) of nodes i and j."""
     si = node_stats[i]
     sj = node_stats[j]
     for t in range(scratch.shape[0]):
@@ -94,10 +67,7 @@ def _scores_vs_parallel(c, act, n_act, node_stats, n, u, spec, prior, log_alpha,
 
 @njit(cache=True, nogil=True)
 def _scores_vs(c, act, n_act, node_stats, n, u, spec, prior, log_alpha, out, min_parallel):
-    """out[t] = score(c, act[t]) for t < n_act; -inf where act[t] == c.
-
-    In parallel when there are at least ``min_parallel`` pairs, else in the calling thread.
-    """
+    """out[t] = score(c, act[t]) for t < n_act, -inf where act[t] == c."""
     # None (a type numba prunes on) never compiles the threaded variant
     if min_parallel is not None:
         if n_act >= min_parallel:
@@ -124,10 +94,7 @@ def _row_block_scores_parallel(i0, i1, M, node_stats, n, u, spec, prior, log_alp
 
 @njit(cache=True, nogil=True)
 def _row_block_scores(i0, i1, M, node_stats, n, u, spec, prior, log_alpha, buf, min_parallel):
-    """buf[i - i0, j] = score(i, j) for i0 <= i < i1 and i < j < M (the upper triangle).
-
-    In parallel over rows when the block holds at least ``min_parallel`` pairs.
-    """
+    """buf[i - i0, j] = score(i, j) for i0 <= i < i1 and i < j < M."""
     if min_parallel is not None:
         n_pairs = 0
         for i in range(i0, i1):
@@ -145,11 +112,8 @@ def _row_block_scores(i0, i1, M, node_stats, n, u, spec, prior, log_alpha, buf, 
 
 @njit(cache=True, nogil=True)
 def _offer(i, j, s, top_id, top_sc, top_len, ub, active):
-    """Offer partner j with score s to node i's candidate list.
-
-    Invariant kept: every live list entry scores >= ub[i] >= the score of every active node that
-    is not in the list, so the list's first live entry is i's best active partner.
-    """
+    """Offer partner j of score s to i's list, keeping every live entry >= ub[i] >= every
+    active node's not in it."""
     if s < ub[i]:
         return
     K = top_id.shape[1]
@@ -197,25 +161,19 @@ def _drop_stale_head(i, top_id, top_sc, top_len, active):
 
 @njit(cache=True, nogil=True)
 def bhc(stats, spec, prior, log_alpha, n_top=16, min_parallel=MIN_PARALLEL):
-    """Greedy BHC over leaf summaries (Xu et al. 2009, Section 3, eqs. 7-8, all in log space).
-
-    Merges, at every step, the pair of active nodes with the highest r_k (eq. 8), with
-    d_k = alpha Gamma(n_k) + d_left d_right, pi_k = alpha Gamma(n_k) / d_k and
-    p(D_k | T_k) = pi_k p(D_k | H_1) + (1 - pi_k) p(D_left | T_left) p(D_right | T_right)
-    (eq. 7). Leaves enter with d_i = alpha Gamma(n_i), pi_i = 1. O(M^2) log marginals.
+    """Greedy BHC over leaf summaries (Xu et al. 2009, Section 3, eqs. 7-8 in log space): the
+    pair with the highest r_k merges, d_k = alpha Gamma(n_k) + d_left d_right.
 
     Parameters
     ----------
-    stats : ndarray of shape (M, S), float64
-        Leaf statistics rows, ``stats[:, 0] > 0`` the leaf sizes.
-    spec, prior : product family description (``kernels.obs.product``).
+    stats : ndarray of shape (M, S)
+        Leaf statistics rows (sizes > 0).
+    spec, prior : the product family (``kernels.obs.product``)
     log_alpha : float
-        log of the DP concentration alpha.
     n_top : int
-        Candidate-list length per node (memory O(M n_top)); the tree does not depend on it.
+        Candidate-list length (module docstring); the tree does not depend on it.
     min_parallel : int or None
-        Passes over at least this many pairs use numba's threads; None: never, and the threaded
-        variants are not even compiled (numba prunes the branch on the argument's type).
+        Pairs from which a pass runs threaded (module docstring).
 
     Returns
     -------
@@ -302,8 +260,7 @@ def bhc(stats, spec, prior, log_alpha, n_top=16, min_parallel=MIN_PARALLEL):
 def _first_lists(
     M, node_stats, n, u, spec, prior, log_alpha, min_parallel, top_id, top_sc, top_len, ub, active
 ):
-    """``bhc``'s first candidate lists: the upper triangle of scores, one block of rows at a
-    time."""
+    """``bhc``'s first lists, the upper triangle of scores a block of rows at a time."""
     B = max(1, min(M, _ROW_BUFFER // max(M, 1)))
     buf = np.empty((B, M))
     for i0 in range(0, M, B):
@@ -319,8 +276,8 @@ def _first_lists(
 @njit(cache=True, nogil=True)
 def _best_head(act, n_act, node_stats, n, u, spec, prior, log_alpha, scores, min_parallel,
                top_id, top_sc, top_len, ub, active):  # fmt: skip
-    """The active node whose best candidate scores highest (the first on ties), each list's
-    stale head dropped first and a list left empty rebuilt."""
+    """The active node whose best candidate scores highest (first on ties), stale heads
+    dropped and emptied lists rebuilt."""
     best = -np.inf
     bi = -1
     for t in range(n_act):
@@ -343,8 +300,7 @@ def _best_head(act, n_act, node_stats, n, u, spec, prior, log_alpha, scores, min
 
 @njit(cache=True, nogil=True)
 def _swap_remove(x, act, pos, n_act):
-    """Take node x out of the active list act[:n_act] (pos: each node's place in it); returns
-    the list's new length."""
+    """Node x out of act[:n_act] (pos: places); returns the new length."""
     p = pos[x]
     last = act[n_act - 1]
     act[p] = last
@@ -355,8 +311,7 @@ def _swap_remove(x, act, pos, n_act):
 
 @njit(cache=True, nogil=True)
 def _node_terms(left, n, u, log_d, log_ph1, log_alpha):
-    """log r_k, log pi_k and log p(D_k | T_k) of every node (eqs. 7-8) from the agglomeration's
-    log d_k and u_k."""
+    """log r_k, log pi_k and log p(D_k | T_k) of every node (eqs. 7-8) from log d_k and u_k."""
     cap = left.shape[0]
     log_r = np.zeros(cap)
     log_pi = np.zeros(cap)
@@ -372,28 +327,16 @@ def _node_terms(left, n, u, log_d, log_ph1, log_alpha):
 
 @njit(cache=True, nogil=True)
 def log_lower_bound(log_d_k, log_p_k, n_k, log_alpha):
-    """log of the BHC lower bound, eq. 9: d_k Gamma(alpha) / Gamma(n_k + alpha) p(D_k | T_k).
-
-    With summary leaves it bounds the DPM marginal likelihood (eq. 5) restricted to partitions
-    that keep each leaf whole (which is itself a lower bound on eq. 5).
-    """
+    """log of eq. 9's lower bound d_k Gamma(alpha) / Gamma(n_k + alpha) p(D_k | T_k) of eq. 5
+    (with summary leaves, of eq. 5 over partitions that keep leaves whole)."""
     return log_d_k + log_p_k + crp.log_constant(n_k, math.exp(log_alpha))
 
 
 @njit(cache=True, nogil=True)
 def cut(left, right, log_r, n_leaves):
-    """The partition of the leaves read off the tree at r_k = 0.5 (Xu et al. 2009, Section 3).
-
-    Top-down from the root: a node with r_k > 0.5 (or a leaf) is one cluster holding all the
-    leaves below it; otherwise both children are visited.
-
-    Returns
-    -------
-    labels : ndarray of shape (M,), int64
-        Cluster of each leaf, numbered 0.. in order of first appearance over the leaves.
-    cluster_nodes : ndarray of shape (K,), int64
-        The node of each cluster, in label order.
-    """
+    """The partition cut at r_k = 0.5 (Section 3), top-down: a node with r_k > 0.5, or a
+    leaf, is one cluster. Returns labels (M,) int64, numbered by first leaf, and each
+    cluster's node (K,) int64."""
     M = n_leaves
     root = 2 * M - 2
     node_of = np.empty(M, dtype=np.int64)
@@ -428,18 +371,9 @@ def cut(left, right, log_r, n_leaves):
 
 @njit(cache=True, nogil=True)
 def log_block_posterior(left, right, log_d, log_p, log_r):
-    """log omega_k = log r_k + sum over the strict ancestors i of k of log(1 - r_i).
-
-    omega_k is the posterior probability, under the tree's mixture over tree-consistent partitions
-    (eq. 7 read as a mixture: all of D_k in one cluster with probability r_k, else the children's
-    mixtures independently), that D_k is one block. It is the weight of Heller & Ghahramani
-    (2005, Section 4). log(1 - r_k) = log d_l + log d_r - log d_k + log p_l + log p_r - log p_k,
-    exact also where r_k is within rounding of 1.
-
-    Returns
-    -------
-    log_omega : ndarray of shape (2M - 1,)
-    """
+    """log omega_k (2M - 1,) = log r_k + sum over k's strict ancestors of log(1 - r_i): the
+    posterior probability under eq. 7's mixture that D_k is one block (Heller and Ghahramani
+    2005, Section 4), log(1 - r_k) from the d's and p's (exact near r_k = 1)."""
     cap = left.shape[0]
     log_q = np.zeros(cap)
     log_omega = np.empty(cap)
@@ -456,32 +390,12 @@ def log_block_posterior(left, right, log_d, log_p, log_r):
 
 @njit(cache=True, nogil=True, parallel=True)
 def log_predictive_density(X, node_stats, log_w, spec, prior, log_w_new):
-    """log p(x | D, T) for each row of X: the BHC predictive density.
-
-    Xu et al. (2009) defers the predictive distribution to Heller & Ghahramani (2005, Section 4),
-    whose weights are omega_k (``log_block_posterior``). Here each tree-consistent partition
-    predicts with the DPM's own predictive (the CRP's n_b / (N + alpha) for an existing block, alpha
-    / (N + alpha) for a new one), averaged over the tree's posterior on partitions:
+    """The BHC predictive log p(x | D, T) (n,) of each row of X (n, D): the DPM's predictive
+    averaged over the tree's partitions (Heller and Ghahramani 2005, Section 4),
 
         p(x | D, T) = sum_k omega_k n_k / (N + alpha) p(x | D_k) + alpha / (N + alpha) p(x)
 
-    which integrates to one because sum_k omega_k n_k = N. The caller passes
-    ``log_w[k] = log omega_k + log n_k - log(N + alpha)`` and ``log_w_new``; nodes with
-    ``log_w = -inf`` are skipped.
-
-    Parameters
-    ----------
-    X : ndarray of shape (n, D)
-        Records, columns in the product family's group order.
-    node_stats : ndarray of shape (K, S)
-    log_w : ndarray of shape (K,)
-    spec, prior : product family description.
-    log_w_new : float
-
-    Returns
-    -------
-    ndarray of shape (n,)
-    """
+    with log_w (K,) the terms' log weights (-inf: skipped) of node_stats (K, S), log_w_new."""
     K, S = node_stats.shape
     C = 0
     for g in range(spec.shape[0]):
@@ -518,12 +432,7 @@ def log_predictive_density(X, node_stats, log_w, spec, prior, log_w_new):
 
 @njit(cache=True, nogil=True, parallel=True)
 def log_predictive_matrix(X, stats, spec, prior):
-    """log p(x_i | D_k) for each record x_i (rows of X, group order) and statistics row k.
-
-    Returns
-    -------
-    ndarray of shape (n, K)
-    """
+    """log p(x_i | D_k) (n, K) of the rows of X (n, D) and statistics rows (K, S)."""
     K = stats.shape[0]
     C = 0
     for g in range(spec.shape[0]):
@@ -542,37 +451,14 @@ def log_predictive_matrix(X, stats, spec, prior):
 def alternative_tree_increments(
     left, right, n, log_d, log_p, node_stats, spec, prior, log_alpha, relocate
 ):
-    """log delta_LB(i) (eq. 12) of the two alternative trees at each node (Section 4, Figs. 3-4).
+    """log delta_LB(i) (eq. 12) of the two alternative trees at each node flagged in
+    ``relocate`` (Section 4, Figs. 3-4), (2M - 1, 2), -inf elsewhere and below two leaves.
 
-    At an internal node k with children a, b, the child whose branches are relocated is a if a
-    is internal, else b (Fig. 1(b)'s T_{k_l}); call it s, with children s_l, s_r, and o the
-    other child of k. The alternative subtrees are (eqs. 10-11)
-
-        T_k(1) = (j(1) = s_r u o, s_l),  p(D_k | T_k(1)) = p(D_j(1) | H_1) p(D_s_l | T_s_l),
-                 d_k(1) = alpha Gamma(n_j(1)) d_s_l
-        T_k(2) = (j(2) = s_l u o, s_r),  likewise,
-
-    and the messages are propagated to the root R by Fig. 3 (only the split hypothesis at every
-    ancestor: both the probability and d are multiplied by the sibling's), so that
-    delta_LB(i) = d_R(i) Gamma(alpha) / Gamma(n_R + alpha) p(D_R | T_R(i)). The product of the
-    siblings' d p along the path is accumulated top-down once, so the cost is O(M) plus two log
-    marginals per relocated node. Nodes with two leaves below, or not flagged in ``relocate``,
-    get -inf.
-
-    Parameters
-    ----------
-    left, right, n, log_d, log_p : ndarray of shape (2M - 1,)
-        The BHC tree (``bhc``).
-    node_stats : ndarray of shape (2M - 1, S)
-    spec, prior : product family description.
-    log_alpha : float
-    relocate : ndarray of shape (2M - 1,), bool
-        Nodes at which to relocate (Fig. 4 iterates from a starting node l to the root R).
-
-    Returns
-    -------
-    log_delta : ndarray of shape (2M - 1, 2)
-    """
+    At node k the relocated child s is a if internal, else b (o the other): T_k(1) =
+    (s_r u o, s_l) with d_k(1) = alpha Gamma(n_j(1)) d_s_l, T_k(2) = (s_l u o, s_r) likewise
+    (eqs. 10-11), propagated to the root by Fig. 3 (the siblings' d p, accumulated top-down
+    once): O(M) plus two log marginals a node. left, right, n, log_d, log_p (2M - 1,) and
+    node_stats (2M - 1, S): ``bhc``'s tree."""
     cap = left.shape[0]
     root = cap - 1
     const = crp.log_constant(n[root], math.exp(log_alpha))

@@ -1,15 +1,9 @@
-"""numba's CUDA target (the ``numba-cuda`` package) imported once, and what a GPU run lacks.
+"""numba's CUDA target (``numba-cuda``) imported once, and what a GPU run lacks.
 
-numba-cuda 0.30.4 registers an overload of ``np.row_stack``, and numpy 2.5 removed that
-function, so ``import numba.cuda`` raises AttributeError there. ``import_cuda`` gives numpy the
-alias back (``np.vstack``, which ``row_stack`` always was) before the import, only where numpy
-lacks it, and leaves it: numba-cuda loads the module holding the overload again when it builds
-its CUDA target, at the first kernel compile (``numba.cuda.target``), not only at import. So no
-user code has to patch numpy.
-
-Under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1`` in the environment before numba is
-imported) the simulated card counts as a device: the GPU engines then run, slowly, on the CPU,
-which is how the tests run them on machines without a GPU.
+numba-cuda 0.30.4 overloads ``np.row_stack``, which numpy 2.5 removed: ``import_cuda`` gives
+numpy the alias back (``np.vstack``) where it lacks it, and leaves it for the first kernel
+compile, which loads that module again. Under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``
+before numba is imported) the simulated card counts as a device (the tests without a GPU).
 """
 
 import numpy as np

@@ -1,35 +1,17 @@
 """The GPU half of a MAP-DP / Bayes K-means pass (numba CUDA kernels; ``pipeline.engines.gpu``).
 
-Two kernels over the records of a chunk, which stay on the card as float32 (arithmetic in
-float64):
+The chunk's records stay on the card as float32 (arithmetic in float64). ``assign`` scores
+every training record against the K frozen clusters and a new one by the MAP-DP cost (Raykov et
+al. 2016, eqs. 3.1-3.2; Bayes K-means', Xu et al. 2009, Section 5), q_{i,k} - log N_{k,-i} (k0
+by the leave-one-out predictive) or q_{i,K+1} - log N0, q the Normal-Wishart Student-t's, and
+takes the argmin (ties: lowest; a record alone stays); the host resolves label K (a new
+cluster) and K + 1 (no closed-form leave-one-out). ``label_deltas`` sums each frozen cluster's
+change of (1, x)(1, x)^T's upper triangle over the records that moved to another, in fixed tiles
+in record order and then in block order: no atomic adds, the same bits on every run and card.
 
-``assign``: the parallel assignment step. Every training record i is scored against the K
-clusters frozen at the start of the pass and a new cluster with the MAP-DP cost (Raykov et al. 2016,
-eqs. 3.1-3.2; also Bayes K-means' cost, Xu et al. 2009, Section 5)
-
-    q_{i,k} - log N_{k,-i}   (existing k; its own cluster k0 by the leave-one-out predictive)
-    q_{i,K+1} - log N0       (a new cluster)
-
-with q = -log of the Normal-Wishart Student-t predictive (Raykov et al. 2016, Appendix B), and takes
-the argmin (ties: the lowest index; a record alone in its cluster that would open a new one stays).
-A record whose argmin is the new cluster gets label K and one whose leave-one-out predictive cannot
-be evaluated in closed form (rounding: 1 - beta r <= 0, or a prior with cells whose G_k has no
-factor) gets label K + 1: both are resolved on the host.
-
-``label_deltas``: the change of each frozen cluster's statistics n, sum x and the upper triangle
-of sum x x^T (the upper triangle of (1, x)(1, x)^T, (d + 1)(d + 2) / 2 values) from the records
-whose label changed to another frozen cluster. Each block owns a fixed set of tiles of records
-and sums its partials in registers in record order; a second kernel adds the blocks' partials
-in block order. No atomic adds: the sums, hence the objective and every label that depends on
-them, are the same bit for bit from run to run and card to card (the pass loop's
-idempotence and resume guarantees compare states exactly).
-
-The clusters reach the kernels packed (``pack``): column k of P holds cluster k's predictive
-as ``kernels.obs.gaussian_nw.pack_column`` packs it (U = L^{-1}, b = U m_k, the Student-t's
-constant, c_k / (c_k + 1), (nu + d) / 2), then log N_k, log(N_k - 1), N_k and the leave-one-out
-predictive's terms (``gaussian_nw.log_predictive_loo``): beta = c_k / (c_k - 1), its constant
-and exponent, and, for a prior with recording cells, the factor V of G_k with V m_k. Column K is
-the empty cluster's (the prior predictive).
+``pack``: column k of P is ``gaussian_nw.pack_column``'s, then log N_k, log(N_k - 1), N_k and
+the leave-one-out terms (beta = c_k / (c_k - 1), constant, exponent; with cells G_k's factor V
+and V m_k); column K is the empty cluster's.
 """
 
 import math
@@ -56,8 +38,7 @@ SHARED_BYTES = 40 * 1024
 
 
 def threads_per_block():
-    """128 on a card; 32 under the simulator, which runs every thread of a block as a Python
-    thread."""
+    """128 on a card; 32 under the simulator (a Python thread per CUDA thread)."""
     return 32 if simulated() else 128
 
 
@@ -72,8 +53,8 @@ def n_rows(d):
 
 @njit(cache=True)
 def pack(cache, nk, K, empty_c, prior, d):
-    """The packed clusters P (``n_rows(d)``, K + 1) of cache rows 0..K-1 (sizes nk) and of the
-    empty cache (column K); see the module docstring for the rows."""
+    """The packed clusters P (``n_rows(d)``, K + 1) of cache rows 0..K-1 (sizes nk) and the
+    empty cache (module docstring)."""
     T = d * (d + 1) // 2
     e0 = T + d
     w0 = e0 + 9
@@ -118,9 +99,7 @@ def pack(cache, nk, K, empty_c, prior, d):
 
 @cuda.jit(device=True)
 def _quad(x, P, C, k, base, d):
-    """|W (x - m)|^2 for the lower factor W packed in rows base.. of column k of P (flat, C
-    columns), with b = W m after it (``gaussian_nw.quad_forms``' sums, each row's terms in
-    order)."""
+    """|W (x - m)|^2, W packed from row base of column k of the flat P (C columns), b after."""
     T = d * (d + 1) // 2
     q = 0.0
     e = base
@@ -176,9 +155,8 @@ def _best(x, k0, P, K, d, log_new, cells):
 
 @cuda.jit
 def _assign(X, train, z_old, P, K, log_new, cells, in_shared, z_new):
-    """One thread per record: z_new[i] = ``_best`` for training records, z_old[i] otherwise.
-    P: the packed clusters, flat; ``in_shared``: first copied to the block's shared memory
-    (dynamic, P.size float64), which every thread reads whole."""
+    """z_new[i] = ``_best`` of a training record, z_old[i] otherwise, a thread a record; the flat
+    P first copied to shared memory with ``in_shared``."""
     Ps = cuda.shared.array(0, dtype=float64)
     if in_shared:
         for j in range(cuda.threadIdx.x, P.shape[0], cuda.blockDim.x):
@@ -218,22 +196,20 @@ def assign(dX, dtrain, z_old, P, K, log_new, cells):
     ----------
     dX : device array of shape (n, d), float32
     dtrain : device array of shape (n,), uint8
-        1 for a training record (scored), 0 for a held-out one (keeps z_old).
+        1: a training record, 0: held out (keeps z_old).
     z_old : ndarray of shape (n,), int32
-        Labels at the start of the pass: 0..K-1, or -1 for none.
-    P : ndarray of shape (n_rows(d), K + 1), float64
+        Labels 0..K-1, or -1.
+    P : ndarray of shape (n_rows(d), K + 1)
         ``pack`` of the frozen clusters.
     K : int
     log_new : float
-        log N0 (``kernels.alloc.crp.log_new``).
     cells : bool
-        Whether the prior has recording cells (``gaussian_nw.has_cells``).
 
     Returns
     -------
     z_new : ndarray of shape (n,), int32
-        0..K-1, K (a new cluster) or K + 1 (resolve on the host).
-    dz_old, dz_new : device arrays of the labels, for ``label_deltas``.
+        0..K-1, K or K + 1 (module docstring).
+    dz_old, dz_new : the labels on the device, for ``label_deltas``
     """
     n, d = dX.shape
     check_width(d)
@@ -254,10 +230,9 @@ def assign(dX, dtrain, z_old, P, K, log_new, cells):
 
 @cuda.jit
 def _deltas(X, z_old, z_new, K, tiles_per_block, partials):
-    """Block b sums, over the records of its tiles (b, b + G, b + 2G, ... of TILE records)
-    whose label changed to a frozen cluster, -(1, x)(1, x)^T's upper triangle into its old
-    cluster's slots and + into its new one's: partials[b, s] for the K x S3 slots, thread t
-    owning slots t, t + blockDim, ... and adding the tile's moved records in record order."""
+    """partials[b, s]: block b's sum over its tiles' moved records (b, b + G, ...) of
+    (1, x)(1, x)^T's upper triangle, - to the old cluster's slots and + to the new one's;
+    thread t owns slots t, t + blockDim, ..."""
     nb = cuda.blockDim.x
     t = cuda.threadIdx.x
     n = X.shape[0]
@@ -352,22 +327,8 @@ def _sum_blocks(partials, out):
 
 
 def label_deltas(dX, dz_old, dz_new, K):
-    """What the parallel step's moves between frozen clusters do to their statistics.
-
-    Parameters
-    ----------
-    dX : device array of shape (n, d), float32
-    dz_old, dz_new : device arrays of shape (n,), int32
-        Labels before and after (``assign``); records whose new label is K or above (resolved
-        on the host) and unchanged records are left out.
-    K : int
-
-    Returns
-    -------
-    delta : ndarray of shape (K, 1 + d + d * d), float64
-        The change of n, sum x and sum x x^T (row major, ``kernels.obs.gaussian_nw``) of each
-        cluster, to be added to its statistics.
-    """
+    """delta (K, 1 + d + d^2): the change of each frozen cluster's statistics by the moves
+    from dz_old to dz_new (n,) int32 of dX (n, d) (new labels >= K left out)."""
     n, d = dX.shape
     check_width(d)
     S3 = (d + 1) * (d + 2) // 2
@@ -395,8 +356,7 @@ def label_deltas(dX, dz_old, dz_new, K):
 
 @njit(cache=True)
 def full_stats(tri, d, out):
-    """out (K, 1 + d + d^2): n, sum x, sum x x^T (both triangles) from the upper triangles of
-    sum (1, x)(1, x)^T, tri (K, (d + 1)(d + 2) / 2)."""
+    """out (K, 1 + d + d^2) from the upper triangles tri (K, (d + 1)(d + 2) / 2)."""
     for k in range(tri.shape[0]):
         c = 0
         for p in range(d + 1):

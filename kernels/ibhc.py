@@ -1,24 +1,12 @@
 """Incremental Bayesian hierarchical clustering, IBHC (Lee and Choi 2015, Section 2.3), over leaf
 summaries.
 
-Leaves are statistics rows: a leaf summarising n records is an atomic block of size n, so its only
-hypothesis is h_i and phi(X_i | t_i) = phi(X_i | h_i) = kappa(n, u) p(X_i).
-
-A *forest* is a pool of nodes held in flat arrays, with a free list:
-
-``ni`` : int64 ndarray of shape (cap, 5)
-    LEFT, RIGHT, PARENT (-1 for none), LEAF (leaf index for a leaf node, -1 for an internal node),
-    NLEAF (number of leaves under the node).
-``nf`` : float64 ndarray of shape (cap, 3)
-    LM = log p(X_c), the family's log marginal likelihood of the node's statistics;
-    LOGPHI = log phi(X_c | t_c) of eq. 8; LOGD = log d(l(c), r(c)) of eq. 9 (-inf at a leaf).
-``st`` : float64 ndarray of shape (cap, S)
-    Sufficient statistics of the node: the sum of its children's rows (``st[v, 0]`` = |c|).
-``free`` : int64 ndarray of shape (cap,)
-    Stack of free node ids; ``meta[0]`` is its height.
-
-Several leaf nodes may carry the same leaf index (tree-guided MCMC builds proposal trees next to
-the current ones); a tree is identified by its root. Potentials follow eqs. 8-9:
+A leaf of n records is an atomic block: phi(X_i | t_i) = phi(X_i | h_i) = kappa(n, u) p(X_i).
+A *forest* is a pool of nodes in flat arrays with a free list: ``ni`` (cap, 5) int64: LEFT,
+RIGHT, PARENT (-1: none), LEAF (the leaf index, -1 for an internal node), NLEAF; ``nf`` (cap, 3):
+LM = log p(X_c), LOGPHI = log phi(X_c | t_c) (eq. 8), LOGD = log d(l(c), r(c)) (eq. 9, -inf at
+a leaf); ``st`` (cap, S): the node's statistics; ``free`` (cap,) int64, a stack of free ids of
+height ``meta[0]``. A tree is its root; leaf nodes may share a leaf index (tgMCMC's proposals).
 
     phi(X_c | h_c) = kappa(|c|, u) p(X_c)
     phi(X_c | t_c) = phi(X_c | h_c) + phi(X_l | t_l) phi(X_r | t_r)                      (eq. 8)
@@ -48,12 +36,7 @@ TOP = 2
 
 @njit(cache=True, nogil=True)
 def new_forest(cap, S):
-    """An empty pool of ``cap`` nodes with statistics rows of length S.
-
-    Returns
-    -------
-    ni, nf, st, free, meta : the forest arrays (see the module docstring)
-    """
+    """The forest (ni, nf, st, free, meta) of ``cap`` free nodes, statistics rows of length S."""
     ni = np.full((cap, 5), -1, dtype=np.int64)
     nf = np.zeros((cap, 3))
     st = np.zeros((cap, S))
@@ -121,15 +104,7 @@ def make_leaf(i, leaf_st, leaf_lm, ni, nf, st, free, meta, u, pp):
 
 @njit(cache=True, nogil=True)
 def log_d_pair(a, b, nf, st, scratch, u, pp, spec, prior):
-    """log d(a, b) between two trees (or subtrees) a and b, and log p(X_{a u b}).
-
-    Returns
-    -------
-    logd : float
-        log phi(X_a | t_a) + log phi(X_b | t_b) - log phi(X_{a u b} | h_{a u b})  (eq. 9).
-    lm_ab : float
-        log p(X_{a u b}), to be reused when a and b are joined.
-    """
+    """(log d(a, b), eq. 9, of two (sub)trees; log p(X_{a u b}), for ``join``)."""
     lm_ab = product.log_marginal_with(scratch, st[a], st[b], 1.0, spec, prior)
     h = log_kappa(scratch[0], u, pp) + lm_ab
     return nf[a, LOGPHI] + nf[b, LOGPHI] - h, lm_ab
@@ -155,34 +130,24 @@ def join(a, b, lm_ab, ni, nf, st, free, meta, u, pp):
 def seq_insert(
     r, q, lm_rq, ni, nf, st, free, meta, scratch, path, path_lm, u, pp, spec, prior, max_depth
 ):
-    """SeqInsert(r, q) of Lee and Choi 2015, Section 2.3, Step 2 and Step 3 (Fig. 1, middle and
-    right).
-
-    Insert tree q into tree r. At node c the three cases are compared through d(l(c), r(c)),
-    d(l(c), q) and d(r(c), q): if d(l(c), r(c)) is the smallest (or c is a leaf), q becomes the
-    sibling of c (case 1); otherwise the insertion recurses into l(c) (case 2) or r(c) (case 3).
-    Ties prefer case 1, then case 2. The statistics, log marginals and potentials of every node on
-    the path are then updated up to the root (Step 3); the log marginals computed on the way down
-    are reused, so the cost is two log marginal evaluations per level. The descent stops after
-    ``max_depth`` levels (case 1 there); IBHC passes a bound larger than any depth.
+    """SeqInsert(r, q) (Lee and Choi 2015, Section 2.3, Steps 2-3): tree q into tree r. At c,
+    q becomes c's sibling when d(l(c), r(c)) is the least of it, d(l(c), q) and d(r(c), q) (or c
+    is a leaf, or ``max_depth`` levels down), else descends to l(c) or r(c) (ties in that
+    order); the path is then updated to the root, two log marginals a level.
 
     Parameters
     ----------
     r, q : int
-        Roots of the two trees.
-    lm_rq : float
-        log p(X_{r u q}) (from ``log_d_pair(r, q)``).
+        The trees' roots; lm_rq = log p(X_{r u q}).
     scratch : ndarray of shape (S,)
-    path : int64 ndarray of shape (>= depth,), path_lm : ndarray, work space
-        On return path[:n_path] holds the ancestors of the new node, root first.
+    path, path_lm : ndarrays of shape (>= depth,), int64 and float
+        Work; path[:n_path] returns the new node's ancestors, root first.
     max_depth : int
 
     Returns
     -------
-    root : int
-        The root of the merged tree.
-    n_path : int
-        Number of updated ancestors (the nodes whose d may now exceed 1).
+    root, n_path : int
+        The merged tree's root and the number of updated ancestors.
     """
     v = r
     lm_vq = lm_rq
@@ -225,8 +190,7 @@ def seq_insert(
 
 @njit(cache=True, nogil=True)
 def preorder(r, ni, out):
-    """Node ids of the tree rooted at r in pre-order (parents before children) into ``out``;
-    returns their number."""
+    """The tree r's node ids in pre-order into ``out``; returns their number."""
     n = 0
     out[0] = r
     top = 1
@@ -243,8 +207,7 @@ def preorder(r, ni, out):
 
 @njit(cache=True, nogil=True)
 def leaves_of(r, ni, work, out):
-    """Leaf indices under node r into ``out``; returns their number. ``work`` is scratch of
-    length >= 2 * NLEAF(r)."""
+    """Leaf indices under r into ``out``, their number returned; work (>= 2 NLEAF(r),)."""
     n = preorder(r, ni, work)
     m = 0
     for k in range(n):
@@ -275,8 +238,7 @@ def _copy_node(v, ni, nf, st, free, meta):
 
 @njit(cache=True, nogil=True)
 def copy_tree(r, ni, nf, st, free, meta, work):
-    """A copy of the tree rooted at r in fresh nodes; returns the copy's root. ``work`` is scratch
-    of length >= 2 * (2 NLEAF(r) - 1)."""
+    """The root of a copy of tree r in fresh nodes; work (>= 2 (2 NLEAF(r) - 1),)."""
     root = _copy_node(r, ni, nf, st, free, meta)
     work[0] = r
     work[1] = root
@@ -294,43 +256,6 @@ def copy_tree(r, ni, nf, st, free, meta, work):
                 work[2 * top + 1] = cc
                 top += 1
     return root
-
-
-@njit(cache=True, nogil=True)
-def check_tree(r, ni, nf, st, u, pp, spec, prior, work, tol):
-    """Invariants of the tree rooted at r: parent links, NLEAF, statistics equal to the sum of the
-    children's, LM equal to the log marginal of the statistics, potentials per eqs. 8-9.
-    Returns the number of violations."""
-    n = preorder(r, ni, work)
-    bad = 0
-    scratch = np.empty(st.shape[1])
-    for k in range(n):
-        v = work[k]
-        if ni[v, LEAF] < 0:
-            lc = ni[v, LEFT]
-            rc = ni[v, RIGHT]
-            if ni[lc, PARENT] != v or ni[rc, PARENT] != v:
-                bad += 1
-            if ni[v, NLEAF] != ni[lc, NLEAF] + ni[rc, NLEAF]:
-                bad += 1
-            for j in range(st.shape[1]):
-                if abs(st[v, j] - st[lc, j] - st[rc, j]) > tol * (1.0 + abs(st[v, j])):
-                    bad += 1
-                    break
-            h = log_phi_h(v, nf, st, u, pp)
-            prod_lr = nf[lc, LOGPHI] + nf[rc, LOGPHI]
-            if abs(nf[v, LOGPHI] - logaddexp(h, prod_lr)) > tol * (1.0 + abs(nf[v, LOGPHI])):
-                bad += 1
-            if abs(nf[v, LOGD] - (prod_lr - h)) > tol * (1.0 + abs(nf[v, LOGD])):
-                bad += 1
-        elif ni[v, NLEAF] != 1:
-            bad += 1
-        copy_vector(scratch, st[v])
-        if abs(nf[v, LM] - product.log_marginal(scratch, spec, prior)) > tol * (
-            1.0 + abs(nf[v, LM])
-        ):
-            bad += 1
-    return bad
 
 
 # -------------------------------------------------------------------------------------------------
@@ -410,37 +335,28 @@ def _insert_piece(
 
 @njit(cache=True, nogil=True)
 def ibhc(leaf_st, leaf_lm, order, u, pp, spec, prior, mode, max_splits):
-    """IBHC (Lee and Choi 2015, Section 2.3): insert the leaves in ``order`` one at a time.
-
-    Step 1 picks the tree c with the smallest d(i, c), or starts a new tree when that d exceeds 1;
-    Step 2 runs SeqInsert; Step 3 updates the potentials to the root and, if an updated d(., .)
-    exceeds 1, splits the tree at that level (the node and its ancestors are destroyed) and
-    re-inserts every piece the same way. At most ``max_splits`` splits are made; after that the
-    remaining insertions do not split, so the procedure always terminates.
+    """IBHC (Lee and Choi 2015, Section 2.3): the leaves inserted in ``order`` (L,) int64 into
+    the tree of least d (a new tree when it exceeds 1) by SeqInsert, and a tree split where an
+    updated d exceeds 1, its pieces re-inserted; no splits after ``max_splits``.
 
     Parameters
     ----------
-    leaf_st : ndarray of shape (L, S)
-        Statistics of the leaves (one row per record or per summary).
-    leaf_lm : ndarray of shape (L,)
-        log p(X_i) of each leaf.
+    leaf_st, leaf_lm : ndarrays of shapes (L, S) and (L,)
+        The leaves' statistics and log marginals.
     order : int64 ndarray of shape (L,)
-        Insertion order.
     u : float
-        The auxiliary variable of Theorem 1 (ignored by the DP).
     pp : ndarray of shape (3,)
-        Partition prior (``kernels.alloc``).
-    spec, prior : product family description.
+        The partition prior (``kernels.alloc``).
+    spec, prior : the product family
     mode : int
-        SEQ_SPLIT (IBHC), SEQ_NOSPLIT, or TOP (put each leaf on top of the chosen tree, the
-        initialisation of Lee and Choi 2015, Section 4.1).
+        SEQ_SPLIT (IBHC), SEQ_NOSPLIT, or TOP (on top of the chosen tree, Section 4.1).
     max_splits : int
 
     Returns
     -------
     ni, nf, st, free, meta : the forest
     roots : int64 ndarray of shape (K,)
-        Roots of the trees; the partition is the set of their leaf sets.
+        The trees, whose leaf sets are the partition.
     """
     L = leaf_st.shape[0]
     S = leaf_st.shape[1]
@@ -487,9 +403,8 @@ def forest_labels(roots, ni, L):
 
 @njit(cache=True, nogil=True)
 def log_lower_bound(roots, nf, st, u, pp):
-    """The IBHC lower bound of eq. 10 for a forest: log u^(n-1) e^(-psi(u)) / Gamma(n)
-    + sum over trees of log phi(X_c | t_c) <= log P(dX, du) of eq. 7. For the DP the first term is
-    the CRP constant (``alloc.log_prior_constant``) and the bound is on log p(X)."""
+    """Eq. 10's lower bound of eq. 7 for a forest: log u^(n-1) e^(-psi(u)) / Gamma(n) (the
+    CRP's constant for the DP) + sum over trees of log phi(X_c | t_c)."""
     n = 0.0
     out = 0.0
     for k in range(roots.shape[0]):

@@ -1,58 +1,34 @@
 """The infinite hidden Markov model (HDP-HMM) in its direct-assignment form (Raykov et al. 2016,
 Section 6).
 
-State indicators ``z`` and the global weights ``kappa`` are kept; emission parameters and the
-transition matrix are integrated out. The emissions are any observation model of
-``kernels.obs.product`` (a state is one statistics row and one cache row, as a cluster of the
-mixture kernels). Many sequences share the states: records are stored sequence after sequence and
-``starts`` (S + 1,) holds the offsets, so sequence s is ``X[starts[s]:starts[s + 1]]``.
+The states z and global weights kappa are kept, emission parameters and transition matrix
+integrated out; emissions are any ``kernels.obs.product`` model (a state is a statistics and a
+cache row). Sequences are stored one after another, sequence s is ``X[starts[s]:starts[s + 1]]``.
+A fit's states are *slots* (capacity ``cap``, free where ``nk == 0``): ``stats`` (cap, S),
+``cache`` (cap, C), ``nk`` (cap,); ``trans`` (cap, cap), N_pk the transitions p -> k; ``start``
+(cap,), transitions from a sequence's start (a row like the others); ``rows`` (cap,),
+N_p. = sum_k N_pk; ``kappa`` (cap,) and ``ku`` (1,), the weights and the unrepresented mass.
 
-State of a fit, in *slots* (rows of capacity ``cap``; a slot with ``nk == 0`` is free):
-
-``stats`` (cap, S), ``cache`` (cap, C), ``nk`` (cap,)
-    Emission statistics, caches and sizes of the states.
-``trans`` (cap, cap)
-    N_pk: transitions from state p to state k.
-``start`` (cap,)
-    Transitions from the start of a sequence into state k (the initial state is drawn from
-    DP(N0, kappa) as every row of the transition matrix: a start row).
-``rows`` (cap,)
-    N_p. = sum_k N_pk, transitions out of state p.
-``kappa`` (cap,), ``ku`` (1,)
-    Global weights of the represented states and the unrepresented mass kappa_{K+1}.
-
-The objective of the MAP variant (``objective``) is E(z, kappa) = -log p(X, z, kappa, K):
+The MAP objective (``objective``) is E(z, kappa) = -log p(X, z, kappa, K):
 
     -sum_k log p(X_k)
     - sum_rows [log Gamma(N0) - log Gamma(N0 + N_p.)
                 + sum_k log Gamma(N0 kappa_k + N_pk) - log Gamma(N0 kappa_k)]
     - K log M0 - (M0 - 1) log kappa_{K+1}
 
-the emission marginals (eq. 6.4's psi_0 differences sum to them), the transitions given kappa
-with the transition matrix integrated out (each row a Dirichlet-multinomial whose one-step
-conditional is eq. 6.5), and a prior on the represented weights: kappa | K ~ Dirichlet(1, ...,
-1, M0) with P(K) proportional to M0^K Gamma(M0) / Gamma(M0 + K) (the top-level DP's sticks,
-v_k ~ Beta(1, M0), without the size-biased order). Given the table counts M_k its posterior is
-Dirichlet(M_1 + 1, ..., M_K + 1, M0), eq. 6.1 with a uniform base, and its mode
-kappa_k = M_k / (M + M0 - 1), kappa_{K+1} = (M0 - 1) / (M + M0 - 1) is eq. 6.6's. MAP over
-a density of kappa whose dimension changes with K needs this choice: under the top-level DP's
-own measure (prod_k kappa_k^{-1}) opening a state would cost nothing for its weight.
+the emission marginals (eq. 6.4), the transitions with the matrix integrated out (rows
+Dirichlet-multinomial, eq. 6.5), and kappa | K ~ Dirichlet(1, ..., 1, M0) with P(K) proportional
+to M0^K Gamma(M0) / Gamma(M0 + K) (the top-level sticks without size-biased order), whose mode
+given the table counts is eq. 6.6's; under the top-level DP's own measure opening a state would
+cost nothing for its weight.
 
-The sweep (``sweep``) moves each record x_t to the state of least cost q_{t,k} = -log p(x_t |
-X_{k,-t}) (eq. 6.4) - log p(z_t = k | z_-t, kappa) (eq. 6.5). For the MAP sweep every q_{t,k} is
-the exact change of ``objective`` when x_t joins state k, so a sweep never raises it: a new state
-K+1 takes kappa_{K+1} = b kappa_u from the unrepresented mass (b = ``b_new_of(M0)``), so with the
-prior's change q_{t,K+1} = -log p(x_t) - log(N0 b kappa_u kappa_{z_{t+1}}) - log M0 - (M0 - 1)
-log(1 - b); a record alone in its state may stay or join another one (the state then disappears
-and kappa_u takes its weight back). The Gibbs sweep is Teh et al.'s direct-assignment step: the
-record is removed (its state dropped if it empties), q_{t,K+1} = -log p(x_t) - log(N0 kappa_u
-kappa_{z_{t+1}}) (eq. 6.5, last case), and a new state splits kappa_u by b ~ Beta(1, M0).
-
-Tempered emissions (``temper`` w < 1, ``MAPiHMM(temper=...)``): log p(X_k) becomes log p(w S_k),
-the marginal of the power likelihood prod_t p(x_t | theta_k)^w (for an exponential family, the
-conjugate marginal with every record's sufficient statistics, base measure included, counting
-w). The statistics rows stay unweighted; ``tempered_log_predictive`` is the change of
-log p(w S_k) when a record joins, in place of the caches' predictive.
+``sweep`` moves each x_t to the state of least q_{t,k} = -log p(x_t | X_{k,-t}) (eq. 6.4)
+- log p(z_t = k | z_-t, kappa) (eq. 6.5). For MAP each q_{t,k} is the exact change of
+``objective``: a new state takes b kappa_u (b = ``b_new_of(M0)``), q_{t,K+1} = -log p(x_t)
+- log(N0 b kappa_u kappa_{z_{t+1}}) - log M0 - (M0 - 1) log(1 - b), and a record alone may stay.
+The Gibbs sweep is Teh et al.'s direct-assignment step, a new state splitting kappa_u by
+b ~ Beta(1, M0). Tempered emissions (w = ``temper`` < 1): log p(w S_k), the power likelihood's
+conjugate marginal, with ``tempered_log_predictive`` for the predictive.
 """
 
 import math
@@ -61,6 +37,7 @@ import numpy as np
 from numba import njit
 
 from kernels.arrays import copy_rows, copy_vector
+from kernels.mapdp import _free_slot
 from kernels.obs import product
 from kernels.rng import sample_log_weights, uniform
 from kernels.special import digamma, logsumexp
@@ -104,13 +81,8 @@ def _move(x, k, a, c, stats, cache, nk, trans, start, rows, spec, prior, w):
 
 @njit(cache=True, nogil=True)
 def log_transition_gain(a, k, c, trans, start, rows, kappa, alpha):
-    """log of the transition factor of z_t = k given its neighbours (Raykov et al. 2016, eq. 6.5).
-
-    (N_{a k} + N0 kappa_k) (N_{k c} + N0 kappa_c + [a = k = c]) / (N_k. + N0 + [a = k]), the
-    Dirichlet-multinomial one-step conditional with the transitions of t removed; the factor
-    1 / (N_a. + N0) is the same for every k and left out. a = -1: t starts its sequence (the
-    start row); c = -1: t ends it (no second factor).
-    """
+    """log (N_{a k} + N0 kappa_k) (N_{k c} + N0 kappa_c + [a = k = c]) / (N_k. + N0 + [a = k]),
+    eq. 6.5 of z_t = k between a and c (-1: the sequence's start or end) without 1 / (N_a. + N0)."""
     n_in = start[k] if a < 0 else trans[a, k]
     out = math.log(n_in + alpha * kappa[k])
     if c >= 0:
@@ -129,35 +101,11 @@ def b_new_of(gamma):
 
 @njit(cache=True, nogil=True, inline="always")
 def _costs(
-    costs,
-    x,
-    a,
-    c,
-    k_alone,
-    stats,
-    cache,
-    nk,
-    trans,
-    start,
-    rows,
-    kappa,
-    ku,
-    lmw,
-    scratch,
-    empty_s,
-    empty_c,
-    n_slots,
-    spec,
-    prior,
-    alpha,
-    gamma,
-    log_ag,
-    gibbs,
-    w,
-):
-    """q_{t,k} (``sweep``) of x for every slot k < n_slots and, last, for a new state, into
-    ``costs``; +inf for a free slot except ``k_alone``, the state x was alone in (the MAP sweep
-    may restore it), and for a new state in its place."""
+    costs, x, a, c, k_alone, stats, cache, nk, trans, start, rows, kappa, ku, lmw, scratch,
+    empty_s, empty_c, n_slots, spec, prior, alpha, gamma, log_ag, gibbs, w,
+):  # fmt: skip
+    """costs: q_{t,k} of x for the slots k < n_slots, then a new state; inf for a free slot but
+    ``k_alone`` (x's emptied state, which MAP may restore) and for a new one in its place."""
     if w != 1.0:
         lp0 = tempered_log_predictive(x, empty_s, 0.0, scratch, spec, prior, w)
     else:
@@ -189,18 +137,8 @@ def _costs(
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _free_slot(nk, n_fixed, n_slots, k_alone):
-    """The first free slot from ``n_fixed`` on but ``k_alone``; -1: none."""
-    for k in range(n_fixed, n_slots):
-        if nk[k] == 0.0 and k != k_alone:
-            return k
-    return -1
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _choose(costs, k0, n_slots, gibbs, state):
-    """The slot of x (n_slots: a new state): a draw from exp(-costs) or the argmin, ties kept
-    with the current state (then the new one, then the lowest slot)."""
+    """x's slot (n_slots: new): a draw from exp(-costs), or the argmin with ties to k0."""
     if gibbs:
         for k in range(n_slots + 1):
             costs[k] = -costs[k]
@@ -218,30 +156,25 @@ def _choose(costs, k0, n_slots, gibbs, state):
 def sweep(
     X, starts, z, slots, ku, n_slots, spec, prior, empty_c, alpha, gamma, gibbs, state, n_fixed, w
 ):
-    """One sweep over every time step of every sequence: the argmin of eq. 6.7 (MAP-iHMM, Raykov et
-    al. 2016, Section 6.2) or, with ``gibbs``, a draw from eq. 6.3 (the Gibbs sampler of 6.1); the
-    costs q_{t,k} are the module docstring's. Records with z = -1 are in no state (the first,
-    sequential sweep): their successor's transition is not counted until they are assigned.
+    """One sweep over every step of every sequence: the argmin of eq. 6.7 (MAP-iHMM, Section
+    6.2) or, with ``gibbs``, a draw from eq. 6.3; records with z = -1 are in no state yet.
 
     Parameters
     ----------
     X : ndarray of shape (N, D)
-        Records of all sequences, one after the other; ``starts`` (n_seq + 1,) the offsets.
+        Records of all sequences; ``starts`` (n_seq + 1,) int64, the offsets.
     z : ndarray of shape (N,), int64
-        State slot of each record, -1 if none; updated in place.
+        State slot of each record, -1 if none; updated.
     slots : tuple
-        (stats, cache, nk, trans, start, rows, kappa), the slot arrays (module docstring), and
-        ``ku`` (1,), kappa_{K+1}, updated in place; ``n_slots`` of them in use.
-    spec, prior, empty_c : the product observation model and the cache of empty statistics
+        (stats, cache, nk, trans, start, rows, kappa), ``n_slots`` in use; ku (1,) updated.
+    spec, prior, empty_c : the observation model and the empty statistics' cache
     alpha, gamma : float
-        N0 (local, transition concentration) and M0 (global, top-level concentration).
-    gibbs : bool, and ``state`` (1,) uint64, the RNG state of its draws (``kernels.rng``)
+        N0 (transitions) and M0 (top level).
+    gibbs : bool, with ``state`` (1,) uint64, the RNG state of its draws
     n_fixed : int
-        Slots below it are never reused for a new state even when empty (a chunk's copy of
-        the global states keeps their numbers).
+        Slots below it are never reused for a new state (a chunk's copy of the global ones).
     w : float in (0, 1]
-        Each record's emission counts w (``tempered_log_predictive``); 1 is eq. 6.4's
-        predictive, through the caches.
+        Each record's emission weight (``tempered_log_predictive``; 1: the caches').
 
     Returns
     -------
@@ -286,7 +219,7 @@ def sweep(
             )  # fmt: skip
             best = _choose(costs, k0, n_slots, gibbs, state)
             if best == n_slots:
-                free = _free_slot(nk, n_fixed, n_slots, k_alone)
+                free = _free_slot(nk, n_slots, n_fixed, k_alone)
                 if free < 0:
                     if n_slots == stats.shape[0]:
                         stats, cache, nk, trans, start, rows, kappa, lmw = _grow(
@@ -315,20 +248,8 @@ def sweep(
 
 @njit(cache=True, nogil=True)
 def log_transitions(trans, start, rows, kappa, ku, nk, alpha, gamma):
-    """log p(z | kappa) + log p(kappa, K): the transition and kappa terms of the MAP-iHMM
-    objective (module docstring), for the states with nk > 0.
-
-    Parameters
-    ----------
-    trans : ndarray of shape (K, K)
-    start, rows, kappa, nk : ndarrays of shape (K,)
-    ku : float
-    alpha, gamma : float
-
-    Returns
-    -------
-    float
-    """
+    """log p(z | kappa) + log p(kappa, K), ``objective``'s transition and kappa terms over the
+    states with nk > 0; trans (K, K), start, rows, kappa, nk (K,), ku, alpha, gamma floats."""
     K = nk.shape[0]
     out = 0.0
     lga = math.lgamma(alpha)
@@ -357,22 +278,8 @@ def log_transitions(trans, start, rows, kappa, ku, nk, alpha, gamma):
 
 @njit(cache=True, nogil=True)
 def objective(stats, nk, trans, start, rows, kappa, ku, spec, prior, alpha, gamma):
-    """E(z, kappa) = -log p(X, z, kappa) of MAP-iHMM (module docstring; Raykov et al. 2016, Section
-    6.2).
-
-    Parameters
-    ----------
-    stats : ndarray of shape (K, S)
-    nk, start, rows, kappa : ndarrays of shape (K,)
-    trans : ndarray of shape (K, K)
-    ku : float
-    spec, prior : the observation model
-    alpha, gamma : float
-
-    Returns
-    -------
-    float
-    """
+    """E(z, kappa) of MAP-iHMM (module docstring; Section 6.2) from stats (K, S) and
+    ``log_transitions``' arguments."""
     out = 0.0
     for k in range(stats.shape[0]):
         if nk[k] > 0.0:
@@ -382,21 +289,8 @@ def objective(stats, nk, trans, start, rows, kappa, ku, spec, prior, alpha, gamm
 
 @njit(cache=True, nogil=True)
 def count_transitions(z, starts, K):
-    """Transition counts of labelled sequences.
-
-    Parameters
-    ----------
-    z : ndarray of shape (N,), int64
-        States 0..K-1; -1 (no state) counts no transition in or out.
-    starts : ndarray of shape (n_seq + 1,), int64
-    K : int
-
-    Returns
-    -------
-    trans : ndarray of shape (K, K)
-    start : ndarray of shape (K,)
-    rows : ndarray of shape (K,)
-    """
+    """(trans (K, K), start (K,), rows (K,)) of the states z (N,) 0..K-1 of the sequences at
+    starts (n_seq + 1,); -1 counts no transition."""
     trans = np.zeros((K, K))
     start = np.zeros(K)
     rows = np.zeros(K)
@@ -416,19 +310,8 @@ def count_transitions(z, starts, K):
 
 @njit(cache=True, nogil=True)
 def emission_matrix(X, stats, cache, spec, prior, empty_c):
-    """log p(x_t | X_k) for every record and state, and the prior predictive log p(x_t) as the
-    last column (eq. 6.4's posterior predictive: the emission of the MAP model).
-
-    Parameters
-    ----------
-    X : ndarray of shape (N, D)
-    stats : ndarray of shape (K, S)
-    cache : ndarray of shape (K, C)
-
-    Returns
-    -------
-    ndarray of shape (N, K + 1)
-    """
+    """(N, K + 1): log p(x_t | X_k) of X (N, D) under stats (K, S) and cache (K, C), then log
+    p(x_t) (eq. 6.4's predictive)."""
     N = X.shape[0]
     K = stats.shape[0]
     out = np.empty((N, K + 1))
@@ -442,26 +325,8 @@ def emission_matrix(X, stats, cache, spec, prior, empty_c):
 
 @njit(cache=True, nogil=True)
 def tempered_log_predictive(x, s, lm_s, scratch, spec, prior, temper):
-    """log p_w(x | X_k) = log p(w (S_k + g(x))) - log p(w S_k): the change of the tempered
-    emission marginal when x joins the state with statistics s (w = ``temper``; each record's
-    sufficient statistics count w, which for an exponential family is the marginal of the
-    power likelihood prod_t p(x_t | theta)^w, base measure included).
-
-    Parameters
-    ----------
-    x : ndarray of shape (D,)
-    s : ndarray of shape (S,)
-        The state's unweighted statistics.
-    lm_s : float
-        log p(w S_k) (``product.log_marginal`` of w s; 0 for an empty state).
-    scratch : ndarray of shape (S,)
-    spec, prior : the observation model
-    temper : float in (0, 1]
-
-    Returns
-    -------
-    float
-    """
+    """log p(w (S_k + g(x))) - log p(w S_k) of x (D,) joining the state of unweighted
+    statistics s (S,), w = ``temper``, lm_s = log p(w S_k); scratch (S,)."""
     for j in range(s.shape[0]):
         scratch[j] = temper * s[j]
     product.add_stats(x, scratch, spec, temper)
@@ -470,8 +335,7 @@ def tempered_log_predictive(x, s, lm_s, scratch, spec, prior, temper):
 
 @njit(cache=True, nogil=True)
 def tempered_log_marginal(s, scratch, spec, prior, temper):
-    """log p(w S_k): ``product.log_marginal`` of the statistics s (S,) weighted by w (0 for
-    an empty state's zero statistics)."""
+    """log p(w S_k) of the statistics s (S,)."""
     for j in range(s.shape[0]):
         scratch[j] = temper * s[j]
     return product.log_marginal(scratch, spec, prior)
@@ -479,19 +343,7 @@ def tempered_log_marginal(s, scratch, spec, prior, temper):
 
 @njit(cache=True, nogil=True)
 def emission_matrix_tempered(X, stats, spec, prior, temper):
-    """``emission_matrix`` under the tempered emissions of ``tempered_log_predictive``: the
-    emission factor of MAP-iHMM's objective when records count w (``temper``) each.
-
-    Parameters
-    ----------
-    X : ndarray of shape (N, D)
-    stats : ndarray of shape (K, S)
-    temper : float in (0, 1]
-
-    Returns
-    -------
-    ndarray of shape (N, K + 1)
-    """
+    """``emission_matrix`` (N, K + 1) with ``tempered_log_predictive``."""
     N = X.shape[0]
     K = stats.shape[0]
     S = stats.shape[1]
@@ -510,10 +362,7 @@ def emission_matrix_tempered(X, stats, spec, prior, temper):
 
 @njit(cache=True, nogil=True)
 def forward_steps(log_b, starts, log_pi, log_a):
-    """log p(x_t | x_1..x_{t-1}) of every step by the forward algorithm (filtering): the chain
-    rule's terms, summing to log p(x_1..x_T) over each sequence.
-
-    alpha_1(k) = pi_k b_k(x_1), alpha_t(k) = b_k(x_t) sum_j alpha_{t-1}(j) A_jk, in logs, each
+    """log p(x_t | x_1..x_{t-1}) (N,) of every step by the forward algorithm, each alpha_t
     normalised by its sum, the step's term.
 
     Parameters
@@ -526,9 +375,6 @@ def forward_steps(log_b, starts, log_pi, log_a):
     log_a : ndarray of shape (K, K)
         Transition log probabilities, rows summing to 1.
 
-    Returns
-    -------
-    ndarray of shape (N,)
     """
     K = log_pi.shape[0]
     out = np.empty(log_b.shape[0])
@@ -608,26 +454,9 @@ def viterbi(log_b, starts, log_pi, log_a):
 
 @njit(cache=True, nogil=True)
 def table_counts(trans, start, kappa, alpha, state, urn):
-    """M_k, the number of tables serving state k over all rows (Raykov et al. 2016, Section 6.1; Van
-    Gael 2012), given the counts: with ``urn``, drawn by the Polya urn of eq. 6.2 (the N_pk
-    transitions of row p replayed, the j-th drawn new from the global DP with probability N0 kappa_k
-    / (N0 kappa_k + j)); otherwise its expectation, sum_p sum_{j < N_pk} N0 kappa_k / (N0 kappa_k +
-    j) (Antoniak's distribution's mean), exact below 1000 customers and the digamma form a (psi(a +
-    N) - psi(a)) above.
-
-    Parameters
-    ----------
-    trans : ndarray of shape (K, K)
-    start, kappa : ndarray of shape (K,)
-    alpha : float
-    state : ndarray of shape (1,), uint64
-        The RNG state of the urn's draws.
-    urn : bool
-
-    Returns
-    -------
-    ndarray of shape (K,)
-    """
+    """M_k (K,), the tables serving state k (Section 6.1): with ``urn`` drawn by eq. 6.2's Polya
+    urn (RNG ``state``, uint64 (1,)), else the mean sum_p sum_{j < N_pk} a / (a + j),
+    a = N0 kappa_k (a (psi(a + N) - psi(a)) from 1000 on); trans (K, K), start, kappa (K,)."""
     K = kappa.shape[0]
     M = np.zeros(K)
     for p in range(-1, K):
@@ -652,8 +481,7 @@ def table_counts(trans, start, kappa, alpha, state, urn):
 
 @njit(cache=True, nogil=True)
 def _row_term(n_row, counts, kappa, alpha, K):
-    """log Gamma(N0) - log Gamma(N0 + N_p.) + sum_k log Gamma(N0 kappa_k + N_pk)
-    - log Gamma(N0 kappa_k): one row's Dirichlet-multinomial term of ``log_transitions``."""
+    """One row's Dirichlet-multinomial term of ``log_transitions``."""
     if n_row == 0.0:
         return 0.0
     out = math.lgamma(alpha) - math.lgamma(alpha + n_row)
@@ -666,23 +494,8 @@ def _row_term(n_row, counts, kappa, alpha, K):
 
 @njit(cache=True, nogil=True)
 def merge_deltas(stats, trans, start, kappa, spec, prior, alpha, gamma):
-    """The change of ``objective`` when states a < b merge (statistics, counts and weights add),
-    for every pair: O(K) per pair from the rows and columns the merge touches, instead of a
-    full O(K^2) objective.
-
-    Parameters
-    ----------
-    stats : ndarray of shape (K, S)
-    trans : ndarray of shape (K, K)
-    start, kappa : ndarray of shape (K,)
-    spec, prior : the observation model
-    alpha, gamma : float
-
-    Returns
-    -------
-    ndarray of shape (K, K)
-        [a, b] for a < b: E after the merge minus E now; +inf elsewhere.
-    """
+    """(K, K): [a, b] (a < b) the change of ``objective`` when states a and b merge, O(K) a
+    pair; inf elsewhere. stats (K, S), trans (K, K), start, kappa (K,)."""
     K = stats.shape[0]
     out = np.full((K, K), np.inf)
     lm = np.empty(K)

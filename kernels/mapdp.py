@@ -1,11 +1,8 @@
-"""MAP-DP (Raykov et al. 2016, Algorithm 1), the collapsed Gibbs sampler it derives from (Raykov et
-al. 2016, eq. 2.7, Neal's Algorithm 3, De Bacco and Valera, Algorithm 3) and out-of-sample
-prediction (eqs. 3.4-3.5).
+"""MAP-DP (Raykov et al. 2016, Algorithm 1), the collapsed Gibbs sampler it derives from (eq. 2.7;
+De Bacco and Valera, Algorithm 3) and out-of-sample prediction (eqs. 3.4-3.5).
 
-Clusters live in *slots*: rows of ``stats`` (K_cap, S), ``cache`` (K_cap, C) and ``nk`` (K_cap,).
-A slot with ``nk == 0`` is free. ``z[i] == -1`` means record i is in no cluster yet, so the same
-sweep serves Algorithm 1's one-cluster start, a sequential first pass, and a Dask chunk whose
-records arrive in a copy of the global statistics.
+Clusters live in *slots*: rows of ``stats`` (K_cap, S), ``cache`` (K_cap, C), ``nk`` (K_cap,),
+free where ``nk == 0``; ``z[i] == -1``: record i in no cluster yet (a sequential first pass).
 """
 
 import math
@@ -36,9 +33,8 @@ def _grow(stats, cache, nk, lognk):
 
 @njit(cache=True, nogil=True)
 def pack_slots(cache, n_slots, empty_c, d):
-    """The packed predictives (``gaussian_nw.pack_column``) of the slots 0..n_slots-1 of
-    ``cache`` and of the empty cache (column n_slots), for records of d columns, in a new P
-    with a column for every row of ``cache`` plus one (``pack_move`` keeps it in step)."""
+    """A new P (``gaussian_nw.pack_column``), a column per row of cache plus one: the slots
+    below n_slots, then the empty cache."""
     P = np.empty((d * (d + 1) // 2 + d + 3, cache.shape[0] + 1))
     for k in range(n_slots):
         gaussian_nw.pack_column(P, k, cache[k], d)
@@ -48,8 +44,7 @@ def pack_slots(cache, n_slots, empty_c, d):
 
 @njit(cache=True, nogil=True)
 def pack_move(P, cache, nk, n_slots, k0, knew, grew, empty_c, d):
-    """P (``pack_slots``) after a record's move from slot k0 (-1: none) to slot knew: those
-    columns and, if the move opened a new slot (``grew``), the empty cache's."""
+    """P after a move from slot k0 (-1: none) to knew (``grew``: a new slot)."""
     if k0 >= 0 and nk[k0] > 0.0:
         gaussian_nw.pack_column(P, k0, cache[k0], d)
     gaussian_nw.pack_column(P, knew, cache[knew], d)
@@ -62,22 +57,10 @@ def _costs(
     x, k0, stats, cache, lognk, n_slots, spec, prior, empty_s, empty_c, log_alpha, scratch_s,
     scratch_c, costs, lp, P, acc, qv,
 ):  # fmt: skip
-    """Fill costs[k] = q_{i,k} - log N_{k,-i} (eqs. 3.1-3.2, argument of Algorithm 1's argmin).
-
-    The prior's terms are the CRP's (``kernels.alloc.crp``): log N_{k,-i} its ``log_join`` and
-    log N0 its ``log_new``; the cached ``lognk`` rows hold ``log_join(nk)``.
-
-    costs[k] for slots k < n_slots (inf for a free slot, or for k0 when x is its only member),
-    costs[n_slots] for a new cluster, with N_{K+1,-i} = N0 = exp(log_alpha). The record's own
-    cluster k0 is scored without x by the leave-one-out predictive, so nothing is downdated
-    unless the record moves. lp[k] receives log p(x | X_k) for the other non-empty slots and
-    lp[n_slots] the prior predictive log p(x): the terms of eq. 3.4.
-
-    One full-covariance group (P not empty): the predictives come from P, the packed copy of
-    the slots' caches with the empty cache in column n_slots
-    (``gaussian_nw.packed_log_predictives``), as ``predict`` computes them; lp[k0] then holds
-    p(x | X_k0) with x among X_k0.
-    """
+    """costs[k] = q_{i,k} - log N_{k,-i} (eqs. 3.1-3.2; the CRP's ``log_join`` in ``lognk``)
+    for slots k < n_slots (inf when free, or k0 with x alone), costs[n_slots] with log N0 for a
+    new cluster; k0 by the leave-one-out predictive. lp[k] gets log p(x | X_k), lp[n_slots]
+    log p(x) (eq. 3.4's terms), from the packed P when not empty (lp[k0]: x among X_k0)."""
     log_new = crp.log_new(log_alpha)
     hot = P.shape[0] > 0
     if hot:
@@ -107,16 +90,9 @@ def _costs(
 
 @njit(cache=True, nogil=True, inline="always")
 def _loo_cost(x, k0, stats, cache, lognk, spec, prior, loo, loo_ok, scratch_s, scratch_c, d, r):
-    """costs[k0] of ``_costs`` (q_{i,k0} - log N_{k0,-i}, the leave-one-out predictive) from the
-    cluster's cached terms (``gaussian_nw.loo_constants``, filled on first use after a change
-    of the cluster: loo_ok[k0] False), equal to ``_costs``'s value up to rounding;
-    Normal-Wishart without recording cells only. loo[k0, 3] holds log N_{k0,-i}, inf when x is
-    k0's only member.
-
-    r is |L_k0^{-1} (x - m_k0)|^2, the record's quadratic form under k0's packed column (the
-    block's, ``gaussian_nw.block_quad_forms``): the same U and b as ``_mahalanobis`` of the
-    cache row (rounded in another order), so the leave-one-out term costs no triangular solve
-    of its own."""
+    """``_costs``' costs[k0] (up to rounding; Normal-Wishart without cells) from k0's cached
+    ``gaussian_nw.loo_constants`` (refilled when loo_ok[k0] is False; loo[k0, 3]: log
+    N_{k0,-i}, inf when x is alone) and r, x's quadratic form under k0's packed column."""
     if not loo_ok[k0]:
         n_minus = math.exp(lognk[k0]) - 1.0
         if n_minus > 0.5:
@@ -138,17 +114,10 @@ def _loo_cost(x, k0, stats, cache, lognk, spec, prior, loo, loo_ok, scratch_s, s
 
 @njit(cache=True, nogil=True)
 def _pruned_costs(k0, lognk, n_slots, log_new, P, e0, qv, ub, costs, cost0, x):
-    """costs[k] of ``_costs`` (hot path, k != k0) where it can be the arg min, inf elsewhere,
-    from the record x's quadratic forms qv (``gaussian_nw.quad_forms``, or a block's): the arg
-    min over costs, ties included, is the full evaluation's.
-
-    Every column gets an upper bound of its log predictive without a logarithm
-    (``gaussian_nw.packed_log_predictive_bounds``), hence a lower bound of its cost; the
-    exact cost (the same operations as ``_costs``) is computed only where that bound is within
-    1e-9 (|m| + 1) of m, the smallest exact cost known: the record's own cluster's (cost0, eq.
-    3.1 leave-one-out), else that of the column with the lowest bound, then each lower one
-    found. At K = 20, d = 10 that is one or two logarithms per record instead of 21.
-    """
+    """``_costs``' packed costs (k != k0) where one can be the arg min, inf elsewhere, from x's
+    quadratic forms qv: exact only where a column's bound (``packed_log_predictive_bounds``)
+    is within 1e-9 (|m| + 1) of m, the least exact cost known (cost0, k0's, else the lowest
+    bound's column's): the full evaluation's arg min, ties too."""
     n = n_slots + 1
     d = x.shape[0]
     gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, ub)
@@ -157,14 +126,9 @@ def _pruned_costs(k0, lognk, n_slots, log_new, P, e0, qv, ub, costs, cost0, x):
 
 @njit(cache=True, nogil=True, inline="always")
 def _pruned_costs_from(k0, lognk, n_slots, log_new, P, e0, qv, lpb, ub, costs, cost0, x, d, rows):
-    """``_pruned_costs`` from the bounds lpb (``gaussian_nw.packed_log_predictive_bounds`` of
-    the n_slots + 1 columns), kept unchanged unless ub is lpb (ub: scratch, the costs' lower
-    bounds): a sweep that scores the record afterwards (``_pruned_log_mixture_from``) reuses
-    them instead of computing them again.
-
-    qv may hold the quadratic forms' first ``rows`` rows only (``gaussian_nw.leading_quad_forms``,
-    lower bounds, so the bounds stay bounds; qv[k0] complete): a column whose exact cost is
-    computed is finished first (``gaussian_nw.finish_quad_form``, qv[h] updated)."""
+    """``_pruned_costs`` from the bounds lpb of the n_slots + 1 columns (kept unless ub, scratch,
+    is lpb); qv may hold the first ``rows`` rows only (``leading_quad_forms``), finished where
+    a cost is computed."""
     n = n_slots + 1
     low = np.inf
     top = -1
@@ -213,10 +177,8 @@ def log_norm_of(nk, alpha):
 
 @njit(cache=True, nogil=True, inline="always")
 def _log_mixture(lp, lognk, K, log_norm, log_alpha, terms):
-    """Eqs. 3.4-3.5 from the terms lp[k] = log p(x | X_k) (k < K) and lp[K] = log p(x):
-    returns (the index of the largest term, K for a new cluster; the log mixture density
-    log sum_k N_k / (N0 + N) p(x | X_k) + N0 / (N0 + N) p(x)). Free slots (lognk -inf) count
-    for nothing."""
+    """Eqs. 3.4-3.5 from lp[k] = log p(x | X_k) (k < K), lp[K] = log p(x): (the largest term's
+    index, K for a new cluster; log sum_k N_k / (N0 + N) p(x | X_k) + N0 / (N0 + N) p(x))."""
     for k in range(K):
         terms[k] = (lognk[k] - log_norm) + lp[k] if lognk[k] != -np.inf else -np.inf
     terms[K] = (log_alpha - log_norm) + lp[K]
@@ -248,12 +210,9 @@ def _log_sum(terms, K, best):
 
 @njit(cache=True, nogil=True)
 def _pruned_log_mixture(qv, P, e0, lognk, K, log_norm, log_alpha, ub, lp, terms):
-    """``_log_mixture`` of the packed predictives from the record's quadratic forms qv, with
-    lp[k] computed only where the term can count: a term more than 40 below the largest adds
-    nothing to the sum (``_log_mixture`` skips it), so a column whose term's upper bound
-    (``gaussian_nw.packed_log_predictive_bounds``) is that far below a known exact term gets
-    lp[k] = -inf, which ``_log_mixture`` skips as well. Same arg max and same sum, term for
-    term, as with every lp computed; a NaN bound still computes its column."""
+    """``_log_mixture`` of the packed predictives (the same arg max and sum) from the quadratic
+    forms qv, lp[k] = -inf where the term's bound is 40 below a known term (``_log_sum`` skips
+    such terms)."""
     n = K + 1
     gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, ub)
     return _pruned_log_mixture_from(qv, P, e0, lognk, K, log_norm, log_alpha, ub, ub, lp, terms)
@@ -261,11 +220,8 @@ def _pruned_log_mixture(qv, P, e0, lognk, K, log_norm, log_alpha, ub, lp, terms)
 
 @njit(cache=True, nogil=True, inline="always")
 def _pruned_log_mixture_from(qv, P, e0, lognk, K, log_norm, log_alpha, lpb, ub, lp, terms):
-    """``_pruned_log_mixture`` from the bounds lpb of the K + 1 columns (those that
-    ``_pruned_costs_from`` was given for the same record: the write-out pass computes them
-    once for both); ub is scratch, and may be lpb. Inlined, as ``_pruned_costs_from``,
-    ``_log_mixture`` and ``_loo_cost``: as calls they cost ``predict`` about 50 ns a record
-    (474 against 523 ns at d = 10, K = 20 on the loaded 2-core machine)."""
+    """``_pruned_log_mixture`` from the bounds lpb of the K + 1 columns (shared with
+    ``_pruned_costs_from``); ub scratch, may be lpb."""
     n = K + 1
     top = -1
     hi = -np.inf
@@ -284,9 +240,7 @@ def _pruned_log_mixture_from(qv, P, e0, lognk, K, log_norm, log_alpha, lpb, ub, 
     lp[top] = gaussian_nw.packed_log_predictive_exact(P, top, qv[top], e0)
     m = ((lognk[top] if top < K else log_alpha) - log_norm) + lp[top]
     thr = m - 40.0 - 1e-9 * (abs(m) + 1.0)
-    # the terms of ``_log_mixture`` and their arg max (the lowest index of the largest) along
-    # the way, -inf for the columns left out (their ub: -inf for a free slot); a NaN or an
-    # infinite term takes ``_log_mixture`` itself
+    # the terms and their arg max on the way; a NaN or infinite term: ``_log_mixture``
     plain = m > -np.inf and m < np.inf
     terms[top] = m
     best = top
@@ -312,10 +266,8 @@ def _pruned_log_mixture_from(qv, P, e0, lognk, K, log_norm, log_alpha, lpb, ub, 
 def _move(
     x, i, k0, knew, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c, hot, work, touched
 ):
-    """Commit record i's move from slot k0 (-1: none) to slot knew (n_slots: a new cluster, in
-    the lowest free slot, else slot n_slots, which the caller has made room for: ``_room``);
-    returns n_slots. ``hot``: one Normal-Wishart group, updated with the scratch work (>= 4 d)
-    without its factor L (``_update``), the slots marked in touched."""
+    """Record i from slot k0 (-1: none) to knew (n_slots: a new cluster, the lowest free slot
+    or n_slots, ``_room``); returns n_slots. ``hot``: ``_update``'s, slots marked in touched."""
     if k0 >= 0:
         _update(x, stats[k0], cache[k0], spec, prior, -1.0, hot, work)
         touched[k0] = True
@@ -339,10 +291,8 @@ def _move(
 
 @njit(cache=True, nogil=True, inline="always")
 def _update(x, s, c, spec, prior, w, hot, work):
-    """``product.update``; a one-group Normal-Wishart spec (``hot``) without its allocation and
-    without its factor L: a sweep reads U = L^{-1}, which changes without L, and ``_scan``
-    rebuilds L from U at its end (``gaussian_nw.restore_factor``), 55 multiply-adds a change
-    fewer at d = 10."""
+    """``product.update``; ``hot`` (one Normal-Wishart group) with the scratch work and without
+    L, which ``_scan`` restores at its end."""
     if hot:
         gaussian_nw.update_with(x, s, c, prior, w, work, True, False)
     else:
@@ -350,24 +300,22 @@ def _update(x, s, c, spec, prior, w, hot, work):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _free_slot(nk, n_slots):
-    """The lowest free slot below n_slots, -1 if none."""
-    for k in range(n_slots):
-        if nk[k] == 0.0:
+def _free_slot(nk, n_slots, lo=0, skip=-1):
+    """The lowest free slot (nk == 0) from lo up to n_slots but ``skip``, -1 if none."""
+    for k in range(lo, n_slots):
+        if nk[k] == 0.0 and k != skip:
             return k
     return -1
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _room(nk, n_slots):
-    """Whether a record can open a new cluster without growing the slot arrays (a free slot, or
-    a row beyond n_slots)."""
+    """Whether a new cluster fits without growing the slot arrays."""
     return n_slots < nk.shape[0] or _free_slot(nk, n_slots) >= 0
 
 
 _BLOCK = 64
-# how many records ahead a scan prefetches (``kernels.arrays.prefetch``): a block's worth, so
-# that the block's gather finds its rows in cache
+# records a scan prefetches ahead (``kernels.arrays.prefetch``): a block's worth
 _AHEAD = 64
 _MAX_DIRTY = 4
 _MAX_BLOCK_MOVES = 2
@@ -387,8 +335,7 @@ def _mark_dirty(dirty, n_dirty, h):
 
 @njit(cache=True, nogil=True)
 def load_block(XT, X, order, t0, t1):
-    """XT[:, v] = X[order[t0 + v]] for v < t1 - t0: a block of records, one per column, as
-    ``gaussian_nw.block_quad_forms`` reads them."""
+    """XT[:, v] = X[order[t0 + v]] for v < t1 - t0 (``gaussian_nw.block_quad_forms``)."""
     for v in range(t1 - t0):
         j = order[t0 + v]
         for c in range(X.shape[1]):
@@ -400,8 +347,7 @@ def _stay_density(
     x, k0, stats, cache, lognk, n_slots, spec, prior, log_alpha, log_norm, hot, pruned, P, e0, qv,
     lpb, ub, lp, terms,
 ):  # fmt: skip
-    """The log mixture density (eq. 3.4) of x staying in k0, from the costs ``_scan_run`` has
-    just computed: p(x | X_k0) with x among X_k0 (packed: in lp)."""
+    """Eq. 3.4's log density of x staying in k0, from ``_scan_run``'s costs."""
     if pruned:
         return _pruned_log_mixture_from(
             qv, P, e0, lognk, n_slots, log_norm, log_alpha, lpb, ub, lp, terms
@@ -411,8 +357,8 @@ def _stay_density(
     return _log_mixture(lp, lognk, n_slots, log_norm, log_alpha, terms)[1]
 
 
-# _scan_run's position, carried between its calls: the next record, n_slots, the block's first
-# and end record, whether it is batched, its moves, its recomputed columns, the moves in all
+# _scan_run's position between calls: next record, n_slots, block start and end, batched, its
+# moves, its recomputed columns, all moves
 _T, _SLOTS, _BLK0, _BLK1, _BATCH, _BLK_MOVES, _N_DIRTY, _CHANGED = range(8)
 
 
@@ -421,14 +367,8 @@ def _scan(
     X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, gibbs, state, logdens,
     log_norm,
 ):  # fmt: skip
-    """The loop shared by ``sweep`` (argmin) and ``gibbs_sweep`` (a draw).
-
-    With logdens of shape (N,), each record visited before the first move also gets its log
-    mixture density (eq. 3.4) under the statistics of that moment, which until then are the
-    ones the scan started from (log_norm: their ``log_norm_of``); logdens.shape[0] == 0 turns
-    this off. The records go through ``_scan_run``, which stops at a record that is to open a
-    cluster with no row left for it; the slot arrays grow here, between its calls.
-    """
+    """``sweep`` (argmin) and ``gibbs_sweep`` (a draw): ``_scan_run`` until every record is
+    done, the slot arrays grown between its calls. log_norm: ``log_norm_of`` the start."""
     d = X.shape[1]
     lognk = np.full(stats.shape[0], -np.inf)
     for k in range(n_slots):
@@ -442,15 +382,12 @@ def _scan(
     terms = np.empty(size)
     acc = np.empty(size)
     qv = np.empty(size)
-    # one full-covariance group: the slots' predictives packed (``_costs``), kept in step with
-    # every move
+    # one full-covariance group: the slots' predictives packed, kept in step with every move
     hot = spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
     P = np.empty((0, 0))
     if hot:
         P = pack_slots(cache, n_slots, empty_c, d)
-    # the arg min and the scores of eq. 3.4 without most logarithms (``_pruned_costs``,
-    # ``_loo_cost``, ``_pruned_log_mixture``) for a sweep without recording cells; a Gibbs scan
-    # draws from every cost
+    # the arg min and eq. 3.4 without most logarithms (no cells; a Gibbs scan needs every cost)
     pruned = hot and not gibbs and not gaussian_nw.has_cells(prior, d)
     ub = np.empty(size if pruned else 0)
     lpb = np.empty(ub.shape[0])
@@ -502,26 +439,16 @@ def _scan_run(
     log_norm, hot, pruned, P, costs, lp, terms, acc, qv, ub, lpb, loo, loo_ok, XT, Q, bacc, dirty,
     empty_s, scratch_s, scratch_c, x, work, touched, pos,
 ):  # fmt: skip
-    """``_scan``'s records from pos[_T] on, until the last or until a record is to open a
-    cluster with no row for it (``_room``); its position is kept in pos.
+    """``_scan``'s records from pos[_T] on, until the last or one that is to open a cluster
+    with no row left (``_room``); the position is kept in pos.
 
-    No array is assigned in this loop, and every array is borrowed (``kernels.arrays.borrowed``):
-    numba takes a reference (an atomic increment, later a decrement) for every array variable
-    assigned in a branch of a loop at each pass, for every array argument of an inlined
-    function and at the entry of a called one, and for a row view: about a hundred atomic
-    operations a record on a first pass (every record moves), sixty on a confirming one, a
-    sixth of the time, when the slot arrays' growth was written inline. ``_scan`` grows them
-    between calls instead, and the record is copied into a buffer.
-
-    The quadratic forms of a block of records at once (``gaussian_nw.block_quad_forms``) while
-    records rarely move: a move changes two columns (three when it opens a cluster), which the
-    block's later records then compute one by one (``dirty``), and the block's rest is
-    recomputed when more than _MAX_DIRTY are. After a block with more than _MAX_BLOCK_MOVES
-    moves (a first pass, where every record moves), records are scored one at a time, their
-    quadratic forms on the leading rows first (``gaussian_nw.leading_quad_forms``), finished
-    only for the clusters that can win (``_pruned_costs_from``).
+    No array is assigned in the loop and every array is borrowed (``kernels.arrays.borrowed``):
+    numba's reference counting took a sixth of the time (docs/performance.md). While records
+    rarely move, a block's quadratic forms are computed at once (``block_quad_forms``), the
+    columns a move changes (``dirty``) one by one after it, the block's rest again past
+    _MAX_DIRTY; after a block of more than _MAX_BLOCK_MOVES moves, records go one at a time on
+    the leading rows (``leading_quad_forms``), finished where a cluster can win.
     """
-    # every array borrowed (``kernels.arrays.borrowed``): the caller owns them all for the call
     X, order, z, stats, cache, nk, lognk = (
         borrowed(X), borrowed(order), borrowed(z), borrowed(stats), borrowed(cache),
         borrowed(nk), borrowed(lognk),
@@ -568,8 +495,7 @@ def _scan_run(
                 if batch:
                     load_block(XT, X, order, blk0, blk1)
                     gaussian_nw.block_quad_forms(XT, 0, blk1 - blk0, P, n_slots + 1, d, bacc, Q)
-            # a record scored before any move needs every column's full quadratic form
-            # (``_pruned_log_mixture_from``)
+            # a record scored before any move needs every full quadratic form
             r = d if batch or (scoring and n_changed == 0) else rows
             if batch:
                 u = t - blk0
@@ -615,8 +541,7 @@ def _scan_run(
             t += 1
             continue
         if best == n_slots and not _room(nk, n_slots):
-            # no row for the new cluster: back to ``_scan`` to grow, and this record again
-            # from the same RNG state (its draw repeated), so nothing of it is committed
+            # no row: ``_scan`` grows, and this record again from the same RNG state
             state[0] = drawn_from
             break
         before = n_slots
@@ -651,22 +576,12 @@ def _scan_run(
 
 @njit(cache=True, nogil=True)
 def sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, alpha, logdens):
-    """One MAP-DP iteration over the records in ``order`` (Raykov et al. 2016, Algorithm 1, inner
-    loop).
-
-    Each record is taken out of its cluster and assigned to
-    argmin_k [q_{i,k} - log N_{k,-i}] over the existing clusters and a new one (eqs. 3.1-3.2);
-    statistics and caches are updated incrementally, so a sweep costs O(N K d^2) for the
-    Normal-Wishart family. Ties keep the lowest slot; a record alone in its cluster that would
-    open a new one stays where it is.
-
-    It also scores the records it leaves in place: while no record has moved, each visited
-    record i gets logdens[i] = log of its mixture predictive density, eq. 3.4, under the
-    statistics the sweep started from, computed exactly as ``predict`` computes it for those
-    statistics (same terms, same order). If the sweep returns n_changed == 0, logdens holds the
-    eq. 3.4 density of every visited record under statistics the sweep left unchanged, so a
-    confirming pass doubles as the write-out. One kernel for both uses: numba compiles each
-    entry point with its whole call tree, so a second entry would compile ``_scan`` again.
+    """One MAP-DP iteration over the records in ``order`` (Raykov et al. 2016, Algorithm 1):
+    each record to argmin_k [q_{i,k} - log N_{k,-i}] over the clusters and a new one (eqs.
+    3.1-3.2), statistics and caches updated incrementally, O(N K d^2); ties keep the lowest
+    slot, a record alone that would open a new cluster stays. While no record has moved, each
+    gets logdens[i], eq. 3.4 as ``predict`` computes it: a confirming pass (n_changed == 0)
+    doubles as the write-out.
 
     Parameters
     ----------
@@ -701,32 +616,16 @@ def sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, alpha, l
     state = np.zeros(1, dtype=np.uint64)
     log_norm = log_norm_of(nk[:n_slots], alpha) if logdens.shape[0] > 0 else 0.0
     return _scan(
-        X,
-        order,
-        z,
-        stats,
-        cache,
-        nk,
-        n_slots,
-        spec,
-        prior,
-        empty_c,
-        math.log(alpha),
-        False,
-        state,
-        logdens,
-        log_norm,
-    )
+        X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, math.log(alpha), False,
+        state, logdens, log_norm,
+    )  # fmt: skip
 
 
 @njit(cache=True, nogil=True)
 def gibbs_sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, state):
-    """One collapsed Gibbs scan (Raykov et al. 2016, eq. 2.7; Neal's Algorithm 3; De Bacco and
-    Valera, Algorithm 3): z_i is drawn with p(z_i = k | x_i, z_-i) proportional to N_{k,-i} p(x_i |
-    X_{k,-i}), or N0 p(x_i) for a new cluster. Same arguments and returns as ``sweep``, with
-    ``log_alpha`` (log N0) for alpha and ``state`` (uint64 array of shape (1,), the RNG state,
-    advanced in place) for logdens.
-    """
+    """One collapsed Gibbs scan (Raykov et al. 2016, eq. 2.7): z_i drawn proportional to
+    N_{k,-i} p(x_i | X_{k,-i}), or N0 p(x_i). As ``sweep``, with log_alpha (log N0) and
+    ``state`` (uint64 (1,), the RNG state, advanced) for alpha and logdens."""
     no_scores = np.empty(0)
     return _scan(
         X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, True, state,
@@ -736,10 +635,8 @@ def gibbs_sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, lo
 
 @njit(cache=True, nogil=True)
 def objective(stats, nk, n_slots, spec, prior, alpha):
-    """E = -log p(X, z | N0), eq. 3.3, from the statistics alone: -sum_k log p(X_k)
-    - log p(z_1..z_N) (eq. 2.3, ``kernels.alloc.crp.log_eppf``). Algorithm 1's E_new is this up
-    to the constant log Gamma(N + N0) - log Gamma(N0), kept here so that learned concentrations
-    compare."""
+    """E = -log p(X, z | N0), eq. 3.3: -sum_k log p(X_k) - log p(z) (eq. 2.3, with Algorithm
+    1's omitted constant, so that concentrations compare)."""
     out = 0.0
     for k in range(n_slots):
         if nk[k] > 0.0:
@@ -749,12 +646,7 @@ def objective(stats, nk, n_slots, spec, prior, alpha):
 
 @njit(cache=True, nogil=True)
 def compact(z, stats, cache, nk, n_slots):
-    """Drop empty slots: clusters renumbered 0..K-1 in slot order; z relabelled in place.
-
-    Returns
-    -------
-    stats, cache, nk : ndarrays of K rows
-    """
+    """(stats, cache, nk) without the empty slots, renumbered 0..K-1 in slot order in z."""
     remap = np.full(max(n_slots, 1), -1, dtype=np.int64)
     K = 0
     for k in range(n_slots):
@@ -801,13 +693,12 @@ def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
     lp = np.empty(K + 1)
     terms = np.empty(K + 1)
     hot = spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
-    # as the sweep computes them (``_costs``): packed, the empty cache in column K
+    # packed as the sweep's, the empty cache in column K
     P = np.empty((0, 0))
     if hot:
         P = pack_slots(cache, K, empty_c, X.shape[1])
     qv = np.empty(K + 1)
     if hot:
-        # a block of records at a time, and a logarithm only where a term counts (``_scan``)
         d = X.shape[1]
         e0 = d * (d + 1) // 2 + d
         XT = aligned_matrix(d, _BLOCK)

@@ -1,36 +1,19 @@
 """The semiparametric mixed-effects model of Raykov et al. 2016, Section 7, fitted by iterated
 conditional modes (ICM) without collapsing the cluster parameters.
 
-Model (eq. 7.1): y_i = X_i beta_i + eps_i, eps_i ~ N(0, tau^-1 I), beta_i ~ P with P a DP mixture
-of Gaussians N(mu_k, R_k^-1) whose parameters have the Normal-Wishart prior of Appendix B
-(m0, c0, B0, a0); tau ~ Gamma(a_tau, b_tau) (shape, rate); z ~ CRP(N0) (eq. 2.3).
-
-The objective is the negative log posterior of the assignments, the cluster parameters and tau
-with the random effects integrated out (constants that never change left out):
+Model (eq. 7.1): y_i = X_i beta_i + eps_i, eps_i ~ N(0, tau^-1 I), beta_i ~ a DP mixture of
+N(mu_k, R_k^-1) with the Normal-Wishart prior of Appendix B; tau ~ Gamma(a_tau, b_tau) (shape,
+rate); z ~ CRP(N0) (eq. 2.3). The objective, beta_i integrated out (constants left out):
 
     E = sum_i -log N(y_i | X_i mu_{z_i}, X_i R_{z_i}^-1 X_i^T + tau^-1 I)
         - sum_k log NW(mu_k, R_k) - log p(z | N0) (eq. 2.3) - log Gamma(tau; a_tau, b_tau)
 
-A pass lowers it in two steps, neither of which can raise it:
-
-* per subject, its cluster z_i is replaced by its conditional mode, with beta_i integrated out
-  (``sweep``; MAP-DP's step with the cluster parameters not collapsed);
-* the clusters' (mu_k, R_k) and tau are replaced by their conditional modes given the random
-  effects' conditionals of eq. 7.2 (``estep_sums``): the Normal-Wishart mode of each cluster
-  (``nw_mode``) from the expected statistics sum E[beta_i] and sum E[beta_i beta_i^T], and the
-  mode of eq. 7.3 (``tau_mode``) with the expected residual sum of squares. This is an EM step
-  for (mu, R, tau), which never lowers the marginal posterior.
-
-Why beta_i is integrated out rather than set to its mode in a joint objective over (z, beta, mu,
-R, tau): the joint mode is degenerate in the way of hierarchical models' joint MAP. Setting each
-beta_i to its eq. 7.2 mode shrinks it to mu_k, which tightens R_k, which shrinks beta_i further;
-the fit converges to random effects pressed against their cluster means and a tau far below the
-truth (on the benchmark's generator, half of it). Integrating beta_i out removes that feedback;
-the reported random effects are still the eq. 7.2 modes, given the final parameters.
-
-Held-out subjects are scored with the same integral (``log_predictive``), the analogue of
-eq. 3.4: N(y_i | X_i mu_k, X_i R_k^-1 X_i^T + tau^-1 I), from the subject's moments
-X_i^T X_i, X_i^T y_i, y_i^T y_i.
+A pass lowers it in two steps: each subject's z_i to its conditional mode (``sweep``), then an
+EM step for (mu, R, tau) from eq. 7.2's conditionals (``estep_sums``): the Normal-Wishart modes
+(``nw_mode``) and eq. 7.3's (``tau_mode``). beta_i is integrated out because the joint mode over
+(z, beta, mu, R, tau) is degenerate (beta_i shrinks to mu_k, which tightens R_k: tau ended at
+half the truth); the reported random effects are eq. 7.2's modes. Held-out subjects are scored
+by the same integral (``log_predictive``, eq. 3.4's analogue) from their moments.
 """
 
 import math
@@ -50,11 +33,7 @@ LOG_2PI = math.log(2.0 * math.pi)
 
 @njit(cache=True, nogil=True)
 def cholesky(A, L):
-    """Lower Cholesky factor of the symmetric positive definite A (p, p) into L (p, p), A kept
-    (``kernels.obs.gaussian_nw.cholesky_inplace`` on a copy).
-
-    Returns False when A is not numerically positive definite.
-    """
+    """Lower Cholesky factor of A (p, p) into L (p, p), A kept; False if not positive definite."""
     p = A.shape[0]
     for i in range(p):
         for j in range(p):
@@ -80,8 +59,7 @@ def chol_solve(L, b, out):
 
 @njit(cache=True, nogil=True)
 def chol_inverse(L, out, e, col):
-    """out (p, p) = A^-1, column by column, from the Cholesky factor L of A (e, col: scratch
-    of length p)."""
+    """out (p, p) = A^-1 from A's Cholesky factor L (e, col: scratch (p,))."""
     p = L.shape[0]
     for j in range(p):
         e[:] = 0.0
@@ -105,24 +83,8 @@ def chol_logdet(L):
 
 @njit(cache=True, nogil=True)
 def subject_moments(X, y, codes, n_groups):
-    """Sufficient statistics of each subject's regression.
-
-    Parameters
-    ----------
-    X : (n, p) float64
-        Covariates of the random effects, one row per observation.
-    y : (n,) float64
-        Responses.
-    codes : (n,) int64
-        Subject code 0..G-1 of each row (any order).
-    n_groups : int
-        G.
-
-    Returns
-    -------
-    XtX : (G, p, p), Xty : (G, p), yty : (G,), n_obs : (G,) float64
-        X_i^T X_i, X_i^T y_i, y_i^T y_i and the number of observations of each subject.
-    """
+    """Each subject's moments from the covariates X (n, p), responses y (n,) and subject codes
+    (n,) int64 in 0..n_groups - 1: XtX (G, p, p), Xty (G, p), yty (G,), n_obs (G,)."""
     n, p = X.shape
     XtX = np.zeros((n_groups, p, p))
     Xty = np.zeros((n_groups, p))
@@ -146,43 +108,23 @@ def subject_moments(X, y, codes, n_groups):
 
 @njit(cache=True, nogil=True)
 def subject_cost(XtX, Xty, yty, n_obs, tau, mu, R, logdet_R, beta, A, L, h):
-    """The mode of beta_i given its cluster (eq. 7.2) and -log of the subject's marginal
-    likelihood in the cluster, beta_i integrated out.
+    """-log N(y_i | X_i mu, X_i R^-1 X_i^T + tau^-1 I) of a subject in a cluster (inf if A is
+    not positive definite), its eq. 7.2 mode into beta (p,).
 
-    The conditional of eq. 7.2 is N(A^-1 h, A^-1) with A = tau X^T X + R, h = tau X^T y + R mu;
-    its mode ``beta`` minimises g(beta) = tau/2 ||y - X beta||^2 + 1/2 (beta - mu)^T R (beta - mu),
-    and g(beta) = tau/2 y^T y + 1/2 mu^T R mu - 1/2 h^T A^-1 h there. Integrating beta out,
-    -log N(y | X mu, X R^-1 X^T + tau^-1 I) = n/2 log 2pi - n/2 log tau + 1/2 log|A| - 1/2 log|R|
-    + min g (the Gaussian integral of exp(-g) is (2 pi)^(p/2) |A|^(-1/2) exp(-min g)).
+    Eq. 7.2 is N(A^-1 h, A^-1), A = tau X^T X + R, h = tau X^T y + R mu; its mode minimises
+    g = tau/2 ||y - X beta||^2 + 1/2 (beta - mu)^T R (beta - mu), and the integral is
+    n/2 log 2pi - n/2 log tau + 1/2 log|A| - 1/2 log|R| + min g.
 
     Parameters
     ----------
-    XtX : (p, p), Xty : (p,), yty, n_obs : float
-        The subject's moments.
+    XtX, Xty, yty, n_obs : the subject's moments, (p, p), (p,), float, float
     tau : float
-        Noise precision.
-    mu : (p,), R : (p, p), logdet_R : float
-        The cluster's mean, precision and log|R|.
-    beta : (p,)
-        Output: the mode of eq. 7.2.
-    A, L : (p, p), h : (p,)
-        Scratch; on return L is the Cholesky factor of A (the conditional's precision).
-
-    Returns
-    -------
-    float
-        -log N(y_i | X_i mu, X_i R^-1 X_i^T + tau^-1 I) (inf when A is not positive definite).
+    mu, R, logdet_R : the cluster's mean (p,), precision (p, p) and log|R|
+    beta : (p,), output
+    A, L, h : scratch (p, p), (p, p), (p,); L returns the Cholesky factor of A
     """
-    p = XtX.shape[0]
-    Rmu = np.empty(p)
-    for a in range(p):
-        t = 0.0
-        for b in range(p):
-            t += R[a, b] * mu[b]
-        Rmu[a] = t
-    muRmu = 0.0
-    for a in range(p):
-        muRmu += mu[a] * Rmu[a]
+    Rmu = np.empty(XtX.shape[0])
+    muRmu = _rmu(R, mu, Rmu)
     return subject_cost_pre(
         XtX, Xty, yty, n_obs, tau, math.log(tau), Rmu, muRmu, R, logdet_R, beta, A, L, h
     )
@@ -190,8 +132,7 @@ def subject_cost(XtX, Xty, yty, n_obs, tau, mu, R, logdet_R, beta, A, L, h):
 
 @njit(cache=True, nogil=True)
 def subject_cost_pre(XtX, Xty, yty, n_obs, tau, log_tau, Rmu, muRmu, R, logdet_R, beta, A, L, h):
-    """``subject_cost`` with the cluster's R mu (p,) and mu^T R mu, and log tau, computed once
-    per cluster and pass by the caller rather than once per subject and cluster."""
+    """``subject_cost`` with the cluster's R mu (p,), mu^T R mu and log tau precomputed."""
     p = XtX.shape[0]
     for a in range(p):
         for b in range(p):
@@ -223,30 +164,9 @@ def _rmu(R, mu, out):
 
 @njit(cache=True, nogil=True)
 def nw_mode(n, s, ss, m0, c0, T0, a0, mu, R, L):
-    """Joint mode of the Normal-Wishart posterior of a cluster's (mu, R) given its random effects.
-
-    Posterior (eq. B.1 with the random effects as records): c = c0 + n, m = (c0 m0 + s) / c,
-    B^-1 = T0 + ss + c0 m0 m0^T - c m m^T, a = a0 + n; the joint mode of
-    N(mu | m, (c R)^-1) W(R | B, a) is mu = m, R = (a - p) B.
-
-    Parameters
-    ----------
-    n : float
-        Number of subjects in the cluster.
-    s : (p,), ss : (p, p)
-        Sum of beta_i and of beta_i beta_i^T over the cluster.
-    m0, c0, T0, a0
-        Prior: mean, mean strength, T0 = B0^-1 (p, p), degrees of freedom (a0 > p).
-    mu : (p,), R : (p, p)
-        Output.
-    L : (p, p)
-        Scratch.
-
-    Returns
-    -------
-    float
-        log|R| (nan if the posterior scale is not positive definite).
-    """
+    """The joint Normal-Wishart posterior mode mu = m, R = (a - p) B (eq. B.1, the n random
+    effects as records: sums s (p,), ss (p, p)) into mu (p,), R (p, p); returns log|R| (NaN if
+    B^-1 is not positive definite). Prior m0, c0, T0 = B0^-1 (p, p), a0 > p; L (p, p) scratch."""
     p = m0.shape[0]
     return nw_mode_into(
         n, s, ss, m0, c0, T0, a0, mu, R, L, np.empty((p, p)), np.empty(p), np.empty(p)
@@ -255,8 +175,7 @@ def nw_mode(n, s, ss, m0, c0, T0, a0, mu, R, L):
 
 @njit(cache=True, nogil=True)
 def nw_mode_into(n, s, ss, m0, c0, T0, a0, mu, R, L, Binv, e, col):
-    """``nw_mode`` with its scratch given (Binv (p, p), e and col (p,)): the sweep calls it once
-    per subject, where an allocation would cost more than the arithmetic."""
+    """``nw_mode`` with the scratch Binv (p, p), e and col (p,)."""
     p = m0.shape[0]
     c = c0 + n
     for a in range(p):
@@ -300,18 +219,9 @@ def nw_log_density(mu, R, logdet_R, m0, c0, T0, a0, logdet_T0):
 
 @njit(cache=True, nogil=True)
 def nw_log_prior(mu, R, logdet_R, m0, c0, T0, a0, logdet_T0):
-    """The objective's log NW(mu, R) per cluster: ``nw_log_density`` (Appendix B, mu (p,),
-    R (p, p)) as a density in the prior's own units, coordinates of beta in which |T0| = 1.
-
-    A density of (mu, R) carries units: with beta -> D beta (the response or a covariate in
-    other units) it gains p log|D| (mu: -log|D|, R: (p + 1) log|D|), so the objective's
-    -log NW per cluster would shift by that much, as a change of N0 would. A response in grams
-    then opens one cluster per subject where the same response in kilograms has one cluster.
-    Subtracting p/2 log|T0| (T0 = B0^-1 scales as beta beta^T, empirically from the data) makes
-    it unit-free, so the fit follows the response's and the covariates' scales as the
-    empirical-Bayes prior does (on the real panel of 16 rats' body weights in grams: one
-    cluster per rat without it, the two diet groups with it).
-    """
+    """The objective's log NW(mu, R): ``nw_log_density`` in units where |T0| = 1 (minus
+    p/2 log|T0|). A density of (mu, R) gains p log|D| when beta -> D beta, which shifts the
+    cost of a cluster as a change of N0 would (grams: a cluster per rat, kilograms: two)."""
     return (
         nw_log_density(mu, R, logdet_R, m0, c0, T0, a0, logdet_T0) - 0.5 * m0.shape[0] * logdet_T0
     )
@@ -319,11 +229,8 @@ def nw_log_prior(mu, R, logdet_R, m0, c0, T0, a0, logdet_T0):
 
 @njit(cache=True, nogil=True)
 def tau_mode(rss, n_obs, a_tau, b_tau):
-    """The mode of the noise precision's conditional, eq. 7.3:
-    Gamma(tau | a + n/2, b + rss/2) (shape, rate) has its mode at (a + n/2 - 1) / (b + rss/2).
-
-    ``n_obs`` is the number of observations (rows), whose residuals make up ``rss``.
-    """
+    """The mode (a + n/2 - 1) / (b + rss/2) of eq. 7.3's Gamma(a + n/2, b + rss/2), n_obs
+    observations of residual sum of squares rss."""
     return max(a_tau + 0.5 * n_obs - 1.0, 0.0) / (b_tau + 0.5 * rss)
 
 
@@ -349,58 +256,37 @@ def sweep(
     XtX, Xty, yty, n_obs, train, z, mu, R, logdet_R, log_nw, nk, n_slots, m0, c0, T0, a0,
     logdet_T0, mu0, R0, tau, log_alpha, n_st, s_st, ss_st, beta,
 ):  # fmt: skip
-    """One ICM pass over a chunk's subjects: each training subject's cluster z_i replaced by its
-    conditional mode given the cluster parameters, tau and the other assignments, with beta_i
-    integrated out (module docstring); and, in the same loop, the E-step statistics of
-    ``estep_sums`` in the chosen cluster.
+    """One ICM pass over a chunk's subjects: each training subject's z_i to its conditional
+    mode, beta_i integrated out, and in the same loop ``estep_sums``' statistics (exact: a
+    slot's parameters change only when a subject opens it, alone).
 
-    The cost of cluster k for subject i is -log N(y_i | X_i mu_k, X_i R_k^-1 X_i^T + tau^-1 I)
-    - log N_{k,-i} (``subject_cost``); a new cluster costs the same at a candidate (mu*, R*) minus
-    log N0 and log NW(mu*, R*) (``nw_log_prior``); a subject alone in its cluster pays those too
-    for staying. The candidate is the NW mode (``nw_mode``) given one point, the eq. 7.2 mode of
-    beta_i under the prior's mode (mu0, R0).
-
-    The E-step is exact here: a slot's parameters change only when a subject opens a new
-    cluster in it, and then the slot holds no other subject, so every subject's cluster keeps
-    the parameters it was scored with until the sweep ends (``estep_sums`` after the sweep gives
-    the same sums, at the cost of a second pass over the subjects).
+    Cluster k costs ``subject_cost`` - log N_{k,-i}; a new one the same at a candidate (mu*, R*),
+    the NW mode given the eq. 7.2 mode under the prior's mode (mu0, R0), minus log N0 and
+    ``nw_log_prior``, which a subject alone in its cluster pays too for staying.
 
     Parameters
     ----------
-    XtX : (G, p, p), Xty : (G, p), yty, n_obs : (G,)
-        The chunk's subjects' moments.
+    XtX, Xty, yty, n_obs : the subjects' moments, (G, p, p), (G, p), (G,), (G,)
     train : (G,) bool
-        Subjects that are fitted (held-out subjects keep z = -1).
+        Fitted subjects (held-out ones keep z = -1).
     z : (G,) int64
-        In: the current cluster slot of each subject (-1: none); out: the new one.
-    mu : (K_cap, p), R : (K_cap, p, p), logdet_R, log_nw : (K_cap,)
-        Cluster parameters by slot (log_nw: ``nw_log_prior`` of mu_k, R_k); new clusters fill
-        free slots.
+        Each subject's cluster slot (-1: none), updated.
+    mu, R, logdet_R, log_nw : (K_cap, p), (K_cap, p, p), (K_cap,), (K_cap,)
+        Cluster parameters by slot (log_nw: ``nw_log_prior``); new clusters fill free slots.
     nk : (K_cap,) float64
-        Subjects per slot, counting every subject's current cluster (in and out).
-    n_slots : int
-        Slots in use at the start; K_cap must be at least n_slots + the number of subjects.
-    m0, c0, T0, a0, logdet_T0
-        The Normal-Wishart prior (T0 = B0^-1 and log|T0|).
-    mu0 : (p,), R0 : (p, p)
-        The prior's mode.
+        Subjects per slot, updated; n_slots in use, K_cap >= n_slots + G.
+    m0, c0, T0, a0, logdet_T0, mu0, R0 : the prior (T0 = B0^-1) and its mode
     tau, log_alpha : float
-        Noise precision and log N0.
-    n_st : (K_cap,), s_st : (K_cap, p), ss_st : (K_cap, p, p)
-        Zeros in; out: per slot the count, sum of E[beta_i] and of E[beta_i beta_i^T] of its
-        training subjects (``estep_sums``).
+    n_st, s_st, ss_st : (K_cap,), (K_cap, p), (K_cap, p, p)
+        Zeros in; out ``estep_sums``' per-slot sums.
     beta : (G, p)
-        Out: the eq. 7.2 mode of each training subject in its new cluster (others untouched).
+        Out: each training subject's eq. 7.2 mode.
 
     Returns
     -------
-    n_slots : int
-        Slots in use after the sweep (some may have emptied: nk == 0).
-    n_changed : int
-        Subjects whose cluster changed.
+    n_slots, n_changed : int
     rss, n_obs_total, nll : float
-        The E-step's expected residual sum of squares, number of observations and
-        sum_i -log N(y_i | X_i mu_{z_i}, X_i R_{z_i}^-1 X_i^T + tau^-1 I) (``estep_sums``).
+        ``estep_sums``' sums.
     """
     G, p = Xty.shape
     A = np.empty((p, p))
@@ -495,9 +381,8 @@ def _best_slot(
     XtX_i, Xty_i, yty_i, n_obs_i, tau, log_tau, Rmu, muRmu, R, logdet_R, nk, log_nw, log_alpha,
     n_slots, k0, b_try, b_best, A, L, L_best, h,
 ):  # fmt: skip
-    """``sweep``'s least cost over the clusters in use for a subject (k0: its cluster, which it
-    has left in nk): (cost, the ``subject_cost`` part of it, slot), with the winner's eq. 7.2
-    mode in b_best and its A factor in L_best."""
+    """``sweep``'s least (cost, ``subject_cost`` part, slot) over the clusters in use (k0: the
+    subject's, left in nk), the winner's mode in b_best and A factor in L_best."""
     best = np.inf
     raw_best = np.inf
     kbest = -1
@@ -525,14 +410,9 @@ def _best_slot(
 
 @njit(cache=True, nogil=True, inline="always")
 def _candidate(b, m0, c0, a0, T0inv, logdet_T0, lnw_const, u, mu, R):
-    """A new cluster's (mu*, R*) into mu (p,) and R (p, p): ``nw_mode`` given one point b, in
-    closed form; returns log|R*| and ``nw_log_prior`` there (lnw_const: its terms that do not
-    depend on (mu, R); u (p,): scratch).
-
-    mu* = (c0 m0 + b) / (c0 + 1), R* = (a0 + 1 - p) (T0 + w d d^T)^-1 with d = b - m0,
-    w = c0 / (c0 + 1); by Sherman-Morrison everything but R* itself is a function of
-    q = d^T T0^-1 d.
-    """
+    """``nw_mode`` given one point b in closed form into mu (p,), R (p, p): mu* = (c0 m0 + b) /
+    (c0 + 1), R* = (a0 + 1 - p) (T0 + w d d^T)^-1, d = b - m0, w = c0 / (c0 + 1) (Sherman-
+    Morrison); returns log|R*| and ``nw_log_prior`` (lnw_const: its constant; u (p,) scratch)."""
     p = b.shape[0]
     w = c0 / (c0 + 1.0)
     a1 = a0 + 1.0 - p
@@ -560,10 +440,8 @@ def _candidate(b, m0, c0, a0, T0inv, logdet_T0, lnw_const, u, mu, R):
 
 @njit(cache=True, nogil=True, inline="always")
 def _add_estep(XtX_i, Xty_i, yty_i, b, L, k, n, s, ss, e, col):
-    """One subject's E-step statistics added to slot k: the count, its mode b (p,) to s, and
-    E[beta beta^T] = b b^T + V to ss, with V = A^-1 from A's Cholesky factor L (p, p) column by
-    column (e, col: work vectors of length p). Returns the subject's expected residual sum of
-    squares ||y - X b||^2 + tr(X^T X V) (eq. 7.3's statistic)."""
+    """A subject's E-step sums into slot k: the count, b (p,), b b^T + V (V = A^-1 from its
+    factor L; e, col scratch (p,)); returns ||y - X b||^2 + tr(X^T X V) (eq. 7.3's)."""
     p = b.shape[0]
     r = yty_i - 2.0 * (b @ Xty_i) + _rmu(XtX_i, b, col)
     n[k] += 1.0
@@ -583,20 +461,9 @@ def _add_estep(XtX_i, Xty_i, yty_i, b, L, k, n, s, ss, e, col):
 
 @njit(cache=True, nogil=True)
 def estep_sums(XtX, Xty, yty, n_obs, train, z, mu, R, logdet_R, tau, n_slots, beta):
-    """The E-step of the cluster and tau updates, and the subjects' marginal likelihood.
-
-    Each training subject's beta_i has the conditional of eq. 7.2 in its cluster, with mean (its
-    mode, written to ``beta``) m_i and covariance V_i = (tau X_i^T X_i + R_k)^-1. Returns the
-    additive statistics of the modes' steps: per slot the count, sum of m_i and sum of
-    E[beta_i beta_i^T] = m_i m_i^T + V_i; the expected residual sum of squares
-    E||y_i - X_i beta_i||^2 = ||y_i - X_i m_i||^2 + tr(X_i^T X_i V_i) and the number of
-    observations (eq. 7.3's statistics); and sum_i -log N(y_i | X_i mu_k, X_i R_k^-1 X_i^T +
-    tau^-1 I), the likelihood part of the objective.
-
-    Returns
-    -------
-    n : (S,), s : (S, p), ss : (S, p, p), rss, n_obs_total, nll : float
-    """
+    """The E-step under eq. 7.2 (mean m_i, into beta, and V_i = (tau X_i^T X_i + R_k)^-1):
+    per slot the count n (S,), sum m_i s (S, p) and sum m_i m_i^T + V_i ss (S, p, p); the
+    expected residual sum of squares rss, n_obs_total (eq. 7.3) and the objective's nll."""
     G, p = Xty.shape
     n = np.zeros(n_slots)
     s = np.zeros((n_slots, p))
@@ -624,8 +491,7 @@ def estep_sums(XtX, Xty, yty, n_obs, train, z, mu, R, logdet_R, tau, n_slots, be
 
 @njit(cache=True, nogil=True)
 def log_predictive(XtX, Xty, yty, n_obs, tau, mu, R, logdet_R):
-    """log N(y_i | X_i mu, X_i R^-1 X_i^T + tau^-1 I) of every subject (beta_i integrated out),
-    from its moments (``subject_cost``): (G,) float64."""
+    """(G,): log N(y_i | X_i mu, X_i R^-1 X_i^T + tau^-1 I) of every subject."""
     G, p = Xty.shape
     out = np.empty(G)
     A = np.empty((p, p))
@@ -639,10 +505,8 @@ def log_predictive(XtX, Xty, yty, n_obs, tau, mu, R, logdet_R):
 
 @njit(cache=True, nogil=True)
 def mixture_log_predictive(XtX, Xty, yty, n_obs, tau, mu, R, logdet_R, log_w):
-    """Per subject: the log density under each component (G, K) and the eq. 3.4 analogue
-    log sum_k w_k N(y_i | X_i mu_k, X_i R_k^-1 X_i^T + tau^-1 I) (G,), ``log_w`` (K,) the log
-    weights N_k / (N + N0) (the new cluster's N0 / (N + N0) with the prior's mode as its
-    parameters is one of the K components)."""
+    """Per subject the log density under each component (G, K) and eq. 3.4's analogue (G,)
+    with the log weights log_w (K,) (the new cluster, at the prior's mode, among them)."""
     G = Xty.shape[0]
     K = mu.shape[0]
     comp = np.empty((G, K))
@@ -667,17 +531,10 @@ def mixture_log_predictive(XtX, Xty, yty, n_obs, tau, mu, R, logdet_R, log_w):
 
 @njit(cache=True, nogil=True)
 def ols_moments(XtX, Xty, yty, n_obs, train):
-    """Additive moments for the empirical-Bayes prior and the starting tau: over the training
-    subjects with more observations than coefficients (and a non-singular X_i^T X_i), their
-    least-squares beta_i: count, sum, sum of outer products, sum of (X_i^T X_i)^-1, their
-    residual sum of squares and its degrees of freedom; and the pooled X^T X, X^T y, y^T y and
-    number of observations of all training subjects.
-
-    Returns
-    -------
-    count, rss_within, dof, n_pooled : float; s : (p,); ss, inv_sum, XtX_pooled : (p, p);
-    Xty_pooled : (p,); yty_pooled : float
-    """
+    """The empirical-Bayes prior's moments: over training subjects with a non-singular
+    X_i^T X_i and n_i > p, the least-squares beta_i's count, sum s (p,), outer products ss and
+    (X_i^T X_i)^-1 sum inv_sum (p, p), rss and dof; over all, the pooled XtX (p, p), Xty (p,),
+    yty and n_pooled. Returns (count, rss, dof, n_pooled, s, ss, inv_sum, XtX, Xty, yty)."""
     G, p = Xty.shape
     s = np.zeros(p)
     ss = np.zeros((p, p))

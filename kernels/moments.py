@@ -1,12 +1,8 @@
-"""Per-group moments of a grouped dataset store's chunk, computed once at ingest.
+"""Per-group moments of a grouped store's chunk, computed once at ingest.
 
-A subject's regression in Raykov et al. 2016, Section 7 (eq. 7.1, y_i = X_i beta_i + eps_i) reaches
-the data only through X_i^T X_i, X_i^T y_i, y_i^T y_i and n_i (eqs. 7.2 and 7.3, and the marginal
-likelihood with beta_i integrated out). Which stored columns are the response and which the
-covariates is a fit's choice, not the store's, so the store keeps the Gram matrix of each group's
-rows with a column of ones in front, W_g = [1, X_g]: every one of those moments, for any choice of
-response, covariates and intercept, is a block of W_g^T W_g. It is symmetric, so only its upper
-triangle is kept.
+A subject's regression (Raykov et al. 2016, eqs. 7.1-7.3) reads X_i^T X_i, X_i^T y_i, y_i^T y_i
+and n_i, blocks of W_g^T W_g, W_g = [1, X_g], for any choice of response and covariates: the
+store keeps its upper triangle.
 """
 
 import numpy as np
@@ -15,26 +11,10 @@ from numba import njit
 
 @njit(cache=True, nogil=True)
 def group_gram(X, starts):
-    """The upper triangle of W_g^T W_g of every group g, W_g = [1, X_g] (the moments of
-    eqs. 7.1-7.3 of Raykov et al. 2016), row by row: entries (a, b), b >= a, of the (q, q) matrix,
-    q = D + 1, at a q - a (a - 1) / 2 + (b - a).
-
-    Entry (0, 0) is the group's number of rows, (0, 1 + j) the sum of column j, (1 + j, 1 + l)
-    the sum of products of columns j and l. Rows are added in their stored order, with the same
-    products as ``kernels.mixed_effects.subject_moments``, so each block equals that kernel's
-    result on the same rows bit for bit.
-
-    Parameters
-    ----------
-    X : (n, D) float64
-        The chunk's rows in stored order, each group's rows contiguous.
-    starts : (G + 1,) int64
-        Group g's rows are ``X[starts[g]:starts[g + 1]]``.
-
-    Returns
-    -------
-    (G, q (q + 1) / 2) float64
-    """
+    """(G, q (q + 1) / 2): the upper triangle of each group's W_g^T W_g (q = D + 1), entry
+    (a, b) at a q - a (a - 1) / 2 + (b - a), of the rows of X (n, D), group g's
+    ``X[starts[g]:starts[g + 1]]`` (starts (G + 1,) int64); the same products in the same order
+    as ``kernels.mixed_effects.subject_moments``, the same bits."""
     d = X.shape[1]
     G = starts.shape[0] - 1
     q = d + 1
@@ -56,20 +36,9 @@ def group_gram(X, starts):
 
 @njit(cache=True, nogil=True)
 def column_summary(X):
-    """Per column of X, in one pass over the rows: missing cells (NaN), and the sum, minimum
-    and maximum of the cells present (the additive moments of ``pipeline.data.store.Moments``
-    besides the cross products). The sums add row by row in stored order, as NumPy's
-    ``sum(axis=0)`` of a C-ordered array does, so they equal it bit for bit.
-
-    Parameters
-    ----------
-    X : (n, D) float64 or float32
-
-    Returns
-    -------
-    n_missing, total, lo, hi : (D,) float64
-        lo = +inf and hi = -inf for a column with no cell present.
-    """
+    """(n_missing, total, lo, hi), each (D,), of X's (n, D) columns in one pass: NaN cells, and
+    the sum (row by row, as NumPy's ``sum(axis=0)``), minimum and maximum of the others (inf,
+    -inf when none)."""
     n, d = X.shape
     n_missing = np.zeros(d)
     total = np.zeros(d)

@@ -1,19 +1,14 @@
-"""Operations on partitions of statistics rows shared by every clustering kernel.
+"""Operations on partitions of statistics rows shared by the clustering kernels: relabelling
+(``canonical_labels``), the DP mixture's merge gap (``merge_gap``) and greedy merging
+(``greedy_merge``; MAP-DP, Bayes K-means, the distributed passes' reconciliation).
 
-One copy each of: the relabelling of a partition in order of first appearance
-(``canonical_labels``), the merge gap of two clusters under the DP mixture (``merge_gap``), and the
-greedy merging of clusters while a merge raises the DP joint (``greedy_merge``), used by MAP-DP
-(Raykov et al. 2016, Section 3), Bayes K-means (Xu et al. 2009, Section 5) and the reconciliation of
-the distributed passes (``pipeline.engines.mixture.reduce_pass``).
-
-The merge gap splits into the observation model's part (``kernels.obs.product.log_marginal_gap``)
-and the allocation model's (``kernels.alloc.crp.merge_gap``):
+The merge gap, the observation model's part plus the allocation model's,
 
     gap(a, b) = [log p(X_a u X_b) - log p(X_a) - log p(X_b)]
               + [log Gamma(n_a + n_b) - log Gamma(n_a) - log Gamma(n_b) - log alpha]
 
-which is the increase of log p(X, z | alpha) (Raykov et al. 2016, eq. 3.3 with eq. 2.3; Xu et al.
-2009, eq. 5's summand) when clusters a and b merge; > 0 favours merging.
+is the increase of log p(X, z | alpha) (Raykov et al. 2016, eq. 3.3 with eq. 2.3; Xu et al.
+2009, eq. 5's summand) when clusters a and b merge.
 """
 
 import math
@@ -28,20 +23,8 @@ from kernels.obs import gaussian_nw, product
 
 @njit(cache=True, nogil=True)
 def canonical_labels(z, out):
-    """Relabel a partition so that its blocks are numbered 0, 1, ... in order of first appearance.
-
-    Parameters
-    ----------
-    z : ndarray of shape (N,), int64
-        Block of each element: any ids >= 0, gaps allowed (a negative id raises ValueError).
-    out : ndarray of shape (N,), int64, output
-        May be z itself.
-
-    Returns
-    -------
-    int
-        The number of blocks.
-    """
+    """out (N,) int64, may be z: the blocks z (N,) (ids >= 0, else ValueError) numbered 0, 1,
+    ... by first appearance; returns their number."""
     m = 0
     for i in range(z.shape[0]):
         if z[i] < 0:
@@ -60,64 +43,29 @@ def canonical_labels(z, out):
 
 @njit(cache=True, nogil=True)
 def merge_gap_cached(sa, sb, lma, lmb, scratch, spec, prior, log_alpha):
-    """``merge_gap`` from log marginals already known.
-
-    Parameters
-    ----------
-    sa, sb : ndarray of shape (S,)
-        Statistics rows of the two clusters (``sa[0]``, ``sb[0]`` > 0 their sizes).
-    lma, lmb : float
-        log p(X_a), log p(X_b).
-    scratch : ndarray of shape (S,)
-        Work row.
-    spec, prior : product family description (``kernels.obs.product``).
-    log_alpha : float
-
-    Returns
-    -------
-    gap : float
-    lm_ab : float
-        log p(X_a u X_b), for the caller to keep if the clusters merge.
-    """
+    """(``merge_gap``, log p(X_a u X_b)) of the rows sa, sb (S,) given lma = log p(X_a) and
+    lmb = log p(X_b); scratch (S,)."""
     obs, lm_ab = product.log_marginal_gap(sa, sb, lma, lmb, scratch, spec, prior)
     return obs + crp.merge_gap(sa[0], sb[0], log_alpha), lm_ab
 
 
 @njit(cache=True, nogil=True)
 def merge_gap(sa, sb, spec, prior, log_alpha):
-    """Increase of log p(X, z | alpha) (decrease of Raykov et al. 2016's objective E, eq. 3.3) when
-    clusters a and b merge (module docstring); > 0 favours merging. Statistics only.
-
-    Parameters
-    ----------
-    sa, sb : ndarray of shape (S,)
-    spec, prior : product family description.
-    log_alpha : float
-
-    Returns
-    -------
-    float
-    """
+    """The merge gap (module docstring) of the statistics rows sa, sb (S,)."""
     scratch = np.empty(sa.shape[0])
     lma = product.log_marginal(sa, spec, prior)
     lmb = product.log_marginal(sb, spec, prior)
     return merge_gap_cached(sa, sb, lma, lmb, scratch, spec, prior, log_alpha)[0]
 
 
-# greedy_merge's O(K^2) log marginals, for a Normal-Wishart-only family, with scratch space
-# allocated once and the prior's d log gammas computed once (``gaussian_nw.log_marginal_with``:
-# the same values); 684 ns a log marginal before, for d = 10 (ASUGS-PM's rounds, issue 38). Each
-# cluster's posterior factor and scatter determinant are kept (``_keep_factor``, O(d^3) a
-# cluster), and a pair whose gap an upper bound from either cluster's factor proves negative
-# (``gaussian_nw.merged_logdet_lower``, O(d^2), in ``merged_log_marginal_bound``, one log gamma)
-# gets -inf without its merged log marginal: such a pair never merges, so the merges are those
-# of the full evaluation. An ASUGS-PM round's greedy_merge of 18 clusters of d = 10 (the 20-cluster
-# benchmark): 101 us before, 53-58 us with the bound and ``_merges``' borrowed arrays.
+# greedy_merge's O(K^2) log marginals for a Normal-Wishart-only family: scratch and the prior's
+# log gammas once (``gaussian_nw.log_marginal_with``), each cluster's factor kept
+# (``_keep_factor``), and a pair whose gap a bound (``gaussian_nw.merged_logdet_lower``) proves
+# negative gets -inf without its merged log marginal: the same merges.
 @njit(cache=True, nogil=True)
 def _marginal_scratch(row, K, spec, prior):
-    """(Normal-Wishart only, T (d, d), m (d,), log Gamma_d(a0 / 2), the clusters' factors
-    ``fac``: L (K, d, d), m_k (K, d), (c_k, log|T_k|, log|S_k + n_k H|) (K, 3), scratch (d,)
-    and (d, d)) for K rows like row (S,)."""
+    """(Normal-Wishart only, T (d, d), m (d,), log Gamma_d(a0 / 2), ``fac``: L (K, d, d),
+    m_k (K, d), (c_k, log|T_k|, log|S_k + n_k H|) (K, 3), scratch (d,), (d, d)) for K rows."""
     nw = spec.shape[0] == 1 and spec[0, product.CODE] == product.GAUSSIAN_NW
     d = gaussian_nw.dim_of_stats(row) if nw else 0
     lmv0 = gaussian_nw.log_marginal_prior_term(prior, d) if nw else 0.0
@@ -148,8 +96,7 @@ _SCATTER = 2
 
 @njit(cache=True, nogil=True)
 def _keep_factor(k, s, prior, T, m, fac):
-    """Row k of the factors ``fac`` from the T (its Cholesky factor) and m that
-    ``_log_marginal`` of the statistics s (n > 0) just left."""
+    """Row k of ``fac`` from the T and m that ``_log_marginal`` of s (n > 0) just left."""
     Ls, ms, scal, y, W = fac
     d = m.shape[0]
     ld = 0.0
@@ -165,9 +112,8 @@ def _keep_factor(k, s, prior, T, m, fac):
 
 @njit(cache=True, nogil=True)
 def _merge_gap(a, b, sa, sb, lma, lmb, scratch, spec, prior, log_alpha, nw, T, m, lmv0, fac):
-    """``merge_gap_cached`` of rows a and b (``_marginal_scratch``'s fast path when nw: -inf,
-    0.0 when an upper bound proves the gap negative, with a margin of 1e-8 of the terms'
-    magnitudes for rounding; a's factor first, then b's)."""
+    """``merge_gap_cached`` of rows a and b; with nw (-inf, 0.0) where a bound from a's or b's
+    factor proves the gap negative by 1e-8 of the terms."""
     if not nw:
         return merge_gap_cached(sa, sb, lma, lmb, scratch, spec, prior, log_alpha)
     alloc = crp.merge_gap(sa[0], sb[0], log_alpha)
@@ -196,11 +142,8 @@ def _merge_gap(a, b, sa, sb, lma, lmb, scratch, spec, prior, log_alpha, nw, T, m
 def _merges(
     work, alive, parent, lm, gap, lm_pair, scratch, spec, prior, log_alpha, nw, T, m, lmv0, fac
 ):
-    """``greedy_merge``'s merges on its arrays (updated in place): the K log marginals, the
-    K (K - 1) / 2 gaps, then the best positive gap's merge until none is left; returns the
-    number of merges. Every array is borrowed (``kernels.arrays.borrowed``: greedy_merge owns
-    them for the call): each gap's call took and dropped a reference to each of its dozen
-    arrays and row views, about half of a bounded gap's time."""
+    """``greedy_merge``'s merges on its arrays, borrowed (``kernels.arrays.borrowed``: half a
+    bounded gap's time was reference counting); returns their number."""
     work, alive, parent, lm, gap, lm_pair, scratch, spec, prior, T, m = (
         borrowed(work), borrowed(alive), borrowed(parent), borrowed(lm), borrowed(gap),
         borrowed(lm_pair), borrowed(scratch), borrowed(spec), borrowed(prior), borrowed(T),
@@ -242,7 +185,7 @@ def _merges(
         n_merges += 1
         lm[ba] = lm_pair[ba, bb]
         if nw:
-            # the merged cluster's factor (its log marginal again: the same value as lm_pair's)
+            # the merged cluster's factor (lm_pair's value again)
             _log_marginal(work[ba], spec, prior, nw, T, m, lmv0)
             _keep_factor(ba, work[ba], prior, T, m, fac)
         for c in range(K):
@@ -258,23 +201,13 @@ def _merges(
 
 @njit(cache=True, nogil=True)
 def greedy_merge(stats, nk, spec, prior, log_alpha):
-    """Merge the pair with the largest positive ``merge_gap`` until none is positive.
-
-    Ties keep the first pair in row-major order of (a, b), a < b. O(K^2) gaps to start, O(K) per
-    merge; memory O(K^2).
-
-    Parameters
-    ----------
-    stats : ndarray of shape (K, S)
-    nk : ndarray of shape (K,)
-        Cluster sizes (unused: ``stats[:, 0]`` holds them; kept for the callers' signature).
-    spec, prior : product family description.
-    log_alpha : float
+    """Merge the rows of stats (K, S) of the largest positive ``merge_gap`` (ties: the first
+    (a, b), a < b) until none is positive; O(K^2) gaps, then O(K) a merge. nk (K,) unused.
 
     Returns
     -------
     target : ndarray of shape (K,), int64
-        Cluster each input cluster ends in, numbered 0..K'-1 in the order of the surviving rows.
+        Each row's cluster, numbered 0..K'-1 in the order of the surviving rows.
     stats : ndarray of shape (K', S)
     n_merges : int
     """

@@ -1,18 +1,11 @@
 """Reference samplers over the same leaves and partition priors as tree-guided MCMC.
 
-* Marginal (collapsed) Gibbs sampler (Lee and Choi 2015, Section 2.2; De Bacco and Valera, Algorithm
-3; Neal's
-  Algorithm 3): leaf i joins cluster c with probability proportional to
-  kappa(|c| + n_i, u) / kappa(|c|, u) p(X_i | X_c), or a new cluster with probability
-  proportional to kappa(n_i, u) p(X_i) (eq. 6; a leaf summarising n_i records moves as a block).
-* Split-merge sampler (Lee and Choi 2015, Section 2.2: Jain and Neal's restricted Gibbs split-merge,
-  conjugate case): two leaves i, j drawn at random; if they share a cluster a split is proposed by
-  a restricted Gibbs scan from a launch state, otherwise the merge of their clusters, whose reverse
-  probability is that of the restricted scan returning the original split.
-* For the NGGP, u is resampled once per iteration (``kernels.alloc.sample_u``).
-
-Clusters live in slots 0..L-1: ``cst`` (L, S) statistics, ``clm`` (L,) log marginals, ``cnl``
-(L,) number of leaves (0 = free slot); ``z`` (L,) is the slot of each leaf.
+The marginal Gibbs sampler (Lee and Choi 2015, Section 2.2; De Bacco and Valera, Algorithm 3):
+leaf i joins c proportional to kappa(|c| + n_i, u) / kappa(|c|, u) p(X_i | X_c), a new cluster
+to kappa(n_i, u) p(X_i) (eq. 6). Jain and Neal's restricted Gibbs split-merge (Section 2.2):
+leaves i, j sharing a cluster propose a split by a restricted scan from a launch state, else
+their clusters' merge. u (NGGP) is resampled once an iteration. Slots 0..L-1: ``cst`` (L, S),
+``clm`` (L,) log marginals, ``cnl`` (L,) leaves (0: free); ``z`` (L,) each leaf's slot.
 """
 
 import math
@@ -29,15 +22,7 @@ from kernels.rng import randint, sample_log_weights, shuffle, uniform
 
 @njit(cache=True, nogil=True)
 def init_slots(leaf_st, z0, spec, prior):
-    """Slots for the initial labels z0 (L,), values 0..K-1.
-
-    Returns
-    -------
-    z : int64 ndarray of shape (L,)
-    cst : ndarray of shape (L, S)
-    clm : ndarray of shape (L,)
-    cnl : int64 ndarray of shape (L,)
-    """
+    """The slots (z, cst, clm, cnl) of the labels z0 (L,) in 0..K-1."""
     L, S = leaf_st.shape
     z = z0.copy()
     cst = np.zeros((L, S))
@@ -88,8 +73,7 @@ def n_clusters(cnl):
 
 @njit(cache=True, nogil=True)
 def gibbs_sweep(order, z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, state):
-    """One collapsed Gibbs scan over the leaves in ``order`` (eq. 6 with kappa). O(L K) log
-    marginal evaluations."""
+    """One collapsed Gibbs scan over the leaves in ``order`` (eq. 6), O(L K) log marginals."""
     L = leaf_st.shape[0]
     S = leaf_st.shape[1]
     act = np.empty(L, dtype=np.int64)
@@ -163,12 +147,8 @@ def gibbs_sweep(order, z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, s
 def _restricted_scan(
     Sidx, m, side, stA, stB, lmAB, leaf_st, u, pp, spec, prior, state, forced, target
 ):
-    """One restricted Gibbs scan of leaves Sidx[:m] between components A (side 0) and B (side 1).
-
-    ``stA``/``stB`` and ``lmAB`` = (log p(X_A), log p(X_B)) are kept current. With ``forced`` each
-    leaf goes to ``target[leaf]`` and only the log probability is accumulated.
-    Returns the log probability of the assignments made.
-    """
+    """One restricted Gibbs scan of Sidx[:m] between A (side 0) and B (1), stA, stB and lmAB
+    kept current (``forced``: to target[leaf]); returns the assignments' log probability."""
     S = leaf_st.shape[1]
     tmp = np.empty(S)
     log_q = 0.0
@@ -214,8 +194,7 @@ def _restricted_scan(
 
 @njit(cache=True, nogil=True, inline="always")
 def _accept_split(z, cst, clm, cnl, i, si, Sidx, m, side, stA, stB, lmAB):
-    """Cluster si splits: leaf i and the launch's side-0 leaves Sidx[:m] to a free row (stA),
-    the rest stay in si (stB)."""
+    """si splits: i and the side-0 leaves to a free row (stA), the rest stay (stB)."""
     new = -1
     for k in range(z.shape[0]):
         if cnl[k] == 0:
@@ -253,11 +232,8 @@ def _accept_merge(z, cst, clm, cnl, si, sj, stM, lm_m):
 
 @njit(cache=True, nogil=True)
 def split_merge_move(z, cst, clm, cnl, leaf_st, leaf_lm, u, pp, spec, prior, state, n_launch, acc):
-    """One Jain-Neal split-merge move with ``n_launch`` intermediate restricted Gibbs scans.
-
-    acc : ndarray of shape (3, 4), rows (split, merge), columns (proposed, accepted,
-    sum of min(log r, 0), unused); updated.
-    """
+    """One Jain-Neal split-merge move after ``n_launch`` restricted scans; acc (3, 4) as in
+    ``kernels.tgmcmc.run``."""
     L, _S = leaf_st.shape
     if L < 2:
         return
@@ -340,12 +316,8 @@ def run(
     z, cst, clm, cnl, leaf_st, leaf_lm, state, fu, pp, spec, prior, n_iter, n_sm, n_launch,
     do_gibbs, n_u_steps, record_from, thin, out_z, out_lj, out_K, out_u, acc,
 ):  # fmt: skip
-    """Run ``n_iter`` iterations of the reference sampler: ``n_sm`` split-merge moves (0 for the
-    plain Gibbs sampler), one Gibbs scan in a random order if ``do_gibbs``, one update of u.
-
-    Arguments as ``kernels.tgmcmc.run``; ``fu`` = (u,), ``acc`` rows (split, merge, unused).
-    Returns log p(X, Pi, u) at the end.
-    """
+    """``n_iter`` iterations: ``n_sm`` split-merge moves, a Gibbs scan in random order if
+    ``do_gibbs``, an update of u; arguments as ``kernels.tgmcmc.run``. Returns log p(X, Pi, u)."""
     L = leaf_st.shape[0]
     order = np.arange(L)
     n_tot = 0.0

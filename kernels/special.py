@@ -10,20 +10,8 @@ LOG_PI = math.log(math.pi)
 
 @njit(cache=True, nogil=True)
 def lmvgamma(a, d):
-    """Log of the multivariate gamma function Gamma_d(a).
-
-    Parameters
-    ----------
-    a : float
-        Argument, a > (d - 1) / 2.
-    d : int
-        Dimension.
-
-    Returns
-    -------
-    float
-        log Gamma_d(a) = d (d - 1) / 4 log(pi) + sum_{j=1..d} log Gamma(a + (1 - j) / 2).
-    """
+    """log Gamma_d(a) = d (d - 1) / 4 log(pi) + sum_{j=1..d} log Gamma(a + (1 - j) / 2), for
+    a > (d - 1) / 2."""
     out = 0.25 * d * (d - 1) * LOG_PI
     for j in range(d):
         out += math.lgamma(a - 0.5 * j)
@@ -32,30 +20,10 @@ def lmvgamma(a, d):
 
 @njit(cache=True, nogil=True)
 def log_gamma_ratio(a, d, r):
-    """log [Gamma(a + d / 2) / Gamma(a) r^(d / 2)]: the Student-t normalising constant's
-    gamma ratio and scale (Raykov et al. 2016, Appendix B) in one logarithm for d = 10.
-
-    Gamma(a + m) / Gamma(a) is the product (a)(a + 1)...(a + m - 1) for whole m, so for even d
-    the d / 2 factors (a + j) r are multiplied and one logarithm taken (a log for every eight
-    factors, so that no product leaves the floating-point range while each factor lies within
-    1e-38..1e38: a cluster of 10^9 records gives factors near 5e8); odd d
-    adds lgamma(a + 1/2) - lgamma(a) + log(r) / 2 and continues from a + 1/2. Where the
-    difference of two lgamma of large arguments loses digits (lgamma(5e7) is about 8e8, an ulp
-    1.2e-7), the product keeps them: a few ulp of the result.
-
-    Parameters
-    ----------
-    a : float
-        a > 0.
-    d : int
-        d >= 0.
-    r : float
-        r > 0.
-
-    Returns
-    -------
-    float
-    """
+    """log [Gamma(a + d / 2) / Gamma(a) r^(d / 2)] (a, r > 0, d >= 0), the Student-t constant's
+    ratio (Raykov et al. 2016, Appendix B): the product of the factors (a + j) r, a logarithm
+    every eight (odd d starts with lgamma(a + 1/2) - lgamma(a)), which keeps the digits a
+    difference of large lgamma loses."""
     out = 0.0
     if d % 2 == 1:
         out = math.lgamma(a + 0.5) - math.lgamma(a) + 0.5 * math.log(r)

@@ -1,78 +1,44 @@
-"""Tree-guided MCMC, tgMCMC (Lee and Choi 2015, Section 3), over leaf summaries, for the DP and the
-NGGP.
+"""Tree-guided MCMC, tgMCMC (Lee and Choi 2015, Section 3), over leaf summaries, for the DP and
+the NGGP.
 
-The chain's state is a partition Pi of the L leaves (a leaf summarising n records is an atomic
-block of size n) and, for the NGGP, the auxiliary u of Theorem 1. The target is
+The state is a partition Pi of the L leaves (a leaf of n records is an atomic block of size n)
+and, for the NGGP, the auxiliary u of Theorem 1; the target is
 
     p(Pi, u | X)  oc  u^(n-1) e^(-psi(u)) / Gamma(n) prod_c kappa(|c|, u) p(X_c)      (eqs. 4, 7)
 
-(for the DP u is integrated out: the CRP). Clusters carry binary trees t_c whose potentials phi and
-dissimilarities d follow eqs. 8-9 (``kernels.ibhc``). The moves:
+(the CRP, u integrated out, for the DP). Clusters carry binary trees t_c with the potentials and
+dissimilarities of eqs. 8-9 (``kernels.ibhc``). The moves (Sections 3.1-3.3): SampleSub draws a
+node of a tree with probability proportional to its d (epsilon, the largest d, for a leaf);
+StocInsert puts a tree into one of S by SeqInsert, with probability proportional to d^-1, or
+makes it a new cluster, proportional to 1; a global move picks c uniformly and puts each other
+cluster into M with probability 1 / (1 + d): M empty splits c at a SampleSub node c* (l(c*),
+r(c*) and the trees off the path to the root StocInserted, nearest first; reverse: eq. 11), else
+c and M merge (reverse: the split path back, eq. 12's role); a local move re-assigns a leaf by
+its Gibbs conditional (eq. 6); u is slice-sampled (``kernels.alloc.sample_u``). An iteration:
+G global moves, ``n_local`` local moves, one update of u (the paper: G = 20, D = 2).
 
-SampleSub(c)
-    a node of t_c drawn with probability proportional to d(l(c'), r(c')) for an internal node and
-    epsilon for a leaf, epsilon being the largest d among the internal nodes of the tree sampled
-    from (Section 3.1); internal nodes only when it chooses the node to split.
-StocInsert(S, c)
-    tree c goes into tree c' of S by SeqInsert (no split) with probability
-    d^-1(c', c) / (1 + sum_{c'' in S} d^-1(c'', c)), or joins S as a new cluster with probability
-    1 / (1 + sum ...) (Section 3.1).
-Global move (Section 3.2)
-    pick c uniformly; put each other cluster c' into M with probability 1 / (1 + d(c, c')).
-    M empty: split. SampleSub picks c*; S = {l(c*), r(c*)}; the trees hanging off the path from c*
-    to the root of t_c form Q and are StocInserted into S, nearest to c* first; Pi* = Pi \\ c u S.
-    The reverse (merge) probability is eq. 11.
-    M non-empty: merge c and M. The reverse is the probability that the split move proposes the
-    old clusters from the merged cluster's tree (the role of eq. 12).
-    Accepted with min(1, r), r = p(X, Pi*, u) q(Pi | Pi*) / (p(X, Pi, u) q(Pi* | Pi)).
-Local move (Section 3.3)
-    a leaf is re-assigned by its collapsed Gibbs conditional (eq. 6).
-u (NGGP)
-    slice sampling of log u given (n, K) (``kernels.alloc.sample_u``).
-Cycling: G global moves, ``n_local`` local moves, one update of u (Lee and Choi 2015: G = 20, D =
-2).
+Where this departs from the letter of Lee and Choi 2015: the paper's proposals depend on the
+chain's history through the trees, and eqs. 11-12 are the probabilities of one path through
+StocInsert, so its chain is not exactly invariant. Here every acceptance ratio is exact:
 
-Where this departs from the letter of Lee and Choi 2015, and why
--------------------------------------------------------
-The paper keeps whatever trees SeqInsert, StocInsert and its cascading merges leave behind, so
-its proposals depend on the chain's history through the trees, and eqs. 11-12 are the
-probabilities of one path through StocInsert; the chain is then not exactly invariant for
-p(Pi, u | X). Here every acceptance ratio is exact:
-
-* *Canonical trees.* Within an iteration t_c is a function of the leaf set of c and of a random
-  order of the leaves (``rank``): its leaves taken in that order and inserted by SeqInsert
-  (SEQINSERT, IBHC's trees) or each put on top of the tree so far (CASCADE, the trees of the
-  initialisation of Lee and Choi 2015, Section 4.1), potentials at the current u. The order is an
-  auxiliary variable, uniform under the target and independent of Pi; it is redrawn at the start
-  of every iteration (an exact Gibbs update), which drops every tree. A tree is built when a move
-  first needs it and dropped when its cluster changes or u is resampled.
-* *Path = proposal.* With canonical trees the split node c* is determined by the proposed
-  partition (the one node whose children are pure and in different blocks while every tree off its
-  path to the root is pure), and so are the StocInsert choices (fixed insertion order). The path
-  probability is therefore the marginal proposal probability; the merge's reverse probability
-  replays that unique path on the merged cluster's tree (zero when the tree has no such node; a
-  cascade always has one, at the first change of block along the order).
-* *Dissimilarities between clusters* (the choice of M, eq. 11 and the merge's forward
-  probability) are eq. 9's d of the clusters' trees, as in the paper (the trees of proposed
-  clusters are built to score a proposal); optionally (``CFG_TREE_D = 0``) the single-cluster
-  d_h(c, c') = phi(X_c | h_c) phi(X_c' | h_c') / phi(X_{c u c'} | h), which needs no trees. Tree
-  potentials matter: for a cluster mixing several groups phi(X_c | t_c) >> phi(X_c | h_c), so the
-  cluster is rarely put with others into M and a split is proposed.
-* *Merge forward probability* sums eq. 11's form over which merged cluster was picked first, as the
-  reverse of a split does, since either pick proposes the same partition.
-* *SeqInsert depth.* The descent of SeqInsert (building SEQINSERT trees, and inside StocInsert)
-  stops after ``max_depth`` levels, case 1 there: it bounds the cost on the caterpillar trees
-  SeqInsert grows on homogeneous clusters.
-* *Local moves.* Gibbs updates over a subset drawn from the current trees do not leave the target
-  invariant (the draw depends on the state it changes). With ``local_tree`` each local move picks
-  one leaf i with probability w_i(Pi) (a cluster uniformly, D rounds of SampleSub, a leaf of the
-  final subtree uniformly), proposes z_i from its Gibbs conditional and accepts with
-  min(1, w_i(Pi') / w_i(Pi)); when the move turns {i, j} into {i}, {j} or back, leaf j could have
-  proposed the same partition and both terms enter the ratio. Without ``local_tree`` the leaf is
-  drawn uniformly (random-scan Gibbs, always accepted, no trees needed).
-* *Two-way splits* (option, ``CFG_STOC_NEW = 0``): StocInsert may only regroup the pieces into
-  l(c*) and r(c*). Eq. 11's reverse puts every other new cluster into M with probability
-  1 / (1 + d), which all but forbids splitting into several clusters that are far apart.
+* *Canonical trees*: t_c is a function of c's leaves and of a random order of all leaves
+  (``rank``, uniform under the target, redrawn by an exact Gibbs update every iteration): its
+  leaves in that order inserted by SeqInsert (SEQINSERT) or each put on top (CASCADE, the
+  initialisation of Section 4.1), potentials at the current u; built when a move needs it,
+  dropped when its cluster or u changes.
+* *Path = proposal*: with canonical trees the split node and the StocInsert choices follow from
+  the proposed partition, so the path probability is the proposal's, and a merge's reverse
+  replays the unique path on the merged tree (zero when there is none).
+* *d between clusters* is eq. 9's d of their trees, or (``CFG_TREE_D = 0``) the single-cluster
+  d_h(c, c') = phi(X_c | h_c) phi(X_c' | h_c') / phi(X_{c u c'} | h), which needs no trees.
+* A merge's forward probability sums eq. 11's form over which merged cluster was picked first.
+* SeqInsert's descent stops after ``max_depth`` levels (case 1 there), bounding the cost on the
+  caterpillar trees of homogeneous clusters.
+* *Local moves*: with ``local_tree`` leaf i is drawn with probability w_i(Pi) (a cluster, D
+  rounds of SampleSub, a leaf of the subtree), z_i from its Gibbs conditional, accepted with
+  min(1, w_i(Pi') / w_i(Pi)), plus leaf j's term where j could have proposed the same move;
+  without it the leaf is uniform (random-scan Gibbs, always accepted).
+* *Two-way splits* (``CFG_STOC_NEW = 0``): StocInsert may only regroup into l(c*) and r(c*).
 """
 
 import math
@@ -90,7 +56,6 @@ from kernels.ibhc import (
     NLEAF,
     PARENT,
     RIGHT,
-    check_tree,
     copy_tree,
     free_tree,
     join,
@@ -164,10 +129,7 @@ def make_workspace(L, cap, S):
 
 @njit(cache=True, nogil=True)
 def build_canonical(members, m, P, F, W, u, cfg):
-    """The canonical tree of the leaf set members[:m], its leaves taken in increasing ``rank``:
-    CASCADE puts each leaf on top of the tree so far (the trees of Lee and Choi 2015, Section 4.1's
-    initialisation; O(m) log marginals), SEQINSERT inserts it by SeqInsert (IBHC's trees; at most
-    ``max_depth`` levels of descent). Potentials at u. Returns the root."""
+    """The root of the canonical tree (module docstring) of the leaves members[:m] at u."""
     leaf_st, leaf_lm, rank, pp, spec, prior = P
     ni, nf, st, free, meta = F
     keys = np.empty(m, dtype=np.int64)
@@ -337,17 +299,8 @@ def log_dh(sa, lma, sb, lmb, scratch, u, pp, spec, prior):
 
 @njit(cache=True, nogil=True)
 def sample_sub(v, F, W, state, internal_only):
-    """SampleSub (Section 3.1): a node of the subtree rooted at v, drawn with probability
-    proportional to d(l(c'), r(c')) for an internal node and to epsilon = the largest such d in
-    the subtree for a leaf (leaves excluded when ``internal_only``).
-
-    Returns
-    -------
-    node : int
-        -1 when ``internal_only`` and v is a leaf.
-    log_p : float
-        log probability of the draw.
-    """
+    """SampleSub (module docstring) in the subtree rooted at v, leaves excluded when
+    ``internal_only``: (node, -1 for a leaf v then; log probability of the draw)."""
     ni = F[0]
     nf = F[1]
     work = W[0]
@@ -376,8 +329,8 @@ def sample_sub(v, F, W, state, internal_only):
 
 @njit(cache=True, nogil=True)
 def log_select(root, leaf_node, D, F, W):
-    """log P(leaf at ``leaf_node`` is chosen | its cluster's tree rooted at ``root``): D rounds of
-    SampleSub from the root, then a uniform leaf of the final subtree. O(size + D depth^2)."""
+    """log w_i: the probability that D rounds of SampleSub from ``root`` and a uniform leaf of
+    the final subtree pick the leaf node ``leaf_node``. O(size + D depth^2)."""
     ni, nf = F[0], F[1]
     work, aggmax, agglse = W[0], W[7], W[8]
     n = preorder(root, ni, work)
@@ -439,8 +392,8 @@ def log_select(root, leaf_node, D, F, W):
 
 @njit(cache=True, nogil=True)
 def _detach(c_star, root, F, W, Slist, Qlist):
-    """Copies of l(c*), r(c*) into Slist[0:2], and the original ids of the trees hanging off the
-    path from c* to the root into Qlist, nearest to c* first. Returns len(Qlist)."""
+    """Copies of l(c*), r(c*) into Slist[0:2], the trees off the path from c* to the root into
+    Qlist, nearest first; returns their number."""
     ni, nf, st, free, meta = F
     Slist[0] = copy_tree(ni[c_star, LEFT], ni, nf, st, free, meta, W[0])
     Slist[1] = copy_tree(ni[c_star, RIGHT], ni, nf, st, free, meta, W[0])
@@ -457,20 +410,9 @@ def _detach(c_star, root, F, W, Slist, Qlist):
 @njit(cache=True, nogil=True)
 def stoc_insert(Slist, ns, q, F, W, state, forced, slab, qlab, u, pp, spec, prior, max_depth,
                 allow_new):  # fmt: skip
-    """StocInsert(S, q) (Section 3.1): a copy of tree q goes into an entry of S or becomes one
-    (the latter only with ``allow_new``; without it every split is in two).
-
-    With ``forced`` nothing is drawn: q joins the entry of S whose label ``slab`` equals ``qlab``,
-    or becomes a new entry when there is none (replaying a path; probability 0 without
-    ``allow_new``).
-
-    Returns
-    -------
-    ns : int
-        New size of S.
-    log_p : float
-        log probability of the choice made.
-    """
+    """StocInsert(S, q): a copy of tree q into an entry of S, or a new one (only with
+    ``allow_new``); ``forced`` replays the entry whose label ``slab`` is ``qlab`` (a new one if
+    none). Returns (the new size of S, log probability of the choice)."""
     ni, nf, st, free, meta = F
     logw = W[10]
     lmq = W[15]
@@ -502,8 +444,8 @@ def stoc_insert(Slist, ns, q, F, W, state, forced, slab, qlab, u, pp, spec, prio
 
 @njit(cache=True, nogil=True)
 def log_split_path(U, F, W, state, u, pp, spec, prior, max_depth, allow_new):
-    """log probability that SampleSub + StocInsert on tree U propose the partition of U's leaves
-    given by the block labels W[5] (leaf -> block); -inf if no path does."""
+    """log probability that SampleSub and StocInsert on tree U propose the partition of its
+    leaves labelled in W[5]; -inf if no path does."""
     ni, nf, _st, free, meta = F
     work = W[0]
     lab = W[5]
@@ -559,8 +501,7 @@ def log_split_path(U, F, W, state, u, pp, spec, prior, max_depth, allow_new):
 
 @njit(cache=True, nogil=True)
 def _log_d_slots(sa, sb, C, F, W, u, pp, spec, prior, tree_d):
-    """log d between the clusters in slots sa and sb: eq. 9's d of their trees (which must exist)
-    with ``tree_d``, the single-cluster d_h otherwise."""
+    """log d of the clusters in slots sa and sb: of their trees with ``tree_d``, else d_h."""
     cst = C[1]
     clm = C[2]
     troot = C[4]
@@ -779,11 +720,9 @@ def _merge(a, dc, inM, C, F, W, P, state, fu, cfg, acc):
 
 @njit(cache=True, nogil=True)
 def _gibbs(i, C, W, P, u, lw, lmj):
-    """Log weights of leaf i's collapsed Gibbs conditional (eq. 6 with kappa), relative to the
-    partition without i: lw[b] for joining the cluster act[b] (its own cluster less i, for the
-    cluster it is in), lw[K] for a new cluster (-inf when i is alone: that is its own cluster).
-    lmj[b] receives the log marginal of the cluster act[b] after the move. Returns
-    (log sum of the weights, index in act of i's cluster)."""
+    """Leaf i's Gibbs conditional (eq. 6) relative to the partition without i: lw[b] to join
+    act[b], lw[K] a new cluster (-inf when i is alone), lmj[b] the log marginal after the move.
+    Returns (log sum of the weights, i's index in act)."""
     z, cst, clm, cnl, _troot, act, pos, _lnode, kc = C
     leaf_st, leaf_lm, _rank, pp, spec, prior = P
     scratch = W[14]
@@ -810,8 +749,8 @@ def _gibbs(i, C, W, P, u, lw, lmj):
 
 @njit(cache=True, nogil=True)
 def _apply_move(i, choice, lmj, C, F, W, P):
-    """Move leaf i to the cluster act[choice] (or a new one when choice == K); lmj as from _gibbs.
-    Both clusters lose their trees. Returns the slot of the target cluster."""
+    """Leaf i to act[choice] (K: a new cluster), lmj from ``_gibbs``; both clusters lose their
+    trees. Returns the target slot."""
     z, cst, clm, cnl, _troot, act, pos, _lnode, kc = C
     leaf_st, leaf_lm, _rank, _pp, _spec, _prior = P
     K = kc[0]
@@ -933,14 +872,10 @@ def local_move_tree(C, F, W, P, state, fu, cfg, acc):
 @njit(cache=True, nogil=True)
 def _pair_ratio(i, j, s, to_new, t_slot, r, Tn, K, Kp, log_A_i, log_w_old, log_w_new, C, F, W,
                 P, u, D):  # fmt: skip
-    """log MH ratio of a local move when leaf j could have proposed the same partition.
-
-    q(Pi -> Pi') = w_i(Pi) pi(Pi') / Z_i + w_j(Pi) pi(Pi') / Z_j with Z_x the normalisers of the
-    leaves' Gibbs conditionals, which Pi and Pi' share; the ratio is
-    (w_i(Pi') / Z_i + w_j(Pi') / Z_j) / (w_i(Pi) / Z_i + w_j(Pi) / Z_j).
-    Z_i / Z_j = phi(X_j | h_j) A_i / (phi(X_i | h_i) A_j), A_x the sum of the conditional's weights
-    relative to the partition without x, which for j is R u {{i}} (R: the other clusters).
-    """
+    """log MH ratio of a local move that leaf j could have proposed too: with Z_x the
+    normalisers of the Gibbs conditionals, (w_i(Pi') / Z_i + w_j(Pi') / Z_j) /
+    (w_i(Pi) / Z_i + w_j(Pi) / Z_j), where Z_i / Z_j = phi(X_j | h_j) A_i / (phi(X_i | h_i) A_j)
+    and A_x sums x's weights relative to the partition without x."""
     z, cst, clm, _cnl, _troot, act, _pos, _lnode, _kc = C
     leaf_st, leaf_lm, _rank, pp, spec, prior = P
     ni = F[0]
@@ -989,31 +924,24 @@ def run(C, F, P, state, fu, cfg, n_iter, G, n_local, do_global, do_local, n_u_st
 
     Parameters
     ----------
-    C, F : the chain state from ``init_chain`` (updated in place)
+    C, F : the chain state of ``init_chain``, updated
     P : tuple (leaf_st (L, S), leaf_lm (L,), rank (L,) int64, pp (3,), spec, prior)
-        Leaves, the canonical order of the leaves (redrawn every iteration), the partition prior,
-        the family.
     state : uint64 ndarray of shape (1,)
     fu : ndarray of shape (1,)
-        (u,); updated.
+        (u,), updated.
     cfg : int64 ndarray of shape (7,)
-        (D, max_depth, local_tree, tree kind: CASCADE or SEQINSERT, StocInsert may open new
-        clusters, d between clusters from their trees (else d_h), order redrawn every
-        iteration (else drawn once)).
-    n_iter, G, n_local : int
+        D, max_depth, local_tree, CASCADE or SEQINSERT, StocInsert may open clusters, d of
+        trees (else d_h), order redrawn every iteration (the ``CFG_*`` entries).
+    n_iter, G, n_local, n_u_steps : int
     do_global, do_local : bool
-    n_u_steps : int
-        Slice-sampling updates of u per iteration (NGGP).
     record_from, thin : int
-        The labels after iteration t are kept in row (t - record_from) // thin of ``out_z`` when
-        t >= record_from and (t - record_from) % thin == 0 (rows beyond its end are dropped).
-    out_z : int64 ndarray of shape (n_kept, L)
-        Kept labels, clusters numbered in order of their first leaf.
-    out_lj, out_K, out_u : ndarrays of shape (>= n_iter,) or shorter
-        log p(X, Pi, u), K and u after every iteration t (entries beyond their end dropped).
+        Iteration t >= record_from with (t - record_from) % thin == 0 keeps its labels, numbered
+        by first leaf, in row (t - record_from) // thin of out_z (int64, (n_kept, L)).
+    out_z, out_lj, out_K, out_u : ndarrays
+        out_lj, out_K, out_u (>= n_iter,) or shorter: log p(X, Pi, u), K and u per iteration.
     acc : ndarray of shape (3, 4)
-        Per move type (split, merge, local): proposed, accepted, sum of min(log r, 0) over the
-        proposals with r > 0, number with r = 0; updated.
+        Per move (split, merge, local): proposed, accepted, sum of min(log r, 0) over r > 0,
+        number with r = 0; updated.
 
     Returns
     -------
@@ -1062,50 +990,3 @@ def run(C, F, P, state, fu, cfg, n_iter, G, n_local, do_global, do_local, n_u_st
             if row < out_z.shape[0]:
                 canonical_labels(z, out_z[row])
     return log_joint(C, fu[0], pp)
-
-
-@njit(cache=True, nogil=True)
-def check_state(C, F, P, u):
-    """Invariants of the chain state: slots, labels and statistics agree; every existing tree holds
-    exactly its cluster's leaves, with the leaf map pointing at them, and is consistent
-    (``ibhc.check_tree``). Returns the number of violations."""
-    z, cst, clm, cnl, troot, act, pos, lnode, kc = C
-    leaf_st, _leaf_lm, _rank, pp, spec, prior = P
-    ni, nf, st, _free, _meta = F
-    L, S = leaf_st.shape
-    work = np.empty(4 * L + 8, dtype=np.int64)
-    bad = 0
-    count = np.zeros(L, dtype=np.int64)
-    sums = np.zeros((L, S))
-    for i in range(L):
-        count[z[i]] += 1
-        add_vector(sums[z[i]], leaf_st[i], 1.0)
-    n_active = 0
-    for s in range(L):
-        if cnl[s] > 0:
-            n_active += 1
-            if act[pos[s]] != s:
-                bad += 1
-        if count[s] != cnl[s]:
-            bad += 1
-        for j in range(S):
-            if abs(sums[s, j] - cst[s, j]) > 1e-8 * (1.0 + abs(sums[s, j])):
-                bad += 1
-                break
-        if cnl[s] > 0:
-            if abs(clm[s] - product.log_marginal(cst[s], spec, prior)) > 1e-8 * (1.0 + abs(clm[s])):
-                bad += 1
-            r = troot[s]
-            if r >= 0:
-                if ni[r, PARENT] != -1 or ni[r, NLEAF] != cnl[s]:
-                    bad += 1
-                bad += check_tree(r, ni, nf, st, u, pp, spec, prior, work, 1e-8)
-                n = preorder(r, ni, work)
-                for k in range(n):
-                    v = work[k]
-                    i = ni[v, LEAF]
-                    if i >= 0 and (z[i] != s or lnode[i] != v):
-                        bad += 1
-    if n_active != kc[0]:
-        bad += 1
-    return bad

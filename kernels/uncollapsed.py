@@ -1,26 +1,12 @@
 """The uncollapsed Gibbs sampler of the DPM (De Bacco and Valera, Algorithm 2; Neal 2000, Algorithm
 2).
 
-The state is the assignments z and one parameter vector theta_k per occupied cluster. A scan
-(De Bacco and Valera, Algorithm 2, step 3) is
-
-(a) for each record n in turn: remove x_n from its cluster (a cluster left empty is dropped with
-    its parameters, "remove empty cluster"); draw z_n with
-
-        p(z_n = k | ...)     proportional to m_k p(x_n | theta_k)              (eq. 5)
-        p(z_n = new | ...)   proportional to alpha  int p(x_n | theta) H(theta) dtheta   (eq. 6)
-
-    (the common denominator N - 1 + alpha of eqs. 5-6 cancels); when the new cluster is drawn,
-    its parameters are drawn from the posterior given x_n alone, as Algorithm 2 states;
-(b) every occupied cluster's theta_k is drawn from its conjugate posterior
-    p(theta | {x_n : z_n = k}).
-
-Nothing is truncated: the number of clusters is unbounded (at most N, so N slots are enough) and
-eq. 6's integral is the family's prior predictive, exact for every conjugate family.
-
-The parameters of a cluster are one row ``theta`` of length T = sum over groups of the widths
-below, in the product layout of ``kernels.obs.product`` (``spec``, ``prior``); draws read the
-cluster's additive statistics row, so every family of the product dispatch is covered:
+The state is z and a parameter row theta_k per occupied cluster. A scan (Algorithm 2, step 3):
+(a) each record n in turn leaves its cluster (dropped if empty) and draws z_n proportional to
+m_k p(x_n | theta_k) (eq. 5), or alpha int p(x_n | theta) H(theta) dtheta for a new cluster
+(eq. 6, the family's prior predictive), whose theta is drawn given x_n alone; (b) every theta_k
+is drawn from its conjugate posterior. Nothing is truncated (at most N clusters). theta rows
+have T = the sum of the groups' widths below, in ``kernels.obs.product``'s layout:
 
 ==================  ===========================================  ==================================
 family              posterior draw (statistics -> theta)         theta row of the group
@@ -63,11 +49,8 @@ def std_normal(state):
 
 @njit(cache=True, nogil=True)
 def log_gamma_variate(state, a):
-    """log of a Gamma(a, 1) draw, a > 0 (Marsaglia and Tsang 2000).
-
-    For a < 1 the draw is G(a + 1) U^(1 / a); it is returned on the log scale because for small
-    shapes (a Dirichlet with little data) the draw itself underflows to 0.
-    """
+    """log of a Gamma(a, 1) draw (Marsaglia and Tsang 2000; G(a + 1) U^(1 / a) for a < 1, whose
+    draw can underflow)."""
     boost = 0.0
     if a < 1.0:
         boost = math.log(1.0 - rng.uniform(state)) / a
@@ -127,23 +110,10 @@ def theta_offsets(spec):
 # -- posterior draws, one group -------------------------------------------------------------------
 @njit(cache=True, nogil=True)
 def draw_normal_wishart(s, p, th, state):
-    """theta = (mu, L, sum log L_ii) from the Normal-Wishart posterior of eq. B.1 (Raykov et al.
-    2016).
-
-    Lambda ~ Wishart(B_k, a_k) with B_k = T_k^{-1}, by Bartlett's decomposition: with
-    T_k = R R^T (Cholesky) and U = R^{-1}, B_k = U^T U, so Lambda = (U^T A)(U^T A)^T where A is
-    lower triangular, A_ii = sqrt(chi2(a_k - i)), A_ij ~ N(0, 1) below the diagonal (any square
-    root of the scale will do: the standard Wishart is invariant under rotation). Then
-    mu = m_k + L^{-T} eps / sqrt(c_k) with Lambda = L L^T, eps ~ N(0, I), so that
-    Cov(mu) = (c_k Lambda)^{-1}.
-
-    Parameters
-    ----------
-    s : ndarray of shape (1 + d + d^2,)
-    p : ndarray of shape (d + 3 + d^2 + d,)
-    th : ndarray of shape (d + d^2 + 1,), output
-    state : ndarray of shape (1,), uint64
-    """
+    """th (d + d^2 + 1,) = (mu, L, sum log L_ii) drawn from eq. B.1's posterior (Raykov et al.
+    2016) of s (1 + d + d^2,), p (d + 3 + d^2 + d,): Lambda = (U^T A)(U^T A)^T by Bartlett's
+    decomposition (T_k = R R^T, U = R^{-1}, A_ii = sqrt(chi2(a_k - i)), A_ij ~ N(0, 1)), then
+    mu = m_k + L^{-T} eps / sqrt(c_k), Lambda = L L^T; state (1,) uint64."""
     d = gaussian_nw.dim_of_stats(s)
     T = np.empty((d, d))
     m = np.empty(d)
@@ -272,8 +242,7 @@ def _draw_group(code, sg, pg, th, d, state):
 
 @njit(cache=True, nogil=True)
 def draw_params(s, th, spec, prior, toff, state):
-    """Draw theta (T,) of one cluster from its posterior given its statistics row s (S,)
-    (De Bacco and Valera, Algorithm 2, step 3(b); for a new cluster s holds the one record x_n)."""
+    """theta (T,) drawn given the statistics row s (S,) (Algorithm 2, step 3(b))."""
     for g in range(spec.shape[0]):
         r = spec[g]
         _draw_group(
@@ -352,8 +321,7 @@ def log_lik(x, th, spec, prior, toff):
 # -- the sampler ----------------------------------------------------------------------------------
 @njit(cache=True, nogil=True)
 def prior_predictive(X, spec, prior, n_stats, n_cache):
-    """log int p(x_n | theta) H(theta) dtheta of every record (N,): eq. 6's integral, which does
-    not change during the run."""
+    """Eq. 6's log int p(x_n | theta) H(theta) dtheta of every record (N,)."""
     N = X.shape[0]
     s = np.zeros(n_stats)
     c = np.zeros(n_cache)
@@ -366,32 +334,9 @@ def prior_predictive(X, spec, prior, n_stats, n_cache):
 
 @njit(cache=True, nogil=True)
 def assignment_scan(X, order, z, stats, theta, nk, lp0, spec, prior, toff, log_alpha, state):
-    """Step 3(a) of De Bacco and Valera's Algorithm 2: every record's z_n in turn, eqs. 5 and 6.
-
-    Parameters
-    ----------
-    X : ndarray of shape (N, D)
-        Records, columns in the product's group order.
-    order : ndarray of shape (N,), int64
-        Visiting order.
-    z : ndarray of shape (N,), int64
-        Slot of each record, updated in place.
-    stats : ndarray of shape (N, S)
-        Statistics of each slot (a slot with nk = 0 is free), updated in place.
-    theta : ndarray of shape (N, T)
-        Parameters of each occupied slot, updated in place.
-    nk : ndarray of shape (N,)
-        Records per slot.
-    lp0 : ndarray of shape (N,)
-        ``prior_predictive(X, ...)``.
-    log_alpha : float
-    state : ndarray of shape (1,), uint64
-
-    Returns
-    -------
-    moved : int
-        Records whose cluster changed.
-    """
+    """Step 3(a) of Algorithm 2 (eqs. 5-6) over X (N, D) in ``order`` (N,); z (N,) int64,
+    stats (N, S), theta (N, T) and nk (N,) by slot are updated; lp0 (N,) ``prior_predictive``;
+    state (1,) uint64. Returns the number of records that moved."""
     cap = stats.shape[0]
     logw = np.empty(cap + 1)
     slots = np.empty(cap + 1, dtype=np.int64)
@@ -403,7 +348,6 @@ def assignment_scan(X, order, z, stats, theta, nk, lp0, spec, prior, toff, log_a
         prod.add_stats(x, stats[old], spec, -1.0)
         nk[old] -= 1.0
         if nk[old] <= 0.0:
-            # the cluster is dropped with its parameters (Algorithm 2: "remove empty cluster")
             nk[old] = 0.0
             stats[old, :] = 0.0
         m = 0
@@ -421,7 +365,6 @@ def assignment_scan(X, order, z, stats, theta, nk, lp0, spec, prior, toff, log_a
         k = slots[j]
         prod.add_stats(x, stats[k], spec, 1.0)
         if j == m:
-            # a new cluster: its parameters from the posterior given x_n alone (Algorithm 2)
             draw_params(stats[k], theta[k], spec, prior, toff, state)
         nk[k] += 1.0
         if k != old:
@@ -432,8 +375,7 @@ def assignment_scan(X, order, z, stats, theta, nk, lp0, spec, prior, toff, log_a
 
 @njit(cache=True, nogil=True)
 def parameter_scan(stats, theta, nk, spec, prior, toff, state):
-    """Step 3(b) of De Bacco and Valera's Algorithm 2: theta_k ~ p(theta | X_k) for every occupied
-    slot."""
+    """Step 3(b) of Algorithm 2: theta_k ~ p(theta | X_k) for every occupied slot."""
     for k in range(stats.shape[0]):
         if nk[k] > 0.0:
             draw_params(stats[k], theta[k], spec, prior, toff, state)
@@ -441,8 +383,8 @@ def parameter_scan(stats, theta, nk, spec, prior, toff, state):
 
 @njit(cache=True, nogil=True)
 def log_joint(stats, nk, spec, prior, alpha):
-    """log p(X, z | alpha) with the parameters integrated out (Raykov et al. 2016, eq. 2.3 times the
-    clusters' marginals), so that the collapsed and uncollapsed chains report the same quantity."""
+    """log p(X, z | alpha), parameters integrated out (Raykov et al. 2016, eq. 2.3 times the
+    marginals), as the collapsed chains report it."""
     n = 0.0
     K = 0
     out = 0.0

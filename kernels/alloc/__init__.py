@@ -1,24 +1,19 @@
 """Allocation models: the partition priors of normalized random measure (NRM) mixtures.
 
-The observation model (``kernels.obs``) scores the records of a block; the allocation model scores
-the partition. Every clustering score in ``kernels`` is a sum of the two: the MAP-DP costs and
+The observation model (``kernels.obs``) scores the records of a block, the allocation model the
+partition; every clustering score in ``kernels`` is the sum of the two: the MAP-DP costs and
 objective (Raykov et al. 2016, eqs. 2.3, 3.1-3.3), BHC's d_k and r_k (Xu et al. 2009, eqs. 7-8),
-IBHC's potentials and dissimilarities (Lee and Choi 2015, eqs. 8-9), the Metropolis-Hastings ratios
-of the samplers and the merge gaps all take their prior part from here.
+IBHC's potentials and dissimilarities (Lee and Choi 2015, eqs. 8-9), the samplers' ratios.
 
 ``crp``
-    The Dirichlet process: the Chinese restaurant process (Raykov et al. 2016, eq. 2.3; De Bacco and
-    Valera).
+    The Dirichlet process's Chinese restaurant process (Raykov et al. 2016, eq. 2.3).
 ``nggp``
     The normalized generalized gamma process (Lee and Choi 2015, Section 2.1, Theorem 1).
 
-Each offers the same pieces: ``log_kappa`` (the weight of one block), ``log_join`` (log weight of
-one record joining a block of size n), ``log_new`` (of a new block), ``merge_gap`` (change when
-two blocks merge) and ``log_eppf`` (of a whole partition). The functions here dispatch on a prior
-described by ``pp``, a float64 array of shape (3,): ``(kind, alpha, sigma)``, for the kernels
-that serve both (IBHC, tgMCMC, the reference samplers). For the DP, kappa(n, u) = alpha Gamma(n)
-(u + 1)^(-n) and the factor (u + 1)^(-n) is the same for every partition, so u integrates out in
-closed form; the DP functions drop it and ignore u.
+The functions here dispatch on a prior ``pp``, float64 ndarray of shape (3,): ``(kind, alpha,
+sigma)``, for the kernels that serve both (IBHC, tgMCMC, the reference samplers). For the DP,
+kappa(n, u) = alpha Gamma(n) (u + 1)^(-n), whose factor (u + 1)^(-n) is the same for every
+partition: the DP functions drop it and ignore u.
 """
 
 import math
@@ -36,89 +31,32 @@ KIND, ALPHA, SIGMA = 0, 1, 2
 
 @njit(cache=True, nogil=True)
 def log_kappa(n, u, pp):
-    """log kappa_rho(n, u), Lee and Choi 2015, eq. 5: the weight of one block of n records.
-
-    Parameters
-    ----------
-    n : float
-        Block size in records (> 0).
-    u : float
-        The auxiliary variable of Theorem 1 (ignored by the DP).
-    pp : ndarray of shape (3,)
-        (kind, alpha, sigma).
-
-    Returns
-    -------
-    float
-        ``nggp.log_kappa``, or for the DP ``crp.log_kappa``: log alpha + log Gamma(n).
-    """
+    """log kappa(n, u) (Lee and Choi 2015, eq. 5) of a block of n > 0 records under pp (3,)."""
     if pp[KIND] == DP:
         return crp.log_kappa(n, math.log(pp[ALPHA]))
     return nggp.log_kappa(n, u, pp[ALPHA], pp[SIGMA])
 
 
 @njit(cache=True, nogil=True)
-def log_join(n, u, pp):
-    """log kappa(n + 1, u) / kappa(n, u): one record joining a block of size n (Lee and Choi 2015,
-    eq. 6). DP: log n; NGGP: log(n - sigma) - log(1 + u)."""
-    if pp[KIND] == DP:
-        return crp.log_join(n)
-    return nggp.log_join(n, u, pp[SIGMA])
-
-
-@njit(cache=True, nogil=True)
-def log_new(u, pp):
-    """log kappa(1, u): one record opening a new block (Lee and Choi 2015, eq. 6).
-    DP: log alpha; NGGP: log alpha + (sigma - 1) log(1 + u)."""
-    if pp[KIND] == DP:
-        return crp.log_new(math.log(pp[ALPHA]))
-    return nggp.log_new(u, pp[ALPHA], pp[SIGMA])
-
-
-@njit(cache=True, nogil=True)
 def merge_gap(na, nb, u, pp):
-    """log kappa(na + nb, u) - log kappa(na, u) - log kappa(nb, u): the prior's change when
-    blocks of na and nb records merge."""
+    """The prior's change when blocks of na and nb records merge."""
     if pp[KIND] == DP:
         return crp.merge_gap(na, nb, math.log(pp[ALPHA]))
     return nggp.merge_gap(na, nb, u, pp[ALPHA], pp[SIGMA])
 
 
 @njit(cache=True, nogil=True)
-def psi(u, pp):
-    """psi_rho(u) of Lee and Choi 2015, eq. 5. NGGP: alpha / sigma ((1 + u)^sigma - 1); DP:
-    alpha log(1 + u)."""
-    if pp[KIND] == DP:
-        return pp[ALPHA] * math.log1p(u)
-    return nggp.psi(u, pp[ALPHA], pp[SIGMA])
-
-
-@njit(cache=True, nogil=True)
 def log_prior_constant(n, u, pp):
-    """The partition-independent term of log P(Pi[, u]) next to sum_c log_kappa(|c|, u).
-
-    NGGP: ``nggp.log_u_factor`` (the joint of eq. 4 with u, a density in u). DP:
-    ``crp.log_constant``, log Gamma(alpha) - log Gamma(alpha + n), so that the sum is the log CRP
-    EPPF with u integrated out.
-    """
+    """log P(Pi[, u]) - sum_c log_kappa(|c|, u): ``nggp.log_u_factor`` (eq. 4, a density in u)
+    or the CRP's ``crp.log_constant``."""
     if pp[KIND] == DP:
         return crp.log_constant(n, pp[ALPHA])
     return nggp.log_u_factor(n, u, pp[ALPHA], pp[SIGMA])
 
 
 @njit(cache=True, nogil=True)
-def log_eppf(sizes, K, pp):
-    """log EPPF p(|c_1|, ..., |c_K|): the prior probability of one partition with these block
-    sizes (``crp.log_eppf`` or ``nggp.log_eppf``; sizes of shape (>= K,))."""
-    if pp[KIND] == DP:
-        return crp.log_eppf(sizes, K, pp[ALPHA])
-    return nggp.log_eppf(sizes, K, pp[ALPHA], pp[SIGMA])
-
-
-@njit(cache=True, nogil=True)
 def sample_u(state, u, n, K, pp, n_steps):
-    """Resample u given a partition of n records into K blocks (``nggp.sample_u``); the DP
-    returns u unchanged."""
+    """``nggp.sample_u``; u unchanged for the DP."""
     if pp[KIND] == DP:
         return u
     return nggp.sample_u(state, u, n, K, pp[ALPHA], pp[SIGMA], n_steps)

@@ -26,38 +26,10 @@ from kernels.special import log1pexp
 
 @njit(cache=True, nogil=True)
 def log_kappa(n, u, alpha, sigma):
-    """log kappa(n, u), Lee and Choi 2015, eq. 5: the weight of one block of n records.
-
-    Parameters
-    ----------
-    n : float
-        Block size in records (> 0).
-    u : float
-        The auxiliary variable of Theorem 1 (>= 0).
-    alpha, sigma : float
-        The Levy intensity's mass and index, 0 < sigma < 1.
-
-    Returns
-    -------
-    float
-        log alpha + log Gamma(n - sigma) - log Gamma(1 - sigma) + (sigma - n) log(1 + u).
-    """
+    """log kappa(n, u) (eq. 5) = log alpha + log Gamma(n - sigma) - log Gamma(1 - sigma)
+    + (sigma - n) log(1 + u), a block of n > 0 records at u >= 0, 0 < sigma < 1."""
     s = sigma
     return math.log(alpha) + math.lgamma(n - s) - math.lgamma(1.0 - s) + (s - n) * math.log1p(u)
-
-
-@njit(cache=True, nogil=True)
-def log_join(n, u, sigma):
-    """log kappa(n + 1, u) / kappa(n, u) = log(n - sigma) - log(1 + u): the weight of one record
-    joining a block of n records (Lee and Choi 2015, eq. 6)."""
-    return math.log(n - sigma) - math.log1p(u)
-
-
-@njit(cache=True, nogil=True)
-def log_new(u, alpha, sigma):
-    """log kappa(1, u) = log alpha + (sigma - 1) log(1 + u): the weight of one record opening a
-    new block (Lee and Choi 2015, eq. 6)."""
-    return log_kappa(1.0, u, alpha, sigma)
 
 
 @njit(cache=True, nogil=True)
@@ -86,10 +58,8 @@ def log_u_factor(n, u, alpha, sigma):
 
 @njit(cache=True, nogil=True)
 def log_u_conditional(t, n, K, alpha, sigma):
-    """log of the eq. 4 integrand over t = log u (Jacobian u included), with the
-    (1 + u)^(K sigma - n) of the product over K blocks:
-    n t - log Gamma(n) - psi(e^t) + (K sigma - n) log(1 + e^t); as a function of t, log p(t | Pi)
-    up to a constant (it depends on the partition only through n and K)."""
+    """n t - log Gamma(n) - psi(e^t) + (K sigma - n) log(1 + e^t): eq. 4's integrand over
+    t = log u with the blocks' (1 + u) factors, log p(t | Pi) up to a constant."""
     s = sigma
     L = log1pexp(t)
     return n * t - math.lgamma(n) - alpha / s * math.expm1(s * L) + (K * s - n) * L
@@ -105,13 +75,9 @@ def _dlog_u_conditional(t, n, K, alpha, sigma):
 
 @njit(cache=True, nogil=True)
 def log_u_integral(n, K, alpha, sigma):
-    """log int_0^inf u^(n-1) e^(-psi(u)) / Gamma(n) (1 + u)^(K sigma - n) du.
-
-    This is eq. 4 integrated over u with the block terms that depend on u: the NGGP EPPF is
-    prod_c alpha Gamma(|c| - sigma) / Gamma(1 - sigma) times this integral. The integrand over
-    t = log u is log-concave, so the trapezoid rule on t around its mode (found by bisection on
-    the derivative), run out to 45 nats below the mode, is accurate to machine precision.
-    """
+    """log int_0^inf u^(n-1) e^(-psi(u)) / Gamma(n) (1 + u)^(K sigma - n) du, the EPPF's factor
+    besides prod_c kappa(|c|, 0): the trapezoid rule on t = log u (log-concave) around its mode,
+    out to 45 nats below it."""
     lo = -60.0
     hi = 60.0
     while _dlog_u_conditional(hi, n, K, alpha, sigma) > 0.0 and hi < 1e6:
@@ -146,50 +112,9 @@ def log_u_integral(n, K, alpha, sigma):
 
 
 @njit(cache=True, nogil=True)
-def log_eppf(sizes, K, alpha, sigma):
-    """log EPPF p(|c_1|, ..., |c_K|) of the NGGP: eq. 4 integrated over u,
-    sum_c log kappa(|c|, 0) + ``log_u_integral(n, K)``.
-
-    Parameters
-    ----------
-    sizes : ndarray of shape (>= K,)
-        Block sizes in records (the first K entries, all > 0).
-    K : int
-    alpha, sigma : float
-
-    Returns
-    -------
-    float
-    """
-    n = 0.0
-    out = 0.0
-    for k in range(K):
-        n += sizes[k]
-        out += log_kappa(sizes[k], 0.0, alpha, sigma)
-    return out + log_u_integral(n, float(K), alpha, sigma)
-
-
-@njit(cache=True, nogil=True)
 def sample_u(state, u, n, K, alpha, sigma, n_steps):
-    """Resample the auxiliary u of Theorem 1 given a partition: ``n_steps`` slice-sampling updates
-    (stepping out and shrinkage, Neal 2003) of t = log u under ``log_u_conditional``.
-
-    Parameters
-    ----------
-    state : ndarray of shape (1,), uint64
-    u : float
-    n : float
-        Total number of records.
-    K : float
-        Number of blocks.
-    alpha, sigma : float
-    n_steps : int
-
-    Returns
-    -------
-    float
-        The new u.
-    """
+    """The new u after ``n_steps`` slice-sampling updates (Neal 2003) of t = log u under
+    ``log_u_conditional`` for n records in K blocks (floats); state (1,) uint64."""
     t = math.log(u)
     w = 1.0
     for _ in range(n_steps):

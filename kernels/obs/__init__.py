@@ -30,14 +30,9 @@ and each module defines, all ``@njit(cache=True, nogil=True)``:
 ``log_predictive(x, s, c, p) -> float``
     log p(x | X) where ``X`` is summarised by ``s`` and ``c`` is current.
 ``moments(s, p, mean, cov)``
-    Fill mean (d,) and covariance (d, d) of the records summarised by ``s`` (divided by n, the
-    records' own, not posterior quantities) where the statistics determine them, NaN elsewhere:
-    the Normal-Wishart all of it; Normal-Gamma and binomial the mean and the variances;
-    categorical the mean and variance of the code; Poisson, exponential and geometric the mean.
+    Fill mean (d,) and covariance (d, d) of the records summarised by ``s`` (the records' own,
+    divided by n) where the statistics determine them, NaN elsewhere.
 
-``product.py`` dispatches on a family code per group, so a record of mixed column types is a
-product family and its log terms add; it also holds what every clustering kernel needs of the
-observation model over statistics rows (``build_stats``, ``log_marginals``,
-``log_marginal_gap``, ``moments``). The partition prior, the allocation model, is
-``kernels.alloc``: a clustering score is the sum of the two.
+``product.py`` dispatches on a family code per group (a record of mixed column types; its log
+terms add). The partition prior, the allocation model, is ``kernels.alloc``.
 """

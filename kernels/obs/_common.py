@@ -1,9 +1,5 @@
-"""Numba helpers shared by the per-column conjugate families (Raykov et al. 2016, Appendix B).
-
-The Poisson, exponential, geometric, binomial and diagonal-Gaussian kernels each model d
-independent columns whose statistics start with n and sum x (d); the pieces they have in common
-live here so that every family module only states its own formulas.
-"""
+"""What the per-column conjugate families (Raykov et al. 2016, Appendix B) share: statistics that
+start with n and sum x (d), and the count families' tables."""
 
 import math
 
@@ -113,20 +109,8 @@ def beta_log_evidence(a, b, an, bn):
 
 @njit(cache=True, nogil=True)
 def count_sum_moments(s, p, mean, cov):
-    """mean_j = sum x_j / n from a layout starting (n, sum x (d)); cov all NaN (not determined).
-
-    The moments of the families whose statistics hold only the count and the sums (exponential,
-    geometric; Poisson, whose sum log x! adds nothing) and the start of those that hold more.
-    n = 0 leaves the mean NaN as well.
-
-    Parameters
-    ----------
-    s : ndarray of shape (S,)
-    p : ndarray of shape (P,)
-        Unused.
-    mean : ndarray of shape (d,), output
-    cov : ndarray of shape (d, d), output
-    """
+    """mean (d,) = sum x_j / n of statistics s starting (n, sum x (d)), NaN for n = 0; cov
+    (d, d) all NaN. The count families' moments, and the others' start."""
     d = mean.shape[0]
     cov[:, :] = np.nan
     n = s[0]

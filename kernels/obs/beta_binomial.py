@@ -9,24 +9,17 @@ a_n = a + u, b_n = b + n N_j - u.
     marginal:
         log p(X) = sum_j [sum_i log C(N_j, x_ij) + log B(a_n, b_n) - log B(a, b)]
 
-so the marginal is the exact probability of the counts. ``add_stats`` sees neither the prior nor
-N_j (the contract passes it only ``x``), so sum_i log C(N_j, x_ij) cannot be accumulated
-directly; the statistics carry instead each column's histogram of the counts over 0..H-1,
-H = max_j N_j + 1, which is additive and gives
-sum_i log C(N_j, x_ij) = sum_v hist_j[v] log C(N_j, v) with the log C table held in the prior.
-For Bernoulli columns (H = 2) that is two numbers a column.
+the exact probability of the counts: ``add_stats`` sees no N_j, so the statistics keep each
+column's histogram over 0..H-1, H = max_j N_j + 1, and the prior the log C table.
 
 Layouts for d columns, H = max_j N_j + 1
 ----------------------------------------
 stats ``s`` (1 + d + d H): n, sum x (d), hist (d * H, row j = the counts of x_j = 0..H-1).
 prior ``p`` (3 d + d H): N (d), a (d), b (d), log C(N_j, v) (d * H, row major; 0 for v > N_j).
 cache ``c`` (2 d + 1 + d H): a_n (d), b_n (d), the summed constant
-sum_j [lgamma(a_n + b_n) - lgamma(a_n + b_n + N_j) - lgamma(a_n) - lgamma(b_n)], and the table
-of each column's predictive log p(x_j = v | X) over v = 0..H-1 (row major; -inf for v > N_j), so
-that a record's predictive is d table reads: no ``lgamma`` per record and column (``refresh``
-pays d H of them once per change of the cluster).
-
-d and H follow from the lengths: d = (len(p) - len(s) + 1) / 2, H = (len(s) - 1 - d) / d.
+sum_j [lgamma(a_n + b_n) - lgamma(a_n + b_n + N_j) - lgamma(a_n) - lgamma(b_n)], and each
+column's predictive log p(x_j = v | X) over v = 0..H-1 (-inf for v > N_j): d table reads.
+d = (len(p) - len(s) + 1) / 2, H = (len(s) - 1 - d) / d.
 """
 
 import math
@@ -98,14 +91,9 @@ def log_predictive(x, s, c, p):
 
 @njit(cache=True, nogil=True)
 def log_predictive_loo(x, s, c, p):
-    """log p(x | X without x) for a member x of the records summarised by (s, c), from the
-    cache: the posterior without x is (a_n - x, b_n - N + x), and the beta-binomial ratio
-    B(a_n, b_n) / B(a_n - x, b_n - N + x) is a product of N + 1 terms, so this is O(d N) logs
-    with no copy of the statistics.
-
-    log p = sum_j [log C(N_j, x_j) + sum_{i=1..x_j} log(a_n - i)
-            + sum_{i=1..N_j-x_j} log(b_n - i) - sum_{i=1..N_j} log(a_n + b_n - i)]
-    """
+    """log p(x | X without x) of a member x of (s, c), O(d N) from the cache:
+    sum_j [log C(N_j, x_j) + sum_{i=1..x_j} log(a_n - i) + sum_{i=1..N_j-x_j} log(b_n - i)
+    - sum_{i=1..N_j} log(a_n + b_n - i)]."""
     d, H = _dims(s, p)
     out = 0.0
     for j in range(d):
@@ -152,20 +140,8 @@ def log_marginal(s, p):
 
 @njit(cache=True, nogil=True)
 def moments(s, p, mean, cov):
-    """Mean and the diagonal of the covariance of the count columns summarised by s.
-
-    Each column's histogram over 0..H-1 determines its distribution: mean_j = sum x_j / n,
-    cov_jj = sum_v v^2 hist_j[v] / n - mean_j^2. Off-diagonal entries are NaN (not
-    determined); NaN everywhere for n = 0.
-
-    Parameters
-    ----------
-    s : ndarray of shape (1 + d + d H,)
-    p : ndarray of shape (3 d + d H,)
-        Gives d and H with s.
-    mean : ndarray of shape (d,), output
-    cov : ndarray of shape (d, d), output
-    """
+    """mean (d,) and cov's diagonal (d, d) of s's counts from the histograms (off-diagonal NaN,
+    all NaN for n = 0)."""
     count_sum_moments(s, p, mean, cov)
     d, H = _dims(s, p)
     n = s[0]

@@ -15,8 +15,7 @@ stats ``s`` (1 + C): n, counts n_c (C).
 prior ``p`` (C + 2): alpha (C), A = sum alpha, lgamma(A) - sum_c lgamma(alpha_c).
 cache ``c`` (C + 1): log(alpha_c + n_c) (C), log(A + n). ``update`` touches two entries: O(1).
 
-A code outside 0..C-1 has probability 0 (``log_predictive`` returns -inf) and cannot be added to
-statistics (``add_stats`` raises); the public ``Categorical.check_values`` reports such rows.
+A code outside 0..C-1 has probability 0 and cannot be added (``Categorical.check_values``).
 """
 
 import math
@@ -88,19 +87,7 @@ def log_marginal(s, p):
 
 @njit(cache=True, nogil=True)
 def moments(s, p, mean, cov):
-    """Mean and variance of the code column (0..C-1 as a float) of the records summarised by s.
-
-    The counts determine the column's whole distribution: mean = sum_c c n_c / n,
-    cov[0, 0] = sum_c c^2 n_c / n - mean^2. NaN for n = 0.
-
-    Parameters
-    ----------
-    s : ndarray of shape (1 + C,)
-    p : ndarray of shape (C + 2,)
-        Unused.
-    mean : ndarray of shape (1,), output
-    cov : ndarray of shape (1, 1), output
-    """
+    """mean (1,) and variance cov (1, 1) of s's codes (NaN for n = 0; p unused)."""
     n = s[0]
     if not n > 0.0:
         mean[0] = np.nan

@@ -1,51 +1,32 @@
 """Multivariate Gaussian with a Normal-Wishart prior (Raykov et al. 2016, Appendix B, eqs. B.1-B.2).
 
-Parameterisation exactly as Appendix B: theta_0 = (m0, c0, B0, a0), the precision matrix is
-Wishart with scale matrix B0 and a0 degrees of freedom, the mean is Normal with precision c0 times
-it. We work with the *inverse* scale T = B^{-1} because B.1 updates it additively:
+theta_0 = (m0, c0, B0, a0): the precision is Wishart with scale B0 and a0 degrees of freedom,
+the mean Normal with precision c0 times it. B.1 updates the inverse scale T = B^{-1} additively:
 
-    T_k = B0^{-1} + S_k + c0 N_k / (c0 + N_k) (xbar_k - m0)(xbar_k - m0)^T          (B.1)
-        = B0^{-1} + sum_j x_j x_j^T + c0 m0 m0^T - c_k m_k m_k^T
+    T_k = B0^{-1} + sum_j x_j x_j^T + c0 m0 m0^T - c_k m_k m_k^T                          (B.1)
 
 Layouts for d columns
 ---------------------
 stats ``s`` (1 + d + d^2): n, sum x (d), sum x x^T (d * d, row major).
-prior ``p`` (d + 3 + d^2 + d): m0 (d), c0, a0, log|T0|, T0 = B0^{-1} (d * d), h (d): the
-variance of each column's recording cell (0: continuous; see below).
-cache ``c`` (2 d^2 + 2 d + 4, and d^2 + 2 more with cells): L (d * d, lower Cholesky factor
-of T_k + H), m_k (d), U = L^{-1} (d * d, lower), b = U m_k (d), c_k, a_k, log|T_k + H|, the
-Student-t normalising constant; with cells, V = chol(G_k)^{-1} (d * d, lower; NaN when G_k is
-not positive definite), log|G_k|, log|T_k| (below). Keeping
-U makes a predictive evaluation one triangular matrix-vector product with no temporary and no
-division. A record joining or leaving the cluster changes L and U together in O(d^2)
-(``_change_factors``); ``refresh`` rebuilds them (d^3 / 2).
+prior ``p`` (d + 3 + d^2 + d): m0 (d), c0, a0, log|T0|, T0 = B0^{-1} (d * d), h (d) (the
+recording cells' variances, 0: continuous).
+cache ``c`` (2 d^2 + 2 d + 4, and d^2 + 2 more with cells): L (d * d, lower Cholesky factor of
+T_k + H), m_k (d), U = L^{-1} (d * d, lower), b = U m_k (d), c_k, a_k, log|T_k + H|, the
+Student-t constant; with cells V = chol(G_k)^{-1} (d * d; NaN when G_k has no factor), log|G_k|,
+log|T_k|. With U a predictive is one triangular product; a record's move changes L and U in
+O(d^2) (``_change_factors``), ``refresh`` rebuilds them (d^3 / 2).
 
-The predictive (Appendix B, below B.2) is a Student-t with mu = m, nu = a - d + 1 and precision
-Lambda = c nu / (c + 1) B, so (x - mu)^T Lambda (x - mu) / nu = c / (c + 1) |L^{-1} (x - m)|^2.
+The predictive (below B.2) is a Student-t with mu = m, nu = a - d + 1 and precision
+Lambda = c nu / (c + 1) B: (x - mu)^T Lambda (x - mu) / nu = c / (c + 1) |L^{-1} (x - m)|^2.
 
-Recorded values (Sheppard's correction)
----------------------------------------
-Values recorded on a grid of step q (integers, one decimal) are the centres of cells of width q,
-and a Gaussian fitted to them can collapse onto the grid: a cluster whose members share one
-value of a column has a scatter of 0 there, so its density grows without bound. Each record is
-therefore counted with the variance h = q^2 / 12 of its cell (the uniform dequantisation noise,
-in expectation), the diagonal H = diag(h) added once per record to the scatter:
-
-    T_k = B0^{-1} + sum_j (x_j x_j^T + H) + c0 m0 m0^T - c_k m_k m_k^T                    (B.1')
-
-With H = 0 this is B.1 exactly. The predictive stays the ratio of marginals p(X + x) / p(X),
-which is then a Student-t on T_k + H times (|T_k|^{a_k} / |T_k + H|^{a_k + 1})^{1/2} instead of
-|T_k|^{-1/2}: the cache keeps the factor L of T_k + H and the constant with both determinants.
-Adding a record then changes T_k by more than a rank-one term, so ``update`` and
-``add_record`` rebuild the cache (d^3 / 2) when H is not 0. Removing x from a cluster leaves
-T_k - H - beta u u^T (u = x - m_k, beta = c_k / (c_k - 1)), a rank-one change of G_k = T_k - H,
-so the cache of a prior with cells also keeps the inverse factor of G_k: the leave-one-out
-predictive p(X_k) / p(X_k without x) stays O(d^2).
-
-``refresh``, ``update``, ``log_predictive_loo`` and ``add_record`` take ``cells``: None (the
-default) compiles them without this section at all (numba prunes ``cells is not None`` on a
-None argument), for the product family's Normal-Wishart-only kernels, whose priors have no
-cells (``kernels.obs.product``); True checks the prior's h at run time.
+Recorded values (Sheppard's correction): a column recorded on a grid of step q counts each record
+with its cell's variance h = q^2 / 12 (H = diag(h) added per record to the scatter, B.1'), so a
+cluster sharing one value of a column keeps a bounded density. The predictive stays the ratio of
+marginals, a Student-t on T_k + H times (|T_k|^{a_k} / |T_k + H|^{a_k + 1})^{1/2}; an addition
+is no longer rank one (the cache is rebuilt), a removal is one on G_k = T_k - H, whose inverse
+factor keeps the leave-one-out predictive O(d^2). ``cells``: None (the default) compiles
+``refresh``, ``update``, ``log_predictive_loo`` and ``add_record`` without this (the
+Normal-Wishart-only kernels of ``kernels.obs.product``), True checks the prior's h at run time.
 """
 
 import math
@@ -78,15 +59,7 @@ def add_stats(x, s, w):
 
 @njit(cache=True, nogil=True)
 def posterior_inverse_scale(s, p, T, m):
-    """Fill T (d, d) with T_k and m (d,) with m_k of eq. B.1; return (c_k, a_k).
-
-    Parameters
-    ----------
-    s : ndarray of shape (1 + d + d^2,)
-    p : ndarray of shape (d + 3 + d^2 + d,)
-    T : ndarray of shape (d, d), output
-    m : ndarray of shape (d,), output
-    """
+    """T (d, d) and m (d,) of eq. B.1 (B.1' with cells) from s and p; returns (c_k, a_k)."""
     d = m.shape[0]
     n = s[0]
     c0 = p[d]
@@ -116,8 +89,7 @@ def posterior_inverse_scale(s, p, T, m):
 
 @njit(cache=True, nogil=True)
 def has_cells(p, d):
-    """Whether any of the d columns of the prior p has a recording cell (h > 0), i.e. whether
-    Sheppard's correction (module docstring) applies."""
+    """Whether a column of the prior p has a recording cell (h > 0, module docstring)."""
     base_h = d + 3 + d * d
     for i in range(d):
         if p[base_h + i] > 0.0:
@@ -127,10 +99,8 @@ def has_cells(p, d):
 
 @njit(cache=True, nogil=True)
 def cholesky_inplace(A):
-    """Lower Cholesky factor of A (d, d) written over A's lower triangle; upper set to 0.
-
-    Returns False if A is not numerically positive definite.
-    """
+    """Lower Cholesky factor of A (d, d) over A, upper triangle 0; False if A is not positive
+    definite."""
     d = A.shape[0]
     for j in range(d):
         acc = A[j, j]
@@ -158,8 +128,7 @@ def _tail(d):
 
 @njit(cache=True, nogil=True, inline="always")
 def _invert_lower(c, src, dst, d):
-    """c[dst:dst + d d] = the inverse of the lower-triangular d x d matrix at c[src:] (both row
-    major), by forward substitution column by column."""
+    """c[dst:dst + d d] = the inverse of the lower-triangular d x d matrix at c[src:]."""
     for j in range(d):
         c[dst + j * d + j] = 1.0 / c[src + j * d + j]
         for i in range(j + 1, d):
@@ -185,8 +154,7 @@ def _invert_factor(c, d):
         c[b0 + i] = acc
 
 
-# reassociation lets LLVM vectorise the dot products of the quadratic form (about twice as fast
-# for d = 10); results move by rounding only. No other fast-math flag: NaN and inf stay IEEE.
+# reassociation vectorises the quadratic forms (twice as fast at d = 10), NaN and inf stay IEEE
 QUAD_FLAGS = {"reassoc", "contract"}
 
 
@@ -207,17 +175,15 @@ def _mahalanobis(x, c, d):
 
 @njit(cache=True, nogil=True)
 def _finish_cache(c, d, ck, ak, logdet, logdet_t):
-    """Fill U, b and the scalar tail of the cache from L, m, (c_k, a_k), log|T_k + H| and
-    log|T_k|."""
+    """U, b and the cache's scalars from its L and m."""
     _invert_factor(c, d)
     _finish_constants(c, d, ck, ak, logdet, logdet_t)
 
 
 @njit(cache=True, nogil=True)
 def _finish_constants(c, d, ck, ak, logdet, logdet_t):
-    """The scalar tail of the cache: c_k, a_k, log|T_k + H| and the Student-t constant, whose
-    determinant term is (a_k log|T_k| - (a_k + 1) log|T_k + H|) / 2 (module docstring; written
-    so that it is exactly -log|T_k| / 2 when H = 0)."""
+    """The cache's c_k, a_k, log|T_k + H| and Student-t constant (exactly -log|T_k| / 2 in its
+    determinant term when H = 0)."""
     o = _tail(d)
     c[o] = ck
     c[o + 1] = ak
@@ -234,8 +200,7 @@ def _finish_constants(c, d, ck, ak, logdet, logdet_t):
 
 @njit(cache=True, nogil=True)
 def refresh(s, c, p, cells=None):
-    """Recompute the cache (Cholesky factor of T_k + H, m_k, constants) from the statistics;
-    ``cells``: the module docstring."""
+    """The cache from the statistics (``cells``: module docstring)."""
     d = dim_of_stats(s)
     T = np.empty((d, d))
     m = np.empty(d)
@@ -245,8 +210,7 @@ def refresh(s, c, p, cells=None):
         with_cells = has_cells(p, d)
     logdet_t = 0.0
     if with_cells:
-        # log|T_k| from a factor of a copy; G_k = T_k - H for the leave-one-out predictive;
-        # then T_k + H (module docstring)
+        # log|T_k|, then G_k = T_k - H (the leave-one-out) and T_k + H
         A = T.copy()
         if not cholesky_inplace(A):
             raise ValueError("Normal-Wishart posterior inverse scale is not positive definite")
@@ -272,9 +236,8 @@ def refresh(s, c, p, cells=None):
 
 @njit(cache=True, nogil=True, inline="always")
 def _cells_tail(G, c, d, logdet_t):
-    """The cache's section for a prior with cells: V = chol(G)^{-1} (G (d, d) is overwritten),
-    log|G| and log|T_k|; V and log|G| are NaN when G is not positive definite (an empty
-    cluster: T0 - H), which sends a leave-one-out predictive to the caller's copy."""
+    """The cache's cells section: V = chol(G)^{-1} (G (d, d) overwritten), log|G|, log|T_k|;
+    V and log|G| NaN when G has no factor (an empty cluster)."""
     e = _tail(d) + 4
     if not cholesky_inplace(G):
         for i in range(d * d + 1):
@@ -298,8 +261,7 @@ def _cells_tail(G, c, d, logdet_t):
 
 @njit(cache=True, nogil=True, inline="always")
 def _loo_log_ratio(ck, ak, r):
-    """(a_k - 1) / 2 log(1 - beta r), beta = c_k / (c_k - 1), of a record at r = |V u|^2 or
-    |L^{-1} u|^2: NaN when 1 - beta r is not positive (rounding)."""
+    """(a_k - 1) / 2 log(1 - beta r), beta = c_k / (c_k - 1); NaN unless 1 - beta r > 0."""
     one_minus = 1.0 - (ck / (ck - 1.0)) * r
     if not one_minus > 0.0:
         return np.nan
@@ -308,9 +270,8 @@ def _loo_log_ratio(ck, ak, r):
 
 @njit(cache=True, nogil=True, inline="always")
 def _loo_with_cells(x, c, d):
-    """log p(X_k) - log p(X_k without x) under B.1' (module docstring): with u = x - m_k,
-    log|T'| = log|G_k| + log(1 - beta |V u|^2), and the marginals' other terms in closed form.
-    NaN when G_k had no factor or 1 - beta |V u|^2 is not positive."""
+    """``log_predictive_loo`` under B.1': log|T'| = log|G_k| + log(1 - beta |V (x - m_k)|^2);
+    NaN when G_k has no factor or the logarithm's argument is not positive."""
     t = _tail(d)
     e = t + 4
     ck = c[t]
@@ -331,34 +292,26 @@ def _loo_with_cells(x, c, d):
 
 @njit(cache=True, nogil=True)
 def update(x, s, c, p, w, cells=None):
-    """Add (w = +1) or remove (w = -1) record x: statistics and cache, O(d^2).
-
-    Adding x to a cluster with (c_k, m_k) changes T_k by c_k / (c_k + 1) (x - m_k)(x - m_k)^T,
-    removing it by -c_k / (c_k - 1) (x - m_k)(x - m_k)^T: rank one either way, so L and
-    U = L^{-1} change together in O(d^2) (``_change_factors``). With recording cells (H > 0,
-    not rank one) the cache is rebuilt instead, O(d^3).
-    """
+    """Add (w = +1) or remove (w = -1) record x: statistics and cache, a rank-one change in
+    O(d^2) (``_change_factors``), rebuilt in O(d^3) with recording cells."""
     update_with(x, s, c, p, w, np.empty(4 * x.shape[0]), cells, True)
 
 
 @njit(cache=True, nogil=True)
 def update_with(x, s, c, p, w, work, cells=None, factor=True):
-    """``update`` with the caller's scratch (work: >= 4 d entries), for a sweep that moves
-    records one after another and allocates nothing per move; factor=False leaves L behind
-    (``add_record``: nothing a sweep computes reads it, ``restore_factor`` rebuilds it)."""
+    """``update`` with the caller's scratch work (>= 4 d,); factor=False leaves L behind
+    (``add_record``)."""
     d = x.shape[0]
     if cells is not None:
         if has_cells(p, d):
             add_stats(x, s, w)
             refresh(s, c, p, cells)
             return
-    # bool(): one specialisation of _change_factors for every caller (a literal True or False
-    # would be a type, and a compile, of its own; ``warmup.warm_observation_factors``)
+    # bool(): one specialisation for every caller (a literal is a type of its own)
     if _change_factors(x, s, c, w, work, bool(factor)):
         return
-    # a removal that leaves T_k nearly singular, or indefinite by rounding: rebuild from the
-    # statistics (without cells as refresh's default, not a None argument: that would be a
-    # second specialisation)
+    # a removal that leaves T_k nearly singular: rebuilt (refresh's default, not a None: one
+    # specialisation)
     add_stats(x, s, w)
     if cells is None:
         refresh(s, c, p)
@@ -379,11 +332,8 @@ def log_predictive(x, s, c, p):
 
 @njit(cache=True, nogil=True)
 def log_marginal(s, p):
-    """log p(X) with the Normal-Wishart parameters integrated out.
-
-    log p(X) = -n d / 2 log pi + log Gamma_d(a_n / 2) - log Gamma_d(a0 / 2)
-               + a0 / 2 log|T0| - a_n / 2 log|T_n| + d / 2 (log c0 - log c_n)
-    """
+    """log p(X) = -n d / 2 log pi + log Gamma_d(a_n / 2) - log Gamma_d(a0 / 2)
+    + a0 / 2 log|T0| - a_n / 2 log|T_n| + d / 2 (log c0 - log c_n)."""
     if s[0] == 0.0:
         return 0.0
     d = dim_of_stats(s)
@@ -398,10 +348,8 @@ def log_marginal_prior_term(p, d):
 
 @njit(cache=True, nogil=True)
 def log_marginal_with(s, p, T, m, lmv0):
-    """``log_marginal`` (the same operations, the same value) with the caller's scratch T (d, d)
-    and m (d,) and ``log_marginal_prior_term`` lmv0: a loop of log marginals (the merge gaps of
-    ``kernels.partition.greedy_merge``) then allocates nothing and computes the prior's d log
-    gammas once."""
+    """``log_marginal`` (the same value) with the caller's scratch T (d, d), m (d,) and
+    ``log_marginal_prior_term`` lmv0, for a loop of log marginals."""
     n = s[0]
     if n == 0.0:
         return 0.0
@@ -426,10 +374,8 @@ def log_marginal_with(s, p, T, m, lmv0):
 
 @njit(cache=True, nogil=True)
 def scatter_logdet(s, p, W, mean):
-    """log|S + n H| for the records summarised by s: S their scatter about their mean (n times
-    ``moments``' covariance), H the recording cells' variances (module docstring); -inf where it
-    is singular (n <= d, or rounding). W (d, d) and mean (d,) are scratch.
-    ``merged_logdet_lower``'s second term."""
+    """log|S + n H|, S the scatter of s's records about their mean; -inf where singular.
+    W (d, d) and mean (d,) are scratch."""
     d = W.shape[0]
     n = s[0]
     if not n > 0.0:
@@ -450,35 +396,17 @@ def scatter_logdet(s, p, W, mean):
 
 @njit(cache=True, nogil=True)
 def merged_logdet_lower(sb, sd_b, L, m, ck, logdet, y):
-    """A lower bound of log|T_ab|, the posterior inverse scale of two clusters' records merged,
-    from cluster a's posterior (the Cholesky factor L of T_a, m_a, c_a, log|T_a|) and b's
-    statistics and ``scatter_logdet``: O(d^2) where log|T_ab| itself is O(d^3).
-
-    T_a is T0 plus the scatter of a's records and c0 pseudo-records at m0 about their mean m_a,
-    plus n_a H. Merged with b's records, that scatter gains b's own scatter S_b and the between
-    term beta v v^T (beta = c_a n_b / (c_a + n_b), v = m_a - mean_b), so
-    T_ab = (T_a + beta v v^T) + (S_b + n_b H), two positive semi-definite matrices, and by
-    Minkowski's determinant inequality |T_ab|^(1/d) >= |T_a + beta v v^T|^(1/d) +
-    |S_b + n_b H|^(1/d), where log|T_a + beta v v^T| = log|T_a| + log(1 + beta |L^{-1} v|^2)
-    (determinant lemma).
+    """A lower bound of log|T_ab| of two clusters merged, in O(d^2): T_ab = (T_a + beta v v^T)
+    + (S_b + n_b H) with beta = c_a n_b / (c_a + n_b), v = m_a - mean_b, so by Minkowski's
+    determinant inequality |T_ab|^(1/d) >= |T_a + beta v v^T|^(1/d) + |S_b + n_b H|^(1/d).
 
     Parameters
     ----------
     sb : ndarray of shape (1 + d + d^2,)
-        Statistics of cluster b (n_b > 0).
-    sd_b : float
-        ``scatter_logdet`` of sb (-inf: singular).
-    L : ndarray of shape (d, d)
-        Lower Cholesky factor of T_a.
-    m : ndarray of shape (d,)
-        m_a.
-    ck, logdet : float
-        c_a and log|T_a|.
-    y : ndarray of shape (d,), scratch.
-
-    Returns
-    -------
-    float
+        Statistics of cluster b (n_b > 0); sd_b its ``scatter_logdet``.
+    L, m : ndarrays of shapes (d, d) and (d,)
+        Cluster a's Cholesky factor of T_a and m_a; ck, logdet: c_a and log|T_a|.
+    y : ndarray of shape (d,), scratch
     """
     d = m.shape[0]
     nb = sb[0]
@@ -500,12 +428,9 @@ def merged_logdet_lower(sb, sd_b, L, m, ck, logdet, y):
 
 @njit(cache=True, nogil=True)
 def merged_log_marginal_bound(n_ab, d, p, lmv0):
-    """(B, scale) with ``log_marginal(s_ab, p)`` <= B - (a0 + n_ab) / 2 low for n_ab records
-    and any lower bound low of their log|T_ab| (``merged_logdet_lower``): the log marginal's
-    other terms, log Gamma_d(a_ab / 2) bounded by d log Gamma(a_ab / 2) + d (d - 1) / 4 log pi
-    when its smallest argument a_ab / 2 - (d - 1) / 2 is at least 1.5 (log Gamma increases
-    above 1.4616), exact otherwise; scale is the sum of the terms' magnitudes (rounding is a
-    few ulps of it, and of (a0 + n_ab) / 2 |low|). lmv0: ``log_marginal_prior_term``."""
+    """(B, scale): ``log_marginal`` of n_ab records <= B - (a0 + n_ab) / 2 low for a lower
+    bound low of their log|T_ab|; log Gamma_d bounded by d log Gamma + d (d - 1) / 4 log pi
+    where log Gamma increases (a_ab / 2 - (d - 1) / 2 >= 1.5); scale: the terms' magnitudes."""
     c0 = p[d]
     a0 = p[d + 1]
     ak = a0 + n_ab
@@ -521,16 +446,10 @@ def merged_log_marginal_bound(n_ab, d, p, lmv0):
 
 @njit(cache=True, nogil=True)
 def log_predictive_loo(x, s, c, p, cells=None):
-    """log p(x | X_k without x) for a record x that is a member of the cluster (s, c).
-
-    Removing x changes T_k by -beta u u^T with u = x - m_k and beta = c_k / (c_k - 1), so with
-    r = u^T T_k^{-1} u (one forward solve with the cluster's own factor) the matrix determinant
-    lemma gives |T'| = |T_k| (1 - beta r) and Sherman-Morrison gives the Student-t quadratic form
-    beta r / (1 - beta r). The predictive of Appendix B with c' = c_k - 1, a' = a_k - 1 is then
-    O(d^2) with no downdate; with recording cells the same lemma on G_k (``_loo_with_cells``).
-    Returns NaN when 1 - beta r is not positive (rounding): the caller then downdates a copy
-    instead.
-    """
+    """log p(x | X_k without x) of a member x of the cluster (s, c), in O(d^2): removing x
+    changes T_k by -beta u u^T (u = x - m_k, beta = c_k / (c_k - 1)), so with r = |L^{-1} u|^2
+    |T'| = |T_k| (1 - beta r) (determinant lemma). NaN when 1 - beta r <= 0 (rounding: the
+    caller downdates a copy); with cells the same on G_k (``_loo_with_cells``)."""
     d = x.shape[0]
     if cells is not None:
         if has_cells(p, d):
@@ -543,12 +462,8 @@ def log_predictive_loo(x, s, c, p, cells=None):
 
 @njit(cache=True, nogil=True)
 def loo_constants(c, d, out):
-    """The terms of ``log_predictive_loo`` (without recording cells) that depend on the cluster
-    alone, for a sweep that scores many of its members: out[0] the sum of the terms before the
-    record's, out[1] = (nu + d - 1) / 2 and out[2] = beta = c_k / (c_k - 1), so that
-    ``log_predictive_loo(x) = out[0] + out[1] log(1 - out[2] r)`` with r = ``_mahalanobis(x, c,
-    d)``: the same operations in the same order, the constant's logarithms saved per record.
-    Only for a cluster of two records or more (nu > 0)."""
+    """out (3,) with ``log_predictive_loo(x) = out[0] + out[1] log(1 - out[2] r)``, r =
+    ``_mahalanobis(x, c, d)`` (no cells; two records or more): the cluster's terms once."""
     t = _tail(d)
     ck = c[t]
     out[0] = loo_constant(c, d)
@@ -558,10 +473,8 @@ def loo_constants(c, d, out):
 
 @njit(cache=True, nogil=True)
 def loo_constant(c, d):
-    """The Student-t constant of ``log_predictive_loo`` (without recording cells): Appendix B's
-    with c' = c_k - 1, a' = a_k - 1 and |T'| = |T_k| (1 - beta r) but for the last factor,
-    whose logarithm the caller adds times (a_k - 1) / 2 (the powers of nu cancel as in
-    ``_finish_constants``). Only for a cluster of two records or more."""
+    """The Student-t constant of ``log_predictive_loo`` (no cells) at c_k - 1, a_k - 1, but for
+    the factor (1 - beta r)^((a_k - 1) / 2). Two records or more."""
     t = _tail(d)
     ck = c[t]
     return (
@@ -573,8 +486,7 @@ def loo_constant(c, d):
 
 @njit(cache=True, nogil=True)
 def loo_cells_constant(c, d):
-    """``loo_constant`` under B.1' (``_loo_with_cells``): |T'|^(a' / 2) from log|G_k| and
-    |T_k|^(a_k / 2) from log|T_k| (NaN when G_k had no factor)."""
+    """``loo_constant`` under B.1' (NaN when G_k has no factor)."""
     t = _tail(d)
     e = t + 4
     ck = c[t]
@@ -587,13 +499,10 @@ def loo_cells_constant(c, d):
     )
 
 
-# The packed, cluster-major copy of the predictives: column h of P (d (d + 1) / 2 + d + 3 rows)
-# holds cluster h's packed lower triangle of U = L^{-1} (row by row), b = U m_k, then from row
-# e0 = d (d + 1) / 2 + d the Student-t constant, c_k / (c_k + 1) and (nu + d) / 2. With the
-# clusters in the inner loop the quadratic forms of one record against every cluster run over
-# contiguous memory and vectorise: 0.46 us against 0.97 us for a record against 20 clusters of
-# d = 10 (``log_predictive`` per cluster). MAP-DP's sweep and ``predict`` and ASUGS's stream
-# use it for Normal-Wishart-only records.
+# The packed predictives P, cluster-major so that a record's quadratic forms vectorise over
+# the clusters: column h (d (d + 1) / 2 + d + 3 rows) holds U's lower triangle row by row,
+# b = U m_k, then from row e0 = d (d + 1) / 2 + d the Student-t constant, c_k / (c_k + 1) and
+# (nu + d) / 2.
 
 
 @njit(cache=True, nogil=True)
@@ -626,39 +535,21 @@ def pack_columns(P, cache, K, empty_c, d):
 
 @njit(cache=True, nogil=True, fastmath=QUAD_FLAGS)
 def quad_forms(x, P, n, d, acc, qv):
-    """qv[h] = |L_h^{-1} (x - m_h)|^2 for the columns h < n of P (``_mahalanobis`` of each);
-    acc, qv : ndarrays of at least n entries (acc: scratch)."""
+    """qv[h] = |L_h^{-1} (x - m_h)|^2 for the columns h < n of P; acc: scratch (>= n,)."""
     leading_quad_forms(x, P, n, d, d, acc, qv)
 
 
 @njit(cache=True, nogil=True)
 def leading_rows(d):
-    """How many leading rows of the triangular solve ``leading_quad_forms`` takes before a
-    record's clusters are pruned: half of d, at least 4 (d = 10: 15 of 65 multiply-adds a
-    cluster; on a 20-cluster mixture 1.35 clusters a record are then finished on average, 1.93
-    with 4 rows, whose bound is looser: the fifth row costs less than the finishing it saves)."""
+    """The rows ``leading_quad_forms`` takes before pruning: half of d, at least 4."""
     return min(d, max(4, d // 2))
 
 
 @njit(cache=True, nogil=True, fastmath=QUAD_FLAGS)
 def leading_quad_forms(x, P, n, d, rows, acc, qv):
-    """qv[h] = the sum over the first ``rows`` rows i of (L_h^{-1} (x - m_h))_i^2 for the
-    columns h < n of P: ``quad_forms`` when rows = d, else a lower bound of it (every row adds a
-    square), which ``finish_quad_form`` completes for the columns that can win.
-
-    The clusters are the vectorised loop. The first four rows (10 multiply-adds a column) run
-    in one loop over the columns with the record's first four entries in registers, and every
-    later row adds four terms to its running sum at a time (``block_quad_forms``' reason): a
-    loop per multiply-add read and wrote the running sums each time, 75-80 ns against 33-38 ns
-    for 21 columns' first four rows of d = 10.
-
-    Parameters
-    ----------
-    x : ndarray of shape (d,)
-    P : packed predictives (the layout above)
-    n, d, rows : int
-    acc, qv : ndarrays of at least n entries (acc: scratch; qv: output)
-    """
+    """qv[h] (>= n,) = the first ``rows`` rows' terms of ``quad_forms``, a lower bound that
+    ``finish_quad_form`` completes; acc (>= n,) scratch. The first four rows run in one loop
+    with x's entries in registers, later rows four terms at a time (``block_quad_forms``)."""
     b0 = d * (d + 1) // 2
     first = 0
     if rows >= 4:
@@ -702,9 +593,8 @@ def leading_quad_forms(x, P, n, d, rows, acc, qv):
 
 @njit(cache=True, nogil=True, fastmath=QUAD_FLAGS)
 def finish_quad_form(x, P, h, d, rows, q):
-    """Column h's ``quad_forms`` value from its ``leading_quad_forms`` value q over the first
-    ``rows`` rows: the remaining rows added in the same order (``quad_forms``' value up to its
-    reassociation, about an ulp); q itself when rows = d."""
+    """Column h's ``quad_forms`` value (up to reassociation) from its ``leading_quad_forms``
+    value q over the first ``rows`` rows."""
     e = rows * (rows + 1) // 2
     b0 = d * (d + 1) // 2
     for i in range(rows, d):
@@ -716,31 +606,16 @@ def finish_quad_form(x, P, h, d, rows, q):
     return q
 
 
-# The records in the inner loop instead (``block_quad_forms``): a block of B records against
-# one column at a time runs loops of B iterations, where the clusters' loop runs K + 1 (21, so
-# loop set-up and remainder weigh as much as the arithmetic). Only contraction (no
-# reassociation): both functions below then do the same operations in the same order per
-# record, so a column recomputed for one record equals its block value.
+# The records in the inner loop (``block_quad_forms``): loops of B records, not K + 1 clusters.
+# Contraction only, so that ``quad_form`` of one record equals its block value.
 BLOCK_FLAGS = {"contract"}
 
 
 @njit(cache=True, nogil=True, fastmath=BLOCK_FLAGS)
 def block_quad_forms(XT, r0, r1, P, n, d, acc, Q):
-    """Q[h, r] = |L_h^{-1} (x_r - m_h)|^2 for the columns h < n of P and the records
-    r0 <= r < r1 of the block XT (d, B), one record a column.
-
-    Four terms of a row of the triangular solve are added to the running sum at a time, so
-    that the running sums (a memory array: the records are the vectorised loop) are read and
-    written once for four multiply-adds instead of each: the loop was bound by those loads and
-    stores (a fifth of a confirming sweep's time at K = 20, d = 10).
-
-    Parameters
-    ----------
-    XT : ndarray of shape (d, B)
-    P : packed predictives (the layout above)
-    acc : ndarray of shape (>= B,), scratch
-    Q : ndarray of shape (>= n, >= B), output
-    """
+    """Q[h, r] = |L_h^{-1} (x_r - m_h)|^2, Q (>= n, >= B), for the columns h < n of P and the
+    records r0 <= r < r1 of the block XT (d, B); acc (>= B,) scratch. Four terms of a row are
+    added at a time: the running sums are read and written once per four multiply-adds."""
     b0 = d * (d + 1) // 2
     for h in range(n):
         for r in range(r0, r1):
@@ -797,23 +672,19 @@ def quad_form(x, P, h, d):
 
 @njit(cache=True, nogil=True)
 def packed_log_predictive(P, h, q, e0):
-    """``log_predictive`` (the Student-t of Appendix B) of column h of P from its quadratic form
-    q = qv[h] (``quad_forms``); e0 = d (d + 1) / 2 + d."""
+    """``log_predictive`` of column h of P from its quadratic form q; e0 = d (d + 1) / 2 + d."""
     return P[e0, h] - P[e0 + 2, h] * math.log1p(q * P[e0 + 1, h])
 
 
 @njit(cache=True, nogil=True, fastmath=QUAD_FLAGS)
 def packed_log_predictive_exact(P, h, q, e0):
-    """``packed_log_predictive`` with the floating-point flags of ``packed_log_predictives``,
-    so that one column's value is that of the loop's (a pruned arg min then picks what the full
-    evaluation picks)."""
+    """``packed_log_predictive`` with ``packed_log_predictives``' flags (the loop's value)."""
     return P[e0, h] - P[e0 + 2, h] * math.log1p(q * P[e0 + 1, h])
 
 
 @njit(cache=True, nogil=True, fastmath=QUAD_FLAGS)
 def packed_log_predictives(x, P, n, acc, qv, lp):
-    """lp[h] = ``log_predictive`` of x under column h of P, for every h < n (a column of a
-    free slot too: its value is then meaningless, and never read)."""
+    """lp[h] = ``log_predictive`` of x under column h of P for every h < n."""
     d = x.shape[0]
     quad_forms(x, P, n, d, acc, qv)
     e0 = d * (d + 1) // 2 + d
@@ -821,34 +692,19 @@ def packed_log_predictives(x, P, n, acc, qv, lp):
         lp[h] = P[e0, h] - P[e0 + 2, h] * math.log1p(qv[h] * P[e0 + 1, h])
 
 
-# Upper bounds of the packed log predictives without a logarithm: an arg min or arg max over
-# clusters needs the exact Student-t of the few clusters that can win, and a bound for the rest.
-# log(u) for u = 2^e m, m in [1, 2), is e log 2 + 2 atanh(t), t = (m - 1) / (m + 1) in [0, 1/3);
-# the atanh series cut after t^7 / 7 leaves out positive terms only, below 1.3e-5 in all. The
-# exponent and mantissa come from the bits (``kernels.arrays.float_bits``), so the loop has no
-# call in it and vectorises: 21 bounds in about 37 ns on one core of the 2-core machine, against
-# 150-210 ns for 21 log1p (and 60 ns when the bits came from integer views of scratch arrays,
-# three loops where one now runs).
+# Bounds of the packed log predictives without a logarithm: log(2^e m), m in [1, 2), is
+# e log 2 + 2 atanh((m - 1) / (m + 1)), whose series cut after t^7 / 7 leaves out positive terms
+# below 1.3e-5; e and m from the bits (``kernels.arrays.float_bits``), so the loop vectorises.
 _MANTISSA = np.int64((1 << 52) - 1)
 _ONE_BITS = np.int64(1023 << 52)
 _LOG2 = math.log(2.0)
 
 
-# error_model="numpy": Python's model guards every division against a zero divisor (a
-# ZeroDivisionError), a branch that keeps the loop from vectorising; here m + 1 >= 2. 90 ns for 21
-# columns before, 64 after (one core of the loaded 2-core machine).
+# error_model="numpy": no zero-divisor branch (m + 1 >= 2), which kept the loop from vectorising
 @njit(cache=True, nogil=True, fastmath=QUAD_FLAGS, error_model="numpy")
 def packed_log_predictive_bounds(qv, P, n, e0, ub):
-    """ub[h] >= ``packed_log_predictive(P, h, qv[h], e0)`` for every h < n, within about
-    1.3e-5 (nu + d) / 2 of it (the bound's slack, plus 1e-12 of the terms for rounding).
-
-    Parameters
-    ----------
-    qv : ndarray of shape (>= n,)
-        Quadratic forms (``quad_forms``).
-    P : packed predictives (module layout above); e0 = d (d + 1) / 2 + d.
-    ub : ndarray of shape (>= n,), output
-    """
+    """ub[h] >= ``packed_log_predictive(P, h, qv[h], e0)`` for h < n (qv, ub (>= n,)), within
+    about 1.3e-5 (nu + d) / 2 of it plus 1e-12 of the terms for rounding."""
     for h in range(n):
         b = float_bits(1.0 + qv[h] * P[e0 + 1, h])
         mh = bits_float((b & _MANTISSA) | _ONE_BITS)
@@ -865,19 +721,8 @@ def packed_log_predictive_bounds(qv, P, n, e0, ub):
 
 @njit(cache=True, nogil=True)
 def moments(s, p, mean, cov):
-    """Mean and covariance of the records summarised by s: the statistics determine both.
-
-    mean = sum x / n, cov = sum x x^T / n - mean mean^T (the maximum-likelihood covariance, not
-    the posterior's). NaN everywhere for n = 0.
-
-    Parameters
-    ----------
-    s : ndarray of shape (1 + d + d^2,)
-    p : ndarray of shape (d + 3 + d^2 + d,)
-        Unused (the contract's argument list).
-    mean : ndarray of shape (d,), output
-    cov : ndarray of shape (d, d), output
-    """
+    """mean (d,) = sum x / n and cov (d, d) = sum x x^T / n - mean mean^T of s's records (the
+    records' own); NaN for n = 0; p unused."""
     d = mean.shape[0]
     n = s[0]
     if not n > 0.0:
@@ -894,25 +739,11 @@ def moments(s, p, mean, cov):
 
 @njit(cache=True, nogil=True)
 def add_record(x, s, c, p, work, cells=None, factor=True):
-    """``update(x, s, c, p, 1.0)`` with the caller's scratch space, for a stream that adds one
-    record at a time (ASUGS, Tsiligkaridis and Forsythe 2015, step (c); eqs. 4-7 in this
-    parameterisation): O(d^2) and no allocation.
-
-    Parameters
-    ----------
-    x : ndarray of shape (d,)
-    s, c, p : the cluster's statistics and cache (updated in place) and the prior.
-    work : ndarray of shape (>= 4 d,)
-        Scratch space (the caller's, so that a stream allocates nothing per record).
-    factor : bool
-        False leaves the cache's L as it was (without recording cells): nothing in a record's
-        change reads L but L's own change (U' = M^{-1} U, b, the constants and log|T'| come from
-        U), so a stream of additions skips it (70 of 355 ns a record for d = 10) and rebuilds
-        L from U once at its end (``restore_factor``).
-    """
+    """``update(x, s, c, p, 1.0)`` with the scratch work (>= 4 d,), for a stream (ASUGS,
+    Tsiligkaridis and Forsythe 2015, step (c)). factor=False leaves L (no cells): nothing but
+    L's own change reads it, and ``restore_factor`` rebuilds it at the stream's end."""
     if cells is not None:
         if has_cells(p, x.shape[0]):
-            # recording cells make the change more than rank one (module docstring)
             update(x, s, c, p, 1.0, cells)
             return
     _change_factors(x, s, c, 1.0, work, bool(factor))
@@ -920,16 +751,14 @@ def add_record(x, s, c, p, work, cells=None, factor=True):
 
 @njit(cache=True, nogil=True)
 def restore_factor(c, d):
-    """L = U^{-1} (lower triangular) in the cache from its U: the L that ``add_record`` with
-    factor=False left behind, up to rounding."""
+    """The cache's L = U^{-1} from its U (after ``add_record`` with factor=False)."""
     _invert_lower(c, d * d + d, 0, d)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _change_factor_l(c, d, sign, work):
-    """``_change_factors``' L' = L M, column by column from the last: column j of L M is
-    M_jj L e_j plus sign w_j s_j sum_{k > j} w_k L e_k (the running sums in work[d : 2 d], from
-    the old columns; work as ``_change_factors`` fills it)."""
+    """``_change_factors``' L' = L M from the last column: M_jj L e_j + sign w_j s_j
+    sum_{k > j} w_k L e_k (running sums in work[d : 2 d])."""
     acc0, s0, be0 = d, 2 * d, 3 * d
     for i in range(d):
         work[acc0 + i] = 0.0
@@ -945,29 +774,14 @@ def _change_factor_l(c, d, sign, work):
 
 @njit(cache=True, nogil=True)
 def _change_factors(x, s, c, sign, work, factor=True):
-    """Add (sign = +1) or remove (sign = -1) record x without recording cells: statistics, L,
-    U = L^{-1}, m_k, b and the constants, all in O(d^2). Returns False, with s and c
-    untouched, when a removal leaves |T'| / |T| = beta_d below 1e-6, where the update would
-    lose digits (below), or not positive in floating point.
+    """Add (sign = +1.0) or remove (-1.0) record x (d,) without cells: s, and L, U, m_k, b and
+    the constants of c, in O(d^2); work (>= 4 d,) scratch, factor False leaves L. False, s and c
+    untouched, when a removal leaves beta_d = |T'| / |T| below 1e-6 (digits lost).
 
-    The change is T' = T + sign v v^T with v = sqrt(c / (c + sign)) (x - m_k) = L w, w = U v,
-    so T' = L (I + sign w w^T) L^T = (L M)(L M)^T with M the Cholesky factor of
-    I + sign w w^T, known in closed form: with beta_0 = 1, beta_j = 1 + sign (w_1^2 + ... +
-    w_j^2), M_jj = sqrt(beta_j / beta_{j-1}) and M_ij = sign w_i w_j / sqrt(beta_j beta_{j-1})
-    (i > j). Hence L' = L M and U' = M^{-1} U, each O(d^2) by that structure, and (matrix
-    determinant lemma) log|T'| = log|T| + log beta_d. Equal to ``refresh`` of the new
-    statistics up to rounding.
-
-    Parameters
-    ----------
-    x : ndarray of shape (d,)
-    s, c : the cluster's statistics and cache (updated in place).
-    sign : float, +1.0 or -1.0
-    work : ndarray of shape (>= 4 d,)
-        Scratch: w, then the running sums, 1 / sqrt(beta_j beta_{j-1}) and beta_j.
-    factor : bool
-        False: L is left as it was (``add_record``).
-    """
+    T' = T + sign v v^T, v = sqrt(c / (c + sign)) (x - m_k) = L w, is (L M)(L M)^T with M the
+    Cholesky factor of I + sign w w^T: beta_j = 1 + sign (w_1^2 + ... + w_j^2),
+    M_jj = sqrt(beta_j / beta_{j-1}), M_ij = sign w_i w_j / sqrt(beta_j beta_{j-1}) (i > j);
+    L' = L M, U' = M^{-1} U and log|T'| = log|T| + log beta_d."""
     d = x.shape[0]
     t = _tail(d)
     ck = c[t]
@@ -987,9 +801,7 @@ def _change_factors(x, s, c, sign, work, factor=True):
         acc *= coef
         work[i] = acc
         q += acc * acc
-    # beta_d = 1 - q comes from a cancellation when a removal leaves |T'| much smaller than
-    # |T|: the factors would carry a relative error of about eps / beta_d, so below 1e-6
-    # (and when rounding made it negative) the caller rebuilds from the statistics instead
+    # a removal's beta_d = 1 - q cancels: relative error eps / beta_d in the factors
     if not 1.0 + sign * q > 1e-6:
         return False
     add_stats(x, s, sign)
@@ -1001,14 +813,9 @@ def _change_factors(x, s, c, sign, work, factor=True):
         beta_prev = beta
     if factor:
         _change_factor_l(c, d, sign, work)
-    # U' = M^{-1} U, where M^{-1} has the same structure: M^{-1}_ii = sqrt(beta_{i-1} / beta_i),
-    # M^{-1}_ij = -sign w_i w_j / sqrt(beta_i beta_{i-1}) (i > j). Row i of U' is then
-    # M^{-1}_ii (row i of U) - sign w_i s_i sum_{j < i} w_j (row j of U): running sums of the
-    # old rows, one multiply-add each on their dependency chain, where the substitution on the
-    # new rows chained three operations. b' = U' m' = M^{-1} (U m')
-    # with U m' = b + sign w / (coef c') (as m' = (c m + sign x) / c' and U x - b = w / coef):
-    # the same on one more column (running sum rb), O(d) instead of U' m''s O(d^2). U' and b'
-    # took 138 ns for d = 10 the old way, 59 now (one core of the 2-core machine)
+    # U' = M^{-1} U: row i is M^{-1}_ii (row i of U) - sign w_i s_i sum_{j < i} w_j (row j of
+    # U), on running sums of the old rows; b' = M^{-1} (U m') with U m' = b + sign w / (coef c')
+    # on one more column (rb), O(d)
     for i in range(d):
         work[acc0 + i] = 0.0
     rb = 0.0

@@ -15,12 +15,9 @@ Layouts for d columns
 stats ``s`` (1 + d): n, sum x (d).
 prior ``p`` (2 d): a (d), b (d).
 cache ``c`` (2 d + 1 + d T): b_n (d), a_n + b_n + 1 (d),
-sum_j [log a_n + lgamma(a_n + b_n) - lgamma(b_n)], and each column's count-dependent term
-lgamma(b_n + v) - lgamma(a_n + b_n + 1 + v) over v = 0..T-1 (row major, T = ``COUNT_TABLE``),
-so that a record whose counts are below T is scored by d table reads: no ``lgamma`` per record
-and column. ``refresh`` fills the table by the ratio of consecutive terms,
-(b_n + v) / (a_n + b_n + 1 + v): d T logarithms once per change of the cluster. A larger or
-non-integer count is scored by lgamma.
+sum_j [log a_n + lgamma(a_n + b_n) - lgamma(b_n)], and each column's lgamma(b_n + v)
+- lgamma(a_n + b_n + 1 + v) over v = 0..T-1 (T = ``COUNT_TABLE``; filled by the ratios of
+consecutive terms): counts below T are d table reads, others lgamma.
 """
 
 import math

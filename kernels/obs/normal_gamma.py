@@ -1,12 +1,9 @@
 """Diagonal Gaussian with an independent Normal-Gamma prior per column (Raykov et al. 2016, Appendix
 B).
 
-Appendix B lists the Normal-Wishart for a full covariance (``gaussian_nw.py``); this is its
-diagonal special case with a Gamma prior on each column's precision, so the columns are
-independent and the predictive is a product of univariate Student-t densities instead of one
-multivariate Student-t. Formulas are Murphy (2007), "Conjugate Bayesian analysis of the Gaussian
-distribution", section 3 (the Normal-Gamma NG(mu, tau | m0, c0, a0, b0), its posterior,
-marginal likelihood and posterior predictive): per column j,
+The diagonal case of ``gaussian_nw``: independent columns, a product of univariate Student-t
+predictives (Murphy 2007, "Conjugate Bayesian analysis of the Gaussian distribution", section
+3). Per column j,
 
     tau ~ Gamma(a0, rate b0),   mu | tau ~ N(m0, 1 / (c0 tau)),   x | mu, tau ~ N(mu, 1 / tau).
 
@@ -22,10 +19,8 @@ scale^2 = b_n (c_n + 1) / (a_n c_n). Marginal likelihood:
     log p(X) = sum_j [lgamma(a_n) - lgamma(a0) + a0 log b0 - a_n log b_n
                       + 1/2 (log c0 - log c_n)] - n d / 2 log(2 pi)
 
-Recorded values (Sheppard's correction, as ``gaussian_nw``): a column recorded on a grid of
-step q counts each record with its cell's variance h = q^2 / 12, b_n += n h / 2 (h = 0: the
-formulas above exactly). The predictive stays the ratio of marginals p(X + x) / p(X): a
-Student-t on b' = b_n + h / 2 in place of b_n, times (b_n / b')^{a_n}.
+Recorded values (Sheppard's correction, as ``gaussian_nw``): b_n += n h / 2, h = q^2 / 12; the
+predictive is then a Student-t on b' = b_n + h / 2 times (b_n / b')^{a_n}.
 
 Layouts for d columns
 ---------------------
@@ -135,19 +130,8 @@ def log_marginal(s, p):
 
 @njit(cache=True, nogil=True)
 def moments(s, p, mean, cov):
-    """Mean and the diagonal of the covariance of the records summarised by s.
-
-    mean_j = sum x_j / n, cov_jj = sum x_j^2 / n - mean_j^2; the statistics keep no cross
-    products, so the off-diagonal entries are NaN (not determined). NaN everywhere for n = 0.
-
-    Parameters
-    ----------
-    s : ndarray of shape (1 + 2 d,)
-    p : ndarray of shape (5 d,)
-        Unused.
-    mean : ndarray of shape (d,), output
-    cov : ndarray of shape (d, d), output
-    """
+    """mean (d,) and cov's diagonal (d, d) of s's records (off-diagonal NaN; all NaN for n = 0;
+    s (1 + 2 d,), p unused)."""
     count_sum_moments(s, p, mean, cov)
     d = mean.shape[0]
     n = s[0]

@@ -17,12 +17,9 @@ Layouts for d columns
 stats ``s`` (1 + 2 d): n, sum x (d), sum lgamma(x + 1) (d).
 prior ``p`` (2 d): a (d), b (d).
 cache ``c`` (2 d + 1 + d T): a_n (d), log(b_n + 1) (d),
-sum_j [a_n log(b_n / (b_n + 1)) - lgamma(a_n)], and each column's count-dependent term
-lgamma(a_n + v) - lgamma(v + 1) - v log(b_n + 1) over v = 0..T-1 (row major,
-T = ``COUNT_TABLE``), so that a record whose counts are below T is scored by d table reads: no
-``lgamma`` per record and column. ``refresh`` fills the table by the ratio of consecutive
-negative binomial terms, (a_n + v) / ((v + 1) (b_n + 1)): d T logarithms once per change of
-the cluster. A larger or non-integer count is scored by lgamma.
+sum_j [a_n log(b_n / (b_n + 1)) - lgamma(a_n)], and each column's lgamma(a_n + v)
+- lgamma(v + 1) - v log(b_n + 1) over v = 0..T-1 (T = ``COUNT_TABLE``; filled by the ratios of
+consecutive terms): counts below T are d table reads, others lgamma.
 """
 
 import math

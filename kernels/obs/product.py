@@ -1,25 +1,17 @@
 """The product family: a record's columns split into groups, one conjugate family each.
 
-Log terms add across groups (DESIGN.md, "Likelihood families"). A product is described by
+Log terms add across groups (docs/families.md). A product is described by
 
 ``spec`` : int64, int32 or int16 ndarray of shape (G, 9)
-    One row per group: family code, first column, number of columns, then (offset, length) of the
-    group's slice of the statistics row, the prior array and the cache row. Its integer type is
-    the set of families the kernels are compiled for: int32 when every group is Normal-Wishart
-    without recording cells (``NW_ONLY_DTYPE``; the kernels then contain that family alone),
-    int16 when every group is Normal-Wishart and some has cells (``NW_CELLS_DTYPE``; with the
-    cells' code), int64 for any product.
+    A row per group: family code, first column, number of columns, then (offset, length) of its
+    slice of the statistics row, the prior and the cache row. Its type is the set of families
+    compiled (below): int32 Normal-Wishart without cells, int16 Normal-Wishart, int64 any.
 ``prior`` : float64 ndarray of shape (P,)
-    All groups' prior arrays, concatenated.
+    The groups' prior arrays, concatenated.
 
-and a cluster is one row of ``stats`` (K, S) and one row of ``cache`` (K, C). ``stats[k, 0]`` is
-the cluster's size n (the first statistic of group 0).
-
-Besides the contract of ``kernels.obs`` for a whole row (``add_stats``, ``refresh``,
-``update``, ``log_predictive``, ``log_marginal``) this module gives the observation model's part
-of every clustering score over statistics rows: ``log_marginals`` of many rows,
-``log_marginal_gap`` (the likelihood part of a merge gap), ``build_stats`` (rows from records and
-labels) and ``moments`` (mean and covariance of the records a row summarises).
+A cluster is a row of ``stats`` (K, S) and of ``cache`` (K, C); ``stats[k, 0]`` is its size.
+Besides ``kernels.obs``' contract for a whole row, the observation model's part of every score:
+``log_marginals``, ``log_marginal_gap``, ``build_stats`` and ``moments``.
 """
 
 import numpy as np
@@ -53,9 +45,8 @@ CODE, COL0, NCOL, STAT0, NSTAT, PRIOR0, NPRIOR, CACHE0, NCACHE = range(9)
 
 @njit(cache=True, nogil=True)
 def _span(a, start, length):
-    """a[start : start + length]: a group's slice of a row, given by the (offset, length) columns
-    of its spec row (passed as values: the columns' constants would be literal arguments, one
-    specialisation each)."""
+    """a[start : start + length], a group's slice (values, not the columns' constants: those
+    would be literal types, a specialisation each)."""
     return a[start : start + length]
 
 
@@ -70,9 +61,7 @@ def _views(g, x, s, c, spec, prior):
     )
 
 
-# -- one group: dispatch on its family code (numba needs the explicit chains) ---------------------
-# ``_any_*`` are the chains over every family; ``_group_*`` (below) pick, when numba types a
-# caller, either a chain or, for a Normal-Wishart-only spec, the Normal-Wishart kernel alone.
+# -- one group: ``_any_*`` dispatch on the family code over every family -----------------------
 @njit(cache=True, nogil=True)
 def _any_add_stats(code, xg, sg, w):
     if code == GAUSSIAN_NW:
@@ -170,36 +159,27 @@ def _any_log_marginal(code, sg, pg):
     return geometric_beta.log_marginal(sg, pg)
 
 
-# -- the family set as a type: a Normal-Wishart-only spec compiles one family, not seven ---------
-# A spec whose every group is Normal-Wishart may be int32 (``NW_ONLY_DTYPE``); any other spec is
-# int64 (``ANY_DTYPE``). numba compiles per argument type, not per value, so the chains above
-# would make every caller compile all seven families even for Gaussian records; keyed on the
-# integer type of the code, the ``_group_*`` functions below are resolved when numba types the
-# caller, so a Gaussian run's kernels contain the Normal-Wishart kernels only. Both kinds are
-# ordinary argument types: each is cached (cache=True) like any other signature. An int32 spec
-# also promises that no prior has recording cells (``gaussian_nw``'s Sheppard correction), so
-# its kernels leave that code out. A Normal-Wishart-only spec with cells (integer-valued
-# Gaussian columns) is int16: the Normal-Wishart kernels with the cells' code, not all seven
-# families; its offsets must fit in int16 (about 170 columns), else it is int64.
+# -- the family set as a type: numba compiles per type, so the ``_group_*`` overloads pick on
+# the code's integer type: int32 (``NW_ONLY_DTYPE``) the Normal-Wishart kernels without the
+# recording cells' code, int16 (``NW_CELLS_DTYPE``, offsets below about 170 columns) with it,
+# int64 (``ANY_DTYPE``) the ``_any_*`` chains over all seven families.
 NW_ONLY_DTYPE = np.int32
 ANY_DTYPE = np.int64
 NW_CELLS_DTYPE = np.int16
 
 
 def _nw_only(code):
-    """True when ``code`` (a numba type) is the code of a Normal-Wishart-only spec without
-    recording cells."""
+    """Whether the numba type ``code`` is an int32 spec's."""
     return isinstance(code, types.Integer) and code.bitwidth == 32
 
 
 def _nw_cells(code):
-    """True when ``code`` (a numba type) is the code of a Normal-Wishart-only spec whose
-    priors may have recording cells."""
+    """Whether the numba type ``code`` is an int16 spec's."""
     return isinstance(code, types.Integer) and code.bitwidth == 16
 
 
 def _nw(code):
-    """Either Normal-Wishart-only spec: the functions that do not depend on the cells."""
+    """Either Normal-Wishart-only spec."""
     return _nw_only(code) or _nw_cells(code)
 
 
@@ -256,9 +236,7 @@ def _ol_group_log_predictive(code, xg, sg, cg, pg):
 
 
 def _nw_loo(code, xg, sg, cg, pg):
-    """``gaussian_nw.log_predictive_loo`` of a Normal-Wishart group: without the recording
-    cells' code for a Normal-Wishart-only spec (whose priors have none), with it for any other
-    (jit only)."""
+    """``gaussian_nw.log_predictive_loo``, with the cells' code unless int32 (jit only)."""
     raise NotImplementedError("jit only")
 
 
@@ -338,13 +316,8 @@ def log_predictive(x, s, c, spec, prior):
 
 @njit(cache=True, nogil=True)
 def log_predictive_loo(x, s, c, spec, prior, scratch_s, scratch_c):
-    """log p(x | X_k without x) for a member x of the cluster (s, c), leaving s and c unchanged.
-
-    The Normal-Wishart and beta-binomial groups use their closed forms
-    (``gaussian_nw.log_predictive_loo``, ``beta_binomial.log_predictive_loo``); other
-    groups, whose statistics are O(d), remove x from a copy in ``scratch_s`` / ``scratch_c``
-    (work arrays at least as long as a statistics / cache row).
-    """
+    """log p(x | X_k without x) of a member x of (s, c): closed forms for the Normal-Wishart
+    and beta-binomial groups, the others on a copy in scratch_s (>= S,) and scratch_c (>= C,)."""
     if spec.shape[0] == 1 and spec[0, CODE] == GAUSSIAN_NW:
         v = _nw_loo(spec[0, CODE], x, s, c, prior)
         if v == v:
@@ -403,45 +376,15 @@ def log_marginals(stats, spec, prior):
 
 @njit(cache=True, nogil=True)
 def log_marginal_gap(sa, sb, lma, lmb, scratch, spec, prior):
-    """The observation model's part of a merge gap: log p(X_a u X_b) - log p(X_a) - log p(X_b).
-
-    Parameters
-    ----------
-    sa, sb : ndarray of shape (S,)
-        Statistics rows.
-    lma, lmb : float
-        log p(X_a), log p(X_b) (``log_marginal`` of the rows).
-    scratch : ndarray of shape (S,)
-        Receives sa + sb.
-    spec, prior : the product's description.
-
-    Returns
-    -------
-    gap : float
-    lm_ab : float
-        log p(X_a u X_b).
-    """
+    """(log p(X_a u X_b) - lma - lmb, log p(X_a u X_b)): a merge gap's observation part for the
+    rows sa, sb (S,) of log marginals lma, lmb; scratch (S,) receives sa + sb."""
     lm_ab = log_marginal_with(scratch, sa, sb, 1.0, spec, prior)
     return lm_ab - lma - lmb, lm_ab
 
 
 @njit(cache=True, nogil=True)
 def build_stats(X, z, K, spec, S):
-    """Statistics rows (K, S) of labelled records: row k = sum of g(x_i) over i with z_i = k.
-
-    Parameters
-    ----------
-    X : ndarray of shape (N, D)
-        Records, columns in the product's group order.
-    z : ndarray of shape (N,), int64
-        Label of each record in 0..K-1; records with z_i < 0 are skipped.
-    K, S : int
-        Number of rows and statistics per row.
-
-    Returns
-    -------
-    ndarray of shape (K, S)
-    """
+    """Statistics rows (K, S) of the records X (N, D) labelled z (N,) int64 (< 0: skipped)."""
     stats = np.zeros((K, S))
     for i in range(X.shape[0]):
         k = z[i]
@@ -452,27 +395,8 @@ def build_stats(X, z, K, spec, S):
 
 @njit(cache=True, nogil=True)
 def moments(s, spec, prior, D):
-    """Mean and covariance of the records summarised by the statistics row s, where determined.
-
-    Each group fills its own block with its family's ``moments``: the Normal-Wishart group all of
-    it (mean, full covariance); the Normal-Gamma and binomial groups the mean and the diagonal;
-    the categorical group the mean and variance of its code; the Poisson, exponential and
-    geometric groups the mean only. Entries the statistics do not determine are NaN, among them
-    every covariance between columns of different groups. Covariances are the records' own
-    (divided by n), not posterior quantities.
-
-    Parameters
-    ----------
-    s : ndarray of shape (S,)
-    spec, prior : the product's description.
-    D : int
-        Number of columns of a record.
-
-    Returns
-    -------
-    mean : ndarray of shape (D,)
-    cov : ndarray of shape (D, D)
-    """
+    """mean (D,) and cov (D, D) of the records of the row s (S,), each group's block by its
+    family's ``moments`` (``kernels.obs``), NaN where undetermined (across groups too)."""
     mean = np.full(D, np.nan)
     cov = np.full((D, D), np.nan)
     for g in range(spec.shape[0]):

@@ -171,9 +171,3 @@ class Chain:
                 thin, out_z, out_lj, out_K, out_u, self.acc,
             )
         )  # fmt: skip
-
-    def check(self) -> int:
-        """Number of violated invariants of the tgMCMC state (0 for the other samplers)."""
-        if self.method != "tgmcmc":
-            return 0
-        return int(tg_kernels.check_state(self.C, self.F, self.P, float(self.fu[0])))

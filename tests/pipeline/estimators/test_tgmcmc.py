@@ -26,12 +26,14 @@ from sklearn.metrics import adjusted_rand_score
 from kernels import alloc as priors
 from kernels import ibhc as ibhc_kernels
 from kernels import tgmcmc as tg_kernels
+from kernels.alloc import crp, nggp
 from pipeline.estimators.tgmcmc import TreeGuidedMCMC
 from pipeline.families import GaussianNW
 from pipeline.models.ibhc import leaf_log_marginals, prior_array, run_ibhc
 from pipeline.models.tgmcmc import coclustering, effective_sample_size
 from tests.reference import log_crp, nw_log_marginal
 from tests.tgmcmc_wall import fit_for
+from tests.tree_invariants import check_state, check_tree
 
 TV_MAX = 0.05
 
@@ -185,12 +187,21 @@ def run_sampler(name: str, prior: str, stats: np.ndarray, fam: GaussianNW, seed:
 # priors
 
 
+def log_eppf(sizes: np.ndarray, K: int, pp: np.ndarray) -> float:
+    """log EPPF of a partition with these block sizes: the CRP's, or for the NGGP eq. 4 with u
+    integrated out, sum_c log kappa(|c|, 0) + ``nggp.log_u_integral``."""
+    if pp[0] == priors.DP:
+        return float(crp.log_eppf(sizes, K, pp[1]))
+    lk = sum(nggp.log_kappa(sizes[k], 0.0, pp[1], pp[2]) for k in range(K))
+    return lk + float(nggp.log_u_integral(float(sizes[:K].sum()), float(K), pp[1], pp[2]))
+
+
 def test_dp_log_eppf_is_the_crp() -> None:
     pp = prior_array("dp", 1.7, 0.0)
     rng = np.random.default_rng(0)
     for _ in range(20):
         sizes = rng.integers(1, 30, size=rng.integers(1, 6)).astype(float)
-        got = priors.log_eppf(sizes, sizes.shape[0], pp)
+        got = log_eppf(sizes, sizes.shape[0], pp)
         assert got == pytest.approx(log_crp(sizes, 1.7), abs=1e-10)
 
 
@@ -198,7 +209,7 @@ def test_dp_log_eppf_is_the_crp() -> None:
 @pytest.mark.parametrize(("alpha", "sigma"), [(1.0, 0.4), (3.0, 0.1), (0.5, 0.8)])
 def test_nggp_log_eppf_against_quad(sizes: list[float], alpha: float, sigma: float) -> None:
     pp = prior_array("nggp", alpha, sigma)
-    got = priors.log_eppf(np.array(sizes), len(sizes), pp)
+    got = log_eppf(np.array(sizes), len(sizes), pp)
     assert got == pytest.approx(nggp_log_eppf_quad(sizes, alpha, sigma), abs=1e-8)
 
 
@@ -209,18 +220,8 @@ def test_eppf_sums_to_one_over_partitions_of_five(prior: str) -> None:
     for a in set_partitions(5):
         K = max(a) + 1
         sizes = np.array([float(a.count(k)) for k in range(K)])
-        total.append(priors.log_eppf(sizes, K, pp))
+        total.append(log_eppf(sizes, K, pp))
     assert math.exp(logsumexp(total)) == pytest.approx(1.0, abs=1e-10)
-
-
-@pytest.mark.parametrize("prior", ["dp", "nggp"])
-def test_join_and_new_weights_are_kappa_ratios(prior: str) -> None:
-    pp = prior_array(prior, 2.0, 0.3)
-    for u in (0.1, 5.0, 300.0):
-        assert priors.log_new(u, pp) == pytest.approx(priors.log_kappa(1.0, u, pp))
-        for n in (1.0, 2.0, 17.0):
-            ratio = priors.log_kappa(n + 1.0, u, pp) - priors.log_kappa(n, u, pp)
-            assert priors.log_join(n, u, pp) == pytest.approx(ratio, abs=1e-10)
 
 
 def test_nggp_kappa_and_psi_against_quad() -> None:
@@ -239,7 +240,7 @@ def test_nggp_kappa_and_psi_against_quad() -> None:
             assert priors.log_kappa(float(n), u, pp) == pytest.approx(math.log(k), abs=1e-7)
         p1, _ = quad(lambda w, u=u: -math.expm1(-u * w) * rho(w), 0.0, 1.0, limit=200)
         p2, _ = quad(lambda w, u=u: -math.expm1(-u * w) * rho(w), 1.0, np.inf, limit=200)
-        assert priors.psi(u, pp) == pytest.approx(p1 + p2, rel=1e-7)
+        assert nggp.psi(u, alpha, sigma) == pytest.approx(p1 + p2, rel=1e-7)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -364,10 +365,7 @@ def test_ibhc_kernel_statistics_are_sums_of_children() -> None:
     )
     work = np.empty(4 * len(X) + 8, dtype=np.int64)
     for r in roots:
-        assert (
-            ibhc_kernels.check_tree(r, ni, nf, fst, 30.0, pp, prod.spec, prod.prior, work, 1e-9)
-            == 0
-        )
+        assert check_tree(r, ni, nf, fst, 30.0, pp, prod.spec, prod.prior, work, 1e-9) == 0
     z = ibhc_kernels.forest_labels(roots, ni, len(X))
     assert np.all(z >= 0)
 
@@ -379,7 +377,8 @@ def test_chain_trees_stay_consistent(prior: str) -> None:
     fam = blob_family(X)
     est = TreeGuidedMCMC(prior=prior, family=fam, n_iter=30, burn_in=10, G=20, init="top",
                          random_state=1).fit(X)  # fmt: skip
-    assert est._chain.check() == 0
+    ch = est._chain
+    assert check_state(ch.C, ch.F, ch.P, float(ch.fu[0])) == 0
     assert adjusted_rand_score(y, est.labels_) > 0.9
     assert est.acceptance_rate_["split"] >= 0.0
 
@@ -499,5 +498,5 @@ def test_local_selection_probabilities_sum_to_one() -> None:
         for D in (0, 1, 2, 3):
             total = sum(math.exp(tg_kernels.log_select(root, lnode[i], D, F, W)) for i in range(25))
             assert total == pytest.approx(1.0, abs=1e-10)
-        assert tg_kernels.check_state(C, F, P, 3.0) == 0
+        assert check_state(C, F, P, 3.0) == 0
         tg_kernels._drop_tree(0, C, F, W)
