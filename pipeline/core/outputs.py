@@ -372,7 +372,7 @@ def write_shared(final: Loc, write: Callable[[Loc], None], replace: bool, **extr
     return final
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -398,7 +398,7 @@ def remove_stale_partials(final: Path) -> list[Path]:
         except ValueError:
             continue
         mine = pid == os.getpid()
-        if (mine and str(p) not in _ACTIVE) or (not mine and not _pid_alive(pid)):
+        if (mine and str(p) not in _ACTIVE) or (not mine and not pid_alive(pid)):
             shutil.rmtree(p, ignore_errors=True)
             removed.append(p)
     return removed

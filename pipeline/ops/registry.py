@@ -1,44 +1,18 @@
 """A registry of model versions that any number of processes publish into at once: ``dpmm
-serve`` runs, on one machine or several, into one local directory or object-storage prefix.
+serve`` runs, on one machine or several, into one local directory or object-storage prefix
+(docs/how-to/scheduled-refit.md tells the whole protocol).
 
-Layout
-------
-``MODELS/vN/``
-    Version N, complete: renamed into place whole (local), or visible once its manifest
-    (``outputs.commit``) is written, last (object storage). Holds ``version.json``.
-``MODELS/LATEST``
-    ``vN``: the newest complete version. It only moves forward.
-``MODELS/.staging/<host>-<pid>-<time>-<tag>/``
-    A writer's version in progress, its own: no other writer ever writes or removes it while
-    that process runs.
-``MODELS/.claims/vN`` (object storage)
-    Number N claimed by a writer for the copy of its version into ``vN/`` (its host, pid,
-    time and token).
-
-Publishing
-----------
-A writer builds its version in its staging place, then takes the next free number N:
-locally by renaming the staging place to ``vN`` (a rename onto another writer's ``vN`` is
-refused: the writer tries N + 1); on object storage by creating ``.claims/vN`` with
-``If-None-Match: *`` (refused when taken: N + 1), copying its objects into ``vN/``, writing
-``version.json`` and then the manifest, and removing the claim. Then ``LATEST`` moves to ``vN``
-if that is higher than what it names: locally under a lock (``.LATEST.lock``, created
-exclusively, held for one read and one rename of a temporary file); on object storage by a
-compare-and-swap (a PUT with ``If-Match`` the ETag just read, or ``If-None-Match: *`` when
-there is none yet), retried when another writer moved it first.
-
-Crashes and the lease
----------------------
-A writer that crashes blocks the others for at most the lease, ``LEASE`` seconds
-(``pipeline.core.config.REGISTRY_LEASE``, 60) unless a ``Registry`` is given another: that is
-how long its ``.LATEST.lock`` can stand, and only when its process cannot be seen to be gone
-(it runs on another host, or it is paused); a lock whose process on this host is gone is taken
-over at once. Nothing else blocks: a claim is never waited for (the others take the next
-numbers). What a crashed writer leaves is invisible and removed by the next writer once its
-process (on this host) is gone, or after a day (``outputs.STALE_SECONDS``) otherwise: its
-staging place; on object storage the objects it copied under ``vN/``, its claim then kept as a
-tombstone so that N is never used again. A writer whose claim was made a tombstone before its
-manifest publishes under a new number instead.
+``MODELS/vN/`` is version N, complete; ``MODELS/LATEST`` names the newest and only moves forward;
+``MODELS/.staging/<host>-<pid>-<time>-<tag>/`` is a writer's version in progress, its own;
+``MODELS/.claims/vN`` (object storage) is number N claimed by a writer. A writer builds its
+version in its staging place, then takes the next free number: locally by a rename to ``vN``
+(refused onto another writer's: it tries N + 1), on object storage by creating the claim with
+``If-None-Match: *``, copying its objects and writing the manifest last. ``LATEST`` moves under
+an exclusive-create lock (local) or a compare-and-swap with ``If-Match`` (object storage).
+A crashed writer blocks the others for at most the lease (``pipeline.core.config.
+REGISTRY_LEASE``): a lock whose process on this host is gone is taken over at once; what it left
+is invisible and removed by the next writer (after ``outputs.STALE_SECONDS`` when it ran on
+another host), its claim kept as a tombstone so that its number is never used again.
 """
 
 from __future__ import annotations
@@ -84,15 +58,7 @@ def _owner() -> dict[str, Any]:
 
 def _gone(host: str, pid: int) -> bool:
     """Whether the process ``pid`` of ``host`` is known to be gone (only this host's can be)."""
-    if host != _host() or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # another user's live process
-        return False
-    return False
+    return host == _host() and pid != os.getpid() and not outputs.pid_alive(pid)
 
 
 def _number(text: str, where: Loc) -> int:
