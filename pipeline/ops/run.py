@@ -168,6 +168,9 @@ def step_ingest(
     )
     if reused and progress:
         print(f"ingest: reusing the dataset store {store.path}", file=sys.stderr)
+    for line in info.schema.dropped_lines():
+        # the in-memory fit's warning of a dropped column, on stderr as ``dpmm cluster`` says it
+        print(f"dpmm: warning: {line}", file=sys.stderr)
     return store, info, reused
 
 

@@ -147,6 +147,8 @@ def by_run(
         assert rc == 2 and not out.exists()
         return ("refused", one_line(err, path))
     run = json.loads((out / "run.json").read_text())
+    for note in dropped(run["notes"]):  # said on stderr too, as dpmm cluster says it
+        assert f"dpmm: warning: {note}" in err, err
     return ("accepted", run["kinds"], dropped(run["notes"]))
 
 
