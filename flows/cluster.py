@@ -155,7 +155,14 @@ def cluster(
 
     Returns the content of ``out/run.json``.
     """
-    stage2 = _check_stages(stage2, int(summaries), int(mcmc), engine)
+    if stage2 is None:
+        stage2 = "bhc" if int(summaries) > 0 else "none"
+    if stage2 not in STAGE2:
+        raise ValueError(f"stage2 must be one of {STAGE2}, got {stage2!r}")
+    if int(summaries) < 0 or int(mcmc) < 0:
+        raise ValueError(f"summaries and mcmc must be >= 0, got {summaries} and {mcmc}")
+    if int(summaries) > 0 and not get_engine(engine).summaries:
+        raise ValueError(f"--summaries: the {engine} engine has no summaries pass; drop it")
     cfg = run_config(locals())
     t0 = time.perf_counter()
     if report:
@@ -191,21 +198,21 @@ def cluster(
         # ``ctx.info``: with the run's prior (``pipeline.distributed.loop.with_prior_scale``)
         run = finish_task(input, cfg, partial, ctx.info, state, mapping, written, timing, extra)
     if progress:
-        print(_done_line(run, ctx.info.n_rows, label_column, out), file=sys.stderr)
+        m, held = run["metrics"], run["metrics"]["heldout_mean_log_density"]
+        print(
+            f"done: {ctx.info.n_rows:,} records, {m['n_clusters']} clusters, "
+            f"{m['passes']} passes, objective {m['objective']:.6g}, "
+            + (f"held-out mean log density {held:.4g}, " if held is not None else "")
+            + (
+                f"NMI {m['nmi']:.4f}, ARI {m['ari']:.4f} against '{label_column}', "
+                if "nmi" in m
+                else ""
+            )
+            + f"{run['timing']['total']:.1f} s ({m['records_per_second']:,.0f} records/s) "
+            f"-> {out}",
+            file=sys.stderr,
+        )
     return run
-
-
-def _check_stages(stage2: str | None, summaries: int, mcmc: int, engine: str) -> str:
-    """Stage 2's method: as given, else "bhc" with summaries and "none" without."""
-    if stage2 is None:
-        stage2 = "bhc" if summaries > 0 else "none"
-    if stage2 not in STAGE2:
-        raise ValueError(f"stage2 must be one of {STAGE2}, got {stage2!r}")
-    if summaries < 0 or mcmc < 0:
-        raise ValueError(f"summaries and mcmc must be >= 0, got {summaries} and {mcmc}")
-    if summaries > 0 and not get_engine(engine).summaries:
-        raise ValueError(f"--summaries: the {engine} engine has no summaries pass; drop it")
-    return stage2
 
 
 def _stages(
@@ -238,22 +245,6 @@ def _stages(
     written = write_task(client, ctx, state, mapping, labels)
     timing["write_out"] = time.perf_counter() - t
     return state, mapping, written
-
-
-def _done_line(run: dict[str, Any], n_rows: int, label_column: str | None, out: str) -> str:
-    m = run["metrics"]
-    held = m["heldout_mean_log_density"]
-    return (
-        f"done: {n_rows:,} records, {m['n_clusters']} clusters, {m['passes']} passes, "
-        f"objective {m['objective']:.6g}, "
-        + (f"held-out mean log density {held:.4g}, " if held is not None else "")
-        + (
-            f"NMI {m['nmi']:.4f}, ARI {m['ari']:.4f} against '{label_column}', "
-            if "nmi" in m
-            else ""
-        )
-        + f"{run['timing']['total']:.1f} s ({m['records_per_second']:,.0f} records/s) -> {out}"
-    )
 
 
 def run_cluster_flow(**kwargs: Any) -> dict[str, Any]:

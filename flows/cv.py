@@ -53,16 +53,6 @@ def refit_task(
     return client.submit(pcv.refit, store_path, params, seed, max_iter, pure=False).result()
 
 
-def _prepare(
-    input: Any, out: str, key: dict[str, Any], overwrite: bool
-) -> tuple[storage.Loc, bool]:
-    """The partial output and whether it resumes an earlier attempt of the same command."""
-    fp = None
-    if dataset.is_path_source(input):
-        fp = json.dumps({"input": dataset.fingerprint(input), **key}, sort_keys=True, default=str)
-    return outputs.prepare_output(out, fp, overwrite)
-
-
 @flow(name="cv", validate_parameters=False)
 def cv(
     input: Any,
@@ -96,7 +86,10 @@ def cv(
     shown = storage.redact(str(storage.location(out)))
     key = {"cells": cells, "n_folds": int(n_folds), "seed": int(random_state)}
     key.update(max_iter=int(max_iter), label_column=label_column, chunk_rows=int(chunk_rows))
-    partial, resumed = _prepare(input, out, key, overwrite)
+    fp = None  # with one, a later attempt of the same command resumes this one
+    if dataset.is_path_source(input):
+        fp = json.dumps({"input": dataset.fingerprint(input), **key}, sort_keys=True, default=str)
+    partial, resumed = outputs.prepare_output(out, fp, overwrite)
     if resumed and progress:
         print(f"resuming the grid in {partial}", file=sys.stderr)
     timing: dict[str, float] = {}
@@ -124,7 +117,7 @@ def cv(
                 client, str(store.path), chosen, int(random_state), int(max_iter)
             )
             timing["refit"] = time.perf_counter() - t
-            y = _labels(store) if label_column is not None else None
+            y = None if label_column is None else np.asarray(store.array("y")[:])
         table["chosen"] = np.arange(len(table)) == best
         metrics = _metrics(model, row, y)
         timing["fits_sum"] = float(table["fit_seconds"].sum())
@@ -159,21 +152,14 @@ def cv(
         storage.rmtree(partial, ignore_errors=True)
         raise
     if progress:
-        print(_chosen_line(chosen, metrics, shown), file=sys.stderr)
+        c, m = chosen, metrics
+        print(
+            f"chosen: family {c['family']}, prior scale {c['prior_scale']:g}, alpha "
+            f"{c['alpha']:g} (held-out {m['mean_log_density']:.4g} ± {m['se_log_density']:.2g} "
+            f"per record); refit: {m['n_clusters']} clusters -> {shown}",
+            file=sys.stderr,
+        )
     return run
-
-
-def _labels(store: Any) -> np.ndarray | None:
-    """The store's label column, None if it has none."""
-    return np.asarray(store.array("y")[:]) if (store.path / "y").exists() else None
-
-
-def _chosen_line(c: dict[str, Any], m: dict[str, Any], shown: str) -> str:
-    return (
-        f"chosen: family {c['family']}, prior scale {c['prior_scale']:g}, alpha "
-        f"{c['alpha']:g} (held-out {m['mean_log_density']:.4g} ± {m['se_log_density']:.2g} "
-        f"per record); refit: {m['n_clusters']} clusters -> {shown}"
-    )
 
 
 def _cells(

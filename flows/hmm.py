@@ -14,7 +14,7 @@ from prefect import flow
 
 from flows.cluster import ingest_task, write_task
 from flows.params import run_config
-from flows.tasks import passes, run_flow, step
+from flows.tasks import passes, step
 from pipeline.core import outputs, storage
 from pipeline.core.config import (
     DEFAULT_CHUNK_ROWS,
@@ -110,7 +110,12 @@ def hmm(
     )
     own = {"alpha": float(alpha), "gamma": float(gamma), "temper": temper}
     scale = IHMM_PRIOR_SCALE if prior_scale is None else float(prior_scale)
-    _write_model(partial, input, info, state, {**own, "family": family, "prior_scale": scale})
+    # OUT/model: the ``MAPiHMM`` of the final states, with what it was fitted to
+    fitted = {"input": storage.redact(str(input)), "n_rows": info.n_rows, "n_train": info.n_train}
+    fitted.update(passes=len(state.history), objective=state.objective)
+    fitted.update(converged=bool(state.converged))
+    params = {**own, "family": family, "prior_scale": scale}
+    dhmm.write_hmm_model(partial / "model", info, state, params, fitted)
     timing["total"] = time.perf_counter() - t0
     metrics.update(
         passes=len(state.history),
@@ -136,21 +141,6 @@ def hmm(
             file=sys.stderr,
         )
     return run
-
-
-def _write_model(
-    partial: storage.Loc, input: str, info: StoreInfo, state: Any, params: dict[str, Any]
-) -> None:
-    """OUT/model: the ``MAPiHMM`` of the final states, with what it was fitted to."""
-    fitted = {
-        "input": storage.redact(str(input)),
-        "n_rows": info.n_rows,
-        "n_train": info.n_train,
-        "passes": len(state.history),
-        "objective": state.objective,
-        "converged": bool(state.converged),
-    }
-    dhmm.write_hmm_model(partial / "model", info, state, params, fitted)
 
 
 def _record(
@@ -186,8 +176,3 @@ def _record(
         "init": state.init_record,
         "passes": state.history,
     }
-
-
-def run_hmm_flow(**kwargs: Any) -> dict[str, Any]:
-    """Run the ``hmm`` flow as ``dpmm hmm`` does."""
-    return run_flow(hmm, **kwargs)  # type: ignore[no-any-return]

@@ -15,7 +15,7 @@ from prefect import flow
 from prefect.utilities.annotations import quote
 
 from flows.params import fit_params
-from flows.tasks import passes, run_flow, step
+from flows.tasks import passes, step
 from pipeline.core import outputs, storage
 from pipeline.core.config import ALPHA, DEFAULT_CHUNK_ROWS, MAX_PASSES, MIN_CHANGE, TOL, FitParams
 from pipeline.data.ingest import ingest
@@ -128,7 +128,15 @@ def longitudinal(
             cv = None
             if folds:
                 t = time.perf_counter()
-                cv = _cross_validate(client, store, info, params, cols, partial, int(folds))
+                # every subject's held-out results: the fold fits submitted together
+                futs = [
+                    fold_task.submit(  # type: ignore[call-overload]
+                        client, store, quote(info), params, cols, partial / f"cv-{f}.zarr", f
+                    )
+                    for f in range(int(folds))
+                ]
+                parts = [f.result() for f in futs]
+                cv = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
                 timing["cv"] = time.perf_counter() - t
     except ValueError:
         storage.rmtree(partial, ignore_errors=True)
@@ -152,28 +160,3 @@ def longitudinal(
     run = lon.finish(partial, df, cols, info, state, res, cv, parameters, timing, report)
     outputs.publish_output(partial, out, overwrite, kind="longitudinal")
     return run
-
-
-def _cross_validate(
-    client: Any,
-    store: Store,
-    info: StoreInfo,
-    params: FitParams,
-    cols: lon.Columns,
-    partial: storage.Loc,
-    folds: int,
-) -> dict[str, np.ndarray]:
-    """The held-out results of every subject: ``folds`` fits submitted together."""
-    futs = [
-        fold_task.submit(  # type: ignore[call-overload]
-            client, store, quote(info), params, cols, partial / f"cv-{f}.zarr", f
-        )
-        for f in range(folds)
-    ]
-    parts = [f.result() for f in futs]
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-
-
-def run_longitudinal_flow(**kwargs: Any) -> dict[str, Any]:
-    """Run the flow as ``dpmm longitudinal`` does."""
-    return run_flow(longitudinal, **kwargs)  # type: ignore[no-any-return]

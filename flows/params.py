@@ -31,12 +31,8 @@ def run_config(kwargs: dict[str, Any], **fixed: Any) -> dist.RunConfig:
     of ``RunConfig`` among them, with ``fixed`` over them, and its stage-1 ``fit_params``.
     """
     fit = fit_fields({**kwargs, **fixed})
-    more = {k: _CASTS.get(k, _same)(v) for k, v in {**kwargs, **fixed}.items() if k in _RUN}
+    more = {k: _CASTS.get(k, lambda v: v)(v) for k, v in {**kwargs, **fixed}.items() if k in _RUN}
     return dist.RunConfig(**more, params=fit_params(kwargs["random_state"], **fit))
-
-
-def _same(value: Any) -> Any:
-    return value
 
 
 #: ``RunConfig``'s fields but its stage-1 parameters, and how a flow's value of each is cast

@@ -50,7 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Bayesian nonparametric clustering (MAP-DP for Dirichlet process mixtures).",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {outputs.versions()['dpmm-pipeline']}"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     add_cluster_parser(sub)
@@ -64,10 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_longitudinal_parser(sub)
     add_hmm_parser(sub)
     return parser
-
-
-def _version() -> str:
-    return outputs.versions()["dpmm-pipeline"]
 
 
 def check_paths(args: argparse.Namespace) -> None:

@@ -11,15 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def _terminal_handlers(logger: logging.Logger) -> list[logging.Handler]:
-    # a FileHandler is a StreamHandler too: only streams that are not files are the terminal
-    return [
-        h
-        for h in logger.handlers
-        if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
-    ]
-
-
 @contextlib.contextmanager
 def logs_to(path: Path, restore: bool = True) -> Iterator[Path]:
     """Send every log line to the file ``path`` during the block; ``restore``: hand them back."""
@@ -36,7 +27,12 @@ def logs_to(path: Path, restore: bool = True) -> Iterator[Path]:
     ]
     moved: list[tuple[logging.Logger, list[logging.Handler]]] = []
     for lg in loggers:
-        terminal = _terminal_handlers(lg)
+        # a FileHandler is a StreamHandler too: only streams that are not files are the terminal
+        terminal: list[logging.Handler] = [
+            h
+            for h in lg.handlers
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+        ]
         if terminal:
             for h in terminal:
                 lg.removeHandler(h)

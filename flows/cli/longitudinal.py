@@ -80,14 +80,17 @@ def add_longitudinal_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_longitudinal(args: argparse.Namespace) -> int:
     """Run the ``longitudinal`` flow; status 2 and one line on bad input."""
-    from flows.longitudinal import longitudinal, run_longitudinal_flow
+    from flows.longitudinal import longitudinal
+    from flows.tasks import run_flow
 
     pio.check_file(args.input)
     if args.folds is not None and args.folds < 2:
         raise InputError(f"--folds must be at least 2, got {args.folds}")
     prestart()  # Prefect's temporary server boots while the flow's modules load
     kwargs = flow_kwargs(args, longitudinal)
-    run = start_flow(args, kwargs, runner=run_longitudinal_flow, engine="mixed_effects")
+    run = start_flow(
+        args, kwargs, runner=lambda **kw: run_flow(longitudinal, **kw), engine="mixed_effects"
+    )
     if not args.quiet:
         m = run["metrics"]
         line = (

@@ -65,13 +65,6 @@ def api_url() -> str | None:
     return PREFECT_API_URL.value() or None
 
 
-def _configured() -> bool:
-    """An API is configured, in Prefect's settings once imported, else in the environment."""
-    if "prefect" in sys.modules:
-        return api_url() is not None
-    return bool(os.environ.get("PREFECT_API_URL"))
-
-
 def server_argv(port: int) -> list[str]:
     """The command line of Prefect's temporary server on 127.0.0.1:``port``, without Prefect."""
     spec = importlib.util.find_spec("prefect")
@@ -95,7 +88,10 @@ def wants_server(argv: Sequence[str]) -> bool:
 def prestart() -> None:
     """Start this command's temporary Prefect server in the background, unless not needed."""
     global _proc, _url
-    if _proc is not None or _configured():
+    # an API is configured: in Prefect's settings once imported, else in the environment
+    if _proc is not None or (
+        api_url() is not None if "prefect" in sys.modules else os.environ.get("PREFECT_API_URL")
+    ):
         return
     port = free_port()
     _proc = subprocess.Popen(

@@ -53,56 +53,6 @@ from pipeline.data.store import STORE_DTYPES
 PROG = "dpmm"
 
 
-def _add_stage2_options(p: argparse.ArgumentParser) -> None:
-    """Stage 2's options: ``--summaries``, ``--stage2``, ``--mcmc``."""
-    p.add_argument(
-        "--summaries",
-        type=nonneg_int,
-        default=0,
-        metavar="M",
-        help="split the stage-1 clusters into about M summaries for stage 2 (default 0: off)",
-    )
-    p.add_argument(
-        "--stage2",
-        choices=("none", "bhc"),
-        default=None,
-        help="stage 2 over the summaries (default: bhc with --summaries, else none)",
-    )
-    p.add_argument(
-        "--mcmc",
-        type=nonneg_int,
-        default=0,
-        metavar="ITER",
-        help="tree-guided MCMC iterations after BHC in stage 2 (default 0)",
-    )
-
-
-def _add_where_options(p: argparse.ArgumentParser) -> None:
-    """Where the Dask workers run: ``--cluster``, ``--cluster-config``, ``--threads``."""
-    p.add_argument(
-        "--cluster",
-        choices=("local", "slurm", "pbs"),
-        default="local",
-        help="where the Dask workers run: a LocalCluster on this machine (default), or batch "
-        "jobs of a SLURM or PBS system (dask-jobqueue; needs --cluster-config)",
-    )
-    p.add_argument(
-        "--cluster-config",
-        default=None,
-        metavar="FILE",
-        help="YAML of dask-jobqueue's keys for --cluster slurm|pbs (cores, memory, queue, "
-        "walltime, job_extra_directives, ...) and 'jobs' (how many; pipeline.distributed.hpc)",
-    )
-    p.add_argument(
-        "--threads",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="run the LocalCluster's workers as threads of this process instead of worker "
-        "processes: less memory, one copy of the libraries (default: threads for a sequential "
-        "engine such as asugs, whose chunks run one after another; processes otherwise)",
-    )
-
-
 def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``run`` to an ``argparse`` subparsers object; it sets ``func=cmd_run``."""
     p = subparsers.add_parser(
@@ -176,8 +126,48 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"fold ids drawn per row (or per group) into the dataset store (default {N_FOLDS})",
     )
     add_data_dir(p, "kept and reused by later runs of the same input")
-    _add_stage2_options(p)
-    _add_where_options(p)
+    p.add_argument(
+        "--summaries",
+        type=nonneg_int,
+        default=0,
+        metavar="M",
+        help="split the stage-1 clusters into about M summaries for stage 2 (default 0: off)",
+    )
+    p.add_argument(
+        "--stage2",
+        choices=("none", "bhc"),
+        default=None,
+        help="stage 2 over the summaries (default: bhc with --summaries, else none)",
+    )
+    p.add_argument(
+        "--mcmc",
+        type=nonneg_int,
+        default=0,
+        metavar="ITER",
+        help="tree-guided MCMC iterations after BHC in stage 2 (default 0)",
+    )
+    p.add_argument(
+        "--cluster",
+        choices=("local", "slurm", "pbs"),
+        default="local",
+        help="where the Dask workers run: a LocalCluster on this machine (default), or batch "
+        "jobs of a SLURM or PBS system (dask-jobqueue; needs --cluster-config)",
+    )
+    p.add_argument(
+        "--cluster-config",
+        default=None,
+        metavar="FILE",
+        help="YAML of dask-jobqueue's keys for --cluster slurm|pbs (cores, memory, queue, "
+        "walltime, job_extra_directives, ...) and 'jobs' (how many; pipeline.distributed.hpc)",
+    )
+    p.add_argument(
+        "--threads",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the LocalCluster's workers as threads of this process instead of worker "
+        "processes: less memory, one copy of the libraries (default: threads for a sequential "
+        "engine such as asugs, whose chunks run one after another; processes otherwise)",
+    )
     p.add_argument(
         "--warm-start",
         default=None,
@@ -245,7 +235,9 @@ def start_flow(
     try:
         with contextlib.ExitStack() as stack:
             if log is not None:
-                stack.enter_context(_logs_to(log, not getattr(args, "program", False)))
+                from flows.cli.logs import logs_to
+
+                stack.enter_context(logs_to(log, not getattr(args, "program", False)))
                 if quiet:
                     # with --quiet the flow's dashboard and resume lines belong in the log
                     fh = stack.enter_context(open(log, "a", encoding="utf-8"))
@@ -353,12 +345,6 @@ def _hpc_of(args: argparse.Namespace) -> tuple[str, str] | None:
     except ValueError as err:
         raise InputError(" ".join(str(err).split())) from err
     return kind, str(config)
-
-
-def _logs_to(path: Path, restore: bool) -> contextlib.AbstractContextManager[Path]:
-    from flows.cli.logs import logs_to
-
-    return logs_to(path, restore)
 
 
 def _threads(args: argparse.Namespace) -> bool:

@@ -64,7 +64,15 @@ def cmd_server(args: argparse.Namespace) -> int:
     # and set before the server starts so that the server does not inherit the ignoring
     previous = {sig: signal.signal(sig, _interrupted) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return _serve(args.port)
+        proc = subprocess.Popen(server_command(args.port))
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)  # a second one must not leave the server behind
+            # a server slow to finish its services is killed rather than left running without us
+            terminate(proc, STOP_GRACE)
+            return 0
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -72,15 +80,3 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
-
-
-def _serve(port: int) -> int:
-    proc = subprocess.Popen(server_command(port))
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)  # a second one must not leave the server behind
-        # a server slow to finish its services is killed rather than left running without us
-        terminate(proc, STOP_GRACE)
-        return 0

@@ -46,37 +46,25 @@ def child(root: str | os.PathLike[str], name: str, what: str = "name") -> Path:
     return Path(root) / safe_name(name, what)
 
 
-def _url_key(text: str) -> tuple[str, str] | None:
-    """(scheme, normalised 'bucket/key') of a URL; None for a local path or ``file://`` URL."""
-    m = _URL.match(text)
-    if m is None:
-        return None
-    scheme, rest = m.group(1).lower(), m.group(2)
-    if scheme in ("file", "local"):
-        return None
-    parts = [p for p in rest.split("/") if p]
-    if ".." in parts:
-        raise InputError(f"{text}: a '..' in a URL names a different key, not a parent; remove it")
-    return scheme, posixpath.normpath("/".join(parts)) if parts else ""
-
-
-def _local(text: str) -> str:
-    m = _URL.match(text)
-    if m is not None:  # file:///abs/path
-        text = m.group(2)
-    return os.path.realpath(os.path.expanduser(text))
-
-
 def _within(a: str, b: str, sep: str) -> bool:
     """``a`` is ``b`` or inside it."""
     return a == b or a.startswith(b.rstrip(sep) + sep)
 
 
 def _key(text: str) -> tuple[str, str, str]:
-    url = _url_key(text)
-    if url is not None:
-        return url[0], url[1], "/"
-    return "", _local(text), os.sep
+    """(scheme, normalised 'bucket/key', "/") of a URL; ("", real path, os.sep) of a local path
+    or ``file://`` URL."""
+    m = _URL.match(text)
+    if m is not None and m.group(1).lower() not in ("file", "local"):
+        parts = [p for p in m.group(2).split("/") if p]
+        if ".." in parts:
+            raise InputError(
+                f"{text}: a '..' in a URL names a different key, not a parent; remove it"
+            )
+        return m.group(1).lower(), posixpath.normpath("/".join(parts)) if parts else "", "/"
+    if m is not None:  # file:///abs/path
+        text = m.group(2)
+    return "", os.path.realpath(os.path.expanduser(text)), os.sep
 
 
 def check_separate(

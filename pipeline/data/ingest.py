@@ -511,9 +511,16 @@ def _finish(
         )
     # the in-memory fit's warning (``Schema.dropped_lines``), word for word
     notes.extend(schema.dropped_lines())
-    missing_cells, first_missing = _missing(
-        results, [old_features[j] for j in checker.column_order]
-    )
+    # missing cells per arranged column and the first as [row, column], from the chunks
+    arranged = [old_features[j] for j in checker.column_order]
+    firsts = [r.first_missing for r in results if r.first_missing is not None]
+    missing_cells: dict[str, int] = {}
+    first_missing: list[Any] | None = None
+    if firsts:
+        miss = np.sum([r.missing for r in results if r.missing is not None], axis=0)
+        missing_cells = {arranged[j]: int(miss[j]) for j in np.flatnonzero(miss)}
+        row, col = min(firsts)
+        first_missing = [row, arranged[col]]
     return StoreInfo(
         source=label,
         n_rows=out.n_rows,
@@ -537,15 +544,3 @@ def _finish(
         missing_cells={c: missing_cells[c] for c in schema.columns if c in missing_cells},
         first_missing=first_missing,
     )
-
-
-def _missing(
-    results: Sequence[PieceResult], arranged: list[str]
-) -> tuple[dict[str, int], list[Any] | None]:
-    """Missing cells per arranged column and the first as [row, column], from the chunks."""
-    firsts = [r.first_missing for r in results if r.first_missing is not None]
-    if not firsts:
-        return {}, None
-    miss = np.sum([r.missing for r in results if r.missing is not None], axis=0)
-    row, col = min(firsts)
-    return {arranged[j]: int(miss[j]) for j in np.flatnonzero(miss)}, [row, arranged[col]]

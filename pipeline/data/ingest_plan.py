@@ -104,13 +104,6 @@ def first_error(results: Sequence[PieceResult]) -> None:
             raise InputError(r.error)
 
 
-def _bare(piece: Piece) -> Piece:
-    """The piece without its in-memory rows (they travel as a future, ``on_pieces``)."""
-    if piece.kind in IN_MEMORY:
-        return Piece(piece.index, piece.label, piece.kind, (), piece.row0, piece.n)
-    return piece
-
-
 def on_pieces(
     client: Any,
     src: Source,
@@ -131,7 +124,9 @@ def on_pieces(
             rows = rows_f.get(p.index)
             if p.kind == "delayed":
                 rows = client.compute(p.args[0])
-            futs.append(submit(_bare(p), enc_f, rows))
+            if p.kind in IN_MEMORY:  # its rows travel as a future, not in the piece
+                p = Piece(p.index, p.label, p.kind, (), p.row0, p.n)
+            futs.append(submit(p, enc_f, rows))
         return gather_tell(client, futs, what, tell)
 
     objs = [enc, *(p.args[0] for p in held)]

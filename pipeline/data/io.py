@@ -50,17 +50,8 @@ def file_format(path: str | os.PathLike[str]) -> str:
     )
 
 
-def _is_tsv(path: Path) -> bool:
-    return path.name.lower().endswith((".tsv", ".tsv.gz"))
-
-
 def _is_gz(path: Path) -> bool:
     return path.name.lower().endswith(".gz")
-
-
-def _head(path: Path, n: int = 8) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(n)
 
 
 def _open_text(path: Path | bytes) -> IO[str]:
@@ -112,7 +103,8 @@ def check_file(path: Any) -> None:
 
 def check_csv_head(p: Path, name: str) -> None:
     """A CSV file's first bytes: not Parquet, NumPy or gzip data under a CSV name."""
-    head = _head(p)
+    with open(p, "rb") as f:
+        head = f.read(8)
     if not _is_gz(p):
         if head.startswith(_PARQUET_MAGIC):
             raise InputError(f"{name}: not a CSV file (it is a Parquet file; name it .parquet)")
@@ -126,7 +118,7 @@ def check_csv_head(p: Path, name: str) -> None:
 
 def csv_sep(path: str | os.PathLike[str]) -> str:
     """The field separator of a CSV / TSV file, from its name."""
-    return "\t" if _is_tsv(Path(path)) else ","
+    return "\t" if Path(path).name.lower().endswith((".tsv", ".tsv.gz")) else ","
 
 
 def parse_csv(
@@ -187,11 +179,6 @@ def parse_csv(
     return df
 
 
-def _is_blank(rec: list[str]) -> bool:
-    # pandas' skip_blank_lines drops empty and whitespace-only lines
-    return not rec or (len(rec) == 1 and not rec[0].strip())
-
-
 def _records(p: Path | bytes, sep: str) -> Iterator[tuple[int, list[str]]]:
     """(first physical line, fields) of each non-blank record of a CSV file or its bytes."""
     with _open_text(p) as f:
@@ -200,7 +187,8 @@ def _records(p: Path | bytes, sep: str) -> Iterator[tuple[int, list[str]]]:
         for rec in reader:
             start = prev + 1
             prev = reader.line_num
-            if not _is_blank(rec):
+            # pandas' skip_blank_lines drops empty and whitespace-only lines
+            if rec and (len(rec) > 1 or rec[0].strip()):
                 yield start, rec
 
 

@@ -316,7 +316,8 @@ class Store:
         """Write ``format.json`` (the format name and version, and ``extra``)."""
         meta = {"format": FORMAT_NAME, "version": FORMAT_VERSION, **extra}
         self.path.mkdir(parents=True, exist_ok=True)
-        self._write_atomic(FORMAT_FILE, (json.dumps(meta, indent=1, default=str) + "\n").encode())
+        data = (json.dumps(meta, indent=1, default=str) + "\n").encode()
+        persist.write_atomic(self.path / FORMAT_FILE, data)
 
     def read_format(self) -> dict[str, Any]:
         """The contents of ``format.json``, or a ValueError naming the path."""
@@ -373,32 +374,16 @@ class Store:
             compressors=None,
             overwrite=True,
         )
-        zarr.create_array(
-            str(self.path / "holdout"),
-            shape=(n_rows,),
-            chunks=(chunk_rows,),
-            dtype="bool",
-            fill_value=False,
-            compressors=None,
-            overwrite=True,
-        )
-        zarr.create_array(
-            str(self.path / "fold"),
-            shape=(n_rows,),
-            chunks=(chunk_rows,),
-            dtype="int16",
-            fill_value=-1,
-            compressors=None,
-            overwrite=True,
-        )
         names = (*(("y",) if labels else ()), *(("group", "row") if grouped else ()))
-        for name in names:
+        per_row = [("holdout", "bool", False, False), ("fold", "int16", -1, False)]
+        for name, kind, fill, packed in [*per_row, *((n, "int64", -1, True) for n in names)]:
             zarr.create_array(
                 str(self.path / name),
                 shape=(n_rows,),
                 chunks=(chunk_rows,),
-                dtype="int64",
-                fill_value=-1,
+                dtype=kind,
+                fill_value=fill,
+                compressors="auto" if packed else None,
                 overwrite=True,
             )
 
@@ -424,9 +409,6 @@ class Store:
             )
 
     # small files, replaced atomically -------------------------------------------------------
-    def _write_atomic(self, name: str, data: bytes) -> None:
-        persist.write_atomic(self.path / name, data)
-
     def save(self, name: str, obj: Any) -> None:
         """Write ``obj`` as the record ``name`` (``name.json`` + ``name.npz``, ``persist.save``)."""
         persist.save(self.path, name, obj)

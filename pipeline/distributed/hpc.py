@@ -184,11 +184,6 @@ def open_cluster(
             shutil.rmtree(private, ignore_errors=True)
 
 
-def jobs_of(path: str | os.PathLike[str], kind: str) -> int:
-    """The number of jobs the config asks for (``jobs``, default 1)."""
-    return int(read_config(kind, path).get("jobs", 1))
-
-
 @contextlib.contextmanager
 def hpc_client(
     kind: str, path: str | os.PathLike[str], warm: list[str] | None = None
@@ -200,7 +195,7 @@ def hpc_client(
     from pipeline.distributed.scheduler_setup import short_batches
 
     with open_cluster(kind, path, warm) as cluster:
-        cluster.scale(jobs=jobs_of(path, kind))
+        cluster.scale(jobs=int(read_config(kind, path).get("jobs", 1)))
         # the flow's own client finds the credentials in Dask's configuration
         with dask.config.set(client_tls_config(cluster)), Client(cluster) as client:
             short_batches(getattr(client, "scheduler_comm", None))

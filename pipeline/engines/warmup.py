@@ -106,12 +106,6 @@ def _kernels_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _cache_dir() -> Path:
-    """Where numba keeps the kernels' cache: ``NUMBA_CACHE_DIR``, else next to their sources."""
-    given = os.environ.get("NUMBA_CACHE_DIR")
-    return Path(given) if given else _kernels_dir() / "__pycache__"
-
-
 def warm_marker(names: list[str]) -> Path:
     """The file a complete warm-up of ``names`` leaves in the numba cache, named after the
     engines and the kernels' sources, so that changed kernels or another cache have none."""
@@ -120,7 +114,10 @@ def warm_marker(names: list[str]) -> Path:
     for path in sorted(root.rglob("*.py")):
         st = path.stat()
         h.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns};".encode())
-    return _cache_dir() / f"dpmm-warm-{h.hexdigest()[:20]}.done"
+    # numba keeps the kernels' cache in NUMBA_CACHE_DIR, else next to their sources
+    given = os.environ.get("NUMBA_CACHE_DIR")
+    cache = Path(given) if given else root / "__pycache__"
+    return cache / f"dpmm-warm-{h.hexdigest()[:20]}.done"
 
 
 def kernels_cached(names: list[str]) -> bool:
@@ -128,17 +125,13 @@ def kernels_cached(names: list[str]) -> bool:
     return warm_marker(names).exists()
 
 
-def _lock_dir() -> Path:
-    # the lock guards what is written into the numba cache, so it lives next to it
-    path = Path(os.environ.get("NUMBA_CACHE_DIR") or tempfile.gettempdir())
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 @contextlib.contextmanager
 def _step_lock(key: str, blocking: bool) -> Iterator[bool]:
     """Hold warm-up step ``key``'s lock file; False when not ``blocking`` and another holds it."""
-    with open(_lock_dir() / f"dpmm-warm-{key}.lock", "a+b") as fh:
+    # the lock guards what is written into the numba cache, so it lives next to it
+    where = Path(os.environ.get("NUMBA_CACHE_DIR") or tempfile.gettempdir())
+    where.mkdir(parents=True, exist_ok=True)
+    with open(where / f"dpmm-warm-{key}.lock", "a+b") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
         except BlockingIOError:

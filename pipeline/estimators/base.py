@@ -158,14 +158,6 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         self.family_ = prod
         return prod.arrange(Xe)
 
-    def _set_summaries_input(self, family: ProductFamily) -> None:
-        """Fitted on summaries: new records are numeric rows in the family's column order."""
-        self.family_ = family
-        self.schema_ = numeric_schema(family.n_cols)
-        self.n_features_in_ = family.n_cols
-        if hasattr(self, "feature_names_in_"):
-            del self.feature_names_in_
-
     def _summaries_input(
         self, stats: ArrayLike, family: Family | ProductFamily | None
     ) -> tuple[FloatArray, ProductFamily]:
@@ -179,7 +171,12 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
             )
         prod = as_product(given)  # type: ignore[arg-type]
         st = check_summaries(stats, prod)
-        self._set_summaries_input(prod)
+        # fitted on summaries: new records are numeric rows in the family's column order
+        self.family_ = prod
+        self.schema_ = numeric_schema(prod.n_cols)
+        self.n_features_in_ = prod.n_cols
+        if hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_
         return st, prod
 
     def _record_leaves(self, Xa: FloatArray) -> FloatArray:

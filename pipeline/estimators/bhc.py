@@ -144,10 +144,6 @@ class BHC(MixtureEstimator):
         self._fit_stats(st, fam, alpha)
         return self
 
-    def _min_parallel(self) -> int | None:
-        # None, not a huge int: the serial kernels are then compiled without the threaded ones
-        return int(kbhc.MIN_PARALLEL) if self.parallel else None
-
     def _fit_stats(self, stats: FloatArray, fam: ProductFamily, alpha: float) -> None:
         self.alpha_ = float(alpha)
         log_alpha = math.log(alpha)
@@ -166,7 +162,9 @@ class BHC(MixtureEstimator):
             leaves = stats
         self.n_leaves_in_ = m
         self.leaf_groups_ = groups
-        self.tree_ = build_tree(leaves, fam, log_alpha, int(self.n_top), self._min_parallel())
+        # None, not a huge int: the serial kernels are then compiled without the threaded ones
+        par = int(kbhc.MIN_PARALLEL) if self.parallel else None
+        self.tree_ = build_tree(leaves, fam, log_alpha, int(self.n_top), par)
         tree = self.tree_
         root = tree.root
         labels, nodes = kbhc.cut(tree.left, tree.right, tree.log_r, tree.n_leaves)

@@ -140,10 +140,12 @@ def fit_and_score(
     est = clone(estimator).set_params(**params)
     Xtr, Xte = _rows(X, train), _rows(X, test)
     t0 = time.perf_counter()
+    from sklearn.exceptions import ConvergenceWarning
+
     try:
         with warnings.catch_warnings():
             # a fold fit that stops at max_iter is still a fit to score; the refit warns
-            warnings.simplefilter("ignore", category=_convergence_warning())
+            warnings.simplefilter("ignore", category=ConvergenceWarning)
             est.fit(Xtr)
         t1 = time.perf_counter()
         score = float(est.score(Xte))
@@ -166,12 +168,6 @@ def fit_and_score(
         "score_time": t2 - t1,
         "error": "",
     }
-
-
-def _convergence_warning() -> type[Warning]:
-    from sklearn.exceptions import ConvergenceWarning
-
-    return ConvergenceWarning
 
 
 def _rows(X: Any, idx: Any) -> Any:

@@ -185,7 +185,9 @@ class _SequenceEstimator(MixtureEstimator):
         labels, st = self._run(Xa, starts, alpha, gamma)
         self.alpha_ = alpha
         self.gamma_ = gamma
-        self._set_states(labels, st, order)
+        # labels come in sequence order; order is a permutation of the input's rows
+        self.labels_ = labels if order is None else labels[np.argsort(order)]
+        self._set_model(st)
         return self
 
     def _fit_params(self) -> tuple[float, float]:
@@ -206,14 +208,6 @@ class _SequenceEstimator(MixtureEstimator):
         """The fit on the encoded records Xa (N, D) of the sequences ``starts`` (n_seq + 1,):
         labels (N,) in sequence order and the MAP state; sets the run's own attributes."""
         raise NotImplementedError
-
-    def _set_states(self, res_labels: IntArray, st: HmmState, order: IntArray | None) -> None:
-        labels = res_labels
-        if order is not None:
-            labels = np.empty_like(res_labels)
-            labels[order] = res_labels
-        self.labels_ = labels
-        self._set_model(st)
 
     def _set_model(self, st: HmmState) -> None:
         """The fitted attributes of the MAP state ``st`` (``alpha_`` and ``family_`` set)."""

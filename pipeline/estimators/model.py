@@ -39,17 +39,6 @@ def _estimators() -> dict[str, type]:
     return {name: m.estimator for name, m in registry.MODELS.items()}
 
 
-def _storable_params(est: Any) -> dict[str, Any]:
-    params = dict(est.get_params(deep=False))
-    rs = params.get("random_state")
-    if rs is not None and not isinstance(rs, (int, np.integer)):
-        # a Generator or SeedSequence is no user's seed: a loaded model refits unseeded
-        params["random_state"] = None
-    elif isinstance(rs, np.integer):
-        params["random_state"] = int(rs)
-    return params
-
-
 def _tree_node(tree: Any) -> dict[str, Any]:
     table = tree.to_numpy()
     return {
@@ -80,18 +69,19 @@ def model_record(
     for a in attrs:
         v = getattr(est, a)
         fitted[a] = _tree_node(v) if a == _TREE else v
+    params = dict(est.get_params(deep=False))
     alpha = getattr(est, "alpha_", None)
-    if alpha is None and "alpha" in est.get_params(deep=False):
+    if alpha is None and "alpha" in params:
         alpha = est.alpha
+    rs = params.get("random_state")
+    if rs is not None and not isinstance(rs, (int, np.integer)):
+        # a Generator or SeedSequence is no user's seed: a loaded model refits unseeded
+        params["random_state"] = None
+    elif isinstance(rs, np.integer):
+        params["random_state"] = int(rs)
+    family = getattr(est, "family_", None)
     return _record(
-        name,
-        engine or name.lower(),
-        _storable_params(est),
-        est.schema_,
-        getattr(est, "family_", None),
-        alpha,
-        fitted,
-        metadata,
+        name, engine or name.lower(), params, est.schema_, family, alpha, fitted, metadata
     )
 
 

@@ -125,16 +125,6 @@ def auto_kind(s: pd.Series) -> str:
     return "gaussian"
 
 
-def _is_text(s: pd.Series) -> bool:
-    """Strings or other objects: what ``auto_kind`` makes categorical without being told."""
-    dt = s.dtype
-    return not (
-        pd.api.types.is_numeric_dtype(dt)
-        or pd.api.types.is_bool_dtype(dt)
-        or isinstance(dt, pd.CategoricalDtype)
-    )
-
-
 def check_auto_text(s: pd.Series, name: str) -> None:
     """Refuse a text column (Series ``s`` named ``name``) that ``family="auto"`` would wrongly
     make categorical; numeric, bool and ``category`` columns pass unchecked.
@@ -146,7 +136,10 @@ def check_auto_text(s: pd.Series, name: str) -> None:
         that is not), or when more than ``ID_SHARE`` of the rows and more than ``ID_LEVELS``
         values are distinct (an identifier).
     """
-    if not _is_text(s):
+    dt = s.dtype  # only strings or other objects are what ``auto_kind`` makes categorical
+    if pd.api.types.is_numeric_dtype(dt) or pd.api.types.is_bool_dtype(dt):
+        return
+    if isinstance(dt, pd.CategoricalDtype):
         return
     present = s.notna().to_numpy()
     n_present = int(present.sum())

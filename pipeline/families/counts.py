@@ -207,6 +207,11 @@ class _RateFamily(Family):
         """The predictive mean of each column under the statistics row s (d,)."""
         raise NotImplementedError
 
+    def _posterior(self, s: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """a + n and b + sum x (d,) each under the statistics row s (Exponential, Geometric)."""
+        s = np.asarray(s, dtype=np.float64)
+        return np.asarray(self.a) + s[0], np.asarray(self.b) + s[1 : 1 + self.n_cols]
+
     def impute(self, X: FloatArray, s: FloatArray) -> FloatArray:
         """NaN cells set to the predictive mean given the cluster (rounded for counts): these
         predictives' modes sit at 0 for every cluster."""
@@ -461,18 +466,14 @@ class Exponential(_RateFamily):
 
     def _predictive_mean(self, s: FloatArray) -> FloatArray:
         # the Lomax mean b_n / (a_n - 1), finite from a_n > 1 (b_n / a_n below)
-        d = self.n_cols
-        an = np.asarray(self.a) + s[0]
-        bn = np.asarray(self.b) + s[1 : 1 + d]
+        an, bn = self._posterior(s)
         return bn / np.where(an > 1.0, an - 1.0, an)
 
     def posterior_summary(self, s: FloatArray, names: Sequence[str]) -> dict[str, Any]:
         """Posterior mean rate (a + n) / (b + sum x) per column, keys ``"name:rate"``."""
         names = _check_names(names, self.n_cols)
-        s = np.asarray(s, dtype=np.float64)
-        d = self.n_cols
-        rate = (np.asarray(self.a) + s[0]) / (np.asarray(self.b) + s[1 : 1 + d])
-        return {f"{nm}:rate": float(rate[j]) for j, nm in enumerate(names)}
+        an, bn = self._posterior(s)
+        return {f"{nm}:rate": float(an[j] / bn[j]) for j, nm in enumerate(names)}
 
 
 @register
@@ -510,16 +511,11 @@ class Geometric(_RateFamily):
 
     def _predictive_mean(self, s: FloatArray) -> FloatArray:
         # failures before a success: b_n / (a_n - 1), finite from a_n > 1 (b_n / a_n below)
-        d = self.n_cols
-        an = np.asarray(self.a) + s[0]
-        bn = np.asarray(self.b) + s[1 : 1 + d]
+        an, bn = self._posterior(s)
         return np.round(bn / np.where(an > 1.0, an - 1.0, an))
 
     def posterior_summary(self, s: FloatArray, names: Sequence[str]) -> dict[str, Any]:
         """Posterior mean success probability (a + n) / (a + b + n + sum x), keys ``"name:p"``."""
         names = _check_names(names, self.n_cols)
-        s = np.asarray(s, dtype=np.float64)
-        d = self.n_cols
-        an = np.asarray(self.a) + s[0]
-        bn = np.asarray(self.b) + s[1 : 1 + d]
+        an, bn = self._posterior(s)
         return {f"{nm}:p": float(an[j] / (an[j] + bn[j])) for j, nm in enumerate(names)}

@@ -70,13 +70,10 @@ COLLINEAR_TOL = 1e-6
 Summary = tuple[int, FloatArray, FloatArray, FloatArray]
 
 
-def _is_sparse(X: Any) -> bool:
-    return hasattr(X, "tocsr") or (hasattr(X, "sparse") and hasattr(X.sparse, "to_dense"))
-
-
 def as_frame(X: Any, feature_names: Sequence[str] | None = None) -> tuple[pd.DataFrame, bool]:
     """X as a DataFrame with string column names; whether the caller passed a DataFrame."""
-    if _is_sparse(X) and not isinstance(X, pd.DataFrame):
+    sparse = hasattr(X, "tocsr") or (hasattr(X, "sparse") and hasattr(X.sparse, "to_dense"))
+    if sparse and not isinstance(X, pd.DataFrame):
         raise TypeError(
             "sparse input is not supported: pass a dense array (X.toarray()) or a DataFrame"
         )

@@ -174,13 +174,6 @@ def _cluster_mode(prior: MixedPrior, n: float, s: FloatArray, ss: FloatArray) ->
     return mu, R, ld, lnw, e
 
 
-def _crp_term(n: FloatArray, alpha: float, n_total: float) -> float:
-    """-log p(z | N0), eq. 2.3."""
-    return -float(
-        gammaln(alpha) - gammaln(n_total + alpha) + len(n) * math.log(alpha) + gammaln(n).sum()
-    )
-
-
 @dataclass
 class SweepStats:
     """What a sweep of subjects returns, additive over chunks: per slot the count, sums of
@@ -201,7 +194,9 @@ def objective_before(
 ) -> float:
     """E at the sweep's assignments and the parameters it used (the model's and its new ones)."""
     keep = stats.n > 0
-    e = stats.nll + _crp_term(stats.n[keep], model.alpha, float(stats.n.sum()))
+    n, a, n_all = stats.n[keep], model.alpha, float(stats.n.sum())
+    crp = gammaln(a) - gammaln(n_all + a) + len(n) * math.log(a) + gammaln(n).sum()
+    e = stats.nll - float(crp)  # -log p(z | N0), eq. 2.3
     e -= float(stats.log_nw[keep].sum())
     e -= log_gamma_prior(model.tau, prior.a_tau, prior.b_tau)
     if learn_alpha:

@@ -222,12 +222,6 @@ def sample_subjects(sub: Subjects, n_total: int, size: int) -> Subjects:
     )
 
 
-def concat_subjects(parts: list[Subjects]) -> Subjects:
-    return Subjects(
-        *(np.concatenate([getattr(q, f) for q in parts]) for f in Subjects.__dataclass_fields__)
-    )
-
-
 def start(
     map_chunks: MapChunks,
     n_train: int,
@@ -260,7 +254,10 @@ def start(
     mom = moms[0]
     for other in moms[1:]:
         mom = mom + other
-    sample = concat_subjects(map_chunks(sample_subjects, n_train, init_sample))
+    parts = map_chunks(sample_subjects, n_train, init_sample)
+    sample = Subjects(
+        *(np.concatenate([getattr(q, f) for q in parts]) for f in Subjects.__dataclass_fields__)
+    )
 
     def local(fn: Callable[..., Any], *args: Any) -> list[Any]:
         return [fn(sample, *args)]

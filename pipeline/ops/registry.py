@@ -198,7 +198,11 @@ class Registry:
             for rel in objects:
                 fs.cp_file((staged / rel).key, (final / rel).key)
             write_json(final / RECORD, {"version": n, **record})
-            if self._holds(claim, etag):
+            try:
+                holds = claim.fs.info(claim.key)["ETag"] == etag
+            except FileNotFoundError:
+                holds = False
+            if holds:
                 outputs.commit(final)
                 claim.unlink(missing_ok=True)
                 with contextlib.suppress(FileNotFoundError):
@@ -250,12 +254,6 @@ class Registry:
             etag = (out or {}).get("ETag") or claims.fs.info(claim.key)["ETag"]
             return n, claim, str(etag)
         raise RuntimeError(f"{self._shown()}: no version number could be claimed")
-
-    def _holds(self, claim: RemotePath, etag: str) -> bool:
-        try:
-            return bool(claim.fs.info(claim.key)["ETag"] == etag)
-        except FileNotFoundError:
-            return False
 
     def _release_stale_claims(self, claims: RemotePath) -> list[int]:
         """The numbers of every claim. A claim of a published version is removed (its writer

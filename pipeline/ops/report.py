@@ -46,15 +46,6 @@ IntArray = NDArray[np.int64]
 CONTINGENCY_MAX = 30
 
 
-def _projection(X: FloatArray, cov: FloatArray, mean: FloatArray) -> FloatArray:
-    """The sample on the first two principal axes of the data's covariance."""
-    if X.shape[1] == 1:
-        return np.column_stack([X[:, 0] - mean[0], np.zeros(X.shape[0])])
-    w, V = np.linalg.eigh(0.5 * (cov + cov.T))
-    axes = V[:, np.argsort(w)[::-1][:2]]
-    return (X - mean) @ axes
-
-
 def figures(
     out: Path,
     history: list[dict[str, Any]],
@@ -95,7 +86,11 @@ def figures(
     names.append("sizes.png")
 
     if plot_X.shape[0]:
-        P = _projection(plot_X, cov, mean)
+        # the sample on the first two principal axes of the data's covariance
+        P = np.column_stack([plot_X[:, 0] - mean[0], np.zeros(plot_X.shape[0])])
+        if plot_X.shape[1] > 1:
+            w, V = np.linalg.eigh(0.5 * (cov + cov.T))
+            P = (plot_X - mean) @ V[:, np.argsort(w)[::-1][:2]]
         fig, ax = new_axes(3.2)
         ax.scatter(P[:, 0], P[:, 1], c=plot_labels % 20, cmap="tab20", s=4, alpha=0.7)
         ax.set_xlabel("principal axis 1")
@@ -178,20 +173,6 @@ def label_table(C: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _warnings(run: dict[str, Any]) -> list[str]:
-    m = run.get("metrics", {})
-    out = []
-    bad = degenerate_fit(int(m.get("n_clusters") or 0), int(run.get("n_train") or 0))
-    if bad:
-        out.append(bad)
-    if m.get("converged") is False and m.get("passes"):
-        out.append(
-            f"the passes stopped at the limit ({m['passes']}) before converging: raise "
-            "--max-passes, or loosen --tol"
-        )
-    return out
-
-
 def _facts(run: dict[str, Any]) -> list[tuple[str, Any]]:
     m = run.get("metrics", {})
     p = run.get("parameters", {})
@@ -266,7 +247,13 @@ def write_report(
     s2 = run.get("stage2_info") or {}
     names = [data.schema.columns[j] for j in data.family.column_order]
     tree_order = s2.get("cluster_order")
-    page = Page("dpmm run report", _facts(run), _warnings(run))
+    warned = [degenerate_fit(int(m.get("n_clusters") or 0), int(run.get("n_train") or 0))]
+    if m.get("converged") is False and m.get("passes"):
+        warned.append(
+            f"the passes stopped at the limit ({m['passes']}) before converging: raise "
+            "--max-passes, or loosen --tol"
+        )
+    page = Page("dpmm run report", _facts(run), [w for w in warned if w])
     written: list[str] = []
 
     prof = profile(data, names, tree_order)

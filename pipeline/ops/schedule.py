@@ -32,6 +32,7 @@ The rejection records are replaced whole (a rename locally, one PUT on object st
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import re
@@ -45,14 +46,6 @@ from pipeline.ops import registry
 from pipeline.ops.registry import RECORD
 
 PARTITION = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
-
-
-def _is_date(text: str) -> bool:
-    try:
-        dt.date.fromisoformat(text)
-    except ValueError:
-        return False
-    return True
 
 
 def partitions(root: storage.Where) -> list[tuple[str, Loc]]:
@@ -71,8 +64,10 @@ def partitions(root: storage.Where) -> list[tuple[str, Loc]]:
     out: list[tuple[str, Loc]] = []
     for p in found:
         m = PARTITION.match(p.name)
-        if m and _is_date(m.group(1)):
-            out.append((m.group(1), p))
+        if m:
+            with contextlib.suppress(ValueError):  # date=2024-02-30 is no partition
+                dt.date.fromisoformat(m.group(1))
+                out.append((m.group(1), p))
     return sorted(out, key=lambda dp: dp[0])
 
 
