@@ -5,6 +5,37 @@ the estimators.
 
 from __future__ import annotations
 
+import math
+
+
+def stop_reason(
+    e_old: float, e_new: float, changed: float, tol: float, max_changed: float = 0.0
+) -> str | None:
+    """Why a run stops after a pass or iteration (None: it goes on).
+
+    Parameters
+    ----------
+    e_old, e_new : float
+        The objective before and after (an infinite ``e_old``, before the first, never stops).
+    changed : float
+        Records (or time steps) whose cluster changed.
+    tol : float
+        Relative decrease of the objective below which the run has stalled.
+    max_changed : float, default=0.0
+        At most this many changes also stall it (the engines' ``min_change * n_train``).
+
+    Returns
+    -------
+    str or None
+        "changes" when at most ``max_changed`` changed; "objective" when the objective fell by
+        at most ``tol * |e_new|`` (or rose); None otherwise.
+    """
+    if changed <= max_changed:
+        return "changes"
+    if math.isfinite(e_old) and e_old - e_new <= tol * abs(e_new):
+        return "objective"
+    return None
+
 
 class DegenerateFitWarning(UserWarning):
     """A fit that looks degenerate (``degenerate_fit``): one cluster, or too many."""

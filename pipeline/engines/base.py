@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 
+from pipeline.core import diagnose
 from pipeline.data.chunk_io import read_rows, write_rows
 from pipeline.data.labels import WriteResult, emit_chunk
 
@@ -227,13 +228,6 @@ def check_missing(engine: Engine, info: StoreInfo) -> None:
 def stop_reason(
     e_old: float, e_new: float, changed: int, n_train: int, params: FitParams
 ) -> str | None:
-    """Why the run stops after a pass (None: it goes on): "objective", the pass lowered it by at
-    most ``tol * |e_new|`` (or raised it); "changes", at most ``min_change * n_train`` records
-    changed cluster."""
-    import math
-
-    if changed <= params.min_change * n_train:
-        return "changes"
-    if math.isfinite(e_old) and e_old - e_new <= params.tol * abs(e_new):
-        return "objective"
-    return None
+    """``pipeline.core.diagnose.stop_reason`` with the run's ``tol``, stalled also when at most
+    ``min_change * n_train`` records changed cluster."""
+    return diagnose.stop_reason(e_old, e_new, changed, params.tol, params.min_change * n_train)

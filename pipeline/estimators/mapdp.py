@@ -50,7 +50,7 @@ class MAPDP(MixtureEstimator):
     max_iter : int, default=100
         Maximum iterations (sweeps) per run.
     tol : float, default=1e-6
-        A run stops when an iteration lowers the objective by less than ``tol * |objective|`` or
+        A run stops when an iteration lowers the objective by at most ``tol * |objective|`` or
         moves no record.
     init : {"sequential", "one-cluster"}, default="sequential"
         "sequential" starts with no cluster and assigns records in visiting order;

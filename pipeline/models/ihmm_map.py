@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 
 from kernels import ihmm as kihmm
 from pipeline.core import config
+from pipeline.core.diagnose import stop_reason
 from pipeline.core.seeds import seed_state
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.models.ihmm import (
@@ -272,7 +273,7 @@ def run_map_ihmm(
         e_cand = pr.objective(cand)
         if m_counts == "urn" or e_cand <= e_new:
             st, e_new = cand, e_cand
-        stalled = n_changed == 0 or e_old - e_new < tol * abs(e_new)
+        stalled = stop_reason(e_old, e_new, n_changed, tol) is not None
         for move in (viterbi_move, merge_round, split_round) if stalled and moves else ():
             st, e_new, moved = move(pr, z, st, e_new)
             if moved:

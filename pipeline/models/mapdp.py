@@ -20,6 +20,7 @@ from numpy.typing import NDArray
 
 from kernels import mapdp as kmapdp
 from kernels import partition as kpartition
+from pipeline.core.diagnose import stop_reason
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.models.concentration import log_gamma_prior, map_concentration
 
@@ -261,7 +262,7 @@ def run_mapdp(
         if learn_alpha:
             alpha = map_concentration(N, n_slots, a, b, start=alpha)
         e_new = energy(stats, nk, n_slots, alpha)
-        stalled = n_changed == 0 or e_old - e_new < tol * abs(e_new)
+        stalled = stop_reason(e_old, e_new, n_changed, tol) is not None
         if stalled and moves < max_moves:
             moves += 1
             stats, moved = split_merge(Xa, z, stats, family, alpha, memo)
