@@ -1,6 +1,7 @@
-"""When a fit looks degenerate (every record in one cluster, or more clusters than one per
-``RECORDS_PER_CLUSTER`` records): one rule, naming the parameter to change, for the reports and
-the estimators.
+"""The rules that judge a run, each written once for the in-memory fits and the distributed
+engines: when it stops (``stop_reason``), and when its fit looks degenerate (every record in one
+cluster, or more clusters than one per ``RECORDS_PER_CLUSTER`` records: ``degenerate_fit``, which
+names the parameter to change, for the reports and the estimators).
 """
 
 from __future__ import annotations
