@@ -340,7 +340,7 @@ def _r_panels(folder: Path) -> str | None:
 @pytest.mark.filterwarnings("ignore")
 def test_real_panels(tmp_path: Path) -> None:
     """Issue 37: ``MixedEffectsDP()`` with its defaults on every real panel with known subject
-    groups (``../shared/data/real/panel_*.csv`` and, where R has them, ``r_panels.R``'s), response
+    groups (``DATA``'s ``real/panel_*.csv`` and, where R has them, ``r_panels.R``'s), response
     ~ 1 + standardised time, NMI of the subjects' clusters against the groups, beside the
     two-stage baseline (k-means told the number of groups on per-subject least-squares lines)."""
     from tests.benchmarks.common import DATA
