@@ -188,18 +188,45 @@ def open_cluster(
 def hpc_client(
     kind: str, path: str | os.PathLike[str], warm: list[str] | None = None
 ) -> Iterator[Any]:
-    """A client of the jobqueue cluster of ``path``, its jobs cancelled when the block ends."""
+    """A client of the jobqueue cluster of ``path``, its jobs cancelled when the block ends and
+    replaced (``replace_ended_jobs``) when they end before."""
     import dask
     from distributed import Client
+    from tornado.ioloop import PeriodicCallback
 
     from pipeline.distributed.scheduler_setup import short_batches
 
     with open_cluster(kind, path, warm) as cluster:
         cluster.scale(jobs=int(read_config(kind, path).get("jobs", 1)))
+        joined: set[str] = set()
+        keep = PeriodicCallback(lambda: replace_ended_jobs(cluster, joined), 2000)
+        cluster.loop.add_callback(keep.start)
         # the flow's own client finds the credentials in Dask's configuration
-        with dask.config.set(client_tls_config(cluster)), Client(cluster) as client:
-            short_batches(getattr(client, "scheduler_comm", None))
-            yield client
+        try:
+            with dask.config.set(client_tls_config(cluster)), Client(cluster) as client:
+                short_batches(getattr(client, "scheduler_comm", None))
+                yield client
+        finally:
+            cluster.loop.add_callback(keep.stop)
+
+
+async def replace_ended_jobs(cluster: Any, joined: set[str]) -> None:
+    """Submit a job in place of each of ``cluster``'s jobs whose workers all joined and then all
+    left the scheduler: one that reached its walltime, was preempted or cancelled (dask-jobqueue
+    replaces none). ``joined``: the jobs seen with a worker, kept between calls."""
+    names = {w["name"] for w in cluster.scheduler_info.get("workers", {}).values()}
+    for job, spec in list(cluster.worker_spec.items()):
+        if {f"{job}{s}" for s in spec.get("group", [""])} & names:
+            joined.add(job)
+        elif job in joined:
+            # a new name (the old one still listed): Dask's SpecCluster cancels a job of the old
+            # name that has not joined 15 s after its worker left
+            cluster.worker_spec.update(cluster.new_worker_spec())
+            del cluster.worker_spec[job]
+            joined.discard(job)
+            if (gone := cluster.workers.pop(job, None)) is not None:
+                await gone.close()  # the batch system's cancel, should it still hold the job
+            cluster.scale(jobs=len(cluster.worker_spec))
 
 
 def client_tls_config(cluster: Any) -> dict[str, Any]:
