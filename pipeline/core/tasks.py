@@ -24,8 +24,7 @@ TASK_ROWS = 1_600_000
 # How often ``on_scattered`` scatters its data: the first time and after each loss. Each loss is
 # a worker gone in the middle of the tasks; more in a row is a cluster failing, not bad luck.
 SCATTER_TRIES = 4
-# How long a scatter waits for a worker (s) when none is left, as tasks wait: a batch job that
-# reached its walltime is replaced by one that may queue a while (``distributed.hpc``).
+# Seconds a scatter waits for a worker when none is left: a batch job's replacement may queue.
 WORKER_WAIT = 3600.0
 
 

@@ -179,6 +179,9 @@ def open_cluster(
             yield cluster
         finally:
             cluster.close()
+            names = ("_job_ca_file", "_job_cert", "_job_key")  # dask-jobqueue's credential files
+            for f in [v for k, v in vars(cluster).items() if k in names]:
+                f.close()  # removed now: at exit, after the directory, they would each complain
     finally:
         if private is not None:
             shutil.rmtree(private, ignore_errors=True)
@@ -200,14 +203,12 @@ def hpc_client(
         cluster.scale(jobs=int(read_config(kind, path).get("jobs", 1)))
         joined: set[str] = set()
         keep = PeriodicCallback(lambda: replace_ended_jobs(cluster, joined), 2000)
+        cluster.periodic_callbacks["dpmm-replace-jobs"] = keep  # stopped with the cluster
         cluster.loop.add_callback(keep.start)
         # the flow's own client finds the credentials in Dask's configuration
-        try:
-            with dask.config.set(client_tls_config(cluster)), Client(cluster) as client:
-                short_batches(getattr(client, "scheduler_comm", None))
-                yield client
-        finally:
-            cluster.loop.add_callback(keep.stop)
+        with dask.config.set(client_tls_config(cluster)), Client(cluster) as client:
+            short_batches(getattr(client, "scheduler_comm", None))
+            yield client
 
 
 async def replace_ended_jobs(cluster: Any, joined: set[str]) -> None:
@@ -219,8 +220,7 @@ async def replace_ended_jobs(cluster: Any, joined: set[str]) -> None:
         if {f"{job}{s}" for s in spec.get("group", [""])} & names:
             joined.add(job)
         elif job in joined:
-            # a new name (the old one still listed): Dask's SpecCluster cancels a job of the old
-            # name that has not joined 15 s after its worker left
+            # a new name: SpecCluster cancels the old name's job if not joined 15 s after it left
             cluster.worker_spec.update(cluster.new_worker_spec())
             del cluster.worker_spec[job]
             joined.discard(job)
