@@ -86,8 +86,7 @@ _g.add_argument(
     "--cluster-config",
     default=None,
     metavar="FILE",
-    help="YAML of dask-jobqueue's keys for --cluster slurm|pbs (cores, memory, queue, "
-    "walltime, job_extra_directives, ...) and 'jobs' (how many; pipeline.distributed.hpc)",
+    help="YAML of dask-jobqueue's keys for --cluster slurm|pbs (cores, memory, jobs, ...)",
 )
 del _g
 #: what every command that runs a flow on a Dask cluster takes
