@@ -34,6 +34,9 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache --no-logo
+	# each family's kernels compiled once, a process per core, before the two test processes
+	# start: each compiled them itself before (tests/warm.py)
+	$(BIN)/python -m tests.warm
 	$(BIN)/pytest -q -n 2 --dist worksteal --ignore=tests/docs
 	$(MAKE) --no-print-directory docs
 	$(BIN)/pytest -q -p no:cacheprovider tests/docs

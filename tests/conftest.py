@@ -57,6 +57,19 @@ def client():
         yield c
 
 
+@pytest.fixture(scope="session")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One headless Chromium (``tests.browser.Browser``) for the page checks of this process;
+    skips the test without one (fails it under CI)."""
+    from tests.browser import Browser, chromium_or_skip
+
+    started = Browser(chromium_or_skip(), tmp_path_factory.mktemp("browser-profile"))
+    try:
+        yield started
+    finally:
+        started.close()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _dataset_root(tmp_path_factory):
     """Shared dataset stores of the tests' runs go to a temporary root, not the user's cache
