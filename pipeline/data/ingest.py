@@ -494,6 +494,7 @@ def _finish(
     if settle is not None:
         with _at(label):
             sample = schema.settle(sample, settle, mom.summary(checker.column_order))
+            schema.choose_structure(sample, sample_rows)
     group_moments = out.group_moments
     with _at(label):
         if schema.features != old_features:
@@ -509,8 +510,8 @@ def _finish(
             f"empirical-Bayes prior fitted to a hash sample of {sample.shape[0]} of "
             f"{int(mom.n)} training rows"
         )
-    # the in-memory fit's warning (``Schema.dropped_lines``), word for word
-    notes.extend(schema.dropped_lines())
+    # the in-memory fit's warning (``Schema.dropped_lines``) and notes, word for word
+    notes.extend(schema.dropped_lines() + schema.notes)
     # missing cells per arranged column and the first as [row, column], from the chunks
     arranged = [old_features[j] for j in checker.column_order]
     firsts = [r.first_missing for r in results if r.first_missing is not None]
