@@ -1,7 +1,6 @@
-"""``dpmm warm`` (``make install`` and the image's build run it): every engine's kernels for
-every spec type (``warm_kernels(every_product=True)``; an in-memory fit's among them, its sample
-start's), compiled into the numba cache before their first use by two processes sharing the
-steps (``pipeline.engines.warmup.run_steps``)."""
+"""``dpmm warm`` (``make install``, the image's build): every engine's kernels for every spec type
+(``warm_kernels(every_product=True)``; an in-memory fit's among them), compiled into the numba
+cache before their first use by two processes sharing the steps (``warmup.run_steps``)."""
 
 from __future__ import annotations
 
@@ -16,9 +15,7 @@ _WARM = "from pipeline.distributed.worker_setup import warm_kernels as w; w(ever
 def add_warm_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``warm`` to an ``argparse`` subparsers object; it sets ``func=cmd_warm``."""
     p = subparsers.add_parser(
-        "warm",
-        help="compile the numba kernels ahead of their first use",
-        description="Fill NUMBA_CACHE_DIR with every engine's kernels for every column type.",
+        "warm", help="compile every engine's numba kernels into NUMBA_CACHE_DIR ahead of use"
     )
     p.set_defaults(func=cmd_warm)
     return p
