@@ -3,19 +3,22 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# numba's cache=True checks only a function's own file, not the kernels it calls: key the cache on
-# the kernels' sources so that an edit anywhere in kernels/ recompiles everything
 # no network here: Prefect's telemetry would only print errors
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
-export NUMBA_CACHE_DIR := $(CURDIR)/.numba-cache/$(shell cat $$(find kernels -name '*.py' | sort) | sha1sum | cut -c1-16)
+# the numba cache `import pipeline` picks (``pipeline.numba_cache_dir``: named after the kernels'
+# sources, since numba checks only a function's own file), so that make's targets, the set-up's
+# `dpmm warm` and the user's own programs share one
+export NUMBA_CACHE_DIR := $(shell PYTHONPATH=. $(PY) -c 'import os, pipeline; print(os.environ.get("NUMBA_CACHE_DIR", ""))')
 
 .PHONY: install lock run test docs bench bench-gpu lint typecheck format clean
 
-# requirements.lock pins every package (the image installs with the same constraints)
+# requirements.lock pins every package (the image installs with the same constraints); the kernels
+# of a first fit, `dpmm run` and `dpmm demo` are compiled then (`dpmm warm`), not at their first use
 $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c requirements.lock -e '.[dev]'
+	$(BIN)/dpmm warm
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -2,7 +2,7 @@
 
 Subcommands (one module each in ``flows.cli``): ``cluster`` (MAP-DP in this process), ``demo``,
 ``run`` (the distributed flow ``flows.cluster``), ``cv``, ``score``, ``serve``, ``update``,
-``server``, ``longitudinal`` and ``hmm``.
+``server``, ``longitudinal``, ``hmm`` and ``warm``.
 
 Exit status: 0 on success; 2 on bad input or usage, with exactly one line
 ``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
@@ -31,6 +31,7 @@ from flows.cli.score import add_score_parser
 from flows.cli.serve import add_serve_parser
 from flows.cli.server import add_server_parser
 from flows.cli.update import add_update_parser
+from flows.cli.warm import add_warm_parser
 from pipeline.core import outputs, storage
 from pipeline.core.errors import InputError
 
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_parser(sub)
     add_longitudinal_parser(sub)
     add_hmm_parser(sub)
+    add_warm_parser(sub)
     return parser
 
 
