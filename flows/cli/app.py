@@ -4,8 +4,10 @@ Subcommands (one module each in ``flows.cli``): ``cluster`` (MAP-DP in this proc
 ``run`` (the distributed flow ``flows.cluster``), ``cv``, ``score``, ``serve``, ``update``,
 ``server``, ``longitudinal`` and ``hmm``.
 
-Exit status: 0 on success; 2 on bad input or usage, with exactly one line
-``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
+Exit status: 0 on success; 2 on bad input or usage, 3 when the storage fails (object storage
+still failing after its retries, no space left on a device, a damaged chunk:
+``pipeline.core.errors.StorageError``), each with exactly one line ``dpmm: error: <message>`` on
+stderr; anything unexpected raises (traceback, status 1).
 
 A subcommand module writes ``add_<name>_parser(subparsers)`` (shared option blocks from
 ``flows.cli.options`` as ``parents=[...]``) and ``cmd_<name>(args) -> int``, and wraps the steps
@@ -32,7 +34,7 @@ from flows.cli.serve import add_serve_parser
 from flows.cli.server import add_server_parser
 from flows.cli.update import add_update_parser
 from pipeline.core import outputs, storage
-from pipeline.core.errors import InputError
+from pipeline.core.errors import InputError, StorageError
 
 PROG = "dpmm"
 
@@ -116,6 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _refuse_urls(args)
         check_paths(args)
         return int(args.func(args))
+    except StorageError as err:
+        # the storage failed, not the input: a run again later (or with space) may succeed
+        print(f"{PROG}: error: {one_line(str(err))}", file=sys.stderr, flush=True)
+        return 3
     except InputError as err:
         print(f"{PROG}: error: {one_line(str(err))}", file=sys.stderr, flush=True)
         return 2

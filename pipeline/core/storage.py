@@ -5,12 +5,14 @@ INPUT, OUT, dataset stores and models may be local paths or URLs (``s3://``; ``g
 ``RemotePath`` offering the few ``Path`` methods the pipeline uses over fsspec. This module is the
 one place that tells the two apart. Credentials come from each process's standard environment
 (``AWS_*``, ``FSSPEC_<PROTOCOL>_<OPTION>``), never the command line; ``redact`` removes a
-user:password part of a URL before it is shown or recorded.
+user:password part of a URL before it is shown or recorded. Every S3 client of a process that
+names a URL here retries as ``config.STORAGE_ATTEMPTS`` says (``retry_policy``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -20,13 +22,19 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from pipeline.core.errors import InputError
+from pipeline.core.errors import InputError, StorageError
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _LOCAL_SCHEMES = ("file", "local")
 # the package behind each scheme fsspec knows but may not have installed
 _PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "abfs": "adlfs"}
 _PACKAGES.update({"az": "adlfs", "abfss": "adlfs"})
+log = logging.getLogger(__name__)
+# what S3 answers when it asks for fewer requests (botocore retries these as it retries a 5xx)
+_THROTTLED = frozenset(
+    ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests")
+)
+_POLICY: list[bool] = []
 
 
 def scheme(x: Any) -> str | None:
@@ -190,6 +198,7 @@ def location(x: Where) -> Loc:
         if s in _LOCAL_SCHEMES:
             return Path(x[len(s or "") + 3 :] or "/")
         if s is not None:
+            retry_policy()
             return RemotePath(x)
     return Path(x)
 
@@ -350,6 +359,63 @@ def check_reachable(x: Any, what: str = "") -> None:
         fs.ls(loc.bucket, detail=False)
     except Exception as err:
         raise fs_error(loc.url, err, what) from err
+
+
+def retry_policy() -> None:
+    """Give every S3 client this process makes from now on ``config.STORAGE_ATTEMPTS`` (fsspec's
+    defaults of s3fs, which zarr's stores use too, unless the environment sets them) and
+    ``_retried``'s line per retry; once per process, at its first URL."""
+    if _POLICY:
+        return
+    _POLICY.append(True)
+    import fsspec.config
+
+    from pipeline.core.config import STORAGE_ATTEMPTS
+
+    opts = fsspec.config.conf.setdefault("s3", {})
+    retries = {"total_max_attempts": STORAGE_ATTEMPTS, "mode": "legacy"}
+    opts.setdefault("config_kwargs", {}).setdefault("retries", retries)
+    with contextlib.suppress(ImportError):
+        from botocore import handlers
+
+        # every botocore session registers these on its creation (s3fs makes one per client)
+        handlers.BUILTIN_HANDLERS.append(("needs-retry.s3", _retried))
+
+
+def _retried(
+    attempts: int,
+    request_dict: dict[str, Any],
+    response: Any = None,
+    caught_exception: BaseException | None = None,
+    **_: Any,
+) -> None:
+    """botocore's ``needs-retry`` event: a warning naming the object when an S3 request that may
+    succeed again failed, and a ``StorageError`` naming it once its attempts are spent."""
+    from botocore.exceptions import ConnectionError, HTTPClientError
+
+    from pipeline.core.config import STORAGE_ATTEMPTS
+
+    if caught_exception is not None:
+        if not isinstance(caught_exception, (ConnectionError, HTTPClientError)):
+            return
+        why = f"connection lost ({type(caught_exception).__name__})"
+    elif response is not None:
+        status = int(getattr(response[0], "status_code", 0))
+        code = str(response[1].get("Error", {}).get("Code", "")) if response[1] else ""
+        if not (status >= 500 or status == 429 or code in _THROTTLED):
+            return
+        why = f"{code} ({status})" if code else f"HTTP {status}"
+    else:
+        return
+    # "/bucket/key" whether the bucket is in the host name or the path
+    path = request_dict.get("auth_path")
+    url = f"s3:/{path}" if path else redact(str(request_dict.get("url", "")).split("?", 1)[0])
+    if attempts >= STORAGE_ATTEMPTS:
+        raise StorageError(
+            f"{url}: {why}, still failing after {attempts} attempts (the storage is unavailable "
+            "or overloaded; run the command again later)"
+        )
+    log.warning("%s: %s; retry %d of %d", url, why, attempts, STORAGE_ATTEMPTS - 1)
 
 
 def rmtree(loc: Loc, ignore_errors: bool = False) -> None:
