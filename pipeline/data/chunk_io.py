@@ -1,23 +1,28 @@
 """Rows of a zarr array read and written by a chunk task: a local chunk of plain or Blosc bytes
 (``record_codec``) as its own file instead of through zarr's event loop, and each array opened
 once per process (``open_array``); everything else through zarr.
+
+The arrays of a dataset store and a run's labels end their chunks with a CRC32C checksum
+(``CHECKSUM``, zarr's ``crc32c`` codec, 4 bytes): a chunk changed on disk after it was written (a
+bit flip, a truncation) is a ``StorageError`` naming it when read, never numbers.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import numpy as np
 import zarr
 from numcodecs import Blosc
-from zarr.codecs import BloscCodec, BytesCodec
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 
 from pipeline.core import storage
+from pipeline.core.errors import StorageError
 
 _NATIVE = sys.byteorder
 
@@ -25,6 +30,32 @@ _NATIVE = sys.byteorder
 def record_codec() -> Any:
     """The compressor of the per-record arrays a pass rewrites: Blosc LZ4 over shuffled bytes."""
     return BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle")
+
+
+#: the last codec of every array that must tell a damaged chunk (``compressors=[..., CHECKSUM]``)
+CHECKSUM = Crc32cCodec()
+
+
+def damaged(path: str, chunk: int, why: str) -> StorageError:
+    """The error of a chunk of the array at ``path`` that changed after it was written."""
+    loc = storage.location(path)
+    store = loc.parent
+    todo = (
+        f"remove the dataset store {store} to have it ingested again"
+        if (store / "format.json").exists()
+        else "run the command again to rewrite it"
+    )
+    return StorageError(
+        f"{path}: chunk {chunk} is damaged ({why}: changed after it was written); {todo}"
+    )
+
+
+def _crc(data: Any) -> bytes:
+    """The CRC32C of the bytes of ``data`` (a buffer), as the codec stores it."""
+    view = np.frombuffer(data, dtype=np.uint8)
+    # google_crc32c takes a read-only NumPy array, not a memoryview (nor a writable array)
+    view.flags.writeable = False
+    return int(google_crc32c.value(view)).to_bytes(4, "little")
 
 
 # per thread: (shape, dtype) -> the array ``read_rows(reuse=True)`` last read into
@@ -74,8 +105,9 @@ def open_array(path: str, mode: str = "r") -> Any:
     return arr
 
 
-def _chunk_layout(arr: Any) -> tuple[str, Any] | None:
-    """How a chunk of ``arr`` lies in its file: ("raw", None), ("blosc", codec), or None."""
+def _chunk_layout(arr: Any) -> tuple[str, Any, bool] | None:
+    """How a chunk of ``arr`` lies in its file: ("raw", None, checked), ("blosc", codec,
+    checked), or None; ``checked``: a ``CHECKSUM`` ends it."""
     if (
         arr.filters
         or not isinstance(arr.serializer, BytesCodec)
@@ -83,9 +115,13 @@ def _chunk_layout(arr: Any) -> tuple[str, Any] | None:
         or arr.chunks[1:] != arr.shape[1:]
     ):
         return None
-    if not arr.compressors:
-        return ("raw", None)
-    comp = arr.compressors[0] if len(arr.compressors) == 1 else None
+    comps = list(arr.compressors)
+    checked = bool(comps) and isinstance(comps[-1], Crc32cCodec)
+    if checked:
+        comps.pop()
+    if not comps:
+        return ("raw", None, checked)
+    comp = comps[0] if len(comps) == 1 else None
     if not isinstance(comp, BloscCodec):
         return None
     return (
@@ -97,10 +133,11 @@ def _chunk_layout(arr: Any) -> tuple[str, Any] | None:
             blocksize=comp.blocksize,
             typesize=comp.typesize,
         ),
+        checked,
     )
 
 
-def _chunk_file(path: str, arr: Any, a: int, b: int) -> tuple[str, tuple[str, Any]] | None:
+def _chunk_file(path: str, arr: Any, a: int, b: int) -> tuple[str, tuple[str, Any, bool]] | None:
     """The file and layout of the chunk rows a..b start, where a task may use it directly."""
     cr = arr.chunks[0]
     loc = storage.location(path)
@@ -125,23 +162,38 @@ def read_rows(path: str, a: int, b: int, reuse: bool = False) -> np.ndarray:
     arr = open_array(path, "r")
     at = _chunk_file(path, arr, a, b)
     if at is None:
-        return np.asarray(arr[a:b])
-    f, (kind, codec) = at
+        try:
+            return np.asarray(arr[a:b])
+        except ValueError as err:
+            if "checksum" not in str(err):
+                raise
+            raise damaged(path, a // arr.chunks[0], "its checksum does not match") from None
+    f, (kind, codec, checked) = at
     rest = arr.shape[1:]
     if not os.path.exists(f):
         # zarr writes no chunk that is all fill value (a holdout chunk without a held-out row)
         return np.full((b - a, *rest), arr.fill_value, dtype=arr.dtype)
-    count = (b - a) * math.prod(rest)
+    c, cr = a // arr.chunks[0], arr.chunks[0]
     if kind == "raw":
-        if reuse:
-            out = scratch((b - a, *rest), arr.dtype)
-            with open(f, "rb", buffering=0) as fh:
-                if fh.readinto(out.data.cast("B")) == out.nbytes:
-                    return out
-        return np.fromfile(f, dtype=arr.dtype, count=count).reshape(b - a, *rest)
-    out = np.empty((arr.chunks[0], *rest), dtype=arr.dtype)
+        # the whole chunk as written (the last one too is stored whole), then its checksum
+        shape = (cr if checked else b - a, *rest)
+        out = scratch(shape, arr.dtype) if reuse else np.empty(shape, dtype=arr.dtype)
+        with open(f, "rb", buffering=0) as fh:
+            got = fh.readinto(out.data.cast("B"))
+            tail = fh.read(5) if checked else b""
+        if got != out.nbytes or (checked and len(tail) != 4):
+            raise damaged(path, c, f"{os.path.getsize(f)} bytes, not {out.nbytes + 4 * checked}")
+        if checked and _crc(out.reshape(-1).view(np.uint8)) != tail:
+            raise damaged(path, c, "its checksum does not match")
+        return out[: b - a]
     with open(f, "rb") as fh:
-        codec.decode(fh.read(), out=out)
+        data = fh.read()
+    if checked:
+        if len(data) < 4 or _crc(memoryview(data)[:-4]) != data[-4:]:
+            raise damaged(path, c, "its checksum does not match")
+        data = data[:-4]
+    out = np.empty((cr, *rest), dtype=arr.dtype)
+    codec.decode(data, out=out)
     return out[: b - a]
 
 
@@ -157,13 +209,15 @@ def write_rows(path: str, a: int, b: int, values: np.ndarray) -> None:
     if at is None or not (b - a == cr or b == arr.shape[0]):
         arr[a:b] = values
         return
-    f, (kind, codec) = at
+    f, (kind, codec, checked) = at
     if b - a == cr:
         full = np.ascontiguousarray(values, dtype=arr.dtype)
     else:
         full = np.full((cr, *arr.shape[1:]), arr.fill_value, dtype=arr.dtype)
         full[: b - a] = values
     data = full.tobytes() if kind == "raw" else codec.encode(full)
+    if checked:
+        data = bytes(data) + _crc(data)
     os.makedirs(os.path.dirname(f), exist_ok=True)
     tmp = f"{f}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "wb") as fh:
