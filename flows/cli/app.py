@@ -118,10 +118,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _refuse_urls(args)
         check_paths(args)
         return int(args.func(args))
-    except StorageError as err:
-        # the storage failed, not the input: a run again later (or with space) may succeed
-        print(f"{PROG}: error: {one_line(str(err))}", file=sys.stderr, flush=True)
-        return 3
-    except InputError as err:
-        print(f"{PROG}: error: {one_line(str(err))}", file=sys.stderr, flush=True)
-        return 2
+    except (InputError, OSError) as err:
+        # the storage failed, not the input (3): a run again later, or with space, may succeed
+        failed = err if isinstance(err, StorageError) else storage.no_space(err)
+        if failed is None and not isinstance(err, InputError):
+            raise
+        print(f"{PROG}: error: {one_line(str(failed or err))}", file=sys.stderr, flush=True)
+        return 2 if failed is None else 3

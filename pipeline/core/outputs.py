@@ -364,8 +364,11 @@ def write_shared(final: Loc, write: Callable[[Loc], None], replace: bool, **extr
                 raise
             # a concurrent writer completed first: its store is the same
             shutil.rmtree(partial, ignore_errors=True)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(err, OSError) and not err.filename and storage.no_space(err):
+            # a write's error names no file: the message names the store
+            raise OSError(err.errno, err.strerror, str(final)) from err
         raise
     finally:
         _ACTIVE.discard(str(partial))

@@ -12,6 +12,7 @@ names a URL here retries as ``config.STORAGE_ATTEMPTS`` says (``retry_policy``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import re
@@ -416,6 +417,20 @@ def _retried(
             "or overloaded; run the command again later)"
         )
     log.warning("%s: %s; retry %d of %d", url, why, attempts, STORAGE_ATTEMPTS - 1)
+
+
+def no_space(err: BaseException) -> StorageError | None:
+    """A ``StorageError`` naming the file when ``err``, or an error it came from, is a full
+    device (ENOSPC, or a quota: EDQUOT); else None."""
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f" writing {seen.filename}" if seen.filename else ""
+            return StorageError(f"no space left on device{where} (free some, then run again)")
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def rmtree(loc: Loc, ignore_errors: bool = False) -> None:
