@@ -217,7 +217,7 @@ def write_rows(path: str, a: int, b: int, values: np.ndarray) -> None:
         full = np.full((cr, *arr.shape[1:]), arr.fill_value, dtype=arr.dtype)
         full[: b - a] = values
     # the array's own bytes, not a copy (a fresh 8 MB copy costs page faults)
-    data = full.reshape(-1).view(np.uint8) if kind == "raw" else codec.encode(full)
+    data = full.data.cast("B") if kind == "raw" else codec.encode(full)
     tail = _crc(data) if checked else b""
     os.makedirs(os.path.dirname(f), exist_ok=True)
     tmp = f"{f}.{os.getpid()}.{threading.get_ident()}.tmp"
