@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.core import storage
-from pipeline.core.errors import InputError
+from pipeline.core.errors import InputError, StorageError
 from pipeline.core.paths import commit_dir, safe_name, temp_sibling
 from pipeline.core.storage import (
     Loc,
@@ -178,6 +178,8 @@ def read_manifest(loc: RemotePath) -> dict[str, Any] | None:
         doc = json.loads((loc / MANIFEST).read_text())
     except FileNotFoundError:
         return None
+    except StorageError:
+        raise
     except ValueError as err:
         raise ValueError(f"{redact(str(loc / MANIFEST))}: unreadable manifest ({err})") from err
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:

@@ -12,13 +12,14 @@ names a URL here retries as ``config.STORAGE_ATTEMPTS`` says (``retry_policy``).
 from __future__ import annotations
 
 import contextlib
-import errno
+import functools
 import logging
 import os
 import re
 import shutil
 import tempfile
 from collections.abc import Iterator
+from errno import EDQUOT, ENOSPC
 from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -31,11 +32,6 @@ _LOCAL_SCHEMES = ("file", "local")
 _PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "abfs": "adlfs"}
 _PACKAGES.update({"az": "adlfs", "abfss": "adlfs"})
 log = logging.getLogger(__name__)
-# what S3 answers when it asks for fewer requests (botocore retries these as it retries a 5xx)
-_THROTTLED = frozenset(
-    ("SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequests")
-)
-_POLICY: list[bool] = []
 
 
 def scheme(x: Any) -> str | None:
@@ -362,55 +358,44 @@ def check_reachable(x: Any, what: str = "") -> None:
         raise fs_error(loc.url, err, what) from err
 
 
+@functools.cache
 def retry_policy() -> None:
-    """Give every S3 client this process makes from now on ``config.STORAGE_ATTEMPTS`` (fsspec's
-    defaults of s3fs, which zarr's stores use too, unless the environment sets them) and
-    ``_retried``'s line per retry; once per process, at its first URL."""
-    if _POLICY:
-        return
-    _POLICY.append(True)
+    """Give every S3 client this process makes from now on (s3fs's, zarr's stores' too, unless
+    the environment sets fsspec's options) ``config.STORAGE_ATTEMPTS`` and ``_retried``."""
     import fsspec.config
 
     from pipeline.core.config import STORAGE_ATTEMPTS
 
-    opts = fsspec.config.conf.setdefault("s3", {})
     retries = {"total_max_attempts": STORAGE_ATTEMPTS, "mode": "legacy"}
-    opts.setdefault("config_kwargs", {}).setdefault("retries", retries)
+    fsspec.config.conf.setdefault("s3", {}).setdefault("config_kwargs", {}).setdefault(
+        "retries", retries
+    )
     with contextlib.suppress(ImportError):
         from botocore import handlers
 
-        # every botocore session registers these on its creation (s3fs makes one per client)
+        # every botocore session registers these when made (s3fs makes one per client)
         handlers.BUILTIN_HANDLERS.append(("needs-retry.s3", _retried))
 
 
-def _retried(
-    attempts: int,
-    request_dict: dict[str, Any],
-    response: Any = None,
-    caught_exception: BaseException | None = None,
-    **_: Any,
-) -> None:
-    """botocore's ``needs-retry`` event: a warning naming the object when an S3 request that may
-    succeed again failed, and a ``StorageError`` naming it once its attempts are spent."""
+def _retried(attempts: int, request_dict: dict[str, Any], response: Any = None, **kw: Any) -> None:
+    """botocore's ``needs-retry``: a warning naming the object of a request failed by a 5xx, a
+    429 or a lost connection, and a ``StorageError`` naming it once its attempts are spent."""
     from botocore.exceptions import ConnectionError, HTTPClientError
 
     from pipeline.core.config import STORAGE_ATTEMPTS
 
-    if caught_exception is not None:
-        if not isinstance(caught_exception, (ConnectionError, HTTPClientError)):
+    lost = kw.get("caught_exception")
+    if lost is not None:
+        if not isinstance(lost, (ConnectionError, HTTPClientError)):
             return
-        why = f"connection lost ({type(caught_exception).__name__})"
-    elif response is not None:
-        status = int(getattr(response[0], "status_code", 0))
-        code = str(response[1].get("Error", {}).get("Code", "")) if response[1] else ""
-        if not (status >= 500 or status == 429 or code in _THROTTLED):
-            return
-        why = f"{code} ({status})" if code else f"HTTP {status}"
+        why = f"connection lost ({type(lost).__name__})"
     else:
-        return
+        status = int(getattr(response[0], "status_code", 0))
+        if status < 500 and status != 429:
+            return
+        why = f"{(response[1] or {}).get('Error', {}).get('Code') or 'HTTP'} ({status})"
     # "/bucket/key" whether the bucket is in the host name or the path
-    path = request_dict.get("auth_path")
-    url = f"s3:/{path}" if path else redact(str(request_dict.get("url", "")).split("?", 1)[0])
+    url = f"s3:/{request_dict.get('auth_path', '')}"
     if attempts >= STORAGE_ATTEMPTS:
         raise StorageError(
             f"{url}: {why}, still failing after {attempts} attempts (the storage is unavailable "
@@ -419,18 +404,13 @@ def _retried(
     log.warning("%s: %s; retry %d of %d", url, why, attempts, STORAGE_ATTEMPTS - 1)
 
 
-def no_space(err: BaseException) -> StorageError | None:
+def no_space(err: BaseException | None) -> StorageError | None:
     """A ``StorageError`` naming the file when ``err``, or an error it came from, is a full
     device (ENOSPC, or a quota: EDQUOT); else None."""
-    seen: BaseException | None = err
-    for _ in range(8):
-        if seen is None:
-            return None
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            where = f" writing {seen.filename}" if seen.filename else ""
-            return StorageError(f"no space left on device{where} (free some, then run again)")
-        seen = seen.__cause__ or seen.__context__
-    return None
+    if err is None or not (isinstance(err, OSError) and err.errno in (ENOSPC, EDQUOT)):
+        return None if err is None else no_space(err.__cause__ or err.__context__)
+    where = f" writing {err.filename}" if err.filename else ""
+    return StorageError(f"no space left on device{where} (free some, then run again)")
 
 
 def rmtree(loc: Loc, ignore_errors: bool = False) -> None:

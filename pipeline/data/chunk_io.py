@@ -1,10 +1,6 @@
 """Rows of a zarr array read and written by a chunk task: a local chunk of plain or Blosc bytes
 (``record_codec``) as its own file instead of through zarr's event loop, and each array opened
 once per process (``open_array``); everything else through zarr.
-
-The arrays of a dataset store and a run's labels end their chunks with a CRC32C checksum
-(``CHECKSUM``, zarr's ``crc32c`` codec, 4 bytes): a chunk changed on disk after it was written (a
-bit flip, a truncation) is a ``StorageError`` naming it when read, never numbers.
 """
 
 from __future__ import annotations
@@ -28,33 +24,27 @@ from pipeline.core.errors import StorageError
 _NATIVE = sys.byteorder
 
 
-def record_codec() -> Any:
-    """The compressor of the per-record arrays a pass rewrites: Blosc LZ4 over shuffled bytes."""
-    return BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle")
-
-
-#: the last codec of every array that must tell a damaged chunk (``compressors=[..., CHECKSUM]``)
+#: the last codec of every array of a store, a run's state and labels: a chunk changed after it
+#: was written (a bit flip, a truncation) is a ``StorageError`` naming it when read, not numbers
 CHECKSUM = Crc32cCodec()
 
 
+def record_codec() -> list[Any]:
+    """The codecs of the per-record arrays a pass rewrites: Blosc LZ4 over shuffled bytes."""
+    return [BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle"), CHECKSUM]
+
+
 def damaged(path: str, chunk: int, why: str) -> StorageError:
-    """The error of a chunk of the array at ``path`` that changed after it was written."""
-    loc = storage.location(path)
-    store = loc.parent
-    todo = (
-        f"remove the dataset store {store} to have it ingested again"
-        if (store / "format.json").exists()
-        else "run the command again to rewrite it"
-    )
-    return StorageError(
-        f"{path}: chunk {chunk} is damaged ({why}: changed after it was written); {todo}"
-    )
+    store = storage.location(path).parent
+    todo = "run the command again to rewrite it"
+    if (store / "format.json").exists():
+        todo = f"remove the dataset store {store} to have it ingested again"
+    return StorageError(f"{path}: chunk {chunk} is damaged ({why}) since written; {todo}")
 
 
 def _crc(data: Any) -> bytes:
-    """The CRC32C of the bytes of ``data`` (a buffer), as the codec stores it."""
+    # google_crc32c takes a read-only NumPy array, not a memoryview
     view = np.frombuffer(data, dtype=np.uint8)
-    # google_crc32c takes a read-only NumPy array, not a memoryview (nor a writable array)
     view.flags.writeable = False
     return int(google_crc32c.value(view)).to_bytes(4, "little")
 
@@ -106,23 +96,23 @@ def open_array(path: str, mode: str = "r") -> Any:
     return arr
 
 
-def _chunk_layout(arr: Any) -> tuple[str, Any, bool] | None:
-    """How a chunk of ``arr`` lies in its file: ("raw", None, checked), ("blosc", codec,
-    checked), or None; ``checked``: a ``CHECKSUM`` ends it."""
+def _chunk_layout(arr: Any) -> tuple[str, Any] | None:
+    """How a chunk of ``arr`` lies in its file, before its ``CHECKSUM``: ("raw", None),
+    ("blosc", codec), or None (no checksum, or other codecs)."""
+    comps = arr.compressors
     if (
         arr.filters
         or not isinstance(arr.serializer, BytesCodec)
         or getattr(arr.serializer.endian, "value", None) not in (None, _NATIVE)
         or arr.chunks[1:] != arr.shape[1:]
+        or not comps
+        or not isinstance(comps[-1], Crc32cCodec)
+        or len(comps) > 2
     ):
         return None
-    comps = list(arr.compressors)
-    checked = bool(comps) and isinstance(comps[-1], Crc32cCodec)
-    if checked:
-        comps.pop()
-    if not comps:
-        return ("raw", None, checked)
-    comp = comps[0] if len(comps) == 1 else None
+    if len(comps) == 1:
+        return ("raw", None)
+    comp = comps[0]
     if not isinstance(comp, BloscCodec):
         return None
     return (
@@ -134,11 +124,10 @@ def _chunk_layout(arr: Any) -> tuple[str, Any, bool] | None:
             blocksize=comp.blocksize,
             typesize=comp.typesize,
         ),
-        checked,
     )
 
 
-def _chunk_file(path: str, arr: Any, a: int, b: int) -> tuple[str, tuple[str, Any, bool]] | None:
+def _chunk_file(path: str, arr: Any, a: int, b: int) -> tuple[str, tuple[str, Any]] | None:
     """The file and layout of the chunk rows a..b start, where a task may use it directly."""
     cr = arr.chunks[0]
     loc = storage.location(path)
@@ -168,33 +157,27 @@ def read_rows(path: str, a: int, b: int, reuse: bool = False) -> np.ndarray:
         except ValueError as err:
             if "checksum" not in str(err):
                 raise
-            raise damaged(path, a // arr.chunks[0], "its checksum does not match") from None
-    f, (kind, codec, checked) = at
-    rest = arr.shape[1:]
+            raise damaged(path, a // arr.chunks[0], "checksum") from None
+    f, (kind, codec) = at
+    c, cr, rest = a // arr.chunks[0], arr.chunks[0], arr.shape[1:]
     if not os.path.exists(f):
         # zarr writes no chunk that is all fill value (a holdout chunk without a held-out row)
         return np.full((b - a, *rest), arr.fill_value, dtype=arr.dtype)
-    c, cr = a // arr.chunks[0], arr.chunks[0]
-    if kind == "raw":
-        # the whole chunk as written (the last one too is stored whole), then its checksum
-        shape = (cr if checked else b - a, *rest)
-        out = scratch(shape, arr.dtype) if reuse else np.empty(shape, dtype=arr.dtype)
-        with open(f, "rb", buffering=0) as fh:
-            got = fh.readinto(out.data.cast("B"))
-            tail = fh.read(5) if checked else b""
-        if got != out.nbytes or (checked and len(tail) != 4):
-            raise damaged(path, c, f"{os.path.getsize(f)} bytes, not {out.nbytes + 4 * checked}")
-        if checked and _crc(out.reshape(-1).view(np.uint8)) != tail:
-            raise damaged(path, c, "its checksum does not match")
-        return out[: b - a]
-    with open(f, "rb") as fh:
-        data = fh.read()
-    if checked:
-        if len(data) < 4 or _crc(memoryview(data)[:-4]) != data[-4:]:
-            raise damaged(path, c, "its checksum does not match")
-        data = data[:-4]
-    out = np.empty((cr, *rest), dtype=arr.dtype)
-    codec.decode(data, out=out)
+    # the whole chunk as written (the last one too is stored whole), then its checksum
+    out = scratch((cr, *rest), arr.dtype) if reuse else np.empty((cr, *rest), dtype=arr.dtype)
+    with open(f, "rb", buffering=0) as fh:
+        if kind == "raw":
+            data, got = out.data.cast("B"), fh.readinto(out.data.cast("B"))
+            tail = fh.read(5)
+        else:
+            whole = fh.read()
+            got, tail, data = out.nbytes, whole[-4:], memoryview(whole)[:-4]
+    if got != out.nbytes or len(tail) != 4:
+        raise damaged(path, c, f"{os.path.getsize(f)} bytes")
+    if _crc(data) != tail:
+        raise damaged(path, c, "checksum")
+    if kind != "raw":
+        codec.decode(data, out=out)
     return out[: b - a]
 
 
@@ -210,7 +193,7 @@ def write_rows(path: str, a: int, b: int, values: np.ndarray) -> None:
     if at is None or not (b - a == cr or b == arr.shape[0]):
         arr[a:b] = values
         return
-    f, (kind, codec, checked) = at
+    f, (kind, codec) = at
     if b - a == cr:
         full = np.ascontiguousarray(values, dtype=arr.dtype)
     else:
@@ -218,16 +201,14 @@ def write_rows(path: str, a: int, b: int, values: np.ndarray) -> None:
         full[: b - a] = values
     # the array's own bytes, not a copy (a fresh 8 MB copy costs page faults)
     data = full.data.cast("B") if kind == "raw" else codec.encode(full)
-    tail = _crc(data) if checked else b""
     os.makedirs(os.path.dirname(f), exist_ok=True)
     tmp = f"{f}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
-            fh.write(tail)
-    except OSError as err:
+            fh.write(_crc(data))
+    except OSError as err:  # named: a full disk's message names the file
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        # a write's error names no file (a full disk's message must)
         raise OSError(err.errno, err.strerror, err.filename or f) from err
     os.replace(tmp, f)

@@ -103,6 +103,6 @@ def create_labels(labels_path: str, info: StoreInfo, overwrite: bool) -> None:
             dtype=dtype,
             fill_value=fill,
             # densities are noise to a compressor (LZ4 saves 17% and doubles the write time)
-            compressors=[CHECKSUM] if name == "log_density" else [record_codec(), CHECKSUM],
+            compressors=[CHECKSUM] if name == "log_density" else record_codec(),
             overwrite=True,
         )
