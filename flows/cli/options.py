@@ -22,7 +22,7 @@ from pipeline.core.config import (
     TOL,
     TOL_IN_MEMORY,
 )
-from pipeline.core.errors import InputError
+from pipeline.core.errors import InputError, StorageError
 from pipeline.data import io as pio
 from pipeline.data.dataset import DATA_DIR_ENV
 
@@ -130,6 +130,8 @@ def bad_input(prefix: str | None = None, rows_of: str | Path | None = None) -> I
     ``rows_of`` (``pipeline.data.io.locate_rows``)."""
     try:
         yield
+    except StorageError:
+        raise
     except (ValueError, TypeError, OSError) as err:
         msg = str(err) or type(err).__name__
         if rows_of is not None:

@@ -46,7 +46,7 @@ from pipeline.core.config import (
     MIXTURE_ENGINES,
     N_FOLDS,
 )
-from pipeline.core.errors import InputError
+from pipeline.core.errors import InputError, StorageError
 from pipeline.data import io as pio
 from pipeline.data.store import STORE_DTYPES
 
@@ -235,6 +235,8 @@ def start_flow(
             )
             stack.enter_context(flow_api())
             return runner(**kwargs)  # type: ignore[no-any-return]
+    except StorageError:
+        raise
     except ValueError as err:
         msg = " ".join(str(err).split()) or type(err).__name__
         if rows_of is not None:

@@ -42,6 +42,10 @@ WINDOW = 7
 #: (on another host, or paused) stops blocking the others (``pipeline.ops.registry``); the lock is
 #: held for one read and one rename, milliseconds
 REGISTRY_LEASE = 60.0
+#: object storage's retry policy, every S3 client's (``pipeline.core.storage.retry_policy``): a
+#: request failed by a 5xx, a 429 or a lost connection is tried this often in all, with botocore's
+#: "legacy" backoff (a random 0..2^(k-1) s before retry k), each retry a warning naming the object
+STORAGE_ATTEMPTS = 5
 #: Gamma(shape, rate) prior on the concentration N0 when it is learned (eq. A.1): shape 2 keeps
 #: the mode away from 0 at K = 1; rate 5 (prior mean 0.4) stops singleton clusters of outlying
 #: records from raising N0, which opens more (ionosphere: 39 clusters with rate 1, 26 with 5)

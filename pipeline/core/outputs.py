@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.core import storage
-from pipeline.core.errors import InputError
+from pipeline.core.errors import InputError, StorageError
 from pipeline.core.paths import commit_dir, safe_name, temp_sibling
 from pipeline.core.storage import (
     Loc,
@@ -178,6 +178,8 @@ def read_manifest(loc: RemotePath) -> dict[str, Any] | None:
         doc = json.loads((loc / MANIFEST).read_text())
     except FileNotFoundError:
         return None
+    except StorageError:
+        raise
     except ValueError as err:
         raise ValueError(f"{redact(str(loc / MANIFEST))}: unreadable manifest ({err})") from err
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
@@ -364,8 +366,11 @@ def write_shared(final: Loc, write: Callable[[Loc], None], replace: bool, **extr
                 raise
             # a concurrent writer completed first: its store is the same
             shutil.rmtree(partial, ignore_errors=True)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(err, OSError) and not err.filename and storage.no_space(err):
+            # a write's error names no file: the message names the store
+            raise OSError(err.errno, err.strerror, str(final)) from err
         raise
     finally:
         _ACTIVE.discard(str(partial))

@@ -21,6 +21,7 @@ import zarr
 from pipeline.core import storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE
 from pipeline.core.errors import InputError
+from pipeline.data.chunk_io import CHECKSUM
 from pipeline.data.ingest_plan import (
     check_group_sizes,
     first_error,
@@ -138,7 +139,7 @@ def _drop_columns(
         chunks=(chunk_rows, len(feats)),
         # the store's own dtype, whatever ingest wrote it in
         dtype=store.array("X_all").dtype,
-        compressors=None,
+        compressors=[CHECKSUM],
         overwrite=True,
     )
     futs = [

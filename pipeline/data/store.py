@@ -38,12 +38,14 @@ from typing import Any, TypeVar, overload
 import numpy as np
 import zarr
 from numpy.typing import NDArray
+from zarr.codecs import ZstdCodec
 
 from kernels import moments as kmoments
 from pipeline.core import persist, storage
 from pipeline.core.config import N_FOLDS
 from pipeline.core.errors import InputError
 from pipeline.core.seeds import row_uniform
+from pipeline.data.chunk_io import CHECKSUM
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.schema import Schema, Summary
 
@@ -51,9 +53,10 @@ HOLDOUT_SALT = 0x5EED_0001
 PLOT_SALT = 0x5EED_0003
 NO_ROWS = "X has no rows (0 samples); at least 1 is required"
 FORMAT_NAME = "dpmm-dataset"
-# 2: grouped stores keep their groups' moments (``group_gram``); a store of version 1 is refused
+# 2: grouped stores keep their groups' moments (``group_gram``); 3: every chunk ends with its
+# checksum (``chunk_io.CHECKSUM``); a store of an older version is refused
 # (``Store.check_format``) and a shared one is ingested again under its new key
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 FORMAT_FILE = "format.json"
 INFO_FILE = "info"
 MAX_FOLDS = 2**15 - 1  # fold ids are int16
@@ -361,7 +364,7 @@ class Store:
             shape=(n_rows, n_cols),
             chunks=(chunk_rows, n_cols),
             dtype=dtype,
-            compressors=None,
+            compressors=[CHECKSUM],
             overwrite=True,
         )
         names = (*(("y",) if labels else ()), *(("group", "row") if grouped else ()))
@@ -373,7 +376,7 @@ class Store:
                 chunks=(chunk_rows,),
                 dtype=kind,
                 fill_value=fill,
-                compressors="auto" if packed else None,
+                compressors=[ZstdCodec(level=0), CHECKSUM] if packed else [CHECKSUM],
                 overwrite=True,
             )
 
@@ -394,7 +397,7 @@ class Store:
                 chunks=(1, max_groups, *tail),
                 dtype=dtype,
                 fill_value=fill,
-                compressors=None,
+                compressors=[CHECKSUM],
                 overwrite=True,
             )
 
