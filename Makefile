@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba-cache/$(shell cat $$(find kernels -name '*.py' | sort) | sha1sum | cut -c1-16)
 
-.PHONY: install lock run test docs bench bench-gpu lint typecheck format clean
+.PHONY: install lock run test docs bench bench-gpu faults lint typecheck format clean
 
 # requirements.lock pins every package (the image installs with the same constraints)
 $(STAMP): pyproject.toml requirements.lock
@@ -45,6 +45,15 @@ docs: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/pytest -q -m bench tests/benchmarks -s -p no:cacheprovider
+
+# the fault campaign (docs/how-to/faults.md), not part of make test: RUNS runs of the commands,
+# each with a fault drawn at random (seeded by SEED); the table goes to out/faults.json and .md.
+# Exit status 1 if any run ended otherwise than equal to the undisturbed run or with one clear
+# error line. About a minute a run on a quiet 2-core machine.
+RUNS ?= 200
+SEED ?= 0
+faults: $(STAMP)
+	$(BIN)/python -m tests.faults --runs $(RUNS) --seed $(SEED) --out out/faults
 
 # on a machine with an NVIDIA GPU and the GPU extra already installed ('.[gpu]'); installs
 # nothing (no $(STAMP): such a machine may have no network). Under 8 minutes.
