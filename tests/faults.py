@@ -220,6 +220,9 @@ class Command:
     argv: Callable[[Workspace, Path], list[str]]
     digest: Callable[[Path], Any]
     outputs: Callable[[Path], list[Path]] = lambda out: [out]
+    # what a killed run may show: the undisturbed output or, for a command that publishes step
+    # by step (serve: one version per day), the steps done so far, each whole
+    shows: Callable[[Path, Any], bool] | None = None
 
 
 def _cv_table(path: Path) -> list[Any]:
@@ -235,14 +238,30 @@ def _serve_outputs(out: Path) -> list[Path]:
 def _serve_digest(out: Path) -> Any:
     models = out / "models"
     latest = (models / "LATEST").read_text().strip()
-    versions = sorted(p.name for p in models.iterdir() if p.name.startswith("v"))
-    days = sorted(p.name for p in (out / "scores").iterdir())
+    versions = sorted(p.name for p in models.glob("v*"))
+    days = sorted(p.name for p in (out / "scores").glob("date=*"))
     return {
         "latest": latest,
         "versions": versions,
         "models": [_model(models / v / "model") for v in versions],
         "scores": [_zarr(out / "scores" / d / "labels.zarr" / "label") for d in days],
     }
+
+
+def _serve_shows(out: Path, want: Any) -> bool:
+    """The versions and days published so far, each the undisturbed run's; LATEST one of
+    them (it moves last, after the version it names)."""
+    models, scores = out / "models", out / "scores"
+    versions = sorted(p.name for p in models.glob("v*")) if models.is_dir() else []
+    latest = (models / "LATEST").read_text().strip() if (models / "LATEST").exists() else None
+    days = sorted(p.name for p in scores.glob("date=*")) if scores.is_dir() else []
+    return (
+        versions == want["versions"][: len(versions)]
+        and [_model(models / v / "model") for v in versions] == want["models"][: len(versions)]
+        and (latest is None or latest in versions)
+        and [_zarr(scores / d / "labels.zarr" / "label") for d in days]
+        == want["scores"][: len(days)]
+    )
 
 
 COMMANDS: dict[str, Command] = {
@@ -293,6 +312,7 @@ COMMANDS: dict[str, Command] = {
         ],
         _serve_digest,
         _serve_outputs,
+        _serve_shows,
     ),
     "tree": Command(
         "tree",
@@ -484,16 +504,14 @@ def leftovers(cmd: Command, out: Path, run: Run) -> list[str]:
 def _visible_partial(cmd: Command, out: Path, want: Any) -> str:
     """What a killed command left visible: nothing, or a complete output (the kill came after
     it was published); else the reason."""
-    for o in cmd.outputs(out):
-        if not o.exists():
-            continue
-        try:
-            got = cmd.digest(out)
-        except Exception as err:
-            return f"a half-written output is visible: {o} ({type(err).__name__}: {err})"
-        if got != want:
-            return f"a visible output differs from the undisturbed run's: {o}"
-    return ""
+    shown = [o for o in cmd.outputs(out) if o.exists()]
+    if not shown:
+        return ""
+    try:
+        ok = cmd.shows(out, want) if cmd.shows else cmd.digest(out) == want
+    except Exception as err:
+        return f"a half-written output is visible: {shown} ({type(err).__name__}: {err})"
+    return "" if ok else f"a visible output differs from the undisturbed run's: {shown}"
 
 
 def classify(
