@@ -46,10 +46,6 @@ import numpy as np
 import pandas as pd
 
 BIN = Path(sys.executable).parent
-# Prefect's temporary server's, Dask's and the kernels' output: none of it is the command's
-QUIET = ["--quiet"]
-
-
 # -- the cluster and the Prefect server every run shares -------------------------------------
 
 
@@ -87,6 +83,19 @@ def _read(path: Path) -> str:
         return ""
 
 
+def _workers_of(pid: int) -> list[int]:
+    """The Dask worker processes a nanny (or a LocalCluster's process) ``pid`` started."""
+    import psutil
+
+    found = []
+    with contextlib.suppress(psutil.NoSuchProcess):
+        for c in psutil.Process(pid).children():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                if any("spawn_main" in a for a in c.cmdline()):
+                    found.append(c.pid)
+    return found
+
+
 @dataclass
 class Cluster:
     """A ``dask scheduler`` and ``dask worker --nanny`` processes on 127.0.0.1 (their nannies
@@ -97,15 +106,7 @@ class Cluster:
 
     def workers(self) -> list[int]:
         """The worker processes (the nannies' children) alive now."""
-        import psutil
-
-        found = []
-        for n in self.nannies:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                for c in psutil.Process(n.pid).children():
-                    if any("spawn_main" in a for a in c.cmdline()):
-                        found.append(c.pid)
-        return found
+        return [w for n in self.nannies for w in _workers_of(n.pid)]
 
     def ready(self, n: int, timeout: float = 300) -> None:
         """Wait until ``n`` workers are connected to the scheduler again."""
@@ -223,6 +224,8 @@ class Command:
     # what a killed run may show: the undisturbed output or, for a command that publishes step
     # by step (serve: one version per day), the steps done so far, each whole
     shows: Callable[[Path, Any], bool] | None = None
+    # False: the command starts a LocalCluster of its own (serve has no --scheduler)
+    joins: bool = True
 
 
 def _cv_table(path: Path) -> list[Any]:
@@ -309,10 +312,12 @@ COMMANDS: dict[str, Command] = {
         lambda ws, out: [
             *("serve", str(ws.partitions), "--models", str(out / "models")),
             *("--scores", str(out / "scores"), "--once", "--chunk-rows", "300"),
+            *("--workers", "2"),
         ],
         _serve_digest,
         _serve_outputs,
         _serve_shows,
+        joins=False,
     ),
     "tree": Command(
         "tree",
@@ -402,6 +407,7 @@ class Run:
 
     proc: subprocess.Popen[bytes]
     cluster: Cluster
+    joins: bool = True
     seen: set[int] = field(default_factory=set)
     delivered: bool = False
 
@@ -423,7 +429,8 @@ class Fault:
 
 
 def _kill_workers(run: Run, n: int | None) -> None:
-    for pid in run.cluster.workers()[:n]:
+    pids = run.cluster.workers() if run.joins else _workers_of(run.proc.pid)
+    for pid in pids[:n]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
@@ -455,7 +462,8 @@ class Outcome:
 def start(
     cmd: Command, ws: Workspace, out: Path, cl: Cluster, env: dict[str, str] | None = None
 ) -> Run:
-    argv = [str(BIN / "dpmm"), *cmd.argv(ws, out), "--scheduler", cl.address, *QUIET]
+    joined = ["--scheduler", cl.address, "--quiet"] if cmd.joins else []
+    argv = [str(BIN / "dpmm"), *cmd.argv(ws, out), *joined]
     proc = subprocess.Popen(
         argv,
         env={**os.environ, **(env or {})},
@@ -463,7 +471,7 @@ def start(
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
-    return Run(proc, cl)
+    return Run(proc, cl, cmd.joins)
 
 
 def finish(run: Run, timeout: float) -> tuple[int | None, str]:
