@@ -10,7 +10,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 # `dpmm warm` and the user's own programs share one
 export NUMBA_CACHE_DIR := $(shell PYTHONPATH=. $(PY) -c 'import os, pipeline; print(os.environ.get("NUMBA_CACHE_DIR", ""))')
 
-.PHONY: install lock run test docs bench bench-gpu lint typecheck format clean
+.PHONY: install lock run test docs bench bench-gpu faults lint typecheck format clean
 
 # requirements.lock pins every package (the image installs with the same constraints); the kernels
 # of a first fit, `dpmm run` and `dpmm demo` are compiled then (`dpmm warm`), not at their first use
@@ -51,6 +51,17 @@ docs: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/pytest -q -m bench tests/benchmarks -s -p no:cacheprovider
+
+# the fault tests (tests/flows/test_faults.py, marked faults) and the fault campaign
+# (docs/how-to/faults.md), not part of make test: RUNS runs of the commands,
+# each with a fault drawn at random (seeded by SEED); the table goes to out/faults.json and .md.
+# Exit status 1 if any run ended otherwise than equal to the undisturbed run or with one clear
+# error line. About a minute a run on a quiet 2-core machine.
+RUNS ?= 200
+SEED ?= 0
+faults: $(STAMP)
+	$(BIN)/pytest -q -p no:cacheprovider -m faults tests/flows/test_faults.py
+	$(BIN)/python -m tests.campaign --runs $(RUNS) --seed $(SEED) --out out/faults
 
 # on a machine with an NVIDIA GPU and the GPU extra already installed ('.[gpu]'); installs
 # nothing (no $(STAMP): such a machine may have no network). Under 8 minutes.

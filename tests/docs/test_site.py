@@ -36,6 +36,7 @@ EXPECTED = [
     "how-to/kubernetes.html",
     "how-to/hpc.html",
     "how-to/gpus.html",
+    "how-to/faults.html",
     "usage.html",
     "reference/api.html",
     "reference/cli.html",
