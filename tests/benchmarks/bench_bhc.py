@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -25,8 +24,9 @@ from kernels import bhc as kbhc
 from pipeline.estimators.bhc import BHC
 from pipeline.families import GaussianNW
 from pipeline.models.exact import exact_log_marginal
+from tests.benchmarks.common import DATA
 
-ABALONE = Path("/work/shared/data/abalone.csv")
+ABALONE = DATA / "abalone.csv"
 
 
 def _summaries(m: int, d: int = 10, per: int = 20, n_true: int = 40, seed: int = 0):

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.bench
 
 
 def data_sets() -> dict[str, tuple[pd.DataFrame, np.ndarray]]:
-    """Table 2's wine, iris, breast cancer (683 x 9, ../shared/data), scikit-learn's digits with
+    """Table 2's wine, iris, breast cancer (683 x 9, ``DATA``), scikit-learn's digits with
     its constant pixels dropped, and scikit-learn's other breast cancer set (WDBC, 569 x 30)."""
     out = {name: (X, np.asarray(y)) for name, (X, y) in uci_sets().items()}
     Xd, yd = load_digits(return_X_y=True)

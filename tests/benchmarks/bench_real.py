@@ -1,4 +1,4 @@
-"""Issue 36: the defaults on every real clustering table of ``../shared/data/real/``, ours against
+"""Issue 36: the defaults on every real clustering table of ``DATA / "real"``, ours against
 BayesianGaussianMixture(10) and KMeans told the true number of classes, NMI and seconds, in the
 same run. ``make bench`` runs it; never part of ``make test``.
 

@@ -36,7 +36,7 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 def uci_sets() -> dict[str, tuple[pd.DataFrame, pd.Series]]:
     """Table 2 of Raykov et al. 2016: wine (scikit-learn's copy, numerically the UCI file), iris and
-    breast cancer (../shared/data)."""
+    breast cancer (``DATA``)."""
     out = {}
     w = load_wine(as_frame=True)
     out["wine"] = (w.data, w.target)
