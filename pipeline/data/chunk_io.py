@@ -167,7 +167,10 @@ def read_rows(path: str, a: int, b: int, reuse: bool = False) -> np.ndarray:
     out = scratch((cr, *rest), arr.dtype) if reuse else np.empty((cr, *rest), dtype=arr.dtype)
     with open(f, "rb", buffering=0) as fh:
         if kind == "raw":
-            data, got = out.data.cast("B"), fh.readinto(out.data.cast("B"))
+            # one read returns at most 2 GiB (Linux): a wide table's chunk may be larger
+            data, got = out.data.cast("B"), 0
+            while got < out.nbytes and (n := fh.readinto(data[got:])):
+                got += n
             tail = fh.read(5)
         else:
             whole = fh.read()
