@@ -28,7 +28,7 @@ from pipeline.core.config import (
     N_FOLDS,
     TOL,
 )
-from pipeline.core.storage import Loc, local_dir, redact
+from pipeline.core.storage import Loc, local_dir, no_space, redact
 from pipeline.data.store import Store, StoreInfo
 from pipeline.distributed.client import dask_client
 from pipeline.distributed.summaries import Summaries, identity_stage2, split_summaries
@@ -183,8 +183,10 @@ def cluster(
             data, info, reused = ingest_task(client, input, cfg, partial, progress, model)
             # an engine that does not take the records' missing cells refuses them here
             ctx = dist.run_context(partial, data, info, cfg.params, progress, cfg.engine_options)
-        except ValueError:
-            dist.discard_output(partial)
+        except (ValueError, OSError) as err:
+            # nothing to resume after bad input; a full disk needs the space back
+            if isinstance(err, ValueError) or no_space(err):
+                dist.discard_output(partial)
             raise
         timing["ingest"] = time.perf_counter() - t
         ctx.options[WARM_START] = dist.warm_start_of(model, info)
@@ -193,10 +195,15 @@ def cluster(
             "dataset": {"path": redact(str(data.path)), "reused": reused},
             "stage2": stage2,
         }
-        state, mapping, written = _stages(client, ctx, partial, cfg, extra, timing)
-        extra["dashboard"] = client.dashboard_link
-        # ``ctx.info``: with the run's prior (``pipeline.distributed.loop.with_prior_scale``)
-        run = finish_task(input, cfg, partial, ctx.info, state, mapping, written, timing, extra)
+        try:
+            state, mapping, written = _stages(client, ctx, partial, cfg, extra, timing)
+            extra["dashboard"] = client.dashboard_link
+            # ``ctx.info``: with the run's prior (``pipeline.distributed.loop.with_prior_scale``)
+            run = finish_task(input, cfg, partial, ctx.info, state, mapping, written, timing, extra)
+        except OSError as err:
+            if no_space(err):
+                dist.discard_output(partial)
+            raise
     if progress:
         m, held = run["metrics"], run["metrics"]["heldout_mean_log_density"]
         print(

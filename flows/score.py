@@ -59,7 +59,7 @@ def score(
             t = time.perf_counter()
             written = write_task(c, est, info, partial, progress)
             timing["write_out"] = time.perf_counter() - t
-            record = sc.finish(model, input, out, partial, est, info, written, timing)
+            record = sc.finish(model, input, out, partial, est, info, written, timing, overwrite)
     except BaseException:
         sc.discard(partial)
         raise

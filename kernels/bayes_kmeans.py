@@ -17,7 +17,7 @@ from numba import njit
 
 from kernels.alloc import crp
 from kernels.arrays import aligned_matrix, copy_vector, prefetch
-from kernels.mapdp import _AHEAD, _free_slot, _grow, _pruned_costs, load_block
+from kernels.mapdp import _AHEAD, _free_slot, _grow, _pruned_costs_from, load_block
 from kernels.obs import gaussian_nw, product
 from kernels.partition import canonical_labels, greedy_merge, merge_gap_cached
 
@@ -65,7 +65,7 @@ def _packed_costs(
     scratch_s, scratch_c, log_new, e0, ub, costs,
 ):  # fmt: skip
     """``assign``'s costs of the t-th record x (in k0) under the packed P
-    (``kernels.mapdp._pruned_costs``), its block's quadratic forms at the block's start."""
+    (``kernels.mapdp._pruned_costs_from``), its block's quadratic forms at the block's start."""
     K = P.shape[1] - 1
     nb = XT.shape[1]
     d = x.shape[0]
@@ -80,7 +80,8 @@ def _packed_costs(
     if k0 >= 0 and nk[k0] > 1.0:
         lp = _loo(x, k0, stats, cache, spec, prior, loo, loo_ok, scratch_s, scratch_c, d, qv[k0])
         cost0 = -lp - crp.log_join(nk[k0] - 1.0)
-    _pruned_costs(k0, lognk, K, log_new, P, e0, qv, ub, costs, cost0, x)
+    gaussian_nw.packed_log_predictive_bounds(qv, P, K + 1, e0, ub)
+    _pruned_costs_from(k0, lognk, K, log_new, P, e0, qv, ub, ub, costs, cost0, x, d, d)
 
 
 @njit(cache=True, nogil=True, inline="always")

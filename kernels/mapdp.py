@@ -36,9 +36,7 @@ def pack_slots(cache, n_slots, empty_c, d):
     """A new P (``gaussian_nw.pack_column``), a column per row of cache plus one: the slots
     below n_slots, then the empty cache."""
     P = np.empty((d * (d + 1) // 2 + d + 3, cache.shape[0] + 1))
-    for k in range(n_slots):
-        gaussian_nw.pack_column(P, k, cache[k], d)
-    gaussian_nw.pack_column(P, n_slots, empty_c, d)
+    gaussian_nw.pack_columns(P, cache, n_slots, empty_c, d)
     return P
 
 
@@ -55,7 +53,7 @@ def pack_move(P, cache, nk, n_slots, k0, knew, grew, empty_c, d):
 @njit(cache=True, nogil=True, inline="always")
 def _costs(
     x, k0, stats, cache, lognk, n_slots, spec, prior, empty_s, empty_c, log_alpha, scratch_s,
-    scratch_c, costs, lp, P, acc, qv,
+    scratch_c, costs, lp, P, acc, qv, nw,
 ):  # fmt: skip
     """costs[k] = q_{i,k} - log N_{k,-i} (eqs. 3.1-3.2; the CRP's ``log_join`` in ``lognk``)
     for slots k < n_slots (inf when free, or k0 with x alone), costs[n_slots] with log N0 for a
@@ -63,7 +61,7 @@ def _costs(
     log p(x) (eq. 3.4's terms), from the packed P when not empty (lp[k0]: x among X_k0)."""
     log_new = crp.log_new(log_alpha)
     hot = P.shape[0] > 0
-    if hot:
+    if nw is not None and hot:
         gaussian_nw.packed_log_predictives(x, P, n_slots + 1, acc, qv, lp)
         for k in range(n_slots):
             if k != k0:
@@ -112,23 +110,13 @@ def _loo_cost(x, k0, stats, cache, lognk, spec, prior, loo, loo_ok, scratch_s, s
     return -v - loo[k0, 3]
 
 
-@njit(cache=True, nogil=True)
-def _pruned_costs(k0, lognk, n_slots, log_new, P, e0, qv, ub, costs, cost0, x):
-    """``_costs``' packed costs (k != k0) where one can be the arg min, inf elsewhere, from x's
-    quadratic forms qv: exact only where a column's bound (``packed_log_predictive_bounds``)
-    is within 1e-9 (|m| + 1) of m, the least exact cost known (cost0, k0's, else the lowest
-    bound's column's): the full evaluation's arg min, ties too."""
-    n = n_slots + 1
-    d = x.shape[0]
-    gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, ub)
-    _pruned_costs_from(k0, lognk, n_slots, log_new, P, e0, qv, ub, ub, costs, cost0, x, d, d)
-
-
 @njit(cache=True, nogil=True, inline="always")
 def _pruned_costs_from(k0, lognk, n_slots, log_new, P, e0, qv, lpb, ub, costs, cost0, x, d, rows):
-    """``_pruned_costs`` from the bounds lpb of the n_slots + 1 columns (kept unless ub, scratch,
-    is lpb); qv may hold the first ``rows`` rows only (``leading_quad_forms``), finished where
-    a cost is computed."""
+    """``_costs``' packed costs (k != k0) where one can be the arg min, inf elsewhere, from x's
+    quadratic forms qv: exact only where a column's bound lpb (``packed_log_predictive_bounds``;
+    kept unless ub, scratch, is lpb) is within 1e-9 (|m| + 1) of m, the least exact cost known
+    (cost0, k0's, else the lowest bound's column's): the full evaluation's arg min, ties too. qv
+    may hold the first ``rows`` rows only (``leading_quad_forms``), finished where needed."""
     n = n_slots + 1
     low = np.inf
     top = -1
@@ -208,20 +196,12 @@ def _log_sum(terms, K, best):
     return m + math.log(acc)
 
 
-@njit(cache=True, nogil=True)
-def _pruned_log_mixture(qv, P, e0, lognk, K, log_norm, log_alpha, ub, lp, terms):
-    """``_log_mixture`` of the packed predictives (the same arg max and sum) from the quadratic
-    forms qv, lp[k] = -inf where the term's bound is 40 below a known term (``_log_sum`` skips
-    such terms)."""
-    n = K + 1
-    gaussian_nw.packed_log_predictive_bounds(qv, P, n, e0, ub)
-    return _pruned_log_mixture_from(qv, P, e0, lognk, K, log_norm, log_alpha, ub, ub, lp, terms)
-
-
 @njit(cache=True, nogil=True, inline="always")
 def _pruned_log_mixture_from(qv, P, e0, lognk, K, log_norm, log_alpha, lpb, ub, lp, terms):
-    """``_pruned_log_mixture`` from the bounds lpb of the K + 1 columns (shared with
-    ``_pruned_costs_from``); ub scratch, may be lpb."""
+    """``_log_mixture`` of the packed predictives (the same arg max and sum) from the quadratic
+    forms qv and the bounds lpb of the K + 1 columns (``packed_log_predictive_bounds``), lp[k] =
+    -inf where the term's bound is 40 below a known term (``_log_sum`` skips such terms); ub
+    scratch, may be lpb."""
     n = K + 1
     top = -1
     hi = -np.inf
@@ -264,12 +244,13 @@ def _pruned_log_mixture_from(qv, P, e0, lognk, K, log_norm, log_alpha, lpb, ub, 
 
 @njit(cache=True, nogil=True, inline="always")
 def _move(
-    x, i, k0, knew, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c, hot, work, touched
-):
+    x, i, k0, knew, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c, hot, work, touched,
+    nw,
+):  # fmt: skip
     """Record i from slot k0 (-1: none) to knew (n_slots: a new cluster, the lowest free slot
     or n_slots, ``_room``); returns n_slots. ``hot``: ``_update``'s, slots marked in touched."""
     if k0 >= 0:
-        _update(x, stats[k0], cache[k0], spec, prior, -1.0, hot, work)
+        _update(x, stats[k0], cache[k0], spec, prior, -1.0, hot, work, nw)
         touched[k0] = True
         nk[k0] -= 1.0
         lognk[k0] = crp.log_join(nk[k0]) if nk[k0] > 0.0 else -np.inf
@@ -281,7 +262,7 @@ def _move(
         stats[free, :] = 0.0
         copy_vector(cache[free], empty_c)
         knew = free
-    _update(x, stats[knew], cache[knew], spec, prior, 1.0, hot, work)
+    _update(x, stats[knew], cache[knew], spec, prior, 1.0, hot, work, nw)
     touched[knew] = True
     nk[knew] += 1.0
     lognk[knew] = crp.log_join(nk[knew])
@@ -290,10 +271,10 @@ def _move(
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _update(x, s, c, spec, prior, w, hot, work):
+def _update(x, s, c, spec, prior, w, hot, work, nw):
     """``product.update``; ``hot`` (one Normal-Wishart group) with the scratch work and without
-    L, which ``_scan`` restores at its end."""
-    if hot:
+    L, which ``_scan`` restores at its end (nw: ``product.nw_only``'s)."""
+    if nw is not None and hot:
         gaussian_nw.update_with(x, s, c, prior, w, work, True, False)
     else:
         product.update(x, s, c, spec, prior, w)
@@ -345,10 +326,10 @@ def load_block(XT, X, order, t0, t1):
 @njit(cache=True, nogil=True, inline="always")
 def _stay_density(
     x, k0, stats, cache, lognk, n_slots, spec, prior, log_alpha, log_norm, hot, pruned, P, e0, qv,
-    lpb, ub, lp, terms,
+    lpb, ub, lp, terms, nw,
 ):  # fmt: skip
     """Eq. 3.4's log density of x staying in k0, from ``_scan_run``'s costs."""
-    if pruned:
+    if nw is not None and pruned:
         return _pruned_log_mixture_from(
             qv, P, e0, lognk, n_slots, log_norm, log_alpha, lpb, ub, lp, terms
         )[1]
@@ -382,8 +363,10 @@ def _scan(
     terms = np.empty(size)
     acc = np.empty(size)
     qv = np.empty(size)
-    # one full-covariance group: the slots' predictives packed, kept in step with every move
-    hot = spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
+    # one full-covariance group: the slots' predictives packed, kept in step with every move;
+    # a spec of any family (int64) compiles none of that code (``product.nw_only``)
+    nw = product.nw_only(spec)
+    hot = nw is not None and spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
     P = np.empty((0, 0))
     if hot:
         P = pack_slots(cache, n_slots, empty_c, d)
@@ -410,7 +393,7 @@ def _scan(
         _scan_run(
             X, order, z, stats, cache, nk, lognk, spec, prior, empty_c, log_alpha, gibbs, state,
             logdens, log_norm, hot, pruned, P, costs, lp, terms, acc, qv, ub, lpb, loo, loo_ok,
-            XT, Q, bacc, dirty, empty_s, scratch_s, scratch_c, x, work, touched, pos,
+            XT, Q, bacc, dirty, empty_s, scratch_s, scratch_c, x, work, touched, pos, nw,
         )  # fmt: skip
         if pos[_T] == M:
             break
@@ -437,7 +420,7 @@ def _scan(
 def _scan_run(
     X, order, z, stats, cache, nk, lognk, spec, prior, empty_c, log_alpha, gibbs, state, logdens,
     log_norm, hot, pruned, P, costs, lp, terms, acc, qv, ub, lpb, loo, loo_ok, XT, Q, bacc, dirty,
-    empty_s, scratch_s, scratch_c, x, work, touched, pos,
+    empty_s, scratch_s, scratch_c, x, work, touched, pos, nw,
 ):  # fmt: skip
     """``_scan``'s records from pos[_T] on, until the last or one that is to open a cluster
     with no row left (``_room``); the position is kept in pos.
@@ -485,7 +468,7 @@ def _scan_run(
         for c in range(d):
             x[c] = X[i, c]
         k0 = z[i]
-        if pruned:
+        if nw is not None and pruned:
             if t >= blk1:
                 blk0 = t
                 blk1 = min(t + _BLOCK, M)
@@ -494,7 +477,10 @@ def _scan_run(
                 n_dirty = 0
                 if batch:
                     load_block(XT, X, order, blk0, blk1)
-                    gaussian_nw.block_quad_forms(XT, 0, blk1 - blk0, P, n_slots + 1, d, bacc, Q)
+                    # t - blk0 = 0 as an int64: a literal 0 would compile another variant
+                    gaussian_nw.block_quad_forms(
+                        XT, t - blk0, blk1 - blk0, P, n_slots + 1, d, bacc, Q
+                    )
             # a record scored before any move needs every full quadratic form
             r = d if batch or (scoring and n_changed == 0) else rows
             if batch:
@@ -519,7 +505,7 @@ def _scan_run(
         else:
             _costs(
                 x, k0, stats, cache, lognk, n_slots, spec, prior, empty_s, empty_c, log_alpha,
-                scratch_s, scratch_c, costs, lp, P, acc, qv,
+                scratch_s, scratch_c, costs, lp, P, acc, qv, nw,
             )  # fmt: skip
         drawn_from = state[0]
         if gibbs:
@@ -536,7 +522,7 @@ def _scan_run(
             if scoring and n_changed == 0:
                 logdens[i] = _stay_density(
                     x, k0, stats, cache, lognk, n_slots, spec, prior, log_alpha, log_norm, hot,
-                    pruned, P, e0, qv, lpb, ub, lp, terms,
+                    pruned, P, e0, qv, lpb, ub, lp, terms, nw,
                 )  # fmt: skip
             t += 1
             continue
@@ -547,16 +533,16 @@ def _scan_run(
         before = n_slots
         n_slots = _move(
             x, i, k0, best, z, stats, cache, nk, lognk, n_slots, spec, prior, empty_c, hot, work,
-            touched,
+            touched, nw,
         )  # fmt: skip
         n_changed += 1
         if pruned:
             if k0 >= 0:
                 loo_ok[k0] = False
             loo_ok[z[i]] = False
-        if hot:
+        if nw is not None and hot:
             pack_move(P, cache, nk, n_slots, k0, z[i], n_slots > before, empty_c, d)
-        if pruned:
+        if nw is not None and pruned:
             blk_moves += 1
             if batch and t + 1 < blk1:
                 n_dirty = _mark_dirty(dirty, n_dirty, k0)
@@ -693,6 +679,7 @@ def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
     lp = np.empty(K + 1)
     terms = np.empty(K + 1)
     hot = spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
+    hot = hot and product.nw_only(spec) is not None
     # packed as the sweep's, the empty cache in column K
     P = np.empty((0, 0))
     if hot:
@@ -714,8 +701,9 @@ def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
             for v in range(b1 - b0):
                 for h in range(K + 1):
                     qv[h] = Q[h, v]
-                best, logdens[b0 + v] = _pruned_log_mixture(
-                    qv, P, e0, lognk, K, log_norm, log_alpha, ub, lp, terms
+                gaussian_nw.packed_log_predictive_bounds(qv, P, K + 1, e0, ub)
+                best, logdens[b0 + v] = _pruned_log_mixture_from(
+                    qv, P, e0, lognk, K, log_norm, log_alpha, ub, ub, lp, terms
                 )
                 labels[b0 + v] = best if best < K else -1
         return labels, logdens

@@ -16,6 +16,7 @@ from distributed import Client, LocalCluster
 from hypothesis import settings
 
 from pipeline.distributed.client import PROFILE_KEY
+from tests import faults
 
 # CI (``.ci/run``: HYPOTHESIS_PROFILE=ci) draws the same examples on every run, so that a failure
 # there is the code's and not a new draw's; other runs draw new examples each time (and keep the
@@ -57,6 +58,19 @@ def client():
         yield c
 
 
+@pytest.fixture(scope="session")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One headless Chromium (``tests.browser.Browser``) for the page checks of this process;
+    skips the test without one (fails it under CI)."""
+    from tests.browser import Browser, chromium_or_skip
+
+    started = Browser(chromium_or_skip(), tmp_path_factory.mktemp("browser-profile"))
+    try:
+        yield started
+    finally:
+        started.close()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _dataset_root(tmp_path_factory):
     """Shared dataset stores of the tests' runs go to a temporary root, not the user's cache
@@ -89,7 +103,9 @@ def s3_server() -> Iterator[str]:
 
     # the server's request log would fill the tests' output
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    app = _OneRequestAtATime(DomainDispatcherApplication(create_backend_app))
+    # one request at a time, and the faults ``failing_s3`` injects (tests/faults.py)
+    app = faults.S3App(DomainDispatcherApplication(create_backend_app))
+    faults.SERVER = app
     server = make_server("127.0.0.1", 0, app, True, request_handler=MotoRequestHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -116,21 +132,21 @@ def s3_server() -> Iterator[str]:
                 os.environ[k] = v
         server.shutdown()
         thread.join()
+        faults.SERVER = None
 
 
-class _OneRequestAtATime:
-    """moto's server answers requests in threads with no lock: two conditional writes of one
-    key (``If-None-Match: *``) could both succeed, which S3 never allows. One request at a
-    time gives each request S3's atomicity (``pipeline.ops.registry`` relies on it)."""
+@pytest.fixture
+def failing_s3(s3_server: str) -> Any:
+    """``with failing_s3(rate, kinds, ops, match, limit, seed) as f: ...``: the ``s3_server``
+    fails a fraction ``rate`` of its requests during the block (``tests.faults.failing_s3``)."""
+    return faults.failing_s3
 
-    def __init__(self, app: Any) -> None:
-        import threading
 
-        self.app, self.lock = app, threading.Lock()
-
-    def __call__(self, environ: Any, start_response: Any) -> list[bytes]:
-        with self.lock:
-            return list(self.app(environ, start_response))
+@pytest.fixture
+def full_disk() -> Any:
+    """``with full_disk(path, size) as disk: ...``: a file system of ``size`` bytes mounted at
+    ``path`` during the block (``tests.faults.full_disk``; ``disk.how``: tmpfs or loop)."""
+    return faults.full_disk
 
 
 @pytest.fixture

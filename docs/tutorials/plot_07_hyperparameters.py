@@ -3,8 +3,9 @@ Choosing hyperparameters: ``dpmm cv`` and ``tune="cv"``
 =======================================================
 
 Labels are never used: hyperparameters are chosen by K-fold held-out log predictive density
-(Raykov et al. 2016, Appendix A, option 4). ``MAPDP(tune="cv")`` tries the covariance kind, then
-alpha, then the prior scale, one at a time; ``dpmm cv`` fits a whole grid as a Prefect flow.
+(Raykov et al. 2016, Appendix A, option 4). ``MAPDP(tune="cv")`` tries alpha, then the prior
+scale, one at a time (``family="auto"`` chooses the covariance kind by held-out density itself);
+``dpmm cv`` fits a whole grid as a Prefect flow.
 """
 
 # %%

@@ -2,10 +2,12 @@
 
 Subcommands (one module each in ``flows.cli``): ``cluster`` (MAP-DP in this process), ``demo``,
 ``run`` (the distributed flow ``flows.cluster``), ``cv``, ``score``, ``serve``, ``update``,
-``server``, ``longitudinal`` and ``hmm``.
+``server``, ``longitudinal``, ``hmm`` and ``warm``.
 
-Exit status: 0 on success; 2 on bad input or usage, with exactly one line
-``dpmm: error: <message>`` on stderr; anything unexpected raises (traceback, status 1).
+Exit status: 0 on success; 2 on bad input or usage, 3 when the storage fails (object storage
+still failing after its retries, no space left on a device, a damaged chunk:
+``pipeline.core.errors.StorageError``), each with exactly one line ``dpmm: error: <message>`` on
+stderr; anything unexpected raises (traceback, status 1).
 
 A subcommand module writes ``add_<name>_parser(subparsers)`` (shared option blocks from
 ``flows.cli.options`` as ``parents=[...]``) and ``cmd_<name>(args) -> int``, and wraps the steps
@@ -31,8 +33,9 @@ from flows.cli.score import add_score_parser
 from flows.cli.serve import add_serve_parser
 from flows.cli.server import add_server_parser
 from flows.cli.update import add_update_parser
+from flows.cli.warm import add_warm_parser
 from pipeline.core import outputs, storage
-from pipeline.core.errors import InputError
+from pipeline.core.errors import InputError, StorageError
 
 PROG = "dpmm"
 
@@ -65,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_parser(sub)
     add_longitudinal_parser(sub)
     add_hmm_parser(sub)
+    add_warm_parser(sub)
     return parser
 
 
@@ -116,6 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _refuse_urls(args)
         check_paths(args)
         return int(args.func(args))
-    except InputError as err:
-        print(f"{PROG}: error: {one_line(str(err))}", file=sys.stderr, flush=True)
-        return 2
+    except (InputError, OSError) as err:
+        # the storage failed, not the input (3): a run again later, or with space, may succeed
+        failed = err if isinstance(err, StorageError) else storage.no_space(err)
+        if failed is None and not isinstance(err, InputError):
+            raise
+        print(f"{PROG}: error: {one_line(str(failed or err))}", file=sys.stderr, flush=True)
+        return 2 if failed is None else 3

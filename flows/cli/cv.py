@@ -22,7 +22,7 @@ from flows.cli.options import (
     flow_kwargs,
 )
 from flows.cli.prefect_api import prestart
-from flows.cli.run import start_flow
+from flows.cli.run import _hpc_of, start_flow
 from flows.cli.types import positive_int as _positive_int
 from pipeline.core.config import MAX_ITER, SELECT, TUNE_GRID
 from pipeline.core.errors import InputError
@@ -123,11 +123,12 @@ def cmd_cv(args: argparse.Namespace) -> int:
     from flows.cv import cv, run_cv_flow
     from pipeline.ops.cv import Grid
 
-    # the grid and the file are refused before a Dask cluster and Prefect start
+    # the grid, the file and --cluster-config are refused before a Dask cluster and Prefect start
     grid = Grid(tuple(args.alpha), tuple(args.prior_scale), tuple(args.family))
     if args.folds < 2:
         raise InputError(f"--folds {args.folds}: at least 2 folds are needed")
     pio.check_file(args.input)
+    _hpc_of(args)
     prestart()  # Prefect's temporary server boots while the flow's modules load
     kwargs = flow_kwargs(
         args, cv, alphas=list(grid.alphas), scales=list(grid.scales), families=list(grid.families)

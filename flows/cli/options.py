@@ -22,7 +22,7 @@ from pipeline.core.config import (
     TOL,
     TOL_IN_MEMORY,
 )
-from pipeline.core.errors import InputError
+from pipeline.core.errors import InputError, StorageError
 from pipeline.data import io as pio
 from pipeline.data.dataset import DATA_DIR_ENV
 
@@ -74,9 +74,23 @@ _g.add_argument(
     help="keep Prefect's and Dask's log lines in PATH (default: a temporary file, deleted "
     "unless the run fails for another reason than its input)",
 )
+CLUSTER, _g = _block()
+_g.add_argument(
+    "--cluster",
+    choices=("local", "slurm", "pbs"),
+    default="local",
+    help="where the Dask workers run: a LocalCluster on this machine (default), or batch "
+    "jobs of a SLURM or PBS system (dask-jobqueue; needs --cluster-config)",
+)
+_g.add_argument(
+    "--cluster-config",
+    default=None,
+    metavar="FILE",
+    help="YAML of dask-jobqueue's keys for --cluster slurm|pbs (cores, memory, jobs, ...)",
+)
 del _g
 #: what every command that runs a flow on a Dask cluster takes
-FLOW = [SEED, SCHEDULER, WORKERS, OVERWRITE, QUIET, LOGS]
+FLOW = [SEED, SCHEDULER, CLUSTER, WORKERS, OVERWRITE, QUIET, LOGS]
 
 # the flow's parameter of an option named otherwise
 _RENAMED = {
@@ -116,6 +130,8 @@ def bad_input(prefix: str | None = None, rows_of: str | Path | None = None) -> I
     ``rows_of`` (``pipeline.data.io.locate_rows``)."""
     try:
         yield
+    except StorageError:
+        raise
     except (ValueError, TypeError, OSError) as err:
         msg = str(err) or type(err).__name__
         if rows_of is not None:

@@ -46,7 +46,7 @@ from pipeline.core.config import (
     MIXTURE_ENGINES,
     N_FOLDS,
 )
-from pipeline.core.errors import InputError
+from pipeline.core.errors import InputError, StorageError
 from pipeline.data import io as pio
 from pipeline.data.store import STORE_DTYPES
 
@@ -147,20 +147,6 @@ def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="tree-guided MCMC iterations after BHC in stage 2 (default 0)",
     )
     p.add_argument(
-        "--cluster",
-        choices=("local", "slurm", "pbs"),
-        default="local",
-        help="where the Dask workers run: a LocalCluster on this machine (default), or batch "
-        "jobs of a SLURM or PBS system (dask-jobqueue; needs --cluster-config)",
-    )
-    p.add_argument(
-        "--cluster-config",
-        default=None,
-        metavar="FILE",
-        help="YAML of dask-jobqueue's keys for --cluster slurm|pbs (cores, memory, queue, "
-        "walltime, job_extra_directives, ...) and 'jobs' (how many; pipeline.distributed.hpc)",
-    )
-    p.add_argument(
         "--threads",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -249,6 +235,8 @@ def start_flow(
             )
             stack.enter_context(flow_api())
             return runner(**kwargs)  # type: ignore[no-any-return]
+    except StorageError:
+        raise
     except ValueError as err:
         msg = " ".join(str(err).split()) or type(err).__name__
         if rows_of is not None:

@@ -162,7 +162,7 @@ def _any_log_marginal(code, sg, pg):
 # -- the family set as a type: numba compiles per type, so the ``_group_*`` overloads pick on
 # the code's integer type: int32 (``NW_ONLY_DTYPE``) the Normal-Wishart kernels without the
 # recording cells' code, int16 (``NW_CELLS_DTYPE``, offsets below about 170 columns) with it,
-# int64 (``ANY_DTYPE``) the ``_any_*`` chains over all seven families.
+# int64 (``ANY_DTYPE``) the ``_any_*`` chains over all seven families, no packed ones (``nw_only``).
 NW_ONLY_DTYPE = np.int32
 ANY_DTYPE = np.int64
 NW_CELLS_DTYPE = np.int16
@@ -181,6 +181,17 @@ def _nw_cells(code):
 def _nw(code):
     """Either Normal-Wishart-only spec."""
     return _nw_only(code) or _nw_cells(code)
+
+
+def nw_only(spec):
+    """True for an int32 or int16 spec, None for int64: a kernel's Normal-Wishart paths under
+    ``if nw is not None`` (numba drops a branch on a None argument untyped; jit only)."""
+    raise NotImplementedError("jit only")
+
+
+@overload(nw_only, jit_options={"nogil": True}, inline="always")
+def _ol_nw_only(spec):
+    return (lambda spec: True) if _nw(spec.dtype) else (lambda spec: None)
 
 
 def _group_add_stats(code, xg, sg, w):

@@ -29,8 +29,10 @@ MIN_CHANGE = 1e-3
 #: whole store (``tests/flows/test_defaults.py`` lists the difference)
 MAX_ITER = 100
 TOL_IN_MEMORY = 1e-6
-#: restarts of an in-memory MAP-DP fit (``pipeline.estimators.mapdp.auto_restarts``)
+#: restarts of an in-memory MAP-DP fit, "auto": ``AUTO_RESTARTS`` up to ``AUTO_RESTARTS_ROWS``
+#: records, else 1, each judged on the ``RESTART_HOLDOUT`` share it leaves out (``MAPDP``)
 N_RESTARTS = "auto"
+AUTO_RESTARTS, AUTO_RESTARTS_ROWS, RESTART_HOLDOUT = 3, 20_000, 0.2
 #: ``dpmm serve``'s deployment (``flows.scheduled``): its name, its schedule (every day at 02:00
 #: UTC, as in infra/prefect.yaml) and the partitions (days) of each refit's window
 DEPLOYMENT = "dpmm-scheduled"
@@ -40,10 +42,17 @@ WINDOW = 7
 #: (on another host, or paused) stops blocking the others (``pipeline.ops.registry``); the lock is
 #: held for one read and one rename, milliseconds
 REGISTRY_LEASE = 60.0
+#: object storage's retry policy, every S3 client's (``pipeline.core.storage.retry_policy``): a
+#: request failed by a 5xx, a 429 or a lost connection is tried this often in all, with botocore's
+#: "legacy" backoff (a random 0..2^(k-1) s before retry k), each retry a warning naming the object
+STORAGE_ATTEMPTS = 5
 #: Gamma(shape, rate) prior on the concentration N0 when it is learned (eq. A.1): shape 2 keeps
 #: the mode away from 0 at K = 1; rate 5 (prior mean 0.4) stops singleton clusters of outlying
 #: records from raising N0, which opens more (ionosphere: 39 clusters with rate 1, 26 with 5)
 ALPHA_PRIOR = (2.0, 5.0)
+#: ``family="auto"``'s covariance (``Schema.choose_structure``): held-out density on at most
+#: ``EVIDENCE_ROWS`` rows in ``EVIDENCE_FOLDS`` folds, given ``EVIDENCE_MIN`` and two per column
+EVIDENCE_ROWS, EVIDENCE_FOLDS, EVIDENCE_MIN = 2_000, 3, 60
 N_FOLDS = 10
 #: the infinite HMM's top-level concentration M0 (Raykov et al. 2016, Section 6)
 GAMMA = 2.0

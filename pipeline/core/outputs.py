@@ -1,10 +1,11 @@
 """A command's output directory: written whole or not at all, and the JSON it records.
 
 ``staged_dir`` and ``write_outputs`` write a run's results into a temporary sibling directory
-(``pipeline.core.paths.temp_sibling``: ``.<name>.partial`` next to it, the name the distributed
-run uses too) that is renamed into place only when everything has been written: a failure leaves
-no partial output directory, and an existing one is replaced only on success. ``versions`` is
-what run.json records of the software.
+(``.<name>.partial-<pid>-<tag>``, the writer's own; ``.<name>.partial`` for a run that resumes,
+``pipeline.core.paths.temp_sibling``) that is renamed into place, atomically, only when everything
+has been written: a failure leaves no partial output directory, an existing one is replaced only
+on success, and two writers of one output never remove each other's work. ``versions`` is what
+run.json records of the software.
 
 Atomic visibility without rename
 --------------------------------
@@ -35,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.core import storage
-from pipeline.core.errors import InputError
+from pipeline.core.errors import InputError, StorageError
 from pipeline.core.paths import commit_dir, safe_name, temp_sibling
 from pipeline.core.storage import (
     Loc,
@@ -53,20 +54,18 @@ from pipeline.core.storage import (
 def staged_dir(out: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary sibling of ``out`` to write into; renamed to ``out`` if the block succeeds.
 
-    The temporary directory is ``temp_sibling(out)``. On any exception it is removed and
-    ``out`` is left as it was; on success an existing ``out`` is replaced.
+    The temporary directory is the writer's own (``prepare_output``, never resumed). On any
+    exception it is removed and ``out`` is left as it was; on success an existing ``out`` is
+    replaced.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError(f"{out}: exists and is not a directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_sibling(out)
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    tmp = prepare_output(out, None, True)[0]
+    assert isinstance(tmp, Path)
     try:
         yield tmp
-        commit_dir(tmp, out)
+        publish_output(tmp, out, True, kind="")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -178,6 +177,8 @@ def read_manifest(loc: RemotePath) -> dict[str, Any] | None:
         doc = json.loads((loc / MANIFEST).read_text())
     except FileNotFoundError:
         return None
+    except StorageError:
+        raise
     except ValueError as err:
         raise ValueError(f"{redact(str(loc / MANIFEST))}: unreadable manifest ({err})") from err
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
@@ -364,8 +365,11 @@ def write_shared(final: Loc, write: Callable[[Loc], None], replace: bool, **extr
                 raise
             # a concurrent writer completed first: its store is the same
             shutil.rmtree(partial, ignore_errors=True)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(err, OSError) and not err.filename and storage.no_space(err):
+            # a write's error names no file: the message names the store
+            raise OSError(err.errno, err.strerror, str(final)) from err
         raise
     finally:
         _ACTIVE.discard(str(partial))
@@ -454,7 +458,8 @@ def prepare_output(
     an earlier attempt of the same command (``fingerprint``: its input files and parameters;
     None: never resumed). An existing (committed) ``out`` is refused unless ``overwrite``.
 
-    Local: the hidden sibling ``.<name>.partial``, renamed into place by ``publish_output``.
+    Local: the hidden sibling ``.<name>.partial`` (``.<name>.partial-<pid>-<tag>``, the
+    writer's own, when never resumed), renamed into place by ``publish_output``.
     Object storage: OUT's own prefix, made visible by its manifest; or, replacing a committed
     OUT, its hidden sibling (``staging``), swapped in by ``publish_output``. A partial output
     holds ``MARKER`` from the start: a prefix without it holds objects that are not a dpmm
@@ -466,15 +471,22 @@ def prepare_output(
     check_new_output(where, overwrite, what)
     if where.exists() and not where.is_dir():
         raise ValueError(f"{what} {where}: exists and is not a directory")
+    if fingerprint is None:
+        # never resumed: a place of this writer's own, so that two commands writing one OUT at
+        # once (a backfill scoring the day the schedule scores) never remove each other's work
+        remove_stale_partials(where)
+        partial = where.parent / f".{where.name}{PARTIAL}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        _ACTIVE.add(str(partial))
+        partial.mkdir(parents=True)
+        return partial, False
     partial = temp_sibling(where)
     marker = partial / MARKER
     if partial.exists():
-        if fingerprint is not None and marker.exists() and marker.read_text() == fingerprint:
+        if marker.exists() and marker.read_text() == fingerprint:
             return partial, True
         shutil.rmtree(partial)
     partial.mkdir(parents=True)
-    if fingerprint is not None:
-        marker.write_text(fingerprint)
+    marker.write_text(fingerprint)
     return partial, False
 
 
@@ -518,16 +530,18 @@ def _prepare_remote_output(
 def publish_output(
     partial: Loc, out: Where, overwrite: bool, kind: str, what: str = "--out"
 ) -> None:
-    """Make the complete ``partial`` (``prepare_output``) the output ``out``: a local rename
-    (replacing ``out`` only with ``overwrite``), OUT's manifest written last, or the staged
-    output swapped in (``replace``)."""
+    """Make the complete ``partial`` (``prepare_output``) the output ``out``: a local atomic
+    rename (``commit_dir``: replacing ``out`` only with ``overwrite``), OUT's manifest written
+    last, or the staged output swapped in (``replace``)."""
     with contextlib.suppress(FileNotFoundError):
         (partial / MARKER).unlink()
     dest = location(out)
-    # a local OUT may have appeared since ``prepare_output``; a remote one was checked there
-    # and is swapped whole
-    if isinstance(dest, Path) and dest.exists() and not overwrite:
-        raise ValueError(f"{what} {dest}: already exists (pass --overwrite to replace it)")
+    if isinstance(dest, Path) and isinstance(partial, Path):
+        # a local OUT may have appeared since ``prepare_output`` (another writer's, complete)
+        if not commit_dir(partial, dest, overwrite):
+            raise InputError(f"{what} {dest}: already exists (pass --overwrite to replace it)")
+        _ACTIVE.discard(str(partial))
+        return
     publish(partial, dest, kind=kind)
 
 

@@ -9,10 +9,13 @@ are compared resolved; URLs by scheme, bucket and normalised key, refusing ``..`
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import posixpath
 import re
 import shutil
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -101,15 +104,24 @@ def temp_sibling(path: str | os.PathLike[str]) -> Path:
     return p.parent / f".{p.name}.partial"
 
 
-def commit_dir(tmp: Path, out: Path) -> None:
-    """Rename the complete output ``tmp`` to ``out``, replacing it: a staged output's last step."""
-    if not out.exists():
-        os.replace(tmp, out)
-        return
-    # rename() cannot replace a non-empty directory: move the old one aside first
-    old = out.parent / f".{out.name}.old"
-    if old.exists():
-        shutil.rmtree(old)
+def commit_dir(tmp: Path, out: Path, replace: bool = True) -> bool:
+    """Rename the complete output ``tmp`` to ``out`` atomically, as a staged output's last step:
+    a reader sees the old ``out`` or the new one, never neither. An existing ``out`` is replaced
+    only if ``replace`` (else ``tmp`` is left and False returned): Linux swaps the two
+    (``renameat2``'s ``RENAME_EXCHANGE``), elsewhere the old one is first moved aside."""
+    try:
+        os.rename(tmp, out)  # onto nothing (or an empty directory): atomic
+        return True
+    except OSError as err:
+        if err.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+    if not replace:
+        return False
+    exchange = getattr(ctypes.CDLL(None), "renameat2", None)  # AT_FDCWD -100, RENAME_EXCHANGE 2
+    if exchange and not exchange(-100, os.fsencode(tmp), -100, os.fsencode(out), 2):
+        shutil.rmtree(tmp, ignore_errors=True)  # the old output, swapped out
+        return True
+    old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     os.replace(out, old)
     try:
         os.replace(tmp, out)
@@ -117,3 +129,4 @@ def commit_dir(tmp: Path, out: Path) -> None:
         os.replace(old, out)
         raise
     shutil.rmtree(old, ignore_errors=True)
+    return True

@@ -5,28 +5,33 @@ INPUT, OUT, dataset stores and models may be local paths or URLs (``s3://``; ``g
 ``RemotePath`` offering the few ``Path`` methods the pipeline uses over fsspec. This module is the
 one place that tells the two apart. Credentials come from each process's standard environment
 (``AWS_*``, ``FSSPEC_<PROTOCOL>_<OPTION>``), never the command line; ``redact`` removes a
-user:password part of a URL before it is shown or recorded.
+user:password part of a URL before it is shown or recorded. Every S3 client of a process that
+names a URL here retries as ``config.STORAGE_ATTEMPTS`` says (``retry_policy``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import os
 import re
 import shutil
 import tempfile
 from collections.abc import Iterator
+from errno import EDQUOT, ENOSPC
 from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeAlias
 
-from pipeline.core.errors import InputError
+from pipeline.core.errors import InputError, StorageError
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _LOCAL_SCHEMES = ("file", "local")
 # the package behind each scheme fsspec knows but may not have installed
 _PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "abfs": "adlfs"}
 _PACKAGES.update({"az": "adlfs", "abfss": "adlfs"})
+log = logging.getLogger(__name__)
 
 
 def scheme(x: Any) -> str | None:
@@ -190,6 +195,7 @@ def location(x: Where) -> Loc:
         if s in _LOCAL_SCHEMES:
             return Path(x[len(s or "") + 3 :] or "/")
         if s is not None:
+            retry_policy()
             return RemotePath(x)
     return Path(x)
 
@@ -350,6 +356,61 @@ def check_reachable(x: Any, what: str = "") -> None:
         fs.ls(loc.bucket, detail=False)
     except Exception as err:
         raise fs_error(loc.url, err, what) from err
+
+
+@functools.cache
+def retry_policy() -> None:
+    """Give every S3 client this process makes from now on (s3fs's, zarr's stores' too, unless
+    the environment sets fsspec's options) ``config.STORAGE_ATTEMPTS`` and ``_retried``."""
+    import fsspec.config
+
+    from pipeline.core.config import STORAGE_ATTEMPTS
+
+    retries = {"total_max_attempts": STORAGE_ATTEMPTS, "mode": "legacy"}
+    fsspec.config.conf.setdefault("s3", {}).setdefault("config_kwargs", {}).setdefault(
+        "retries", retries
+    )
+    with contextlib.suppress(ImportError):
+        from botocore import handlers
+
+        # every botocore session registers these when made (s3fs makes one per client)
+        handlers.BUILTIN_HANDLERS.append(("needs-retry.s3", _retried))
+
+
+def _retried(attempts: int, request_dict: dict[str, Any], response: Any = None, **kw: Any) -> None:
+    """botocore's ``needs-retry``: a warning naming the object of a request failed by a 5xx, a
+    429 or a lost connection, and a ``StorageError`` naming it once its attempts are spent."""
+    from botocore.exceptions import ConnectionError, HTTPClientError
+
+    from pipeline.core.config import STORAGE_ATTEMPTS
+
+    lost = kw.get("caught_exception")
+    if lost is not None:
+        if not isinstance(lost, (ConnectionError, HTTPClientError)):
+            return
+        why = f"connection lost ({type(lost).__name__})"
+    else:
+        status = int(getattr(response[0], "status_code", 0))
+        if status < 500 and status != 429:
+            return
+        why = f"{(response[1] or {}).get('Error', {}).get('Code') or 'HTTP'} ({status})"
+    # "/bucket/key" whether the bucket is in the host name or the path
+    url = f"s3:/{request_dict.get('auth_path', '')}"
+    if attempts >= STORAGE_ATTEMPTS:
+        raise StorageError(
+            f"{url}: {why}, still failing after {attempts} attempts (the storage is unavailable "
+            "or overloaded; run the command again later)"
+        )
+    log.warning("%s: %s; retry %d of %d", url, why, attempts, STORAGE_ATTEMPTS - 1)
+
+
+def no_space(err: BaseException | None) -> StorageError | None:
+    """A ``StorageError`` naming the file when ``err``, or an error it came from, is a full
+    device (ENOSPC, or a quota: EDQUOT); else None."""
+    if err is None or not (isinstance(err, OSError) and err.errno in (ENOSPC, EDQUOT)):
+        return None if err is None else no_space(err.__cause__ or err.__context__)
+    where = f" writing {err.filename}" if err.filename else ""
+    return StorageError(f"no space left on device{where} (free some, then run again)")
 
 
 def rmtree(loc: Loc, ignore_errors: bool = False) -> None:

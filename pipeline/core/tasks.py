@@ -24,6 +24,8 @@ TASK_ROWS = 1_600_000
 # How often ``on_scattered`` scatters its data: the first time and after each loss. Each loss is
 # a worker gone in the middle of the tasks; more in a row is a cluster failing, not bad luck.
 SCATTER_TRIES = 4
+# Seconds a scatter waits for a worker when none is left: a batch job's replacement may queue.
+WORKER_WAIT = 3600.0
 
 
 def gather(
@@ -62,13 +64,14 @@ def on_scattered(
     from distributed.client import FutureCancelledError
 
     every = [broadcast] * len(objs) if isinstance(broadcast, bool) else list(broadcast)
+    kw = {"hash": False, "timeout": WORKER_WAIT}
     attempt = 1
     while True:
         futs: list[Any] = [None] * len(objs)
         for b in (True, False):
             at = [i for i, e in enumerate(every) if e == b]
             if at:  # Dask's scatter of nothing fails
-                scattered = client.scatter([objs[i] for i in at], broadcast=b, hash=False)
+                scattered = client.scatter([objs[i] for i in at], broadcast=b, **kw)
                 for i, f in zip(at, scattered):
                     futs[i] = f
         try:

@@ -5,26 +5,48 @@ once per process (``open_array``); everything else through zarr.
 
 from __future__ import annotations
 
-import math
+import contextlib
 import os
 import sys
 import threading
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import numpy as np
 import zarr
 from numcodecs import Blosc
-from zarr.codecs import BloscCodec, BytesCodec
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec
 
 from pipeline.core import storage
+from pipeline.core.errors import StorageError
 
 _NATIVE = sys.byteorder
 
 
-def record_codec() -> Any:
-    """The compressor of the per-record arrays a pass rewrites: Blosc LZ4 over shuffled bytes."""
-    return BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle")
+#: the last codec of every array of a store, a run's state and labels: a chunk changed after it
+#: was written (a bit flip, a truncation) is a ``StorageError`` naming it when read, not numbers
+CHECKSUM = Crc32cCodec()
+
+
+def record_codec() -> list[Any]:
+    """The codecs of the per-record arrays a pass rewrites: Blosc LZ4 over shuffled bytes."""
+    return [BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle"), CHECKSUM]
+
+
+def damaged(path: str, chunk: int, why: str) -> StorageError:
+    store = storage.location(path).parent
+    todo = "run the command again to rewrite it"
+    if (store / "format.json").exists():
+        todo = f"remove the dataset store {store} to have it ingested again"
+    return StorageError(f"{path}: chunk {chunk} is damaged ({why}) since written; {todo}")
+
+
+def _crc(data: Any) -> bytes:
+    # google_crc32c takes a read-only NumPy array, not a memoryview
+    view = np.frombuffer(data, dtype=np.uint8)
+    view.flags.writeable = False
+    return int(google_crc32c.value(view)).to_bytes(4, "little")
 
 
 # per thread: (shape, dtype) -> the array ``read_rows(reuse=True)`` last read into
@@ -75,17 +97,22 @@ def open_array(path: str, mode: str = "r") -> Any:
 
 
 def _chunk_layout(arr: Any) -> tuple[str, Any] | None:
-    """How a chunk of ``arr`` lies in its file: ("raw", None), ("blosc", codec), or None."""
+    """How a chunk of ``arr`` lies in its file, before its ``CHECKSUM``: ("raw", None),
+    ("blosc", codec), or None (no checksum, or other codecs)."""
+    comps = arr.compressors
     if (
         arr.filters
         or not isinstance(arr.serializer, BytesCodec)
         or getattr(arr.serializer.endian, "value", None) not in (None, _NATIVE)
         or arr.chunks[1:] != arr.shape[1:]
+        or not comps
+        or not isinstance(comps[-1], Crc32cCodec)
+        or len(comps) > 2
     ):
         return None
-    if not arr.compressors:
+    if len(comps) == 1:
         return ("raw", None)
-    comp = arr.compressors[0] if len(arr.compressors) == 1 else None
+    comp = comps[0]
     if not isinstance(comp, BloscCodec):
         return None
     return (
@@ -125,23 +152,35 @@ def read_rows(path: str, a: int, b: int, reuse: bool = False) -> np.ndarray:
     arr = open_array(path, "r")
     at = _chunk_file(path, arr, a, b)
     if at is None:
-        return np.asarray(arr[a:b])
+        try:
+            return np.asarray(arr[a:b])
+        except ValueError as err:
+            if "checksum" not in str(err):
+                raise
+            raise damaged(path, a // arr.chunks[0], "checksum") from None
     f, (kind, codec) = at
-    rest = arr.shape[1:]
+    c, cr, rest = a // arr.chunks[0], arr.chunks[0], arr.shape[1:]
     if not os.path.exists(f):
         # zarr writes no chunk that is all fill value (a holdout chunk without a held-out row)
         return np.full((b - a, *rest), arr.fill_value, dtype=arr.dtype)
-    count = (b - a) * math.prod(rest)
-    if kind == "raw":
-        if reuse:
-            out = scratch((b - a, *rest), arr.dtype)
-            with open(f, "rb", buffering=0) as fh:
-                if fh.readinto(out.data.cast("B")) == out.nbytes:
-                    return out
-        return np.fromfile(f, dtype=arr.dtype, count=count).reshape(b - a, *rest)
-    out = np.empty((arr.chunks[0], *rest), dtype=arr.dtype)
-    with open(f, "rb") as fh:
-        codec.decode(fh.read(), out=out)
+    # the whole chunk as written (the last one too is stored whole), then its checksum
+    out = scratch((cr, *rest), arr.dtype) if reuse else np.empty((cr, *rest), dtype=arr.dtype)
+    with open(f, "rb", buffering=0) as fh:
+        if kind == "raw":
+            # one read returns at most 2 GiB (Linux): a wide table's chunk may be larger
+            data, got = out.data.cast("B"), 0
+            while got < out.nbytes and (n := fh.readinto(data[got:])):
+                got += n
+            tail = fh.read(5)
+        else:
+            whole = fh.read()
+            got, tail, data = out.nbytes, whole[-4:], memoryview(whole)[:-4]
+    if got != out.nbytes or len(tail) != 4:
+        raise damaged(path, c, f"{os.path.getsize(f)} bytes")
+    if _crc(data) != tail:
+        raise damaged(path, c, "checksum")
+    if kind != "raw":
+        codec.decode(data, out=out)
     return out[: b - a]
 
 
@@ -163,9 +202,16 @@ def write_rows(path: str, a: int, b: int, values: np.ndarray) -> None:
     else:
         full = np.full((cr, *arr.shape[1:]), arr.fill_value, dtype=arr.dtype)
         full[: b - a] = values
-    data = full.tobytes() if kind == "raw" else codec.encode(full)
+    # the array's own bytes, not a copy (a fresh 8 MB copy costs page faults)
+    data = full.data.cast("B") if kind == "raw" else codec.encode(full)
     os.makedirs(os.path.dirname(f), exist_ok=True)
     tmp = f"{f}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.write(_crc(data))
+    except OSError as err:  # named: a full disk's message names the file
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise OSError(err.errno, err.strerror, err.filename or f) from err
     os.replace(tmp, f)

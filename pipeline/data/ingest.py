@@ -21,6 +21,7 @@ import zarr
 from pipeline.core import storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE
 from pipeline.core.errors import InputError
+from pipeline.data.chunk_io import CHECKSUM
 from pipeline.data.ingest_plan import (
     check_group_sizes,
     first_error,
@@ -138,7 +139,7 @@ def _drop_columns(
         chunks=(chunk_rows, len(feats)),
         # the store's own dtype, whatever ingest wrote it in
         dtype=store.array("X_all").dtype,
-        compressors=None,
+        compressors=[CHECKSUM],
         overwrite=True,
     )
     futs = [
@@ -494,6 +495,7 @@ def _finish(
     if settle is not None:
         with _at(label):
             sample = schema.settle(sample, settle, mom.summary(checker.column_order))
+            schema.choose_structure(sample, sample_rows)
     group_moments = out.group_moments
     with _at(label):
         if schema.features != old_features:
@@ -509,8 +511,8 @@ def _finish(
             f"empirical-Bayes prior fitted to a hash sample of {sample.shape[0]} of "
             f"{int(mom.n)} training rows"
         )
-    # the in-memory fit's warning (``Schema.dropped_lines``), word for word
-    notes.extend(schema.dropped_lines())
+    # the in-memory fit's warning (``Schema.dropped_lines``) and notes, word for word
+    notes.extend(schema.dropped_lines() + schema.notes)
     # missing cells per arranged column and the first as [row, column], from the chunks
     arranged = [old_features[j] for j in checker.column_order]
     firsts = [r.first_missing for r in results if r.first_missing is not None]

@@ -13,10 +13,10 @@ import zarr
 from kernels.moments import column_summary, group_gram
 from pipeline.core.config import N_FOLDS
 from pipeline.core.errors import InputError
+from pipeline.core.seeds import SAMPLE_SALT
 from pipeline.data.sources import MISSING_HINT, Piece, located, read_piece
 from pipeline.data.store import (
     HOLDOUT_SALT,
-    SAMPLE_SALT,
     BoolArray,
     FoldArray,
     IntArray,

@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 
 from pipeline.core import storage
 from pipeline.core.persist import register
-from pipeline.data.chunk_io import read_rows, record_codec, write_rows
+from pipeline.data.chunk_io import CHECKSUM, read_rows, record_codec, write_rows
 from pipeline.data.store import PLOT_SALT, BoolArray, StoreInfo, row_uniform
 from pipeline.families import FloatArray
 
@@ -103,6 +103,6 @@ def create_labels(labels_path: str, info: StoreInfo, overwrite: bool) -> None:
             dtype=dtype,
             fill_value=fill,
             # densities are noise to a compressor (LZ4 saves 17% and doubles the write time)
-            compressors=None if name == "log_density" else record_codec(),
+            compressors=[CHECKSUM] if name == "log_density" else record_codec(),
             overwrite=True,
         )

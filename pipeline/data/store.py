@@ -38,22 +38,25 @@ from typing import Any, TypeVar, overload
 import numpy as np
 import zarr
 from numpy.typing import NDArray
+from zarr.codecs import ZstdCodec
 
 from kernels import moments as kmoments
 from pipeline.core import persist, storage
 from pipeline.core.config import N_FOLDS
 from pipeline.core.errors import InputError
+from pipeline.core.seeds import row_uniform
+from pipeline.data.chunk_io import CHECKSUM
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.schema import Schema, Summary
 
 HOLDOUT_SALT = 0x5EED_0001
-SAMPLE_SALT = 0x5EED_0002
 PLOT_SALT = 0x5EED_0003
 NO_ROWS = "X has no rows (0 samples); at least 1 is required"
 FORMAT_NAME = "dpmm-dataset"
-# 2: grouped stores keep their groups' moments (``group_gram``); a store of version 1 is refused
+# 2: grouped stores keep their groups' moments (``group_gram``); 3: every chunk ends with its
+# checksum (``chunk_io.CHECKSUM``); a store of an older version is refused
 # (``Store.check_format``) and a shared one is ingested again under its new key
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 FORMAT_FILE = "format.json"
 INFO_FILE = "info"
 MAX_FOLDS = 2**15 - 1  # fold ids are int16
@@ -65,16 +68,6 @@ BoolArray = NDArray[np.bool_]
 IntArray = NDArray[np.int64]
 _T = TypeVar("_T")
 FoldArray = NDArray[np.int16]
-
-
-def row_uniform(rows: IntArray, salt: int) -> FloatArray:
-    """A uniform number in [0, 1) per row index, splitmix64 of (row, salt): chunking-free."""
-    offset = (int(salt) * 0xD1B54A32D192ED03 + 0x9E3779B97F4A7C15) % 2**64
-    z = np.asarray(rows, dtype=np.uint64) + np.uint64(offset)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
 
 
 def holdout_mask_of(rows: IntArray, fraction: float) -> BoolArray:
@@ -371,7 +364,7 @@ class Store:
             shape=(n_rows, n_cols),
             chunks=(chunk_rows, n_cols),
             dtype=dtype,
-            compressors=None,
+            compressors=[CHECKSUM],
             overwrite=True,
         )
         names = (*(("y",) if labels else ()), *(("group", "row") if grouped else ()))
@@ -383,7 +376,7 @@ class Store:
                 chunks=(chunk_rows,),
                 dtype=kind,
                 fill_value=fill,
-                compressors="auto" if packed else None,
+                compressors=[ZstdCodec(level=0), CHECKSUM] if packed else [CHECKSUM],
                 overwrite=True,
             )
 
@@ -404,7 +397,7 @@ class Store:
                 chunks=(1, max_groups, *tail),
                 dtype=dtype,
                 fill_value=fill,
-                compressors=None,
+                compressors=[CHECKSUM],
                 overwrite=True,
             )
 

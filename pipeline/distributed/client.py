@@ -11,6 +11,9 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+#: starts of a local cluster tried before its failure is raised
+START_TRIES = 3
+
 
 @contextlib.contextmanager
 def dask_client(
@@ -43,25 +46,36 @@ def dask_client(
         # no statistical profiler in the workers: it can deadlock CPython 3.11 before 3.11.9
         # (python/cpython#116969); fewer event-loop checks (scheduler_setup)
         with dask.config.set({PROFILE_KEY: False, **scheduler_setup.TICK_CONFIG}):
-            cluster = (
-                gpu_cluster(n_workers, processes, dashboard_address, warm)
-                if device == "gpu"
-                else LocalCluster(
-                    n_workers=int(n_workers or os.cpu_count() or 1),
-                    threads_per_worker=1,
-                    processes=processes,
-                    dashboard_address=dashboard_address,
-                    memory_limit=0,
-                    # worker processes: local only, told which engine to load (through env)
-                    **(
-                        {"host": "127.0.0.1", "env": {WARM_ENV: ",".join(warm)} if warm else {}}
-                        if processes
-                        else {}
-                    ),
-                    preload=["pipeline.distributed.worker_setup"] if processes else None,
-                    scheduler_kwargs={"preload": [scheduler_setup.PRELOAD]},
-                )
-            )
+            # a worker process killed while it starts (the OOM killer, a user) fails the whole
+            # start, which closes what it started: start again, as a pass reruns a lost task
+            for attempt in range(1, START_TRIES + 1):
+                try:
+                    cluster = (
+                        gpu_cluster(n_workers, processes, dashboard_address, warm)
+                        if device == "gpu"
+                        else LocalCluster(
+                            n_workers=int(n_workers or os.cpu_count() or 1),
+                            threads_per_worker=1,
+                            processes=processes,
+                            dashboard_address=dashboard_address,
+                            memory_limit=0,
+                            # worker processes: local only, told which engine to load (env)
+                            **(
+                                {
+                                    "host": "127.0.0.1",
+                                    "env": {WARM_ENV: ",".join(warm)} if warm else {},
+                                }
+                                if processes
+                                else {}
+                            ),
+                            preload=["pipeline.distributed.worker_setup"] if processes else None,
+                            scheduler_kwargs={"preload": [scheduler_setup.PRELOAD]},
+                        )
+                    )
+                    break
+                except RuntimeError:
+                    if attempt == START_TRIES:
+                        raise
         client = Client(cluster)
     # the client's side of scheduler_setup's shorter batches: a pass's graph goes out at once
     scheduler_setup.short_batches(getattr(client, "scheduler_comm", None))

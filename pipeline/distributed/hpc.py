@@ -179,6 +179,9 @@ def open_cluster(
             yield cluster
         finally:
             cluster.close()
+            names = ("_job_ca_file", "_job_cert", "_job_key")  # dask-jobqueue's credential files
+            for f in [v for k, v in vars(cluster).items() if k in names]:
+                f.close()  # removed now: at exit, after the directory, they would each complain
     finally:
         if private is not None:
             shutil.rmtree(private, ignore_errors=True)
@@ -188,18 +191,42 @@ def open_cluster(
 def hpc_client(
     kind: str, path: str | os.PathLike[str], warm: list[str] | None = None
 ) -> Iterator[Any]:
-    """A client of the jobqueue cluster of ``path``, its jobs cancelled when the block ends."""
+    """A client of the jobqueue cluster of ``path``, its jobs cancelled when the block ends and
+    replaced (``replace_ended_jobs``) when they end before."""
     import dask
     from distributed import Client
+    from tornado.ioloop import PeriodicCallback
 
     from pipeline.distributed.scheduler_setup import short_batches
 
     with open_cluster(kind, path, warm) as cluster:
         cluster.scale(jobs=int(read_config(kind, path).get("jobs", 1)))
+        joined: set[str] = set()
+        keep = PeriodicCallback(lambda: replace_ended_jobs(cluster, joined), 2000)
+        cluster.periodic_callbacks["dpmm-replace-jobs"] = keep  # stopped with the cluster
+        cluster.loop.add_callback(keep.start)
         # the flow's own client finds the credentials in Dask's configuration
         with dask.config.set(client_tls_config(cluster)), Client(cluster) as client:
             short_batches(getattr(client, "scheduler_comm", None))
             yield client
+
+
+async def replace_ended_jobs(cluster: Any, joined: set[str]) -> None:
+    """Submit a job in place of each of ``cluster``'s jobs whose workers all joined and then all
+    left the scheduler: one that reached its walltime, was preempted or cancelled (dask-jobqueue
+    replaces none). ``joined``: the jobs seen with a worker, kept between calls."""
+    names = {w["name"] for w in cluster.scheduler_info.get("workers", {}).values()}
+    for job, spec in list(cluster.worker_spec.items()):
+        if {f"{job}{s}" for s in spec.get("group", [""])} & names:
+            joined.add(job)
+        elif job in joined:
+            # a new name: SpecCluster cancels the old name's job if not joined 15 s after it left
+            cluster.worker_spec.update(cluster.new_worker_spec())
+            del cluster.worker_spec[job]
+            joined.discard(job)
+            if (gone := cluster.workers.pop(job, None)) is not None:
+                await gone.close()  # the batch system's cancel, should it still hold the job
+            cluster.scale(jobs=len(cluster.worker_spec))
 
 
 def client_tls_config(cluster: Any) -> dict[str, Any]:

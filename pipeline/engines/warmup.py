@@ -54,9 +54,11 @@ def toy_family() -> tuple[FloatArray, ProductFamily]:
 def warm_observation_models() -> None:
     """Load the observation models' kernels a sweep calls, once, so that the larger kernels that
     call them load rather than compile them and can compile in several processes at once."""
+    from kernels.moments import column_summary
     from kernels.obs import product
 
     X, family = toy_family()
+    column_summary(X)  # a table's first look at its columns (a fit's schema, an ingest)
     z = np.zeros(X.shape[0], dtype=np.int64)
     stats = product.build_stats(X, z, 2, family.spec, family.n_stats)
     cache = family.cache_of(stats)

@@ -136,6 +136,7 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
             schema = Schema.infer(df, family, from_frame, missing=missing)
             Xe = schema.encode(df, fitting=True)
             Xe = schema.settle(Xe, strict=bool(getattr(self, "strict", True)))
+            schema.choose_structure(Xe, np.arange(Xe.shape[0]))
             for line in schema.dropped_lines():
                 warnings.warn(line, UserWarning, stacklevel=3)
         self.schema_ = schema

@@ -10,22 +10,17 @@ from sklearn.exceptions import ConvergenceWarning
 
 from pipeline.core import config
 from pipeline.core.diagnose import DegenerateFitWarning, degenerate_fit
-from pipeline.core.seeds import as_seed_sequence
+from pipeline.core.seeds import RESTART_SALT, as_seed_sequence, row_uniform
 from pipeline.estimators.base import MixtureEstimator, check_missing
 from pipeline.estimators.tuning import tune_cv
 from pipeline.families import FloatArray
+from pipeline.models import mapdp as mm
 from pipeline.models.mapdp import IntArray, MapdpResult, fit_missing, run_mapdp, set_fitted
-
-# n_restarts="auto": (largest number of records, restarts), then 1 above the last
-AUTO_RESTARTS = ((2_000, 10), (20_000, 3))
 
 
 def auto_restarts(n: int) -> int:
     """The restarts of ``n_restarts="auto"`` for n records (``MAPDP``'s docstring)."""
-    for most, r in AUTO_RESTARTS:
-        if n <= most:
-            return r
-    return 1
+    return config.AUTO_RESTARTS if n <= config.AUTO_RESTARTS_ROWS else 1
 
 
 class MAPDP(MixtureEstimator):
@@ -44,9 +39,11 @@ class MAPDP(MixtureEstimator):
         Likelihood family per column (rules in ``pipeline.families.schema``); an instance fixes
         the prior and applies to numeric arrays.
     n_restarts : int or "auto", default="auto"
-        Runs over random permutations; the lowest objective wins. "auto" (``AUTO_RESTARTS``):
-        10 up to 2,000 records, 3 up to 20,000, else 1 (small tables end in different optima,
-        large ones are taken to the same one by the split and merge moves).
+        Runs over random permutations, each of the records but a hash share (``config``'s
+        ``RESTART_HOLDOUT``); the one whose clusters give those the highest mean log predictive
+        density (eq. 3.4) continues on all (the objective is flat; its lowest point need not be
+        the better partition). "auto": 3 up to 20,000 records, else 1 (large tables are taken to
+        the same optimum by the split and merge moves).
     max_iter : int, default=100
         Maximum iterations (sweeps) per run.
     tol : float, default=1e-6
@@ -74,10 +71,10 @@ class MAPDP(MixtureEstimator):
         A column holding one value is dropped with a warning (``schema_.dropped``);
         ``strict=True`` refuses it.
     tune : {None, "cv"}, default=None
-        "cv" first chooses the Gaussian covariance, the concentration and the prior scale, one at
-        a time, by 5-fold held-out log predictive density (Raykov et al. 2016, Appendix A) over
+        "cv" first chooses the concentration and the prior scale, one at a time, by 5-fold
+        held-out log predictive density (Raykov et al. 2016, Appendix A) over
         ``pipeline.estimators.tuning.TUNE_GRID`` with ``GridSearch(select="given")``, then fits
-        all of X with the choice (``best_params_``, ``cv_results_``); about 45 fold fits.
+        all of X with the choice (``best_params_``, ``cv_results_``); about 40 fold fits.
     device : {"cpu", "gpu"}, default="cpu"
         "gpu" fits with the distributed passes on NVIDIA GPUs (``pipeline.engines.gpu``); needs
         numba-cuda and a GPU (``DeviceError`` otherwise) and continuous columns.
@@ -94,6 +91,9 @@ class MAPDP(MixtureEstimator):
     objective_history_ : list of float
         Objective after each iteration of the winning run; never increases.
     restart_objectives_ : list of float
+        Each restart's objective (on the records it was fitted to).
+    restart_heldout_ : list of float
+        Each restart's mean held-out log density (empty with one restart).
     alpha_ : float
         Concentration used (the learned one with ``alpha="learn"``).
     cluster_sizes_ : ndarray of shape (n_clusters,)
@@ -110,6 +110,7 @@ class MAPDP(MixtureEstimator):
         "objective_",
         "objective_history_",
         "restart_objectives_",
+        "restart_heldout_",
     )
 
     def __init__(
@@ -162,51 +163,44 @@ class MAPDP(MixtureEstimator):
 
     def _fit(self, Xa: FloatArray, params: tuple[float, bool, tuple[float, float]]) -> None:
         alpha0, learn, alpha_prior = params
-        N = Xa.shape[0]
+        N, fam = Xa.shape[0], self.family_
         seq = as_seed_sequence(self.random_state)
-        best: MapdpResult | None = None
         objectives: list[float] = []
         n_restarts = auto_restarts(N) if self.n_restarts == "auto" else int(self.n_restarts)
         orders = [
             np.random.default_rng(child).permutation(N).astype(np.int64)
             for child in seq.spawn(n_restarts)
         ]
+        hold = row_uniform(np.arange(N), RESTART_SALT) < config.RESTART_HOLDOUT
+        keep, self.restart_heldout_ = np.flatnonzero(~hold), list[float]()
+
+        def run(X: FloatArray, order: IntArray, r: int, z0: IntArray | None) -> MapdpResult:
+            def cb(it: int, e: float, k: int) -> None:
+                print(f"restart {r} iteration {it}: objective {e:.6g}, {k} clusters")
+
+            args = (alpha0, learn, alpha_prior, int(self.max_iter), float(self.tol), self.init)
+            return run_mapdp(X, fam, order, *args, cb if self.verbose else None, z0=z0)
 
         def fit(X: FloatArray, z0: IntArray | None) -> MapdpResult:
-            nonlocal best
-            best = None
-            objectives.clear()
-            # a warm start (missing cells' later rounds) continues the winning run only
-            for r, order in enumerate(orders if z0 is None else orders[:1]):
-                cb = None
-                if self.verbose:
-
-                    def cb(it: int, e: float, k: int, r: int = r) -> None:
-                        print(f"restart {r} iteration {it}: objective {e:.6g}, {k} clusters")
-
-                res = run_mapdp(
-                    X,
-                    self.family_,
-                    order,
-                    alpha0,
-                    learn,
-                    alpha_prior,
-                    int(self.max_iter),
-                    float(self.tol),
-                    self.init,
-                    cb,
-                    z0=z0,
-                )
+            if z0 is not None or len(orders) == 1 or not 0 < keep.size < N:
+                # one run, or a warm start of the winner (missing cells' later rounds)
+                res = run(X, orders[0], 0, z0)
+                objectives.extend([] if z0 is not None else [res.objective])
+                return res
+            where = np.cumsum(~hold) - 1  # a kept record's row among the kept
+            scores = self.restart_heldout_
+            for r, order in enumerate(orders):
+                res = run(np.ascontiguousarray(X[keep]), where[order[~hold[order]]], r, None)
                 objectives.append(res.objective)
-                if best is None or res.objective < best.objective:
-                    best = res
-            assert best is not None
-            return best
+                lab, ld = mm.dpm_predict(np.ascontiguousarray(X[hold]), res.stats, res.alpha, fam)
+                scores.append(float(ld.mean()))
+                if scores[-1] > max(scores[:-1], default=-np.inf):
+                    z = np.empty(N, dtype=np.int64)
+                    z[keep], z[hold] = res.labels, np.where(lab >= 0, lab, res.stats.shape[0])
+                    win = (order, np.unique(z, return_inverse=True)[1].ravel().astype(np.int64))
+            return run(X, win[0], int(np.argmax(scores)), win[1])
 
-        if np.isnan(Xa).any():
-            best = fit_missing(Xa, self.family_, fit)
-        else:
-            best = fit(Xa, None)
+        best = fit_missing(Xa, fam, fit) if np.isnan(Xa).any() else fit(Xa, None)
         if not best.converged:
             warnings.warn(
                 f"MAP-DP did not converge in max_iter={self.max_iter} iterations; "

@@ -339,8 +339,10 @@ class MixedEffectsDP(BaseEstimator):
 
     def score_samples(self, X: Any, y: Any, groups: Any) -> FloatArray:
         """Each subject's log predictive density of its responses, log p(y_i | X_i) =
-        log sum_k w_k N(y_i | X_i mu_k, X_i R_k^-1 X_i^T + tau^-1 I) over the fitted clusters and a
-        new one (eq. 3.4's analogue, beta_i integrated out); subjects as ``np.unique(groups)``."""
+        log sum_k w_k N(y_i | X_i mu_k, X_i S_k X_i^T + tau^-1 I) over the fitted clusters and a
+        new one (eq. 3.4's analogue, beta_i integrated out; S_k the covariance of a new subject's
+        beta under cluster k's posterior, ``predictive_components``); subjects as
+        ``np.unique(groups)``."""
         return self._components(X, y, groups)[2]  # type: ignore[no-any-return]
 
     def score(self, X: Any, y: Any, groups: Any) -> float:

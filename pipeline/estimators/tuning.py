@@ -2,11 +2,11 @@
 
 Raykov et al. 2016, Appendix A: option 2's greedy search, one hyperparameter at a time from the
 estimator's own configuration, scored by held-out density over K folds as option 4 recommends.
-The hyperparameters are taken in ``TUNE_ORDER`` (the Gaussian covariance first: compared as
-models, a cloud of small diagonal clusters is a better density but a worse clustering), each over
-``TUNE_GRID`` plus its current value, as a ``GridSearch`` with ``select="given"`` on the same
-folds, reusing the fold results of the current value. The estimator is then fitted to all the
-records with the choice. No label is used anywhere.
+The hyperparameters are taken in ``TUNE_ORDER`` (the Gaussian covariance is ``family="auto"``'s
+own held-out choice, ``Schema.choose_structure``), each over ``TUNE_GRID`` plus its current value,
+as a ``GridSearch`` with ``select="given"`` on the same folds, reusing the fold results of the
+current value. The estimator is then fitted to all the records with the choice. No label is used
+anywhere.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from pipeline.families.schema import Schema, as_frame
 TUNE_CHOICES = (None, "cv")
 TUNE_FOLDS = 5
 TUNE_SELECT = "given"
-#: the hyperparameters in the order the greedy search takes them (module docstring)
-TUNE_ORDER = ("family", "alpha", "prior_scale")
+#: the hyperparameters in the order the greedy search takes them (module docstring); the
+#: covariance is ``family="auto"``'s own held-out choice (``Schema.choose_structure``)
+TUNE_ORDER = ("alpha", "prior_scale")
 
 
 def check_tune(value: Any) -> Any:
@@ -33,43 +34,21 @@ def check_tune(value: Any) -> Any:
     return value
 
 
-def _variants(family: Any, X: Any) -> list[tuple[Any, bool]]:
-    """The family settings tried (``family``, and with full and diagonal covariance swapped),
-    each with whether it gives X the column kinds ``family`` gives it."""
-    if not isinstance(family, (str, dict)):
-        return [(family, True)]
-    df, from_frame = as_frame(X)
-    kinds = Schema.infer(df, family, from_frame).kinds
-    gauss = [c for c, k in kinds.items() if k in ("gaussian", "diag-gaussian")]
-    if not gauss:
-        return [(family, True)]
-    out: list[tuple[Any, bool]] = []
-    for kind in ("gaussian", "diag-gaussian"):
-        same = all(kinds[c] == kind for c in gauss)
-        if all(kinds[c] in ("gaussian", "diag-gaussian") for c in kinds):
-            out.append((kind, same))
-        else:
-            out.append(({**kinds, **dict.fromkeys(gauss, kind)}, same))
-    return out
-
-
 def tune_steps(est: Any, X: Any) -> list[tuple[str, list[Any]]]:
-    """The greedy search's steps for ``est`` on X: each hyperparameter of ``TUNE_ORDER`` with the
-    values tried (``TUNE_GRID``'s, or the family variants, then ``est``'s own); the covariance and
-    scale are left out for a given prior or without Gaussian columns."""
+    """The greedy search's steps for ``est`` on X: each hyperparameter of ``TUNE_ORDER`` with
+    ``TUNE_GRID``'s values, then ``est``'s own; the scale is left out for a given prior or without
+    Gaussian columns."""
     from pipeline.estimators.grid import same_param
 
-    variants = _variants(est.family, X)
+    df, from_frame = as_frame(X)
+    gauss = isinstance(est.family, (str, dict)) and any(
+        k in ("gaussian", "diag-gaussian")
+        for k in Schema.infer(df, est.family, from_frame).kinds.values()
+    )
     own = est.get_params(deep=False)
     steps: list[tuple[str, list[Any]]] = []
-    for name in TUNE_ORDER:
-        if name != "alpha" and len(variants) < 2:
-            # a given prior, or no Gaussian column: neither the covariance nor the scale applies
-            continue
-        if name == "family":
-            values = [v for v, same in variants if not same]
-        else:
-            values = list(TUNE_GRID[name])
+    for name in TUNE_ORDER if gauss else ("alpha",):
+        values = list(TUNE_GRID[name])
         if not any(same_param(v, own[name]) for v in values):
             values.append(own[name])
         steps.append((name, values))

@@ -14,11 +14,14 @@ decision, for the in-memory fit, ingest and scoring alike, of what a column is.
 * other integers and floats: ``gaussian`` (one full-covariance Normal-Wishart group); ask for
   ``poisson``, ``geometric`` or ``binomial`` explicitly for true counts.
 
-A wide table (more than ``WIDE_COLS`` such columns, or fewer than two rows per column) gets
-``diag-gaussian`` instead: a full covariance's prior then needs more pseudo-records than a cluster
-holds. ``check_auto_text`` refuses, rather than guesses, a text column that is numbers but for a
-few (``NUMERIC_SHARE``) and one that looks like an identifier (``ID_SHARE``, ``ID_LEVELS``); naming
-the column's family accepts either. ``family={"visits": "poisson"}`` keeps ``auto`` for the rest.
+Full or diagonal covariance (``diag-gaussian``) for them is chosen by the data: the higher held-out
+log density (eq. 3.4) of MAP-DP on a hash sample of rows (``Schema.choose_structure``; Raykov et
+al. 2016, Appendix A). With too few rows, more than ``WIDE_COLS`` columns or fewer than two rows
+per column give ``diag-gaussian``: a full covariance's prior needs more records than a cluster has.
+
+``check_auto_text`` refuses, rather than guesses, a text column that is numbers but for a few
+(``NUMERIC_SHARE``) and one that looks like an identifier (``ID_SHARE``, ``ID_LEVELS``); naming the
+column's family accepts either. ``family={"visits": "poisson"}`` keeps ``auto`` for the rest.
 
 With ``missing=True`` an empty cell stays NaN through the encoding; otherwise the first one is an
 error naming its column and row. ``Schema.settle`` drops (or, with ``strict=True``, refuses) a
@@ -36,9 +39,12 @@ import numpy as np
 import pandas as pd
 import scipy.linalg
 
+from kernels import mapdp as kmapdp
 from kernels import moments as kmoments
 from pipeline import families as fam_mod
+from pipeline.core import config
 from pipeline.core.persist import register
+from pipeline.core.seeds import SAMPLE_SALT, row_uniform
 from pipeline.families import Family, FloatArray, ProductFamily
 from pipeline.families.cells import (
     MAX_ABS,
@@ -123,6 +129,8 @@ class Schema:
     notes: list[str] = field(default_factory=list)
     #: whether missing cells are kept (as NaN) rather than refused
     missing: bool = False
+    #: ``choose_structure``'s columns and evidence (each kind's held-out density, rows, choice)
+    structure: dict[str, Any] = field(default_factory=dict)
 
     @property
     def features(self) -> list[str]:
@@ -172,20 +180,10 @@ class Schema:
             )
         named = set(family) if isinstance(family, Mapping) else set()
         auto_gauss = [c for c in cols if kinds[c] == "gaussian" and c not in named]
-        notes = []
-        if (
-            family != "gaussian"
-            and auto_gauss
-            and (len(auto_gauss) > WIDE_COLS or df.shape[0] < 2 * len(auto_gauss))
-        ):
-            for c in auto_gauss:
-                kinds[c] = "diag-gaussian"
-            notes.append(
-                f"{len(auto_gauss)} numeric columns in {df.shape[0]:,} rows: diagonal covariance "
-                f"(diag-gaussian) for them, since a full covariance needs far more rows per "
-                f"cluster; name the family to override"
-            )
-        schema = cls(columns=cols, kinds=kinds, from_frame=from_frame, notes=notes)
+        # chosen only when no named column shares their kinds (``choose_structure``)
+        fixed = family == "gaussian" or {"gaussian", "diag-gaussian"} & {kinds[c] for c in named}
+        schema = cls(columns=cols, kinds=kinds, from_frame=from_frame)
+        schema.structure = {"columns": [] if fixed else auto_gauss}
         schema.missing = bool(missing)
         for c in cols:
             if kinds[c] == "categorical":
@@ -274,7 +272,7 @@ class Schema:
     ) -> FloatArray:
         """The fit-time decisions on the encoded records, made here for every path: enough rows,
         no column of one value or of none, and, without ``strict``, no exact linear combination
-        (``drop_collinear``).
+        (``drop_collinear``); then ``choose_structure``.
 
         Parameters
         ----------
@@ -324,6 +322,32 @@ class Schema:
         self.dropped.update(values)
         X = np.ascontiguousarray(np.delete(X, constant, axis=1)) if values else X
         return X if strict else self.drop_collinear(X)
+
+    def choose_structure(self, X: FloatArray, rows: Any) -> None:
+        """Full or diagonal covariance for ``structure["columns"]`` of X (n, n_features), row i
+        the input's ``rows[i]`` (module docstring, ``config.EVIDENCE_ROWS``): the complete rows
+        of smallest ``row_uniform(rows, SAMPLE_SALT)``, in any sample of at least as many."""
+        names = [c for c in self.structure.get("columns", []) if c in self.features]
+        if not names:
+            return
+        d, cols = len(names), [self.features.index(c) for c in names]
+        Z = X[np.argsort(row_uniform(rows, SAMPLE_SALT), kind="stable")[: config.EVIDENCE_ROWS]]
+        Z = np.ascontiguousarray(Z[:, cols][~np.isnan(Z[:, cols]).any(axis=1)])
+        ev: dict[str, Any] = {"columns": names, "rows": int(Z.shape[0])}
+        if Z.shape[0] < max(config.EVIDENCE_MIN, 2 * d):
+            kind = "diag-gaussian" if d > WIDE_COLS or X.shape[0] < 2 * d else "gaussian"
+            why = f"too few complete rows ({Z.shape[0]}) to compare by held-out density"
+        else:
+            ev["folds"], folds = config.EVIDENCE_FOLDS, np.arange(len(Z)) % config.EVIDENCE_FOLDS
+            ev.update({k: heldout_density(Z, folds, fam_mod.FAMILIES[k]) for k in KINDS[:2]})
+            kind = "gaussian" if ev["gaussian"] >= ev["diag-gaussian"] else "diag-gaussian"
+            why = f"held-out log density per row {ev['gaussian']:.4g} full, "
+            why += f"{ev['diag-gaussian']:.4g} diagonal, on {Z.shape[0]:,} rows"
+        shape = "full" if kind == "gaussian" else "diagonal"
+        ev.update(chosen=kind, note=f"{d} numeric columns: {shape} covariance ({kind}), {why}")
+        self.structure = ev
+        self.kinds.update(dict.fromkeys(names, kind))
+        self.notes.append(ev["note"])
 
     def dropped_lines(self) -> list[str]:
         """One sentence per kind of column left out (constant, collinear); empty when none."""
@@ -417,6 +441,28 @@ class Schema:
     def names_of(self, family: ProductFamily) -> list[list[str]]:
         feats = self.features
         return [[feats[j] for j in cols] for _f, cols in family.groups]
+
+
+def heldout_density(Z: FloatArray, folds: Any, family: type[Family]) -> float:
+    """Mean log predictive density (eq. 3.4) per row of Z (n, d), each scored by MAP-DP (Algorithm
+    1 from the sequential start, N0 = 1, ``family``'s empirical-Bayes prior) on the other folds."""
+    total = 0.0
+    for f in np.unique(folds):
+        train, test = np.ascontiguousarray(Z[folds != f]), np.ascontiguousarray(Z[folds == f])
+        fam = ProductFamily([(family.empirical_bayes(train), list(range(Z.shape[1])))])
+        z, order = np.full(train.shape[0], -1), np.arange(train.shape[0])
+        stats, nk, slots = np.zeros((8, fam.n_stats)), np.zeros(8), 0
+        cache, empty_c = fam.cache_of(stats), fam.empty_cache()
+        for _ in range(config.MAX_ITER):
+            stats, cache, nk, slots, moved = kmapdp.sweep(
+                train, order, z, stats, cache, nk, slots, fam.spec, fam.prior, empty_c, 1.0,
+                np.empty(0),
+            )  # fmt: skip
+            if moved == 0:
+                break
+        stats, cache, nk = kmapdp.compact(z, stats, cache, nk, slots)
+        total += kmapdp.predict(test, stats, cache, nk, fam.spec, fam.prior, empty_c, 1.0)[1].sum()
+    return total / Z.shape[0]
 
 
 def cluster_table(

@@ -87,7 +87,7 @@ def sub_precision(sub: Subjects, R: FloatArray, tau: float, pick: NDArray[np.boo
 def sample_mask(codes: IntArray, n_codes: int, size: int) -> NDArray[np.bool_]:
     """Subjects of the start's sample: all when there are at most ``size``, else those whose
     hash uniform of their code is below size / n (independent of the chunking)."""
-    from pipeline.data.store import SAMPLE_SALT, row_uniform
+    from pipeline.core.seeds import SAMPLE_SALT, row_uniform
 
     if n_codes <= size:
         return np.ones(codes.shape[0], dtype=bool)

@@ -198,6 +198,7 @@ def _facts(run: dict[str, Any]) -> list[tuple[str, Any]]:
             + ", ".join(f"{v} {k}" for k, v in kinds.most_common())
             + ")",
         ),
+        ("covariance", (run.get("structure") or {}).get("note", "as named")),
         ("engine", p.get("engine")),
         ("clusters", clusters),
         ("alpha", f"{fmt(m.get('alpha'))}" + (" (learned)" if p.get("alpha") == "learn" else "")),

@@ -325,6 +325,7 @@ def finish(
         "n_train": info.n_train,
         "columns": info.schema.columns,
         "kinds": info.schema.kinds,
+        "structure": info.schema.structure,
         "dropped_constant_columns": info.schema.dropped,
         "missing_cells": info.missing_cells,
         "family": repr(info.family),

@@ -144,8 +144,10 @@ def finish(
     info: StoreInfo,
     written: dict[str, Any],
     timing: dict[str, float],
+    overwrite: bool,
 ) -> dict[str, Any]:
-    """``score.json``, the encoded store removed, then ``partial`` renamed to ``out``."""
+    """``score.json``, the encoded store removed, then ``partial`` renamed to ``out`` (an
+    ``out`` another writer completed meanwhile is replaced only if ``overwrite``)."""
     storage.rmtree(partial / "store.zarr", ignore_errors=True)
     total = sum(timing.values())
     record = {
@@ -161,5 +163,5 @@ def finish(
         "versions": versions(),
     }
     write_json(partial / "score.json", record)
-    outputs.publish_output(partial, out, overwrite=True, kind="score")
+    outputs.publish_output(partial, out, overwrite, kind="score")
     return record

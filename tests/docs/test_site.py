@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from tests.browser import check_page, chromium_or_skip
+from tests.browser import Browser, check_page
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "docs" / "_build" / "html"
@@ -36,6 +36,7 @@ EXPECTED = [
     "how-to/kubernetes.html",
     "how-to/hpc.html",
     "how-to/gpus.html",
+    "how-to/faults.html",
     "usage.html",
     "reference/api.html",
     "reference/cli.html",
@@ -175,8 +176,15 @@ def test_the_api_reference_has_every_public_name() -> None:
     assert "pipeline.MAPDP.fit" in text and "Parameters" in text
 
 
-def test_every_page_fits_1280_px_in_chromium(tmp_path: Path) -> None:
+def test_every_page_fits_1280_px_in_chromium(browser: Browser) -> None:
     site = site_or_skip()
-    browser = chromium_or_skip()
     for page in site_pages(site):
-        check_page(page, browser, tmp_path / "profile")
+        check_page(page, browser)
+
+
+def test_the_width_check_sees_a_page_too_wide(tmp_path: Path, browser: Browser) -> None:
+    page = tmp_path / "wide.html"
+    page.write_text('<html><body><div style="width: 2000px">wide</div></body></html>')
+    with pytest.raises(AssertionError, match="px wide in a 1280 px window"):
+        check_page(page, browser)
+    assert [p.name for p in tmp_path.iterdir()] == ["wide.html"]

@@ -14,7 +14,6 @@ import pytest
 
 from flows.cli import build_parser, main
 from pipeline.core import outputs as core_outputs
-from pipeline.core import paths
 from pipeline.core.errors import InputError
 from pipeline.data import io as pio
 from pipeline.data import sources
@@ -44,7 +43,8 @@ def outputs(out: Path) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
 
 
 def no_leftovers(out: Path) -> bool:
-    return not paths.temp_sibling(out).exists() and not (out.parent / f".{out.name}.old").exists()
+    """No hidden sibling of OUT: a writer's staged copy or an old output moved aside."""
+    return not list(out.parent.glob(f".{out.name}.*"))
 
 
 @pytest.fixture

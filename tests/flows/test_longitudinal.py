@@ -16,7 +16,6 @@ from sklearn.metrics import normalized_mutual_info_score
 from flows.cli import main
 from flows.longitudinal import longitudinal
 from pipeline import MixedEffectsDP
-from pipeline.core.paths import temp_sibling
 from pipeline.data.synthetic import sample_longitudinal
 from pipeline.estimators.model import load_model
 
@@ -47,7 +46,7 @@ def test_flow_writes_every_output_and_cross_validates(tmp_path: Path) -> None:
         chunk_rows=400,
         **LOCAL,
     )
-    assert not temp_sibling(out).exists()
+    assert not list(out.parent.glob(f".{out.name}.*"))
     names = ("subjects.parquet", "clusters.parquet", "run.json", "report.md", "report.html")
     for name in names:
         assert (out / name).exists(), name
@@ -147,7 +146,7 @@ def test_bad_input_exits_2_with_one_line_and_leaves_nothing(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2
     assert len(err) == 1 and err[0].startswith("dpmm: error: ") and message in err[0], err
-    assert not out.exists() and not temp_sibling(out).exists()
+    assert not out.exists() and not list(out.parent.glob(f".{out.name}.*"))
 
 
 def test_cli_runs_and_reports(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]

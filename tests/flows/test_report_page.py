@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from flows.cluster import cluster
-from tests.browser import check_page, chromium_or_skip
+from tests.browser import Browser, check_page
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -37,8 +37,9 @@ def write_input(path: Path, d: int, categorical: bool, n: int = 1500, k: int = 6
 
 
 @pytest.mark.parametrize("d", [10, 60])
-def test_report_fits_a_1280_px_window_with_every_picture(tmp_path: Path, d: int) -> None:
-    browser = chromium_or_skip()
+def test_report_fits_a_1280_px_window_with_every_picture(
+    tmp_path: Path, d: int, browser: Browser
+) -> None:
     write_input(tmp_path / "in.parquet", d, categorical=d == 10)
     out = tmp_path / "out"
     run = cluster(
@@ -52,7 +53,7 @@ def test_report_fits_a_1280_px_window_with_every_picture(tmp_path: Path, d: int)
         **LOCAL,
     )
     page = out / "report.html"
-    measured = check_page(page, browser, tmp_path / "browser-profile")
+    measured = check_page(page, browser)
     shown = {i["src"] for i in measured["images"]}
     expected = {"profile.png", "dendrogram.png", "contingency.png", "objective.png", "sizes.png"}
     assert expected <= shown

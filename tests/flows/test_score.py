@@ -15,7 +15,6 @@ import zarr
 from flows.cli import main
 from flows.cluster import cluster
 from flows.score import score
-from pipeline.core.paths import temp_sibling
 from pipeline.estimators.model import load_model
 from tests.flows.test_run_model import write_mixed
 
@@ -37,7 +36,7 @@ def day1(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _nothing_left(out: Path) -> None:
-    assert not out.exists() and not temp_sibling(out).exists()
+    assert not out.exists() and not list(out.parent.glob(f".{out.name}.*"))
 
 
 def test_score_flow_is_the_models_predictive(day1: Path, tmp_path: Path) -> None:
@@ -54,7 +53,7 @@ def test_score_flow_is_the_models_predictive(day1: Path, tmp_path: Path) -> None
     assert json.loads((out / "score.json").read_text())["n_clusters"] == model.n_clusters_
     # the encoded copy of the input is not an output
     assert sorted(p.name for p in out.iterdir()) == ["labels.zarr", "score.json"]
-    assert not temp_sibling(out).exists()
+    assert not list(tmp_path.glob(".scored.*"))
 
 
 def test_dpmm_score_cli(day1: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:

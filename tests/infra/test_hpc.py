@@ -1,9 +1,9 @@
 """``dpmm run --cluster slurm|pbs``: the dask-jobqueue cluster built from a config file, checked
-through the job script it would submit (``cluster.job_script()``); no batch system needed."""
+through the job script it would submit (``cluster.job_script()``); no batch system needed (runs
+on a real SLURM: ``test_slurm.py``)."""
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 
@@ -170,10 +170,13 @@ def test_bad_configs_are_one_line(tmp_path: Path, text: str, message: str, capsy
     assert not (tmp_path / "out").exists()
 
 
-def test_cluster_option_pairs(tmp_path: Path, capsys):
+@pytest.mark.parametrize("command", ["run", "cv"])
+def test_cluster_option_pairs(tmp_path: Path, capsys, command: str):
+    """Every command that runs a flow takes --cluster (``dpmm cv`` too): a bad pair is one line,
+    exit 2, before anything is written."""
     inp = tmp_path / "in.csv"
     inp.write_text("a,b\n1,2\n3,4\n")
-    base = ["run", str(inp), "--out", str(tmp_path / "out")]
+    base = [command, str(inp), "--out", str(tmp_path / "out")]
     for extra, message in (
         (["--cluster", "pbs"], "needs --cluster-config"),
         (["--cluster-config", str(tmp_path / "x.yaml")], "only with --cluster slurm or pbs"),
@@ -181,93 +184,5 @@ def test_cluster_option_pairs(tmp_path: Path, capsys):
     ):
         code = main([*base, *extra])
         err = capsys.readouterr().err
-        assert code == 2 and message in err, err
-
-
-SBATCH = """#!/bin/sh
-# stand-in for SLURM's sbatch on a machine without SLURM: runs the job script here, in the
-# background, in a session of its own (the job id), as a one-node allocation would
-set -e
-job_dir="$(dirname "$0")/jobs"
-mkdir -p "$job_dir"
-cp "$1" "$job_dir/submitted.sh"
-setsid sh "$job_dir/submitted.sh" > "$job_dir/job.log" 2>&1 < /dev/null &
-echo "Submitted batch job $!"
-"""
-
-SCANCEL = """#!/bin/sh
-# stand-in for scancel: ends the job's session
-kill -TERM -- "-$1" 2>/dev/null || true
-"""
-
-
-@pytest.mark.slow
-def test_dpmm_run_on_slurm_jobs(tmp_path: Path):
-    """``dpmm run --cluster slurm``: the job script the cluster submits really starts the
-    workers (here through a stand-in ``sbatch`` that runs it on this machine), they join the
-    scheduler over TLS, the flow runs on them, and the jobs and credentials are gone after."""
-    import os
-    import subprocess
-    import sys
-    import time
-
-    import numpy as np
-    import pandas as pd
-    import psutil
-
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in (("sbatch", SBATCH), ("scancel", SCANCEL)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    cfg = tmp_path / "slurm.yaml"
-    cfg.write_text(
-        "cores: 1\nmemory: 2GB\nwalltime: '00:20:00'\ninterface: lo\n"
-        f"shared_temp_directory: {shared}\njobs: 1\n"
-    )
-    rng = np.random.default_rng(0)
-    y = rng.integers(0, 3, 600)
-    X = 12.0 * np.eye(3)[y] + rng.normal(size=(600, 3))
-    df = pd.DataFrame(X, columns=["a", "b", "c"])
-    df["truth"] = y
-    df.to_csv(tmp_path / "in.csv", index=False)
-    exe = Path(sys.executable).with_name("dpmm")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "flows.cli"]
-    env = {
-        **os.environ,
-        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-        "PREFECT_HOME": str(tmp_path / "prefect"),
-        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "600",
-    }
-    argv = ["run", str(tmp_path / "in.csv"), "--out", str(tmp_path / "out"), "--chunk-rows", "200"]
-    argv += ["--label-column", "truth", "--no-report", "--quiet"]
-    proc = subprocess.run(
-        [*cmd, *argv, "--cluster", "slurm", "--cluster-config", str(cfg)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=900,
-    )
-    log = (tmp_path / "bin" / "jobs" / "job.log").read_text()
-    assert proc.returncode == 0, proc.stderr + "\n--- job log ---\n" + log
-    run = json.loads((tmp_path / "out" / "run.json").read_text())
-    assert run["metrics"]["nmi"] > 0.95, run["metrics"]
-    script = (tmp_path / "bin" / "jobs" / "submitted.sh").read_text()
-    assert (
-        "#SBATCH -t 00:20:00" in script and "--tls-cert" in script and "tls://127.0.0.1:" in script
-    )
-    # the run cancelled its job (scancel) and removed the workers' credentials
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and any(
-        "distributed.cli.dask_worker" in " ".join(p.info["cmdline"] or [])
-        and str(shared) in " ".join(p.info["cmdline"] or [])
-        for p in psutil.process_iter(["cmdline"])
-    ):
-        time.sleep(0.5)
-    assert not any(
-        str(shared) in " ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])
-    )
-    assert not list(shared.iterdir())
+        assert code == 2 and message in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "out").exists()

@@ -199,3 +199,49 @@ def test_dataset_store_on_s3_is_shared_and_committed(s3_bucket: str, client, tmp
     with pytest.raises(InputError, match=rf"s3://{s3_bucket}/bad.csv"):
         open_dataset(bad, client=client, root=root, chunk_rows=100)
     assert set(storage.location(root).files()) == before
+
+
+def test_two_local_writers_of_one_output_each_stage_their_own(tmp_path: Path) -> None:
+    """Two never-resumed writers of one OUT (two ``dpmm score``, or two runs scoring one day)
+    stage in places of their own; the first to publish renames its copy into place, the other
+    is refused with one line (or, with ``--overwrite``, swapped in atomically: a reader sees
+    one whole output or the other, never none); a partial whose writer died is removed by the
+    next writer."""
+    import os
+    import threading
+
+    out = tmp_path / "out"
+    dead = tmp_path / f".out{outputs.PARTIAL}{2**22 + 1}-0a1b2c3d"
+    dead.mkdir()
+    a, resumed = outputs.prepare_output(out, None, False)
+    b, _ = outputs.prepare_output(out, None, False)
+    assert not resumed and a != b and a.is_dir() and b.is_dir() and not dead.exists()
+    for w in (a, b):
+        (w / "who").write_text(w.name)
+    outputs.publish_output(a, out, False, kind="score")
+    with pytest.raises(InputError, match=r"out: already exists \(pass --overwrite"):
+        outputs.publish_output(b, out, False, kind="score")
+    assert (out / "who").read_text() == a.name and b.is_dir()
+    seen: set[str] = set()
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            try:
+                seen.add((out / "who").read_text())
+            except FileNotFoundError:
+                seen.add("missing")
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(50):
+            w, _ = outputs.prepare_output(out, None, True)
+            (w / "who").write_text(str(i))
+            outputs.publish_output(w, out, True, kind="score")
+    finally:
+        stop.set()
+        reader.join()
+    assert (out / "who").read_text() == "49" and "missing" not in seen and len(seen) > 1
+    os.rename(b, tmp_path / "kept")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "out"]

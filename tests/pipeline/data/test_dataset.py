@@ -314,7 +314,7 @@ def test_format_json_and_another_version_is_refused(client, tmp_path: Path):
     store = Store(tmp_path / "s")
     ingest(X, store, client=client, chunk_rows=20)
     meta = json.loads((store.path / "format.json").read_text())
-    assert meta["format"] == "dpmm-dataset" and meta["version"] == FORMAT_VERSION == 2
+    assert meta["format"] == "dpmm-dataset" and meta["version"] == FORMAT_VERSION == 3
     assert meta["chunk_rows"] == 20 and meta["n_folds"] == N_FOLDS
     assert Store.open_checked(store.path).info.n_rows == 50
     # a store of version 1 (grouped stores without their groups' moments) is ingested again
@@ -323,7 +323,7 @@ def test_format_json_and_another_version_is_refused(client, tmp_path: Path):
     with pytest.raises(ValueError) as err:
         Store.open_checked(store.path)
     msg = str(err.value)
-    assert str(store.path) in msg and "version 1" in msg and "version 2" in msg
+    assert str(store.path) in msg and "version 1" in msg and f"version {FORMAT_VERSION}" in msg
     assert "ingest the data again" in msg
     (store.path / "format.json").unlink()
     with pytest.raises(ValueError, match=r"no format.json"):

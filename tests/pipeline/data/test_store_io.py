@@ -5,6 +5,7 @@ zarr's own read, ``Moments.of`` (one kernel pass) against NumPy's reductions, an
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,12 +13,21 @@ import zarr
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.data.chunk_io import open_array, read_rows, record_codec, write_rows
+from pipeline.core.errors import StorageError
+from pipeline.data.chunk_io import CHECKSUM, open_array, read_rows, record_codec, write_rows
 from pipeline.data.store import Moments, balanced_chunk_rows, folds_of_uniform
 
 
+def codecs(name: str) -> list[Any]:
+    """The compressors of a test array: "none", "blosc" (read through zarr), "checked" (plain
+    bytes and a checksum), "record" (``record_codec``: Blosc and a checksum)."""
+    return {"none": [], "blosc": record_codec()[:1], "checked": [CHECKSUM]}.get(
+        name, record_codec()
+    )
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bool", "int16"])
-@pytest.mark.parametrize("codec", ["none", "record"])
+@pytest.mark.parametrize("codec", ["none", "blosc", "checked", "record"])
 @pytest.mark.parametrize("reuse", [False, True])
 def test_read_rows_equals_zarr(tmp_path: Path, dtype: str, codec: str, reuse: bool) -> None:
     n, cr = 250, 100
@@ -28,7 +38,7 @@ def test_read_rows_equals_zarr(tmp_path: Path, dtype: str, codec: str, reuse: bo
         chunks=(cr, *shape[1:]),
         dtype=dtype,
         fill_value=0,
-        compressors=None if codec == "none" else record_codec(),
+        compressors=codecs(codec),
     )
     rng = np.random.default_rng(0)
     # rows 100..199 never written (the fill value); the last chunk is partial
@@ -46,7 +56,7 @@ def test_read_rows_reuses_only_an_array_nothing_refers_to(tmp_path: Path) -> Non
     refers to it: a kept array or a view of it keeps its rows."""
     path = str(tmp_path / "a")
     arr = zarr.create_array(
-        path, shape=(200, 3), chunks=(100, 3), dtype="float64", compressors=None
+        path, shape=(200, 3), chunks=(100, 3), dtype="float64", compressors=[CHECKSUM]
     )
     arr[:] = np.random.default_rng(1).normal(size=(200, 3))
     first, second = np.asarray(arr[:100]), np.asarray(arr[100:])
@@ -70,7 +80,7 @@ def test_read_rows_reuses_only_an_array_nothing_refers_to(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("dtype", ["float64", "int64", "bool", "int16"])
-@pytest.mark.parametrize("codec", ["none", "record"])
+@pytest.mark.parametrize("codec", ["none", "blosc", "checked", "record"])
 def test_write_rows_equals_zarr(tmp_path: Path, dtype: str, codec: str) -> None:
     """Rows written by ``write_rows`` (whole chunks and the last chunk's rows directly, other
     ranges through zarr) read back by zarr and by ``read_rows`` as a NumPy reference holds
@@ -84,7 +94,7 @@ def test_write_rows_equals_zarr(tmp_path: Path, dtype: str, codec: str) -> None:
         chunks=(cr, *shape[1:]),
         dtype=dtype,
         fill_value=-1 if dtype.startswith("int") else 0,
-        compressors=None if codec == "none" else record_codec(),
+        compressors=codecs(codec),
     )
     ref = np.asarray(zarr.open_array(path, mode="r")[:]).copy()
     rng = np.random.default_rng(1)
@@ -97,6 +107,39 @@ def test_write_rows_equals_zarr(tmp_path: Path, dtype: str, codec: str) -> None:
         for ra, rb in [(0, 100), (100, 200), (200, 250), (0, 250)]:
             assert np.array_equal(read_rows(path, ra, rb), ref[ra:rb])
     assert not [f for f in (tmp_path / "a").rglob("*.tmp")]
+
+
+@pytest.mark.parametrize("codec", ["checked", "record"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "extend"])
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_damaged_chunk_is_an_error_naming_it(
+    tmp_path: Path, codec: str, damage: str, whole: bool
+) -> None:
+    """A chunk changed after it was written (one bit flipped, bytes cut off or added) is a
+    ``StorageError`` naming the array and chunk, read directly (``whole``) or through zarr;
+    the other chunks read as written."""
+    path = str(tmp_path / "a")
+    vals = np.arange(500.0).reshape(250, 2)
+    zarr.create_array(
+        path, shape=(250, 2), chunks=(100, 2), dtype="float64", compressors=codecs(codec)
+    )
+    write_rows(path, 0, 100, vals[:100])
+    write_rows(path, 100, 200, vals[100:200])
+    f = tmp_path / "a" / "c" / "1" / "0"
+    data = bytearray(f.read_bytes())
+    if damage == "flip":
+        data[len(data) // 3] ^= 0x08
+    f.write_bytes(
+        bytes(data[:-3])
+        if damage == "truncate"
+        else bytes(data) + (b"\0" if damage == "extend" else b"")
+    )
+    a, b = (100, 200) if whole else (150, 160)
+    with pytest.raises(
+        StorageError, match=f"^{path}: chunk 1 is damaged .* since written; run the command again"
+    ):
+        read_rows(path, a, b)
+    assert np.array_equal(read_rows(path, 0, 100), vals[:100])
 
 
 def test_open_array_sees_an_array_created_again(tmp_path: Path) -> None:

@@ -269,6 +269,26 @@ def test_defaults_reach_hmmlearn_on_a_real_sequence(tmp_path):
     )
 
 
+def test_temper_auto_on_autocorrelated_emissions() -> None:
+    """Two states alternating every 50 steps, emissions AR(1) with rho 0.8 around their mean:
+    the untempered fit buys the drift with states (4 on this seed), ``temper="auto"`` finds the
+    two. Its restarts are as many as the untempered fit's, the first from the untempered
+    winner's states merged under w."""
+    rng = np.random.default_rng(0)
+    z = (np.arange(400) // 50) % 2
+    e = np.zeros((400, 2))
+    for t in range(1, 400):
+        e[t] = 0.8 * e[t - 1] + rng.normal(0, 0.5, 2)
+    X = np.array([[0.0, 0.0], [3.0, -3.0]])[z] + e
+    plain = MAPiHMM(temper=1.0, random_state=0).fit(X)
+    auto = MAPiHMM(n_restarts=2, random_state=0).fit(X)
+    assert plain.n_states_ > 2
+    assert auto.temper_ < 0.5
+    assert auto.n_states_ == 2
+    assert normalized_mutual_info_score(z, auto.labels_) == pytest.approx(1.0)
+    assert len(auto.restart_objectives_) == 2
+
+
 def test_temper_auto_keeps_independent_emissions(data):
     """Emissions independent given the state: the first run's residuals are not autocorrelated,
     so ``temper="auto"`` is the untempered fit, exactly."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pytest
 from sklearn.base import clone
 from sklearn.metrics import normalized_mutual_info_score
@@ -20,7 +19,6 @@ from pipeline.estimators.grid import SearchError
 from pipeline.estimators.mapdp import MAPDP
 from pipeline.estimators.search import GridSearch, select_index
 from pipeline.estimators.tgmcmc import TreeGuidedMCMC
-from pipeline.estimators.tuning import _variants
 
 
 def blobs(n: int = 90, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -183,23 +181,10 @@ def test_groups_hold_out_whole_groups(client) -> None:
     assert gs.n_splits_ == 5
 
 
-def family_variants(family: Any, X: Any) -> list[Any]:
-    return [v for v, _ in _variants(family, X)]
-
-
-def test_family_variants() -> None:
-    X, _ = blobs(20)
-    assert family_variants("auto", X) == ["gaussian", "diag-gaussian"]
-    Xc = pd.DataFrame({"x0": X[:, 0], "x1": X[:, 1], "x2": np.arange(20) % 3})
-    full, diag = family_variants("auto", Xc)
-    assert full == {"x0": "gaussian", "x1": "gaussian", "x2": "categorical"}
-    assert diag == {"x0": "diag-gaussian", "x1": "diag-gaussian", "x2": "categorical"}
-
-
 def test_tune_cv(client) -> None:
     X, y = blobs(90, seed=6)
     m = MAPDP(tune="cv", random_state=0).fit(X)
-    assert set(m.best_params_) == {"alpha", "prior_scale", "family"}
+    assert set(m.best_params_) == {"alpha", "prior_scale"}
     check_greedy_steps(MAPDP(random_state=0), m)
     assert normalized_mutual_info_score(y, m.labels_) > 0.9
     # the fitted model is the plain fit of the chosen configuration on all the records
@@ -212,15 +197,15 @@ def test_tune_cv(client) -> None:
 
 def test_tune_cv_fits_each_configuration_once(client) -> None:
     """The greedy search fits each configuration on each fold once: a step's current value
-    reuses the previous step's results, so (2 + 3 + 4) x 5 fold fits run on the workers."""
+    reuses the previous step's results, so (4 + 4) x 5 fold fits run on the workers."""
     from distributed import get_task_stream
 
     X, _ = blobs(60, seed=6)
     with get_task_stream(client) as ts:
         m = MAPDP(tune="cv", random_state=0).fit(X)
     fits = [t for t in ts.data if t["key"].startswith("fit_and_score")]
-    assert len(fits) == (2 + 3 + 4) * 5
-    assert len(m.cv_results_["params"]) == 2 + 4 + 5
+    assert len(fits) == (4 + 4) * 5
+    assert len(m.cv_results_["params"]) == 4 + 5
 
 
 def test_known_results_are_reused(client) -> None:
@@ -259,18 +244,18 @@ def expected_given(res: dict, rows: np.ndarray, given: int) -> int:
 
 def check_greedy_steps(est: Any, m: Any) -> None:
     """``m.cv_results_`` is Raykov et al. 2016, Appendix A's greedy search from ``est``'s
-    configuration: the covariance, then alpha, then the prior scale, each step's candidates the
+    configuration: alpha, then the prior scale, each step's candidates the
     configuration so far with that one value changed (``TUNE_GRID``'s values and the current one),
     and the step's choice the ``select="given"`` rule over its rows."""
     res = m.cv_results_
     steps = list(dict.fromkeys(res["step"]))
-    assert steps == ["family", "alpha", "prior_scale"]
+    assert steps == ["alpha", "prior_scale"]
     current = {k: v for k, v in est.get_params().items() if k in m.best_params_}
     chosen_row = -1
     for name in steps:
         rows = np.flatnonzero(res["step"] == name)
         values = [res["params"][i][name] for i in rows]
-        expect = {"family": ["diag-gaussian"]}.get(name) or list(TUNE_GRID[name])
+        expect = list(TUNE_GRID[name])
         assert values == expect + ([current[name]] if current[name] not in expect else [])
         for i in rows:
             assert {k: v for k, v in res["params"][i].items() if k != name} == {
@@ -306,7 +291,7 @@ def test_tune_cv_on_the_other_clustering_estimators(client, est) -> None:
     all the records."""
     X, y = blobs(60, seed=6)
     m = clone(est).fit(X)
-    assert set(m.best_params_) == {"alpha", "prior_scale", "family"}
+    assert set(m.best_params_) == {"alpha", "prior_scale"}
     check_greedy_steps(est, m)
     ref = clone(est).set_params(tune=None, **m.best_params_).fit(X)
     np.testing.assert_array_equal(m.labels_, ref.labels_)

@@ -175,7 +175,7 @@ def test_one_cluster_agrees_with_statsmodels_mixedlm() -> None:
 
 def test_held_out_density_against_numerical_integration() -> None:
     """One subject, one covariate (no intercept): the mixture over the fitted clusters and a
-    new one, with beta integrated out by quadrature."""
+    new one, each a new subject's beta under its posterior, integrated out by quadrature."""
     rng = np.random.default_rng(0)
     n_sub = 60
     g = rng.integers(0, 2, size=n_sub)
@@ -188,7 +188,13 @@ def test_held_out_density_against_numerical_integration() -> None:
     got = m.score_samples(x_new[:, None], y_new, np.zeros(3))
     tau = m.noise_precision_
     mus = [*m.cluster_means_[:, 0], m.prior_.mode()[0][0]]
-    vs = [*m.cluster_covariances_[:, 0, 0], 1.0 / m.prior_.mode()[1][0, 0]]
+    # a new subject's beta under each posterior: the mode's variance T / (a - 1) widened to
+    # (1 + 1 / c) T / (a - 2) (mean and variance uncertain; p = 1)
+    pr = m.prior_
+    c = np.append(pr.c0 + m.cluster_sizes_, pr.c0)
+    a = np.append(pr.a0 + m.cluster_sizes_, pr.a0)
+    modes = np.append(m.cluster_covariances_[:, 0, 0], 1.0 / pr.mode()[1][0, 0])
+    vs = modes * (c + 1) / c * (a - 1) / (a - 2)
     ws = np.array([*m.cluster_sizes_, m.alpha_]) / (m.cluster_sizes_.sum() + m.alpha_)
 
     def density(b: float) -> float:

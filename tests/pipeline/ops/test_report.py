@@ -20,7 +20,7 @@ from pipeline.families.schema import Schema, cluster_table
 from pipeline.ops import profile
 from pipeline.ops import report as rep
 from pipeline.ops.page import Page, Picture, fmt
-from tests.browser import check_page, chromium_or_skip, image_sources
+from tests.browser import Browser, check_page, image_sources
 
 
 @pytest.mark.parametrize(
@@ -140,13 +140,14 @@ def synthetic_run(K: int, d: int, n: int = 20_000, seed: int = 0) -> tuple[dict,
     return run, cluster_table(stats, 1.0, fam, schema), data
 
 
-def test_a_hundred_clusters_of_fifty_features_fit_the_window(tmp_path: Path) -> None:
-    browser = chromium_or_skip()
+def test_a_hundred_clusters_of_fifty_features_fit_the_window(
+    tmp_path: Path, browser: Browser
+) -> None:
     run, clusters, data = synthetic_run(K=100, d=50)
     written = rep.write_report(tmp_path, run, clusters, data)
     for name in ("profile.png", "categories.png", "contingency.png", "report.html"):
         assert name in written and (tmp_path / name).stat().st_size > 1000
-    check_page(tmp_path / "report.html", browser, tmp_path / "browser-profile")
+    check_page(tmp_path / "report.html", browser)
     text = html.unescape((tmp_path / "report.html").read_text())
     sizes = data.stats[:, 0]
     rest = np.argsort(-sizes, kind="stable")[profile.PROFILE_CLUSTERS :]

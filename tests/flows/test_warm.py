@@ -1,0 +1,98 @@
+"""How many kernels a first fit of each kind of table compiles (issue 56), and ``dpmm warm``.
+
+A first ``MAPDP().fit(X).predict(X)`` in a fresh process asks numba for a few entry points
+(kernels called from Python), each compiled with every kernel it calls, or loaded from the cache
+whole: their number, the same with an empty cache or a full one, is what a first fit costs, and
+a change that adds entries or specialisations shows here (docs/performance.md states the
+figures). A second process then compiles nothing: every kernel it needs was cached.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from flows.cli import build_parser
+
+_COUNT = """
+import json, sys
+import numpy as np, pandas as pd
+from numba.core import event
+from numba.core.dispatcher import Dispatcher
+from pipeline import MAPDP
+
+entries, compiled, depth = set(), [0], [0]
+_compile = Dispatcher.compile
+
+
+def compile(self, sig):
+    # a request from Python only: typing a caller's call comes inside that caller's compile
+    if depth[0] == 0 and tuple(sig) not in self.overloads:
+        entries.add((self.py_func.__qualname__, str(sig)))
+    depth[0] += 1
+    try:
+        return _compile(self, sig)
+    finally:
+        depth[0] -= 1
+
+
+class Compiles(event.Listener):
+    def on_start(self, ev):
+        compiled[0] += 1
+
+    def on_end(self, ev):
+        pass
+
+
+Dispatcher.compile = compile
+event.register("numba:compile", Compiles())
+rng = np.random.default_rng(0)
+g = rng.normal(size=(200, 3)) + 3.0 * rng.integers(0, 3, 200)[:, None]
+cat = np.array(list("xyz"))[rng.integers(0, 3, (200, 3))]
+tables = {
+    "gaussian": g,
+    "binary": g > 2.0,
+    "categorical": cat,
+    "mixed": {"g": g[:, 0], "c": cat[:, 0]},
+}
+out = {}
+for kind in sys.argv[1:]:
+    X = pd.DataFrame(tables[kind])
+    MAPDP(random_state=0).fit(X).predict(X)
+    out[kind] = len(entries)
+print(json.dumps({"entries": out, "compiled": compiled[0]}))
+"""
+
+# the entry points a first fit and prediction of each table asks for (docs/performance.md)
+MAX_ENTRIES = {"gaussian": 9, "binary": 9, "categorical": 9, "mixed": 9}
+
+
+def _first_fit(*kinds: str) -> dict:
+    res = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_COUNT), *kinds],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    return json.loads(res.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_first_fit_compiles_few_kernels_and_a_second_process_none() -> None:
+    for kind, limit in MAX_ENTRIES.items():
+        # a fresh process per table: what a user's first fit of such a table asks for
+        entries = _first_fit(kind)["entries"][kind]
+        assert 0 < entries <= limit, (kind, entries)
+    # the cache now holds every kernel those fits compiled: loaded, none compiled again
+    assert _first_fit(*MAX_ENTRIES)["compiled"] == 0
+
+
+def test_warm_is_a_command() -> None:
+    args = build_parser().parse_args(["warm"])
+    assert args.func.__name__ == "cmd_warm"

@@ -1,0 +1,148 @@
+"""Fill the numba cache before ``pytest -n 2`` starts its workers (``make test``'s step).
+
+Each test process compiles a kernel the first time it runs one unless the cache
+(``NUMBA_CACHE_DIR``) has it; with an empty cache both processes of ``pytest -n 2`` compiled the
+same kernels, often at the same time. Here a tiny table of each family and a tiny fit of each
+model run once, spread over one process per core, so that the test processes load every common
+kernel from the cache instead. What a test compiles beyond these still compiles there.
+
+``python -m tests.warm [STEP ...]`` runs every step (or those named) and prints each step's
+seconds; a failing step fails the command.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import Any
+
+import numpy as np
+
+
+def _records(n: int = 60) -> np.ndarray:
+    """(n, 2) records of two Gaussian blobs."""
+    rng = np.random.default_rng(0)
+    return np.concatenate([rng.normal(0.0, 1.0, (n // 2, 2)), rng.normal(6.0, 1.0, (n // 2, 2))])
+
+
+def _table(kind: str, n: int = 60) -> Any:
+    """A tiny DataFrame of one family: (n, 2) columns, the mixed one with missing cells."""
+    import pandas as pd
+
+    rng = np.random.default_rng(1)
+    g = np.arange(n) % 2
+    gauss = _records(n)
+    columns = {
+        "gaussian": {"a": gauss[:, 0], "b": gauss[:, 1]},
+        "binary": {"a": (rng.random(n) < 0.2 + 0.6 * g).astype(int), "b": g},
+        "categorical": {"a": np.array(["x", "y", "z"])[g + rng.integers(0, 2, n)], "b": g + 5},
+        "counts": {"a": rng.poisson(2 + 8 * g), "b": rng.poisson(1 + 4 * g)},
+    }
+    if kind != "mixed":
+        return pd.DataFrame(columns[kind])
+    df = pd.DataFrame(
+        {"x": gauss[:, 0], "c": columns["categorical"]["a"], "y": columns["binary"]["a"]}
+    )
+    df.loc[rng.random(n) < 0.1, "x"] = np.nan
+    return df
+
+
+def mapdp_on(kind: str) -> Callable[[], None]:
+    """A fit, predict and score of MAPDP on ``_table(kind)``."""
+
+    def step() -> None:
+        from pipeline import MAPDP
+
+        X = _table(kind)
+        m = MAPDP(random_state=0).fit(X)
+        m.predict(X)
+        m.score_samples(X)
+
+    return step
+
+
+def model(name: str) -> Callable[[], None]:
+    """The registry's model ``name`` fitted on a tiny table (the same as the registry's tests),
+    then its predict."""
+
+    def step() -> None:
+        from pipeline.data.synthetic import sample_longitudinal
+        from pipeline.estimators.registry import MODELS
+
+        cls = MODELS[name].estimator
+        kw: dict[str, Any] = {}
+        if name == "MixedEffectsDP":
+            df = sample_longitudinal(40, seed=1)
+            est = cls(random_state=0)
+            args: tuple[Any, ...] = (df[["wave", "depression", "adl"]], df["qol"], df["subject"])
+        else:
+            est = cls(random_state=0) if "random_state" in cls().get_params() else cls()
+            if "n_iter" in est.get_params():
+                est.set_params(n_iter=8, burn_in=2)
+            if name == "DPMeans":
+                est.set_params(n_clusters=2)
+            if "n_sweeps" in est.get_params():
+                est.set_params(n_sweeps=10, burn_in=2)
+            args = (_records(),)
+            if name in ("MAPiHMM", "IHMMGibbs"):
+                kw = {"lengths": [20, 20, 20]}
+        est.fit(*args, **kw)
+        est.predict(*args, **kw)
+
+    return step
+
+
+def engines() -> None:
+    """The distributed engines' chunk tasks and sample starts for every spec type (the workers'
+    own warm-up, ``pipeline.distributed.worker_setup``)."""
+    from pipeline.distributed.worker_setup import warm_kernels
+
+    warm_kernels(None, every_product=True)
+
+
+def steps() -> dict[str, Callable[[], None]]:
+    """Every step by name, the longest first so that the processes end together."""
+    from pipeline.estimators.registry import MODELS
+
+    out: dict[str, Callable[[], None]] = {"engines": engines}
+    kinds = ("mixed", "binary", "categorical", "counts", "gaussian")
+    out.update({f"MAPDP-{k}": mapdp_on(k) for k in kinds})
+    out.update({name: model(name) for name in sorted(MODELS) if name != "MAPDP"})
+    return out
+
+
+def _run(name: str) -> tuple[str, float]:
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        # tiny tables: a fit may find one cluster, which is all a warm-up needs
+        warnings.simplefilter("ignore")
+        steps()[name]()
+    return name, time.perf_counter() - t0
+
+
+def main(names: list[str]) -> int:
+    """Run the steps ``names`` (none: every step) in ``os.cpu_count()`` processes; the exit
+    status."""
+    t0 = time.perf_counter()
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=os.cpu_count() or 2, mp_context=ctx) as pool:
+        futures = [pool.submit(_run, name) for name in names or steps()]
+        try:
+            for done in as_completed(futures):
+                name, took = done.result()
+                print(f"warm: {name} {took:.1f} s", flush=True)
+        except BaseException:
+            # the steps not started yet would only delay the failure
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    print(f"warm: every step {time.perf_counter() - t0:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
