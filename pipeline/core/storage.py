@@ -358,13 +358,18 @@ def check_reachable(x: Any, what: str = "") -> None:
         raise fs_error(loc.url, err, what) from err
 
 
+#: object storage's retry policy, every S3 client's (``retry_policy``, ``config.STORAGE_ATTEMPTS``):
+#: a request failed by a 5xx, a 429 or a lost connection is tried this often in all, with
+#: botocore's "legacy" backoff (a random 0..2^(k-1) s before retry k), each retry a warning naming
+#: the object
+STORAGE_ATTEMPTS = 5
+
+
 @functools.cache
 def retry_policy() -> None:
     """Give every S3 client this process makes from now on (s3fs's, zarr's stores' too, unless
     the environment sets fsspec's options) ``config.STORAGE_ATTEMPTS`` and ``_retried``."""
     import fsspec.config
-
-    from pipeline.core.config import STORAGE_ATTEMPTS
 
     retries = {"total_max_attempts": STORAGE_ATTEMPTS, "mode": "legacy"}
     fsspec.config.conf.setdefault("s3", {}).setdefault("config_kwargs", {}).setdefault(
@@ -381,8 +386,6 @@ def _retried(attempts: int, request_dict: dict[str, Any], response: Any = None, 
     """botocore's ``needs-retry``: a warning naming the object of a request failed by a 5xx, a
     429 or a lost connection, and a ``StorageError`` naming it once its attempts are spent."""
     from botocore.exceptions import ConnectionError, HTTPClientError
-
-    from pipeline.core.config import STORAGE_ATTEMPTS
 
     lost = kw.get("caught_exception")
     if lost is not None:
@@ -407,10 +410,15 @@ def _retried(attempts: int, request_dict: dict[str, Any], response: Any = None, 
 def no_space(err: BaseException | None) -> StorageError | None:
     """A ``StorageError`` naming the file when ``err``, or an error it came from, is a full
     device (ENOSPC, or a quota: EDQUOT); else None."""
-    if err is None or not (isinstance(err, OSError) and err.errno in (ENOSPC, EDQUOT)):
-        return None if err is None else no_space(err.__cause__ or err.__context__)
-    where = f" writing {err.filename}" if err.filename else ""
-    return StorageError(f"no space left on device{where} (free some, then run again)")
+    seen: set[int] = set()
+    # a chain may close on itself (an error re-raised inside its own handler)
+    while err is not None and id(err) not in seen:
+        if isinstance(err, OSError) and err.errno in (ENOSPC, EDQUOT):
+            where = f" writing {err.filename}" if err.filename else ""
+            return StorageError(f"no space left on device{where} (free some, then run again)")
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def rmtree(loc: Loc, ignore_errors: bool = False) -> None:

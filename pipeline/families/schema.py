@@ -14,10 +14,13 @@ decision, for the in-memory fit, ingest and scoring alike, of what a column is.
 * other integers and floats: ``gaussian`` (one full-covariance Normal-Wishart group); ask for
   ``poisson``, ``geometric`` or ``binomial`` explicitly for true counts.
 
-Full or diagonal covariance (``diag-gaussian``) for them is chosen by the data: the higher held-out
-log density (eq. 3.4) of MAP-DP on a hash sample of rows (``Schema.choose_structure``; Raykov et
-al. 2016, Appendix A). With too few rows, more than ``WIDE_COLS`` columns or fewer than two rows
-per column give ``diag-gaussian``: a full covariance's prior needs more records than a cluster has.
+Full or diagonal covariance (``diag-gaussian``) for two or more of them is chosen by the data: the
+higher held-out log density (eq. 3.4) of MAP-DP on a hash sample of rows
+(``Schema.choose_structure``; Raykov et al. 2016, Appendix A). Fewer than
+``config.EVIDENCE_PER_COL`` sample rows per column give ``diag-gaussian`` without a comparison:
+there a full covariance fits the clusters' differences as correlation, and wins on density
+while it merges them. Fewer than ``config.EVIDENCE_MIN`` rows, but enough per column, give
+``gaussian``. One such column stays ``gaussian``.
 
 ``check_auto_text`` refuses, rather than guesses, a text column that is numbers but for a few
 (``NUMERIC_SHARE``) and one that looks like an identifier (``ID_SHARE``, ``ID_LEVELS``); naming the
@@ -67,8 +70,6 @@ KINDS = (
 )
 NUMERIC_KINDS = {"gaussian", "diag-gaussian", "exponential"}
 COUNT_KINDS = {"poisson", "bernoulli", "binomial", "geometric"}
-#: ``family="auto"`` makes the Gaussian columns diagonal above this many (module docstring)
-WIDE_COLS = 50
 #: ``Schema.drop_collinear``: a QR pivot below this share of the largest marks a dependent column
 COLLINEAR_TOL = 1e-6
 #: (n, n_missing, lo, hi) of the encoded columns over every row: the count of rows, and per
@@ -328,14 +329,19 @@ class Schema:
         the input's ``rows[i]`` (module docstring, ``config.EVIDENCE_ROWS``): the complete rows
         of smallest ``row_uniform(rows, SAMPLE_SALT)``, in any sample of at least as many."""
         names = [c for c in self.structure.get("columns", []) if c in self.features]
-        if not names:
+        if len(names) < 2:
+            # one column has no covariance to choose: both kinds are the same Normal model
+            self.structure = {"columns": names}
             return
         d, cols = len(names), [self.features.index(c) for c in names]
         Z = X[np.argsort(row_uniform(rows, SAMPLE_SALT), kind="stable")[: config.EVIDENCE_ROWS]]
         Z = np.ascontiguousarray(Z[:, cols][~np.isnan(Z[:, cols]).any(axis=1)])
         ev: dict[str, Any] = {"columns": names, "rows": int(Z.shape[0])}
-        if Z.shape[0] < max(config.EVIDENCE_MIN, 2 * d):
-            kind = "diag-gaussian" if d > WIDE_COLS or X.shape[0] < 2 * d else "gaussian"
+        if Z.shape[0] < config.EVIDENCE_PER_COL * d:
+            kind = "diag-gaussian"
+            why = f"{Z.shape[0]} complete rows, under {config.EVIDENCE_PER_COL} per column"
+        elif Z.shape[0] < config.EVIDENCE_MIN:
+            kind = "gaussian"
             why = f"too few complete rows ({Z.shape[0]}) to compare by held-out density"
         else:
             ev["folds"], folds = config.EVIDENCE_FOLDS, np.arange(len(Z)) % config.EVIDENCE_FOLDS

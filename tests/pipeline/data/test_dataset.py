@@ -607,7 +607,7 @@ def test_each_run_refits_the_prior_to_the_stores_sample_at_its_scale(client, tmp
 
     from pipeline.core.config import FitParams
     from pipeline.distributed import loop
-    from pipeline.families import GaussianNW
+    from pipeline.families import FAMILIES, GaussianNW
 
     rng = np.random.default_rng(0)
     X = np.concatenate([rng.normal(0, 1, (300, 3)), rng.normal(6, 1, (300, 3))])
@@ -619,8 +619,11 @@ def test_each_run_refits_the_prior_to_the_stores_sample_at_its_scale(client, tmp
         ctx = loop.context(store, tmp_path / f"state-{params.engine}", info, params)
         return ctx.info.family.prior
 
+    # the covariance ``family="auto"`` chose at ingest (``Schema.choose_structure``)
+    chosen_family = FAMILIES[info.schema.structure["chosen"]]
+
     def expected(scale: float | None) -> np.ndarray:
-        return GaussianNW.empirical_bayes(info.sample, scale=scale).as_product().prior
+        return chosen_family.empirical_bayes(info.sample, scale=scale).as_product().prior
 
     np.testing.assert_allclose(prior_of(FitParams()), expected(None), rtol=1e-12)
     np.testing.assert_allclose(prior_of(FitParams(prior_scale=0.05)), expected(0.05), rtol=1e-12)
@@ -634,7 +637,7 @@ def test_each_run_refits_the_prior_to_the_stores_sample_at_its_scale(client, tmp
     np.testing.assert_allclose(prior_of(FitParams(engine="asugs")), chosen, rtol=1e-12)
     assert not np.allclose(expected(None), expected(0.1))
     # a stale prior in the store (ingested under another default) is not what a run uses
-    stale = replace(info, family=GaussianNW.empirical_bayes(info.sample, scale=0.5).as_product())
+    stale = replace(info, family=chosen_family.empirical_bayes(info.sample, scale=0.5).as_product())
     ctx = loop.context(store, tmp_path / "state-stale", stale, FitParams())
     np.testing.assert_allclose(ctx.info.family.prior, expected(None), rtol=1e-12)
     # a given prior is kept

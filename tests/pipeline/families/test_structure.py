@@ -27,12 +27,12 @@ def correlated(n: int, seed: int = 0) -> pd.DataFrame:
     return pd.DataFrame(X, columns=[f"c{j}" for j in range(4)])
 
 
-def independent(seed: int = 1) -> pd.DataFrame:
-    """Few rows per column (150 rows, 30 columns), independent columns: two clusters apart in
-    their means only, where a full covariance's prior costs more than it explains."""
+def independent(n: int = 300, seed: int = 1) -> pd.DataFrame:
+    """Independent columns (30): two clusters apart in their means only, where a full
+    covariance's prior costs more than it explains."""
     rng = np.random.default_rng(seed)
-    y = np.repeat([0, 1], 75)
-    X = 1.5 * rng.normal(size=(2, 30))[y] + rng.normal(size=(150, 30)) * rng.uniform(0.5, 2, 30)
+    y = np.repeat([0, 1], n // 2)
+    X = 1.5 * rng.normal(size=(2, 30))[y] + rng.normal(size=(n, 30)) * rng.uniform(0.5, 2, 30)
     return pd.DataFrame(X, columns=[f"c{j}" for j in range(30)])
 
 
@@ -50,6 +50,13 @@ def test_full_covariance_that_overfits_gives_diagonal() -> None:
     ev = m.schema_.structure
     assert set(m.schema_.kinds.values()) == {"diag-gaussian"}
     assert ev["diag-gaussian"] > ev["gaussian"] and "diagonal covariance" in ev["note"]
+
+
+def test_under_ten_rows_per_column_give_diagonal_without_a_comparison() -> None:
+    """150 rows of 30 columns (the rule's threshold, ``config.EVIDENCE_PER_COL``, is 10)."""
+    ev = MAPDP(random_state=0).fit(independent(150)).schema_.structure
+    assert ev["chosen"] == "diag-gaussian" and "gaussian" not in ev
+    assert f"under {config.EVIDENCE_PER_COL} per column" in ev["note"]
 
 
 def test_too_few_rows_fall_back_to_the_column_count_rule() -> None:
