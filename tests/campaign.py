@@ -45,6 +45,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tests.faults import stop_processes
+
 BIN = Path(sys.executable).parent
 # -- the cluster and the Prefect server every run shares -------------------------------------
 
@@ -159,15 +161,7 @@ def cluster(tmp: Path, n_workers: int = 2) -> Iterator[Cluster]:
         c.ready(n_workers, 1800)  # the first start may compile the kernels
         yield c
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs)
         logs.close()
 
 

@@ -34,6 +34,7 @@ import contextlib
 import os
 import random
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -210,3 +211,17 @@ def full_disk(path: str | os.PathLike[str], size: int = 2 << 20) -> Iterator[Dis
         if image is not None:
             image.unlink()
         shutil.rmtree(where, ignore_errors=True)
+
+
+def stop_processes(procs: list[subprocess.Popen[Any]]) -> None:
+    """SIGTERM each process still running, last started first, then wait for each (30 s, then
+    SIGKILL): a Dask scheduler and its workers, or a Prefect server."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

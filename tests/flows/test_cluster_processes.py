@@ -28,6 +28,7 @@ import zarr
 
 from flows.cluster import cluster
 from pipeline.core import outputs, storage
+from tests.faults import stop_processes
 
 BIN = Path(sys.executable).parent
 
@@ -136,15 +137,7 @@ def dask_processes(tmp: Path, tls: bool) -> Iterator[Processes]:
             dirs.append(d)
         yield Processes(address, workers, dirs, client_env)
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs)
         logs.close()
 
 

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import zarr
 
@@ -18,17 +17,9 @@ from flows.cli import main
 from flows.cluster import cluster
 from pipeline.core import outputs, storage
 from pipeline.core.config import STORAGE_ATTEMPTS
+from tests.flows.test_object_storage import LOCAL, blobs
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-
-LOCAL = {"processes": False, "n_workers": 2, "dashboard_address": None, "progress": False}
-
-
-def blobs(n: int, seed: int) -> pd.DataFrame:
-    rng = np.random.default_rng(seed)
-    means = 10.0 * np.vstack([np.zeros(3), np.eye(3)])
-    y = rng.integers(0, 4, size=n)
-    return pd.DataFrame(means[y] + rng.normal(size=(n, 3)), columns=["a", "b", "c"])
 
 
 def labels_of(out: str | Path) -> np.ndarray:
