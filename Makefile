@@ -40,7 +40,8 @@ test: $(STAMP)
 	# each family's kernels compiled once, a process per core, before the two test processes
 	# start: each compiled them itself before (tests/warm.py)
 	$(BIN)/python -m tests.warm
-	$(BIN)/pytest -q -n 2 --dist worksteal --ignore=tests/docs
+	# the 40 slowest tests are listed at the end: where the suite's time goes
+	$(BIN)/pytest -q -n 2 --dist worksteal --durations=40 --ignore=tests/docs
 	$(MAKE) --no-print-directory docs
 	$(BIN)/pytest -q -p no:cacheprovider tests/docs
 
