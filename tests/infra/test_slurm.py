@@ -116,9 +116,11 @@ def test_run_on_slurm_gives_the_local_labels(data: dict[str, Any], tmp_path: Pat
     assert len(jobs_named("dpmm-plain")) == 2
     no_jobs_left("dpmm-plain")
     assert not list(tmp_path.glob(".dpmm-tls-*"))
-    # the jobs' own logs: two workers that joined over TLS
+    # the jobs' own logs: two workers over TLS, at least one joined (the run starts with the
+    # first worker, and a short one may end before the second job's worker registers)
     logs = [p.read_text() for p in tmp_path.glob("slurm-*.out")]
-    assert len(logs) == 2 and all("Registered to:" in t and "tls://" in t for t in logs), logs
+    assert len(logs) == 2 and all("tls://" in t for t in logs), logs
+    assert any("Registered to: " in t and "tls://" in t for t in logs), logs
 
 
 def job_processes(job: str) -> list[Any]:
