@@ -11,19 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zarr
 
 from flows.cli import main
 from flows.cluster import cluster
 from pipeline.core import outputs, storage
 from pipeline.core.config import STORAGE_ATTEMPTS
-from tests.flows.test_object_storage import LOCAL, blobs
+from tests.flows.test_object_storage import LOCAL, blobs, labels_of
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-
-
-def labels_of(out: str | Path) -> np.ndarray:
-    return np.asarray(zarr.open_array(f"{out}/labels.zarr/label", mode="r")[:])
 
 
 def said(err: str) -> list[str]:
