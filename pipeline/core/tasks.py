@@ -49,13 +49,17 @@ def on_scattered(
     client: Any,
     objs: Sequence[Any],
     run: Callable[..., T],
-    broadcast: bool | Sequence[bool] = True,
     what: str = "tasks",
 ) -> T:
-    """``run(*futures)``, a future of each of ``objs`` scattered to the workers (to every worker
-    where ``broadcast`` is true, for all objects or each); when the cluster loses one of them
-    before ``run`` has its results, the objects are scattered again and ``run`` runs again,
-    with a warning naming ``what``.
+    """``run(*futures)``, a future of each of ``objs`` scattered to one worker each (the tasks on
+    the others fetch it once); when the cluster loses one of them before ``run`` has its
+    results, the objects are scattered again and ``run`` runs again, with a warning naming
+    ``what``.
+
+    Never Dask's ``broadcast=True``: the scheduler's replication behind it copies until every
+    worker it counted at the start holds the data, so one that leaves during the copy keeps it
+    waiting for ever (a worker killed mid-scatter hung ``dpmm serve``, ``hmm`` and the tree stage
+    in the fault campaign).
 
     ``run`` must be idempotent (this package's tasks each write only their own chunk's rows,
     the same rows every time): a second run redoes the tasks that ended the first time too.
@@ -63,17 +67,9 @@ def on_scattered(
     """
     from distributed.client import FutureCancelledError
 
-    every = [broadcast] * len(objs) if isinstance(broadcast, bool) else list(broadcast)
-    kw = {"hash": False, "timeout": WORKER_WAIT}
     attempt = 1
     while True:
-        futs: list[Any] = [None] * len(objs)
-        for b in (True, False):
-            at = [i for i, e in enumerate(every) if e == b]
-            if at:  # Dask's scatter of nothing fails
-                scattered = client.scatter([objs[i] for i in at], broadcast=b, **kw)
-                for i, f in zip(at, scattered):
-                    futs[i] = f
+        futs = client.scatter(list(objs), hash=False, timeout=WORKER_WAIT)
         try:
             return run(*futs)
         except FutureCancelledError:

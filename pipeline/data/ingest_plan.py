@@ -130,7 +130,7 @@ def on_pieces(
         return gather_tell(client, futs, what, tell)
 
     objs = [enc, *(p.args[0] for p in held)]
-    return on_scattered(client, objs, run, [True] + [False] * len(held), what)
+    return on_scattered(client, objs, run, what)
 
 
 def first_staged_error(src: Source, staged: Sequence[PieceResult]) -> None:

@@ -159,7 +159,6 @@ def run_pass(
         lambda msg_f: sweep_chunks(
             client, engine, ctx, msg_f, f"pass {p}" if ctx.progress else None
         ),
-        broadcast=not engine.sequential,
         what=f"pass {p}",
     )
     new, record = engine.reduce(state, results, ctx, scores_into)

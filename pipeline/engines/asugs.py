@@ -274,7 +274,6 @@ def stream_chunks(
         client,
         [msg],
         lambda msg_f: chain_chunks(client, _stream_task, _carry_task, chunks, (data,), msg_f),
-        broadcast=False,
         what="ASUGS stream",
     )
     return outs[-1].stream, sum(out.seconds for out in outs)

@@ -151,7 +151,6 @@ def sample_state(client: Any, info: StoreInfo, params: FitParams) -> PassState:
         lambda Xs_f: client.submit(
             _sample_fit_task, Xs_f, fam, order, alpha, params, pure=False
         ).result(),
-        broadcast=False,
         what="sample start",
     )
     K = int(stats.shape[0])

@@ -245,5 +245,5 @@ def test_on_scattered_gives_up_after_its_tries(client) -> None:
         return client.submit(_plus, x, 1, pure=False).result()
 
     with pytest.warns(RuntimeWarning) as told, pytest.raises(CancelledError):
-        on_scattered(client, [1], lose, broadcast=False)
+        on_scattered(client, [1], lose)
     assert len(set(tries)) == SCATTER_TRIES == len(told) + 1
