@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -306,7 +306,7 @@ COMMANDS: dict[str, Command] = {
         lambda ws, out: [
             *("serve", str(ws.partitions), "--models", str(out / "models")),
             *("--scores", str(out / "scores"), "--once", "--chunk-rows", "300"),
-            *("--workers", "2"),
+            *("--workers", "2", "--quiet"),
         ],
         _serve_digest,
         _serve_outputs,
@@ -397,13 +397,17 @@ class Workspace:
 
 @dataclass
 class Run:
-    """A command's process, and every process it started (seen while it ran)."""
+    """A command's process, and every process it started (seen while it ran); the output it
+    writes and the dataset stores it reads (``stores``: the ones its undisturbed run made)."""
 
     proc: subprocess.Popen[bytes]
     cluster: Cluster
     joins: bool = True
     seen: set[int] = field(default_factory=set)
     delivered: bool = False
+    out: Path | None = None
+    stores: list[Path] = field(default_factory=list)
+    damaged: set[Path] = field(default_factory=set)
 
     def watch(self) -> None:
         self.seen.update(_children(self.proc.pid))
@@ -412,14 +416,21 @@ class Run:
 @dataclass(frozen=True)
 class Fault:
     """A fault kind: ``inject(run)`` at the drawn moment (nothing if the command has ended by
-    then), the ``env`` the command runs with (for faults of its storage), and whether the
-    command is run again afterwards (``rerun``: it was killed; the rerun must resume or start
-    over, and give the undisturbed result)."""
+    then), the ``env`` the command runs with (for faults of its storage), whether the command
+    is run again afterwards (``rerun``: it was killed; the rerun must resume or start over,
+    and give the undisturbed result), the place the run happens in (``around(out)``: a small
+    disk under OUT), and what a user does after the clear error the fault may cause
+    (``repair(run)``: free the disk, remove the damaged store), after which the command is run
+    again and must give the undisturbed result."""
 
     name: str
     inject: Callable[[Run], None]
     rerun: bool = False
     env: Callable[[Workspace], dict[str, str]] = lambda ws: {}
+    around: Callable[[Path], contextlib.AbstractContextManager[Any]] = lambda out: (
+        contextlib.nullcontext()
+    )
+    repair: Callable[[Run], None] | None = None
 
 
 def _kill_workers(run: Run, n: int | None) -> None:
@@ -434,12 +445,77 @@ def _kill_command(run: Run) -> None:
     run.proc.send_signal(signal.SIGKILL)
 
 
+# the small disk under OUT of ``full-disk``: room for every command's output, filled at the moment
+DISK_BYTES = 32 << 20
+FILLER = "filler"  # not hidden: the check for hidden partial outputs must not count it
+
+
+def _disk(out: Path) -> contextlib.AbstractContextManager[Any]:
+    from tests.faults import full_disk
+
+    return full_disk(out.parent, DISK_BYTES)
+
+
+def _fill_disk(run: Run) -> None:
+    """Take every free byte of the disk under OUT (as another program would)."""
+    assert run.out is not None
+    block = bytes(1 << 20)
+    with contextlib.suppress(OSError), open(run.out.parent / FILLER, "wb", buffering=0) as fh:
+        for size in (1 << 20, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    fh.write(block[:size])
+
+
+def _free_disk(run: Run) -> None:
+    assert run.out is not None
+    (run.out.parent / FILLER).unlink(missing_ok=True)
+
+
+def store_chunks(stores: list[Path]) -> list[Path]:
+    """The chunk files (zarr v3 ``<array>/c/...``) of the dataset stores ``stores``."""
+    found = []
+    for store in stores:
+        for f in sorted(store.rglob("*")) if store.is_dir() else []:
+            parts = f.relative_to(store).parts
+            if len(parts) >= 3 and parts[1] == "c" and f.is_file() and f.stat().st_size:
+                found.append(f)
+    return found
+
+
+def _damage_chunk(run: Run) -> None:
+    """Invert one byte in the middle of a chunk, drawn among the run's dataset stores' (bit rot,
+    a disk's or a copy's)."""
+    chunks = store_chunks(run.stores)
+    if not chunks:
+        return
+    f = random.Random(run.proc.pid).choice(chunks)
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f.write_bytes(bytes(data))
+    run.damaged.add(next(s for s in run.stores if s in f.parents))
+
+
+def _remove_damaged(run: Run) -> None:
+    """What the error says to do: remove the damaged store, to have it ingested again."""
+    for store in run.damaged:
+        shutil.rmtree(store, ignore_errors=True)
+
+
 FAULTS: dict[str, Fault] = {
     "none": Fault("none", lambda run: None),
     "kill-worker": Fault("kill-worker", lambda run: _kill_workers(run, 1)),
     "kill-workers": Fault("kill-workers", lambda run: _kill_workers(run, None)),
     "kill-command": Fault("kill-command", _kill_command, rerun=True),
+    "full-disk": Fault("full-disk", _fill_disk, around=_disk, repair=_free_disk),
+    "damage-chunk": Fault("damage-chunk", _damage_chunk, repair=_remove_damaged),
 }
+
+
+def dataset_stores(ws: Workspace) -> list[Path]:
+    """The dataset stores (directories with a ``format.json``) the runs ingested so far."""
+    dirs = [ws.root / "datasets", Path(os.environ.get("DPMM_DATA_DIR", ws.root / "datasets"))]
+    return sorted({f.parent for d in dirs if d.is_dir() for f in d.rglob("format.json")})
 
 
 @dataclass
@@ -454,7 +530,12 @@ class Outcome:
 
 
 def start(
-    cmd: Command, ws: Workspace, out: Path, cl: Cluster, env: dict[str, str] | None = None
+    cmd: Command,
+    ws: Workspace,
+    out: Path,
+    cl: Cluster,
+    env: dict[str, str] | None = None,
+    stores: list[Path] | None = None,
 ) -> Run:
     joined = ["--scheduler", cl.address, "--quiet"] if cmd.joins else []
     argv = [str(BIN / "dpmm"), *cmd.argv(ws, out), *joined]
@@ -465,7 +546,9 @@ def start(
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
-    return Run(proc, cl, cmd.joins)
+    return Run(
+        proc, cl, cmd.joins, out=out, stores=dataset_stores(ws) if stores is None else stores
+    )
 
 
 def finish(run: Run, timeout: float) -> tuple[int | None, str]:
@@ -538,7 +621,8 @@ def classify(
         if got != want:
             return "other", "a result that differs from the undisturbed run's"
         return "equal", ""
-    if rc == 2 and len(lines) == 1:
+    # 2: bad input; 3: the storage failed (a full disk, a damaged chunk, retries spent)
+    if rc in (2, 3) and len(lines) == 1:
         # a hidden partial may stay for the same command to resume; a process may not
         shown = _visible_partial(cmd, out, want)
         stray = [p for p in left if p.startswith("pid")]
@@ -548,14 +632,34 @@ def classify(
     return "other", f"exit status {rc}: " + " | ".join(lines[-3:])
 
 
-def reference(cmd: Command, ws: Workspace, cl: Cluster, out: Path) -> tuple[Any, float]:
-    """The undisturbed run's digest and its duration."""
-    t0 = time.monotonic()
-    run = start(cmd, ws, out, cl)
-    rc, err = finish(run, 1800)
-    if rc != 0:
-        raise RuntimeError(f"the undisturbed {cmd.name} failed ({rc}): {err}")
-    return cmd.digest(out), time.monotonic() - t0
+class Reference(NamedTuple):
+    """A command's undisturbed run: its digest, its duration and the dataset stores it made."""
+
+    digest: Any
+    seconds: float
+    stores: list[Path]
+
+
+def reference(cmd: Command, ws: Workspace, cl: Cluster, out: Path) -> Reference:
+    """The undisturbed run's digest, the dataset stores its first run ingested (all the stores
+    there are, when it ingested none of its own) and its duration: that of a second run, as the
+    faulted runs find the kernels compiled and the cluster warm (the first run's duration,
+    compiling, would draw late moments past the end of a faulted run). Both runs must give one
+    digest."""
+    before = set(dataset_stores(ws))
+    digests, seconds = [], 0.0
+    for o in (out, out.with_name(f"{out.name}-again")):
+        t0 = time.monotonic()
+        run = start(cmd, ws, o, cl)
+        rc, err = finish(run, 1800)
+        if rc != 0:
+            raise RuntimeError(f"the undisturbed {cmd.name} failed ({rc}): {err}")
+        digests.append(cmd.digest(o))
+        seconds = time.monotonic() - t0
+    if digests[0] != digests[1]:
+        raise RuntimeError(f"two undisturbed runs of {cmd.name} differ")
+    stores = dataset_stores(ws)
+    return Reference(digests[0], seconds, [s for s in stores if s not in before] or stores)
 
 
 def faulted(
@@ -564,17 +668,30 @@ def faulted(
     ws: Workspace,
     cl: Cluster,
     out: Path,
-    want: Any,
-    duration: float,
+    ref: Reference,
     moment: float,
 ) -> Outcome:
-    """One run of ``cmd`` with ``fault`` injected ``moment`` x ``duration`` seconds after its
-    start (rerun afterwards if the fault says so), classified."""
+    """One run of ``cmd`` with ``fault`` injected ``moment`` x the undisturbed run's duration
+    after its start (rerun afterwards if the fault says so), classified."""
     t0 = time.monotonic()
-    env = fault.env(ws)
-    timeout = 5 * duration + 120
-    run = start(cmd, ws, out, cl, env)
-    deadline = time.monotonic() + moment * duration
+    with fault.around(out):
+        kind, reason, delivered = _faulted(cmd, fault, ws, cl, out, ref, moment)
+    cl.ready(len(cl.nannies))
+    return Outcome(cmd.name, fault.name, moment, kind, reason, delivered, time.monotonic() - t0)
+
+
+def _faulted(
+    cmd: Command,
+    fault: Fault,
+    ws: Workspace,
+    cl: Cluster,
+    out: Path,
+    ref: Reference,
+    moment: float,
+) -> tuple[str, str, bool]:
+    want, env, timeout = ref.digest, fault.env(ws), 5 * ref.seconds + 120
+    run = start(cmd, ws, out, cl, env, ref.stores)
+    deadline = time.monotonic() + moment * ref.seconds
     while run.proc.poll() is None and time.monotonic() < deadline:
         run.watch()
         time.sleep(0.05)
@@ -582,6 +699,19 @@ def faulted(
     if delivered:
         fault.inject(run)
     rc, err = finish(run, timeout)
+    if fault.repair is not None and delivered:
+        kind, reason = classify(cmd, out, run, rc, err, want)
+        fault.repair(run)
+        if kind != "error":
+            return kind, reason, delivered
+        # the clear error, then what a user does: the rerun must resume or start over
+        cl.ready(len(cl.nannies))
+        again = start(cmd, ws, out, cl, env, ref.stores)
+        rc, err = finish(again, timeout)
+        kind2, reason2 = classify(cmd, out, again, rc, err, want)
+        if kind2 != "equal":
+            return "other", f"{reason}; then, repaired: {kind2}: {reason2}", delivered
+        return kind, f"{reason}; then, repaired: equal", delivered
     if fault.rerun and delivered:
         shown = _visible_partial(cmd, out, want)
         stray = [p for p in run.seen if _alive(p)]
@@ -594,13 +724,17 @@ def faulted(
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p, signal.SIGKILL)
             reason = shown or f"processes left behind by the killed command: {stray}"
-            return Outcome(cmd.name, fault.name, moment, "other", reason, True, 0.0)
+            return "other", reason, delivered
         cl.ready(len(cl.nannies))
-        run = start(cmd, ws, out, cl, env)
-        rc, err = finish(run, timeout)
+        if cmd.shows is None and all(o.exists() for o in cmd.outputs(out)):
+            # the kill came after the output was published (and found whole above): the work is
+            # done, and a rerun would rightly refuse to replace OUT without --overwrite
+            rc, err = 0, ""
+        else:
+            run = start(cmd, ws, out, cl, env, ref.stores)
+            rc, err = finish(run, timeout)
     kind, reason = classify(cmd, out, run, rc, err, want)
-    cl.ready(len(cl.nannies))
-    return Outcome(cmd.name, fault.name, moment, kind, reason, delivered, time.monotonic() - t0)
+    return kind, reason, delivered
 
 
 def clear(cmd: Command, out: Path) -> None:
@@ -671,22 +805,21 @@ def campaign(
         with prefect_server() as url, cluster(root) as cl:
             os.environ["PREFECT_API_URL"] = url
             os.environ["DPMM_DATA_DIR"] = str(root / "datasets")
-            refs: dict[str, tuple[Any, float]] = {}
+            refs: dict[str, Reference] = {}
             for i in range(runs):
                 name = rng.choice(commands)
                 if name == "score" and not ws.model.exists():
                     reference(COMMANDS["tree"], ws, cl, ws.model.parent)
                 if name not in refs:  # when first drawn: the first runs start sooner
                     refs[name] = reference(COMMANDS[name], ws, cl, root / f"ref-{name}")
-                    print(f"{name}: undisturbed in {refs[name][1]:.1f} s", file=sys.stderr)
+                    print(f"{name}: undisturbed in {refs[name].seconds:.1f} s", file=sys.stderr)
                 fault = FAULTS[rng.choice(faults)]
                 moment = rng.uniform(0.05, 1.0)
                 cmd = COMMANDS[name]
                 out = root / "runs" / name
                 out.mkdir(parents=True, exist_ok=True)
                 out = out / "out"
-                want, duration = refs[name]
-                o = faulted(cmd, fault, ws, cl, out, want, duration, moment)
+                o = faulted(cmd, fault, ws, cl, out, refs[name], moment)
                 clear(cmd, out)
                 outcomes.append(o)
                 print(

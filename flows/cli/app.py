@@ -27,7 +27,7 @@ from flows.cli.cv import add_cv_parser
 from flows.cli.demo import add_demo_parser
 from flows.cli.hmm import add_hmm_parser
 from flows.cli.longitudinal import add_longitudinal_parser
-from flows.cli.options import one_line
+from flows.cli.options import one_line, places
 from flows.cli.run import add_run_parser
 from flows.cli.score import add_score_parser
 from flows.cli.serve import add_serve_parser
@@ -113,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``dpmm`` with ``argv`` (default: this program's arguments); returns the exit status."""
     prefect_api.set_defaults()
     parser = build_parser()
+    args = None
     try:
         args = parser.parse_args(argv)
         # no argv: this process is the dpmm program, whose logging ``flows.cli.logs`` may keep
@@ -122,7 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except (InputError, OSError) as err:
         # the storage failed, not the input (3): a run again later, or with space, may succeed
-        failed = err if isinstance(err, StorageError) else storage.no_space(err)
+        failed = (
+            err
+            if isinstance(err, StorageError)
+            else storage.no_space(err, [] if args is None else places(args))
+        )
         if failed is None and not isinstance(err, InputError):
             raise
         print(f"{PROG}: error: {one_line(str(failed or err))}", file=sys.stderr, flush=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import inspect
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from pipeline.core.config import (
 )
 from pipeline.core.errors import InputError, StorageError
 from pipeline.data import io as pio
-from pipeline.data.dataset import DATA_DIR_ENV
+from pipeline.data.dataset import DATA_DIR_ENV, default_root
 
 
 def _block() -> tuple[argparse.ArgumentParser, Any]:
@@ -117,6 +118,20 @@ def flow_kwargs(args: argparse.Namespace, flow: Any, **given: Any) -> dict[str, 
     if "quiet" in options and "progress" in params:
         kwargs["progress"] = not args.quiet
     return {**kwargs, **given}
+
+
+# the options naming what a command writes: a full device is named among them
+WRITES = ("out", "models", "scores", "data_dir")
+
+
+def places(args: argparse.Namespace) -> list[str]:
+    """The local folders the command of ``args`` writes: its outputs, its dataset stores
+    (``--data-dir``, else the shared folder) and the temporary folder (``storage.no_space``
+    names the fullest)."""
+    found = [v for n in WRITES if isinstance(v := getattr(args, n, None), str)]
+    if getattr(args, "data_dir", None) is None:
+        found.append(str(default_root()))
+    return [*found, tempfile.gettempdir()]
 
 
 def one_line(msg: str) -> str:

@@ -242,7 +242,10 @@ def start_flow(
         if rows_of is not None:
             msg = pio.locate_rows(msg, rows_of)
         raise InputError(msg) from err
-    except BaseException:
+    except BaseException as err:
+        # a full device is one line (``app.main``), whose fix the log would not add to
+        if isinstance(err, Exception) and storage.no_space(err) is not None:
+            raise
         if log is not None and not keep:
             keep = True
             print(f"{PROG}: the log of the run is in {log}", file=sys.stderr, flush=True)

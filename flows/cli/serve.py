@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any
 
-from flows.cli.options import LOGS, WORKERS
+from flows.cli.options import LOGS, QUIET, WORKERS
 from flows.cli.run import start_flow
 from flows.cli.types import positive_int as _positive_int
 from pipeline.core.config import CRON, DEFAULT_CHUNK_ROWS, DEPLOYMENT, WINDOW
@@ -43,7 +43,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         "the model is refitted, warm-started, on the last --window partitions and published as "
         "MODELS/vN (MODELS/LATEST names it). Partitions that fail validation are reported in "
         "MODELS/rejected/ and skipped.",
-        parents=[WORKERS, LOGS],
+        parents=[WORKERS, QUIET, LOGS],
     )
     p.add_argument(
         "input", metavar="INPUT", help="directory or URL (s3://...) of date=YYYY-MM-DD partitions"

@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from errno import EDQUOT, ENOSPC
 from functools import cached_property
 from pathlib import Path
@@ -407,18 +407,43 @@ def _retried(attempts: int, request_dict: dict[str, Any], response: Any = None, 
     log.warning("%s: %s; retry %d of %d", url, why, attempts, STORAGE_ATTEMPTS - 1)
 
 
-def no_space(err: BaseException | None) -> StorageError | None:
+def no_space(
+    err: BaseException | None, places: Sequence[str | os.PathLike[str]] = ()
+) -> StorageError | None:
     """A ``StorageError`` naming the file when ``err``, or an error it came from, is a full
-    device (ENOSPC, or a quota: EDQUOT); else None."""
+    device (ENOSPC, or a quota: EDQUOT); else None.
+
+    A failed ``write`` names no file: the message then names the one of ``places`` (the local
+    folders the command writes: OUT, the dataset stores, the temporary folder) whose device has
+    the least space free now.
+    """
     seen: set[int] = set()
     # a chain may close on itself (an error re-raised inside its own handler)
     while err is not None and id(err) not in seen:
         if isinstance(err, OSError) and err.errno in (ENOSPC, EDQUOT):
-            where = f" writing {err.filename}" if err.filename else ""
+            where = f" writing {err.filename}" if err.filename else _fullest(places)
             return StorageError(f"no space left on device{where} (free some, then run again)")
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return None
+
+
+def _fullest(places: Sequence[str | os.PathLike[str]]) -> str:
+    """ " under PLACE (N MiB free there now)" for the local place of ``places`` whose device
+    has the least space free, or "" when none is local."""
+    free: list[tuple[int, str]] = []
+    for place in places:
+        if is_url(os.fspath(place)):
+            continue
+        path = Path(place).expanduser().absolute()
+        # the place may not exist yet (or no longer): its device is its nearest existing folder's
+        at = next((a for a in (path, *path.parents) if a.is_dir()), None)
+        if at is not None:
+            free.append((shutil.disk_usage(at).free, str(path)))
+    if not free:
+        return ""
+    left, fullest = min(free)
+    return f" under {fullest} ({left / 2**20:.1f} MiB free there now)"
 
 
 def rmtree(loc: Loc, ignore_errors: bool = False) -> None:

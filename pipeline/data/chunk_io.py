@@ -34,12 +34,58 @@ def record_codec() -> list[Any]:
     return [BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle"), CHECKSUM]
 
 
-def damaged(path: str, chunk: int, why: str) -> StorageError:
+def damaged(path: str, chunk: int | None, why: str) -> StorageError:
     store = storage.location(path).parent
     todo = "run the command again to rewrite it"
     if (store / "format.json").exists():
         todo = f"remove the dataset store {store} to have it ingested again"
-    return StorageError(f"{path}: chunk {chunk} is damaged ({why}) since written; {todo}")
+    which = "a chunk" if chunk is None else f"chunk {chunk}"
+    return StorageError(f"{path}: {which} is damaged ({why}) since written; {todo}")
+
+
+def _bad_checksum(err: ValueError) -> bool:
+    """zarr's error for a chunk whose checksum (``CHECKSUM``) does not match its bytes."""
+    return "checksum" in str(err)
+
+
+class Checked:
+    """A zarr array (``arr``, at ``path``) whose reads report a damaged chunk by name
+    (``damaged``) instead of zarr's checksum error; everything else is the array's."""
+
+    def __init__(self, arr: Any, path: str) -> None:
+        self.arr, self.path = arr, path
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.arr, name)
+
+    def __getitem__(self, sel: Any) -> Any:
+        return self._read(lambda: self.arr[sel])
+
+    def __setitem__(self, sel: Any, value: Any) -> None:
+        self.arr[sel] = value
+
+    def get_orthogonal_selection(self, sel: Any) -> Any:
+        return self._read(lambda: self.arr.get_orthogonal_selection(sel))
+
+    def _read(self, read: Any) -> Any:
+        try:
+            return read()
+        except ValueError as err:
+            if not _bad_checksum(err):
+                raise
+            raise damaged(self.path, self._first_damaged(), "checksum") from None
+
+    def _first_damaged(self) -> int | None:
+        """The first chunk (along the rows) whose checksum fails, read one at a time."""
+        rows = self.arr.chunks[0]
+        for c in range(-(-self.arr.shape[0] // rows)):
+            try:
+                self.arr[c * rows : (c + 1) * rows]
+            except ValueError as err:
+                if _bad_checksum(err):
+                    return c
+                raise
+        return None
 
 
 def _crc(data: Any) -> bytes:
@@ -152,12 +198,7 @@ def read_rows(path: str, a: int, b: int, reuse: bool = False) -> np.ndarray:
     arr = open_array(path, "r")
     at = _chunk_file(path, arr, a, b)
     if at is None:
-        try:
-            return np.asarray(arr[a:b])
-        except ValueError as err:
-            if "checksum" not in str(err):
-                raise
-            raise damaged(path, a // arr.chunks[0], "checksum") from None
+        return np.asarray(Checked(arr, path)[a:b])
     f, (kind, codec) = at
     c, cr, rest = a // arr.chunks[0], arr.chunks[0], arr.shape[1:]
     if not os.path.exists(f):

@@ -111,7 +111,7 @@ def peek_family(
 
 
 def _copy_columns_task(store: str, a: int, b: int, cols: IntArray) -> None:
-    X = np.asarray(zarr.open_array(f"{store}/X_all", mode="r")[a:b])
+    X = np.asarray(Store(store).array("X_all")[a:b])
     zarr.open_array(f"{store}/X", mode="r+")[a:b] = X[:, cols]
 
 

@@ -45,7 +45,7 @@ from pipeline.core import persist, storage
 from pipeline.core.config import N_FOLDS
 from pipeline.core.errors import InputError
 from pipeline.core.seeds import row_uniform
-from pipeline.data.chunk_io import CHECKSUM
+from pipeline.data.chunk_io import CHECKSUM, Checked
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.schema import Schema, Summary
 
@@ -342,7 +342,9 @@ class Store:
 
     # arrays ---------------------------------------------------------------------------------
     def array(self, name: str, mode: str = "r") -> Any:
-        return zarr.open_array(str(self.path / name), mode=mode)
+        """The array ``name``, whose reads report a damaged chunk by name (``Checked``)."""
+        path = str(self.path / name)
+        return Checked(zarr.open_array(path, mode=mode), path)
 
     def create_arrays(
         self,
@@ -477,9 +479,9 @@ def packed_index(n_packed: int) -> IntArray:
 
 def read_group_moments(path: str, c: int) -> GroupMoments:
     """Chunk c's per-group arrays of the grouped store at ``path``, without padding."""
-    code = np.asarray(zarr.open_array(f"{path}/group_code", mode="r")[c], dtype=np.int64)
+    arrays = [Store(path).array(name) for name in GROUP_ARRAYS]
+    code = np.asarray(arrays[1][c], dtype=np.int64)
     n = int(np.count_nonzero(code >= 0))
-    arrays = [zarr.open_array(f"{path}/{name}", mode="r") for name in GROUP_ARRAYS]
     gram, hold, fold = (np.asarray(arrays[i][c, :n]) for i in (0, 2, 3))
     return GroupMoments(gram, code[:n], hold, fold)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -44,8 +45,14 @@ def dask_client(
         cluster = None
     else:
         # no statistical profiler in the workers: it can deadlock CPython 3.11 before 3.11.9
-        # (python/cpython#116969); fewer event-loop checks (scheduler_setup)
-        with dask.config.set({PROFILE_KEY: False, **scheduler_setup.TICK_CONFIG}):
+        # (python/cpython#116969); fewer event-loop checks (scheduler_setup). A dashboard port
+        # in use (another cluster's) is replaced by a free one, which the line below names: the
+        # warning that says so would be a second line on stderr, before an error's one line
+        with (
+            dask.config.set({PROFILE_KEY: False, **scheduler_setup.TICK_CONFIG}),
+            warnings.catch_warnings(),
+        ):
+            warnings.filterwarnings("ignore", r"Port \d+ is already in use", UserWarning)
             # a worker process killed while it starts (the OOM killer, a user) fails the whole
             # start, which closes what it started: start again, as a pass reruns a lost task
             for attempt in range(1, START_TRIES + 1):

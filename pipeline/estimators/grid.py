@@ -231,9 +231,7 @@ def run_grid(
             }
             return {i: client.gather(row) for i, row in futs.items()}
 
-        # X and the estimator on every worker, each fold's rows on one
+        # X, the estimator and each fold's rows on one worker each (the others fetch them once)
         folds = [rows for split in splits for rows in split]
-        done = on_scattered(
-            client, [X, estimator, *folds], cells, [True, True] + [False] * len(folds), "grid"
-        )
+        done = on_scattered(client, [X, estimator, *folds], cells, "grid")
     return [known[i] if i in known else done[i] for i in range(len(candidates))]

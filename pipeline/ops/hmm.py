@@ -66,10 +66,12 @@ def hmm_outputs(
     and the transition matrix."""
     import zarr
 
+    from pipeline.data.chunk_io import Checked
     from pipeline.families.schema import cluster_table
 
     def read(name: str) -> np.ndarray:
-        return np.asarray(zarr.open_array(str(partial / "labels.zarr" / name), mode="r")[:])
+        path = str(partial / "labels.zarr" / name)
+        return np.asarray(Checked(zarr.open_array(path, mode="r"), path)[:])
 
     pos = input_positions(data, info)
     state_of = read("label")[pos]

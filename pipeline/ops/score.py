@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import zarr
 
 from pipeline.core import outputs, storage
 from pipeline.core.outputs import versions, write_json
@@ -92,7 +91,7 @@ def score_chunk_task(
     ``labels``; the chunk's write-out summary."""
     from pipeline.engines.mixture_state import predict
 
-    X = np.ascontiguousarray(zarr.open_array(f"{store}/X", mode="r")[a:b])
+    X = np.ascontiguousarray(Store(store).array("X")[a:b])
     label, logdens = predict(X, stats, alpha, family)
     hold = np.zeros(b - a, dtype=bool)
     res = emit_chunk(store, labels, c, a, X, hold, label, logdens, 0.0, False)

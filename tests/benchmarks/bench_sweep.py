@@ -151,8 +151,8 @@ def test_pass_scaling(tmp_path: Path) -> None:
     the chunk steps' seconds over the workers (the scatter, submission, reduce and checkpoint,
     and the rounds' imbalance); the workers' page faults and CPU seconds per chunk over passes
     2.. (``getrusage`` in each worker: what the preload's allocator settings,
-    ``worker_setup.tune_malloc``, are for); the pass message's broadcast on its own
-    (``scatter ms``: about 2 ms a worker on the 2-core machine, 33 ms for 16 workers there);
+    ``worker_setup.tune_malloc``, are for); the pass message's scatter on its own
+    (``scatter ms``: one copy on one worker, which the others fetch from it);
     the CPU the driver's process (the client, and the scheduler it runs) spends per chunk
     (``driver CPU ms/chunk``: the one serial resource of a pass, which must keep up with the
     tasks' ends on many workers; ``pipeline.core.tasks``: a task sweeps several chunks); and
@@ -250,15 +250,16 @@ def _pass_parts(stream: list[dict[str, Any]], t0: float, t1: float) -> dict[str,
 
 
 def _scatter_seconds(client: Any, ctx: Any, state: Any, repeats: int = 5) -> float:
-    """Best seconds of the pass message's broadcast to every worker (``loop.run_pass``'s
-    scatter): the one step of a pass's driver side whose work grows with the workers."""
+    """Best seconds of the pass message's scatter (``loop.run_pass``'s, through
+    ``tasks.on_scattered``): one copy, on one worker; the others fetch it with their first task,
+    which ``_pass_parts``' first start shows."""
     from pipeline.engines import get_engine
 
     msg = get_engine("mapdp").pass_input(state, ctx, state.pass_no + 1, None)
     best = np.inf
     for _ in range(repeats):
         t0 = time.perf_counter()
-        fut = client.scatter(msg, broadcast=True, hash=False)
+        fut = client.scatter(msg, hash=False)
         best = min(best, time.perf_counter() - t0)
         del fut
     return float(best)

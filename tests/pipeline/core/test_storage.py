@@ -4,8 +4,10 @@ shared dataset stores on object storage, and the one-line errors of a bad URL.""
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -245,3 +247,27 @@ def test_two_local_writers_of_one_output_each_stage_their_own(tmp_path: Path) ->
     assert (out / "who").read_text() == "49" and "missing" not in seen and len(seen) > 1
     os.rename(b, tmp_path / "kept")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "out"]
+
+
+def test_a_full_device_that_names_no_file_is_named_by_the_fullest_place(
+    full_disk: Any, tmp_path: Path
+) -> None:
+    """A failed ``write`` (ENOSPC without a file name, here behind another error) is one
+    message naming, among the places the command writes, the one on the device with the least
+    space free; a URL is no such place, and with no local place the message names none."""
+    with full_disk(tmp_path / "small", 1 << 20) as disk:
+        with open(disk.path / "filler", "wb") as fh, pytest.raises(OSError) as full:
+            while True:
+                fh.write(bytes(1 << 16))
+                fh.flush()
+        assert full.value.errno == errno.ENOSPC and full.value.filename is None
+        try:
+            raise RuntimeError("a task failed") from full.value
+        except RuntimeError as wrapped:
+            err = storage.no_space(wrapped, [tmp_path / "d", disk.path / "out", "s3://b/out"])
+        assert err is not None
+        assert str(err).startswith(f"no space left on device under {disk.path / 'out'} (")
+        assert str(err).endswith(" MiB free there now) (free some, then run again)")
+        alone = storage.no_space(full.value, ["s3://b/out"])
+        assert str(alone) == "no space left on device (free some, then run again)"
+    assert storage.no_space(ValueError("not a device")) is None

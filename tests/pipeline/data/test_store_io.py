@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from pipeline.core.errors import StorageError
 from pipeline.data.chunk_io import CHECKSUM, open_array, read_rows, record_codec, write_rows
-from pipeline.data.store import Moments, balanced_chunk_rows, folds_of_uniform
+from pipeline.data.store import Moments, Store, balanced_chunk_rows, folds_of_uniform
 
 
 def codecs(name: str) -> list[Any]:
@@ -140,6 +140,13 @@ def test_a_damaged_chunk_is_an_error_naming_it(
     ):
         read_rows(path, a, b)
     assert np.array_equal(read_rows(path, 0, 100), vals[:100])
+    # any read of an array through ``Store.array`` (a whole column, a fancy selection) names the
+    # damaged chunk among those it read
+    with pytest.raises(StorageError, match=f"^{path}: chunk 1 is damaged \\(checksum\\)"):
+        Store(tmp_path).array("a")[:]
+    with pytest.raises(StorageError, match="chunk 1 is damaged"):
+        Store(tmp_path).array("a").get_orthogonal_selection(([5, 150], slice(None)))
+    assert np.array_equal(Store(tmp_path).array("a")[:100], vals[:100])
 
 
 def test_open_array_sees_an_array_created_again(tmp_path: Path) -> None:
