@@ -61,24 +61,35 @@ def on_scattered(
     waiting for ever (a worker killed mid-scatter hung ``dpmm serve``, ``hmm`` and the tree stage
     in the fault campaign).
 
+    A worker that leaves while the data is sent to it fails the scatter itself (the
+    scheduler's connection to it closes): the data is scattered again, to the workers left.
+
     ``run`` must be idempotent (this package's tasks each write only their own chunk's rows,
     the same rows every time): a second run redoes the tasks that ended the first time too.
-    After ``SCATTER_TRIES`` losses the cancellation is raised.
+    After ``SCATTER_TRIES`` losses the cancellation (or the closed connection) is raised.
     """
     from distributed.client import FutureCancelledError
+    from distributed.comm.core import CommClosedError
 
     attempt = 1
     while True:
-        futs = client.scatter(list(objs), hash=False, timeout=WORKER_WAIT)
         try:
-            return run(*futs)
-        except FutureCancelledError:
-            if attempt == SCATTER_TRIES or not any(f.cancelled() for f in futs):
+            futs = client.scatter(list(objs), hash=False, timeout=WORKER_WAIT)
+        except CommClosedError:
+            if attempt == SCATTER_TRIES:
                 raise
+            why = "a worker left while its data was sent to it"
+        else:
+            try:
+                return run(*futs)
+            except FutureCancelledError:
+                if attempt == SCATTER_TRIES or not any(f.cancelled() for f in futs):
+                    raise
+            why = "a worker that left held the last copy of the data its tasks need"
         attempt += 1
         warnings.warn(
-            f"{what}: a worker that left held the last copy of the data its tasks need; "
-            f"scattering it again and running them again (try {attempt} of {SCATTER_TRIES})",
+            f"{what}: {why}; scattering it again and running them again "
+            f"(try {attempt} of {SCATTER_TRIES})",
             RuntimeWarning,
             stacklevel=2,
         )

@@ -236,6 +236,32 @@ def test_on_scattered_scatters_again_when_the_last_holder_leaves() -> None:
         assert len(tries) == 1
 
 
+def _exit_on_update_data(dask_worker: Any) -> None:
+    """Make the worker's process end when data is next sent to it (a worker lost mid-scatter)."""
+    dask_worker.handlers["update_data"] = lambda *args, **kwargs: os._exit(1)
+
+
+def test_on_scattered_scatters_again_when_a_worker_leaves_during_the_scatter() -> None:
+    """A worker whose process ends while the scatter sends it the data fails the scatter
+    itself (the scheduler's connection to it closes): ``on_scattered`` scatters again, to the
+    workers left or started again by their nannies, says so, and returns ``run``'s result."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        Client(cluster) as c,
+    ):
+        c.run(_exit_on_update_data)
+
+        def run(x: Any) -> int:
+            return int(c.submit(_plus, x, 1, pure=False).result())
+
+        with pytest.warns(RuntimeWarning, match="demo: a worker left while its data was sent"):
+            assert on_scattered(c, [10], run, what="demo") == 11
+
+
 def test_on_scattered_gives_up_after_its_tries(client) -> None:
     tries: list[str] = []
 
