@@ -1,0 +1,49 @@
+"""Where log lines go: ``to_file`` moves every handler that writes to a terminal stream to one
+log file (a failed task's traceback is some 90 lines), in the command's process and, through
+``LOG_ENV``, in the worker processes of the LocalCluster it starts
+(``pipeline.distributed.worker_setup``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+#: the log file of the command that started this process's cluster (unset: the terminal)
+LOG_ENV = "DPMM_LOG_FILE"
+
+
+def to_file(path: str | os.PathLike[str]) -> Callable[[], None]:
+    """Send the log lines of this process to the file ``path`` (appended to): each logger's
+    handlers that write to a terminal stream are replaced by one handler of the file. Returns
+    the function that hands the lines back to the terminal."""
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s")
+    )
+    loggers = [logging.getLogger()] + [
+        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    ]
+    moved: list[tuple[logging.Logger, list[logging.Handler]]] = []
+    for lg in loggers:
+        # a FileHandler is a StreamHandler too: only streams that are not files are the terminal
+        terminal: list[logging.Handler] = [
+            h
+            for h in lg.handlers
+            if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+        ]
+        if terminal:
+            for h in terminal:
+                lg.removeHandler(h)
+            lg.addHandler(handler)
+            moved.append((lg, terminal))
+
+    def restore() -> None:
+        for lg, terminal in moved:
+            lg.removeHandler(handler)
+            for h in terminal:
+                lg.addHandler(h)
+        handler.close()
+
+    return restore
