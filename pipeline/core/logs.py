@@ -1,7 +1,8 @@
 """Where log lines go: ``to_file`` moves every handler that writes to a terminal stream to one
 log file (a failed task's traceback is some 90 lines), in the command's process and, through
-``LOG_ENV``, in the worker processes of the LocalCluster it starts
-(``pipeline.distributed.worker_setup``).
+``LOG_ENV`` (``file_of``), in the worker processes of the LocalCluster it starts
+(``pipeline.distributed.dask_client``, ``pipeline.distributed.worker_setup``). A batch job's
+workers keep their job's own log.
 """
 
 from __future__ import annotations
@@ -47,3 +48,11 @@ def to_file(path: str | os.PathLike[str]) -> Callable[[], None]:
         handler.close()
 
     return restore
+
+
+def file_of(name: str = "distributed") -> str | None:
+    """The file the logger ``name`` writes to (``to_file``'s), or None: the terminal."""
+    for h in logging.getLogger(name).handlers:
+        if isinstance(h, logging.FileHandler):
+            return str(h.baseFilename)
+    return None

@@ -36,7 +36,6 @@ def dask_client(
     from distributed import Client, LocalCluster
 
     from pipeline.distributed import scheduler_setup
-    from pipeline.distributed.worker_setup import WARM_ENV
 
     # the scheduler's and nannies' INFO lines would bury the progress bars
     logging.getLogger("distributed").setLevel(logging.WARNING)
@@ -66,14 +65,10 @@ def dask_client(
                             processes=processes,
                             dashboard_address=dashboard_address,
                             memory_limit=0,
-                            # worker processes: local only, told which engine to load (env)
+                            # worker processes: local only, told which engine to load and
+                            # where this process's Dask log lines go (env)
                             **(
-                                {
-                                    "host": "127.0.0.1",
-                                    "env": {WARM_ENV: ",".join(warm)} if warm else {},
-                                }
-                                if processes
-                                else {}
+                                {"host": "127.0.0.1", "env": _worker_env(warm)} if processes else {}
                             ),
                             preload=["pipeline.distributed.worker_setup"] if processes else None,
                             scheduler_kwargs={"preload": [scheduler_setup.PRELOAD]},
@@ -98,6 +93,19 @@ def dask_client(
             cluster.close()
 
 
+def _worker_env(warm: Sequence[str] | None) -> dict[str, str]:
+    """The environment of a LocalCluster's worker processes: the engines to load
+    (``WARM_ENV``) and the log file of this process's Dask lines (``LOG_ENV``), when set."""
+    from pipeline.core.logs import LOG_ENV, file_of
+    from pipeline.distributed.worker_setup import WARM_ENV
+
+    log = file_of()
+    return {
+        **({WARM_ENV: ",".join(warm)} if warm else {}),
+        **({LOG_ENV: log} if log is not None else {}),
+    }
+
+
 def gpu_cluster(
     n_workers: int | None,
     processes: bool,
@@ -113,7 +121,6 @@ def gpu_cluster(
 
     from kernels.cuda_device import simulated
     from pipeline.distributed import scheduler_setup
-    from pipeline.distributed.worker_setup import WARM_ENV
     from pipeline.engines.gpu import DeviceError, require_device
 
     require_device()
@@ -141,7 +148,7 @@ def gpu_cluster(
         memory_limit=0,
         host="127.0.0.1",
         # the host step's kernels (the CPU engines'), not every engine's
-        env={WARM_ENV: ",".join(warm)} if warm else {},
+        env=_worker_env(warm),
         preload=["pipeline.distributed.worker_setup"],
         scheduler_kwargs={"preload": [scheduler_setup.PRELOAD]},
     )
