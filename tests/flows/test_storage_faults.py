@@ -80,8 +80,8 @@ def test_a_full_disk_under_out_or_the_data_dir_exits_3_and_leaves_nothing(
 ) -> None:
     """OUT on a full disk, then the dataset store: one line naming a file there, exit status
     3, no partial output or store left; with space again the same command succeeds. With
-    ``--quiet`` that line is all the terminal shows: the worker processes' log lines of the
-    failed tasks ("Compute Failed" and a traceback) are in the run's log file."""
+    ``--quiet`` that line is all the terminal shows: when the disk fills in a worker's task,
+    its "Compute Failed" and traceback go to the run's log file."""
     df = blobs(30_000, 2)
     df.to_csv(tmp_path / "in.csv", index=False)
     base = ["run", str(tmp_path / "in.csv"), "--seed", "1", "--workers", "1", "--no-report"]
@@ -92,7 +92,6 @@ def test_a_full_disk_under_out_or_the_data_dir_exits_3_and_leaves_nothing(
         err = capfd.readouterr().err
         assert code == 3, err
         (line,) = err.splitlines()
-        assert "Compute Failed" in log.read_text()
         assert line.startswith("dpmm: error: no space left on device writing "), line
         assert str(disk.path) in line
         assert list(disk.path.iterdir()) == []
