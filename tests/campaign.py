@@ -674,67 +674,58 @@ def faulted(
     """One run of ``cmd`` with ``fault`` injected ``moment`` x the undisturbed run's duration
     after its start (rerun afterwards if the fault says so), classified."""
     t0 = time.monotonic()
+
+    def outcome(kind: str, reason: str, delivered: bool) -> Outcome:
+        cl.ready(len(cl.nannies))
+        return Outcome(cmd.name, fault.name, moment, kind, reason, delivered, time.monotonic() - t0)
+
     with fault.around(out):
-        kind, reason, delivered = _faulted(cmd, fault, ws, cl, out, ref, moment)
-    cl.ready(len(cl.nannies))
-    return Outcome(cmd.name, fault.name, moment, kind, reason, delivered, time.monotonic() - t0)
-
-
-def _faulted(
-    cmd: Command,
-    fault: Fault,
-    ws: Workspace,
-    cl: Cluster,
-    out: Path,
-    ref: Reference,
-    moment: float,
-) -> tuple[str, str, bool]:
-    want, env, timeout = ref.digest, fault.env(ws), 5 * ref.seconds + 120
-    run = start(cmd, ws, out, cl, env, ref.stores)
-    deadline = time.monotonic() + moment * ref.seconds
-    while run.proc.poll() is None and time.monotonic() < deadline:
-        run.watch()
-        time.sleep(0.05)
-    delivered = run.proc.poll() is None
-    if delivered:
-        fault.inject(run)
-    rc, err = finish(run, timeout)
-    if fault.repair is not None and delivered:
+        want, env, timeout = ref.digest, fault.env(ws), 5 * ref.seconds + 120
+        run = start(cmd, ws, out, cl, env, ref.stores)
+        deadline = time.monotonic() + moment * ref.seconds
+        while run.proc.poll() is None and time.monotonic() < deadline:
+            run.watch()
+            time.sleep(0.05)
+        delivered = run.proc.poll() is None
+        if delivered:
+            fault.inject(run)
+        rc, err = finish(run, timeout)
+        if fault.repair is not None and delivered:
+            kind, reason = classify(cmd, out, run, rc, err, want)
+            fault.repair(run)
+            if kind != "error":
+                return outcome(kind, reason, delivered)
+            # the clear error, then what a user does: the rerun must resume or start over
+            cl.ready(len(cl.nannies))
+            again = start(cmd, ws, out, cl, env, ref.stores)
+            rc, err = finish(again, timeout)
+            kind2, reason2 = classify(cmd, out, again, rc, err, want)
+            if kind2 != "equal":
+                return outcome("other", f"{reason}; then, repaired: {kind2}: {reason2}", delivered)
+            return outcome(kind, f"{reason}; then, repaired: equal", delivered)
+        if fault.rerun and delivered:
+            shown = _visible_partial(cmd, out, want)
+            stray = [p for p in run.seen if _alive(p)]
+            # the command's own processes go with it (the Prefect server it may have started
+            # follows within a moment)
+            time.sleep(1.0)
+            stray = [p for p in stray if _alive(p)]
+            if shown or stray:
+                for p in stray:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p, signal.SIGKILL)
+                reason = shown or f"processes left behind by the killed command: {stray}"
+                return outcome("other", reason, delivered)
+            cl.ready(len(cl.nannies))
+            if cmd.shows is None and all(o.exists() for o in cmd.outputs(out)):
+                # the kill came after the output was published (and found whole above): the work is
+                # done, and a rerun would rightly refuse to replace OUT without --overwrite
+                rc, err = 0, ""
+            else:
+                run = start(cmd, ws, out, cl, env, ref.stores)
+                rc, err = finish(run, timeout)
         kind, reason = classify(cmd, out, run, rc, err, want)
-        fault.repair(run)
-        if kind != "error":
-            return kind, reason, delivered
-        # the clear error, then what a user does: the rerun must resume or start over
-        cl.ready(len(cl.nannies))
-        again = start(cmd, ws, out, cl, env, ref.stores)
-        rc, err = finish(again, timeout)
-        kind2, reason2 = classify(cmd, out, again, rc, err, want)
-        if kind2 != "equal":
-            return "other", f"{reason}; then, repaired: {kind2}: {reason2}", delivered
-        return kind, f"{reason}; then, repaired: equal", delivered
-    if fault.rerun and delivered:
-        shown = _visible_partial(cmd, out, want)
-        stray = [p for p in run.seen if _alive(p)]
-        # the command's own processes go with it (the Prefect server it may have started
-        # follows within a moment)
-        time.sleep(1.0)
-        stray = [p for p in stray if _alive(p)]
-        if shown or stray:
-            for p in stray:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p, signal.SIGKILL)
-            reason = shown or f"processes left behind by the killed command: {stray}"
-            return "other", reason, delivered
-        cl.ready(len(cl.nannies))
-        if cmd.shows is None and all(o.exists() for o in cmd.outputs(out)):
-            # the kill came after the output was published (and found whole above): the work is
-            # done, and a rerun would rightly refuse to replace OUT without --overwrite
-            rc, err = 0, ""
-        else:
-            run = start(cmd, ws, out, cl, env, ref.stores)
-            rc, err = finish(run, timeout)
-    kind, reason = classify(cmd, out, run, rc, err, want)
-    return kind, reason, delivered
+        return outcome(kind, reason, delivered)
 
 
 def clear(cmd: Command, out: Path) -> None:
