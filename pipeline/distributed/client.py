@@ -33,64 +33,86 @@ def dask_client(
     import logging
 
     import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
+    from pipeline.core.tasks import WORKER_WAIT
     from pipeline.distributed import scheduler_setup
 
     # the scheduler's and nannies' INFO lines would bury the progress bars
     logging.getLogger("distributed").setLevel(logging.WARNING)
-    if scheduler:
-        client = Client(scheduler)
-        cluster = None
-    else:
-        # no statistical profiler in the workers: it can deadlock CPython 3.11 before 3.11.9
-        # (python/cpython#116969); fewer event-loop checks (scheduler_setup). A dashboard port
-        # in use (another cluster's) is replaced by a free one, which the line below names: the
-        # warning that says so would be a second line on stderr, before an error's one line
-        with (
-            dask.config.set({PROFILE_KEY: False, **scheduler_setup.TICK_CONFIG}),
-            warnings.catch_warnings(),
-        ):
-            warnings.filterwarnings("ignore", r"Port \d+ is already in use", UserWarning)
-            # a worker process killed while it starts (the OOM killer, a user) fails the whole
-            # start, which closes what it started: start again, as a pass reruns a lost task
-            for attempt in range(1, START_TRIES + 1):
-                try:
-                    cluster = (
-                        gpu_cluster(n_workers, processes, dashboard_address, warm)
-                        if device == "gpu"
-                        else LocalCluster(
-                            n_workers=int(n_workers or os.cpu_count() or 1),
-                            threads_per_worker=1,
-                            processes=processes,
-                            dashboard_address=dashboard_address,
-                            memory_limit=0,
-                            # worker processes: local only, told which engine to load and
-                            # where this process's Dask log lines go (env)
-                            **(
-                                {"host": "127.0.0.1", "env": _worker_env(warm)} if processes else {}
-                            ),
-                            preload=["pipeline.distributed.worker_setup"] if processes else None,
-                            scheduler_kwargs={"preload": [scheduler_setup.PRELOAD]},
-                        )
-                    )
-                    break
-                except RuntimeError:
-                    if attempt == START_TRIES:
-                        raise
-        client = Client(cluster)
-    # the client's side of scheduler_setup's shorter batches: a pass's graph goes out at once
-    scheduler_setup.short_batches(getattr(client, "scheduler_comm", None))
-    try:
-        if not quiet:
-            served = "dashboard" in client.scheduler_info().get("services", {})
-            link = client.dashboard_link if served and (dashboard_address or scheduler) else None
-            print(f"Dask dashboard: {link or 'disabled'}", file=sys.stderr)
-        yield client
-    finally:
-        client.close()
-        if cluster is not None:
-            cluster.close()
+    with contextlib.ExitStack() as stack:
+        if scheduler:
+            client = Client(scheduler)
+            cluster = None
+        else:
+            # a killed worker's nanny starts it again, which a loaded machine can take longer than
+            # Dask's lost-worker-timeout (15 s) to finish: the cluster then closes that nanny, and
+            # with every worker killed at once none is left and the command waits for ever. Read
+            # when a worker leaves, so it holds for the cluster's whole life
+            stack.enter_context(dask.config.set({LOST_KEY: f"{WORKER_WAIT}s"}))
+            cluster = _start_local(n_workers, processes, dashboard_address, warm, device)
+            client = Client(cluster)
+        # the client's side of scheduler_setup's shorter batches: a pass's graph goes out at once
+        scheduler_setup.short_batches(getattr(client, "scheduler_comm", None))
+        try:
+            if not quiet:
+                served = "dashboard" in client.scheduler_info().get("services", {})
+                link = (
+                    client.dashboard_link if served and (dashboard_address or scheduler) else None
+                )
+                print(f"Dask dashboard: {link or 'disabled'}", file=sys.stderr)
+            yield client
+        finally:
+            client.close()
+            if cluster is not None:
+                cluster.close()
+
+
+def _start_local(
+    n_workers: int | None,
+    processes: bool,
+    dashboard_address: str | None,
+    warm: Sequence[str] | None,
+    device: str,
+) -> Any:
+    """``dask_client``'s new cluster: a LocalCluster, or ``gpu_cluster``'s on ``device="gpu"``."""
+    import dask
+    from distributed import LocalCluster
+
+    from pipeline.distributed import scheduler_setup
+
+    # no statistical profiler in the workers: it can deadlock CPython 3.11 before 3.11.9
+    # (python/cpython#116969); fewer event-loop checks (scheduler_setup). A dashboard port
+    # in use (another cluster's) is replaced by a free one, which the line below names: the
+    # warning that says so would be a second line on stderr, before an error's one line
+    with (
+        dask.config.set({PROFILE_KEY: False, **scheduler_setup.TICK_CONFIG}),
+        warnings.catch_warnings(),
+    ):
+        warnings.filterwarnings("ignore", r"Port \d+ is already in use", UserWarning)
+
+        # a worker process killed while it starts (the OOM killer, a user) fails the whole
+        # start, which closes what it started: start again, as a pass reruns a lost task
+        def start() -> Any:
+            if device == "gpu":
+                return gpu_cluster(n_workers, processes, dashboard_address, warm)
+            return LocalCluster(
+                n_workers=int(n_workers or os.cpu_count() or 1),
+                threads_per_worker=1,
+                processes=processes,
+                dashboard_address=dashboard_address,
+                memory_limit=0,
+                # worker processes: local only, told which engine to load and where this
+                # process's Dask log lines go (env)
+                **({"host": "127.0.0.1", "env": _worker_env(warm)} if processes else {}),
+                preload=["pipeline.distributed.worker_setup"] if processes else None,
+                scheduler_kwargs={"preload": [scheduler_setup.PRELOAD]},
+            )
+
+        for _ in range(START_TRIES - 1):
+            with contextlib.suppress(RuntimeError):
+                return start()
+        return start()
 
 
 def _worker_env(warm: Sequence[str] | None) -> dict[str, str]:
@@ -156,3 +178,5 @@ def gpu_cluster(
 
 #: whether Dask workers sample their threads' stacks (``dask_client``'s clusters: off)
 PROFILE_KEY = "distributed.worker.profile.enabled"
+#: how long a cluster waits for a lost worker to come back before it closes the worker's nanny
+LOST_KEY = "distributed.deploy.lost-worker-timeout"
