@@ -17,8 +17,9 @@ LOG_ENV = "DPMM_LOG_FILE"
 
 def to_file(path: str | os.PathLike[str]) -> Callable[[], None]:
     """Send the log lines of this process to the file ``path`` (appended to): each logger's
-    handlers that write to a terminal stream are replaced by one handler of the file. Returns
-    the function that hands the lines back to the terminal."""
+    handlers that write to a terminal stream are replaced by one handler of the file, which the
+    root logger also gets if it has none. Returns the function that hands the lines back to the
+    terminal."""
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(
         logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s")
@@ -40,11 +41,21 @@ def to_file(path: str | os.PathLike[str]) -> Callable[[], None]:
             lg.addHandler(handler)
             moved.append((lg, terminal))
 
+    # a process whose root logger has no handler (a worker process: nothing there set one up)
+    # would print what reaches the root (asyncio's "exception was never retrieved", a library's
+    # warning) on the terminal through logging's last resort
+    root = logging.getLogger()
+    bare = not root.handlers
+    if bare:
+        root.addHandler(handler)
+
     def restore() -> None:
         for lg, terminal in moved:
             lg.removeHandler(handler)
             for h in terminal:
                 lg.addHandler(h)
+        if bare:
+            root.removeHandler(handler)
         handler.close()
 
     return restore
