@@ -1,7 +1,8 @@
 """Where log lines go: ``to_file`` moves every handler that writes to a terminal stream to one
 log file (a failed task's traceback is some 90 lines), in the command's process and, through
 ``LOG_ENV`` (``file_of``), in the worker processes of the LocalCluster it starts
-(``pipeline.distributed.dask_client``, ``pipeline.distributed.worker_setup``). A batch job's
+(``pipeline.distributed.dask_client``, ``pipeline.distributed.worker_setup``), where
+``stderr_to`` sends whatever else a worker process prints to the same file. A batch job's
 workers keep their job's own log.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from collections.abc import Callable
 
 #: the log file of the command that started this process's cluster (unset: the terminal)
@@ -59,6 +61,19 @@ def to_file(path: str | os.PathLike[str]) -> Callable[[], None]:
         handler.close()
 
     return restore
+
+
+def stderr_to(path: str | os.PathLike[str]) -> None:
+    """Append this process's standard error (file descriptor 2) to the file ``path`` for the
+    rest of its life: in a LocalCluster's worker process, whatever it writes there outside
+    ``to_file``'s handlers (an exception Python reports as ignored, a warning, a handler a
+    library sets up later) goes to the command's log instead of the terminal it shares."""
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.dup2(fd, 2)
+    finally:
+        os.close(fd)
 
 
 def file_of(name: str = "distributed") -> str | None:

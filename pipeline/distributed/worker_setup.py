@@ -289,15 +289,18 @@ def tune_malloc() -> bool:
 
 def dask_setup(worker: Any) -> None:
     """Called by Dask when the worker starts."""
-    from pipeline.core.logs import LOG_ENV, to_file
+    from pipeline.core.logs import LOG_ENV, stderr_to, to_file
     from pipeline.distributed.scheduler_setup import slow_ticks
 
     # a command that keeps its log lines in a file (not --verbose): its workers' go there too,
-    # not to the terminal it shares with them (a failed task's "Compute Failed" and traceback)
+    # not to the terminal it shares with them (a failed task's "Compute Failed" and traceback),
+    # and so does anything else a worker process prints (LOG_ENV is set for worker processes
+    # only: this preload never runs in the command's own process)
     if path := os.environ.get(LOG_ENV):
         # a batch job's worker may run where that file cannot be (another machine's folder)
         with contextlib.suppress(OSError):
             to_file(path)
+            stderr_to(path)
     slow_ticks(worker)
     tune_malloc()
     warm_here()

@@ -38,3 +38,41 @@ def test_every_worker_killed_comes_back_however_slow_its_restart() -> None:
         assert len(client.cluster.workers) == 2
         assert client.submit(sum, [1, 2, 3], pure=False).result(timeout=120) == 6
         assert not set(client.run(os.getpid).values()) & set(old.values())
+
+
+def _prints() -> int:
+    import logging
+    import sys
+    import warnings
+
+    print("worker-print", file=sys.stderr, flush=True)
+    os.write(2, b"worker-fd\n")
+    warnings.warn("worker-warning", UserWarning, stacklevel=1)
+    # what reaches the root logger (asyncio's report of a task exception nobody retrieved)
+    logging.getLogger("asyncio").error("worker-asyncio")
+    return os.getpid()
+
+
+def test_a_worker_process_prints_into_the_commands_log(tmp_path, capfd, monkeypatch) -> None:
+    """While the command's lines go to its log file, so does everything a worker process of
+    its LocalCluster writes to stderr, by logging or not: the terminal the command shares with
+    its workers gets none of it (the fault campaign counted a worker's traceback there)."""
+    import logging
+
+    from pipeline.core.logs import to_file
+
+    # distributed's one terminal handler, as in the command's process (pytest adds its own,
+    # a file among them, which file_of would name instead of the run's log)
+    monkeypatch.setattr(logging.getLogger("distributed"), "handlers", [logging.StreamHandler()])
+    log = tmp_path / "run.log"
+    back = to_file(log)
+    try:
+        with dask_client(n_workers=1, dashboard_address=None, quiet=True, warm=["none"]) as c:
+            pid = c.submit(_prints, pure=False).result(timeout=120)
+    finally:
+        back()
+    assert pid != os.getpid()
+    err, text = capfd.readouterr().err, log.read_text()
+    for line in ("worker-print", "worker-fd", "worker-warning", "worker-asyncio"):
+        assert line in text, line
+        assert line not in err, err
