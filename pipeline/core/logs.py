@@ -17,12 +17,16 @@ from collections.abc import Callable
 LOG_ENV = "DPMM_LOG_FILE"
 
 
+class _LogFile(logging.FileHandler):
+    """The handler of ``to_file``'s log file: what ``file_of`` looks for."""
+
+
 def to_file(path: str | os.PathLike[str]) -> Callable[[], None]:
     """Send the log lines of this process to the file ``path`` (appended to): each logger's
     handlers that write to a terminal stream are replaced by one handler of the file, which the
     root logger also gets if it has none. Returns the function that hands the lines back to the
     terminal."""
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = _LogFile(path, encoding="utf-8")
     handler.setFormatter(
         logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s")
     )
@@ -77,8 +81,14 @@ def stderr_to(path: str | os.PathLike[str]) -> None:
 
 
 def file_of(name: str = "distributed") -> str | None:
-    """The file the logger ``name`` writes to (``to_file``'s), or None: the terminal."""
-    for h in logging.getLogger(name).handlers:
-        if isinstance(h, logging.FileHandler):
-            return str(h.baseFilename)
+    """The log file of ``to_file`` that the records of the logger ``name`` reach, by its own
+    handlers or its ancestors' (as logging passes them on), or None: the terminal."""
+    lg: logging.Logger | None = logging.getLogger(name)
+    while lg is not None:
+        for h in lg.handlers:
+            if isinstance(h, _LogFile):
+                return str(h.baseFilename)
+        # distributed gives its loggers a handler of their own only where the root has none at
+        # its import: in a command's process Prefect's came first, and its lines reach the root's
+        lg = lg.parent if lg.propagate else None
     return None

@@ -354,6 +354,53 @@ def test_logs_to_moves_terminal_handlers_and_puts_them_back(tmp_path: Path) -> N
     assert {n: hs for n, hs in terminal().items() if hs} == before
 
 
+_COMMAND = """
+import argparse, logging, os, sys
+import flows.cluster  # noqa: F401  (as dpmm's command does: Prefect's logging set up first)
+from flows.cli.run import start_flow
+
+# distributed, imported now, leaves its lines to the root's handler
+assert logging.getLogger().handlers and "distributed" not in sys.modules
+
+
+def prints():
+    print("worker-print", file=sys.stderr, flush=True)
+    logging.getLogger("distributed.worker").error("worker-log")
+    return os.getpid()
+
+
+def runner(scheduler, **kwargs):
+    from distributed import Client
+
+    with Client(scheduler) as c:
+        assert c.submit(prints, pure=False).result(timeout=120) != os.getpid()
+    return {}
+
+
+args = argparse.Namespace(verbose=False, quiet=False, log_file=sys.argv[1], program=True)
+start_flow(args, {"n_workers": 1, "dashboard_address": None}, runner=runner, engine="none")
+"""
+
+
+def test_a_commands_workers_print_into_its_log_not_on_its_terminal(tmp_path: Path) -> None:
+    """``start_flow`` in a process that imports as ``dpmm`` does (Prefect before distributed,
+    whose loggers then have no handler of their own): what a worker of the LocalCluster prints or
+    logs (a failed task's "Compute Failed" and traceback) goes to the run's log. Before, the
+    workers were never told the file, and the fault campaign found those lines on the terminal."""
+    log = tmp_path / "run.log"
+    res = subprocess.run(
+        [sys.executable, "-c", _COMMAND, str(log)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    text = log.read_text()
+    for line in ("worker-print", "worker-log"):
+        assert line in text, text
+        assert line not in res.stderr, res.stderr
+
+
 def test_stage2_warm_names_follow_the_flow_default():
     from flows.cli.run import _stage2_warm
 

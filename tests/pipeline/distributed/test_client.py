@@ -8,6 +8,7 @@ import signal
 import time
 
 import dask
+import pytest
 
 from pipeline.distributed.client import LOST_KEY, dask_client
 
@@ -50,20 +51,30 @@ def _prints() -> int:
     warnings.warn("worker-warning", UserWarning, stacklevel=1)
     # what reaches the root logger (asyncio's report of a task exception nobody retrieved)
     logging.getLogger("asyncio").error("worker-asyncio")
+    # a failed task's "Compute Failed" and its traceback
+    logging.getLogger("distributed.worker").error("worker-log")
     return os.getpid()
 
 
-def test_a_worker_process_prints_into_the_commands_log(tmp_path, capfd, monkeypatch) -> None:
+@pytest.mark.parametrize("distributed_handler", [True, False], ids=["own", "root"])
+def test_a_worker_process_prints_into_the_commands_log(
+    tmp_path, capfd, monkeypatch, distributed_handler: bool
+) -> None:
     """While the command's lines go to its log file, so does everything a worker process of
     its LocalCluster writes to stderr, by logging or not: the terminal the command shares with
-    its workers gets none of it (the fault campaign counted a worker's traceback there)."""
+    its workers gets none of it (the fault campaign counted a worker's traceback there).
+    distributed's loggers have a terminal handler of their own where it was imported first
+    ("own"), and none, their lines reaching the root's, where Prefect was, as in ``dpmm``'s
+    process ("root": the case the campaign met, whose workers were never told the file)."""
     import logging
 
     from pipeline.core.logs import to_file
 
-    # distributed's one terminal handler, as in the command's process (pytest adds its own,
-    # a file among them, which file_of would name instead of the run's log)
-    monkeypatch.setattr(logging.getLogger("distributed"), "handlers", [logging.StreamHandler()])
+    # the handlers of the command's process, not pytest's
+    dist = logging.getLogger("distributed")
+    monkeypatch.setattr(dist, "handlers", [logging.StreamHandler()] if distributed_handler else [])
+    monkeypatch.setattr(dist, "propagate", not distributed_handler)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [logging.StreamHandler()])
     log = tmp_path / "run.log"
     back = to_file(log)
     try:
@@ -73,6 +84,6 @@ def test_a_worker_process_prints_into_the_commands_log(tmp_path, capfd, monkeypa
         back()
     assert pid != os.getpid()
     err, text = capfd.readouterr().err, log.read_text()
-    for line in ("worker-print", "worker-fd", "worker-warning", "worker-asyncio"):
+    for line in ("worker-print", "worker-fd", "worker-warning", "worker-asyncio", "worker-log"):
         assert line in text, line
         assert line not in err, err
