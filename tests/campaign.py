@@ -527,6 +527,8 @@ class Outcome:
     reason: str = ""
     delivered: bool = False
     seconds: float = 0.0
+    #: an "other" run's whole stderr (each run's, when it was run again), to pin its cause
+    stderr: str = ""
 
 
 def start(
@@ -674,10 +676,13 @@ def faulted(
     """One run of ``cmd`` with ``fault`` injected ``moment`` x the undisturbed run's duration
     after its start (rerun afterwards if the fault says so), classified."""
     t0 = time.monotonic()
+    errs: list[str] = []  # each run's stderr
 
     def outcome(kind: str, reason: str, delivered: bool) -> Outcome:
         cl.ready(len(cl.nannies))
-        return Outcome(cmd.name, fault.name, moment, kind, reason, delivered, time.monotonic() - t0)
+        seconds = time.monotonic() - t0
+        kept = "\n--- run again ---\n".join(errs) if kind == "other" else ""
+        return Outcome(cmd.name, fault.name, moment, kind, reason, delivered, seconds, kept)
 
     with fault.around(out):
         want, env, timeout = ref.digest, fault.env(ws), 5 * ref.seconds + 120
@@ -690,6 +695,7 @@ def faulted(
         if delivered:
             fault.inject(run)
         rc, err = finish(run, timeout)
+        errs.append(err)
         if fault.repair is not None and delivered:
             kind, reason = classify(cmd, out, run, rc, err, want)
             fault.repair(run)
@@ -699,6 +705,7 @@ def faulted(
             cl.ready(len(cl.nannies))
             again = start(cmd, ws, out, cl, env, ref.stores)
             rc, err = finish(again, timeout)
+            errs.append(err)
             kind2, reason2 = classify(cmd, out, again, rc, err, want)
             if kind2 != "equal":
                 return outcome("other", f"{reason}; then, repaired: {kind2}: {reason2}", delivered)
@@ -724,6 +731,7 @@ def faulted(
             else:
                 run = start(cmd, ws, out, cl, env, ref.stores)
                 rc, err = finish(run, timeout)
+                errs.append(err)
         kind, reason = classify(cmd, out, run, rc, err, want)
         return outcome(kind, reason, delivered)
 
