@@ -273,7 +273,7 @@ def _move(
 @njit(cache=True, nogil=True, inline="always")
 def _update(x, s, c, spec, prior, w, hot, work, nw):
     """``product.update``; ``hot`` (one Normal-Wishart group) with the scratch work and without
-    L, which ``_scan`` restores at its end (nw: ``product.nw_only``'s)."""
+    L, which ``_scan`` restores at its end (nw: ``product.nw_paths``'s)."""
     if nw is not None and hot:
         gaussian_nw.update_with(x, s, c, prior, w, work, True, False)
     else:
@@ -364,8 +364,8 @@ def _scan(
     acc = np.empty(size)
     qv = np.empty(size)
     # one full-covariance group: the slots' predictives packed, kept in step with every move;
-    # a spec of any family (int64) compiles none of that code (``product.nw_only``)
-    nw = product.nw_only(spec)
+    # a spec of any family (int64) compiles none of that code (``product.nw_paths``)
+    nw = product.nw_paths(spec)
     hot = nw is not None and spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
     P = np.empty((0, 0))
     if hot:
@@ -679,7 +679,7 @@ def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
     lp = np.empty(K + 1)
     terms = np.empty(K + 1)
     hot = spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
-    hot = hot and product.nw_only(spec) is not None
+    hot = hot and product.nw_paths(spec) is not None
     # packed as the sweep's, the empty cache in column K
     P = np.empty((0, 0))
     if hot:

@@ -5,7 +5,8 @@ Log terms add across groups (docs/families.md). A product is described by
 ``spec`` : int64, int32 or int16 ndarray of shape (G, 9)
     A row per group: family code, first column, number of columns, then (offset, length) of its
     slice of the statistics row, the prior and the cache row. Its type is the set of families
-    compiled (below): int32 Normal-Wishart without cells, int16 Normal-Wishart, int64 any.
+    compiled (below): int32 the Gaussians (Normal-Wishart without cells, Normal-Gamma), int16
+    Normal-Wishart, int64 any.
 ``prior`` : float64 ndarray of shape (P,)
     The groups' prior arrays, concatenated.
 
@@ -160,15 +161,18 @@ def _any_log_marginal(code, sg, pg):
 
 
 # -- the family set as a type: numba compiles per type, so the ``_group_*`` overloads pick on
-# the code's integer type: int32 (``NW_ONLY_DTYPE``) the Normal-Wishart kernels without the
-# recording cells' code, int16 (``NW_CELLS_DTYPE``, offsets below about 170 columns) with it,
-# int64 (``ANY_DTYPE``) the ``_any_*`` chains over all seven families, no packed ones (``nw_only``).
-NW_ONLY_DTYPE = np.int32
+# the code's integer type: int32 (``GAUSSIAN_DTYPE``) the two Gaussian families, Normal-Wishart
+# without the recording cells' code and Normal-Gamma (``_gauss_*``: a full and a diagonal
+# covariance share one compiled sweep), int16 (``NW_CELLS_DTYPE``, offsets below about 170
+# columns) Normal-Wishart with the cells' code, int64 (``ANY_DTYPE``) the ``_any_*`` chains over
+# all seven families; the int32 and int16 kernels hold the packed Normal-Wishart paths
+# (``nw_paths``), the int64 ones none.
+GAUSSIAN_DTYPE = np.int32
 ANY_DTYPE = np.int64
 NW_CELLS_DTYPE = np.int16
 
 
-def _nw_only(code):
+def _gaussian(code):
     """Whether the numba type ``code`` is an int32 spec's."""
     return isinstance(code, types.Integer) and code.bitwidth == 32
 
@@ -179,19 +183,67 @@ def _nw_cells(code):
 
 
 def _nw(code):
-    """Either Normal-Wishart-only spec."""
-    return _nw_only(code) or _nw_cells(code)
+    """Either spec whose kernels hold the Normal-Wishart paths."""
+    return _gaussian(code) or _nw_cells(code)
 
 
-def nw_only(spec):
-    """True for an int32 or int16 spec, None for int64: a kernel's Normal-Wishart paths under
-    ``if nw is not None`` (numba drops a branch on a None argument untyped; jit only)."""
+def nw_paths(spec):
+    """True for an int32 or int16 spec, None for int64: a kernel's packed Normal-Wishart paths
+    under ``if nw is not None`` (numba drops a branch on a None argument untyped; jit only)."""
     raise NotImplementedError("jit only")
 
 
-@overload(nw_only, jit_options={"nogil": True}, inline="always")
-def _ol_nw_only(spec):
+@overload(nw_paths, jit_options={"nogil": True}, inline="always")
+def _ol_nw_paths(spec):
     return (lambda spec: True) if _nw(spec.dtype) else (lambda spec: None)
+
+
+# -- one group of an int32 spec: Normal-Wishart (no cells) or Normal-Gamma --------------------
+@njit(cache=True, nogil=True)
+def _gauss_add_stats(code, xg, sg, w):
+    if code == GAUSSIAN_NW:
+        gaussian_nw.add_stats(xg, sg, w)
+    else:
+        normal_gamma.add_stats(xg, sg, w)
+
+
+@njit(cache=True, nogil=True)
+def _gauss_refresh(code, sg, cg, pg):
+    if code == GAUSSIAN_NW:
+        gaussian_nw.refresh(sg, cg, pg)
+    else:
+        normal_gamma.refresh(sg, cg, pg)
+
+
+@njit(cache=True, nogil=True)
+def _gauss_update(code, xg, sg, cg, pg, w):
+    if code == GAUSSIAN_NW:
+        gaussian_nw.update(xg, sg, cg, pg, w)
+    else:
+        normal_gamma.add_stats(xg, sg, w)
+        normal_gamma.refresh(sg, cg, pg)
+
+
+@njit(cache=True, nogil=True)
+def _gauss_log_predictive(code, xg, sg, cg, pg):
+    if code == GAUSSIAN_NW:
+        return gaussian_nw.log_predictive(xg, sg, cg, pg)
+    return normal_gamma.log_predictive(xg, sg, cg, pg)
+
+
+@njit(cache=True, nogil=True)
+def _gauss_moments(code, sg, pg, mean, cov):
+    if code == GAUSSIAN_NW:
+        gaussian_nw.moments(sg, pg, mean, cov)
+    else:
+        normal_gamma.moments(sg, pg, mean, cov)
+
+
+@njit(cache=True, nogil=True)
+def _gauss_log_marginal(code, sg, pg):
+    if code == GAUSSIAN_NW:
+        return gaussian_nw.log_marginal(sg, pg)
+    return normal_gamma.log_marginal(sg, pg)
 
 
 def _group_add_stats(code, xg, sg, w):
@@ -201,7 +253,9 @@ def _group_add_stats(code, xg, sg, w):
 
 @overload(_group_add_stats, jit_options={"nogil": True}, inline="always")
 def _ol_group_add_stats(code, xg, sg, w):
-    if _nw(code):
+    if _gaussian(code):
+        return lambda code, xg, sg, w: _gauss_add_stats(code, xg, sg, w)
+    if _nw_cells(code):
         return lambda code, xg, sg, w: gaussian_nw.add_stats(xg, sg, w)
     return lambda code, xg, sg, w: _any_add_stats(code, xg, sg, w)
 
@@ -213,8 +267,8 @@ def _group_refresh(code, sg, cg, pg):
 
 @overload(_group_refresh, jit_options={"nogil": True}, inline="always")
 def _ol_group_refresh(code, sg, cg, pg):
-    if _nw_only(code):
-        return lambda code, sg, cg, pg: gaussian_nw.refresh(sg, cg, pg)
+    if _gaussian(code):
+        return lambda code, sg, cg, pg: _gauss_refresh(code, sg, cg, pg)
     if _nw_cells(code):
         return lambda code, sg, cg, pg: gaussian_nw.refresh(sg, cg, pg, True)
     return lambda code, sg, cg, pg: _any_refresh(code, sg, cg, pg)
@@ -227,8 +281,8 @@ def _group_update(code, xg, sg, cg, pg, w):
 
 @overload(_group_update, jit_options={"nogil": True}, inline="always")
 def _ol_group_update(code, xg, sg, cg, pg, w):
-    if _nw_only(code):
-        return lambda code, xg, sg, cg, pg, w: gaussian_nw.update(xg, sg, cg, pg, w)
+    if _gaussian(code):
+        return lambda code, xg, sg, cg, pg, w: _gauss_update(code, xg, sg, cg, pg, w)
     if _nw_cells(code):
         return lambda code, xg, sg, cg, pg, w: gaussian_nw.update(xg, sg, cg, pg, w, True)
     return lambda code, xg, sg, cg, pg, w: _any_update(code, xg, sg, cg, pg, w)
@@ -241,7 +295,9 @@ def _group_log_predictive(code, xg, sg, cg, pg):
 
 @overload(_group_log_predictive, jit_options={"nogil": True}, inline="always")
 def _ol_group_log_predictive(code, xg, sg, cg, pg):
-    if _nw(code):
+    if _gaussian(code):
+        return lambda code, xg, sg, cg, pg: _gauss_log_predictive(code, xg, sg, cg, pg)
+    if _nw_cells(code):
         return lambda code, xg, sg, cg, pg: gaussian_nw.log_predictive(xg, sg, cg, pg)
     return lambda code, xg, sg, cg, pg: _any_log_predictive(code, xg, sg, cg, pg)
 
@@ -253,7 +309,7 @@ def _nw_loo(code, xg, sg, cg, pg):
 
 @overload(_nw_loo, jit_options={"nogil": True}, inline="always")
 def _ol_nw_loo(code, xg, sg, cg, pg):
-    if _nw_only(code):
+    if _gaussian(code):
         return lambda code, xg, sg, cg, pg: gaussian_nw.log_predictive_loo(xg, sg, cg, pg)
     return lambda code, xg, sg, cg, pg: gaussian_nw.log_predictive_loo(xg, sg, cg, pg, True)
 
@@ -265,7 +321,9 @@ def _group_moments(code, sg, pg, mean, cov):
 
 @overload(_group_moments, jit_options={"nogil": True}, inline="always")
 def _ol_group_moments(code, sg, pg, mean, cov):
-    if _nw(code):
+    if _gaussian(code):
+        return lambda code, sg, pg, mean, cov: _gauss_moments(code, sg, pg, mean, cov)
+    if _nw_cells(code):
         return lambda code, sg, pg, mean, cov: gaussian_nw.moments(sg, pg, mean, cov)
     return lambda code, sg, pg, mean, cov: _any_moments(code, sg, pg, mean, cov)
 
@@ -277,7 +335,9 @@ def _group_log_marginal(code, sg, pg):
 
 @overload(_group_log_marginal, jit_options={"nogil": True}, inline="always")
 def _ol_group_log_marginal(code, sg, pg):
-    if _nw(code):
+    if _gaussian(code):
+        return lambda code, sg, pg: _gauss_log_marginal(code, sg, pg)
+    if _nw_cells(code):
         return lambda code, sg, pg: gaussian_nw.log_marginal(sg, pg)
     return lambda code, sg, pg: _any_log_marginal(code, sg, pg)
 

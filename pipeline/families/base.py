@@ -228,13 +228,21 @@ class ProductFamily:
             pri += p.shape[0]
             cac += fam.cache_size()
         # the integer type of the spec is the family set the kernels compile for: int32 when
-        # every group is Normal-Wishart without recording cells (one family's kernels, without
-        # the cells' code), int16 with cells (and offsets that fit), else int64 (all seven)
+        # every group is a Gaussian, Normal-Wishart without recording cells or Normal-Gamma (so a
+        # full and a diagonal covariance share one compiled sweep), int16 when every group is
+        # Normal-Wishart and some have cells (and offsets fit), else int64 (all seven)
+        codes = spec[:, 0]
+        nw_cells = any(
+            fam.has_cells for fam, _cols in self.groups if fam.code == product.GAUSSIAN_NW
+        )
         dtype = product.ANY_DTYPE
-        if bool(np.all(spec[:, 0] == product.GAUSSIAN_NW)):
-            if not any(fam.has_cells for fam, _cols in self.groups):
-                dtype = product.NW_ONLY_DTYPE
-            elif int((spec[:, 1::2] + spec[:, 2::2]).max()) <= np.iinfo(np.int16).max:
+        if (
+            bool(np.all((codes == product.GAUSSIAN_NW) | (codes == product.NORMAL_GAMMA)))
+            and not nw_cells
+        ):
+            dtype = product.GAUSSIAN_DTYPE
+        elif bool(np.all(codes == product.GAUSSIAN_NW)):
+            if int((spec[:, 1::2] + spec[:, 2::2]).max()) <= np.iinfo(np.int16).max:
                 dtype = product.NW_CELLS_DTYPE
         self.spec = spec.astype(dtype)
         self.prior = np.concatenate(priors).astype(np.float64)

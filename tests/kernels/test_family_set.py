@@ -1,11 +1,12 @@
 """The family set a spec's integer type selects (``kernels.obs.product``, issue 13's cold start).
 
-A spec whose every group is Normal-Wishart is int32 and its kernels contain the Normal-Wishart
-kernels only; any other spec is int64 and dispatches over all seven families, without MAP-DP's
-packed Normal-Wishart paths. The two must give the same results on Gaussian records (bit for
-bit but where the packed paths round differently), and typing a caller for an int32 spec must not
-compile the other families (observed through the dispatchers' signatures in a fresh process
-with an empty numba cache).
+A spec whose every group is Gaussian (Normal-Wishart without recording cells, or Normal-Gamma)
+is int32 and its kernels contain those two families' kernels only, so that a full and a diagonal
+covariance share one compiled sweep; any other spec is int64 and dispatches over all seven
+families, without MAP-DP's packed Normal-Wishart paths. The two must give the same results on
+Gaussian records (bit for bit but where the packed paths round differently), and typing a caller
+for an int32 spec must not compile the other families (observed through the dispatchers'
+signatures in a fresh process with an empty numba cache).
 """
 
 from __future__ import annotations
@@ -25,9 +26,19 @@ from kernels.obs import product
 from pipeline.families import Categorical, GaussianNW, NormalGamma, ProductFamily
 
 
-def _gaussian(seed: int = 0) -> tuple[np.ndarray, ProductFamily]:
+def _gaussian(seed: int = 0, kind: str = "full") -> tuple[np.ndarray, ProductFamily]:
+    """(180, 3) records of three blobs and a Gaussian family of ``kind``: full covariance,
+    diagonal, or a full block of two columns and a diagonal one."""
     rng = np.random.default_rng(seed)
     X = np.vstack([rng.normal(m, 1.0, (60, 3)) for m in (-3.0, 0.0, 3.0)])
+    if kind == "diagonal":
+        return X, NormalGamma.empirical_bayes(X).as_product()
+    if kind == "both":
+        groups = [
+            (GaussianNW.empirical_bayes(X[:, :2]), [0, 1]),
+            (NormalGamma.empirical_bayes(X[:, 2:]), [2]),
+        ]
+        return X, ProductFamily(groups)
     return X, GaussianNW.empirical_bayes(X).as_product()
 
 
@@ -47,7 +58,9 @@ def test_spec_dtype_is_the_family_set() -> None:
             (NormalGamma.empirical_bayes(X[:, 2:]), [2]),
         ]
     )
-    assert mixed.spec.dtype == np.int64
+    # a full and a diagonal covariance: the two Gaussian families share the int32 kernels
+    assert mixed.spec.dtype == np.int32
+    assert NormalGamma.empirical_bayes(X).as_product().spec.dtype == np.int32
     cat = ProductFamily([(Categorical(np.ones(3)), [0])])
     assert cat.spec.dtype == np.int64
     # Normal-Wishart columns recorded on a grid: the Normal-Wishart kernels with the cells'
@@ -59,13 +72,13 @@ def test_spec_dtype_is_the_family_set() -> None:
 
 
 def test_only_a_normal_wishart_spec_compiles_the_packed_paths() -> None:
-    # ``product.nw_only``: True for the Normal-Wishart specs, None (the kernels' packed paths
+    # ``product.nw_paths``: True for the Normal-Wishart specs, None (the kernels' packed paths
     # dropped before typing) for a spec of any family
     @njit
     def packed(spec):
-        return product.nw_only(spec) is not None
+        return product.nw_paths(spec) is not None
 
-    kinds = [np.dtype(t) for t in (product.NW_ONLY_DTYPE, product.NW_CELLS_DTYPE)]
+    kinds = [np.dtype(t) for t in (product.GAUSSIAN_DTYPE, product.NW_CELLS_DTYPE)]
     assert all(packed(np.zeros((1, 9), dtype=t)) for t in kinds)
     assert not packed(np.zeros((1, 9), dtype=product.ANY_DTYPE))
 
@@ -78,8 +91,10 @@ def test_signature_does_not_depend_on_the_spec_dtype() -> None:
     assert fam.signature() == sig
 
 
-def test_normal_wishart_only_kernels_are_bit_identical_to_the_dispatch_over_all() -> None:
-    X, fam = _gaussian(1)
+@pytest.mark.parametrize("kind", ["full", "diagonal", "both"])
+def test_gaussian_kernels_are_bit_identical_to_the_dispatch_over_all(kind: str) -> None:
+    X, fam = _gaussian(1, kind)
+    assert fam.spec.dtype == np.int32
     spec32, prior = fam.spec, fam.prior
     spec64 = spec32.astype(np.int64)
     n = X.shape[0]
@@ -134,7 +149,7 @@ def test_normal_wishart_only_kernels_are_bit_identical_to_the_dispatch_over_all(
     for i, (a, b) in enumerate(zip(out["nw"], out["any"], strict=True)):
         if i in (1, 6, 8):
             # the int64 spec's sweep and predict take the generic path, not the packed one
-            # (``product.nw_only``): the caches and densities up to rounding
+            # (``product.nw_paths``): the caches and densities up to rounding
             np.testing.assert_allclose(a, b, rtol=1e-10)
         else:
             np.testing.assert_array_equal(a, b)  # bit for bit (NaNs in the same places)
@@ -142,11 +157,12 @@ def test_normal_wishart_only_kernels_are_bit_identical_to_the_dispatch_over_all(
 
 _PROBE = """
 import numpy as np
-from kernels.obs import normal_gamma, product
-from pipeline.families import GaussianNW, NormalGamma, ProductFamily
+from kernels.obs import categorical, product
+from pipeline.families import Categorical, GaussianNW, NormalGamma, ProductFamily
 
 rng = np.random.default_rng(0)
 X = rng.normal(size=(30, 2))
+X[:, 1] = X[:, 1] > 0.0  # a category code for the categorical group, a value for the others
 for fam in {families}:
     z = np.zeros(30, dtype=np.int64)
     s = product.build_stats(X, z, 1, fam.spec, fam.n_stats)[0]
@@ -154,7 +170,7 @@ for fam in {families}:
     product.log_predictive(X[0], s, c, fam.spec, fam.prior)
     product.update(X[1], s, c, fam.spec, fam.prior, 1.0)
 print(len(product._any_log_predictive.signatures), len(product._any_update.signatures),
-      len(normal_gamma.log_predictive.signatures), len(normal_gamma.refresh.signatures))
+      len(categorical.log_predictive.signatures), len(categorical.refresh.signatures))
 """
 
 
@@ -174,11 +190,15 @@ def _compiled_other_families(families: str, tmp_path: Path) -> list[int]:
 @pytest.mark.slow
 def test_a_gaussian_only_family_compiles_no_other_family(tmp_path: Path) -> None:
     # an empty numba cache, so that every kernel the calls need is compiled (and seen) here
-    gauss = "[GaussianNW.empirical_bayes(X).as_product()]"
+    gauss = (
+        "[GaussianNW.empirical_bayes(X).as_product(), NormalGamma.empirical_bayes(X).as_product(),"
+        " ProductFamily([(GaussianNW.empirical_bayes(X[:, :1]), [0]),"
+        " (NormalGamma.empirical_bayes(X[:, 1:]), [1])])]"
+    )
     assert _compiled_other_families(gauss, tmp_path / "a") == [0, 0, 0, 0]
-    # the probe can see them: a product with a Normal-Gamma group compiles the chains
+    # the probe can see them: a product with a categorical group compiles the chains
     mixed = (
         "[ProductFamily([(GaussianNW.empirical_bayes(X[:, :1]), [0]),"
-        " (NormalGamma.empirical_bayes(X[:, 1:]), [1])])]"
+        " (Categorical(np.ones(2)), [1])])]"
     )
     assert all(v > 0 for v in _compiled_other_families(mixed, tmp_path / "b"))

@@ -152,9 +152,9 @@ def test_sweep_updates_and_leave_one_out_match_a_refresh(family: type) -> None:
     X = _integer_data(n=30, d=4)
     prod = family.empirical_bayes(X).as_product()
     prior = prod.prior
-    # a prior with cells never gets the Normal-Wishart-only kernels, which leave them out: a
-    # Normal-Wishart one gets its own with the cells (int16), the others every family's (int64)
-    own = kproduct.NW_CELLS_DTYPE if family is GaussianNW else kproduct.ANY_DTYPE
+    # a Normal-Wishart prior with cells never gets the int32 kernels, which leave its cells out,
+    # but its own with them (int16); the Normal-Gamma's kernels read its cells from its prior
+    own = kproduct.NW_CELLS_DTYPE if family is GaussianNW else kproduct.GAUSSIAN_DTYPE
     assert prod.spec.dtype == own
     z = np.zeros(30, dtype=np.int64)
     for spec in (prod.spec, prod.spec.astype(kproduct.ANY_DTYPE)):

@@ -619,7 +619,7 @@ def test_the_warm_up_follows_the_inputs_family(monkeypatch, tmp_path: Path) -> N
     guesses the family from the input's first piece (``peek_family``) and names ``NW_CELLS`` or
     ``EVERY_FAMILY`` to the workers, whose steps then run on the toy family with that spec type
     and leave a marker of their own."""
-    from kernels.obs.product import ANY_DTYPE, NW_CELLS_DTYPE, NW_ONLY_DTYPE
+    from kernels.obs.product import ANY_DTYPE, GAUSSIAN_DTYPE, NW_CELLS_DTYPE
     from pipeline.data.ingest import peek_family
     from pipeline.distributed import worker_setup
 
@@ -633,7 +633,7 @@ def test_the_warm_up_follows_the_inputs_family(monkeypatch, tmp_path: Path) -> N
     df.assign(colour=np.where(np.arange(50) % 3 == 0, "red", "blue")).to_csv(cats, index=False)
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,x\n")
-    assert peek_family(cont).spec.dtype == NW_ONLY_DTYPE
+    assert peek_family(cont).spec.dtype == GAUSSIAN_DTYPE
     grid = peek_family(ints, drop=("label", None))
     assert grid.spec.dtype == NW_CELLS_DTYPE and grid.n_cols == 3
     assert peek_family(cats).spec.dtype == ANY_DTYPE
@@ -661,7 +661,7 @@ def test_the_warm_up_follows_the_inputs_family(monkeypatch, tmp_path: Path) -> N
     steps = ["observation-models", "observation-marginals", "stage2-bhc", "mapdp-sweep"]
     want = [*steps, "mixture-packed", "mixture-reduce", "mixture-start"]
     assert seen == [(want, np.dtype(NW_CELLS_DTYPE))]
-    assert warmup.toy_family()[1].spec.dtype == NW_ONLY_DTYPE
+    assert warmup.toy_family()[1].spec.dtype == GAUSSIAN_DTYPE
     assert warmup.kernels_cached(names)
     assert not warmup.kernels_cached(["mapdp", "bhc"])
 
