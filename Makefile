@@ -5,8 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # no network here: Prefect's telemetry would only print errors
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
-# the numba cache `import pipeline` picks (``pipeline.numba_cache_dir``: named after the kernels'
-# sources, since numba checks only a function's own file), so that make's targets, the set-up's
+# the numba cache `import pipeline` picks (``pipeline.numba_cache_dir``; each kernel in it stamped
+# with the kernel sources it can hold, ``kernels._cache``), so that make's targets, the set-up's
 # `dpmm warm` and the user's own programs share one
 export NUMBA_CACHE_DIR := $(shell PYTHONPATH=. $(PY) -c 'import os, pipeline; print(os.environ.get("NUMBA_CACHE_DIR", ""))')
 

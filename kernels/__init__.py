@@ -1,6 +1,7 @@
 """numba kernels of dpmm-pipeline: pure functions over arrays, no I/O, Dask, Prefect, zarr or
 pandas (docs/architecture.md). Every function is ``@njit(cache=True, nogil=True)``: Dask's
-threads release the GIL and a second run does not recompile.
+threads release the GIL and a second run does not recompile: ``kernels._cache`` stamps each
+cached kernel with every kernel source it can hold, so an edit recompiles only those.
 
 Three conventions keep the first compile short (most of a cold ``dpmm demo``):
 
@@ -14,3 +15,8 @@ Three conventions keep the first compile short (most of a cold ``dpmm demo``):
   of its own (``kernels.obs.product._span`` takes values), an explicit None another type than
   an omitted argument.
 """
+
+from kernels._cache import install
+
+# before any kernel module is imported: their functions find their cache as they are decorated
+install()

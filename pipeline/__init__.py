@@ -9,7 +9,6 @@ pipeline`` stays light: the estimators ``MAPDP``, ``ASUGS``, ``BHC``, ``TreeGuid
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import sys
@@ -20,27 +19,21 @@ __version__ = "0.1.0"
 
 
 def numba_cache_dir(root: Path | None = None) -> Path | None:
-    """A numba cache directory named after the kernels' sources: ``numba-<hash>`` under
+    """The numba cache directory of every process of the pipeline: ``numba`` under
     ``kernels/__pycache__`` if writable, else under ``~/.cache/dpmm-pipeline``; None if neither.
 
-    numba's ``cache=True`` checks only a function's own file, not the kernels it inlines, so
-    after an edit a cached caller could run a stale callee; a directory per version of the
-    sources cannot be stale.
+    One directory serves every version of the kernels: each cached kernel is stamped with the
+    sources it can hold (``kernels._cache``), so an edit recompiles only the kernels it reaches.
     """
     if root is None:
         spec = importlib.util.find_spec("kernels")
         if spec is None or not spec.submodule_search_locations:
             return None
         root = Path(next(iter(spec.submodule_search_locations)))
-    h = hashlib.sha1(usedforsecurity=False)
-    for path in sorted(root.rglob("*.py")):
-        h.update(path.relative_to(root).as_posix().encode())
-        h.update(path.read_bytes())
-    name = f"numba-{h.hexdigest()[:16]}"
     user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpmm-pipeline"
     for base in (root / "__pycache__", user):
         try:
-            where = base / name
+            where = base / "numba"
             where.mkdir(parents=True, exist_ok=True)
         except OSError:
             continue

@@ -110,12 +110,14 @@ def _kernels_dir() -> Path:
 
 def warm_marker(names: list[str]) -> Path:
     """The file a complete warm-up of ``names`` leaves in the numba cache, named after the
-    engines and the kernels' sources, so that changed kernels or another cache have none."""
+    engines and the kernels' sources (their contents, as the kernels' stamps), so that changed
+    kernels or another cache have none."""
     root = _kernels_dir()
     h = hashlib.sha256(",".join(sorted(set(names))).encode())
     for path in sorted(root.rglob("*.py")):
-        st = path.stat()
-        h.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns};".encode())
+        h.update(
+            f"{path.relative_to(root)}\0".encode() + hashlib.sha256(path.read_bytes()).digest()
+        )
     # numba keeps the kernels' cache in NUMBA_CACHE_DIR, else next to their sources
     given = os.environ.get("NUMBA_CACHE_DIR")
     cache = Path(given) if given else root / "__pycache__"

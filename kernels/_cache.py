@@ -1,0 +1,121 @@
+"""numba's cache of the kernels, stamped with every kernel source a compiled kernel can hold.
+
+numba stamps a function cached with ``cache=True`` with a hash of its own source file only, but
+what it caches is the function compiled together with every kernel it calls, from other files
+too: after an edit of a callee's file numba would load its callers with the old callee.
+``KernelsLocator`` stamps a kernel with a hash of its file and of every kernels module that file
+imports, transitively (read from the files' import statements), so that an edit recompiles the
+kernels that can hold the edited code, and every other kernel stays cached.
+"""
+
+import ast
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+from numba.core.caching import (
+    CacheImpl,
+    InTreeCacheLocator,
+    UserProvidedCacheLocator,
+    UserWideCacheLocator,
+    _CacheLocator,
+)
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _module_file(name, root):
+    """The source file of the kernels module ``name`` (dotted) under ``root``, or None."""
+    parts = name.split(".")
+    if parts[0] != "kernels":
+        return None
+    base = root.joinpath(*parts[1:])
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path != root.with_suffix(".py") and path.is_file():
+            return path
+    return None
+
+
+@functools.cache
+def _imports_of(path, root, mtime_ns, size):
+    """The kernels modules' files the file at ``path`` imports, with their packages' (memoised
+    on the file's state, as numba's own stamp)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_bytes(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            for i in range(1, len(parts) + 1):
+                found = _module_file(".".join(parts[:i]), root)
+                if found is not None:
+                    out.add(found)
+    return frozenset(out)
+
+
+@functools.cache
+def _digest(path, mtime_ns, size):
+    return hashlib.sha256(path.read_bytes()).digest()
+
+
+def source_stamp(py_file, root=ROOT):
+    """Hex SHA-256 of the kernel file ``py_file`` and of every kernels module under ``root`` it
+    imports, directly or through others."""
+    root = Path(root).resolve()
+    seen, todo = set(), [Path(py_file).resolve()]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        st = os.stat(path)
+        todo.extend(_imports_of(path, root, st.st_mtime_ns, st.st_size) - seen)
+    h = hashlib.sha256()
+    for path in sorted(seen):
+        st = os.stat(path)
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(_digest(path, st.st_mtime_ns, st.st_size))
+    return h.hexdigest()
+
+
+class KernelsLocator(_CacheLocator):
+    """numba's own locator for a kernel (``NUMBA_CACHE_DIR``, else ``__pycache__`` beside its
+    file, else the user's cache) with ``source_stamp`` for its stamp; None off the kernels."""
+
+    def __init__(self, inner, py_file):
+        self._inner = inner
+        self._py_file = py_file
+
+    def ensure_cache_path(self):
+        self._inner.ensure_cache_path()
+
+    def get_cache_path(self):
+        return self._inner.get_cache_path()
+
+    def get_disambiguator(self):
+        return self._inner.get_disambiguator()
+
+    def get_source_stamp(self):
+        return source_stamp(self._py_file)
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if not Path(py_file).resolve().is_relative_to(ROOT):
+            return None
+        for base in (UserProvidedCacheLocator, InTreeCacheLocator, UserWideCacheLocator):
+            inner = base.from_function(py_func, py_file)
+            if inner is not None:
+                return cls(inner, py_file)
+        return None
+
+
+def install():
+    """Put ``KernelsLocator`` first among numba's locators (the others serve every function
+    outside the kernels, a user's own included)."""
+    if KernelsLocator not in CacheImpl._locator_classes:
+        CacheImpl._locator_classes.insert(0, KernelsLocator)
