@@ -343,13 +343,15 @@ def _stay_density(
 _T, _SLOTS, _BLK0, _BLK1, _BATCH, _BLK_MOVES, _N_DIRTY, _CHANGED = range(8)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _scan(
     X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, gibbs, state, logdens,
-    log_norm,
+    log_norm, nw,
 ):  # fmt: skip
     """``sweep`` (argmin) and ``gibbs_sweep`` (a draw): ``_scan_run`` until every record is
-    done, the slot arrays grown between its calls. log_norm: ``log_norm_of`` the start."""
+    done, the slot arrays grown between its calls. log_norm: ``log_norm_of`` the start; nw:
+    ``product.nw_paths``' (an argument, not inlined: numba drops the branches under ``nw is not
+    None`` untyped when it is None, so a spec of any family compiles no packed path)."""
     d = X.shape[1]
     lognk = np.full(stats.shape[0], -np.inf)
     for k in range(n_slots):
@@ -364,14 +366,17 @@ def _scan(
     acc = np.empty(size)
     qv = np.empty(size)
     # one full-covariance group: the slots' predictives packed, kept in step with every move;
-    # a spec of any family (int64) compiles none of that code (``product.nw_paths``)
-    nw = product.nw_paths(spec)
-    hot = nw is not None and spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
+    # a spec of any family (int64) compiles none of that code
+    hot = False
+    pruned = False
     P = np.empty((0, 0))
-    if hot:
-        P = pack_slots(cache, n_slots, empty_c, d)
-    # the arg min and eq. 3.4 without most logarithms (no cells; a Gibbs scan needs every cost)
-    pruned = hot and not gibbs and not gaussian_nw.has_cells(prior, d)
+    if nw is not None:
+        hot = spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
+        if hot:
+            P = pack_slots(cache, n_slots, empty_c, d)
+        # the arg min and eq. 3.4 without most logarithms (no cells; a Gibbs scan needs every
+        # cost)
+        pruned = hot and not gibbs and not gaussian_nw.has_cells(prior, d)
     ub = np.empty(size if pruned else 0)
     lpb = np.empty(ub.shape[0])
     loo = np.empty((ub.shape[0], 4))
@@ -398,9 +403,9 @@ def _scan(
         if pos[_T] == M:
             break
         stats, cache, nk, lognk = _grow(stats, cache, nk, lognk)
-        if hot:
+        if nw is not None and hot:
             P = pack_slots(cache, pos[_SLOTS], empty_c, d)
-        if pruned:
+        if nw is not None and pruned:
             Q = aligned_matrix(P.shape[1], _BLOCK)
             if pos[_BATCH] and pos[_T] < pos[_BLK1]:
                 # the block's remaining records against the repacked columns
@@ -409,7 +414,7 @@ def _scan(
                     bacc, Q,
                 )  # fmt: skip
                 pos[_N_DIRTY] = 0
-    if hot:
+    if nw is not None and hot:
         for k in range(pos[_SLOTS]):
             if touched[k]:
                 gaussian_nw.restore_factor(cache[k], d)
@@ -603,7 +608,7 @@ def sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, alpha, l
     log_norm = log_norm_of(nk[:n_slots], alpha) if logdens.shape[0] > 0 else 0.0
     return _scan(
         X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, math.log(alpha), False,
-        state, logdens, log_norm,
+        state, logdens, log_norm, product.nw_paths(spec),
     )  # fmt: skip
 
 
@@ -615,7 +620,7 @@ def gibbs_sweep(X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, lo
     no_scores = np.empty(0)
     return _scan(
         X, order, z, stats, cache, nk, n_slots, spec, prior, empty_c, log_alpha, True, state,
-        no_scores, 0.0,
+        no_scores, 0.0, product.nw_paths(spec),
     )  # fmt: skip
 
 
@@ -655,6 +660,41 @@ def compact(z, stats, cache, nk, n_slots):
 
 
 @njit(cache=True, nogil=True)
+def _packed_predict(
+    X, cache, K, empty_c, lognk, log_norm, log_alpha, lp, terms, labels, logdens, nw
+):
+    """``predict``'s labels and logdens of one full-covariance group by the sweep's packed
+    columns (the empty cache in column K); False, untouched, for a spec of any family (nw:
+    ``product.nw_paths``', None: numba drops the rest untyped)."""
+    if nw is None:
+        return False
+    N = X.shape[0]
+    P = pack_slots(cache, K, empty_c, X.shape[1])
+    qv = np.empty(K + 1)
+    d = X.shape[1]
+    e0 = d * (d + 1) // 2 + d
+    XT = aligned_matrix(d, _BLOCK)
+    Q = aligned_matrix(K + 1, _BLOCK)
+    bacc = aligned_matrix(1, _BLOCK)[0]
+    ub = np.empty(K + 1)
+    for b0 in range(0, N, _BLOCK):
+        b1 = min(b0 + _BLOCK, N)
+        for v in range(b1 - b0):
+            for c in range(d):
+                XT[c, v] = X[b0 + v, c]
+        gaussian_nw.block_quad_forms(XT, 0, b1 - b0, P, K + 1, d, bacc, Q)
+        for v in range(b1 - b0):
+            for h in range(K + 1):
+                qv[h] = Q[h, v]
+            gaussian_nw.packed_log_predictive_bounds(qv, P, K + 1, e0, ub)
+            best, logdens[b0 + v] = _pruned_log_mixture_from(
+                qv, P, e0, lognk, K, log_norm, log_alpha, ub, ub, lp, terms
+            )
+            labels[b0 + v] = best if best < K else -1
+    return True
+
+
+@njit(cache=True, nogil=True)
 def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
     """Out-of-sample prediction (Raykov et al. 2016, Section 3.2) for each row of X (N, D).
 
@@ -679,33 +719,10 @@ def predict(X, stats, cache, nk, spec, prior, empty_c, alpha):
     lp = np.empty(K + 1)
     terms = np.empty(K + 1)
     hot = spec.shape[0] == 1 and spec[0, 0] == product.GAUSSIAN_NW
-    hot = hot and product.nw_paths(spec) is not None
-    # packed as the sweep's, the empty cache in column K
-    P = np.empty((0, 0))
-    if hot:
-        P = pack_slots(cache, K, empty_c, X.shape[1])
-    qv = np.empty(K + 1)
-    if hot:
-        d = X.shape[1]
-        e0 = d * (d + 1) // 2 + d
-        XT = aligned_matrix(d, _BLOCK)
-        Q = aligned_matrix(K + 1, _BLOCK)
-        bacc = aligned_matrix(1, _BLOCK)[0]
-        ub = np.empty(K + 1)
-        for b0 in range(0, N, _BLOCK):
-            b1 = min(b0 + _BLOCK, N)
-            for v in range(b1 - b0):
-                for c in range(d):
-                    XT[c, v] = X[b0 + v, c]
-            gaussian_nw.block_quad_forms(XT, 0, b1 - b0, P, K + 1, d, bacc, Q)
-            for v in range(b1 - b0):
-                for h in range(K + 1):
-                    qv[h] = Q[h, v]
-                gaussian_nw.packed_log_predictive_bounds(qv, P, K + 1, e0, ub)
-                best, logdens[b0 + v] = _pruned_log_mixture_from(
-                    qv, P, e0, lognk, K, log_norm, log_alpha, ub, ub, lp, terms
-                )
-                labels[b0 + v] = best if best < K else -1
+    if hot and _packed_predict(
+        X, cache, K, empty_c, lognk, log_norm, log_alpha, lp, terms, labels, logdens,
+        product.nw_paths(spec),
+    ):  # fmt: skip
         return labels, logdens
     for i in range(N):
         x = X[i]

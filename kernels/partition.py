@@ -63,12 +63,18 @@ def merge_gap(sa, sb, spec, prior, log_alpha):
 # (``_keep_factor``), and a pair whose gap a bound (``gaussian_nw.merged_logdet_lower``) proves
 # negative gets -inf without its merged log marginal: the same merges.
 @njit(cache=True, nogil=True)
-def _marginal_scratch(row, K, spec, prior):
+def _marginal_scratch(row, K, spec, prior, paths):
     """(Normal-Wishart only, T (d, d), m (d,), log Gamma_d(a0 / 2), ``fac``: L (K, d, d),
-    m_k (K, d), (c_k, log|T_k|, log|S_k + n_k H|) (K, 3), scratch (d,), (d, d)) for K rows."""
-    nw = spec.shape[0] == 1 and spec[0, product.CODE] == product.GAUSSIAN_NW
-    d = gaussian_nw.dim_of_stats(row) if nw else 0
-    lmv0 = gaussian_nw.log_marginal_prior_term(prior, d) if nw else 0.0
+    m_k (K, d), (c_k, log|T_k|, log|S_k + n_k H|) (K, 3), scratch (d,), (d, d)) for K rows.
+    paths: ``product.nw_paths``' (None: a spec of any family, none of the fast path compiled)."""
+    nw = False
+    d = 0
+    lmv0 = 0.0
+    if paths is not None:
+        nw = spec.shape[0] == 1 and spec[0, product.CODE] == product.GAUSSIAN_NW
+        if nw:
+            d = gaussian_nw.dim_of_stats(row)
+            lmv0 = gaussian_nw.log_marginal_prior_term(prior, d)
     kf = K if nw else 0
     fac = (
         np.empty((kf, d, d)),
@@ -81,9 +87,9 @@ def _marginal_scratch(row, K, spec, prior):
 
 
 @njit(cache=True, nogil=True)
-def _log_marginal(s, spec, prior, nw, T, m, lmv0):
+def _log_marginal(s, spec, prior, nw, T, m, lmv0, paths):
     """``product.log_marginal`` of the row s (``_marginal_scratch``'s fast path when nw)."""
-    if nw:
+    if paths is not None and nw:
         # product.log_marginal's sum over its one group starts at 0.0
         return 0.0 + gaussian_nw.log_marginal_with(s, prior, T, m, lmv0)
     return product.log_marginal(s, spec, prior)
@@ -111,9 +117,12 @@ def _keep_factor(k, s, prior, T, m, fac):
 
 
 @njit(cache=True, nogil=True)
-def _merge_gap(a, b, sa, sb, lma, lmb, scratch, spec, prior, log_alpha, nw, T, m, lmv0, fac):
+def _merge_gap(a, b, sa, sb, lma, lmb, scratch, spec, prior, log_alpha, nw, T, m, lmv0, fac, paths):
     """``merge_gap_cached`` of rows a and b; with nw (-inf, 0.0) where a bound from a's or b's
     factor proves the gap negative by 1e-8 of the terms."""
+    if paths is None:
+        # numba drops the rest untyped (a None argument): no Normal-Wishart code compiled
+        return merge_gap_cached(sa, sb, lma, lmb, scratch, spec, prior, log_alpha)
     if not nw:
         return merge_gap_cached(sa, sb, lma, lmb, scratch, spec, prior, log_alpha)
     alloc = crp.merge_gap(sa[0], sb[0], log_alpha)
@@ -134,14 +143,15 @@ def _merge_gap(a, b, sa, sb, lma, lmb, scratch, spec, prior, log_alpha, nw, T, m
                 return -np.inf, 0.0
     for t in range(scratch.shape[0]):
         scratch[t] = sa[t] + sb[t]
-    lm_ab = _log_marginal(scratch, spec, prior, nw, T, m, lmv0)
+    lm_ab = _log_marginal(scratch, spec, prior, nw, T, m, lmv0, paths)
     return (lm_ab - lma - lmb) + alloc, lm_ab
 
 
 @njit(cache=True, nogil=True)
 def _merges(
-    work, alive, parent, lm, gap, lm_pair, scratch, spec, prior, log_alpha, nw, T, m, lmv0, fac
-):
+    work, alive, parent, lm, gap, lm_pair, scratch, spec, prior, log_alpha, nw, T, m, lmv0, fac,
+    paths,
+):  # fmt: skip
     """``greedy_merge``'s merges on its arrays, borrowed (``kernels.arrays.borrowed``: half a
     bounded gap's time was reference counting); returns their number."""
     work, alive, parent, lm, gap, lm_pair, scratch, spec, prior, T, m = (
@@ -154,14 +164,14 @@ def _merges(
     )  # fmt: skip
     K = work.shape[0]
     for k in range(K):
-        lm[k] = _log_marginal(work[k], spec, prior, nw, T, m, lmv0)
-        if nw and work[k, 0] > 0.0:
+        lm[k] = _log_marginal(work[k], spec, prior, nw, T, m, lmv0, paths)
+        if paths is not None and nw and work[k, 0] > 0.0:
             _keep_factor(k, work[k], prior, T, m, fac)
     for a in range(K):
         for b in range(a + 1, K):
             gap[a, b], lm_pair[a, b] = _merge_gap(
                 a, b, work[a], work[b], lm[a], lm[b], scratch, spec, prior, log_alpha, nw, T, m,
-                lmv0, fac,
+                lmv0, fac, paths,
             )  # fmt: skip
     n_merges = 0
     while True:
@@ -184,9 +194,9 @@ def _merges(
         parent[bb] = ba
         n_merges += 1
         lm[ba] = lm_pair[ba, bb]
-        if nw:
+        if paths is not None and nw:
             # the merged cluster's factor (lm_pair's value again)
-            _log_marginal(work[ba], spec, prior, nw, T, m, lmv0)
+            _log_marginal(work[ba], spec, prior, nw, T, m, lmv0, paths)
             _keep_factor(ba, work[ba], prior, T, m, fac)
         for c in range(K):
             if alive[c] and c != ba:
@@ -194,7 +204,7 @@ def _merges(
                 b = max(ba, c)
                 gap[a, b], lm_pair[a, b] = _merge_gap(
                     a, b, work[a], work[b], lm[a], lm[b], scratch, spec, prior, log_alpha, nw, T,
-                    m, lmv0, fac,
+                    m, lmv0, fac, paths,
                 )  # fmt: skip
     return n_merges
 
@@ -216,13 +226,16 @@ def greedy_merge(stats, nk, spec, prior, log_alpha):
     alive = np.ones(K, dtype=np.bool_)
     work = stats.copy()
     scratch = np.empty(stats.shape[1])
-    nw, T, m, lmv0, fac = _marginal_scratch(scratch, K, spec, prior)
+    # None for a spec of any family: the callees then compile without the fast path
+    paths = product.nw_paths(spec)
+    nw, T, m, lmv0, fac = _marginal_scratch(scratch, K, spec, prior, paths)
     lm = np.empty(K)
     gap = np.full((K, K), -np.inf)
     lm_pair = np.zeros((K, K))
     n_merges = _merges(
-        work, alive, parent, lm, gap, lm_pair, scratch, spec, prior, log_alpha, nw, T, m, lmv0, fac
-    )
+        work, alive, parent, lm, gap, lm_pair, scratch, spec, prior, log_alpha, nw, T, m, lmv0,
+        fac, paths,
+    )  # fmt: skip
     for k in range(K):
         r = k
         while parent[r] != r:
