@@ -10,6 +10,7 @@ figures). A second process then compiles nothing: every kernel it needs was cach
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -26,7 +27,7 @@ from numba.core import event
 from numba.core.dispatcher import Dispatcher
 from pipeline import MAPDP
 
-entries, compiled, depth = set(), [0], [0]
+entries, compiled, depth = set(), [], [0]
 _compile = Dispatcher.compile
 
 
@@ -43,7 +44,8 @@ def compile(self, sig):
 
 class Compiles(event.Listener):
     def on_start(self, ev):
-        compiled[0] += 1
+        f = ev.data["dispatcher"].py_func
+        compiled.append(f"{f.__module__}.{f.__qualname__}")
 
     def on_end(self, ev):
         pass
@@ -65,7 +67,7 @@ for kind in sys.argv[1:]:
     X = pd.DataFrame(tables[kind])
     MAPDP(random_state=0).fit(X).predict(X)
     out[kind] = len(entries)
-print(json.dumps({"entries": out, "compiled": compiled[0]}))
+print(json.dumps({"entries": out, "compiled": len(compiled), "names": sorted(set(compiled))}))
 """
 
 # the entry points a first fit and prediction of each table asks for (docs/performance.md); a
@@ -74,13 +76,17 @@ print(json.dumps({"entries": out, "compiled": compiled[0]}))
 MAX_ENTRIES = dict.fromkeys(["gaussian", "binary", "categorical", "mixed"], 9)
 
 
-def _first_fit(*kinds: str) -> dict:
+def _first_fit(*kinds: str, cache: Path | None = None) -> dict:
+    """What a first fit and prediction of each table of ``kinds`` in a fresh process asks numba
+    for (with its own numba ``cache`` directory if given)."""
+    env = {**os.environ, **({"NUMBA_CACHE_DIR": str(cache)} if cache else {})}
     res = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_COUNT), *kinds],
         capture_output=True,
         text=True,
         check=True,
         cwd=Path(__file__).resolve().parents[2],
+        env=env,
     )
     return json.loads(res.stdout.splitlines()[-1])
 
@@ -93,6 +99,31 @@ def test_a_first_fit_compiles_few_kernels_and_a_second_process_none() -> None:
         assert 0 < entries <= limit, (kind, entries)
     # the cache now holds every kernel those fits compiled: loaded, none compiled again
     assert _first_fit(*MAX_ENTRIES)["compiled"] == 0
+
+
+# what a first fit of the binary table compiles with an empty cache, every kernel it calls
+# included (docs/performance.md: 148 on 2026-11-29, 162 before the int64 kernels dropped the
+# Normal-Wishart fast paths)
+MAX_COMPILED_BINARY = 150
+FAST_PATHS = [
+    "kernels.obs.gaussian_nw.block_quad_forms",
+    "kernels.obs.gaussian_nw.pack_columns",
+    "kernels.obs.gaussian_nw.packed_log_predictive_bounds",
+    "kernels.obs.gaussian_nw.restore_factor",
+    "kernels.obs.gaussian_nw.merged_logdet_lower",
+    "kernels.partition._keep_factor",
+]
+
+
+@pytest.mark.slow
+def test_a_first_fit_of_a_binary_table_compiles_no_normal_wishart_fast_path(tmp_path: Path) -> None:
+    # an empty cache: every kernel the fit needs is compiled, and seen, here
+    got = _first_fit("binary", cache=tmp_path / "numba")
+    assert got["compiled"] <= MAX_COMPILED_BINARY
+    # the int64 kernels dispatch over every family, the Normal-Wishart's included (the probe
+    # sees its kernels), but a spec of any family never takes the packed or bounded paths
+    assert "kernels.obs.gaussian_nw.refresh" in got["names"]
+    assert [f for f in FAST_PATHS if f in got["names"]] == []
 
 
 def test_warm_is_a_command() -> None:

@@ -164,11 +164,12 @@ def test_the_merged_log_marginal_bound_bounds_it(seed: int, d: int, cells: bool)
     in d = 6 has an eigenvalue near 1e-9 of the others, and both sides then move by 1e-7)."""
     stats, _, fam = _two_clusters(seed, d, cells)
     p = fam.prior
-    nw, T, m, lmv0, fac = partition._marginal_scratch(stats[0], 2, fam.spec, p)
+    # True: ``product.nw_paths``' value for a Normal-Wishart spec, its fast path compiled
+    nw, T, m, lmv0, fac = partition._marginal_scratch(stats[0], 2, fam.spec, p, True)
     assert nw
     Ls, ms, scal, y, _ = fac
     for k in range(2):
-        partition._log_marginal(stats[k], fam.spec, p, nw, T, m, lmv0)
+        partition._log_marginal(stats[k], fam.spec, p, nw, T, m, lmv0, True)
         partition._keep_factor(k, stats[k], p, T, m, fac)
     s_ab = stats[0] + stats[1]
     exact = gaussian_nw.log_marginal(s_ab, p)
