@@ -31,8 +31,9 @@ def _module_file(name, root):
     if parts[0] != "kernels":
         return None
     base = root.joinpath(*parts[1:])
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path != root.with_suffix(".py") and path.is_file():
+    # ``kernels`` itself is its ``__init__``; a submodule a file or a package
+    for path in ([base.with_suffix(".py")] if parts[1:] else []) + [base / "__init__.py"]:
+        if path.is_file():
             return path
     return None
 
@@ -67,17 +68,15 @@ def source_stamp(py_file, root=ROOT):
     """Hex SHA-256 of the kernel file ``py_file`` and of every kernels module under ``root`` it
     imports, directly or through others."""
     root = Path(root).resolve()
-    seen, todo = set(), [Path(py_file).resolve()]
+    seen, todo = {}, [Path(py_file).resolve()]
     while todo:
         path = todo.pop()
         if path in seen:
             continue
-        seen.add(path)
-        st = os.stat(path)
-        todo.extend(_imports_of(path, root, st.st_mtime_ns, st.st_size) - seen)
+        st = seen[path] = os.stat(path)
+        todo.extend(_imports_of(path, root, st.st_mtime_ns, st.st_size) - seen.keys())
     h = hashlib.sha256()
-    for path in sorted(seen):
-        st = os.stat(path)
+    for path, st in sorted(seen.items()):
         h.update(path.relative_to(root).as_posix().encode() + b"\0")
         h.update(_digest(path, st.st_mtime_ns, st.st_size))
     return h.hexdigest()

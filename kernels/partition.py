@@ -120,10 +120,8 @@ def _keep_factor(k, s, prior, T, m, fac):
 def _merge_gap(a, b, sa, sb, lma, lmb, scratch, spec, prior, log_alpha, nw, T, m, lmv0, fac, paths):
     """``merge_gap_cached`` of rows a and b; with nw (-inf, 0.0) where a bound from a's or b's
     factor proves the gap negative by 1e-8 of the terms."""
-    if paths is None:
-        # numba drops the rest untyped (a None argument): no Normal-Wishart code compiled
-        return merge_gap_cached(sa, sb, lma, lmb, scratch, spec, prior, log_alpha)
-    if not nw:
+    # paths None: numba drops the rest untyped (a None argument), no Normal-Wishart code compiled
+    if paths is None or not nw:
         return merge_gap_cached(sa, sb, lma, lmb, scratch, spec, prior, log_alpha)
     alloc = crp.merge_gap(sa[0], sb[0], log_alpha)
     if sa[0] > 0.0 and sb[0] > 0.0:
