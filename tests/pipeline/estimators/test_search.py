@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 from sklearn.base import clone
 from sklearn.metrics import normalized_mutual_info_score
@@ -193,6 +194,24 @@ def test_tune_cv(client) -> None:
     assert m.score(X) == pytest.approx(ref.score(X))
     with pytest.raises(ValueError, match="tune must be None or 'cv'"):
         MAPDP(tune="labels").fit(X)
+
+
+def test_tune_cv_takes_missing_cells_as_the_fit_does(client) -> None:
+    """A table with holes is tuned as ``missing="latent"`` fits it (the search's steps read the
+    columns' kinds with the holes allowed; it refused the table before); with
+    ``missing="refuse"`` the refusal names the input's row before any fold is fitted (it said
+    "every fit failed" before)."""
+    X, _ = blobs(60, seed=6)
+    X[2, 0] = X[7, 1] = np.nan
+    # a text column with a hole too: its kind was read as if holes were refused
+    text = np.where(np.arange(60) % 3 == 0, "u", "v").astype(object)
+    text[4] = None
+    for table in (X, pd.DataFrame({"a": X[:, 0], "b": X[:, 1], "c": text})):
+        m = MAPDP(tune="cv", random_state=0).fit(table)
+        assert set(m.best_params_) == {"alpha", "prior_scale"}
+        assert m.labels_.shape == (60,)
+    with pytest.raises(ValueError, match="column 'x0': row 2 is NaN"):
+        MAPDP(tune="cv", missing="refuse", random_state=0).fit(X)
 
 
 def test_tune_cv_fits_each_configuration_once(client) -> None:
