@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-#: the salts of a store's prior sample (and ``Schema.choose_structure``'s rows) and of the rows a
-#: MAP-DP restart is judged on (``MAPDP``'s ``n_restarts``)
-SAMPLE_SALT, RESTART_SALT = 0x5EED_0002, 0x40F
+#: the salts of a store's prior sample (and ``Schema.choose_structure``'s rows), of the rows a
+#: MAP-DP restart is judged on (``MAPDP``'s ``n_restarts``) and of the folds of subjects the
+#: mixed-effects model's ``shrink="auto"`` is judged on
+SAMPLE_SALT, RESTART_SALT, FOLD_SALT = 0x5EED_0002, 0x40F, 0xF01D
 
 
 def seed_state(seq: np.random.SeedSequence) -> NDArray[np.uint64]:

@@ -45,7 +45,7 @@ from pipeline.models.mixed_effects import (
     sweep_subjects,
     update,
 )
-from pipeline.models.mixed_effects_start import DEFAULT_SHRINK, DEFAULT_TAU_PRIOR, start
+from pipeline.models.mixed_effects_start import DEFAULT_TAU_PRIOR, SHRINK, start
 
 FloatArray = np.ndarray
 IntArray = np.ndarray
@@ -175,6 +175,8 @@ class MixedState:
     learn_alpha: bool
     history: list[dict[str, Any]] = field(default_factory=list)
     converged: bool = False
+    # the prior's shrink and its evidence (``mixed_effects_start.choose_shrink``), for run.json
+    shrink: dict[str, Any] = field(default_factory=dict)
 
     @property
     def objective(self) -> float:
@@ -264,7 +266,7 @@ class MixedEffectsEngine(Engine):
             map_chunks,
             n_train,
             ctx.params.alpha,
-            float(opts.get("shrink", DEFAULT_SHRINK)),
+            opts.get("shrink", SHRINK),
             tuple(opts.get("tau_prior", (DEFAULT_TAU_PRIOR[0], None))),  # type: ignore[arg-type]
             ctx.params.alpha_prior,
             opts.get("prior"),
@@ -286,6 +288,7 @@ class MixedEffectsEngine(Engine):
             np.zeros(0, dtype=np.int64),
             np.zeros(1, dtype=np.int64),
             ctx.params.learn_alpha,
+            shrink=st.shrink,
         )
 
     def pass_input(
@@ -358,6 +361,7 @@ class MixedEffectsEngine(Engine):
             state.learn_alpha,
             [*state.history, record],
             stop is not None,
+            state.shrink,
         )
         return out, record
 

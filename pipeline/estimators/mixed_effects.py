@@ -45,9 +45,10 @@ from pipeline.models.mixed_effects import (
     predictive_components,
 )
 from pipeline.models.mixed_effects_start import (
-    DEFAULT_SHRINK,
     DEFAULT_TAU_PRIOR,
     MIXED_INITS,
+    SHRINK,
+    check_shrink,
     start,
 )
 
@@ -72,9 +73,11 @@ class MixedEffectsDP(BaseEstimator):
         Shape and rate of the concentration's Gamma prior.
     fit_intercept : bool
         Prepend an intercept column to X (a random intercept).
-    shrink : float > 1
+    shrink : "auto" or float > 1
         Empirical-Bayes prior: a cluster's expected covariance of beta_i is 1/shrink of the
-        subjects'.
+        subjects'. "auto": 10 unless 5, 3 or 2 predicts held-out subjects clearly better
+        (``pipeline.models.mixed_effects_start.choose_shrink``, the same in ``dpmm
+        longitudinal``): a panel of one group is then not pulled towards a tenth of its spread.
     prior : dict, optional
         Normal-Wishart prior ``{"m0", "c0", "B0", "a0"}`` (Appendix B); missing keys take their
         empirical-Bayes value.
@@ -101,6 +104,9 @@ class MixedEffectsDP(BaseEstimator):
     n_iter_ : int
     coef_names_ : list of str, the names of beta's coordinates ("intercept", then X's columns)
     prior_ : MixedPrior
+    shrink_ : float, the shrink the prior was set with
+    shrink_evidence_ : dict, ``shrink="auto"``'s evidence (held-out log density per subject by
+        shrink, subjects, folds), or the given shrink
 
     Notes
     -----
@@ -119,7 +125,7 @@ class MixedEffectsDP(BaseEstimator):
         *,
         alpha_prior: tuple[float, float] = ALPHA_PRIOR,
         fit_intercept: bool = True,
-        shrink: float = DEFAULT_SHRINK,
+        shrink: str | float = SHRINK,
         prior: dict[str, Any] | None = None,
         tau_prior: tuple[float, float | None] = (DEFAULT_TAU_PRIOR[0], None),
         max_iter: int = MAX_PASSES,
@@ -208,8 +214,7 @@ class MixedEffectsDP(BaseEstimator):
     def _check_params(self) -> tuple[float, bool]:
         start, learn = check_alpha(self.alpha)
         check_alpha_prior(self.alpha_prior)
-        if not float(self.shrink) > 1.0:
-            raise ValueError(f"shrink must be > 1, got {self.shrink!r}")
+        check_shrink(self.shrink)
         check_int(self.max_iter, "max_iter")
         check_tol(self.tol)
         check_fraction(self.min_change, "min_change")
@@ -250,7 +255,7 @@ class MixedEffectsDP(BaseEstimator):
             map_chunks,
             G,
             self.alpha,
-            float(self.shrink),
+            check_shrink(self.shrink),
             self.tau_prior,
             self.alpha_prior,
             self.prior,
@@ -272,6 +277,8 @@ class MixedEffectsDP(BaseEstimator):
         self.labels_ = fit.z[inv]
         self.random_effects_ = fit.beta[inv]
         self.gaussian_ = st.gaussian
+        self.shrink_ = float(st.shrink["chosen"])
+        self.shrink_evidence_ = st.shrink
         self._set_model(fit.model, st.prior)
         self.objective_history_ = [float(h["objective"]) for h in fit.model.history]
         self.n_iter_ = len(fit.model.history)

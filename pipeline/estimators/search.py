@@ -26,6 +26,7 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
 from pipeline.core.config import SEARCH_SELECT, keep_params
+from pipeline.core.diagnose import clearly_better
 from pipeline.estimators.grid import (
     CV_SEED,
     SearchError,
@@ -58,14 +59,10 @@ def select_index(
     if rule == "given":
         if scores is None or given is None:
             raise ValueError("select='given' needs the fold scores and the given candidate")
-        diff = np.asarray(scores[best], dtype=np.float64) - scores[given]
-        diff = diff[np.isfinite(diff)]
         if best == given or not np.isfinite(finite[given]):
             return best
-        if diff.size < 2:
-            # one usable fold measures no spread: no evidence to move on
-            return given
-        return best if diff.mean() > diff.std(ddof=1) / math.sqrt(diff.size) else given
+        diff = np.asarray(scores[best], dtype=np.float64) - scores[given]
+        return best if clearly_better(diff) else given
     within = np.flatnonzero(finite >= finite[best] - (se[best] if np.isfinite(se[best]) else 0.0))
     k = np.asarray(clusters, dtype=np.float64)[within]
     k = np.where(np.isfinite(k), k, np.inf)

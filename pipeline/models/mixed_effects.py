@@ -350,14 +350,16 @@ class GaussianFit(ArrayEq):
 @register
 @dataclass(eq=False)
 class StartState(ArrayEq):
-    """The start of the ICM passes: the Gaussian fit, the prior, the first model, and the
-    start's cluster of each sampled subject (codes (S,) sorted, labels (S,))."""
+    """The start of the ICM passes: the Gaussian fit, the prior, the first model, the start's
+    cluster of each sampled subject (codes (S,) sorted, labels (S,)) and the prior's shrink with
+    the evidence it was chosen by (``mixed_effects_start.choose_shrink``)."""
 
     gaussian: GaussianFit
     prior: MixedPrior
     model: MixedModel
     codes: IntArray
     labels: IntArray
+    shrink: dict[str, Any] = field(default_factory=dict)
 
 
 def _bad_value(values: Any, name: str, what: str) -> None:

@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from kernels import mixed_effects as kme
 from pipeline.core.config import (
     ALPHA_PRIOR,
+    EVIDENCE_FOLDS,
     INIT_SAMPLE,
     MAX_PASSES,
     MIN_CHANGE,
@@ -26,6 +27,7 @@ from pipeline.core.config import (
     check_alpha,
     check_positive,
 )
+from pipeline.core.diagnose import clearly_better
 from pipeline.models.mixed_effects import (
     FloatArray,
     GaussianFit,
@@ -38,12 +40,21 @@ from pipeline.models.mixed_effects import (
     Subjects,
     SweepStats,
     fit_subjects,
+    predictive_components,
     update,
 )
 
 DEFAULT_SHRINK = 10.0
+#: ``shrink="auto"`` (the default of ``MixedEffectsDP`` and ``dpmm longitudinal``): the
+#: candidates of ``choose_shrink``, ``DEFAULT_SHRINK`` first, the one kept without clear evidence
+SHRINK = "auto"
+SHRINKS = (DEFAULT_SHRINK, 3.0, 1.5)
 DEFAULT_TAU_PRIOR = (1.0, 1e-3)
 MIXED_INITS = ("auto", "one-cluster")
+#: ``choose_shrink``'s subjects: at most ``EVIDENCE_SUBJECTS`` of the start's sample (each
+#: candidate costs ``EVIDENCE_FOLDS`` starts on two thirds of them); under
+#: ``EVIDENCE_MIN_SUBJECTS`` (3 folds of 4) no candidate is compared
+EVIDENCE_SUBJECTS, EVIDENCE_MIN_SUBJECTS = 500, 12
 GAUSSIAN_PASSES = 30
 
 MapChunks = Callable[..., list[Any]]
@@ -208,10 +219,8 @@ def start_model(
     return model
 
 
-def sample_subjects(sub: Subjects, n_total: int, size: int) -> Subjects:
-    """A chunk's part of the start's hash sample of training subjects (``sample_mask``): their
-    moments and codes, in the chunk's order."""
-    pick = sub.train & sample_mask(sub.codes, n_total, size)
+def take(sub: Subjects, pick: NDArray[np.bool_]) -> Subjects:
+    """The subjects of ``sub`` where ``pick`` (G,) is True, in their order."""
     return Subjects(
         sub.XtX[pick],
         sub.Xty[pick],
@@ -222,11 +231,83 @@ def sample_subjects(sub: Subjects, n_total: int, size: int) -> Subjects:
     )
 
 
+def sample_subjects(sub: Subjects, n_total: int, size: int) -> Subjects:
+    """A chunk's part of the start's hash sample of training subjects (``sample_mask``): their
+    moments and codes, in the chunk's order."""
+    return take(sub, sub.train & sample_mask(sub.codes, n_total, size))
+
+
+def check_shrink(shrink: Any) -> str | float:
+    """``shrink`` checked: "auto", or a number above 1 as a float; ``ValueError`` otherwise."""
+    if isinstance(shrink, str) and shrink == SHRINK:
+        return SHRINK
+    try:
+        value = float(shrink)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if isinstance(shrink, bool) or not value > 1.0:
+        raise ValueError(f"shrink must be 'auto' or a number > 1, got {shrink!r}")
+    return value
+
+
+def heldout_subjects(
+    sample: Subjects, fold: IntArray, n_folds: int, shrink: float, fit: Callable[..., Any]
+) -> FloatArray:
+    """Each subject's log predictive density (S,) (``predictive_components``, random effects
+    integrated out) under ``fit(subjects, shrink)``'s model of the other folds' subjects."""
+    out = np.full(sample.codes.shape[0], np.nan)
+    for f in range(n_folds):
+        held = fold == f
+        st, res = fit(take(sample, ~held), shrink)
+        mu, R, ld, log_w = predictive_components(res.model, st.prior)
+        out[held] = kme.mixture_log_predictive(
+            sample.XtX[held], sample.Xty[held], sample.yty[held], sample.n_obs[held],
+            res.model.tau, mu, R, ld, log_w,
+        )[1]  # fmt: skip
+    return out
+
+
+def choose_shrink(sample: Subjects, fit: Callable[..., Any]) -> tuple[float, dict[str, Any]]:
+    """``shrink="auto"``: each of ``SHRINKS`` scored by the held-out log predictive density of
+    at most ``EVIDENCE_SUBJECTS`` subjects of the start's sample in ``EVIDENCE_FOLDS`` folds (a hash
+    of the subject's code; ``fit(subjects, shrink)`` is the start on the others); the best is
+    kept if it beats ``DEFAULT_SHRINK`` by more than the standard error of the subjects' paired
+    differences (``clearly_better``), else ``DEFAULT_SHRINK``. Under ``EVIDENCE_MIN_SUBJECTS``
+    subjects, ``DEFAULT_SHRINK`` without a comparison.
+
+    The default prior expects a cluster to carry a tenth of the random effects' covariance,
+    which lets subgroups form; where the subjects make one group, its Normal-Wishart prior pulls
+    that group's covariance towards a tenth of the truth, and a new subject's density falls
+    below the one-Gaussian model's (``lme4::sleepstudy``). Returns the shrink and the evidence
+    (subjects, folds, mean held-out density per subject by shrink, chosen)."""
+    from pipeline.core.seeds import FOLD_SALT, row_uniform
+
+    n = sample.codes.shape[0]
+    ev = take(sample, sample_mask(sample.codes, n, EVIDENCE_SUBJECTS))
+    S = ev.codes.shape[0]
+    if S < EVIDENCE_MIN_SUBJECTS:
+        return DEFAULT_SHRINK, {
+            "subjects": S, "chosen": DEFAULT_SHRINK,
+            "note": f"{S} subjects, under {EVIDENCE_MIN_SUBJECTS}: the default, not compared",
+        }  # fmt: skip
+    fold = np.minimum(row_uniform(ev.codes, FOLD_SALT) * EVIDENCE_FOLDS, EVIDENCE_FOLDS - 1)
+    fold = fold.astype(np.int64)
+    dens = {s: heldout_subjects(ev, fold, EVIDENCE_FOLDS, s, fit) for s in SHRINKS}
+    best = max(SHRINKS, key=lambda s: float(np.nanmean(dens[s])))
+    chosen = best if clearly_better(dens[best] - dens[DEFAULT_SHRINK]) else DEFAULT_SHRINK
+    return chosen, {
+        "subjects": S,
+        "folds": EVIDENCE_FOLDS,
+        "heldout": {str(s): float(np.nanmean(d)) for s, d in dens.items()},
+        "chosen": chosen,
+    }
+
+
 def start(
     map_chunks: MapChunks,
     n_train: int,
     alpha: float | str,
-    shrink: float = DEFAULT_SHRINK,
+    shrink: str | float = SHRINK,
     tau_prior: tuple[float, float | None] = (DEFAULT_TAU_PRIOR[0], None),
     alpha_prior: tuple[float, float] = ALPHA_PRIOR,
     prior_overrides: dict[str, Any] | None = None,
@@ -239,14 +320,14 @@ def start(
 ) -> tuple[StartState, SubjectFit]:
     """Everything before the first ICM pass over all subjects (``map_chunks(fn, *args)`` runs
     ``fn(subjects, *args)`` on every chunk): the pooled least-squares moments, then, in memory on
-    a hash sample of at most ``init_sample`` subjects, the Gaussian random-effects fit (EM), the
-    empirical prior, the first partition and the ICM passes to the stop rule, so that the passes
-    over all subjects only refine it.
+    a hash sample of at most ``init_sample`` subjects, ``shrink="auto"``'s choice
+    (``choose_shrink``), then ``fit_sample``, so that the passes over all subjects only refine
+    it.
 
     Returns
     -------
     StartState
-        The Gaussian fit, the prior, the sample's model and clusters.
+        The Gaussian fit, the prior, the sample's model and clusters, the shrink's evidence.
     SubjectFit
         The sample's fit, its subjects in chunk order.
     """
@@ -258,6 +339,39 @@ def start(
     sample = Subjects(
         *(np.concatenate([getattr(q, f) for q in parts]) for f in Subjects.__dataclass_fields__)
     )
+
+    def fit(subjects: Subjects, value: float, moments: OLSMoments | None = None) -> Any:
+        return fit_sample(
+            subjects, start_moments(subjects) if moments is None else moments, alpha, value,
+            tau_prior, alpha_prior, prior_overrides, init, seed, max_iter, tol, min_change,
+        )  # fmt: skip
+
+    shrink = check_shrink(shrink)
+    evidence: dict[str, Any] = {}
+    if shrink == SHRINK:
+        shrink, evidence = choose_shrink(sample, fit)
+    st, res = fit(sample, float(shrink), mom)
+    st.shrink = evidence or {"chosen": float(shrink)}
+    return st, res
+
+
+def fit_sample(
+    sample: Subjects,
+    mom: OLSMoments,
+    alpha: float | str,
+    shrink: float,
+    tau_prior: tuple[float, float | None],
+    alpha_prior: tuple[float, float],
+    prior_overrides: dict[str, Any] | None,
+    init: str,
+    seed: int,
+    max_iter: int,
+    tol: float,
+    min_change: float,
+) -> tuple[StartState, SubjectFit]:
+    """``start`` on the subjects ``sample`` in memory, the pooled least-squares moments ``mom``
+    given: the Gaussian random-effects fit (EM), the empirical prior at ``shrink``, the first
+    partition and the ICM passes to the stop rule."""
 
     def local(fn: Callable[..., Any], *args: Any) -> list[Any]:
         return [fn(sample, *args)]

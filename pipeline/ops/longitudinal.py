@@ -438,6 +438,8 @@ def finish(
             "passes": int(state.pass_no),
             "converged": bool(state.converged),
             "mean_log_density": float(subjects["log_density"].mean()),
+            # the prior's shrink and the held-out evidence it was chosen by
+            "shrink": getattr(state, "shrink", {}),
             "fixed_effects": dict(
                 zip(coef, (model.n @ model.mu / model.n.sum()).tolist(), strict=True)
             ),

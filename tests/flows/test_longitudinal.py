@@ -94,6 +94,8 @@ def test_the_distributed_fit_equals_the_in_memory_one(tmp_path: Path) -> None:
     beta = subjects[["beta_intercept", "beta_wave", "beta_depression", "beta_adl"]].to_numpy()
     np.testing.assert_allclose(beta, m.random_effects_, rtol=1e-9, atol=1e-9)
     assert run["metrics"]["noise_precision"] == pytest.approx(m.noise_precision_, rel=1e-12)
+    # the prior's shrink chosen alike, on the same evidence (``choose_shrink``)
+    assert json.loads((out / "run.json").read_text())["metrics"]["shrink"] == m.shrink_evidence_
     assert [h["objective"] for h in run["history"]] == pytest.approx(
         m.objective_history_, rel=1e-12
     )

@@ -125,6 +125,35 @@ def test_recovers_the_subgroups() -> None:
     assert m.coef_names_ == ["intercept", *COVS]
     assert m.n_iter_ == len(m.objective_history_) >= 1
     assert m.alpha_ > 0
+    # held-out subjects keep the default prior, under which the subgroups form
+    assert m.shrink_ == 10.0 and m.shrink_evidence_["chosen"] == 10.0
+    heldout = m.shrink_evidence_["heldout"]
+    assert max(heldout, key=heldout.get) == "10.0"
+
+
+def test_shrink_auto_chooses_by_held_out_subjects() -> None:
+    """``shrink="auto"`` on one group of subjects: the default prior pulls the group's
+    covariance towards a tenth of its spread, a wider one predicts held-out subjects clearly
+    better and is chosen (the evidence recorded, ``choose_shrink``); a given shrink is not
+    compared; under 12 subjects the default is kept without a comparison; a shrink of 1 or a
+    word is refused."""
+    from pipeline.models.mixed_effects_start import SHRINKS
+
+    df = sample_longitudinal(300, seed=4, k=1)
+    m = fit(df)
+    ev = m.shrink_evidence_
+    assert m.n_clusters_ == 1 and m.shrink_ < 10.0 and ev["chosen"] == m.shrink_
+    assert set(ev["heldout"]) == {str(s) for s in SHRINKS}
+    assert ev["heldout"][str(m.shrink_)] > ev["heldout"]["10.0"]
+    assert ev["subjects"] == 300 and ev["folds"] == 3
+    assert fit(df, shrink=m.shrink_).labels_.tolist() == m.labels_.tolist()
+    given = fit(df, shrink=3.0)
+    assert given.shrink_ == 3.0 and given.shrink_evidence_ == {"chosen": 3.0}
+    small = fit(df[df["subject"].isin(df["subject"].unique()[:11])])
+    assert small.shrink_ == 10.0 and "11 subjects, under 12" in small.shrink_evidence_["note"]
+    for bad in (1.0, "wide", True):
+        with pytest.raises(ValueError, match="shrink must be 'auto' or a number > 1"):
+            fit(df, shrink=bad)
 
 
 @pytest.mark.parametrize("seed", range(12))
