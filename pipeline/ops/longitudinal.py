@@ -260,6 +260,18 @@ def _picture(
     return name
 
 
+def _shrink_fact(shrink: dict[str, Any]) -> str:
+    """The report's line on the prior's shrink and the held-out evidence it was chosen by."""
+    chosen = f"{shrink['chosen']:g}"
+    if "heldout" in shrink:
+        scores = ", ".join(f"{float(k):g}: {fmt(v)}" for k, v in shrink["heldout"].items())
+        return (
+            f"{chosen}, by held-out log density per subject of {shrink['subjects']} subjects "
+            f"in {shrink['folds']} folds ({scores})"
+        )
+    return f"{chosen} ({shrink['note']})" if "note" in shrink else f"{chosen} (given)"
+
+
 def _facts(run: dict[str, Any], cols: Columns, coef_names: list[str]) -> list[tuple[str, Any]]:
     """The report's table of facts: the input, the model, the fit's figures and timing."""
     m = run["metrics"]
@@ -275,6 +287,9 @@ def _facts(run: dict[str, Any], cols: Columns, coef_names: list[str]) -> list[tu
         ("objective", m["objective"]),
         ("mean log density per subject", m.get("mean_log_density")),
     ]
+    shrink = m.get("shrink") or {}
+    if "chosen" in shrink:
+        facts.append(("prior shrink", _shrink_fact(shrink)))
     if "cv" in run:
         cv = run["cv"]
         facts.append(

@@ -72,6 +72,11 @@ def test_flow_writes_every_output_and_cross_validates(tmp_path: Path) -> None:
     assert on_disk["metrics"]["n_clusters"] == len(clusters) == len(on_disk["clusters"])
     e = [h["objective"] for h in on_disk["history"]]
     assert all(b <= a + 1e-9 * abs(a) for a, b in itertools.pairwise(e))
+    # the prior's shrink and its held-out evidence, in run.json and the report
+    shrink = on_disk["metrics"]["shrink"]
+    assert shrink["subjects"] == 400 and set(shrink["heldout"]) == {"10.0", "3.0", "1.5"}
+    said = f"- **prior shrink**: {shrink['chosen']:g}, by held-out log density per subject of 400"
+    assert said in (out / "report.md").read_text()
 
 
 def test_the_distributed_fit_equals_the_in_memory_one(tmp_path: Path) -> None:
