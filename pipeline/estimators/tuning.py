@@ -38,15 +38,15 @@ def tune_steps(est: Any, X: Any) -> list[tuple[str, list[Any]]]:
     """The greedy search's steps for ``est`` on X: each hyperparameter of ``TUNE_ORDER`` with
     ``TUNE_GRID``'s values, then ``est``'s own; the scale is left out for a given prior or without
     Gaussian columns."""
-    from pipeline.estimators.base import check_missing
     from pipeline.estimators.grid import same_param
 
     df, from_frame = as_frame(X)
     gauss = False
     if isinstance(est.family, (str, dict)):
-        # the columns read as the fit reads them (``_encode_fit``): a bad cell is refused here
-        # naming the input's row, not a fold's
-        missing = check_missing(getattr(est, "missing", "refuse")) == "latent"
+        # the columns read as the fit reads them (``_encode_fit``; ``missing`` checked with the
+        # other parameters before the search): a bad cell is refused here naming the input's
+        # row, not a fold's
+        missing = getattr(est, "missing", "refuse") == "latent"
         schema = Schema.infer(df, est.family, from_frame, missing=missing)
         schema.encode(df, fitting=True)
         gauss = any(k in ("gaussian", "diag-gaussian") for k in schema.kinds.values())
