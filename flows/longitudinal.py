@@ -22,6 +22,7 @@ from pipeline.data.ingest import ingest
 from pipeline.data.store import Store, StoreInfo
 from pipeline.distributed import loop
 from pipeline.distributed.client import dask_client
+from pipeline.models.mixed_effects_start import SHRINK
 from pipeline.ops import longitudinal as lon
 
 
@@ -52,11 +53,12 @@ def fold_task(
     info: StoreInfo,
     params: FitParams,
     cols: lon.Columns,
+    shrink: float | str,
     state_dir: storage.Loc,
     fold: int,
 ) -> dict[str, np.ndarray]:
     """Fit with the subjects of ``fold`` held out; their held-out results."""
-    ctx = lon.fit_context(store, state_dir, info, params, cols, fold=fold)
+    ctx = lon.fit_context(store, state_dir, info, params, cols, shrink, fold=fold)
     state = loop.run_passes(client, ctx)
     res = lon.subject_results(client, ctx, state)
     keep = ~res["train"]
@@ -74,6 +76,7 @@ def longitudinal(
     folds: int | None = None,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     alpha: float | str = ALPHA,
+    shrink: float | str = SHRINK,
     init: str = "auto",
     max_passes: int = MAX_PASSES,
     tol: float = TOL,
@@ -118,7 +121,7 @@ def longitudinal(
             timing["ingest"] = time.perf_counter() - t
             t = time.perf_counter()
             ctx = lon.fit_context(
-                store, partial / "state.zarr", info, params, cols, progress=progress
+                store, partial / "state.zarr", info, params, cols, shrink, progress=progress
             )
             state: Any = passes(client, ctx)
             timing["fit"] = time.perf_counter() - t
@@ -131,7 +134,14 @@ def longitudinal(
                 # every subject's held-out results: the fold fits submitted together
                 futs = [
                     fold_task.submit(  # type: ignore[call-overload]
-                        client, store, quote(info), params, cols, partial / f"cv-{f}.zarr", f
+                        client,
+                        store,
+                        quote(info),
+                        params,
+                        cols,
+                        shrink,
+                        partial / f"cv-{f}.zarr",
+                        f,
                     )
                     for f in range(int(folds))
                 ]
@@ -150,6 +160,7 @@ def longitudinal(
         "folds": folds,
         "chunk_rows": int(chunk_rows),
         "alpha": alpha,
+        "shrink": shrink,
         "init": init,
         "max_passes": max_passes,
         "tol": tol,

@@ -20,9 +20,11 @@ from flows.cli.options import (
 from flows.cli.prefect_api import prestart
 from flows.cli.run import start_flow
 from flows.cli.types import positive_int as _positive_int
+from flows.cli.types import shrink as shrink_type
 from pipeline.core import storage
 from pipeline.core.errors import InputError
 from pipeline.data import io as pio
+from pipeline.models.mixed_effects_start import SHRINK
 
 PROG = "dpmm"
 
@@ -72,6 +74,15 @@ def add_longitudinal_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_chunk_rows(p, "rows per chunk, whole subjects (default {default})")
     add_alpha(p)
+    p.add_argument(
+        "--shrink",
+        type=shrink_type,
+        default=SHRINK,
+        metavar="auto|FLOAT",
+        help="the prior's shrink: a cluster's expected covariance of the random effects is "
+        "1/shrink of the subjects'; 'auto' (default) chooses 10, 3 or 1.5 by the held-out "
+        "density of the start's subjects, as MixedEffectsDP",
+    )
     add_stop_options(p)
     add_no_report(p)
     p.set_defaults(func=cmd_longitudinal)

@@ -35,6 +35,23 @@ def prior_scale(text: str) -> float:
     return float(_checked(float, check_scale, "a number in (0, 1)")(text))
 
 
+def shrink(text: str) -> float | str:
+    """'auto' or a number above 1 (``pipeline.models.mixed_effects_start.check_shrink``)."""
+    from pipeline.models.mixed_effects_start import check_shrink
+
+    try:
+        return check_shrink(text if text == "auto" else _number(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a number > 1, got {text!r}") from None
+
+
+def _number(text: str) -> float | str:
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def alpha(text: str) -> float | str:
     """A positive finite concentration, or 'learn' (``pipeline.core.config.check_alpha``)."""
     value: float | str = text

@@ -27,6 +27,7 @@ from pipeline.distributed import loop
 from pipeline.engines import get_engine
 from pipeline.engines.base import Chunk, RunContext
 from pipeline.models.mixed_effects import _bad_value, check_within_subject
+from pipeline.models.mixed_effects_start import SHRINK
 from pipeline.ops.page import Page, Picture, fmt, new_figure
 
 ENGINE = "mixed_effects"
@@ -105,12 +106,19 @@ def fit_context(
     info: StoreInfo,
     params: FitParams,
     cols: Columns,
+    shrink: float | str = SHRINK,
     fold: int | None = None,
     progress: bool = False,
 ) -> RunContext:
-    """The ``RunContext`` of a fit of the mixed-effects engine (``fold``: held out)."""
+    """The ``RunContext`` of a fit of the mixed-effects engine (``fold``: held out; ``shrink``:
+    the prior's, as ``MixedEffectsDP``'s)."""
     ctx = loop.context(store, state_dir, info, params, progress)
-    ctx.options = {"response": cols.response, "covariates": list(cols.covariates), "fold": fold}
+    ctx.options = {
+        "response": cols.response,
+        "covariates": list(cols.covariates),
+        "fold": fold,
+        "shrink": shrink,
+    }
     loop.create_record_arrays(ctx, get_engine(ENGINE))
     return ctx
 
@@ -402,6 +410,7 @@ def write_mixed_model(
     alpha = parameters.get("alpha", "learn")
     params = {
         "alpha": alpha if isinstance(alpha, str) else float(alpha),
+        "shrink": parameters.get("shrink", SHRINK),
         "init": "one-cluster" if parameters.get("init") == "one-cluster" else "auto",
         "max_iter": int(parameters.get("max_passes", MAX_PASSES)),
         "tol": float(parameters.get("tol", TOL)),

@@ -74,6 +74,7 @@ SHARED: dict[str, list[tuple[type, dict[str, str]]]] = {
             MixedEffectsDP,
             {
                 "alpha": "alpha",
+                "shrink": "shrink",
                 "max_passes": "max_iter",
                 "tol": "tol",
                 "min_change": "min_change",

@@ -172,6 +172,8 @@ def test_cli_runs_and_reports(tmp_path: Path, capsys) -> None:  # type: ignore[n
             "1",
             "--chunk-rows",
             "300",
+            "--shrink",
+            "3",
         ]
     )
     assert code == 0
@@ -179,6 +181,15 @@ def test_cli_runs_and_reports(tmp_path: Path, capsys) -> None:  # type: ignore[n
     assert "200 subjects" in said and str(out) in said
     run = json.loads((out / "run.json").read_text())
     assert run["parameters"]["covariates"] == ["wave", "depression", "adl"]
+    # a given shrink is the prior's, not compared, as MixedEffectsDP(shrink=3.0)'s
+    assert run["parameters"]["shrink"] == 3.0 and run["metrics"]["shrink"] == {"chosen": 3.0}
+    assert load_model(out / "model", expect=MixedEffectsDP).get_params()["shrink"] == 3.0
+    bad = ["longitudinal", str(tmp_path / "in.csv"), *ARGS, "--out", str(tmp_path / "o2")]
+    assert main([*bad, "--shrink", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "argument --shrink: expected 'auto' or a number > 1, got '1'" in err[0]
+    assert not (tmp_path / "o2").exists()
     # an existing output is refused unless --overwrite
     assert main(["longitudinal", str(tmp_path / "in.csv"), *ARGS, "--out", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err

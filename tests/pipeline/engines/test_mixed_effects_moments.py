@@ -80,7 +80,7 @@ def test_a_fit_from_the_moments_equals_the_fit_from_the_rows(
     out = {}
     for moments in (True, False):
         run_info = replace(info, group_moments=moments)
-        ctx = lon.fit_context(store, tmp_path / f"st-{moments}", run_info, params, cols, fold)
+        ctx = lon.fit_context(store, tmp_path / f"st-{moments}", run_info, params, cols, fold=fold)
         state = loop.run_passes(client, ctx)
         out[moments] = (state, lon.subject_results(client, ctx, state))
     (st_m, res_m), (st_r, res_r) = out[True], out[False]
