@@ -51,7 +51,7 @@ SHRINK = "auto"
 SHRINKS = (DEFAULT_SHRINK, 3.0, 1.5)
 DEFAULT_TAU_PRIOR = (1.0, 1e-3)
 MIXED_INITS = ("auto", "one-cluster")
-#: ``choose_shrink``'s subjects: at most ``EVIDENCE_SUBJECTS`` of the start's sample (each
+#: ``choose_shrink``'s subjects: about ``EVIDENCE_SUBJECTS`` of the start's sample (each
 #: candidate costs ``EVIDENCE_FOLDS`` starts on two thirds of them); under
 #: ``EVIDENCE_MIN_SUBJECTS`` (3 folds of 4) no candidate is compared
 EVIDENCE_SUBJECTS, EVIDENCE_MIN_SUBJECTS = 500, 12
@@ -269,11 +269,11 @@ def heldout_subjects(
 
 def choose_shrink(sample: Subjects, fit: Callable[..., Any]) -> tuple[float, dict[str, Any]]:
     """``shrink="auto"``: each of ``SHRINKS`` scored by the held-out log predictive density of
-    at most ``EVIDENCE_SUBJECTS`` subjects of the start's sample in ``EVIDENCE_FOLDS`` folds (a hash
-    of the subject's code; ``fit(subjects, shrink)`` is the start on the others); the best is
-    kept if it beats ``DEFAULT_SHRINK`` by more than the standard error of the subjects' paired
-    differences (``clearly_better``), else ``DEFAULT_SHRINK``. Under ``EVIDENCE_MIN_SUBJECTS``
-    subjects, ``DEFAULT_SHRINK`` without a comparison.
+    about ``EVIDENCE_SUBJECTS`` subjects of the start's sample in ``EVIDENCE_FOLDS`` folds (both
+    by a hash of the subject's code; ``fit(subjects, shrink)`` is the start on the others); the
+    best is kept if it beats ``DEFAULT_SHRINK`` by more than the standard error of the subjects'
+    paired differences (``clearly_better``), else ``DEFAULT_SHRINK``. Under
+    ``EVIDENCE_MIN_SUBJECTS`` subjects, ``DEFAULT_SHRINK`` without a comparison.
 
     The default prior expects a cluster to carry a tenth of the random effects' covariance,
     which lets subgroups form; where the subjects make one group, its Normal-Wishart prior pulls
@@ -282,16 +282,20 @@ def choose_shrink(sample: Subjects, fit: Callable[..., Any]) -> tuple[float, dic
     (subjects, folds, mean held-out density per subject by shrink, chosen)."""
     from pipeline.core.seeds import FOLD_SALT, row_uniform
 
-    n = sample.codes.shape[0]
-    ev = take(sample, sample_mask(sample.codes, n, EVIDENCE_SUBJECTS))
+    # one hash uniform per subject, of its own salt: the sample was drawn by SAMPLE_SALT's, so
+    # that one is below the sample's share for every subject here and would pick them all
+    share = min(1.0, EVIDENCE_SUBJECTS / max(sample.codes.shape[0], 1))
+    u = row_uniform(sample.codes, FOLD_SALT)
+    keep = u < share
+    ev = take(sample, keep)
     S = ev.codes.shape[0]
     if S < EVIDENCE_MIN_SUBJECTS:
         return DEFAULT_SHRINK, {
             "subjects": S, "chosen": DEFAULT_SHRINK,
             "note": f"{S} subjects, under {EVIDENCE_MIN_SUBJECTS}: the default, not compared",
         }  # fmt: skip
-    fold = np.minimum(row_uniform(ev.codes, FOLD_SALT) * EVIDENCE_FOLDS, EVIDENCE_FOLDS - 1)
-    fold = fold.astype(np.int64)
+    # the kept subjects' uniforms, rescaled to [0, 1), cut into the folds
+    fold = np.minimum(u[keep] / share * EVIDENCE_FOLDS, EVIDENCE_FOLDS - 1).astype(np.int64)
     dens = {s: heldout_subjects(ev, fold, EVIDENCE_FOLDS, s, fit) for s in SHRINKS}
     best = max(SHRINKS, key=lambda s: float(np.nanmean(dens[s])))
     chosen = best if clearly_better(dens[best] - dens[DEFAULT_SHRINK]) else DEFAULT_SHRINK
