@@ -414,3 +414,20 @@ def test_predict_checks_the_columns() -> None:
         m.predict(df[["wave", "adl", "depression"]], df["qol"], df["subject"])
     with pytest.raises(InputError, match="2 covariates"):
         m.predict(df[["wave", "adl"]].to_numpy(), df["qol"], df["subject"])
+
+
+def test_shrink_evidence_is_a_share_of_a_large_sample() -> None:
+    """The start's sample of a large run is drawn by a hash of the subject codes; the shrink's
+    evidence takes about ``EVIDENCE_SUBJECTS`` of it by a hash of its own (by the sample's hash,
+    every subject of the sample passed: 20,156 of a 1M-subject run, and the start took 25 s)."""
+    from pipeline.models.mixed_effects import Subjects
+    from pipeline.models.mixed_effects_start import EVIDENCE_SUBJECTS, start
+
+    df = sample_longitudinal(6000, seed=7)
+    X = np.column_stack([np.ones(len(df)), df[COVS].to_numpy()])
+    subjects, codes = np.unique(df["subject"].to_numpy(), return_inverse=True)
+    G = len(subjects)
+    XtX, Xty, yty, n_obs = kme.subject_moments(X, df["qol"].to_numpy(), codes, G)
+    sub = Subjects(XtX, Xty, yty, n_obs, np.ones(G, dtype=bool), np.arange(G, dtype=np.int64))
+    st, _ = start(lambda fn, *a: [fn(sub, *a)], G, "learn", init_sample=2000)
+    assert 0.8 * EVIDENCE_SUBJECTS < st.shrink["subjects"] < 1.2 * EVIDENCE_SUBJECTS
