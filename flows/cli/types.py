@@ -40,16 +40,9 @@ def shrink(text: str) -> float | str:
     from pipeline.models.mixed_effects_start import check_shrink
 
     try:
-        return check_shrink(text if text == "auto" else _number(text))
+        return check_shrink(text)  # it reads a number's text itself
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected 'auto' or a number > 1, got {text!r}") from None
-
-
-def _number(text: str) -> float | str:
-    try:
-        return float(text)
-    except ValueError:
-        return text
 
 
 def alpha(text: str) -> float | str:
