@@ -14,6 +14,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from numba.core import config
 from numba.core.caching import (
     CacheImpl,
     InTreeCacheLocator,
@@ -23,6 +24,9 @@ from numba.core.caching import (
 )
 
 ROOT = Path(__file__).resolve().parent
+# the kernels' cache directory: ``NUMBA_CACHE_DIR`` when ``install`` runs (the kernels' import),
+# else numba's own setting; None: numba's default places
+_where: str | None = None
 
 
 def _module_file(name, root):
@@ -82,9 +86,25 @@ def source_stamp(py_file, root=ROOT):
     return h.hexdigest()
 
 
+class _DirLocator(UserProvidedCacheLocator):
+    """numba's locator of a user's cache directory, for ``_where`` instead of the directory
+    numba read when it was imported."""
+
+    def __init__(self, py_func, py_file):
+        super().__init__(py_func, py_file)
+        self._cache_path = os.path.join(_where, self.get_suitable_cache_subpath(py_file))
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if not _where:
+            return None
+        # the source-backed mixin's: the directory made, None where it cannot be written
+        return super(UserProvidedCacheLocator, cls).from_function(py_func, py_file)
+
+
 class KernelsLocator(_CacheLocator):
-    """numba's own locator for a kernel (``NUMBA_CACHE_DIR``, else ``__pycache__`` beside its
-    file, else the user's cache) with ``source_stamp`` for its stamp; None off the kernels."""
+    """numba's own locator for a kernel (``_where``, else ``__pycache__`` beside its file, else
+    the user's cache) with ``source_stamp`` for its stamp; None off the kernels."""
 
     def __init__(self, inner, py_file):
         self._inner = inner
@@ -106,7 +126,7 @@ class KernelsLocator(_CacheLocator):
     def from_function(cls, py_func, py_file):
         if not Path(py_file).resolve().is_relative_to(ROOT):
             return None
-        for base in (UserProvidedCacheLocator, InTreeCacheLocator, UserWideCacheLocator):
+        for base in (_DirLocator, InTreeCacheLocator, UserWideCacheLocator):
             inner = base.from_function(py_func, py_file)
             if inner is not None:
                 return cls(inner, py_file)
@@ -115,6 +135,11 @@ class KernelsLocator(_CacheLocator):
 
 def install():
     """Put ``KernelsLocator`` first among numba's locators (the others serve every function
-    outside the kernels, a user's own included)."""
+    outside the kernels, a user's own included), for the cache directory ``NUMBA_CACHE_DIR``
+    names now. numba reads the variable once, when it is imported: a program that imported
+    numba (or a library using it) before ``import pipeline`` set the variable would otherwise
+    miss the cache ``dpmm warm`` filled and compile every kernel again."""
+    global _where
+    _where = os.environ.get("NUMBA_CACHE_DIR") or config.CACHE_DIR or None
     if KernelsLocator not in CacheImpl._locator_classes:
         CacheImpl._locator_classes.insert(0, KernelsLocator)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +41,10 @@ def numba_cache_dir(root: Path | None = None) -> Path | None:
     return None
 
 
-# before numba is imported (it reads NUMBA_CACHE_DIR once); Dask's worker processes inherit it.
-# A cache chosen by the user (make, the image) is kept.
-if not os.environ.get("NUMBA_CACHE_DIR") and "numba" not in sys.modules:
+# before the kernels are imported: their locator (``kernels._cache``) reads NUMBA_CACHE_DIR then,
+# also where numba itself was imported first (it reads the variable once, at its import); Dask's
+# worker processes inherit it. A cache chosen by the user (make, the image) is kept.
+if not os.environ.get("NUMBA_CACHE_DIR"):
     _where = numba_cache_dir()
     if _where is not None:
         os.environ["NUMBA_CACHE_DIR"] = str(_where)

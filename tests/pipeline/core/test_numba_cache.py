@@ -121,6 +121,36 @@ def _run(root: Path, cache: Path, numbas_own: bool = False) -> tuple[float, int]
     return value, n
 
 
+def test_numba_imported_first_loads_the_kernels_from_pipelines_cache(tmp_path: Path) -> None:
+    """A program that imports numba (or a library using it) before ``import pipeline``: numba
+    has read no ``NUMBA_CACHE_DIR``, and the kernels still load from the directory ``import
+    pipeline`` names, the one ``make``'s ``dpmm warm`` filled (they were compiled again into
+    ``__pycache__`` beside their sources: 142 functions, 90 s for a first Gaussian fit)."""
+    root = _copy(tmp_path / "src")
+    value, n = _run(root, root / "__pycache__" / "numba")
+    assert n > 0
+    script = _RUN.replace(
+        "from kernels.obs import _common", "import pipeline\nfrom kernels.obs import _common"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env["PYTHONPATH"] = str(root.parent)
+    probe = (
+        "import numba, os\n"
+        "print(json.dumps([os.environ['NUMBA_CACHE_DIR'], numba.config.CACHE_DIR]))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script) + probe],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root.parent,
+    )
+    got, (where, numbas) = (json.loads(line) for line in res.stdout.splitlines()[-2:])
+    assert (where, numbas) == (str(root / "__pycache__" / "numba"), "")
+    assert got == [value, 0]
+
+
 def test_an_edit_recompiles_the_kernels_that_hold_it_and_no_others(tmp_path: Path) -> None:
     root, cache = _copy(tmp_path / "src"), tmp_path / "cache"
     value, n = _run(root, cache)
