@@ -532,3 +532,35 @@ def load(directory: storage.Where, name: str, expect: type[Any] | None = None) -
         got = type_name(type(obj)) if type(obj) in _REGISTRY.values() else type(obj).__name__
         raise PersistError(f"{json_path}: holds a {got}, not a {type_name(expect)}")
     return obj
+
+
+def writable(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` (an unpickled object's ``__dict__``) with every read-only NumPy array in it, or
+    in the lists, tuples, dicts and project objects it holds, replaced by a writable copy.
+
+    ``joblib.load(path, mmap_mode="r")`` hands back read-only memory maps, and numba compiles a
+    separate specialization of a kernel for read-only arguments: a model loaded that way would
+    compile each of its predict kernels again at first use (7 to 12 s each). A fitted model's
+    arrays are cluster summaries and a fit's labels, small enough to copy.
+    """
+    seen: set[int] = set()
+
+    def fix(value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return value if value.flags.writeable else np.array(value)
+        if id(value) in seen:
+            return value
+        seen.add(id(value))
+        if isinstance(value, list):
+            value[:] = [fix(v) for v in value]
+        elif isinstance(value, tuple) and type(value) is tuple:
+            return tuple(fix(v) for v in value)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                value[k] = fix(v)
+        elif type(value).__module__.startswith("pipeline.") and hasattr(value, "__dict__"):
+            # a frozen dataclass refuses setattr, not its instance dictionary
+            fix(vars(value))
+        return value
+
+    return dict(fix(dict(state)))

@@ -19,6 +19,7 @@ from sklearn.base import BaseEstimator, ClusterMixin
 from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
+from pipeline.core.persist import writable
 from pipeline.families import Family, FloatArray, ProductFamily, as_product, check_summaries
 from pipeline.families.schema import Schema, as_frame
 from pipeline.models.mapdp import dpm_predict
@@ -82,6 +83,10 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
         "alpha_",
     )
     _model_extras: ClassVar[tuple[str, ...]] = ()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a model unpickled through read-only memory maps gets writable arrays (``writable``)
+        super().__setstate__(writable(state))
 
     def fit(self, X: Any, y: Any = None) -> Any:
         """Fit the estimator to X, array-like or DataFrame of shape (n_samples, n_features); y

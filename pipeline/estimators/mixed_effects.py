@@ -31,6 +31,7 @@ from pipeline.core.config import (
     keep_params,
 )
 from pipeline.core.errors import InputError
+from pipeline.core.persist import writable
 from pipeline.core.seeds import seed_entropy
 from pipeline.families.schema import Schema
 from pipeline.models.mixed_effects import (
@@ -224,6 +225,10 @@ class MixedEffectsDP(BaseEstimator):
         if b is not None:
             check_positive(b, "tau_prior rate")
         return start, learn
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # a model unpickled through read-only memory maps gets writable arrays (``writable``)
+        super().__setstate__(writable(state))
 
     def fit(self, X: Any, y: Any, groups: Any) -> MixedEffectsDP:
         """Fit to the observations X (n_observations, p), responses y (n_observations,) and the

@@ -361,3 +361,59 @@ def test_a_runs_record_is_the_record_of_its_estimator(tmp_path: Path) -> None:
     assert isinstance(loaded, MAPDP) and loaded.get_params() == {**MAPDP_DEFAULTS, **params}
     np.testing.assert_array_equal(loaded.predict(X), fit.predict(X))
     np.testing.assert_array_equal(loaded.score_samples(X), fit.score_samples(X))
+
+
+def _fitted_and_inputs(name: str) -> tuple[Any, tuple[Any, ...]]:
+    """A small fitted estimator of ``name`` and the arguments its ``predict`` takes."""
+    from pipeline.data.synthetic import sample_longitudinal
+    from pipeline.estimators.ihmm import MAPiHMM
+    from pipeline.estimators.mixed_effects import MixedEffectsDP
+
+    if name == "MixedEffectsDP":
+        df = sample_longitudinal(60, seed=1)
+        args = (df[["wave", "depression", "adl"]], df["qol"], df["subject"])
+        return MixedEffectsDP(random_state=0).fit(*args), args
+    if name == "MAPiHMM":
+        X = np.concatenate([blobs(60, 0), blobs(60, 1) + 5.0])
+        return MAPiHMM(random_state=0).fit(X, lengths=[40, 40, 40]), (X,)
+    X = blobs(60, 0)
+    return make(name, False).fit(X), (X,)
+
+
+def _kernel_signatures() -> set[tuple[str, Any]]:
+    """Every (kernel, signature) this process holds compiled or loaded from the cache."""
+    import sys
+
+    from numba.core.registry import CPUDispatcher
+
+    return {
+        (f"{module}.{attr}", sig)
+        for module, mod in list(sys.modules.items())
+        if module.startswith("kernels")
+        for attr, f in list(vars(mod).items())
+        if isinstance(f, CPUDispatcher)
+        for sig in list(f.overloads)
+    }
+
+
+@pytest.mark.parametrize("name", [*NAMES, "MAPiHMM", "MixedEffectsDP"])
+def test_a_model_unpickled_from_read_only_memory_maps_predicts_without_new_kernels(
+    name: str, tmp_path: Path
+) -> None:
+    """``joblib.load(path, mmap_mode="r")`` hands the model read-only arrays, for which numba
+    compiles a kernel's read-only specialization (7 to 12 s each); unpickling copies them
+    writable, so the loaded model's predict runs the very signatures the fit's predict ran
+    (none compiled, none loaded from the cache) and gives the same output."""
+    import joblib
+
+    est, args = _fitted_and_inputs(name)
+    scores = hasattr(est, "score_samples")
+    expected = (est.predict(*args), est.score_samples(*args) if scores else None)
+    before = _kernel_signatures()
+    joblib.dump(est, tmp_path / "m.joblib")
+    loaded = joblib.load(tmp_path / "m.joblib", mmap_mode="r")
+    got = (loaded.predict(*args), loaded.score_samples(*args) if scores else None)
+    assert _kernel_signatures() - before == set()
+    np.testing.assert_array_equal(got[0], expected[0])
+    if scores:
+        np.testing.assert_allclose(got[1], expected[1], rtol=1e-12)
