@@ -331,6 +331,37 @@ def log_predictive(x, s, c, p):
 
 
 @njit(cache=True, nogil=True)
+def tempered_constant(c, d, w):
+    """The record-free part of ``tempered_log_predictive`` for the cache c of the weighted
+    statistics w S_k (without cells): log Gamma_d((a_k + w) / 2) - log Gamma_d(a_k / 2)
+    - w d / 2 log pi + d / 2 log(c_k / (c_k + w)) - w / 2 log|T_k|."""
+    t = _tail(d)
+    ck = c[t]
+    ak = c[t + 1]
+    return (
+        lmvgamma(0.5 * (ak + w), d)
+        - lmvgamma(0.5 * ak, d)
+        - 0.5 * w * d * LOG_PI
+        + 0.5 * d * math.log(ck / (ck + w))
+        - 0.5 * w * c[t + 2]
+    )
+
+
+@njit(cache=True, nogil=True)
+def tempered_log_predictive(x, c, w, const):
+    """log p(w (S_k + g(x))) - log p(w S_k): record x (d,) joining with weight w the state whose
+    weighted statistics w S_k have the cache c (without cells); const = ``tempered_constant``.
+    The power likelihood's predictive in O(d^2): a record of weight w changes T_k of eq. B.1
+    (Raykov et al. 2016) by the rank-one c_k w / (c_k + w) (x - m_k)(x - m_k)^T (w = 1:
+    ``log_predictive``)."""
+    d = x.shape[0]
+    t = _tail(d)
+    ck = c[t]
+    q = _mahalanobis(x, c, d)
+    return const - 0.5 * (c[t + 1] + w) * math.log1p(q * ck * w / (ck + w))
+
+
+@njit(cache=True, nogil=True)
 def log_marginal(s, p):
     """log p(X) = -n d / 2 log pi + log Gamma_d(a_n / 2) - log Gamma_d(a0 / 2)
     + a0 / 2 log|T0| - a_n / 2 log|T_n| + d / 2 (log c0 - log c_n)."""

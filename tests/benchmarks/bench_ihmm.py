@@ -86,3 +86,57 @@ def test_table4_protocol() -> None:
     print("Gibbs sampler (500 sweeps, best-likelihood sample)\n" + table(grows))
     save("ihmm_table4_gibbs", grows)
     assert all(r["K"] >= 1 for r in rows)
+
+
+def sensor_like(seed: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """80 sequences of 100 steps, 6 columns on their own scales: 6 states (self-transition 0.95)
+    whose means carry AR(1) noise (rho 0.6), the drift ``temper="auto"`` measures."""
+    rng = np.random.default_rng(seed)
+    n_seq, T, D, K = 80, 100, 6, 6
+    mu = rng.normal(0.0, 3.0, (K, D))
+    scale = rng.uniform(0.3, 3.0, D)
+    X, y = [], []
+    for _ in range(n_seq):
+        z = np.empty(T, dtype=np.int64)
+        z[0] = rng.integers(K)
+        for t in range(1, T):
+            z[t] = z[t - 1] if rng.random() < 0.95 else rng.integers(K)
+        e = np.zeros(D)
+        rows = []
+        for t in range(T):
+            e = 0.6 * e + 0.8 * rng.standard_normal(D)
+            rows.append((mu[z[t]] + e) * scale)
+        X.append(np.array(rows))
+        y.append(z)
+    return np.concatenate(X), np.concatenate(y), [T] * n_seq
+
+
+def test_tempering_cost() -> None:
+    """Issue 57: ``temper="auto"`` (an untempered fit, rho from its states, then the tempered
+    fit) against the untempered fit alone (``temper=1``), seconds and the states found."""
+    X, _, lengths = sensor_like(99)
+    MAPiHMM(random_state=0).fit(X[:2000], lengths=lengths[:20])  # compile outside the timings
+    rows = []
+    for seed in range(3):
+        X, y, lengths = sensor_like(seed)
+        fits = {
+            w: timed(lambda w=w, X=X, n=lengths: MAPiHMM(random_state=0, temper=w).fit(X, n))
+            for w in (1.0, "auto")
+        }
+        (plain, t_plain), (auto, t_auto) = fits[1.0], fits["auto"]
+        rows.append(
+            {
+                "seed": seed,
+                "plain s": t_plain,
+                "plain K": plain.n_states_,
+                "plain NMI": nmi(y, plain.labels_),
+                "auto s": t_auto,
+                "auto K": auto.n_states_,
+                "auto NMI": nmi(y, auto.labels_),
+                "w": auto.temper_,
+                "auto / plain": t_auto / t_plain,
+            }
+        )
+    print("\nTempering's cost, 80 sequences x 100 steps x 6 columns\n" + table(rows))
+    save("ihmm_tempering_cost", rows)
+    assert all(r["auto K"] >= 1 for r in rows)

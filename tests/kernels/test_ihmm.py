@@ -382,3 +382,29 @@ def test_tempered_marginal_is_the_power_likelihood():
     )
     tempered = kihmm.emission_matrix_tempered(Xr, stats, fam.spec, fam.prior, 1.0)
     np.testing.assert_allclose(tempered, plain, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("w", [0.3, 0.7])
+@pytest.mark.parametrize("data", ["continuous", "grid"])
+def test_tempered_emissions_equal_the_ratio_of_tempered_marginals(data, w):
+    """``emission_matrix_tempered`` entry by entry against log p(w (S_k + g(x))) - log p(w S_k)
+    of the generic kernels: on continuous columns it reads the caches of the weighted statistics
+    (``gaussian_nw.tempered_log_predictive``, a rank-one change), on a grid the cells keep the
+    ratio of marginals; 4 states, one empty, and the new-state column."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(40, 3)) @ np.array([[1.0, 0.5, 0.0], [0.0, 1.0, 0.3], [0.0, 0.0, 2.0]])
+    if data == "grid":
+        X = np.round(X * 2.0) / 2.0
+    fam = GaussianNW.empirical_bayes(X).as_product()
+    assert bool(fam.groups[0][0].has_cells) == (data == "grid")
+    z = rng.integers(0, 3, size=40)
+    stats = np.concatenate([fam.stats_of(X, z, 3), np.zeros((1, fam.n_stats))])
+    got = kihmm.emission_matrix_tempered(X, stats, fam.spec, fam.prior, w)
+    scratch = np.empty(fam.n_stats)
+    want = np.empty((40, 5))
+    for k in range(5):
+        s = stats[k] if k < 4 else np.zeros(fam.n_stats)
+        lm = kihmm.tempered_log_marginal(s, scratch, fam.spec, fam.prior, w) if s[0] else 0.0
+        for t in range(40):
+            want[t, k] = kihmm.tempered_log_predictive(X[t], s, lm, scratch, fam.spec, fam.prior, w)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
