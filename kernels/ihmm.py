@@ -44,18 +44,20 @@ from kernels.special import digamma, logsumexp
 
 
 @njit(cache=True, nogil=True)
-def _grow(stats, cache, nk, trans, start, rows, kappa, lmw):
+def _grow(stats, cache, nk, trans, start, rows, kappa, lmw, sw):
     new = max(2 * stats.shape[0], 8)
     s2 = np.zeros((new, stats.shape[1]))
     c2 = np.zeros((new, cache.shape[1]))
+    w2 = np.zeros((new, sw.shape[1]))
     t2 = np.zeros((new, new))
     n2, st2, r2, k2, l2 = np.zeros(new), np.zeros(new), np.zeros(new), np.zeros(new), np.zeros(new)
     copy_rows(s2, stats)
     copy_rows(c2, cache)
+    copy_rows(w2, sw)
     copy_rows(t2, trans)
     for v2, v in ((n2, nk), (st2, start), (r2, rows), (k2, kappa), (l2, lmw)):
         copy_vector(v2, v)
-    return s2, c2, n2, t2, st2, r2, k2, l2
+    return s2, c2, n2, t2, st2, r2, k2, l2, w2
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -77,6 +79,35 @@ def _move(x, k, a, c, stats, cache, nk, trans, start, rows, spec, prior, w):
     _link(a, k, trans, start, rows, w)
     if c >= 0:
         _link(k, c, trans, start, rows, w)
+
+
+@njit(cache=True, nogil=True)
+def _move_tempered(
+    gauss, x, k, a, c, stats, sw, cache, nk, trans, start, rows, spec, prior, sign, w
+):
+    """``_move`` in a tempered sweep of one full-covariance group: the statistics change by
+    sign g(x), the weighted statistics sw[k] and their cache cache[k] by sign w g(x) (a rank-one
+    change of eq. B.1, Raykov et al. 2016: ``gaussian_nw.update``); ``gauss``:
+    ``product.gauss_paths``, whose None compiles nothing."""
+    if gauss is not None:
+        product.add_stats(x, stats[k], spec, sign)
+        gaussian_nw.update(x, sw[k], cache[k], prior, sign * w)
+        nk[k] += sign
+        _link(a, k, trans, start, rows, sign)
+        if c >= 0:
+            _link(k, c, trans, start, rows, sign)
+
+
+@njit(cache=True, nogil=True)
+def _tempered_caches(gauss, stats, sw, cache, lmw, n_slots, prior, w, d):
+    """The slots' weighted statistics w S_k (sw), their caches and ``tempered_constant`` (lmw)
+    for ``_move_tempered``'s sweep; ``gauss`` as there."""
+    if gauss is not None:
+        for k in range(n_slots):
+            for j in range(stats.shape[1]):
+                sw[k, j] = w * stats[k, j]
+            gaussian_nw.refresh(sw[k], cache[k], prior)
+            lmw[k] = gaussian_nw.tempered_constant(cache[k], d, w)
 
 
 @njit(cache=True, nogil=True)
@@ -102,17 +133,23 @@ def b_new_of(gamma):
 @njit(cache=True, nogil=True, inline="always")
 def _costs(
     costs, x, a, c, k_alone, stats, cache, nk, trans, start, rows, kappa, ku, lmw, scratch,
-    empty_s, empty_c, n_slots, spec, prior, alpha, gamma, log_ag, gibbs, w,
+    empty_s, empty_c, n_slots, spec, prior, alpha, gamma, log_ag, gibbs, w, fast, lm0,
 ):  # fmt: skip
     """costs: q_{t,k} of x for the slots k < n_slots, then a new state; inf for a free slot but
-    ``k_alone`` (x's emptied state, which MAP may restore) and for a new one in its place."""
-    if w != 1.0:
+    ``k_alone`` (x's emptied state, which MAP may restore) and for a new one in its place.
+    ``fast``: a tempered sweep of one full-covariance group (``sweep``), lm0 the empty state's
+    ``gaussian_nw.tempered_constant``."""
+    if fast:
+        lp0 = gaussian_nw.tempered_log_predictive(x, empty_c, w, lm0)
+    elif w != 1.0:
         lp0 = tempered_log_predictive(x, empty_s, 0.0, scratch, spec, prior, w)
     else:
         lp0 = product.log_predictive(x, empty_s, empty_c, spec, prior)
     for k in range(n_slots):
         if nk[k] > 0.0:
-            if w != 1.0:
+            if fast:
+                lp = gaussian_nw.tempered_log_predictive(x, cache[k], w, lmw[k])
+            elif w != 1.0:
                 lp = tempered_log_predictive(x, stats[k], lmw[k], scratch, spec, prior, w)
             else:
                 lp = product.log_predictive(x, stats[k], cache[k], spec, prior)
@@ -178,7 +215,8 @@ def sweep(
 
     Returns
     -------
-    stats, cache, nk, trans, start, rows, kappa : ndarrays, reallocated when slots ran out
+    stats, cache, nk, trans, start, rows, kappa : ndarrays, reallocated when slots ran out; a
+        tempered sweep of one full-covariance group returns the caches of w S_k
     n_slots, n_changed : int
         Slots in use, and records whose state changed.
     """
@@ -186,9 +224,22 @@ def sweep(
     costs = np.empty(stats.shape[0] + 2)
     empty_s = np.zeros(stats.shape[1])
     scratch = np.empty(stats.shape[1])
-    # log p(w S_k) of every slot, kept up to date as records move (tempered sweeps only)
+    d = X.shape[1]
+    # tempered, one full-covariance group: each slot keeps w S_k (sw) and its cache (in cache),
+    # so that a predictive is O(d^2) and a move a rank-one change; otherwise a tempered
+    # predictive is a ratio of log marginals, a Cholesky factor each (3.4 times the sweep's time
+    # on 6 columns)
+    gauss = product.gauss_paths(spec)
+    fast = w != 1.0 and spec.shape[0] == 1 and spec[0, product.CODE] == product.GAUSSIAN_NW
+    fast = fast and gauss is not None and not gaussian_nw.has_cells(prior, d)
+    sw = np.zeros((stats.shape[0], stats.shape[1] if fast else 0))
+    # log p(w S_k) of every slot (fast: its ``gaussian_nw.tempered_constant``), kept up to date
+    # as records move (tempered sweeps only)
     lmw = np.zeros(stats.shape[0])
-    for k in range(n_slots if w != 1.0 else 0):
+    lm0 = gaussian_nw.tempered_constant(empty_c, d, w) if fast else 0.0
+    if fast:
+        _tempered_caches(gauss, stats, sw, cache, lmw, n_slots, prior, w, d)
+    for k in range(n_slots if w != 1.0 and not fast else 0):
         lmw[k] = tempered_log_marginal(stats[k], scratch, spec, prior, w)
     b_new = b_new_of(gamma)
     log_ag = math.log(alpha * b_new) + math.log(gamma) + (gamma - 1.0) * math.log1p(-b_new)
@@ -200,15 +251,24 @@ def sweep(
             c = z[t + 1] if t + 1 < starts[s + 1] else -1
             alone = False
             if k0 >= 0:
-                _move(x, k0, a, c, stats, cache, nk, trans, start, rows, spec, prior, -1.0)
+                if fast:
+                    _move_tempered(
+                        gauss, x, k0, a, c, stats, sw, cache, nk, trans, start, rows, spec, prior,
+                        -1.0, w,
+                    )  # fmt: skip
+                else:
+                    _move(x, k0, a, c, stats, cache, nk, trans, start, rows, spec, prior, -1.0)
                 if nk[k0] == 0.0:
                     stats[k0, :] = 0.0
+                    sw[k0, :] = 0.0
                     copy_vector(cache[k0], empty_c)
                     alone = True
                     if gibbs:
                         ku[0] += kappa[k0]
                         kappa[k0] = 0.0
-                if w != 1.0:
+                if fast:
+                    lmw[k0] = gaussian_nw.tempered_constant(cache[k0], d, w)
+                elif w != 1.0:
                     lmw[k0] = tempered_log_marginal(stats[k0], scratch, spec, prior, w)
             if costs.shape[0] < n_slots + 2:
                 costs = np.empty(2 * n_slots + 2)
@@ -216,14 +276,15 @@ def sweep(
             _costs(
                 costs, x, a, c, k_alone, stats, cache, nk, trans, start, rows, kappa, ku, lmw,
                 scratch, empty_s, empty_c, n_slots, spec, prior, alpha, gamma, log_ag, gibbs, w,
+                fast, lm0,
             )  # fmt: skip
             best = _choose(costs, k0, n_slots, gibbs, state)
             if best == n_slots:
                 free = _free_slot(nk, n_slots, n_fixed, k_alone)
                 if free < 0:
                     if n_slots == stats.shape[0]:
-                        stats, cache, nk, trans, start, rows, kappa, lmw = _grow(
-                            stats, cache, nk, trans, start, rows, kappa, lmw
+                        stats, cache, nk, trans, start, rows, kappa, lmw, sw = _grow(
+                            stats, cache, nk, trans, start, rows, kappa, lmw, sw
                         )
                     free = n_slots
                     n_slots += 1
@@ -232,14 +293,22 @@ def sweep(
                 kappa[free] = b * ku[0]
                 ku[0] *= 1.0 - b
                 stats[free, :] = 0.0
+                sw[free, :] = 0.0
                 copy_vector(cache[free], empty_c)
                 best = free
             if k_alone >= 0 and best != k0:
                 ku[0] += kappa[k0]
                 kappa[k0] = 0.0
-            _move(x, best, a, c, stats, cache, nk, trans, start, rows, spec, prior, 1.0)
-            if w != 1.0:
-                lmw[best] = tempered_log_marginal(stats[best], scratch, spec, prior, w)
+            if fast:
+                _move_tempered(
+                    gauss, x, best, a, c, stats, sw, cache, nk, trans, start, rows, spec, prior,
+                    1.0, w,
+                )  # fmt: skip
+                lmw[best] = gaussian_nw.tempered_constant(cache[best], d, w)
+            else:
+                _move(x, best, a, c, stats, cache, nk, trans, start, rows, spec, prior, 1.0)
+                if w != 1.0:
+                    lmw[best] = tempered_log_marginal(stats[best], scratch, spec, prior, w)
             if best != k0:
                 n_changed += 1
             z[t] = best

@@ -198,6 +198,17 @@ def _ol_nw_paths(spec):
     return (lambda spec: True) if _nw(spec.dtype) else (lambda spec: None)
 
 
+def gauss_paths(spec):
+    """True for an int32 spec, None otherwise: ``nw_paths`` for the paths of a Normal-Wishart
+    group without cells only (jit only)."""
+    raise NotImplementedError("jit only")
+
+
+@overload(gauss_paths, jit_options={"nogil": True}, inline="always")
+def _ol_gauss_paths(spec):
+    return (lambda spec: True) if _gaussian(spec.dtype) else (lambda spec: None)
+
+
 # -- one group of an int32 spec: Normal-Wishart (no cells) or Normal-Gamma --------------------
 @njit(cache=True, nogil=True)
 def _gauss_add_stats(code, xg, sg, w):
