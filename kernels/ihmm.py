@@ -99,6 +99,16 @@ def _move_tempered(
 
 
 @njit(cache=True, nogil=True)
+def _cached_tempering(gauss, spec, prior, d):
+    """Whether a tempered predictive reads a cache of the weighted statistics: one Normal-Wishart
+    group without cells, on an int32 spec (``gauss``: ``product.gauss_paths``)."""
+    if gauss is None:
+        return False
+    one_nw = spec.shape[0] == 1 and spec[0, product.CODE] == product.GAUSSIAN_NW
+    return one_nw and not gaussian_nw.has_cells(prior, d)
+
+
+@njit(cache=True, nogil=True)
 def _tempered_caches(gauss, stats, sw, cache, lmw, n_slots, prior, w, d):
     """The slots' weighted statistics w S_k (sw), their caches and ``tempered_constant`` (lmw)
     for ``_move_tempered``'s sweep; ``gauss`` as there."""
@@ -230,8 +240,7 @@ def sweep(
     # predictive is a ratio of log marginals, a Cholesky factor each (3.4 times the sweep's time
     # on 6 columns)
     gauss = product.gauss_paths(spec)
-    fast = w != 1.0 and spec.shape[0] == 1 and spec[0, product.CODE] == product.GAUSSIAN_NW
-    fast = fast and gauss is not None and not gaussian_nw.has_cells(prior, d)
+    fast = w != 1.0 and _cached_tempering(gauss, spec, prior, d)
     sw = np.zeros((stats.shape[0], stats.shape[1] if fast else 0))
     # log p(w S_k) of every slot (fast: its ``gaussian_nw.tempered_constant``), kept up to date
     # as records move (tempered sweeps only)
@@ -421,21 +430,16 @@ def emission_matrix_tempered(X, stats, spec, prior, temper):
     out = np.empty((N, K + 1))
     scratch = np.empty(S)
     d = X.shape[1]
-    if (
-        spec.shape[0] == 1
-        and spec[0, product.CODE] == product.GAUSSIAN_NW
-        and not gaussian_nw.has_cells(prior, d)
-    ):
+    gauss = product.gauss_paths(spec)
+    if _cached_tempering(gauss, spec, prior, d):
         # one full-covariance group: a cache per state of its weighted statistics gives every
         # predictive in O(d^2), where a ratio of log marginals costs a Cholesky factor (7 times
-        # the time on 6 columns)
+        # the time on 6 columns); row K, no statistics, is a new state's
+        padded = np.zeros((K + 1, S))
+        copy_rows(padded, stats)
         cache = np.empty((K + 1, spec[0, product.NCACHE]))
         const = np.empty(K + 1)
-        for k in range(K + 1):
-            for j in range(S):
-                scratch[j] = temper * stats[k, j] if k < K else 0.0
-            gaussian_nw.refresh(scratch, cache[k], prior)
-            const[k] = gaussian_nw.tempered_constant(cache[k], d, temper)
+        _tempered_caches(gauss, padded, np.empty((K + 1, S)), cache, const, K + 1, prior, temper, d)
         for t in range(N):
             for k in range(K + 1):
                 out[t, k] = gaussian_nw.tempered_log_predictive(X[t], cache[k], temper, const[k])

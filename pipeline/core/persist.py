@@ -563,4 +563,5 @@ def writable(state: dict[str, Any]) -> dict[str, Any]:
             fix(vars(value))
         return value
 
-    return dict(fix(dict(state)))
+    out: dict[str, Any] = fix(dict(state))
+    return out

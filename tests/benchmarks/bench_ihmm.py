@@ -11,6 +11,8 @@ between the true and the estimated states of the 4,000 steps.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from sklearn.metrics import normalized_mutual_info_score as nmi
@@ -113,17 +115,23 @@ def sensor_like(seed: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
 
 def test_tempering_cost() -> None:
     """Issue 57: ``temper="auto"`` (an untempered fit, rho from its states, then the tempered
-    fit) against the untempered fit alone (``temper=1``), seconds and the states found."""
+    fit) against the untempered fit alone (``temper=1``), median seconds of 5 and the states
+    found."""
     X, _, lengths = sensor_like(99)
     MAPiHMM(random_state=0).fit(X[:2000], lengths=lengths[:20])  # compile outside the timings
     rows = []
     for seed in range(3):
         X, y, lengths = sensor_like(seed)
-        fits = {
-            w: timed(lambda w=w, X=X, n=lengths: MAPiHMM(random_state=0, temper=w).fit(X, n))
-            for w in (1.0, "auto")
-        }
-        (plain, t_plain), (auto, t_auto) = fits[1.0], fits["auto"]
+        # a fit takes about half a second here: the median of 5, alternating, against noise
+        runs: dict[Any, list[tuple[Any, float]]] = {1.0: [], "auto": []}
+        for _ in range(5):
+            for w, got in runs.items():
+                got.append(
+                    timed(lambda w=w, X=X, n=lengths: MAPiHMM(random_state=0, temper=w).fit(X, n))
+                )
+        plain, auto = runs[1.0][0][0], runs["auto"][0][0]
+        t_plain = float(np.median([t for _m, t in runs[1.0]]))
+        t_auto = float(np.median([t for _m, t in runs["auto"]]))
         rows.append(
             {
                 "seed": seed,
