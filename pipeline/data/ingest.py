@@ -52,6 +52,7 @@ from pipeline.data.store import (
     balanced_chunk_rows,
     check_folds,
     holdout_mask_of,
+    stored_chunk_rows,
 )
 from pipeline.families import Family, FloatArray, ProductFamily
 from pipeline.families.schema import Schema
@@ -65,8 +66,10 @@ def _infer(
     schema: Schema | None = None,
     missing: bool = False,
     hint: str | None = None,
+    support_only: bool = True,
 ) -> tuple[Schema, ProductFamily, ProductFamily | None]:
-    """Schema from the first piece (or given), the checker families and the fixed family."""
+    """Schema from the first piece (or given), the checker families and the fixed family;
+    ``support_only``: see ``Schema.build_family``."""
     fixed: ProductFamily | None = None
     try:
         if schema is not None:
@@ -88,7 +91,7 @@ def _infer(
         else:
             schema = Schema.infer(first, family, from_frame, missing=missing)
             Xe = schema.encode(first, fitting=True)
-            checker = schema.build_family(Xe)
+            checker = schema.build_family(Xe, support_only=support_only)
     except ValueError as err:
         raise located(label, 0, err, hint) from err
     return schema, checker, fixed
@@ -104,7 +107,8 @@ def peek_family(
     try:
         src = open_source(source, int(chunk_rows))
         label, group = (*drop, None, None)[:2]
-        return _encoder(src, family, None, label, group, False, None)[0].checker
+        # the family itself: its spec type says which kernels the workers load
+        return _encoder(src, family, None, label, group, False, None, False)[0].checker
     except Exception:
         # whatever stops the guess stops the ingest too, which reports it properly
         return None
@@ -128,7 +132,8 @@ def _drop_columns(
 ) -> tuple[ProductFamily, Moments]:
     """The store without the columns ``_settle`` dropped: family refitted, X rewritten."""
     feats = schema.features
-    keep = [old_features.index(c) for c in feats]
+    where = {c: j for j, c in enumerate(old_features)}
+    keep = [where[c] for c in feats]
     prod = schema.build_family(sample)
     inv = np.argsort(np.argsort(checker.column_order))  # old feature -> old arranged position
     cols = np.asarray([inv[keep[j]] for j in prod.column_order], dtype=np.int64)
@@ -136,7 +141,7 @@ def _drop_columns(
     zarr.create_array(
         str(store.path / "X"),
         shape=(n_stored, len(feats)),
-        chunks=(chunk_rows, len(feats)),
+        chunks=(stored_chunk_rows(n_stored, chunk_rows), len(feats)),
         # the store's own dtype, whatever ingest wrote it in
         dtype=store.array("X_all").dtype,
         compressors=[CHECKSUM],
@@ -278,8 +283,10 @@ def _encoder(
     group_column: str | None,
     missing: bool,
     missing_hint: str | None,
+    support_only: bool = True,
 ) -> tuple[Encoder, ProductFamily | None]:
-    """The encoder every task validates its rows with, from the first piece of ``src``."""
+    """The encoder every task validates its rows with, from the first piece of ``src``
+    (``support_only``: see ``Schema.build_family``)."""
     first, from_frame = read_piece(src.pieces[0], None)
     label = src.pieces[0].label
     if first.shape[0] == 0:
@@ -289,7 +296,9 @@ def _encoder(
             _named_column(first, from_frame, label, col, what)
             first = first.drop(columns=[col])
     who = "the model" if schema is not None else "the first chunk"
-    schema, checker, fixed = _infer(first, from_frame, family, label, schema, missing, missing_hint)
+    schema, checker, fixed = _infer(
+        first, from_frame, family, label, schema, missing, missing_hint, support_only
+    )
     enc = Encoder(schema, checker, from_frame, label_column, group_column, who)
     if missing_hint is not None:
         enc.hint = missing_hint

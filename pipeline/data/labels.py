@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from pipeline.core import storage
 from pipeline.core.persist import register
 from pipeline.data.chunk_io import CHECKSUM, read_rows, record_codec, write_rows
-from pipeline.data.store import PLOT_SALT, BoolArray, StoreInfo, row_uniform
+from pipeline.data.store import PLOT_SALT, BoolArray, StoreInfo, row_uniform, stored_chunk_rows
 from pipeline.families import FloatArray
 
 IntArray = NDArray[np.int64]
@@ -99,7 +99,7 @@ def create_labels(labels_path: str, info: StoreInfo, overwrite: bool) -> None:
         zarr.create_array(
             f"{labels_path}/{name}",
             shape=(info.n_stored,),
-            chunks=(info.chunk_rows,),
+            chunks=(stored_chunk_rows(info.n_stored, info.chunk_rows),),
             dtype=dtype,
             fill_value=fill,
             # densities are noise to a compressor (LZ4 saves 17% and doubles the write time)

@@ -127,6 +127,13 @@ def balanced_chunk_rows(n_rows: int, chunk_rows: int) -> int:
     return -(-n_rows // (-(-n_chunks // g) * g))
 
 
+def stored_chunk_rows(n_rows: int, chunk_rows: int) -> int:
+    """The rows of a zarr chunk of a per-row array of ``n_rows`` rows in chunks of
+    ``chunk_rows``: at most ``n_rows``. zarr stores the last chunk whole, so a 10-row table of
+    5,000 columns in chunks of 100,000 rows wrote, and every pass read, a 4 GB chunk."""
+    return max(1, min(int(chunk_rows), int(n_rows)))
+
+
 @persist.register
 @dataclass
 class Moments:
@@ -276,7 +283,8 @@ class StoreInfo:
     @property
     def names(self) -> list[str]:
         """Column names in the store's (arranged) order."""
-        return [self.schema.features[j] for j in self.family.column_order]
+        feats = self.schema.features
+        return [feats[j] for j in self.family.column_order]
 
 
 # what X may hold: float32 halves the store and the reads; kernels get float64 rows either way
@@ -356,11 +364,13 @@ class Store:
         dtype: str = "float64",
     ) -> None:
         """Create the per-row arrays of ``n_rows`` rows chunked by ``chunk_rows``: X (``dtype``),
-        fold, holdout, and y (``labels``), group and row (``grouped``)."""
+        fold, holdout, and y (``labels``), group and row (``grouped``). Fewer rows than
+        ``chunk_rows`` are one chunk of ``n_rows`` rows (``stored_chunk_rows``)."""
         if dtype not in STORE_DTYPES:
             raise ValueError(f"dtype must be one of {STORE_DTYPES}, got {dtype!r}")
         self.path.mkdir(parents=True, exist_ok=True)
         zarr.open_group(str(self.path), mode="a")
+        chunk_rows = stored_chunk_rows(n_rows, chunk_rows)
         zarr.create_array(
             str(self.path / "X"),
             shape=(n_rows, n_cols),

@@ -23,7 +23,7 @@ from pipeline.core import storage
 from pipeline.core.config import FitParams
 from pipeline.core.tasks import chain_chunks, map_chunks, on_scattered
 from pipeline.data.chunk_io import record_codec
-from pipeline.data.store import Store, StoreInfo, iter_chunks
+from pipeline.data.store import Store, StoreInfo, iter_chunks, stored_chunk_rows
 from pipeline.engines import get_engine
 from pipeline.engines.base import Chunk, Engine, LoopState, RunContext, check_missing
 
@@ -74,7 +74,7 @@ def create_record_arrays(ctx: RunContext, engine: Engine) -> None:
             if (path / name / "zarr.json").exists():
                 continue
             shape: tuple[int, ...] = (n,) if rec.width == 0 else (n, rec.width)
-            chunks: tuple[int, ...] = (info.chunk_rows, *shape[1:])
+            chunks: tuple[int, ...] = (stored_chunk_rows(n, info.chunk_rows), *shape[1:])
             zarr.create_array(
                 str(path / name),
                 shape=shape,

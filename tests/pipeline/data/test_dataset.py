@@ -119,6 +119,34 @@ def test_n_folds_is_stored(client, tmp_path: Path):
         ingest(X, Store(tmp_path / "s2"), client=client, n_folds=1.5)
 
 
+def test_a_short_wide_table_is_stored_in_chunks_of_its_rows(client, tmp_path: Path):
+    """Fewer rows than ``chunk_rows`` (its default, 100,000): every per-row array is one chunk
+    of the table's rows, on each way in (an array, a CSV staged in pieces, groups, a dropped
+    constant column). zarr stores the last chunk whole: a 10-row table of 5,000 columns wrote
+    a 4 GB chunk, which every pass read."""
+    n, d = 12, 2000
+    rng = np.random.default_rng(3)
+    df = pd.DataFrame(rng.normal(size=(n, d)), columns=[f"g{j}" for j in range(d)])
+    df.to_csv(tmp_path / "x.csv", index=False)
+    grouped = df.assign(sid=np.arange(n) // 3)
+    sources = {
+        "array": (df.to_numpy(), {}),
+        "csv": (str(tmp_path / "x.csv"), {}),
+        "groups": (grouped, {"group_column": "sid"}),
+        "constant": (df.assign(k=1.0), {"strict": False}),
+    }
+    for name, (src, kw) in sources.items():
+        store = Store(tmp_path / name)
+        info = ingest(src, store, client=client, holdout=0.25, **kw)
+        assert info.n_stored == n and info.n_cols == d, name
+        for arr in ("X", "fold", "holdout"):
+            assert store.array(arr).chunks[0] == n, (name, arr)
+        raw = n * d * 8
+        stored = sum(f.stat().st_size for f in (store.path / "X").rglob("*") if f.is_file())
+        assert raw <= stored < raw + 4096, (name, stored)
+        np.testing.assert_array_equal(np.asarray(store.array("X")[:]).shape, (n, d))
+
+
 # -- groups --------------------------------------------------------------------------------------
 
 

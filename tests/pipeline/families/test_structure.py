@@ -86,3 +86,40 @@ def test_ingest_chooses_as_the_in_memory_fit(client: object, tmp_path: Path, mak
     assert info.family.groups[0][0].__class__.__name__ == (
         "GaussianNW" if mem["chosen"] == "gaussian" else "NormalGamma"
     )
+
+
+def test_a_support_only_family_checks_and_arranges_as_the_family() -> None:
+    """Ingest's checker (``build_family(support_only=True)``): the full-covariance group
+    diagonal, whose prior costs O(n d) instead of O(d^3), with the same column order and the
+    same refusal of a bad value as the family itself."""
+    from pipeline.families import GaussianNW, NormalGamma
+    from pipeline.families.schema import Schema
+
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame(
+        {
+            "c": rng.choice(["x", "y"], 30),
+            "a": rng.normal(size=30),
+            "b": rng.normal(size=30),
+            "d": rng.normal(size=30),
+        }
+    )
+    schema = Schema.infer(df, {"c": "categorical", "a": "gaussian", "b": "gaussian",
+                               "d": "diag-gaussian"}, True)  # fmt: skip
+    Xe = schema.encode(df, fitting=True)
+    full, cheap = schema.build_family(Xe), schema.build_family(Xe, support_only=True)
+    np.testing.assert_array_equal(cheap.column_order, full.column_order)
+    kinds = [(type(f), cols) for f, cols in full.groups]
+    assert (GaussianNW, [1, 2]) in kinds
+    assert [(NormalGamma if t is GaussianNW else t, c) for t, c in kinds] == [
+        (type(f), cols) for f, cols in cheap.groups
+    ]
+    bad = Xe.copy()
+    bad[4, 2] = np.inf
+    with pytest.raises(ValueError) as a:
+        schema.check_values(full, bad)
+    with pytest.raises(ValueError) as b:
+        schema.check_values(cheap, bad)
+    assert (
+        str(a.value) == str(b.value) == "column 'b': row 4 has inf; Gaussian values must be finite"
+    )

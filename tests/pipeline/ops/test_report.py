@@ -177,3 +177,17 @@ def test_a_degenerate_fit_gets_a_warning_box(tmp_path: Path, K: int) -> None:
     assert rule is not None
     assert f'<div class="warn"><b>Warning:</b> {html.escape(rule)}</div>' in text
     assert f"> **Warning:** {rule}" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("d", [5, rep.EIGH_MAX_COLS + 36])
+def test_the_projection_axes_are_the_covariances_leading_eigenvectors(d: int) -> None:
+    """``top_axes``: a full decomposition up to ``EIGH_MAX_COLS`` columns, Lanczos above; the
+    same axes (up to sign) as ``np.linalg.eigh`` to 1e-8."""
+    rng = np.random.default_rng(d)
+    X = rng.normal(size=(300, d)) * np.linspace(3.0, 0.5, d)
+    cov = np.cov(X.T)
+    w, V = np.linalg.eigh(cov)
+    want = V[:, np.argsort(w)[::-1][:2]]
+    got = rep.top_axes(cov, 2)
+    assert got.shape == (d, 2)
+    np.testing.assert_allclose(np.abs(np.sum(got * want, axis=0)), 1.0, atol=1e-8)
