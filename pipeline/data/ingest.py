@@ -69,7 +69,8 @@ def _infer(
     support_only: bool = True,
 ) -> tuple[Schema, ProductFamily, ProductFamily | None]:
     """Schema from the first piece (or given), the checker families and the fixed family;
-    ``support_only``: see ``Schema.build_family``."""
+    ``support_only``: see ``Schema.build_family`` (False: the family a run would fit, as far as
+    the first piece tells)."""
     fixed: ProductFamily | None = None
     try:
         if schema is not None:
@@ -91,7 +92,9 @@ def _infer(
         else:
             schema = Schema.infer(first, family, from_frame, missing=missing)
             Xe = schema.encode(first, fitting=True)
-            checker = schema.build_family(Xe, support_only=support_only)
+            # too many columns for a full covariance: its groups will be diagonal in any case
+            cheap = support_only or not schema.full_possible()
+            checker = schema.build_family(Xe, support_only=cheap)
     except ValueError as err:
         raise located(label, 0, err, hint) from err
     return schema, checker, fixed

@@ -326,6 +326,13 @@ class Schema:
         X = np.ascontiguousarray(np.delete(X, constant, axis=1)) if values else X
         return X if strict else self.drop_collinear(X)
 
+    def full_possible(self) -> bool:
+        """Whether ``choose_structure`` can keep a full covariance: at most ``EVIDENCE_ROWS /
+        EVIDENCE_PER_COL`` columns to choose for (no sample has ``EVIDENCE_PER_COL`` rows for
+        each of more); True when no choice is to be made."""
+        d = len(self.structure.get("columns", []))
+        return d * config.EVIDENCE_PER_COL <= config.EVIDENCE_ROWS
+
     def choose_structure(self, X: FloatArray, rows: Any) -> None:
         """Full or diagonal covariance for ``structure["columns"]`` of X (n, n_features), row i
         the input's ``rows[i]`` (module docstring, ``config.EVIDENCE_ROWS``): the complete rows

@@ -24,6 +24,7 @@ import zarr
 from distributed import Client, LocalCluster
 from sklearn.metrics import normalized_mutual_info_score
 
+from pipeline.core import config
 from pipeline.core.config import FitParams
 from pipeline.core.errors import InputError
 from pipeline.data.ingest import ingest
@@ -634,6 +635,13 @@ def test_the_warm_up_follows_the_inputs_family(monkeypatch, tmp_path: Path) -> N
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,x\n")
     assert peek_family(cont).spec.dtype == GAUSSIAN_DTYPE
+    assert [type(f).__name__ for f, _ in peek_family(cont).groups] == ["GaussianNW"]
+    # more columns than any structure sample has 10 rows for: diagonal, without a full prior
+    wide = tmp_path / "wide.csv"
+    d = config.EVIDENCE_ROWS // config.EVIDENCE_PER_COL + 1
+    pd.DataFrame(rng.normal(size=(20, d))).round(3).to_csv(wide, index=False)
+    assert [type(f).__name__ for f, _ in peek_family(wide).groups] == ["NormalGamma"]
+    assert peek_family(wide).spec.dtype == GAUSSIAN_DTYPE
     grid = peek_family(ints, drop=("label", None))
     assert grid.spec.dtype == NW_CELLS_DTYPE and grid.n_cols == 3
     assert peek_family(cats).spec.dtype == ANY_DTYPE
