@@ -10,7 +10,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import google_crc32c
 import numpy as np
@@ -119,23 +119,36 @@ def scratch(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 _OPENED: dict[tuple[str, str], tuple[tuple[int, int, int], Any]] = {}
 
 
+#: the zarr format of every store this package writes (datasets, labels, a run's records): named
+#: when opening one, since zarr left to guess also asks for version 2's ``.zarray`` and
+#: ``.zattrs`` (and lists their prefixes): 6 requests to open an array in object storage, not 2
+ZARR_FORMAT: Literal[3] = 3
+
+
+def open_group(path: str, mode: Literal["a", "w"]) -> Any:
+    """``zarr.open_group(path, mode=mode)`` of a group of this package's (``ZARR_FORMAT``)."""
+    return zarr.open_group(path, mode=mode, zarr_format=ZARR_FORMAT)
+
+
 def open_array(path: str, mode: str = "r") -> Any:
-    """``zarr.open_array(path, mode=mode)``, opened once per process for a local array (kept
-    while its ``zarr.json`` keeps inode, size and mtime), sparing every task zarr's metadata
-    reads; arrays in object storage are opened each time."""
+    """``zarr.open_array(path, mode=mode)`` of an array of this package's (``ZARR_FORMAT``),
+    opened once per process for a local array (kept while its ``zarr.json`` keeps inode, size
+    and mtime), sparing every task zarr's metadata reads; arrays in object storage are opened
+    each time."""
     loc = storage.location(path)
     if not isinstance(loc, Path):
-        return zarr.open_array(path, mode=mode)
+        return zarr.open_array(path, mode=mode, zarr_format=ZARR_FORMAT)
     try:
         st = os.stat(loc / "zarr.json")
     except OSError:
-        return zarr.open_array(path, mode=mode)  # zarr's own error, or a group's
+        # zarr's own error, or a group's
+        return zarr.open_array(path, mode=mode, zarr_format=ZARR_FORMAT)
     sig = (st.st_ino, st.st_size, st.st_mtime_ns)
     key = (str(loc), mode)
     hit = _OPENED.get(key)
     if hit is not None and hit[0] == sig:
         return hit[1]
-    arr = zarr.open_array(path, mode=mode)
+    arr = zarr.open_array(path, mode=mode, zarr_format=ZARR_FORMAT)
     if len(_OPENED) >= 256:
         _OPENED.clear()
     _OPENED[key] = (sig, arr)

@@ -21,7 +21,7 @@ import zarr
 from pipeline.core import storage
 from pipeline.core.config import DEFAULT_CHUNK_ROWS, N_FOLDS, PRIOR_SAMPLE
 from pipeline.core.errors import InputError
-from pipeline.data.chunk_io import CHECKSUM
+from pipeline.data.chunk_io import CHECKSUM, open_array
 from pipeline.data.ingest_plan import (
     check_group_sizes,
     first_error,
@@ -119,7 +119,7 @@ def peek_family(
 
 def _copy_columns_task(store: str, a: int, b: int, cols: IntArray) -> None:
     X = np.asarray(Store(store).array("X_all")[a:b])
-    zarr.open_array(f"{store}/X", mode="r+")[a:b] = X[:, cols]
+    open_array(f"{store}/X", mode="r+")[a:b] = X[:, cols]
 
 
 def _drop_columns(

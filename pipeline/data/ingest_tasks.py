@@ -14,6 +14,7 @@ from kernels.moments import column_summary, group_gram
 from pipeline.core.config import N_FOLDS
 from pipeline.core.errors import InputError
 from pipeline.core.seeds import SAMPLE_SALT
+from pipeline.data.chunk_io import open_array
 from pipeline.data.sources import MISSING_HINT, Piece, located, read_piece
 from pipeline.data.store import (
     HOLDOUT_SALT,
@@ -198,14 +199,14 @@ def _write_chunk(
 ) -> None:
     """Write a chunk's rows at stored rows a.. (``groups``: the group codes and input rows)."""
     b = a + Xa.shape[0]
-    zarr.open_array(f"{store}/X", mode="r+")[a:b] = Xa
-    zarr.open_array(f"{store}/holdout", mode="r+")[a:b] = summ.hold
-    zarr.open_array(f"{store}/fold", mode="r+")[a:b] = summ.fold
+    open_array(f"{store}/X", mode="r+")[a:b] = Xa
+    open_array(f"{store}/holdout", mode="r+")[a:b] = summ.hold
+    open_array(f"{store}/fold", mode="r+")[a:b] = summ.fold
     if y is not None:
-        zarr.open_array(f"{store}/y", mode="r+")[a:b] = y
+        open_array(f"{store}/y", mode="r+")[a:b] = y
     if groups is not None:
-        zarr.open_array(f"{store}/group", mode="r+")[a:b] = groups[0]
-        zarr.open_array(f"{store}/row", mode="r+")[a:b] = groups[1]
+        open_array(f"{store}/group", mode="r+")[a:b] = groups[0]
+        open_array(f"{store}/row", mode="r+")[a:b] = groups[1]
 
 
 def ingest_aligned_task(
@@ -276,17 +277,12 @@ def gather_chunk_task(
     n_folds: int = N_FOLDS,
 ) -> PieceResult:
     """Copy staged rows [a, b) into X (spans: (piece, start, stop) within each staged piece)."""
-    parts = [
-        np.asarray(zarr.open_array(f"{store}/staging/{p}", mode="r")[s:e]) for p, s, e in spans
-    ]
+    parts = [np.asarray(open_array(f"{store}/staging/{p}", mode="r")[s:e]) for p, s, e in spans]
     Xa = np.concatenate(parts) if len(parts) > 1 else parts[0]
     y = None
     if labels:
         y = np.concatenate(
-            [
-                np.asarray(zarr.open_array(f"{store}/staging/y{p}", mode="r")[s:e])
-                for p, s, e in spans
-            ]
+            [np.asarray(open_array(f"{store}/staging/y{p}", mode="r")[s:e]) for p, s, e in spans]
         )
     rows = np.arange(a, b)
     summ = _chunk_summary(Xa, rows, rows, rows, holdout, n_folds, sample_rate, unarrange)
@@ -337,9 +333,9 @@ def gather_group_chunk_task(
     for p in np.unique(piece):
         at = np.flatnonzero(piece == p)
         local = rows[at] - piece_starts[p]
-        Xa[at] = _gather_rows(zarr.open_array(f"{store}/staging/{p}", mode="r"), local)
+        Xa[at] = _gather_rows(open_array(f"{store}/staging/{p}", mode="r"), local)
         if y is not None:
-            y[at] = _gather_rows(zarr.open_array(f"{store}/staging/y{p}", mode="r"), local)
+            y[at] = _gather_rows(open_array(f"{store}/staging/y{p}", mode="r"), local)
     positions = np.arange(a, a + rows.shape[0])
     summ = _chunk_summary(Xa, codes, rows, positions, holdout, n_folds, sample_rate, unarrange)
     _write_chunk(store, a, Xa, summ, y, (codes, rows))
@@ -353,13 +349,13 @@ def _write_group_moments(
 ) -> None:
     """Chunk c's per-group Gram matrices, codes, held-out flags and folds."""
     starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-    stored = zarr.open_array(f"{store}/X", mode="r").dtype
+    stored = open_array(f"{store}/X", mode="r").dtype
     if stored != Xa.dtype:
         # the moments of the records as stored (``--dtype float32`` rounds them)
         Xa = Xa.astype(stored).astype(np.float64)
     gram = group_gram(Xa, np.r_[starts, codes.shape[0]].astype(np.int64))
     n = starts.shape[0]
-    zarr.open_array(f"{store}/group_gram", mode="r+")[c, :n] = gram
-    zarr.open_array(f"{store}/group_code", mode="r+")[c, :n] = codes[starts]
-    zarr.open_array(f"{store}/group_holdout", mode="r+")[c, :n] = summ.hold[starts]
-    zarr.open_array(f"{store}/group_fold", mode="r+")[c, :n] = summ.fold[starts]
+    open_array(f"{store}/group_gram", mode="r+")[c, :n] = gram
+    open_array(f"{store}/group_code", mode="r+")[c, :n] = codes[starts]
+    open_array(f"{store}/group_holdout", mode="r+")[c, :n] = summ.hold[starts]
+    open_array(f"{store}/group_fold", mode="r+")[c, :n] = summ.fold[starts]

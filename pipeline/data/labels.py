@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 
 from pipeline.core import storage
 from pipeline.core.persist import register
-from pipeline.data.chunk_io import CHECKSUM, read_rows, record_codec, write_rows
+from pipeline.data.chunk_io import CHECKSUM, open_group, read_rows, record_codec, write_rows
 from pipeline.data.store import PLOT_SALT, BoolArray, StoreInfo, row_uniform, stored_chunk_rows
 from pipeline.families import FloatArray
 
@@ -87,7 +87,7 @@ def create_labels(labels_path: str, info: StoreInfo, overwrite: bool) -> None:
         for name in ("label", "log_density", "holdout")
     ):
         return
-    zarr.open_group(labels_path, mode="w")
+    open_group(labels_path, mode="w")
     arrays: list[tuple[str, str, Any]] = [
         ("label", "int64", -1),
         ("log_density", "float64", np.nan),

@@ -45,7 +45,7 @@ from pipeline.core import persist, storage
 from pipeline.core.config import N_FOLDS
 from pipeline.core.errors import InputError
 from pipeline.core.seeds import row_uniform
-from pipeline.data.chunk_io import CHECKSUM, Checked
+from pipeline.data.chunk_io import CHECKSUM, Checked, open_array, open_group
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.schema import Schema, Summary
 
@@ -352,7 +352,7 @@ class Store:
     def array(self, name: str, mode: str = "r") -> Any:
         """The array ``name``, whose reads report a damaged chunk by name (``Checked``)."""
         path = str(self.path / name)
-        return Checked(zarr.open_array(path, mode=mode), path)
+        return Checked(open_array(path, mode), path)
 
     def create_arrays(
         self,
@@ -369,7 +369,7 @@ class Store:
         if dtype not in STORE_DTYPES:
             raise ValueError(f"dtype must be one of {STORE_DTYPES}, got {dtype!r}")
         self.path.mkdir(parents=True, exist_ok=True)
-        zarr.open_group(str(self.path), mode="a")
+        open_group(str(self.path), mode="a")
         chunk_rows = stored_chunk_rows(n_rows, chunk_rows)
         zarr.create_array(
             str(self.path / "X"),

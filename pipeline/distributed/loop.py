@@ -22,7 +22,7 @@ import zarr
 from pipeline.core import storage
 from pipeline.core.config import FitParams
 from pipeline.core.tasks import chain_chunks, map_chunks, on_scattered
-from pipeline.data.chunk_io import record_codec
+from pipeline.data.chunk_io import open_group, record_codec
 from pipeline.data.store import Store, StoreInfo, iter_chunks, stored_chunk_rows
 from pipeline.engines import get_engine
 from pipeline.engines.base import Chunk, Engine, LoopState, RunContext, check_missing
@@ -66,7 +66,7 @@ def create_record_arrays(ctx: RunContext, engine: Engine) -> None:
     info = ctx.info
     path = ctx.state.path
     path.mkdir(parents=True, exist_ok=True)
-    zarr.open_group(str(path), mode="a")
+    open_group(str(path), mode="a")
     n = info.n_stored
     for rec in engine.record_arrays_of(ctx):
         for k in (0, 1):

@@ -64,14 +64,12 @@ def hmm_outputs(
     """``rows.parquet``, ``sequences.parquet``, ``states.parquet`` and ``transitions.csv`` from
     the write-out in ``partial/labels.zarr``; returns the metrics for run.json, the rows' table
     and the transition matrix."""
-    import zarr
-
-    from pipeline.data.chunk_io import Checked
+    from pipeline.data.chunk_io import Checked, open_array
     from pipeline.families.schema import cluster_table
 
     def read(name: str) -> np.ndarray:
         path = str(partial / "labels.zarr" / name)
-        return np.asarray(Checked(zarr.open_array(path, mode="r"), path)[:])
+        return np.asarray(Checked(open_array(path), path)[:])
 
     pos = input_positions(data, info)
     state_of = read("label")[pos]

@@ -166,6 +166,25 @@ def test_open_array_sees_an_array_created_again(tmp_path: Path) -> None:
     assert np.array_equal(np.asarray(zarr.open_array(path, mode="r")[:4]), np.full((4, 2), 3.0))
 
 
+def test_an_array_in_object_storage_opens_without_asking_for_zarr_2_metadata(
+    s3_bucket: str, failing_s3: Any
+) -> None:
+    """zarr left to guess an array's format also asks for version 2's ``.zarray`` and
+    ``.zattrs`` and lists their prefixes: 6 requests to open an array on S3 where 2 do, paid by
+    every chunk task of every pass. Here every such request would fail, and none is made."""
+    path = f"s3://{s3_bucket}/store/X"
+    zarr.create_array(path, shape=(100, 3), chunks=(50, 3), dtype="float64", fill_value=0.0)
+    values = np.arange(300.0).reshape(100, 3)
+    with failing_s3(1.0, kinds=("503",), match=".za") as f:
+        write_rows(path, 50, 100, values[50:])
+        open_array(path, "r+")[:50] = values[:50]
+        got = read_rows(path, 0, 100)
+        Store(path.rsplit("/", 1)[0]).array("X")[:]
+    assert f.total == 0, f.injected
+    assert f.requests > 0
+    np.testing.assert_array_equal(got, values)
+
+
 @given(st.integers(1, 10**9), st.integers(1, 200_000))
 def test_balanced_chunk_rows(n_rows: int, chunk_rows: int) -> None:
     """At most ``chunk_rows`` rows a chunk; 32 chunks or more: the count rounded up to a
