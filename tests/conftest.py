@@ -29,12 +29,20 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")
 
 # Prefect's database for the commands the tests run (subprocesses inherit it): one of this test
-# process's own, not the user's, and not shared with the other process of ``pytest -n 2``, whose
+# process's own, not the user's, and not shared with the other processes of ``pytest -n 3``, whose
 # temporary servers would write the same SQLite file at once
 if "PREFECT_HOME" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
     _prefect_home = tempfile.mkdtemp(prefix="dpmm-tests-prefect-")
     atexit.register(shutil.rmtree, _prefect_home, ignore_errors=True)
     os.environ["PREFECT_HOME"] = _prefect_home
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules with a test marked ``slow`` first, each module's tests kept together and in
+    order (a module's fixtures are set up once): ``pytest -n 3 --dist worksteal`` then starts the
+    longest end-to-end tests while there is other work to share, instead of ending on one."""
+    slow = {it.path for it in items if it.get_closest_marker("slow") is not None}
+    items.sort(key=lambda it: it.path not in slow)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
-"""Fill the numba cache before ``pytest -n 2`` starts its workers (``make test``'s step).
+"""Fill the numba cache before ``pytest -n 3`` starts its workers (``make test``'s step).
 
 Each test process compiles a kernel the first time it runs one unless the cache
-(``NUMBA_CACHE_DIR``) has it; with an empty cache both processes of ``pytest -n 2`` compiled the
+(``NUMBA_CACHE_DIR``) has it; with an empty cache each process of ``pytest -n 3`` compiled the
 same kernels, often at the same time. Here a tiny table of each family and a tiny fit of each
 model run once, spread over one process per core, so that the test processes load every common
 kernel from the cache instead. What a test compiles beyond these still compiles there.

@@ -183,6 +183,7 @@ def address(client: Any) -> Iterator[str]:
     yield client.scheduler.address
 
 
+@pytest.mark.slow
 def test_corpus_gets_one_decision_on_every_path(
     address: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -131,6 +131,7 @@ def etags(url: str) -> dict[str, str]:
     return {k: str(v.get("ETag")) for k, v in loc.files().items()} if loc.exists() else {}
 
 
+@pytest.mark.slow
 def test_overwrite_on_s3_keeps_the_old_output_until_the_new_one_is_complete(
     s3_bucket: str, tmp_path: Path, crash_after_pass, capfd
 ) -> None:

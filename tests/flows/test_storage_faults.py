@@ -75,6 +75,7 @@ def test_spent_retries_exit_3_naming_the_object_and_write_nothing(
     assert not loc.exists() or not outputs.committed(loc)
 
 
+@pytest.mark.slow
 def test_a_full_disk_under_out_or_the_data_dir_exits_3_and_leaves_nothing(
     full_disk, tmp_path: Path, capfd
 ) -> None:

@@ -88,6 +88,7 @@ def test_the_gpu_engines_are_found_by_name_and_device() -> None:
         FitParams(device="tpu").checked()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_NUMBA_CUDA, reason="numba-cuda is not installed")
 def test_under_the_cuda_simulator() -> None:
     """The kernels against NumPy and the engine contract, in a process with
