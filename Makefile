@@ -40,8 +40,8 @@ test: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports --no-cache --no-logo
-	# each family's kernels compiled once, a process per core, before the test processes
-	# start: each compiled them itself before (tests/warm.py)
+	# each family's and model's kernels compiled once, a process per core, before the test
+	# processes start: each compiled them itself before, at once (tests/warm.py)
 	$(BIN)/python -m tests.warm
 	# three test processes on two cores: the end-to-end tests spend much of their time waiting
 	# (a SLURM walltime, a cron's minute, servers starting), which a third process fills (the
