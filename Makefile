@@ -14,12 +14,14 @@ export NUMBA_CACHE_DIR := $(shell PYTHONPATH=. $(PY) -c 'import os, pipeline; pr
 
 # requirements.lock pins every package (the image installs with the same constraints); the kernels
 # of a first fit, `dpmm run` and `dpmm demo` are compiled then (`dpmm warm`), not at their first use.
-# uv installs the same pins as pip in a seventh of the time (18 s against 129 s from an empty
-# cache, docs/performance.md); pip does it where uv cannot be had
+# uv installs the same pins as pip in under a third of the time (38 s against 129 s from an empty
+# cache, docs/performance.md); pip does it where uv cannot be had. Both compile the packages'
+# bytecode as they install (uv only when asked): where PYTHONDONTWRITEBYTECODE is set, as on
+# these machines, nothing else ever does, and every process would compile its imports again
 $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m venv $(VENV)
-	{ $(BIN)/pip install -q -c requirements.lock uv \
-	  && $(BIN)/uv pip install -q --python $(BIN)/python -c requirements.lock -e '.[dev]'; } \
+	{ $(BIN)/pip install -q -c requirements.lock uv && $(BIN)/uv pip install -q \
+	  --compile-bytecode --python $(BIN)/python -c requirements.lock -e '.[dev]'; } \
 	|| $(BIN)/pip install -q -c requirements.lock -e '.[dev]'
 	$(BIN)/dpmm warm
 	touch $(STAMP)
