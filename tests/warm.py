@@ -50,17 +50,15 @@ def _table(kind: str, n: int = 60) -> Any:
     if kind == "integer":
         # values on a grid: the Normal-Wishart with recording cells
         return pd.DataFrame(np.round(2.0 * gauss), columns=["a", "b"])
-    if kind == "frame":
-        # Gaussian, categorical and binary columns, no missing cell: what every model takes
-        return pd.DataFrame(
-            {"x": gauss[:, 0], "c": columns["categorical"]["a"], "y": columns["binary"]["a"]}
-        )
-    if kind != "mixed":
+    if kind not in ("frame", "mixed"):
         return pd.DataFrame(columns[kind])
+    # Gaussian, categorical and binary columns: none missing in the frame (what every model
+    # takes), some Gaussian cells in the mixed one
     df = pd.DataFrame(
         {"x": gauss[:, 0], "c": columns["categorical"]["a"], "y": columns["binary"]["a"]}
     )
-    df.loc[rng.random(n) < 0.1, "x"] = np.nan
+    if kind == "mixed":
+        df.loc[rng.random(n) < 0.1, "x"] = np.nan
     return df
 
 

@@ -136,12 +136,11 @@ def open_array(path: str, mode: str = "r") -> Any:
     and mtime), sparing every task zarr's metadata reads; arrays in object storage are opened
     each time."""
     loc = storage.location(path)
-    if not isinstance(loc, Path):
-        return zarr.open_array(path, mode=mode, zarr_format=ZARR_FORMAT)
     try:
-        st = os.stat(loc / "zarr.json")
+        st = os.stat(loc / "zarr.json") if isinstance(loc, Path) else None
     except OSError:
-        # zarr's own error, or a group's
+        st = None  # zarr's own error, or a group's
+    if st is None:
         return zarr.open_array(path, mode=mode, zarr_format=ZARR_FORMAT)
     sig = (st.st_ino, st.st_size, st.st_mtime_ns)
     key = (str(loc), mode)

@@ -244,8 +244,9 @@ class GaussianNW(Family):
         cov = 0.5 * (cov + cov.T) + 1e-9 * max(np.trace(cov) / d, 1e-300) * np.eye(d)
         a0 = d + 2.0
         c0 = 1.0 / (shrink - 1.0)
+        # spd_inverse's inverse is exactly symmetric
         B0 = spd_inverse(cov / shrink)[0] / a0
-        return cls(m0=m0, c0=c0, B0=0.5 * (B0 + B0.T), a0=a0, step=step if step.any() else None)
+        return cls(m0=m0, c0=c0, B0=B0, a0=a0, step=step if step.any() else None)
 
     def posterior(self, s: FloatArray) -> tuple[FloatArray, FloatArray, float, float]:
         """(m_k, T_k, c_k, a_k) of eq. B.1' from a statistics row s (1 + d + d^2,)."""
