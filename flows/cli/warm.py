@@ -1,6 +1,7 @@
 """``dpmm warm`` (``make install``, the image's build): every engine's kernels for every spec type
 (``warm_kernels(every_product=True)``; an in-memory fit's among them), compiled into the numba
-cache before their first use by two processes sharing the steps (``warmup.run_steps``)."""
+cache before their first use by two processes sharing the rounds and their steps
+(``warmup.run_rounds``)."""
 
 from __future__ import annotations
 

@@ -78,26 +78,19 @@ def warm_kernels(
 ) -> None:
     """Load every kernel a chunk task or the sample start of the engines ``names`` (default
     ``warm_engines()``) calls, and those of a stage 2 named there, for Gaussian records;
-    ``every_product`` also for every other spec type; ``helper``: compile, do not load."""
-    _warm_kernels(names, helper)
-    if every_product:
-        for dtype in warmup.spec_kinds().values():
-            with warmup.toy_spec(dtype):
-                _warm_kernels(names, helper)
-
-
-def _warm_kernels(names: list[str] | None, helper: bool = False) -> None:
+    ``every_product`` also for every other spec type (``dpmm warm``: a round each, in
+    ``warmup.run_rounds``); ``helper``: compile, do not load."""
     names = names or warm_engines()
     kinds = warmup.spec_kinds()
     engines = [n for n in names if n not in kinds]
     kind = [kinds[n] for n in names if n in kinds]
-    if kind and warmup.toy_spec_dtype() is None:
-        with warmup.toy_spec(kind[0]):
-            _warm_steps(engines, helper)
+    if every_product:
+        steps, stage2 = _steps_of(engines)
+        round_steps = [_OBS, _MARGINALS, *stage2, *steps]
+        warmup.run_rounds([(t, round_steps) for t in [None, *kinds.values()]])
     else:
-        _warm_steps(engines, helper)
-        if warmup.toy_spec_dtype() is not None:  # a later round (``every_product``): no marker
-            return
+        with warmup.toy_spec(kind[0] if kind else None):
+            _warm_steps(engines, helper)
     marker = warmup.warm_marker(names)
     # a cache that cannot be written (an image's, read-only) has its kernels, not a marker
     with contextlib.suppress(OSError):
@@ -105,14 +98,23 @@ def _warm_kernels(names: list[str] | None, helper: bool = False) -> None:
         marker.touch()
 
 
-def _warm_steps(names: list[str], helper: bool = False) -> None:
+# the observation models' warm-up steps (``warmup``), which every engine's steps call
+_OBS = ("observation-models", warmup.warm_observation_models)
+_MARGINALS = ("observation-marginals", warmup.warm_observation_marginals)
+_FACTORS = ("observation-factors", warmup.warm_observation_factors)
+
+
+def _steps_of(names: list[str]) -> tuple[warmup.Steps, warmup.Steps]:
+    """The warm-up steps of the engines among ``names``, and those of the stages 2 there."""
     from pipeline.engines import get_engine
 
     steps = [s for n in names if n not in STAGE2_STEPS for s in get_engine(n).warm_steps()]
-    stage2 = [(stage2_step(n), STAGE2_STEPS[n]) for n in names if n in STAGE2_STEPS]
-    obs = ("observation-models", warmup.warm_observation_models)
-    marginals = ("observation-marginals", warmup.warm_observation_marginals)
-    factors = ("observation-factors", warmup.warm_observation_factors)
+    return steps, [(stage2_step(n), STAGE2_STEPS[n]) for n in names if n in STAGE2_STEPS]
+
+
+def _warm_steps(names: list[str], helper: bool = False) -> None:
+    steps, stage2 = _steps_of(names)
+    obs, marginals, factors = _OBS, _MARGINALS, _FACTORS
     load = not helper
     if not stage2:
         # every engine's sweep calls the observation models: loaded first, they are compiled

@@ -5,6 +5,8 @@ with the in-memory MAP-DP, every input format, bad input, held-out scoring, a ki
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -14,6 +16,7 @@ import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import dask.array as da
 import dask.dataframe as dd
@@ -428,6 +431,7 @@ def test_a_complete_warm_up_leaves_its_marker(monkeypatch, tmp_path: Path):
 _HELPER_STARTS = """
 import atexit, os, sys, threading
 from pathlib import Path
+from typing import Any
 from pipeline.distributed import worker_setup as ws
 from pipeline.engines import warmup
 
@@ -505,6 +509,7 @@ def test_a_forked_helper_is_waited_for_then_killed() -> None:
 _HOLD_A_STEP = """
 import sys, time
 from pathlib import Path
+from typing import Any
 from pipeline.distributed import worker_setup
 from pipeline.engines import warmup
 
@@ -677,20 +682,60 @@ def test_the_warm_up_follows_the_inputs_family(monkeypatch, tmp_path: Path) -> N
 def test_worker_warm_up_of_every_product_widens_the_toy_spec(monkeypatch, tmp_path: Path):
     """``warm_kernels(every_product=True)`` (the image's build): more rounds of the same steps
     with the toy family's spec as int64, the type every non-Gaussian product has, and as int16,
-    that of Normal-Wishart columns on a grid, so that their kernels are cached too; the toy is
-    Normal-Wishart only again afterwards."""
+    that of Normal-Wishart columns on a grid, so that their kernels are cached too, each round's
+    observation models first; the toy is Normal-Wishart only again afterwards."""
     from pipeline.distributed import worker_setup
 
-    seen: list[np.dtype] = []
+    seen: list[tuple[str, str]] = []
 
-    def record(steps, load=True):
-        seen.append(warmup.toy_family()[1].spec.dtype)
+    def step(key: str) -> tuple[str, Any]:
+        return key, lambda: seen.append((key, warmup.toy_family()[1].spec.dtype.name))
 
-    monkeypatch.setattr(warmup, "run_steps", record)
-    monkeypatch.setattr(warmup, "compile_once", lambda key, step: None)
-    monkeypatch.setattr(warmup, "warm_marker", lambda names: tmp_path / "marker")
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(worker_setup, "_OBS", step("obs"))
+    monkeypatch.setattr(worker_setup, "_MARGINALS", step("marginals"))
+    monkeypatch.setattr(worker_setup, "_steps_of", lambda names: ([step("sweep")], []))
     worker_setup.warm_kernels(["mapdp"], every_product=True)
-    assert seen == [np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.int16)]
+    want = [(k, t) for t in ("int32", "int64", "int16") for k in ("obs", "marginals", "sweep")]
+    assert seen == want
+    assert warmup.toy_family()[1].spec.dtype == np.int32
+    assert warmup.kernels_cached(["mapdp"])
+
+
+def test_a_round_whose_first_step_is_taken_is_put_off_not_waited_for(tmp_path: Path, monkeypatch):
+    """``warmup.run_rounds``: while another process holds the int64 round's first step (its
+    observation models) and the first round's sweep, this one goes on to the int16 round, then
+    comes back for the int64 one, and waits for the sweep last, when it loads those steps; each
+    later round's locks are its own (the first round's are those of a run's warm-up)."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    seen: list[str] = []
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        # another process at those steps (flock: one lock per open file)
+        with contextlib.ExitStack() as stack:
+            for name in ("obs-int64", "sweep"):
+                fh = stack.enter_context(open(tmp_path / f"dpmm-warm-{name}.lock", "a+b"))
+                fcntl.flock(fh, fcntl.LOCK_EX)
+            holding.set()
+            release.wait(60)
+
+    def step(key: str) -> tuple[str, Any]:
+        def run() -> None:
+            seen.append(f"{key}-{warmup.toy_family()[1].spec.dtype.name}")
+            if seen[-1] == "obs-int16":
+                release.set()
+
+        return key, run
+
+    other = threading.Thread(target=hold)
+    other.start()
+    assert holding.wait(60)
+    warmup.run_rounds([(t, [step("obs"), step("sweep")]) for t in (None, np.int64, np.int16)])
+    other.join(60)
+    assert seen == [
+        *("obs-int32", "obs-int16", "sweep-int16", "obs-int64", "sweep-int64", "sweep-int32")
+    ]
     assert warmup.toy_family()[1].spec.dtype == np.int32
 
 
