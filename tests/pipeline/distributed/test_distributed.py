@@ -431,7 +431,6 @@ def test_a_complete_warm_up_leaves_its_marker(monkeypatch, tmp_path: Path):
 _HELPER_STARTS = """
 import atexit, os, sys, threading
 from pathlib import Path
-from typing import Any
 from pipeline.distributed import worker_setup as ws
 from pipeline.engines import warmup
 
@@ -509,7 +508,6 @@ def test_a_forked_helper_is_waited_for_then_killed() -> None:
 _HOLD_A_STEP = """
 import sys, time
 from pathlib import Path
-from typing import Any
 from pipeline.distributed import worker_setup
 from pipeline.engines import warmup
 
