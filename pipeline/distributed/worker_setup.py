@@ -114,23 +114,22 @@ def _steps_of(names: list[str]) -> tuple[warmup.Steps, warmup.Steps]:
 
 def _warm_steps(names: list[str], helper: bool = False) -> None:
     steps, stage2 = _steps_of(names)
-    obs, marginals, factors = _OBS, _MARGINALS, _FACTORS
     load = not helper
     if not stage2:
         # every engine's sweep calls the observation models: loaded first, they are compiled
         # once; the process that finds them taken waits, then compiles the marginals or a step
-        warmup.compile_once(*obs)
-        warmup.run_steps([marginals, *steps], load)
+        warmup.compile_once(*_OBS)
+        warmup.run_steps([_MARGINALS, *steps], load)
     elif helper:
         # this process compiles the observation models and the engine's sweep and start, then
         # starts its flow; the helper takes the factors' change, the marginals, the reduce and
         # stage 2 meanwhile
-        warmup.run_steps([factors, marginals, *steps[1:-1], *stage2, obs, *steps], load)
+        warmup.run_steps([_FACTORS, _MARGINALS, *steps[1:-1], *stage2, _OBS, *steps], load)
     else:
         # a stage 2 (BHC over summaries) calls the marginals, not the sweep's kernels: the
         # process that finds the observation models taken compiles the marginals and stage 2
         # meanwhile, then each goes on to the engine's steps
-        warmup.run_steps([obs, marginals, *stage2, *steps], load)
+        warmup.run_steps([_OBS, _MARGINALS, *stage2, *steps], load)
 
 
 def warm_here(names: list[str] | None = None, helper: bool = False) -> None:

@@ -214,13 +214,10 @@ def run_rounds(rounds: list[tuple[Any, Steps]]) -> None:
     put_off: list[tuple[Any, Steps]] = []
     for dtype, steps in later:
         with _in_round(dtype):
-            with _step_lock(steps[0][0], blocking=False) as mine:
-                if mine:
-                    steps[0][1]()
-            if mine:
-                held.append((dtype, _run_free(steps[1:])))
-            else:
+            if _run_free(steps[:1]):
                 put_off.append((dtype, steps))
+            else:
+                held.append((dtype, _run_free(steps[1:])))
     for dtype, steps in put_off:
         with _in_round(dtype):
             compile_once(*steps[0])
