@@ -3,7 +3,7 @@
 Each test process compiles a kernel the first time it runs one unless the cache
 (``NUMBA_CACHE_DIR``) has it; with an empty cache each process of ``pytest -n 3`` compiled the
 same kernels, often at the same time. Here a tiny table of each family and a tiny fit of each
-model (the samplers and BHC also on a mixed and an integer table, each its own spec type, and
+model (the samplers and BHC also on a mixed table, their other spec type, and
 the variants the suite fits) run once, spread over one process per core, so that the test
 processes load every common kernel from the cache instead. What a test compiles beyond these
 still compiles there (in a fresh clone on 2026-11-30: 162 cached specialisations before these
@@ -79,12 +79,11 @@ def mapdp_on(kind: str) -> Callable[[], None]:
     return step
 
 
-#: the tables besides Gaussian records that the suite fits every sampler and BHC to (each its
-#: own spec type: ``kernels.obs.product``): a table of mixed columns (``family="auto"``), and
-#: values on a grid (the Normal-Wishart with recording cells)
+#: the tables besides Gaussian records that the suite fits every sampler and BHC to: a table of
+#: mixed columns (``family="auto"``), the int64 spec (``kernels.obs.product``), which values on a
+#: grid (the Normal-Wishart with recording cells) share there (``ProductFamily.widened``)
 MODEL_KINDS = {
-    name: ("frame", "integer")
-    for name in ("BHC", "CollapsedGibbs", "TreeGuidedMCMC", "UncollapsedGibbs")
+    name: ("frame",) for name in ("BHC", "CollapsedGibbs", "TreeGuidedMCMC", "UncollapsedGibbs")
 }
 
 

@@ -42,7 +42,7 @@ def warm_stage2_bhc() -> None:
     z = (X[:, 0] > 0).astype(np.int64) * 3 + np.arange(X.shape[0]) % 3
     stats = family.stats_of(X, z, 6)
     Stats(stats, family).moments(family)
-    tree = build_tree(stats, family, 0.0, 16, None)
+    tree = build_tree(stats, family.widened(), 0.0, 16, None)  # as ``BHC`` fits it
     kbhc.cut(tree.left, tree.right, tree.log_r, tree.n_leaves)
 
 
@@ -86,8 +86,14 @@ def warm_kernels(
     kind = [kinds[n] for n in names if n in kinds]
     if every_product:
         steps, stage2 = _steps_of(engines)
-        round_steps = [_OBS, _MARGINALS, *stage2, *steps]
-        warmup.run_rounds([(t, round_steps) for t in [None, *kinds.values()]])
+        cells = kinds[warmup.NW_CELLS]
+        # stage 2 takes a cells' family widened (``warm_stage2_bhc``): the every-family round's
+        warmup.run_rounds(
+            [
+                (t, [_OBS, _MARGINALS, *(stage2 if t != cells else []), *steps])
+                for t in [None, *kinds.values()]
+            ]
+        )
     else:
         with warmup.toy_spec(kind[0] if kind else None):
             _warm_steps(engines, helper)

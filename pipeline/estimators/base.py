@@ -73,6 +73,9 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
     #: is given (MAP-DP and the Gibbs samplers: a constant column is degenerate for them); the
     #: tree methods only need it when the prior is fitted to the data (empirical Bayes)
     _always_informative: ClassVar[bool] = True
+    #: whether the kernels take ``ProductFamily.widened``'s spec (the samplers and tree
+    #: methods, which have no packed Normal-Wishart paths) rather than the family's own
+    _widened_spec: ClassVar[bool] = False
     #: the fitted attributes a saved model keeps and needs (``pipeline.estimators.model``): those
     #: ``predict`` and ``score_samples`` use; ``_model_extras`` are kept when present
     #: (diagnostics of the fit)
@@ -161,7 +164,7 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
             schema.check_values(prod, Xe)
         else:
             prod = schema.build_family(Xe, scale=self._prior_scale())
-        self.family_ = prod
+        self.family_ = prod.widened() if self._widened_spec else prod
         return prod.arrange(Xe)
 
     def _summaries_input(
@@ -177,6 +180,8 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
             )
         prod = as_product(given)  # type: ignore[arg-type]
         st = check_summaries(stats, prod)
+        if self._widened_spec:
+            prod = prod.widened()
         # fitted on summaries: new records are numeric rows in the family's column order
         self.family_ = prod
         self.schema_ = numeric_schema(prod.n_cols)

@@ -116,6 +116,7 @@ class _GibbsBase(MixtureEstimator):
     """Parameters and fitted attributes the two Gibbs samplers share."""
 
     _model_extras: ClassVar[tuple[str, ...]] = ("objective_", "log_joint_", "n_clusters_trace_")
+    _widened_spec = True
 
     def __init__(
         self,

@@ -86,6 +86,7 @@ class BHC(MixtureEstimator):
 
     # a given prior needs no data to be set, and one leaf is a (trivial) tree
     _always_informative = False
+    _widened_spec = True
     # the predictive of a BHC model is the tree's (``_score_encoded``), not the flat one
     _model_attrs: ClassVar[tuple[str, ...]] = ("n_clusters_", "tree_", "cluster_nodes_")
     _model_extras: ClassVar[tuple[str, ...]] = (

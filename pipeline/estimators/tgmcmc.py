@@ -123,6 +123,7 @@ class TreeGuidedMCMC(MixtureEstimator):
 
     # a given prior needs no data to be set, and one leaf is a (trivial) chain
     _always_informative = False
+    _widened_spec = True
     _model_extras: ClassVar[tuple[str, ...]] = ("ess_n_clusters_",)
 
     def __init__(

@@ -4,6 +4,7 @@ conversions of what a family is given."""
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -188,6 +189,9 @@ class ProductFamily:
         Column indices refer to the encoded float matrix the kernels see.
     """
 
+    #: a copy of ``widened``'s (its spec int64 where the family set's own would be int16)
+    is_widened: bool = False
+
     def __init__(self, groups: Sequence[tuple[Family, Sequence[int]]]):
         if not groups:
             raise ValueError("a product family needs at least one column group")
@@ -249,6 +253,18 @@ class ProductFamily:
         self.n_stats = stat
         self.n_cache = cac
 
+    def widened(self) -> ProductFamily:
+        """This product for the samplers and tree methods: a copy whose spec is int64 (every
+        family) where it is the cells' int16, else this product. The int16 kernels exist for the
+        packed Normal-Wishart paths of the MAP-DP and iHMM sweeps, which the samplers and trees
+        do not take: there they only compiled each of their kernels a third time."""
+        if self.spec.dtype != product.NW_CELLS_DTYPE:
+            return self
+        out = copy.copy(self)
+        out.spec = self.spec.astype(product.ANY_DTYPE)
+        out.is_widened = True
+        return out
+
     def arrange(self, X: FloatArray) -> FloatArray:
         """Columns of X (n, n_cols) in group order, C-contiguous float64."""
         X = np.asarray(X, dtype=np.float64)
@@ -295,12 +311,17 @@ class ProductFamily:
         return float(product.log_predictive(xa, s, c, self.spec, self.prior))
 
     def to_state(self) -> dict[str, Any]:
-        """The constructor's argument: ``{"groups": [(family, column indices), ...]}``."""
-        return {"groups": [(fam, list(cols)) for fam, cols in self.groups]}
+        """The constructor's argument: ``{"groups": [(family, column indices), ...]}``, and
+        ``"widened": True`` for a ``widened`` copy."""
+        state: dict[str, Any] = {"groups": [(fam, list(cols)) for fam, cols in self.groups]}
+        if self.is_widened:
+            state["widened"] = True
+        return state
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> ProductFamily:
-        """The product family of ``to_state``'s groups, rebuilt (and checked) by ``__init__``."""
+        """The product family of ``to_state``'s groups, rebuilt (and checked) by ``__init__``,
+        widened again if it was."""
         groups = state.get("groups")
         if not isinstance(groups, list) or not all(
             isinstance(g, tuple)
@@ -311,7 +332,11 @@ class ProductFamily:
             for g in groups
         ):
             raise ValueError("groups must be a list of (Family, list of column indices) pairs")
-        return cls(groups)
+        widened = state.get("widened", False)
+        if not isinstance(widened, bool):
+            raise ValueError(f"widened must be true or false, got {widened!r}")
+        prod = cls(groups)
+        return prod.widened() if widened else prod
 
     def restrict(self, observed: NDArray[np.bool_]) -> tuple[ProductFamily, NDArray[np.int64]]:
         """The product family of the observed arranged columns and where their statistics lie.

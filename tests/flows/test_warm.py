@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import build_parser
+from tests.conftest import COUNT_ONLY
 
 _COUNT = """
 import json, sys
@@ -79,7 +80,7 @@ MAX_ENTRIES = dict.fromkeys(["gaussian", "binary", "categorical", "mixed"], 9)
 def _first_fit(*kinds: str, cache: Path | None = None) -> dict:
     """What a first fit and prediction of each table of ``kinds`` in a fresh process asks numba
     for (with its own numba ``cache`` directory if given)."""
-    env = {**os.environ, **({"NUMBA_CACHE_DIR": str(cache)} if cache else {})}
+    env = {**os.environ, **({"NUMBA_CACHE_DIR": str(cache), **COUNT_ONLY} if cache else {})}
     res = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_COUNT), *kinds],
         capture_output=True,

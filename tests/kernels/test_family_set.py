@@ -24,6 +24,7 @@ from numba import njit
 from kernels import mapdp as kmapdp
 from kernels.obs import product
 from pipeline.families import Categorical, GaussianNW, NormalGamma, ProductFamily
+from tests.conftest import COUNT_ONLY
 
 
 def _gaussian(seed: int = 0, kind: str = "full") -> tuple[np.ndarray, ProductFamily]:
@@ -155,6 +156,43 @@ def test_gaussian_kernels_are_bit_identical_to_the_dispatch_over_all(kind: str) 
             np.testing.assert_array_equal(a, b)  # bit for bit (NaNs in the same places)
 
 
+def test_samplers_and_trees_take_a_cells_family_widened(tmp_path: Path) -> None:
+    """``ProductFamily.widened``: the samplers and BHC take a Normal-Wishart family with
+    recording cells as int64 (the int16 kernels exist for MAP-DP's packed paths), with the same
+    log terms; MAP-DP keeps int16, a Gaussian family and a given family are not changed, and a
+    saved widened family loads widened."""
+    from pipeline.core import persist
+    from pipeline.estimators.baselines import CollapsedGibbs
+    from pipeline.estimators.bhc import BHC
+    from pipeline.estimators.mapdp import MAPDP
+
+    X, gauss = _gaussian(3)
+    grid = np.round(2.0 * X)
+    fam = GaussianNW.empirical_bayes(grid).as_product()
+    wide = fam.widened()
+    assert (fam.spec.dtype, wide.spec.dtype) == (np.dtype(np.int16), np.dtype(np.int64))
+    np.testing.assert_array_equal(wide.spec, fam.spec)
+    assert gauss.widened() is gauss and wide.widened() is wide and not fam.is_widened
+    z = np.arange(grid.shape[0], dtype=np.int64) % 3
+    s16, s64 = fam.stats_of(grid, z, 3), wide.stats_of(grid, z, 3)
+    np.testing.assert_array_equal(s16, s64)
+    np.testing.assert_array_equal(fam.cache_of(s16), wide.cache_of(s64))
+    for k in range(3):
+        assert wide.log_marginal_stats(s64[k]) == fam.log_marginal_stats(s16[k])
+    assert wide.log_predictive(grid[0], grid[1:]) == fam.log_predictive(grid[0], grid[1:])
+
+    assert MAPDP(random_state=0).fit(grid).family_.spec.dtype == np.int16
+    gibbs = CollapsedGibbs(n_iter=4, burn_in=1, random_state=0).fit(grid)
+    assert gibbs.family_.spec.dtype == np.int64
+    given = BHC(family=fam).fit(grid)
+    assert given.family_.spec.dtype == np.int64 and fam.spec.dtype == np.int16
+    persist.save(tmp_path, "wide", given.family_)
+    persist.save(tmp_path, "own", fam)
+    back = persist.load(tmp_path, "wide", ProductFamily)
+    assert back.is_widened and back.spec.dtype == np.int64
+    assert persist.load(tmp_path, "own", ProductFamily).spec.dtype == np.int16
+
+
 _PROBE = """
 import numpy as np
 from kernels.obs import categorical, product
@@ -175,7 +213,7 @@ print(len(product._any_log_predictive.signatures), len(product._any_update.signa
 
 
 def _compiled_other_families(families: str, tmp_path: Path) -> list[int]:
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), **COUNT_ONLY}
     res = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_PROBE.format(families=families))],
         env=env,

@@ -44,7 +44,7 @@ from pipeline.engines.mixture_start import sample_state
 from pipeline.engines.mixture_state import PassState, init_sample_rows, read_labels
 from pipeline.estimators.mapdp import MAPDP
 from pipeline.families.stats import Stats
-from tests.conftest import local_client
+from tests.conftest import COUNT_ONLY, local_client
 
 
 def blobs(n: int, seed: int = 0, d: int = 3, k: int = 4) -> tuple[np.ndarray, np.ndarray]:
@@ -396,7 +396,7 @@ def test_the_factors_step_compiles_what_update_calls(tmp_path: Path) -> None:
         "warmup.warm_observation_models()\n"
         "print(len(g._change_factors.signatures))\n"
     )
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), **COUNT_ONLY}
     out = subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env
     )
@@ -681,7 +681,8 @@ def test_worker_warm_up_of_every_product_widens_the_toy_spec(monkeypatch, tmp_pa
     """``warm_kernels(every_product=True)`` (the image's build): more rounds of the same steps
     with the toy family's spec as int64, the type every non-Gaussian product has, and as int16,
     that of Normal-Wishart columns on a grid, so that their kernels are cached too, each round's
-    observation models first; the toy is Normal-Wishart only again afterwards."""
+    observation models first; the toy is Normal-Wishart only again afterwards. Stage 2 has no
+    int16 round: its BHC takes such a family widened to int64 (``ProductFamily.widened``)."""
     from pipeline.distributed import worker_setup
 
     seen: list[tuple[str, str]] = []
@@ -692,12 +693,14 @@ def test_worker_warm_up_of_every_product_widens_the_toy_spec(monkeypatch, tmp_pa
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(worker_setup, "_OBS", step("obs"))
     monkeypatch.setattr(worker_setup, "_MARGINALS", step("marginals"))
-    monkeypatch.setattr(worker_setup, "_steps_of", lambda names: ([step("sweep")], []))
-    worker_setup.warm_kernels(["mapdp"], every_product=True)
-    want = [(k, t) for t in ("int32", "int64", "int16") for k in ("obs", "marginals", "sweep")]
-    assert seen == want
+    monkeypatch.setattr(
+        worker_setup, "_steps_of", lambda names: ([step("sweep")], [step("stage2")])
+    )
+    worker_setup.warm_kernels(["mapdp", "bhc"], every_product=True)
+    want = [(k, t) for t in ("int32", "int64") for k in ("obs", "marginals", "stage2", "sweep")]
+    assert seen == [*want, *((k, "int16") for k in ("obs", "marginals", "sweep"))]
     assert warmup.toy_family()[1].spec.dtype == np.int32
-    assert warmup.kernels_cached(["mapdp"])
+    assert warmup.kernels_cached(["mapdp", "bhc"])
 
 
 def test_a_round_whose_first_step_is_taken_is_put_off_not_waited_for(tmp_path: Path, monkeypatch):
