@@ -181,7 +181,7 @@ def undisturbed(s3_server: str) -> dict[str, Any]:
     boto3.client("s3").create_bucket(Bucket=bucket)
     b = f"s3://{bucket}"
     with storage.location(f"{b}/in.parquet").open("wb") as fh:
-        blobs(24000, 7).to_parquet(fh, index=False, row_group_size=4000)
+        blobs(12000, 7).to_parquet(fh, index=False, row_group_size=2000)
     run = cluster(
         f"{b}/in.parquet",
         f"{b}/ref",
