@@ -45,20 +45,28 @@ test: $(STAMP)
 	# project's modules again where PYTHONDONTWRITEBYTECODE is set (0.2 s each)
 	$(BIN)/python -m compileall -q -j 0 pipeline flows kernels tests
 	# each family's and model's kernels compiled once, a process per core, before the test
-	# processes start: each compiled them itself before, at once (tests/warm.py); mypy, one
-	# process for about 50 s from a fresh clone, checks the types alongside. Either failing
-	# fails the target, once both are done
-	$(BIN)/mypy & mypy=$$!; $(BIN)/python -m tests.warm; warm=$$?; wait $$mypy && exit $$warm
+	# processes start: each compiled them itself before, at once (tests/warm.py)
+	$(BIN)/python -m tests.warm
 	# three test processes on two cores: the end-to-end tests spend much of their time waiting
 	# (a SLURM walltime, a cron's minute, servers starting), which a third process fills (the
 	# suite 1,067 s -> 798 s on one machine, with the S3 fix of the same day; the slowest modules
-	# start first, tests/conftest.py). The 40 slowest tests are listed at the end
-	$(BIN)/pytest -q -n 3 --dist worksteal --durations=40 --ignore=tests/docs
-	$(MAKE) --no-print-directory docs
-	$(BIN)/pytest -q -p no:cacheprovider tests/docs
+	# start first, tests/conftest.py). The 40 slowest tests are listed at the end. mypy, and the
+	# site with its tests (``docs``), run alongside: the suite leaves about a tenth of the two
+	# cores idle, which they fill (the suite 651 s, then the site 61 s; the two together 638 s,
+	# on one quiet machine). Their output follows the suite's; any of the three failing fails
+	# the target once all are done
+	@mkdir -p out/make-test
+	$(BIN)/mypy > out/make-test/mypy.log 2>&1 & typed=$$!; \
+	{ $(MAKE) --no-print-directory docs && $(BIN)/pytest -q -p no:cacheprovider tests/docs; } \
+		> out/make-test/site.log 2>&1 & site=$$!; \
+	$(BIN)/pytest -q -n 3 --dist worksteal --durations=40 --ignore=tests/docs; suite=$$?; \
+	wait $$typed; typed=$$?; wait $$site; site=$$?; \
+	cat out/make-test/mypy.log out/make-test/site.log; \
+	exit $$(( suite || typed || site ))
 
 # the site (docs/_build/html): Sphinx with warnings as errors; its tutorials run as it builds,
-# on the numba cache the suite compiled (make test builds it after pytest for that reason)
+# on the numba cache that `dpmm warm` and tests.warm compiled (make test builds it alongside
+# the suite)
 docs: $(STAMP)
 	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
 
