@@ -52,9 +52,10 @@ test: $(STAMP)
 	# suite 1,067 s -> 798 s on one machine, with the S3 fix of the same day; the slowest modules
 	# start first, tests/conftest.py). The 40 slowest tests are listed at the end. mypy, and the
 	# site with its tests (``docs``), run alongside: the suite leaves about a tenth of the two
-	# cores idle, which they fill (the suite 651 s, then the site 61 s; the two together 638 s,
-	# on one quiet machine). Their output follows the suite's; any of the three failing fails
-	# the target once all are done
+	# cores idle, which they fill (in a working checkout the suite 651 s, then the site 61 s;
+	# the two together 638 s; from a fresh clone, whose site builds from nothing, no measurable
+	# change: docs/performance.md). Their output follows the suite's; any of the three failing
+	# fails the target once all are done
 	@mkdir -p out/make-test
 	$(BIN)/mypy > out/make-test/mypy.log 2>&1 & typed=$$!; \
 	{ $(MAKE) --no-print-directory docs && $(BIN)/pytest -q -p no:cacheprovider tests/docs; } \
