@@ -3,6 +3,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# the site's build (``docs``; ``test`` runs it beside the suite without a sub-make, which
+# ``make -n`` would run)
+SPHINX = $(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
 # no network here: Prefect's telemetry would only print errors
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 # the numba cache `import pipeline` picks (``pipeline.numba_cache_dir``; each kernel in it stamped
@@ -58,7 +61,7 @@ test: $(STAMP)
 	# fails the target once all are done
 	@mkdir -p out/make-test
 	$(BIN)/mypy > out/make-test/mypy.log 2>&1 & typed=$$!; \
-	{ $(MAKE) --no-print-directory docs && $(BIN)/pytest -q -p no:cacheprovider tests/docs; } \
+	{ $(SPHINX) && $(BIN)/pytest -q -p no:cacheprovider tests/docs; } \
 		> out/make-test/site.log 2>&1 & site=$$!; \
 	$(BIN)/pytest -q -n 3 --dist worksteal --durations=40 --ignore=tests/docs; suite=$$?; \
 	wait $$typed; typed=$$?; wait $$site; site=$$?; \
@@ -69,7 +72,7 @@ test: $(STAMP)
 # on the numba cache that `dpmm warm` and tests.warm compiled (make test builds it alongside
 # the suite)
 docs: $(STAMP)
-	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+	$(SPHINX)
 
 bench: $(STAMP)
 	$(BIN)/pytest -q -m bench tests/benchmarks -s -p no:cacheprovider
