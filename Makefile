@@ -13,7 +13,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 # `dpmm warm` and the user's own programs share one
 export NUMBA_CACHE_DIR := $(shell PYTHONPATH=. $(PY) -c 'import os, pipeline; print(os.environ.get("NUMBA_CACHE_DIR", ""))')
 
-.PHONY: install lock run test docs bench bench-gpu faults lint typecheck format clean
+.PHONY: install lock run test docs wheel bench bench-gpu faults lint typecheck format clean
 
 # requirements.lock pins every package (the image installs with the same constraints); the kernels
 # of a first fit, `dpmm run` and `dpmm demo` are compiled then (`dpmm warm`), not at their first use.
@@ -40,6 +40,8 @@ lock:
 run: $(STAMP)
 	$(BIN)/dpmm demo --out out/demo
 
+# the suite tests the kernels as compiled at first use, never those a `make wheel` left to ship
+test: export DPMM_SHIPPED_KERNELS = 0
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -74,6 +76,13 @@ test: $(STAMP)
 docs: $(STAMP)
 	$(SPHINX)
 
+# a wheel (dist/) for machines that should not compile the kernels themselves (a cluster's
+# workers, a user's pip install): it ships them compiled for any CPU of this architecture
+# (`dpmm warm --portable` into kernels/_compiled), and its installs load them at first use
+wheel: $(STAMP)
+	$(BIN)/dpmm warm --portable
+	$(BIN)/uv build -q --wheel --out-dir dist .
+
 bench: $(STAMP)
 	$(BIN)/pytest -q -m bench tests/benchmarks -s -p no:cacheprovider
 
@@ -104,4 +113,5 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache docs/_build docs/auto_tutorials
+	rm -rf $(VENV) out .pytest_cache .mypy_cache .ruff_cache docs/_build docs/auto_tutorials \
+		dist kernels/_compiled

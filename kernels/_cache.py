@@ -6,6 +6,11 @@ too: after an edit of a callee's file numba would load its callers with the old 
 ``KernelsLocator`` stamps a kernel with a hash of its file and of every kernels module that file
 imports, transitively (read from the files' import statements), so that an edit recompiles the
 kernels that can hold the edited code, and every other kernel stays cached.
+
+A package built for others can ship its kernels compiled (``SHIPPED``, which ``dpmm warm
+--portable`` fills): machine code for any CPU of the architecture (numba's ``generic`` CPU),
+under the same stamps. A kernel missing from the user's cache is loaded from there before it is
+compiled, so that a fresh install's first fit, and a fresh worker's first task, compile nothing.
 """
 
 import ast
@@ -17,6 +22,8 @@ from pathlib import Path
 from numba.core import config
 from numba.core.caching import (
     CacheImpl,
+    FunctionCache,
+    IndexDataCacheFile,
     InTreeCacheLocator,
     UserProvidedCacheLocator,
     UserWideCacheLocator,
@@ -24,9 +31,27 @@ from numba.core.caching import (
 )
 
 ROOT = Path(__file__).resolve().parent
+#: the shipped compiled kernels, one folder per kernels folder (``obs`` for ``kernels/obs``)
+SHIPPED = ROOT / "_compiled"
+#: the CPU name and features of the shipped code (numba's ``NUMBA_CPU_NAME`` and
+#: ``NUMBA_CPU_FEATURES``): the architecture's baseline, which every CPU of it runs
+PORTABLE_CPU = ("generic", "")
+#: set to 1 in the processes that compile into ``SHIPPED`` (``dpmm warm --portable``); set to 0,
+#: the shipped kernels are not read
+SHIPPED_ENV = "DPMM_SHIPPED_KERNELS"
+#: the environment of a process that compiles into ``SHIPPED``, set before numba is imported
+PORTABLE_ENV = {
+    SHIPPED_ENV: "1",
+    "NUMBA_CPU_NAME": PORTABLE_CPU[0],
+    "NUMBA_CPU_FEATURES": PORTABLE_CPU[1],
+}
 # the kernels' cache directory: ``NUMBA_CACHE_DIR`` when ``install`` runs (the kernels' import),
 # else numba's own setting; None: numba's default places
 _where: str | None = None
+# whether this process compiles into ``SHIPPED`` (``SHIPPED_ENV`` 1), and whether it reads it
+# (unless ``SHIPPED_ENV`` is 0)
+building: bool = False
+reading: bool = True
 
 
 def _module_file(name, root):
@@ -102,6 +127,18 @@ class _DirLocator(UserProvidedCacheLocator):
         return super(UserProvidedCacheLocator, cls).from_function(py_func, py_file)
 
 
+class _ShippedLocator(InTreeCacheLocator):
+    """The shipped kernels' folder of a kernel's file, for the processes that fill it."""
+
+    def __init__(self, py_func, py_file):
+        super().__init__(py_func, py_file)
+        self._cache_path = str(_shipped_dir(py_file))
+
+
+def _shipped_dir(py_file):
+    return SHIPPED.joinpath(*Path(py_file).resolve().parent.relative_to(ROOT).parts)
+
+
 class KernelsLocator(_CacheLocator):
     """numba's own locator for a kernel (``_where``, else ``__pycache__`` beside its file, else
     the user's cache) with ``source_stamp`` for its stamp; None off the kernels."""
@@ -109,6 +146,7 @@ class KernelsLocator(_CacheLocator):
     def __init__(self, inner, py_file):
         self._inner = inner
         self._py_file = py_file
+        self._shipped = _shipped_dir(py_file)
 
     def ensure_cache_path(self):
         self._inner.ensure_cache_path()
@@ -122,10 +160,27 @@ class KernelsLocator(_CacheLocator):
     def get_source_stamp(self):
         return source_stamp(self._py_file)
 
+    def load_shipped(self, cache, sig, target_context):
+        """The compile result of ``cache``'s kernel for ``sig`` from the shipped kernels, or None
+        (none shipped, another version of the kernels, another architecture)."""
+        if not self._shipped.is_dir():
+            return None
+        sig_, magic, code = cache._index_key(sig, target_context.codegen())
+        shipped = IndexDataCacheFile(
+            str(self._shipped), cache._impl.filename_base, self.get_source_stamp()
+        )
+        data = shipped.load((sig_, (magic[0], *PORTABLE_CPU), code))
+        return None if data is None else cache._impl.rebuild(target_context, data)
+
     @classmethod
     def from_function(cls, py_func, py_file):
         if not Path(py_file).resolve().is_relative_to(ROOT):
             return None
+        if building:
+            inner = _ShippedLocator.from_function(py_func, py_file)
+            if inner is None:
+                raise OSError(f"{_shipped_dir(py_file)}: cannot write the shipped kernels there")
+            return cls(inner, py_file)
         for base in (_DirLocator, InTreeCacheLocator, UserWideCacheLocator):
             inner = base.from_function(py_func, py_file)
             if inner is not None:
@@ -139,7 +194,31 @@ def install():
     names now. numba reads the variable once, when it is imported: a program that imported
     numba (or a library using it) before ``import pipeline`` set the variable would otherwise
     miss the cache ``dpmm warm`` filled and compile every kernel again."""
-    global _where
+    global _where, building, reading
     _where = os.environ.get("NUMBA_CACHE_DIR") or config.CACHE_DIR or None
+    shipped = os.environ.get(SHIPPED_ENV, "")
+    building, reading = shipped == "1", shipped != "0"
+    if building and (config.CPU_NAME, config.CPU_FEATURES) != PORTABLE_CPU:
+        raise RuntimeError(
+            f"{SHIPPED_ENV}=1 compiles the shipped kernels: it needs NUMBA_CPU_NAME=generic "
+            "and NUMBA_CPU_FEATURES empty, set before numba is imported"
+        )
     if KernelsLocator not in CacheImpl._locator_classes:
         CacheImpl._locator_classes.insert(0, KernelsLocator)
+    if FunctionCache.load_overload is not _load_overload:
+        global _numba_load_overload
+        _numba_load_overload = FunctionCache.load_overload
+        FunctionCache.load_overload = _load_overload
+
+
+_numba_load_overload = FunctionCache.load_overload
+
+
+def _load_overload(self, sig, target_context):
+    """numba's ``FunctionCache.load_overload``, then, for a kernel missing from the user's
+    cache, the shipped kernels'."""
+    data = _numba_load_overload(self, sig, target_context)
+    locator = self._impl.locator
+    if data is None and reading and self._enabled and isinstance(locator, KernelsLocator):
+        data = locator.load_shipped(self, sig, target_context)
+    return data

@@ -36,6 +36,11 @@ if "PREFECT_HOME" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
     atexit.register(shutil.rmtree, _prefect_home, ignore_errors=True)
     os.environ["PREFECT_HOME"] = _prefect_home
 
+# the suite tests the kernels as a source checkout has them, compiled at first use into the numba
+# cache: never the shipped ones (``kernels._cache.SHIPPED``) a ``make wheel`` here left behind,
+# which tests/flows/test_warm.py reads in a wheel of its own
+os.environ.setdefault("DPMM_SHIPPED_KERNELS", "0")
+
 #: the environment of a fresh process whose empty numba cache is there to count what a call
 #: compiles, not to be loaded: LLVM's optimisation off, which changes no compilation, only their
 #: cost (a first binary fit's 148 compilations: 48 CPU s at the default level, 34 s at 0; numba

@@ -1,14 +1,18 @@
 """``dpmm warm`` (``make install``, the image's build): every engine's kernels for every spec type
 (``warm_kernels(every_product=True)``; an in-memory fit's among them), compiled into the numba
 cache before their first use by two processes sharing the rounds and their steps
-(``warmup.run_rounds``)."""
+(``warmup.run_rounds``). ``--portable``: into the shipped kernels instead, for any CPU of this
+architecture (``make wheel``)."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from typing import Any
+
+from pipeline.core.errors import InputError
 
 _WARM = "from pipeline.distributed.worker_setup import warm_kernels as w; w(every_product=True)"
 
@@ -16,7 +20,18 @@ _WARM = "from pipeline.distributed.worker_setup import warm_kernels as w; w(ever
 def add_warm_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``warm`` to an ``argparse`` subparsers object; it sets ``func=cmd_warm``."""
     p = subparsers.add_parser(
-        "warm", help="compile every engine's numba kernels into NUMBA_CACHE_DIR ahead of use"
+        "warm",
+        help="compile every engine's numba kernels into NUMBA_CACHE_DIR ahead of use",
+        description="Compile every engine's numba kernels ahead of their first use: into the "
+        "numba cache (NUMBA_CACHE_DIR) for this machine's CPU, or with --portable into the "
+        "package's shipped kernels (kernels/_compiled), for any CPU of this architecture.",
+    )
+    p.add_argument(
+        "--portable",
+        action="store_true",
+        help="compile for any CPU of this architecture into kernels/_compiled, which a wheel "
+        "built afterwards ships (make wheel): its installs load the kernels there instead of "
+        "compiling them. The folder is emptied first; the numba cache is left alone",
     )
     p.set_defaults(func=cmd_warm)
     return p
@@ -24,5 +39,14 @@ def add_warm_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def cmd_warm(args: argparse.Namespace) -> int:
     """The warm-up in two processes at once; status 1 if one of them failed."""
-    procs = [subprocess.Popen([sys.executable, "-c", _WARM]) for _ in range(2)]
+    env = None
+    if args.portable:
+        from pipeline.engines import warmup
+
+        try:
+            warmup.clear_shipped()
+        except OSError as err:
+            raise InputError(f"--portable: {err.filename}: {err.strerror}") from None
+        env = {**os.environ, **warmup.portable_env()}
+    procs = [subprocess.Popen([sys.executable, "-c", _WARM], env=env) for _ in range(2)]
     return 1 if any(p.wait() for p in procs) else 0

@@ -42,8 +42,24 @@ def warm_stage2_bhc() -> None:
     z = (X[:, 0] > 0).astype(np.int64) * 3 + np.arange(X.shape[0]) % 3
     stats = family.stats_of(X, z, 6)
     Stats(stats, family).moments(family)
-    tree = build_tree(stats, family.widened(), 0.0, 16, None)  # as ``BHC`` fits it
+    fam = family.widened()
+    tree = build_tree(stats, fam, 0.0, 16, None)  # as ``BHC`` fits it, with its bounds
     kbhc.cut(tree.left, tree.right, tree.log_r, tree.n_leaves)
+    root = tree.root
+    kbhc.log_lower_bound(tree.log_d[root], tree.log_p[root], tree.n[root], 0.0)
+    relocate = np.ones(len(tree), dtype=np.bool_)
+    kbhc.alternative_tree_increments(
+        tree.left,
+        tree.right,
+        tree.n,
+        tree.log_d,
+        tree.log_p,
+        tree.stats,
+        fam.spec,
+        fam.prior,
+        0.0,
+        relocate,
+    )
 
 
 # warm-up steps of a stage 2, by the name ``dask_client(warm=...)`` gives it next to the engine
@@ -79,8 +95,9 @@ def warm_kernels(
     """Load every kernel a chunk task or the sample start of the engines ``names`` (default
     ``warm_engines()``) calls, and those of a stage 2 named there, for Gaussian records;
     ``every_product`` also for every other spec type (``dpmm warm``: a round each, in
-    ``warmup.run_rounds``); ``helper``: compile, do not load."""
-    names = names or warm_engines()
+    ``warmup.run_rounds``; by default every stage 2 too, which a run's driver calls);
+    ``helper``: compile, do not load."""
+    names = names or warm_engines() + (list(STAGE2_STEPS) if every_product else [])
     kinds = warmup.spec_kinds()
     engines = [n for n in names if n not in kinds]
     kind = [kinds[n] for n in names if n in kinds]

@@ -10,6 +10,7 @@ import fcntl
 import hashlib
 import importlib.util
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,6 +26,8 @@ EVERY_FAMILY = "every-family"
 
 
 NW_CELLS = "nw-cells"
+# the name of the shipped kernels' marker (``warm_marker``), which covers every engine
+SHIPPED = "shipped"
 
 
 def spec_kinds() -> dict[str, Any]:
@@ -110,25 +113,53 @@ def _kernels_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def warm_marker(names: list[str]) -> Path:
-    """The file a complete warm-up of ``names`` leaves in the numba cache, named after the
-    engines and the kernels' sources (their contents, as the kernels' stamps), so that changed
-    kernels or another cache have none."""
+def _marker_name(names: list[str]) -> str:
     root = _kernels_dir()
     h = hashlib.sha256(",".join(sorted(set(names))).encode())
     for path in sorted(root.rglob("*.py")):
         h.update(
             f"{path.relative_to(root)}\0".encode() + hashlib.sha256(path.read_bytes()).digest()
         )
+    return f"dpmm-warm-{h.hexdigest()[:20]}.done"
+
+
+def warm_marker(names: list[str]) -> Path:
+    """The file a complete warm-up of ``names`` leaves in the numba cache, named after the
+    engines and the kernels' sources (their contents, as the kernels' stamps), so that changed
+    kernels or another cache have none; where it compiles the shipped kernels
+    (``kernels._cache.SHIPPED``: every engine's, ``dpmm warm --portable``), theirs."""
+    from kernels import _cache
+
+    if _cache.building:
+        return _cache.SHIPPED / _marker_name([SHIPPED])
     # numba keeps the kernels' cache in NUMBA_CACHE_DIR, else next to their sources
     given = os.environ.get("NUMBA_CACHE_DIR")
-    cache = Path(given) if given else root / "__pycache__"
-    return cache / f"dpmm-warm-{h.hexdigest()[:20]}.done"
+    cache = Path(given) if given else _kernels_dir() / "__pycache__"
+    return cache / _marker_name(names)
 
 
 def kernels_cached(names: list[str]) -> bool:
-    """Whether a warm-up of ``names`` completed with this cache and these kernel sources."""
-    return warm_marker(names).exists()
+    """Whether a warm-up of ``names`` completed with this cache and these kernel sources, or
+    the shipped kernels hold every engine's for these sources."""
+    from kernels import _cache
+
+    shipped = _cache.reading and (_cache.SHIPPED / _marker_name([SHIPPED])).exists()
+    return shipped or warm_marker(names).exists()
+
+
+def portable_env() -> dict[str, str]:
+    """The environment variables of a process that compiles the shipped kernels."""
+    from kernels._cache import PORTABLE_ENV
+
+    return dict(PORTABLE_ENV)
+
+
+def clear_shipped() -> None:
+    """Empty the shipped kernels' folder, before they are compiled afresh into it."""
+    from kernels._cache import SHIPPED
+
+    shutil.rmtree(SHIPPED, ignore_errors=True)
+    SHIPPED.mkdir(parents=True)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -130,3 +131,104 @@ def test_a_first_fit_of_a_binary_table_compiles_no_normal_wishart_fast_path(tmp_
 def test_warm_is_a_command() -> None:
     args = build_parser().parse_args(["warm"])
     assert args.func.__name__ == "cmd_warm"
+
+
+# a first fit and prediction of a Gaussian table in a fresh process: what it compiled, where its
+# kernels came from, and its labels
+_SHIPPED_FIT = """
+import json
+import numpy as np
+from numba.core import event
+import kernels
+from pipeline import MAPDP
+
+compiled = []
+
+
+class Compiles(event.Listener):
+    def on_start(self, ev):
+        compiled.append(ev.data["dispatcher"].py_func.__qualname__)
+
+    def on_end(self, ev):
+        pass
+
+
+event.register("numba:compile", Compiles())
+rng = np.random.default_rng(0)
+X = rng.normal(size=(200, 3)) + 3.0 * rng.integers(0, 3, 200)[:, None]
+m = MAPDP(random_state=0).fit(X)
+out = {"compiled": compiled, "kernels": kernels.__file__, "labels": m.predict(X).tolist()}
+print(json.dumps(out))
+"""
+
+
+def _shipped_fit(where: Path, cwd: Path, **env: str) -> dict:
+    """``_SHIPPED_FIT`` in a fresh process importing the package from ``where``."""
+    full = {k: v for k, v in os.environ.items() if k != "DPMM_SHIPPED_KERNELS"}
+    full.update(PYTHONPATH=str(where), **env)
+    res = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_SHIPPED_FIT)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=cwd,
+        env=full,
+    )
+    return json.loads(res.stdout.splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_a_wheel_ships_its_kernels_compiled_and_its_install_compiles_none(tmp_path: Path) -> None:
+    from kernels._cache import PORTABLE_ENV
+
+    repo = Path(__file__).resolve().parents[2]
+    src = tmp_path / "src"
+    skip = shutil.ignore_patterns("__pycache__", "_compiled", "*.nbi", "*.nbc")
+    for name in ("pipeline", "kernels", "flows"):
+        shutil.copytree(repo / name, src / name, ignore=skip)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(repo / name, src / name)
+    # what `dpmm warm --portable` does for every engine, for this one fit: compiled for any
+    # CPU into the copy's kernels/_compiled, and nothing into the numba cache
+    build_cache = tmp_path / "build-cache"
+    built = _shipped_fit(src, tmp_path, NUMBA_CACHE_DIR=str(build_cache), **PORTABLE_ENV)
+    assert built["compiled"] and built["kernels"] == str(src / "kernels" / "__init__.py")
+    assert not list(build_cache.rglob("*.nbi"))
+    assert list((src / "kernels" / "_compiled").rglob("*.nbi"))
+    dist = tmp_path / "dist"
+    uv = [sys.executable, "-m", "uv"]
+    subprocess.run([*uv, "build", "-q", "--wheel", "--out-dir", dist, src], check=True)
+    (wheel,) = dist.glob("*.whl")
+    site = tmp_path / "site"
+    subprocess.run(
+        [
+            *uv,
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--python",
+            sys.executable,
+            "--target",
+            site,
+            wheel,
+        ],
+        check=True,
+    )
+    # a fresh install elsewhere, with an empty cache of its own: the fit loads every kernel
+    user_cache = tmp_path / "user-cache"
+    got = _shipped_fit(site, tmp_path, NUMBA_CACHE_DIR=str(user_cache))
+    assert got["kernels"] == str(site / "kernels" / "__init__.py")
+    assert got["compiled"] == []
+    assert got["labels"] == built["labels"]
+    assert not list(user_cache.rglob("*.nbi"))
+
+
+def test_compiling_the_shipped_kernels_needs_the_portable_cpu() -> None:
+    env = {**os.environ, "DPMM_SHIPPED_KERNELS": "1"}
+    env.pop("NUMBA_CPU_NAME", None)
+    res = subprocess.run(
+        [sys.executable, "-c", "import kernels"], capture_output=True, text=True, env=env
+    )
+    assert res.returncode != 0
+    assert "NUMBA_CPU_NAME=generic" in res.stderr.splitlines()[-1]

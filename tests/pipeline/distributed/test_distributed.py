@@ -428,6 +428,30 @@ def test_a_complete_warm_up_leaves_its_marker(monkeypatch, tmp_path: Path):
     assert not warmup.kernels_cached(["mapdp", "bhc"])
 
 
+def test_the_shipped_kernels_marker_covers_every_engine(monkeypatch, tmp_path: Path):
+    """Where ``dpmm warm --portable`` compiled every engine into the shipped kernels, a run of
+    any engines needs no helper; a process told not to read them (``DPMM_SHIPPED_KERNELS=0``,
+    as the suite) does."""
+    from kernels import _cache
+    from pipeline.distributed import worker_setup
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(_cache, "SHIPPED", tmp_path / "shipped")
+    monkeypatch.setattr(warmup, "run_steps", lambda steps, load=True: None)
+    monkeypatch.setattr(warmup, "compile_once", lambda key, step: None)
+    monkeypatch.setattr(warmup, "run_rounds", lambda rounds: None)
+    monkeypatch.setattr(_cache, "building", True)
+    worker_setup.warm_kernels(every_product=True)
+    assert [p.name for p in (tmp_path / "shipped").iterdir()] == [
+        warmup.warm_marker(["mapdp"]).name
+    ]
+    monkeypatch.setattr(_cache, "building", False)
+    monkeypatch.setattr(_cache, "reading", True)
+    assert warmup.kernels_cached(["mapdp", "bhc"]) and warmup.kernels_cached(["ihmm"])
+    monkeypatch.setattr(_cache, "reading", False)
+    assert not warmup.kernels_cached(["mapdp", "bhc"])
+
+
 _HELPER_STARTS = """
 import atexit, os, sys, threading
 from pathlib import Path
