@@ -340,9 +340,9 @@ def test_dockerfile_builds_the_make_install_environment():
         assert md.version(name) == lock[name], (
             f"{name}: installed {md.version(name)}, pinned {lock[name]}"
         )
-    # the numba cache is filled at build time by `dpmm warm`: the in-memory fits and the workers'
-    # own warm-up for every engine and spec type
-    assert any(shlex.split(r)[:2] == ["dpmm", "warm"] for r in runs), runs
+    # the kernels are compiled at build time by `dpmm warm --portable`, for any CPU the image
+    # runs on: the in-memory fits and the workers' own warm-up for every engine and spec type
+    assert any(shlex.split(r)[:3] == ["dpmm", "warm", "--portable"] for r in runs), runs
     from flows.cli import warm
     from pipeline.distributed import worker_setup
 
