@@ -41,6 +41,24 @@ if "PREFECT_HOME" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
 # which tests/flows/test_warm.py reads in a wheel of its own
 os.environ.setdefault("DPMM_SHIPPED_KERNELS", "0")
 
+#: lines of a probe script run in a fresh process: from then on, ``compiled`` lists the name of
+#: every function numba compiles there
+RECORD_COMPILES = """
+from numba.core import event
+compiled = []
+
+
+class Compiles(event.Listener):
+    def on_start(self, ev):
+        compiled.append(ev.data["dispatcher"].py_func.__qualname__)
+
+    def on_end(self, ev):
+        pass
+
+
+event.register("numba:compile", Compiles())
+"""
+
 #: the environment of a fresh process whose empty numba cache is there to count what a call
 #: compiles, not to be loaded: LLVM's optimisation off, which changes no compilation, only their
 #: cost (a first binary fit's 148 compilations: 48 CPU s at the default level, 34 s at 0; numba

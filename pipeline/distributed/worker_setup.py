@@ -36,7 +36,7 @@ def warm_stage2_bhc() -> None:
     worker while another compiles the sweep rather than in the driver after stage 1."""
     from kernels import bhc as kbhc
     from pipeline.families.stats import Stats
-    from pipeline.models.bhc import build_tree
+    from pipeline.models.bhc import alternative_increments, build_tree, lower_bound
 
     X, family = warmup.toy_family()
     z = (X[:, 0] > 0).astype(np.int64) * 3 + np.arange(X.shape[0]) % 3
@@ -45,21 +45,8 @@ def warm_stage2_bhc() -> None:
     fam = family.widened()
     tree = build_tree(stats, fam, 0.0, 16, None)  # as ``BHC`` fits it, with its bounds
     kbhc.cut(tree.left, tree.right, tree.log_r, tree.n_leaves)
-    root = tree.root
-    kbhc.log_lower_bound(tree.log_d[root], tree.log_p[root], tree.n[root], 0.0)
-    relocate = np.ones(len(tree), dtype=np.bool_)
-    kbhc.alternative_tree_increments(
-        tree.left,
-        tree.right,
-        tree.n,
-        tree.log_d,
-        tree.log_p,
-        tree.stats,
-        fam.spec,
-        fam.prior,
-        0.0,
-        relocate,
-    )
+    lower_bound(tree, 0.0)
+    alternative_increments(tree, fam, 0.0, np.ones(len(tree), dtype=np.bool_))
 
 
 # warm-up steps of a stage 2, by the name ``dask_client(warm=...)`` gives it next to the engine

@@ -20,7 +20,7 @@ from pipeline.core import config
 from pipeline.core.seeds import as_seed_sequence
 from pipeline.estimators.base import MixtureEstimator
 from pipeline.families import Family, ProductFamily
-from pipeline.models.bhc import build_tree
+from pipeline.models.bhc import alternative_increments, build_tree, lower_bound
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -173,9 +173,7 @@ class BHC(MixtureEstimator):
         self.cluster_nodes_ = nodes
         self.n_clusters_ = int(nodes.shape[0])
         self.log_evidence_ = float(tree.log_p[root])
-        self.lower_bound_ = float(
-            kbhc.log_lower_bound(tree.log_d[root], tree.log_p[root], tree.n[root], log_alpha)
-        )
+        self.lower_bound_ = lower_bound(tree, log_alpha)
         self.alt_lower_bound_, self.alt_increments_ = self.alternative_bound(self.alt_start)
 
     def alternative_bound(
@@ -214,17 +212,8 @@ class BHC(MixtureEstimator):
                     k = int(tree.parent[k])
             else:
                 relocate[l:] = True
-        log_delta = kbhc.alternative_tree_increments(
-            tree.left,
-            tree.right,
-            tree.n,
-            tree.log_d,
-            tree.log_p,
-            tree.stats,
-            self.family_.spec,
-            self.family_.prior,
-            math.log(float(self.alpha)),
-            relocate,
+        log_delta = alternative_increments(
+            tree, self.family_, math.log(float(self.alpha)), relocate
         )
         terms = np.concatenate([[self.lower_bound_], log_delta[np.isfinite(log_delta)]])
         return float(logsumexp(terms)), log_delta

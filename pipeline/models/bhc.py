@@ -39,3 +39,29 @@ def build_tree(
     table["log_p"], table["log_ph1"] = log_p, log_ph1
     table["log_omega"] = kbhc.log_block_posterior(left, right, log_d, log_p, log_r)
     return Tree(table, node_stats)
+
+
+def lower_bound(tree: Tree, log_alpha: float) -> float:
+    """log of Theorem 1's lower bound on the marginal likelihood (eq. 9) at the root of
+    ``tree``, built by ``build_tree`` under log concentration ``log_alpha``."""
+    root = tree.root
+    return float(kbhc.log_lower_bound(tree.log_d[root], tree.log_p[root], tree.n[root], log_alpha))
+
+
+def alternative_increments(
+    tree: Tree, fam: ProductFamily, log_alpha: float, relocate: np.ndarray
+) -> FloatArray:
+    """log delta_LB (eq. 12) of each node's two alternative trees, (2M - 1, 2), at the nodes
+    ``relocate`` (2M - 1,) marks (Section 4); -inf where none."""
+    return kbhc.alternative_tree_increments(
+        tree.left,
+        tree.right,
+        tree.n,
+        tree.log_d,
+        tree.log_p,
+        tree.stats,
+        fam.spec,
+        fam.prior,
+        log_alpha,
+        relocate,
+    )

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import build_parser
-from tests.conftest import COUNT_ONLY
+from tests.conftest import COUNT_ONLY, RECORD_COMPILES
 
 _COUNT = """
 import json, sys
@@ -135,31 +135,21 @@ def test_warm_is_a_command() -> None:
 
 # a first fit and prediction of a Gaussian table in a fresh process: what it compiled, where its
 # kernels came from, and its labels
-_SHIPPED_FIT = """
+_SHIPPED_FIT = (
+    RECORD_COMPILES
+    + """
 import json
 import numpy as np
-from numba.core import event
 import kernels
 from pipeline import MAPDP
 
-compiled = []
-
-
-class Compiles(event.Listener):
-    def on_start(self, ev):
-        compiled.append(ev.data["dispatcher"].py_func.__qualname__)
-
-    def on_end(self, ev):
-        pass
-
-
-event.register("numba:compile", Compiles())
 rng = np.random.default_rng(0)
 X = rng.normal(size=(200, 3)) + 3.0 * rng.integers(0, 3, 200)[:, None]
 m = MAPDP(random_state=0).fit(X)
 out = {"compiled": compiled, "kernels": kernels.__file__, "labels": m.predict(X).tolist()}
 print(json.dumps(out))
 """
+)
 
 
 def _shipped_fit(where: Path, cwd: Path, **env: str) -> dict:

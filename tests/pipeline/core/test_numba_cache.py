@@ -18,6 +18,7 @@ import pytest
 
 import kernels
 from kernels._cache import source_stamp
+from tests.conftest import RECORD_COMPILES
 
 PROBE = (
     "import os, pipeline, numba; "
@@ -82,24 +83,12 @@ def test_a_kernel_is_stamped_with_the_sources_it_imports(tmp_path: Path) -> None
     assert source_stamp(root / "special.py", root) == again["special.py"]
 
 
-_RUN = """
-import json
-from numba.core import event
-compiled = []
-
-
-class Compiles(event.Listener):
-    def on_start(self, ev):
-        compiled.append(ev.data["dispatcher"].py_func.__qualname__)
-
-    def on_end(self, ev):
-        pass
-
-
-event.register("numba:compile", Compiles())
-from kernels.obs import _common
-print(json.dumps([_common.beta_log_evidence(2.0, 3.0, 5.0, 7.0), len(compiled)]))
-"""
+_RUN = (
+    "import json\n"
+    + RECORD_COMPILES
+    + "from kernels.obs import _common\n"
+    + "print(json.dumps([_common.beta_log_evidence(2.0, 3.0, 5.0, 7.0), len(compiled)]))\n"
+)
 
 
 def _run(root: Path, cache: Path, numbas_own: bool = False) -> tuple[float, int]:
