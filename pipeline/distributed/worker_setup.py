@@ -84,6 +84,7 @@ def warm_kernels(
     ``every_product`` also for every other spec type (``dpmm warm``: a round each, in
     ``warmup.run_rounds``; by default every stage 2 too, which a run's driver calls);
     ``helper``: compile, do not load."""
+    every = every_product and not names
     names = names or warm_engines() + (list(STAGE2_STEPS) if every_product else [])
     kinds = warmup.spec_kinds()
     engines = [n for n in names if n not in kinds]
@@ -101,7 +102,7 @@ def warm_kernels(
     else:
         with warmup.toy_spec(kind[0] if kind else None):
             _warm_steps(engines, helper)
-    marker = warmup.warm_marker(names)
+    marker = warmup.warm_marker(names, every)
     # a cache that cannot be written (an image's, read-only) has its kernels, not a marker
     with contextlib.suppress(OSError):
         marker.parent.mkdir(parents=True, exist_ok=True)

@@ -26,8 +26,9 @@ EVERY_FAMILY = "every-family"
 
 
 NW_CELLS = "nw-cells"
-# the name of the shipped kernels' marker (``warm_marker``), which covers every engine
-SHIPPED = "shipped"
+#: the name in the marker of a warm-up of every engine and stage 2 (``dpmm warm``, ``--portable``
+#: included), which covers the warm-up of any engines
+EVERY = "every"
 
 
 def spec_kinds() -> dict[str, Any]:
@@ -123,28 +124,28 @@ def _marker_name(names: list[str]) -> str:
     return f"dpmm-warm-{h.hexdigest()[:20]}.done"
 
 
-def warm_marker(names: list[str]) -> Path:
-    """The file a complete warm-up of ``names`` leaves in the numba cache, named after the
-    engines and the kernels' sources (their contents, as the kernels' stamps), so that changed
-    kernels or another cache have none; where it compiles the shipped kernels
-    (``kernels._cache.SHIPPED``: every engine's, ``dpmm warm --portable``), theirs."""
+def warm_marker(names: list[str], every: bool = False) -> Path:
+    """The file a complete warm-up of ``names`` (``every``: of every engine and stage 2) leaves
+    in the numba cache, named after the engines and the kernels' sources (their contents, as
+    the kernels' stamps), so that changed kernels or another cache have none; where it compiles
+    the shipped kernels (``kernels._cache.SHIPPED``, ``dpmm warm --portable``), theirs."""
     from kernels import _cache
 
     if _cache.building:
-        return _cache.SHIPPED / _marker_name([SHIPPED])
+        return _cache.SHIPPED / _marker_name([EVERY])
     # numba keeps the kernels' cache in NUMBA_CACHE_DIR, else next to their sources
     given = os.environ.get("NUMBA_CACHE_DIR")
     cache = Path(given) if given else _kernels_dir() / "__pycache__"
-    return cache / _marker_name(names)
+    return cache / _marker_name([EVERY] if every else names)
 
 
 def kernels_cached(names: list[str]) -> bool:
-    """Whether a warm-up of ``names`` completed with this cache and these kernel sources, or
-    the shipped kernels hold every engine's for these sources."""
+    """Whether a warm-up of ``names``, or of every engine, completed with this cache and these
+    kernel sources, or the shipped kernels hold every engine's."""
     from kernels import _cache
 
-    shipped = _cache.reading and (_cache.SHIPPED / _marker_name([SHIPPED])).exists()
-    return shipped or warm_marker(names).exists()
+    shipped = _cache.reading and (_cache.SHIPPED / _marker_name([EVERY])).exists()
+    return shipped or any(warm_marker(names, every).exists() for every in (False, True))
 
 
 def portable_env() -> dict[str, str]:

@@ -337,7 +337,7 @@ def test_worker_warm_up_of_stage2_runs_second(monkeypatch, tmp_path: Path):
 
     monkeypatch.setenv(worker_setup.WARM_ENV, "mapdp, bhc, nosuch")
     # the steps are not run: no marker of a complete warm-up in the real cache
-    monkeypatch.setattr(warmup, "warm_marker", lambda names: tmp_path / "marker")
+    monkeypatch.setattr(warmup, "warm_marker", lambda names, every=False: tmp_path / "marker")
     assert worker_setup.warm_engines() == ["mapdp", "bhc"]
     ran: list[str] = []
     loads: list[bool] = []
@@ -428,28 +428,31 @@ def test_a_complete_warm_up_leaves_its_marker(monkeypatch, tmp_path: Path):
     assert not warmup.kernels_cached(["mapdp", "bhc"])
 
 
-def test_the_shipped_kernels_marker_covers_every_engine(monkeypatch, tmp_path: Path):
-    """Where ``dpmm warm --portable`` compiled every engine into the shipped kernels, a run of
-    any engines needs no helper; a process told not to read them (``DPMM_SHIPPED_KERNELS=0``,
-    as the suite) does."""
+def test_a_warm_up_of_every_engine_covers_any_run(monkeypatch, tmp_path: Path):
+    """``dpmm warm`` warms every engine and stage 2 into the cache (``--portable``: into the
+    shipped kernels), and a run of any engines then needs no helper process; a process told
+    not to read the shipped kernels (``DPMM_SHIPPED_KERNELS=0``, as the suite) finds theirs
+    not."""
     from kernels import _cache
     from pipeline.distributed import worker_setup
 
-    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(_cache, "SHIPPED", tmp_path / "shipped")
-    monkeypatch.setattr(warmup, "run_steps", lambda steps, load=True: None)
-    monkeypatch.setattr(warmup, "compile_once", lambda key, step: None)
+    cache, shipped = tmp_path / "cache", tmp_path / "shipped"
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(cache))
+    monkeypatch.setattr(_cache, "SHIPPED", shipped)
     monkeypatch.setattr(warmup, "run_rounds", lambda rounds: None)
-    monkeypatch.setattr(_cache, "building", True)
-    worker_setup.warm_kernels(every_product=True)
-    assert [p.name for p in (tmp_path / "shipped").iterdir()] == [
-        warmup.warm_marker(["mapdp"]).name
-    ]
+    runs = [["mapdp", "bhc"], ["ihmm"], ["kmeans", "asugs"]]
+    for building in (False, True):
+        monkeypatch.setattr(_cache, "building", building)
+        worker_setup.warm_kernels(every_product=True)
+        assert len(list((shipped if building else cache).iterdir())) == 1
     monkeypatch.setattr(_cache, "building", False)
+    assert all(warmup.kernels_cached(names) for names in runs)
+    for marker in cache.iterdir():
+        marker.unlink()
     monkeypatch.setattr(_cache, "reading", True)
-    assert warmup.kernels_cached(["mapdp", "bhc"]) and warmup.kernels_cached(["ihmm"])
+    assert all(warmup.kernels_cached(names) for names in runs)
     monkeypatch.setattr(_cache, "reading", False)
-    assert not warmup.kernels_cached(["mapdp", "bhc"])
+    assert not any(warmup.kernels_cached(names) for names in runs)
 
 
 _HELPER_STARTS = """
