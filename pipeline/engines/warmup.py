@@ -114,14 +114,26 @@ def _kernels_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _marker_name(names: list[str]) -> str:
+def _sources() -> bytes:
+    """A digest of the kernels' sources (their contents, as the kernels' stamps)."""
     root = _kernels_dir()
-    h = hashlib.sha256(",".join(sorted(set(names))).encode())
+    h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         h.update(
             f"{path.relative_to(root)}\0".encode() + hashlib.sha256(path.read_bytes()).digest()
         )
+    return h.digest()
+
+
+def _marker_name(names: list[str], sources: bytes) -> str:
+    h = hashlib.sha256(",".join(sorted(set(names))).encode() + sources)
     return f"dpmm-warm-{h.hexdigest()[:20]}.done"
+
+
+def _cache_dir() -> Path:
+    # numba keeps the kernels' cache in NUMBA_CACHE_DIR, else next to their sources
+    given = os.environ.get("NUMBA_CACHE_DIR")
+    return Path(given) if given else _kernels_dir() / "__pycache__"
 
 
 def warm_marker(names: list[str], every: bool = False) -> Path:
@@ -132,11 +144,8 @@ def warm_marker(names: list[str], every: bool = False) -> Path:
     from kernels import _cache
 
     if _cache.building:
-        return _cache.SHIPPED / _marker_name([EVERY])
-    # numba keeps the kernels' cache in NUMBA_CACHE_DIR, else next to their sources
-    given = os.environ.get("NUMBA_CACHE_DIR")
-    cache = Path(given) if given else _kernels_dir() / "__pycache__"
-    return cache / _marker_name([EVERY] if every else names)
+        return _cache.SHIPPED / _marker_name([EVERY], _sources())
+    return _cache_dir() / _marker_name([EVERY] if every else names, _sources())
 
 
 def kernels_cached(names: list[str]) -> bool:
@@ -144,8 +153,10 @@ def kernels_cached(names: list[str]) -> bool:
     kernel sources, or the shipped kernels hold every engine's."""
     from kernels import _cache
 
-    shipped = _cache.reading and (_cache.SHIPPED / _marker_name([EVERY])).exists()
-    return shipped or any(warm_marker(names, every).exists() for every in (False, True))
+    sources = _sources()
+    every = _marker_name([EVERY], sources)
+    places = [_cache_dir() / _marker_name(names, sources), _cache_dir() / every]
+    return any(p.exists() for p in places) or (_cache.reading and (_cache.SHIPPED / every).exists())
 
 
 def portable_env() -> dict[str, str]:
