@@ -111,7 +111,7 @@ def _fast_weights(x, P, K, lognk, log_alpha, d, acc, qv, logw, greedy, ub):
     for h in range(K):
         ub[h] += lognk[h]
     ub[K] += log_alpha
-    top = 0
+    top = np.int64(0)  # not a literal: finish_quad_form would compile once more for it
     for h in range(1, n):
         if ub[h] > ub[top]:
             top = h
@@ -145,7 +145,7 @@ def prune_merge(
     earliest ``born``. Returns (K, n_pruned, n_merged)."""
     n_pruned = 0
     if prune_weight > 0.0 and K > 1:
-        h = 0
+        h = np.int64(0)  # not a literal: _remove_row would compile once more for it
         while h < K:
             largest = 0
             for j in range(1, K):
@@ -254,7 +254,7 @@ def stream(
     work = np.empty(4 * d)
     # the record copied into one buffer: a row view X[t] would take and drop a reference
     x = np.empty(d)
-    t = 0
+    t = np.int64(0)  # not a literal 0: _run would compile once more for it (14 CPU s)
     while True:
         t, K, n_ids, n_seen = _run(
             X, t, z, alpha_trace, logq, stats, cache, nk, lognk, born, ids, K, alias, n_ids,

@@ -362,7 +362,7 @@ def ibhc(leaf_st, leaf_lm, order, u, pp, spec, prior, mode, max_splits):
     S = leaf_st.shape[1]
     ni, nf, st, free, meta = new_forest(2 * L + 2, S)
     roots = np.empty(L, dtype=np.int64)
-    n_roots = 0
+    n_roots = np.int64(0)  # not a literal 0: _insert_piece would compile once more for it
     scratch = np.empty(S)
     path = np.empty(2 * L + 2, dtype=np.int64)
     path_lm = np.empty(2 * L + 2)

@@ -119,7 +119,7 @@ def _pruned_costs_from(k0, lognk, n_slots, log_new, P, e0, qv, lpb, ub, costs, c
     may hold the first ``rows`` rows only (``leading_quad_forms``), finished where needed."""
     n = n_slots + 1
     low = np.inf
-    top = -1
+    top = np.int64(-1)  # not a literal: finish_quad_form would compile once more for it
     for h in range(n):
         pt = lognk[h] if h < n_slots else log_new
         if h == k0 or pt == -np.inf:
@@ -203,7 +203,7 @@ def _pruned_log_mixture_from(qv, P, e0, lognk, K, log_norm, log_alpha, lpb, ub, 
     -inf where the term's bound is 40 below a known term (``_log_sum`` skips such terms); ub
     scratch, may be lpb."""
     n = K + 1
-    top = -1
+    top = np.int64(-1)  # not a literal: finish_quad_form would compile once more for it
     hi = -np.inf
     for k in range(n):
         if k < K and lognk[k] == -np.inf:

@@ -174,7 +174,7 @@ def _merges(
     n_merges = 0
     while True:
         best = 0.0
-        ba = -1
+        ba = np.int64(-1)  # not a literal: _keep_factor would compile once more for it
         bb = -1
         for a in range(K):
             if not alive[a]:

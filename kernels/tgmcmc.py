@@ -83,12 +83,14 @@ CASCADE, SEQINSERT = 0, 1
 
 
 @njit(cache=True, nogil=True)
-def _tally(acc, move, log_r):
-    """Add min(log r, 0) of a proposal to the table, or count it as impossible (r = 0)."""
+def _tally(row, log_r):
+    """Add min(log r, 0) of a proposal to its move's ``row`` (4,) of the acceptance table, or
+    count it as impossible (r = 0). The row, not the table and a move type: a constant argument
+    would compile one specialisation per move."""
     if log_r == -np.inf:
-        acc[move, N_IMPOSSIBLE] += 1.0
+        row[N_IMPOSSIBLE] += 1.0
     else:
-        acc[move, SUM_LOG_R] += min(log_r, 0.0)
+        row[SUM_LOG_R] += min(log_r, 0.0)
 
 
 @njit(cache=True, nogil=True)
@@ -483,11 +485,12 @@ def log_split_path(U, F, W, state, u, pp, spec, prior, max_depth, allow_new):
     nq = _detach(c_star, U, F, W, Slist, Qlist)
     slab[0] = blk[ni[c_star, LEFT]]
     slab[1] = blk[ni[c_star, RIGHT]]
-    ns = 2
+    ns = np.int64(2)  # not a literal 2: stoc_insert would compile once more for it
     for a in range(nq):
         q = Qlist[a]
         ns, lp = stoc_insert(
-            Slist, ns, q, F, W, state, True, slab, blk[q], u, pp, spec, prior, max_depth, allow_new,
+            Slist, ns, q, F, W, state, np.bool_(True), slab, blk[q], u, pp, spec, prior, max_depth,
+            allow_new,
         )  # fmt: skip
         log_p += lp
     for s in range(ns):
@@ -557,18 +560,18 @@ def _split(a, log_sel, C, F, W, P, state, fu, cfg, acc):
     if cnl[s] == 1:
         return  # a single leaf cannot be split: the chain stays
     c = ensure_tree(s, C, F, W, P, u, cfg)
-    c_star, log_ss = sample_sub(c, F, W, state, True)
+    c_star, log_ss = sample_sub(c, F, W, state, np.bool_(True))
     log_fwd = log_sel + log_ss
     Slist = W[11]
     slab = W[13]
     nq = _detach(c_star, c, F, W, Slist, W[12])
     slab[0] = 0
     slab[1] = 1
-    ns = 2
+    ns = np.int64(2)  # not a literal 2: stoc_insert would compile once more for it
     for k in range(nq):
         ns, lp = stoc_insert(
-            Slist, ns, W[12][k], F, W, state, False, slab, ns, u, pp, spec, prior, max_depth,
-            cfg[CFG_STOC_NEW] != 0,
+            Slist, ns, W[12][k], F, W, state, np.bool_(False), slab, ns, u, pp, spec, prior,
+            max_depth, cfg[CFG_STOC_NEW] != 0,
         )  # fmt: skip
         log_fwd += lp
     log_pi = -cl_term(s, C, u, pp)
@@ -604,7 +607,7 @@ def _split(a, log_sel, C, F, W, P, state, fu, cfg, acc):
     log_rev = -math.log(K - 1 + ns) + logsumexp(terms, ns)
     log_r = log_pi + log_rev - log_fwd
     acc[SPLIT, PROPOSED] += 1.0
-    _tally(acc, SPLIT, log_r)
+    _tally(acc[SPLIT], log_r)
     if math.log(1.0 - uniform(state)) < log_r:
         acc[SPLIT, ACCEPTED] += 1.0
         _drop_tree(s, C, F, W)
@@ -677,7 +680,7 @@ def _merge(a, dc, inM, C, F, W, P, state, fu, cfg, acc):
     Kstar = K - nC + 1
     log_rev = -math.log(Kstar)
     lab = W[5]
-    m = 0
+    m = np.int64(0)  # not a literal 0: build_canonical would compile once more for it
     members = W[4]
     for i in range(z.shape[0]):
         for k in range(nC):
@@ -698,7 +701,7 @@ def _merge(a, dc, inM, C, F, W, P, state, fu, cfg, acc):
     log_rev += log_split_path(U, F, W, state, u, pp, spec, prior, max_depth, cfg[CFG_STOC_NEW] != 0)
     log_r = log_pi + log_rev - log_fwd
     acc[MERGE, PROPOSED] += 1.0
-    _tally(acc, MERGE, log_r)
+    _tally(acc[MERGE], log_r)
     if log_rev > -np.inf and math.log(1.0 - uniform(state)) < log_r:
         acc[MERGE, ACCEPTED] += 1.0
         for k in range(nC):
@@ -817,7 +820,7 @@ def local_move_tree(C, F, W, P, state, fu, cfg, acc):
     r = ensure_tree(s, C, F, W, P, u, cfg)
     v = r
     for _ in range(D):
-        v, _lp = sample_sub(v, F, W, state, False)
+        v, _lp = sample_sub(v, F, W, state, np.bool_(False))
     m = leaves_of(v, ni, W[0], W[4])
     i = W[4][randint(state, m)]
     lw = W[15]
@@ -860,7 +863,7 @@ def local_move_tree(C, F, W, P, state, fu, cfg, acc):
         )  # fmt: skip
     else:
         log_r = log_w_new - log_w_old
-    _tally(acc, LOCAL, log_r)
+    _tally(acc[LOCAL], log_r)
     if math.log(1.0 - uniform(state)) >= log_r:
         free_tree(Tn, ni, free, meta, W[0])
         return

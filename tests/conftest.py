@@ -42,22 +42,45 @@ if "PREFECT_HOME" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
 os.environ.setdefault("DPMM_SHIPPED_KERNELS", "0")
 
 #: lines of a probe script run in a fresh process: from then on, ``compiled`` lists the name of
-#: every function numba compiles there
+#: every function numba compiles there, ``signatures`` its module-qualified name and argument
+#: types (literals as their types), and ``compiled_again()`` the kernels compiled more than once
+#: for one signature but for the literal values of their arguments
 RECORD_COMPILES = """
-from numba.core import event
-compiled = []
+from collections import Counter
+from numba.core import event, types
+compiled, signatures = [], []
 
 
 class Compiles(event.Listener):
     def on_start(self, ev):
-        compiled.append(ev.data["dispatcher"].py_func.__qualname__)
+        f = ev.data["dispatcher"].py_func
+        compiled.append(f.__qualname__)
+        args = tuple(str(types.unliteral(a)) for a in ev.data["args"])
+        signatures.append((f"{f.__module__}.{f.__qualname__}", args))
 
     def on_end(self, ev):
         pass
 
 
+def compiled_again():
+    again = {name for (name, _), n in Counter(signatures).items() if n > 1}
+    return sorted(name for name in again if name.startswith("kernels."))
+
+
 event.register("numba:compile", Compiles())
 """
+
+#: the kernels that a first fit compiles once per value of a constant its callers write at the
+#: call (a block size, a family's flag): by design. Any other kernel compiled again for the
+#: literal values of its arguments is wasted compiling, most often a loop's counter started at
+#: a literal (``np.int64(0)`` instead: ASUGS's stream compiled twice, 14 CPU s)
+AT_THE_CALL = {
+    "kernels.arrays.aligned_matrix",
+    "kernels.obs._common.count_sum_log_marginal",
+    "kernels.obs._common.table_log_predictive",
+    "kernels.obs.gaussian_nw.block_quad_forms",
+    "kernels.obs.gaussian_nw.update_with",
+}
 
 #: the environment of a fresh process whose empty numba cache is there to count what a call
 #: compiles, not to be loaded: LLVM's optimisation off, which changes no compilation, only their
