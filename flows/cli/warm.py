@@ -1,8 +1,8 @@
 """``dpmm warm`` (``make install``, the image's build): every engine's kernels for every spec type
-(``warm_kernels(every_product=True)``; an in-memory fit's among them), compiled into the numba
-cache before their first use by two processes sharing the rounds and their steps
-(``warmup.run_rounds``). ``--portable``: into the shipped kernels instead, for any CPU of this
-architecture (``make wheel``)."""
+(``warm_kernels(every_product=True)``; an in-memory fit's among them) and stage 2's (BHC and
+tree-guided MCMC), compiled into the numba cache before their first use by two processes sharing
+the rounds and their steps (``warmup.run_rounds``). ``--portable``: into the shipped kernels
+instead, for any CPU of this architecture (``make wheel``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ from typing import Any
 
 from pipeline.core.errors import InputError
 
-_WARM = "from pipeline.distributed.worker_setup import warm_kernels as w; w(every_product=True)"
+_WARM = (
+    "from pipeline.distributed.worker_setup import warm_kernels as w; "
+    "from pipeline.ops.stage2 import MCMC_STEP; w(every_product=True, more_stage2=[MCMC_STEP])"
+)
 
 
 def add_warm_parser(subparsers: Any) -> argparse.ArgumentParser:

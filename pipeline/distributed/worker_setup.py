@@ -77,13 +77,18 @@ def warm_names(engines: list[str], family: ProductFamily | None) -> list[str]:
 
 
 def warm_kernels(
-    names: list[str] | None = None, every_product: bool = False, helper: bool = False
+    names: list[str] | None = None,
+    every_product: bool = False,
+    helper: bool = False,
+    more_stage2: warmup.Steps | None = None,
 ) -> None:
     """Load every kernel a chunk task or the sample start of the engines ``names`` (default
     ``warm_engines()``) calls, and those of a stage 2 named there, for Gaussian records;
     ``every_product`` also for every other spec type (``dpmm warm``: a round each, in
-    ``warmup.run_rounds``; by default every stage 2 too, which a run's driver calls);
-    ``helper``: compile, do not load."""
+    ``warmup.run_rounds``; by default every stage 2 too, which a run's driver calls, and the
+    steps ``more_stage2`` in the same rounds: stage 2's tree-guided MCMC,
+    ``pipeline.ops.stage2.MCMC_STEP``, which a worker never runs); ``helper``: compile, do not
+    load."""
     every = every_product and not names
     names = names or warm_engines() + (list(STAGE2_STEPS) if every_product else [])
     kinds = warmup.spec_kinds()
@@ -91,6 +96,7 @@ def warm_kernels(
     kind = [kinds[n] for n in names if n in kinds]
     if every_product:
         steps, stage2 = _steps_of(engines)
+        stage2 += more_stage2 or []
         cells = kinds[warmup.NW_CELLS]
         # stage 2 takes a cells' family widened (``warm_stage2_bhc``): the every-family round's
         warmup.run_rounds(

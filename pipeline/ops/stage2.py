@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 
 from kernels import partition as kpartition
 from pipeline.distributed.worker_setup import stage2_step
-from pipeline.engines.warmup import await_step
+from pipeline.engines.warmup import await_step, toy_family
 from pipeline.estimators.bhc import BHC
 from pipeline.families import ProductFamily
 from pipeline.ops.page import new_figure
@@ -227,6 +227,24 @@ def _mcmc(
         posterior_n_clusters={int(k): float(p) for k, p in zip(values, post["probability"])},
     )
     return np.asarray(mc.labels_, dtype=np.int64), post
+
+
+def warm_mcmc() -> None:
+    """Load the kernels of stage 2's tree-guided MCMC (``_mcmc``), and of an in-memory
+    ``TreeGuidedMCMC`` fit, prediction and scores, for the warm-up's toy family: ``dpmm
+    warm``'s step ``MCMC_STEP`` in each round of a spec type stage 2 takes. Without it a first
+    ``dpmm run --mcmc`` or ``TreeGuidedMCMC().fit`` compiled for about a minute."""
+    from pipeline.estimators.tgmcmc import TreeGuidedMCMC
+
+    X, family = toy_family()
+    mc = TreeGuidedMCMC(family=family, n_iter=8, burn_in=2, random_state=0).fit(X)
+    mc.predict(X)
+    mc.score_samples(X)
+
+
+#: ``warm_mcmc`` under its warm-up step's name, which ``dpmm warm`` hands to ``warm_kernels``
+#: (a step defined above the workers' layer, which cannot import the estimator)
+MCMC_STEP = (stage2_step("mcmc"), warm_mcmc)
 
 
 def run_stage2(

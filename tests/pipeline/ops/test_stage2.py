@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 from scipy.cluster.hierarchy import dendrogram, is_valid_linkage
@@ -62,3 +67,54 @@ def test_none_is_identity(tmp_path) -> None:
     stats, fam, _ = _summaries()
     res = run_stage2(stats, fam, 1.0, tmp_path, method="none")
     np.testing.assert_array_equal(res.mapping, np.arange(12))
+
+
+# in a fresh process: the kernels' specialisations (module-qualified name, signature) loaded by
+# `dpmm warm`'s stage-2 steps in the rounds of the spec types stage 2 takes, then those that
+# stage 2 with tree-guided MCMC adds on summaries of a family of each of these spec types
+_COVERED = """
+import json, sys, tempfile
+import numpy as np
+from numba.core.registry import CPUDispatcher
+from kernels.obs.product import ANY_DTYPE
+from pipeline.distributed.worker_setup import STAGE2_STEPS
+from pipeline.engines import warmup
+from pipeline.ops.stage2 import MCMC_STEP, run_stage2
+from tests.pipeline.ops.test_stage2 import _summaries
+
+
+def loaded():
+    out = set()
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("kernels"):
+            for f in vars(mod).values():
+                if isinstance(f, CPUDispatcher):
+                    out |= {(f"{name}.{f.__name__}", str(s)) for s in f.signatures}
+    return out
+
+
+for dtype in (None, ANY_DTYPE):
+    with warmup.toy_spec(dtype):
+        STAGE2_STEPS["bhc"]()
+        MCMC_STEP[1]()
+warmed = loaded()
+stats, fam, _ = _summaries()
+for dtype in (fam.spec.dtype, ANY_DTYPE):
+    fam.spec = fam.spec.astype(dtype)
+    run_stage2(stats, fam, 1.0, tempfile.mkdtemp(), mcmc_iter=20, random_state=0)
+print(json.dumps(sorted(map(list, loaded() - warmed))))
+"""
+
+
+def test_the_warm_up_of_stage_2_covers_its_tree_guided_mcmc() -> None:
+    """``dpmm warm``'s stage-2 steps (BHC's and ``MCMC_STEP``) load every kernel specialisation
+    that stage 2 with ``mcmc_iter`` calls on summaries of an int32 (Normal-Wishart) and an int64
+    (any family) spec: after ``dpmm warm`` a first ``dpmm run --mcmc`` compiles nothing."""
+    res = subprocess.run(
+        [sys.executable, "-c", _COVERED],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    assert json.loads(res.stdout.splitlines()[-1]) == []
