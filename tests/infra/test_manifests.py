@@ -346,7 +346,9 @@ def test_dockerfile_builds_the_make_install_environment():
     from flows.cli import warm
     from pipeline.distributed import worker_setup
 
-    assert "import warm_kernels as w; w(every_product=True)" in warm._WARM
+    # every engine and spec type, and stage 2's tree-guided MCMC (``pipeline.ops.stage2``)
+    assert "import warm_kernels as w; " in warm._WARM
+    assert "w(every_product=True, more_stage2=[MCMC_STEP])" in warm._WARM
     assert inspect.signature(worker_setup.warm_kernels).parameters["names"].default is None
     env = " ".join(rest for word, rest in steps if word == "ENV")
     assert "NUMBA_CACHE_DIR=" in env
