@@ -70,6 +70,23 @@ def compiled_again():
 event.register("numba:compile", Compiles())
 """
 
+
+def kernel_signatures() -> set[tuple[str, Any]]:
+    """Every (kernel, signature) this process holds compiled or loaded from the cache."""
+    import sys
+
+    from numba.core.registry import CPUDispatcher
+
+    return {
+        (f"{module}.{attr}", sig)
+        for module, mod in list(sys.modules.items())
+        if module.startswith("kernels")
+        for attr, f in list(vars(mod).items())
+        if isinstance(f, CPUDispatcher)
+        for sig in list(f.overloads)
+    }
+
+
 #: the kernels that a first fit compiles once per value of a constant its callers write at the
 #: call (a block size, a family's flag): by design. Any other kernel compiled again for the
 #: literal values of its arguments is wasted compiling, most often a loop's counter started at

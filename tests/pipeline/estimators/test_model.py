@@ -24,6 +24,7 @@ from pipeline.estimators.mapdp import MAPDP
 from pipeline.estimators.model import MODEL_VERSION, load_model, save_model
 from pipeline.estimators.tgmcmc import TreeGuidedMCMC
 from pipeline.families import GaussianNW
+from tests.conftest import kernel_signatures
 
 
 def make(name: str, frame: bool) -> Any:
@@ -380,22 +381,6 @@ def _fitted_and_inputs(name: str) -> tuple[Any, tuple[Any, ...]]:
     return make(name, False).fit(X), (X,)
 
 
-def _kernel_signatures() -> set[tuple[str, Any]]:
-    """Every (kernel, signature) this process holds compiled or loaded from the cache."""
-    import sys
-
-    from numba.core.registry import CPUDispatcher
-
-    return {
-        (f"{module}.{attr}", sig)
-        for module, mod in list(sys.modules.items())
-        if module.startswith("kernels")
-        for attr, f in list(vars(mod).items())
-        if isinstance(f, CPUDispatcher)
-        for sig in list(f.overloads)
-    }
-
-
 @pytest.mark.parametrize("name", [*NAMES, "MAPiHMM", "MixedEffectsDP"])
 def test_a_model_unpickled_from_read_only_memory_maps_predicts_without_new_kernels(
     name: str, tmp_path: Path
@@ -409,11 +394,11 @@ def test_a_model_unpickled_from_read_only_memory_maps_predicts_without_new_kerne
     est, args = _fitted_and_inputs(name)
     scores = hasattr(est, "score_samples")
     expected = (est.predict(*args), est.score_samples(*args) if scores else None)
-    before = _kernel_signatures()
+    before = kernel_signatures()
     joblib.dump(est, tmp_path / "m.joblib")
     loaded = joblib.load(tmp_path / "m.joblib", mmap_mode="r")
     got = (loaded.predict(*args), loaded.score_samples(*args) if scores else None)
-    assert _kernel_signatures() - before == set()
+    assert kernel_signatures() - before == set()
     np.testing.assert_array_equal(got[0], expected[0])
     if scores:
         np.testing.assert_allclose(got[1], expected[1], rtol=1e-12)

@@ -73,36 +73,24 @@ def test_none_is_identity(tmp_path) -> None:
 # `dpmm warm`'s stage-2 steps in the rounds of the spec types stage 2 takes, then those that
 # stage 2 with tree-guided MCMC adds on summaries of a family of each of these spec types
 _COVERED = """
-import json, sys, tempfile
-import numpy as np
-from numba.core.registry import CPUDispatcher
+import json, tempfile
 from kernels.obs.product import ANY_DTYPE
 from pipeline.distributed.worker_setup import STAGE2_STEPS
 from pipeline.engines import warmup
 from pipeline.ops.stage2 import MCMC_STEP, run_stage2
+from tests.conftest import kernel_signatures
 from tests.pipeline.ops.test_stage2 import _summaries
-
-
-def loaded():
-    out = set()
-    for name, mod in list(sys.modules.items()):
-        if name.startswith("kernels"):
-            for f in vars(mod).values():
-                if isinstance(f, CPUDispatcher):
-                    out |= {(f"{name}.{f.__name__}", str(s)) for s in f.signatures}
-    return out
-
 
 for dtype in (None, ANY_DTYPE):
     with warmup.toy_spec(dtype):
         STAGE2_STEPS["bhc"]()
         MCMC_STEP[1]()
-warmed = loaded()
+warmed = kernel_signatures()
 stats, fam, _ = _summaries()
 for dtype in (fam.spec.dtype, ANY_DTYPE):
     fam.spec = fam.spec.astype(dtype)
     run_stage2(stats, fam, 1.0, tempfile.mkdtemp(), mcmc_iter=20, random_state=0)
-print(json.dumps(sorted(map(list, loaded() - warmed))))
+print(json.dumps(sorted(f"{k} {sig}" for k, sig in kernel_signatures() - warmed)))
 """
 
 
