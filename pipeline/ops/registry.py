@@ -12,7 +12,8 @@ an exclusive-create lock (local) or a compare-and-swap with ``If-Match`` (object
 A crashed writer blocks the others for at most the lease (``pipeline.core.config.
 REGISTRY_LEASE``): a lock whose process on this host is gone is taken over at once; what it left
 is invisible and removed by the next writer (after ``outputs.STALE_SECONDS`` when it ran on
-another host), its claim kept as a tombstone so that its number is never used again.
+another host), its claim kept as a tombstone so that its number is never used again, and
+marked once its ``vN/`` is gone (until then every writer removes what is left of it).
 """
 
 from __future__ import annotations
@@ -208,7 +209,9 @@ class Registry:
                 with contextlib.suppress(FileNotFoundError):
                     fs.rm([(staged / rel).key for rel in objects])
                 return final
-            # paused for a day: another writer made this claim a tombstone and removes vN/
+            # paused for a day: another writer made this claim a tombstone and removed vN/,
+            # perhaps before this copy ended; vN is never used again, so what it left goes
+            storage.rmtree(final, ignore_errors=True)
         raise RuntimeError(f"{self._shown()}: no version number could be claimed")
 
     def _rename_in(self, staged: Path, record: dict[str, Any]) -> Path:
@@ -273,8 +276,10 @@ class Registry:
                 held = json.loads(claim.read_text())
             except (FileNotFoundError, ValueError):
                 continue
+            if held.get("removed"):
+                continue  # a tombstone whose version's objects are gone
             gone = _gone(str(held.get("host")), int(held.get("pid", -1)))
-            if held.get("abandoned") or not (
+            if not held.get("abandoned") and not (
                 gone or time.time() - float(held.get("time", 0)) > STALE
             ):
                 continue  # a writer's claim, the copy of its version under way
@@ -282,15 +287,28 @@ class Registry:
             if self._published(final):
                 claim.unlink(missing_ok=True)  # it crashed after its manifest
                 continue
-            tomb = json.dumps({**held, "abandoned": time.time()}).encode()
-            try:
-                claim.fs.pipe_file(claim.key, tomb, IfMatch=claim.fs.info(claim.key)["ETag"])
-            except Exception as err:
-                if not (_conflict(err) or isinstance(err, FileNotFoundError)):
-                    raise
-                continue
+            if not held.get("abandoned"):
+                held = {**held, "abandoned": time.time()}
+                if not self._replace_claim(claim, held):
+                    continue
+            # a tombstone is written before vN/ is removed, and the writer removing it can
+            # crash in between: every writer removes vN/ until the tombstone says it is gone
             storage.rmtree(final, ignore_errors=True)
+            self._replace_claim(claim, {**held, "removed": time.time()})
         return taken
+
+    @staticmethod
+    def _replace_claim(claim: RemotePath, held: dict[str, Any]) -> bool:
+        """Write ``held`` over the claim unless another writer changed it since it was read
+        (compare-and-swap on its ETag); whether it was written."""
+        try:
+            etag = claim.fs.info(claim.key)["ETag"]
+            claim.fs.pipe_file(claim.key, json.dumps(held).encode(), IfMatch=etag)
+        except Exception as err:
+            if not (_conflict(err) or isinstance(err, FileNotFoundError)):
+                raise
+            return False
+        return True
 
     # -- the pointer ------------------------------------------------------------------------------
     def advance(self, n: int) -> bool:
