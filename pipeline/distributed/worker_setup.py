@@ -34,19 +34,14 @@ WARM_ENV = "DPMM_WARM_ENGINES"
 def warm_stage2_bhc() -> None:
     """Load the kernels of the summaries' moments and of stage 2's BHC for the toy family, in a
     worker while another compiles the sweep rather than in the driver after stage 1."""
-    from kernels import bhc as kbhc
     from pipeline.families.stats import Stats
-    from pipeline.models.bhc import alternative_increments, build_tree, lower_bound
+    from pipeline.models.bhc import fit_tree
 
     X, family = warmup.toy_family()
     z = (X[:, 0] > 0).astype(np.int64) * 3 + np.arange(X.shape[0]) % 3
     stats = family.stats_of(X, z, 6)
     Stats(stats, family).moments(family)
-    fam = family.widened()
-    tree = build_tree(stats, fam, 0.0, 16, None)  # as ``BHC`` fits it, with its bounds
-    kbhc.cut(tree.left, tree.right, tree.log_r, tree.n_leaves)
-    lower_bound(tree, 0.0)
-    alternative_increments(tree, fam, 0.0, np.ones(len(tree), dtype=np.bool_))
+    fit_tree(stats, family.widened(), 0.0)  # as stage 2 and ``BHC`` fit it, with its bounds
 
 
 # warm-up steps of a stage 2, by the name ``dask_client(warm=...)`` gives it next to the engine

@@ -12,7 +12,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.special import logsumexp
 
 from kernels import bayes_kmeans as kbk
 from kernels import bhc as kbhc
@@ -20,7 +19,7 @@ from pipeline.core import config
 from pipeline.core.seeds import as_seed_sequence
 from pipeline.estimators.base import MixtureEstimator
 from pipeline.families import Family, ProductFamily
-from pipeline.models.bhc import alternative_increments, build_tree, lower_bound
+from pipeline.models.bhc import N_TOP, alternative_bound, fit_tree, relocations
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
@@ -105,7 +104,7 @@ class BHC(MixtureEstimator):
         alt_start: int | None = None,
         k_init: int | None = None,
         kmeans_sweeps: int = 0,
-        n_top: int = 16,
+        n_top: int = N_TOP,
         parallel: bool = False,
         prior_scale: float | None = None,
         tune: str | None = None,
@@ -165,16 +164,14 @@ class BHC(MixtureEstimator):
         self.leaf_groups_ = groups
         # None, not a huge int: the serial kernels are then compiled without the threaded ones
         par = int(kbhc.MIN_PARALLEL) if self.parallel else None
-        self.tree_ = build_tree(leaves, fam, log_alpha, int(self.n_top), par)
-        tree = self.tree_
-        root = tree.root
-        labels, nodes = kbhc.cut(tree.left, tree.right, tree.log_r, tree.n_leaves)
-        self.labels_ = labels[groups]
-        self.cluster_nodes_ = nodes
-        self.n_clusters_ = int(nodes.shape[0])
-        self.log_evidence_ = float(tree.log_p[root])
-        self.lower_bound_ = lower_bound(tree, log_alpha)
-        self.alt_lower_bound_, self.alt_increments_ = self.alternative_bound(self.alt_start)
+        cut = fit_tree(leaves, fam, log_alpha, int(self.n_top), par, self.alt_start)
+        self.tree_ = cut.tree
+        self.labels_ = cut.labels[groups]
+        self.cluster_nodes_ = cut.nodes
+        self.n_clusters_ = int(cut.nodes.shape[0])
+        self.log_evidence_ = cut.log_evidence
+        self.lower_bound_ = cut.lower_bound
+        self.alt_lower_bound_, self.alt_increments_ = cut.alt_lower_bound, cut.alt_increments
 
     def alternative_bound(
         self, start: int | None = None, path_only: bool = False
@@ -197,26 +194,9 @@ class BHC(MixtureEstimator):
         log_delta : ndarray of shape (2M - 1, 2)
             log delta_LB of each node's two alternative trees (-inf where none).
         """
-        tree = self.tree_
-        M = tree.n_leaves
-        root = tree.root
-        relocate = np.zeros(len(tree), dtype=np.bool_)
-        if M >= 3:
-            l = M if start is None else int(start)
-            if not M <= l <= root:
-                raise ValueError(f"start must be an internal node id in [{M}, {root}], got {l}")
-            if path_only:
-                k = l
-                while k >= 0:
-                    relocate[k] = True
-                    k = int(tree.parent[k])
-            else:
-                relocate[l:] = True
-        log_delta = alternative_increments(
-            tree, self.family_, math.log(float(self.alpha)), relocate
-        )
-        terms = np.concatenate([[self.lower_bound_], log_delta[np.isfinite(log_delta)]])
-        return float(logsumexp(terms)), log_delta
+        relocate = relocations(self.tree_, start, path_only)
+        log_alpha = math.log(float(self.alpha))
+        return alternative_bound(self.tree_, self.family_, log_alpha, self.lower_bound_, relocate)
 
     def _score_encoded(self, Xa: FloatArray) -> FloatArray:
         """log p(x | D, T) of encoded records Xa (n_samples, n_features) under the tree, shape

@@ -8,6 +8,7 @@ the write-out tasks.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +21,8 @@ from numpy.typing import NDArray
 from kernels import partition as kpartition
 from pipeline.distributed.worker_setup import stage2_step
 from pipeline.engines.warmup import await_step, toy_family
-from pipeline.estimators.bhc import BHC
-from pipeline.families import ProductFamily
+from pipeline.families import ProductFamily, as_product, check_summaries
+from pipeline.models.bhc import Cut, fit_tree
 from pipeline.ops.page import new_figure
 
 IntArray = NDArray[np.int64]
@@ -93,7 +94,7 @@ def _posterior_panel(ax: Any, posterior: pd.DataFrame) -> None:
 
 
 def _tree_picture(
-    bhc: BHC,
+    bhc: Cut,
     sizes: NDArray[np.float64],
     mapping: IntArray,
     posterior: pd.DataFrame | None,
@@ -104,10 +105,10 @@ def _tree_picture(
     from matplotlib.lines import Line2D
     from scipy.cluster.hierarchy import dendrogram
 
-    tree = bhc.tree_
+    tree = bhc.tree
     M = tree.n_leaves
     Z = tree.linkage()
-    cut = np.asarray(bhc.cluster_nodes_, dtype=np.int64)
+    cut = np.asarray(bhc.nodes, dtype=np.int64)
     owner = _cut_owner(tree.left, tree.right, cut)
 
     def label(finals: np.ndarray, n: float) -> str:
@@ -288,21 +289,25 @@ def run_stage2(
     # a warm-up helper may be compiling BHC's kernels now: wait and load them, not compile twice
     await_step(stage2_step(method))
     t0 = time.perf_counter()
-    bhc = BHC(alpha=alpha, family=family).fit_summaries(stats, family)
+    # as ``BHC().fit_summaries(stats, family)`` fits them (its spec widened, so that stage 2
+    # compiles one BHC per spec type), without the estimator's libraries
+    given = as_product(family)
+    leaves = check_summaries(stats, given)
+    bhc = fit_tree(leaves, given.widened(), math.log(alpha))
     t_bhc = time.perf_counter() - t0
     files = [out / "tree.parquet", out / "linkage.npy", out / "dendrogram.png"]
-    bhc.tree_.to_pandas().to_parquet(files[0], index=False)
-    np.save(files[1], bhc.tree_.linkage())
+    bhc.tree.to_pandas().to_parquet(files[0], index=False)
+    np.save(files[1], bhc.tree.linkage())
     info: dict[str, Any] = {
         "method": "bhc",
         "n_summaries": M,
-        "n_clusters": int(bhc.n_clusters_),
-        "log_evidence": float(bhc.log_evidence_),
-        "lower_bound": float(bhc.lower_bound_),
-        "alt_lower_bound": float(bhc.alt_lower_bound_),
+        "n_clusters": int(bhc.nodes.shape[0]),
+        "log_evidence": bhc.log_evidence,
+        "lower_bound": bhc.lower_bound,
+        "alt_lower_bound": bhc.alt_lower_bound,
         "seconds_bhc": t_bhc,
     }
-    labels = np.asarray(bhc.labels_, dtype=np.int64)
+    labels = np.asarray(bhc.labels, dtype=np.int64)
     post: pd.DataFrame | None = None
     if mcmc_iter > 0:
         labels, post = _mcmc(stats, family, alpha, labels, mcmc_iter, random_state, out, info)

@@ -985,6 +985,9 @@ def test_label_scores_match_sklearn():
     assert got["ari"] == pytest.approx(adjusted_rand_score(y, z), abs=1e-12)
     same = np.vstack([[3, 3], [0, 0], [5, 7]])
     assert label_scores(same) == {"nmi": 1.0, "ari": 1.0}
+    # one cluster against several classes: nothing shared
+    one = np.vstack([[0, 1, 2], [4, 4, 4], [5, 7, 9]])
+    assert label_scores(one)["nmi"] == normalized_mutual_info_score([0, 1, 2], [4, 4, 4]) == 0.0
 
 
 def test_label_column_is_left_out_and_stored(client, tmp_path: Path):

@@ -12,6 +12,7 @@ import pandas as pd
 from scipy.cluster.hierarchy import dendrogram, is_valid_linkage
 from sklearn.metrics import adjusted_rand_score
 
+from pipeline.estimators.bhc import BHC
 from pipeline.families import GaussianNW
 from pipeline.ops.stage2 import run_stage2
 
@@ -47,6 +48,49 @@ def test_bhc_maps_pieces_back_to_blobs(tmp_path) -> None:
     leaves = dendrogram(np.load(tmp_path / "linkage.npy"), no_plot=True)["leaves"]
     assert order == list(dict.fromkeys(int(res.mapping[i]) for i in leaves))
     assert sorted(order) == [0, 1, 2]
+
+
+def test_stage_2_fits_the_tree_the_estimator_fits(tmp_path) -> None:
+    # the same ``pipeline.models.bhc.fit_tree`` on both paths: the same tree, cut and bounds
+    stats, fam, _ = _summaries()
+    res = run_stage2(stats, fam, 0.7, tmp_path)
+    bhc = BHC(alpha=0.7, family=fam).fit_summaries(stats, fam)
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "tree.parquet"), bhc.tree_.to_pandas())
+    assert res.info["log_evidence"] == bhc.log_evidence_
+    assert res.info["lower_bound"] == bhc.lower_bound_
+    assert res.info["alt_lower_bound"] == bhc.alt_lower_bound_
+    assert adjusted_rand_score(bhc.labels_, res.mapping) == 1.0
+
+
+# in a fresh process: stage 2 (without tree-guided MCMC), the run's label scores and its report
+# import no scikit-learn, whose import is most of a second of a command's start-up
+_NO_SKLEARN = """
+import sys, tempfile
+import numpy as np
+from pipeline.distributed.writeout import label_scores
+from pipeline.families import GaussianNW
+from pipeline.ops import report
+from pipeline.ops.stage2 import run_stage2
+
+rng = np.random.default_rng(0)
+X = np.vstack([c + rng.normal(size=(100, 2)) for c in ([0.0, 0.0], [9.0, 0.0])])
+fam = GaussianNW.empirical_bayes(X).as_product()
+z = np.arange(200, dtype=np.int64) % 6
+res = run_stage2(fam.stats_of(fam.arrange(X), z, 6), fam, 1.0, tempfile.mkdtemp())
+label_scores(np.vstack([z // 3, res.mapping[z], np.ones(200, dtype=np.int64)]))
+print(sorted(m for m in sys.modules if m.split(".")[0] == "sklearn"))
+"""
+
+
+def test_stage_2_and_the_label_scores_import_no_scikit_learn() -> None:
+    res = subprocess.run(
+        [sys.executable, "-c", _NO_SKLEARN],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    assert res.stdout.splitlines()[-1] == "[]"
 
 
 def test_tgmcmc_after_bhc_writes_posterior(tmp_path) -> None:
