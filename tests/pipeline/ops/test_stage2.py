@@ -30,6 +30,18 @@ def _summaries():
     return stats, fam, np.repeat(np.arange(3), 4)
 
 
+def _last_line(code: str) -> str:
+    """The last line ``code`` prints, run in a fresh interpreter from the repository root."""
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    return res.stdout.splitlines()[-1]
+
+
 def test_bhc_maps_pieces_back_to_blobs(tmp_path) -> None:
     stats, fam, truth = _summaries()
     res = run_stage2(stats, fam, 1.0, tmp_path)
@@ -83,14 +95,7 @@ print(sorted(m for m in sys.modules if m.split(".")[0] == "sklearn"))
 
 
 def test_stage_2_and_the_label_scores_import_no_scikit_learn() -> None:
-    res = subprocess.run(
-        [sys.executable, "-c", _NO_SKLEARN],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=Path(__file__).resolve().parents[3],
-    )
-    assert res.stdout.splitlines()[-1] == "[]"
+    assert _last_line(_NO_SKLEARN) == "[]"
 
 
 def test_tgmcmc_after_bhc_writes_posterior(tmp_path) -> None:
@@ -142,11 +147,4 @@ def test_the_warm_up_of_stage_2_covers_its_tree_guided_mcmc() -> None:
     """``dpmm warm``'s stage-2 steps (BHC's and ``MCMC_STEP``) load every kernel specialisation
     that stage 2 with ``mcmc_iter`` calls on summaries of an int32 (Normal-Wishart) and an int64
     (any family) spec: after ``dpmm warm`` a first ``dpmm run --mcmc`` compiles nothing."""
-    res = subprocess.run(
-        [sys.executable, "-c", _COVERED],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=Path(__file__).resolve().parents[3],
-    )
-    assert json.loads(res.stdout.splitlines()[-1]) == []
+    assert json.loads(_last_line(_COVERED)) == []
