@@ -299,8 +299,8 @@ class Registry:
 
     @staticmethod
     def _replace_claim(claim: RemotePath, held: dict[str, Any]) -> bool:
-        """Write ``held`` over the claim unless another writer changed it since it was read
-        (compare-and-swap on its ETag); whether it was written."""
+        """Write ``held`` over the claim unless another writer writes it between this one's
+        look at its ETag and the write (compare-and-swap); whether it was written."""
         try:
             etag = claim.fs.info(claim.key)["ETag"]
             claim.fs.pipe_file(claim.key, json.dumps(held).encode(), IfMatch=etag)
