@@ -1,7 +1,8 @@
 """The rules that judge a run, each written once for the in-memory fits and the distributed
 engines: when it stops (``stop_reason``), and when its fit looks degenerate (every record in one
 cluster, or more clusters than one per ``RECORDS_PER_CLUSTER`` records: ``degenerate_fit``, which
-names the parameter to change, for the reports and the estimators); and when held-out evidence
+names the parameter to change, for the reports and the estimators; ``sequence_fit`` for the
+HMMs, whose tempering can merge a trending series into one state); and when held-out evidence
 is enough to leave a default (``clearly_better``).
 """
 
@@ -106,3 +107,26 @@ def degenerate_fit(
     lead = "If you expect groups, " if side == 0 else ""
     sentence = f"{lead}{advice}{tail}."
     return f"{what}. {sentence[0].upper()}{sentence[1:]}"
+
+
+def sequence_fit(n_states: int, n_steps: int, temper: float, rho: float | None) -> str | None:
+    """``degenerate_fit`` of an HMM of ``n_states`` states over ``n_steps`` time steps fitted
+    with emission weight ``temper`` measured from the residual autocorrelation ``rho`` (None or
+    NaN: not measured), as one sentence; None when the fit does not look degenerate.
+
+    One state after tempering (``temper`` < 1) is the tempering's doing, not the prior's: the
+    records drift within the untempered fit's states, as a series with a trend does, and
+    weighed by ``temper`` the drift no longer pays for them. Raising alpha or lowering the prior
+    scale does not undo that; modelling the changes or the untempered fit does.
+    """
+    k, n = int(n_states), int(n_steps)
+    if k > 1 or n < 2 or not temper < 1.0:
+        return degenerate_fit(k, n, "time steps")
+    measured = "" if rho is None or not math.isfinite(rho) else f"autocorrelation {rho:.2f}, "
+    return (
+        f"one state holds all {n:,} time steps: the records drift within the untempered fit's "
+        f"states ({measured}each step's emission weighed {temper:.2g}), as a series with a "
+        "trend does, and tempered they merge. A trend is not a state: model the changes (each "
+        "sequence's differences, e.g. numpy.diff) or set temper=1 (--temper 1) for the "
+        "untempered segments."
+    )

@@ -19,6 +19,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from pipeline.core import config
 from pipeline.core.config import check_scale
+from pipeline.core.diagnose import DegenerateFitWarning, sequence_fit
 from pipeline.core.errors import InputError
 from pipeline.core.seeds import as_seed_sequence
 from pipeline.estimators.base import MixtureEstimator
@@ -323,7 +324,9 @@ class MAPiHMM(_SequenceEstimator):
     temper : "auto" or float in (0, 1], default="auto"
         Weight w of each record's emission (power likelihood), so that a sequence drifting within
         its states is not split into extra states. "auto" measures w from the residual
-        autocorrelation of a first, untempered fit's states (``fit_map_ihmm``).
+        autocorrelation of a first, untempered fit's states (``fit_map_ihmm``). A series with
+        a trend drifts within every state and can end in one; that fit warns
+        (``DegenerateFitWarning``, ``pipeline.core.diagnose.sequence_fit``).
     random_state : int, SeedSequence, Generator or None
     verbose : int, default=0
 
@@ -400,6 +403,9 @@ class MAPiHMM(_SequenceEstimator):
                 # the caller of fit
                 stacklevel=3,
             )
+        bad = sequence_fit(best.state.n_states, Xa.shape[0], w, rho)
+        if bad:
+            warnings.warn(f"MAPiHMM: {bad}", DegenerateFitWarning, stacklevel=3)
         self.objective_ = best.objective
         self.objective_history_ = best.history
         self.n_iter_ = best.n_iter

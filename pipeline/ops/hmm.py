@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.core import outputs, storage
-from pipeline.core.diagnose import degenerate_fit
+from pipeline.core.diagnose import sequence_fit
 from pipeline.core.errors import InputError
 from pipeline.core.outputs import versions, write_json
 from pipeline.data.sources import read_table
@@ -229,7 +229,9 @@ def hmm_page(run: dict[str, Any], A: np.ndarray, sizes: np.ndarray) -> Page:
         ("fitted log likelihood per step", m.get("train_log_likelihood_per_step")),
         ("total time", f"{run['timing']['total']:.1f} s"),
     ]
-    warn = degenerate_fit(K, int(run.get("n_train") or run["n_rows"]), "time steps")
+    tw = run.get("temper") or {}
+    n_steps = int(run.get("n_train") or run["n_rows"])
+    warn = sequence_fit(K, n_steps, float(tw.get("w", 1.0)), tw.get("rho"))
     page = Page("dpmm hmm report", facts, [warn] if warn else [])
     sec = page.section("States over time")
     sec.text(

@@ -1,10 +1,11 @@
-"""The degenerate-fit rule: one cluster, or more clusters than one per ten records."""
+"""The degenerate-fit rule: one cluster, or more clusters than one per ten records; an HMM
+that tempering merged into one state."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.core.diagnose import RECORDS_PER_CLUSTER, degenerate_fit
+from pipeline.core.diagnose import RECORDS_PER_CLUSTER, degenerate_fit, sequence_fit
 
 
 @pytest.mark.parametrize(
@@ -38,3 +39,19 @@ def test_names_only_the_parameters_the_command_has() -> None:
     msg = degenerate_fit(1, 50, "subjects", tunable=("alpha",))
     assert msg is not None and "subjects" in msg and "alpha" in msg
     assert "prior_scale" not in msg
+
+
+def test_an_hmm_tempered_into_one_state_names_the_trend() -> None:
+    """``sequence_fit``: one state after tempering names the tempering and the changes as the
+    cure, not alpha or the prior scale; untempered, or with more states, the rule of
+    ``degenerate_fit`` over time steps."""
+    msg = sequence_fit(1, 203, 0.039, 0.924)
+    assert msg is not None
+    assert "203 time steps" in msg and "autocorrelation 0.92" in msg and "weighed 0.039" in msg
+    assert "trend" in msg and "numpy.diff" in msg and "temper=1 (--temper 1)" in msg
+    assert "alpha" not in msg and "prior_scale" not in msg
+    assert "autocorrelation" not in (sequence_fit(1, 203, 0.5, None) or "")
+    assert sequence_fit(1, 203, 1.0, None) == degenerate_fit(1, 203, "time steps")
+    assert sequence_fit(30, 203, 0.5, 0.3) == degenerate_fit(30, 203, "time steps")
+    assert sequence_fit(2, 203, 0.039, 0.924) is None
+    assert sequence_fit(1, 1, 0.5, 0.3) is None

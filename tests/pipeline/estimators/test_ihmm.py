@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,6 +15,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics import normalized_mutual_info_score
 
 from pipeline import IHMMGibbs, MAPiHMM
+from pipeline.core.diagnose import DegenerateFitWarning
 from pipeline.models.ihmm import starts_of
 
 
@@ -230,8 +232,6 @@ def test_dpmm_score_refuses_an_hmm_model(data, tmp_path):
 
 def beavers() -> pd.DataFrame:
     """tests/data/seq_beavers.csv: two beavers' body temperature, ``label`` 1 = active."""
-    from pathlib import Path
-
     path = Path(__file__).parents[2] / "data" / "seq_beavers.csv"
     return pd.read_csv(path, comment="#")
 
@@ -332,3 +332,25 @@ def test_residual_autocorrelation_of_an_ar1_sequence():
     assert ess_share(rho) == pytest.approx((1 - rho) / (1 + rho))
     assert ess_share(-0.2) == ess_share(float("nan")) == 1.0
     assert ess_share(0.9999) == MIN_TEMPER
+
+
+def test_a_trending_series_tempered_into_one_state_says_why() -> None:
+    """Issue 57: a public US quarterly series in levels (real GDP, unemployment rate, CPI,
+    T-bill rate, 1959-2009: trends on different scales). The untempered fit cuts the trends
+    into time segments; within each the records drift (residual autocorrelation 0.92), so
+    ``temper="auto"`` weighs each step's emission 0.04 and one state remains. The fit warns
+    with that cause and its cure (the changes, or ``temper=1``) instead of alpha. In quarterly
+    changes the same defaults keep two states and do not warn."""
+    df = pd.read_csv(Path(__file__).parents[2] / "data" / "seq_us_macro.csv", comment="#")
+    levels = df[["realgdp", "unemp", "cpi", "tbilrate"]].to_numpy()
+    with pytest.warns(DegenerateFitWarning, match="A trend is not a state"):
+        m = MAPiHMM(random_state=0).fit(levels)
+    assert m.n_states_ == 1
+    assert m.temper_ < 0.1 and m.residual_autocorrelation_ > 0.9
+    assert MAPiHMM(temper=1.0, random_state=0).fit(levels).n_states_ > 5
+    log_gdp, log_cpi = np.log(df["realgdp"]), np.log(df["cpi"])
+    columns = [100 * log_gdp, df["unemp"], 100 * log_cpi, df["tbilrate"]]
+    changes = np.diff(np.column_stack(columns), axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DegenerateFitWarning)
+        assert MAPiHMM(random_state=0).fit(changes).n_states_ >= 2

@@ -13,12 +13,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.core.diagnose import degenerate_fit
+from pipeline.core.diagnose import degenerate_fit, sequence_fit
 from pipeline.data.labels import WriteResult
 from pipeline.distributed.writeout import summarize_written
 from pipeline.families.schema import Schema, cluster_table
 from pipeline.ops import profile
 from pipeline.ops import report as rep
+from pipeline.ops.hmm import hmm_page
 from pipeline.ops.page import Page, Picture, fmt
 from tests.browser import Browser, check_page, image_sources
 
@@ -177,6 +178,26 @@ def test_a_degenerate_fit_gets_a_warning_box(tmp_path: Path, K: int) -> None:
     assert rule is not None
     assert f'<div class="warn"><b>Warning:</b> {html.escape(rule)}</div>' in text
     assert f"> **Warning:** {rule}" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize(("w", "rho"), [(0.039, 0.924), (1.0, None)])
+def test_an_hmm_report_says_why_it_has_one_state(w: float, rho: float | None) -> None:
+    """``dpmm hmm``'s report: one state after tempering gets ``sequence_fit``'s sentence (the
+    trend, not alpha), from run.json's ``temper``; untempered, ``degenerate_fit``'s."""
+    run = {
+        "input": "levels.csv",
+        "n_rows": 203,
+        "n_train": 203,
+        "parameters": {"alpha": 1.0, "gamma": 2.0},
+        "metrics": {"n_sequences": 1, "n_heldout_sequences": 0, "passes": 2, "converged": True},
+        "timing": {"total": 1.0},
+        "temper": {"w": w, "rho": rho},
+    }
+    page = hmm_page(run, np.ones((1, 1)), np.array([203.0]))
+    assert page.warnings == [sequence_fit(1, 203, w, rho)]
+    assert ("A trend is not a state" in page.warnings[0]) == (w < 1.0)
+    if w == 1.0:
+        assert page.warnings == [degenerate_fit(1, 203, "time steps")]
 
 
 @pytest.mark.parametrize("d", [5, rep.EIGH_MAX_COLS + 36])
