@@ -17,6 +17,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from pipeline import IHMMGibbs, MAPiHMM
 from pipeline.core.diagnose import DegenerateFitWarning
 from pipeline.models.ihmm import starts_of
+from tests.benchmarks.bench_real_seq import us_macro
 
 
 def sample_hmm(rng, lengths, means=(-3.0, 0.0, 3.0), stay=0.95, d=2):
@@ -341,16 +342,13 @@ def test_a_trending_series_tempered_into_one_state_says_why() -> None:
     ``temper="auto"`` weighs each step's emission 0.04 and one state remains. The fit warns
     with that cause and its cure (the changes, or ``temper=1``) instead of alpha. In quarterly
     changes the same defaults keep two states and do not warn."""
-    df = pd.read_csv(Path(__file__).parents[2] / "data" / "seq_us_macro.csv", comment="#")
-    levels = df[["realgdp", "unemp", "cpi", "tbilrate"]].to_numpy()
+    series = us_macro()
+    levels, changes = series["levels"][0], series["changes"][0]
     with pytest.warns(DegenerateFitWarning, match="A trend is not a state"):
         m = MAPiHMM(random_state=0).fit(levels)
     assert m.n_states_ == 1
     assert m.temper_ < 0.1 and m.residual_autocorrelation_ > 0.9
     assert MAPiHMM(temper=1.0, random_state=0).fit(levels).n_states_ > 5
-    log_gdp, log_cpi = np.log(df["realgdp"]), np.log(df["cpi"])
-    columns = [100 * log_gdp, df["unemp"], 100 * log_cpi, df["tbilrate"]]
-    changes = np.diff(np.column_stack(columns), axis=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DegenerateFitWarning)
         assert MAPiHMM(random_state=0).fit(changes).n_states_ >= 2
