@@ -8,6 +8,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import dask
@@ -16,7 +17,7 @@ from distributed import Client, LocalCluster
 from hypothesis import settings
 
 from pipeline.distributed.client import PROFILE_KEY
-from tests import faults
+from tests import faults, prefect_db
 
 # CI (``.ci/run``: HYPOTHESIS_PROFILE=ci) draws the same examples on every run, so that a failure
 # there is the code's and not a new draw's; other runs draw new examples each time (and keep the
@@ -30,11 +31,12 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")
 
 # Prefect's database for the commands the tests run (subprocesses inherit it): one of this test
 # process's own, not the user's, and not shared with the other processes of ``pytest -n 3``, whose
-# temporary servers would write the same SQLite file at once
+# temporary servers would write the same SQLite file at once; it starts as a copy of a migrated
+# one (``tests.prefect_db``), as a machine's does after ``dpmm warm``
 if "PREFECT_HOME" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER"):
     _prefect_home = tempfile.mkdtemp(prefix="dpmm-tests-prefect-")
     atexit.register(shutil.rmtree, _prefect_home, ignore_errors=True)
-    os.environ["PREFECT_HOME"] = _prefect_home
+    os.environ["PREFECT_HOME"] = prefect_db.new_home(Path(_prefect_home))
 
 # the suite tests the kernels as a source checkout has them, compiled at first use into the numba
 # cache: never the shipped ones (``kernels._cache.SHIPPED``) a ``make wheel`` here left behind,

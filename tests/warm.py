@@ -10,7 +10,8 @@ still compiles there (in a fresh clone on 2026-11-30: 162 cached specialisations
 steps covered the other tables and variants, 31 after).
 
 ``python -m tests.warm [STEP ...]`` runs every step (or those named) and prints each step's
-seconds; a failing step fails the command.
+seconds; a failing step fails the command. Every step also makes the test processes' Prefect
+database meanwhile (``tests.prefect_db.template``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from typing import Any
 
 import numpy as np
@@ -177,9 +178,16 @@ def _run(name: str) -> tuple[str, float]:
 def main(names: list[str]) -> int:
     """Run the steps ``names`` (none: every step) in ``os.cpu_count()`` processes; the exit
     status."""
+    from tests import prefect_db
+
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=os.cpu_count() or 2, mp_context=ctx) as pool:
+    with (
+        ThreadPoolExecutor(1) as side,
+        ProcessPoolExecutor(max_workers=os.cpu_count() or 2, mp_context=ctx) as pool,
+    ):
+        # the test processes' Prefect database, migrated meanwhile (a server process of its own)
+        made = side.submit(prefect_db.template) if not names else None
         futures = [pool.submit(_run, name) for name in names or steps()]
         try:
             for done in as_completed(futures):
@@ -189,6 +197,9 @@ def main(names: list[str]) -> int:
             # the steps not started yet would only delay the failure
             pool.shutdown(wait=False, cancel_futures=True)
             raise
+        if made is not None:
+            made.result()
+            print(f"warm: Prefect's database {time.perf_counter() - t0:.1f} s", flush=True)
     print(f"warm: every step {time.perf_counter() - t0:.1f} s", flush=True)
     return 0
 

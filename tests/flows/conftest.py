@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from unittest import mock
 
 import pytest
+
+from tests import prefect_db
 
 # starts of the test server tried before its error is every test's
 HARNESS_STARTS = 3
@@ -25,12 +28,16 @@ def prefect_harness() -> Iterator[None]:
     most (one failed session fixture is an error in every flow test of its process)."""
     import httpx
     from prefect.server.api.server import SubprocessASGIServer
+    from prefect.testing import utilities
     from prefect.testing.utilities import prefect_test_harness
 
     with contextlib.ExitStack() as stack:
         for start in range(HARNESS_STARTS):
             try:
-                stack.enter_context(prefect_test_harness(server_startup_timeout=None))
+                # the harness makes its database in a new ``mkdtemp()`` directory: one holding
+                # a migrated copy spares its server the migrations (``tests.prefect_db``)
+                with mock.patch.object(utilities, "mkdtemp", prefect_db.harness_dir):
+                    stack.enter_context(prefect_test_harness(server_startup_timeout=None))
                 break
             except httpx.TimeoutException:
                 # the harness registers its server before starting it, and leaves it running

@@ -24,6 +24,7 @@ from pipeline.core.paths import temp_sibling
 from pipeline.data.sources import REFUSE_HINT
 from pipeline.data.store import Store
 from pipeline.distributed import loop
+from tests import prefect_db
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -135,7 +136,7 @@ def test_dpmm_run_program_on_bad_input_prints_one_line(tmp_path: Path):
     env = {
         **os.environ,
         # its own Prefect database; a loaded machine may start the temporary server slowly
-        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "PREFECT_HOME": prefect_db.new_home(tmp_path / "prefect"),
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "600",
     }
     proc = subprocess.run(

@@ -33,6 +33,7 @@ from flows.cli import main
 from pipeline.core import outputs
 from pipeline.core.errors import InputError
 from pipeline.core.paths import check_separate, child, safe_name
+from tests import prefect_db
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -102,7 +103,7 @@ def test_a_real_run_listens_on_loopback_only_and_writes_only_under_out(tmp_path:
     out = tmp_path / "work" / "out"
     env = {
         **os.environ,
-        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "PREFECT_HOME": prefect_db.new_home(tmp_path / "prefect"),
         "DPMM_DATA_DIR": str(tmp_path / "datasets"),
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "600",
     }

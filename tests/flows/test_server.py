@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 
 from flows.cli.server import STOP_GRACE, free_port, server_command, wait_healthy
+from tests import prefect_db
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +42,7 @@ def _stop(proc: subprocess.Popen, sig: int, timeout: float) -> None:
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_")}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect"), **extra)
+    env.update(PREFECT_HOME=prefect_db.new_home(tmp_path / "prefect"), **extra)
     return env
 
 

@@ -9,9 +9,11 @@ figures). A second process then compiles nothing: every kernel it needs was cach
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -20,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import build_parser
+from tests import prefect_db
 from tests.conftest import AT_THE_CALL, COUNT_ONLY, RECORD_COMPILES
 
 _COUNT = (
@@ -128,6 +131,30 @@ def test_a_first_fit_of_a_binary_table_compiles_no_normal_wishart_fast_path(tmp_
 def test_warm_is_a_command() -> None:
     args = build_parser().parse_args(["warm"])
     assert args.func.__name__ == "cmd_warm"
+
+
+def _alembic_version(db: Path) -> list[str]:
+    with contextlib.closing(sqlite3.connect(db)) as con:
+        return [v for (v,) in con.execute("SELECT version_num FROM alembic_version")]
+
+
+@pytest.mark.slow
+def test_warm_creates_prefects_database_unless_an_api_is_configured(tmp_path: Path) -> None:
+    """``dpmm warm`` starts the commands' temporary Prefect server once, so that the database a
+    machine's first command would create is there, at Prefect's last migration: the suite's
+    template is what it leaves (``tests.prefect_db``). With an API configured the commands use
+    that server's database, and none is made."""
+    from alembic.script import ScriptDirectory
+    from prefect.server import database
+
+    steps = Path(database.__file__).parent / "_migrations"
+    sqlite = ScriptDirectory(str(steps), version_locations=[str(steps / "versions" / "sqlite")])
+    assert _alembic_version(prefect_db.template()) == list(sqlite.get_heads())
+    home = tmp_path / "configured"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API_")}
+    env.update(PREFECT_HOME=str(home), PREFECT_API_URL="http://127.0.0.1:9/api")
+    subprocess.run([sys.executable, "-c", prefect_db.WARM_PREFECT_ONLY], env=env, check=True)
+    assert not (home / prefect_db.DATABASE).exists()
 
 
 # a first fit and prediction of a Gaussian table in a fresh process: what it compiled, where its
