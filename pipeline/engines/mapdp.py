@@ -14,9 +14,10 @@ The write-out scores every record on its observed cells only.
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -29,13 +30,27 @@ from pipeline.engines.mixture_start import prior_filled
 from pipeline.engines.mixture_state import predict
 from pipeline.families import FloatArray, ProductFamily
 from pipeline.families.stats import Stats
-from pipeline.models.mapdp import dpm_predict
+from pipeline.models.mapdp import choose_scale, dpm_predict
+
+if TYPE_CHECKING:
+    from pipeline.core.config import FitParams
+    from pipeline.data.store import StoreInfo
 
 
 class MapdpEngine(MixtureEngine):
     name: ClassVar[str] = "mapdp"
     fused_write_out: ClassVar[bool] = True
     takes_missing: ClassVar[bool] = True
+
+    def run_info(self, info: StoreInfo, params: FitParams) -> StoreInfo:
+        """``Engine.run_info``; given no prior scale, the one ``MAPDP`` chooses in memory for
+        as many training records (``Schema.choose_scale`` on the store's prior sample, whose
+        rows include the same structure sample), recorded in the run's schema."""
+        if params.prior_scale is None and not info.prior_fixed and info.sample_rows is not None:
+            schema = copy.deepcopy(info.schema)
+            schema.choose_scale(info.sample, info.sample_rows, choose_scale, info.n_train)
+            info = replace(info, schema=schema)
+        return super().run_info(info, params)
 
     def sweep(
         self, chunk: Chunk | None, msg: PassInput, X: Any, hold: Any, order: IntArray, z: IntArray

@@ -22,7 +22,7 @@ from sklearn.utils.validation import check_is_fitted
 from pipeline.core.persist import writable
 from pipeline.families import Family, FloatArray, ProductFamily, as_product, check_summaries
 from pipeline.families.schema import Schema, as_frame
-from pipeline.models.mapdp import dpm_predict
+from pipeline.models.mapdp import choose_scale, dpm_predict
 
 IntArray = NDArray[np.int64]
 
@@ -76,6 +76,9 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
     #: whether the kernels take ``ProductFamily.widened``'s spec (the samplers and tree
     #: methods, which have no packed Normal-Wishart paths) rather than the family's own
     _widened_spec: ClassVar[bool] = False
+    #: whether a fit given no ``prior_scale`` chooses it by the objective of MAP-DP's fits on
+    #: the covariance structure's sample (``Schema.choose_scale``, ``config.PRIOR_SCALES``)
+    _scale_by_objective: ClassVar[bool] = False
     #: the fitted attributes a saved model keeps and needs (``pipeline.estimators.model``): those
     #: ``predict`` and ``score_samples`` use; ``_model_extras`` are kept when present
     #: (diagnostics of the fit)
@@ -145,6 +148,8 @@ class MixtureEstimator(ClusterMixin, BaseEstimator):
             Xe = schema.encode(df, fitting=True)
             Xe = schema.settle(Xe, strict=bool(getattr(self, "strict", True)))
             schema.choose_structure(Xe, np.arange(Xe.shape[0]))
+            if self._scale_by_objective and self._prior_scale() is None:
+                schema.choose_scale(Xe, np.arange(Xe.shape[0]), choose_scale, Xe.shape[0])
             for line in schema.dropped_lines():
                 warnings.warn(line, UserWarning, stacklevel=3)
         self.schema_ = schema

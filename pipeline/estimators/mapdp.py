@@ -5,22 +5,16 @@ from __future__ import annotations
 import warnings
 from typing import Any, ClassVar
 
-import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 
 from pipeline.core import config
 from pipeline.core.diagnose import DegenerateFitWarning, degenerate_fit
-from pipeline.core.seeds import RESTART_SALT, as_seed_sequence, row_uniform
+from pipeline.core.seeds import as_seed_sequence
 from pipeline.estimators.base import MixtureEstimator, check_missing
 from pipeline.estimators.tuning import tune_cv
 from pipeline.families import FloatArray
 from pipeline.models import mapdp as mm
-from pipeline.models.mapdp import IntArray, MapdpResult, fit_missing, run_mapdp, set_fitted
-
-
-def auto_restarts(n: int) -> int:
-    """The restarts of ``n_restarts="auto"`` for n records (``MAPDP``'s docstring)."""
-    return config.AUTO_RESTARTS if n <= config.AUTO_RESTARTS_ROWS else 1
+from pipeline.models.mapdp import auto_restarts, set_fitted
 
 
 class MAPDP(MixtureEstimator):
@@ -62,7 +56,11 @@ class MAPDP(MixtureEstimator):
         1 prints one line per iteration.
     prior_scale : float in (0, 1) or None, default=None
         Share of the data's (co)variance one cluster is expected to carry, for the
-        empirical-Bayes prior of the Gaussian columns; None keeps each family's default.
+        empirical-Bayes prior of the Gaussian columns. None: up to 20,000 records, where the
+        covariance structure is chosen by evidence (``schema_.structure``), the scale of
+        ``config.PRIOR_SCALES`` whose default fit of the same sample ends with the lowest
+        objective -log p(X, z, N0) and is not degenerate (``structure["scale"]``, the
+        objectives in ``structure["scales"]``); elsewhere each family's default.
     missing : {"latent", "refuse"}, default="latent"
         "latent": a missing cell is a latent variable set by ICM alongside the assignments
         (``pipeline.models.mapdp.fit_missing``); ``predict`` marginalises it out exactly.
@@ -105,6 +103,7 @@ class MAPDP(MixtureEstimator):
         Only when fitted on a DataFrame.
     """
 
+    _scale_by_objective: ClassVar[bool] = True
     _model_extras: ClassVar[tuple[str, ...]] = (
         "n_iter_",
         "objective_",
@@ -163,44 +162,13 @@ class MAPDP(MixtureEstimator):
 
     def _fit(self, Xa: FloatArray, params: tuple[float, bool, tuple[float, float]]) -> None:
         alpha0, learn, alpha_prior = params
-        N, fam = Xa.shape[0], self.family_
-        seq = as_seed_sequence(self.random_state)
-        objectives: list[float] = []
+        N = Xa.shape[0]
         n_restarts = auto_restarts(N) if self.n_restarts == "auto" else int(self.n_restarts)
-        orders = [
-            np.random.default_rng(child).permutation(N).astype(np.int64)
-            for child in seq.spawn(n_restarts)
-        ]
-        hold = row_uniform(np.arange(N), RESTART_SALT) < config.RESTART_HOLDOUT
-        keep, self.restart_heldout_ = np.flatnonzero(~hold), list[float]()
-
-        def run(X: FloatArray, order: IntArray, r: int, z0: IntArray | None) -> MapdpResult:
-            def cb(it: int, e: float, k: int) -> None:
-                print(f"restart {r} iteration {it}: objective {e:.6g}, {k} clusters")
-
-            args = (alpha0, learn, alpha_prior, int(self.max_iter), float(self.tol), self.init)
-            return run_mapdp(X, fam, order, *args, cb if self.verbose else None, z0=z0)
-
-        def fit(X: FloatArray, z0: IntArray | None) -> MapdpResult:
-            if z0 is not None or len(orders) == 1 or not 0 < keep.size < N:
-                # one run, or a warm start of the winner (missing cells' later rounds)
-                res = run(X, orders[0], 0, z0)
-                objectives.extend([] if z0 is not None else [res.objective])
-                return res
-            where = np.cumsum(~hold) - 1  # a kept record's row among the kept
-            scores = self.restart_heldout_
-            for r, order in enumerate(orders):
-                res = run(np.ascontiguousarray(X[keep]), where[order[~hold[order]]], r, None)
-                objectives.append(res.objective)
-                lab, ld = mm.dpm_predict(np.ascontiguousarray(X[hold]), res.stats, res.alpha, fam)
-                scores.append(float(ld.mean()))
-                if scores[-1] > max(scores[:-1], default=-np.inf):
-                    z = np.empty(N, dtype=np.int64)
-                    z[keep], z[hold] = res.labels, np.where(lab >= 0, lab, res.stats.shape[0])
-                    win = (order, np.unique(z, return_inverse=True)[1].ravel().astype(np.int64))
-            return run(X, win[0], int(np.argmax(scores)), win[1])
-
-        best = fit_missing(Xa, fam, fit) if np.isnan(Xa).any() else fit(Xa, None)
+        args = (alpha0, learn, alpha_prior, int(self.max_iter), float(self.tol), self.init)
+        seq = as_seed_sequence(self.random_state)
+        best, objectives, self.restart_heldout_ = mm.fit_restarts(
+            Xa, self.family_, seq, n_restarts, args, bool(self.verbose)
+        )
         if not best.converged:
             warnings.warn(
                 f"MAP-DP did not converge in max_iter={self.max_iter} iterations; "

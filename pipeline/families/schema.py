@@ -34,7 +34,7 @@ Gaussian columns (``Schema.dropped``, ``Schema.collinear``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -343,9 +343,7 @@ class Schema:
             # one column has no covariance to choose: both kinds are the same Normal model
             self.structure = {"columns": names}
             return
-        d, cols = len(names), [where[c] for c in names]
-        Z = X[np.argsort(row_uniform(rows, SAMPLE_SALT), kind="stable")[: config.EVIDENCE_ROWS]]
-        Z = np.ascontiguousarray(Z[:, cols][~np.isnan(Z[:, cols]).any(axis=1)])
+        d, Z = len(names), self._evidence_sample(X, rows, names)
         ev: dict[str, Any] = {"columns": names, "rows": int(Z.shape[0])}
         if Z.shape[0] < config.EVIDENCE_PER_COL * d:
             kind = "diag-gaussian"
@@ -364,6 +362,37 @@ class Schema:
         self.structure = ev
         self.kinds.update(dict.fromkeys(names, kind))
         self.notes.append(ev["note"])
+
+    def _evidence_sample(self, X: FloatArray, rows: Any, names: Sequence[str]) -> FloatArray:
+        """The complete rows of X's columns ``names`` that ``choose_structure`` decides on."""
+        cols = [self.features.index(c) for c in names]
+        Z = X[np.argsort(row_uniform(rows, SAMPLE_SALT), kind="stable")[: config.EVIDENCE_ROWS]]
+        return np.ascontiguousarray(Z[:, cols][~np.isnan(Z[:, cols]).any(axis=1)])
+
+    def choose_scale(
+        self,
+        X: FloatArray,
+        rows: Any,
+        objective_of: Callable[[FloatArray, str], dict[float, float]],
+        n_fitted: int,
+    ) -> None:
+        """The empirical-Bayes prior scale of the Gaussian columns of a fit of ``n_fitted``
+        records, up to ``config.AUTO_RESTARTS_ROWS`` (where its fits are cheap beside the
+        choice's), where ``choose_structure`` decided their covariance by evidence: on the same
+        sample of X (n, n_features) (row i the input's ``rows[i]``), the scale whose fit ends
+        with the lowest objective
+        (``objective_of``: the sample and the covariance kind -> {scale: objective}, without
+        the scales not to be chosen; ``pipeline.models.mapdp.choose_scale``). Recorded as
+        ``structure["scale"]``, which ``build_family`` takes when given none, and [scale,
+        objective] pairs in ``structure["scales"]``; elsewhere, or once chosen, nothing
+        changes."""
+        ev = self.structure
+        if "folds" not in ev or "scales" in ev or n_fitted > config.AUTO_RESTARTS_ROWS:
+            return
+        objective = objective_of(self._evidence_sample(X, rows, ev["columns"]), ev["chosen"])
+        ev["scales"] = [[s, objective[s]] for s in objective]
+        if objective:
+            ev["scale"] = min(objective, key=objective.__getitem__)
 
     def dropped_lines(self) -> list[str]:
         """One sentence per kind of column left out (constant, collinear); empty when none."""
@@ -424,12 +453,14 @@ class Schema:
         self, X: FloatArray, scale: float | None = None, support_only: bool = False
     ) -> ProductFamily:
         """Empirical-Bayes priors per group (Raykov et al. 2016, Appendix A, option 1), the
-        Gaussian groups' at prior ``scale`` (None: their default). ``support_only``: a family
-        that only checks values and arranges the columns (ingest's checker), its full-covariance
-        groups diagonal: the same support and column order for O(n d) instead of a
-        Normal-Wishart prior's O(d^3) (5,000 columns: 16 s)."""
+        Gaussian groups' at prior ``scale`` (None: the one ``choose_scale`` chose, else their
+        default). ``support_only``: a family that only checks values and arranges the columns
+        (ingest's checker), its full-covariance groups diagonal: the same support and column
+        order for O(n d) instead of a Normal-Wishart prior's O(d^3) (5,000 columns: 16 s)."""
         groups: list[tuple[Family, list[int]]] = []
         feats = self.features
+        if scale is None:
+            scale = self.structure.get("scale")
         for kind, cols in self.groups():
             # one group over all the columns in order (the common numeric case) needs no copy
             Xg = X if cols == list(range(X.shape[1])) else X[:, cols]

@@ -20,8 +20,10 @@ from numpy.typing import NDArray
 
 from kernels import mapdp as kmapdp
 from kernels import partition as kpartition
-from pipeline.core.diagnose import stop_reason
-from pipeline.families import FloatArray, ProductFamily
+from pipeline.core import config
+from pipeline.core.diagnose import degenerate_fit, stop_reason
+from pipeline.core.seeds import RESTART_SALT, row_uniform
+from pipeline.families import FAMILIES, FloatArray, ProductFamily
 from pipeline.models.concentration import log_gamma_prior, map_concentration
 
 IntArray = NDArray[np.int64]
@@ -327,6 +329,84 @@ def fit_missing(
         res = fit(Xf, z)
     res.completed = Xf
     return res
+
+
+def auto_restarts(n: int) -> int:
+    """The restarts of ``n_restarts="auto"`` for n records (``MAPDP``'s docstring)."""
+    return config.AUTO_RESTARTS if n <= config.AUTO_RESTARTS_ROWS else 1
+
+
+def fit_restarts(
+    Xa: FloatArray,
+    family: ProductFamily,
+    seq: np.random.SeedSequence,
+    n_restarts: int,
+    run_args: tuple[float, bool, tuple[float, float], int, float, str],
+    verbose: bool = False,
+) -> tuple[MapdpResult, list[float], list[float]]:
+    """``MAPDP``'s fit of arranged records Xa (N, D): ``n_restarts`` runs of ``run_mapdp``
+    (``run_args``: alpha, learn_alpha, alpha_prior, max_iter, tol, init) over permutations drawn
+    from ``seq``, each of the records but the ``config.RESTART_HOLDOUT`` hash share; the one whose
+    clusters give that share the highest mean log predictive density (eq. 3.4) continues on all.
+    Missing cells are set by ``fit_missing``. Returns the result, each restart's objective and
+    its held-out score (empty with one restart)."""
+    N = Xa.shape[0]
+    objectives: list[float] = []
+    scores: list[float] = []
+    orders = [
+        np.random.default_rng(child).permutation(N).astype(np.int64)
+        for child in seq.spawn(n_restarts)
+    ]
+    hold = row_uniform(np.arange(N), RESTART_SALT) < config.RESTART_HOLDOUT
+    keep = np.flatnonzero(~hold)
+
+    def run(X: FloatArray, order: IntArray, r: int, z0: IntArray | None) -> MapdpResult:
+        def cb(it: int, e: float, k: int) -> None:
+            print(f"restart {r} iteration {it}: objective {e:.6g}, {k} clusters")
+
+        return run_mapdp(X, family, order, *run_args, cb if verbose else None, z0=z0)
+
+    def fit(X: FloatArray, z0: IntArray | None) -> MapdpResult:
+        if z0 is not None or len(orders) == 1 or not 0 < keep.size < N:
+            # one run, or a warm start of the winner (missing cells' later rounds)
+            res = run(X, orders[0], 0, z0)
+            objectives.extend([] if z0 is not None else [res.objective])
+            return res
+        where = np.cumsum(~hold) - 1  # a kept record's row among the kept
+        for r, order in enumerate(orders):
+            res = run(np.ascontiguousarray(X[keep]), where[order[~hold[order]]], r, None)
+            objectives.append(res.objective)
+            lab, ld = dpm_predict(np.ascontiguousarray(X[hold]), res.stats, res.alpha, family)
+            scores.append(float(ld.mean()))
+            if scores[-1] > max(scores[:-1], default=-np.inf):
+                z = np.empty(N, dtype=np.int64)
+                z[keep], z[hold] = res.labels, np.where(lab >= 0, lab, res.stats.shape[0])
+                win = (order, np.unique(z, return_inverse=True)[1].ravel().astype(np.int64))
+        return run(X, win[0], int(np.argmax(scores)), win[1])
+
+    best = fit_missing(Xa, family, fit) if np.isnan(Xa).any() else fit(Xa, None)
+    return best, objectives, scores
+
+
+def choose_scale(Z: FloatArray, kind: str) -> dict[float, float]:
+    """The objective (eq. 3.3 with -log p(N0)) that ``MAPDP``'s default fit (``fit_restarts``,
+    seed 0) of the complete rows Z (n, d) of one Gaussian group ends with under the
+    empirical-Bayes prior of ``kind`` ("gaussian" or "diag-gaussian") at each scale of
+    ``config.PRIOR_SCALES``: -log p(Z, z, N0) at each prior's MAP partition, which compares the
+    priors (``Schema.choose_scale`` keeps the lowest). A scale whose fit is degenerate
+    (``degenerate_fit``: one cluster, or more than one per ``RECORDS_PER_CLUSTER`` rows) is
+    left out: columns with point masses (glass's zeros) reward ever tighter clusters."""
+    Z = np.ascontiguousarray(Z, dtype=np.float64)
+    args = (1.0, True, config.ALPHA_PRIOR, config.MAX_ITER, config.TOL_IN_MEMORY, "sequential")
+    out = {}
+    for s in config.PRIOR_SCALES:
+        prior = FAMILIES[kind].empirical_bayes(Z, scale=s)  # type: ignore[call-arg]
+        fam = ProductFamily([(prior, list(range(Z.shape[1])))])
+        seq = np.random.SeedSequence(0)
+        res = fit_restarts(fam.arrange(Z), fam, seq, auto_restarts(len(Z)), args)[0]
+        if degenerate_fit(res.stats.shape[0], Z.shape[0]) is None:
+            out[s] = res.objective
+    return out
 
 
 def dpm_predict(

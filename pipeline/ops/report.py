@@ -190,6 +190,20 @@ def label_table(C: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _prior_scale_line(given: Any, structure: dict[str, Any]) -> str:
+    """The report's line on the empirical-Bayes prior scale: the one given, the one of lowest
+    objective on the structure's sample (``Schema.choose_scale``), or the engine's default."""
+    if given is not None:
+        return f"{fmt(given)} (given)"
+    if "scale" not in structure:
+        return "the engine's default"
+    tried = ", ".join(f"{fmt(s)}: {fmt(e)}" for s, e in structure.get("scales", []))
+    return (
+        f"{fmt(structure['scale'])}, of lowest objective -log p(X, z, N0) on the covariance's "
+        f"sample of {fmt(structure.get('rows'))} rows ({tried})"
+    )
+
+
 def _facts(run: dict[str, Any]) -> list[tuple[str, Any]]:
     m = run.get("metrics", {})
     p = run.get("parameters", {})
@@ -216,6 +230,7 @@ def _facts(run: dict[str, Any]) -> list[tuple[str, Any]]:
             + ")",
         ),
         ("covariance", (run.get("structure") or {}).get("note", "as named")),
+        ("prior scale", _prior_scale_line(p.get("prior_scale"), run.get("structure") or {})),
         ("engine", p.get("engine")),
         ("clusters", clusters),
         ("alpha", f"{fmt(m.get('alpha'))}" + (" (learned)" if p.get("alpha") == "learn" else "")),

@@ -269,6 +269,7 @@ def _parameters(cfg: RunConfig, info: StoreInfo) -> dict[str, Any]:
         "device": cfg.params.device,
         "alpha": cfg.params.alpha,
         "alpha_prior": cfg.params.alpha_prior,
+        "prior_scale": cfg.params.prior_scale,
         "init": cfg.params.start,
         "n_seeds": cfg.params.n_seeds,
         "max_passes": cfg.params.max_passes,

@@ -17,7 +17,7 @@ from pipeline.core import outputs as core_outputs
 from pipeline.core.errors import InputError
 from pipeline.data import io as pio
 from pipeline.data import sources
-from pipeline.estimators.mapdp import auto_restarts
+from pipeline.models.mapdp import auto_restarts
 
 CENTERS = np.array([[0.0, 0.0], [30.0, 30.0], [-30.0, 30.0]])
 

@@ -196,7 +196,14 @@ def undisturbed(s3_server: str) -> dict[str, Any]:
     return {"bucket": b, "passes": run["metrics"]["passes"], "labels": labels_of(f"{b}/ref")}
 
 
-OPTS = {"chunk_rows": 1000, "random_state": 3, "report": False, "init": "sequential"}
+# at a fixed prior scale: the run takes three passes or more, so that a kill lands mid-run
+OPTS = {
+    "chunk_rows": 1000,
+    "random_state": 3,
+    "report": False,
+    "init": "sequential",
+    "prior_scale": 0.3,
+}
 
 
 @pytest.mark.slow
@@ -216,6 +223,7 @@ def test_separate_processes_lose_a_worker_mid_pass(
         argv = [str(BIN / "dpmm"), "run", f"{b}/in.parquet", "--out", out]
         argv += ["--data-dir", f"{b}/datasets", "--scheduler", c.address, "--quiet"]
         argv += ["--chunk-rows", "1000", "--seed", "3", "--no-report", "--init", "sequential"]
+        argv += ["--prior-scale", "0.3"]
         env = {k: v for k, v in os.environ.items() if k != "DPMM_DATA_DIR"}
         run = subprocess.Popen(
             argv, env={**env, **c.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE

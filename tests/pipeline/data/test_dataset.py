@@ -628,9 +628,9 @@ def test_read_table_reads_as_ingest_reads(tmp_path: Path, monkeypatch):
 
 def test_each_run_refits_the_prior_to_the_stores_sample_at_its_scale(client, tmp_path: Path):
     """The store keeps the prior's sample; ``loop.context`` refits the empirical-Bayes prior at
-    the run's ``prior_scale``, else the engine's (asugs: its own choice), else the family
-    default (0.3);
-    a prior given to ingest is kept whatever the run asks."""
+    the run's ``prior_scale``, else the engine's (asugs: its own choice; mapdp: the one of
+    lowest objective on the covariance's sample, ``Schema.choose_scale``), else the family
+    default (0.3); a prior given to ingest is kept whatever the run asks."""
     from dataclasses import replace
 
     from pipeline.core.config import FitParams
@@ -653,7 +653,10 @@ def test_each_run_refits_the_prior_to_the_stores_sample_at_its_scale(client, tmp
     def expected(scale: float | None) -> np.ndarray:
         return chosen_family.empirical_bayes(info.sample, scale=scale).as_product().prior
 
-    np.testing.assert_allclose(prior_of(FitParams()), expected(None), rtol=1e-12)
+    run = loop.context(store, tmp_path / "state-mapdp", info, FitParams()).info
+    chosen_scale = run.schema.structure["scale"]
+    np.testing.assert_allclose(run.family.prior, expected(chosen_scale), rtol=1e-12)
+    np.testing.assert_allclose(prior_of(FitParams(engine="kmeans")), expected(None), rtol=1e-12)
     np.testing.assert_allclose(prior_of(FitParams(prior_scale=0.05)), expected(0.05), rtol=1e-12)
     np.testing.assert_allclose(
         prior_of(FitParams(engine="asugs", prior_scale=0.1)), expected(0.1), rtol=1e-12
@@ -667,7 +670,7 @@ def test_each_run_refits_the_prior_to_the_stores_sample_at_its_scale(client, tmp
     # a stale prior in the store (ingested under another default) is not what a run uses
     stale = replace(info, family=chosen_family.empirical_bayes(info.sample, scale=0.5).as_product())
     ctx = loop.context(store, tmp_path / "state-stale", stale, FitParams())
-    np.testing.assert_allclose(ctx.info.family.prior, expected(None), rtol=1e-12)
+    np.testing.assert_allclose(ctx.info.family.prior, expected(chosen_scale), rtol=1e-12)
     # a given prior is kept
     given = GaussianNW.empirical_bayes(X, scale=0.5)
     fixed = ingest(X, Store(tmp_path / "f"), client=client, chunk_rows=200, family=given)

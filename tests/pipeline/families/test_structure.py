@@ -13,6 +13,7 @@ import pytest
 from pipeline.core import config
 from pipeline.data.ingest import ingest
 from pipeline.data.store import Store
+from pipeline.engines import get_engine
 from pipeline.estimators.mapdp import MAPDP
 
 
@@ -76,12 +77,15 @@ def test_a_named_family_is_not_second_guessed() -> None:
 @pytest.mark.parametrize("make", [lambda: correlated(2_600), independent])
 def test_ingest_chooses_as_the_in_memory_fit(client: object, tmp_path: Path, make: object) -> None:
     """Same rows, folds and choice on both paths; the store's prior sample (here a hash subset
-    of the rows) holds the evidence rows whenever it holds at least as many."""
+    of the rows) holds the evidence rows whenever it holds at least as many. The prior scale
+    is chosen on the same rows when a MAP-DP run starts (``MapdpEngine.run_info``)."""
     X = make()  # type: ignore[operator]
     mem = MAPDP(random_state=0).fit(X).schema_.structure
     info = ingest(X, Store(tmp_path / "s"), client=client, chunk_rows=500, prior_sample=2_300)
     assert info.sample.shape[0] < len(X) or len(X) < 2_300
-    assert info.schema.structure == mem
+    assert info.schema.structure == {k: v for k, v in mem.items() if k not in ("scale", "scales")}
+    run = get_engine("mapdp").run_info(info, config.FitParams())
+    assert run.schema.structure == mem and "scale" in mem
     assert mem["note"] in info.notes
     assert info.family.groups[0][0].__class__.__name__ == (
         "GaussianNW" if mem["chosen"] == "gaussian" else "NormalGamma"
@@ -123,3 +127,48 @@ def test_a_support_only_family_checks_and_arranges_as_the_family() -> None:
     assert (
         str(a.value) == str(b.value) == "column 'b': row 4 has inf; Gaussian values must be finite"
     )
+
+
+def spherical(sep: float, n: int = 600, seed: int = 0) -> tuple[np.ndarray, float]:
+    """Four clusters of unit covariance in 3 columns, their centres spread by ``sep``; and the
+    share of the data's covariance (its mean variance) one cluster carries."""
+    rng = np.random.default_rng(seed)
+    X = (rng.normal(size=(4, 3)) * sep)[rng.integers(0, 4, size=n)] + rng.normal(size=(n, 3))
+    return X, 1.0 / float(np.trace(np.cov(X.T)) / 3)
+
+
+@pytest.mark.parametrize("sep", [1.5, 3.0, 12.0])
+def test_the_prior_scale_chosen_brackets_the_clusters_share(sep: float) -> None:
+    """Where the clusters' share of the covariance is known, the scale of lowest objective
+    (``Schema.choose_scale``) is one of the two of ``config.PRIOR_SCALES`` around it (the
+    nearest at the grid's ends)."""
+    X, share = spherical(sep)
+    ev = MAPDP(random_state=0).fit(X).schema_.structure
+    grid = sorted(config.PRIOR_SCALES)
+    below = max([s for s in grid if s <= share], default=grid[0])
+    above = min([s for s in grid if s >= share], default=grid[-1])
+    assert ev["scale"] in (below, above), (share, ev["scales"])
+
+
+def test_the_chosen_scale_is_recorded_and_is_the_fits_prior() -> None:
+    """The objectives are kept with the choice, the lowest is chosen, and the fit's prior is
+    the one ``prior_scale`` set to it gives; a given scale is not second-guessed."""
+    X, _ = spherical(3.0)
+    m = MAPDP(random_state=0).fit(X)
+    objective = dict(m.schema_.structure["scales"])
+    assert set(objective) <= set(config.PRIOR_SCALES) and len(objective) >= 2
+    assert m.schema_.structure["scale"] == min(objective, key=objective.__getitem__)
+    given = MAPDP(random_state=0, prior_scale=m.schema_.structure["scale"]).fit(X)
+    assert "scale" not in given.schema_.structure
+    assert given.family_.signature() == m.family_.signature()
+
+
+def test_no_scale_is_chosen_where_every_fit_is_degenerate() -> None:
+    """One Gaussian blob: each scale's fit is one cluster (``degenerate_fit``), so none is
+    chosen and the family's default prior stays."""
+    X, _ = spherical(0.0)
+    m = MAPDP(random_state=0).fit(X)
+    ev = m.schema_.structure
+    assert "scale" not in ev and ev["scales"] == []
+    default = MAPDP(random_state=0, family=ev["chosen"]).fit(X)
+    assert m.family_.signature() == default.family_.signature()
