@@ -42,6 +42,10 @@ run: $(STAMP)
 
 # the suite tests the kernels as compiled at first use, never those a `make wheel` left to ship
 test: export DPMM_SHIPPED_KERNELS = 0
+# NumPy's BLAS on one thread in every process of the suite, as on Dask's workers: three test
+# processes share two cores, and each one's pool of BLAS threads only spun beside its small
+# matrices (the estimators', models', families' and kernels' tests 61 -> 54 s, 116 -> 98 s of CPU)
+test: export OPENBLAS_NUM_THREADS = 1
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .

@@ -58,7 +58,8 @@ class MAPDP(MixtureEstimator):
         Share of the data's (co)variance one cluster is expected to carry, for the
         empirical-Bayes prior of the Gaussian columns. None: up to 20,000 records, where the
         covariance structure is chosen by evidence (``schema_.structure``), the scale of
-        ``config.PRIOR_SCALES`` whose default fit of the same sample ends with the lowest
+        ``config.PRIOR_SCALES`` whose default fit of the first ``config.SCALE_ROWS`` rows of the
+        same sample ends with the lowest
         objective -log p(X, z, N0) and is not degenerate (``structure["scale"]``, the
         objectives in ``structure["scales"]``); elsewhere each family's default.
     missing : {"latent", "refuse"}, default="latent"

@@ -378,9 +378,10 @@ class Schema:
     ) -> None:
         """The empirical-Bayes prior scale of the Gaussian columns of a fit of ``n_fitted``
         records, up to ``config.AUTO_RESTARTS_ROWS`` (where its fits are cheap beside the
-        choice's), where ``choose_structure`` decided their covariance by evidence: on the same
-        sample of X (n, n_features) (row i the input's ``rows[i]``), the scale whose fit ends
-        with the lowest objective
+        choice's), where ``choose_structure`` decided their covariance by evidence: on the first
+        ``config.SCALE_ROWS`` (at least ``EVIDENCE_PER_COL`` per column) of the same sample of
+        X (n, n_features) (row i the input's ``rows[i]``), the scale whose fit ends with the
+        lowest objective
         (``objective_of``: the sample and the covariance kind -> {scale: objective}, without
         the scales not to be chosen; ``pipeline.models.mapdp.choose_scale``). Recorded as
         ``structure["scale"]``, which ``build_family`` takes when given none, and [scale,
@@ -389,7 +390,9 @@ class Schema:
         ev = self.structure
         if "folds" not in ev or "scales" in ev or n_fitted > config.AUTO_RESTARTS_ROWS:
             return
-        objective = objective_of(self._evidence_sample(X, rows, ev["columns"]), ev["chosen"])
+        Z = self._evidence_sample(X, rows, ev["columns"])
+        Z = Z[: max(config.SCALE_ROWS, config.EVIDENCE_PER_COL * Z.shape[1])]
+        objective = objective_of(Z, ev["chosen"])
         ev["scales"] = [[s, objective[s]] for s in objective]
         if objective:
             ev["scale"] = min(objective, key=objective.__getitem__)

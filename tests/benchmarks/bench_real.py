@@ -158,8 +158,8 @@ SCALES = config.PRIOR_SCALES
 
 @pytest.mark.filterwarnings("ignore")
 def test_prior_scale_by_objective(tmp_path: Path) -> None:
-    """Issue 57: the defaults' empirical-Bayes prior scale, chosen on the covariance
-    structure's sample of at most ``config.EVIDENCE_ROWS`` rows (``Schema.choose_scale``),
+    """Issue 57: the defaults' empirical-Bayes prior scale, chosen on the first
+    ``config.SCALE_ROWS`` rows of the covariance structure's sample (``Schema.choose_scale``),
     against each fixed scale of ``config.PRIOR_SCALES`` and the same rule on the whole table
     (the scale whose fit, three restarts as by default, ends with the lowest objective; the
     default where the numeric columns have under ``config.EVIDENCE_PER_COL`` rows each). On

@@ -172,3 +172,29 @@ def test_no_scale_is_chosen_where_every_fit_is_degenerate() -> None:
     assert "scale" not in ev and ev["scales"] == []
     default = MAPDP(random_state=0, family=ev["chosen"]).fit(X)
     assert m.family_.signature() == default.family_.signature()
+
+
+def test_the_scale_is_chosen_on_the_samples_first_rows_alike_in_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Schema.choose_scale`` fits the first ``config.SCALE_ROWS`` rows of the structure's
+    sample (the complete rows in ``row_uniform`` order), and ``choose_scale``'s fits, one
+    thread per core, give each scale the objective it has when fitted alone in one thread."""
+    import pipeline.estimators.base as base
+    import pipeline.models.mapdp as models
+    from pipeline.core.seeds import SAMPLE_SALT, row_uniform
+
+    X, _ = spherical(3.0, n=1_500)
+    seen = []
+
+    def spy(Z: np.ndarray, kind: str) -> dict[float, float]:
+        seen.append(Z)
+        return models.choose_scale(Z, kind)
+
+    monkeypatch.setattr(base, "choose_scale", spy)
+    ev = MAPDP(random_state=0).fit(X).schema_.structure
+    first = np.argsort(row_uniform(np.arange(len(X)), SAMPLE_SALT), kind="stable")
+    assert ev["rows"] == len(X) and len(seen) == 1
+    np.testing.assert_array_equal(seen[0], X[first[: config.SCALE_ROWS]])
+    monkeypatch.setattr(models.os, "cpu_count", lambda: 1)
+    assert models.choose_scale(seen[0], ev["chosen"]) == dict(ev["scales"])
