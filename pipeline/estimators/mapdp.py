@@ -59,9 +59,9 @@ class MAPDP(MixtureEstimator):
         empirical-Bayes prior of the Gaussian columns. None: up to 20,000 records, where the
         covariance structure is chosen by evidence (``schema_.structure``), the scale of
         ``config.PRIOR_SCALES`` whose default fit of the first ``config.SCALE_ROWS`` rows of the
-        same sample ends with the lowest
-        objective -log p(X, z, N0) and is not degenerate (``structure["scale"]``, the
-        objectives in ``structure["scales"]``); elsewhere each family's default.
+        same sample ends with the lowest objective -log p(X, z, N0) and is not degenerate
+        (``structure["scale"]``, the objectives in ``structure["scales"]``); elsewhere each
+        family's default.
     missing : {"latent", "refuse"}, default="latent"
         "latent": a missing cell is a latent variable set by ICM alongside the assignments
         (``pipeline.models.mapdp.fit_missing``); ``predict`` marginalises it out exactly.
