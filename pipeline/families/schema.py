@@ -112,6 +112,12 @@ def as_frame(X: Any, feature_names: Sequence[str] | None = None) -> tuple[pd.Dat
     return pd.DataFrame(arr, columns=names, copy=False), False
 
 
+def scale_rows(n: int, d: int) -> int:
+    """The rows of the structure's sample of n rows and d columns that ``Schema.choose_scale``
+    fits: the first ``config.SCALE_ROWS``, at least ``EVIDENCE_PER_COL`` per column."""
+    return min(n, max(config.SCALE_ROWS, config.EVIDENCE_PER_COL * d))
+
+
 @register
 @dataclass
 class Schema:
@@ -391,8 +397,7 @@ class Schema:
         if "folds" not in ev or "scales" in ev or n_fitted > config.AUTO_RESTARTS_ROWS:
             return
         Z = self._evidence_sample(X, rows, ev["columns"])
-        Z = Z[: max(config.SCALE_ROWS, config.EVIDENCE_PER_COL * Z.shape[1])]
-        objective = objective_of(Z, ev["chosen"])
+        objective = objective_of(Z[: scale_rows(Z.shape[0], Z.shape[1])], ev["chosen"])
         ev["scales"] = [[s, objective[s]] for s in objective]
         if objective:
             ev["scale"] = min(objective, key=objective.__getitem__)

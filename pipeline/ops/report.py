@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 
 from pipeline.core.diagnose import degenerate_fit
 from pipeline.families import FloatArray
+from pipeline.families.schema import scale_rows
 from pipeline.ops.page import (
     Page,
     Picture,
@@ -198,9 +199,10 @@ def _prior_scale_line(given: Any, structure: dict[str, Any]) -> str:
     if "scale" not in structure:
         return "the engine's default"
     tried = ", ".join(f"{fmt(s)}: {fmt(e)}" for s, e in structure.get("scales", []))
+    n = scale_rows(int(structure["rows"]), len(structure["columns"]))
     return (
-        f"{fmt(structure['scale'])}, of lowest objective -log p(X, z, N0) on the covariance's "
-        f"sample of {fmt(structure.get('rows'))} rows ({tried})"
+        f"{fmt(structure['scale'])}, of lowest objective -log p(X, z, N0) on {fmt(n)} rows of "
+        f"the covariance's sample ({tried})"
     )
 
 
